@@ -1,0 +1,1 @@
+"""Implementation details shared across subsystems; not a public API."""

@@ -1,0 +1,115 @@
+"""`pdexporter measure`: one (chunk size, D, P) point, Phase 1 + Phase 2 x reps, one record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pdexporter.cli._common import (
+    DEFAULT_PROFILE,
+    ApiKeyFileOpt,
+    GpuOpt,
+    ModelOpt,
+    ProfileOpt,
+    TargetOpt,
+    api_key,
+    console,
+    make_launcher,
+    run_async,
+)
+from pdexporter.measure.driver import http_driver
+from pdexporter.measure.point import PointSpec, measure_point
+from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes
+from pdexporter.measure.records import RunRecord
+from pdexporter.measure.store import ResultsStore
+
+
+def register(app: typer.Typer) -> None:
+    app.command("measure")(measure)
+
+
+def measure(
+    chunk_size: Annotated[int, typer.Option("--chunk-size", "-B", help="The engine's max_num_batched_tokens.")] = 8192,
+    decode_batch_size: Annotated[int, typer.Option("--decode-batch-size", "-D", help="Decode probe streams.")] = 4,
+    new_prefill_tokens: Annotated[int, typer.Option("--new-prefill-tokens", "-P", help="Cold prefill length.")] = 8192,
+    reps: Annotated[int, typer.Option("--reps", min=1, help="Phase 2 repetitions.")] = 5,
+    out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("results"),
+    target: TargetOpt = None,
+    model: ModelOpt = None,
+    gpu: GpuOpt = None,
+    api_key_file: ApiKeyFileOpt = None,
+    profile: ProfileOpt = DEFAULT_PROFILE,
+    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length.")] = 4096,
+    decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe decodes.")] = 256,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm the prefill shape first.")] = True,
+    resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Keep repetitions already recorded.")] = True,
+) -> None:
+    """Measure one interference point and write results/{chunk}/D{d}_P{p}.json."""
+    spec = PointSpec(chunk_size, decode_batch_size, new_prefill_tokens).validate()
+    settings = ProtocolSettings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
+    token = api_key(api_key_file)
+    record = run_async(_measure(spec, settings, reps, ResultsStore(out), target, model, gpu, token, profile, warmup, resume))
+    _print_record(record, ResultsStore(out).record_path(*record.key))
+
+
+async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store: ResultsStore, target: str | None,
+                   model: str | None, gpu: str | None, token: str | None, profile: str, warmup: bool,
+                   resume: bool) -> RunRecord:
+    launcher = make_launcher(target, chunk_size=spec.chunk_size, profile=profile, gpu=gpu,
+                             log_dir=store.engine_dir(spec.chunk_size) if not target else None)
+    try:
+        handle = await launcher.start(spec.chunk_size)
+        async with http_driver(handle, model=model, api_key=token, gpu=gpu) as driver:
+            if driver.info.modelled:
+                console.print(f"[yellow]{driver.info.note}[/]")
+            with Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TimeRemainingColumn(), console=console, refresh_per_second=2,
+            ) as bar:
+                task = bar.add_task(f"B={spec.chunk_size} D={spec.decode_batch_size} P={spec.new_prefill_tokens}",
+                                    total=reps)
+                if warmup:
+                    await warm_prefix(driver, settings)
+                    await warm_shapes(driver, [spec.new_prefill_tokens], settings)
+                return await measure_point(
+                    driver, spec, settings, store, reps=reps, mode="faithful", resume=resume,
+                    on_rep=lambda rep: bar.update(task, completed=rep.rep + 1),
+                )
+    finally:
+        await launcher.stop()
+
+
+def _fmt(value: float | int | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+
+def _print_record(record: RunRecord, path: Path) -> None:
+    c, b, i, d = record.config, record.baseline, record.interference, record.derived
+    table = Table(title=f"B={c.chunk_size} D={c.decode_batch_size} P={c.new_prefill_tokens} "
+                        f"({record.summary.reps_done if record.summary else 1} reps, median)")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    rows = [
+        ("TPOT baseline p50", _fmt(b.tpot_p50_ms, " ms")),
+        ("TPOT during prefill p50", _fmt(i.tpot_during_prefill_p50_ms, " ms")),
+        ("TPOT after prefill p50", _fmt(i.tpot_after_prefill_p50_ms, " ms")),
+        ("TPOT penalty p50", _fmt(d.tpot_penalty_p50_ms, " ms")),
+        ("penalty ratio", _fmt(d.tpot_penalty_ratio)),
+        ("prefill duration", _fmt(i.prefill_duration_ms, " ms")),
+        ("chunks actual / expected", f"{_fmt(i.num_chunks_actual)} / {_fmt(i.num_chunks_expected)}"),
+        ("chunks in engine log", _fmt(i.num_chunks_engine_log)),
+        ("total interference per stream", _fmt(d.total_interference_ms, " ms")),
+        ("CV of penalty over reps", _fmt(record.summary.cv_tpot_penalty if record.summary else None)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if c.modelled:
+        console.print(f"[yellow]{c.note}[/]")
+    print(path)

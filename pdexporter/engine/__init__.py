@@ -1,0 +1,1 @@
+"""Talking to an engine: SSE parsing, the HTTP client, /metrics, iteration logs, launchers."""

@@ -1,0 +1,330 @@
+"""HTTP client for an OpenAI-compatible engine (vLLM, or pdexporter's embedded one).
+
+The aiohttp session is injectable (tests hand in their own connector), and the clock is a
+parameter so a stream's timestamps come from whatever clock the measurement uses.
+
+Timing rules learnt on a real vLLM (docs/vllm-facts.md):
+- one `perf_counter_ns` stamp per network read, taken before any parsing, given to every event
+  that read completed;
+- request bodies are encoded by `encode_body` *before* a measured window opens; `stream_into`
+  only sends bytes;
+- retries (tenacity) only where repeating is harmless: GETs, and stream starts outside a window
+  that failed before a single byte came back. A request inside a window is never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from pdexporter.engine.metrics import MetricsSnapshot, parse_exposition
+from pdexporter.engine.sse import SSEParser, StreamDecoder, error_message_from_body
+from pdexporter.engine.stream import TokenStream
+from pdexporter.errors import (
+    ConfigError,
+    EngineError,
+    EngineHTTPError,
+    EngineTimeout,
+    EngineUnreachable,
+    SSEProtocolError,
+)
+
+API_KEY_ENV_VARS = ("PDEXPORTER_API_KEY", "OPENAI_API_KEY")
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+
+Clock = Callable[[], int]
+
+
+def resolve_api_key(api_key_file: str | os.PathLike[str] | None = None) -> str | None:
+    """Bearer token: from a file if given (Kubernetes secrets), else the first env var set."""
+    if api_key_file is not None:
+        path = Path(api_key_file)
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"--api-key-file {path}: {exc.strerror or exc}") from exc
+        if not token:
+            raise ConfigError(f"--api-key-file {path}: file is empty")
+        return token
+    for name in API_KEY_ENV_VARS:
+        if os.environ.get(name):
+            return os.environ[name].strip()
+    return None
+
+
+def completion_request(
+    model: str,
+    prompt: Sequence[int] | str,
+    max_tokens: int,
+    *,
+    ignore_eos: bool = True,
+    continuous_usage: bool = True,
+) -> dict[str, Any]:
+    """A streaming, greedy `/v1/completions` body; token-id prompts give exactly len(prompt) tokens."""
+    return {
+        "model": model,
+        "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
+    }
+
+
+def chat_request(
+    model: str,
+    messages: Sequence[dict[str, str]],
+    max_tokens: int,
+    *,
+    ignore_eos: bool = True,
+    continuous_usage: bool = True,
+) -> dict[str, Any]:
+    """A streaming, greedy `/v1/chat/completions` body (the seed's request shape)."""
+    return {
+        "model": model,
+        "messages": list(messages),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
+    }
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    """JSON bytes for a request body. Call it before the window: 32K ids take milliseconds."""
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class ClientTimeouts:
+    connect_s: float = 10.0
+    read_s: float = 300.0  # longest silence allowed inside a stream (a 32K prefill on a slow GPU)
+    request_s: float = 30.0  # whole non-streaming request (health, models, metrics)
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, EngineHTTPError):
+        return exc.status >= 500 or exc.status == 429
+    return isinstance(exc, (EngineUnreachable, EngineTimeout))
+
+
+class EngineClient:
+    """One engine endpoint. Use as `async with EngineClient(url) as client:`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        session: aiohttp.ClientSession | None = None,
+        timeouts: ClientTimeouts = ClientTimeouts(),
+        clock: Clock = time.perf_counter_ns,
+        retries: int = 4,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--target {base_url!r}: expected an http:// or https:// URL")
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeouts = timeouts
+        self.clock = clock
+        self.retries = retries
+        self._session = session
+        self._owns_session = session is None
+
+    async def __aenter__(self) -> EngineClient:
+        self.session  # noqa: B018 - create eagerly inside the running loop
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # No connection limit: D probe streams plus an injection must never queue client-side.
+            connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None and self._owns_session:
+            await self._session.close()
+        self._session = None
+
+    def _headers(self, json_body: bool = False) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if json_body:
+            headers["Content-Type"] = "application/json"
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+    async def _retrying(self, attempt: Callable[[], Any]) -> Any:
+        async for state in AsyncRetrying(
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential(multiplier=0.25, max=4.0),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        ):
+            with state:
+                return await attempt()
+        raise AssertionError("unreachable")
+
+    async def get_text(self, path: str, *, retry: bool = True) -> str:
+        url = self.url(path)
+
+        async def attempt() -> str:
+            timeout = aiohttp.ClientTimeout(total=self.timeouts.request_s, connect=self.timeouts.connect_s)
+            try:
+                async with self.session.get(url, headers=self._headers(), timeout=timeout) as resp:
+                    body = await resp.read()
+                    if resp.status >= 400:
+                        raise EngineHTTPError(url, resp.status, error_message_from_body(body))
+                    return body.decode("utf-8", "replace")
+            except aiohttp.ClientConnectorError as exc:
+                raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+                raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
+            except TimeoutError as exc:
+                raise EngineTimeout(f"{url}: no answer within {self.timeouts.request_s:g} s") from exc
+
+        return await (self._retrying(attempt) if retry else attempt())
+
+    async def health(self) -> bool:
+        try:
+            await self.get_text("/health", retry=False)
+        except EngineError:
+            return False
+        return True
+
+    async def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await self.health():
+                return
+            await asyncio.sleep(poll_s)
+        raise EngineTimeout(f"{self.url('/health')}: engine not healthy within {timeout_s:g} s")
+
+    async def models(self) -> list[str]:
+        text = await self.get_text("/v1/models")
+        try:
+            data = json.loads(text)
+            return [str(item["id"]) for item in data["data"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EngineError(f"{self.url('/v1/models')}: unexpected answer {text[:120]!r}") from exc
+
+    async def resolve_model(self, model: str | None) -> str:
+        served = await self.models()
+        if model is None:
+            if not served:
+                raise EngineError(f"{self.url('/v1/models')}: the engine serves no model")
+            return served[0]
+        if model not in served:
+            raise ConfigError(f"--model {model!r}: the engine serves {', '.join(served) or 'nothing'}")
+        return model
+
+    async def scrape_metrics(self, *, retry: bool = True) -> MetricsSnapshot:
+        t_ns = self.clock()
+        text = await self.get_text("/metrics", retry=retry)
+        return parse_exposition(text, t_ns=t_ns, source=self.url("/metrics"))
+
+    async def stream_into(
+        self, path: str, body: bytes, stream: TokenStream, *, retry_connect: bool = False
+    ) -> TokenStream:
+        """POST a pre-encoded streaming request and fill `stream` until the engine ends it.
+
+        Errors are raised *and* recorded on the stream. With `retry_connect`, a failure before
+        any byte of the answer arrived is retried (safe: nothing was generated for us).
+        """
+        if not retry_connect:
+            return await self._stream_once(path, body, stream)
+        async for state in AsyncRetrying(
+            stop=stop_after_attempt(self.retries),
+            wait=wait_exponential(multiplier=0.25, max=4.0),
+            retry=retry_if_exception(lambda exc: _retryable(exc) and not stream.event_times_ns),
+            reraise=True,
+        ):
+            with state:
+                stream.reopen()
+                return await self._stream_once(path, body, stream)
+        raise AssertionError("unreachable")
+
+    async def _stream_once(self, path: str, body: bytes, stream: TokenStream) -> TokenStream:
+        url = self.url(path)
+        parser = SSEParser()
+        decoder = StreamDecoder(source=url)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.read_s
+        )
+        got_bytes = False
+        try:
+            stream.mark_sent(self.clock())
+            async with self.session.post(
+                url, data=body, headers=self._headers(json_body=True), timeout=timeout
+            ) as resp:
+                if resp.status >= 400:
+                    raise EngineHTTPError(url, resp.status, error_message_from_body(await resp.read()))
+                while True:
+                    chunk = await resp.content.readany()
+                    t_ns = self.clock()  # stamp first, parse after
+                    if not chunk:
+                        break
+                    got_bytes = True
+                    for event in parser.feed(chunk):
+                        self._apply(decoder, event, stream, t_ns)
+                    if decoder.done:
+                        break
+                for event in parser.close():
+                    self._apply(decoder, event, stream, self.clock())
+        except aiohttp.ClientConnectorError as exc:
+            error: EngineError = EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}")
+            stream.fail(self.clock(), error)
+            raise error from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+            where = "mid-stream" if got_bytes else "before the first byte"
+            error = EngineUnreachable(f"{url}: connection lost {where} ({_reason(exc)})")
+            stream.fail(self.clock(), error)
+            raise error from exc
+        except TimeoutError as exc:
+            error = EngineTimeout(f"{url}: no event for {self.timeouts.read_s:g} s")
+            stream.fail(self.clock(), error)
+            raise error from exc
+        except EngineError as exc:
+            stream.fail(self.clock(), exc)
+            raise
+        if not decoder.done:
+            error = SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
+            stream.fail(self.clock(), error)
+            raise error
+        stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
+        return stream
+
+    @staticmethod
+    def _apply(decoder: StreamDecoder, event: Any, stream: TokenStream, t_ns: int) -> None:
+        delta = decoder.decode(event)
+        if delta.prompt_tokens is not None:
+            stream.prompt_tokens = delta.prompt_tokens
+        stream.record(t_ns, delta.n_tokens)
+
+
+def _reason(exc: BaseException) -> str:
+    os_error = getattr(exc, "os_error", None)
+    if os_error is not None and getattr(os_error, "strerror", None):
+        return str(os_error.strerror).lower()
+    text = str(exc) or type(exc).__name__
+    return " ".join(text.split())

@@ -1,0 +1,130 @@
+"""The engine's /metrics, parsed purely, under names that survive vLLM version changes.
+
+vLLM renames series between releases (`gpu_cache_usage_perc` became `kv_cache_usage_perc`,
+`time_per_output_token_seconds` became `inter_token_latency_seconds`), so everything downstream
+reads *canonical* names and `ALIASES` maps each to the names engines have used, newest first.
+Values are summed over label sets (engines, models, finish reasons), which is what a single-model
+deployment means by "the" value.
+
+What can and cannot be trusted (see docs/vllm-facts.md): `iteration_tokens` records a whole
+prompt in the step where its first token comes out, so it cannot verify chunking; the engine's
+iteration-detail log can (`engine.iterlog`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdexporter.errors import EngineError
+
+Kind = Literal["gauge", "counter", "histogram"]
+
+# canonical name -> (kind, sample base names used by engines, newest first)
+ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
+    "num_requests_running": ("gauge", ("vllm:num_requests_running",)),
+    "num_requests_waiting": ("gauge", ("vllm:num_requests_waiting",)),
+    "kv_cache_usage_perc": ("gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    "prompt_tokens_total": ("counter", ("vllm:prompt_tokens_total",)),
+    "generation_tokens_total": ("counter", ("vllm:generation_tokens_total",)),
+    "prefix_cache_queries_total": (
+        "counter",
+        ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    ),
+    "prefix_cache_hits_total": ("counter", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
+    "num_preemptions_total": ("counter", ("vllm:num_preemptions_total",)),
+    "request_success_total": ("counter", ("vllm:request_success_total",)),
+    "inter_token_latency_seconds": (
+        "histogram",
+        ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    ),
+    "time_to_first_token_seconds": ("histogram", ("vllm:time_to_first_token_seconds",)),
+    "iteration_tokens": ("histogram", ("vllm:iteration_tokens_total",)),
+    "request_prefill_time_seconds": ("histogram", ("vllm:request_prefill_time_seconds",)),
+    "request_decode_time_seconds": ("histogram", ("vllm:request_decode_time_seconds",)),
+    "request_queue_time_seconds": ("histogram", ("vllm:request_queue_time_seconds",)),
+    "e2e_request_latency_seconds": ("histogram", ("vllm:e2e_request_latency_seconds",)),
+}
+
+GAUGES = tuple(name for name, (kind, _) in ALIASES.items() if kind == "gauge")
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Canonical values at one instant. Histograms appear as `<name>_count` and `<name>_sum`."""
+
+    values: dict[str, float]
+    buckets: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # canonical -> engine's own name
+    model_names: tuple[str, ...] = ()
+    t_ns: int | None = None
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(name for name in ALIASES if name not in self.sources)
+
+
+def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:
+    """Parse Prometheus text exposition into canonical values; unknown series are ignored."""
+    by_sample: dict[str, float] = {}
+    bucket_acc: dict[str, dict[float, float]] = {}
+    models: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                value = float(sample.value)
+                if math.isnan(value):
+                    continue
+                by_sample[sample.name] = by_sample.get(sample.name, 0.0) + value
+                if sample.name.endswith("_bucket") and "le" in sample.labels:
+                    le = float(sample.labels["le"])
+                    per = bucket_acc.setdefault(sample.name[: -len("_bucket")], {})
+                    per[le] = per.get(le, 0.0) + value
+                if "model_name" in sample.labels:
+                    models.add(sample.labels["model_name"])
+    except (ValueError, TypeError, IndexError) as exc:
+        raise EngineError(f"{source}: not a Prometheus text exposition ({exc})") from exc
+
+    values: dict[str, float] = {}
+    sources: dict[str, str] = {}
+    buckets: dict[str, tuple[tuple[float, float], ...]] = {}
+    for canonical, (kind, names) in ALIASES.items():
+        for name in names:
+            if kind == "histogram":
+                if f"{name}_count" in by_sample:
+                    values[f"{canonical}_count"] = by_sample[f"{name}_count"]
+                    values[f"{canonical}_sum"] = by_sample.get(f"{name}_sum", 0.0)
+                    buckets[canonical] = tuple(sorted(bucket_acc.get(name, {}).items()))
+                    sources[canonical] = name
+                    break
+            elif name in by_sample:
+                values[canonical] = by_sample[name]
+                sources[canonical] = name
+                break
+    return MetricsSnapshot(values, buckets, sources, tuple(sorted(models)), t_ns)
+
+
+def metric_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+    """What happened between two scrapes: counter and histogram deltas, gauges as read after.
+
+    A counter that went down means the engine restarted in between; the delta is then
+    meaningless and is left out rather than reported as negative.
+    """
+    out: dict[str, float] = {}
+    for key, value in after.values.items():
+        base = key.removesuffix("_count").removesuffix("_sum")
+        kind = ALIASES.get(base, ALIASES.get(key, ("gauge", ())))[0]
+        if kind == "gauge":
+            out[key] = value
+            continue
+        previous = before.values.get(key)
+        if previous is None or value < previous:
+            continue
+        out[f"{key}_delta"] = value - previous
+    return out

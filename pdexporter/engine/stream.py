@@ -1,0 +1,99 @@
+"""A generation stream as the client sees it: when each event arrived and how many tokens it held.
+
+Drivers (HTTP against a real engine, or in-process against the embedded one) fill a
+`TokenStream`; the measurement protocol only reads it. `Progress` lets the protocol wait for
+"any stream moved" with one event object instead of a task per stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Progress:
+    """A level-triggered wake-up shared by all streams of one driver."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        """Wait until `predicate()` holds; False on timeout. Clock-agnostic (virtual loops work)."""
+
+        async def _loop() -> None:
+            while True:
+                self._event.clear()
+                if predicate():
+                    return
+                await self._event.wait()
+
+        try:
+            await asyncio.wait_for(_loop(), timeout_s)
+        except TimeoutError:
+            return predicate()
+        return True
+
+
+@dataclass
+class TokenStream:
+    """Events of one streamed generation. Times are from the driver's clock, in nanoseconds."""
+
+    request_id: str
+    tag: str = "probe"
+    on_update: Callable[[], None] | None = None
+    t_sent_ns: int | None = None
+    event_times_ns: list[int] = field(default_factory=list)
+    event_tokens: list[int] = field(default_factory=list)
+    n_tokens: int = 0
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    finished: bool = False
+    error: BaseException | None = None
+    t_finished_ns: int | None = None
+
+    def mark_sent(self, t_ns: int) -> None:
+        self.t_sent_ns = t_ns
+
+    def record(self, t_ns: int, n_tokens: int) -> None:
+        if n_tokens <= 0:
+            return
+        self.event_times_ns.append(t_ns)
+        self.event_tokens.append(n_tokens)
+        self.n_tokens += n_tokens
+        if self.on_update is not None:
+            self.on_update()
+
+    def finish(self, t_ns: int, reason: str | None = None, prompt_tokens: int | None = None) -> None:
+        self.finished = True
+        self.t_finished_ns = t_ns
+        self.finish_reason = reason or self.finish_reason
+        if prompt_tokens is not None:
+            self.prompt_tokens = prompt_tokens
+        if self.on_update is not None:
+            self.on_update()
+
+    def reopen(self) -> None:
+        """Clear a failure before a retry; only legal while nothing was received."""
+        if self.event_times_ns:
+            raise RuntimeError(f"stream {self.request_id} already has events; it cannot be retried")
+        self.error, self.finished, self.finish_reason, self.t_finished_ns = None, False, None, None
+
+    def fail(self, t_ns: int, error: BaseException) -> None:
+        self.error = error
+        self.finish(t_ns, "error")
+
+    @property
+    def t_first_ns(self) -> int | None:
+        return self.event_times_ns[0] if self.event_times_ns else None
+
+    @property
+    def done(self) -> bool:
+        return self.finished or self.error is not None
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error

@@ -1,0 +1,1 @@
+"""One interference point: probe streams, prefill injection, window maths, records."""

@@ -1,0 +1,189 @@
+"""The seam between the measurement protocol and an engine.
+
+The protocol (`measure.protocol`) is written once against `EngineDriver`. `HttpDriver` speaks
+HTTP to any OpenAI-compatible engine (real vLLM, or the embedded engine served over HTTP); the
+embedded engine also offers an in-process driver (`pdexporter.sim.driver`) that runs on a
+virtual clock, so a 196-config sweep is predicted in seconds with the same protocol code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from pdexporter.engine.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
+from pdexporter.engine.iterlog import IterationLogTail, IterationStep
+from pdexporter.engine.launcher import EngineHandle
+from pdexporter.engine.metrics import MetricsSnapshot
+from pdexporter.engine.stream import Progress, TokenStream
+from pdexporter.errors import EngineError
+
+MODELLED_NOTE = (
+    "MODELLED: produced by pdexporter's embedded engine (vLLM v1 scheduling + a step-time model), "
+    "not measured on a GPU; real numbers come from a real vLLM"
+)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a record needs to say about the engine that produced it."""
+
+    kind: str  # "vllm", "pdexporter-sim", or "openai-compatible" when unknown
+    model: str
+    url: str | None = None
+    version: str | None = None
+    gpu: str | None = None
+    chunk_size: int | None = None  # the engine's max_num_batched_tokens, when known
+    cuda_graphs: bool | None = None
+    profile: str | None = None
+    modelled: bool = False
+    clock: str = "perf_counter_ns"
+
+    @property
+    def note(self) -> str | None:
+        return MODELLED_NOTE if self.modelled else None
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request ready to leave: encoded *before* any measured window opens."""
+
+    tag: str
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    body: bytes = b""
+    path: str = COMPLETIONS_PATH
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@runtime_checkable
+class EngineDriver(Protocol):
+    info: EngineInfo
+    progress: Progress
+
+    def now_ns(self) -> int: ...
+
+    def prepare(self, prompt_token_ids: Sequence[int], max_tokens: int, tag: str) -> PreparedRequest: ...
+
+    def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
+        """Send the request; the returned stream fills in the background on the running loop."""
+        ...
+
+    async def scrape_metrics(self) -> MetricsSnapshot | None: ...
+
+    def step_mark(self) -> object | None:
+        """A position in the engine's own step log, or None if the driver cannot see it."""
+        ...
+
+    def steps_since(self, mark: object | None) -> list[IterationStep] | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class HttpDriver:
+    """Drives an engine over HTTP with `EngineClient`; all timestamps are `perf_counter_ns`."""
+
+    client: EngineClient
+    info: EngineInfo
+    iteration_log: IterationLogTail | None = None
+    progress: Progress = field(default_factory=Progress)
+    _tasks: set[asyncio.Task[TokenStream]] = field(default_factory=set, repr=False)
+    _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
+
+    def now_ns(self) -> int:
+        return time.perf_counter_ns()
+
+    def prepare(self, prompt_token_ids: Sequence[int], max_tokens: int, tag: str) -> PreparedRequest:
+        ids = tuple(int(i) for i in prompt_token_ids)
+        body = encode_body(completion_request(self.info.model, ids, max_tokens))
+        return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens, body=body)
+
+    def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
+        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
+        task = asyncio.get_running_loop().create_task(
+            self.client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+        return stream
+
+    def _reap(self, task: asyncio.Task[TokenStream]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # recorded on the stream already; mark the task's exception as seen
+
+    async def scrape_metrics(self) -> MetricsSnapshot | None:
+        try:
+            return await self.client.scrape_metrics(retry=False)
+        except EngineError:
+            return None  # an engine without /metrics still gets measured; the record says so
+
+    def step_mark(self) -> object | None:
+        return self.iteration_log.mark() if self.iteration_log else None
+
+    def steps_since(self, mark: object | None) -> list[IterationStep] | None:
+        if self.iteration_log is None or not isinstance(mark, int):
+            return None
+        return self.iteration_log.read_since(mark)
+
+    async def cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        await self.cancel_all()
+        await self.client.aclose()
+
+
+@asynccontextmanager
+async def http_driver(
+    handle: EngineHandle,
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    gpu: str | None = None,
+) -> AsyncIterator[HttpDriver]:
+    """An `HttpDriver` for a launched (or external) engine, its model resolved from /v1/models."""
+    client = EngineClient(handle.url, api_key=api_key)
+    try:
+        await client.get_text("/health")  # retried briefly; a dead target fails here with one line
+        served_model = await client.resolve_model(model)
+        version = handle.version
+        kind = handle.kind
+        if version is None:
+            try:
+                version = str(json.loads(await client.get_text("/version", retry=False)).get("version"))
+                kind = "vllm" if kind in ("vllm", "openai-compatible") else kind
+            except (EngineError, ValueError, AttributeError):
+                version = None
+        info = EngineInfo(
+            kind=kind,
+            model=served_model,
+            url=handle.url,
+            version=version,
+            gpu=gpu or handle.gpu,
+            chunk_size=handle.chunk_size,
+            cuda_graphs=handle.cuda_graphs,
+            profile=handle.profile,
+            modelled=handle.modelled,
+        )
+        driver = HttpDriver(client, info, IterationLogTail(handle.iteration_log) if handle.iteration_log else None)
+    except BaseException:
+        await client.aclose()
+        raise
+    try:
+        yield driver
+    finally:
+        await driver.aclose()

@@ -1,0 +1,162 @@
+"""One grid point end to end: Phase 1 (or a given baseline), Phase 2 x reps, records on disk.
+
+After every repetition its raw timestamps are written, then the record is rewritten with the
+repetition added (both atomically), so a killed run loses at most the repetition in flight and a
+rerun continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdexporter.errors import ConfigError
+from pdexporter.measure.driver import EngineDriver, EngineInfo
+from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, run_interference
+from pdexporter.measure.records import (
+    RecordConfig,
+    RepRecord,
+    RunRecord,
+    aggregate,
+    baseline_block,
+    derived_block,
+    interference_block,
+)
+from pdexporter.measure.store import ResultsStore
+from pdexporter.measure.window import BaselineStats, derive, expected_chunks
+
+
+@dataclass(frozen=True)
+class PointSpec:
+    chunk_size: int
+    decode_batch_size: int
+    new_prefill_tokens: int
+
+    def validate(self) -> PointSpec:
+        if self.new_prefill_tokens < 1:
+            raise ConfigError(f"-P/--new-prefill-tokens {self.new_prefill_tokens}: must be >= 1")
+        if self.decode_batch_size < 0:
+            raise ConfigError(f"-D/--decode-batch-size {self.decode_batch_size}: must be >= 0")
+        if self.chunk_size < 1:
+            raise ConfigError(f"--chunk-size {self.chunk_size}: must be >= 1")
+        if self.decode_batch_size >= self.chunk_size:
+            raise ConfigError(
+                f"-D {self.decode_batch_size} with --chunk-size {self.chunk_size}: the decodes would take the "
+                "whole step budget and the prefill would never run"
+            )
+        return self
+
+    @property
+    def num_chunks_expected(self) -> int:
+        return expected_chunks(self.new_prefill_tokens, self.chunk_size, self.decode_batch_size)
+
+
+def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings, *, reps: int, mode: str) -> RecordConfig:
+    return RecordConfig(
+        decode_batch_size=spec.decode_batch_size,
+        new_prefill_tokens=spec.new_prefill_tokens,
+        chunk_size=spec.chunk_size,
+        model=info.model,
+        gpu=info.gpu or "unknown",
+        engine=info.kind,
+        engine_version=info.version,
+        engine_url=info.url,
+        modelled=info.modelled,
+        note=info.note,
+        profile=info.profile,
+        cuda_graphs=info.cuda_graphs,
+        decode_context_tokens=settings.decode_context_tokens,
+        decode_output_tokens=settings.decode_output_tokens,
+        prefill_max_tokens=settings.prefill_max_tokens,
+        mode=mode,
+        reps_planned=reps,
+    )
+
+
+def rep_record(
+    rep: int,
+    run: InterferenceRun,
+    baseline: BaselineStats | None,
+    spec: PointSpec,
+    *,
+    raw: str | None,
+    baseline_source: str = "phase1",
+    started_at: str | None = None,
+) -> RepRecord:
+    return RepRecord(
+        rep=rep,
+        baseline=baseline_block(baseline, baseline_source),
+        interference=interference_block(
+            run.window,
+            num_chunks_expected=spec.num_chunks_expected,
+            engine_chunks=run.engine_chunks,
+            prefill_prompt_tokens=run.prefill.prompt_tokens,
+        ),
+        derived=derived_block(derive(baseline, run.window, spec.decode_batch_size)),
+        raw=raw,
+        engine_metrics=run.engine_metric_deltas,
+        started_at=started_at,
+    )
+
+
+_RESUME_KEYS = ("model", "engine", "decode_context_tokens", "decode_output_tokens", "prefill_max_tokens", "mode")
+
+
+def resumable_reps(existing: RunRecord | None, config: RecordConfig, path: str) -> list[RepRecord]:
+    """Repetitions already on disk for this point, if they were measured the same way."""
+    if existing is None:
+        return []
+    for key in _RESUME_KEYS:
+        old, new = getattr(existing.config, key), getattr(config, key)
+        if old != new:
+            raise ConfigError(
+                f"{path}: recorded with {key}={old!r}, this run has {key}={new!r}; "
+                "use another --out directory or remove the old record"
+            )
+    return list(existing.reps)
+
+
+async def measure_point(
+    driver: EngineDriver,
+    spec: PointSpec,
+    settings: ProtocolSettings,
+    store: ResultsStore,
+    *,
+    reps: int = 1,
+    mode: str = "faithful",
+    baseline: BaselineRun | None = None,
+    resume: bool = True,
+    on_rep: Callable[[RepRecord], None] | None = None,
+) -> RunRecord:
+    spec.validate()
+    config = record_config(spec, driver.info, settings, reps=reps, mode=mode)
+    path = store.record_path(spec.chunk_size, spec.decode_batch_size, spec.new_prefill_tokens)
+    done = resumable_reps(store.load_record(*_key(spec)) if resume else None, config, str(path))
+    if len(done) >= reps:
+        return aggregate(config, done[:reps])
+    if baseline is None:
+        baseline = await run_baseline(driver, spec.decode_batch_size, settings)
+        if baseline.probes:
+            store.save_raw(store.baseline_raw_path(spec.chunk_size, spec.decode_batch_size), baseline.to_raw())
+    record: RunRecord | None = None
+    for rep in range(len(done), reps):
+        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        run = await run_interference(
+            driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, baseline.stats
+        )
+        raw_path = store.raw_path(*_key(spec), rep)
+        store.save_raw(raw_path, run.to_raw())
+        done.append(
+            rep_record(rep, run, baseline.stats, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started)
+        )
+        record = aggregate(config, done)
+        store.save_record(record)
+        if on_rep is not None:
+            on_rep(done[-1])
+    assert record is not None
+    return record
+
+
+def _key(spec: PointSpec) -> tuple[int, int, int]:
+    return (spec.chunk_size, spec.decode_batch_size, spec.new_prefill_tokens)

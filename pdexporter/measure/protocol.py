@@ -1,0 +1,355 @@
+"""The seed's Phase 1 and Phase 2, written once against `EngineDriver`.
+
+Phase 1 (baseline): D probe streams on the shared, cached 4096-token prefix decode 256 tokens
+each; their intervals after the first 16 tokens give TPOT_baseline.
+
+Phase 2 (interference): D fresh probe streams; once every stream has >= 32 tokens and its last
+8 intervals are within 2x of each other (steady state), a cold prefill of exactly P random token
+ids is injected with max_tokens = 1. Its body is encoded before the window opens and nothing
+else runs on the loop while the window is open, so probe timestamps are not delayed by our own
+work (the 0 ms-interval trap in docs/vllm-facts.md). The engine's /metrics is scraped just
+before the injection and after the recovery intervals; the engine's step log, when the driver
+can see it, gives the real chunk sizes.
+
+All numbers are computed afterwards by the pure functions in `measure.window`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pdexporter.engine.iterlog import IterationStep, summarise_chunks
+from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
+from pdexporter.engine.stream import TokenStream
+from pdexporter.errors import MeasurementError
+from pdexporter.measure.driver import EngineDriver
+from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
+from pdexporter.measure.window import (
+    BaselineStats,
+    WindowParams,
+    WindowStats,
+    analyse_window,
+    baseline_stats,
+    token_times,
+)
+
+
+class ProtocolSettings(BaseModel):
+    """The seed's control variables; defaults are the seed's values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    decode_context_tokens: int = Field(4096, ge=1)
+    decode_output_tokens: int = Field(256, ge=2)
+    warmup_tokens: int = Field(16, ge=0)
+    inject_at_tokens: int = Field(32, ge=2)
+    steady_last_intervals: int = Field(8, ge=1)
+    steady_max_ratio: float = Field(2.0, gt=1.0)
+    after_intervals: int = Field(32, ge=1)
+    prefill_max_tokens: int = Field(1, ge=1)
+    slow_rel: float = Field(0.20, gt=0)
+    slow_mad_k: float = Field(5.0, gt=0)
+    token_low: int = Field(1000, ge=0)
+    token_high: int = Field(100_000, ge=1)
+    steady_timeout_s: float = Field(120.0, gt=0)
+    window_timeout_s: float = Field(900.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ProtocolSettings:
+        if self.inject_at_tokens + self.after_intervals >= self.decode_output_tokens:
+            raise ValueError(
+                f"decode_output_tokens={self.decode_output_tokens} leaves no room for injection at token "
+                f"{self.inject_at_tokens} plus {self.after_intervals} recovery intervals"
+            )
+        if self.token_low >= self.token_high:
+            raise ValueError(f"token_low={self.token_low} must be below token_high={self.token_high}")
+        return self
+
+    @property
+    def window(self) -> WindowParams:
+        return WindowParams(
+            warmup_tokens=self.warmup_tokens,
+            after_intervals=self.after_intervals,
+            slow_rel=self.slow_rel,
+            slow_mad_k=self.slow_mad_k,
+        )
+
+    @property
+    def token_range(self) -> TokenRange:
+        return TokenRange(self.token_low, self.token_high)
+
+
+@dataclass
+class StreamTrace:
+    """A finished stream's raw timing, detached from the live object."""
+
+    request_id: str
+    tag: str
+    t_sent_ns: int | None
+    event_times_ns: list[int]
+    event_tokens: list[int]
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+
+    @classmethod
+    def of(cls, stream: TokenStream) -> StreamTrace:
+        return cls(
+            stream.request_id,
+            stream.tag,
+            stream.t_sent_ns,
+            list(stream.event_times_ns),
+            list(stream.event_tokens),
+            stream.prompt_tokens,
+            stream.finish_reason,
+        )
+
+    def token_times(self) -> np.ndarray:
+        return token_times(self.event_times_ns, self.event_tokens)
+
+    def to_raw(self, t0_ns: int) -> dict[str, Any]:
+        """Compact form: times relative to t0, then as deltas (ns); gzip does the rest."""
+        times = [t - t0_ns for t in self.event_times_ns]
+        return {
+            "id": self.request_id,
+            "tag": self.tag,
+            "sent_ns": None if self.t_sent_ns is None else self.t_sent_ns - t0_ns,
+            "dt_ns": [b - a for a, b in zip([0, *times[:-1]], times)],
+            "n": self.event_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "finish_reason": self.finish_reason,
+        }
+
+    @classmethod
+    def from_raw(cls, raw: dict[str, Any], t0_ns: int = 0) -> StreamTrace:
+        times, acc = [], 0
+        for dt_ns in raw["dt_ns"]:
+            acc += dt_ns
+            times.append(acc + t0_ns)
+        sent = raw.get("sent_ns")
+        return cls(
+            raw["id"],
+            raw["tag"],
+            None if sent is None else sent + t0_ns,
+            times,
+            list(raw["n"]),
+            raw.get("prompt_tokens"),
+            raw.get("finish_reason"),
+        )
+
+
+@dataclass
+class BaselineRun:
+    decode_batch_size: int
+    probes: list[StreamTrace]
+    stats: BaselineStats | None
+
+    def to_raw(self) -> dict[str, Any]:
+        t0 = min((p.t_sent_ns or 0 for p in self.probes), default=0)
+        return {"decode_batch_size": self.decode_batch_size, "probes": [p.to_raw(t0) for p in self.probes]}
+
+
+@dataclass
+class InterferenceRun:
+    decode_batch_size: int
+    new_prefill_tokens: int
+    probes: list[StreamTrace]
+    prefill: StreamTrace
+    t_inject_ns: int
+    t_first_ns: int
+    window: WindowStats
+    metrics_before: MetricsSnapshot | None = None
+    metrics_after: MetricsSnapshot | None = None
+    engine_steps: list[IterationStep] | None = None
+    salt: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def engine_metric_deltas(self) -> dict[str, float]:
+        if self.metrics_before is None or self.metrics_after is None:
+            return {}
+        return {k: round(v, 6) for k, v in metric_deltas(self.metrics_before, self.metrics_after).items()}
+
+    @property
+    def engine_chunks(self) -> tuple[int, ...] | None:
+        if self.engine_steps is None:
+            return None
+        return summarise_chunks(self.engine_steps).chunk_tokens
+
+    def to_raw(self) -> dict[str, Any]:
+        t0 = self.t_inject_ns
+        return {
+            "decode_batch_size": self.decode_batch_size,
+            "new_prefill_tokens": self.new_prefill_tokens,
+            "salt": self.salt,
+            "t_inject_ns": 0,
+            "t_first_ns": self.t_first_ns - t0,
+            "probes": [p.to_raw(t0) for p in self.probes],
+            "prefill": self.prefill.to_raw(t0),
+            "engine_steps": [s.to_log_line() for s in self.engine_steps] if self.engine_steps else None,
+            "metrics_before": self.metrics_before.values if self.metrics_before else None,
+            "metrics_after": self.metrics_after.values if self.metrics_after else None,
+            **self.extra,
+        }
+
+
+def _raise_failures(streams: Iterable[TokenStream]) -> None:
+    for stream in streams:
+        stream.raise_if_failed()
+
+
+async def _wait(
+    driver: EngineDriver, streams: Sequence[TokenStream], predicate: Callable[[], bool], timeout_s: float, what: str
+) -> None:
+    ok = await driver.progress.wait_until(
+        lambda: predicate() or any(s.error is not None for s in streams), timeout_s
+    )
+    _raise_failures(streams)
+    if not ok:
+        raise MeasurementError(f"{what} within {timeout_s:g} s")
+
+
+async def run_single(driver: EngineDriver, prompt: Sequence[int], max_tokens: int, tag: str, timeout_s: float) -> TokenStream:
+    """One request outside any window (warm-ups): retried if the connection fails before any byte."""
+    stream = driver.start(driver.prepare(prompt, max_tokens, tag), retry_connect=True)
+    await _wait(driver, [stream], lambda: stream.done, timeout_s, f"{tag} request did not finish")
+    return stream
+
+
+async def warm_prefix(driver: EngineDriver, settings: ProtocolSettings) -> None:
+    """Put the shared probe prefix into the prefix cache."""
+    await run_single(
+        driver, shared_prefix(settings.decode_context_tokens, settings.token_range), 1, "warm-prefix",
+        settings.window_timeout_s,
+    )
+
+
+async def warm_shapes(driver: EngineDriver, prefill_tokens: Iterable[int], settings: ProtocolSettings) -> None:
+    """Run one cold prefill of every size first: a new batch shape costs JIT/autotune time once."""
+    for p in sorted(set(prefill_tokens)):
+        prompt = cold_prompt(p, f"warm-{uuid.uuid4()}", settings.token_range)
+        await run_single(driver, prompt, 1, "warm-shape", settings.window_timeout_s)
+
+
+def start_probes(driver: EngineDriver, d: int, settings: ProtocolSettings, max_tokens: int | None = None) -> list[TokenStream]:
+    prepared = driver.prepare(
+        shared_prefix(settings.decode_context_tokens, settings.token_range),
+        max_tokens or settings.decode_output_tokens,
+        "probe",
+    )
+    return [driver.start(prepared, retry_connect=True) for _ in range(d)]
+
+
+def steady(streams: Sequence[TokenStream], settings: ProtocolSettings) -> bool:
+    """The seed's rule on event times: >= inject_at tokens, last 8 intervals within 2x."""
+    for s in streams:
+        if s.n_tokens < settings.inject_at_tokens or len(s.event_times_ns) <= settings.steady_last_intervals:
+            return False
+        tail = s.event_times_ns[-(settings.steady_last_intervals + 1) :]
+        gaps = [(b - a) / n for a, b, n in zip(tail, tail[1:], s.event_tokens[-settings.steady_last_intervals :])]
+        low, high = min(gaps), max(gaps)
+        if low <= 0 or high / low > settings.steady_max_ratio:
+            return False
+    return True
+
+
+async def run_baseline(driver: EngineDriver, d: int, settings: ProtocolSettings) -> BaselineRun:
+    """Phase 1: D decode-only streams, 256 tokens each."""
+    if d == 0:
+        return BaselineRun(0, [], None)
+    probes = start_probes(driver, d, settings)
+    await _wait(driver, probes, lambda: all(p.done for p in probes), settings.window_timeout_s,
+                f"{d} baseline decode streams did not finish")
+    traces = [StreamTrace.of(p) for p in probes]
+    stats = baseline_stats([t.token_times() for t in traces], settings.window)
+    if stats is None:
+        raise MeasurementError(
+            f"baseline streams produced no intervals after the {settings.warmup_tokens} warm-up tokens"
+        )
+    return BaselineRun(d, traces, stats)
+
+
+def _tokens_after(stream: TokenStream, t_ns: float) -> int:
+    total = 0
+    for t, n in zip(reversed(stream.event_times_ns), reversed(stream.event_tokens)):
+        if t <= t_ns:
+            break
+        total += n
+    return total
+
+
+async def run_interference(
+    driver: EngineDriver,
+    d: int,
+    p: int,
+    settings: ProtocolSettings,
+    baseline: BaselineStats | None,
+    *,
+    probes: list[TokenStream] | None = None,
+    wait_for_probes: bool = True,
+    salt: str | None = None,
+) -> InterferenceRun:
+    """Phase 2. With `probes` given (fast mode), those running streams are perturbed instead of
+    fresh ones, and `wait_for_probes=False` leaves them running afterwards."""
+    salt = salt or str(uuid.uuid4())
+    prefill_request = driver.prepare(cold_prompt(p, salt, settings.token_range), settings.prefill_max_tokens, "prefill")
+    fresh = probes is None
+    probes = start_probes(driver, d, settings) if probes is None else probes
+    if d:
+        await _wait(driver, probes, lambda: steady(probes, settings) or any(s.finished for s in probes),
+                    settings.steady_timeout_s, f"{d} probe streams did not reach steady state")
+        if not steady(probes, settings):
+            raise MeasurementError(
+                f"probe streams ended before steady state ({settings.inject_at_tokens} tokens, last "
+                f"{settings.steady_last_intervals} intervals within {settings.steady_max_ratio:g}x)"
+            )
+    before = await driver.scrape_metrics()
+    mark = driver.step_mark()
+
+    prefill = driver.start(prefill_request)  # inside the window: never retried
+    everything = [*probes, prefill]
+    await _wait(driver, everything, lambda: prefill.t_first_ns is not None or prefill.done,
+                settings.window_timeout_s, f"the {p}-token prefill produced no token")
+    if prefill.t_first_ns is None or prefill.t_sent_ns is None:
+        raise MeasurementError(f"the {p}-token prefill finished without a token ({prefill.finish_reason})")
+    t_inject, t_first = prefill.t_sent_ns, prefill.t_first_ns
+    ended_early = [s.request_id for s in probes if s.finished and (s.t_finished_ns or 0) <= t_first]
+    if ended_early:
+        raise MeasurementError(
+            f"{len(ended_early)} probe stream(s) ended before the prefill's first token: raise "
+            f"decode_output_tokens above {settings.decode_output_tokens}"
+        )
+    window_end = t_first + (baseline.p50_ms * 1e6 / 2 if baseline else 0)
+    await _wait(
+        driver, everything,
+        lambda: prefill.done and all(s.done or _tokens_after(s, window_end) > settings.after_intervals for s in probes),
+        settings.window_timeout_s, "probe streams did not recover after the prefill",
+    )
+    after = await driver.scrape_metrics()
+    if fresh and wait_for_probes:
+        await _wait(driver, probes, lambda: all(s.done for s in probes), settings.window_timeout_s,
+                    "probe streams did not finish")
+    steps = driver.steps_since(mark)
+    if steps is not None:
+        steps = [s for s in steps if s.context_tokens > 0 or s.generation_requests > 0]
+
+    traces = [StreamTrace.of(s) for s in probes]
+    window = analyse_window([t.token_times() for t in traces], t_inject, t_first, baseline, settings.window)
+    return InterferenceRun(
+        decode_batch_size=d,
+        new_prefill_tokens=p,
+        probes=traces,
+        prefill=StreamTrace.of(prefill),
+        t_inject_ns=t_inject,
+        t_first_ns=t_first,
+        window=window,
+        metrics_before=before,
+        metrics_after=after,
+        engine_steps=steps,
+        salt=salt,
+    )

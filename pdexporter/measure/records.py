@@ -1,0 +1,267 @@
+"""The per-run record: the seed's JSON, exactly its keys, plus what a reviewer needs to trust it.
+
+`results/{chunk_size}/D{d}_P{p}.json` holds `config / baseline / interference / derived` with
+the seed's keys (values are medians over repetitions, "p50 over 5 runs"), then extra keys:
+`reps` (each repetition's own numbers, its engine-metric deltas and the file of its raw
+timestamps), `summary` (CV across repetitions) and `provenance`. Records from the embedded
+engine say so in `config.engine`, `config.modelled` and `config.note`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pdexporter import __version__
+from pdexporter.measure.window import BaselineStats, Derived, WindowStats
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class RecordConfig(_Model):
+    decode_batch_size: int = Field(ge=0)
+    new_prefill_tokens: int = Field(ge=1)
+    chunk_size: int = Field(ge=1)
+    model: str
+    gpu: str
+    engine: str = "vllm"
+    engine_version: str | None = None
+    engine_url: str | None = None
+    modelled: bool = False
+    note: str | None = None
+    profile: str | None = None
+    cuda_graphs: bool | None = None
+    decode_context_tokens: int = 4096
+    decode_output_tokens: int = 256
+    prefill_max_tokens: int = 1
+    mode: str = "faithful"
+    reps_planned: int = 1
+
+
+class BaselineBlock(_Model):
+    tpot_p50_ms: float | None
+    tpot_p90_ms: float | None
+    tpot_p99_ms: float | None
+    step_time_ms: float | None
+    tpot_mean_ms: float | None = None
+    n_intervals: int = 0
+    source: str = "phase1"
+
+
+class InterferenceBlock(_Model):
+    tpot_during_prefill_p50_ms: float | None
+    tpot_during_prefill_p90_ms: float | None
+    tpot_after_prefill_p50_ms: float | None
+    num_chunks_actual: int | None
+    prefill_duration_ms: float
+    prefill_ttft_ms: float
+    tpot_during_prefill_mean_ms: float | None = None
+    tpot_window_p50_ms: float | None = None
+    tpot_pre_injection_p50_ms: float | None = None
+    num_chunks_expected: int | None = None
+    num_chunks_engine_log: int | None = None
+    chunk_tokens_engine_log: list[int] | None = None
+    slow_step_threshold_ms: float | None = None
+    slow_step_times_ms: list[float] = Field(default_factory=list)
+    window_intervals: int = 0
+    zero_intervals: int = 0
+    min_interval_ms: float | None = None
+    prefill_prompt_tokens: int | None = None
+
+
+class DerivedBlock(_Model):
+    tpot_penalty_p50_ms: float | None
+    tpot_penalty_ratio: float | None
+    total_interference_ms: float | None
+    decode_tokens_delayed: int
+    slowdown: float | None = None
+    aggregate_interference_ms: float | None = None
+
+
+class RepRecord(_Model):
+    rep: int = Field(ge=0)
+    baseline: BaselineBlock
+    interference: InterferenceBlock
+    derived: DerivedBlock
+    raw: str | None = None
+    engine_metrics: dict[str, float] = Field(default_factory=dict)
+    started_at: str | None = None
+
+
+class Summary(_Model):
+    reps_done: int
+    aggregation: str = "median over repetitions"
+    cv_tpot_penalty: float | None = None
+    cv_prefill_duration: float | None = None
+    cv_tpot_interference: float | None = None
+
+
+class RunRecord(_Model):
+    config: RecordConfig
+    baseline: BaselineBlock
+    interference: InterferenceBlock
+    derived: DerivedBlock
+    reps: list[RepRecord] = Field(default_factory=list)
+    summary: Summary | None = None
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        c = self.config
+        return (c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)
+
+
+SEED_KEYS: dict[str, tuple[str, ...]] = {
+    "config": ("decode_batch_size", "new_prefill_tokens", "chunk_size", "model", "gpu"),
+    "baseline": ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "step_time_ms"),
+    "interference": (
+        "tpot_during_prefill_p50_ms",
+        "tpot_during_prefill_p90_ms",
+        "tpot_after_prefill_p50_ms",
+        "num_chunks_actual",
+        "prefill_duration_ms",
+        "prefill_ttft_ms",
+    ),
+    "derived": ("tpot_penalty_p50_ms", "tpot_penalty_ratio", "total_interference_ms", "decode_tokens_delayed"),
+}
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def baseline_block(stats: BaselineStats | None, source: str = "phase1") -> BaselineBlock:
+    if stats is None:
+        return BaselineBlock(
+            tpot_p50_ms=None, tpot_p90_ms=None, tpot_p99_ms=None, step_time_ms=None, source=source
+        )
+    return BaselineBlock(
+        tpot_p50_ms=_r(stats.p50_ms),
+        tpot_p90_ms=_r(stats.p90_ms),
+        tpot_p99_ms=_r(stats.p99_ms),
+        step_time_ms=_r(stats.step_time_ms),
+        tpot_mean_ms=_r(stats.mean_ms),
+        n_intervals=stats.n_intervals,
+        source=source,
+    )
+
+
+def interference_block(
+    window: WindowStats,
+    *,
+    num_chunks_expected: int | None,
+    engine_chunks: Sequence[int] | None,
+    prefill_prompt_tokens: int | None,
+) -> InterferenceBlock:
+    return InterferenceBlock(
+        tpot_during_prefill_p50_ms=_r(window.during_p50_ms),
+        tpot_during_prefill_p90_ms=_r(window.during_p90_ms),
+        tpot_after_prefill_p50_ms=_r(window.after_p50_ms),
+        num_chunks_actual=window.num_chunks_actual,
+        prefill_duration_ms=_r(window.prefill_duration_ms) or 0.0,
+        prefill_ttft_ms=_r(window.prefill_duration_ms) or 0.0,
+        tpot_during_prefill_mean_ms=_r(window.during_mean_ms),
+        tpot_window_p50_ms=_r(window.window_p50_ms),
+        tpot_pre_injection_p50_ms=_r(window.pre_p50_ms),
+        num_chunks_expected=num_chunks_expected,
+        num_chunks_engine_log=len(engine_chunks) if engine_chunks is not None else None,
+        chunk_tokens_engine_log=list(engine_chunks) if engine_chunks is not None else None,
+        slow_step_threshold_ms=_r(window.slow_threshold_ms),
+        slow_step_times_ms=[round(x, 3) for x in window.slow_step_times_ms],
+        window_intervals=window.window_intervals,
+        zero_intervals=window.zero_intervals,
+        min_interval_ms=_r(window.min_interval_ms),
+        prefill_prompt_tokens=prefill_prompt_tokens,
+    )
+
+
+def derived_block(derived: Derived) -> DerivedBlock:
+    return DerivedBlock(
+        tpot_penalty_p50_ms=_r(derived.tpot_penalty_p50_ms),
+        tpot_penalty_ratio=_r(derived.tpot_penalty_ratio),
+        total_interference_ms=_r(derived.total_interference_ms),
+        decode_tokens_delayed=derived.decode_tokens_delayed,
+        slowdown=_r(derived.slowdown),
+        aggregate_interference_ms=_r(derived.aggregate_interference_ms),
+    )
+
+
+def _median(values: Sequence[float | int | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def cv(values: Sequence[float | None]) -> float | None:
+    """Coefficient of variation (sample stdev / |mean|); None below two values or at mean 0."""
+    present = [float(v) for v in values if v is not None]
+    if len(present) < 2:
+        return None
+    mean = statistics.fmean(present)
+    if mean == 0:
+        return None
+    return statistics.stdev(present) / abs(mean)
+
+
+def _median_block(blocks: Sequence[BaselineBlock | InterferenceBlock | DerivedBlock], cls: type) -> Any:
+    """Field-wise median of numeric fields; lists and strings come from the median-penalty rep."""
+    first = blocks[0].model_dump()
+    out: dict[str, Any] = {}
+    for name, value in first.items():
+        column = [b.model_dump()[name] for b in blocks]
+        if isinstance(value, bool) or not all(isinstance(v, (int, float)) or v is None for v in column):
+            out[name] = value
+            continue
+        med = _median(column)
+        if med is None:
+            out[name] = None
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in column if v is not None):
+            out[name] = int(round(med))
+        else:
+            out[name] = _r(med)
+    return cls.model_validate(out)
+
+
+def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
+    """The record's top level: medians over repetitions, with CVs in `summary`."""
+    if not reps:
+        raise ValueError("a record needs at least one repetition")
+    ordered = sorted(reps, key=lambda r: r.rep)
+    # Lists (chunk sizes, slow-step times) cannot be medianed; take them from the rep whose
+    # penalty is the median one so the top level describes one real run.
+    penalties = [r.derived.tpot_penalty_p50_ms for r in ordered]
+    present = [(p, i) for i, p in enumerate(penalties) if p is not None]
+    pivot = ordered[sorted(present)[len(present) // 2][1]] if present else ordered[len(ordered) // 2]
+    baseline = _median_block([r.baseline for r in ordered], BaselineBlock)
+    interference = _median_block([pivot.interference] + [r.interference for r in ordered if r is not pivot], InterferenceBlock)
+    derived = _median_block([r.derived for r in ordered], DerivedBlock)
+    summary = Summary(
+        reps_done=len(ordered),
+        cv_tpot_penalty=_r(cv(penalties)),
+        cv_prefill_duration=_r(cv([r.interference.prefill_duration_ms for r in ordered])),
+        cv_tpot_interference=_r(cv([r.interference.tpot_during_prefill_p50_ms for r in ordered])),
+    )
+    return RunRecord(
+        config=config,
+        baseline=baseline,
+        interference=interference,
+        derived=derived,
+        reps=list(ordered),
+        summary=summary,
+        provenance=provenance(),
+    )
+
+
+def provenance() -> dict[str, Any]:
+    return {
+        "pdexporter_version": __version__,
+        "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+    }

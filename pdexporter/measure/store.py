@@ -1,0 +1,100 @@
+"""Where results live on disk, written atomically so that a killed run loses at most itself.
+
+    results/
+      {chunk}/D{d}_P{p}.json               the record (seed format + extras), rewritten per rep
+      {chunk}/raw/D{d}_P{p}_r{k}.json.gz   raw timestamps of repetition k
+      {chunk}/raw/D{d}_baseline.json.gz    raw timestamps of Phase 1 for (chunk, D)
+      {chunk}/engine/                      engine logs and iteration lines (launchers)
+
+A record is rewritten only after its repetition's raw file is safely on disk, so a record never
+points at a missing file, and a rerun resumes from the repetitions already recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, read_json_gz
+from pdexporter.errors import RecordError
+from pdexporter.measure.records import RunRecord
+
+RECORD_RE = re.compile(r"^D(?P<d>\d+)_P(?P<p>\d+)\.json$")
+
+
+class ResultsStore:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def chunk_dir(self, chunk_size: int) -> Path:
+        return self.root / str(chunk_size)
+
+    def record_path(self, chunk_size: int, d: int, p: int) -> Path:
+        return self.chunk_dir(chunk_size) / f"D{d}_P{p}.json"
+
+    def raw_path(self, chunk_size: int, d: int, p: int, rep: int) -> Path:
+        return self.chunk_dir(chunk_size) / "raw" / f"D{d}_P{p}_r{rep}.json.gz"
+
+    def baseline_raw_path(self, chunk_size: int, d: int) -> Path:
+        return self.chunk_dir(chunk_size) / "raw" / f"D{d}_baseline.json.gz"
+
+    def engine_dir(self, chunk_size: int) -> Path:
+        return self.chunk_dir(chunk_size) / "engine"
+
+    def relative(self, chunk_size: int, path: Path) -> str:
+        """A path as records store it: relative to the chunk directory."""
+        return path.relative_to(self.chunk_dir(chunk_size)).as_posix()
+
+    def save_record(self, record: RunRecord) -> Path:
+        c = record.config
+        path = self.record_path(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)
+        atomic_write_json(path, record.model_dump(mode="json"))
+        return path
+
+    def save_raw(self, path: Path, payload: dict[str, Any]) -> Path:
+        return atomic_write_json_gz(path, payload)
+
+    def load_raw(self, path: Path) -> dict[str, Any]:
+        try:
+            return read_json_gz(path)
+        except (OSError, ValueError) as exc:
+            raise RecordError(f"{path}: unreadable raw timestamps ({exc})") from exc
+
+    def load_record(self, chunk_size: int, d: int, p: int) -> RunRecord | None:
+        path = self.record_path(chunk_size, d, p)
+        return load_record_file(path) if path.exists() else None
+
+    def iter_record_paths(self) -> Iterator[Path]:
+        if not self.root.is_dir():
+            return
+        for chunk_dir in sorted(self.root.iterdir(), key=lambda p: (not p.name.isdigit(), p.name)):
+            if chunk_dir.is_dir() and chunk_dir.name.isdigit():
+                for path in sorted(chunk_dir.iterdir()):
+                    if RECORD_RE.match(path.name):
+                        yield path
+
+    def iter_records(self) -> Iterator[RunRecord]:
+        for path in self.iter_record_paths():
+            yield load_record_file(path)
+
+
+def load_record_file(path: str | Path) -> RunRecord:
+    """Read and validate one record; any problem is one line naming the file and field."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    try:
+        return RunRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RecordError(f"{path}: field '{where}': {first['msg']} (got {first.get('input')!r:.60})") from exc

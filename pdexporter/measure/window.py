@@ -1,0 +1,298 @@
+"""Window maths: token timestamps in, TPOT statistics out. Pure: no I/O, no clock.
+
+Definitions (the seed leaves them loose; these are the ones every number in a record uses):
+
+Token times. A stream is a list of (arrival time, tokens in that event). An event carrying n > 1
+tokens after a gap g contributes n tokens evenly spaced over g, i.e. n intervals of g / n: the
+engine produced them in n steps we did not see separately. The first event's tokens (the time to
+first token) start the stream and make no interval.
+
+Intervals. Interval k of a stream is t_k - t_(k-1), "ending" at t_k. The first `warmup_tokens`
+tokens of every stream are discarded (CUDA-graph warm-up, batch ramp-up): only intervals whose
+both ends lie at token index >= warmup_tokens count.
+
+Baseline (Phase 1). Intervals of D decode-only streams pooled; p50/p90/p99/mean. `step_time_ms`
+is the p50: with one token per stream per engine step, the decode cadence *is* the step time
+(vLLM's own step timer is unreliable under async scheduling).
+
+Window (Phase 2). t_inject is taken just before the prefill request leaves (its body already
+encoded); t_first is the arrival of its first token. A probe interval is *in the window* when it
+ends in (t_inject, t_first + TPOT_baseline_p50 / 2]: the last mixed step's decode tokens leave
+with the prefill's first token, so the half-step margin keeps them in.
+
+Slow steps. An interval is slow when it exceeds theta = p50 + max(rel * p50, k * 1.4826 * MAD)
+of the baseline (rel = 0.2, k = 5 by default): far outside decode-only jitter. Each slow interval
+is one engine step that carried prefill work; `num_chunks_actual` is the median over streams of
+their count of slow intervals in the window (the median shrugs off one stream's hiccup).
+
+During the prefill. Under async scheduling the engine has already scheduled the next step when
+the request arrives, so the first interval(s) of the window are decode-only by construction.
+"During" therefore starts at each stream's first slow interval in the window and runs to the end
+of the window (decode-only steps *between* chunks stay in). If a stream saw no slow step, its
+whole window counts. p50/p90/mean are over those intervals pooled across streams;
+`tpot_interference` (the seed's column) is their p50.
+
+After the prefill. Each stream's next `after_intervals` (32) intervals after the window; p50.
+
+Penalty. tpot_penalty = during_p50 - baseline_p50; tpot_penalty_ratio = penalty / baseline_p50
+(the seed's example: 46.9 / 42.3 = 1.11). slowdown = during_p50 / baseline_p50 is kept too.
+
+Totals. total_interference_ms = per stream, the sum over its window intervals of
+(interval - baseline_p50), averaged over streams: the extra time one decode request lost to this
+prefill. aggregate_interference_ms = D * total_interference_ms: what the prefill cost the batch,
+the quantity the offload rule compares with a transfer time. decode_tokens_delayed = the number of
+slow intervals summed over streams (D tokens per chunk).
+
+num_chunks_expected = ceil(P / (B - D)): running decodes take one token each of the step budget
+B first, the prefill gets the rest (ceil(P / B) at D = 0).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WindowParams:
+    warmup_tokens: int = 16
+    after_intervals: int = 32
+    slow_rel: float = 0.20
+    slow_mad_k: float = 5.0
+    zero_interval_frac: float = 0.05  # an interval below this fraction of baseline p50 is "~0 ms"
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Intervals of one stream: end times (ns) and lengths (ns), in token order."""
+
+    end_ns: np.ndarray
+    length_ns: np.ndarray
+    token_index: np.ndarray  # index of the token that ends each interval
+
+
+@dataclass(frozen=True)
+class BaselineStats:
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    mad_ms: float
+    n_intervals: int
+
+    @property
+    def step_time_ms(self) -> float:
+        return self.p50_ms
+
+    def slow_threshold_ms(self, params: WindowParams) -> float:
+        return self.p50_ms + max(params.slow_rel * self.p50_ms, params.slow_mad_k * 1.4826 * self.mad_ms)
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    t_inject_ns: int
+    t_first_ns: int
+    prefill_duration_ms: float
+    during_p50_ms: float | None
+    during_p90_ms: float | None
+    during_mean_ms: float | None
+    window_p50_ms: float | None
+    window_mean_ms: float | None
+    after_p50_ms: float | None
+    pre_p50_ms: float | None
+    slow_threshold_ms: float | None
+    slow_steps_per_stream: tuple[int, ...]
+    num_chunks_actual: int | None
+    window_intervals: int
+    total_interference_ms: float | None
+    decode_tokens_delayed: int
+    zero_intervals: int
+    min_interval_ms: float | None
+    slow_step_times_ms: tuple[float, ...]  # slow intervals of the median stream, in order
+
+
+@dataclass(frozen=True)
+class Derived:
+    tpot_penalty_p50_ms: float | None
+    tpot_penalty_ratio: float | None
+    slowdown: float | None
+    total_interference_ms: float | None
+    aggregate_interference_ms: float | None
+    decode_tokens_delayed: int
+
+
+def token_times(event_times_ns: Sequence[int], event_tokens: Sequence[int]) -> np.ndarray:
+    """Per-token arrival times; an n-token event is spread evenly over the gap before it."""
+    if len(event_times_ns) != len(event_tokens):
+        raise ValueError("event_times_ns and event_tokens differ in length")
+    out: list[float] = []
+    previous: float | None = None
+    for t, n in zip(event_times_ns, event_tokens):
+        if n <= 0:
+            continue
+        if previous is None:
+            out.extend([float(t)] * n)
+        else:
+            gap = (t - previous) / n
+            out.extend(previous + gap * k for k in range(1, n + 1))
+        previous = float(t)
+    return np.asarray(out, dtype=np.float64)
+
+
+def intervals(times_ns: np.ndarray, warmup_tokens: int = 0) -> Intervals:
+    """Intervals whose both ends lie at token index >= warmup_tokens."""
+    times = np.asarray(times_ns, dtype=np.float64)
+    if times.size < 2:
+        empty = np.empty(0)
+        return Intervals(empty, empty, np.empty(0, dtype=np.int64))
+    idx = np.arange(1, times.size)
+    keep = idx - 1 >= warmup_tokens
+    return Intervals(times[1:][keep], np.diff(times)[keep], idx[keep])
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def baseline_stats(streams: Sequence[np.ndarray], params: WindowParams = WindowParams()) -> BaselineStats | None:
+    """Phase 1: pooled decode-only intervals after warm-up. None when there are no streams."""
+    pooled = [intervals(s, params.warmup_tokens).length_ns for s in streams]
+    return baseline_from_lengths(np.concatenate(pooled) if pooled else np.empty(0))
+
+
+def baseline_from_lengths(lengths_ns: np.ndarray) -> BaselineStats | None:
+    ms = np.asarray(lengths_ns, dtype=np.float64) / 1e6
+    if ms.size == 0:
+        return None
+    p50 = float(np.median(ms))
+    return BaselineStats(
+        p50_ms=p50,
+        p90_ms=float(np.percentile(ms, 90)),
+        p99_ms=float(np.percentile(ms, 99)),
+        mean_ms=float(ms.mean()),
+        mad_ms=float(np.median(np.abs(ms - p50))),
+        n_intervals=int(ms.size),
+    )
+
+
+def is_steady(
+    streams: Sequence[np.ndarray], min_tokens: int = 32, last_n: int = 8, max_ratio: float = 2.0
+) -> bool:
+    """The seed's steady state: every stream has >= min_tokens tokens and its last `last_n`
+    intervals are within `max_ratio` of each other."""
+    if not streams:
+        return True
+    for times in streams:
+        if len(times) < max(min_tokens, last_n + 1):
+            return False
+        tail = np.diff(np.asarray(times[-(last_n + 1) :], dtype=np.float64))
+        if tail.min() <= 0 or tail.max() / tail.min() > max_ratio:
+            return False
+    return True
+
+
+def analyse_window(
+    streams: Sequence[np.ndarray],
+    t_inject_ns: int,
+    t_first_ns: int,
+    baseline: BaselineStats | None,
+    params: WindowParams = WindowParams(),
+) -> WindowStats:
+    """Phase 2: classify each probe's intervals around one prefill (see the module docs)."""
+    if t_first_ns < t_inject_ns:
+        raise ValueError("the prefill's first token arrived before it was sent")
+    half_step_ns = (baseline.p50_ms * 1e6 / 2) if baseline else 0.0
+    window_end = t_first_ns + half_step_ns
+    theta_ms = baseline.slow_threshold_ms(params) if baseline else None
+
+    window_all: list[np.ndarray] = []
+    during_all: list[np.ndarray] = []
+    after_all: list[np.ndarray] = []
+    pre_all: list[np.ndarray] = []
+    slow_counts: list[int] = []
+    slow_series: list[np.ndarray] = []
+    totals: list[float] = []
+    zero = 0
+    for times in streams:
+        iv = intervals(times, params.warmup_tokens)
+        ms = iv.length_ns / 1e6
+        in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
+        w = ms[in_window]
+        window_all.append(w)
+        pre_all.append(ms[iv.end_ns <= t_inject_ns])
+        after_idx = np.nonzero(iv.end_ns > window_end)[0][: params.after_intervals]
+        after_all.append(ms[after_idx])
+        if theta_ms is not None and w.size:
+            slow = w > theta_ms
+            slow_counts.append(int(slow.sum()))
+            slow_series.append(w[slow])
+            first_slow = int(np.argmax(slow)) if slow.any() else 0
+            during_all.append(w[first_slow:])
+        else:
+            slow_counts.append(0)
+            slow_series.append(np.empty(0))
+            during_all.append(w)
+        if baseline is not None and w.size:
+            totals.append(float((w - baseline.p50_ms).sum()))
+            zero += int((w < params.zero_interval_frac * baseline.p50_ms).sum())
+
+    window = np.concatenate(window_all) if window_all else np.empty(0)
+    during = np.concatenate(during_all) if during_all else np.empty(0)
+    after = np.concatenate(after_all) if after_all else np.empty(0)
+    pre = np.concatenate(pre_all) if pre_all else np.empty(0)
+    num_chunks = int(round(float(np.median(slow_counts)))) if streams and theta_ms is not None else None
+    median_stream = _median_index(slow_counts)
+    return WindowStats(
+        t_inject_ns=int(t_inject_ns),
+        t_first_ns=int(t_first_ns),
+        prefill_duration_ms=(t_first_ns - t_inject_ns) / 1e6,
+        during_p50_ms=_pct(during, 50),
+        during_p90_ms=_pct(during, 90),
+        during_mean_ms=float(during.mean()) if during.size else None,
+        window_p50_ms=_pct(window, 50),
+        window_mean_ms=float(window.mean()) if window.size else None,
+        after_p50_ms=_pct(after, 50),
+        pre_p50_ms=_pct(pre, 50),
+        slow_threshold_ms=theta_ms,
+        slow_steps_per_stream=tuple(slow_counts) if streams else (),
+        num_chunks_actual=num_chunks,
+        window_intervals=int(window.size),
+        total_interference_ms=float(np.mean(totals)) if totals else None,
+        decode_tokens_delayed=int(sum(slow_counts)),
+        zero_intervals=zero,
+        min_interval_ms=float(window.min()) if window.size else None,
+        slow_step_times_ms=tuple(float(x) for x in slow_series[median_stream]) if slow_series else (),
+    )
+
+
+def _median_index(counts: Sequence[int]) -> int:
+    if not counts:
+        return 0
+    order = sorted(range(len(counts)), key=lambda i: counts[i])
+    return order[len(order) // 2]
+
+
+def derive(baseline: BaselineStats | None, window: WindowStats, decode_batch_size: int) -> Derived:
+    if baseline is None or window.during_p50_ms is None:
+        return Derived(None, None, None, None, None, window.decode_tokens_delayed)
+    penalty = window.during_p50_ms - baseline.p50_ms
+    total = window.total_interference_ms
+    return Derived(
+        tpot_penalty_p50_ms=penalty,
+        tpot_penalty_ratio=penalty / baseline.p50_ms if baseline.p50_ms > 0 else None,
+        slowdown=window.during_p50_ms / baseline.p50_ms if baseline.p50_ms > 0 else None,
+        total_interference_ms=total,
+        aggregate_interference_ms=total * decode_batch_size if total is not None else None,
+        decode_tokens_delayed=window.decode_tokens_delayed,
+    )
+
+
+def expected_chunks(new_prefill_tokens: int, chunk_size: int, decode_batch_size: int) -> int:
+    """ceil(P / (B - D)): the decodes take their tokens of the step budget first."""
+    budget = chunk_size - decode_batch_size
+    if budget <= 0:
+        raise ValueError(f"chunk size {chunk_size} leaves no budget beside {decode_batch_size} decodes")
+    return math.ceil(new_prefill_tokens / budget)
