@@ -1,0 +1,1 @@
+"""The live exporter: probe streams, periodic prefill windows, Prometheus metrics, OTel spans."""

@@ -1,0 +1,111 @@
+"""Every Prometheus series pdexporter emits, defined once (docs/metrics.md describes them).
+
+Dashboards, the Prometheus puller of `export-table` and the tests import the names from here, so
+a renamed series cannot silently break a panel. `ExporterMetrics` owns its own registry: an
+exporter process, a sweep and a test can each have one without clashing.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from pdexporter import __version__
+
+PREFIX = "pdexporter"
+GRID_LABELS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
+PHASES = ("baseline", "during_prefill", "after_prefill")
+ERROR_KINDS = ("connect", "http", "timeout", "protocol", "measurement")
+DEFAULT_PORT = 18742
+
+# Intervals from a 1 ms decode step to a multi-second stalled step.
+TPOT_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.030, 0.050, 0.075,
+                0.100, 0.150, 0.200, 0.300, 0.500, 0.750, 1.0, 2.0, 5.0)
+PREFILL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
+
+UP = f"{PREFIX}_up"
+BUILD_INFO = f"{PREFIX}_build_info"
+ENGINE_INFO = f"{PREFIX}_engine_info"
+PROBE_STREAMS = f"{PREFIX}_probe_streams"
+PROBE_STREAMS_STARTED = f"{PREFIX}_probe_streams_started_total"
+PROBE_TOKENS = f"{PREFIX}_probe_tokens_total"
+PROBE_TPOT = f"{PREFIX}_probe_tpot_seconds"
+INJECTIONS = f"{PREFIX}_injections_total"
+WINDOWS = f"{PREFIX}_windows_total"
+WINDOW_BASELINE = f"{PREFIX}_window_tpot_baseline_seconds"
+WINDOW_DURING = f"{PREFIX}_window_tpot_during_prefill_seconds"
+WINDOW_AFTER = f"{PREFIX}_window_tpot_after_prefill_seconds"
+WINDOW_PENALTY = f"{PREFIX}_window_tpot_penalty_seconds"
+WINDOW_RATIO = f"{PREFIX}_window_tpot_penalty_ratio"
+WINDOW_TOTAL = f"{PREFIX}_window_total_interference_seconds"
+WINDOW_PREFILL = f"{PREFIX}_window_prefill_duration_seconds"
+WINDOW_SLOW_STEPS = f"{PREFIX}_window_slow_steps"
+WINDOW_EXPECTED = f"{PREFIX}_window_expected_chunks"
+PREFILL_DURATION = f"{PREFIX}_prefill_duration_seconds"
+ERRORS = f"{PREFIX}_errors_total"
+ENGINE_RUNNING = f"{PREFIX}_engine_requests_running"
+ENGINE_WAITING = f"{PREFIX}_engine_requests_waiting"
+ENGINE_KV = f"{PREFIX}_engine_kv_cache_usage_ratio"
+ENGINE_SCRAPE_OK = f"{PREFIX}_engine_scrape_success"
+ENGINE_SCRAPE_SECONDS = f"{PREFIX}_engine_scrape_duration_seconds"
+
+
+class ExporterMetrics:
+    """The metric objects, registered on a private registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.up = Gauge(UP, "1 while the engine answers and probe streams are running.", registry=r)
+        self.build_info = Gauge(BUILD_INFO, "pdexporter build; always 1.", ["version"], registry=r)
+        self.build_info.labels(version=__version__).set(1)
+        self.engine_info = Gauge(
+            ENGINE_INFO, "The engine being probed; always 1.", ["engine", "model", "chunk_size", "modelled"], registry=r
+        )
+        self.probe_streams = Gauge(PROBE_STREAMS, "Probe streams currently decoding.", registry=r)
+        self.probe_streams_started = Counter(
+            PROBE_STREAMS_STARTED.removesuffix("_total"), "Probe streams started.", registry=r
+        )
+        self.probe_tokens = Counter(PROBE_TOKENS.removesuffix("_total"), "Tokens received on probe streams.", registry=r)
+        self.probe_tpot = Histogram(
+            PROBE_TPOT, "Probe inter-token intervals by window phase.", ["phase"], buckets=TPOT_BUCKETS, registry=r
+        )
+        self.injections = Counter(INJECTIONS.removesuffix("_total"), "Prefill perturbations sent.", ["outcome"], registry=r)
+        self.windows = Counter(WINDOWS.removesuffix("_total"), "Prefill windows analysed.", GRID_LABELS, registry=r)
+        self.window_baseline = Gauge(WINDOW_BASELINE, "Last window: baseline TPOT p50.", GRID_LABELS, registry=r)
+        self.window_during = Gauge(WINDOW_DURING, "Last window: TPOT p50 during the prefill.", GRID_LABELS, registry=r)
+        self.window_after = Gauge(WINDOW_AFTER, "Last window: TPOT p50 after the prefill.", GRID_LABELS, registry=r)
+        self.window_penalty = Gauge(WINDOW_PENALTY, "Last window: TPOT penalty (during - baseline).", GRID_LABELS, registry=r)
+        self.window_ratio = Gauge(WINDOW_RATIO, "Last window: penalty / baseline.", GRID_LABELS, registry=r)
+        self.window_total = Gauge(
+            WINDOW_TOTAL, "Last window: extra time one decode stream lost to the prefill.", GRID_LABELS, registry=r
+        )
+        self.window_prefill = Gauge(
+            WINDOW_PREFILL, "Last window: prefill submission to first token.", GRID_LABELS, registry=r
+        )
+        self.window_slow_steps = Gauge(
+            WINDOW_SLOW_STEPS, "Last window: slow decode steps (num_chunks_actual).", GRID_LABELS, registry=r
+        )
+        self.window_expected = Gauge(WINDOW_EXPECTED, "Last window: ceil(P / (B - D)).", GRID_LABELS, registry=r)
+        self.prefill_duration = Histogram(
+            PREFILL_DURATION, "Prefill submission to first token.", GRID_LABELS, buckets=PREFILL_BUCKETS, registry=r
+        )
+        self.errors = Counter(ERRORS.removesuffix("_total"), "Failures by kind.", ["kind"], registry=r)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind=kind)
+        self.engine_running = Gauge(ENGINE_RUNNING, "Engine: requests running.", registry=r)
+        self.engine_waiting = Gauge(ENGINE_WAITING, "Engine: requests waiting.", registry=r)
+        self.engine_kv = Gauge(ENGINE_KV, "Engine: KV-cache usage (0-1).", registry=r)
+        self.engine_scrape_ok = Gauge(ENGINE_SCRAPE_OK, "1 if the last engine /metrics scrape worked.", registry=r)
+        self.engine_scrape_seconds = Gauge(ENGINE_SCRAPE_SECONDS, "Duration of the last engine scrape.", registry=r)
+
+
+def all_series_names() -> tuple[str, ...]:
+    """Every sample name a scrape can show (histograms expand to _bucket/_count/_sum)."""
+    names: list[str] = []
+    for value in globals().values():
+        if isinstance(value, str) and value.startswith(f"{PREFIX}_") and value != PREFIX:
+            if value in (PROBE_TPOT, PREFILL_DURATION):
+                names += [f"{value}_bucket", f"{value}_count", f"{value}_sum"]
+            else:
+                names.append(value)
+    return tuple(sorted(set(names)))
