@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -156,7 +157,7 @@ class SimServer:
         }]})
 
     async def metrics_text(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
+        body = await self._off_loop(generate_latest, self.metrics.registry)
         response = web.Response(body=body)
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
@@ -184,13 +185,26 @@ class SimServer:
     # -- request parsing ----------------------------------------------------------------------
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
         try:
-            body = await request.json(loads=json.loads)
+            body = await self._off_loop(json.loads, raw) if len(raw) >= 16_384 else json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(f"Invalid JSON body: {exc}") from exc
         if not isinstance(body, dict):
             raise ApiError("The request body must be a JSON object")
         return body
+
+    @staticmethod
+    async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+        """Run CPU work (parsing a 32K-id body, rendering /metrics) in a worker thread.
+
+        vLLM does that work in its API server while the engine core, another process, keeps
+        stepping. Here both share one process; on the event loop, several ms of parsing would delay
+        the next step's tokens and show up in the probes as a slow step the model does not have. In
+        a thread, with the short GIL switch interval `run_server` sets, the loop takes the GIL back
+        within a fraction of a millisecond when a step's deadline comes.
+        """
+        return await asyncio.to_thread(fn, *args)
 
     def _check_model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
@@ -205,10 +219,11 @@ class SimServer:
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            ids = list(prompt)
-            bad = next((t for t in ids if not 0 <= t < self.profile.model.vocab_size), None)
-            if bad is not None:
+        elif isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
+            ids = prompt
+            lo, hi = min(ids), max(ids)
+            if lo < 0 or hi >= self.profile.model.vocab_size:
+                bad = lo if lo < 0 else hi
                 raise ApiError(f"Token id {bad} is out of vocabulary (size {self.profile.model.vocab_size})",
                                param="prompt")
         elif isinstance(prompt, list):
@@ -263,7 +278,10 @@ class SimServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._json(request)
         self._check_model(body)
-        params = self._params(body, self._prompt_ids(body.get("prompt")), chat=False)
+        prompt = body.get("prompt")
+        big = isinstance(prompt, list) and len(prompt) > 2048
+        ids = await self._off_loop(self._prompt_ids, prompt) if big else self._prompt_ids(prompt)
+        params = self._params(body, ids, chat=False)
         return await self._generate(request, params, chat=False)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -437,6 +455,9 @@ async def run_server(
     from pdexporter.sim.engine import EngineConfig, LoopClock
 
     loop = asyncio.get_running_loop()
+    # Worker threads (request parsing, /metrics) must hand the GIL back quickly when a step's
+    # deadline fires on the loop thread: 0.2 ms instead of CPython's default 5 ms.
+    sys.setswitchinterval(2e-4)
     config = EngineConfig.from_profile(
         profile, max_num_batched_tokens=options.max_num_batched_tokens, max_num_seqs=options.max_num_seqs,
         long_prefill_token_threshold=options.long_prefill_token_threshold,
