@@ -34,6 +34,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from pdexporter import __version__
+from pdexporter.errors import EngineError
 from pdexporter.sim import ENGINE_KIND, engine_version
 from pdexporter.sim.engine import EngineCore
 from pdexporter.sim.profile import Profile
@@ -469,7 +470,11 @@ async def run_server(
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise EngineError(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}") from exc
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:

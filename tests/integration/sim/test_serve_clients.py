@@ -17,7 +17,7 @@ from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 pytestmark = pytest.mark.integration
 
 MODEL = "qwen3-coder-30b-a3b"
-FIXTURE = Path(__file__).parents[2] / "unit" / "sim" / "fixtures" / "vllm-0.22-sse-completions.txt"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm-0.22" / "sse-completions.txt"  # a real vLLM 0.22.0
 
 
 @pytest.fixture(scope="module")
