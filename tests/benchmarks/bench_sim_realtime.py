@@ -5,7 +5,8 @@ For each D, D streams of 256 tokens on the cached 4096-token prefix run together
 pdexporter's own HTTP client (one timestamp per network read, tokens counted from usage), as the
 measurement protocol reads them. The p50 of all intervals after the first 16 tokens is compared
 with the model's decode step time over the same context range. Server and client share this
-machine's cores (and whatever else runs on it): the figure is for this machine, now.
+machine's cores (and whatever else runs on it): the figure is for this machine, now. The modelled
+step grows with D, so tokens/s (D / step) is what the server really has to sustain.
 
     python tests/benchmarks/bench_sim_realtime.py [--profile NAME] [--max-d 256] [--tolerance 0.02]
 """
@@ -67,7 +68,8 @@ async def main(profile: str, max_d: int, tolerance: float, chunk: int) -> None:
                 failures = 0 if ok else failures + 1
                 rows.append((d, modelled, p50, mean, err, merged, ok))
                 print(f"D={d:4d}  modelled {modelled:7.3f} ms  p50 {p50:7.3f} ms  mean {mean:7.3f} ms  "
-                      f"p50 error {err * 100:+6.2f} %  merged events {merged:5d}  {'ok' if ok else 'OUT'}", flush=True)
+                      f"p50 error {err * 100:+6.2f} %  {d / p50 * 1e3:7.0f} tokens/s  merged events {merged:5d}  "
+                      f"{'ok' if ok else 'OUT'}", flush=True)
                 d = d * 2 if d >= 4 else d + 1 if d < 2 else 4
                 if d > 12 and rows[-1][0] < 12:
                     d = 12
@@ -82,7 +84,7 @@ async def main(profile: str, max_d: int, tolerance: float, chunk: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="h200-qwen3-coder-30b-a3b")
-    parser.add_argument("--max-d", type=int, default=512)
+    parser.add_argument("--max-d", type=int, default=1024, help="vLLM's max_num_seqs caps it at 1024")
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--chunk", type=int, default=8192)
     args = parser.parse_args()
