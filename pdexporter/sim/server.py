@@ -271,8 +271,10 @@ class SimServer:
                     f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
                     f"context length is {self.max_model_len} tokens and your request has {n_in} input tokens "
                     f"({max_tokens} > {self.max_model_len} - {n_in}).", param="max_tokens")
-        return _Params(prompt_ids, max_tokens, stream, bool(options.get("include_usage")),
-                       bool(options.get("continuous_usage_stats")), model)
+        # vLLM's should_include_usage: continuous usage only rides along with include_usage
+        include_usage = bool(options.get("include_usage"))
+        return _Params(prompt_ids, max_tokens, stream, include_usage,
+                       include_usage and bool(options.get("continuous_usage_stats")), model)
 
     # -- generation -----------------------------------------------------------------------------
 

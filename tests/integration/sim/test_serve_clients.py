@@ -113,6 +113,20 @@ def test_raw_aiohttp_sse_has_vllms_exact_shape(served: ServedEngine):
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_continuous_usage_needs_include_usage_as_in_vllm(served: ServedEngine):
+    async def events(options: dict) -> list[dict]:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": MODEL, "prompt": [3] * 20, "max_tokens": 3, "stream": True, "stream_options": options}
+            async with session.post(f"{served.url}/v1/completions", json=body) as resp:
+                raw = (await resp.read()).decode()
+        return [json.loads(e.removeprefix("data: ")) for e in raw.split("\n\n") if e.startswith("data: {")]
+
+    alone = asyncio.run(events({"continuous_usage_stats": True}))
+    both = asyncio.run(events({"include_usage": True, "continuous_usage_stats": True}))
+    assert all("usage" not in e for e in alone) and len(alone) == 3
+    assert [e["usage"]["completion_tokens"] for e in both] == [1, 2, 3, 3] and both[-1]["choices"] == []
+
+
 def test_health_version_tokenize_metrics(served: ServedEngine):
     async def main() -> dict:
         out = {}
