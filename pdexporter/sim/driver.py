@@ -55,7 +55,11 @@ class SimDriver:
     ) -> SimDriver:
         """An engine on the running loop's clock (virtual on `vloop`, real otherwise)."""
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
-        clock = LoopClock()
+        try:
+            clock = LoopClock()
+        except RuntimeError as exc:
+            raise RuntimeError("SimDriver.create() needs a running event loop: call it inside a coroutine run by "
+                               "pdexporter._internal.vloop.run_virtual (virtual time) or asyncio.run (real time)") from exc
         config = EngineConfig.from_profile(prof, max_num_batched_tokens=chunk_size, max_num_seqs=max_num_seqs)
         vmetrics = VllmMetrics(prof.model.name, max_model_len=prof.engine.max_model_len) if metrics else None
         engine = EngineCore(prof, clock, config=config, metrics=vmetrics)

@@ -103,3 +103,23 @@ def test_a_known_blind_spot_a_one_token_tail_runs_as_a_decode_batch(tmp_path: Pa
     assert record.interference.chunk_tokens_engine_log == [2047, 1]
     assert record.interference.num_chunks_engine_log == 2
     assert record.interference.num_chunks_actual == 1
+
+
+def test_the_same_driver_runs_in_real_time_on_a_normal_loop():
+    import asyncio
+
+    async def main():
+        async with SimDriver.create(chunk_size=8192) as driver:
+            stream = driver.start(driver.prepare(list(range(1000, 1064)), 3, "probe"))
+            await driver.progress.wait_until(lambda: stream.done, 10)
+            return driver.info.clock, stream
+
+    clock, stream = asyncio.run(main())
+    assert clock == "monotonic" and stream.n_tokens == 3 and stream.finish_reason == "length"
+    gaps = [(b - a) / 1e6 for a, b in zip(stream.event_times_ns, stream.event_times_ns[1:])]
+    assert all(2.0 < g < 50.0 for g in gaps)  # real milliseconds, the modelled ~4 ms steps
+
+
+def test_create_outside_a_loop_says_what_to_do():
+    with pytest.raises(RuntimeError, match="run_virtual"):
+        SimDriver.create()
