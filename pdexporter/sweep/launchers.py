@@ -186,6 +186,7 @@ class LocalLauncher:
     health_timeout_s: float = 600.0
     stop_timeout_s: float = 60.0
     adopt: bool = True
+    health_poll_s: float = 0.5
     kind: str = "vllm"
     gpu: str | None = None
     deadline: Callable[[], float | None] = lambda: None  # seconds left, or None
@@ -287,7 +288,7 @@ class LocalLauncher:
                 left = self.deadline()
                 if left is not None and left <= 0:
                     raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")
-                await asyncio.sleep(1.0)
+                await asyncio.sleep(self.health_poll_s)
         self._handle = EngineHandle(
             url=self.url, chunk_size=chunk_size, kind=self.kind, gpu=self.gpu, iteration_log=log, log_path=log,
         )
@@ -539,7 +540,7 @@ class VirtualSimProvider:
         from pdexporter.sim.driver import SimDriver  # the embedded engine (sim package)
 
         await self.close(stop_engine=True)
-        self._driver = SimDriver.create(profile=self.profile, max_num_batched_tokens=chunk_size, model=self.model)
+        self._driver = SimDriver.create(profile=self.profile, chunk_size=chunk_size)
         return self._driver
 
     async def close(self, *, stop_engine: bool) -> None:
