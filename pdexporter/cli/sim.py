@@ -67,3 +67,13 @@ def profiles() -> None:
     for name in available_profiles():
         prof = load_profile(name)
         print(f"{name}\t{prof.gpu.name}\t{prof.calibration}")
+
+
+def _register_sweep() -> None:
+    """`pdexporter sim sweep`: the sweep controller on the embedded engine's virtual clock."""
+    from pdexporter.cli.sweep import sim_sweep
+
+    sim_app.command("sweep")(sim_sweep)
+
+
+_register_sweep()

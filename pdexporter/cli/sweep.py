@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich import box
 from rich.table import Table
 
 from pdexporter.cli._common import DEFAULT_PROFILE, ApiKeyFileOpt, api_key, console
@@ -142,23 +143,34 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+PHASE_HEADERS = {"engine_start": "start", "warmup": "warm-up", "phase1": "phase1", "phase2": "phase2",
+                 "cooldown": "cool"}
+
+
 def summary_table(report: SweepReport) -> Table:
-    table = Table(title=f"sweep {report.status}: {report.complete_configs}/{report.total_configs} configs, "
-                        f"{report.mode} mode, {report.wall_s:.1f} s wall"
-                        + (f", {report.engine_s:.1f} s engine time" if abs(report.engine_s - report.wall_s) > 1 else ""))
-    for name, justify in (("chunk", "right"), ("configs", "right"), ("reps", "right"), ("median penalty ms", "right"),
-                          ("flagged (CV)", "right"), ("re-run", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    """Per chunk size: configs, reps, median penalty, flagged configs, time per phase."""
+    virtual = abs(report.engine_s - report.wall_s) > 1.0
+    table = Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+        title=f"sweep {report.status}: {report.complete_configs}/{report.total_configs} configs, {report.mode} mode",
+        caption=(f"time per phase in modelled engine seconds (virtual clock); {report.engine_s:.0f} s modelled, "
+                 f"{report.wall_s:.1f} s on this machine") if virtual else f"time per phase in seconds; "
+                f"{report.wall_s:.1f} s in all",
+    )
+    table.add_column("chunk", justify="right")
+    table.add_column("configs", justify="right")
+    table.add_column("reps", justify="right")
+    table.add_column("penalty\nms p50", justify="right")
+    table.add_column("CV\nflag", justify="right")
+    table.add_column("re-\nrun", justify="right")
     for phase in PHASES:
-        table.add_column(f"{phase} s", justify="right")
+        table.add_column(PHASE_HEADERS[phase], justify="right")
     for b, c in report.chunks.items():
+        times = c.engine_s if virtual else c.wall_s
         table.add_row(
             str(b), f"{c.configs_complete}/{c.configs}", str(c.reps_recorded), _ms(c.median_penalty_ms),
-            str(len(c.flagged)), str(len(c.rerun)),
-            *(f"{c.wall_s[p]:.1f}" + (f" ({c.engine_s[p]:.1f})" if abs(c.engine_s[p] - c.wall_s[p]) > 0.5 else "")
-              for p in PHASES),
+            str(len(c.flagged)), str(len(c.rerun)), *(f"{times[p]:.1f}" for p in PHASES),
         )
-    table.caption = "phase times: machine seconds (engine seconds when they differ: virtual clock)"
     return table
 
 

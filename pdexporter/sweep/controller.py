@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdexporter._internal.atomic import atomic_write_json
-from pdexporter.errors import PdexporterError
+from pdexporter.errors import MeasurementError, PdexporterError
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import (
@@ -96,6 +96,7 @@ class ChunkReport:
     wall_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     engine_adopted: bool = False
     probe_sets: int = 0
+    retries: int = 0
 
 
 @dataclass
@@ -135,6 +136,7 @@ class SweepReport:
                     "wall_s": {k: round(v, 3) for k, v in c.wall_s.items()},
                     "engine_adopted": c.engine_adopted,
                     "probe_sets": c.probe_sets,
+                    "retries": c.retries,
                 }
                 for b, c in self.chunks.items()
             },
@@ -161,6 +163,7 @@ class SweepController:
         self.times = RunTimes()
         self.reports: dict[int, ChunkReport] = {b: ChunkReport(b) for b in spec.grid.chunk_sizes}
         self._stopped_for_deadline = False
+        self._noted = False
 
     # --- what is left -----------------------------------------------------------------------
 
@@ -235,8 +238,9 @@ class SweepController:
             self.times.observe("engine_start", (chunk,), time.monotonic() - t_wall)
             launcher = getattr(self.provider, "launcher", None)
             report.engine_adopted = bool(getattr(launcher, "adopted", False))
-            if driver.info.modelled and driver.info.note:
+            if driver.info.modelled and driver.info.note and not self._noted:
                 self.observer.on_message(driver.info.note)
+                self._noted = True
             await self._warm(driver, chunk, todo)
             for d in spec.grid.decode_batch_sizes:
                 keys = [k for k in todo if k[1] == d]
@@ -288,6 +292,8 @@ class SweepController:
         baseline = await self._baseline(driver, chunk, d)
         pool = ProbePool(driver, chunk, d, spec.protocol, spec.fast_probe_tokens(chunk)) if spec.mode == "fast" else None
         try:
+            if pool is not None:
+                pool.plan([p for key in keys for p in [key[2]] * self.status(key).reps_to_run])
             for key in keys:
                 await self._run_config(driver, key, baseline, pool)
             if pool is not None:
@@ -306,16 +312,32 @@ class SweepController:
         point = PointSpec(chunk, d, p)
 
         async def interfere(rep: int, base: BaselineRun) -> InterferenceRun:
-            self._check("rep", key, f"repetition {rep} of B={chunk} D={d} P={p}")
-            self.observer.on_phase("phase2", chunk, d, p)
-            t_wall = time.monotonic()
-            with self._phase("phase2", chunk):
-                if pool is not None:
-                    run = await pool.interfere(p, base.stats)
-                else:
-                    run = await run_interference(driver, d, p, spec.protocol, base.stats)
-            self.times.observe("rep", key, time.monotonic() - t_wall)
-            return run
+            for attempt in range(spec.retries + 1):
+                self._check("rep", key, f"repetition {rep} of B={chunk} D={d} P={p}")
+                self.observer.on_phase("phase2", chunk, d, p)
+                t_wall = time.monotonic()
+                try:
+                    with self._phase("phase2", chunk):
+                        if pool is not None:
+                            run = await pool.interfere(p, base.stats)
+                        else:
+                            run = await run_interference(driver, d, p, spec.protocol, base.stats)
+                except MeasurementError as exc:
+                    # No steady state, a probe that ended early, no recovery: nothing was
+                    # recorded; the run is repeated with fresh probes (fast mode starts a new set).
+                    if attempt == spec.retries:
+                        raise
+                    report.retries += 1
+                    self.observer.on_message(f"B={chunk} D={d} P={p} rep {rep}: {exc}; retrying")
+                    if pool is not None:
+                        with self._phase("phase2", chunk):
+                            await pool.drain(raise_failures=False)
+                    continue
+                self.times.observe("rep", key, time.monotonic() - t_wall)
+                if attempt:
+                    run.extra["retries"] = attempt
+                return run
+            raise AssertionError("unreachable")
 
         def on_rep(rep: RepRecord) -> None:
             report.reps_run += 1

@@ -79,7 +79,8 @@ class WarmupSpec(_Strict):
 
 
 class CooldownSpec(_Strict):
-    """Idle wait after each Phase 2 run. None: the mode's default (faithful 5 s as the seed, fast 0)."""
+    """Faithful mode's idle wait after each Phase 2 run (None: the seed's 5 s). Fast mode never
+    idles: its probes keep decoding between injections, and the engine needs no wait (docs/sweep.md)."""
 
     seconds: float | None = Field(None, ge=0)
 
@@ -200,6 +201,7 @@ class SweepSpec(_Strict):
     grid: GridSpec
     reps: int = Field(5, ge=1)
     mode: Mode = "faithful"
+    retries: int = Field(2, ge=0)  # per repetition, after a MeasurementError (e.g. no steady state)
     protocol: ProtocolSettings = ProtocolSettings()
     warmup: WarmupSpec = WarmupSpec()
     cooldown: CooldownSpec = CooldownSpec()
@@ -236,9 +238,9 @@ class SweepSpec(_Strict):
 
     @property
     def cooldown_s(self) -> float:
-        if self.cooldown.seconds is not None:
-            return self.cooldown.seconds
-        return FAITHFUL_COOLDOWN_S if self.mode == "faithful" else 0.0
+        if self.mode == "fast":
+            return 0.0
+        return FAITHFUL_COOLDOWN_S if self.cooldown.seconds is None else self.cooldown.seconds
 
     def points(self) -> Iterator[tuple[int, int, int]]:
         """(chunk size, D, P) in run order."""

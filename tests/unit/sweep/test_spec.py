@@ -107,7 +107,9 @@ def test_external_engine_with_its_chunk_size_is_accepted() -> None:
 def test_cooldown_defaults_follow_the_mode() -> None:
     assert parse_sweep({"grid": GRID, "mode": "faithful"}).cooldown_s == 5.0
     assert parse_sweep({"grid": GRID, "mode": "fast"}).cooldown_s == 0.0
-    assert parse_sweep({"grid": GRID, "mode": "fast", "cooldown": {"seconds": 2}}).cooldown_s == 2.0
+    assert parse_sweep({"grid": GRID, "mode": "faithful", "cooldown": {"seconds": 2}}).cooldown_s == 2.0
+    # Fast mode never idles (its probes would run out while waiting).
+    assert parse_sweep({"grid": GRID, "mode": "fast", "cooldown": {"seconds": 2}}).cooldown_s == 0.0
 
 
 def test_yaml_errors_and_files(tmp_path: Path) -> None:
