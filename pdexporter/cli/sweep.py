@@ -2,7 +2,8 @@
 
 Thin: load the sweep file, pick the engine provider, run `SweepController` under a progress bar,
 print the summary table. Exit codes: 0 the sweep is complete; 5 it stopped at `--deadline` (rerun
-the same command to continue); 2/3/4 the usual errors (bad input / engine / measurement).
+the same command to continue); 4 some configurations failed after their retries (the others are
+recorded; rerun to try them again); 2/3 bad input / engine errors.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pdexporter.sweep.plan import ConfigStatus
 from pdexporter.sweep.spec import SimLauncherSpec, SweepSpec, load_sweep
 
 EXIT_DEADLINE = 5
+EXIT_INCOMPLETE = 4  # as a MeasurementError: some configurations could not be measured
 
 SweepFileArg = Annotated[Path, typer.Argument(help="Sweep file (see sweeps/*.yaml and docs/sweep.md).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Results directory (default: the file's `output`).")]
@@ -131,6 +133,10 @@ def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_e
 
 def _finish(spec: SweepSpec, store: ResultsStore, report: SweepReport) -> None:
     console.print(summary_table(report))
+    if report.status == "incomplete":
+        console.print(f"[red]{report.message}[/]; rerun the same command to try them again.")
+        print(store.root)
+        sys.exit(EXIT_INCOMPLETE)
     if report.status == "deadline":
         console.print(f"[yellow]{report.message}[/]; {report.complete_configs}/{report.total_configs} configs "
                       "complete. Rerun the same command to continue.")

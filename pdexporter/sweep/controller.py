@@ -97,12 +97,13 @@ class ChunkReport:
     engine_adopted: bool = False
     probe_sets: int = 0
     retries: int = 0
+    failed: list[Key] = field(default_factory=list)
 
 
 @dataclass
 class SweepReport:
     chunks: dict[int, ChunkReport]
-    status: str  # "complete" | "deadline" | "interrupted" | "error"
+    status: str  # "complete" | "incomplete" (configs failed) | "deadline" | "interrupted" | "error"
     mode: str
     total_configs: int
     complete_configs: int
@@ -137,6 +138,7 @@ class SweepReport:
                     "engine_adopted": c.engine_adopted,
                     "probe_sets": c.probe_sets,
                     "retries": c.retries,
+                    "failed": [list(k) for k in c.failed],
                 }
                 for b, c in self.chunks.items()
             },
@@ -221,6 +223,10 @@ class SweepController:
             status, message = "error", str(exc)
             raise
         finally:
+            failed = [k for r in self.reports.values() for k in r.failed]
+            if status == "complete" and failed:
+                status, message = "incomplete", f"{len(failed)} configuration(s) failed: " + ", ".join(
+                    f"B={b} D={d} P={p}" for b, d, p in failed[:5]) + (" ..." if len(failed) > 5 else "")
             report = self._report(status, message, loop.time() - t0_loop, time.monotonic() - t0_wall)
             self._write_state(report)
         return report
@@ -352,7 +358,17 @@ class SweepController:
                     f"B={chunk} D={d} P={p}: CV {status.cv_by_attempt[-1]:.1%} above {spec.cv.threshold:.0%}, "
                     f"re-running (attempt {status.complete_attempts + 1})"
                 )
-            await self._measure(driver, point, status, baseline, interfere, on_rep)
+            try:
+                await self._measure(driver, point, status, baseline, interfere, on_rep)
+            except MeasurementError as exc:
+                # Retries used up: leave this configuration incomplete (a rerun tries it again)
+                # and go on with the next; one stubborn point must not end a GPU session.
+                report.failed.append(key)
+                self.observer.on_message(f"B={chunk} D={d} P={p}: {exc}; skipped after {spec.retries} "
+                                         "retries (rerun the sweep to try it again)")
+                if pool is not None:
+                    await pool.drain(raise_failures=False)
+                return
         self.observer.on_config(key, self.store.load_record(*key), status)
 
     async def _measure(self, driver: EngineDriver, point: PointSpec, status: ConfigStatus, baseline: BaselineRun,

@@ -498,10 +498,13 @@ class LauncherProvider:
     api_key: str | None = None
     gpu: str | None = None
     description: str = ""
+    log_dir_for: Callable[[int], Path] | None = None  # where a launcher with a `log_dir` logs
     _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
         await self._close_driver()
+        if self.log_dir_for is not None and hasattr(self.launcher, "log_dir"):
+            self.launcher.log_dir = self.log_dir_for(chunk_size)
         handle = await self.launcher.start(chunk_size)
         stack = contextlib.AsyncExitStack()
         try:
@@ -562,9 +565,11 @@ def make_provider(
         if launcher_spec.clock == "virtual":
             return VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu,
                                       description=f"embedded engine {launcher_spec.profile}, virtual clock")
-        launcher: Launcher = SimLauncher(profile=launcher_spec.profile, log_dir=store.root / "_sim-engine")
-        what = f"embedded engine {launcher_spec.profile}, real time over HTTP"
-    elif isinstance(launcher_spec, LocalLauncherSpec):
+        sim = SimLauncher(profile=launcher_spec.profile)
+        return LauncherProvider(sim, model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
+                                description=f"embedded engine {launcher_spec.profile}, real time over HTTP")
+    launcher: Launcher
+    if isinstance(launcher_spec, LocalLauncherSpec):
         launcher = LocalLauncher(
             command=launcher_spec.command, store=store, url=launcher_spec.url, variables=dict(launcher_spec.vars),
             env=dict(launcher_spec.env), cwd=launcher_spec.cwd, health_timeout_s=launcher_spec.health_timeout_s,

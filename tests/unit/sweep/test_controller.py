@@ -166,3 +166,32 @@ async def test_a_resume_in_the_other_mode_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="recorded with mode='fast'"):
         await SweepController(make_spec("faithful"), store, DoubleProvider()).run()
+
+
+async def test_a_config_that_keeps_failing_is_skipped_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probes that never reach the seed's steady state: retried, then skipped; the rest is measured."""
+    from pdexporter.measure import protocol
+
+    spec = parse_sweep({"grid": {"chunk_sizes": [2048], "decode_batch_sizes": [4], "new_prefill_tokens": [512, 8192]},
+                        "reps": 2, "mode": "fast", "retries": 1, "warmup": {"shapes": False}})
+    real_steady = protocol.steady
+    calls: dict[str, int] = {}
+
+    def flaky(streams, settings):  # type: ignore[no-untyped-def]
+        # The P=512 injections never see a steady window (as jittery probes would).
+        return real_steady(streams, settings) and calls["p"] != 512
+
+    original = protocol.run_interference
+
+    async def spy(driver, d, p, settings, baseline, **kw):  # type: ignore[no-untyped-def]
+        calls["p"] = p
+        return await original(driver, d, p, settings, baseline, **kw)
+
+    import pdexporter.sweep.fast as fast_mod
+
+    monkeypatch.setattr(protocol, "steady", flaky)
+    monkeypatch.setattr(fast_mod, "run_interference", spy)
+    report = await SweepController(spec, ResultsStore(tmp_path), DoubleProvider()).run()
+    assert report.status == "incomplete" and "B=2048 D=4 P=512" in (report.message or "")
+    assert report.chunks[2048].failed == [(2048, 4, 512)] and report.chunks[2048].retries == 1
+    assert set(record_set(tmp_path)) == {(2048, 4, 8192)}
