@@ -133,6 +133,14 @@ def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_e
 
 def _finish(spec: SweepSpec, store: ResultsStore, report: SweepReport) -> None:
     console.print(summary_table(report))
+    checked = sum(c.injections_checked for c in report.chunks.values())
+    busy = sum(c.busy_at_injection for c in report.chunks.values())
+    retried = sum(c.retries for c in report.chunks.values())
+    if checked:
+        console.print(f"engine at injection: {checked - busy}/{checked} injections found exactly D requests running "
+                      f"and none waiting" + (f"; [yellow]{busy} did not[/]" if busy else ""))
+    if retried:
+        console.print(f"{retried} run(s) retried after a measurement error (see the messages above)")
     if report.status == "incomplete":
         console.print(f"[red]{report.message}[/]; rerun the same command to try them again.")
         print(store.root)
@@ -201,6 +209,7 @@ class ProgressObserver(SweepObserver):
         self.total = 0
         self.configs_done = 0
         self.metrics: Any = None
+        self.exporter_url: str | None = None
 
     def __enter__(self) -> ProgressObserver:
         self.progress.start()
@@ -217,7 +226,9 @@ class ProgressObserver(SweepObserver):
         self.metrics = ExporterMetrics()
         self.metrics.up.set(1)
         runner, bound = await start_metrics_server(metrics_app(self.metrics.registry, title="pdexporter sweep"), host, port)
-        console.print(f"exporting window gauges on http://{host}:{bound}/metrics")
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.exporter_url = f"http://{shown}:{bound}/metrics"
+        console.print(f"exporting window gauges on {self.exporter_url}")
         return runner
 
     def _configs(self) -> str:

@@ -98,6 +98,8 @@ class ChunkReport:
     probe_sets: int = 0
     retries: int = 0
     failed: list[Key] = field(default_factory=list)
+    injections_checked: int = 0  # with the engine's request gauges read just before the prefill
+    busy_at_injection: int = 0  # ... of which the engine ran something besides our D probes
 
 
 @dataclass
@@ -139,6 +141,8 @@ class SweepReport:
                     "probe_sets": c.probe_sets,
                     "retries": c.retries,
                     "failed": [list(k) for k in c.failed],
+                    "injections_checked": c.injections_checked,
+                    "busy_at_injection": c.busy_at_injection,
                 }
                 for b, c in self.chunks.items()
             },
@@ -342,6 +346,7 @@ class SweepController:
                 self.times.observe("rep", key, time.monotonic() - t_wall)
                 if attempt:
                     run.extra["retries"] = attempt
+                self._check_idle(run, key)
                 return run
             raise AssertionError("unreachable")
 
@@ -370,6 +375,23 @@ class SweepController:
                     await pool.drain(raise_failures=False)
                 return
         self.observer.on_config(key, self.store.load_record(*key), status)
+
+    def _check_idle(self, run: InterferenceRun, key: Key) -> None:
+        """The evidence that no cooldown is needed: at every injection the engine runs exactly our
+        D probes and queues nothing (from its /metrics just before the prefill left)."""
+        before = run.metrics_before
+        if before is None:
+            return
+        running, waiting = before.get("num_requests_running"), before.get("num_requests_waiting")
+        if running is None or waiting is None:
+            return
+        run.extra["engine_at_injection"] = {"running": running, "waiting": waiting}
+        report = self.reports[key[0]]
+        report.injections_checked += 1
+        if running != key[1] or waiting != 0:
+            report.busy_at_injection += 1
+            self.observer.on_message(f"B={key[0]} D={key[1]} P={key[2]}: at injection the engine ran {running:g} "
+                                     f"and queued {waiting:g} requests (expected {key[1]} and 0)")
 
     async def _measure(self, driver: EngineDriver, point: PointSpec, status: ConfigStatus, baseline: BaselineRun,
                        interfere: Any, on_rep: Callable[[RepRecord], None]) -> None:

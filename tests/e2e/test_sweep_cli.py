@@ -49,8 +49,9 @@ def test_quick_sweep_produces_the_seed_layout(tmp_path: Path) -> None:
     assert state["invocations"][-1]["status"] == "complete"
     # A rerun finds everything complete and rewrites nothing.
     before = {p: p.stat().st_mtime_ns for p in out.rglob("D*_P*.json")}
-    again = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(out))
+    again = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(out), "--listen", "127.0.0.1:0")
     assert again.returncode == 0 and "8/8 configs" in again.stderr
+    assert "exporting window gauges on http://127.0.0.1:" in again.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("D*_P*.json")} == before
 
 
