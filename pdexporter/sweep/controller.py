@@ -238,7 +238,17 @@ class SweepController:
     async def _run_chunk(self, chunk: int, todo: list[Key]) -> None:
         spec = self.spec
         report = self.reports[chunk]
-        self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
+        try:
+            self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
+        except DeadlineReached as exc:
+            # No time to wait for it, but time to set it going: the next invocation adopts it
+            # instead of paying the start-up again (local launcher).
+            prestart = getattr(getattr(self.provider, "launcher", None), "prestart", None)
+            left = self.deadline.left()
+            if callable(prestart) and left is not None and left > self.deadline.margin_s:
+                await prestart(chunk)
+                raise DeadlineReached(f"{exc}; it was started in the background for the next run to adopt") from None
+            raise
         self.observer.on_phase("engine_start", chunk)
         stop_engine = True
         t_wall = time.monotonic()

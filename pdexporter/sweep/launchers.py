@@ -219,6 +219,17 @@ class LocalLauncher:
     async def start(self, chunk_size: int) -> EngineHandle:
         if self._handle is not None and self._handle.chunk_size == chunk_size and self._alive():
             return self._handle
+        await self._launch(chunk_size)
+        return await self._ready(chunk_size)
+
+    async def prestart(self, chunk_size: int) -> None:
+        """Have the engine for this chunk size starting, without waiting for it: a sweep that
+        has no time left to wait starts the next engine and exits; the next invocation adopts it."""
+        await self._launch(chunk_size)
+        self.release()
+
+    async def _launch(self, chunk_size: int) -> None:
+        """Adopt a live engine of this chunk size, or stop others and start one (state file first)."""
         await self.stop()
         # Engines this results directory started earlier: adopt the one we want, stop the others
         # (they hold the GPU and the port).
@@ -234,7 +245,7 @@ class LocalLauncher:
                     self.on_message(f"adopting the engine started earlier (pid {state.pid}, chunk {chunk_size})")
                     self._state = state
                     self.adopted = True
-                    return await self._ready(chunk_size)
+                    return
             self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size})")
             await _terminate_group(state.pid, self.stop_timeout_s)
             path.unlink(missing_ok=True)
@@ -263,7 +274,6 @@ class LocalLauncher:
         )
         atomic_write_json(self.state_path(chunk_size), self._state.to_json())
         self.adopted = False
-        return await self._ready(chunk_size)
 
     def _alive(self) -> bool:
         if self._proc is not None:

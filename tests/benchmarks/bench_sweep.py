@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     print(f"grid: sweeps/seed.yaml, 196 configs x {args.reps} reps, profile {args.profile}, virtual clock\n")
-    results = {}
+    results: dict[str, tuple] = {}
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp:
         for mode in ("faithful", "fast"):
             report, wall, cpu = run_mode(mode, args.profile, args.reps, Path(tmp) / mode)
@@ -99,6 +99,13 @@ def main() -> None:
             if mode == "fast":
                 sets = sum(c.probe_sets for c in report.chunks.values())
                 print(f"[{mode}] probe sets started: {sets} for {196 * args.reps} injections")
+            if mode == "fast":
+                a = {r.key: r for r in ResultsStore(Path(tmp) / "faithful").iter_records()}
+                b = {r.key: r for r in ResultsStore(Path(tmp) / "fast").iter_records()}
+                pen = [abs(b[k].derived.tpot_penalty_p50_ms / a[k].derived.tpot_penalty_p50_ms - 1)
+                       for k in a if a[k].derived.tpot_penalty_p50_ms]
+                dur = [abs(b[k].interference.prefill_duration_ms / a[k].interference.prefill_duration_ms - 1) for k in a]
+                results["agreement"] = (max(pen), max(dur), len(a))  # type: ignore[assignment]
             files, disk, delta_json, absolute_json = raw_sizes(Path(tmp) / mode)
             print(f"[{mode}] raw timestamps: {files} files, {disk / files / 1024:.1f} KiB/rep on disk (gzip+deltas), "
                   f"{delta_json / files / 1024:.1f} KiB as delta JSON, {absolute_json / files / 1024:.1f} KiB as "
@@ -117,6 +124,10 @@ def main() -> None:
         verdict = "meets" if projected <= GOAL_S else "misses"
         print(f"  {mode:8s}: {modelled:7.0f} s modelled ({no_cool:.0f} s without cooldowns) + {restarts:.0f} s starts "
               f"+ {jit:.0f} s JIT = {projected:7.0f} s = {projected / 60:5.1f} min -> {verdict} the 20 min goal")
+    agree = results.get("agreement")
+    if agree:
+        print(f"  fast vs faithful on the same model: largest relative difference {agree[0]:.2%} on penalty, "
+              f"{agree[1]:.2%} on prefill duration (over {agree[2]} configurations)")
     f, g = phase_totals(results["faithful"][0]), phase_totals(results["fast"][0])
     print(f"  fast / faithful modelled time: {sum(g.values()) / sum(f.values()):.3f} "
           f"({sum(g.values()) / (sum(f.values()) - f['cooldown']):.3f} against faithful without its cooldowns)")
