@@ -210,6 +210,8 @@ class ProgressObserver(SweepObserver):
         self.configs_done = 0
         self.metrics: Any = None
         self.exporter_url: str | None = None
+        self.interactive = console.is_terminal
+        self.t0 = time.monotonic()
 
     def __enter__(self) -> ProgressObserver:
         self.progress.start()
@@ -242,6 +244,8 @@ class ProgressObserver(SweepObserver):
     def on_phase(self, phase: str, chunk: int, d: int | None = None, p: int | None = None) -> None:
         where = f"B={chunk}" + (f" D={d}" if d is not None else "") + (f" P={p}" if p is not None else "")
         self.progress.update(self.task, description=f"{where} {phase}")
+        if not self.interactive and phase in ("engine_start", "warmup", "phase1"):
+            self.on_message(f"{self._stamp()} {where} {phase}")
 
     def on_rep(self, key: Key, rep: RepRecord, info: Any) -> None:
         task = self.progress.tasks[0]
@@ -255,13 +259,28 @@ class ProgressObserver(SweepObserver):
             self.metrics.engine_info.labels(engine=info.kind, model=info.model, chunk_size=str(key[0]),
                                             modelled=str(info.modelled).lower()).set(1)
 
+    def _stamp(self) -> str:
+        return f"[{time.monotonic() - self.t0:6.0f} s]"
+
     def on_config(self, key: Key, record: RunRecord | None, status: ConfigStatus) -> None:
         self.configs_done += 1
         self.progress.update(self.task, configs=self._configs())
+        if not self.interactive and record is not None:
+            # Logs (CI, a remote GPU call) get one line per configuration instead of a bar.
+            pen = record.derived.tpot_penalty_p50_ms
+            cv = record.summary.cv_tpot_penalty if record.summary else None
+            self.on_message(
+                f"{self._stamp()} {self._configs()} B={key[0]} D={key[1]} P={key[2]}: "
+                f"prefill {record.interference.prefill_duration_ms:.1f} ms"
+                + (f", penalty {pen:.2f} ms" if pen is not None else "")
+                + (f", CV {cv:.1%}" if cv is not None else "")
+                + (f", chunks {record.interference.num_chunks_actual}/{record.interference.num_chunks_expected}"
+                   if record.interference.num_chunks_actual is not None else "")
+            )
         if status.flagged:
             cv = status.cv_by_attempt[-1] if status.cv_by_attempt else None
             self.on_message(f"B={key[0]} D={key[1]} P={key[2]}: flagged, CV {cv:.1%} still above "
                             f"{self.spec.cv.threshold:.0%} after {status.complete_attempts} attempt(s)")
 
     def on_message(self, text: str) -> None:
-        self.progress.console.print(text)
+        self.progress.console.print(text, soft_wrap=True, highlight=False)
