@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -168,7 +169,6 @@ class SweepController:
         self.keep_engine = keep_engine
         self.times = RunTimes()
         self.reports: dict[int, ChunkReport] = {b: ChunkReport(b) for b in spec.grid.chunk_sizes}
-        self._stopped_for_deadline = False
         self._noted = False
 
     # --- what is left -----------------------------------------------------------------------
@@ -219,7 +219,6 @@ class SweepController:
                     await self._run_chunk(chunk, todo)
         except DeadlineReached as exc:
             status, message = "deadline", str(exc)
-            self._stopped_for_deadline = True
         except (KeyboardInterrupt, asyncio.CancelledError):
             status, message = "interrupted", "interrupted"
             raise
@@ -447,8 +446,6 @@ class SweepController:
         path = self.store.root / "sweep.json"
         previous: list[Any] = []
         try:
-            import json
-
             previous = json.loads(path.read_text(encoding="utf-8")).get("invocations", [])
         except (OSError, ValueError, AttributeError):
             previous = []

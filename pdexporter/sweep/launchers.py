@@ -261,9 +261,11 @@ class LocalLauncher:
             out.write(f"\n# pdexporter sweep: starting {rendered.text}\n".encode())
             out.flush()
             try:
+                # Unbuffered, so the iteration lines are in the log by the time a window is read.
                 self._proc = subprocess.Popen(
                     list(rendered.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**os.environ, **rendered.env}, cwd=self.cwd, start_new_session=True,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}, cwd=self.cwd,
+                    start_new_session=True,
                 )
             except OSError as exc:
                 raise ConfigError(f"launcher.command: cannot run {rendered.argv[0]!r} ({exc.strerror or exc})") from None
