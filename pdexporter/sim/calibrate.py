@@ -295,3 +295,51 @@ def compare_records(measured: Mapping[tuple[int, int, int], RunRecord],
             if mv is not None and pv is not None and mv > 0:
                 bucket.append(PointError(key, float(mv), float(pv)))
     return report
+
+
+# -- one calibration, end to end (still pure: records in, profile and errors out) --------------
+
+@dataclass
+class Calibration:
+    base: Profile
+    profile: Profile  # the fitted one, `calibration: calibrated`
+    fit: FitResult  # on the training observations
+    before: tuple[float, float, float, dict[str, float]]  # base profile on the same observations
+    train_keys: set[tuple[int, int, int]]
+    held_keys: set[tuple[int, int, int]]
+    train: ObservationSet
+    held: ObservationSet
+    held_step_mape: float | None  # fitted model on the held-out configurations' step observations
+    held_step_mape_before: float | None
+
+
+def calibrate(
+    base: Profile,
+    records: Sequence[RunRecord],
+    *,
+    holdout: float = 0.0,
+    free: Sequence[str] = DEFAULT_FREE,
+    source: str | None = None,
+) -> Calibration:
+    """Fit `base`'s step-time parameters to the records outside the held-out configurations."""
+    if not records:
+        raise ValueError("no records to calibrate on")
+    keys = [r.key for r in records]
+    train_keys, held_keys = split_holdout(keys, holdout)
+    train = observations_from_records([r for r in records if r.key in train_keys])
+    held = observations_from_records([r for r in records if r.key in held_keys])
+    if not train.observations:
+        raise ValueError("the training records hold no usable step times (no decode baseline, no slow steps)")
+    fit = fit_step_params(base, train.observations, free)
+    before = _summary(base, base.step_time, train.observations)
+    held_after = held_before = None
+    if held.observations:
+        held_after = _summary(base, fit.params, held.observations)[0]
+        held_before = _summary(base, base.step_time, held.observations)[0]
+    note = (
+        f"Fitted by pdexporter sim calibrate to {len(train_keys)} configuration(s) "
+        f"({fit.n} step times: {', '.join(f'{k} MAPE {v:.1f} %' for k, v in fit.by_kind.items())}); "
+        f"{len(held_keys)} configuration(s) held out. Free parameters: {', '.join(fit.free)}."
+    )
+    profile = base.with_step_time(fit.params, calibration="calibrated", note=note, source=source)
+    return Calibration(base, profile, fit, before, train_keys, held_keys, train, held, held_after, held_before)

@@ -345,6 +345,10 @@ class EngineCore:
             self._timer.cancel()
             self._timer = None
 
+    def next_deadline(self) -> float | None:
+        """When the step now on the (modelled) GPU ends and its tokens come out; None when idle."""
+        return self._queue[0].t_end if self._queue else None
+
     @property
     def idle(self) -> bool:
         return not self._queue and not self.scheduler.has_requests()

@@ -93,6 +93,28 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = NULL_H
     return out
 
 
+def extend_hashes(request: Request, n_blocks: int, block_size: int) -> list[int]:
+    """The request's chained block hashes, computed up to `n_blocks` full blocks on demand.
+
+    Lazily, so a 32K-token cold prompt is not hashed all at once when it arrives (a lookup stops
+    at its first block; allocation hashes each chunk's blocks as they are scheduled).
+    """
+    hashes = request.block_hashes
+    n_blocks = min(n_blocks, request.num_tokens // block_size)
+    have = len(hashes)
+    if have >= n_blocks:
+        return hashes
+    parent = hashes[-1] if hashes else NULL_HASH
+    prompt = request.prompt_token_ids
+    n_prompt = len(prompt)
+    for i in range(have, n_blocks):
+        lo, hi = i * block_size, (i + 1) * block_size
+        tokens = tuple(prompt[lo:hi]) if hi <= n_prompt else tuple(request.token_at(j) for j in range(lo, hi))
+        parent = hash((parent, tokens))
+        hashes.append(parent)
+    return hashes
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     request_id: str
@@ -109,10 +131,12 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     num_prompt_tokens: int = -1
     num_tokens: int = -1  # prompt + outputs, kept in step with output_token_ids (hot path)
+    seed: int = 0  # what the sampler's 'greedy' tokens depend on: the prompt's first tokens
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.num_tokens = self.num_prompt_tokens + len(self.output_token_ids)
+        self.seed = hash((self.num_prompt_tokens, tuple(self.prompt_token_ids[:16]))) & 0x7FFF_FFFF
 
     def append_output(self, token: int) -> None:
         self.output_token_ids.append(token)
@@ -221,11 +245,15 @@ class KVCacheManager:
         """Longest cached prefix, whole blocks only, at most num_tokens - 1 tokens."""
         if not self.enable_caching:
             return [], 0
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs
         hits: list[int] = []
         cached = self._cached
-        for h in request.block_hashes[:max_blocks]:
-            block = cached.get(h)
+        hashes = request.block_hashes
+        for i in range(max_blocks):
+            if i >= len(hashes):
+                extend_hashes(request, min(max_blocks, 2 * i + 8), bs)
+            block = cached.get(hashes[i])
             if block is None:
                 break
             hits.append(block)
@@ -297,11 +325,7 @@ class KVCacheManager:
         end = min(num_tokens // self.block_size, len(blocks))
         if end <= start:
             return
-        hashes = request.block_hashes
-        if len(hashes) < end:  # output blocks: hash them now that their tokens are known
-            parent = hashes[-1] if hashes else NULL_HASH
-            tokens = [request.token_at(i) for i in range(len(hashes) * self.block_size, end * self.block_size)]
-            hashes.extend(block_hashes(tokens, self.block_size, parent))
+        hashes = extend_hashes(request, end, self.block_size)
         for i in range(start, end):
             b = blocks[i]
             if self._hash[b] is None:
@@ -336,8 +360,7 @@ TokenSampler = Callable[[Request], int]
 
 def default_sampler(request: Request) -> int:
     """A deterministic 'greedy' token: a function of the request's prompt and position only."""
-    seed = request.block_hashes[0] if request.block_hashes else len(request.prompt_token_ids)
-    return (seed * 2654435761 + 40503 * (request.num_output_tokens + 1)) % 151_936
+    return (request.seed * 2654435761 + 40503 * (len(request.output_token_ids) + 1)) % 151_936
 
 
 @dataclass
@@ -384,19 +407,16 @@ class Scheduler:
             raise ValueError(f"max_tokens={max_tokens} must be >= 1")
         request = Request(request_id, prompt_token_ids, max_tokens, arrival_index=self._arrivals)
         self._arrivals += 1
-        request.block_hashes = self._prompt_hashes(prompt_token_ids)
+        memo = self._hash_memo
+        if memo is not None and memo[0] is prompt_token_ids:
+            # D probes send one shared prompt object: its blocks are hashed once, not D times
+            request.block_hashes = list(memo[1])
+        elif len(prompt_token_ids) <= 8192:
+            request.block_hashes = block_hashes(prompt_token_ids, self.config.block_size)
+            self._hash_memo = (prompt_token_ids, tuple(request.block_hashes))
         self.requests[request_id] = request
         self.waiting.append(request)
         return request
-
-    def _prompt_hashes(self, prompt: Sequence[int]) -> list[int]:
-        # D probes send one shared prompt object: hash its 256 blocks once, not D times.
-        memo = self._hash_memo
-        if memo is not None and memo[0] is prompt:
-            return list(memo[1])
-        hashes = block_hashes(prompt, self.config.block_size)
-        self._hash_memo = (prompt, hashes)
-        return list(hashes)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """Abort (or otherwise finish) requests from outside, e.g. a client that went away."""

@@ -72,6 +72,7 @@ class VllmMetrics:
         names = ["model_name", "engine"]
         lv = {"model_name": model_name, "engine": engine}
         self.families: dict[str, MetricWrapperBase] = {}
+        self._gauges: tuple[int, int, float] = (0, 0, 0.0)
 
         def keep(metric: MetricWrapperBase) -> MetricWrapperBase:
             self.families[metric._name] = metric
@@ -153,9 +154,12 @@ class VllmMetrics:
         if generation_tokens:
             self.generation_tokens.inc(generation_tokens)
         self.iteration_tokens.observe(prompt_tokens + generation_tokens)
-        self.num_requests_running.set(running)
-        self.num_requests_waiting.set(waiting)
-        self.kv_cache_usage_perc.set(kv_usage)
+        gauges = (running, waiting, kv_usage)
+        if gauges != self._gauges:  # most steps change none of them; a set() takes a lock
+            self._gauges = gauges
+            self.num_requests_running.set(running)
+            self.num_requests_waiting.set(waiting)
+            self.kv_cache_usage_perc.set(kv_usage)
         if prefix_queries:
             self.prefix_cache_queries.inc(prefix_queries)
         if prefix_hits:
@@ -164,6 +168,7 @@ class VllmMetrics:
             self.num_preemptions.inc(preemptions)
 
     def on_queue(self, running: int, waiting: int) -> None:
+        self._gauges = (running, waiting, self._gauges[2])
         self.num_requests_running.set(running)
         self.num_requests_waiting.set(waiting)
 

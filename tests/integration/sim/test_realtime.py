@@ -35,7 +35,7 @@ def test_one_point_over_http_in_real_time(tmp_path: Path):
             async with http_driver(handle) as driver:
                 settings = ProtocolSettings()
                 await warm_prefix(driver, settings)
-                record = await measure_point(driver, PointSpec(b, d, p), settings, ResultsStore(tmp_path), reps=1)
+                record = await measure_point(driver, PointSpec(b, d, p), settings, ResultsStore(tmp_path), reps=3)
                 return driver.info, record
         finally:
             await launcher.stop()
@@ -47,7 +47,10 @@ def test_one_point_over_http_in_real_time(tmp_path: Path):
     assert record.baseline.tpot_p50_ms == pytest.approx(modelled, rel=0.02)
     expected = math.ceil(p / (b - d))
     assert record.interference.chunk_tokens_engine_log == [2044] * 4 + [16]  # from the engine's log file
-    assert record.interference.num_chunks_actual == expected  # from the probes' cadence over HTTP
+    # from the probes' cadence over HTTP; the record holds the median over 3 reps, which shrugs off
+    # one rep where this shared 2-core machine stalled a process for a whole step
+    assert record.interference.num_chunks_actual == expected
+    assert sum(rep.interference.num_chunks_actual == expected for rep in record.reps) >= 2
     assert record.config.modelled and record.config.engine == "pdexporter-sim"
 
 
@@ -83,7 +86,9 @@ def test_token_cadence_at_d12_matches_the_modelled_step_time(tmp_path: Path):
 
     launcher, handle = asyncio.run(start())
     try:
-        intervals = _cadence(handle.url, 12)
+        # three runs of 12 x 256 tokens, pooled: a burst of load from the other work on this shared
+        # machine then moves one run's p50, not the pooled one
+        intervals = [iv for _ in range(3) for iv in _cadence(handle.url, 12)]
     finally:
         asyncio.run(launcher.stop())
     model = StepTimeModel(load_profile(PROFILE))

@@ -17,7 +17,7 @@ from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 pytestmark = pytest.mark.integration
 
 MODEL = "qwen3-coder-30b-a3b"
-FIXTURE = Path(__file__).parents[2] / "unit" / "sim" / "fixtures" / "vllm-0.22-sse-completions.txt"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm-0.22" / "sse-completions.txt"  # a real vLLM 0.22.0
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,20 @@ def test_raw_aiohttp_sse_has_vllms_exact_shape(served: ServedEngine):
     # vLLM stamps system_fingerprint on the terminal chunk when no usage chunk follows
     assert list(payloads[-1]) == [*real, "system_fingerprint"]
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_continuous_usage_needs_include_usage_as_in_vllm(served: ServedEngine):
+    async def events(options: dict) -> list[dict]:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": MODEL, "prompt": [3] * 20, "max_tokens": 3, "stream": True, "stream_options": options}
+            async with session.post(f"{served.url}/v1/completions", json=body) as resp:
+                raw = (await resp.read()).decode()
+        return [json.loads(e.removeprefix("data: ")) for e in raw.split("\n\n") if e.startswith("data: {")]
+
+    alone = asyncio.run(events({"continuous_usage_stats": True}))
+    both = asyncio.run(events({"include_usage": True, "continuous_usage_stats": True}))
+    assert all("usage" not in e for e in alone) and len(alone) == 3
+    assert [e["usage"]["completion_tokens"] for e in both] == [1, 2, 3, 3] and both[-1]["choices"] == []
 
 
 def test_health_version_tokenize_metrics(served: ServedEngine):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,7 +13,6 @@ from pdexporter.sim.profile import load_profile
 from pdexporter.sim.server import cache_config_labels
 from pdexporter.sim.vllm_metrics import VllmMetrics
 
-FIXTURE = Path(__file__).with_name("fixtures") / "vllm-0.22-metrics.txt"  # copied from a real vLLM 0.22.0
 PREFIX = tuple(range(2000, 2000 + 4096))
 STEP = 0.010  # a constant step time makes the timeline easy to reason about
 
@@ -77,7 +74,7 @@ def test_steps_chain_on_absolute_deadlines(profile):
     assert finishes[-1] == pytest.approx(50 * STEP)
 
 
-def test_metrics_use_vllm_022_names_types_and_labels(profile):
+def test_metrics_use_vllm_022_names_types_and_labels(profile, vllm_metrics_text: str):
     clock, engine, metrics = make(profile)
     engine.add_request("warm", PREFIX, 1)
     clock.run()
@@ -85,7 +82,7 @@ def test_metrics_use_vllm_022_names_types_and_labels(profile):
         engine.add_request(f"p{i}", PREFIX, 20)
     clock.run()
     ours = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
-    real = {f.name: f for f in text_string_to_metric_families(FIXTURE.read_text())}
+    real = {f.name: f for f in text_string_to_metric_families(vllm_metrics_text)}
     wanted = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
               "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries",
               "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:request_success",
