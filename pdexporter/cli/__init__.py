@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import measure, sim
+    from pdexporter.cli import measure, sim, sweep
 
-    for module in (measure, sim):
+    for module in (measure, sim, sweep):
         module.register(app)
 
 

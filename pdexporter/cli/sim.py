@@ -174,3 +174,13 @@ def _settings_of(record: object) -> object:
     c = record.config  # type: ignore[attr-defined]
     return ProtocolSettings(decode_context_tokens=c.decode_context_tokens, decode_output_tokens=c.decode_output_tokens,
                             prefill_max_tokens=c.prefill_max_tokens)
+
+
+def _register_sweep() -> None:
+    """`pdexporter sim sweep`: the sweep controller on the embedded engine's virtual clock."""
+    from pdexporter.cli.sweep import sim_sweep
+
+    sim_app.command("sweep")(sim_sweep)
+
+
+_register_sweep()

@@ -8,7 +8,7 @@ rerun continues where it stopped.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pdexporter.errors import ConfigError
@@ -128,13 +128,22 @@ async def measure_point(
     baseline: BaselineRun | None = None,
     resume: bool = True,
     on_rep: Callable[[RepRecord], None] | None = None,
+    interfere: Callable[[int, BaselineRun], Awaitable[InterferenceRun]] | None = None,
+    summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate,
 ) -> RunRecord:
+    """Measure repetitions `len(recorded) .. reps - 1` of one point.
+
+    `interfere(rep, baseline)` replaces the default Phase 2 run (fresh probe streams); the sweep
+    uses it for its fast mode (long-lived probes) and to stop between repetitions at a deadline
+    (it may raise before sending anything: what was recorded stays). `summarise` turns the
+    repetitions into the record (default: medians over all of them).
+    """
     spec.validate()
     config = record_config(spec, driver.info, settings, reps=reps, mode=mode)
     path = store.record_path(spec.chunk_size, spec.decode_batch_size, spec.new_prefill_tokens)
     done = resumable_reps(store.load_record(*_key(spec)) if resume else None, config, str(path))
     if len(done) >= reps:
-        return aggregate(config, done[:reps])
+        return summarise(config, done[:reps])
     if baseline is None:
         baseline = await run_baseline(driver, spec.decode_batch_size, settings)
         if baseline.probes:
@@ -142,15 +151,18 @@ async def measure_point(
     record: RunRecord | None = None
     for rep in range(len(done), reps):
         started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        run = await run_interference(
-            driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, baseline.stats
-        )
+        if interfere is not None:
+            run = await interfere(rep, baseline)
+        else:
+            run = await run_interference(
+                driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, baseline.stats
+            )
         raw_path = store.raw_path(*_key(spec), rep)
         store.save_raw(raw_path, run.to_raw())
         done.append(
             rep_record(rep, run, baseline.stats, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started)
         )
-        record = aggregate(config, done)
+        record = summarise(config, done)
         store.save_record(record)
         if on_rep is not None:
             on_rep(done[-1])

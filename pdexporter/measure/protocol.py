@@ -301,9 +301,19 @@ async def run_interference(
     fresh = probes is None
     probes = start_probes(driver, d, settings) if probes is None else probes
     if d:
-        await _wait(driver, probes, lambda: steady(probes, settings) or any(s.finished for s in probes),
-                    settings.steady_timeout_s, f"{d} probe streams did not reach steady state")
-        if not steady(probes, settings):
+        # Remember which condition ended the wait: a new event may arrive between the wake-up and
+        # a second look, so re-evaluating `steady` here would be a race.
+        reached: list[bool] = []
+
+        def steady_or_ended() -> bool:
+            if steady(probes, settings):
+                reached.append(True)
+                return True
+            return any(s.finished for s in probes)
+
+        await _wait(driver, probes, steady_or_ended, settings.steady_timeout_s,
+                    f"{d} probe streams did not reach steady state")
+        if not reached:
             raise MeasurementError(
                 f"probe streams ended before steady state ({settings.inject_at_tokens} tokens, last "
                 f"{settings.steady_last_intervals} intervals within {settings.steady_max_ratio:g}x)"

@@ -1,0 +1,286 @@
+"""`pdexporter sweep SWEEP.yaml` and `pdexporter sim sweep SWEEP.yaml --profile P`.
+
+Thin: load the sweep file, pick the engine provider, run `SweepController` under a progress bar,
+print the summary table. Exit codes: 0 the sweep is complete; 5 it stopped at `--deadline` (rerun
+the same command to continue); 4 some configurations failed after their retries (the others are
+recorded; rerun to try them again); 2/3 bad input / engine errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich import box
+from rich.table import Table
+
+from pdexporter.cli._common import DEFAULT_PROFILE, ApiKeyFileOpt, api_key, console
+from pdexporter.measure.records import RepRecord, RunRecord
+from pdexporter.measure.store import ResultsStore
+from pdexporter.sweep.controller import PHASES, Deadline, Key, SweepController, SweepObserver, SweepReport
+from pdexporter.sweep.launchers import make_provider
+from pdexporter.sweep.plan import ConfigStatus
+from pdexporter.sweep.spec import SimLauncherSpec, SweepSpec, load_sweep
+
+EXIT_DEADLINE = 5
+EXIT_INCOMPLETE = 4  # as a MeasurementError: some configurations could not be measured
+
+SweepFileArg = Annotated[Path, typer.Argument(help="Sweep file (see sweeps/*.yaml and docs/sweep.md).")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Results directory (default: the file's `output`).")]
+ModeOpt = Annotated[str | None, typer.Option("--mode", help="faithful | fast (default: the file's `mode`).")]
+RepsOpt = Annotated[int | None, typer.Option("--reps", min=1, help="Repetitions per configuration.")]
+DeadlineOpt = Annotated[
+    float | None,
+    typer.Option("--deadline", min=1, help="Seconds from now: stop cleanly between runs before this (exit 5)."),
+]
+ListenOpt = Annotated[
+    str | None, typer.Option("--listen", help="HOST:PORT: export each window's gauges on /metrics while sweeping.")
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep)
+
+
+def register_sim(sim_app: typer.Typer) -> None:
+    """`pdexporter sim sweep`: called from `pdexporter.cli.sim`."""
+    sim_app.command("sweep")(sim_sweep)
+
+
+def sweep(
+    sweep_file: SweepFileArg,
+    out: OutOpt = None,
+    mode: ModeOpt = None,
+    reps: RepsOpt = None,
+    deadline: DeadlineOpt = None,
+    listen: ListenOpt = None,
+    keep_engine: Annotated[
+        bool, typer.Option("--keep-engine", help="Leave the last engine running (local launcher) for a later run.")
+    ] = False,
+    clock: Annotated[
+        str | None, typer.Option("--clock", help="Embedded engine only: virtual | real (default: the file's).")
+    ] = None,
+    api_key_file: ApiKeyFileOpt = None,
+) -> None:
+    """Run the grid of a sweep file: engine per chunk size, warm-up, Phase 1, Phase 2 x reps; resumable."""
+    overrides: dict[str, Any] = {}
+    if clock is not None:
+        overrides["launcher.clock"] = clock
+    spec = _load(sweep_file, mode, reps, listen, overrides)
+    started = time.monotonic()
+    store = ResultsStore(out or Path(spec.output))
+    report = _run(spec, store, deadline=None if deadline is None else started + deadline, keep_engine=keep_engine,
+                  token=api_key(api_key_file))
+    _finish(spec, store, report)
+
+
+def sim_sweep(
+    sweep_file: SweepFileArg,
+    profile: Annotated[str, typer.Option("--profile", help="Embedded engine's GPU/model profile.")] = DEFAULT_PROFILE,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Results directory (default: results/sim/{profile}/{sweep name}).")
+    ] = None,
+    mode: ModeOpt = None,
+    reps: RepsOpt = None,
+) -> None:
+    """Predict a sweep's whole table with the embedded engine on a virtual clock (records say modelled)."""
+    spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual"}})
+    name = spec.name or sweep_file.stem
+    store = ResultsStore(out or Path("results") / "sim" / profile / name)
+    report = _run(spec, store, deadline=None, keep_engine=False, token=None)
+    _finish(spec, store, report)
+
+
+def _load(path: Path, mode: str | None, reps: int | None, listen: str | None, overrides: dict[str, Any]) -> SweepSpec:
+    if mode is not None:
+        overrides["mode"] = mode
+    if reps is not None:
+        overrides["reps"] = reps
+    if listen is not None:
+        overrides["listen"] = listen
+    return load_sweep(path, overrides)
+
+
+def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_engine: bool, token: str | None) -> SweepReport:
+    observer = ProgressObserver(spec)
+    virtual = isinstance(spec.launcher, SimLauncherSpec) and spec.launcher.clock == "virtual"
+    dl = Deadline(deadline)
+    provider = make_provider(spec, store, api_key=token, deadline=dl.left, on_message=observer.on_message)
+    console.print(f"[bold]sweep[/] {spec.name or ''} {spec.grid.size} configs x {spec.reps} reps, {spec.mode} mode, "
+                  f"{provider.description}; results in {store.root}")
+    controller = SweepController(spec, store, provider, observer=observer, deadline=dl, keep_engine=keep_engine)
+
+    async def main() -> SweepReport:
+        server = await observer.start_exporter(spec.listen) if spec.listen else None
+        try:
+            with observer:
+                return await controller.run()
+        finally:
+            if server is not None:
+                await server.cleanup()
+
+    if virtual:
+        from pdexporter._internal.vloop import run_virtual
+
+        return run_virtual(main())
+    return asyncio.run(main())
+
+
+def _finish(spec: SweepSpec, store: ResultsStore, report: SweepReport) -> None:
+    console.print(summary_table(report))
+    checked = sum(c.injections_checked for c in report.chunks.values())
+    busy = sum(c.busy_at_injection for c in report.chunks.values())
+    retried = sum(c.retries for c in report.chunks.values())
+    if checked:
+        console.print(f"engine at injection: {checked - busy}/{checked} injections found exactly D requests running "
+                      f"and none waiting" + (f"; [yellow]{busy} did not[/]" if busy else ""))
+    if retried:
+        console.print(f"{retried} run(s) retried after a measurement error (see the messages above)")
+    if report.status == "incomplete":
+        console.print(f"[red]{report.message}[/]; rerun the same command to try them again.")
+        print(store.root)
+        sys.exit(EXIT_INCOMPLETE)
+    if report.status == "deadline":
+        console.print(f"[yellow]{report.message}[/]; {report.complete_configs}/{report.total_configs} configs "
+                      "complete. Rerun the same command to continue.")
+        print(store.root)
+        sys.exit(EXIT_DEADLINE)
+    print(store.root)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+PHASE_HEADERS = {"engine_start": "start", "warmup": "warm-up", "phase1": "phase1", "phase2": "phase2",
+                 "cooldown": "cool"}
+
+
+def summary_table(report: SweepReport) -> Table:
+    """Per chunk size: configs, reps, median penalty, flagged configs, time per phase."""
+    virtual = abs(report.engine_s - report.wall_s) > 1.0
+    table = Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+        title=f"sweep {report.status}: {report.complete_configs}/{report.total_configs} configs, {report.mode} mode",
+        caption=(f"time per phase in modelled engine seconds (virtual clock); {report.engine_s:.0f} s modelled, "
+                 f"{report.wall_s:.1f} s on this machine") if virtual else f"time per phase in seconds; "
+                f"{report.wall_s:.1f} s in all",
+    )
+    table.add_column("chunk", justify="right")
+    table.add_column("configs", justify="right")
+    table.add_column("reps", justify="right")
+    table.add_column("penalty\nms p50", justify="right")
+    table.add_column("CV\nflag", justify="right")
+    table.add_column("re-\nrun", justify="right")
+    for phase in PHASES:
+        table.add_column(PHASE_HEADERS[phase], justify="right")
+    for b, c in report.chunks.items():
+        times = c.engine_s if virtual else c.wall_s
+        table.add_row(
+            str(b), f"{c.configs_complete}/{c.configs}", str(c.reps_recorded), _ms(c.median_penalty_ms),
+            str(len(c.flagged)), str(len(c.rerun)), *(f"{times[p]:.1f}" for p in PHASES),
+        )
+    return table
+
+
+class ProgressObserver(SweepObserver):
+    """A rich progress bar over repetitions (ETA), with configs done and the current config."""
+
+    def __init__(self, spec: SweepSpec) -> None:
+        self.spec = spec
+        self.progress = Progress(
+            TextColumn("[bold]{task.fields[configs]}"),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("reps"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            refresh_per_second=4,
+            transient=False,
+        )
+        self.task = self.progress.add_task("starting", total=None, configs="")
+        self.total = 0
+        self.configs_done = 0
+        self.metrics: Any = None
+        self.exporter_url: str | None = None
+        self.interactive = console.is_terminal
+        self.t0 = time.monotonic()
+
+    def __enter__(self) -> ProgressObserver:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    async def start_exporter(self, listen: str) -> Any:
+        from pdexporter.exporter.metrics import ExporterMetrics
+        from pdexporter.exporter.server import metrics_app, parse_listen, start_metrics_server
+
+        host, port = parse_listen(listen)
+        self.metrics = ExporterMetrics()
+        self.metrics.up.set(1)
+        runner, bound = await start_metrics_server(metrics_app(self.metrics.registry, title="pdexporter sweep"), host, port)
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.exporter_url = f"http://{shown}:{bound}/metrics"
+        console.print(f"exporting window gauges on {self.exporter_url}")
+        return runner
+
+    def _configs(self) -> str:
+        return f"{self.configs_done}/{self.total} configs"
+
+    def on_plan(self, total: int, done: int, reps_to_run: int) -> None:
+        self.total, self.configs_done = total, done
+        self.progress.update(self.task, total=max(1, reps_to_run), completed=0 if reps_to_run else 1,
+                             configs=self._configs())
+
+    def on_phase(self, phase: str, chunk: int, d: int | None = None, p: int | None = None) -> None:
+        where = f"B={chunk}" + (f" D={d}" if d is not None else "") + (f" P={p}" if p is not None else "")
+        self.progress.update(self.task, description=f"{where} {phase}")
+        if not self.interactive and phase in ("engine_start", "warmup", "phase1"):
+            self.on_message(f"{self._stamp()} {where} {phase}")
+
+    def on_rep(self, key: Key, rep: RepRecord, info: Any) -> None:
+        task = self.progress.tasks[0]
+        if task.total is not None and task.completed + 1 > task.total:
+            self.progress.update(self.task, total=task.completed + 1)  # CV re-runs add repetitions
+        self.progress.advance(self.task)
+        if self.metrics is not None:
+            from pdexporter.exporter.metrics import grid_labels, publish_window
+
+            publish_window(self.metrics, grid_labels(*key), rep)
+            self.metrics.engine_info.labels(engine=info.kind, model=info.model, chunk_size=str(key[0]),
+                                            modelled=str(info.modelled).lower()).set(1)
+
+    def _stamp(self) -> str:
+        return f"[{time.monotonic() - self.t0:6.0f} s]"
+
+    def on_config(self, key: Key, record: RunRecord | None, status: ConfigStatus) -> None:
+        self.configs_done += 1
+        self.progress.update(self.task, configs=self._configs())
+        if not self.interactive and record is not None:
+            # Logs (CI, a remote GPU call) get one line per configuration instead of a bar.
+            pen = record.derived.tpot_penalty_p50_ms
+            cv = record.summary.cv_tpot_penalty if record.summary else None
+            self.on_message(
+                f"{self._stamp()} {self._configs()} B={key[0]} D={key[1]} P={key[2]}: "
+                f"prefill {record.interference.prefill_duration_ms:.1f} ms"
+                + (f", penalty {pen:.2f} ms" if pen is not None else "")
+                + (f", CV {cv:.1%}" if cv is not None else "")
+                + (f", chunks {record.interference.num_chunks_actual}/{record.interference.num_chunks_expected}"
+                   if record.interference.num_chunks_actual is not None else "")
+            )
+        if status.flagged:
+            cv = status.cv_by_attempt[-1] if status.cv_by_attempt else None
+            self.on_message(f"B={key[0]} D={key[1]} P={key[2]}: flagged, CV {cv:.1%} still above "
+                            f"{self.spec.cv.threshold:.0%} after {status.complete_attempts} attempt(s)")
+
+    def on_message(self, text: str) -> None:
+        self.progress.console.print(text, soft_wrap=True, highlight=False)

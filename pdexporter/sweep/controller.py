@@ -1,0 +1,453 @@
+"""The sweep loop: the seed's Phase 3 over a grid, resumable, in faithful or fast mode.
+
+    for chunk in grid.chunk_sizes (only those with work left):
+        engine start (or adopt) at that chunk size; warm-up: shared prefix + one prefill per P
+        for D: Phase 1 once (or the baseline recorded earlier for this chunk and D)
+            for P: Phase 2 x reps (attempts re-run while the CV is above the threshold)
+                   faithful: fresh D probes per repetition, then the cooldown (seed: 5 s)
+                   fast: the D probes of a `ProbePool`, no idle wait
+        engine stop
+
+Every repetition is written (raw, then record) before the next starts, so a killed sweep loses
+at most the run in flight and a rerun skips what is complete (`plan.config_status`). With a
+deadline the loop stops *between* runs when the next one would not finish in time, and leaves an
+engine it started running for the next invocation to adopt.
+
+Phase timings are kept on two clocks: the event loop's (engine seconds; virtual time when the
+embedded engine runs on a virtual clock) and the machine's (`time.monotonic`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdexporter._internal.atomic import atomic_write_json
+from pdexporter.errors import MeasurementError, PdexporterError
+from pdexporter.measure.driver import EngineDriver
+from pdexporter.measure.point import PointSpec, measure_point
+from pdexporter.measure.protocol import (
+    BaselineRun,
+    InterferenceRun,
+    StreamTrace,
+    run_baseline,
+    run_interference,
+    warm_prefix,
+    warm_shapes,
+)
+from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord
+from pdexporter.measure.store import ResultsStore
+from pdexporter.measure.window import baseline_stats
+from pdexporter.sweep.fast import ProbePool
+from pdexporter.sweep.launchers import DeadlineReached, EngineProvider
+from pdexporter.sweep.plan import ConfigStatus, RunTimes, config_status, median, summarise_attempts
+from pdexporter.sweep.spec import SweepSpec
+
+PHASES = ("engine_start", "warmup", "phase1", "phase2", "cooldown")
+Key = tuple[int, int, int]
+
+
+class SweepObserver:
+    """Progress hooks; the CLI draws a progress bar and exports gauges with them."""
+
+    def on_plan(self, total: int, done: int, reps_to_run: int) -> None: ...
+
+    def on_phase(self, phase: str, chunk: int, d: int | None = None, p: int | None = None) -> None: ...
+
+    def on_rep(self, key: Key, rep: RepRecord, info: Any) -> None: ...
+
+    def on_config(self, key: Key, record: RunRecord | None, status: ConfigStatus) -> None: ...
+
+    def on_message(self, text: str) -> None: ...
+
+
+@dataclass
+class Deadline:
+    """Stop between runs when the next one would end past `at` (a `time.monotonic` value)."""
+
+    at: float | None
+    margin_s: float = 5.0
+    clock: Callable[[], float] = time.monotonic
+
+    def left(self) -> float | None:
+        return None if self.at is None else self.at - self.clock()
+
+    def allows(self, estimate_s: float) -> bool:
+        left = self.left()
+        return left is None or left >= estimate_s + self.margin_s
+
+
+@dataclass
+class ChunkReport:
+    chunk_size: int
+    configs: int = 0
+    configs_complete: int = 0
+    reps_recorded: int = 0
+    reps_run: int = 0
+    flagged: list[Key] = field(default_factory=list)
+    rerun: list[Key] = field(default_factory=list)
+    median_penalty_ms: float | None = None
+    engine_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    wall_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    engine_adopted: bool = False
+    probe_sets: int = 0
+    retries: int = 0
+    failed: list[Key] = field(default_factory=list)
+    injections_checked: int = 0  # with the engine's request gauges read just before the prefill
+    busy_at_injection: int = 0  # ... of which the engine ran something besides our D probes
+
+
+@dataclass
+class SweepReport:
+    chunks: dict[int, ChunkReport]
+    status: str  # "complete" | "incomplete" (configs failed) | "deadline" | "interrupted" | "error"
+    mode: str
+    total_configs: int
+    complete_configs: int
+    wall_s: float
+    engine_s: float
+    message: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "complete"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "mode": self.mode,
+            "message": self.message,
+            "total_configs": self.total_configs,
+            "complete_configs": self.complete_configs,
+            "wall_s": round(self.wall_s, 3),
+            "engine_s": round(self.engine_s, 3),
+            "chunks": {
+                str(b): {
+                    "configs": c.configs,
+                    "configs_complete": c.configs_complete,
+                    "reps_recorded": c.reps_recorded,
+                    "reps_run": c.reps_run,
+                    "flagged": [list(k) for k in c.flagged],
+                    "rerun": [list(k) for k in c.rerun],
+                    "median_penalty_ms": c.median_penalty_ms,
+                    "engine_s": {k: round(v, 3) for k, v in c.engine_s.items()},
+                    "wall_s": {k: round(v, 3) for k, v in c.wall_s.items()},
+                    "engine_adopted": c.engine_adopted,
+                    "probe_sets": c.probe_sets,
+                    "retries": c.retries,
+                    "failed": [list(k) for k in c.failed],
+                    "injections_checked": c.injections_checked,
+                    "busy_at_injection": c.busy_at_injection,
+                }
+                for b, c in self.chunks.items()
+            },
+        }
+
+
+class SweepController:
+    def __init__(
+        self,
+        spec: SweepSpec,
+        store: ResultsStore,
+        provider: EngineProvider,
+        *,
+        observer: SweepObserver | None = None,
+        deadline: Deadline | None = None,
+        keep_engine: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.store = store
+        self.provider = provider
+        self.observer = observer or SweepObserver()
+        self.deadline = deadline or Deadline(None)
+        self.keep_engine = keep_engine
+        self.times = RunTimes()
+        self.reports: dict[int, ChunkReport] = {b: ChunkReport(b) for b in spec.grid.chunk_sizes}
+        self._noted = False
+
+    # --- what is left -----------------------------------------------------------------------
+
+    def status(self, key: Key) -> ConfigStatus:
+        record = self.store.load_record(*key)
+        return config_status(record.reps if record else [], self.spec.reps, self.spec.cv)
+
+    def _summarise(self, config: RecordConfig, reps: list[RepRecord]) -> RunRecord:
+        return summarise_attempts(config, reps, self.spec.reps, self.spec.cv)
+
+    # --- timing -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _phase(self, phase: str, chunk: int) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        t_loop, t_wall = loop.time(), time.monotonic()
+        try:
+            yield
+        finally:
+            report = self.reports[chunk]
+            report.engine_s[phase] += loop.time() - t_loop
+            report.wall_s[phase] += time.monotonic() - t_wall
+
+    def _check(self, kind: str, key: tuple[int, ...], what: str) -> None:
+        if not self.deadline.allows(self.times.estimate(kind, key)):
+            left = self.deadline.left()
+            raise DeadlineReached(
+                f"stopped before {what}: {left:.0f} s left, it may take {self.times.estimate(kind, key):.0f} s"
+            )
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> SweepReport:
+        loop = asyncio.get_running_loop()
+        t0_loop, t0_wall = loop.time(), time.monotonic()
+        statuses = {key: self.status(key) for key in self.spec.points()}
+        for (b, _, _), st in statuses.items():
+            self.reports[b].configs += 1
+            self.reports[b].configs_complete += st.complete
+        self.observer.on_plan(len(statuses), sum(st.complete for st in statuses.values()),
+                              sum(st.reps_to_run for st in statuses.values()))
+        status, message = "complete", None
+        try:
+            for chunk in self.spec.grid.chunk_sizes:
+                todo = [k for k in statuses if k[0] == chunk and not statuses[k].complete]
+                if todo:
+                    await self._run_chunk(chunk, todo)
+        except DeadlineReached as exc:
+            status, message = "deadline", str(exc)
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            status, message = "interrupted", "interrupted"
+            raise
+        except PdexporterError as exc:
+            status, message = "error", str(exc)
+            raise
+        finally:
+            failed = [k for r in self.reports.values() for k in r.failed]
+            if status == "complete" and failed:
+                status, message = "incomplete", f"{len(failed)} configuration(s) failed: " + ", ".join(
+                    f"B={b} D={d} P={p}" for b, d, p in failed[:5]) + (" ..." if len(failed) > 5 else "")
+            report = self._report(status, message, loop.time() - t0_loop, time.monotonic() - t0_wall)
+            self._write_state(report)
+        return report
+
+    async def _run_chunk(self, chunk: int, todo: list[Key]) -> None:
+        spec = self.spec
+        report = self.reports[chunk]
+        try:
+            self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
+        except DeadlineReached as exc:
+            # No time to wait for it, but time to set it going: the next invocation adopts it
+            # instead of paying the start-up again (local launcher).
+            prestart = getattr(getattr(self.provider, "launcher", None), "prestart", None)
+            left = self.deadline.left()
+            if callable(prestart) and left is not None and left > self.deadline.margin_s:
+                await prestart(chunk)
+                raise DeadlineReached(f"{exc}; it was started in the background for the next run to adopt") from None
+            raise
+        self.observer.on_phase("engine_start", chunk)
+        stop_engine = True
+        t_wall = time.monotonic()
+        try:
+            with self._phase("engine_start", chunk):
+                driver = await self.provider.open(chunk)
+            self.times.observe("engine_start", (chunk,), time.monotonic() - t_wall)
+            launcher = getattr(self.provider, "launcher", None)
+            report.engine_adopted = bool(getattr(launcher, "adopted", False))
+            if driver.info.modelled and driver.info.note and not self._noted:
+                self.observer.on_message(driver.info.note)
+                self._noted = True
+            await self._warm(driver, chunk, todo)
+            for d in spec.grid.decode_batch_sizes:
+                keys = [k for k in todo if k[1] == d]
+                if keys:
+                    await self._run_d(driver, chunk, d, keys)
+        except (DeadlineReached, KeyboardInterrupt, asyncio.CancelledError):
+            stop_engine = False  # a rerun adopts it (local launcher); others stop anyway
+            raise
+        finally:
+            await self.provider.close(stop_engine=stop_engine and not self.keep_engine)
+
+    async def _warm(self, driver: EngineDriver, chunk: int, todo: list[Key]) -> None:
+        spec = self.spec
+        if not (spec.warmup.prefix or spec.warmup.shapes):
+            return
+        self._check("warmup", (chunk,), "the warm-up")
+        self.observer.on_phase("warmup", chunk)
+        t_wall = time.monotonic()
+        with self._phase("warmup", chunk):
+            if spec.warmup.prefix and any(d > 0 for _, d, _ in todo):
+                await warm_prefix(driver, spec.protocol)
+            if spec.warmup.shapes:
+                await warm_shapes(driver, sorted({p for _, _, p in todo}), spec.protocol)
+        self.times.observe("warmup", (chunk,), time.monotonic() - t_wall)
+
+    async def _baseline(self, driver: EngineDriver, chunk: int, d: int) -> BaselineRun:
+        """Phase 1 once per (chunk, D): reuse the one recorded by an earlier invocation."""
+        spec = self.spec
+        if d == 0:
+            return BaselineRun(0, [], None)
+        path = self.store.baseline_raw_path(chunk, d)
+        if path.exists():
+            raw = self.store.load_raw(path)
+            traces = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
+            stats = baseline_stats([t.token_times() for t in traces], spec.protocol.window)
+            if stats is not None:
+                return BaselineRun(d, traces, stats)
+        self._check("phase1", (chunk, d), f"Phase 1 at chunk {chunk}, D={d}")
+        self.observer.on_phase("phase1", chunk, d)
+        t_wall = time.monotonic()
+        with self._phase("phase1", chunk):
+            baseline = await run_baseline(driver, d, spec.protocol)
+        self.times.observe("phase1", (chunk, d), time.monotonic() - t_wall)
+        self.store.save_raw(path, baseline.to_raw())
+        return baseline
+
+    async def _run_d(self, driver: EngineDriver, chunk: int, d: int, keys: list[Key]) -> None:
+        spec = self.spec
+        baseline = await self._baseline(driver, chunk, d)
+        pool = ProbePool(driver, chunk, d, spec.protocol, spec.fast_probe_tokens(chunk)) if spec.mode == "fast" else None
+        try:
+            if pool is not None:
+                pool.plan([p for key in keys for p in [key[2]] * self.status(key).reps_to_run])
+            for key in keys:
+                await self._run_config(driver, key, baseline, pool)
+            if pool is not None:
+                # Leftover probes must end before the next D's Phase 1. (On a deadline or an
+                # error the driver's close cancels them instead.)
+                with self._phase("phase2", chunk):
+                    await pool.drain()
+        finally:
+            if pool is not None:
+                self.reports[chunk].probe_sets += pool.sets_started
+
+    async def _run_config(self, driver: EngineDriver, key: Key, baseline: BaselineRun, pool: ProbePool | None) -> None:
+        spec = self.spec
+        chunk, d, p = key
+        report = self.reports[chunk]
+        point = PointSpec(chunk, d, p)
+
+        async def interfere(rep: int, base: BaselineRun) -> InterferenceRun:
+            for attempt in range(spec.retries + 1):
+                self._check("rep", key, f"repetition {rep} of B={chunk} D={d} P={p}")
+                self.observer.on_phase("phase2", chunk, d, p)
+                t_wall = time.monotonic()
+                try:
+                    with self._phase("phase2", chunk):
+                        if pool is not None:
+                            run = await pool.interfere(p, base.stats)
+                        else:
+                            run = await run_interference(driver, d, p, spec.protocol, base.stats)
+                except MeasurementError as exc:
+                    # No steady state, a probe that ended early, no recovery: nothing was
+                    # recorded; the run is repeated with fresh probes (fast mode starts a new set).
+                    if attempt == spec.retries:
+                        raise
+                    report.retries += 1
+                    self.observer.on_message(f"B={chunk} D={d} P={p} rep {rep}: {exc}; retrying")
+                    if pool is not None:
+                        with self._phase("phase2", chunk):
+                            await pool.drain(raise_failures=False)
+                    continue
+                self.times.observe("rep", key, time.monotonic() - t_wall)
+                if attempt:
+                    run.extra["retries"] = attempt
+                self._check_idle(run, key)
+                return run
+            raise AssertionError("unreachable")
+
+        def on_rep(rep: RepRecord) -> None:
+            report.reps_run += 1
+            self.observer.on_rep(key, rep, driver.info)
+
+        while True:
+            status = self.status(key)
+            if status.complete:
+                break
+            if status.complete_attempts and status.reps_to_run == spec.reps:
+                self.observer.on_message(
+                    f"B={chunk} D={d} P={p}: CV {status.cv_by_attempt[-1]:.1%} above {spec.cv.threshold:.0%}, "
+                    f"re-running (attempt {status.complete_attempts + 1})"
+                )
+            try:
+                await self._measure(driver, point, status, baseline, interfere, on_rep)
+            except MeasurementError as exc:
+                # Retries used up: leave this configuration incomplete (a rerun tries it again)
+                # and go on with the next; one stubborn point must not end a GPU session.
+                report.failed.append(key)
+                self.observer.on_message(f"B={chunk} D={d} P={p}: {exc}; skipped after {spec.retries} "
+                                         "retries (rerun the sweep to try it again)")
+                if pool is not None:
+                    await pool.drain(raise_failures=False)
+                return
+        self.observer.on_config(key, self.store.load_record(*key), status)
+
+    def _check_idle(self, run: InterferenceRun, key: Key) -> None:
+        """The evidence that no cooldown is needed: at every injection the engine runs exactly our
+        D probes and queues nothing (from its /metrics just before the prefill left)."""
+        before = run.metrics_before
+        if before is None:
+            return
+        running, waiting = before.get("num_requests_running"), before.get("num_requests_waiting")
+        if running is None or waiting is None:
+            return
+        run.extra["engine_at_injection"] = {"running": running, "waiting": waiting}
+        report = self.reports[key[0]]
+        report.injections_checked += 1
+        if running != key[1] or waiting != 0:
+            report.busy_at_injection += 1
+            self.observer.on_message(f"B={key[0]} D={key[1]} P={key[2]}: at injection the engine ran {running:g} "
+                                     f"and queued {waiting:g} requests (expected {key[1]} and 0)")
+
+    async def _measure(self, driver: EngineDriver, point: PointSpec, status: ConfigStatus, baseline: BaselineRun,
+                       interfere: Any, on_rep: Callable[[RepRecord], None]) -> None:
+        spec = self.spec
+        assert status.target_reps is not None
+        # measure_point runs one repetition per call here, so the cooldown sits between them.
+        for target in range(status.reps_recorded + 1, status.target_reps + 1):
+            await measure_point(
+                driver, point, spec.protocol, self.store, reps=target, mode=spec.mode, baseline=baseline,
+                on_rep=on_rep, interfere=interfere, summarise=self._summarise,
+            )
+            if spec.cooldown_s > 0:
+                self.observer.on_phase("cooldown", point.chunk_size, point.decode_batch_size, point.new_prefill_tokens)
+                with self._phase("cooldown", point.chunk_size):
+                    await asyncio.sleep(spec.cooldown_s)
+
+    # --- results ------------------------------------------------------------------------------
+
+    def _report(self, status: str, message: str | None, engine_s: float, wall_s: float) -> SweepReport:
+        complete = 0
+        for chunk, report in self.reports.items():
+            penalties: list[float | None] = []
+            report.flagged, report.rerun, report.reps_recorded, report.configs_complete = [], [], 0, 0
+            for key in (k for k in self.spec.points() if k[0] == chunk):
+                record = self.store.load_record(*key)
+                if record is None:
+                    continue
+                st = config_status(record.reps, self.spec.reps, self.spec.cv)
+                report.reps_recorded += len(record.reps)
+                report.configs_complete += st.complete
+                complete += st.complete
+                penalties.append(record.derived.tpot_penalty_p50_ms)
+                if st.flagged:
+                    report.flagged.append(key)
+                if st.complete_attempts > 1:
+                    report.rerun.append(key)
+            report.median_penalty_ms = median(penalties)
+        total = sum(r.configs for r in self.reports.values())
+        return SweepReport(self.reports, status, self.spec.mode, total, complete, wall_s, engine_s, message)
+
+    def _write_state(self, report: SweepReport) -> None:
+        """`sweep.json` beside the chunk directories: the spec and one entry per invocation."""
+        path = self.store.root / "sweep.json"
+        previous: list[Any] = []
+        try:
+            previous = json.loads(path.read_text(encoding="utf-8")).get("invocations", [])
+        except (OSError, ValueError, AttributeError):
+            previous = []
+        entry = {"finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **report.to_json()}
+        atomic_write_json(path, {"spec": self.spec.model_dump(mode="json"), "invocations": [*previous, entry]})

@@ -1,0 +1,409 @@
+"""The sweep file (`sweeps/*.yaml`): a pydantic schema, pure apart from `load_sweep`.
+
+Every model forbids unknown fields, so a typo is an error, not a silently ignored setting. Any
+problem becomes one line naming the file and the field, e.g.
+
+    sweeps/x.yaml: grid.decode_batch_sizes[2]: must be >= 0 (got -1)
+
+The reference for every field is docs/sweep.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pdexporter.errors import ConfigError
+from pdexporter.measure.protocol import ProtocolSettings
+from pdexporter.measure.window import expected_chunks
+
+Mode = Literal["faithful", "fast"]
+
+# The seed's 5 s "wait for KV eviction" between runs: kept in faithful mode, which follows the
+# seed step by step; fast mode needs none (docs/sweep.md, "Cooldown").
+FAITHFUL_COOLDOWN_S = 5.0
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+def _unique(values: list[int]) -> list[int]:
+    seen: set[int] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            raise ValueError(f"[{i}] = {value} appears twice")
+        seen.add(value)
+    return values
+
+
+class GridSpec(_Strict):
+    """The seed's independent variables; lists run in the order written."""
+
+    chunk_sizes: list[PositiveInt] = Field(min_length=1)
+    decode_batch_sizes: list[NonNegativeInt] = Field(min_length=1)
+    new_prefill_tokens: list[PositiveInt] = Field(min_length=1)
+
+    _check_unique = field_validator("chunk_sizes", "decode_batch_sizes", "new_prefill_tokens")(_unique)
+
+    @model_validator(mode="after")
+    def _budget(self) -> GridSpec:
+        for b in self.chunk_sizes:
+            for d in self.decode_batch_sizes:
+                if d >= b:
+                    raise ValueError(
+                        f"D={d} with chunk size {b}: the decodes would take the whole step budget "
+                        "and the prefill would never run"
+                    )
+        return self
+
+    @property
+    def size(self) -> int:
+        return len(self.chunk_sizes) * len(self.decode_batch_sizes) * len(self.new_prefill_tokens)
+
+
+class WarmupSpec(_Strict):
+    """After each engine start: put the shared probe prefix in the prefix cache, and run one cold
+    prefill of every P so first-shape JIT/autotune work (~1.3 s on a GPU) stays out of windows."""
+
+    prefix: bool = True
+    shapes: bool = True
+
+
+class CooldownSpec(_Strict):
+    """Faithful mode's idle wait after each Phase 2 run (None: the seed's 5 s). Fast mode never
+    idles: its probes keep decoding between injections, and the engine needs no wait (docs/sweep.md)."""
+
+    seconds: float | None = Field(None, ge=0)
+
+
+class CvSpec(_Strict):
+    """The seed's reproducibility criterion: CV of the penalty over one attempt's reps."""
+
+    threshold: float = Field(0.15, gt=0)
+    max_reruns: int = Field(1, ge=0)
+
+
+class FastSpec(_Strict):
+    """Fast mode: probe streams live across injections until their context has grown by this much
+    beyond decode_context_tokens (then a fresh set starts), keeping context near the seed's 4096."""
+
+    max_context_drift_tokens: int = Field(512, ge=1)
+
+
+class LocalLauncherSpec(_Strict):
+    """Start the engine from a command template; {chunk} and every key of `vars` are filled in."""
+
+    kind: Literal["local"]
+    command: str = Field(min_length=1)
+    url: str = "http://127.0.0.1:8000"
+    vars: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    health_timeout_s: float = Field(600.0, gt=0)
+    stop_timeout_s: float = Field(60.0, gt=0)
+    adopt: bool = True
+
+    @field_validator("command")
+    @classmethod
+    def _has_chunk(cls, value: str) -> str:
+        if "{chunk}" not in value:
+            raise ValueError("must contain {chunk} (where --max-num-batched-tokens goes)")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _check_url(value)
+
+
+class ExternalLauncherSpec(_Strict):
+    """An engine someone else runs; `chunk_size` is its --max-num-batched-tokens."""
+
+    kind: Literal["external"]
+    url: str
+    chunk_size: int | None = Field(None, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _check_url(value)
+
+
+class SimLauncherSpec(_Strict):
+    """The embedded engine: `virtual` clock in-process (seconds for a whole grid), or `real` time
+    over HTTP (a child `pdexporter sim serve`)."""
+
+    kind: Literal["sim"]
+    profile: str = "h200-qwen3-coder-30b-a3b"
+    clock: Literal["virtual", "real"] = "virtual"
+
+
+class KubernetesLauncherSpec(_Strict):
+    """Change the chunk size of an engine deployed on Kubernetes, then wait for the rollout.
+
+    `helm`: `helm upgrade RELEASE CHART --reuse-values --set VALUE_KEY=CHUNK --wait`.
+    `kubectl`: patch DEPLOYMENT's container args (`--max-num-batched-tokens=CHUNK`), then
+    `kubectl rollout status`. Either way the engine must answer at `url` afterwards."""
+
+    kind: Literal["kubernetes"]
+    tool: Literal["helm", "kubectl"] = "helm"
+    url: str
+    namespace: str | None = None
+    kube_context: str | None = None
+    release: str | None = None
+    chart: str | None = None
+    value_key: str = "vllm.maxNumBatchedTokens"
+    deployment: str | None = None
+    container: int = Field(0, ge=0)
+    arg_name: str = "--max-num-batched-tokens"
+    rollout_timeout_s: float = Field(900.0, gt=0)
+    health_timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _check_url(value)
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> KubernetesLauncherSpec:
+        if self.tool == "helm" and (not self.release or not self.chart):
+            raise ValueError("tool helm needs release and chart")
+        if self.tool == "kubectl" and not self.deployment:
+            raise ValueError("tool kubectl needs deployment")
+        return self
+
+
+LauncherSpec = Annotated[
+    LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec,
+    Field(discriminator="kind"),
+]
+
+
+def _check_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+class SweepSpec(_Strict):
+    name: str | None = None
+    model: str | None = None  # served model name; default: the engine's first
+    gpu: str | None = None  # recorded in every record's config.gpu
+    grid: GridSpec
+    reps: int = Field(5, ge=1)
+    mode: Mode = "faithful"
+    retries: int = Field(2, ge=0)  # per repetition, after a MeasurementError (e.g. no steady state)
+    protocol: ProtocolSettings = ProtocolSettings()
+    warmup: WarmupSpec = WarmupSpec()
+    cooldown: CooldownSpec = CooldownSpec()
+    cv: CvSpec = CvSpec()
+    fast: FastSpec = FastSpec()
+    launcher: LauncherSpec = SimLauncherSpec(kind="sim")
+    output: str = "results"
+    listen: str | None = None
+
+    @model_validator(mode="after")
+    def _cross(self) -> SweepSpec:
+        launcher = self.launcher
+        if isinstance(launcher, ExternalLauncherSpec):
+            if launcher.chunk_size is None:
+                raise ValueError(
+                    "launcher.chunk_size: required for an external engine (pdexporter cannot set its "
+                    "--max-num-batched-tokens; say what it was started with)"
+                )
+            wrong = [b for b in self.grid.chunk_sizes if b != launcher.chunk_size]
+            if wrong:
+                raise ValueError(
+                    f"grid.chunk_sizes: {wrong} cannot be set on the external engine, which runs with "
+                    f"chunk size {launcher.chunk_size}; use a launcher that owns the engine "
+                    "(local, sim, kubernetes)"
+                )
+        if self.listen is not None:
+            from pdexporter.exporter.server import parse_listen
+
+            try:
+                parse_listen(self.listen)
+            except ConfigError as exc:
+                raise ValueError(f"listen: {exc}") from None
+        return self
+
+    @property
+    def cooldown_s(self) -> float:
+        if self.mode == "fast":
+            return 0.0
+        return FAITHFUL_COOLDOWN_S if self.cooldown.seconds is None else self.cooldown.seconds
+
+    def points(self) -> Iterator[tuple[int, int, int]]:
+        """(chunk size, D, P) in run order."""
+        for b in self.grid.chunk_sizes:
+            for d in self.grid.decode_batch_sizes:
+                for p in self.grid.new_prefill_tokens:
+                    yield (b, d, p)
+
+    def fast_probe_tokens(self, chunk_size: int) -> int:
+        """max_tokens of a fast-mode probe: room for the drift, and for the largest window."""
+        s = self.protocol
+        largest = max(
+            injection_tokens(s, chunk_size, d, max(self.grid.new_prefill_tokens))
+            for d in self.grid.decode_batch_sizes
+        )
+        return s.inject_at_tokens + max(self.fast.max_context_drift_tokens, largest)
+
+
+def injection_tokens(settings: ProtocolSettings, chunk_size: int, d: int, p: int) -> int:
+    """Tokens one probe stream spends on one injection: steady check, the window (chunks plus the
+    step or two of async-scheduling lag), the recovery intervals, and a margin."""
+    return settings.steady_last_intervals + expected_chunks(p, chunk_size, d) + 4 + settings.after_intervals + 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and one-line errors
+
+
+def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepSpec:
+    """Read a sweep file; `overrides` are dotted keys (`mode`, `launcher.clock`) from the CLI."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: {where}not valid YAML ({problem})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sweep settings at the top level")
+    for key, value in (overrides or {}).items():
+        _set_dotted(data, key, value)
+    return parse_sweep(data, str(path))
+
+
+def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepSpec:
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {format_validation_error(exc, SweepSpec)}") from None
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[last] = value
+
+
+_KINDS = {"local", "external", "sim", "kubernetes"}
+
+
+def _loc_text(loc: tuple[Any, ...]) -> str:
+    out = ""
+    parts = list(loc)
+    for i, part in enumerate(parts):
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        # Discriminated unions put the tag in the location ("launcher.local.url"): drop it.
+        if i > 0 and parts[i - 1] == "launcher" and part in _KINDS:
+            continue
+        if "[" in str(part) or "function-after" in str(part):
+            continue
+        out += ("." if out else "") + str(part)
+    return out
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """Allowed field names of the model that `loc` (minus its last part) points into."""
+    by_kind: dict[str, type[BaseModel]] = {
+        "local": LocalLauncherSpec,
+        "external": ExternalLauncherSpec,
+        "sim": SimLauncherSpec,
+        "kubernetes": KubernetesLauncherSpec,
+    }
+    current: Any = model
+    previous: Any = None
+    for part in loc[:-1]:
+        if previous == "launcher" and part in by_kind:
+            current = by_kind[part]
+        elif isinstance(current, type) and issubclass(current, BaseModel) and str(part) in current.model_fields:
+            current = current.model_fields[str(part)].annotation
+        elif not isinstance(part, int):
+            return None
+        previous = part
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return None
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """The first error as `field.path[i]: what is wrong (got value)`."""
+    error = exc.errors(include_url=False)[0]
+    loc = tuple(error.get("loc", ()))
+    kind = error.get("type", "")
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    where = _loc_text(loc)
+    got = f" (got {value!r:.60})" if kind not in ("missing", "extra_forbidden") and not isinstance(value, dict) else ""
+    if kind == "greater_than_equal":
+        what = f"must be >= {ctx.get('ge')}"
+    elif kind == "greater_than":
+        what = f"must be > {ctx.get('gt')}"
+    elif kind == "less_than_equal":
+        what = f"must be <= {ctx.get('le')}"
+    elif kind == "less_than":
+        what = f"must be < {ctx.get('lt')}"
+    elif kind == "missing":
+        what = "required field is missing"
+    elif kind == "extra_forbidden":
+        allowed = _fields_at(model, loc)
+        what = "unknown field" + (f" (expected one of: {', '.join(allowed)})" if allowed else "")
+    elif kind == "literal_error":
+        what = f"must be one of {ctx.get('expected')}"
+    elif kind == "union_tag_invalid":
+        where = f"{where}.kind" if where else "kind"
+        what = f"must be one of {ctx.get('expected_tags')}"
+        got = f" (got {ctx.get('tag')!r})"
+    elif kind == "union_tag_not_found":
+        where = f"{where}.kind" if where else "kind"
+        what = "required field is missing (local, external, sim or kubernetes)"
+        got = ""
+    elif kind in ("int_type", "int_parsing", "int_from_float"):
+        what = "must be an integer"
+    elif kind in ("float_type", "float_parsing"):
+        what = "must be a number"
+    elif kind in ("bool_type", "bool_parsing"):
+        what = "must be true or false"
+    elif kind in ("string_type",):
+        what = "must be a string"
+    elif kind in ("list_type",):
+        what = "must be a list"
+    elif kind in ("too_short",):
+        what = f"must have at least {ctx.get('min_length')} item(s)"
+    elif kind == "value_error":
+        what = str(error.get("msg", "")).removeprefix("Value error, ")
+        # Model-level checks name their own field ("grid.chunk_sizes: ..."); list checks "[i] = v".
+        if what.startswith("[") and where:
+            head, _, rest = what.partition(" ")
+            return f"{where}{head} {rest}"
+        if not where or ":" in what.split(" ")[0]:
+            return what
+        got = ""
+    else:
+        what = str(error.get("msg", kind))
+    return f"{where}: {what}{got}" if where else f"{what}{got}"

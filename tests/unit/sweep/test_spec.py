@@ -1,0 +1,140 @@
+"""The sweep file format: shipped files load, wrong fields are one-line errors naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdexporter.errors import ConfigError
+from pdexporter.sweep.spec import (
+    ExternalLauncherSpec,
+    LocalLauncherSpec,
+    SimLauncherSpec,
+    load_sweep,
+    parse_sweep,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+SEED_D = [0, 1, 2, 4, 6, 8, 12]
+SEED_P = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+GRID = {"chunk_sizes": [8192], "decode_batch_sizes": [0, 4], "new_prefill_tokens": [512]}
+
+
+def error_of(data: dict, source: str = "sweeps/x.yaml") -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_sweep(data, source)
+    text = str(info.value)
+    assert "\n" not in text
+    return text
+
+
+def test_seed_file_is_the_seeds_full_grid() -> None:
+    spec = load_sweep(ROOT / "sweeps" / "seed.yaml")
+    assert sorted(spec.grid.chunk_sizes) == [2048, 4096, 8192, 16384]
+    assert spec.grid.decode_batch_sizes == SEED_D and spec.grid.new_prefill_tokens == SEED_P
+    assert spec.grid.size == 196 and len(list(spec.points())) == 196
+    assert spec.reps == 5 and spec.mode == "faithful" and spec.cooldown_s == 5.0
+    assert spec.protocol.decode_context_tokens == 4096 and spec.protocol.decode_output_tokens == 256
+    assert spec.cv.threshold == 0.15
+
+
+def test_reduced_is_chunk_8192_only() -> None:
+    spec = load_sweep(ROOT / "sweeps" / "reduced.yaml")
+    assert spec.grid.chunk_sizes == [8192] and spec.grid.size == 49
+
+
+def test_h200_file_runs_the_gpu_readme_command_fast() -> None:
+    spec = load_sweep(ROOT / "sweeps" / "h200.yaml")
+    assert spec.mode == "fast" and spec.reps == 5 and spec.gpu == "H200" and spec.cooldown_s == 0
+    assert spec.grid.chunk_sizes == [8192, 2048, 4096, 16384]
+    launcher = spec.launcher
+    assert isinstance(launcher, LocalLauncherSpec)
+    assert 300 <= launcher.health_timeout_s <= 600
+    for needle in ("PYTHONPATH=/tmp/site", "VLLM_USE_FLASHINFER_SAMPLER=0", "vllm.entrypoints.cli.main serve",
+                   "--max-num-batched-tokens {chunk}", "--enable-logging-iteration-details", "--load-format dummy",
+                   "--enable-prefix-caching", "--enable-chunked-prefill", "--max-model-len 200000"):
+        assert needle in launcher.command
+
+
+def test_quick_runs_on_the_embedded_engine() -> None:
+    spec = load_sweep(ROOT / "sweeps" / "quick.yaml")
+    assert isinstance(spec.launcher, SimLauncherSpec) and spec.launcher.clock == "virtual"
+    assert spec.grid.size <= 16
+
+
+def test_the_briefs_example_error() -> None:
+    data = {"grid": {**GRID, "decode_batch_sizes": [0, 4, -1]}}
+    assert error_of(data) == "sweeps/x.yaml: grid.decode_batch_sizes[2]: must be >= 0 (got -1)"
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        ({"modee": "fast"}, "sweeps/x.yaml: modee: unknown field (expected one of: name,"),
+        ({"mode": "quick"}, "sweeps/x.yaml: mode: must be one of 'faithful' or 'fast' (got 'quick')"),
+        ({"reps": 0}, "sweeps/x.yaml: reps: must be >= 1 (got 0)"),
+        ({"launcher": {"kind": "docker"}}, "sweeps/x.yaml: launcher.kind: must be one of"),
+        ({"launcher": {"kind": "local", "command": "vllm serve"}}, "sweeps/x.yaml: launcher.command: must contain {chunk}"),
+        ({"launcher": {"kind": "local", "command": "x {chunk}", "health_timeout": 1}},
+         "sweeps/x.yaml: launcher.health_timeout: unknown field (expected one of: kind, command,"),
+        ({"launcher": {"kind": "external", "url": "http://e:8000"}}, "sweeps/x.yaml: launcher.chunk_size: required"),
+        ({"launcher": {"kind": "external", "url": "http://e:8000", "chunk_size": 2048}},
+         "sweeps/x.yaml: grid.chunk_sizes: [8192] cannot be set on the external engine"),
+        ({"launcher": {"kind": "kubernetes", "url": "http://e:8000", "tool": "kubectl"}},
+         "sweeps/x.yaml: launcher: tool kubectl needs deployment"),
+        ({"protocol": {"decode_output_tokens": 40}}, "sweeps/x.yaml: protocol: decode_output_tokens=40 leaves no room"),
+        ({"cv": {"threshold": 0}}, "sweeps/x.yaml: cv.threshold: must be > 0"),
+        ({"listen": "host:port"}, "sweeps/x.yaml: listen:"),
+        ({"grid": {**GRID, "chunk_sizes": [8192, 8192]}}, "sweeps/x.yaml: grid.chunk_sizes[1] = 8192 appears twice"),
+        ({"grid": {**GRID, "chunk_sizes": [4]}}, "sweeps/x.yaml: grid: D=4 with chunk size 4"),
+        ({"grid": {**GRID, "new_prefill_tokens": "many"}}, "sweeps/x.yaml: grid.new_prefill_tokens: must be a list"),
+    ],
+)
+def test_errors_name_the_field(patch: dict, expected: str) -> None:
+    assert error_of({"grid": GRID, **patch}).startswith(expected)
+
+
+def test_missing_grid() -> None:
+    assert error_of({}) == "sweeps/x.yaml: grid: required field is missing"
+
+
+def test_external_engine_with_its_chunk_size_is_accepted() -> None:
+    spec = parse_sweep({"grid": GRID, "launcher": {"kind": "external", "url": "http://e:8000/", "chunk_size": 8192}})
+    assert isinstance(spec.launcher, ExternalLauncherSpec) and spec.launcher.url == "http://e:8000"
+
+
+def test_cooldown_defaults_follow_the_mode() -> None:
+    assert parse_sweep({"grid": GRID, "mode": "faithful"}).cooldown_s == 5.0
+    assert parse_sweep({"grid": GRID, "mode": "fast"}).cooldown_s == 0.0
+    assert parse_sweep({"grid": GRID, "mode": "faithful", "cooldown": {"seconds": 2}}).cooldown_s == 2.0
+    # Fast mode never idles (its probes would run out while waiting).
+    assert parse_sweep({"grid": GRID, "mode": "fast", "cooldown": {"seconds": 2}}).cooldown_s == 0.0
+
+
+def test_yaml_errors_and_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("grid:\n  chunk_sizes: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line \d+: not valid YAML"):
+        load_sweep(bad)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="list.yaml: expected a mapping"):
+        load_sweep(listed)
+    with pytest.raises(ConfigError, match="nope.yaml: cannot read"):
+        load_sweep(tmp_path / "nope.yaml")
+
+
+def test_overrides_are_validated_like_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("grid:\n  chunk_sizes: [2048]\n  decode_batch_sizes: [1]\n  new_prefill_tokens: [512]\n")
+    assert load_sweep(path, {"mode": "fast", "reps": 2}).mode == "fast"
+    with pytest.raises(ConfigError, match="s.yaml: mode: must be one of"):
+        load_sweep(path, {"mode": "turbo"})
+
+
+def test_fast_probes_have_room_for_the_largest_window() -> None:
+    spec = parse_sweep({"grid": {"chunk_sizes": [2048], "decode_batch_sizes": [12], "new_prefill_tokens": [32768]},
+                        "mode": "fast", "fast": {"max_context_drift_tokens": 8}})
+    # 17 chunks of 2036 tokens + recovery: a probe must carry at least one whole window.
+    assert spec.fast_probe_tokens(2048) >= 32 + 17 + 32
