@@ -71,3 +71,12 @@ def test_unreadable_record_is_a_record_error(tmp_path: Path) -> None:
     path.mkdir()  # a directory where a record should be: unreadable even for root
     with pytest.raises(RecordError, match="cannot read"):
         load_record_file(path)
+
+
+def test_atomic_writes_get_the_usual_file_mode(tmp_path: Path) -> None:
+    import os
+
+    target = atomic_write_json(tmp_path / "r.json", {"ok": 1})
+    mask = os.umask(0)
+    os.umask(mask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~mask
