@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import measure
+    from pdexporter.cli import decide, export_table, measure, report
 
-    for module in (measure,):
+    for module in (measure, export_table, report, decide):
         module.register(app)
 
 
