@@ -82,8 +82,7 @@ def heatmap(table: pd.DataFrame) -> Plot:
     finite = table["penalty_ratio"].to_numpy(np.float64)
     finite = finite[np.isfinite(finite)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    cmap = matplotlib.colormaps["magma_r"].copy()
-    cmap.set_bad("#dddddd")
+    cmap = matplotlib.colormaps["magma_r"].with_extremes(bad="#dddddd")
     image = None
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax, b in zip(axes.ravel(), sizes):

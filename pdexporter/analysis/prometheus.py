@@ -6,11 +6,18 @@ as `pdexporter_window_*` gauges and counts windows in `pdexporter_windows_total`
 therefore an *increment* of that counter: at the evaluation step where the counter of a label set
 went up, the gauges of the same label set (same scrape) hold that window's values.
 
-We ask the HTTP API's `query_range` for the counter and each gauge over [from - step, to] with
-one step (default 1 s; the range is split so no request exceeds Prometheus' 11 000 points). The
-extra step before `from` tells an old window (counter already at its value) from one born in the
-range. Two windows of one label set within one scrape interval show as one increment of 2: only
-the second window's values exist anywhere, so it is kept and the loss is counted and reported.
+We ask the HTTP API's `query_range`, at one step s (default 1 s), for
+
+    increments:  (C - C offset s) > 0  or  (C unless C offset s) > 0  or  (C < C offset s)
+
+(C = pdexporter_windows_total: a rise within the step; a series born within it; a counter reset),
+and for each gauge G: `G and (increments)`: its values only at those steps. So the answer grows
+with the number of windows, not with the length of the range. A range longer than 11 000 steps
+(Prometheus' limit) is split into several requests.
+
+Two windows of one label set within one step show as one increment of 2: only the second window's
+values exist anywhere, so it is kept and the loss is counted and reported (use a step no longer
+than the scrape interval, and scrape more often than windows happen).
 
 Each rebuilt window becomes one "repetition" of its grid point (`table.ConfigSamples`), so the
 table, fits and criteria are the same code as for records.
@@ -73,9 +80,13 @@ def parse_duration(text: str) -> float:
     """Prometheus-style durations: 90s, 5m, 1h30m, 1.5h; a bare number is seconds."""
     t = text.strip()
     try:
-        return float(t)
+        seconds = float(t)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(text)
+        return seconds
     pos, total = 0, 0.0
     for match in _DURATION_RE.finditer(t):
         if match.start() != pos:
@@ -240,12 +251,11 @@ def _value(text: str) -> float | None:
 
 
 def windows_from_series(
-    counter: Sequence[Mapping[str, Any]],
+    increments: Sequence[Mapping[str, Any]],
     gauges: Mapping[str, Sequence[Mapping[str, Any]]],
-    start: float,
 ) -> Reconstruction:
-    """Windows = increments of the counter at evaluation times >= start; values from the gauges
-    of the same label set at the same time (see the module docs)."""
+    """One window per point of the increments matrix (value = how much the counter rose in that
+    step); its values are the gauges of the same label set at the same evaluation time."""
     gauge_at: dict[str, dict[tuple[tuple[str, str], ...], dict[float, float | None]]] = {}
     for name, series_list in gauges.items():
         table: dict[tuple[tuple[str, str], ...], dict[float, float | None]] = {}
@@ -255,23 +265,14 @@ def windows_from_series(
     windows: list[Window] = []
     missed = 0
     skipped: list[str] = []
-    for series in counter:
+    for series in increments:
         labels = _labels(series["metric"])
         if not all(k in dict(labels) for k in GRID):
             skipped.append(str(dict(labels)))
             continue
-        previous: float | None = None
         for ts_raw, text in series["values"]:
-            ts, value = float(ts_raw), _value(text)
-            if value is None:
-                continue
-            if ts < start:
-                previous = value
-                continue
-            base = 0.0 if previous is None or value < previous else previous  # born here, or reset
-            increase = value - base
-            previous = value
-            if increase < 0.5:
+            ts, increase = float(ts_raw), _value(text)
+            if increase is None or increase < 0.5:
                 continue
             missed += int(round(increase)) - 1
             values: dict[str, float | int | None] = {}
@@ -286,6 +287,16 @@ def windows_from_series(
             windows.append(Window(labels, ts, values))
     windows.sort(key=lambda w: (w.time, w.labels))
     return Reconstruction(windows, missed, skipped)
+
+
+def increments_query(step: float) -> str:
+    c, s = m.WINDOWS, f"{int(round(step * 1000))}ms"
+    return (f"(({c} - {c} offset {s}) > 0) or (({c} unless {c} offset {s}) > 0) "
+            f"or ({c} < {c} offset {s})")
+
+
+def at_increments_query(gauge: str, step: float) -> str:
+    return f"{gauge} and ({increments_query(step)})"
 
 
 def _rep(window: Window) -> dict[str, float | int | None]:
@@ -349,18 +360,16 @@ class PullResult:
 def pull(api: PrometheusAPI, start: float, end: float, step: float = 1.0) -> PullResult:
     if end <= start:
         raise ConfigError(f"--from {_iso(start)} is not before --to {_iso(end)}")
-    if step <= 0:
-        raise ConfigError(f"--step {step:g}: must be > 0")
-    q0 = start - step
-    counter = api.query_range(m.WINDOWS, q0, end, step)
-    if not counter:
-        raise PrometheusError(f"Prometheus at {api.base_url} has no {m.WINDOWS} series between {_iso(start)} and "
-                              f"{_iso(end)}: no exporter windows to tabulate")
-    gauges = {name: api.query_range(name, q0, end, step) for name in WINDOW_GAUGES}
-    rebuilt = windows_from_series(counter, gauges, start)
+    if step < 0.001:
+        raise ConfigError(f"--step {step:g}: must be at least 1 ms")
+    increments = api.query_range(increments_query(step), start, end, step)
+    gauges = {name: api.query_range(at_increments_query(name, step), start, end, step) for name in WINDOW_GAUGES}
+    rebuilt = windows_from_series(increments, gauges)
     if not rebuilt.windows:
-        raise PrometheusError(f"Prometheus at {api.base_url}: {m.WINDOWS} did not increase between {_iso(start)} "
-                              f"and {_iso(end)}: no new windows in that range")
-    engines = engines_from_series(api.query_range(m.ENGINE_INFO, q0, end, step))
+        raise PrometheusError(f"Prometheus at {api.base_url} shows no new {m.WINDOWS} between {_iso(start)} and "
+                              f"{_iso(end)}: no exporter windows in that range to tabulate")
+    # Only the labels matter here; a step within the 5-minute lookback still sees every series.
+    info_step = min(max(step, (end - start) / 1000), 300.0)
+    engines = engines_from_series(api.query_range(m.ENGINE_INFO, start, end, info_step))
     samples = samples_from_windows(rebuilt.windows, engines, source=f"prometheus {api.base_url}")
     return PullResult(samples, len(rebuilt.windows), rebuilt.missed, start, end, step)
