@@ -26,9 +26,7 @@ import pandas as pd
 from pdexporter import __version__
 from pdexporter.analysis.models import CostModel, FitReport, num_chunks
 
-DEFAULT_TRANSFER_MS = 50.0
-DECISION_SCHEMA = "pdexporter.decision/v1"
-DECISION_JSON = "decision.json"
+from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
 
 
 def break_even_frame(table: pd.DataFrame, model: CostModel, transfer_ms: float = DEFAULT_TRANSFER_MS) -> pd.DataFrame:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -102,15 +102,21 @@ class FitData:
     cost_ms: np.ndarray  # aggregate: D x total_interference_ms
     total_ms: np.ndarray  # per stream
     steps: tuple[tuple[tuple[float, tuple[float, ...]], ...], ...]  # per point: (baseline, slow step times) per rep
+    design: Design | None = field(default=None, repr=False, compare=False)  # context-aware rows, if built
 
     def __len__(self) -> int:
         return int(self.decode.size)
+
+    def with_design(self) -> FitData:
+        """The same data with the context-aware fit's rows built once (cross-validation reuses them)."""
+        return self if self.design is not None else replace(self, design=_design(self))
 
     def subset(self, index: np.ndarray) -> FitData:
         index = np.asarray(index, dtype=np.int64)
         return FitData(
             self.chunk_size[index], self.decode[index], self.prefill[index], self.cost_ms[index],
             self.total_ms[index], tuple(self.steps[i] for i in index),
+            self.design.rows_of(index) if self.design is not None else None,
         )
 
     @property
@@ -288,14 +294,35 @@ def fit_seed_model(data: FitData) -> SeedModel:
                       for b, c in cells.items()})
 
 
-def _design(data: FitData) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Rows of the context-aware fit: per mixed step where the steps line up, else per point.
-    Also returns each row's cluster (one per repetition, or per point): rows of one repetition
-    share its noise, so standard errors are clustered on it."""
+@dataclass(frozen=True)
+class Design:
+    """Rows of the context-aware fit. `point` says which grid point each row comes from (so
+    cross-validation can drop a point's rows), `group` which repetition (rows of one repetition
+    share its noise: standard errors are clustered on it)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    point: np.ndarray
+    group: np.ndarray
+    is_step: np.ndarray
+
+    def rows_of(self, points: np.ndarray) -> Design:
+        """The rows of these points, renumbered as in `FitData.subset(points)`."""
+        points = np.asarray(points, dtype=np.int64)
+        renumber = np.full(int(self.point.max(initial=-1)) + 1, -1, dtype=np.int64)
+        renumber[points] = np.arange(points.size)
+        keep = np.isin(self.point, points)
+        return Design(self.x[keep], self.y[keep], renumber[self.point[keep]], self.group[keep], self.is_step[keep])
+
+
+def _design(data: FitData) -> Design:
+    """Per mixed step where a repetition's slow steps line up with the chunk schedule (one row per
+    step), else one row per grid point with its mean chunk penalty."""
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
+    points: list[np.ndarray] = []
     groups: list[np.ndarray] = []
-    n_steps = n_points = 0
+    steps: list[np.ndarray] = []
     cluster = 0
     n_all = data.chunks
     for i in range(len(data)):
@@ -304,26 +331,32 @@ def _design(data: FitData) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int
         if usable:
             chunks = np.asarray(chunk_schedule(p, b, d), np.float64)
             prefix = np.concatenate([[0.0], np.cumsum(chunks)[:-1]])
-            q = attention_pairs(chunks, prefix)
-            for base, times in usable:
-                xs.append(np.column_stack([np.ones(n), np.full(n, d), chunks, q]))
-                ys.append(np.asarray(times, np.float64) - base)
-                groups.append(np.full(n, cluster))
-                cluster += 1
-                n_steps += n
+            block = np.column_stack([np.ones(n), np.full(n, float(d)), chunks, attention_pairs(chunks, prefix)])
+            k = len(usable)
+            xs.append(np.tile(block, (k, 1)))
+            ys.append(np.concatenate([np.asarray(times, np.float64) - base for base, times in usable]))
+            groups.append(np.repeat(np.arange(cluster, cluster + k), n))
+            cluster += k
+            points.append(np.full(n * k, i))
+            steps.append(np.ones(n * k, dtype=bool))
         else:
             xs.append(np.array([[1.0, d, p / n, p * (p + 1) / (2 * n)]]))
             ys.append(np.array([data.total_ms[i] / n]))
             groups.append(np.array([cluster]))
             cluster += 1
-            n_points += 1
+            points.append(np.array([i]))
+            steps.append(np.zeros(1, dtype=bool))
     if not xs:
-        return np.empty((0, 4)), np.empty(0), np.empty(0, np.int64), 0, 0
-    return np.vstack(xs), np.concatenate(ys), np.concatenate(groups), n_steps, n_points
+        empty = np.empty(0, np.int64)
+        return Design(np.empty((0, 4)), np.empty(0), empty, empty, np.empty(0, dtype=bool))
+    return Design(np.vstack(xs), np.concatenate(ys), np.concatenate(points), np.concatenate(groups),
+                  np.concatenate(steps))
 
 
 def fit_context_model(data: FitData) -> ContextAwareModel:
-    x, y, groups, n_steps, n_points = _design(data)
+    design = data.design if data.design is not None else _design(data)
+    x, y, groups = design.x, design.y, design.group
+    n_steps, n_points = int(design.is_step.sum()), int((~design.is_step).sum())
     if y.size == 0:
         raise ValueError("no grid point with D >= 1 and a measured cost to fit")
     active = [0, 1, 2, 3]
@@ -349,11 +382,10 @@ def fit_context_model(data: FitData) -> ContextAwareModel:
 def _clustered_stderr(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray) -> list[float]:
     """Cluster-robust (sandwich) standard errors with the usual small-sample factor."""
     bread = np.linalg.inv(x.T @ x)
-    labels = np.unique(groups)
-    meat = np.zeros((x.shape[1], x.shape[1]))
-    for g in labels:
-        score = x[groups == g].T @ residuals[groups == g]
-        meat += np.outer(score, score)
+    labels, index = np.unique(groups, return_inverse=True)
+    scores = np.zeros((labels.size, x.shape[1]))
+    np.add.at(scores, index, x * residuals[:, None])
+    meat = scores.T @ scores
     m, n, k = labels.size, x.shape[0], x.shape[1]
     factor = (m / max(m - 1, 1)) * ((n - 1) / max(n - k, 1))
     cov = factor * bread @ meat @ bread
@@ -474,6 +506,7 @@ def fit_models(data: FitData) -> FitReport:
     """Fit both models on everything, score them held out, choose the better one."""
     if len(data) == 0:
         raise ValueError("no grid point with D >= 1 and a measured cost to fit")
+    data = data.with_design()
     primary = LEAVE_P_OUT if np.unique(data.prefill).size >= 3 else KFOLD
     fits: dict[str, ModelFit] = {}
     for name, fitter in FITTERS.items():

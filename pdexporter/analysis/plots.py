@@ -27,6 +27,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from pdexporter._internal.atomic import atomic_write_bytes
 from pdexporter.analysis.breakeven import DEFAULT_TRANSFER_MS, offload_region
@@ -60,6 +61,16 @@ def _metadata(fmt: str) -> dict[str, str | None]:
     return {}
 
 
+# Plain numbers on log axes: matplotlib's default 10^k labels go through mathtext, which costs
+# more than drawing the rest of a figure.
+_PLAIN = FuncFormatter(lambda value, _pos: f"{value:g}")
+
+
+def _plain_log_axis(axis) -> None:  # type: ignore[no-untyped-def]
+    axis.set_major_formatter(_PLAIN)
+    axis.set_minor_formatter(NullFormatter())
+
+
 def _title(text: str, modelled: bool) -> str:
     return f"{MODELLED_TAG}: {text}" if modelled else text
 
@@ -87,9 +98,11 @@ def heatmap(table: pd.DataFrame) -> Plot:
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax, b in zip(axes.ravel(), sizes):
         rows = table[table["chunk_size"] == b]
-        grid = rows.pivot_table(index="decode_batch_size", columns="new_prefill_tokens", values="penalty_ratio",
-                                aggfunc="first", dropna=False).reindex(index=decodes, columns=prefills)
-        values = grid.to_numpy(np.float64)
+        values = np.full((len(decodes), len(prefills)), np.nan)
+        row_of = {d: i for i, d in enumerate(decodes)}
+        col_of = {p: j for j, p in enumerate(prefills)}
+        for d, p, ratio in zip(rows["decode_batch_size"], rows["new_prefill_tokens"], rows["penalty_ratio"]):
+            values[row_of[int(d)], col_of[int(p)]] = ratio
         image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, aspect="auto", origin="lower",
                           vmin=vmin, vmax=vmax)
         ax.set_xticks(range(len(prefills)), [_tokens(p) for p in prefills], fontsize=8)
@@ -144,6 +157,7 @@ def chunk_sensitivity(table: pd.DataFrame, decode_batch_size: int | None = None)
         for p, group in rows.sort_values("chunk_size").groupby("new_prefill_tokens"):
             ax.plot(group["chunk_size"], group[column], marker="o", label=f"P={_tokens(p)}")
         ax.set_xscale("log", base=2)
+        _plain_log_axis(ax.xaxis)
         sizes = sorted(int(b) for b in rows["chunk_size"].unique())
         if sizes:
             ax.set_xticks(sizes, [str(b) for b in sizes])
@@ -152,6 +166,7 @@ def chunk_sensitivity(table: pd.DataFrame, decode_batch_size: int | None = None)
         ax.set_ylabel(label)
         if column != "tpot_penalty_ms" and len(rows) and (rows[column] > 0).any():
             ax.set_yscale("log")
+            _plain_log_axis(ax.yaxis)
         ax.grid(True, which="both", alpha=0.3)
     if len(rows):
         axes[2].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -178,7 +193,8 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
     cost = np.clip(region.cost_ms, 1e-3, None)
     mesh = ax.pcolormesh(prefills, decodes, cost, norm=LogNorm(vmin=cost.min(), vmax=max(cost.max(), cost.min() * 10)),
                          cmap="viridis", shading="nearest", rasterized=True)
-    fig.colorbar(mesh, ax=ax, label=f"modelled aggregate interference (ms), {model.name}")
+    bar = fig.colorbar(mesh, ax=ax, label=f"modelled aggregate interference (ms), {model.name}")
+    _plain_log_axis(bar.ax.yaxis)
     if (region.cost_ms > transfer_ms).any() and (region.cost_ms <= transfer_ms).any():
         ax.contour(prefills, decodes, region.cost_ms, levels=[transfer_ms], colors="white", linewidths=2)
     ax.contourf(prefills, decodes, region.offload.astype(float), levels=[0.5, 1.5], colors="none", hatches=["//"])
@@ -189,6 +205,7 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
     ax.scatter(loses["new_prefill_tokens"], loses["decode_batch_size"], marker="o", s=50, facecolors="none",
                edgecolors="red", label="measured: keep local")
     ax.set_xscale("log", base=2)
+    _plain_log_axis(ax.xaxis)
     ticks = sorted(int(p) for p in fitted["new_prefill_tokens"].unique()) if len(fitted) else []
     if ticks:
         ax.set_xticks(ticks, [_tokens(p) for p in ticks])

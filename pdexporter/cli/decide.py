@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pdexporter.analysis.breakeven import DECISION_JSON, DECISION_SCHEMA, evaluate_decision
+from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
 
@@ -52,6 +52,8 @@ def decide(
     else:
         path = model or Path("results") / DECISION_JSON
         doc = load_decision(path)
+    from pdexporter.analysis.breakeven import evaluate_decision
+
     verdict = evaluate_decision(doc, decode_batch_size, new_prefill_tokens, chunk_size, transfer_ms)
     if as_json:
         print(json.dumps({**verdict, "decode_batch_size": decode_batch_size, "new_prefill_tokens": new_prefill_tokens,

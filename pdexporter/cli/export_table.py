@@ -6,16 +6,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from pdexporter.analysis.breakeven import DEFAULT_TRANSFER_MS
-from pdexporter.analysis.job import Analysis, analyse, load_results, progress_steps, record_paths, write_outputs
+from pdexporter.analysis import DEFAULT_TRANSFER_MS
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pdexporter.analysis.job import Analysis
 
 TransferOpt = Annotated[
     float,
@@ -29,9 +31,11 @@ def register(app: typer.Typer) -> None:
 
 @contextmanager
 def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]]:
+    """A bar with ETA while the job runs; transient, so an error stays the only line and the summary
+    printed afterwards is what remains on the screen."""
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=console, refresh_per_second=4, transient=False,
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, refresh_per_second=4, transient=True,
     ) as bar:
         task = bar.add_task(description, total=total, step="")
 
@@ -54,6 +58,8 @@ def export_table(
     parquet: Annotated[bool, typer.Option("--parquet/--no-parquet", help="Also write Parquet (needs pyarrow).")] = True,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
+    from pdexporter.analysis.job import analyse, load_results, progress_steps, record_paths, write_outputs
+
     started = time.perf_counter()
     if (results_dir is None) == (prometheus is None):
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
@@ -78,6 +84,7 @@ def export_table(
 
 def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: float,
                      out: Path | None) -> tuple[Analysis, Path, list[str]]:
+    from pdexporter.analysis.job import analyse
     from pdexporter.analysis.prometheus import PrometheusAPI, parse_duration, parse_time, pull
 
     now = time.time()

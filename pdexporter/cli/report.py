@@ -7,8 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pdexporter.analysis.breakeven import DEFAULT_TRANSFER_MS
-from pdexporter.analysis.job import analyse, load_results, record_paths
+from pdexporter.analysis import DEFAULT_TRANSFER_MS
 from pdexporter.cli._common import console
 from pdexporter.cli.export_table import TransferOpt, print_summary, progress_bar
 
@@ -23,6 +22,7 @@ def report(
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
 ) -> None:
     """Write one HTML file (images embedded, no external assets) describing the results."""
+    from pdexporter.analysis.job import analyse, load_results, record_paths
     from pdexporter.analysis.plots import all_plots
     from pdexporter.analysis.report import REPORT_HTML, write_report
 
