@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import decide, export_table, measure, report
+    from pdexporter.cli import decide, export_table, measure, report, sim
 
-    for module in (measure, export_table, report, decide):
+    for module in (measure, sim, export_table, report, decide):
         module.register(app)
 
 
