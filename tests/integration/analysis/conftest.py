@@ -132,3 +132,4 @@ def prometheus_for(tmp_path):
         except subprocess.TimeoutExpired:
             server.process.kill()
             server.process.wait()
+

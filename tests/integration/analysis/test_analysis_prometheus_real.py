@@ -3,7 +3,8 @@
 The scraped endpoint is a test double of the exporter (`ExporterDouble`: the real
 `ExporterMetrics` registry whose window gauges the test sets from records' repetitions, one
 window per repetition, exactly as `pdexporter run` would after analysing each window). The
-end-to-end test with the real `pdexporter run` exporter belongs with the exporter's merge.
+records are measured on the embedded engine (SimDriver, virtual time). The end-to-end test with
+the real `pdexporter run` exporter belongs with the exporter's merge.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import time
 
 import pandas as pd
 import pytest
+from analysis_sim_helpers import sim_records
 
-from pdexporter.analysis.synthetic import SyntheticTruth, synthetic_record
 from pdexporter.analysis.table import KEY_COLUMNS, build_table, samples_from_record
 
 pytestmark = pytest.mark.integration
@@ -48,10 +49,10 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_export_table_from_prometheus_gives_the_records_penalties(exporter_double, prometheus_for, tmp_path):
-    records = [synthetic_record(SyntheticTruth(), b, d, p, reps=REPS, seed=7) for b, d, p in POINTS]
-    for b in {r.config.chunk_size for r in records}:
-        exporter_double.metrics.engine_info.labels(engine="synthetic", model="synthetic", chunk_size=str(b),
-                                                   modelled="true").set(1)
+    records = sim_records(POINTS, reps=REPS, out=tmp_path / "records")
+    for r in records:
+        exporter_double.metrics.engine_info.labels(engine=r.config.engine, model=r.config.model,
+                                                   chunk_size=str(r.config.chunk_size), modelled="true").set(1)
     prom = prometheus_for([exporter_double.target])
     start = time.time() - 1.0
     for k in range(REPS):
@@ -75,7 +76,7 @@ def test_export_table_from_prometheus_gives_the_records_penalties(exporter_doubl
                        "aggregate_interference_ms"):
             assert got.loc[key, column] == pytest.approx(want.loc[key, column], rel=0.05), (key, column)
         assert got.loc[key, "num_chunks"] == want.loc[key, "num_chunks"]
-    assert got["modelled"].all()
+    assert got["modelled"].all() and (got["engine"] == "pdexporter-sim").all()
     assert (out / "fits.json").exists() and (out / "criteria.json").exists()
 
     # A range with no windows (before this Prometheus existed) is a one-line error.
