@@ -27,7 +27,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from pdexporter._internal.atomic import atomic_write_bytes
 from pdexporter.analysis.breakeven import DEFAULT_TRANSFER_MS, offload_region
@@ -66,7 +66,9 @@ def _metadata(fmt: str) -> dict[str, str | None]:
 _PLAIN = FuncFormatter(lambda value, _pos: f"{value:g}")
 
 
-def _plain_log_axis(axis) -> None:  # type: ignore[no-untyped-def]
+def _plain_log_axis(axis, decimal: bool = True) -> None:  # type: ignore[no-untyped-def]
+    if decimal:  # 1-2-5 steps: a range inside one decade still gets labels
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(_PLAIN)
     axis.set_minor_formatter(NullFormatter())
 
@@ -157,7 +159,7 @@ def chunk_sensitivity(table: pd.DataFrame, decode_batch_size: int | None = None)
         for p, group in rows.sort_values("chunk_size").groupby("new_prefill_tokens"):
             ax.plot(group["chunk_size"], group[column], marker="o", label=f"P={_tokens(p)}")
         ax.set_xscale("log", base=2)
-        _plain_log_axis(ax.xaxis)
+        _plain_log_axis(ax.xaxis, decimal=False)
         sizes = sorted(int(b) for b in rows["chunk_size"].unique())
         if sizes:
             ax.set_xticks(sizes, [str(b) for b in sizes])
@@ -205,7 +207,7 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
     ax.scatter(loses["new_prefill_tokens"], loses["decode_batch_size"], marker="o", s=50, facecolors="none",
                edgecolors="red", label="measured: keep local")
     ax.set_xscale("log", base=2)
-    _plain_log_axis(ax.xaxis)
+    _plain_log_axis(ax.xaxis, decimal=False)
     ticks = sorted(int(p) for p in fitted["new_prefill_tokens"].unique()) if len(fitted) else []
     if ticks:
         ax.set_xticks(ticks, [_tokens(p) for p in ticks])
