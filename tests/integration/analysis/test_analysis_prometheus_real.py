@@ -16,7 +16,6 @@ import time
 
 import pandas as pd
 import pytest
-from analysis_sim_helpers import sim_records
 
 from pdexporter.analysis.table import KEY_COLUMNS, build_table, samples_from_record
 
@@ -48,8 +47,9 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pdexporter", *args], capture_output=True, text=True, timeout=120)
 
 
-def test_export_table_from_prometheus_gives_the_records_penalties(exporter_double, prometheus_for, tmp_path):
-    records = sim_records(POINTS, reps=REPS, out=tmp_path / "records")
+def test_export_table_from_prometheus_gives_the_records_penalties(exporter_double, prometheus_for, tmp_path,
+                                                                  make_sim_records):
+    records = make_sim_records(POINTS, reps=REPS, out=tmp_path / "records")
     for r in records:
         exporter_double.metrics.engine_info.labels(engine=r.config.engine, model=r.config.model,
                                                    chunk_size=str(r.config.chunk_size), modelled="true").set(1)

@@ -10,7 +10,6 @@ alone. R^2 is the held-out one (leave-one-P-out), reported as it comes.
 from __future__ import annotations
 
 import pytest
-from analysis_sim_helpers import sim_records
 
 from pdexporter.analysis import models as md
 from pdexporter.analysis.table import build_table, samples_from_record
@@ -36,8 +35,8 @@ def _engine_truth() -> tuple[StepTimeModel, float, float]:
     return model, gamma, beta
 
 
-def test_fits_recover_the_engines_own_cost_parameters(tmp_path, capsys):
-    records = sim_records(GRID, reps=2, out=tmp_path)
+def test_fits_recover_the_engines_own_cost_parameters(tmp_path, capsys, make_sim_records):
+    records = make_sim_records(GRID, reps=2, out=tmp_path)
     assert all(r.config.modelled and r.config.engine == "pdexporter-sim" for r in records)
     samples = [samples_from_record(r) for r in records]
     table = build_table(samples)

@@ -40,6 +40,8 @@ def test_reproducible_needs_every_point_below_15_percent():
     c = cr.reproducible(_table([{"cv_tpot_penalty": 0.14}, {"cv_tpot_penalty": 0.2, "new_prefill_tokens": 512}]))
     assert c.passed is False and "20.0%" in c.figure and "P=512" in c.figure
     assert cr.reproducible(_table([{"reps": 1}])).passed is None
+    identical = cr.reproducible(_table([{"cv_tpot_penalty": 0.0}]))
+    assert identical.passed is True and "deterministic engine" in identical.figure
 
 
 def test_model_fit_uses_held_out_r2_and_overall_verdicts():
