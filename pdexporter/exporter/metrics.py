@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdexporter import __version__
+from pdexporter.measure.records import RepRecord
 
 PREFIX = "pdexporter"
 GRID_LABELS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
@@ -109,3 +110,37 @@ def all_series_names() -> tuple[str, ...]:
             else:
                 names.append(value)
     return tuple(sorted(set(names)))
+
+
+def grid_labels(chunk_size: int | None, decode_batch_size: int, new_prefill_tokens: int) -> dict[str, str]:
+    return {
+        "chunk_size": str(chunk_size) if chunk_size is not None else "unknown",
+        "decode_batch_size": str(decode_batch_size),
+        "new_prefill_tokens": str(new_prefill_tokens),
+    }
+
+
+def publish_window(metrics: ExporterMetrics, labels: dict[str, str], rep: RepRecord) -> None:
+    """Set the last-window gauges from one repetition's record blocks (ms -> seconds).
+
+    Shared by the live exporter and the sweep so both export the same series the same way.
+    """
+    b, i, d = rep.baseline, rep.interference, rep.derived
+
+    def seconds(value: float | None) -> float:
+        return float("nan") if value is None else value / 1000.0
+
+    metrics.window_baseline.labels(**labels).set(seconds(b.tpot_p50_ms))
+    metrics.window_during.labels(**labels).set(seconds(i.tpot_during_prefill_p50_ms))
+    metrics.window_after.labels(**labels).set(seconds(i.tpot_after_prefill_p50_ms))
+    metrics.window_penalty.labels(**labels).set(seconds(d.tpot_penalty_p50_ms))
+    metrics.window_ratio.labels(**labels).set(float("nan") if d.tpot_penalty_ratio is None else d.tpot_penalty_ratio)
+    metrics.window_total.labels(**labels).set(seconds(d.total_interference_ms))
+    metrics.window_prefill.labels(**labels).set(seconds(i.prefill_duration_ms))
+    metrics.window_slow_steps.labels(**labels).set(
+        float("nan") if i.num_chunks_actual is None else i.num_chunks_actual
+    )
+    if i.num_chunks_expected is not None:
+        metrics.window_expected.labels(**labels).set(i.num_chunks_expected)
+    metrics.prefill_duration.labels(**labels).observe(i.prefill_duration_ms / 1000.0)
+    metrics.windows.labels(**labels).inc()

@@ -1,0 +1,76 @@
+"""Prometheus exposition over aiohttp: a thin adapter over prometheus_client's pure core.
+
+`/metrics` (text format, or OpenMetrics when the scraper asks for it), `/healthz`, and a small
+landing page at `/`. Used by `pdexporter run` and by `pdexporter sweep --listen`.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from pdexporter import __version__
+
+
+def metrics_app(
+    registry: CollectorRegistry,
+    *,
+    title: str = "pdexporter",
+    healthy: Callable[[], bool] = lambda: True,
+    links: dict[str, str] | None = None,
+) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encoder(registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def healthz(_: web.Request) -> web.Response:
+        ok = healthy()
+        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "unhealthy\n")
+
+    async def landing(_: web.Request) -> web.Response:
+        extra = "".join(
+            f'<li><a href="{html.escape(href)}">{html.escape(name)}</a></li>' for name, href in (links or {}).items()
+        )
+        page = (
+            f"<!doctype html><html><head><title>{html.escape(title)}</title></head><body>"
+            f"<h1>{html.escape(title)} {html.escape(__version__)}</h1>"
+            f'<ul><li><a href="/metrics">/metrics</a></li><li><a href="/healthz">/healthz</a></li>{extra}</ul>'
+            "</body></html>"
+        )
+        return web.Response(text=page, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/", landing)
+    return app
+
+
+async def start_metrics_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (call `cleanup()` to stop) and the bound port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    sockets = site._server.sockets if site._server else ()  # port 0 -> the port the OS chose
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, int(bound)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT` or `:PORT` or `PORT`."""
+    from pdexporter.errors import ConfigError
+
+    host, _, port = value.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"--listen {value!r}: expected HOST:PORT") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(f"--listen {value!r}: port out of range")
+    return (host or "0.0.0.0").strip("[]"), number
