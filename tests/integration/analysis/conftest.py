@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
-import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -15,42 +16,47 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client import start_http_server
 
-from pdexporter.exporter.metrics import ExporterMetrics
+from pdexporter.exporter.metrics import ExporterMetrics, grid_labels, publish_window
+from pdexporter.exporter.server import metrics_app, start_metrics_server
+from pdexporter.measure.records import RepRecord, RunRecord
+from tests.helpers import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
 class ExporterDouble:
-    """A test double of `pdexporter run`: the real `ExporterMetrics` registry served over HTTP by
-    prometheus_client, whose window gauges the test sets by hand instead of measuring windows."""
+    """A test double of `pdexporter run`: the exporter's own metrics (`ExporterMetrics`), its own
+    window publishing (`publish_window`) and its own aiohttp exposition (`metrics_app`), but the
+    windows come from records handed in by the test instead of from live probe streams."""
 
-    metrics: ExporterMetrics
-    port: int
-    _server: object
+    def __init__(self) -> None:
+        self.metrics = ExporterMetrics()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="exporter-double", daemon=True)
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(
+            start_metrics_server(metrics_app(self.metrics.registry), "127.0.0.1", 0), self._loop)
+        self._runner, self.port = started.result(timeout=10)
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def publish(self, record: RunRecord, rep: RepRecord) -> None:
+        c = record.config
+        publish_window(self.metrics, grid_labels(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens), rep)
+
     def close(self) -> None:
-        self._server.shutdown()  # type: ignore[attr-defined]
-        self._server.server_close()  # type: ignore[attr-defined]
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
 
 
 @pytest.fixture
 def exporter_double() -> Iterator[ExporterDouble]:
-    metrics = ExporterMetrics()
-    server, _thread = start_http_server(0, addr="127.0.0.1", registry=metrics.registry)
-    double = ExporterDouble(metrics, server.server_port, server)
+    double = ExporterDouble()
     yield double
     double.close()
 

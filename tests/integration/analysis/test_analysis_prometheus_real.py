@@ -1,10 +1,9 @@
 """`export-table --prometheus` against a real Prometheus that scraped exporter-shaped metrics.
 
-The scraped endpoint is a test double of the exporter (`ExporterDouble`: the real
-`ExporterMetrics` registry whose window gauges the test sets from records' repetitions, one
-window per repetition, exactly as `pdexporter run` would after analysing each window). The
-records are measured on the embedded engine (SimDriver, virtual time). The end-to-end test with
-the real `pdexporter run` exporter belongs with the exporter's merge.
+The scraped endpoint is a test double of the exporter (`ExporterDouble`: the exporter's own
+metrics, `publish_window` and aiohttp exposition, fed one window per repetition of records instead
+of live probe streams). The records are measured on the embedded engine (SimDriver, virtual
+time). The end-to-end test with the real `pdexporter run` exporter belongs with its merge.
 """
 
 from __future__ import annotations
@@ -25,24 +24,6 @@ POINTS = [(8192, 4, 8192), (8192, 4, 32768), (2048, 1, 4096)]
 REPS = 3
 
 
-def _set_window(double, record, rep) -> None:
-    c = record.config
-    labels = {"chunk_size": str(c.chunk_size), "decode_batch_size": str(c.decode_batch_size),
-              "new_prefill_tokens": str(c.new_prefill_tokens)}
-    m, b, i, d = double.metrics, rep.baseline, rep.interference, rep.derived
-    # What the exporter sets after each window (base units: seconds), then the window counter.
-    m.window_baseline.labels(**labels).set(b.tpot_p50_ms / 1e3)
-    m.window_during.labels(**labels).set(i.tpot_during_prefill_p50_ms / 1e3)
-    m.window_after.labels(**labels).set(i.tpot_after_prefill_p50_ms / 1e3)
-    m.window_penalty.labels(**labels).set(d.tpot_penalty_p50_ms / 1e3)
-    m.window_ratio.labels(**labels).set(d.tpot_penalty_ratio)
-    m.window_total.labels(**labels).set(d.total_interference_ms / 1e3)
-    m.window_prefill.labels(**labels).set(i.prefill_duration_ms / 1e3)
-    m.window_slow_steps.labels(**labels).set(i.num_chunks_actual)
-    m.window_expected.labels(**labels).set(i.num_chunks_expected)
-    m.windows.labels(**labels).inc()
-
-
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pdexporter", *args], capture_output=True, text=True, timeout=120)
 
@@ -57,7 +38,7 @@ def test_export_table_from_prometheus_gives_the_records_penalties(exporter_doubl
     start = time.time() - 1.0
     for k in range(REPS):
         for record in records:
-            _set_window(exporter_double, record, record.reps[k])
+            exporter_double.publish(record, record.reps[k])
         # Wait until Prometheus has scraped this round, then one more scrape so every 1 s step sees it.
         prom.wait_for("pdexporter_windows_total",
                       lambda result, k=k: len(result) == len(POINTS) and all(float(r["value"][1]) == k + 1 for r in result))
