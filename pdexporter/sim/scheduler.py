@@ -107,14 +107,16 @@ class Request:
     num_cached_tokens: int = -1
     is_prefill_chunk: bool = True
     block_hashes: list[int] = field(default_factory=list)
+    num_prompt_tokens: int = -1
+    num_tokens: int = -1  # prompt + outputs, kept in step with output_token_ids (hot path)
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens + len(self.output_token_ids)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+    def append_output(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.num_tokens += 1
 
     @property
     def num_output_tokens(self) -> int:
@@ -140,26 +142,21 @@ class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
     total_num_scheduled_tokens: int
     preempted_request_ids: tuple[str, ...] = ()
+    num_context_requests: int = 0  # vLLM's iteration-detail classes (compute_iteration_details)
+    num_context_tokens: int = 0
+    num_sampled: int = 0  # requests that produce a token in this step
 
     @property
     def empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
 
     @property
-    def num_context_requests(self) -> int:
-        return sum(1 for s in self.scheduled if s.is_context)
-
-    @property
-    def num_context_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if s.is_context)
-
-    @property
     def num_generation_requests(self) -> int:
-        return sum(1 for s in self.scheduled if not s.is_context)
+        return len(self.scheduled) - self.num_context_requests
 
     @property
     def num_generation_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if not s.is_context)
+        return self.total_num_scheduled_tokens - self.num_context_tokens
 
     def chunks(self) -> list[tuple[int, int]]:
         """(query length, context before) per request: the step-time model's input."""
@@ -247,9 +244,16 @@ class KVCacheManager:
         """Blocks for `num_new_tokens` more tokens; False (nothing changed) if the pool is short."""
         rid = request.request_id
         blocks = self._req_blocks.get(rid)
-        have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
         computed = request.num_computed_tokens + num_new_computed_tokens
         bs = self.block_size
+        if blocks is not None and not new_computed_blocks and computed + num_new_tokens <= len(blocks) * bs:
+            # hot path (a decode inside its last block): nothing to allocate, maybe a block to cache
+            if self.enable_caching:
+                end = min(computed + num_new_tokens, request.num_tokens) // bs
+                if end > self._num_cached_blocks.get(rid, 0):
+                    self._cache_full_blocks(request, blocks, self._num_cached_blocks.get(rid, 0), end * bs)
+            return True
+        have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
         needed = -(-(computed + num_new_tokens) // bs) - have
         if needed < 0:
             needed = 0
@@ -280,9 +284,13 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register blocks that became full as outputs arrived (async scheduler's cache_blocks)."""
-        if self.enable_caching and request.request_id in self._req_blocks:
-            blocks = self._req_blocks[request.request_id]
-            start = self._num_cached_blocks.get(request.request_id, 0)
+        if not self.enable_caching:
+            return
+        blocks = self._req_blocks.get(request.request_id)
+        if blocks is None:
+            return
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        if min(num_computed_tokens, request.num_tokens) // self.block_size > start:
             self._cache_full_blocks(request, blocks, start, min(num_computed_tokens, request.num_tokens))
 
     def _cache_full_blocks(self, request: Request, blocks: list[int], start: int, num_tokens: int) -> None:
@@ -433,20 +441,35 @@ class Scheduler:
         kv = self.kv
 
         # First, the RUNNING requests.
+        max_model_len = cfg.max_model_len
+        bs = kv.block_size
+        req_blocks, num_cached = kv._req_blocks, kv._num_cached_blocks
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             placeholders = request.num_output_placeholders
-            if placeholders > 0 and (
-                request.num_computed_tokens + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens
-            ):
+            computed = request.num_computed_tokens
+            if placeholders > 0 and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens:
                 i += 1  # async: the step in flight already reaches max_tokens
                 continue
-            n = request.num_tokens + placeholders - request.num_computed_tokens
+            n = request.num_tokens + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, cfg.max_model_len - 1 - request.num_computed_tokens)
+            if n > budget:
+                n = budget
+            if n > max_model_len - 1 - computed:
+                n = max_model_len - 1 - computed
             if n <= 0:
+                i += 1
+                continue
+            # allocate_slots' no-op case inlined (a decode inside its last block): the common step
+            blocks = req_blocks.get(request.request_id)
+            end = computed + n
+            if (blocks is not None and end <= len(blocks) * bs
+                    and min(end, request.num_tokens) // bs <= num_cached.get(request.request_id, 0)):
+                scheduled.append(ScheduledRequest(request, n, computed, not request.output_token_ids,
+                                                  end >= request.num_tokens + placeholders))
+                budget -= n
                 i += 1
                 continue
             while True:
@@ -491,25 +514,37 @@ class Scheduler:
                 budget -= n
 
         self._step += 1
+        ctx_requests = ctx_tokens = sampled = 0
+        for entry in scheduled:
+            if entry.is_context:
+                ctx_requests += 1
+                ctx_tokens += entry.num_new_tokens
+            if entry.samples:
+                sampled += 1
         output = SchedulerOutput(
             step_id=self._step,
             scheduled=tuple(scheduled),
             total_num_scheduled_tokens=cfg.max_num_batched_tokens - budget,
             preempted_request_ids=tuple(r.request_id for r in preempted),
+            num_context_requests=ctx_requests,
+            num_context_tokens=ctx_tokens,
+            num_sampled=sampled,
         )
         self._update_after_schedule(output)
         return output
 
-    def _entry(self, request: Request, n: int, computed_before: int) -> ScheduledRequest:
+    @staticmethod
+    def _entry(request: Request, n: int, computed_before: int) -> ScheduledRequest:
         samples = computed_before + n >= request.num_tokens + request.num_output_placeholders
-        return ScheduledRequest(request, n, computed_before, request.num_output_tokens == 0, samples)
+        return ScheduledRequest(request, n, computed_before, not request.output_token_ids, samples)
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        placeholders = self.config.async_scheduling
         for entry in output.scheduled:
             request = entry.request
             request.num_computed_tokens += entry.num_new_tokens
             request.is_prefill_chunk = not entry.samples
-            if entry.samples and self.config.async_scheduling:
+            if entry.samples and placeholders:
                 request.num_output_placeholders += 1
 
     def _preempt(self, request: Request) -> None:
@@ -524,26 +559,40 @@ class Scheduler:
         """The step finished: each request that sampled gets its token; stopped ones are freed."""
         outs: list[RequestOutput] = []
         cfg = self.config
+        async_sched = cfg.async_scheduling
+        max_model_len = cfg.max_model_len
+        running_status, finished_from = RequestStatus.RUNNING, RequestStatus.FINISHED_STOPPED
+        requests = self.requests
+        sampler = self.sampler
+        kv = self.kv
+        cache_blocks, num_cached, bs, caching = kv.cache_blocks, kv._num_cached_blocks, kv.block_size, kv.enable_caching
+        finished: list[Request] = []
         for entry in output.scheduled:
+            if not entry.samples:
+                continue  # a prefill chunk: nothing sampled
             request = entry.request
-            if not entry.samples or request.status.finished or request.request_id not in self.requests:
-                continue  # a prefill chunk, or finished/aborted while the step ran
-            was_running = request.status == RequestStatus.RUNNING
-            token = self.sampler(request)
+            if request.status >= finished_from or request.request_id not in requests:
+                continue  # finished or aborted while the step ran
+            token = sampler(request)
             request.output_token_ids.append(token)
-            if cfg.async_scheduling and request.num_output_placeholders > 0:
+            request.num_tokens += 1  # Request.append_output, inlined
+            if async_sched and request.num_output_placeholders > 0:
                 request.num_output_placeholders -= 1
-            finish = None
-            if request.num_output_tokens >= request.max_tokens or request.num_tokens >= cfg.max_model_len:
-                finish = RequestStatus.FINISHED_LENGTH_CAPPED
-            if finish is not None:
-                if request.status == RequestStatus.RUNNING:
-                    self.running.remove(request)
-                elif request in self.waiting:
+            n_out = len(request.output_token_ids)
+            if n_out >= request.max_tokens or request.num_tokens >= max_model_len:
+                finished.append(request)
+                outs.append(RequestOutput(request.request_id, (token,), n_out, "length"))
+                continue
+            if caching and request.status == running_status:
+                known = request.num_computed_tokens - request.num_output_placeholders
+                if min(known, request.num_tokens) // bs > num_cached.get(request.request_id, 0):
+                    cache_blocks(request, known)  # a block filled up with sampled tokens
+            outs.append(RequestOutput(request.request_id, (token,), n_out, None))
+        if finished:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
+            for request in finished:
+                if request.status != running_status and request in self.waiting:
                     self.waiting.remove(request)
-                self._free_request(request, finish)
-            elif was_running:
-                self.kv.cache_blocks(request, request.num_computed_tokens - request.num_output_placeholders)
-            outs.append(RequestOutput(request.request_id, (token,), request.num_output_tokens,
-                                      finish.finish_reason if finish is not None else None))
+                self._free_request(request, RequestStatus.FINISHED_LENGTH_CAPPED)
         return outs
