@@ -190,6 +190,7 @@ class ContextAwareModel:
     stderr: tuple[float | None, float | None, float | None, float | None] = (None, None, None, None)
     n_step_rows: int = 0
     n_point_rows: int = 0
+    n_downweighted: int = 0  # rows the robust fit gave less than half a weight
     name: str = CONTEXT_MODEL
     formula: str = "C = D * (n * (alpha0 + alpha1 * D) + gamma * P + beta * P * (P + 1) / 2), n = ceil(P / (B - D))"
 
@@ -365,26 +366,57 @@ def fit_context_model(data: FitData) -> ContextAwareModel:
     xa = x[:, active]
     scale = np.abs(xa).max(axis=0)
     scale[scale == 0] = 1.0
-    coef_scaled, _, rank, _ = np.linalg.lstsq(xa / scale, y, rcond=None)
+    xs = xa / scale
+    coef_scaled, weights, rank = _huber_irls(xs, y)
     coef = coef_scaled / scale
     stderr: list[float | None] = [None] * len(active)
     if rank == len(active) and y.size > len(active):
-        raw = np.asarray(_clustered_stderr(xa / scale, y - xa @ coef, groups)) / scale
+        raw = np.asarray(_clustered_stderr(xs, y - xs @ coef_scaled, groups, weights)) / scale
         stderr = [float(v) for v in raw]
     values = [0.0, 0.0, 0.0, 0.0]
     errors: list[float | None] = [None, None, None, None]
     for j, col in enumerate(active):
         values[col] = float(coef[j])
         errors[col] = stderr[j]
-    return ContextAwareModel(*values, stderr=tuple(errors), n_step_rows=n_steps, n_point_rows=n_points)  # type: ignore[arg-type]
+    downweighted = int(np.sum(weights < 0.5))
+    return ContextAwareModel(*values, stderr=tuple(errors), n_step_rows=n_steps, n_point_rows=n_points,  # type: ignore[arg-type]
+                             n_downweighted=downweighted)
 
 
-def _clustered_stderr(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray) -> list[float]:
-    """Cluster-robust (sandwich) standard errors with the usual small-sample factor."""
-    bread = np.linalg.inv(x.T @ x)
+HUBER_K = 1.345  # 95 % efficiency of least squares when the errors are normal
+
+
+def _huber_irls(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, np.ndarray, int]:
+    """Huber regression by iteratively reweighted least squares, from the OLS solution; the scale is
+    re-estimated each round as 1.4826 x the median absolute residual. Rows the linear form cannot
+    describe (e.g. a tiny last chunk that runs under CUDA graphs, a stray hiccup) then weigh
+    k*s/|r| instead of 1 and cannot bend the coefficients of the rows that carry the cost."""
+    coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+    weights = np.ones_like(y)
+    floor = 1e-9 * max(float(np.mean(np.abs(y))), 1e-12)
+    for _ in range(iterations):
+        residuals = y - x @ coef
+        sigma = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
+        k = HUBER_K * max(sigma, floor)
+        new_weights = np.where(np.abs(residuals) <= k, 1.0, k / np.maximum(np.abs(residuals), 1e-300))
+        root = np.sqrt(new_weights)
+        new_coef, _, rank, _ = np.linalg.lstsq(x * root[:, None], y * root, rcond=None)
+        converged = np.allclose(new_coef, coef, rtol=1e-10, atol=0.0)
+        coef, weights = new_coef, new_weights
+        if converged:
+            break
+    return coef, weights, int(rank)
+
+
+def _clustered_stderr(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray,
+                      weights: np.ndarray | None = None) -> list[float]:
+    """Cluster-robust (sandwich) standard errors of a (weighted) least-squares fit, with the usual
+    small-sample factor."""
+    w = np.ones_like(residuals) if weights is None else weights
+    bread = np.linalg.inv(x.T @ (x * w[:, None]))
     labels, index = np.unique(groups, return_inverse=True)
     scores = np.zeros((labels.size, x.shape[1]))
-    np.add.at(scores, index, x * residuals[:, None])
+    np.add.at(scores, index, x * (w * residuals)[:, None])
     meat = scores.T @ scores
     m, n, k = labels.size, x.shape[0], x.shape[1]
     factor = (m / max(m - 1, 1)) * ((n - 1) / max(n - k, 1))
@@ -476,7 +508,8 @@ class ModelFit:
         out["in_sample_r2"] = _round(self.in_sample_r2)
         out["held_out"] = {k: v.to_dict() for k, v in self.held_out.items()}
         if isinstance(self.model, ContextAwareModel):
-            out["rows"] = {"mixed_steps": self.model.n_step_rows, "grid_points": self.model.n_point_rows}
+            out["rows"] = {"mixed_steps": self.model.n_step_rows, "grid_points": self.model.n_point_rows,
+                           "downweighted": self.model.n_downweighted, "fit": "Huber IRLS, k = 1.345 x MAD scale"}
         return out
 
 

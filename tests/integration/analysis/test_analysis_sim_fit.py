@@ -19,7 +19,7 @@ from pdexporter.sim.steptime import StepComposition, StepTimeModel
 pytestmark = pytest.mark.integration
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
-GRID = [(b, d, p) for b in (2048, 8192) for d in (1, 4, 8) for p in (2048, 8192, 32768)]
+GRID = [(b, d, p) for b in (2048, 8192) for d in (1, 4, 8) for p in (2048, 8192, 16384, 32768)]
 
 
 def _engine_truth() -> tuple[StepTimeModel, float, float]:
@@ -40,8 +40,13 @@ def test_fits_recover_the_engines_own_cost_parameters(tmp_path, capsys, make_sim
     assert all(r.config.modelled and r.config.engine == "pdexporter-sim" for r in records)
     samples = [samples_from_record(r) for r in records]
     table = build_table(samples)
-    # The probes saw every chunk the engine scheduled.
-    assert (table["num_chunks"] == table["num_chunks_expected"]).all()
+    # The probes saw every chunk the engine scheduled, except a last chunk so small that its step
+    # costs what a decode-only step costs (e.g. 1 token: a uniform batch, full CUDA graph).
+    for _, row in table[table["decode_batch_size"] >= 1].iterrows():
+        n, seen = int(row["num_chunks_expected"]), int(row["num_chunks"])
+        last = md.chunk_schedule(int(row["new_prefill_tokens"]), int(row["chunk_size"]), int(row["decode_batch_size"]))[-1]
+        assert seen == n or (seen == n - 1 and last <= 16), row
+    assert (table["num_chunks"] == table["num_chunks_expected"]).mean() > 0.9
     report = md.fit_models(md.fit_data(table, samples))
     fit = report.fits[md.CONTEXT_MODEL]
     model = fit.model
@@ -51,16 +56,18 @@ def test_fits_recover_the_engines_own_cost_parameters(tmp_path, capsys, make_sim
               f"{model.gamma_ms_per_token:.6f}, beta {model.beta_ms_per_token_pair:.4e}, alpha0 {model.alpha0_ms:.2f}, "
               f"alpha1 {model.alpha1_ms_per_decode:.3f}; held-out R^2 {report.held_out_r2(md.CONTEXT_MODEL):.4f} "
               f"(in-sample {fit.in_sample_r2:.4f}), seed model held-out {report.held_out_r2(md.SEED_MODEL):.4f}")
-    assert model.beta_ms_per_token_pair == pytest.approx(beta, rel=0.03)
-    # Tiny last chunks run under piecewise CUDA graphs (cheaper fixed cost) and small steps sit near
-    # the roofline's knee: the linear model absorbs that partly into gamma.
-    assert model.gamma_ms_per_token == pytest.approx(gamma, rel=0.10)
+    assert model.beta_ms_per_token_pair == pytest.approx(beta, rel=0.02)
+    assert model.gamma_ms_per_token == pytest.approx(gamma, rel=0.03)
+    # Tiny last chunks (a step of <= 512 tokens runs under piecewise CUDA graphs: a far smaller fixed
+    # cost) do not fit the linear form; the robust fit gives them less weight instead of bending gamma.
+    assert model.n_downweighted > 0
     # The fitted penalty of a full chunk is the engine's own step-time difference.
     for d, chunk, prefix in [(4, 8188, 0), (4, 8188, 3 * 8188), (8, 2040, 14 * 2040), (1, 8191, 8191)]:
         mixed = step_model(StepComposition.of([(chunk, prefix)] + [(1, 4096 + 64)] * d)) * 1e3
         alone = step_model(StepComposition.decode_batch(d, 4096 + 64)) * 1e3
-        assert float(model.chunk_penalty_ms(d, chunk, prefix)) == pytest.approx(mixed - alone, rel=0.08)
-    # Honest scores: held out below in sample, and the position-aware model is the one chosen.
+        assert float(model.chunk_penalty_ms(d, chunk, prefix)) == pytest.approx(mixed - alone, rel=0.03)
+    # Scores as they come: held out is what chooses; the position-aware model is the one chosen.
     assert report.chosen == md.CONTEXT_MODEL
     held = report.held_out_r2(md.CONTEXT_MODEL)
-    assert held is not None and 0.9 < held <= fit.in_sample_r2
+    assert held is not None and held > 0.95
+    assert report.held_out_r2(md.SEED_MODEL) < held
