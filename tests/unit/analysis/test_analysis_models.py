@@ -159,3 +159,29 @@ def test_chunks_cover_the_prompt_and_attention_pairs_telescope(p, b, d):
     prefix = np.concatenate([[0], np.cumsum(chunks)[:-1]])
     pairs = float(np.sum(md.attention_pairs(chunks, prefix)))
     assert math.isclose(pairs, p * (p + 1) / 2, rel_tol=1e-12)
+
+
+def test_a_few_wild_steps_do_not_tilt_the_context_fit():
+    # 3 % of the mixed steps hit by a 200 ms hiccup (a GC pause, another tenant): a least-squares fit
+    # would drag alpha0 up by several ms; the Huber fit gives those rows little weight.
+    _, _, clean = _fit_input(NOISELESS)
+    rng = np.random.default_rng(3)
+    steps = []
+    hit = 0
+    for point in clean.steps:
+        reps = []
+        for base, times in point:
+            times = list(times)
+            for k in range(len(times)):
+                if rng.random() < 0.03:
+                    times[k] += 200.0
+                    hit += 1
+            reps.append((base, tuple(times)))
+        steps.append(tuple(reps))
+    assert hit > 0
+    dirty = md.FitData(clean.chunk_size, clean.decode, clean.prefill, clean.cost_ms, clean.total_ms, tuple(steps))
+    model = md.fit_context_model(dirty)
+    assert model.n_downweighted >= hit
+    assert model.alpha0_ms == pytest.approx(NOISELESS.alpha0_ms, rel=0.02)
+    assert model.gamma_ms_per_token == pytest.approx(NOISELESS.gamma_ms_per_token, rel=0.02)
+    assert model.beta_ms_per_token_pair == pytest.approx(NOISELESS.beta_ms_per_token_pair, rel=0.02)
