@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import measure, sim, sweep
+    from pdexporter.cli import decide, export_table, measure, report, sim, sweep
 
-    for module in (measure, sim, sweep):
+    for module in (measure, sweep, sim, export_table, report, decide):
         module.register(app)
 
 

@@ -1,0 +1,14 @@
+"""Batch analysis of interference records: table, cost models, break-even, criteria, plots, report.
+
+Pipeline (pure core, thin I/O edges; `job` wires it, the CLI calls `job`):
+
+    records / Prometheus -> table.ConfigSamples -> table.build_table -> models.fit_models
+        -> breakeven.decision_document -> criteria.evaluate_criteria -> plots / report
+
+This module stays import-light (no pandas, numpy or matplotlib) so the CLI starts fast; import
+the submodules for the work.
+"""
+
+DEFAULT_TRANSFER_MS = 50.0  # the seed's layer-wise transfer budget
+DECISION_SCHEMA = "pdexporter.decision/v1"
+DECISION_JSON = "decision.json"

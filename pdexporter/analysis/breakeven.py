@@ -1,0 +1,192 @@
+"""Break-even: when does moving a prefill to another instance beat running it beside the decodes?
+
+    break_even_transfer_time(D, P, B) = C(D, P, B)
+
+the aggregate interference cost of the prefill (ms of decode time lost summed over the D running
+streams, `analysis.models`). Offloading costs a transfer (the layer-wise KV pipeline of P/D
+disaggregation); it wins when that transfer takes less than C: **offload iff C > transfer_ms**.
+The default transfer budget is the seed's 50 ms.
+
+`decision_document` exports the chosen fitted model as JSON a router can load (schema
+"pdexporter.decision/v1", documented in docs/analysis.md); `evaluate_decision` is the whole
+evaluator, plain Python with no imports beyond `math`, meant to be copied into a router.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pdexporter import __version__
+from pdexporter.analysis.models import CostModel, FitReport, num_chunks
+
+from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
+
+
+def break_even_frame(table: pd.DataFrame, model: CostModel, transfer_ms: float = DEFAULT_TRANSFER_MS) -> pd.DataFrame:
+    """Per grid point with D >= 1: measured and modelled break-even transfer time, and the verdicts."""
+    rows = table[table["decode_batch_size"] >= 1]
+    out = rows[["chunk_size", "decode_batch_size", "new_prefill_tokens"]].copy()
+    out["break_even_measured_ms"] = rows["aggregate_interference_ms"].to_numpy(np.float64)
+    out["break_even_model_ms"] = model.predict(rows["decode_batch_size"], rows["new_prefill_tokens"], rows["chunk_size"])
+    out["offload_measured"] = out["break_even_measured_ms"] > transfer_ms
+    out["offload_model"] = out["break_even_model_ms"] > transfer_ms
+    return out.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Modelled cost over a (D, P) grid at one chunk size; offload wins where cost > transfer."""
+
+    chunk_size: int
+    decodes: np.ndarray
+    prefills: np.ndarray
+    cost_ms: np.ndarray  # shape (len(decodes), len(prefills))
+    transfer_ms: float
+
+    @property
+    def offload(self) -> np.ndarray:
+        return self.cost_ms > self.transfer_ms
+
+
+def offload_region(model: CostModel, chunk_size: int, decodes: Sequence[float], prefills: Sequence[float],
+                   transfer_ms: float = DEFAULT_TRANSFER_MS) -> Region:
+    d = np.asarray(decodes, np.float64)
+    p = np.asarray(prefills, np.float64)
+    dd, pp = np.meshgrid(d, p, indexing="ij")
+    cost = model.predict(dd, pp, np.full_like(dd, chunk_size))
+    return Region(chunk_size, d, p, cost, transfer_ms)
+
+
+def min_offload_prefill(model: CostModel, d: int, chunk_size: int, transfer_ms: float = DEFAULT_TRANSFER_MS,
+                        p_max: int = 1 << 20) -> int | None:
+    """Smallest P whose modelled cost exceeds the transfer time (None if none up to p_max).
+    The cost is monotone in P for non-negative coefficients; the search then checks its answer."""
+    def over(p: int) -> bool:
+        return bool(model.predict(d, p, chunk_size) > transfer_ms)
+
+    if d < 1 or not over(p_max):
+        return None
+    lo, hi = 1, p_max
+    if over(lo):
+        return 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if over(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def decision_document(
+    report: FitReport,
+    table: pd.DataFrame,
+    transfer_ms: float = DEFAULT_TRANSFER_MS,
+    *,
+    source: str = "",
+    now: dt.datetime | None = None,
+) -> dict[str, Any]:
+    """The chosen model as the router's decision function (schema in docs/analysis.md)."""
+    fit = report.best
+    model = fit.model
+    fitted = table[(table["decode_batch_size"] >= 1) & table["aggregate_interference_ms"].notna()]
+    chunk_sizes = sorted(int(b) for b in fitted["chunk_size"].unique())
+    max_d = int(fitted["decode_batch_size"].max()) if len(fitted) else 0
+    thresholds = {
+        str(b): {str(d): min_offload_prefill(model, d, b, transfer_ms) for d in range(1, max_d + 1) if d < b}
+        for b in chunk_sizes
+    }
+    modelled = bool(table["modelled"].any()) if len(table) else False
+    engines = sorted(str(e) for e in table["engine"].dropna().unique())
+    return {
+        "schema": DECISION_SCHEMA,
+        "rule": "offload when cost_ms > transfer_ms",
+        "cost": "aggregate interference of the prefill over the running decode batch, ms (D x per-stream total)",
+        "chunks": "n = ceil(P / (B - D)), B = max_num_batched_tokens",
+        "transfer_ms_default": float(transfer_ms),
+        "model": model.to_dict(),
+        "fit": {
+            "held_out_r2": report.held_out_r2(),
+            "scheme": report.primary_scheme,
+            "in_sample_r2": fit.in_sample_r2,
+            "n_points": report.n_points,
+            "chosen_because": report.reason,
+        },
+        "valid_range": {
+            "decode_batch_size": [int(fitted["decode_batch_size"].min()), max_d] if len(fitted) else None,
+            "new_prefill_tokens": ([int(fitted["new_prefill_tokens"].min()), int(fitted["new_prefill_tokens"].max())]
+                                   if len(fitted) else None),
+            "chunk_size": [chunk_sizes[0], chunk_sizes[-1]] if chunk_sizes else None,
+        },
+        "thresholds_min_prefill_tokens": thresholds,
+        "modelled": modelled,
+        "engines": engines,
+        "source": source,
+        "generated_by": f"pdexporter {__version__}",
+        "generated_at": (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluator a router copies: plain Python, `math` only.
+
+
+def evaluate_decision(doc: dict, d: int, p: int, b: int, transfer_ms: float | None = None) -> dict:
+    """Offload or not for D running decodes, a P-token prefill and chunk size B, from decision.json."""
+    if b - d <= 0:
+        raise ValueError(f"chunk size {b} leaves no room beside {d} decodes")
+    if p < 1 or d < 0:
+        raise ValueError(f"need P >= 1 and D >= 0 (got P={p}, D={d})")
+    transfer = doc["transfer_ms_default"] if transfer_ms is None else float(transfer_ms)
+    n = math.ceil(p / (b - d))
+    model = doc["model"]
+    if model["name"] == "context_aware":
+        k = model["coefficients"]
+        per_stream = (n * (k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d) + k["gamma_ms_per_token"] * p
+                      + k["beta_ms_per_token_pair"] * p * (p + 1) / 2)
+    elif model["name"] == "seed_per_chunk":
+        table = model["penalty_per_chunk_ms"]
+        sizes = sorted(int(s) for s in table)
+        chosen = b if b in sizes else min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(b)), s))
+        ds, pis = table[str(chosen)]["decode_batch_size"], table[str(chosen)]["penalty_ms"]
+        if d <= ds[0]:
+            pi = pis[0]
+        elif d >= ds[-1]:
+            pi = pis[-1]
+        else:
+            i = max(j for j in range(len(ds)) if ds[j] <= d)
+            pi = pis[i] + (pis[i + 1] - pis[i]) * (d - ds[i]) / (ds[i + 1] - ds[i])
+        per_stream = n * pi
+    else:
+        raise ValueError(f"unknown model {model['name']!r} in decision document")
+    cost = d * per_stream
+    rng = doc.get("valid_range") or {}
+
+    def inside(name: str, value: float) -> bool:
+        bounds = rng.get(name)
+        return bounds is None or bounds[0] <= value <= bounds[1]
+
+    return {
+        "offload": cost > transfer,
+        "cost_ms": cost,
+        "transfer_ms": transfer,
+        "margin_ms": cost - transfer,
+        "chunks": n,
+        "model": model["name"],
+        "in_fitted_range": inside("decode_batch_size", d) and inside("new_prefill_tokens", p)
+        and inside("chunk_size", b),
+    }
+
+
+def model_decision(model: CostModel, d: int, p: int, b: int, transfer_ms: float = DEFAULT_TRANSFER_MS) -> dict:
+    """The same verdict straight from a fitted model (what the JSON must reproduce)."""
+    cost = float(model.predict(d, p, b))
+    return {"offload": cost > transfer_ms, "cost_ms": cost, "transfer_ms": transfer_ms,
+            "margin_ms": cost - transfer_ms, "chunks": int(num_chunks(p, b, d)), "model": model.name}

@@ -1,0 +1,247 @@
+"""The seed's plots, built on matplotlib's object API with the Agg canvas (no pyplot, no display).
+
+- `heatmap_penalty_ratio`: penalty ratio over (P, D), one panel per chunk size B, one colour scale.
+- `chunk_sensitivity`: for a fixed D, total prefill duration, per-step TPOT penalty and aggregate
+  interference against chunk size, one line per P (the seed's deliverable 4).
+- `breakeven_<B>`: where offloading wins for a transfer budget at chunk size B (8192 by default):
+  the fitted model's cost over (D, P), the budget's contour, and the measured points on top.
+
+Every figure built from modelled data says MODELLED in its title. Figures are rendered to PNG
+and SVG bytes; writing them is the caller's (atomic) business.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # harmless when already Agg; we never touch pyplot
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from pdexporter._internal.atomic import atomic_write_bytes
+from pdexporter.analysis.breakeven import DEFAULT_TRANSFER_MS, offload_region
+from pdexporter.analysis.models import CostModel
+
+FORMATS = ("png", "svg")
+MODELLED_TAG = "MODELLED"
+DPI = 100
+
+
+@dataclass(frozen=True)
+class Plot:
+    name: str
+    title: str
+    figure: Figure
+
+    def render(self, fmt: str) -> bytes:
+        buffer = io.BytesIO()
+        FigureCanvasAgg(self.figure)
+        with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "pdexporter"}):
+            self.figure.savefig(buffer, format=fmt, dpi=DPI, metadata=_metadata(fmt))
+        return buffer.getvalue()
+
+
+def _metadata(fmt: str) -> dict[str, str | None]:
+    # Keep the bytes reproducible: no creation dates in the files.
+    if fmt == "svg":
+        return {"Date": None}
+    if fmt == "png":
+        return {"Software": None}
+    return {}
+
+
+# Plain numbers on log axes: matplotlib's default 10^k labels go through mathtext, which costs
+# more than drawing the rest of a figure.
+_PLAIN = FuncFormatter(lambda value, _pos: f"{value:g}")
+
+
+def _plain_log_axis(axis, decimal: bool = True) -> None:  # type: ignore[no-untyped-def]
+    if decimal:  # 1-2-5 steps: a range inside one decade still gets labels
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(_PLAIN)
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _title(text: str, modelled: bool) -> str:
+    return f"{MODELLED_TAG}: {text}" if modelled else text
+
+
+def _modelled(frame: pd.DataFrame) -> bool:
+    return bool(frame["modelled"].any()) if len(frame) else False
+
+
+def heatmap(table: pd.DataFrame) -> Plot:
+    """One panel per chunk size, one colour scale for all, so chunk sizes compare at a glance."""
+    sizes = sorted(int(b) for b in table["chunk_size"].unique())
+    decodes = sorted(int(d) for d in table["decode_batch_size"].unique())
+    prefills = sorted(int(p) for p in table["new_prefill_tokens"].unique())
+    ncols = min(len(sizes), 2) or 1
+    nrows = max(math.ceil(len(sizes) / ncols), 1)
+    panel_w = 0.78 * max(len(prefills), 4) + 1.3
+    panel_h = 0.42 * max(len(decodes), 4) + 1.2
+    fig = Figure(figsize=(ncols * panel_w + 1.2, nrows * panel_h + 0.8))
+    fig.subplots_adjust(left=0.07, right=0.88, bottom=0.08, top=0.9, wspace=0.22, hspace=0.42)
+    finite = table["penalty_ratio"].to_numpy(np.float64)
+    finite = finite[np.isfinite(finite)]
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    cmap = matplotlib.colormaps["magma_r"].with_extremes(bad="#dddddd")
+    image = None
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for ax, b in zip(axes.ravel(), sizes):
+        rows = table[table["chunk_size"] == b]
+        values = np.full((len(decodes), len(prefills)), np.nan)
+        row_of = {d: i for i, d in enumerate(decodes)}
+        col_of = {p: j for j, p in enumerate(prefills)}
+        for d, p, ratio in zip(rows["decode_batch_size"], rows["new_prefill_tokens"], rows["penalty_ratio"]):
+            values[row_of[int(d)], col_of[int(p)]] = ratio
+        image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, aspect="auto", origin="lower",
+                          vmin=vmin, vmax=vmax)
+        ax.set_xticks(range(len(prefills)), [_tokens(p) for p in prefills], fontsize=8)
+        ax.set_yticks(range(len(decodes)), [str(d) for d in decodes], fontsize=8)
+        ax.set_xlabel("new_prefill_tokens (P)", fontsize=9)
+        ax.set_ylabel("decode_batch_size (D)", fontsize=9)
+        ax.set_title(f"chunk size B={b}", fontsize=10)
+        mid = (vmin + vmax) / 2
+        for i in range(values.shape[0]):
+            for j in range(values.shape[1]):
+                v = values[i, j]
+                label = "n/a" if not math.isfinite(v) else (f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
+                ax.text(j, i, label, ha="center", va="center", fontsize=7,
+                        color="white" if math.isfinite(v) and v > mid else "black")
+    for ax in axes.ravel()[len(sizes):]:
+        ax.set_visible(False)
+    if image is not None:
+        cax = fig.add_axes((0.905, 0.15, 0.018, 0.7))
+        fig.colorbar(image, cax=cax, label="penalty ratio (penalty / baseline)")
+    title = _title("TPOT penalty ratio (penalty / baseline) over P x D, per chunk size", _modelled(table))
+    fig.suptitle(title)
+    return Plot("heatmap_penalty_ratio", title, fig)
+
+
+def _tokens(p: float) -> str:
+    p = int(p)
+    return f"{p // 1024}K" if p >= 1024 and p % 1024 == 0 else str(p)
+
+
+def sensitivity_decode(table: pd.DataFrame, preferred: int = 4) -> int | None:
+    """The D for the sensitivity plot: `preferred` if it has two or more chunk sizes, else the nearest that does."""
+    rows = table[table["decode_batch_size"] >= 1]
+    counts = rows.groupby("decode_batch_size")["chunk_size"].nunique()
+    candidates = [int(d) for d, n in counts.items() if n >= 2] or [int(d) for d in counts.index]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda d: (abs(d - preferred), d))
+
+
+def chunk_sensitivity(table: pd.DataFrame, decode_batch_size: int | None = None) -> Plot:
+    d = decode_batch_size if decode_batch_size is not None else sensitivity_decode(table)
+    rows = table[table["decode_batch_size"] == d] if d is not None else table.iloc[0:0]
+    fig = Figure(figsize=(15, 4.6))
+    fig.subplots_adjust(left=0.06, right=0.98, bottom=0.14, top=0.86, wspace=0.28)
+    axes = fig.subplots(1, 3)
+    panels = (
+        ("prefill_duration_ms", "total prefill duration (ms)"),
+        ("tpot_penalty_ms", "per-step TPOT penalty p50 (ms)"),
+        ("aggregate_interference_ms", "aggregate interference (ms, D x per stream)"),
+    )
+    for ax, (column, label) in zip(axes, panels):
+        for p, group in rows.sort_values("chunk_size").groupby("new_prefill_tokens"):
+            ax.plot(group["chunk_size"], group[column], marker="o", label=f"P={_tokens(p)}")
+        ax.set_xscale("log", base=2)
+        _plain_log_axis(ax.xaxis, decimal=False)
+        sizes = sorted(int(b) for b in rows["chunk_size"].unique())
+        if sizes:
+            ax.set_xticks(sizes, [str(b) for b in sizes])
+            ax.minorticks_off()
+        ax.set_xlabel("chunk size B (max_num_batched_tokens)")
+        ax.set_ylabel(label)
+        if column != "tpot_penalty_ms" and len(rows) and (rows[column] > 0).any():
+            ax.set_yscale("log")
+            _plain_log_axis(ax.yaxis)
+        ax.grid(True, which="both", alpha=0.3)
+    if len(rows):
+        axes[2].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.subplots_adjust(right=0.92)
+    title = _title(f"Chunk-size sensitivity at D={d}: fewer, longer chunks vs more, shorter ones", _modelled(rows))
+    fig.suptitle(title)
+    return Plot("chunk_sensitivity", title, fig)
+
+
+def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
+              transfer_ms: float = DEFAULT_TRANSFER_MS) -> Plot:
+    rows = table[(table["chunk_size"] == chunk_size) & (table["decode_batch_size"] >= 1)]
+    fitted = table[table["decode_batch_size"] >= 1]
+    d_max = int(max(fitted["decode_batch_size"].max(), 1)) if len(fitted) else 12
+    p_lo = float(fitted["new_prefill_tokens"].min()) if len(fitted) else 512.0
+    p_hi = float(fitted["new_prefill_tokens"].max()) if len(fitted) else 32768.0
+    p_lo, p_hi = min(p_lo, p_hi / 2), max(p_hi, p_lo * 2)
+    decodes = np.arange(1, d_max + 1)
+    prefills = np.unique(np.geomspace(p_lo, p_hi, 120).round())
+    region = offload_region(model, chunk_size, decodes, prefills, transfer_ms)
+    fig = Figure(figsize=(9, 5.6))
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.18, top=0.92)
+    ax = fig.add_subplot()
+    cost = np.clip(region.cost_ms, 1e-3, None)
+    mesh = ax.pcolormesh(prefills, decodes, cost, norm=LogNorm(vmin=cost.min(), vmax=max(cost.max(), cost.min() * 10)),
+                         cmap="viridis", shading="nearest", rasterized=True)
+    bar = fig.colorbar(mesh, ax=ax, label=f"modelled aggregate interference (ms), {model.name}")
+    _plain_log_axis(bar.ax.yaxis)
+    if (region.cost_ms > transfer_ms).any() and (region.cost_ms <= transfer_ms).any():
+        ax.contour(prefills, decodes, region.cost_ms, levels=[transfer_ms], colors="white", linewidths=2)
+    ax.contourf(prefills, decodes, region.offload.astype(float), levels=[0.5, 1.5], colors="none", hatches=["//"])
+    wins = rows[rows["aggregate_interference_ms"] > transfer_ms]
+    loses = rows[~(rows["aggregate_interference_ms"] > transfer_ms)]
+    ax.scatter(wins["new_prefill_tokens"], wins["decode_batch_size"], marker="o", s=50, c="red",
+               edgecolors="white", label=f"measured: offload wins (> {transfer_ms:g} ms)")
+    ax.scatter(loses["new_prefill_tokens"], loses["decode_batch_size"], marker="o", s=50, facecolors="none",
+               edgecolors="red", label="measured: keep local")
+    ax.set_xscale("log", base=2)
+    _plain_log_axis(ax.xaxis, decimal=False)
+    ticks = sorted(int(p) for p in fitted["new_prefill_tokens"].unique()) if len(fitted) else []
+    if ticks:
+        ax.set_xticks(ticks, [_tokens(p) for p in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel("new_prefill_tokens (P)")
+    ax.set_ylabel("decode_batch_size (D)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8, frameon=False)
+    title = _title(f"Offload wins (hatched) where interference > {transfer_ms:g} ms transfer, B={chunk_size}",
+                   _modelled(table))
+    ax.set_title(title)
+    return Plot(f"breakeven_{chunk_size}", title, fig)
+
+
+def breakeven_chunk(table: pd.DataFrame, preferred: int = 8192) -> int:
+    sizes = sorted(int(b) for b in table["chunk_size"].unique())
+    if not sizes or preferred in sizes:
+        return preferred
+    return min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(preferred)), s))
+
+
+PLOTS_WITH_MODEL = 3  # heatmap, chunk sensitivity, break-even
+
+
+def all_plots(table: pd.DataFrame, model: CostModel | None, transfer_ms: float = DEFAULT_TRANSFER_MS) -> list[Plot]:
+    plots = [heatmap(table), chunk_sensitivity(table)]
+    if model is not None:
+        plots.append(breakeven(table, model, breakeven_chunk(table), transfer_ms))
+    return plots
+
+
+def write_plots(plots: Iterable[Plot], out_dir: str | Path, formats: Iterable[str] = FORMATS) -> list[Path]:
+    out = Path(out_dir)
+    written = []
+    for plot in plots:
+        for fmt in formats:
+            written.append(atomic_write_bytes(out / f"{plot.name}.{fmt}", plot.render(fmt)))
+    return written

@@ -1,0 +1,375 @@
+"""Rebuild per-window values from what Prometheus recorded of the exporter, for the same table.
+
+The exporter (`pdexporter run`, `pdexporter.exporter.metrics`) publishes, per grid point
+(labels chunk_size / decode_batch_size / new_prefill_tokens), the last analysed window's numbers
+as `pdexporter_window_*` gauges and counts windows in `pdexporter_windows_total`. A window is
+therefore an *increment* of that counter: at the evaluation step where the counter of a label set
+went up, the gauges of the same label set (same scrape) hold that window's values.
+
+We ask the HTTP API's `query_range`, at one step s (default 1 s), for
+
+    increments:  (C - C offset s) > 0  or  (C unless C offset s) > 0  or  (C < C offset s)
+
+(C = pdexporter_windows_total: a rise within the step; a series born within it; a counter reset),
+and for each gauge G: `G and (increments)`: its values only at those steps. So the answer grows
+with the number of windows, not with the length of the range. A range longer than 11 000 steps
+(Prometheus' limit) is split into several requests.
+
+Two windows of one label set within one step show as one increment of 2: only the second window's
+values exist anywhere, so it is kept and the loss is counted and reported (use a step no longer
+than the scrape interval, and scrape more often than windows happen).
+
+Each rebuilt window becomes one "repetition" of its grid point (`table.ConfigSamples`), so the
+table, fits and criteria are the same code as for records.
+
+The HTTP part is a thin edge (`PrometheusAPI`, urllib, injectable `fetch`); the reconstruction
+(`windows_from_series`) and the time parsing (`parse_time`) are pure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdexporter.analysis.table import ConfigSamples
+from pdexporter.errors import ConfigError, PdexporterError
+from pdexporter.exporter import metrics as m
+
+MAX_POINTS = 11_000
+GRID = m.GRID_LABELS
+
+# Gauge -> (table column, factor to the table's unit)
+WINDOW_GAUGES: dict[str, tuple[str, float]] = {
+    m.WINDOW_BASELINE: ("tpot_baseline_ms", 1e3),
+    m.WINDOW_DURING: ("tpot_interference_ms", 1e3),
+    m.WINDOW_PENALTY: ("tpot_penalty_ms", 1e3),
+    m.WINDOW_RATIO: ("penalty_ratio", 1.0),
+    m.WINDOW_SLOW_STEPS: ("num_chunks", 1.0),
+    m.WINDOW_PREFILL: ("prefill_duration_ms", 1e3),
+    m.WINDOW_AFTER: ("tpot_after_prefill_ms", 1e3),
+    m.WINDOW_EXPECTED: ("num_chunks_expected", 1.0),
+    m.WINDOW_TOTAL: ("total_interference_ms", 1e3),
+}
+INT_COLUMNS = frozenset({"num_chunks", "num_chunks_expected"})
+
+
+class PrometheusError(PdexporterError):
+    """Prometheus could not be reached, refused the query, or holds nothing for the range."""
+
+    exit_code = 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Times
+
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
+
+
+def parse_duration(text: str) -> float:
+    """Prometheus-style durations: 90s, 5m, 1h30m, 1.5h; a bare number is seconds."""
+    t = text.strip()
+    try:
+        seconds = float(t)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(text)
+        return seconds
+    pos, total = 0, 0.0
+    for match in _DURATION_RE.finditer(t):
+        if match.start() != pos:
+            raise ValueError(text)
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(t) or pos == 0:
+        raise ValueError(text)
+    return total
+
+
+def parse_time(text: str, now: float, option: str = "--from") -> float:
+    """RFC3339, unix seconds, `now`, or relative: `-1h`, `now-15m`. Returns unix seconds."""
+    t = text.strip()
+    hint = "use RFC3339 (2025-01-31T12:00:00Z), unix seconds, 'now', or relative like -1h / now-15m"
+    if t == "now":
+        return now
+    relative = t[3:] if t.startswith("now") else t
+    if relative.startswith("-") or relative.startswith("+"):
+        try:
+            seconds = parse_duration(relative[1:])
+        except ValueError:
+            raise ConfigError(f"{option} {text!r}: not a duration ({hint})") from None
+        return now - seconds if relative[0] == "-" else now + seconds
+    try:
+        value = float(t)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{option} {text!r}: not a time ({hint})")
+        return value
+    try:
+        parsed = dt.datetime.fromisoformat(t.replace("z", "Z"))
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: not a time ({hint})") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)  # documented: naive times are UTC
+    return parsed.timestamp()
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP edge
+
+
+Fetch = Callable[[str, float], bytes]
+
+
+def urllib_fetch(url: str, timeout: float) -> bytes:
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (user-given URL)
+        return response.read()
+
+
+@dataclass
+class PrometheusAPI:
+    base_url: str
+    timeout_s: float = 30.0
+    fetch: Fetch = urllib_fetch
+
+    def __post_init__(self) -> None:
+        parsed = urllib.parse.urlparse(self.base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"--prometheus {self.base_url!r}: not an http(s) URL")
+        self.base_url = self.base_url.rstrip("/")
+
+    def _get(self, path: str, params: Mapping[str, str]) -> Any:
+        url = f"{self.base_url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            body = self.fetch(url, self.timeout_s)
+        except urllib.error.HTTPError as exc:
+            detail = ""
+            try:
+                detail = json.loads(exc.read()).get("error", "")
+            except (ValueError, OSError, AttributeError):
+                pass
+            raise PrometheusError(f"Prometheus at {self.base_url} answered HTTP {exc.code}"
+                                  f"{': ' + detail if detail else ''}") from exc
+        except urllib.error.URLError as exc:
+            raise PrometheusError(f"cannot reach Prometheus at {self.base_url} ({_reason(exc.reason)})") from exc
+        except (TimeoutError, socket.timeout) as exc:
+            raise PrometheusError(f"Prometheus at {self.base_url} did not answer within {self.timeout_s:g} s") from exc
+        except OSError as exc:
+            raise PrometheusError(f"cannot reach Prometheus at {self.base_url} ({_reason(exc)})") from exc
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            raise PrometheusError(f"{self.base_url}{path}: answer is not JSON (is this a Prometheus server?)") from exc
+        if not isinstance(payload, dict) or payload.get("status") != "success":
+            error = payload.get("error", "unknown error") if isinstance(payload, dict) else "unexpected answer"
+            raise PrometheusError(f"Prometheus at {self.base_url} refused the query: {error}")
+        return payload.get("data", {})
+
+    def query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A matrix over [start, end], split into requests of at most MAX_POINTS steps, merged."""
+        merged: dict[tuple[tuple[str, str], ...], dict[float, str]] = {}
+        labels_of: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        span = step * (MAX_POINTS - 1)
+        t = start
+        while t <= end:
+            stop = min(end, t + span)
+            data = self._get("/api/v1/query_range",
+                             {"query": query, "start": _num(t), "end": _num(stop), "step": _num(step)})
+            if data.get("resultType") != "matrix":
+                raise PrometheusError(f"Prometheus at {self.base_url}: query_range of {query} gave "
+                                      f"{data.get('resultType')!r}, not a matrix")
+            for series in data.get("result", []):
+                key = tuple(sorted(series.get("metric", {}).items()))
+                labels_of[key] = dict(series.get("metric", {}))
+                merged.setdefault(key, {}).update({float(ts): v for ts, v in series.get("values", [])})
+            t = stop + step
+        return [{"metric": labels_of[k], "values": sorted(v.items())} for k, v in merged.items()]
+
+
+def _num(x: float) -> str:
+    return f"{x:.3f}".rstrip("0").rstrip(".")
+
+
+def _reason(reason: object) -> str:
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or reason.__class__.__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure reconstruction
+
+
+@dataclass(frozen=True)
+class Window:
+    labels: tuple[tuple[str, str], ...]  # every label of the series (grid labels, instance, job)
+    time: float
+    values: dict[str, float | int | None]
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        labels = dict(self.labels)
+        return (int(labels["chunk_size"]), int(labels["decode_batch_size"]), int(labels["new_prefill_tokens"]))
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    windows: list[Window]
+    missed: int = 0  # windows that fell between two scrapes of the same label set
+    skipped_series: list[str] = field(default_factory=list)
+
+
+def _labels(metric: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__"))
+
+
+def _value(text: str) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def windows_from_series(
+    increments: Sequence[Mapping[str, Any]],
+    gauges: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> Reconstruction:
+    """One window per point of the increments matrix (value = how much the counter rose in that
+    step); its values are the gauges of the same label set at the same evaluation time."""
+    gauge_at: dict[str, dict[tuple[tuple[str, str], ...], dict[float, float | None]]] = {}
+    for name, series_list in gauges.items():
+        table: dict[tuple[tuple[str, str], ...], dict[float, float | None]] = {}
+        for series in series_list:
+            table[_labels(series["metric"])] = {float(ts): _value(v) for ts, v in series["values"]}
+        gauge_at[name] = table
+    windows: list[Window] = []
+    missed = 0
+    skipped: list[str] = []
+    for series in increments:
+        labels = _labels(series["metric"])
+        if not all(k in dict(labels) for k in GRID):
+            skipped.append(str(dict(labels)))
+            continue
+        for ts_raw, text in series["values"]:
+            ts, increase = float(ts_raw), _value(text)
+            if increase is None or increase < 0.5:
+                continue
+            missed += int(round(increase)) - 1
+            values: dict[str, float | int | None] = {}
+            for name, (column, factor) in WINDOW_GAUGES.items():
+                raw = gauge_at.get(name, {}).get(labels, {}).get(ts)
+                if raw is None:
+                    values[column] = None
+                elif column in INT_COLUMNS:
+                    values[column] = int(round(raw))
+                else:
+                    values[column] = raw * factor
+            windows.append(Window(labels, ts, values))
+    windows.sort(key=lambda w: (w.time, w.labels))
+    return Reconstruction(windows, missed, skipped)
+
+
+def increments_query(step: float) -> str:
+    c, s = m.WINDOWS, f"{int(round(step * 1000))}ms"
+    return (f"(({c} - {c} offset {s}) > 0) or (({c} unless {c} offset {s}) > 0) "
+            f"or ({c} < {c} offset {s})")
+
+
+def at_increments_query(gauge: str, step: float) -> str:
+    return f"{gauge} and ({increments_query(step)})"
+
+
+def _rep(window: Window) -> dict[str, float | int | None]:
+    rep = {column: None for column, _ in WINDOW_GAUGES.values()}
+    rep.update(window.values)
+    d = window.key[1]
+    total = rep.get("total_interference_ms")
+    rep.update(tpot_baseline_p90_ms=None, tpot_interference_p90_ms=None, num_chunks_engine_log=None,
+               aggregate_interference_ms=None if total is None else float(total) * d,
+               decode_tokens_delayed=None if rep.get("num_chunks") is None else int(rep["num_chunks"]) * d)  # type: ignore[arg-type]
+    return rep
+
+
+def samples_from_windows(windows: Iterable[Window], engines: Mapping[int, Mapping[str, str]] | None = None,
+                         source: str = "") -> list[ConfigSamples]:
+    """Group windows by grid point (across exporter instances); each window is one repetition."""
+    grouped: dict[tuple[int, int, int], list[Window]] = {}
+    for w in windows:
+        grouped.setdefault(w.key, []).append(w)
+    out = []
+    for key in sorted(grouped):
+        info = (engines or {}).get(key[0], {})
+        out.append(ConfigSamples(
+            chunk_size=key[0], decode_batch_size=key[1], new_prefill_tokens=key[2],
+            reps=tuple(_rep(w) for w in grouped[key]),
+            modelled=str(info.get("modelled", "false")).lower() == "true",
+            engine=info.get("engine", "unknown"), model=info.get("model"), source=source,
+        ))
+    return out
+
+
+def engines_from_series(series_list: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, str]]:
+    """chunk size -> the engine_info labels last seen for it."""
+    out: dict[int, tuple[float, dict[str, str]]] = {}
+    for series in series_list:
+        labels = dict(series["metric"])
+        try:
+            chunk = int(labels.get("chunk_size", ""))
+        except ValueError:
+            continue
+        last = max((float(ts) for ts, _ in series["values"]), default=-math.inf)
+        if chunk not in out or last > out[chunk][0]:
+            out[chunk] = (last, labels)
+    return {k: v for k, (_, v) in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The pull
+
+
+@dataclass(frozen=True)
+class PullResult:
+    samples: list[ConfigSamples]
+    windows: int
+    missed: int
+    start: float
+    end: float
+    step: float
+
+
+def pull(api: PrometheusAPI, start: float, end: float, step: float = 1.0) -> PullResult:
+    if end <= start:
+        raise ConfigError(f"--from {_iso(start)} is not before --to {_iso(end)}")
+    if step < 0.001:
+        raise ConfigError(f"--step {step:g}: must be at least 1 ms")
+    increments = api.query_range(increments_query(step), start, end, step)
+    gauges = {name: api.query_range(at_increments_query(name, step), start, end, step) for name in WINDOW_GAUGES}
+    rebuilt = windows_from_series(increments, gauges)
+    if not rebuilt.windows:
+        raise PrometheusError(f"Prometheus at {api.base_url} shows no new {m.WINDOWS} between {_iso(start)} and "
+                              f"{_iso(end)}: no exporter windows in that range to tabulate")
+    # Only the labels matter here; a step within the 5-minute lookback still sees every series.
+    info_step = min(max(step, (end - start) / 1000), 300.0)
+    engines = engines_from_series(api.query_range(m.ENGINE_INFO, start, end, info_step))
+    samples = samples_from_windows(rebuilt.windows, engines, source=f"prometheus {api.base_url}")
+    return PullResult(samples, len(rebuilt.windows), rebuilt.missed, start, end, step)

@@ -1,0 +1,176 @@
+"""One self-contained HTML report: table, plots (PNG as data: URIs), fits, decision, criteria.
+
+Nothing in the page refers outside itself (no scripts, fonts or stylesheets from anywhere), so it
+can be mailed, attached to a ticket or opened offline. Modelled data gets a banner at the top and
+MODELLED in every plot title.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import math
+from importlib import resources
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from pdexporter import __version__
+from pdexporter._internal.atomic import atomic_write_text
+from pdexporter.analysis.job import Analysis
+from pdexporter.analysis.plots import Plot, all_plots
+
+REPORT_HTML = "report.html"
+
+
+def _template() -> Template:
+    text = resources.files("pdexporter.analysis").joinpath("templates/report.html").read_text(encoding="utf-8")
+    return Template(text)
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    if isinstance(value, float):
+        if value == 0 or 1e-3 <= abs(value) < 1e3:
+            return f"{value:.{digits}g}"
+        return f"{value:.1f}" if abs(value) >= 1e3 else f"{value:.{max(digits - 1, 1)}e}"
+    return _e(value)
+
+
+def _table(headers: list[str], rows: list[list[str]], text_cols: frozenset[int] = frozenset()) -> str:
+    head = "".join(f'<th class="{"text" if i in text_cols else ""}">{_e(h)}</th>' for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"text" if i in text_cols else ""}">{cell}</td>' for i, cell in enumerate(r))
+        + "</tr>" for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _banner(analysis: Analysis) -> str:
+    if not analysis.modelled:
+        return ""
+    modelled = sum(1 for s in analysis.samples if s.modelled)
+    engines = sorted({s.engine for s in analysis.samples if s.modelled})
+    notes = "".join(f"<li>{_e(n)}</li>" for n in analysis.modelled_notes)
+    return (f'<div class="banner" id="modelled-banner">MODELLED DATA: {modelled} of {len(analysis.samples)} grid '
+            f"points come from a model ({_e(', '.join(engines))}), not from measurements on a GPU."
+            f"{'<ul>' + notes + '</ul>' if notes else ''}</div>")
+
+
+def _criteria(analysis: Analysis) -> str:
+    rows = []
+    for c in analysis.criteria:
+        css = c.verdict.split()[0]
+        rows.append([str(c.number), _e(c.name), _e(c.statement), f'<span class="{css}">{_e(c.verdict)}</span>',
+                     _e(c.figure)])
+    return _table(["#", "criterion", "statement", "verdict", "figure"], rows, frozenset({1, 2, 3, 4}))
+
+
+def _fits(analysis: Analysis) -> str:
+    report = analysis.fits
+    if report is None:
+        return "<p class=\"warn\">No cost model was fitted: " + _e("; ".join(analysis.notes)) + "</p>"
+    parts = [f"<p>Target: {_e(report.target)}, over {report.n_points} grid points with D &ge; 1. "
+             f"Chosen: <b>{_e(report.chosen)}</b> &mdash; {_e(report.reason)}.</p>"]
+    score_rows = []
+    for name, fit in report.fits.items():
+        row = [_e(name), _e(fit.model.formula), _num(fit.in_sample_r2)]
+        for scheme in sorted(fit.held_out):
+            h = fit.held_out[scheme]
+            row += [_num(h.r2), _num(h.rmse_ms, 3), _num(h.median_abs_rel_error, 3)]
+        score_rows.append(row)
+    schemes = sorted(next(iter(report.fits.values())).held_out)
+    headers = ["model", "formula", "in-sample R²"]
+    for scheme in schemes:
+        headers += [f"held-out R² ({scheme})", "RMSE ms", "median |rel. err|"]
+    parts.append(_table(headers, score_rows, frozenset({0, 1})))
+    best = report.best.model
+    coef_rows = [[_e(c.name), _num(c.value, 5), _num(c.stderr, 2), _e(c.unit), _e(c.meaning)]
+                 for c in best.coefficients()]
+    parts.append(f"<h3>Coefficients of {_e(best.name)}</h3>")
+    parts.append('<div class="scroll">' + _table(["coefficient", "value", "std. error", "unit", "meaning"], coef_rows,
+                                                 frozenset({0, 3, 4})) + "</div>")
+    return "\n".join(parts)
+
+
+def _decision(analysis: Analysis) -> str:
+    doc = analysis.decision
+    if doc is None:
+        return "<p>No decision function (no fitted model).</p>"
+    parts = [f"<p>Rule: <code>{_e(doc['rule'])}</code>; cost = {_e(doc['cost'])}; transfer budget "
+             f"{doc['transfer_ms_default']:g} ms. The router-loadable form is <code>decision.json</code> "
+             f"(schema <code>{_e(doc['schema'])}</code>).</p>"]
+    thresholds = doc.get("thresholds_min_prefill_tokens", {})
+    decodes = sorted({int(d) for per_b in thresholds.values() for d in per_b})
+    rows = []
+    for b in sorted(thresholds, key=int):
+        rows.append([f"B={_e(b)}"] + [_num(thresholds[b].get(str(d))) if thresholds[b].get(str(d)) is not None
+                                       else "never" for d in decodes])
+    if rows:
+        parts.append(f"<p>Smallest prefill (tokens) for which offloading wins at {doc['transfer_ms_default']:g} ms, "
+                     "per chunk size and decode batch size D:</p>")
+        parts.append(_table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0})))
+    return "\n".join(parts)
+
+
+def _plots(plots: list[Plot]) -> str:
+    parts = []
+    for plot in plots:
+        data = base64.b64encode(plot.render("png")).decode("ascii")
+        parts.append(f'<figure id="figure-{_e(plot.name)}"><img id="plot-{_e(plot.name)}" alt="{_e(plot.title)}" '
+                     f'src="data:image/png;base64,{data}"><figcaption>{_e(plot.title)}</figcaption></figure>')
+    return "\n".join(parts)
+
+
+def _data_table(analysis: Analysis) -> str:
+    frame = analysis.table
+    headers = list(frame.columns)
+    text_cols = frozenset(i for i, c in enumerate(headers) if c in ("engine", "gpu", "model", "modelled"))
+    rows = [[_num(None if _isna(v) else (v.item() if hasattr(v, "item") else v)) for v in record]
+            for record in frame.itertuples(index=False)]
+    return _table(headers, rows, text_cols)
+
+
+def _isna(value: Any) -> bool:
+    try:
+        return bool(value is None or value != value)
+    except (TypeError, ValueError):
+        return False
+
+
+def render_report(analysis: Analysis, plots: list[Plot] | None = None, now: dt.datetime | None = None) -> str:
+    if plots is None:
+        plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, analysis.transfer_ms)
+    when = (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds")
+    engines = sorted({s.engine for s in analysis.samples})
+    reps = sum(len(s.reps) for s in analysis.samples)
+    subtitle = (f"{len(analysis.samples)} grid points, {reps} repetitions, engine(s) {', '.join(engines)}; "
+                f"source {analysis.source or 'n/a'}; generated {when} by pdexporter {__version__}")
+    mismatches = ""
+    if analysis.mismatches:
+        mismatches = (f'<span class="warn">{len(analysis.mismatches)} values in record top levels differ from '
+                      f"the medians of their repetitions (the table uses the medians): "
+                      f"{_e('; '.join(analysis.mismatches[:5]))}</span>")
+    title = "pdexporter: prefill/decode interference report" + (" (MODELLED)" if analysis.modelled else "")
+    return _template().substitute(
+        generator=_e(f"pdexporter {__version__}"),
+        title=_e(title),
+        subtitle=_e(subtitle),
+        banner=_banner(analysis),
+        criteria=_criteria(analysis),
+        fits=_fits(analysis),
+        decision=_decision(analysis),
+        plots=_plots(plots),
+        mismatches=mismatches,
+        table=_data_table(analysis),
+    )
+
+
+def write_report(analysis: Analysis, path: str | Path, plots: list[Plot] | None = None) -> Path:
+    return atomic_write_text(path, render_report(analysis, plots))

@@ -1,0 +1,253 @@
+"""Records -> the interference table: one row per (chunk size, D, P), medians over repetitions.
+
+The table's first columns are exactly the seed's (`SEED_COLUMNS`); the extras follow. Every value
+is the p50 over repetitions, as the seed asks ("report p50 over 5 runs"), recomputed here from the
+record's `reps` rather than trusted from its top level (which `measure.records.aggregate` wrote
+the same way; `top_level_mismatches` says where the two disagree). A record without `reps` (a
+hand-written seed-format file) contributes its top level as its single repetition.
+
+The same rows come from Prometheus (`analysis.prometheus`): there each analysed window is one
+repetition. Both sources meet in `ConfigSamples`, so one function builds the table.
+
+Column meanings (window maths in `pdexporter.measure.window` defines the underlying numbers):
+
+    tpot_baseline_ms          baseline.tpot_p50_ms (decode-only TPOT p50)
+    tpot_interference_ms      interference.tpot_during_prefill_p50_ms
+    tpot_penalty_ms           derived.tpot_penalty_p50_ms = interference - baseline
+    penalty_ratio             derived.tpot_penalty_ratio = penalty / baseline (the seed's example)
+    num_chunks                interference.num_chunks_actual (slow steps seen by the probes)
+    prefill_duration_ms       interference.prefill_duration_ms (submission -> first token)
+    total_interference_ms     per decode stream: sum over the window of (interval - baseline)
+    aggregate_interference_ms D x total_interference_ms: what the prefill cost the whole batch
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
+from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, cv
+
+KEY_COLUMNS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
+SEED_COLUMNS = (
+    "chunk_size",
+    "decode_batch_size",
+    "new_prefill_tokens",
+    "tpot_baseline_ms",
+    "tpot_interference_ms",
+    "tpot_penalty_ms",
+    "penalty_ratio",
+    "num_chunks",
+    "prefill_duration_ms",
+)
+# Per-repetition values medianed into the table (the seed's value columns first).
+REP_VALUES = (
+    "tpot_baseline_ms",
+    "tpot_interference_ms",
+    "tpot_penalty_ms",
+    "penalty_ratio",
+    "num_chunks",
+    "prefill_duration_ms",
+    "tpot_baseline_p90_ms",
+    "tpot_interference_p90_ms",
+    "tpot_after_prefill_ms",
+    "num_chunks_expected",
+    "num_chunks_engine_log",
+    "total_interference_ms",
+    "aggregate_interference_ms",
+    "decode_tokens_delayed",
+)
+INT_VALUES = frozenset({"num_chunks", "num_chunks_expected", "num_chunks_engine_log", "decode_tokens_delayed"})
+EXTRA_COLUMNS = (
+    "reps",
+    "cv_tpot_penalty",
+    "cv_prefill_duration",
+    "cv_aggregate_interference",
+    "tpot_baseline_p90_ms",
+    "tpot_interference_p90_ms",
+    "tpot_after_prefill_ms",
+    "num_chunks_expected",
+    "num_chunks_engine_log",
+    "total_interference_ms",
+    "aggregate_interference_ms",
+    "decode_tokens_delayed",
+    "modelled",
+    "engine",
+    "gpu",
+    "model",
+)
+COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS
+TABLE_CSV = "interference_table.csv"
+TABLE_PARQUET = "interference_table.parquet"
+DIGITS = 4
+
+
+@dataclass(frozen=True)
+class ChunkSteps:
+    """One repetition's slow (mixed) step times in order, with the baseline they are compared to."""
+
+    baseline_ms: float
+    step_times_ms: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ConfigSamples:
+    """Everything the analysis needs about one grid point, whatever it came from."""
+
+    chunk_size: int
+    decode_batch_size: int
+    new_prefill_tokens: int
+    reps: tuple[Mapping[str, float | int | None], ...]
+    steps: tuple[ChunkSteps, ...] = ()
+    top_level: Mapping[str, float | int | None] | None = None
+    modelled: bool = False
+    engine: str = "vllm"
+    gpu: str | None = None
+    model: str | None = None
+    note: str | None = None
+    source: str = ""
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.chunk_size, self.decode_batch_size, self.new_prefill_tokens)
+
+
+def rep_values(
+    baseline: BaselineBlock, interference: InterferenceBlock, derived: DerivedBlock, decode_batch_size: int
+) -> dict[str, float | int | None]:
+    """One repetition (or a record's top level) as the table's value columns."""
+    total = derived.total_interference_ms
+    aggregate_ms = derived.aggregate_interference_ms
+    if aggregate_ms is None and total is not None:
+        aggregate_ms = total * decode_batch_size
+    return {
+        "tpot_baseline_ms": baseline.tpot_p50_ms,
+        "tpot_interference_ms": interference.tpot_during_prefill_p50_ms,
+        "tpot_penalty_ms": derived.tpot_penalty_p50_ms,
+        "penalty_ratio": derived.tpot_penalty_ratio,
+        "num_chunks": interference.num_chunks_actual,
+        "prefill_duration_ms": interference.prefill_duration_ms,
+        "tpot_baseline_p90_ms": baseline.tpot_p90_ms,
+        "tpot_interference_p90_ms": interference.tpot_during_prefill_p90_ms,
+        "tpot_after_prefill_ms": interference.tpot_after_prefill_p50_ms,
+        "num_chunks_expected": interference.num_chunks_expected,
+        "num_chunks_engine_log": interference.num_chunks_engine_log,
+        "total_interference_ms": total,
+        "aggregate_interference_ms": aggregate_ms,
+        "decode_tokens_delayed": derived.decode_tokens_delayed,
+    }
+
+
+def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
+    c = record.config
+    d = c.decode_batch_size
+    top = rep_values(record.baseline, record.interference, record.derived, d)
+    if record.reps:
+        reps = tuple(rep_values(r.baseline, r.interference, r.derived, d) for r in record.reps)
+        blocks = [(r.baseline, r.interference) for r in record.reps]
+    else:
+        reps = (top,)
+        blocks = [(record.baseline, record.interference)]
+    steps = tuple(
+        ChunkSteps(b.tpot_p50_ms, tuple(i.slow_step_times_ms))
+        for b, i in blocks
+        if b.tpot_p50_ms is not None and i.slow_step_times_ms
+    )
+    return ConfigSamples(
+        chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
+        reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
+        model=c.model, note=c.note, source=source,
+    )
+
+
+def _median(values: Sequence[float | int | None], integer: bool) -> float | int | None:
+    present = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not present:
+        return None
+    med = statistics.median(present)
+    # The record's own aggregation rounds medians of integers the same way (records._median_block).
+    return int(round(med)) if integer else round(med, DIGITS)
+
+
+def _cv(values: Sequence[float | int | None]) -> float | None:
+    value = cv([None if v is None else float(v) for v in values])
+    return None if value is None else round(value, DIGITS)
+
+
+def aggregate_reps(reps: Sequence[Mapping[str, float | int | None]]) -> dict[str, float | int | None]:
+    """The seed's aggregation: p50 over repetitions, column by column."""
+    return {name: _median([r.get(name) for r in reps], name in INT_VALUES) for name in REP_VALUES}
+
+
+def table_row(s: ConfigSamples) -> dict[str, Any]:
+    row: dict[str, Any] = dict(zip(KEY_COLUMNS, s.key))
+    row.update(aggregate_reps(s.reps))
+    row["reps"] = len(s.reps)
+    row["cv_tpot_penalty"] = _cv([r.get("tpot_penalty_ms") for r in s.reps])
+    row["cv_prefill_duration"] = _cv([r.get("prefill_duration_ms") for r in s.reps])
+    row["cv_aggregate_interference"] = _cv([r.get("aggregate_interference_ms") for r in s.reps])
+    row.update(modelled=bool(s.modelled), engine=s.engine, gpu=s.gpu, model=s.model)
+    return row
+
+
+def build_table(samples: Iterable[ConfigSamples]) -> pd.DataFrame:
+    """One row per grid point, sorted by (chunk size, D, P), columns in `COLUMNS` order."""
+    rows = [table_row(s) for s in samples]
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    for name in KEY_COLUMNS + ("reps",):
+        frame[name] = frame[name].astype("int64")
+    for name in INT_VALUES:
+        frame[name] = frame[name].astype("Int64")
+    for name in COLUMNS:
+        if name not in INT_VALUES and name not in KEY_COLUMNS and name not in ("reps", "modelled", "engine", "gpu", "model"):
+            frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
+    frame["modelled"] = frame["modelled"].astype(bool)
+    return frame.sort_values(list(KEY_COLUMNS), kind="stable").reset_index(drop=True)
+
+
+def top_level_mismatches(samples: Iterable[ConfigSamples], rel_tol: float = 1e-3) -> list[str]:
+    """Grid points whose record top level differs from the medians of its reps (should be none)."""
+    out: list[str] = []
+    for s in samples:
+        if s.top_level is None or len(s.reps) < 1:
+            continue
+        again = aggregate_reps(s.reps)
+        for name in REP_VALUES:
+            a, b = again.get(name), s.top_level.get(name)
+            if a is None and b is None:
+                continue
+            if a is None or b is None or not math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=1e-3):
+                out.append(f"B={s.chunk_size} D={s.decode_batch_size} P={s.new_prefill_tokens}: {name} "
+                           f"top level {b!r} vs median of reps {a!r}")
+    return out
+
+
+def any_modelled(table: pd.DataFrame) -> bool:
+    return bool(table["modelled"].any()) if len(table) else False
+
+
+def write_table(table: pd.DataFrame, out_dir: str | Path, *, parquet: bool = True) -> list[Path]:
+    """interference_table.csv (and .parquet when pyarrow is importable), written atomically."""
+    out = Path(out_dir)
+    written = [atomic_write_text(out / TABLE_CSV, table.to_csv(index=False))]
+    if parquet and parquet_available():
+        buffer = io.BytesIO()
+        table.to_parquet(buffer, index=False)
+        written.append(atomic_write_bytes(out / TABLE_PARQUET, buffer.getvalue()))
+    return written
+
+
+def parquet_available() -> bool:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True

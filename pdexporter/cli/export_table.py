@@ -1,0 +1,139 @@
+"""`pdexporter export-table`: records (or Prometheus) -> table, fits, decision, criteria, plots."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pdexporter.analysis import DEFAULT_TRANSFER_MS
+from pdexporter.cli._common import console
+from pdexporter.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pdexporter.analysis.job import Analysis
+
+TransferOpt = Annotated[
+    float,
+    typer.Option("--transfer-ms", min=0.0, help="Transfer budget (ms) an offload must beat; the seed's 50 ms."),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export-table")(export_table)
+
+
+@contextmanager
+def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]]:
+    """A bar with ETA while the job runs; transient, so an error stays the only line and the summary
+    printed afterwards is what remains on the screen."""
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, refresh_per_second=4, transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total, step="")
+
+        def tick(step: str) -> None:
+            bar.update(task, advance=1, step=step)
+
+        yield tick
+        bar.update(task, completed=total, step="done")
+
+
+def export_table(
+    results_dir: Annotated[Path | None, typer.Argument(help="Results directory of records (results/{chunk}/D{d}_P{p}.json).")] = None,
+    prometheus: Annotated[str | None, typer.Option("--prometheus", help="Prometheus base URL to pull the exporter's windows from instead.")] = None,
+    from_: Annotated[str, typer.Option("--from", help="Start: RFC3339, unix seconds, 'now' or relative (-1h).")] = "-1h",
+    to: Annotated[str, typer.Option("--to", help="End: RFC3339, unix seconds, 'now' or relative.")] = "now",
+    step: Annotated[str, typer.Option("--step", help="query_range resolution; at most the scrape interval.")] = "1s",
+    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: RESULTS_DIR, or ./results).")] = None,
+    transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG/SVG plots.")] = True,
+    parquet: Annotated[bool, typer.Option("--parquet/--no-parquet", help="Also write Parquet (needs pyarrow).")] = True,
+) -> None:
+    """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
+    from pdexporter.analysis.job import analyse, load_results, progress_steps, record_paths, write_outputs
+
+    started = time.perf_counter()
+    if (results_dir is None) == (prometheus is None):
+        raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
+    if prometheus is not None:
+        analysis, out_dir, extra = _from_prometheus(prometheus, from_, to, step, transfer_ms, out)
+        total = progress_steps(0, plots) - 3  # no record ticks; table/fits/criteria done before the bar
+        with progress_bar(total, "export-table") as tick:
+            written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
+    else:
+        assert results_dir is not None
+        out_dir = out or results_dir
+        paths = record_paths(results_dir)
+        with progress_bar(progress_steps(len(paths), plots), "export-table") as tick:
+            samples = load_results(results_dir, tick)
+            analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick)
+            written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
+        extra = []
+    print_summary(analysis, extra)
+    console.print(f"wrote {len(written)} files to {out_dir} in {time.perf_counter() - started:.2f} s")
+    print(Path(out_dir) / "interference_table.csv")
+
+
+def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: float,
+                     out: Path | None) -> tuple[Analysis, Path, list[str]]:
+    from pdexporter.analysis.job import analyse
+    from pdexporter.analysis.prometheus import PrometheusAPI, parse_duration, parse_time, pull
+
+    now = time.time()
+    start, end = parse_time(from_, now, "--from"), parse_time(to, now, "--to")
+    try:
+        step_s = parse_duration(step)
+    except ValueError:
+        raise ConfigError(f"--step {step!r}: not a duration (e.g. 1s, 15s, 1m)") from None
+    with console.status(f"querying {url} ..."):
+        result = pull(PrometheusAPI(url), start, end, step_s)
+    extra = [f"{result.windows} windows rebuilt from Prometheus"]
+    if result.missed:
+        extra.append(f"{result.missed} windows fell between two scrapes of the same grid point and are lost "
+                     "(scrape more often than windows happen)")
+    analysis = analyse(result.samples, transfer_ms, source=f"prometheus {url}")
+    return analysis, out or Path("results"), extra
+
+
+def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
+    """The run in a few lines: grid, model, criteria, warnings."""
+    if analysis.modelled:
+        console.print("[bold yellow]MODELLED DATA:[/] " + "; ".join(analysis.modelled_notes or ["records say modelled: true"]))
+    reps = sum(len(s.reps) for s in analysis.samples)
+    console.print(f"{len(analysis.samples)} grid points, {reps} repetitions")
+    for line in extra or []:
+        console.print(line)
+    if analysis.fits:
+        f = analysis.fits
+        best = f.best
+        console.print(f"cost model: [bold]{f.chosen}[/] held-out R^2 {_fmt(f.held_out_r2())} ({f.primary_scheme}), "
+                      f"in-sample {_fmt(best.in_sample_r2)}; {f.reason}")
+        for c in best.model.coefficients()[:8]:
+            err = f" ± {c.stderr:.3g}" if c.stderr is not None else ""
+            console.print(f"  {c.name} = {c.value:.4g}{err} {c.unit}")
+    for note in analysis.notes:
+        console.print(f"[yellow]{note}[/]")
+    table = Table(title="Success criteria (seed)")
+    table.add_column("#")
+    table.add_column("criterion")
+    table.add_column("verdict")
+    table.add_column("figure")
+    colours = {True: "green", False: "red", None: "yellow"}
+    for c in analysis.criteria:
+        table.add_row(str(c.number), c.name, f"[{colours[c.passed]}]{c.verdict}[/]", c.figure)
+    console.print(table)
+    if analysis.mismatches:
+        console.print(f"[yellow]{len(analysis.mismatches)} record top-level values differ from the medians of their "
+                      f"repetitions; the table uses the medians. First: {analysis.mismatches[0]}[/]")
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"

@@ -1,0 +1,41 @@
+"""`pdexporter report RESULTS_DIR`: one self-contained HTML file with the table, plots, fits, criteria."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdexporter.analysis import DEFAULT_TRANSFER_MS
+from pdexporter.cli._common import console
+from pdexporter.cli.export_table import TransferOpt, print_summary, progress_bar
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)
+
+
+def report(
+    results_dir: Annotated[Path, typer.Argument(help="Results directory of records (results/{chunk}/D{d}_P{p}.json).")],
+    out: Annotated[Path | None, typer.Option("--out", help="HTML file to write (default: RESULTS_DIR/report.html).")] = None,
+    transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
+) -> None:
+    """Write one HTML file (images embedded, no external assets) describing the results."""
+    from pdexporter.analysis.job import analyse, load_results, record_paths
+    from pdexporter.analysis.plots import all_plots
+    from pdexporter.analysis.report import REPORT_HTML, write_report
+
+    target = out or results_dir / REPORT_HTML
+    paths = record_paths(results_dir)
+    # one tick per record, then table, fits, criteria, plots, html
+    with progress_bar(len(paths) + 5, "report") as tick:
+        samples = load_results(results_dir, tick)
+        analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick)
+        plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, transfer_ms)
+        tick("plots")
+        write_report(analysis, target, plots)
+        tick("html")
+    print_summary(analysis)
+    console.print(f"report written to {target}")
+    print(target)

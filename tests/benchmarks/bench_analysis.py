@@ -1,0 +1,83 @@
+"""Benchmark: the seed's full grid (196 configurations x 5 repetitions) -> table, fits and plots.
+
+    python tests/benchmarks/bench_analysis.py [--repeat 3]
+
+Records are generated first (not timed) through the same window maths as measured ones, written
+to a temporary results directory, then the batch job runs as `export-table` runs it: load and
+validate every record from disk, build the table, fit both cost models with their held-out
+scores, write the decision and criteria, render and write the plots (PNG + SVG). Target: < 3 s.
+Prints wall and CPU time and the 1-minute load average: on a shared machine the wall time
+stretches with the other work while the CPU time stays what this job costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+t_import = time.perf_counter()
+from pdexporter.analysis import job  # noqa: E402
+from pdexporter.analysis.plots import all_plots, write_plots  # noqa: E402
+from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records  # noqa: E402
+from pdexporter.measure.store import ResultsStore  # noqa: E402
+
+IMPORT_S = time.perf_counter() - t_import
+TARGET_S = 3.0
+
+
+def run_once(results: Path, out: Path) -> dict[str, float]:
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    samples = job.load_results(results)
+    t1 = time.perf_counter()
+    analysis = job.analyse(samples, source=str(results))
+    t2 = time.perf_counter()
+    job.write_outputs(analysis, out, plots=False)
+    t3 = time.perf_counter()
+    plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, analysis.transfer_ms)
+    write_plots(plots, out / job.PLOTS_DIR)
+    t4 = time.perf_counter()
+    cpu = time.process_time() - c0
+    for p in plots:
+        p.figure.clear()
+    return {"load": t1 - t0, "table+fits+criteria": t2 - t1, "write tables/json": t3 - t2, "plots": t4 - t3,
+            "total": t4 - t0, "cpu": cpu, "points": len(samples), "reps": sum(len(s.reps) for s in samples),
+            "r2": analysis.fits.held_out_r2() if analysis.fits else float("nan")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-analysis-") as tmp:
+        results, out = Path(tmp) / "results", Path(tmp) / "out"
+        t = time.perf_counter()
+        store = ResultsStore(results)
+        for record in synthetic_records(SyntheticTruth(), seed_grid(), reps=5):
+            store.save_record(record)
+        print(f"generated 196 x 5 synthetic records in {time.perf_counter() - t:.2f} s (not timed)")
+        runs = [run_once(results, out) for _ in range(args.repeat)]
+    load = os.getloadavg()[0]
+    first = runs[0]
+    print(f"grid points {first['points']}, repetitions {first['reps']}, held-out R^2 {first['r2']:.4f}")
+    print(f"imports (pandas, numpy, matplotlib, pydantic): {IMPORT_S:.2f} s, once per process")
+    for key in ("load", "table+fits+criteria", "write tables/json", "plots", "total", "cpu"):
+        values = [r[key] for r in runs]
+        print(f"  {key:22s} median {statistics.median(values):6.3f} s  (min {min(values):.3f}, max {max(values):.3f})")
+    best = statistics.median(r["total"] for r in runs)
+    cpu = statistics.median(r["cpu"] for r in runs)
+    print(f"table, fits and plots for 196 x 5 records: {best:.2f} s wall, {cpu:.2f} s CPU (median of {len(runs)}), "
+          f"target < {TARGET_S:.0f} s: {'OK' if best < TARGET_S else 'OVER'}; load average {load:.2f} on "
+          f"{os.cpu_count()} cores")
+    return 0 if best < TARGET_S else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""`export-table --prometheus` against a real Prometheus that scraped exporter-shaped metrics.
+
+The scraped endpoint is a test double of the exporter (`ExporterDouble`: the exporter's own
+metrics, `publish_window` and aiohttp exposition, fed one window per repetition of records instead
+of live probe streams). The records are measured on the embedded engine (SimDriver, virtual
+time). The end-to-end test with the real `pdexporter run` exporter belongs with its merge.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from pdexporter.analysis.table import KEY_COLUMNS, build_table, samples_from_record
+
+pytestmark = pytest.mark.integration
+
+POINTS = [(8192, 4, 8192), (8192, 4, 32768), (2048, 1, 4096)]
+REPS = 3
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pdexporter", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_export_table_from_prometheus_gives_the_records_penalties(exporter_double, prometheus_for, tmp_path,
+                                                                  make_sim_records):
+    records = make_sim_records(POINTS, reps=REPS, out=tmp_path / "records")
+    for r in records:
+        exporter_double.metrics.engine_info.labels(engine=r.config.engine, model=r.config.model,
+                                                   chunk_size=str(r.config.chunk_size), modelled="true").set(1)
+    prom = prometheus_for([exporter_double.target])
+    start = time.time() - 1.0
+    for k in range(REPS):
+        for record in records:
+            exporter_double.publish(record, record.reps[k])
+        # Wait until Prometheus has scraped this round, then one more scrape so every 1 s step sees it.
+        prom.wait_for("pdexporter_windows_total",
+                      lambda result, k=k: len(result) == len(POINTS) and all(float(r["value"][1]) == k + 1 for r in result))
+        time.sleep(1.2)
+
+    out = tmp_path / "out"
+    done = _run("export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
+                "--out", str(out), "--no-plots")
+    assert done.returncode == 0, done.stderr
+    got = pd.read_csv(out / "interference_table.csv").set_index(list(KEY_COLUMNS))
+    want = build_table([samples_from_record(r) for r in records]).set_index(list(KEY_COLUMNS))
+    assert sorted(got.index) == sorted(want.index)
+    for key in want.index:
+        assert got.loc[key, "reps"] == REPS, key  # every window found, none twice
+        for column in ("tpot_penalty_ms", "penalty_ratio", "tpot_baseline_ms", "prefill_duration_ms",
+                       "aggregate_interference_ms"):
+            assert got.loc[key, column] == pytest.approx(want.loc[key, column], rel=0.05), (key, column)
+        assert got.loc[key, "num_chunks"] == want.loc[key, "num_chunks"]
+    assert got["modelled"].all() and (got["engine"] == "pdexporter-sim").all()
+    assert (out / "fits.json").exists() and (out / "criteria.json").exists()
+
+    # A range with no windows (before this Prometheus existed) is a one-line error.
+    empty = _run("export-table", "--prometheus", prom.url, "--from", "2001-01-01T00:00:00Z",
+                 "--to", "2001-01-01T01:00:00Z", "--out", str(tmp_path / "empty"))
+    assert empty.returncode != 0
+    lines = empty.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no new pdexporter_windows_total" in lines[0], empty.stderr
+
+
+def test_unreachable_prometheus_and_bad_times_are_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when we leave: nothing listens there
+    done = _run("export-table", "--prometheus", f"http://127.0.0.1:{port}", "--from", "-5m", "--out", str(tmp_path))
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 3 and len(lines) == 1, done.stderr
+    assert f"cannot reach Prometheus at http://127.0.0.1:{port}" in lines[0]
+    bad = _run("export-table", "--prometheus", f"http://127.0.0.1:{port}", "--from", "last tuesday")
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and "--from 'last tuesday'" in lines[0], bad.stderr
+    assert not any(tmp_path.iterdir())  # nothing written

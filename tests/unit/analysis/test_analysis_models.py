@@ -1,0 +1,187 @@
+"""Cost models: recovery of known coefficients, honest held-out scores, the choice between them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pdexporter.analysis import models as md
+from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records, true_aggregate_ms
+from pdexporter.analysis.table import build_table, samples_from_record
+from pdexporter.measure.window import expected_chunks
+
+SMALL_GRID = list(seed_grid(chunks=(2048, 8192), decodes=(0, 1, 4, 12), prefills=(1024, 4096, 16384, 32768)))
+
+
+def _fit_input(truth: SyntheticTruth, grid=SMALL_GRID, reps: int = 2, strip_steps: bool = False):
+    records = synthetic_records(truth, grid, reps=reps)
+    if strip_steps:
+        for r in records:
+            for rep in r.reps:
+                rep.interference.slow_step_times_ms = []
+            r.interference.slow_step_times_ms = []
+    samples = [samples_from_record(r) for r in records]
+    table = build_table(samples)
+    return table, samples, md.fit_data(table, samples)
+
+
+NOISELESS = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0)
+
+
+@pytest.fixture(scope="module")
+def noiseless():
+    return _fit_input(NOISELESS)
+
+
+def test_context_model_recovers_known_coefficients_exactly_without_noise(noiseless):
+    _, _, data = noiseless
+    model = md.fit_context_model(data)
+    assert model.n_step_rows > 0 and model.n_point_rows == 0  # fitted on the mixed steps themselves
+    assert model.alpha0_ms == pytest.approx(NOISELESS.alpha0_ms, rel=1e-3)
+    assert model.alpha1_ms_per_decode == pytest.approx(NOISELESS.alpha1_ms_per_decode, rel=1e-3)
+    assert model.gamma_ms_per_token == pytest.approx(NOISELESS.gamma_ms_per_token, rel=1e-3)
+    assert model.beta_ms_per_token_pair == pytest.approx(NOISELESS.beta_ms_per_token_pair, rel=1e-3)
+
+
+def test_context_model_recovers_coefficients_from_totals_alone():
+    # Records without per-step times (e.g. the Prometheus path): the per-point rows carry the fit.
+    _, _, data = _fit_input(NOISELESS, strip_steps=True)
+    model = md.fit_context_model(data)
+    assert model.n_step_rows == 0 and model.n_point_rows == len(data)
+    assert model.gamma_ms_per_token == pytest.approx(NOISELESS.gamma_ms_per_token, rel=0.02)
+    assert model.beta_ms_per_token_pair == pytest.approx(NOISELESS.beta_ms_per_token_pair, rel=0.02)
+    assert model.alpha0_ms == pytest.approx(NOISELESS.alpha0_ms, rel=0.05)
+
+
+def test_context_model_recovers_coefficients_within_their_error_bars_with_noise():
+    truth = SyntheticTruth(step_noise=0.01, rep_noise=0.03)
+    _, _, data = _fit_input(truth, grid=list(seed_grid()), reps=5)
+    model = md.fit_context_model(data)
+    for fitted, se, true in zip(model.values, model.stderr, (truth.alpha0_ms, truth.alpha1_ms_per_decode,
+                                                             truth.gamma_ms_per_token, truth.beta_ms_per_token_pair)):
+        assert se is not None and se > 0
+        assert abs(fitted - true) < 5 * se, (fitted, true, se)
+    assert model.beta_ms_per_token_pair == pytest.approx(truth.beta_ms_per_token_pair, rel=0.05)
+
+
+def test_predictions_match_the_true_cost(noiseless):
+    _, _, data = noiseless
+    model = md.fit_context_model(data)
+    for b, d, p in [(2048, 4, 32768), (8192, 12, 1024), (4096, 6, 10000)]:  # (4096, 6, 10000) never seen
+        assert float(model.predict(d, p, b)) == pytest.approx(true_aggregate_ms(NOISELESS, b, d, p), rel=0.01)
+
+
+def test_seed_model_recovers_a_known_per_chunk_penalty_table():
+    # Data made by the seed's own model: C = n * D * pi(D, B) with an arbitrary pi table.
+    pi = {(2048, 1): 11.0, (2048, 4): 9.0, (2048, 12): 30.0, (8192, 1): 40.0, (8192, 4): 44.0, (8192, 12): 25.0}
+    rows = [(b, d, p) for (b, d) in pi for p in (1024, 4096, 16384, 32768)]
+    b, d, p = (np.array(x, dtype=float) for x in zip(*rows))
+    n = md.num_chunks(p, b, d)
+    total = n * np.array([pi[(int(bi), int(di))] for bi, di in zip(b, d)])
+    data = md.FitData(b, d, p, total * d, total, tuple(() for _ in rows))
+    model = md.fit_seed_model(data)
+    for (bb, dd), value in pi.items():
+        assert model.penalty_per_chunk_ms(dd, bb) == pytest.approx(value)
+    # between fitted D values: linear; beyond them: clamped; unseen chunk size: nearest in log2
+    assert model.penalty_per_chunk_ms(2, 2048) == pytest.approx(11.0 + (9.0 - 11.0) / 3)
+    assert model.penalty_per_chunk_ms(20, 8192) == pytest.approx(25.0)
+    assert model.penalty_per_chunk_ms(4, 3000) == pytest.approx(9.0)
+    assert model.penalty_per_chunk_ms(4, 6000) == pytest.approx(44.0)
+    report = md.fit_models(data)
+    assert report.chosen == md.SEED_MODEL  # a non-linear-in-D table is the seed model's home ground
+    assert report.held_out_r2(md.SEED_MODEL) == pytest.approx(1.0)
+
+
+def test_cross_validation_never_trains_on_held_out_points(noiseless):
+    _, _, data = noiseless
+    seen: list[set[tuple[float, float, float]]] = []
+
+    def spy(train: md.FitData):
+        seen.append(set(zip(train.chunk_size, train.decode, train.prefill)))
+        return md.fit_context_model(train)
+
+    for scheme in (md.LEAVE_P_OUT, md.KFOLD):
+        seen.clear()
+        folds = md.folds_for(data, scheme)
+        result = md.cross_validate(spy, data, scheme)
+        assert len(seen) == len(folds)
+        for trained, held in zip(seen, folds):
+            held_keys = set(zip(data.chunk_size[held], data.decode[held], data.prefill[held]))
+            assert not trained & held_keys
+        covered = np.sort(np.concatenate(folds))
+        assert np.array_equal(covered, np.arange(len(data)))  # every point predicted exactly once
+        assert np.isfinite(result.predictions).all()
+
+
+def test_held_out_r2_is_honest_for_the_seed_model_on_context_data():
+    truth = SyntheticTruth(step_noise=0.01, rep_noise=0.03)
+    _, _, data = _fit_input(truth, reps=3)
+    report = md.fit_models(data)
+    assert report.primary_scheme == md.LEAVE_P_OUT
+    seed = report.fits[md.SEED_MODEL]
+    # A constant penalty per chunk cannot extrapolate to an unseen (longer) prompt.
+    assert seed.held_out[md.LEAVE_P_OUT].r2 < seed.in_sample_r2
+    assert report.chosen == md.CONTEXT_MODEL
+    assert report.held_out_r2() > 0.99
+    assert "higher held-out R^2" in report.reason
+    doc = report.to_dict()
+    units = {c["name"]: c["unit"] for c in doc["models"][md.CONTEXT_MODEL]["coefficients_detail"]}
+    assert units["beta_ms_per_token_pair"] == "ms per query-context token pair"
+
+
+def test_r_squared():
+    y = np.array([1.0, 2.0, 3.0, 4.0])
+    assert md.r_squared(y, y) == 1.0
+    assert md.r_squared(y, np.full(4, y.mean())) == 0.0
+    assert md.r_squared(np.array([1.0]), np.array([1.0])) is None
+
+
+def test_only_one_decode_value_leaves_alpha1_out():
+    grid = list(seed_grid(chunks=(2048, 8192), decodes=(4,), prefills=(1024, 4096, 16384, 32768)))
+    _, _, data = _fit_input(NOISELESS, grid=grid)
+    model = md.fit_context_model(data)
+    assert model.alpha1_ms_per_decode == 0.0 and model.stderr[1] is None
+    assert model.beta_ms_per_token_pair == pytest.approx(NOISELESS.beta_ms_per_token_pair, rel=1e-3)
+
+
+@given(p=st.integers(1, 300_000), b=st.integers(2, 40_000), d=st.integers(0, 64))
+def test_chunks_cover_the_prompt_and_attention_pairs_telescope(p, b, d):
+    if d >= b:
+        return
+    chunks = md.chunk_schedule(p, b, d)
+    assert sum(chunks) == p
+    assert len(chunks) == expected_chunks(p, b, d) == int(md.num_chunks(p, b, d))
+    assert all(0 < c <= b - d for c in chunks)
+    prefix = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    pairs = float(np.sum(md.attention_pairs(chunks, prefix)))
+    assert math.isclose(pairs, p * (p + 1) / 2, rel_tol=1e-12)
+
+
+def test_a_few_wild_steps_do_not_tilt_the_context_fit():
+    # 3 % of the mixed steps hit by a 200 ms hiccup (a GC pause, another tenant): a least-squares fit
+    # would drag alpha0 up by several ms; the Huber fit gives those rows little weight.
+    _, _, clean = _fit_input(NOISELESS)
+    rng = np.random.default_rng(3)
+    steps = []
+    hit = 0
+    for point in clean.steps:
+        reps = []
+        for base, times in point:
+            times = list(times)
+            for k in range(len(times)):
+                if rng.random() < 0.03:
+                    times[k] += 200.0
+                    hit += 1
+            reps.append((base, tuple(times)))
+        steps.append(tuple(reps))
+    assert hit > 0
+    dirty = md.FitData(clean.chunk_size, clean.decode, clean.prefill, clean.cost_ms, clean.total_ms, tuple(steps))
+    model = md.fit_context_model(dirty)
+    assert model.n_downweighted >= hit
+    assert model.alpha0_ms == pytest.approx(NOISELESS.alpha0_ms, rel=0.02)
+    assert model.gamma_ms_per_token == pytest.approx(NOISELESS.gamma_ms_per_token, rel=0.02)
+    assert model.beta_ms_per_token_pair == pytest.approx(NOISELESS.beta_ms_per_token_pair, rel=0.02)
