@@ -237,12 +237,15 @@ class SweepController:
     async def _run_chunk(self, chunk: int, todo: list[Key]) -> None:
         spec = self.spec
         report = self.reports[chunk]
+        launcher = getattr(self.provider, "launcher", None)
+        can_adopt = getattr(launcher, "can_adopt", None)
         try:
-            self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
+            if not (callable(can_adopt) and can_adopt(chunk)):  # adopting a live engine takes no start-up time
+                self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
         except DeadlineReached as exc:
             # No time to wait for it, but time to set it going: the next invocation adopts it
             # instead of paying the start-up again (local launcher).
-            prestart = getattr(getattr(self.provider, "launcher", None), "prestart", None)
+            prestart = getattr(launcher, "prestart", None)
             left = self.deadline.left()
             if callable(prestart) and left is not None and left > self.deadline.margin_s:
                 await prestart(chunk)
@@ -255,7 +258,6 @@ class SweepController:
             with self._phase("engine_start", chunk):
                 driver = await self.provider.open(chunk)
             self.times.observe("engine_start", (chunk,), time.monotonic() - t_wall)
-            launcher = getattr(self.provider, "launcher", None)
             report.engine_adopted = bool(getattr(launcher, "adopted", False))
             if driver.info.modelled and driver.info.note and not self._noted:
                 self.observer.on_message(driver.info.note)

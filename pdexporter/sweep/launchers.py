@@ -228,6 +228,17 @@ class LocalLauncher:
         await self._launch(chunk_size)
         self.release()
 
+    def can_adopt(self, chunk_size: int) -> bool:
+        """Whether `start(chunk_size)` would adopt a live engine instead of starting one."""
+        if not self.adopt:
+            return False
+        wanted = render_command(self.command, chunk_size, self.variables, self.env)
+        return any(
+            state_is_live(state) and state.chunk_size == chunk_size and state.argv == wanted.argv
+            and not log_contradicts_chunk(Path(state.log), chunk_size)
+            for _, state in self._known_states()
+        )
+
     async def _launch(self, chunk_size: int) -> None:
         """Adopt a live engine of this chunk size, or stop others and start one (state file first)."""
         await self.stop()
@@ -301,8 +312,11 @@ class LocalLauncher:
                 if left is not None and left <= 0:
                     raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")
                 await asyncio.sleep(self.health_poll_s)
+        argv = self._state.argv if self._state is not None else ()
         self._handle = EngineHandle(
             url=self.url, chunk_size=chunk_size, kind=self.kind, gpu=self.gpu, iteration_log=log, log_path=log,
+            # vLLM captures CUDA graphs unless told not to (the seed's --enforce-eager ablation).
+            cuda_graphs="--enforce-eager" not in argv if self.kind == "vllm" else None,
         )
         return self._handle
 
