@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import measure
+    from pdexporter.cli import measure, run
 
-    for module in (measure,):
+    for module in (measure, run):
         module.register(app)
 
 
