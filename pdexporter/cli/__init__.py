@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import measure, run
+    from pdexporter.cli import measure, run, sim
 
-    for module in (measure, run):
+    for module in (measure, run, sim):
         module.register(app)
 
 
