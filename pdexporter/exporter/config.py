@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -63,6 +64,9 @@ class ExporterConfig(BaseModel):
     ready_timeout_s: float = Field(default=60.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, gt=0)  # SIGTERM: longest wait for the window in flight
     switch_interval_s: float = Field(default=0.0005, gt=0)  # sys.setswitchinterval, see docs/exporter.md
+    # "wakeup": a read is stamped when the probe loop's selector returned (probes.StampingSelector);
+    # "read": when the reading task resumed (the plain client). Kept for the benchmark's comparison.
+    arrival_stamp: Literal["wakeup", "read"] = "wakeup"
 
     @model_validator(mode="after")
     def _check(self) -> ExporterConfig:

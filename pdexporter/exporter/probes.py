@@ -13,6 +13,14 @@ caller's loop in another thread and reads the streams' lists, which this thread 
 The GIL is still shared: the runner lowers `sys.setswitchinterval` so a busy main thread hands
 it over within ~0.5 ms instead of 5 ms.
 
+Arrival stamps: with D streams readable at once, one loop iteration resumes D reading tasks in a
+row and each parses its SSE event before the next one stamps, so the k-th stamp would carry k-1
+parses (~0.1 ms each). The probe loop therefore runs on a `StampingSelector`, which notes when
+each `select()` returned, and the probes' client stamps a read with that time
+(`EngineClient.arrival_clock`): the start of the iteration that handles the read. It is never
+earlier than the bytes' arrival (the socket was read in that iteration or the one before) and
+no longer depends on how many other streams were parsed first.
+
 Wake-up sensor: a helper thread stamps `perf_counter_ns` and writes one byte to a socket pair
 every `sensor_period_s`; this loop's reader stamps again when it sees the byte. The difference is
 exactly what a token's timestamp suffers between "the socket became readable" and "we stamped
@@ -25,6 +33,7 @@ import asyncio
 import collections
 import concurrent.futures
 import queue
+import selectors
 import socket
 import threading
 import time
@@ -48,6 +57,22 @@ class Lifecycle:
     kind: str
     slot: int
     stream: TokenStream
+
+
+class StampingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+    """The platform's selector, remembering when its last `select()` returned (perf_counter_ns)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wake_ns = time.perf_counter_ns()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        ready = super().select(timeout)
+        self.wake_ns = time.perf_counter_ns()
+        return ready
+
+    def arrival_ns(self) -> int:
+        return self.wake_ns
 
 
 class WakeupSensor:
@@ -111,6 +136,7 @@ class ProbeLoop:
         warm_prefill_tokens: int | None = None,
         sensor_period_s: float = 0.01,
         restart_backoff_s: tuple[float, float] = (0.25, 10.0),
+        stamp_at_wakeup: bool = True,
     ) -> None:
         self.handle = handle
         self.n_probes = n_probes
@@ -119,6 +145,7 @@ class ProbeLoop:
         self.api_key = api_key
         self.warm_prefill_tokens = warm_prefill_tokens
         self.restart_backoff_s = restart_backoff_s
+        self.stamp_at_wakeup = stamp_at_wakeup
         self.events: queue.SimpleQueue[Lifecycle] = queue.SimpleQueue()
         self.sensor = WakeupSensor(sensor_period_s)
         self.driver: HttpDriver | None = None
@@ -172,18 +199,22 @@ class ProbeLoop:
     # --- the probe thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        selector = StampingSelector()
         try:
-            asyncio.run(self._main())
+            with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selector)) as runner:
+                runner.run(self._main(selector))
         except BaseException as exc:  # noqa: BLE001 - handed to the runner
             self.fatal = exc
             if not self._ready.done():
                 self._ready.set_exception(exc)
 
-    async def _main(self) -> None:
+    async def _main(self, selector: StampingSelector | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         async with http_driver(self.handle, model=self.model, api_key=self.api_key) as driver:
             self.driver = driver
+            if selector is not None and self.stamp_at_wakeup:
+                driver.client.arrival_clock = selector.arrival_ns
             s = self.settings
             prefix = shared_prefix(s.decode_context_tokens, s.token_range)
             # Warm-ups before any probe runs, so their encoding and JIT cost hit nothing measured.

@@ -225,6 +225,7 @@ class Runner:
                 model=cfg.model,
                 api_key=self.api_key,
                 warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
+                stamp_at_wakeup=cfg.arrival_stamp == "wakeup",
             )
             self.info = await self.probes.wait_started(timeout_s=cfg.protocol.window_timeout_s)
             self._publish_engine_info()

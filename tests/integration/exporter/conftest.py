@@ -10,8 +10,8 @@ from exporter_realparts import PROMETHEUS, OtlpReceiver, PrometheusServer
 
 
 @pytest.fixture
-def otlp_receiver() -> Any:
-    receiver = OtlpReceiver().start()
+def otlp_receiver(tmp_path: Path) -> Any:
+    receiver = OtlpReceiver(tmp_path / "otlp")
     yield receiver
     receiver.stop()
 

@@ -15,11 +15,10 @@ import json
 import shutil
 import socket
 import subprocess
-import threading
+import sys
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,71 +98,103 @@ class PrometheusServer:
         self._log_handle.close()
 
 
-@dataclass
 class OtlpReceiver:
-    """Decodes every POST to /v1/traces; `spans` are (resource attributes, scope name, span proto)."""
+    """An OTLP/HTTP trace receiver in its own process (its protobuf decoding must not share the
+    exporter's GIL): `python exporter_realparts.py otlp-receiver DIR`. It decodes every POST to
+    /v1/traces as `ExportTraceServiceRequest` (400 if that fails, like a collector) and keeps the
+    decompressed body in DIR; `spans()` decodes them again here."""
 
-    port: int = 0
-    requests: int = 0
-    spans: list[tuple[dict[str, Any], str, Any]] = field(default_factory=list)
-    content_types: set[str] = field(default_factory=set)
-    _loop: asyncio.AbstractEventLoop | None = None
-    _thread: threading.Thread | None = None
-    _stop: asyncio.Event | None = None
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-            ExportTraceServiceResponse,
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        port_file = workdir / "port"
+        self._log = (workdir / "receiver.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "otlp-receiver", str(workdir)], stdout=self._log, stderr=subprocess.STDOUT
         )
-
-        body = await request.read()
-        if request.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        self.content_types.add(request.headers.get("Content-Type", ""))
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(body)
-        self.requests += 1
-        for resource_spans in message.resource_spans:
-            resource = {kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes}
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    self.spans.append((resource, scope_spans.scope.name, span))
-        return web.Response(
-            body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
-        )
-
-    def start(self) -> OtlpReceiver:
-        ready = threading.Event()
-
-        async def main() -> None:
-            app = web.Application()
-            app.router.add_post("/v1/traces", self._handle)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self._loop = asyncio.get_running_loop()
-            self._stop = asyncio.Event()
-            ready.set()
-            await self._stop.wait()
-            await runner.cleanup()
-
-        self._thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
-        self._thread.start()
-        assert ready.wait(10)
-        return self
+        deadline = time.monotonic() + 20
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"OTLP receiver did not start: {(workdir / 'receiver.log').read_text()}")
+            time.sleep(0.05)
+        time.sleep(0.05)
+        self.port = int(port_file.read_text())
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def requests(self) -> list[tuple[str, bytes]]:
+        """(content type, decompressed body) of every export request received so far."""
+        out = []
+        for path in sorted(self.workdir.glob("req-*.pb"), key=lambda p: int(p.stem.split("-")[1])):
+            out.append((path.with_suffix(".type").read_text(), path.read_bytes()))
+        return out
+
+    def spans(self) -> list[tuple[dict[str, Any], str, Any]]:
+        """(resource attributes, scope name, span) for every span received."""
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        spans = []
+        for _, body in self.requests():
+            message = ExportTraceServiceRequest()
+            message.ParseFromString(body)
+            for resource_spans in message.resource_spans:
+                resource = {kv.key: _any_value(kv.value) for kv in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        spans.append((resource, scope_spans.scope.name, span))
+        return spans
+
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(5)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def _serve_otlp(workdir: Path) -> None:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    count = 0
+
+    async def handle(request: web.Request) -> web.Response:
+        nonlocal count
+        body = await request.read()
+        if request.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        message = ExportTraceServiceRequest()
+        try:
+            message.ParseFromString(body)
+        except Exception as exc:  # noqa: BLE001 - a collector answers 400 to a bad payload
+            return web.Response(status=400, text=f"not an ExportTraceServiceRequest: {exc}")
+        path = workdir / f"req-{count}.pb"
+        path.with_suffix(".type").write_text(request.headers.get("Content-Type", ""))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(body)
+        tmp.replace(path)
+        count += 1
+        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/traces", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        (workdir / "port.tmp").write_text(str(port))
+        (workdir / "port.tmp").replace(workdir / "port")
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
 
 
 def _any_value(value: Any) -> Any:
@@ -177,3 +208,10 @@ def attributes(span: Any) -> dict[str, Any]:
     return {kv.key: _any_value(kv.value) for kv in span.attributes}
 
 
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "otlp-receiver":
+        _serve_otlp(Path(sys.argv[2]))
+    else:
+        raise SystemExit("usage: exporter_realparts.py otlp-receiver DIR")
