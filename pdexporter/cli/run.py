@@ -31,6 +31,7 @@ from pdexporter.exporter.config import (
     parse_duration,
 )
 from pdexporter.exporter.server import parse_listen
+from pdexporter.exporter.runner import Runner
 from pdexporter.measure.protocol import ProtocolSettings
 
 
@@ -144,6 +145,24 @@ def parse_run_options(
     )
 
 
+async def _progress(runner: Runner, duration_s: float) -> None:
+    """With --duration: a bar with the time left, the windows so far and the tokens received."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    await runner.ready.wait()
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"), console=console, refresh_per_second=2, transient=True,
+    ) as bar:
+        task = bar.add_task("pdexporter run", total=duration_s, status="")
+        start = asyncio.get_running_loop().time()
+        while True:
+            tokens = runner.metrics.probe_tokens._value.get()  # type: ignore[attr-defined]
+            bar.update(task, completed=min(duration_s, asyncio.get_running_loop().time() - start),
+                       status=f"{len(runner.windows)} window(s), {tokens:.0f} probe tokens")
+            await asyncio.sleep(0.5)
+
+
 def _first_error(exc: ValueError) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):
@@ -153,10 +172,8 @@ def _first_error(exc: ValueError) -> str:
 
 
 async def _serve(config: ExporterConfig, token: str | None) -> None:
-    from pdexporter.exporter.runner import Runner
-
     launcher = make_launcher(config.target, chunk_size=config.chunk_size, profile=config.profile)
-    runner = Runner(config, launcher, api_key=token, log=lambda line: console.print(line, highlight=False))
+    runner = Runner(config, launcher, api_key=token, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals_seen = 0
@@ -178,10 +195,15 @@ async def _serve(config: ExporterConfig, token: str | None) -> None:
         if config.inject_every_s
         else "no prefill injection"
     )
-    console.print(f"pdexporter run: {config.probe_streams} probe streams on {mode}, {injection}", highlight=False)
+    console.print(f"pdexporter run: {config.probe_streams} probe streams on {mode}, {injection}", highlight=False,
+                  soft_wrap=True)
+    bar = asyncio.create_task(_progress(runner, config.duration_s)) if config.duration_s else None
     try:
         await runner.run(stop)
     finally:
+        if bar is not None:
+            bar.cancel()
+            await asyncio.gather(bar, return_exceptions=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     console.print(f"stopped after {len(runner.windows)} window(s)", highlight=False)

@@ -182,6 +182,7 @@ class Runner:
         self._delay_seen = 0
         self._ready_event = asyncio.Event()
         self._stopping = False
+        self._in_flight = False
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -259,7 +260,10 @@ class Runner:
             if cfg.injecting and not window_open and not self._stopping and now >= self._next_injection:
                 self._window_task = asyncio.create_task(self._window(), name="pdexporter-window")
                 window_open = True
-            if not window_open and now >= self._next_scrape and (self._scrape_task is None or self._scrape_task.done()):
+            # While a prefill is in flight the window takes its own scrapes, before and after.
+            if not self._in_flight and now >= self._next_scrape and (
+                self._scrape_task is None or self._scrape_task.done()
+            ):
                 self._next_scrape = now + cfg.scrape_interval_s
                 self._scrape_task = asyncio.create_task(self._scrape())
             if not window_open and self._next_prefill is None and cfg.injecting:
@@ -494,6 +498,16 @@ class Runner:
         # 2. Baseline from the quiet period, engine scrape and step mark, then inject.
         self._hold_from = t_decide
         self._bookkeeping()
+        self._in_flight = True
+        try:
+            await self._measure_window(t_decide, salt, prepared)
+        finally:
+            self._in_flight = False
+
+    async def _measure_window(self, t_decide: int, salt: str, prepared: PreparedRequest) -> None:
+        cfg, params = self.config, self.params
+        assert self.probes is not None and self.probes.driver is not None
+        span_ns = cfg.baseline_span_s * 1e9
         baseline, quiet_start = timeline.quiet_baseline(
             [s.array() for s in [*self.finished, *self.live.values()]], t_decide, self._quiet_from, span_ns, params
         )
