@@ -60,7 +60,7 @@ from pdexporter.measure.prompts import cold_prompt
 from pdexporter.measure.protocol import InterferenceRun, StreamTrace
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore
-from pdexporter.measure.window import analyse_window, stream_phases, window_end_ns
+from pdexporter.measure.window import analyse_window, stream_phases, token_times, window_end_ns
 
 TICK_S = 0.05  # bookkeeping cadence on the runner's loop
 POLL_S = 0.01  # while a window is open: how often its state is looked at (timestamps are not affected)
@@ -94,24 +94,23 @@ class ProbeState:
     ended: bool = False
 
     def absorb(self) -> int:
-        """Pull the events the probe thread appended since last time; returns new tokens."""
+        """Pull the events the probe thread appended since last time; returns new tokens.
+
+        Per-token times come from `window.token_times` run on the new events plus the one before
+        them (an n-token event is spread over the gap before it), so they equal what the window
+        maths computes on the whole stream."""
         s = self.stream
         n = min(len(s.event_times_ns), len(s.event_tokens))
-        if n <= self.events_seen:
+        seen = self.events_seen
+        if n <= seen:
             return 0
-        new_times, new_tokens = s.event_times_ns[self.events_seen : n], s.event_tokens[self.events_seen : n]
-        previous = self.times[-1] if self.times else None
-        for t, k in zip(new_times, new_tokens):
-            if previous is None:
-                self.times.extend([float(t)] * k)  # the first event starts the stream (window.token_times)
-            elif k == 1:
-                self.times.append(float(t))
-            else:
-                gap = (t - previous) / k
-                self.times.extend(previous + gap * j for j in range(1, k + 1))
-            previous = float(t)
+        if seen == 0:
+            self.times.extend(token_times(s.event_times_ns[:n], s.event_tokens[:n]).tolist())
+        else:
+            anchor = s.event_tokens[seen - 1]
+            self.times.extend(token_times(s.event_times_ns[seen - 1 : n], s.event_tokens[seen - 1 : n])[anchor:].tolist())
         self.events_seen = n
-        return int(sum(new_tokens))
+        return int(sum(s.event_tokens[seen:n]))
 
     def array(self) -> np.ndarray:
         return np.asarray(self.times, dtype=np.float64)
@@ -179,7 +178,6 @@ class Runner:
         self._next_injection = 0.0
         self._next_prefill: tuple[str, PreparedRequest] | None = None
         self._last_token_s = time.monotonic()
-        self._delay_seen = 0
         self._ready_event = asyncio.Event()
         self._stopping = False
         self._in_flight = False

@@ -222,11 +222,23 @@ def main() -> None:
     parser.add_argument("--stamp", nargs="+", default=["wakeup", "read"], choices=["wakeup", "read"],
                         help="arrival stamp: selector wake-up (the exporter's default) or task resume")
     parser.add_argument("--no-spans", action="store_true", help="skip the span-cost comparison")
+    parser.add_argument("--otlp", action="store_true",
+                        help="export spans to a real OTLP/HTTP receiver (its own process) during the runs")
     args = parser.parse_args()
+
+    receiver = None
+    if args.otlp:
+        import tempfile
+
+        sys.path.insert(0, str(ROOT / "tests" / "integration" / "exporter"))
+        from exporter_realparts import OtlpReceiver
+
+        receiver = OtlpReceiver(Path(tempfile.mkdtemp(prefix="bench-otlp-")))
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint
 
     print(f"machine: {os.cpu_count()} CPUs, load average before {os.getloadavg()}, python {sys.version.split()[0]}")
     print(f"embedded engine {PROFILE}, B={CHUNK}, no injection, {args.seconds:g} s per run, "
-          f"switch interval {args.switch_interval * 1e3:g} ms\n")
+          f"switch interval {args.switch_interval * 1e3:g} ms, OTLP export {'on' if receiver else 'off'}\n")
     header = (f"{'D':>3} {'stamp':>6} {'step ms':>8} {'p50 ms':>7} {'events/s':>9} {'CPU exp%':>9} {'probe thr%':>10} "
               f"{'engine%':>8} {'wake p50/p99/max us':>21} {'spread p50/p99 us':>18} {'|err| p50/p99 us':>17} "
               f"{'~0 ms':>6}")
@@ -243,6 +255,9 @@ def main() -> None:
                 f"{r['zero_intervals']:>6d}"
             )
     print(f"\nload average after {os.getloadavg()}")
+    if receiver is not None:
+        print(f"OTLP receiver got {len(receiver.spans())} spans in {len(receiver.requests())} requests")
+        receiver.stop()
     if not args.no_spans:
         c = span_costs()
         rate = 64 / 0.006  # tokens/s at D = 64, 6 ms step
