@@ -63,6 +63,7 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import analyse_window, stream_phases, token_times, window_end_ns
 
 TICK_S = 0.05  # bookkeeping cadence on the runner's loop
+SETTLE_TOKENS = 4  # tokens every probe receives between the engine scrape and the injection
 POLL_S = 0.01  # while a window is open: how often its state is looked at (timestamps are not affected)
 STALL_S = 10.0  # `pdexporter_up` drops when no probe token arrived for this long
 BASELINE_RULE = "live-quiet"
@@ -458,58 +459,80 @@ class Runner:
         self._schedule_next()
 
     async def _window(self) -> None:
-        cfg, params = self.config, self.params
+        cfg = self.config
         assert self.probes is not None and self.probes.driver is not None
         if self._next_prefill is None:
             self._encode_next_prefill()
         assert self._next_prefill is not None
         salt, prepared = self._next_prefill
         self._next_prefill = None
+        deadline = time.monotonic() + cfg.ready_timeout_s
 
         # 1. Wait until the probes can carry a window (timeline.ready_to_inject).
-        deadline = time.monotonic() + cfg.ready_timeout_s
+        if await self._wait_ready(deadline) is None:
+            return
+        # 2. Scrape the engine, then let the probes settle: rendering /metrics takes the engine's
+        #    HTTP loop a few ms (4-6 ms on the embedded engine), and the delayed tokens must land
+        #    before t_decide, not in the window.
+        self._in_flight = True  # no periodic scrape from here to the end of the window
+        try:
+            if self._scrape_task is not None and not self._scrape_task.done():
+                await asyncio.gather(self._scrape_task, return_exceptions=True)
+            before = await self._scrape()
+            t_decide = await self._wait_ready(deadline, settle_after_ns=time.perf_counter_ns())
+            if t_decide is None:
+                return
+            # 3. Baseline from the quiet period, step mark, then inject.
+            self._hold_from = t_decide
+            self._bookkeeping()
+            await self._measure_window(t_decide, salt, prepared, before)
+        finally:
+            self._in_flight = False
+
+    async def _wait_ready(self, deadline: float, settle_after_ns: int | None = None) -> int | None:
+        """Poll `timeline.ready_to_inject`; with `settle_after_ns`, also wait for every probe to
+        have `SETTLE_TOKENS` tokens after that time. Returns t_decide, or None (stopping, or
+        `ready_timeout_s` passed: counted as a measurement error)."""
+        cfg, params = self.config, self.params
         span_ns = cfg.baseline_span_s * 1e9
         while True:
             if self._stopping:
-                return
+                return None
             self._bookkeeping()
-            probes = [s.stream for s in self.live.values()]
+            live = list(self.live.values())
+            probes = [s.stream for s in live]
             t_decide = time.perf_counter_ns()
             readiness = timeline.ready_to_inject(probes, cfg.probe_streams, cfg.protocol, cfg.reserve_tokens)
+            if readiness.ready and settle_after_ns is not None:
+                settling = [s for s in live if len(s.times) - bisect.bisect_right(s.times, settle_after_ns) < SETTLE_TOKENS]
+                if settling:
+                    readiness = timeline.Readiness(False, f"{len(settling)} probe stream(s) settling after the scrape")
             if readiness.ready:  # the quiet-period count only once the streams are there (it costs more)
                 start = max(t_decide - span_ns, self._quiet_from)
-                arrays = [s.array() for s in [*self.finished, *self.live.values()] if s.times and s.times[-1] > start]
+                arrays = [s.array() for s in [*self.finished, *live] if s.times and s.times[-1] > start]
                 n_quiet = timeline.quiet_intervals_ns(arrays, start, t_decide, params).size
                 readiness = timeline.ready_to_inject(
                     probes, cfg.probe_streams, cfg.protocol, cfg.reserve_tokens, n_quiet, cfg.min_baseline_intervals
                 )
             if readiness.ready:
-                break
+                return t_decide
             if time.monotonic() > deadline:
                 self._window_failed(
                     MeasurementError(f"no injection within {cfg.ready_timeout_s:g} s: {readiness.reason}"),
                     injected=False,
                 )
-                return
+                return None
             await asyncio.sleep(POLL_S)
 
-        # 2. Baseline from the quiet period, engine scrape and step mark, then inject.
-        self._hold_from = t_decide
-        self._bookkeeping()
-        self._in_flight = True
-        try:
-            await self._measure_window(t_decide, salt, prepared)
-        finally:
-            self._in_flight = False
-
-    async def _measure_window(self, t_decide: int, salt: str, prepared: PreparedRequest) -> None:
+    async def _measure_window(
+        self, t_decide: int, salt: str, prepared: PreparedRequest, before: MetricsSnapshot | None
+    ) -> None:
         cfg, params = self.config, self.params
         assert self.probes is not None and self.probes.driver is not None
         span_ns = cfg.baseline_span_s * 1e9
         baseline, quiet_start = timeline.quiet_baseline(
             [s.array() for s in [*self.finished, *self.live.values()]], t_decide, self._quiet_from, span_ns, params
         )
-        before = await self._scrape()
         driver = self.probes.driver
         mark = driver.step_mark()
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -230,8 +230,7 @@ def main() -> None:
     if args.otlp:
         import tempfile
 
-        sys.path.insert(0, str(ROOT / "tests" / "integration" / "exporter"))
-        from exporter_realparts import OtlpReceiver
+        from tests.integration.exporter.exporter_realparts import OtlpReceiver
 
         receiver = OtlpReceiver(Path(tempfile.mkdtemp(prefix="bench-otlp-")))
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = receiver.endpoint

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,12 +25,6 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pdexporter", "run", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(
@@ -68,7 +64,7 @@ def _children(pid: int) -> set[int]:
 
 
 def test_sigterm_stops_cleanly_with_windows_recorded(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "results"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pdexporter", "run", "--probe-decode", "2", "--chunk-size", "2048",

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from exporter_realparts import PROMETHEUS, OtlpReceiver, PrometheusServer
+from tests.integration.exporter.exporter_realparts import PROMETHEUS, OtlpReceiver, PrometheusServer
 
 
 @pytest.fixture

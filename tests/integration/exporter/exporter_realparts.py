@@ -13,7 +13,6 @@ import asyncio
 import gzip
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,13 +23,11 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.helpers import free_port
+
+ROOT = Path(__file__).resolve().parents[3]
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrometheusServer:
@@ -100,7 +97,7 @@ class PrometheusServer:
 
 class OtlpReceiver:
     """An OTLP/HTTP trace receiver in its own process (its protobuf decoding must not share the
-    exporter's GIL): `python exporter_realparts.py otlp-receiver DIR`. It decodes every POST to
+    exporter's GIL): `python -m tests.integration.exporter.exporter_realparts otlp-receiver DIR`. It decodes every POST to
     /v1/traces as `ExportTraceServiceRequest` (400 if that fails, like a collector) and keeps the
     decompressed body in DIR; `spans()` decodes them again here."""
 
@@ -110,7 +107,8 @@ class OtlpReceiver:
         port_file = workdir / "port"
         self._log = (workdir / "receiver.log").open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "otlp-receiver", str(workdir)], stdout=self._log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "tests.integration.exporter.exporter_realparts", "otlp-receiver", str(workdir)],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 20
         while not port_file.exists():
@@ -214,4 +212,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "otlp-receiver":
         _serve_otlp(Path(sys.argv[2]))
     else:
-        raise SystemExit("usage: exporter_realparts.py otlp-receiver DIR")
+        raise SystemExit("usage: python -m tests.integration.exporter.exporter_realparts otlp-receiver DIR")
