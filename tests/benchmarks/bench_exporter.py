@@ -71,7 +71,18 @@ def _modelled_step_s(d: int, context: int) -> float:
     return StepTimeModel(load_profile(PROFILE)).decode_step_s(d, context)
 
 
-async def run_once(d: int, seconds: float, switch_interval: float, stamp: str) -> dict[str, float]:
+async def _busy_main(period_s: float = 0.1, busy_s: float = 0.02) -> None:
+    """Pure-Python work on the runner's loop (20 ms every 100 ms): a stand-in for a heavy window
+    analysis or record write, to show what the GIL switch interval bounds."""
+    while True:
+        end = time.perf_counter() + busy_s
+        x = 0
+        while time.perf_counter() < end:
+            x += 1
+        await asyncio.sleep(period_s)
+
+
+async def run_once(d: int, seconds: float, switch_interval: float, stamp: str, busy: bool = False) -> dict[str, float]:
     config = build_config(
         probe_streams=d, chunk_size=CHUNK, listen_host="127.0.0.1", listen_port=0, profile=PROFILE,
         scrape_interval_s=5.0, switch_interval_s=switch_interval, arrival_stamp=stamp,
@@ -92,6 +103,7 @@ async def run_once(d: int, seconds: float, switch_interval: float, stamp: str) -
     task = asyncio.create_task(runner.run(stop))
     await asyncio.wait_for(runner.ready.wait(), 120)
     await asyncio.sleep(1.0)  # let every probe pass its warm-up
+    busy_task = asyncio.create_task(_busy_main()) if busy else None
     assert runner.probes is not None and launcher._proc is not None
     probe_thread = next(t for t in threading.enumerate() if t.name == "pdexporter-probes")
     engine_pid, tid = launcher._proc.pid, probe_thread.native_id
@@ -104,6 +116,8 @@ async def run_once(d: int, seconds: float, switch_interval: float, stamp: str) -
     t_end = time.perf_counter_ns()
     tokens1 = runner.metrics.probe_tokens._value.get()  # type: ignore[attr-defined]
     window_delays = np.asarray(delays, dtype=np.float64)
+    if busy_task is not None:
+        busy_task.cancel()
     stop.set()
     await task
     wall = wall1 - wall0
@@ -221,6 +235,8 @@ def main() -> None:
     parser.add_argument("--switch-interval", type=float, default=0.0005)
     parser.add_argument("--stamp", nargs="+", default=["wakeup", "read"], choices=["wakeup", "read"],
                         help="arrival stamp: selector wake-up (the exporter's default) or task resume")
+    parser.add_argument("--busy-main", action="store_true",
+                        help="also keep the runner's loop busy (20 ms of Python every 100 ms)")
     parser.add_argument("--no-spans", action="store_true", help="skip the span-cost comparison")
     parser.add_argument("--otlp", action="store_true",
                         help="export spans to a real OTLP/HTTP receiver (its own process) during the runs")
@@ -237,14 +253,15 @@ def main() -> None:
 
     print(f"machine: {os.cpu_count()} CPUs, load average before {os.getloadavg()}, python {sys.version.split()[0]}")
     print(f"embedded engine {PROFILE}, B={CHUNK}, no injection, {args.seconds:g} s per run, "
-          f"switch interval {args.switch_interval * 1e3:g} ms, OTLP export {'on' if receiver else 'off'}\n")
+          f"switch interval {args.switch_interval * 1e3:g} ms, OTLP export {'on' if receiver else 'off'}"
+          f"{', runner loop busy 20 ms every 100 ms' if args.busy_main else ''}\n")
     header = (f"{'D':>3} {'stamp':>6} {'step ms':>8} {'p50 ms':>7} {'events/s':>9} {'CPU exp%':>9} {'probe thr%':>10} "
               f"{'engine%':>8} {'wake p50/p99/max us':>21} {'spread p50/p99 us':>18} {'|err| p50/p99 us':>17} "
               f"{'~0 ms':>6}")
     print(header)
     for d in args.d:
         for stamp in args.stamp:
-            r = asyncio.run(run_once(d, args.seconds, args.switch_interval, stamp))
+            r = asyncio.run(run_once(d, args.seconds, args.switch_interval, stamp, args.busy_main))
             print(
                 f"{r['d']:>3} {stamp:>6} {r['modelled_step_ms']:>8.2f} {r['interval_p50_ms']:>7.2f} {r['events_per_s']:>9.0f} "
                 f"{r['cpu_process_pct']:>9.1f} {r['cpu_probe_thread_pct']:>10.1f} {r['cpu_engine_pct']:>8.1f} "
