@@ -445,16 +445,18 @@ class Runner:
         self._next_injection = time.monotonic() + (self.config.inject_every_s or 0.0)
 
     def _window_failed(self, exc: BaseException, *, injected: bool) -> None:
-        """Count it; the intervals held for it are dropped (they may be perturbed, they are not labelled)."""
+        """Count it. The intervals held for an injected prefill are dropped: they may be perturbed
+        and no window says how, so they are not labelled `baseline` either."""
         self.metrics.errors.labels(kind=error_kind(exc)).inc()
         if injected:
             self.metrics.injections.labels(outcome="error").inc()
-        now = time.perf_counter_ns()
+        hold, self._hold_from = self._hold_from, math.inf
         for state in [*self.live.values(), *self.finished]:
-            state.absorb()
-            state.next_interval = max(state.next_interval, len(state.times))
-        self._quiet_from = now
-        self._hold_from = math.inf
+            self._absorb(state, hold)  # tokens counted, intervals before the hold labelled
+            if injected:
+                state.next_interval = max(state.next_interval, len(state.times))
+        if injected:
+            self._quiet_from = time.perf_counter_ns()
         self.log(f"window skipped: {exc}")
         self._schedule_next()
 
