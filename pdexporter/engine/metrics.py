@@ -14,9 +14,11 @@ iteration-detail log can (`engine.iterlog`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.errors import EngineError
@@ -72,11 +74,19 @@ class MetricsSnapshot:
 
 def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:
     """Parse Prometheus text exposition into canonical values; unknown series are ignored."""
+    return snapshot_from_families(text_string_to_metric_families(text), t_ns=t_ns, source=source)
+
+
+def snapshot_from_families(
+    families: Iterable[Metric], *, t_ns: int | None = None, source: str = "/metrics"
+) -> MetricsSnapshot:
+    """Canonical values from metric families: parsed text, or a prometheus_client registry's
+    `collect()` in-process (the embedded engine skips rendering and re-parsing its own text)."""
     by_sample: dict[str, float] = {}
     bucket_acc: dict[str, dict[float, float]] = {}
     models: set[str] = set()
     try:
-        for family in text_string_to_metric_families(text):
+        for family in families:
             for sample in family.samples:
                 value = float(sample.value)
                 if math.isnan(value):

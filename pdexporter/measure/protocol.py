@@ -309,6 +309,13 @@ async def run_interference(
                 f"{settings.steady_last_intervals} intervals within {settings.steady_max_ratio:g}x)"
             )
     before = await driver.scrape_metrics()
+    if d:
+        # The scrape (its parse runs on this loop) can hold up the probes' reads for several ms; the
+        # tokens that waited would be stamped late, right after t_inject, as a slow interval and a
+        # burst inside the window. One fresh token on every probe puts that behind us first.
+        seen = [s.n_tokens for s in probes]
+        await _wait(driver, probes, lambda: all(s.n_tokens > n or s.finished for s, n in zip(probes, seen)),
+                    settings.steady_timeout_s, "probe streams stalled after the metrics scrape")
     mark = driver.step_mark()
 
     prefill = driver.start(prefill_request)  # inside the window: never retried

@@ -46,7 +46,7 @@ from pdexporter.sim.scheduler import (
     SchedulerOutput,
 )
 from pdexporter.sim.steptime import StepComposition, StepTimeModel
-from pdexporter.sim.vllm_metrics import VllmMetrics
+from pdexporter.sim.vllm_metrics import VllmMetrics, observe_many
 
 BATCH_QUEUE_SIZE = 2  # vLLM: 2 with async scheduling (one step running, one scheduled)
 
@@ -345,6 +345,10 @@ class EngineCore:
             self._timer.cancel()
             self._timer = None
 
+    def next_deadline(self) -> float | None:
+        """When the step now on the (modelled) GPU ends and its tokens come out; None when idle."""
+        return self._queue[0].t_end if self._queue else None
+
     @property
     def idle(self) -> bool:
         return not self._queue and not self.scheduler.has_requests()
@@ -367,7 +371,7 @@ class EngineCore:
                     queue.append(_InFlight(out, max(now, self._gpu_free), max(now, self._gpu_free)))
                 break
             start = now if now > self._gpu_free else self._gpu_free
-            duration = self.step_model(StepComposition.of(out.chunks(), sum(1 for s in out.scheduled if s.samples)))
+            duration = self.step_model(StepComposition.of(out.chunks(), out.num_sampled))
             end = start + duration
             self._gpu_free = end
             queue.append(_InFlight(out, start, end))
@@ -414,6 +418,7 @@ class EngineCore:
 
         prompt_tokens = 0
         metrics = self.metrics
+        itl: dict[float, int] = {}
         for o in outputs:
             tracked = self._tracked.get(o.request_id)
             if tracked is None:
@@ -423,8 +428,9 @@ class EngineCore:
                 prompt_tokens += tracked.request.num_prompt_tokens
                 if metrics is not None:
                     metrics.time_to_first_token.observe(now - tracked.arrival)
-            elif metrics is not None:
-                metrics.inter_token_latency.observe(now - (tracked.last_token or now))
+            else:
+                gap = now - (tracked.last_token or now)
+                itl[gap] = itl.get(gap, 0) + 1
             tracked.last_token = now
             if o.finished:
                 del self._tracked[o.request_id]
@@ -432,6 +438,8 @@ class EngineCore:
             if tracked.sink is not None:
                 tracked.sink(o, now)
         if metrics is not None:
+            for gap, count in itl.items():
+                observe_many(metrics.inter_token_latency, gap, count)
             stats = sched.kv.stats
             queries, hits = stats.queries - self._prefix_seen[0], stats.hits - self._prefix_seen[1]
             self._prefix_seen = (stats.queries, stats.hits)

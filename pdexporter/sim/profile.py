@@ -17,7 +17,6 @@ A wrong field is one line naming the file and the field (`ConfigError`).
 
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -149,10 +148,6 @@ class Profile(_Strict):
     model: ModelSpec
     engine: EngineSpec
     step_time: StepTimeParams
-
-    @cached_property
-    def gpu_label(self) -> str:
-        return self.gpu.name
 
     def with_step_time(self, params: StepTimeParams, *, calibration: Calibration, note: str,
                        source: str | None = None) -> Profile:

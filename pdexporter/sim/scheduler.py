@@ -93,6 +93,28 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = NULL_H
     return out
 
 
+def extend_hashes(request: Request, n_blocks: int, block_size: int) -> list[int]:
+    """The request's chained block hashes, computed up to `n_blocks` full blocks on demand.
+
+    Lazily, so a 32K-token cold prompt is not hashed all at once when it arrives (a lookup stops
+    at its first block; allocation hashes each chunk's blocks as they are scheduled).
+    """
+    hashes = request.block_hashes
+    n_blocks = min(n_blocks, request.num_tokens // block_size)
+    have = len(hashes)
+    if have >= n_blocks:
+        return hashes
+    parent = hashes[-1] if hashes else NULL_HASH
+    prompt = request.prompt_token_ids
+    n_prompt = len(prompt)
+    for i in range(have, n_blocks):
+        lo, hi = i * block_size, (i + 1) * block_size
+        tokens = tuple(prompt[lo:hi]) if hi <= n_prompt else tuple(request.token_at(j) for j in range(lo, hi))
+        parent = hash((parent, tokens))
+        hashes.append(parent)
+    return hashes
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     request_id: str
@@ -107,14 +129,18 @@ class Request:
     num_cached_tokens: int = -1
     is_prefill_chunk: bool = True
     block_hashes: list[int] = field(default_factory=list)
+    num_prompt_tokens: int = -1
+    num_tokens: int = -1  # prompt + outputs, kept in step with output_token_ids (hot path)
+    seed: int = 0  # what the sampler's 'greedy' tokens depend on: the prompt's first tokens
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_tokens = self.num_prompt_tokens + len(self.output_token_ids)
+        self.seed = hash((self.num_prompt_tokens, tuple(self.prompt_token_ids[:16]))) & 0x7FFF_FFFF
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+    def append_output(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.num_tokens += 1
 
     @property
     def num_output_tokens(self) -> int:
@@ -140,26 +166,21 @@ class SchedulerOutput:
     scheduled: tuple[ScheduledRequest, ...]
     total_num_scheduled_tokens: int
     preempted_request_ids: tuple[str, ...] = ()
+    num_context_requests: int = 0  # vLLM's iteration-detail classes (compute_iteration_details)
+    num_context_tokens: int = 0
+    num_sampled: int = 0  # requests that produce a token in this step
 
     @property
     def empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
 
     @property
-    def num_context_requests(self) -> int:
-        return sum(1 for s in self.scheduled if s.is_context)
-
-    @property
-    def num_context_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if s.is_context)
-
-    @property
     def num_generation_requests(self) -> int:
-        return sum(1 for s in self.scheduled if not s.is_context)
+        return len(self.scheduled) - self.num_context_requests
 
     @property
     def num_generation_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if not s.is_context)
+        return self.total_num_scheduled_tokens - self.num_context_tokens
 
     def chunks(self) -> list[tuple[int, int]]:
         """(query length, context before) per request: the step-time model's input."""
@@ -224,11 +245,15 @@ class KVCacheManager:
         """Longest cached prefix, whole blocks only, at most num_tokens - 1 tokens."""
         if not self.enable_caching:
             return [], 0
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        bs = self.block_size
+        max_blocks = (request.num_tokens - 1) // bs
         hits: list[int] = []
         cached = self._cached
-        for h in request.block_hashes[:max_blocks]:
-            block = cached.get(h)
+        hashes = request.block_hashes
+        for i in range(max_blocks):
+            if i >= len(hashes):
+                extend_hashes(request, min(max_blocks, 2 * i + 8), bs)
+            block = cached.get(hashes[i])
             if block is None:
                 break
             hits.append(block)
@@ -247,9 +272,16 @@ class KVCacheManager:
         """Blocks for `num_new_tokens` more tokens; False (nothing changed) if the pool is short."""
         rid = request.request_id
         blocks = self._req_blocks.get(rid)
-        have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
         computed = request.num_computed_tokens + num_new_computed_tokens
         bs = self.block_size
+        if blocks is not None and not new_computed_blocks and computed + num_new_tokens <= len(blocks) * bs:
+            # hot path (a decode inside its last block): nothing to allocate, maybe a block to cache
+            if self.enable_caching:
+                end = min(computed + num_new_tokens, request.num_tokens) // bs
+                if end > self._num_cached_blocks.get(rid, 0):
+                    self._cache_full_blocks(request, blocks, self._num_cached_blocks.get(rid, 0), end * bs)
+            return True
+        have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
         needed = -(-(computed + num_new_tokens) // bs) - have
         if needed < 0:
             needed = 0
@@ -280,20 +312,20 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Register blocks that became full as outputs arrived (async scheduler's cache_blocks)."""
-        if self.enable_caching and request.request_id in self._req_blocks:
-            blocks = self._req_blocks[request.request_id]
-            start = self._num_cached_blocks.get(request.request_id, 0)
+        if not self.enable_caching:
+            return
+        blocks = self._req_blocks.get(request.request_id)
+        if blocks is None:
+            return
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        if min(num_computed_tokens, request.num_tokens) // self.block_size > start:
             self._cache_full_blocks(request, blocks, start, min(num_computed_tokens, request.num_tokens))
 
     def _cache_full_blocks(self, request: Request, blocks: list[int], start: int, num_tokens: int) -> None:
         end = min(num_tokens // self.block_size, len(blocks))
         if end <= start:
             return
-        hashes = request.block_hashes
-        if len(hashes) < end:  # output blocks: hash them now that their tokens are known
-            parent = hashes[-1] if hashes else NULL_HASH
-            tokens = [request.token_at(i) for i in range(len(hashes) * self.block_size, end * self.block_size)]
-            hashes.extend(block_hashes(tokens, self.block_size, parent))
+        hashes = extend_hashes(request, end, self.block_size)
         for i in range(start, end):
             b = blocks[i]
             if self._hash[b] is None:
@@ -328,8 +360,7 @@ TokenSampler = Callable[[Request], int]
 
 def default_sampler(request: Request) -> int:
     """A deterministic 'greedy' token: a function of the request's prompt and position only."""
-    seed = request.block_hashes[0] if request.block_hashes else len(request.prompt_token_ids)
-    return (seed * 2654435761 + 40503 * (request.num_output_tokens + 1)) % 151_936
+    return (request.seed * 2654435761 + 40503 * (len(request.output_token_ids) + 1)) % 151_936
 
 
 @dataclass
@@ -376,19 +407,16 @@ class Scheduler:
             raise ValueError(f"max_tokens={max_tokens} must be >= 1")
         request = Request(request_id, prompt_token_ids, max_tokens, arrival_index=self._arrivals)
         self._arrivals += 1
-        request.block_hashes = self._prompt_hashes(prompt_token_ids)
+        memo = self._hash_memo
+        if memo is not None and memo[0] is prompt_token_ids:
+            # D probes send one shared prompt object: its blocks are hashed once, not D times
+            request.block_hashes = list(memo[1])
+        elif len(prompt_token_ids) <= 8192:
+            request.block_hashes = block_hashes(prompt_token_ids, self.config.block_size)
+            self._hash_memo = (prompt_token_ids, tuple(request.block_hashes))
         self.requests[request_id] = request
         self.waiting.append(request)
         return request
-
-    def _prompt_hashes(self, prompt: Sequence[int]) -> list[int]:
-        # D probes send one shared prompt object: hash its 256 blocks once, not D times.
-        memo = self._hash_memo
-        if memo is not None and memo[0] is prompt:
-            return list(memo[1])
-        hashes = block_hashes(prompt, self.config.block_size)
-        self._hash_memo = (prompt, hashes)
-        return list(hashes)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """Abort (or otherwise finish) requests from outside, e.g. a client that went away."""
@@ -433,20 +461,35 @@ class Scheduler:
         kv = self.kv
 
         # First, the RUNNING requests.
+        max_model_len = cfg.max_model_len
+        bs = kv.block_size
+        req_blocks, num_cached = kv._req_blocks, kv._num_cached_blocks
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
             placeholders = request.num_output_placeholders
-            if placeholders > 0 and (
-                request.num_computed_tokens + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens
-            ):
+            computed = request.num_computed_tokens
+            if placeholders > 0 and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens:
                 i += 1  # async: the step in flight already reaches max_tokens
                 continue
-            n = request.num_tokens + placeholders - request.num_computed_tokens
+            n = request.num_tokens + placeholders - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, cfg.max_model_len - 1 - request.num_computed_tokens)
+            if n > budget:
+                n = budget
+            if n > max_model_len - 1 - computed:
+                n = max_model_len - 1 - computed
             if n <= 0:
+                i += 1
+                continue
+            # allocate_slots' no-op case inlined (a decode inside its last block): the common step
+            blocks = req_blocks.get(request.request_id)
+            end = computed + n
+            if (blocks is not None and end <= len(blocks) * bs
+                    and min(end, request.num_tokens) // bs <= num_cached.get(request.request_id, 0)):
+                scheduled.append(ScheduledRequest(request, n, computed, not request.output_token_ids,
+                                                  end >= request.num_tokens + placeholders))
+                budget -= n
                 i += 1
                 continue
             while True:
@@ -491,25 +534,37 @@ class Scheduler:
                 budget -= n
 
         self._step += 1
+        ctx_requests = ctx_tokens = sampled = 0
+        for entry in scheduled:
+            if entry.is_context:
+                ctx_requests += 1
+                ctx_tokens += entry.num_new_tokens
+            if entry.samples:
+                sampled += 1
         output = SchedulerOutput(
             step_id=self._step,
             scheduled=tuple(scheduled),
             total_num_scheduled_tokens=cfg.max_num_batched_tokens - budget,
             preempted_request_ids=tuple(r.request_id for r in preempted),
+            num_context_requests=ctx_requests,
+            num_context_tokens=ctx_tokens,
+            num_sampled=sampled,
         )
         self._update_after_schedule(output)
         return output
 
-    def _entry(self, request: Request, n: int, computed_before: int) -> ScheduledRequest:
+    @staticmethod
+    def _entry(request: Request, n: int, computed_before: int) -> ScheduledRequest:
         samples = computed_before + n >= request.num_tokens + request.num_output_placeholders
-        return ScheduledRequest(request, n, computed_before, request.num_output_tokens == 0, samples)
+        return ScheduledRequest(request, n, computed_before, not request.output_token_ids, samples)
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        placeholders = self.config.async_scheduling
         for entry in output.scheduled:
             request = entry.request
             request.num_computed_tokens += entry.num_new_tokens
             request.is_prefill_chunk = not entry.samples
-            if entry.samples and self.config.async_scheduling:
+            if entry.samples and placeholders:
                 request.num_output_placeholders += 1
 
     def _preempt(self, request: Request) -> None:
@@ -524,26 +579,40 @@ class Scheduler:
         """The step finished: each request that sampled gets its token; stopped ones are freed."""
         outs: list[RequestOutput] = []
         cfg = self.config
+        async_sched = cfg.async_scheduling
+        max_model_len = cfg.max_model_len
+        running_status, finished_from = RequestStatus.RUNNING, RequestStatus.FINISHED_STOPPED
+        requests = self.requests
+        sampler = self.sampler
+        kv = self.kv
+        cache_blocks, num_cached, bs, caching = kv.cache_blocks, kv._num_cached_blocks, kv.block_size, kv.enable_caching
+        finished: list[Request] = []
         for entry in output.scheduled:
+            if not entry.samples:
+                continue  # a prefill chunk: nothing sampled
             request = entry.request
-            if not entry.samples or request.status.finished or request.request_id not in self.requests:
-                continue  # a prefill chunk, or finished/aborted while the step ran
-            was_running = request.status == RequestStatus.RUNNING
-            token = self.sampler(request)
+            if request.status >= finished_from or request.request_id not in requests:
+                continue  # finished or aborted while the step ran
+            token = sampler(request)
             request.output_token_ids.append(token)
-            if cfg.async_scheduling and request.num_output_placeholders > 0:
+            request.num_tokens += 1  # Request.append_output, inlined
+            if async_sched and request.num_output_placeholders > 0:
                 request.num_output_placeholders -= 1
-            finish = None
-            if request.num_output_tokens >= request.max_tokens or request.num_tokens >= cfg.max_model_len:
-                finish = RequestStatus.FINISHED_LENGTH_CAPPED
-            if finish is not None:
-                if request.status == RequestStatus.RUNNING:
-                    self.running.remove(request)
-                elif request in self.waiting:
+            n_out = len(request.output_token_ids)
+            if n_out >= request.max_tokens or request.num_tokens >= max_model_len:
+                finished.append(request)
+                outs.append(RequestOutput(request.request_id, (token,), n_out, "length"))
+                continue
+            if caching and request.status == running_status:
+                known = request.num_computed_tokens - request.num_output_placeholders
+                if min(known, request.num_tokens) // bs > num_cached.get(request.request_id, 0):
+                    cache_blocks(request, known)  # a block filled up with sampled tokens
+            outs.append(RequestOutput(request.request_id, (token,), n_out, None))
+        if finished:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
+            for request in finished:
+                if request.status != running_status and request in self.waiting:
                     self.waiting.remove(request)
-                self._free_request(request, finish)
-            elif was_running:
-                self.kv.cache_blocks(request, request.num_computed_tokens - request.num_output_placeholders)
-            outs.append(RequestOutput(request.request_id, (token,), request.num_output_tokens,
-                                      finish.finish_reason if finish is not None else None))
+                self._free_request(request, RequestStatus.FINISHED_LENGTH_CAPPED)
         return outs

@@ -13,7 +13,12 @@ One registry per engine, so several engines (tests, a sweep) never share counter
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -25,6 +30,24 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 N_BUCKETS = (1, 2, 5, 10, 20)
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+def observe_many(histogram: Histogram, value: float, count: int) -> None:
+    """`count` observations of one value at the cost of one.
+
+    All decodes of a step share one inter-token latency, so the engine observes each distinct value
+    once per step. Same effect as `count` calls of `Histogram.observe`; this reaches into the child's
+    `_sum`/`_buckets` (prometheus_client's layout since 0.4) and falls back to the loop if that moves.
+    """
+    buckets = getattr(histogram, "_buckets", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    total = getattr(histogram, "_sum", None)
+    if buckets is None or bounds is None or total is None:
+        for _ in range(count):
+            histogram.observe(value)
+        return
+    total.inc(value * count)
+    buckets[bisect.bisect_left(bounds, value)].inc(count)
 
 
 def _token_buckets(max_model_len: int) -> tuple[int, ...]:
@@ -48,15 +71,21 @@ class VllmMetrics:
         r = self.registry
         names = ["model_name", "engine"]
         lv = {"model_name": model_name, "engine": engine}
+        self.families: dict[str, MetricWrapperBase] = {}
+        self._gauges: tuple[int, int, float] = (0, 0, 0.0)
+
+        def keep(metric: MetricWrapperBase) -> MetricWrapperBase:
+            self.families[metric._name] = metric
+            return metric
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, names, registry=r, multiprocess_mode="mostrecent").labels(**lv)
+            return keep(Gauge(name, doc, names, registry=r, multiprocess_mode="mostrecent")).labels(**lv)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, names, registry=r).labels(**lv)
+            return keep(Counter(name, doc, names, registry=r)).labels(**lv)
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**lv)
+            return keep(Histogram(name, doc, names, buckets=buckets, registry=r)).labels(**lv)
 
         tokens = _token_buckets(max_model_len)
         self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
@@ -68,8 +97,8 @@ class VllmMetrics:
         self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          [*names, "finished_reason"], registry=r)
+        success = keep(Counter("vllm:request_success", "Count of successfully processed requests.",
+                               [*names, "finished_reason"], registry=r))
         self.request_success = {reason: success.labels(finished_reason=reason, **lv) for reason in FINISH_REASONS}
         self.request_prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.request_generation_tokens = hist(
@@ -125,9 +154,12 @@ class VllmMetrics:
         if generation_tokens:
             self.generation_tokens.inc(generation_tokens)
         self.iteration_tokens.observe(prompt_tokens + generation_tokens)
-        self.num_requests_running.set(running)
-        self.num_requests_waiting.set(waiting)
-        self.kv_cache_usage_perc.set(kv_usage)
+        gauges = (running, waiting, kv_usage)
+        if gauges != self._gauges:  # most steps change none of them; a set() takes a lock
+            self._gauges = gauges
+            self.num_requests_running.set(running)
+            self.num_requests_waiting.set(waiting)
+            self.kv_cache_usage_perc.set(kv_usage)
         if prefix_queries:
             self.prefix_cache_queries.inc(prefix_queries)
         if prefix_hits:
@@ -136,6 +168,7 @@ class VllmMetrics:
             self.num_preemptions.inc(preemptions)
 
     def on_queue(self, running: int, waiting: int) -> None:
+        self._gauges = (running, waiting, self._gauges[2])
         self.num_requests_running.set(running)
         self.num_requests_waiting.set(waiting)
 
@@ -158,6 +191,13 @@ class VllmMetrics:
         self.request_generation_tokens.observe(generation_tokens)
         if computed_prompt_tokens > 0:
             self.request_prefill_kv_computed_tokens.observe(computed_prompt_tokens)
+
+    def collect(self, names: Iterable[str] | None = None) -> Iterator[Metric]:
+        """The families named (sample base names as in the text, `_total` or not), in-process."""
+        wanted = None if names is None else {n for name in names for n in (name, name.removesuffix("_total"))}
+        for name, metric in self.families.items():
+            if wanted is None or name in wanted:
+                yield from metric.collect()
 
     def exposition(self) -> bytes:
         from prometheus_client import generate_latest

@@ -1,0 +1,188 @@
+"""`pdexporter sim serve` (a subprocess, real HTTP) driven by clients written for vLLM, not pdexporter."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from pdexporter.engine.metrics import parse_exposition
+from tests.integration.sim.conftest import ServedEngine, start_sim_serve
+
+pytestmark = pytest.mark.integration
+
+MODEL = "qwen3-coder-30b-a3b"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "vllm-0.22" / "sse-completions.txt"  # a real vLLM 0.22.0
+
+
+@pytest.fixture(scope="module")
+def client(served: ServedEngine) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="EMPTY", max_retries=0, timeout=60)
+
+
+def test_ready_file_is_the_launchers_contract(served: ServedEngine):
+    info = served.info
+    assert info["url"].startswith("http://127.0.0.1:")
+    assert {"url", "gpu", "version", "cuda_graphs", "pid"} <= set(info)
+    assert info["pid"] == served.proc.pid and info["gpu"] == "H200" and info["cuda_graphs"] is True
+    assert info["modelled"] is True and "+pdexporter.sim" in info["version"]
+
+
+def test_openai_models(client: openai.OpenAI):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_openai_streaming_completion_with_token_ids(client: openai.OpenAI):
+    stream = client.completions.create(
+        model=MODEL, prompt=list(range(1000, 1300)), max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) == 12 and all(t.startswith(" t") for t in texts)
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == "length" and set(finals[:-1]) == {None}
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == (300, 12)
+    assert [c.usage.completion_tokens for c in chunks if c.choices] == list(range(1, 13))
+    assert "pdexporter-sim" in (chunks[-1].system_fingerprint or "")
+
+
+def test_openai_streaming_chat_opens_with_a_role_delta(client: openai.OpenAI):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "t11 t12 hello world"}], max_tokens=5, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].object == "chat.completion.chunk"
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    content = [c.choices[0].delta.content for c in chunks[1:] if c.choices]
+    assert len(content) == 5 and all(x.startswith(" t") for x in content)
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.prompt_tokens == 4 and chunks[-1].usage.completion_tokens == 5
+
+
+def test_openai_non_streaming(client: openai.OpenAI):
+    done = client.completions.create(model=MODEL, prompt="t1 t2 t3", max_tokens=4)
+    assert done.choices[0].finish_reason == "length" and len(done.choices[0].text.split()) == 4
+    assert done.usage.prompt_tokens == 3 and done.usage.total_tokens == 7
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert chat.choices[0].message.role == "assistant" and len(chat.choices[0].message.content.split()) == 3
+
+
+def test_openai_sees_vllm_errors(client: openai.OpenAI):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=[5] * 100, max_tokens=199_950)
+    assert "maximum context length is 200000 tokens" in str(err.value)
+    assert err.value.status_code == 400
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    assert "The model `gpt-4` does not exist." in str(missing.value)
+
+
+def test_raw_aiohttp_sse_has_vllms_exact_shape(served: ServedEngine):
+    async def main() -> tuple[bytes, dict]:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": MODEL, "prompt": [7] * 64, "max_tokens": 6, "stream": True, "temperature": 0,
+                    "ignore_eos": True}
+            async with session.post(f"{served.url}/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/event-stream")
+                return await resp.read(), dict(resp.headers)
+
+    raw, headers = asyncio.run(main())
+    assert headers.get("x-pdexporter-modelled") == "true"
+    events = raw.decode().split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]"
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert len(payloads) == 6
+    real = json.loads(FIXTURE.read_text().split("\n\n")[0].removeprefix("data: "))
+    for p in payloads:
+        assert list(p["choices"][0]) == list(real["choices"][0])
+        assert p["id"].startswith("cmpl-") and len(p["id"]) == len(real["id"])
+    for p in payloads[:-1]:
+        assert list(p) == list(real)  # same keys, same order, no usage without stream_options
+    # vLLM stamps system_fingerprint on the terminal chunk when no usage chunk follows
+    assert list(payloads[-1]) == [*real, "system_fingerprint"]
+    assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_continuous_usage_needs_include_usage_as_in_vllm(served: ServedEngine):
+    async def events(options: dict) -> list[dict]:
+        async with aiohttp.ClientSession() as session:
+            body = {"model": MODEL, "prompt": [3] * 20, "max_tokens": 3, "stream": True, "stream_options": options}
+            async with session.post(f"{served.url}/v1/completions", json=body) as resp:
+                raw = (await resp.read()).decode()
+        return [json.loads(e.removeprefix("data: ")) for e in raw.split("\n\n") if e.startswith("data: {")]
+
+    alone = asyncio.run(events({"continuous_usage_stats": True}))
+    both = asyncio.run(events({"include_usage": True, "continuous_usage_stats": True}))
+    assert all("usage" not in e for e in alone) and len(alone) == 3
+    assert [e["usage"]["completion_tokens"] for e in both] == [1, 2, 3, 3] and both[-1]["choices"] == []
+
+
+def test_health_version_tokenize_metrics(served: ServedEngine):
+    async def main() -> dict:
+        out = {}
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{served.url}/health") as r:
+                out["health"] = r.status
+            async with s.get(f"{served.url}/version") as r:
+                out["version"] = await r.json()
+            async with s.post(f"{served.url}/tokenize", json={"model": MODEL, "prompt": "t3 t4 abc"}) as r:
+                out["tokenize"] = await r.json()
+            async with s.get(f"{served.url}/metrics") as r:
+                out["metrics"] = await r.text()
+                out["metrics_type"] = r.headers["Content-Type"]
+            async with s.get(f"{served.url}/nope") as r:
+                out["404"] = (r.status, await r.json())
+        return out
+
+    out = asyncio.run(main())
+    assert out["health"] == 200
+    assert out["version"]["modelled"] is True and out["version"]["engine"] == "pdexporter-sim"
+    assert out["tokenize"]["count"] == 3 and out["tokenize"]["tokens"][:2] == [3, 4]
+    assert out["tokenize"]["max_model_len"] == 200_000
+    snap = parse_exposition(out["metrics"])
+    assert snap.model_names == (MODEL,) and snap.get("prompt_tokens_total") > 0
+    assert "vllm:cache_config_info" in out["metrics"] and "python_gc_objects_collected_total" in out["metrics"]
+    assert out["metrics_type"].startswith("text/plain")
+    assert out["404"][0] == 404 and out["404"][1]["error"]["code"] == 404
+
+
+def test_a_client_that_disconnects_aborts_its_request(tmp_path: Path):
+    engine = start_sim_serve(tmp_path, "--max-num-batched-tokens", "8192")
+    try:
+        async def main() -> dict:
+            async with aiohttp.ClientSession() as s:
+                body = {"model": MODEL, "prompt": [9] * 32, "max_tokens": 100_000, "stream": True}
+                resp = await s.post(f"{engine.url}/v1/completions", json=body)
+                got = 0
+                async for line in resp.content:
+                    if line.startswith(b"data: {"):
+                        got += 1
+                        if got == 5:
+                            break
+                resp.close()  # the client goes away mid-stream
+                deadline = time.monotonic() + 10
+                while True:
+                    async with s.get(f"{engine.url}/metrics") as r:
+                        text = await r.text()
+                    snap = parse_exposition(text)
+                    if snap.get("num_requests_running") == 0 or time.monotonic() > deadline:
+                        return {"snap": snap, "text": text}
+                    await asyncio.sleep(0.1)
+
+        out = asyncio.run(main())
+        assert out["snap"].get("num_requests_running") == 0
+        assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="qwen3-coder-30b-a3b"} 1.0' \
+            in out["text"]
+    finally:
+        assert engine.stop() == 0  # SIGTERM: a clean exit
+    assert "embedded engine stopped" in engine.log.read_text()

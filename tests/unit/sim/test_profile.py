@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdexporter.errors import ConfigError
+from pdexporter.sim.profile import available_profiles, load_profile
+
+
+def test_shipped_profiles_load_and_say_how_they_were_obtained():
+    assert {"h20-qwen3-coder-30b-a3b", "h200-qwen3-coder-30b-a3b"} <= set(available_profiles())
+    h20 = load_profile("h20-qwen3-coder-30b-a3b")
+    h200 = load_profile("h200-qwen3-coder-30b-a3b")
+    assert h20.calibration == "projected"
+    assert h200.calibration == "projected-from-facts"
+    for p in (h20, h200):
+        assert p.engine.max_model_len == 200_000 and p.engine.block_size == 16
+        assert p.model.num_layers == 48 and p.model.num_experts == 128 and p.model.experts_per_token == 8
+        assert 30.0e9 < p.model.total_params < 31.0e9  # Qwen3-30B-A3B
+        assert p.model.kv_bytes_per_token == 48 * 2 * 4 * 128 * 2
+    assert h200.engine.num_gpu_blocks == 44_597  # vllm:cache_config_info of the real H200 run
+    assert h20.gpu.peak_dense_bf16_tflops == 148 and h20.gpu.hbm_bandwidth_tb_s == 4.0
+
+
+def _write(tmp_path: Path, mutate) -> Path:
+    data = yaml.safe_load(load_profile("h200-qwen3-coder-30b-a3b").to_yaml())
+    mutate(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_wrong_field_is_one_line_naming_file_and_field(tmp_path: Path):
+    path = _write(tmp_path, lambda d: d["step_time"].update(fixed_ms=-1))
+    with pytest.raises(ConfigError) as err:
+        load_profile(path)
+    text = str(err.value)
+    assert str(path) in text and "step_time.fixed_ms" in text and "\n" not in text
+
+
+def test_an_unknown_field_is_refused(tmp_path: Path):
+    path = _write(tmp_path, lambda d: d["engine"].update(max_num_batch_tokens=8192))
+    with pytest.raises(ConfigError, match=r"engine\.max_num_batch_tokens"):
+        load_profile(path)
+
+
+def test_unknown_profile_name_lists_the_shipped_ones():
+    with pytest.raises(ConfigError, match="h20-qwen3-coder-30b-a3b"):
+        load_profile("a100-nonexistent")
+
+
+def test_roundtrip_yaml(tmp_path: Path):
+    p = load_profile("h20-qwen3-coder-30b-a3b")
+    path = tmp_path / "copy.yaml"
+    path.write_text(p.to_yaml())
+    assert load_profile(path) == p
