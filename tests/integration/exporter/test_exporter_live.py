@@ -164,7 +164,7 @@ def test_prometheus_scrapes_probe_tpot_close_to_the_modelled_step(session: Sessi
     high = min(b for b in buckets if b > modelled)
     assert low <= p["p50"] <= high
     assert p["up"] == 1 and p["streams"] == D and p["scrape_ok"] == 1
-    assert p["running"] >= D
+    assert 1 <= p["running"] <= D + 1  # the probes (one may be restarting) and maybe a prefill
     assert p["expected"] == expected_chunks(P, B, D) == 3
     assert p["slow_steps"] in {w.rep.interference.num_chunks_actual for w in session.windows}
     assert 0 < p["tokens_rate"] <= D / modelled * 1.1
