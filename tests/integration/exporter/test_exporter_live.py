@@ -36,11 +36,8 @@ from tests.integration.exporter.exporter_realparts import OtlpReceiver, Promethe
 pytestmark = pytest.mark.integration
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
-# ceil(1200 / (512 - 4)) = 3 chunks: 508, 508, 184. A small prompt on purpose: the embedded
-# engine ingests a request on the loop that emits tokens (~0.3 ms per 1000 prompt ids), and at
-# P = 5000 that delays the next probe token by ~2 ms, one more "slow" interval at D = 4.
-D, B, P = 4, 512, 1200
-CHUNKS = [508, 508, 184]
+D, B, P = 4, 2048, 5000  # ceil(5000 / (2048 - 4)) = 3 chunks
+CHUNKS = [2044, 2044, 912]
 PROBE_TOKENS = 128
 
 
