@@ -159,7 +159,8 @@ class ProbeLoop:
     # --- called from the runner's thread ---------------------------------------------------
 
     async def wait_started(self, timeout_s: float = 300.0) -> EngineInfo:
-        """`start` for an asyncio caller: the thread is started and awaited without blocking its loop."""
+        """Start the probe thread; returns once the engine answered, the warm-ups ran and the probes
+        were sent. A dead target or a bad model fails here, with the engine's one-line error."""
         self._thread = threading.Thread(target=self._run, name="pdexporter-probes", daemon=True)
         self._thread.start()
         return await asyncio.wait_for(asyncio.wrap_future(self._ready), timeout_s)
