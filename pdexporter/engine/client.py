@@ -5,7 +5,7 @@ parameter so a stream's timestamps come from whatever clock the measurement uses
 
 Timing rules learnt on a real vLLM (docs/vllm-facts.md):
 - one `perf_counter_ns` stamp per network read, taken before any parsing, given to every event
-  that read completed;
+  that read completed (`arrival_clock`, which may be a selector's wake-up time, see there);
 - request bodies are encoded by `encode_body` *before* a measured window opens; `stream_into`
   only sends bytes;
 - retries (tenacity) only where repeating is harmless: GETs, and stream starts outside a window
@@ -132,6 +132,7 @@ class EngineClient:
         timeouts: ClientTimeouts = ClientTimeouts(),
         clock: Clock = time.perf_counter_ns,
         retries: int = 4,
+        arrival_clock: Clock | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"--target {base_url!r}: expected an http:// or https:// URL")
@@ -139,6 +140,10 @@ class EngineClient:
         self.api_key = api_key
         self.timeouts = timeouts
         self.clock = clock
+        # Stamps a stream read; the live exporter swaps in the time its event loop's selector
+        # returned, so a token's stamp does not include parsing of other streams' reads that the
+        # same loop iteration handled first. Sends and everything else use `clock`.
+        self.arrival_clock = arrival_clock or clock
         self.retries = retries
         self._session = session
         self._owns_session = session is None
@@ -281,7 +286,7 @@ class EngineClient:
                     raise EngineHTTPError(url, resp.status, error_message_from_body(await resp.read()))
                 while True:
                     chunk = await resp.content.readany()
-                    t_ns = self.clock()  # stamp first, parse after
+                    t_ns = self.arrival_clock()  # stamp first, parse after
                     if not chunk:
                         break
                     got_bytes = True
