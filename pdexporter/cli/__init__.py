@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import measure
+    from pdexporter.cli import dashboards, measure
 
-    for module in (measure,):
+    for module in (measure, dashboards):
         module.register(app)
 
 
