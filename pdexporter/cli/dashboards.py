@@ -66,8 +66,9 @@ def push(
 ) -> None:
     """Create or overwrite the dashboards in a Grafana, matched by their stable uids."""
     from pdexporter.grafana import build_all
-    from pdexporter.grafana.push import push_dashboards, read_token
+    from pdexporter.grafana.push import push_dashboards, read_token, redact
 
     token = read_token(token_file)
+    base = redact(grafana_url).rstrip("/")
     for pushed in push_dashboards(grafana_url, build_all(), token=token, folder=folder, timeout=timeout):
-        console.print(f"pushed {pushed.uid} (version {pushed.version}) {pushed.url}")
+        console.print(f"pushed {pushed.uid} (version {pushed.version}) {base}{pushed.url}", soft_wrap=True)
