@@ -1,0 +1,84 @@
+"""`pdexporter measure` end to end: one-line errors, exit codes, nothing recorded is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import free_port
+from tests.scripted_engine import ScriptedEngine
+
+pytestmark = pytest.mark.e2e
+
+
+async def run_cli(*args: str, timeout: float = 120) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pdexporter", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+def _one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("pdexporter: error:")]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["-P", "0"], "-P/--new-prefill-tokens 0: must be >= 1"),
+        (["-D", "-1"], "-D/--decode-batch-size -1: must be >= 0"),
+        (["-D", "8192", "--chunk-size", "8192"], "take the whole step budget"),
+    ],
+)
+async def test_bad_point_is_rejected_before_anything_runs(args: list[str], fragment: str, tmp_path: Path) -> None:
+    code, _, err = await run_cli("measure", "--out", str(tmp_path), *args)
+    assert code == 2
+    assert fragment in _one_error_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_unreachable_target(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, _, err = await run_cli("measure", "--target", url, "--out", str(tmp_path), "-D", "1", "-P", "16")
+    assert code == 3
+    line = _one_error_line(err)
+    assert url in line and "cannot connect" in line
+
+
+async def test_engine_rejecting_the_prompt_keeps_earlier_records(tmp_path: Path) -> None:
+    earlier = tmp_path / "8192" / "D1_P16.json"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text('{"kept": true}\n')
+    async with ScriptedEngine(behaviour="reject") as engine:
+        code, _, err = await run_cli("measure", "--target", engine.url, "--out", str(tmp_path), "-D", "1", "-P", "16",
+                                     "--no-resume")
+    assert code == 3
+    assert "maximum context length" in _one_error_line(err)
+    assert json.loads(earlier.read_text()) == {"kept": True}
+
+
+async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=0.002) as engine:
+        code, out, err = await run_cli(
+            "measure", "--target", engine.url, "--gpu", "test-double", "--out", str(tmp_path),
+            "-B", "2048", "-D", "2", "-P", "64", "--reps", "2",
+            "--decode-context-tokens", "64", "--decode-output-tokens", "80",
+        )
+    assert code == 0, err
+    record_path = tmp_path / "2048" / "D2_P64.json"
+    assert out.strip().endswith(str(record_path))
+    record = json.loads(record_path.read_text())
+    assert record["config"]["gpu"] == "test-double" and record["config"]["modelled"] is False
+    assert record["summary"]["reps_done"] == 2
+    assert {r["raw"] for r in record["reps"]} == {"raw/D2_P64_r0.json.gz", "raw/D2_P64_r1.json.gz"}
+    assert (tmp_path / "2048" / "raw" / "D2_baseline.json.gz").exists()
+    assert record["baseline"]["tpot_p50_ms"] == pytest.approx(2.0, abs=1.5)

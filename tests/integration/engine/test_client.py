@@ -1,0 +1,167 @@
+"""EngineClient against ScriptedEngine (a test double): streaming, auth, errors, retries."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pdexporter.engine.client import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    ClientTimeouts,
+    EngineClient,
+    chat_request,
+    completion_request,
+    encode_body,
+    resolve_api_key,
+)
+from pdexporter.engine.stream import TokenStream
+from pdexporter.errors import (
+    ConfigError,
+    EngineError,
+    EngineHTTPError,
+    EngineTimeout,
+    EngineUnreachable,
+    SSEProtocolError,
+)
+from tests.helpers import free_port
+from tests.scripted_engine import ScriptedEngine
+
+pytestmark = pytest.mark.integration
+
+
+async def test_completion_stream_counts_tokens_and_stamps_each_event() -> None:
+    async with ScriptedEngine(cadence_s=0.004) as engine, EngineClient(engine.url) as client:
+        stream = TokenStream("s")
+        body = encode_body(completion_request(engine.model, list(range(100, 164)), 20))
+        await client.stream_into(COMPLETIONS_PATH, body, stream)
+    assert stream.n_tokens == 20 and stream.finished and stream.finish_reason == "length"
+    assert stream.prompt_tokens == 64
+    assert stream.t_sent_ns is not None and stream.t_sent_ns <= stream.event_times_ns[0]
+    gaps = [b - a for a, b in zip(stream.event_times_ns, stream.event_times_ns[1:])]
+    assert all(g >= 0 for g in gaps)
+    assert sorted(gaps)[len(gaps) // 2] / 1e6 == pytest.approx(4.0, abs=3.0)
+    sent = engine.bodies[0]
+    assert sent["prompt"] == list(range(100, 164)) and sent["ignore_eos"] is True and sent["temperature"] == 0
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+async def test_chat_stream() -> None:
+    async with ScriptedEngine() as engine, EngineClient(engine.url) as client:
+        stream = TokenStream("chat")
+        body = encode_body(chat_request(engine.model, [{"role": "user", "content": "hi"}], 5))
+        await client.stream_into(CHAT_PATH, body, stream)
+    assert stream.n_tokens == 5 and engine.bodies[0]["messages"][0]["content"] == "hi"
+
+
+async def test_refused_connection_is_one_line_naming_the_url() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    async with EngineClient(url, retries=2) as client:
+        with pytest.raises(EngineUnreachable) as excinfo:
+            await client.get_text("/health")
+        stream = TokenStream("x")
+        with pytest.raises(EngineUnreachable):
+            await client.stream_into(COMPLETIONS_PATH, b"{}", stream)
+    assert url in str(excinfo.value) and "\n" not in str(excinfo.value)
+    assert stream.error is not None and stream.done
+
+
+async def test_engine_rejection_shows_the_engines_message() -> None:
+    async with ScriptedEngine(behaviour="reject") as engine, EngineClient(engine.url) as client:
+        with pytest.raises(EngineHTTPError) as excinfo:
+            await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1] * 5000, 1)), TokenStream("p"))
+    err = excinfo.value
+    assert err.status == 400
+    assert "maximum context length is 4096 tokens" in str(err)
+
+
+async def test_server_error_is_not_retried_inside_a_stream() -> None:
+    async with ScriptedEngine(behaviour="fail") as engine, EngineClient(engine.url) as client:
+        with pytest.raises(EngineHTTPError, match="HTTP 500"):
+            await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 1)), TokenStream("p"))
+    assert engine.completion_calls == 1
+
+
+async def test_gets_are_retried_through_transient_503s() -> None:
+    async with ScriptedEngine(fail_gets=2) as engine, EngineClient(engine.url, retries=4) as client:
+        assert await client.models() == [engine.model]
+    assert engine.get_calls == 3
+
+
+async def test_gets_give_up_after_the_retry_budget() -> None:
+    async with ScriptedEngine(fail_gets=10) as engine, EngineClient(engine.url, retries=2) as client:
+        with pytest.raises(EngineHTTPError, match="503"):
+            await client.get_text("/health")
+    assert engine.get_calls == 2
+
+
+async def test_stall_becomes_a_timeout() -> None:
+    timeouts = ClientTimeouts(read_s=0.3)
+    async with ScriptedEngine(behaviour="stall") as engine, EngineClient(engine.url, timeouts=timeouts) as client:
+        start = time.monotonic()
+        with pytest.raises(EngineTimeout, match="no event"):
+            await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 3)), TokenStream("p"))
+        assert time.monotonic() - start < 2.5
+
+
+@pytest.mark.parametrize("behaviour, match", [("malformed", "not JSON"), ("no-done", r"without 'data: \[DONE\]'")])
+async def test_broken_sse_is_a_protocol_error(behaviour: str, match: str) -> None:
+    async with ScriptedEngine(behaviour=behaviour) as engine, EngineClient(engine.url) as client:
+        with pytest.raises(SSEProtocolError, match=match):
+            await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 3)), TokenStream("p"))
+
+
+async def test_connection_dropped_mid_stream_is_not_retried() -> None:
+    async with ScriptedEngine(behaviour="disconnect") as engine, EngineClient(engine.url) as client:
+        stream = TokenStream("p")
+        with pytest.raises(EngineError):
+            await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 10)), stream,
+                                     retry_connect=True)
+    assert engine.completion_calls == 1
+    assert stream.n_tokens == 2 and stream.error is not None
+
+
+async def test_bearer_token_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PDEXPORTER_API_KEY", "s3cret")
+    async with ScriptedEngine(api_key="s3cret") as engine:
+        async with EngineClient(engine.url, api_key=resolve_api_key(None)) as client:
+            assert await client.models() == [engine.model]
+        async with EngineClient(engine.url, api_key=None, retries=1) as client:
+            with pytest.raises(EngineHTTPError, match="401"):
+                await client.models()
+
+
+def test_api_key_from_file_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PDEXPORTER_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert resolve_api_key(None) is None
+    monkeypatch.setenv("OPENAI_API_KEY", "from-env")
+    assert resolve_api_key(None) == "from-env"
+    token = tmp_path / "token"
+    token.write_text("from-file\n")
+    assert resolve_api_key(token) == "from-file"
+    with pytest.raises(ConfigError, match="empty"):
+        (tmp_path / "empty").write_text("")
+        resolve_api_key(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="missing"):
+        resolve_api_key(tmp_path / "missing")
+
+
+def test_target_must_be_an_http_url() -> None:
+    with pytest.raises(ConfigError, match="http"):
+        EngineClient("localhost:8000")
+
+
+async def test_metrics_scrape_parses_the_engine_exposition() -> None:
+    async with ScriptedEngine() as engine, EngineClient(engine.url) as client:
+        snap = await client.scrape_metrics()
+    assert snap.values["prompt_tokens_total"] == 1548800.0 and snap.t_ns is not None
+
+
+async def test_unknown_model_is_a_config_error() -> None:
+    async with ScriptedEngine() as engine, EngineClient(engine.url) as client:
+        assert await client.resolve_model(None) == engine.model
+        with pytest.raises(ConfigError, match="serves scripted-model"):
+            await client.resolve_model("other")

@@ -1,0 +1,73 @@
+"""Results on disk: layout, atomic writes, validation errors that name file and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, read_json_gz
+from pdexporter.errors import RecordError
+from pdexporter.measure.records import aggregate
+from pdexporter.measure.store import ResultsStore, load_record_file
+from tests.unit.measure.test_records import CONFIG, _rep
+
+
+def test_layout_matches_the_seed(tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path / "results")
+    assert store.record_path(8192, 4, 8192) == tmp_path / "results" / "8192" / "D4_P8192.json"
+    assert store.raw_path(2048, 0, 512, 3).name == "D0_P512_r3.json.gz"
+    assert store.relative(2048, store.raw_path(2048, 0, 512, 3)) == "raw/D0_P512_r3.json.gz"
+
+
+def test_save_and_load_round_trip(tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path)
+    record = aggregate(CONFIG, [_rep(0, 46.9, 91.0, [8188, 4])])
+    path = store.save_record(record)
+    assert store.load_record(8192, 4, 8192) == load_record_file(path)
+    assert [p.name for p in store.iter_record_paths()] == ["D4_P8192.json"]
+    assert len(list(store.iter_records())) == 1
+    assert store.load_record(8192, 4, 1) is None
+
+
+def test_atomic_write_leaves_old_file_when_serialisation_fails(tmp_path: Path) -> None:
+    target = tmp_path / "r.json"
+    atomic_write_json(target, {"ok": 1})
+    with pytest.raises(ValueError):
+        atomic_write_json(target, {"bad": float("nan")})
+    assert json.loads(target.read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temp file left behind
+
+
+def test_gzip_json_round_trip_is_reproducible(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
+    payload = {"dt_ns": list(range(1000))}
+    atomic_write_json_gz(a, payload)
+    atomic_write_json_gz(b, payload)
+    assert a.read_bytes() == b.read_bytes()
+    assert read_json_gz(a) == payload
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"config": {}}), "field 'config.decode_batch_size'"),
+    ],
+)
+def test_bad_records_name_file_and_field(tmp_path: Path, content: str, fragment: str) -> None:
+    path = tmp_path / "8192" / "D4_P8192.json"
+    path.parent.mkdir()
+    path.write_text(content)
+    with pytest.raises(RecordError) as excinfo:
+        load_record_file(path)
+    message = str(excinfo.value)
+    assert str(path) in message and fragment in message and "\n" not in message
+
+
+def test_unreadable_record_is_a_record_error(tmp_path: Path) -> None:
+    path = tmp_path / "D1_P1.json"
+    path.mkdir()  # a directory where a record should be: unreadable even for root
+    with pytest.raises(RecordError, match="cannot read"):
+        load_record_file(path)

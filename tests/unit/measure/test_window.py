@@ -1,0 +1,167 @@
+"""The window maths on synthetic engine timelines whose truth is known by construction."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdexporter.measure.window import (
+    WindowParams,
+    analyse_window,
+    baseline_stats,
+    derive,
+    expected_chunks,
+    intervals,
+    is_steady,
+    token_times,
+)
+
+MS = 1_000_000
+
+
+def timeline(step_ms: list[float], streams: int, skew_ns: int = 20_000) -> list[np.ndarray]:
+    """Token times of `streams` decodes that each get one token per engine step."""
+    ends = np.cumsum(np.asarray(step_ms) * MS)
+    return [ends + i * skew_ns for i in range(streams)]
+
+
+def test_token_times_spread_multi_token_events_over_their_gap() -> None:
+    times = token_times([0, 10 * MS, 40 * MS], [1, 1, 3])
+    assert list(times) == [0, 10 * MS, 20 * MS, 30 * MS, 40 * MS]
+
+
+def test_token_times_reject_mismatched_lengths() -> None:
+    with pytest.raises(ValueError):
+        token_times([1, 2], [1])
+
+
+def test_intervals_drop_warmup_tokens() -> None:
+    times = np.arange(20, dtype=float) * MS
+    iv = intervals(times, warmup_tokens=16)
+    assert list(iv.token_index) == [17, 18, 19]
+    assert np.allclose(iv.length_ns, MS)
+
+
+def test_baseline_of_a_steady_cadence_is_that_cadence() -> None:
+    stats = baseline_stats(timeline([6.0] * 256, streams=4))
+    assert stats is not None
+    assert stats.p50_ms == pytest.approx(6.0)
+    assert stats.p99_ms == pytest.approx(6.0)
+    assert stats.n_intervals == 4 * (256 - 17)
+
+
+def test_no_streams_no_baseline() -> None:
+    assert baseline_stats([]) is None
+
+
+def test_steady_state_rule() -> None:
+    assert not is_steady([np.arange(31) * 6.0 * MS])  # fewer than 32 tokens
+    assert is_steady([np.arange(40) * 6.0 * MS])
+    bumpy = np.cumsum([6.0] * 35 + [20.0] + [6.0] * 4) * MS  # one interval 3.3x the others in the last 8
+    assert not is_steady([bumpy])
+    assert is_steady([])
+
+
+def _scenario(chunk_ms: list[float], *, decode_ms: float = 6.0, d: int = 4, lead: int = 60, tail: int = 60,
+              async_depth: int = 1):
+    """Decode steps, then the prefill arrives mid-step; `async_depth` more decode-only steps were
+    already scheduled; then one mixed step per chunk; the prefill's first token leaves with the
+    last mixed step."""
+    steps = [decode_ms] * lead + [decode_ms] * async_depth + list(chunk_ms) + [decode_ms] * tail
+    streams = timeline(steps, d)
+    ends = np.cumsum(np.asarray(steps) * MS)
+    t_inject = int(ends[lead - 1] - decode_ms * MS / 2)  # halfway through step `lead`
+    t_first = int(ends[lead + async_depth + len(chunk_ms) - 1] + 50_000)
+    base = baseline_stats(timeline([decode_ms] * 256, d))
+    return streams, t_inject, t_first, base
+
+
+def test_window_counts_each_mixed_step_once_and_skips_presheduled_decode_steps() -> None:
+    chunks = [47.0 + (120.0 - 47.0) * k / 16 for k in range(16)] + [9.0]
+    streams, t_inject, t_first, base = _scenario(chunks, async_depth=2)
+    w = analyse_window(streams, t_inject, t_first, base)
+    assert w.num_chunks_actual == 17
+    assert w.slow_steps_per_stream == (17, 17, 17, 17)
+    # the window also holds the interrupted step and the 2 pre-scheduled decode steps ...
+    assert w.window_intervals == 4 * (1 + 2 + 17)
+    # ... but "during" starts at the first slow step: its p50 is a mixed step, not a decode step
+    assert w.during_p50_ms == pytest.approx(float(np.median(chunks)))
+    assert w.slow_step_times_ms == pytest.approx(tuple(chunks))
+    assert w.after_p50_ms == pytest.approx(6.0)
+    assert w.prefill_duration_ms == pytest.approx((t_first - t_inject) / MS)
+    assert w.zero_intervals == 0
+
+
+def test_single_chunk_penalty_matches_the_seed_example_shape() -> None:
+    # seed example: baseline 42.3 ms, one 89.2 ms mixed step -> penalty 46.9, ratio 1.11
+    streams, t_inject, t_first, base = _scenario([89.2], decode_ms=42.3, async_depth=1)
+    w = analyse_window(streams, t_inject, t_first, base)
+    d = derive(base, w, 4)
+    assert w.num_chunks_actual == 1
+    assert d.tpot_penalty_p50_ms == pytest.approx(46.9, abs=1e-6)
+    assert d.tpot_penalty_ratio == pytest.approx(46.9 / 42.3)
+    assert round(d.tpot_penalty_ratio, 2) == 1.11
+    assert d.total_interference_ms == pytest.approx(46.9, abs=1e-6)
+    assert d.decode_tokens_delayed == 4
+    assert d.aggregate_interference_ms == pytest.approx(4 * 46.9, abs=1e-6)
+
+
+def test_bursts_of_zero_intervals_are_counted() -> None:
+    streams, t_inject, t_first, base = _scenario([50.0, 50.0])
+    late = streams[0].copy()
+    # the client read two tokens in one go: the second arrives at the same instant as the first
+    idx = int(np.searchsorted(late, t_inject)) + 1
+    late[idx] = late[idx + 1]
+    w = analyse_window([late, *streams[1:]], t_inject, t_first, base)
+    assert w.zero_intervals >= 1
+    assert w.min_interval_ms == pytest.approx(0.0)
+
+
+def test_no_decodes_gives_prefill_duration_only() -> None:
+    w = analyse_window([], 0, 90 * MS, None)
+    assert w.prefill_duration_ms == 90.0
+    assert w.num_chunks_actual is None and w.during_p50_ms is None
+    d = derive(None, w, 0)
+    assert d.tpot_penalty_p50_ms is None and d.decode_tokens_delayed == 0
+
+
+def test_first_token_before_inject_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        analyse_window([], 10, 5, None)
+
+
+@pytest.mark.parametrize(
+    "p, b, d, expected",
+    [(32768, 2048, 4, 17), (32768, 8192, 4, 5), (8192, 8192, 4, 2), (8192, 8192, 0, 1), (2048, 2048, 12, 2),
+     (512, 8192, 12, 1), (8180, 8192, 12, 1)],
+)
+def test_expected_chunks(p: int, b: int, d: int, expected: int) -> None:
+    assert expected_chunks(p, b, d) == expected
+
+
+def test_expected_chunks_needs_budget() -> None:
+    with pytest.raises(ValueError):
+        expected_chunks(100, 4, 4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    chunk_ms=st.lists(st.floats(8.0, 400.0), min_size=1, max_size=24),
+    decode_ms=st.floats(3.0, 6.0),
+    d=st.integers(1, 12),
+    async_depth=st.integers(0, 2),
+)
+def test_slow_steps_and_total_interference_are_exact_on_clean_timelines(
+    chunk_ms: list[float], decode_ms: float, d: int, async_depth: int
+) -> None:
+    streams, t_inject, t_first, base = _scenario(chunk_ms, decode_ms=decode_ms, d=d, async_depth=async_depth)
+    w = analyse_window(streams, t_inject, t_first, base, WindowParams())
+    assert w.num_chunks_actual == len(chunk_ms)
+    assert w.decode_tokens_delayed == d * len(chunk_ms)
+    excess = sum(c - decode_ms for c in chunk_ms)
+    assert w.total_interference_ms == pytest.approx(excess, rel=1e-6, abs=1e-6)
+    assert math.isclose(w.during_p50_ms, float(np.median(chunk_ms)), rel_tol=1e-9)
