@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import dashboards, measure
+    from pdexporter.cli import dashboards, measure, run
 
-    for module in (measure, dashboards):
+    for module in (measure, run, dashboards):
         module.register(app)
 
 

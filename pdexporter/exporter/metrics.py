@@ -7,7 +7,7 @@ exporter process, a sweep and a test can each have one without clashing.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from pdexporter import __version__
 from pdexporter.measure.records import RepRecord
@@ -21,6 +21,8 @@ DEFAULT_PORT = 18742
 # Intervals from a 1 ms decode step to a multi-second stalled step.
 TPOT_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.030, 0.050, 0.075,
                 0.100, 0.150, 0.200, 0.300, 0.500, 0.750, 1.0, 2.0, 5.0)
+# Wake-up delay of the probe loop: 10 us .. 50 ms.
+DELAY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.010, 0.025, 0.050)
 PREFILL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
 
 UP = f"{PREFIX}_up"
@@ -42,6 +44,7 @@ WINDOW_PREFILL = f"{PREFIX}_window_prefill_duration_seconds"
 WINDOW_SLOW_STEPS = f"{PREFIX}_window_slow_steps"
 WINDOW_EXPECTED = f"{PREFIX}_window_expected_chunks"
 PREFILL_DURATION = f"{PREFIX}_prefill_duration_seconds"
+PROBE_TIMESTAMP_DELAY = f"{PREFIX}_probe_timestamp_delay_seconds"
 ERRORS = f"{PREFIX}_errors_total"
 ENGINE_RUNNING = f"{PREFIX}_engine_requests_running"
 ENGINE_WAITING = f"{PREFIX}_engine_requests_waiting"
@@ -54,6 +57,10 @@ class ExporterMetrics:
     """The metric objects, registered on a private registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # No `_created` series: in the text format Prometheus stores each one as a separate gauge
+        # (one per counter/histogram child), doubling series for a value no query here uses.
+        # prometheus_client's switch is process-wide; pdexporter never wants them.
+        disable_created_metrics()
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.up = Gauge(UP, "1 while the engine answers and probe streams are running.", registry=r)
@@ -90,6 +97,12 @@ class ExporterMetrics:
         self.prefill_duration = Histogram(
             PREFILL_DURATION, "Prefill submission to first token.", GRID_LABELS, buckets=PREFILL_BUCKETS, registry=r
         )
+        self.probe_timestamp_delay = Histogram(
+            PROBE_TIMESTAMP_DELAY,
+            "Delay between a socket becoming readable and the probe loop stamping it (timestamp error).",
+            buckets=DELAY_BUCKETS,
+            registry=r,
+        )
         self.errors = Counter(ERRORS.removesuffix("_total"), "Failures by kind.", ["kind"], registry=r)
         for kind in ERROR_KINDS:
             self.errors.labels(kind=kind)
@@ -105,7 +118,7 @@ def all_series_names() -> tuple[str, ...]:
     names: list[str] = []
     for value in globals().values():
         if isinstance(value, str) and value.startswith(f"{PREFIX}_") and value != PREFIX:
-            if value in (PROBE_TPOT, PREFILL_DURATION):
+            if value in (PROBE_TPOT, PREFILL_DURATION, PROBE_TIMESTAMP_DELAY):
                 names += [f"{value}_bucket", f"{value}_count", f"{value}_sum"]
             else:
                 names.append(value)

@@ -194,6 +194,46 @@ def is_steady(
     return True
 
 
+@dataclass(frozen=True)
+class StreamPhases:
+    """Where each interval of one stream (after warm-up) falls around one prefill.
+
+    Boolean masks over `intervals`, the single definition that `analyse_window` pools and that
+    the live exporter uses to label every probe interval it exports.
+    """
+
+    intervals: Intervals
+    pre: np.ndarray  # ends at or before t_inject
+    window: np.ndarray  # ends in (t_inject, window_end]
+    during: np.ndarray  # in the window from the first slow interval on (the whole window if none is slow)
+    slow: np.ndarray  # in the window and above the slow threshold
+    after: np.ndarray  # the next `after_intervals` past the window
+
+
+def window_end_ns(t_first_ns: int, baseline: BaselineStats | None) -> float:
+    """t_first + TPOT_baseline_p50 / 2 (see the module docs)."""
+    return t_first_ns + ((baseline.p50_ms * 1e6 / 2) if baseline else 0.0)
+
+
+def stream_phases(
+    times: np.ndarray,
+    t_inject_ns: int,
+    window_end: float,
+    slow_threshold_ms: float | None,
+    params: WindowParams = WindowParams(),
+) -> StreamPhases:
+    iv = intervals(times, params.warmup_tokens)
+    ms = iv.length_ns / 1e6
+    in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
+    slow = in_window & (ms > slow_threshold_ms) if slow_threshold_ms is not None else np.zeros_like(in_window)
+    during = in_window.copy()
+    if slow.any():
+        during[: int(np.argmax(slow))] = False
+    after = np.zeros_like(in_window)
+    after[np.nonzero(iv.end_ns > window_end)[0][: params.after_intervals]] = True
+    return StreamPhases(iv, iv.end_ns <= t_inject_ns, in_window, during, slow, after)
+
+
 def analyse_window(
     streams: Sequence[np.ndarray],
     t_inject_ns: int,
@@ -204,8 +244,7 @@ def analyse_window(
     """Phase 2: classify each probe's intervals around one prefill (see the module docs)."""
     if t_first_ns < t_inject_ns:
         raise ValueError("the prefill's first token arrived before it was sent")
-    half_step_ns = (baseline.p50_ms * 1e6 / 2) if baseline else 0.0
-    window_end = t_first_ns + half_step_ns
+    window_end = window_end_ns(t_first_ns, baseline)
     theta_ms = baseline.slow_threshold_ms(params) if baseline else None
 
     window_all: list[np.ndarray] = []
@@ -217,24 +256,15 @@ def analyse_window(
     totals: list[float] = []
     zero = 0
     for times in streams:
-        iv = intervals(times, params.warmup_tokens)
-        ms = iv.length_ns / 1e6
-        in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
-        w = ms[in_window]
+        ph = stream_phases(times, t_inject_ns, window_end, theta_ms, params)
+        ms = ph.intervals.length_ns / 1e6
+        w = ms[ph.window]
         window_all.append(w)
-        pre_all.append(ms[iv.end_ns <= t_inject_ns])
-        after_idx = np.nonzero(iv.end_ns > window_end)[0][: params.after_intervals]
-        after_all.append(ms[after_idx])
-        if theta_ms is not None and w.size:
-            slow = w > theta_ms
-            slow_counts.append(int(slow.sum()))
-            slow_series.append(w[slow])
-            first_slow = int(np.argmax(slow)) if slow.any() else 0
-            during_all.append(w[first_slow:])
-        else:
-            slow_counts.append(0)
-            slow_series.append(np.empty(0))
-            during_all.append(w)
+        pre_all.append(ms[ph.pre])
+        after_all.append(ms[ph.after])
+        during_all.append(ms[ph.during])
+        slow_counts.append(int(ph.slow.sum()))
+        slow_series.append(ms[ph.slow])
         if baseline is not None and w.size:
             totals.append(float((w - baseline.p50_ms).sum()))
             zero += int((w < params.zero_interval_frac * baseline.p50_ms).sum())

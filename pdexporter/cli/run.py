@@ -1,0 +1,188 @@
+"""`pdexporter run`: the live exporter (probes, prefill windows, /metrics, OTLP spans)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdexporter.cli._common import (
+    DEFAULT_PROFILE,
+    ApiKeyFileOpt,
+    ModelOpt,
+    ProfileOpt,
+    TargetOpt,
+    api_key,
+    console,
+    make_launcher,
+)
+from pdexporter.errors import ConfigError
+from pdexporter.exporter.config import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_INJECT_EVERY_S,
+    DEFAULT_LISTEN,
+    DEFAULT_PREFILL_TOKENS,
+    ExporterConfig,
+    build_config,
+    parse_duration,
+)
+from pdexporter.exporter.server import parse_listen
+from pdexporter.measure.protocol import ProtocolSettings
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+
+
+def run(
+    probe_decode: Annotated[
+        int, typer.Option("--probe-decode", "-D", help="Probe decode streams kept running (N >= 1).")
+    ] = 4,
+    target: TargetOpt = None,
+    chunk_size: Annotated[
+        int | None,
+        typer.Option("--chunk-size", "-B", help="The engine's max_num_batched_tokens (required with --target; "
+                     f"embedded engine default {DEFAULT_CHUNK_SIZE})."),
+    ] = None,
+    inject_every: Annotated[
+        str | None,
+        typer.Option("--inject-every", help="Prefill perturbation period, e.g. 30s; 'off' for none. Default: "
+                     f"{DEFAULT_INJECT_EVERY_S:g}s on the embedded engine, off with --target."),
+    ] = None,
+    prefill_tokens: Annotated[
+        int, typer.Option("--prefill-tokens", "-P", help="Cold prompt length of each perturbation.")
+    ] = DEFAULT_PREFILL_TOKENS,
+    listen: Annotated[str, typer.Option("--listen", help="Where /metrics is served, HOST:PORT.")] = DEFAULT_LISTEN,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write each window as a repetition of DIR/{chunk}/D{N}_P{P}.json.")
+    ] = None,
+    model: ModelOpt = None,
+    api_key_file: ApiKeyFileOpt = None,
+    profile: ProfileOpt = DEFAULT_PROFILE,
+    duration: Annotated[
+        str | None, typer.Option("--duration", help="Stop after this long (e.g. 60s); default: until SIGTERM/SIGINT.")
+    ] = None,
+    scrape_interval: Annotated[str, typer.Option("--scrape-interval", help="Engine /metrics scrape period.")] = "5s",
+    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length.")] = 4096,
+    decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe stream decodes before restarting.")] = 256,
+) -> None:
+    """Keep N probe decode streams on an engine, perturb them with prefills, export what they see."""
+    config = parse_run_options(
+        probe_decode=probe_decode, target=target, chunk_size=chunk_size, inject_every=inject_every,
+        prefill_tokens=prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
+        scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
+        decode_output_tokens=decode_output_tokens,
+    )
+    token = api_key(api_key_file)
+    asyncio.run(_serve(config, token))
+
+
+def parse_run_options(
+    *,
+    probe_decode: int,
+    target: str | None,
+    chunk_size: int | None,
+    inject_every: str | None,
+    prefill_tokens: int,
+    listen: str,
+    out: Path | None,
+    model: str | None,
+    profile: str,
+    duration: str | None,
+    scrape_interval: str,
+    decode_context_tokens: int,
+    decode_output_tokens: int,
+) -> ExporterConfig:
+    """Every option checked before anything starts; each problem is one line naming the option."""
+    if probe_decode < 1:
+        raise ConfigError(f"--probe-decode {probe_decode}: must be >= 1")
+    if prefill_tokens < 1:
+        raise ConfigError(f"--prefill-tokens {prefill_tokens}: must be >= 1")
+    if target is not None and not target.startswith(("http://", "https://")):
+        raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
+    if chunk_size is None:
+        if target is not None:
+            raise ConfigError(
+                "--chunk-size: required with --target (the engine's --max-num-batched-tokens; it cannot be read "
+                "over HTTP, and the expected chunk count ceil(P / (B - N)) needs it)"
+            )
+        chunk_size = DEFAULT_CHUNK_SIZE
+    if inject_every is None:
+        inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if target is None else None
+    elif inject_every.strip().lower() in ("off", "0", "none"):
+        inject_every_s = None
+    else:
+        inject_every_s = parse_duration(inject_every, "--inject-every")
+        if inject_every_s <= 0:
+            raise ConfigError(f"--inject-every {inject_every!r}: must be > 0 (or 'off')")
+    host, port = parse_listen(listen)
+    try:
+        protocol = ProtocolSettings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
+    except ValueError as exc:
+        raise ConfigError(f"--decode-output-tokens {decode_output_tokens}: {_first_error(exc)}") from exc
+    duration_s = None if duration is None else parse_duration(duration, "--duration")
+    if duration_s is not None and duration_s <= 0:
+        raise ConfigError(f"--duration {duration!r}: must be > 0")
+    return build_config(
+        probe_streams=probe_decode,
+        chunk_size=chunk_size,
+        target=target,
+        inject_every_s=inject_every_s,
+        prefill_tokens=prefill_tokens,
+        listen_host=host,
+        listen_port=port,
+        out=out,
+        model=model,
+        profile=profile,
+        duration_s=duration_s,
+        scrape_interval_s=parse_duration(scrape_interval, "--scrape-interval"),
+        protocol=protocol,
+    )
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return str(first["msg"]).removeprefix("Value error, ")
+    return str(exc)
+
+
+async def _serve(config: ExporterConfig, token: str | None) -> None:
+    from pdexporter.exporter.runner import Runner
+
+    launcher = make_launcher(config.target, chunk_size=config.chunk_size, profile=config.profile)
+    runner = Runner(config, launcher, api_key=token, log=lambda line: console.print(line, highlight=False))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            console.print(f"{signal.Signals(signum).name}: finishing the window in flight, then stopping")
+            stop.set()
+        else:  # a second signal: do not wait for the window
+            runner.abort_window()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    mode = "embedded engine (modelled)" if config.target is None else config.target
+    injection = (
+        f"a {config.prefill_tokens}-token prefill every {config.inject_every_s:g} s"
+        if config.inject_every_s
+        else "no prefill injection"
+    )
+    console.print(f"pdexporter run: {config.probe_streams} probe streams on {mode}, {injection}", highlight=False)
+    try:
+        await runner.run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    console.print(f"stopped after {len(runner.windows)} window(s)", highlight=False)
+    sys.stdout.flush()

@@ -1,0 +1,125 @@
+"""What `pdexporter run` was asked to do: a pure, validated schema, and the duration syntax.
+
+Everything here is checked before an engine starts or a port is bound, so bad input costs one
+line on stderr and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pdexporter.errors import ConfigError
+from pdexporter.exporter.metrics import DEFAULT_PORT
+from pdexporter.measure.protocol import ProtocolSettings
+from pdexporter.measure.window import expected_chunks
+
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+DEFAULT_CHUNK_SIZE = 8192  # the embedded engine's default; an external engine's must be given
+DEFAULT_PREFILL_TOKENS = 8192
+DEFAULT_INJECT_EVERY_S = 30.0  # embedded engine only; against --target injection is opt-in
+
+_DURATION_RE = re.compile(r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str, option: str) -> float:
+    """'500ms', '30s', '5m', '1h' or a bare number of seconds -> seconds."""
+    match = _DURATION_RE.match(text)
+    if not match:
+        raise ConfigError(f"{option} {text!r}: expected a duration like 500ms, 30s, 5m or 1h")
+    seconds = float(match["value"]) * _UNIT_S[match["unit"]]
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{option} {text!r}: not a finite duration")
+    return seconds
+
+
+class ExporterConfig(BaseModel):
+    """The exporter's settings. Durations are in seconds; `None` means "off" / "forever"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    probe_streams: int = Field(ge=1)
+    chunk_size: int = Field(ge=1)
+    target: str | None = None
+    inject_every_s: float | None = Field(default=None, gt=0)
+    prefill_tokens: int = Field(default=DEFAULT_PREFILL_TOKENS, ge=1)
+    listen_host: str = "0.0.0.0"
+    listen_port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    out: Path | None = None
+    model: str | None = None
+    profile: str = "h200-qwen3-coder-30b-a3b"
+    duration_s: float | None = Field(default=None, gt=0)
+    scrape_interval_s: float = Field(default=5.0, gt=0)
+    # The baseline of a window: probe intervals of the last `baseline_span_s` of quiet time
+    # before the injection; at least `min_baseline_intervals` of them, else the injection waits.
+    baseline_span_s: float = Field(default=10.0, gt=0)
+    min_baseline_intervals: int = Field(default=32, ge=1)
+    protocol: ProtocolSettings = ProtocolSettings()
+    # Give up on an injection whose probes never line up (see `reserve_tokens`).
+    ready_timeout_s: float = Field(default=60.0, gt=0)
+    drain_timeout_s: float = Field(default=30.0, gt=0)  # SIGTERM: longest wait for the window in flight
+    switch_interval_s: float = Field(default=0.0005, gt=0)  # sys.setswitchinterval, see docs/exporter.md
+
+    @model_validator(mode="after")
+    def _check(self) -> ExporterConfig:
+        if self.probe_streams >= self.chunk_size:
+            raise ValueError(
+                f"--probe-decode {self.probe_streams} with --chunk-size {self.chunk_size}: the decodes would "
+                "take the whole step budget and a prefill would never run"
+            )
+        if self.injecting:
+            room = self.protocol.decode_output_tokens - self.protocol.inject_at_tokens
+            if self.reserve_tokens > room:
+                raise ValueError(
+                    f"--prefill-tokens {self.prefill_tokens}: a window needs about {self.reserve_tokens} probe "
+                    f"tokens after the injection, the probes have {room} (raise --decode-output-tokens)"
+                )
+        return self
+
+    @property
+    def injecting(self) -> bool:
+        return self.inject_every_s is not None
+
+    @property
+    def expected_chunks(self) -> int:
+        return expected_chunks(self.prefill_tokens, self.chunk_size, self.probe_streams)
+
+    @property
+    def reserve_tokens(self) -> int:
+        """Tokens every probe must still have to decode when a prefill goes in: the window's
+        slow steps, the recovery intervals, and a margin for decode-only steps in between."""
+        return self.expected_chunks * 2 + self.protocol.after_intervals + 8
+
+
+def build_config(**fields: object) -> ExporterConfig:
+    """`ExporterConfig(**fields)` with a validation failure turned into one line naming the field."""
+    from pydantic import ValidationError
+
+    try:
+        return ExporterConfig(**fields)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "options"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if first["loc"]:
+            raise ConfigError(f"{_option_name(where)} {first.get('input')!r}: {message}") from exc
+        raise ConfigError(message) from exc
+
+
+_OPTION_NAMES = {
+    "probe_streams": "--probe-decode",
+    "chunk_size": "--chunk-size",
+    "inject_every_s": "--inject-every",
+    "prefill_tokens": "--prefill-tokens",
+    "listen_port": "--listen",
+    "duration_s": "--duration",
+    "scrape_interval_s": "--scrape-interval",
+}
+
+
+def _option_name(field: str) -> str:
+    return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))

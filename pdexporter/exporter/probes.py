@@ -1,0 +1,243 @@
+"""Probe streams on a dedicated event-loop thread that does nothing but read sockets.
+
+docs/vllm-facts.md: work on the loop that reads the probes delays their timestamps (a 32K-id
+body encoded on it showed up as bursts of 0 ms intervals). So this thread's loop only
+
+- keeps N probe streams open on the shared cached prefix, restarting each as it finishes
+  (a fresh stream, same prefix, same pre-encoded body);
+- sends a prefill whose body the caller already encoded (`inject`);
+- runs a wake-up sensor (below).
+
+Everything else (window maths, Prometheus, spans, scrapes, files, the HTTP server) runs on the
+caller's loop in another thread and reads the streams' lists, which this thread only appends to.
+The GIL is still shared: the runner lowers `sys.setswitchinterval` so a busy main thread hands
+it over within ~0.5 ms instead of 5 ms.
+
+Wake-up sensor: a helper thread stamps `perf_counter_ns` and writes one byte to a socket pair
+every `sensor_period_s`; this loop's reader stamps again when it sees the byte. The difference is
+exactly what a token's timestamp suffers between "the socket became readable" and "we stamped
+it": kernel wake-up, GIL hand-over and callbacks queued ahead on this loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdexporter.engine.launcher import EngineHandle
+from pdexporter.engine.stream import TokenStream
+from pdexporter.errors import EngineError, PdexporterError
+from pdexporter.measure.driver import EngineInfo, HttpDriver, PreparedRequest, http_driver
+from pdexporter.measure.prompts import cold_prompt, shared_prefix
+from pdexporter.measure.protocol import ProtocolSettings, run_single
+
+STARTED, FINISHED = "started", "finished"
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """A probe stream started or finished (sent to the runner through a thread-safe queue)."""
+
+    kind: str
+    slot: int
+    stream: TokenStream
+
+
+class WakeupSensor:
+    """Socket-readable -> stamped delay on one loop (module docs). Samples in ns, bounded deque."""
+
+    def __init__(self, period_s: float = 0.01, keep: int = 100_000) -> None:
+        self.period_s = period_s
+        self.samples_ns: collections.deque[int] = collections.deque(maxlen=keep)
+        self._rx, self._tx = socket.socketpair()
+        self._rx.setblocking(False)
+        self._stop = threading.Event()
+        self._sent: collections.deque[int] = collections.deque()
+        self._thread: threading.Thread | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_reader(self._rx.fileno(), self._on_readable)
+        self._thread = threading.Thread(target=self._writer, name="pdexporter-wakeup-sensor", daemon=True)
+        self._thread.start()
+
+    def _writer(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sent.append(time.perf_counter_ns())
+            try:
+                self._tx.send(b"x")
+            except OSError:
+                return
+
+    def _on_readable(self) -> None:
+        t_ns = time.perf_counter_ns()
+        try:
+            n = len(self._rx.recv(4096))
+        except (BlockingIOError, OSError):
+            return
+        for _ in range(n):
+            if self._sent:
+                self.samples_ns.append(t_ns - self._sent.popleft())
+
+    def detach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        try:
+            loop.remove_reader(self._rx.fileno())
+        except (ValueError, RuntimeError):
+            pass
+        self._rx.close()
+        self._tx.close()
+
+
+class ProbeLoop:
+    """N probe streams restarted forever on their own thread and event loop."""
+
+    def __init__(
+        self,
+        handle: EngineHandle,
+        n_probes: int,
+        settings: ProtocolSettings,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        warm_prefill_tokens: int | None = None,
+        sensor_period_s: float = 0.01,
+        restart_backoff_s: tuple[float, float] = (0.25, 10.0),
+    ) -> None:
+        self.handle = handle
+        self.n_probes = n_probes
+        self.settings = settings
+        self.model = model
+        self.api_key = api_key
+        self.warm_prefill_tokens = warm_prefill_tokens
+        self.restart_backoff_s = restart_backoff_s
+        self.events: queue.SimpleQueue[Lifecycle] = queue.SimpleQueue()
+        self.sensor = WakeupSensor(sensor_period_s)
+        self.driver: HttpDriver | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready: concurrent.futures.Future[EngineInfo] = concurrent.futures.Future()
+        self._stop: asyncio.Event | None = None
+        self._stopping = False
+        self.fatal: BaseException | None = None
+
+    # --- called from the runner's thread ---------------------------------------------------
+
+    async def wait_started(self, timeout_s: float = 300.0) -> EngineInfo:
+        """`start` for an asyncio caller: the thread is started and awaited without blocking its loop."""
+        self._thread = threading.Thread(target=self._run, name="pdexporter-probes", daemon=True)
+        self._thread.start()
+        return await asyncio.wait_for(asyncio.wrap_future(self._ready), timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def prepare(self, prompt: tuple[int, ...], max_tokens: int, tag: str) -> PreparedRequest:
+        """Encode a request body on the *caller's* thread (never on the probe loop)."""
+        assert self.driver is not None
+        return self.driver.prepare(prompt, max_tokens, tag)
+
+    def inject(self, prepared: PreparedRequest) -> concurrent.futures.Future[TokenStream]:
+        """Send an already-encoded request from the probe loop; the future gives its stream at once
+        (t_sent is stamped by the client when the request leaves)."""
+        assert self.loop is not None and self.driver is not None
+        driver = self.driver
+
+        async def _send() -> TokenStream:
+            return driver.start(prepared)
+
+        return asyncio.run_coroutine_threadsafe(_send(), self.loop)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Cancel the probes, close the driver, end the thread."""
+        self._stopping = True
+        loop, stop = self.loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    # --- the probe thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - handed to the runner
+            self.fatal = exc
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with http_driver(self.handle, model=self.model, api_key=self.api_key) as driver:
+            self.driver = driver
+            s = self.settings
+            prefix = shared_prefix(s.decode_context_tokens, s.token_range)
+            # Warm-ups before any probe runs, so their encoding and JIT cost hit nothing measured.
+            await run_single(driver, prefix, 1, "warm-prefix", s.window_timeout_s)
+            if self.warm_prefill_tokens:
+                prompt = cold_prompt(self.warm_prefill_tokens, f"warm-{id(self)}-{time.time_ns()}", s.token_range)
+                await run_single(driver, prompt, 1, "warm-shape", s.window_timeout_s)
+            probe = driver.prepare(prefix, s.decode_output_tokens, "probe")
+            self.sensor.attach(self.loop)
+            slots = [asyncio.create_task(self._slot(i, driver, probe), name=f"probe-{i}") for i in range(self.n_probes)]
+            self._ready.set_result(driver.info)
+            try:
+                await self._stop.wait()
+            finally:
+                for task in slots:
+                    task.cancel()
+                await asyncio.gather(*slots, return_exceptions=True)
+                await driver.cancel_all()
+                self.sensor.detach(self.loop)
+
+    async def _slot(self, slot: int, driver: HttpDriver, probe: PreparedRequest) -> None:
+        """One probe position: a stream, and a fresh one (same prefix) each time it ends."""
+        backoff = self.restart_backoff_s[0]
+        serial = 0
+        while not self._stopping:
+            stream = TokenStream(f"probe{slot}-{serial}", "probe")
+            serial += 1
+            self.events.put(Lifecycle(STARTED, slot, stream))
+            try:
+                await driver.client.stream_into(probe.path, probe.body, stream, retry_connect=True)
+            except asyncio.CancelledError:
+                self.events.put(Lifecycle(FINISHED, slot, stream))
+                raise
+            except PdexporterError:
+                pass  # recorded on the stream (`stream.error`); the runner counts it by kind
+            except Exception as exc:  # noqa: BLE001 - any other failure must not kill the slot
+                if not stream.done:
+                    stream.fail(time.perf_counter_ns(), EngineError(f"probe stream failed: {exc!r}"))
+            self.events.put(Lifecycle(FINISHED, slot, stream))
+            if stream.error is not None and not self._stopping:
+                # An engine that is down must not be hammered: back off until a stream works again.
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.restart_backoff_s[1])
+            else:
+                backoff = self.restart_backoff_s[0]
+
+
+def drain(events: queue.SimpleQueue[Lifecycle], handle: Callable[[Lifecycle], None]) -> int:
+    """Hand every queued lifecycle event to `handle`; returns how many there were."""
+    count = 0
+    while True:
+        try:
+            item = events.get_nowait()
+        except queue.Empty:
+            return count
+        handle(item)
+        count += 1
