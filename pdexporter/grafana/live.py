@@ -288,4 +288,20 @@ def build() -> Json:
         w=8,
         h=6,
     )
+    d.add(
+        timeseries(
+            "Probe timestamp error bound",
+            "How late the probe loop stamps a readable socket (p50 / p99): the error bar on every token "
+            "timestamp, hence on every TPOT above. Compare it with the decode step time.",
+            [
+                target(f"histogram_quantile({q}, sum by (le) (rate({m.PROBE_TIMESTAMP_DELAY}_bucket{{{SEL}}}[{RATE}])))",
+                       f"p{round(q * 100)}", ref_id=ref)
+                for ref, q in (("A", 0.5), ("B", 0.99))
+            ],
+            unit="s",
+            minimum=0,
+        ),
+        w=24,
+        h=6,
+    )
     return d.build()

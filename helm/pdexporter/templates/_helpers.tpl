@@ -64,6 +64,11 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The engine URL a separate exporter Deployment probes: the chart's own vLLM Service when
 vllm.enabled, else exporter.target ("" = the embedded engine, whose numbers are modelled). */}}
+{{/* The engine's --max-num-batched-tokens, which the exporter cannot read over HTTP. */}}
+{{- define "pdexporter.chunkSize" -}}
+{{- if .Values.vllm.enabled }}{{ int .Values.vllm.chunkSize }}{{ else }}{{ int .Values.exporter.chunkSize }}{{ end }}
+{{- end }}
+
 {{- define "pdexporter.target" -}}
 {{- if .Values.vllm.enabled }}
 {{- printf "http://%s:%d" (include "pdexporter.vllmName" .) (int .Values.vllm.port) }}
@@ -95,6 +100,7 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
 */}}
 {{- define "pdexporter.exporterContainer" -}}
 {{- $target := .target -}}
+{{- $chunkSize := .chunkSize -}}
 {{- with .ctx }}
 - name: exporter
   image: {{ include "pdexporter.image" . | quote }}
@@ -109,16 +115,16 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     - --target
     - {{ . | quote }}
     {{- end }}
+    - --chunk-size
+    - {{ $chunkSize | quote }}
     {{- with .Values.exporter.model }}
     - --model
     - {{ . | quote }}
     {{- end }}
-    {{- with .Values.exporter.injectEvery }}
     - --inject-every
-    - {{ . | quote }}
+    - {{ .Values.exporter.injectEvery | default "off" | quote }}
     - --prefill-tokens
-    - {{ $.ctx.Values.exporter.prefillTokens | quote }}
-    {{- end }}
+    - {{ .Values.exporter.prefillTokens | quote }}
     {{- range .Values.exporter.extraArgs }}
     - {{ . | quote }}
     {{- end }}
@@ -164,5 +170,5 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
 {{/* For a parent chart's vLLM pod: the exporter probing vLLM on localhost. */}}
 {{- define "pdexporter.sidecarContainer" -}}
 {{- $target := .Values.exporter.sidecarTarget | default (printf "http://127.0.0.1:%d" (int .Values.vllm.port)) -}}
-{{- include "pdexporter.exporterContainer" (dict "ctx" . "target" $target) }}
+{{- include "pdexporter.exporterContainer" (dict "ctx" . "target" $target "chunkSize" (int .Values.vllm.chunkSize)) }}
 {{- end }}

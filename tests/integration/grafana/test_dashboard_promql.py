@@ -2,19 +2,24 @@
 
 The must-show of issue 7: each expression is accepted by Prometheus's query API (no error), and
 names only series the exporter emits, checked against a live scrape (and the name list in
-pdexporter.exporter.metrics). The exporter is `pdexporter run` when this checkout has it; until
-then it is the exporter's own registry served by its own aiohttp adapter (registry_exporter.py),
-and the test says so with a warning.
+pdexporter.exporter.metrics). The exporter is `pdexporter run` on the embedded engine when this
+checkout has both `run` and `sim serve`; with `run` alone, `pdexporter run` probes ScriptedEngine (a
+test double engine); without `run`, the exporter's own registry served by its own aiohttp adapter
+(registry_exporter.py). The fixture warns which one ran.
 """
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import subprocess
+import threading
 import sys
 import time
 import urllib.request
 import warnings
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,7 @@ from pdexporter.grafana import build_all
 from pdexporter.grafana.promql import panel_queries, series_names, substitute, variable_queries
 from tests.helpers import free_port
 from tests.integration.grafana.prometheus import PROMETHEUS, Prometheus, running_prometheus
+from tests.scripted_engine import ScriptedEngine
 
 pytestmark = [
     pytest.mark.integration,
@@ -34,10 +40,15 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _has_run_command() -> bool:
-    proc = subprocess.run([sys.executable, "-m", "pdexporter", "run", "--help"], cwd=ROOT, capture_output=True,
-                          timeout=60)
-    return proc.returncode == 0
+def _missing_for_run() -> list[str]:
+    """What `pdexporter run` on the embedded engine needs that this checkout lacks (empty: run it)."""
+    missing = []
+    for command in (["run"], ["sim", "serve"]):
+        proc = subprocess.run([sys.executable, "-m", "pdexporter", *command, "--help"], cwd=ROOT,
+                              capture_output=True, timeout=60)
+        if proc.returncode != 0:
+            missing.append(f"`pdexporter {' '.join(command)}`")
+    return missing
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> str:
@@ -54,29 +65,62 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
             time.sleep(0.3)
 
 
+@contextmanager
+def scripted_engine_thread() -> Iterator[str]:
+    """ScriptedEngine (tests/scripted_engine.py, a TEST DOUBLE of an OpenAI-compatible engine) on its own loop."""
+    started: queue.Queue[str] = queue.Queue()
+    stop = threading.Event()
+
+    async def serve() -> None:
+        async with ScriptedEngine(cadence_s=0.01) as engine:
+            started.put(engine.url)
+            while not stop.is_set():
+                await asyncio.sleep(0.1)
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    try:
+        yield started.get(timeout=30)
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 @pytest.fixture(scope="module")
 def live_exporter() -> Iterator[tuple[str, str]]:
-    """(host:port, source) of a running exporter; source is 'pdexporter run' or 'registry stand-in'."""
+    """(host:port, source) of a running exporter, the most real one this checkout can run:
+    `pdexporter run` on the embedded engine; else `pdexporter run` against ScriptedEngine (a test
+    double engine) while `sim serve` is missing; else the registry stand-in while `run` is missing."""
     port = free_port()
-    if _has_run_command():
-        source = "pdexporter run"
-        cmd = [sys.executable, "-m", "pdexporter", "run", "--probe-decode", "2", "--listen", f"127.0.0.1:{port}",
-               "--inject-every", "2s", "--prefill-tokens", "512"]
-    else:
-        source = "registry stand-in"
-        warnings.warn("`pdexporter run` is not on this branch yet: the live scrape comes from ExporterMetrics served "
-                      "by pdexporter.exporter.server (tests/integration/grafana/registry_exporter.py)", stacklevel=1)
-        cmd = [sys.executable, "-m", "tests.integration.grafana.registry_exporter", str(port)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/metrics", proc)
-        yield f"127.0.0.1:{port}", source
-    finally:
-        proc.terminate()
+    listen = ["--listen", f"127.0.0.1:{port}", "--inject-every", "2s", "--prefill-tokens", "512"]
+    missing = _missing_for_run()
+    with ExitStack() as stack:
+        if not missing:
+            source = "pdexporter run (embedded engine)"
+            cmd = [sys.executable, "-m", "pdexporter", "run", "--probe-decode", "2", *listen]
+        elif missing == ["`pdexporter sim serve`"]:
+            source = "pdexporter run --target ScriptedEngine"
+            warnings.warn("`pdexporter sim serve` is not on this branch yet: `pdexporter run` probes ScriptedEngine "
+                          "(a test double engine) instead of the embedded engine", stacklevel=1)
+            engine_url = stack.enter_context(scripted_engine_thread())
+            cmd = [sys.executable, "-m", "pdexporter", "run", "--probe-decode", "2", "--target", engine_url,
+                   "--chunk-size", "8192", *listen]
+        else:
+            source = "registry stand-in"
+            warnings.warn(f"{' and '.join(missing)} not on this branch yet: the live scrape comes from "
+                          "ExporterMetrics served by pdexporter.exporter.server "
+                          "(tests/integration/grafana/registry_exporter.py)", stacklevel=1)
+            cmd = [sys.executable, "-m", "tests.integration.grafana.registry_exporter", str(port)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            _wait_http(f"http://127.0.0.1:{port}/metrics", proc)
+            yield f"127.0.0.1:{port}", source
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @pytest.fixture(scope="module")

@@ -145,13 +145,13 @@ def test_default_install_is_one_exporter_beside_a_vllm_service(engine: HelmEngin
     assert _arg(args, "--target") == "http://vllm:8000"
     assert _arg(args, "--probe-decode") == "4"
     assert _arg(args, "--inject-every") == "30s" and _arg(args, "--prefill-tokens") == "4096"
-    assert _arg(args, "--listen") == "0.0.0.0:18742"
+    assert _arg(args, "--listen") == "0.0.0.0:18742" and _arg(args, "--chunk-size") == "8192"
     assert _exporter(docs)["image"] == "pdexporter:0.1.0"
 
 
 def test_embedded_engine_has_no_target_and_no_injection(engine: HelmEngine) -> None:
     args = _exporter(render(engine, CHART / "ci" / "embedded-engine-values.yaml"))["args"]
-    assert "--target" not in args and "--inject-every" not in args and "--prefill-tokens" not in args
+    assert "--target" not in args and _arg(args, "--inject-every") == "off"
     if isinstance(engine, HelmGoSdk):
         notes = engine.notes(CHART, CHART / "ci" / "embedded-engine-values.yaml", RELEASE, NAMESPACE)
         assert "EMBEDDED engine" in notes and "modelled" in notes
@@ -165,6 +165,7 @@ def test_sidecar_puts_the_exporter_in_the_vllm_pod(engine: HelmEngine) -> None:
     vllm, exporter = spec["containers"]
     assert (vllm["name"], exporter["name"]) == ("vllm", "exporter")
     assert _arg(exporter["args"], "--target") == "http://127.0.0.1:8000"
+    assert _arg(exporter["args"], "--chunk-size") == "2048"  # the vLLM container's own budget
     assert "--max-num-batched-tokens=2048" in vllm["args"]
     assert "--enable-logging-iteration-details" in vllm["args"]
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == 1
@@ -176,6 +177,7 @@ def test_sidecar_puts_the_exporter_in_the_vllm_pod(engine: HelmEngine) -> None:
 def test_selfcontained_exporter_probes_the_charts_vllm(engine: HelmEngine) -> None:
     docs = render(engine, CHART / "ci" / "selfcontained-values.yaml")
     assert _arg(_exporter(docs)["args"], "--target") == f"http://{RELEASE}-pdexporter-vllm:8000"
+    assert _arg(_exporter(docs)["args"], "--chunk-size") == "16384"
     vllm = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-vllm"))
     args = pod_spec(vllm)["containers"][0]["args"]
     assert "--max-num-batched-tokens=16384" in args and "--max-model-len=200000" in args
@@ -283,3 +285,38 @@ def test_a_parent_chart_can_include_the_sidecar_container(engine: HelmEngine, tm
     assert _arg(spec["containers"][1]["args"], "--target") == "http://127.0.0.1:8001"
     (service,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("pdexporter")]
     assert service["spec"]["selector"] == {"app": "my-vllm"}
+
+
+def _cli_params(command: str, args: list[str]) -> dict[str, Any]:
+    """Parse `pdexporter COMMAND ARGS` with the real CLI's option definitions (nothing runs)."""
+    import typer.main
+
+    from pdexporter.cli import app
+
+    group = typer.main.get_command(app)
+    if command not in group.commands:  # type: ignore[attr-defined]
+        pytest.skip(f"`pdexporter {command}` is not on this branch yet: the chart's {command} arguments are unchecked")
+    sub = group.commands[command]  # type: ignore[attr-defined]
+    return sub.make_context(command, list(args)).params
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda p: p.name)
+def test_exporter_arguments_are_accepted_by_pdexporter_run(engine: HelmEngine, values_file: Path) -> None:
+    """The chart's container args parse with `pdexporter run` and pass its own option checks."""
+    from pdexporter.cli.run import parse_run_options
+
+    containers = [c for d in render(engine, _values_arg(values_file)) if d["kind"] in WORKLOAD_KINDS
+                  for c in pod_spec(d)["containers"] if c["name"] == "exporter"]
+    for container in containers:
+        assert container["args"][0] == "run"
+        params = _cli_params("run", container["args"][1:])
+        params.pop("api_key_file", None)
+        config = parse_run_options(**params)
+        assert config is not None
+
+
+def test_sweep_arguments_are_accepted_by_pdexporter_sweep(engine: HelmEngine) -> None:
+    (job,) = by_kind(render(engine, CHART / "ci" / "sweep-values.yaml"), "Job")
+    args = pod_spec(job)["containers"][0]["args"]
+    assert args[0] == "sweep"
+    _cli_params("sweep", args[1:])
