@@ -101,8 +101,9 @@ def test_schema_covers_every_value_and_describes_it() -> None:
 
 
 def test_every_schema_property_has_a_default() -> None:
-    values = _value_paths(defaults())
-    empty = {p for p in values if _get(defaults(), p) == {}}  # e.g. resources: {} (its keys are optional)
+    chart_values = defaults()
+    values = _value_paths(chart_values)
+    empty = {p for p in values if _get(chart_values, p) == {}}  # e.g. resources: {} (its keys are optional)
     for path in _schema_paths(schema()):
         if path != "global" and path.rpartition(".")[0] not in empty:
             assert path in values, f"schema property {path} is missing from values.yaml"
