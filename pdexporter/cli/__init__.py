@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import dashboards, measure, run
+    from pdexporter.cli import dashboards, measure, run, sim
 
-    for module in (measure, run, dashboards):
+    for module in (measure, run, sim, dashboards):
         module.register(app)
 
 

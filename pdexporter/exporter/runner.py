@@ -53,6 +53,7 @@ from pdexporter.exporter.metrics import ExporterMetrics, grid_labels, publish_wi
 from pdexporter.exporter.probes import FINISHED, STARTED, Lifecycle, ProbeLoop, drain
 from pdexporter.exporter.server import metrics_app, start_metrics_server
 from pdexporter.exporter.tracing import NoTracing, Tracing, make_tracing
+from pdexporter.exporter.tracing import preload as tracing_preload
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.measure.point import PointSpec, record_config, rep_record, resumable_reps
 from pdexporter.measure.prompts import cold_prompt
@@ -143,6 +144,7 @@ class Runner:
         tracing_factory: Callable[[EngineInfo], Tracing] | None = None,
         on_window: Callable[[WindowResult], None] | None = None,
         on_stream: Callable[[ProbeState], None] | None = None,
+        on_inject: Callable[[int], None] | None = None,
         log: Callable[[str], None] = lambda line: None,
     ) -> None:
         self.config = config
@@ -155,6 +157,8 @@ class Runner:
         self.tracing: Tracing = NoTracing()
         self.on_window = on_window
         self.on_stream = on_stream
+        self.on_inject = on_inject
+        self.injections_sent = 0
         self.log = log
         self.params = config.protocol.window
         self.store = ResultsStore(config.out) if config.out else None
@@ -212,6 +216,7 @@ class Runner:
                     f"--listen {cfg.listen_host}:{cfg.listen_port}: {exc.strerror or exc}"
                 ) from exc
             self.log(f"metrics on http://{cfg.listen_host}:{self.bound_port}/metrics")
+            tracing_preload()  # before the probes: see tracing.preload
             self.handle = await self.launcher.start(cfg.chunk_size)
             self.probes = ProbeLoop(
                 self.handle,
@@ -497,6 +502,9 @@ class Runner:
         started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         window_states = [s for s in self.live.values() if s.stream.t_sent_ns is not None and not s.stream.done]
         prefill = await asyncio.wrap_future(self.probes.inject(prepared))
+        self.injections_sent += 1
+        if self.on_inject is not None:
+            self.on_inject(self.injections_sent)
 
         # 3. First token, then every probe's recovery intervals.
         timeout = cfg.protocol.window_timeout_s

@@ -162,10 +162,18 @@ async def http_driver(
         served_model = await client.resolve_model(model)
         version = handle.version
         kind = handle.kind
+        modelled, profile, engine_gpu = handle.modelled, handle.profile, handle.gpu
         if version is None:
             try:
-                version = str(json.loads(await client.get_text("/version", retry=False)).get("version"))
-                kind = "vllm" if kind in ("vllm", "openai-compatible") else kind
+                payload = json.loads(await client.get_text("/version", retry=False))
+                version = str(payload.get("version"))
+                if payload.get("modelled") is True:
+                    # pdexporter's embedded engine behind a URL: its numbers are a model, say so
+                    kind, modelled = str(payload.get("engine") or "pdexporter-sim"), True
+                    profile = profile or payload.get("profile")
+                    engine_gpu = engine_gpu or payload.get("gpu")
+                else:
+                    kind = "vllm" if kind in ("vllm", "openai-compatible") else kind
             except (EngineError, ValueError, AttributeError):
                 version = None
         info = EngineInfo(
@@ -173,11 +181,11 @@ async def http_driver(
             model=served_model,
             url=handle.url,
             version=version,
-            gpu=gpu or handle.gpu,
+            gpu=gpu or engine_gpu,
             chunk_size=handle.chunk_size,
             cuda_graphs=handle.cuda_graphs,
-            profile=handle.profile,
-            modelled=handle.modelled,
+            profile=profile,
+            modelled=modelled,
         )
         driver = HttpDriver(client, info, IterationLogTail(handle.iteration_log) if handle.iteration_log else None)
     except BaseException:

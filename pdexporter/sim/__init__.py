@@ -1,0 +1,38 @@
+"""pdexporter's embedded engine: vLLM v1's scheduling and a step-time model of a GPU, no GPU needed.
+
+Its numbers are a model, never a measurement; everything it serves says so (`modelled`).
+
+- `scheduler` (pure): vLLM 0.22's scheduler, KV blocks and prefix cache.
+- `steptime` (pure): a step's GPU time from its composition and a profile (`profiles/*.yaml`).
+- `engine`: the two on a clock (real, virtual or manual), with vLLM's metrics and step log.
+- `server`: vLLM's OpenAI-compatible HTTP API on top (`pdexporter sim serve`).
+- `driver`: `SimDriver`, the measurement protocol's driver without HTTP, for virtual-time sweeps.
+- `calibrate` (pure): fit a profile's step-time parameters to measured records.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pdexporter.sim.profile import Profile
+
+ENGINE_KIND = "pdexporter-sim"
+
+
+def engine_version(profile: Profile) -> str:
+    """vLLM's version it reproduces, with a local label naming the embedded engine (PEP 440)."""
+    return f"{profile.engine.vllm_version}+pdexporter.sim"
+
+
+def __getattr__(name: str) -> object:
+    # Lazy public surface: `from pdexporter.sim import SimDriver` without importing aiohttp & co. eagerly.
+    if name == "SimDriver":
+        from pdexporter.sim.driver import SimDriver
+
+        return SimDriver
+    if name == "load_profile":
+        from pdexporter.sim.profile import load_profile
+
+        return load_profile
+    raise AttributeError(name)

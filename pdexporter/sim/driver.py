@@ -1,0 +1,137 @@
+"""`SimDriver`: the measurement protocol's `EngineDriver`, straight on the embedded engine, no HTTP.
+
+`pdexporter.measure.protocol` and `measure.point.measure_point` run on it unchanged. On the
+virtual loop (`pdexporter._internal.vloop.run_virtual`) every `asyncio.sleep`/timeout and every
+engine step costs no wall time, so a whole sweep is predicted in seconds; on a normal asyncio loop
+the same driver runs in real time. Timestamps are the engine's clock in nanoseconds: a token's
+time is its step's deadline, exactly (there is no network in between).
+
+    async with SimDriver.create(profile="h200-qwen3-coder-30b-a3b", chunk_size=8192) as driver:
+        record = await measure_point(driver, spec, settings, store)
+
+Everything it produces says it is modelled: `info.modelled` is True, `info.kind` is
+"pdexporter-sim", and records made through it carry `config.modelled` and the note.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import generate_latest
+
+from pdexporter._internal.vloop import is_virtual
+from pdexporter.engine.iterlog import IterationStep
+from pdexporter.engine.metrics import MetricsSnapshot, parse_exposition
+from pdexporter.engine.stream import Progress, TokenStream
+from pdexporter.measure.driver import EngineInfo, PreparedRequest
+from pdexporter.sim import ENGINE_KIND, engine_version
+from pdexporter.sim.engine import EngineConfig, EngineCore, LoopClock
+from pdexporter.sim.profile import Profile, load_profile
+from pdexporter.sim.scheduler import RequestOutput
+from pdexporter.sim.vllm_metrics import VllmMetrics
+
+DEFAULT_PROFILE = "h200-qwen3-coder-30b-a3b"
+
+
+@dataclass
+class SimDriver:
+    engine: EngineCore
+    info: EngineInfo
+    metrics: VllmMetrics | None = None
+    progress: Progress = field(default_factory=Progress)
+    _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
+    _live: dict[str, TokenStream] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def create(
+        cls,
+        profile: str | Path | Profile = DEFAULT_PROFILE,
+        chunk_size: int | None = None,
+        *,
+        max_num_seqs: int | None = None,
+        metrics: bool = True,
+    ) -> SimDriver:
+        """An engine on the running loop's clock (virtual on `vloop`, real otherwise)."""
+        prof = profile if isinstance(profile, Profile) else load_profile(profile)
+        clock = LoopClock()
+        config = EngineConfig.from_profile(prof, max_num_batched_tokens=chunk_size, max_num_seqs=max_num_seqs)
+        vmetrics = VllmMetrics(prof.model.name, max_model_len=prof.engine.max_model_len) if metrics else None
+        engine = EngineCore(prof, clock, config=config, metrics=vmetrics)
+        info = EngineInfo(
+            kind=ENGINE_KIND,
+            model=prof.model.name,
+            url=None,
+            version=engine_version(prof),
+            gpu=prof.gpu.name,
+            chunk_size=config.max_num_batched_tokens,
+            cuda_graphs=prof.engine.cuda_graphs,
+            profile=prof.name,
+            modelled=True,
+            clock="virtual" if is_virtual(clock.loop) else "monotonic",
+        )
+        return cls(engine, info, vmetrics)
+
+    async def __aenter__(self) -> SimDriver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- EngineDriver ---------------------------------------------------------------------
+
+    def now_ns(self) -> int:
+        return round(self.engine.clock.now() * 1e9)
+
+    def prepare(self, prompt_token_ids: Sequence[int], max_tokens: int, tag: str) -> PreparedRequest:
+        ids = prompt_token_ids if isinstance(prompt_token_ids, tuple) else tuple(int(i) for i in prompt_token_ids)
+        return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens)
+
+    def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
+        rid = f"{prepared.tag}-{next(self._ids)}"
+        stream = TokenStream(rid, prepared.tag, on_update=self.progress.notify)
+        stream.mark_sent(self.now_ns())
+        prompt_tokens = len(prepared.prompt_token_ids)
+
+        def sink(out: RequestOutput, t: float) -> None:
+            t_ns = round(t * 1e9)
+            if stream.prompt_tokens is None:
+                stream.prompt_tokens = prompt_tokens
+            stream.record(t_ns, len(out.new_token_ids))
+            if out.finish_reason is not None:
+                self._live.pop(rid, None)
+                stream.finish(t_ns, out.finish_reason, prompt_tokens)
+
+        self._live[rid] = stream
+        self.engine.add_request(rid, prepared.prompt_token_ids, prepared.max_tokens, sink)
+        return stream
+
+    async def scrape_metrics(self) -> MetricsSnapshot | None:
+        if self.metrics is None:
+            return None
+        return parse_exposition(generate_latest(self.metrics.registry).decode("utf-8"), t_ns=self.now_ns(),
+                                source="embedded engine")
+
+    def step_mark(self) -> object | None:
+        return self.engine.history.mark()
+
+    def steps_since(self, mark: object | None) -> list[IterationStep] | None:
+        if not isinstance(mark, int):
+            return None
+        return [s.to_iteration_step() for s in self.engine.history.since(mark)]
+
+    async def aclose(self) -> None:
+        """Abort what is still running (like clients going away) and stop the engine."""
+        now = self.now_ns()
+        for rid, stream in list(self._live.items()):
+            self.engine.abort_request(rid)
+            stream.finish(now, "abort")
+        self._live.clear()
+        self.engine.shutdown()
+
+    # -- what the model says ----------------------------------------------------------------
+
+    def modelled_decode_step_ms(self, d: int, context: int) -> float:
+        return self.engine.modelled_decode_step_s(d, context) * 1e3

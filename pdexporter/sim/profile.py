@@ -1,0 +1,204 @@
+"""A (GPU, model) profile of the embedded engine: what the scheduler and the step-time model need.
+
+A profile is a YAML file (`pdexporter/sim/profiles/<name>.yaml`, or any path) validated by the
+pydantic schemas below. Every number in it is either a fact about the hardware and the model
+(datasheet, architecture config) or a parameter of the step-time model; `calibration` says where
+the parameters came from:
+
+- `projected`: from datasheet compute and bandwidth with efficiencies carried over from another
+  GPU, not checked against any measurement;
+- `projected-from-facts`: fitted by hand to a few step times measured on a real vLLM
+  (docs/vllm-facts.md), not to a sweep;
+- `calibrated`: fitted by `pdexporter sim calibrate` to measured records (`calibration_source`
+  names them).
+
+A wrong field is one line naming the file and the field (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pdexporter.errors import ConfigError
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+
+Calibration = Literal["projected", "projected-from-facts", "calibrated"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuSpec(_Strict):
+    name: str
+    memory_gib: float = Field(gt=0)
+    peak_dense_bf16_tflops: float = Field(gt=0, description="datasheet dense BF16 tensor-core peak")
+    measured_matmul_tflops: float | None = Field(None, gt=0, description="a large GEMM measured on this GPU")
+    hbm_bandwidth_tb_s: float = Field(gt=0)
+
+
+class ModelSpec(_Strict):
+    """The transformer's shapes (a Qwen3MoeForCausalLM config, flattened)."""
+
+    name: str = Field(description="served model name, as in /v1/models")
+    architecture: str = "Qwen3MoeForCausalLM"
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_q_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    num_experts: int = Field(gt=0)
+    experts_per_token: int = Field(gt=0)
+    moe_intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    dtype_bytes: int = Field(2, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
+        return self
+
+    @property
+    def dense_params_per_layer(self) -> int:
+        """Attention projections (q, k, v, o) and the router: read by every step, whatever T."""
+        q = self.num_q_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return self.hidden_size * q + 2 * self.hidden_size * kv + q * self.hidden_size + self.hidden_size * self.num_experts
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gate, up and down projections."""
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def attention_flops_per_pair(self) -> int:
+        """FLOPs of one (query, key) pair over all layers: QK^T and PV, 2 FLOPs per MAC."""
+        return 4 * self.num_layers * self.num_q_heads * self.head_dim
+
+    @property
+    def total_params(self) -> int:
+        per_layer = self.dense_params_per_layer + self.num_experts * self.expert_params
+        return self.num_layers * per_layer + 2 * self.lm_head_params
+
+
+class EngineSpec(_Strict):
+    """vLLM's settings the engine reproduces (the seed's launch flags and vLLM 0.22 defaults)."""
+
+    vllm_version: str = "0.22.0"
+    max_model_len: int = Field(gt=0)
+    block_size: int = Field(16, gt=0)
+    kv_capacity_tokens: int = Field(gt=0, description="num_gpu_blocks x block_size at gpu_memory_utilization")
+    max_num_seqs: int = Field(1024, gt=0)
+    max_num_batched_tokens: int = Field(8192, gt=0, description="default; `sim serve` overrides it")
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    enable_prefix_caching: bool = True
+    async_scheduling: bool = True
+    cuda_graphs: bool = True
+    cudagraph_max_tokens: int = Field(512, gt=0, description="largest captured batch (max_cudagraph_capture_size)")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.kv_capacity_tokens // self.block_size
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineSpec:
+        if self.kv_capacity_tokens < self.block_size:
+            raise ValueError(f"kv_capacity_tokens={self.kv_capacity_tokens} is below one block of {self.block_size}")
+        return self
+
+
+class StepTimeParams(_Strict):
+    """Parameters of `pdexporter.sim.steptime` (see its module docstring for the formula)."""
+
+    fixed_ms: float = Field(ge=0, description="every step: graph launch, sampling, scheduling, output copy")
+    piecewise_overhead_ms: float = Field(ge=0, description="a step with a multi-token request, T <= cudagraph_max_tokens")
+    eager_overhead_ms: float = Field(ge=0, description="a step with T > cudagraph_max_tokens: no CUDA graph")
+    matmul_efficiency: float = Field(gt=0, le=1, description="dense GEMMs, fraction of peak")
+    moe_efficiency: float = Field(gt=0, le=1, description="fused-MoE grouped GEMMs, fraction of peak")
+    attention_efficiency: float = Field(gt=0, le=1, description="flash-attention prefill, fraction of peak")
+    bandwidth_efficiency: float = Field(gt=0, le=1, description="weight and KV streaming, fraction of HBM peak")
+    moe_expert_pool: float | None = Field(
+        None, gt=0, description="experts routing effectively spreads over (None: all, uniform routing)"
+    )
+    roofline_sharpness: float = Field(4.0, ge=1, description="p of the p-norm joining compute and memory time")
+
+
+class Profile(_Strict):
+    name: str
+    description: str = ""
+    calibration: Calibration
+    calibration_note: str = ""
+    calibration_source: str | None = None
+    gpu: GpuSpec
+    model: ModelSpec
+    engine: EngineSpec
+    step_time: StepTimeParams
+
+    @cached_property
+    def gpu_label(self) -> str:
+        return self.gpu.name
+
+    def with_step_time(self, params: StepTimeParams, *, calibration: Calibration, note: str,
+                       source: str | None = None) -> Profile:
+        return self.model_copy(update={
+            "step_time": params, "calibration": calibration, "calibration_note": note, "calibration_source": source,
+        })
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110)
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def profile_path(name_or_path: str | Path) -> Path:
+    """A shipped profile by name, or a YAML file by path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if not candidate.is_file():
+            raise ConfigError(f"--profile {name_or_path}: no such file")
+        return candidate
+    shipped = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not shipped.is_file():
+        raise ConfigError(f"--profile {name_or_path!r}: unknown profile; shipped: {', '.join(available_profiles())}")
+    return shipped
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    path = profile_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from exc
+    return parse_profile(data, source=str(path))
+
+
+def parse_profile(data: object, *, source: str = "profile") -> Profile:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        got = f" (got {first['input']!r:.60})" if first.get("type") != "missing" else ""
+        raise ConfigError(f"{source}: field '{where}': {first['msg']}{got}") from exc

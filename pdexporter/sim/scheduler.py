@@ -1,0 +1,549 @@
+"""vLLM v1's scheduler (0.22), reproduced as pure code: requests and KV blocks in, a step's batch out.
+
+No clock and no I/O: the engine (`pdexporter.sim.engine`) calls `schedule()` when vLLM's engine
+core would, and `update_from_output()` when a step's outputs come back. What follows mirrors
+`vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, `_update_after_schedule`,
+`update_from_output`, `_preempt_request`), `vllm/v1/core/sched/async_scheduler.py` and
+`vllm/v1/core/kv_cache_manager.py` (`get_computed_blocks`, `allocate_slots`); names follow them.
+
+Token budget. Each step may schedule at most `max_num_batched_tokens` (B) tokens. There is no
+"prefill phase" or "decode phase": every request has `num_computed_tokens` and
+`num_tokens` (+ output placeholders under async scheduling) and each step tries to close the gap.
+
+1. RUNNING requests first, in order (`while req_index < len(self.running) and token_budget > 0`):
+   num_new = num_tokens + num_output_placeholders - num_computed_tokens, capped by
+   `long_prefill_token_threshold` (when > 0), by what is left of the budget and by
+   max_model_len - 1 - num_computed_tokens. A decode therefore takes one token; a request still
+   prefilling takes min(remaining, budget left). A request whose placeholders already reach
+   max_tokens is skipped (async: "avoid scheduling an extra step").
+2. KV blocks for those tokens (`allocate_slots`). When the pool is short, the *last* running
+   request is preempted (FCFS policy: `self.running.pop()`): its blocks are freed, it goes back
+   to the front of the waiting queue with num_computed_tokens = 0 (recompute), and
+   `vllm:num_preemptions_total` counts it. If the request itself was the victim, the loop stops.
+3. WAITING requests, FCFS, only if nothing was preempted in this step and while the budget
+   lasts and fewer than `max_num_seqs` run: prefix-cache hit first (`get_computed_blocks`), then
+   num_new = num_tokens - hit, capped like above. A waiting request that cannot get its blocks
+   stops the loop (head-of-line, like vLLM).
+
+So with D decodes running, a cold prefill of P tokens gets B - D tokens per step:
+num_chunks = ceil(P / (B - D)) (docs/vllm-facts.md: "8188 context tokens" at B = 8192, D = 4).
+
+Prefix caching (16-token blocks, chained block hashes). A full block's hash is registered when
+the block is allocated for tokens being scheduled (`cache_blocks` inside `allocate_slots`), so a
+request in the same step can already hit it. A lookup may match at most num_tokens - 1 tokens
+(`max_cache_hit_length = request.num_tokens - 1`: the last token must be computed for its
+logits) rounded down to whole blocks: a new probe on a cached 4096-token prefix computes its
+last 16 tokens. A prompt whose first block differs gets no hit (the hash chain breaks at once).
+Freed blocks keep their hash and stay reusable until evicted (LRU, hashed blocks at the tail).
+
+Async scheduling (0.22's default). `_update_after_schedule` advances num_computed_tokens at
+schedule time and, for a request that will sample, adds an output placeholder, so the next
+`schedule()` (which runs before this step's outputs exist) already gives it its next decode
+token. `update_from_output` replaces a placeholder with the sampled token.
+
+Context vs generation in the iteration log follows `compute_iteration_details`: a request is
+"context" while it has no output token yet (vLLM: "A request is regarded as a context request if
+its output tokens are still 0").
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH_CAPPED = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+NULL_HASH = 0x5EED
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = NULL_HASH, start: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of `token_ids` from block index `start` on.
+
+    Python's hash of a tuple of ints is deterministic (no per-process salt), which is all a
+    simulated prefix cache needs; vLLM uses sha256 of the same chain.
+    """
+    out = []
+    for i in range(start * block_size, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[i : i + block_size])))
+        out.append(parent)
+    return out
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    max_tokens: int
+    arrival_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_output_placeholders: int = 0
+    num_preemptions: int = 0
+    num_cached_tokens: int = -1
+    is_prefill_chunk: bool = True
+    block_hashes: list[int] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def token_at(self, i: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < n else self.output_token_ids[i - n]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    num_computed_before: int  # context already in the KV cache: the attention's "s"
+    is_context: bool  # vLLM's iteration-log class: no output token yet
+    samples: bool  # this step produces a token for it (its prompt is done after this chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    step_id: int
+    scheduled: tuple[ScheduledRequest, ...]
+    total_num_scheduled_tokens: int
+    preempted_request_ids: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+    @property
+    def num_context_requests(self) -> int:
+        return sum(1 for s in self.scheduled if s.is_context)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.is_context)
+
+    @property
+    def num_generation_requests(self) -> int:
+        return sum(1 for s in self.scheduled if not s.is_context)
+
+    @property
+    def num_generation_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if not s.is_context)
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """(query length, context before) per request: the step-time model's input."""
+        return [(s.num_new_tokens, s.num_computed_before) for s in self.scheduled]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    num_output_tokens: int
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0
+    hits: int = 0
+    requests: int = 0
+
+
+class KVCacheManager:
+    """Paged KV blocks with prefix caching: vLLM's KVCacheManager + BlockPool for one group.
+
+    Block 0 is the null block, never handed out (as in vLLM). Free blocks sit in an LRU queue;
+    a freed block keeps its hash (and stays a cache hit) until it is handed out again.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks={num_blocks}: need at least 2 (one is the null block)")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self._cached: dict[int, int] = {}
+        self._req_blocks: dict[str, list[int]] = {}
+        self._num_cached_blocks: dict[str, int] = {}
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """vllm:kv_cache_usage_perc: 1 - free / usable (cached-but-free blocks count as free)."""
+        return 1.0 - len(self._free) / (self.num_blocks - 1)
+
+    def blocks_of(self, request_id: str) -> list[int]:
+        return list(self._req_blocks.get(request_id, ()))
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """Longest cached prefix, whole blocks only, at most num_tokens - 1 tokens."""
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        cached = self._cached
+        for h in request.block_hashes[:max_blocks]:
+            block = cached.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        self.stats.requests += 1
+        self.stats.queries += request.num_tokens
+        self.stats.hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: Sequence[int] = (),
+        num_new_computed_tokens: int = 0,
+    ) -> bool:
+        """Blocks for `num_new_tokens` more tokens; False (nothing changed) if the pool is short."""
+        rid = request.request_id
+        blocks = self._req_blocks.get(rid)
+        have = (len(blocks) if blocks else 0) + len(new_computed_blocks)
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        bs = self.block_size
+        needed = -(-(computed + num_new_tokens) // bs) - have
+        if needed < 0:
+            needed = 0
+        evictable = sum(1 for b in new_computed_blocks if self._ref[b] == 0)
+        if needed + evictable > len(self._free):
+            return False
+        if blocks is None:
+            blocks = self._req_blocks[rid] = []
+        ref, free = self._ref, self._free
+        for b in new_computed_blocks:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+            blocks.append(b)
+        for _ in range(needed):
+            b, _ = free.popitem(last=False)
+            h = self._hash[b]
+            if h is not None:
+                if self._cached.get(h) == b:
+                    del self._cached[h]
+                self._hash[b] = None
+            ref[b] = 1
+            blocks.append(b)
+        if self.enable_caching:
+            start = max(self._num_cached_blocks.get(rid, 0), len(new_computed_blocks))
+            self._cache_full_blocks(request, blocks, start, min(computed + num_new_tokens, request.num_tokens))
+        return True
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register blocks that became full as outputs arrived (async scheduler's cache_blocks)."""
+        if self.enable_caching and request.request_id in self._req_blocks:
+            blocks = self._req_blocks[request.request_id]
+            start = self._num_cached_blocks.get(request.request_id, 0)
+            self._cache_full_blocks(request, blocks, start, min(num_computed_tokens, request.num_tokens))
+
+    def _cache_full_blocks(self, request: Request, blocks: list[int], start: int, num_tokens: int) -> None:
+        end = min(num_tokens // self.block_size, len(blocks))
+        if end <= start:
+            return
+        hashes = request.block_hashes
+        if len(hashes) < end:  # output blocks: hash them now that their tokens are known
+            parent = hashes[-1] if hashes else NULL_HASH
+            tokens = [request.token_at(i) for i in range(len(hashes) * self.block_size, end * self.block_size)]
+            hashes.extend(block_hashes(tokens, self.block_size, parent))
+        for i in range(start, end):
+            b = blocks[i]
+            if self._hash[b] is None:
+                h = hashes[i]
+                self._hash[b] = h
+                self._cached.setdefault(h, b)
+        self._num_cached_blocks[request.request_id] = end
+
+    def free(self, request: Request) -> None:
+        """Release a request's blocks, last block first, so a prefix's head outlives its tail."""
+        blocks = self._req_blocks.pop(request.request_id, None)
+        self._num_cached_blocks.pop(request.request_id, None)
+        if not blocks:
+            return
+        ref, free = self._ref, self._free
+        for b in reversed(blocks):
+            ref[b] -= 1
+            if ref[b] == 0:
+                free[b] = None
+                if self._hash[b] is None:
+                    free.move_to_end(b, last=False)  # nothing to keep: reuse it first
+
+    def reset_prefix_cache(self) -> None:
+        for b, h in enumerate(self._hash):
+            if h is not None and self._ref[b] == 0:
+                self._hash[b] = None
+        self._cached = {h: b for b, h in enumerate(self._hash) if h is not None}
+
+
+TokenSampler = Callable[[Request], int]
+
+
+def default_sampler(request: Request) -> int:
+    """A deterministic 'greedy' token: a function of the request's prompt and position only."""
+    seed = request.block_hashes[0] if request.block_hashes else len(request.prompt_token_ids)
+    return (seed * 2654435761 + 40503 * (request.num_output_tokens + 1)) % 151_936
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int
+    max_num_seqs: int = 1024
+    max_model_len: int = 200_000
+    long_prefill_token_threshold: int = 0
+    block_size: int = 16
+    num_gpu_blocks: int = 44_597
+    enable_prefix_caching: bool = True
+    async_scheduling: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={self.max_num_seqs} must be >= 1")
+
+
+class Scheduler:
+    """vLLM v1's Scheduler (+ AsyncScheduler when `async_scheduling`), FCFS policy."""
+
+    def __init__(self, config: SchedulerConfig, sampler: TokenSampler = default_sampler) -> None:
+        self.config = config
+        self.kv = KVCacheManager(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
+        self.sampler = sampler
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._step = 0
+        self._arrivals = 0
+        self._hash_memo: tuple[Sequence[int], list[int]] | None = None
+
+    # -- requests in and out ---------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int) -> Request:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in the scheduler")
+        if not prompt_token_ids:
+            raise ValueError("a request needs at least one prompt token")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        request = Request(request_id, prompt_token_ids, max_tokens, arrival_index=self._arrivals)
+        self._arrivals += 1
+        request.block_hashes = self._prompt_hashes(prompt_token_ids)
+        self.requests[request_id] = request
+        self.waiting.append(request)
+        return request
+
+    def _prompt_hashes(self, prompt: Sequence[int]) -> list[int]:
+        # D probes send one shared prompt object: hash its 256 blocks once, not D times.
+        memo = self._hash_memo
+        if memo is not None and memo[0] is prompt:
+            return list(memo[1])
+        hashes = block_hashes(prompt, self.config.block_size)
+        self._hash_memo = (prompt, hashes)
+        return list(hashes)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """Abort (or otherwise finish) requests from outside, e.g. a client that went away."""
+        done = []
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None or request.status.finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._free_request(request, status)
+            done.append(request)
+        return done
+
+    def _free_request(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # -- one step --------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        running = self.running
+        kv = self.kv
+
+        # First, the RUNNING requests.
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            placeholders = request.num_output_placeholders
+            if placeholders > 0 and (
+                request.num_computed_tokens + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens
+            ):
+                i += 1  # async: the step in flight already reaches max_tokens
+                continue
+            n = request.num_tokens + placeholders - request.num_computed_tokens
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, cfg.max_model_len - 1 - request.num_computed_tokens)
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                if kv.allocate_slots(request, n):
+                    ok = True
+                    break
+                victim = running.pop()  # FCFS: the last to arrive goes first
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    ok = False
+                    break
+            if not ok:
+                break
+            scheduled.append(self._entry(request, n, request.num_computed_tokens))
+            budget -= n
+            i += 1
+
+        # Next, the WAITING requests (not when this step had to preempt).
+        if not preempted:
+            while self.waiting and budget > 0:
+                if len(running) == cfg.max_num_seqs:
+                    break
+                request = self.waiting[0]
+                if request.num_computed_tokens == 0:
+                    hit_blocks, hit_tokens = kv.get_computed_blocks(request)
+                else:
+                    hit_blocks, hit_tokens = [], 0
+                n = request.num_tokens - hit_tokens
+                if 0 < threshold < n:
+                    n = threshold
+                n = min(n, budget)
+                if not kv.allocate_slots(request, n, hit_blocks, hit_tokens):
+                    break
+                self.waiting.popleft()
+                running.append(request)
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = hit_tokens
+                if request.num_cached_tokens < 0:
+                    request.num_cached_tokens = hit_tokens
+                scheduled.append(self._entry(request, n, hit_tokens))
+                budget -= n
+
+        self._step += 1
+        output = SchedulerOutput(
+            step_id=self._step,
+            scheduled=tuple(scheduled),
+            total_num_scheduled_tokens=cfg.max_num_batched_tokens - budget,
+            preempted_request_ids=tuple(r.request_id for r in preempted),
+        )
+        self._update_after_schedule(output)
+        return output
+
+    def _entry(self, request: Request, n: int, computed_before: int) -> ScheduledRequest:
+        samples = computed_before + n >= request.num_tokens + request.num_output_placeholders
+        return ScheduledRequest(request, n, computed_before, request.num_output_tokens == 0, samples)
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        for entry in output.scheduled:
+            request = entry.request
+            request.num_computed_tokens += entry.num_new_tokens
+            request.is_prefill_chunk = not entry.samples
+            if entry.samples and self.config.async_scheduling:
+                request.num_output_placeholders += 1
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(self, output: SchedulerOutput) -> list[RequestOutput]:
+        """The step finished: each request that sampled gets its token; stopped ones are freed."""
+        outs: list[RequestOutput] = []
+        cfg = self.config
+        for entry in output.scheduled:
+            request = entry.request
+            if not entry.samples or request.status.finished or request.request_id not in self.requests:
+                continue  # a prefill chunk, or finished/aborted while the step ran
+            was_running = request.status == RequestStatus.RUNNING
+            token = self.sampler(request)
+            request.output_token_ids.append(token)
+            if cfg.async_scheduling and request.num_output_placeholders > 0:
+                request.num_output_placeholders -= 1
+            finish = None
+            if request.num_output_tokens >= request.max_tokens or request.num_tokens >= cfg.max_model_len:
+                finish = RequestStatus.FINISHED_LENGTH_CAPPED
+            if finish is not None:
+                if request.status == RequestStatus.RUNNING:
+                    self.running.remove(request)
+                elif request in self.waiting:
+                    self.waiting.remove(request)
+                self._free_request(request, finish)
+            elif was_running:
+                self.kv.cache_blocks(request, request.num_computed_tokens - request.num_output_placeholders)
+            outs.append(RequestOutput(request.request_id, (token,), request.num_output_tokens,
+                                      finish.finish_reason if finish is not None else None))
+        return outs

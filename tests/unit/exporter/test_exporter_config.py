@@ -1,0 +1,80 @@
+"""`pdexporter run` options: durations, validation, one-line errors naming the option."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdexporter.cli.run import parse_run_options
+from pdexporter.errors import ConfigError
+from pdexporter.exporter.config import DEFAULT_PORT, build_config, parse_duration
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("500ms", 0.5), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("2.5s", 2.5), ("7", 7.0), (" 10 s ", 10.0)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "--x") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "ten", "5 minutes", "-1s", "1d", "s"])
+def test_bad_durations_name_the_option(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--inject-every .*expected a duration"):
+        parse_duration(text, "--inject-every")
+
+
+def _options(**overrides: object) -> dict[str, object]:
+    options: dict[str, object] = dict(
+        probe_decode=4, target=None, chunk_size=None, inject_every=None, prefill_tokens=8192,
+        listen="0.0.0.0:18742", out=None, model=None, profile="h200-qwen3-coder-30b-a3b", duration=None,
+        scrape_interval="5s", decode_context_tokens=4096, decode_output_tokens=256,
+    )
+    options.update(overrides)
+    return options
+
+
+def test_defaults_embedded_engine_injects_every_30s() -> None:
+    config = parse_run_options(**_options())  # type: ignore[arg-type]
+    assert config.chunk_size == 8192
+    assert config.inject_every_s == 30.0
+    assert config.listen_port == DEFAULT_PORT == 18742
+    assert config.listen_host == "0.0.0.0"
+    assert config.expected_chunks == 2  # ceil(8192 / (8192 - 4))
+
+
+def test_external_target_injection_is_opt_in_and_needs_chunk_size() -> None:
+    with pytest.raises(ConfigError, match="--chunk-size: required with --target"):
+        parse_run_options(**_options(target="http://vllm:8000"))  # type: ignore[arg-type]
+    config = parse_run_options(**_options(target="http://vllm:8000", chunk_size=2048))  # type: ignore[arg-type]
+    assert config.inject_every_s is None and not config.injecting
+    config = parse_run_options(**_options(target="http://vllm:8000", chunk_size=2048, inject_every="45s"))  # type: ignore[arg-type]
+    assert config.inject_every_s == 45.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"probe_decode": 0}, r"^--probe-decode 0: must be >= 1$"),
+        ({"prefill_tokens": 0}, r"^--prefill-tokens 0: must be >= 1$"),
+        ({"listen": "nowhere"}, r"^--listen 'nowhere': expected HOST:PORT$"),
+        ({"listen": "0.0.0.0:70000"}, r"^--listen '0.0.0.0:70000': port out of range$"),
+        ({"target": "vllm:8000", "chunk_size": 8192}, r"^--target 'vllm:8000': expected an http"),
+        ({"inject_every": "soon"}, r"^--inject-every 'soon'"),
+        ({"duration": "0s"}, r"^--duration '0s': must be > 0$"),
+        ({"probe_decode": 8192}, r"--probe-decode 8192 with --chunk-size 8192"),
+        ({"prefill_tokens": 1_000_000, "chunk_size": 512}, r"^--prefill-tokens .*raise --decode-output-tokens"),
+        ({"decode_output_tokens": 40}, r"^--decode-output-tokens 40: "),
+    ],
+)
+def test_bad_options_are_one_line(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_run_options(**_options(**overrides))  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+def test_reserve_covers_window_and_recovery() -> None:
+    config = build_config(probe_streams=4, chunk_size=2048, prefill_tokens=32768, inject_every_s=30.0)
+    # 17 chunks at B=2048, D=4 (docs/vllm-facts.md), two steps each at most, + 32 recovery + margin.
+    assert config.expected_chunks == 17
+    assert config.reserve_tokens == 17 * 2 + 32 + 8
+    assert config.reserve_tokens <= config.protocol.decode_output_tokens - config.protocol.inject_at_tokens
