@@ -1,0 +1,25 @@
+# The pdexporter image: `docker build -t pdexporter:0.1.0 .`, then `docker run pdexporter:0.1.0 run --probe-decode 4 --target http://vllm:8000`.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/tmp
+
+WORKDIR /opt/pdexporter
+COPY pyproject.toml README.md* ./
+COPY pdexporter ./pdexporter
+RUN pip install --no-compile . \
+ && rm -rf /opt/pdexporter/build
+
+# uid/gid 10001: the Helm chart's runAsUser/runAsGroup; no home, no shell login, owns nothing it runs.
+RUN groupadd --system --gid 10001 pdexporter \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin pdexporter \
+ && mkdir -p /results && chown 10001:10001 /results
+USER 10001:10001
+WORKDIR /results
+
+EXPOSE 18742
+ENTRYPOINT ["pdexporter"]
+CMD ["run", "--probe-decode", "4", "--listen", "0.0.0.0:18742"]

@@ -1,0 +1,174 @@
+{{/* Names, labels and the exporter container, shared by every template. */}}
+
+{{- define "pdexporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "pdexporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "pdexporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: name + instance; add a component with pdexporter.componentSelector. */}}
+{{- define "pdexporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pdexporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "pdexporter.labels" -}}
+helm.sh/chart: {{ include "pdexporter.chart" . }}
+{{ include "pdexporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pdexporter
+{{- end }}
+
+{{/* (dict "ctx" $ "component" "exporter") -> labels with a component */}}
+{{- define "pdexporter.componentLabels" -}}
+{{ include "pdexporter.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "pdexporter.componentSelector" -}}
+{{ include "pdexporter.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "pdexporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pdexporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "pdexporter.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "pdexporter.vllmName" -}}
+{{- printf "%s-vllm" (include "pdexporter.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The engine URL a separate exporter Deployment probes: the chart's own vLLM Service when
+vllm.enabled, else exporter.target ("" = the embedded engine, whose numbers are modelled). */}}
+{{/* The engine's --max-num-batched-tokens, which the exporter cannot read over HTTP. */}}
+{{- define "pdexporter.chunkSize" -}}
+{{- if .Values.vllm.enabled }}{{ int .Values.vllm.chunkSize }}{{ else }}{{ int .Values.exporter.chunkSize }}{{ end }}
+{{- end }}
+
+{{- define "pdexporter.target" -}}
+{{- if .Values.vllm.enabled }}
+{{- printf "http://%s:%d" (include "pdexporter.vllmName" .) (int .Values.vllm.port) }}
+{{- else }}
+{{- .Values.exporter.target }}
+{{- end }}
+{{- end }}
+
+{{/* Volumes the hardened containers need with a read-only root filesystem. */}}
+{{- define "pdexporter.scratchVolumes" -}}
+- name: pdexporter-tmp
+  emptyDir:
+    sizeLimit: {{ .Values.exporter.scratchSizeLimit }}
+- name: pdexporter-results
+  emptyDir:
+    sizeLimit: {{ .Values.exporter.scratchSizeLimit }}
+{{- end }}
+
+{{/*
+The exporter container. Used by the exporter Deployment, by the vLLM Deployment in sidecar mode,
+and by a parent chart that runs its own vLLM:
+  containers:
+    - name: vllm
+      ...
+    {{- include "pdexporter.sidecarContainer" .Subcharts.pdexporter | nindent 4 }}
+  volumes:
+    {{- include "pdexporter.scratchVolumes" .Subcharts.pdexporter | nindent 4 }}
+In the sidecar forms the target is the vLLM container on localhost (override with exporter.sidecarTarget).
+*/}}
+{{- define "pdexporter.exporterContainer" -}}
+{{- $target := .target -}}
+{{- $chunkSize := .chunkSize -}}
+{{- with .ctx }}
+- name: exporter
+  image: {{ include "pdexporter.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - run
+    - --probe-decode
+    - {{ .Values.exporter.probeDecode | quote }}
+    - --listen
+    - {{ printf "0.0.0.0:%d" (int .Values.exporter.port) | quote }}
+    {{- with $target }}
+    - --target
+    - {{ . | quote }}
+    {{- end }}
+    - --chunk-size
+    - {{ $chunkSize | quote }}
+    {{- with .Values.exporter.model }}
+    - --model
+    - {{ . | quote }}
+    {{- end }}
+    - --inject-every
+    - {{ .Values.exporter.injectEvery | default "off" | quote }}
+    - --prefill-tokens
+    - {{ .Values.exporter.prefillTokens | quote }}
+    {{- range .Values.exporter.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  ports:
+    - name: metrics
+      containerPort: {{ .Values.exporter.port }}
+      protocol: TCP
+  env:
+    - name: HOME
+      value: /tmp
+    {{- if .Values.exporter.apiKeySecret.name }}
+    - name: PDEXPORTER_API_KEY
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.exporter.apiKeySecret.name }}
+          key: {{ .Values.exporter.apiKeySecret.key }}
+    {{- end }}
+    {{- with .Values.exporter.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with .Values.exporter.livenessProbe }}
+  livenessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.exporter.readinessProbe }}
+  readinessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  {{- with .Values.exporter.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: pdexporter-tmp
+      mountPath: /tmp
+    - name: pdexporter-results
+      mountPath: /results
+{{- end }}
+{{- end }}
+
+{{/* For a parent chart's vLLM pod: the exporter probing vLLM on localhost. */}}
+{{- define "pdexporter.sidecarContainer" -}}
+{{- $target := .Values.exporter.sidecarTarget | default (printf "http://127.0.0.1:%d" (int .Values.vllm.port)) -}}
+{{- include "pdexporter.exporterContainer" (dict "ctx" . "target" $target "chunkSize" (int .Values.vllm.chunkSize)) }}
+{{- end }}

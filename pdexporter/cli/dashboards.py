@@ -1,0 +1,74 @@
+"""`pdexporter dashboards generate|push`: the Grafana dashboards built by pdexporter.grafana."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdexporter.cli._common import console
+from pdexporter.errors import ConfigError
+
+DEFAULT_OUT = Path("dashboards")
+DEFAULT_CHART = Path("helm/pdexporter")
+
+dashboards_app = typer.Typer(help="Grafana dashboards: regenerate the JSON, or push it to a Grafana.",
+                             no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(dashboards_app, name="dashboards")
+
+
+@dashboards_app.command("generate")
+def generate(
+    out: Annotated[Path, typer.Option("--out", help="Directory for the dashboard JSON files.")] = DEFAULT_OUT,
+    chart: Annotated[
+        Path | None,
+        typer.Option("--chart", help="Helm chart whose dashboards/ copies are rewritten too (skipped if absent)."),
+    ] = DEFAULT_CHART,
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; exit 1 if any committed file differs from the code.")
+    ] = False,
+) -> None:
+    """Rewrite dashboards/*.json (and the Helm chart's copies) from the builders in pdexporter.grafana."""
+    from pdexporter.grafana import generate as write_all
+    from pdexporter.grafana import stale_files
+
+    targets = [out]
+    if chart is not None and chart.is_dir():
+        targets.append(chart / "dashboards")
+    elif chart is not None and chart != DEFAULT_CHART:
+        raise ConfigError(f"--chart {chart}: not a directory")
+    if check:
+        stale = [path for directory in targets for path in stale_files(directory)]
+        for path in stale:
+            console.print(f"[red]stale:[/] {path}")
+        if stale:
+            console.print("run `pdexporter dashboards generate` and commit the result")
+            raise typer.Exit(1)
+        console.print(f"dashboards up to date in {', '.join(map(str, targets))}")
+        return
+    for path in write_all(targets):
+        print(path)
+
+
+@dashboards_app.command("push")
+def push(
+    grafana_url: Annotated[str, typer.Option("--grafana-url", help="Grafana base URL, e.g. http://grafana:3000.")],
+    token_file: Annotated[
+        Path | None, typer.Option("--token-file", help="File holding a Grafana service-account token.")
+    ] = None,
+    folder: Annotated[str, typer.Option("--folder", help="Folder to put the dashboards in (created if missing; "
+                                                         "'General' for the root).")] = "pdexporter",
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each API call.")] = 10.0,
+) -> None:
+    """Create or overwrite the dashboards in a Grafana, matched by their stable uids."""
+    from pdexporter.grafana import build_all
+    from pdexporter.grafana.push import push_dashboards, read_token, redact
+
+    token = read_token(token_file)
+    base = redact(grafana_url).rstrip("/")
+    for pushed in push_dashboards(grafana_url, build_all(), token=token, folder=folder, timeout=timeout):
+        console.print(f"pushed {pushed.uid} (version {pushed.version}) {base}{pushed.url}", soft_wrap=True)

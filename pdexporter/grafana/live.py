@@ -1,0 +1,307 @@
+"""The live-probe dashboard: what `pdexporter run` sees while it probes an engine."""
+
+from __future__ import annotations
+
+from pdexporter.exporter import metrics as m
+from pdexporter.grafana.panels import (
+    Dashboard,
+    Json,
+    dashboard_link,
+    datasource_variable,
+    info_table,
+    query_variable,
+    stat,
+    target,
+    targets,
+    thresholds,
+    timeseries,
+    up_down_mappings,
+)
+
+UID = "pdexporter-live"
+FILE_NAME = f"{UID}.json"
+TAG = "pdexporter"
+
+SEL = 'instance=~"$instance"'
+RATE = "$__rate_interval"
+GRID_LEGEND = "B={{chunk_size}} D={{decode_batch_size}} P={{new_prefill_tokens}}"
+
+
+def _quantile(q: float, histogram: str, by: str) -> str:
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({histogram}_bucket{{{SEL}}}[{RATE}])))"
+
+
+def build() -> Json:
+    d = Dashboard(
+        uid=UID,
+        title="pdexporter: live interference probes",
+        description=(
+            "Probe streams decoding beside a periodic prefill on a vLLM (or the embedded engine, whose numbers "
+            "are modelled): TPOT by window phase, the last window's penalty, prefill duration, chunking, engine "
+            "load and the exporter's own health. Series are described in docs/metrics.md."
+        ),
+        tags=[TAG, "vllm", "live"],
+        variables=[
+            datasource_variable(),
+            query_variable("instance", "Exporter", f"label_values({m.UP}, instance)", multi=True, include_all=True),
+        ],
+        links=[dashboard_link("pdexporter dashboards", TAG)],
+    )
+
+    d.row("Probe TPOT (inter-token intervals of the probe streams)")
+    d.add(
+        timeseries(
+            "TPOT by phase: p50 / p90 / p99",
+            "Quantiles of every probe inter-token interval, by the window phase the window maths put it in. "
+            "The gap between baseline and during_prefill is the interference; after_prefill shows recovery.",
+            [
+                target(_quantile(q, m.PROBE_TPOT, "phase"), f"{{{{phase}}}} p{round(q * 100)}", ref_id=ref)
+                for ref, q in (("A", 0.5), ("B", 0.9), ("C", 0.99))
+            ],
+            unit="s",
+            minimum=0,
+        ),
+        w=12,
+        h=9,
+    )
+    d.add(
+        timeseries(
+            "Mean TPOT by phase",
+            "Mean probe interval by phase. In the prefill window the distribution has two humps (decode-only "
+            "and mixed steps), so the mean moves where the p50 may not.",
+            targets(
+                (
+                    f"sum by (phase) (rate({m.PROBE_TPOT}_sum{{{SEL}}}[{RATE}]))"
+                    f" / sum by (phase) (rate({m.PROBE_TPOT}_count{{{SEL}}}[{RATE}]))",
+                    "{{phase}} mean",
+                ),
+            ),
+            unit="s",
+            minimum=0,
+        ),
+        w=12,
+        h=9,
+    )
+    d.add(
+        stat(
+            "Last window: TPOT penalty p50",
+            "TPOT during the prefill minus the baseline (p50s), for the last analysed window of each grid point.",
+            targets((f"{m.WINDOW_PENALTY}{{{SEL}}}", GRID_LEGEND)),
+            unit="s",
+            decimals=1,
+            steps=thresholds((None, "green"), (0.005, "yellow"), (0.02, "red")),
+        ),
+        w=6,
+        h=6,
+    )
+    d.add(
+        stat(
+            "Last window: penalty ratio",
+            "Penalty / baseline: the seed's tpot_penalty_ratio. Its success criterion is > 1.1 for D >= 4 and "
+            "P >= 4096.",
+            targets((f"{m.WINDOW_RATIO}{{{SEL}}}", GRID_LEGEND)),
+            decimals=2,
+            steps=thresholds((None, "green"), (0.5, "yellow"), (1.1, "red")),
+        ),
+        w=6,
+        h=6,
+    )
+    d.add(
+        timeseries(
+            "Last window: TPOT baseline / during / after (p50)",
+            "The three p50s each window reports. A new point appears each time a window is analysed.",
+            targets(
+                (f"{m.WINDOW_BASELINE}{{{SEL}}}", "baseline " + GRID_LEGEND),
+                (f"{m.WINDOW_DURING}{{{SEL}}}", "during " + GRID_LEGEND),
+                (f"{m.WINDOW_AFTER}{{{SEL}}}", "after " + GRID_LEGEND),
+            ),
+            unit="s",
+            minimum=0,
+        ),
+        w=12,
+        h=6,
+    )
+
+    d.row("Prefill")
+    d.add(
+        timeseries(
+            "Prefill duration (submission to first token)",
+            "Quantiles over every injected prefill, by prefill size, and the last window's duration.",
+            targets(
+                (_quantile(0.5, m.PREFILL_DURATION, "new_prefill_tokens"), "p50 P={{new_prefill_tokens}}"),
+                (_quantile(0.9, m.PREFILL_DURATION, "new_prefill_tokens"), "p90 P={{new_prefill_tokens}}"),
+                (f"{m.WINDOW_PREFILL}{{{SEL}}}", "last " + GRID_LEGEND),
+            ),
+            unit="s",
+            minimum=0,
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Slow steps vs expected chunks",
+            "Slow decode steps seen in the last window (num_chunks_actual) against ceil(P / (B - D)): each prefill "
+            "chunk is B - D tokens because running decodes take their token first. A gap means the engine "
+            "chunked differently than predicted, or the cadence detector missed steps.",
+            targets(
+                (f"{m.WINDOW_SLOW_STEPS}{{{SEL}}}", "slow steps " + GRID_LEGEND),
+                (f"{m.WINDOW_EXPECTED}{{{SEL}}}", "expected " + GRID_LEGEND),
+            ),
+            minimum=0,
+            decimals=0,
+            draw="points",
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Total interference per stream",
+            "Extra time one decode stream lost to the last prefill: the sum over window intervals of "
+            "(interval - baseline p50). Times D it is the prefill's aggregate cost.",
+            targets((f"{m.WINDOW_TOTAL}{{{SEL}}}", GRID_LEGEND)),
+            unit="s",
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Injections and windows",
+            "Prefill perturbations sent per second by outcome, and windows analysed per second.",
+            targets(
+                (f"sum by (outcome) (rate({m.INJECTIONS}{{{SEL}}}[{RATE}]))", "injections {{outcome}}"),
+                (f"sum(rate({m.WINDOWS}{{{SEL}}}[{RATE}]))", "windows analysed"),
+            ),
+            unit="ops",
+            minimum=0,
+        ),
+        w=24,
+        h=6,
+    )
+
+    d.row("Engine")
+    d.add(
+        timeseries(
+            "Requests running / waiting",
+            "The engine's vllm:num_requests_running and vllm:num_requests_waiting, as the exporter last scraped "
+            "them. Running includes the probe streams.",
+            targets(
+                (f"{m.ENGINE_RUNNING}{{{SEL}}}", "running {{instance}}"),
+                (f"{m.ENGINE_WAITING}{{{SEL}}}", "waiting {{instance}}"),
+            ),
+            minimum=0,
+            decimals=0,
+        ),
+        w=9,
+    )
+    d.add(
+        timeseries(
+            "KV-cache usage",
+            "The engine's KV-cache usage (vllm:kv_cache_usage_perc in vLLM 0.22). High usage at large D risks "
+            "preemption, which would distort the measurement.",
+            targets((f"{m.ENGINE_KV}{{{SEL}}}", "{{instance}}")),
+            unit="percentunit",
+            minimum=0,
+            maximum=1,
+        ),
+        w=7,
+    )
+    d.add(
+        info_table(
+            "Engine being probed",
+            "modelled=true means the embedded engine: its numbers come from a model, not a GPU.",
+            f"{m.ENGINE_INFO}{{{SEL}}}",
+            ["instance", "engine", "model", "chunk_size", "modelled"],
+        ),
+        w=8,
+    )
+
+    d.row("Exporter health")
+    d.add(
+        stat(
+            "Exporter up",
+            "pdexporter_up: 1 while the engine answers and the probe streams are running.",
+            targets((f"{m.UP}{{{SEL}}}", "{{instance}}")),
+            mappings=up_down_mappings(),
+            steps=thresholds((None, "red"), (1, "green")),
+            graph=False,
+        ),
+        w=4,
+        h=6,
+    )
+    d.add(
+        stat(
+            "Engine scrape",
+            "1 if the exporter's last scrape of the engine's /metrics worked.",
+            targets((f"{m.ENGINE_SCRAPE_OK}{{{SEL}}}", "{{instance}}")),
+            mappings=up_down_mappings("OK", "FAILING"),
+            steps=thresholds((None, "red"), (1, "green")),
+            graph=False,
+        ),
+        w=4,
+        h=6,
+    )
+    d.add(
+        timeseries(
+            "Engine scrape duration",
+            "How long the exporter's last scrape of the engine's /metrics took.",
+            targets((f"{m.ENGINE_SCRAPE_SECONDS}{{{SEL}}}", "{{instance}}")),
+            unit="s",
+            minimum=0,
+        ),
+        w=8,
+        h=6,
+    )
+    d.add(
+        timeseries(
+            "Errors by kind",
+            "Failures per second: connect, http, timeout, protocol (broken SSE) and measurement (no valid window).",
+            targets((f"sum by (kind) (rate({m.ERRORS}{{{SEL}}}[{RATE}]))", "{{kind}}")),
+            unit="ops",
+            minimum=0,
+        ),
+        w=8,
+        h=6,
+    )
+    d.add(
+        timeseries(
+            "Probe streams",
+            "Probe streams decoding now, streams started per second (they restart as they finish), and probe "
+            "tokens received per second.",
+            targets(
+                (f"{m.PROBE_STREAMS}{{{SEL}}}", "streams decoding {{instance}}"),
+                (f"rate({m.PROBE_STREAMS_STARTED}{{{SEL}}}[{RATE}])", "streams started/s {{instance}}"),
+                (f"rate({m.PROBE_TOKENS}{{{SEL}}}[{RATE}])", "tokens/s {{instance}}"),
+            ),
+            minimum=0,
+        ),
+        w=16,
+        h=6,
+    )
+    d.add(
+        stat(
+            "Build",
+            "pdexporter version of each exporter.",
+            targets((f"{m.BUILD_INFO}{{{SEL}}}", "{{version}}")),
+            graph=False,
+            text_mode="name",
+        ),
+        w=8,
+        h=6,
+    )
+    d.add(
+        timeseries(
+            "Probe timestamp error bound",
+            "How late the probe loop stamps a readable socket (p50 / p99): the error bar on every token "
+            "timestamp, hence on every TPOT above. Compare it with the decode step time.",
+            [
+                target(f"histogram_quantile({q}, sum by (le) (rate({m.PROBE_TIMESTAMP_DELAY}_bucket{{{SEL}}}[{RATE}])))",
+                       f"p{round(q * 100)}", ref_id=ref)
+                for ref, q in (("A", 0.5), ("B", 0.99))
+            ],
+            unit="s",
+            minimum=0,
+        ),
+        w=24,
+        h=6,
+    )
+    return d.build()
