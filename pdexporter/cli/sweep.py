@@ -20,6 +20,7 @@ from rich import box
 from rich.table import Table
 
 from pdexporter.cli._common import DEFAULT_PROFILE, ApiKeyFileOpt, api_key, console
+from pdexporter.errors import ConfigError
 from pdexporter.measure.records import RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import PHASES, Deadline, Key, SweepController, SweepObserver, SweepReport
@@ -65,12 +66,27 @@ def sweep(
     clock: Annotated[
         str | None, typer.Option("--clock", help="Embedded engine only: virtual | real (default: the file's).")
     ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option("--target", help="Measure an engine already running at this URL (external launcher)."),
+    ] = None,
+    chunk_size: Annotated[
+        int | None,
+        typer.Option("--chunk-size", min=1, help="With --target: the engine's max_num_batched_tokens "
+                                                  "(default: the grid's chunk size, when it has one)."),
+    ] = None,
     api_key_file: ApiKeyFileOpt = None,
 ) -> None:
     """Run the grid of a sweep file: engine per chunk size, warm-up, Phase 1, Phase 2 x reps; resumable."""
     overrides: dict[str, Any] = {}
     if clock is not None:
         overrides["launcher.clock"] = clock
+    if target is not None:
+        # The file's launcher is replaced: an external engine cannot be restarted per chunk size, so
+        # the grid must hold only the chunk size it runs with (checked by the sweep file's schema).
+        overrides["launcher"] = {"kind": "external", "url": target, "chunk_size": chunk_size}
+    elif chunk_size is not None:
+        raise ConfigError("--chunk-size: only meaningful with --target")
     spec = _load(sweep_file, mode, reps, listen, overrides)
     started = time.monotonic()
     store = ResultsStore(out or Path(spec.output))

@@ -161,7 +161,7 @@ class KubernetesLauncherSpec(_Strict):
     kube_context: str | None = None
     release: str | None = None
     chart: str | None = None
-    value_key: str = "vllm.maxNumBatchedTokens"
+    value_key: str = "vllm.chunkSize"
     deployment: str | None = None
     container: int = Field(0, ge=0)
     arg_name: str = "--max-num-batched-tokens"
@@ -215,6 +215,10 @@ class SweepSpec(_Strict):
     def _cross(self) -> SweepSpec:
         launcher = self.launcher
         if isinstance(launcher, ExternalLauncherSpec):
+            if launcher.chunk_size is None and len(set(self.grid.chunk_sizes)) == 1:
+                # A grid of one chunk size says what the engine runs with.
+                launcher = launcher.model_copy(update={"chunk_size": self.grid.chunk_sizes[0]})
+                object.__setattr__(self, "launcher", launcher)
             if launcher.chunk_size is None:
                 raise ValueError(
                     "launcher.chunk_size: required for an external engine (pdexporter cannot set its "

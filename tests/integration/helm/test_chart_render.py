@@ -15,6 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pdexporter.sweep.spec import load_sweep
 from tests.integration.helm.helm_engines import HelmEngine, HelmGoSdk, available_engines, manifests
 from tests.unit.helm.chart import CHART, ROOT, VALUES_FILES, load_yaml
 
@@ -218,7 +219,7 @@ def test_sweep_job_runs_the_file_from_a_configmap(engine: HelmEngine) -> None:
     container = pod_spec(job)["containers"][0]
     assert container["args"][:2] == ["sweep", "/etc/pdexporter/sweep.yaml"]
     assert _arg(container["args"], "--target") == "http://vllm.inference.svc.cluster.local:8000"
-    assert _arg(container["args"], "--listen") == "0.0.0.0:18742" and "--resume" in container["args"]
+    assert _arg(container["args"], "--listen") == "0.0.0.0:18742" and _arg(container["args"], "--mode") == "fast"
     volumes = {v["name"]: v for v in pod_spec(job)["volumes"]}
     assert volumes["sweep-file"]["configMap"]["name"] == cm["metadata"]["name"]
     assert volumes["results"]["persistentVolumeClaim"]["claimName"] == "pdexporter-results"
@@ -315,8 +316,16 @@ def test_exporter_arguments_are_accepted_by_pdexporter_run(engine: HelmEngine, v
         assert config is not None
 
 
-def test_sweep_arguments_are_accepted_by_pdexporter_sweep(engine: HelmEngine) -> None:
+def test_sweep_arguments_are_accepted_by_pdexporter_sweep(engine: HelmEngine, tmp_path: Path) -> None:
     (job,) = by_kind(render(engine, CHART / "ci" / "sweep-values.yaml"), "Job")
     args = pod_spec(job)["containers"][0]["args"]
     assert args[0] == "sweep"
     _cli_params("sweep", args[1:])
+    # the sweep file the chart mounts is one `pdexporter sweep` accepts, with the Job's --target
+    (config_map,) = [m for m in by_kind(render(engine, CHART / "ci" / "sweep-values.yaml"), "ConfigMap")
+                     if "sweep.yaml" in m.get("data", {})]
+    sweep_file = tmp_path / "sweep.yaml"
+    sweep_file.write_text(config_map["data"]["sweep.yaml"])
+    target = args[args.index("--target") + 1]
+    spec = load_sweep(sweep_file, {"launcher": {"kind": "external", "url": target, "chunk_size": None}})
+    assert spec.launcher.chunk_size == 8192

@@ -80,9 +80,9 @@ async def test_helm_upgrade_reuses_values_and_sets_the_chunk(bindir: Path, tmp_p
     await launcher.start(2048)  # already there: nothing runs
     await launcher.start(4096)
     assert calls(log) == [
-        ["helm", "upgrade", "vllm", "./chart", "--reuse-values", "--set", "vllm.maxNumBatchedTokens=2048",
+        ["helm", "upgrade", "vllm", "./chart", "--reuse-values", "--set", "vllm.chunkSize=2048",
          "--wait", "--timeout", "300s", "--namespace", "llm"],
-        ["helm", "upgrade", "vllm", "./chart", "--reuse-values", "--set", "vllm.maxNumBatchedTokens=4096",
+        ["helm", "upgrade", "vllm", "./chart", "--reuse-values", "--set", "vllm.chunkSize=4096",
          "--wait", "--timeout", "300s", "--namespace", "llm"],
     ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pdexporter.errors import ConfigError
 from pdexporter.sweep.spec import (
@@ -78,7 +79,8 @@ def test_the_briefs_example_error() -> None:
         ({"launcher": {"kind": "local", "command": "vllm serve"}}, "sweeps/x.yaml: launcher.command: must contain {chunk}"),
         ({"launcher": {"kind": "local", "command": "x {chunk}", "health_timeout": 1}},
          "sweeps/x.yaml: launcher.health_timeout: unknown field (expected one of: kind, command,"),
-        ({"launcher": {"kind": "external", "url": "http://e:8000"}}, "sweeps/x.yaml: launcher.chunk_size: required"),
+        ({"launcher": {"kind": "external", "url": "http://e:8000"}, "grid": {**GRID, "chunk_sizes": [8192, 2048]}},
+         "sweeps/x.yaml: launcher.chunk_size: required"),
         ({"launcher": {"kind": "external", "url": "http://e:8000", "chunk_size": 2048}},
          "sweeps/x.yaml: grid.chunk_sizes: [8192] cannot be set on the external engine"),
         ({"launcher": {"kind": "kubernetes", "url": "http://e:8000", "tool": "kubectl"}},
@@ -138,3 +140,9 @@ def test_fast_probes_have_room_for_the_largest_window() -> None:
                         "mode": "fast", "fast": {"max_context_drift_tokens": 8}})
     # 17 chunks of 2036 tokens + recovery: a probe must carry at least one whole window.
     assert spec.fast_probe_tokens(2048) >= 32 + 17 + 32
+
+
+def test_an_external_engine_runs_the_single_chunk_size_of_its_grid(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump({"grid": GRID, "launcher": {"kind": "external", "url": "http://e:8000"}}))
+    assert load_sweep(path).launcher.chunk_size == 8192
