@@ -53,13 +53,14 @@ WINDOW_GAUGES: dict[str, tuple[str, float]] = {
     m.WINDOW_DURING: ("tpot_interference_ms", 1e3),
     m.WINDOW_PENALTY: ("tpot_penalty_ms", 1e3),
     m.WINDOW_RATIO: ("penalty_ratio", 1.0),
-    m.WINDOW_SLOW_STEPS: ("num_chunks", 1.0),
+    m.WINDOW_CHUNKS: ("num_chunks", 1.0),
+    m.WINDOW_SLOW_STEPS: ("slow_steps", 1.0),
     m.WINDOW_PREFILL: ("prefill_duration_ms", 1e3),
     m.WINDOW_AFTER: ("tpot_after_prefill_ms", 1e3),
     m.WINDOW_EXPECTED: ("num_chunks_expected", 1.0),
     m.WINDOW_TOTAL: ("total_interference_ms", 1e3),
 }
-INT_COLUMNS = frozenset({"num_chunks", "num_chunks_expected"})
+INT_COLUMNS = frozenset({"num_chunks", "num_chunks_expected", "slow_steps"})
 
 
 class PrometheusError(PdexporterError):
@@ -306,7 +307,7 @@ def _rep(window: Window) -> dict[str, float | int | None]:
     total = rep.get("total_interference_ms")
     rep.update(tpot_baseline_p90_ms=None, tpot_interference_p90_ms=None, num_chunks_engine_log=None,
                aggregate_interference_ms=None if total is None else float(total) * d,
-               decode_tokens_delayed=None if rep.get("num_chunks") is None else int(rep["num_chunks"]) * d)  # type: ignore[arg-type]
+               decode_tokens_delayed=None if rep.get("slow_steps") is None else int(rep["slow_steps"]) * d)  # type: ignore[arg-type]
     return rep
 
 

@@ -15,7 +15,8 @@ Column meanings (window maths in `pdexporter.measure.window` defines the underly
     tpot_interference_ms      interference.tpot_during_prefill_p50_ms
     tpot_penalty_ms           derived.tpot_penalty_p50_ms = interference - baseline
     penalty_ratio             derived.tpot_penalty_ratio = penalty / baseline (the seed's example)
-    num_chunks                interference.num_chunks_actual (slow steps seen by the probes)
+    num_chunks                interference.num_chunks_actual (the engine log's chunk count, else the
+                              slow steps seen by the probes)
     prefill_duration_ms       interference.prefill_duration_ms (submission -> first token)
     total_interference_ms     per decode stream: sum over the window of (interval - baseline)
     aggregate_interference_ms D x total_interference_ms: what the prefill cost the whole batch
@@ -61,11 +62,12 @@ REP_VALUES = (
     "tpot_after_prefill_ms",
     "num_chunks_expected",
     "num_chunks_engine_log",
+    "slow_steps",
     "total_interference_ms",
     "aggregate_interference_ms",
     "decode_tokens_delayed",
 )
-INT_VALUES = frozenset({"num_chunks", "num_chunks_expected", "num_chunks_engine_log", "decode_tokens_delayed"})
+INT_VALUES = frozenset({"num_chunks", "num_chunks_expected", "num_chunks_engine_log", "slow_steps", "decode_tokens_delayed"})
 EXTRA_COLUMNS = (
     "reps",
     "cv_tpot_penalty",
@@ -76,6 +78,7 @@ EXTRA_COLUMNS = (
     "tpot_after_prefill_ms",
     "num_chunks_expected",
     "num_chunks_engine_log",
+    "slow_steps",
     "total_interference_ms",
     "aggregate_interference_ms",
     "decode_tokens_delayed",
@@ -140,6 +143,7 @@ def rep_values(
         "tpot_after_prefill_ms": interference.tpot_after_prefill_p50_ms,
         "num_chunks_expected": interference.num_chunks_expected,
         "num_chunks_engine_log": interference.num_chunks_engine_log,
+        "slow_steps": interference.slow_steps,
         "total_interference_ms": total,
         "aggregate_interference_ms": aggregate_ms,
         "decode_tokens_delayed": derived.decode_tokens_delayed,
@@ -157,9 +161,9 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
         reps = (top,)
         blocks = [(record.baseline, record.interference)]
     steps = tuple(
-        ChunkSteps(b.tpot_p50_ms, tuple(i.slow_step_times_ms))
+        ChunkSteps(b.tpot_p50_ms, tuple(i.chunk_step_times_ms))
         for b, i in blocks
-        if b.tpot_p50_ms is not None and i.slow_step_times_ms
+        if b.tpot_p50_ms is not None and i.chunk_step_times_ms
     )
     return ConfigSamples(
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,

@@ -42,6 +42,7 @@ WINDOW_RATIO = f"{PREFIX}_window_tpot_penalty_ratio"
 WINDOW_TOTAL = f"{PREFIX}_window_total_interference_seconds"
 WINDOW_PREFILL = f"{PREFIX}_window_prefill_duration_seconds"
 WINDOW_SLOW_STEPS = f"{PREFIX}_window_slow_steps"
+WINDOW_CHUNKS = f"{PREFIX}_window_chunks"
 WINDOW_EXPECTED = f"{PREFIX}_window_expected_chunks"
 PREFILL_DURATION = f"{PREFIX}_prefill_duration_seconds"
 PROBE_TIMESTAMP_DELAY = f"{PREFIX}_probe_timestamp_delay_seconds"
@@ -91,7 +92,11 @@ class ExporterMetrics:
             WINDOW_PREFILL, "Last window: prefill submission to first token.", GRID_LABELS, registry=r
         )
         self.window_slow_steps = Gauge(
-            WINDOW_SLOW_STEPS, "Last window: slow decode steps (num_chunks_actual).", GRID_LABELS, registry=r
+            WINDOW_SLOW_STEPS, "Last window: decode steps the prefill slowed (its chunks, plus the engine's "
+            "admission/retirement stalls).", GRID_LABELS, registry=r
+        )
+        self.window_chunks = Gauge(
+            WINDOW_CHUNKS, "Last window: the prefill's chunks (engine log, else slow steps).", GRID_LABELS, registry=r
         )
         self.window_expected = Gauge(WINDOW_EXPECTED, "Last window: ceil(P / (B - D)).", GRID_LABELS, registry=r)
         self.prefill_duration = Histogram(
@@ -151,8 +156,10 @@ def publish_window(metrics: ExporterMetrics, labels: dict[str, str], rep: RepRec
     metrics.window_total.labels(**labels).set(seconds(d.total_interference_ms))
     metrics.window_prefill.labels(**labels).set(seconds(i.prefill_duration_ms))
     metrics.window_slow_steps.labels(**labels).set(
-        float("nan") if i.num_chunks_actual is None else i.num_chunks_actual
+        float("nan") if i.slow_steps is None else i.slow_steps
     )
+    if i.num_chunks_actual is not None:
+        metrics.window_chunks.labels(**labels).set(i.num_chunks_actual)
     if i.num_chunks_expected is not None:
         metrics.window_expected.labels(**labels).set(i.num_chunks_expected)
     metrics.prefill_duration.labels(**labels).observe(i.prefill_duration_ms / 1000.0)

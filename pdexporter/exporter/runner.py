@@ -15,7 +15,7 @@ while nothing is measured; once due, the runner waits until the probes are ready
 (`timeline.ready_to_inject`), takes the quiet-period baseline, scrapes the engine, marks its
 step log, and hands the body to the probe loop, which sends it (t_inject = the client's stamp).
 It waits for the first token, then for every probe's 32 recovery intervals, scrapes again and
-runs `analyse_window`; the repetition record is built by `measure.point.rep_record`, so a
+runs `analyse_traces` (the window maths); the repetition record is built by `measure.point.rep_record`, so a
 window seen live and a `measure` repetition are the same object, written the same way.
 """
 
@@ -57,10 +57,10 @@ from pdexporter.exporter.tracing import preload as tracing_preload
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.measure.point import PointSpec, record_config, rep_record, resumable_reps
 from pdexporter.measure.prompts import cold_prompt
-from pdexporter.measure.protocol import InterferenceRun, StreamTrace
+from pdexporter.measure.protocol import InterferenceRun, StreamTrace, analyse_traces
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore
-from pdexporter.measure.window import analyse_window, stream_phases, token_times, window_end_ns
+from pdexporter.measure.window import stream_phases, token_times, window_end_ns
 
 TICK_S = 0.05  # bookkeeping cadence on the runner's loop
 SETTLE_TOKENS = 4  # tokens every probe receives between the engine scrape and the injection
@@ -351,11 +351,14 @@ class Runner:
             k += 1
         state.next_interval = k
 
-    def _label_window(self, states: list[ProbeState], t_inject: int, w_end: float, theta: float | None) -> list[Any]:
+    def _label_window(
+        self, states: list[ProbeState], t_inject: int, t_first: int, w_end: float, theta: float | None,
+        chunk_sizes: tuple[int, ...] | None,
+    ) -> list[Any]:
         """Label every held interval with the window maths' phase; returns each stream's phases."""
         all_phases = []
         for state in states:
-            phases = stream_phases(state.array(), t_inject, w_end, theta, self.params)
+            phases = stream_phases(state.array(), t_inject, t_first, w_end, theta, self.params, chunk_sizes)
             labels = timeline.phase_labels(phases)
             lengths = phases.intervals.length_ns
             for idx, label, length in zip(phases.intervals.token_index, labels, lengths):
@@ -573,7 +576,7 @@ class Runner:
         # 4. The window maths, exactly as `measure` runs it.
         self._bookkeeping()
         traces = [StreamTrace.of(s.stream) for s in window_states]
-        stats = analyse_window([t.token_times() for t in traces], t_inject, t_first, baseline, params)
+        stats = analyse_traces(traces, t_inject, t_first, baseline, params, steps)
         run = InterferenceRun(
             decode_batch_size=cfg.probe_streams,
             new_prefill_tokens=cfg.prefill_tokens,
@@ -595,7 +598,7 @@ class Runner:
         )
         touched = [s for s in [*self.finished, *self.live.values()] if s.next_interval < len(s.times)]
         theta = baseline.slow_threshold_ms(params) if baseline else None
-        phases = self._label_window(touched, t_inject, w_end, theta)
+        phases = self._label_window(touched, t_inject, t_first, w_end, theta, run.engine_chunks)
         self._quiet_from = timeline.recovery_end_ns(phases, w_end)
         self._hold_from = math.inf
 
@@ -675,5 +678,5 @@ def _window_line(n: int, spec: PointSpec, rep: RepRecord) -> str:
         f"window {n}: B={spec.chunk_size} D={spec.decode_batch_size} P={spec.new_prefill_tokens} "
         f"baseline {ms(b.tpot_p50_ms)} during {ms(i.tpot_during_prefill_p50_ms)} "
         f"penalty {ms(d.tpot_penalty_p50_ms)} prefill {ms(i.prefill_duration_ms)} "
-        f"slow steps {i.num_chunks_actual}/{i.num_chunks_expected}"
+        f"slow steps {i.slow_steps}, chunks {i.num_chunks_actual}/{i.num_chunks_expected}"
     )

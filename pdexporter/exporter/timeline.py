@@ -10,9 +10,10 @@ is the moment the runner decided to inject (just before the body leaves). Interv
 that already finished count too. Its statistics are `window.baseline_from_lengths` of that pool.
 
 Phase labels. Every probe interval after warm-up is exported to the TPOT histogram once, with
-the label the window maths gives it: `during_prefill` and `after_prefill` are
-`window.stream_phases(...).during / .after` for the window it belongs to; everything else
-(decode-only steps, including the window's steps before its first slow step) is `baseline`.
+the label the window maths gives it: `during_prefill` is every interval of the window
+(`window.stream_phases(...).window`: from the injection to the prefill's first token, so the
+engine's admission and retirement stalls count, not only the chunk steps that the record's
+`tpot_during_prefill_*` keeps), `after_prefill` is `.after`; everything else is `baseline`.
 Intervals of a stream that started after the injection are labelled with the same classifier
 when the window is analysed; their later intervals are `baseline`.
 
@@ -77,7 +78,7 @@ def quiet_baseline(
 def phase_labels(phases: StreamPhases) -> np.ndarray:
     """One label per post-warm-up interval of the stream (same order as `phases.intervals`)."""
     labels = np.full(phases.intervals.length_ns.shape, BASELINE, dtype=object)
-    labels[phases.during] = DURING
+    labels[phases.window] = DURING
     labels[phases.after] = AFTER
     return labels
 

@@ -115,8 +115,9 @@ def build() -> Json:
     d.add(
         label_matrix(
             "Slow steps minus expected chunks",
-            "num_chunks_actual - ceil(P / (B - D)). 0 everywhere means the engine chunked as predicted; a "
-            "positive value means extra slow steps (or a noisy window), negative means missed chunks.",
+            "Decode steps the prefill slowed minus ceil(P / (B - D)). 0 means one slow step per predicted "
+            "chunk; on vLLM 0.22 long prompts show +1 or +2 (the engine loop stalls admitting and retiring "
+            "them); negative means chunks the cadence cannot see (a tiny last chunk).",
             f"{grid(m.WINDOW_SLOW_STEPS)} - {grid(m.WINDOW_EXPECTED)}",
             row_label=ROW,
             column_label=COLUMN,

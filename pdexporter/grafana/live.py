@@ -140,11 +140,13 @@ def build() -> Json:
     d.add(
         timeseries(
             "Slow steps vs expected chunks",
-            "Slow decode steps seen in the last window (num_chunks_actual) against ceil(P / (B - D)): each prefill "
-            "chunk is B - D tokens because running decodes take their token first. A gap means the engine "
-            "chunked differently than predicted, or the cadence detector missed steps.",
+            "Decode steps the last prefill slowed (cadence), its chunks (the engine's iteration log when "
+            "pdexporter can read it, else the slow steps) and ceil(P / (B - D)): each chunk is B - D tokens "
+            "because running decodes take their token first. On vLLM 0.22 slow steps exceed chunks by one or "
+            "two: the engine loop stalls admitting and retiring a long prompt.",
             targets(
                 (f"{m.WINDOW_SLOW_STEPS}{{{SEL}}}", "slow steps " + GRID_LEGEND),
+                (f"{m.WINDOW_CHUNKS}{{{SEL}}}", "chunks " + GRID_LEGEND),
                 (f"{m.WINDOW_EXPECTED}{{{SEL}}}", "expected " + GRID_LEGEND),
             ),
             minimum=0,

@@ -37,6 +37,7 @@ from pdexporter.measure.window import (
     analyse_window,
     baseline_stats,
     token_times,
+    window_end_ns,
 )
 
 
@@ -177,9 +178,7 @@ class InterferenceRun:
 
     @property
     def engine_chunks(self) -> tuple[int, ...] | None:
-        if self.engine_steps is None:
-            return None
-        return summarise_chunks(self.engine_steps).chunk_tokens
+        return chunks_from_steps(self.engine_steps)
 
     def to_raw(self) -> dict[str, Any]:
         t0 = self.t_inject_ns
@@ -196,6 +195,29 @@ class InterferenceRun:
             "metrics_after": self.metrics_after.values if self.metrics_after else None,
             **self.extra,
         }
+
+
+def chunks_from_steps(steps: Sequence[IterationStep] | None) -> tuple[int, ...] | None:
+    """The prefill's chunk sizes in the engine's own log for a window; None when the log shows
+    none (an engine without iteration logging: every prefill takes at least one chunk)."""
+    if steps is None:
+        return None
+    return summarise_chunks(steps).chunk_tokens or None
+
+
+def analyse_traces(
+    probes: Sequence[StreamTrace],
+    t_inject_ns: int,
+    t_first_ns: int,
+    baseline: BaselineStats | None,
+    params: WindowParams,
+    engine_steps: Sequence[IterationStep] | None = None,
+) -> WindowStats:
+    """The window maths on recorded traces, told the chunk count when the engine log has it."""
+    return analyse_window(
+        [t.token_times() for t in probes], t_inject_ns, t_first_ns, baseline, params,
+        chunks_hint=chunks_from_steps(engine_steps),
+    )
 
 
 def _raise_failures(streams: Iterable[TokenStream]) -> None:
@@ -341,7 +363,7 @@ async def run_interference(
             f"{len(ended_early)} probe stream(s) ended before the prefill's first token: raise "
             f"decode_output_tokens above {settings.decode_output_tokens}"
         )
-    window_end = t_first + (baseline.p50_ms * 1e6 / 2 if baseline else 0)
+    window_end = window_end_ns(t_first, baseline)
     await _wait(
         driver, everything,
         lambda: prefill.done and all(s.done or _tokens_after(s, window_end) > settings.after_intervals for s in probes),
@@ -356,7 +378,7 @@ async def run_interference(
         steps = [s for s in steps if s.context_tokens > 0 or s.generation_requests > 0]
 
     traces = [StreamTrace.of(s) for s in probes]
-    window = analyse_window([t.token_times() for t in traces], t_inject, t_first, baseline, settings.window)
+    window = analyse_traces(traces, t_inject, t_first, baseline, settings.window, steps)
     return InterferenceRun(
         decode_batch_size=d,
         new_prefill_tokens=p,

@@ -65,11 +65,13 @@ class InterferenceBlock(_Model):
     tpot_during_prefill_mean_ms: float | None = None
     tpot_window_p50_ms: float | None = None
     tpot_pre_injection_p50_ms: float | None = None
+    num_chunks_source: str | None = None
     num_chunks_expected: int | None = None
     num_chunks_engine_log: int | None = None
     chunk_tokens_engine_log: list[int] | None = None
+    chunk_step_times_ms: list[float] = Field(default_factory=list)
+    slow_steps: int | None = None
     slow_step_threshold_ms: float | None = None
-    slow_step_times_ms: list[float] = Field(default_factory=list)
     window_intervals: int = 0
     zero_intervals: int = 0
     min_interval_ms: float | None = None
@@ -170,11 +172,13 @@ def interference_block(
         tpot_during_prefill_mean_ms=_r(window.during_mean_ms),
         tpot_window_p50_ms=_r(window.window_p50_ms),
         tpot_pre_injection_p50_ms=_r(window.pre_p50_ms),
+        num_chunks_source=window.num_chunks_source,
         num_chunks_expected=num_chunks_expected,
         num_chunks_engine_log=len(engine_chunks) if engine_chunks is not None else None,
         chunk_tokens_engine_log=list(engine_chunks) if engine_chunks is not None else None,
+        chunk_step_times_ms=[round(x, 3) for x in window.chunk_step_times_ms],
+        slow_steps=window.slow_steps,
         slow_step_threshold_ms=_r(window.slow_threshold_ms),
-        slow_step_times_ms=[round(x, 3) for x in window.slow_step_times_ms],
         window_intervals=window.window_intervals,
         zero_intervals=window.zero_intervals,
         min_interval_ms=_r(window.min_interval_ms),

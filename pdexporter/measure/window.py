@@ -21,16 +21,36 @@ ends in (t_inject, t_first + TPOT_baseline_p50 / 2]: the last mixed step's decod
 with the prefill's first token, so the half-step margin keeps them in.
 
 Slow steps. An interval is slow when it exceeds theta = p50 + max(rel * p50, k * 1.4826 * MAD)
-of the baseline (rel = 0.2, k = 5 by default): far outside decode-only jitter. Each slow interval
-is one engine step that carried prefill work; `num_chunks_actual` is the median over streams of
-their count of slow intervals in the window (the median shrugs off one stream's hiccup).
+of the baseline (rel = 0.2, k = 5 by default): far outside decode-only jitter. `slow_steps` is the
+median over streams of their count of slow intervals in the window (the median shrugs off one
+stream's hiccup): every decode step the prefill slowed, whatever slowed it.
 
-During the prefill. Under async scheduling the engine has already scheduled the next step when
-the request arrives, so the first interval(s) of the window are decode-only by construction.
-"During" therefore starts at each stream's first slow interval in the window and runs to the end
-of the window (decode-only steps *between* chunks stay in). If a stream saw no slow step, its
-whole window counts. p50/p90/mean are over those intervals pooled across streams;
-`tpot_interference` (the seed's column) is their p50.
+Chunk steps. With the engine's own iteration log for the window (the driver reads it when the
+launcher owns the engine), K = its number of steps with context tokens is `num_chunks_actual`
+(`num_chunks_source = "engine-log"`, exact), and the chunk steps are located from the end: the
+step that runs the prefill's last chunk emits its first token in the same output batch as the
+decodes' tokens of that step, so each stream's chunk steps are the K window intervals that end at
+the one nearest t_first (the anchor). Without the log, `num_chunks_actual` is the slow-step count
+("cadence") and the chunk steps are each stream's run of window intervals from its first to its
+last slow one.
+
+Why not simply "the slow intervals": on a real vLLM they include more than chunks. On vLLM 0.22
+(H200) admitting a 32K-token prompt stalls the engine loop for ~50 ms before its first chunk, and
+retiring it adds ~25 ms around the last, so the probes see one or two slow steps more than there
+are chunks (the engine log showed exactly ceil(P / (B - D)) chunks in all 1,650 repetitions of the
+H200 sweep). Those stalls are real cost and stay in the totals below, but they are not chunk steps.
+And when retiring the prompt takes longer than the step after its small last chunk, its first
+token leaves one step late: the anchor is then the step after the last chunk. So a last chunk under
+a quarter of the largest is placed where the interval is the smaller of the two candidates (the
+anchor, or the one before it): a small chunk's step is short. A 1-token tail runs as a plain decode
+batch and cannot be seen in the cadence at all. `chunk_step_times_ms` are the chunk steps of the
+median stream, in chunk order (with the log: one per chunk).
+
+During the prefill. "During" is the chunk steps (the steps that executed prefill chunks, as the
+seed defines TPOT_interference); p50/p90/mean are over them pooled across streams, and
+`tpot_interference` (the seed's column) is their p50. Under async scheduling the first interval(s)
+of the window are decode-only steps scheduled before the request arrived; they are not "during".
+With no slow step and no engine log (nothing detectable), the whole window counts.
 
 After the prefill. Each stream's next `after_intervals` (32) intervals after the window; p50.
 
@@ -41,7 +61,7 @@ Totals. total_interference_ms = per stream, the sum over its window intervals of
 (interval - baseline_p50), averaged over streams: the extra time one decode request lost to this
 prefill. aggregate_interference_ms = D * total_interference_ms: what the prefill cost the batch,
 the quantity the offload rule compares with a transfer time. decode_tokens_delayed = the number of
-slow intervals summed over streams (D tokens per chunk).
+slow intervals summed over streams.
 
 num_chunks_expected = ceil(P / (B - D)): running decodes take one token each of the step budget
 B first, the prefill gets the rest (ceil(P / B) at D = 0).
@@ -105,13 +125,15 @@ class WindowStats:
     pre_p50_ms: float | None
     slow_threshold_ms: float | None
     slow_steps_per_stream: tuple[int, ...]
+    slow_steps: int | None
     num_chunks_actual: int | None
+    num_chunks_source: str | None  # "engine-log" | "cadence"
     window_intervals: int
     total_interference_ms: float | None
     decode_tokens_delayed: int
     zero_intervals: int
     min_interval_ms: float | None
-    slow_step_times_ms: tuple[float, ...]  # slow intervals of the median stream, in order
+    chunk_step_times_ms: tuple[float, ...]  # the median stream's chunk steps, in chunk order
 
 
 @dataclass(frozen=True)
@@ -205,7 +227,7 @@ class StreamPhases:
     intervals: Intervals
     pre: np.ndarray  # ends at or before t_inject
     window: np.ndarray  # ends in (t_inject, window_end]
-    during: np.ndarray  # in the window from the first slow interval on (the whole window if none is slow)
+    during: np.ndarray  # the chunk steps: the K window intervals ending at the one nearest t_first
     slow: np.ndarray  # in the window and above the slow threshold
     after: np.ndarray  # the next `after_intervals` past the window
 
@@ -218,20 +240,49 @@ def window_end_ns(t_first_ns: int, baseline: BaselineStats | None) -> float:
 def stream_phases(
     times: np.ndarray,
     t_inject_ns: int,
+    t_first_ns: int,
     window_end: float,
     slow_threshold_ms: float | None,
     params: WindowParams = WindowParams(),
+    chunk_sizes: Sequence[int] | None = None,
 ) -> StreamPhases:
+    """`chunk_sizes`: the prefill's chunks from the engine log, when known (see the module docs)."""
     iv = intervals(times, params.warmup_tokens)
     ms = iv.length_ns / 1e6
     in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
     slow = in_window & (ms > slow_threshold_ms) if slow_threshold_ms is not None else np.zeros_like(in_window)
-    during = in_window.copy()
-    if slow.any():
-        during[: int(np.argmax(slow))] = False
+    during = np.zeros_like(in_window)
+    positions = np.nonzero(in_window)[0]
+    if positions.size and chunk_sizes:
+        k = len(chunk_sizes)
+        anchor = int(np.argmin(np.abs(iv.end_ns[positions] - t_first_ns)))
+        if (anchor >= k and chunk_sizes[-1] < max(chunk_sizes) / 4
+                and ms[positions[anchor - 1]] < ms[positions[anchor]]):
+            anchor -= 1  # the small last chunk is the step before: its first token left late
+        during[positions[max(0, anchor - k + 1) : anchor + 1]] = True
+    elif slow.any():
+        first, last = np.nonzero(slow)[0][[0, -1]]
+        during[first : last + 1] = True
+    else:
+        during[positions] = True
     after = np.zeros_like(in_window)
     after[np.nonzero(iv.end_ns > window_end)[0][: params.after_intervals]] = True
     return StreamPhases(iv, iv.end_ns <= t_inject_ns, in_window, during, slow, after)
+
+
+def slow_step_count(
+    streams: Sequence[np.ndarray], t_inject_ns: int, window_end: float, slow_threshold_ms: float | None,
+    params: WindowParams = WindowParams(),
+) -> list[int]:
+    """Each stream's number of slow intervals in the window."""
+    if slow_threshold_ms is None:
+        return [0] * len(streams)
+    counts = []
+    for times in streams:
+        iv = intervals(times, params.warmup_tokens)
+        in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
+        counts.append(int((in_window & (iv.length_ns / 1e6 > slow_threshold_ms)).sum()))
+    return counts
 
 
 def analyse_window(
@@ -240,31 +291,34 @@ def analyse_window(
     t_first_ns: int,
     baseline: BaselineStats | None,
     params: WindowParams = WindowParams(),
+    chunks_hint: Sequence[int] | None = None,
 ) -> WindowStats:
-    """Phase 2: classify each probe's intervals around one prefill (see the module docs)."""
+    """Phase 2: classify each probe's intervals around one prefill (see the module docs).
+
+    `chunks_hint` is the prefill's chunk sizes from the engine's own step log, when known."""
     if t_first_ns < t_inject_ns:
         raise ValueError("the prefill's first token arrived before it was sent")
     window_end = window_end_ns(t_first_ns, baseline)
     theta_ms = baseline.slow_threshold_ms(params) if baseline else None
+    slow_counts = slow_step_count(streams, t_inject_ns, window_end, theta_ms, params)
+    slow_steps = int(round(float(np.median(slow_counts)))) if streams and theta_ms is not None else None
+    hint = tuple(chunks_hint) if chunks_hint else None
+    chunks = len(hint) if hint else slow_steps
 
     window_all: list[np.ndarray] = []
     during_all: list[np.ndarray] = []
     after_all: list[np.ndarray] = []
     pre_all: list[np.ndarray] = []
-    slow_counts: list[int] = []
-    slow_series: list[np.ndarray] = []
     totals: list[float] = []
     zero = 0
     for times in streams:
-        ph = stream_phases(times, t_inject_ns, window_end, theta_ms, params)
+        ph = stream_phases(times, t_inject_ns, t_first_ns, window_end, theta_ms, params, hint)
         ms = ph.intervals.length_ns / 1e6
         w = ms[ph.window]
         window_all.append(w)
         pre_all.append(ms[ph.pre])
         after_all.append(ms[ph.after])
         during_all.append(ms[ph.during])
-        slow_counts.append(int(ph.slow.sum()))
-        slow_series.append(ms[ph.slow])
         if baseline is not None and w.size:
             totals.append(float((w - baseline.p50_ms).sum()))
             zero += int((w < params.zero_interval_frac * baseline.p50_ms).sum())
@@ -273,7 +327,6 @@ def analyse_window(
     during = np.concatenate(during_all) if during_all else np.empty(0)
     after = np.concatenate(after_all) if after_all else np.empty(0)
     pre = np.concatenate(pre_all) if pre_all else np.empty(0)
-    num_chunks = int(round(float(np.median(slow_counts)))) if streams and theta_ms is not None else None
     median_stream = _median_index(slow_counts)
     return WindowStats(
         t_inject_ns=int(t_inject_ns),
@@ -287,14 +340,16 @@ def analyse_window(
         after_p50_ms=_pct(after, 50),
         pre_p50_ms=_pct(pre, 50),
         slow_threshold_ms=theta_ms,
-        slow_steps_per_stream=tuple(slow_counts) if streams else (),
-        num_chunks_actual=num_chunks,
+        slow_steps_per_stream=tuple(slow_counts),
+        slow_steps=slow_steps,
+        num_chunks_actual=chunks if streams or hint else None,
+        num_chunks_source=None if chunks is None else ("engine-log" if hint else "cadence"),
         window_intervals=int(window.size),
         total_interference_ms=float(np.mean(totals)) if totals else None,
         decode_tokens_delayed=int(sum(slow_counts)),
         zero_intervals=zero,
         min_interval_ms=float(window.min()) if window.size else None,
-        slow_step_times_ms=tuple(float(x) for x in slow_series[median_stream]) if slow_series else (),
+        chunk_step_times_ms=tuple(float(x) for x in during_all[median_stream]) if chunks and during_all else (),
     )
 
 

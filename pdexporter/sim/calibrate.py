@@ -4,8 +4,8 @@ Observations. Each measured record (`results/{chunk}/D{d}_P{p}.json`, `measure.r
 per repetition,
 - one decode-only step: `baseline.tpot_p50_ms` is the step time of D decodes (the decode cadence
   is the step time); their context is the probe prefix plus the mid-point of the measured tokens;
-- one mixed step per prefill chunk: `interference.slow_step_times_ms` are the slow intervals of the
-  median probe stream, in order, i.e. each mixed step's time; the chunk sizes come from the engine
+- one mixed step per prefill chunk: `interference.chunk_step_times_ms` are the chunk steps of the
+  median probe stream, in order, i.e. each mixed step's time (measure/window.py defines them); the chunk sizes come from the engine
   log (`chunk_tokens_engine_log`) or, without it, from the scheduling rule (B - D per chunk, the
   rest in the last). Chunk k starts at the sum of the earlier chunks: its attention context.
 A repetition whose slow-step count does not match its chunks (a tail too small to see, a hiccup)
@@ -103,7 +103,7 @@ def observations_from_record(record: RunRecord, into: ObservationSet | None = No
             out.observations.append(StepObservation(
                 StepComposition.decode_batch(d, baseline_ctx), rep.baseline.tpot_p50_ms / 1e3, "decode", key,
                 f"B={b} D={d} decode"))
-        slow = list(rep.interference.slow_step_times_ms or [])
+        slow = list(rep.interference.chunk_step_times_ms or [])
         if d == 0 or not slow:
             continue
         chunks = list(rep.interference.chunk_tokens_engine_log or chunk_sizes(p, b, d))

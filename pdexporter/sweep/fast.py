@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
 from pdexporter.measure.driver import EngineDriver
@@ -29,10 +27,11 @@ from pdexporter.measure.protocol import (
     InterferenceRun,
     ProtocolSettings,
     StreamTrace,
+    analyse_traces,
     run_interference,
     start_probes,
 )
-from pdexporter.measure.window import BaselineStats, analyse_window
+from pdexporter.measure.window import BaselineStats
 from pdexporter.sweep.spec import injection_tokens
 
 
@@ -55,9 +54,7 @@ def trim_trace(trace: StreamTrace, t_inject_ns: int, keep_tokens: int) -> Stream
 def trim_run(run: InterferenceRun, settings: ProtocolSettings, baseline: BaselineStats | None) -> InterferenceRun:
     keep = settings.warmup_tokens + settings.inject_at_tokens
     probes = [trim_trace(p, run.t_inject_ns, keep) for p in run.probes]
-    window = analyse_window(
-        [np.asarray(p.token_times()) for p in probes], run.t_inject_ns, run.t_first_ns, baseline, settings.window
-    )
+    window = analyse_traces(probes, run.t_inject_ns, run.t_first_ns, baseline, settings.window, run.engine_steps)
     return dataclasses.replace(run, probes=probes, window=window, extra={**run.extra, "probe_reuse": True})
 
 

@@ -163,7 +163,7 @@ def test_prometheus_scrapes_probe_tpot_close_to_the_modelled_step(session: Sessi
     assert p["up"] == 1 and p["streams"] == D and p["scrape_ok"] == 1
     assert 1 <= p["running"] <= D + 1  # the probes (one may be restarting) and maybe a prefill
     assert p["expected"] == expected_chunks(P, B, D) == 3
-    assert p["slow_steps"] in {w.rep.interference.num_chunks_actual for w in session.windows}
+    assert p["slow_steps"] in {w.rep.interference.slow_steps for w in session.windows}
     assert 0 < p["tokens_rate"] <= D / modelled * 1.1
     assert p["created"] == []  # disable_created_metrics()
     assert p["labels"] == {"chunk_size": str(B), "decode_batch_size": str(D), "new_prefill_tokens": str(P),
@@ -204,8 +204,9 @@ def test_window_shows_the_expected_slow_steps(session: Session) -> None:
         assert i.num_chunks_expected == expected_chunks(P, B, D) == 3
         assert i.chunk_tokens_engine_log == CHUNKS  # the engine's own step log
         assert window.rep.derived.tpot_penalty_p50_ms is not None and window.rep.derived.tpot_penalty_p50_ms > 0
-        slow.append(i.num_chunks_actual)
-        sums.append(sum(i.slow_step_times_ms))
+        assert i.num_chunks_actual == 3 and i.num_chunks_source == "engine-log"
+        slow.append(i.slow_steps)  # the cadence, independent of the log
+        sums.append(sum(i.chunk_step_times_ms))
     assert sorted(slow)[len(slow) // 2] == 3, slow  # the median window; see the module docs on load
     # The probes' slow intervals add up to the modelled mixed steps (a late token's error cancels
     # in the sum of the two intervals it splits).
@@ -270,7 +271,8 @@ def test_otlp_receiver_gets_window_spans_with_the_windows_numbers(session: Sessi
     for (span, a), window in zip(sorted(windows, key=lambda w: w[0].start_time_unix_nano), session.windows):
         rep, run = window.rep, window.run
         assert span.start_time_unix_nano == run.t_inject_ns + session.offset_ns
-        assert a["pdexporter.window.slow_steps"] == rep.interference.num_chunks_actual
+        assert a["pdexporter.window.slow_steps"] == rep.interference.slow_steps
+        assert a["pdexporter.window.num_chunks"] == rep.interference.num_chunks_actual
         assert a["pdexporter.window.expected_chunks"] == 3
         assert a["pdexporter.window.tpot_baseline_ms"] == rep.baseline.tpot_p50_ms
         assert a["pdexporter.window.tpot_penalty_ms"] == rep.derived.tpot_penalty_p50_ms

@@ -62,9 +62,13 @@ def test_num_chunks_actual_is_ceil_p_over_b_minus_d(tmp_path: Path, b: int, d: i
     expected = math.ceil(p / (b - d))
     assert record.interference.num_chunks_expected == expected
     assert record.interference.num_chunks_engine_log == expected
-    assert record.interference.num_chunks_actual == expected  # seen in the probes' cadence
+    assert record.interference.num_chunks_actual == expected
+    assert record.interference.num_chunks_source == "engine-log"
+    assert record.interference.slow_steps == expected  # seen in the probes' cadence too
     for rep in record.reps:
         assert rep.interference.num_chunks_actual == expected
+        assert rep.interference.slow_steps == expected
+        assert len(rep.interference.chunk_step_times_ms) == expected
         assert rep.interference.chunk_tokens_engine_log[:-1] == [b - d] * (expected - 1)
         assert sum(rep.interference.chunk_tokens_engine_log) == p
     assert record.derived.tpot_penalty_p50_ms > 0
@@ -91,8 +95,8 @@ def test_records_say_they_are_modelled(tmp_path: Path):
 
 def test_a_known_blind_spot_a_one_token_tail_runs_as_a_decode_batch(tmp_path: Path):
     """B=2048, D=1, P=2048: chunks 2047 + 1. The 1-token tail is a uniform decode batch (full CUDA
-    graph in vLLM 0.22), barely slower than a decode step: the engine log sees 2 chunks, the
-    cadence sees 1. Physically right, and reported, not tuned away."""
+    graph in vLLM 0.22), barely slower than a decode step: the engine log sees 2 chunks (so does
+    num_chunks_actual, which takes the log when it can), the cadence sees 1 slow step. Physically right, and reported, not tuned away."""
 
     async def main():
         async with SimDriver.create(chunk_size=2048) as driver:
@@ -101,8 +105,8 @@ def test_a_known_blind_spot_a_one_token_tail_runs_as_a_decode_batch(tmp_path: Pa
 
     record = run_virtual(main())
     assert record.interference.chunk_tokens_engine_log == [2047, 1]
-    assert record.interference.num_chunks_engine_log == 2
-    assert record.interference.num_chunks_actual == 1
+    assert record.interference.num_chunks_engine_log == 2 == record.interference.num_chunks_actual
+    assert record.interference.slow_steps == 1
 
 
 def test_the_same_driver_runs_in_real_time_on_a_normal_loop():

@@ -22,8 +22,8 @@ def _fit_input(truth: SyntheticTruth, grid=SMALL_GRID, reps: int = 2, strip_step
     if strip_steps:
         for r in records:
             for rep in r.reps:
-                rep.interference.slow_step_times_ms = []
-            r.interference.slow_step_times_ms = []
+                rep.interference.chunk_step_times_ms = []
+            r.interference.chunk_step_times_ms = []
     samples = [samples_from_record(r) for r in records]
     table = build_table(samples)
     return table, samples, md.fit_data(table, samples)

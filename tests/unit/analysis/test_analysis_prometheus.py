@@ -66,7 +66,8 @@ def test_windows_take_the_gauges_at_the_increment_step():
     gauges = {
         m.WINDOW_PENALTY: [_series(a, [(10.0, 0.0469), (40.0, 0.05)]), _series(b, [(20.0, 0.003)])],
         m.WINDOW_BASELINE: [_series(a, [(10.0, 0.0423), (40.0, 0.0423)])],
-        m.WINDOW_SLOW_STEPS: [_series(a, [(10.0, 1.0), (40.0, 2.0)]), _series(b, [(20.0, 1.0)])],
+        m.WINDOW_CHUNKS: [_series(a, [(10.0, 1.0), (40.0, 2.0)]), _series(b, [(20.0, 1.0)])],
+        m.WINDOW_SLOW_STEPS: [_series(a, [(10.0, 2.0), (40.0, 3.0)]), _series(b, [(20.0, 1.0)])],
         m.WINDOW_TOTAL: [_series(a, [(10.0, 0.0469)])],
     }
     rebuilt = pm.windows_from_series(increments, gauges)
@@ -77,6 +78,7 @@ def test_windows_take_the_gauges_at_the_increment_step():
     assert first.values["tpot_penalty_ms"] == pytest.approx(46.9)
     assert first.values["tpot_baseline_ms"] == pytest.approx(42.3)
     assert first.values["num_chunks"] == 1
+    assert first.values["slow_steps"] == 2
     assert first.values["tpot_interference_ms"] is None  # that gauge was not recorded
     samples = pm.samples_from_windows(rebuilt.windows, {8192: {"engine": "pdexporter-sim", "modelled": "true"}})
     by_key = {s.key: s for s in samples}
@@ -85,7 +87,7 @@ def test_windows_take_the_gauges_at_the_increment_step():
     assert not by_key[(2048, 1, 512)].modelled
     rep = by_key[(8192, 4, 8192)].reps[0]
     assert rep["aggregate_interference_ms"] == pytest.approx(4 * 46.9)
-    assert rep["decode_tokens_delayed"] == 4
+    assert rep["decode_tokens_delayed"] == 2 * 4  # slow steps x D
 
 
 def test_series_without_grid_labels_are_skipped():

@@ -63,25 +63,27 @@ def test_phase_labels_pool_to_the_window_statistics() -> None:
     theta = baseline.slow_threshold_ms(PARAMS)
     pooled: dict[str, list[float]] = {timeline.DURING: [], timeline.AFTER: []}
     for times in streams:
-        phases = stream_phases(times, t_inject, w_end, theta, PARAMS)
+        phases = stream_phases(times, t_inject, t_first, w_end, theta, PARAMS)
         labels = timeline.phase_labels(phases)
         for label in pooled:
             pooled[label] += list(phases.intervals.length_ns[labels == label] / 1e6)
     assert stats.num_chunks_actual == 3
-    assert np.percentile(pooled[timeline.DURING], 50) == pytest.approx(stats.during_p50_ms)
+    # the histogram's during_prefill is the whole window; the record's "during" its chunk steps
+    assert np.percentile(pooled[timeline.DURING], 50) == pytest.approx(stats.window_p50_ms)
+    assert stats.during_p50_ms == pytest.approx(47.0)
     assert np.percentile(pooled[timeline.AFTER], 50) == pytest.approx(stats.after_p50_ms)
     assert len(pooled[timeline.AFTER]) == 4 * PARAMS.after_intervals
-    # The window's decode-only step before the first slow one is baseline, as the maths says.
-    phases = stream_phases(streams[0], t_inject, w_end, theta, PARAMS)
+    phases = stream_phases(streams[0], t_inject, t_first, w_end, theta, PARAMS)
     labels = timeline.phase_labels(phases)
-    assert list(labels[phases.window]) == [timeline.BASELINE, timeline.DURING, timeline.DURING, timeline.DURING]
+    assert list(labels[phases.window]) == [timeline.DURING] * 4
+    assert list(phases.intervals.length_ns[phases.during] / MS) == pytest.approx([45.0, 47.0, 50.0])
 
 
 def test_recovery_end_is_the_last_after_interval() -> None:
     streams = synthetic(2, [6.0] * 200, stagger_ms=1.0)
     t_inject, t_first = int(streams[0][49]), int(streams[0][52])
     w_end = float(t_first + 3 * MS)
-    phases = [stream_phases(s, t_inject, w_end, None, PARAMS) for s in streams]
+    phases = [stream_phases(s, t_inject, t_first, w_end, None, PARAMS) for s in streams]
     end = timeline.recovery_end_ns(phases, w_end)
     expected = max(float(s[s > w_end][PARAMS.after_intervals - 1]) for s in streams)
     assert end == expected

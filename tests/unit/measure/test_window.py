@@ -90,7 +90,7 @@ def test_window_counts_each_mixed_step_once_and_skips_presheduled_decode_steps()
     assert w.window_intervals == 4 * (1 + 2 + 17)
     # ... but "during" starts at the first slow step: its p50 is a mixed step, not a decode step
     assert w.during_p50_ms == pytest.approx(float(np.median(chunks)))
-    assert w.slow_step_times_ms == pytest.approx(tuple(chunks))
+    assert w.chunk_step_times_ms == pytest.approx(tuple(chunks))
     assert w.after_p50_ms == pytest.approx(6.0)
     assert w.prefill_duration_ms == pytest.approx((t_first - t_inject) / MS)
     assert w.zero_intervals == 0
@@ -165,3 +165,57 @@ def test_slow_steps_and_total_interference_are_exact_on_clean_timelines(
     excess = sum(c - decode_ms for c in chunk_ms)
     assert w.total_interference_ms == pytest.approx(excess, rel=1e-6, abs=1e-6)
     assert math.isclose(w.during_p50_ms, float(np.median(chunk_ms)), rel_tol=1e-9)
+
+
+# --- Real windows recorded on an H200 with vLLM 0.22 (tests/fixtures/h200-vllm0.22) -------------
+
+import gzip  # noqa: E402
+import json  # noqa: E402
+
+from pdexporter.engine.iterlog import parse_iteration_lines, summarise_chunks  # noqa: E402
+from pdexporter.measure.protocol import StreamTrace  # noqa: E402
+from tests.conftest import FIXTURES  # noqa: E402
+
+H200 = FIXTURES / "h200-vllm0.22"
+
+
+def _real_window(name: str, baseline_name: str, use_log: bool = True):
+    raw = json.loads(gzip.open(H200 / name).read())
+    base_raw = json.loads(gzip.open(H200 / baseline_name).read())
+    base = baseline_stats([StreamTrace.from_raw(p).token_times() for p in base_raw["probes"]])
+    probes = [StreamTrace.from_raw(p).token_times() for p in raw["probes"]]
+    sizes = summarise_chunks(parse_iteration_lines(raw["engine_steps"])).chunk_tokens
+    w = analyse_window(probes, 0, raw["t_first_ns"], base, WindowParams(), chunks_hint=sizes if use_log else None)
+    return w, sizes, base
+
+
+def test_real_long_prefill_chunk_steps_exclude_the_admission_and_retirement_stalls() -> None:
+    w, sizes, base = _real_window("B8192_D4_P32768.json.gz", "B8192_D4_baseline.json.gz")
+    assert sizes == (8188, 8188, 8188, 8188, 16) and w.num_chunks_actual == 5 == expected_chunks(32768, 8192, 4)
+    assert w.num_chunks_source == "engine-log"
+    # the probes saw more slow steps than chunks: the engine stalled admitting and retiring the prompt
+    assert w.slow_steps is not None and w.slow_steps >= 6
+    steps = w.chunk_step_times_ms
+    assert len(steps) == 5
+    # the four full chunks grow with their position in the prompt (attention over the prefix) ...
+    assert 80 < steps[0] < steps[1] < steps[2] < steps[3] < 500
+    # ... and the 16-token tail with the retirement stall is the shortest
+    assert steps[4] < steps[0]
+    assert w.during_p50_ms == pytest.approx(float(np.median(steps)), rel=0.02)
+    assert w.total_interference_ms > sum(s - base.p50_ms for s in steps)  # stalls add to the cost
+
+
+def test_real_small_tail_whose_first_token_leaves_a_step_late() -> None:
+    w, sizes, _ = _real_window("B2048_D4_P8192.json.gz", "B2048_D4_baseline.json.gz")
+    assert sizes == (2044, 2044, 2044, 2044, 16)
+    steps = w.chunk_step_times_ms
+    assert len(steps) == 5
+    assert all(40 < s < 70 for s in steps[:4])  # four equal full chunks
+    assert steps[4] < 20  # the tail, not the retirement step after it
+
+
+def test_real_window_without_the_engine_log_uses_the_slow_run() -> None:
+    w, _, base = _real_window("B8192_D4_P32768.json.gz", "B8192_D4_baseline.json.gz", use_log=False)
+    assert w.num_chunks_source == "cadence" and w.num_chunks_actual == w.slow_steps
+    assert w.num_chunks_actual > 5  # the stalls are counted as chunks without the log
+    assert w.during_p50_ms > 5 * base.p50_ms

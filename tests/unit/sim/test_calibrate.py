@@ -77,7 +77,7 @@ def test_observations_from_a_record():
         interference=InterferenceBlock(
             tpot_during_prefill_p50_ms=50, tpot_during_prefill_p90_ms=60, tpot_after_prefill_p50_ms=6,
             num_chunks_actual=5, prefill_duration_ms=260, prefill_ttft_ms=260,
-            slow_step_times_ms=[46.0, 51.0, 57.0, 62.0, 9.5], chunk_tokens_engine_log=None),
+            chunk_step_times_ms=[46.0, 51.0, 57.0, 62.0, 9.5], chunk_tokens_engine_log=None),
         derived=DerivedBlock(tpot_penalty_p50_ms=44, tpot_penalty_ratio=7.3, total_interference_ms=200,
                              decode_tokens_delayed=20),
     )
