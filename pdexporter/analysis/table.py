@@ -154,8 +154,12 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
     c = record.config
     d = c.decode_batch_size
     top = rep_values(record.baseline, record.interference, record.derived, d)
+    # A sweep that re-ran a noisy configuration keeps every repetition but summarises one attempt
+    # (`summary.aggregated_reps`); the table follows the record. Step times use every repetition.
+    chosen = (record.summary.model_extra or {}).get("aggregated_reps") if record.summary else None
     if record.reps:
-        reps = tuple(rep_values(r.baseline, r.interference, r.derived, d) for r in record.reps)
+        reps = tuple(rep_values(r.baseline, r.interference, r.derived, d) for r in record.reps
+                     if chosen is None or r.rep in chosen)
         blocks = [(r.baseline, r.interference) for r in record.reps]
     else:
         reps = (top,)

@@ -39,10 +39,13 @@ Why not simply "the slow intervals": on a real vLLM they include more than chunk
 retiring it adds ~25 ms around the last, so the probes see one or two slow steps more than there
 are chunks (the engine log showed exactly ceil(P / (B - D)) chunks in all 1,650 repetitions of the
 H200 sweep). Those stalls are real cost and stay in the totals below, but they are not chunk steps.
-And when retiring the prompt takes longer than the step after its small last chunk, its first
-token leaves one step late: the anchor is then the step after the last chunk. So a last chunk under
-a quarter of the largest is placed where the interval is the smaller of the two candidates (the
-anchor, or the one before it): a small chunk's step is short. A 1-token tail runs as a plain decode
+And the first token does not always leave with the last chunk's step: on the H200 it often came
+one step later (with the decodes of the step after, e.g. when a single 2048-token chunk's 69 ms
+step was followed by a 4 ms one that ended at t_first). So the chunk steps end either at the anchor
+or at the interval before it; of the two placements the one whose intervals best match the chunk
+sizes (the sum of interval x chunk / largest chunk: big chunks take long steps) is taken. Checked
+on every shape of the H200 sweep (one chunk, equal chunks with a 4- to 64-token tail, two
+16K-chunks and a tail). A 1-token tail runs as a plain decode
 batch and cannot be seen in the cadence at all. `chunk_step_times_ms` are the chunk steps of the
 median stream, in chunk order (with the log: one per chunk).
 
@@ -256,9 +259,15 @@ def stream_phases(
     if positions.size and chunk_sizes:
         k = len(chunk_sizes)
         anchor = int(np.argmin(np.abs(iv.end_ns[positions] - t_first_ns)))
-        if (anchor >= k and chunk_sizes[-1] < max(chunk_sizes) / 4
-                and ms[positions[anchor - 1]] < ms[positions[anchor]]):
-            anchor -= 1  # the small last chunk is the step before: its first token left late
+        weights = np.asarray(chunk_sizes, dtype=np.float64) / max(chunk_sizes)
+
+        def fit(last: int) -> float:  # how well K intervals ending at `last` match the chunk sizes
+            first = last - k + 1
+            span = ms[positions[max(0, first) : last + 1]]
+            return float((span * weights[max(0, -first) :]).sum())
+
+        if anchor >= 1 and fit(anchor - 1) > fit(anchor):
+            anchor -= 1  # the first token left one step after the last chunk's step
         during[positions[max(0, anchor - k + 1) : anchor + 1]] = True
     elif slow.any():
         first, last = np.nonzero(slow)[0][[0, -1]]
