@@ -62,6 +62,20 @@ def resolve_api_key(api_key_file: str | os.PathLike[str] | None = None) -> str |
     return None
 
 
+def _streaming_body(model: str, max_tokens: int, ignore_eos: bool, continuous_usage: bool,
+                    **payload: Any) -> dict[str, Any]:
+    """Greedy, streaming, usage on every event: what every measured request asks for."""
+    return {
+        "model": model,
+        **payload,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
+    }
+
+
 def completion_request(
     model: str,
     prompt: Sequence[int] | str,
@@ -70,16 +84,9 @@ def completion_request(
     ignore_eos: bool = True,
     continuous_usage: bool = True,
 ) -> dict[str, Any]:
-    """A streaming, greedy `/v1/completions` body; token-id prompts give exactly len(prompt) tokens."""
-    return {
-        "model": model,
-        "prompt": list(prompt) if not isinstance(prompt, str) else prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": ignore_eos,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
-    }
+    """A `/v1/completions` body; token-id prompts give exactly len(prompt) tokens."""
+    return _streaming_body(model, max_tokens, ignore_eos, continuous_usage,
+                           prompt=prompt if isinstance(prompt, str) else list(prompt))
 
 
 def chat_request(
@@ -90,16 +97,8 @@ def chat_request(
     ignore_eos: bool = True,
     continuous_usage: bool = True,
 ) -> dict[str, Any]:
-    """A streaming, greedy `/v1/chat/completions` body (the seed's request shape)."""
-    return {
-        "model": model,
-        "messages": list(messages),
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": ignore_eos,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
-    }
+    """A `/v1/chat/completions` body (the seed's request shape)."""
+    return _streaming_body(model, max_tokens, ignore_eos, continuous_usage, messages=list(messages))
 
 
 def encode_body(body: dict[str, Any]) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, read_json_gz
+from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
 from pdexporter.measure.records import RunRecord
 
@@ -95,6 +96,4 @@ def load_record_file(path: str | Path) -> RunRecord:
     try:
         return RunRecord.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise RecordError(f"{path}: field '{where}': {first['msg']} (got {first.get('input')!r:.60})") from exc
+        raise RecordError(f"{path}: {format_validation_error(exc, RunRecord)}") from exc

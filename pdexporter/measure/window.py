@@ -251,9 +251,7 @@ def stream_phases(
 ) -> StreamPhases:
     """`chunk_sizes`: the prefill's chunks from the engine log, when known (see the module docs)."""
     iv = intervals(times, params.warmup_tokens)
-    ms = iv.length_ns / 1e6
-    in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
-    slow = in_window & (ms > slow_threshold_ms) if slow_threshold_ms is not None else np.zeros_like(in_window)
+    ms, in_window, slow = _window_masks(iv, t_inject_ns, window_end, slow_threshold_ms)
     during = np.zeros_like(in_window)
     positions = np.nonzero(in_window)[0]
     if positions.size and chunk_sizes:
@@ -284,14 +282,20 @@ def slow_step_count(
     params: WindowParams = WindowParams(),
 ) -> list[int]:
     """Each stream's number of slow intervals in the window."""
-    if slow_threshold_ms is None:
-        return [0] * len(streams)
-    counts = []
-    for times in streams:
-        iv = intervals(times, params.warmup_tokens)
-        in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
-        counts.append(int((in_window & (iv.length_ns / 1e6 > slow_threshold_ms)).sum()))
-    return counts
+    return [
+        int(_window_masks(intervals(times, params.warmup_tokens), t_inject_ns, window_end, slow_threshold_ms)[2].sum())
+        for times in streams
+    ]
+
+
+def _window_masks(
+    iv: Intervals, t_inject_ns: int, window_end: float, slow_threshold_ms: float | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Interval lengths (ms), which end in the window, which of those are slow."""
+    ms = iv.length_ns / 1e6
+    in_window = (iv.end_ns > t_inject_ns) & (iv.end_ns <= window_end)
+    slow = in_window & (ms > slow_threshold_ms) if slow_threshold_ms is not None else np.zeros_like(in_window)
+    return ms, in_window, slow
 
 
 def analyse_window(

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.window import expected_chunks
@@ -298,7 +299,7 @@ def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepSpec:
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {format_validation_error(exc, SweepSpec)}") from None
+        raise ConfigError(f"{source}: {format_validation_error(exc, SweepSpec, {'launcher': LAUNCHERS})}") from None
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
@@ -313,101 +314,9 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-_KINDS = {"local", "external", "sim", "kubernetes"}
-
-
-def _loc_text(loc: tuple[Any, ...]) -> str:
-    out = ""
-    parts = list(loc)
-    for i, part in enumerate(parts):
-        if isinstance(part, int):
-            out += f"[{part}]"
-            continue
-        # Discriminated unions put the tag in the location ("launcher.local.url"): drop it.
-        if i > 0 and parts[i - 1] == "launcher" and part in _KINDS:
-            continue
-        if "[" in str(part) or "function-after" in str(part):
-            continue
-        out += ("." if out else "") + str(part)
-    return out
-
-
-def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
-    """Allowed field names of the model that `loc` (minus its last part) points into."""
-    by_kind: dict[str, type[BaseModel]] = {
-        "local": LocalLauncherSpec,
-        "external": ExternalLauncherSpec,
-        "sim": SimLauncherSpec,
-        "kubernetes": KubernetesLauncherSpec,
-    }
-    current: Any = model
-    previous: Any = None
-    for part in loc[:-1]:
-        if previous == "launcher" and part in by_kind:
-            current = by_kind[part]
-        elif isinstance(current, type) and issubclass(current, BaseModel) and str(part) in current.model_fields:
-            current = current.model_fields[str(part)].annotation
-        elif not isinstance(part, int):
-            return None
-        previous = part
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return None
-
-
-def format_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
-    """The first error as `field.path[i]: what is wrong (got value)`."""
-    error = exc.errors(include_url=False)[0]
-    loc = tuple(error.get("loc", ()))
-    kind = error.get("type", "")
-    ctx = error.get("ctx") or {}
-    value = error.get("input")
-    where = _loc_text(loc)
-    got = f" (got {value!r:.60})" if kind not in ("missing", "extra_forbidden") and not isinstance(value, dict) else ""
-    if kind == "greater_than_equal":
-        what = f"must be >= {ctx.get('ge')}"
-    elif kind == "greater_than":
-        what = f"must be > {ctx.get('gt')}"
-    elif kind == "less_than_equal":
-        what = f"must be <= {ctx.get('le')}"
-    elif kind == "less_than":
-        what = f"must be < {ctx.get('lt')}"
-    elif kind == "missing":
-        what = "required field is missing"
-    elif kind == "extra_forbidden":
-        allowed = _fields_at(model, loc)
-        what = "unknown field" + (f" (expected one of: {', '.join(allowed)})" if allowed else "")
-    elif kind == "literal_error":
-        what = f"must be one of {ctx.get('expected')}"
-    elif kind == "union_tag_invalid":
-        where = f"{where}.kind" if where else "kind"
-        what = f"must be one of {ctx.get('expected_tags')}"
-        got = f" (got {ctx.get('tag')!r})"
-    elif kind == "union_tag_not_found":
-        where = f"{where}.kind" if where else "kind"
-        what = "required field is missing (local, external, sim or kubernetes)"
-        got = ""
-    elif kind in ("int_type", "int_parsing", "int_from_float"):
-        what = "must be an integer"
-    elif kind in ("float_type", "float_parsing"):
-        what = "must be a number"
-    elif kind in ("bool_type", "bool_parsing"):
-        what = "must be true or false"
-    elif kind in ("string_type",):
-        what = "must be a string"
-    elif kind in ("list_type",):
-        what = "must be a list"
-    elif kind in ("too_short",):
-        what = f"must have at least {ctx.get('min_length')} item(s)"
-    elif kind == "value_error":
-        what = str(error.get("msg", "")).removeprefix("Value error, ")
-        # Model-level checks name their own field ("grid.chunk_sizes: ..."); list checks "[i] = v".
-        if what.startswith("[") and where:
-            head, _, rest = what.partition(" ")
-            return f"{where}{head} {rest}"
-        if not where or ":" in what.split(" ")[0]:
-            return what
-        got = ""
-    else:
-        what = str(error.get("msg", kind))
-    return f"{where}: {what}{got}" if where else f"{what}{got}"
+LAUNCHERS: dict[str, type[BaseModel]] = {
+    "local": LocalLauncherSpec,
+    "external": ExternalLauncherSpec,
+    "sim": SimLauncherSpec,
+    "kubernetes": KubernetesLauncherSpec,
+}

@@ -53,7 +53,8 @@ def test_gzip_json_round_trip_is_reproducible(tmp_path: Path) -> None:
     "content, fragment",
     [
         ("{not json", "not valid JSON"),
-        (json.dumps({"config": {}}), "field 'config.decode_batch_size'"),
+        (json.dumps({"config": {}}), "config.decode_batch_size: required field is missing"),
+        (json.dumps({"config": {"decode_batch_size": -1}}), "config.decode_batch_size: must be >= 0 (got -1)"),
     ],
 )
 def test_bad_records_name_file_and_field(tmp_path: Path, content: str, fragment: str) -> None:
