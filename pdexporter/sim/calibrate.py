@@ -24,7 +24,8 @@ CPU per token and the per-request costs (admission, retirement, front-end latenc
 steps add up to the window, which no single step shows. They are fitted by running the
 measurement protocol on the embedded engine itself (`pdexporter.sim.predict`, virtual time, the
 records' own mode) and matching, per configuration, the record's prefill_duration and the chunk
-steps' p50 and mean (TPOT during the prefill): least squares on log ratios, finite differences.
+steps' p50 and mean (TPOT during the prefill) and the last chunk step (where the retirement
+shows): least squares on log ratios, finite differences.
 
 Stage 1 and 2 alternate (`rounds`): the CPU times decide which chunk steps are CPU-bound, the GPU
 times what the loop costs must explain. The held-out configurations are then predicted the same
@@ -375,15 +376,24 @@ def compare_records(measured: Mapping[Key, RunRecord], predicted: Mapping[Key, R
 Predictor = Callable[[Profile, Iterable[Key]], Mapping[Key, RunRecord]]
 
 
+def last_chunk_step_ms(record: RunRecord) -> float | None:
+    """Median over repetitions of the last chunk step: the interval that ends with the first token,
+    where the request's retirement shows."""
+    values = [rep.interference.chunk_step_times_ms[-1] for rep in record.reps or [] if rep.interference.chunk_step_times_ms]
+    return float(np.median(values)) if values else None
+
+
 def record_residuals(measured: Mapping[Key, RunRecord], predicted: Mapping[Key, RunRecord]) -> np.ndarray:
-    """log(predicted / measured) of prefill_duration, and of the chunk steps' p50 and mean when D > 0."""
+    """log(predicted / measured) of prefill_duration, and when D > 0 of the chunk steps' p50 and
+    mean and of the last chunk step (so the retirement cost is fitted where it shows)."""
     out: list[float] = []
     for key in sorted(measured):
         m, p = measured[key].interference, predicted[key].interference
         pairs = [(m.prefill_duration_ms, p.prefill_duration_ms)]
         if key[1] > 0:
             pairs += [(m.tpot_during_prefill_p50_ms, p.tpot_during_prefill_p50_ms),
-                      (m.tpot_during_prefill_mean_ms, p.tpot_during_prefill_mean_ms)]
+                      (m.tpot_during_prefill_mean_ms, p.tpot_during_prefill_mean_ms),
+                      (last_chunk_step_ms(measured[key]), last_chunk_step_ms(predicted[key]))]
         for mv, pv in pairs:
             if mv and mv > 0:
                 out.append(math.log(max(pv or 0.0, 1e-6) / mv))

@@ -49,10 +49,20 @@ def test_baseline_tpot_is_the_modelled_decode_step(d: int):
     assert p50 == pytest.approx((lo + hi) / 2, rel=0.02)
 
 
+# On the H200 (vLLM 0.22, 1,505 repetitions with D > 0), the probes' slow steps minus the engine
+# log's chunks: -1 in 1 %, 0 in 42 %, +1 in 25 %, +2 in 26 %, +3 in 6 %. The launch of the first
+# chunk holds back the decode step before it (one slow step more), a tail chunk that runs about as
+# fast as a decode step is not slow (one less). The embedded engine models both, so its cadence
+# is checked against that range, and the chunk count itself against the engine log.
+CADENCE_MINUS_CHUNKS = range(-1, 4)
+
+
 @pytest.mark.parametrize("b", [2048, 8192])
 @pytest.mark.parametrize("p", [2048, 8192, 32768])
 @pytest.mark.parametrize("d", [4, 12])
 def test_num_chunks_actual_is_ceil_p_over_b_minus_d(tmp_path: Path, b: int, d: int, p: int):
+    """The must-show: num_chunks_actual (from the engine's iteration log) = ceil(P / (B - D)), and
+    the window maths locates exactly that many chunk steps in the probes' intervals."""
     async def main():
         async with SimDriver.create(chunk_size=b) as driver:
             await warm_prefix(driver, SETTINGS)
@@ -64,10 +74,10 @@ def test_num_chunks_actual_is_ceil_p_over_b_minus_d(tmp_path: Path, b: int, d: i
     assert record.interference.num_chunks_engine_log == expected
     assert record.interference.num_chunks_actual == expected
     assert record.interference.num_chunks_source == "engine-log"
-    assert record.interference.slow_steps == expected  # seen in the probes' cadence too
+    assert record.interference.slow_steps - expected in CADENCE_MINUS_CHUNKS  # the cadence, as on the H200
     for rep in record.reps:
         assert rep.interference.num_chunks_actual == expected
-        assert rep.interference.slow_steps == expected
+        assert rep.interference.slow_steps - expected in CADENCE_MINUS_CHUNKS
         assert len(rep.interference.chunk_step_times_ms) == expected
         assert rep.interference.chunk_tokens_engine_log[:-1] == [b - d] * (expected - 1)
         assert sum(rep.interference.chunk_tokens_engine_log) == p
