@@ -83,7 +83,8 @@ def calibrate_cmd(
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=10,
                                         help="Alternations of the step fit and the engine-loop fit.")] = 2,
     max_evaluations: Annotated[int, typer.Option(
-        "--max-evaluations", min=1, help="Simulated sweeps per engine-loop fit (each predicts every training point).")] = 40,
+        "--max-evaluations", min=1,
+        help="Simulated sweeps per engine-loop fit, its Jacobians included (each predicts every training point).")] = 120,
     report: Annotated[Path | None, typer.Option(
         "--report", help="Write every figure (parameters, fit errors, held-out errors per configuration) as JSON.")] = None,
 ) -> None:
@@ -94,11 +95,15 @@ def calibrate_cmd(
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
     from pdexporter.errors import ConfigError, RecordError
     from pdexporter.measure.store import ResultsStore
-    from pdexporter.sim.calibrate import DEFAULT_FREE, calibrate, compare_records
+    from pdexporter.sim.calibrate import BOUNDS, DEFAULT_FREE, calibrate, compare_records
     from pdexporter.sim.predict import predict_records
     from pdexporter.sim.profile import load_profile
 
     screen = Console(width=None if sys.stdout.isatty() else 130)
+    names = [f.strip() for f in free.split(",") if f.strip()] if free else list(DEFAULT_FREE)
+    unknown = [n for n in names if n not in BOUNDS]
+    if unknown:
+        raise ConfigError(f"--free {','.join(unknown)}: unknown parameter; fittable: {', '.join(sorted(BOUNDS))}")
     if not results_dir.is_dir():
         raise ConfigError(f"RESULTS_DIR {results_dir}: not a directory")
     base = load_profile(profile)
@@ -119,7 +124,6 @@ def calibrate_cmd(
     def predict(prof, keys):  # type: ignore[no-untyped-def]
         return predict_records(prof, keys, settings, mode=mode)
 
-    names = [f.strip() for f in free.split(",") if f.strip()] if free else list(DEFAULT_FREE)
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("rms log error {task.fields[rms]}"), TimeElapsedColumn(), console=console,
                         transient=not console.is_terminal)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.measure.point import PointSpec, measure_point
-from pdexporter.measure.protocol import BaselineRun, ProtocolSettings, run_baseline, warm_prefix
+from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, warm_prefix
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sim.driver import SimDriver
@@ -57,18 +57,25 @@ async def predict_records_async(
                     pool = ProbePool(driver, b, d, settings, settings.inject_at_tokens + max(FAST_DRIFT_TOKENS, largest))
                     pool.plan([p for p in prefills for _ in range(reps)])
                 for p in prefills:
-                    interfere = None
-                    if pool is not None:
-                        def interfere(rep: int, base: BaselineRun, p: int = p, pool: ProbePool = pool):  # noqa: E731
-                            return pool.interfere(p, base.stats)
                     record = await measure_point(driver, PointSpec(b, d, p), settings, store, reps=reps, mode=mode,
-                                                 baseline=baseline, resume=False, interfere=interfere)
+                                                 baseline=baseline, resume=False, interfere=_perturb(pool, p))
                     out[(b, d, p)] = record
                     if on_point is not None:
                         on_point(record)
                 if pool is not None:
                     await pool.drain()
     return out
+
+
+def _perturb(pool: ProbePool | None, p: int) -> Callable[[int, BaselineRun], Awaitable[InterferenceRun]] | None:
+    """measure_point's Phase 2 in fast mode: the pool's probes perturbed by a P-token prefill."""
+    if pool is None:
+        return None
+
+    def interfere(rep: int, base: BaselineRun) -> Awaitable[InterferenceRun]:
+        return pool.interfere(p, base.stats)
+
+    return interfere
 
 
 def predict_records(
