@@ -90,7 +90,14 @@ def calibrate_cmd(
 ) -> None:
     """Fit a profile to measured records and report the emulator's error on held-out configurations."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
     from pdexporter.errors import ConfigError, RecordError
@@ -125,7 +132,8 @@ def calibrate_cmd(
         return predict_records(prof, keys, settings, mode=mode)
 
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("rms log error {task.fields[rms]}"), TimeElapsedColumn(), console=console,
+                        TextColumn("rms log error {task.fields[rms]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        console=console,
                         transient=not console.is_terminal)
     tasks: dict[int, int] = {}
 
