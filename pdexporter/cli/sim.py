@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from rich.table import Table
+
 from pdexporter.cli._common import DEFAULT_PROFILE, console
 
 sim_app = typer.Typer(help="The embedded vLLM-compatible engine (a model of vLLM on a GPU, no GPU needed).",
@@ -77,20 +79,38 @@ def calibrate_cmd(
     holdout: Annotated[float, typer.Option("--holdout", min=0.0, max=0.9,
                                            help="Fraction of configurations kept out of the fit and predicted.")] = 0.2,
     free: Annotated[str | None, typer.Option(
-        "--free", help="Comma-separated step_time parameters to fit (default: overheads and efficiencies).")] = None,
+        "--free", help="Comma-separated parameters to fit (default: the GPU's, then the CPU's and the loop's).")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=10,
+                                        help="Alternations of the step fit and the engine-loop fit.")] = 2,
+    max_evaluations: Annotated[int, typer.Option(
+        "--max-evaluations", min=1,
+        help="Simulated sweeps per engine-loop fit, its Jacobians included (each predicts every training point).")] = 120,
+    report: Annotated[Path | None, typer.Option(
+        "--report", help="Write every figure (parameters, fit errors, held-out errors per configuration) as JSON.")] = None,
 ) -> None:
-    """Fit a profile's step-time parameters to measured records and print the fit error."""
+    """Fit a profile to measured records and report the emulator's error on held-out configurations."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    from pdexporter._internal.atomic import atomic_write_text
+    from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
     from pdexporter.errors import ConfigError, RecordError
     from pdexporter.measure.store import ResultsStore
-    from pdexporter.sim.calibrate import DEFAULT_FREE, HoldoutReport, calibrate, compare_records
+    from pdexporter.sim.calibrate import BOUNDS, DEFAULT_FREE, calibrate, compare_records
     from pdexporter.sim.predict import predict_records
     from pdexporter.sim.profile import load_profile
 
     screen = Console(width=None if sys.stdout.isatty() else 130)
+    names = [f.strip() for f in free.split(",") if f.strip()] if free else list(DEFAULT_FREE)
+    unknown = [n for n in names if n not in BOUNDS]
+    if unknown:
+        raise ConfigError(f"--free {','.join(unknown)}: unknown parameter; fittable: {', '.join(sorted(BOUNDS))}")
     if not results_dir.is_dir():
         raise ConfigError(f"RESULTS_DIR {results_dir}: not a directory")
     base = load_profile(profile)
@@ -104,23 +124,47 @@ def calibrate_cmd(
     gpus = sorted({r.config.gpu for r in records})
     if gpus != [base.gpu.name]:
         console.print(f"[yellow]records are from GPU {', '.join(gpus)}; the base profile is for {base.gpu.name}[/]")
+    settings = _settings_of(records[0])
+    modes = sorted({r.config.mode for r in records})
+    mode = "fast" if modes == ["fast"] else "faithful"
+
+    def predict(prof, keys):  # type: ignore[no-untyped-def]
+        return predict_records(prof, keys, settings, mode=mode)
+
+    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("rms log error {task.fields[rms]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        console=console,
+                        transient=not console.is_terminal)
+    tasks: dict[int, int] = {}
+
+    def on_evaluation(round_: int, i: int, rms: float) -> None:
+        if round_ not in tasks:
+            tasks[round_] = progress.add_task(f"engine-loop fit, round {round_ + 1}/{rounds}", total=max_evaluations,
+                                              rms="-")
+        progress.update(tasks[round_], completed=min(i, max_evaluations), rms=f"{rms:.4f}")
+
     try:
-        names = [f.strip() for f in free.split(",") if f.strip()] if free else list(DEFAULT_FREE)
-        result = calibrate(base, records, holdout=holdout, free=names, source=str(results_dir))
+        with progress:
+            result = calibrate(base, records, holdout=holdout, free=names, source=str(results_dir), predict=predict,
+                               rounds=rounds, max_evaluations=max_evaluations, on_evaluation=on_evaluation)
     except ValueError as exc:
         raise ConfigError(f"calibrate {results_dir}: {exc}") from exc
 
-    params = Table(title=f"{base.name}: step-time parameters")
+    params = Table(title=f"{base.name}: parameters (* fitted)")
     params.add_column("parameter")
     params.add_column("base", justify="right")
     params.add_column("fitted", justify="right")
-    old, new = base.step_time.model_dump(), result.fit.params.model_dump()
-    for name in new:
-        mark = " *" if name in result.fit.free else ""
-        params.add_row(name + mark, f"{old[name]}", f"{new[name]:.4g}" if isinstance(new[name], float) else f"{new[name]}")
+    fitted_values: dict[str, object] = {}
+    for section in ("step_time", "engine_loop"):
+        old, new = getattr(base, section).model_dump(), getattr(result.profile, section).model_dump()
+        for name in new:
+            mark = " *" if name in names else ""
+            fitted_values[f"{section}.{name}"] = new[name]
+            params.add_row(f"{section}.{name}{mark}", f"{old[name]}",
+                           f"{new[name]:.4g}" if isinstance(new[name], float) else f"{new[name]}")
     screen.print(params)
 
-    fit = Table(title="fit error on step times (training configurations)")
+    fit = Table(title="stage 1: step times of the training configurations (decode steps, middle chunks)")
     fit.add_column("profile")
     fit.add_column("n", justify="right")
     fit.add_column("MAPE", justify="right")
@@ -133,32 +177,44 @@ def calibrate_cmd(
                 ", ".join(f"{k} {v:.1f} %" for k, v in result.fit.by_kind.items()))
     screen.print(fit)
     screen.print(f"training: {len(result.train_keys)} configurations, {result.train.reps_used} reps with every "
-                  f"chunk seen, {result.train.reps_mismatched} reps whose slow steps did not match their chunks "
-                  "(decode step only)")
+                 f"chunk seen, {result.train.reps_mismatched} reps whose chunk steps did not match their chunks "
+                 "(decode step only)")
+    if result.loop is not None:
+        screen.print(f"stage 2 (engine loop, by simulation in {mode} mode): {result.loop.n_configs} configurations, "
+                     f"{result.loop.n_residuals} residuals, rms log error {result.loop.rms_log:.3f} after "
+                     f"{result.loop.evaluations} simulated sweeps ({result.loop.message})")
 
+    payload: dict[str, object] = {
+        "results_dir": str(results_dir), "base_profile": base.name, "holdout": holdout, "mode": mode,
+        "free": names, "rounds": result.rounds, "parameters": fitted_values,
+        "train_configurations": sorted(map(list, result.train_keys)),
+        "held_out_configurations": sorted(map(list, result.held_keys)),
+        "stage1": {"n": result.fit.n, "mape": result.fit.mape, "by_kind": result.fit.by_kind},
+        "stage2": None if result.loop is None else {"rms_log": result.loop.rms_log, "evaluations": result.loop.evaluations},
+    }
     if result.held_keys:
         held_records = {r.key: r for r in records if r.key in result.held_keys}
-        settings = _settings_of(records[0])
-        table = Table(title=f"held-out configurations ({len(result.held_keys)}): predicted by running the protocol "
-                            "on the embedded engine in virtual time")
-        table.add_column("profile")
-        table.add_column("step times MAPE", justify="right")
-        table.add_column("prefill_duration MAPE", justify="right")
-        table.add_column("window TPOT MAPE", justify="right")
-        table.add_column("TPOT during prefill MAPE", justify="right")
-        table.add_column("baseline TPOT MAPE", justify="right")
-        for label, prof, step_mape in (("base", base, result.held_step_mape_before),
-                                       ("fitted", result.profile, result.held_step_mape)):
-            predicted = predict_records(prof, result.held_keys, settings)
-            report = compare_records(held_records, predicted)
-
-            def pct(x: float | None) -> str:
-                return "-" if x is None else f"{x:.1f} %"
-
-            table.add_row(label, pct(step_mape), pct(HoldoutReport.mape(report.prefill_duration)),
-                          pct(HoldoutReport.mape(report.window_tpot)), pct(HoldoutReport.mape(report.during_tpot)),
-                          pct(HoldoutReport.mape(report.baseline_tpot)))
-        screen.print(table)
+        for label, prof in (("base", base), ("fitted", result.profile)):
+            held = compare_records(held_records, predict(prof, result.held_keys))
+            table = Table(title=f"{label} profile: MAPE on the {len(result.held_keys)} held-out configurations "
+                                f"(predicted by running the protocol on the embedded engine, {mode} mode)")
+            table.add_column("metric")
+            mapes = held.table()
+            chunks = [k for k in mapes["prefill_duration"] if k != "all"]
+            for c in chunks:
+                table.add_column(f"B={c}", justify="right")
+            table.add_column("all", justify="right")
+            for metric, label_ in (("prefill_duration", "prefill_duration"),
+                                   ("during_tpot", "TPOT during prefill (p50)"),
+                                   ("window_tpot", "TPOT over the window (p50)"),
+                                   ("baseline_tpot", "baseline TPOT")):
+                table.add_row(label_, *[_pct(mapes[metric].get(c)) for c in chunks], _pct(mapes[metric]["all"]))
+            screen.print(table)
+            payload[f"held_out_{label}"] = {
+                "mape": mapes,
+                "points": {m: [{"key": list(e.key), "measured": e.measured, "predicted": e.predicted}
+                               for e in getattr(held, m)] for m in mapes},
+            }
     else:
         screen.print("no configuration held out (--holdout 0): the errors above are in-sample")
 
@@ -166,6 +222,13 @@ def calibrate_cmd(
         named = result.profile.model_copy(update={"name": out.stem})
         atomic_write_text(out, named.to_yaml())
         screen.print(f"fitted profile written: {out} (calibration: calibrated)")
+    if report is not None:
+        atomic_write_json(report, payload)
+        screen.print(f"report written: {report}")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f} %"
 
 
 def _settings_of(record: object) -> object:

@@ -3,11 +3,16 @@
 Its numbers are a model, never a measurement; everything it serves says so (`modelled`).
 
 - `scheduler` (pure): vLLM 0.22's scheduler, KV blocks and prefix cache.
-- `steptime` (pure): a step's GPU time from its composition and a profile (`profiles/*.yaml`).
-- `engine`: the two on a clock (real, virtual or manual), with vLLM's metrics and step log.
+- `steptime` (pure): a step's GPU time and engine-core CPU time from its composition and a
+  profile (`profiles/*.yaml`).
+- `engine`: the two on a clock (real, virtual or manual), as vLLM's busy loop runs them (launch of
+  step N+1 beside step N on the GPU, per-request admission and retirement), with vLLM's metrics
+  and step log.
 - `server`: vLLM's OpenAI-compatible HTTP API on top (`pdexporter sim serve`).
 - `driver`: `SimDriver`, the measurement protocol's driver without HTTP, for virtual-time sweeps.
-- `calibrate` (pure): fit a profile's step-time parameters to measured records.
+- `calibrate`: fit a profile to measured records (the GPU on step times, the CPU and the loop by
+  running the protocol on the engine) and report the error on held-out configurations.
+- `predict`: the measurement protocol on the engine in virtual time, for any list of configurations.
 """
 
 from __future__ import annotations

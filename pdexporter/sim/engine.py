@@ -1,25 +1,52 @@
 """The embedded engine's core: vLLM's scheduler + the step-time model, run on an injectable clock.
 
-Timing mirrors vLLM 0.22's `EngineCore.step_with_batch_queue` with async scheduling (batch queue
-of 2): the scheduler prepares step N+1 while step N runs on the GPU, so
+Timing mirrors vLLM 0.22's engine core with async scheduling (`EngineCoreProc.run_busy_loop` and
+`EngineCore.step_with_batch_queue`, vllm/v1/engine/core.py; batch queue of 2) on two timelines,
+the engine core's CPU and the GPU. One turn of the busy loop:
 
-- from idle, a new request is scheduled at once (step 1), and step 2 right after it;
-- when step N finishes (its *deadline*), its outputs are processed and emitted, then step N+2 is
-  scheduled; it starts on the GPU when step N+1 ends. A request arriving while step N runs is
-  therefore first scheduled in step N+2;
-- a scheduler output without tokens still takes a queue slot (vLLM appends it too), but only
-  while a real step is in flight, so an idle engine waits for input instead of spinning.
+1. take the requests whose preprocessing is done (`_process_input_queue`);
+2. if the batch queue has room: schedule a step and launch it (`execute_model(non_block=True)`).
+   The main thread is busy for the step's CPU time (`StepTimeModel.cpu_s`: schedule, prepare
+   inputs, launch the forward: ~2 ms for a decode batch replayed as a CUDA graph, ~45 ms for a
+   step without graphs); the GPU starts the step when it is free and the launch has begun, and
+   ends it no earlier than the launch ends: end = max(start + gpu_s, launch end). If the queue
+   still has room, go round again (vLLM: "don't block on next worker response unless the queue
+   is full");
+3. else wait for the oldest step's GPU end, `update_from_output`, emit its outputs.
 
-Each step's GPU time is `steptime.StepTimeModel` of its composition; its end is an absolute
-deadline, start = max(schedule time, previous step's end), so time spent in Python never
-accumulates. The clock gives `now()` and `call_at(deadline, callback)`: an asyncio loop's clock
-in real time (the HTTP server), the virtual loop of `pdexporter._internal.vloop` (sweeps in
-seconds), or `ManualClock` (tests). Tokens of a step are emitted at its deadline.
+So step N+1 is launched while step N runs: a request arriving while step N runs is first
+scheduled in step N+2; a long launch (the first chunk of a prefill, no CUDA graph) holds back the
+output of the decode step before it (the probes see one slow step before the first chunk, as on
+the H200); a step's GPU work overlaps the next one's launch, so chunks run back to back at
+max(cpu, gpu) each.
+
+Per request (profile `engine_loop`), paid where vLLM pays them:
+- `request_overhead_ms`: the front end's way in and out (HTTP, validation, IPC): a latency before
+  the engine core sees the request; it blocks nothing.
+- `admit_us_per_block`: the engine core's input thread builds the scheduler's `Request`, hashing
+  every full prompt block for the prefix cache (`EngineCore.preprocess_add_request` ->
+  `Request.from_engine_core_request(request, self.request_block_hasher)`, run in
+  `process_input_sockets`). That thread holds the GIL, so it is modelled on the same CPU timeline
+  as the busy loop: the loop's next CPU work waits behind it, and the request is ready after it.
+- `idle_start_ms`: a step scheduled while nothing is in flight starts this much later on the GPU.
+- `retire_us_per_token`: when a request finishes, the batch that carries its last output leaves
+  late by this much per prompt token, and the outputs behind it queue up (the front end merges
+  them: `RequestOutputCollector.put` "merged if the producer gets ahead of the consumer",
+  vllm/v1/engine/output_processor.py). vLLM's own freeing (`Scheduler._free_request` ->
+  `_free_blocks` -> `kv_cache_manager.free`, vllm/v1/core/sched/scheduler.py) sits in the
+  engine loop, but on the H200 the probes came out 3-5 tokens at once after the stall of a 32K
+  prefill: the engine kept stepping, so the time is spent downstream of the loop, and that is
+  where it is modelled (docs/sim.md).
+
+Each step's end is an absolute deadline, so time spent in Python never accumulates. The clock
+gives `now()` and `call_at(deadline, callback)`: an asyncio loop's clock in real time (the HTTP
+server), the virtual loop of `pdexporter._internal.vloop` (sweeps in seconds), or `ManualClock`
+(tests). Outputs reach their sinks when the front end delivers them.
 
 The engine keeps vLLM's metrics (`vllm_metrics.VllmMetrics`), logs one vLLM iteration-detail line
 per step (`engine.iterlog.IterationStep.to_log_line`, with vLLM's `(EngineCore_DP0 pid=N) INFO`
 prefix) and keeps the step history in memory. The line's "iteration elapsed time" is the modelled
-GPU time of the step (vLLM's own number measures CPU-side waiting and is unreliable under async
+GPU span of the step (vLLM's own number measures CPU-side waiting and is unreliable under async
 scheduling, docs/vllm-facts.md).
 """
 
@@ -145,13 +172,14 @@ OutputSink = Callable[[RequestOutput, float], None]
 class _Tracked:
     """Per-request timing, vLLM's RequestStateStats."""
 
-    request: Request
+    request: Request | None  # None until the busy loop hands it to the scheduler
     sink: OutputSink | None
     arrival: float
     queued: float
     scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
+    prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +300,59 @@ class EngineConfig:
         )
 
 
+class StepTiming(Protocol):
+    """What the engine needs of a step-time model: GPU and CPU seconds of a step."""
+
+    def gpu_s(self, comp: StepComposition) -> float: ...
+
+    def cpu_s(self, comp: StepComposition) -> float: ...
+
+
+class _GpuOnly:
+    """A plain `comp -> seconds` function as a step-time model with no CPU cost (tests, what-ifs)."""
+
+    def __init__(self, fn: Callable[[StepComposition], float]) -> None:
+        self.fn = fn
+
+    def gpu_s(self, comp: StepComposition) -> float:
+        return self.fn(comp)
+
+    def cpu_s(self, comp: StepComposition) -> float:
+        return 0.0
+
+    def __call__(self, comp: StepComposition) -> float:
+        return self.fn(comp)
+
+
+@dataclass(slots=True)
+class _Arrival:
+    """A request on its way in: handed to the scheduler by the busy loop once `ready`."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    max_tokens: int
+    ready: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoopCosts:
+    """`Profile.engine_loop` in seconds (see the module docs for where each one is paid)."""
+
+    request_overhead_s: float = 0.0
+    admit_s_per_block: float = 0.0
+    retire_s_per_token: float = 0.0
+    idle_start_s: float = 0.0
+
+    @classmethod
+    def of(cls, profile: Profile) -> LoopCosts:
+        e = profile.engine_loop
+        return cls(e.request_overhead_ms * 1e-3, e.admit_us_per_block * 1e-6, e.retire_us_per_token * 1e-6,
+                   e.idle_start_ms * 1e-3)
+
+
+NO_LOOP_COSTS = LoopCosts()
+
+
 class EngineCore:
     """Scheduler + step model on a clock; requests in, token outputs out through sinks."""
 
@@ -281,7 +362,8 @@ class EngineCore:
         clock: Clock,
         *,
         config: EngineConfig | None = None,
-        step_model: Callable[[StepComposition], float] | None = None,
+        step_model: StepTiming | Callable[[StepComposition], float] | None = None,
+        loop_costs: LoopCosts | None = None,
         metrics: VllmMetrics | None = None,
         log: Callable[[str], None] | None = None,
         history_limit: int = 200_000,
@@ -290,14 +372,27 @@ class EngineCore:
         self.clock = clock
         self.config = config or EngineConfig.from_profile(profile)
         self.scheduler = Scheduler(self.config.scheduler_config())
-        self.step_model = step_model or StepTimeModel(profile)
+        if step_model is None:
+            step_model = StepTimeModel(profile)
+        elif not (hasattr(step_model, "gpu_s") and hasattr(step_model, "cpu_s")):
+            step_model = _GpuOnly(step_model)  # type: ignore[arg-type]
+        self.step_model: StepTiming = step_model  # type: ignore[assignment]
+        self.costs = LoopCosts.of(profile) if loop_costs is None else loop_costs
         self.metrics = metrics
         self.log = log
         self.history = StepHistory(history_limit)
         self._tracked: dict[str, _Tracked] = {}
         self._queue: deque[_InFlight] = deque()
+        self._arrivals: deque[_Arrival] = deque()
         self._gpu_free = float("-inf")
+        self._cpu_free = float("-inf")  # the engine core's GIL: busy loop and input thread share it
+        self._frontend_free = float("-inf")
+        self._deliveries: deque[tuple[float, list[tuple[OutputSink, RequestOutput]]]] = deque()
+        self._delivery_timer: Cancellable | None = None
         self._timer: Cancellable | None = None
+        self._parked = True  # the busy loop waits for input (no timer of its own armed)
+        self._pumping = False
+        self._loop = self._busy_loop()
         self._iteration = 0
         self._pid = os.getpid()
         self._prefix_seen = (0, 0)
@@ -315,85 +410,162 @@ class EngineCore:
         sink: OutputSink | None = None,
         *,
         arrival: float | None = None,
-    ) -> Request:
+    ) -> None:
         if self._closed:
             raise RuntimeError("engine is shut down")
+        if request_id in self._tracked or request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in the scheduler")
+        if not prompt_token_ids:
+            raise ValueError("a request needs at least one prompt token")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
         now = self.clock.now()
-        request = self.scheduler.add_request(request_id, prompt_token_ids, max_tokens)
-        self._tracked[request_id] = _Tracked(request, sink, arrival if arrival is not None else now, now)
+        self._tracked[request_id] = _Tracked(None, sink, arrival if arrival is not None else now, now,
+                                             prompt_tokens=len(prompt_token_ids))
         if self.metrics is not None:
             self.metrics.on_new_request(max_tokens)
-            self.metrics.on_queue(self.scheduler.num_running, self.scheduler.num_waiting)
-        if not self._queue:
-            self._kick(now)  # an idle engine core schedules at once
-        return request
+        costs = self.costs
+        if costs.request_overhead_s > 0:
+            self.clock.call_at(now + costs.request_overhead_s,
+                               lambda: self._reach_engine_core(request_id, prompt_token_ids, max_tokens))
+        else:
+            self._reach_engine_core(request_id, prompt_token_ids, max_tokens)
+
+    def _reach_engine_core(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int) -> None:
+        """The input thread: block hashing under the GIL, then the request waits for the busy loop."""
+        if self._closed or request_id not in self._tracked:
+            return  # aborted on its way in
+        now = self.clock.now()
+        ready = now
+        hashing = self.costs.admit_s_per_block * (len(prompt_token_ids) // self.config.block_size)
+        if hashing > 0:
+            ready = max(now, self._cpu_free) + hashing
+            self._cpu_free = ready
+        self._arrivals.append(_Arrival(request_id, prompt_token_ids, max_tokens, ready))
+        if self.metrics is not None:
+            self.metrics.on_queue(self.scheduler.num_running, self.scheduler.num_waiting + len(self._arrivals))
+        if self._parked:
+            self._unpark()
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request (its client went away); True if it was still in the engine."""
-        done = self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
         tracked = self._tracked.pop(request_id, None)
-        if not done or tracked is None:
+        if tracked is None:
             return False
+        pending = [a for a in self._arrivals if a.request_id == request_id]
+        if pending:
+            self._arrivals.remove(pending[0])
+        else:
+            self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        for _, batch in self._deliveries:
+            batch[:] = [(sink, o) for sink, o in batch if o.request_id != request_id]
         self._record_finish(tracked, "abort", self.clock.now())
         if self.metrics is not None:
-            self.metrics.on_queue(self.scheduler.num_running, self.scheduler.num_waiting)
+            self.metrics.on_queue(self.scheduler.num_running, self.scheduler.num_waiting + len(self._arrivals))
         return True
 
     def shutdown(self) -> None:
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._delivery_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._delivery_timer = None
 
     def next_deadline(self) -> float | None:
-        """When the step now on the (modelled) GPU ends and its tokens come out; None when idle."""
+        """When the step now on the (modelled) GPU ends; None when nothing runs."""
         return self._queue[0].t_end if self._queue else None
 
     @property
     def idle(self) -> bool:
-        return not self._queue and not self.scheduler.has_requests()
+        return not (self._queue or self._arrivals or self._deliveries or self.scheduler.has_requests())
 
     @property
     def num_unfinished(self) -> int:
         return len(self._tracked)
 
-    # -- the step loop --------------------------------------------------------------------
+    # -- the busy loop --------------------------------------------------------------------
 
-    def _kick(self, now: float) -> None:
-        """Fill the batch queue (vLLM: schedule while the queue has room and there is work)."""
+    def _unpark(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._pump()
+
+    def _pump(self) -> None:
+        """Run the busy loop until it has to wait: for a deadline (a timer) or for input (parked)."""
+        self._timer = None
+        if self._closed or self._pumping:
+            return  # re-entered from a sink: the running loop takes the new input at its next turn
+        self._pumping = True
+        try:
+            while True:
+                when = next(self._loop)
+                if when is None:
+                    self._parked = True
+                    return
+                if when > self.clock.now():
+                    self._parked = False
+                    self._timer = self.clock.call_at(when, self._pump)
+                    return
+        finally:
+            self._pumping = False
+
+    def _busy_loop(self):  # type: ignore[no-untyped-def]
+        """vLLM's busy loop as a generator: yields the time it must wait for, None to wait for input."""
         queue = self._queue
         sched = self.scheduler
-        while len(queue) < BATCH_QUEUE_SIZE and sched.has_requests():
-            real_in_flight = any(not f.output.empty for f in queue)
-            out = sched.schedule()
-            if out.empty:
-                if real_in_flight:
-                    queue.append(_InFlight(out, max(now, self._gpu_free), max(now, self._gpu_free)))
-                break
-            start = now if now > self._gpu_free else self._gpu_free
-            duration = self.step_model(StepComposition.of(out.chunks(), out.num_sampled))
-            end = start + duration
-            self._gpu_free = end
-            queue.append(_InFlight(out, start, end))
-            for entry in out.scheduled:
-                tracked = self._tracked.get(entry.request.request_id)
-                if tracked is not None and tracked.scheduled is None:
-                    tracked.scheduled = now
-        self._arm()
+        clock = self.clock
+        model = self.step_model
+        while True:
+            now = clock.now()
+            while self._arrivals and self._arrivals[0].ready <= now:
+                self._admit(self._arrivals.popleft(), now)
+            if len(queue) < BATCH_QUEUE_SIZE and sched.has_requests():
+                out = sched.schedule()
+                if not out.empty:
+                    comp = StepComposition.of(out.chunks(), out.num_sampled)
+                    cpu_start = now if now > self._cpu_free else self._cpu_free
+                    cpu_end = cpu_start + model.cpu_s(comp)
+                    gpu_start = cpu_start if cpu_start > self._gpu_free else self._gpu_free
+                    if not queue:
+                        gpu_start += self.costs.idle_start_s  # nothing in flight: the engine was idle
+                    gpu_end = gpu_start + model.gpu_s(comp)
+                    if cpu_end > gpu_end:
+                        gpu_end = cpu_end  # the last kernel cannot run before it is launched
+                    self._cpu_free = cpu_end
+                    self._gpu_free = gpu_end
+                    queue.append(_InFlight(out, gpu_start, gpu_end))
+                    for entry in out.scheduled:
+                        tracked = self._tracked.get(entry.request.request_id)
+                        if tracked is not None and tracked.scheduled is None:
+                            tracked.scheduled = now
+                    if cpu_end > now:
+                        yield cpu_end
+                    if len(queue) < BATCH_QUEUE_SIZE:
+                        continue
+                elif any(not f.output.empty for f in queue):
+                    # vLLM queues an empty batch too; it resolves at once, behind the step in flight
+                    queue.append(_InFlight(out, now, now))
+            if not queue:
+                yield self._arrivals[0].ready if self._arrivals else None
+                continue
+            head = queue[0]
+            while True:  # the step's GPU end, then the GIL (the input thread may take it meanwhile)
+                ready = head.t_end if head.t_end > self._cpu_free else self._cpu_free
+                if ready <= clock.now():
+                    break
+                yield ready
+            queue.popleft()
+            if not head.output.empty:
+                self._finish_step(head, clock.now())
 
-    def _arm(self) -> None:
-        if self._timer is None and self._queue and not self._closed:
-            self._timer = self.clock.call_at(self._queue[0].t_end, self._on_step_end)
-
-    def _on_step_end(self) -> None:
-        self._timer = None
-        if self._closed or not self._queue:
+    def _admit(self, arrival: _Arrival, now: float) -> None:
+        tracked = self._tracked.get(arrival.request_id)
+        if tracked is None:
             return
-        step = self._queue.popleft()
-        now = self.clock.now()
-        if not step.output.empty:
-            self._finish_step(step, now)
-        self._kick(now)
+        tracked.request = self.scheduler.add_request(arrival.request_id, arrival.prompt_token_ids, arrival.max_tokens)
+        if self.metrics is not None:
+            self.metrics.on_queue(self.scheduler.num_running, self.scheduler.num_waiting + len(self._arrivals))
 
     def _finish_step(self, step: _InFlight, now: float) -> None:
         sched = self.scheduler
@@ -417,11 +589,13 @@ class EngineCore:
             self.log(vllm_log_prefix(self.clock.wall(), self._pid) + record.to_iteration_step().to_log_line())
 
         prompt_tokens = 0
+        retired_prompt_tokens = 0
         metrics = self.metrics
         itl: dict[float, int] = {}
+        batch: list[tuple[OutputSink, RequestOutput]] = []
         for o in outputs:
             tracked = self._tracked.get(o.request_id)
-            if tracked is None:
+            if tracked is None or tracked.request is None:
                 continue
             if tracked.first_token is None:
                 tracked.first_token = now
@@ -435,8 +609,9 @@ class EngineCore:
             if o.finished:
                 del self._tracked[o.request_id]
                 self._record_finish(tracked, o.finish_reason or "length", now)
+                retired_prompt_tokens += tracked.request.num_prompt_tokens
             if tracked.sink is not None:
-                tracked.sink(o, now)
+                batch.append((tracked.sink, o))
         if metrics is not None:
             for gap, count in itl.items():
                 observe_many(metrics.inter_token_latency, gap, count)
@@ -447,14 +622,57 @@ class EngineCore:
             self._preemptions_seen = sched.num_preemptions
             metrics.on_step(
                 prompt_tokens=prompt_tokens, generation_tokens=len(outputs), running=sched.num_running,
-                waiting=sched.num_waiting, kv_usage=sched.kv.usage, prefix_queries=queries, prefix_hits=hits,
-                preemptions=preemptions,
+                waiting=sched.num_waiting + len(self._arrivals), kv_usage=sched.kv.usage, prefix_queries=queries,
+                prefix_hits=hits, preemptions=preemptions,
             )
+        self._deliver(batch, now, retired_prompt_tokens)
+
+    # -- the front end's output path ------------------------------------------------------
+
+    def _deliver(self, batch: list[tuple[OutputSink, RequestOutput]], now: float, retired_prompt_tokens: int) -> None:
+        """Hand a step's outputs to their sinks, in order, behind any retirement stall."""
+        when = now if now > self._frontend_free else self._frontend_free
+        when += self.costs.retire_s_per_token * retired_prompt_tokens
+        self._frontend_free = when
+        if when <= now and not self._deliveries:
+            for sink, o in batch:
+                sink(o, now)
+            return
+        self._deliveries.append((when, batch))
+        if self._delivery_timer is None:
+            self._delivery_timer = self.clock.call_at(self._deliveries[0][0], self._on_delivery)
+
+    def _on_delivery(self) -> None:
+        self._delivery_timer = None
+        if self._closed:
+            return
+        now = self.clock.now()
+        due: list[list[tuple[OutputSink, RequestOutput]]] = []
+        while self._deliveries and self._deliveries[0][0] <= now:
+            due.append(self._deliveries.popleft()[1])
+        if due:
+            for sink, o in due[0]:
+                sink(o, now)
+            # What queued up behind the stalled batch goes out merged, one output per request, as
+            # vLLM's RequestOutputCollector merges deltas when the producer gets ahead.
+            merged: dict[str, tuple[OutputSink, RequestOutput]] = {}
+            for batch in due[1:]:
+                for sink, o in batch:
+                    prev = merged.get(o.request_id)
+                    if prev is not None:
+                        o = RequestOutput(o.request_id, prev[1].new_token_ids + o.new_token_ids, o.num_output_tokens,
+                                          o.finish_reason)
+                    merged[o.request_id] = (sink, o)
+            for sink, o in merged.values():
+                sink(o, now)
+        if self._deliveries:
+            self._delivery_timer = self.clock.call_at(self._deliveries[0][0], self._on_delivery)
 
     def _record_finish(self, tracked: _Tracked, reason: str, now: float) -> None:
         if self.metrics is None:
             return
         r = tracked.request
+        prompt = r.num_prompt_tokens if r is not None else tracked.prompt_tokens
         self.metrics.on_finished(
             reason=reason,
             e2e_s=now - tracked.arrival,
@@ -465,13 +683,14 @@ class EngineCore:
             if tracked.last_token is not None and tracked.first_token is not None else None,
             inference_s=(tracked.last_token - tracked.scheduled)
             if tracked.last_token is not None and tracked.scheduled is not None else None,
-            prompt_tokens=r.num_prompt_tokens,
-            generation_tokens=r.num_output_tokens,
-            computed_prompt_tokens=r.num_prompt_tokens - max(r.num_cached_tokens, 0),
+            prompt_tokens=prompt,
+            generation_tokens=r.num_output_tokens if r is not None else 0,
+            computed_prompt_tokens=prompt - max(r.num_cached_tokens, 0) if r is not None else 0,
         )
 
     # -- what the model says, without running it -----------------------------------------
 
     def modelled_decode_step_s(self, d: int, context: int) -> float:
-        """The step time of D decodes at `context` tokens each (what a probe's TPOT should be)."""
-        return self.step_model(StepComposition.decode_batch(d, context))
+        """The period of D decodes at `context` tokens each (what a probe's TPOT should be)."""
+        comp = StepComposition.decode_batch(d, context)
+        return max(self.step_model.gpu_s(comp), self.step_model.cpu_s(comp))

@@ -123,11 +123,26 @@ class EngineSpec(_Strict):
 
 
 class StepTimeParams(_Strict):
-    """Parameters of `pdexporter.sim.steptime` (see its module docstring for the formula)."""
+    """Parameters of `pdexporter.sim.steptime` (see its module docstring for the formulas).
 
-    fixed_ms: float = Field(ge=0, description="every step: graph launch, sampling, scheduling, output copy")
-    piecewise_overhead_ms: float = Field(ge=0, description="a step with a multi-token request, T <= cudagraph_max_tokens")
-    eager_overhead_ms: float = Field(ge=0, description="a step with T > cudagraph_max_tokens: no CUDA graph")
+    GPU time of a step: `fixed_ms` + rooflines of the weights and the attention at the
+    efficiencies below. CPU time of a step on the engine core's main thread (schedule, prepare
+    inputs, launch the forward pass, process the outputs): `cpu_us_per_token` per scheduled token
+    + the launch by CUDA-graph mode (a full-graph decode step's CPU hides under its GPU time and
+    is not modelled). Under async scheduling the CPU of step N+1 overlaps the GPU of step N
+    (`pdexporter.sim.engine`).
+    """
+
+    fixed_ms: float = Field(ge=0, description="GPU, every step: graph replay, sampling, small kernels (ms)")
+    cpu_us_per_token: float = Field(
+        0.0, ge=0, description="engine-core CPU per scheduled token: block allocation, prefix-cache "
+                               "registration, model-runner input preparation (us/token)")
+    launch_piecewise_ms: float = Field(
+        ge=0, description="CPU launch of a piecewise-graph step (a multi-token request, T <= cudagraph_max_tokens): "
+                          "attention runs outside the graphs (ms)")
+    launch_eager_ms: float = Field(
+        ge=0, description="CPU launch of a step without CUDA graphs (T > cudagraph_max_tokens): every kernel "
+                          "launched from Python (ms)")
     matmul_efficiency: float = Field(gt=0, le=1, description="dense GEMMs, fraction of peak")
     moe_efficiency: float = Field(gt=0, le=1, description="fused-MoE grouped GEMMs, fraction of peak")
     attention_efficiency: float = Field(gt=0, le=1, description="flash-attention prefill, fraction of peak")
@@ -136,6 +151,29 @@ class StepTimeParams(_Strict):
         None, gt=0, description="experts routing effectively spreads over (None: all, uniform routing)"
     )
     roofline_sharpness: float = Field(4.0, ge=1, description="p of the p-norm joining compute and memory time")
+
+
+class EngineLoopParams(_Strict):
+    """Per-request costs outside the steps (`pdexporter.sim.engine` says where each one is paid).
+
+    - `request_overhead_ms`: front end in and out (HTTP, request validation, IPC to the engine
+      core, the token's way back): a latency, it blocks nothing.
+    - `admit_us_per_block`: the engine core's input thread turning the request into a scheduler
+      request, its prompt's block hashes included (vLLM: `EngineCore.preprocess_add_request`),
+      per full 16-token prompt block; it holds the GIL, so the busy loop waits behind it.
+    - `retire_us_per_token`: delivering the output batch in which a request finishes, per prompt
+      token of that request; the engine keeps stepping meanwhile, so the later outputs come out
+      in a burst (measured on vLLM 0.22: 3 to 5 probe tokens at once after a 32K-token prefill).
+    - `idle_start_ms`: the first step after the engine sat idle (no step in flight) starts this
+      much later on the GPU (the H200 answered a lone prefill ~10 ms slower than one beside
+      running decodes; candidates: the GPU leaving its idle clocks, the engine core waking from
+      its blocking wait on the input queue).
+    """
+
+    request_overhead_ms: float = Field(0.0, ge=0, description="front-end latency of a request, in and out (ms)")
+    admit_us_per_block: float = Field(0.0, ge=0, description="engine-core admission per prompt block (us/block)")
+    retire_us_per_token: float = Field(0.0, ge=0, description="output-path stall when a request finishes (us/token)")
+    idle_start_ms: float = Field(0.0, ge=0, description="extra start latency of a step on an idle engine (ms)")
 
 
 class Profile(_Strict):
@@ -148,12 +186,16 @@ class Profile(_Strict):
     model: ModelSpec
     engine: EngineSpec
     step_time: StepTimeParams
+    engine_loop: EngineLoopParams = Field(default_factory=EngineLoopParams)
 
     def with_step_time(self, params: StepTimeParams, *, calibration: Calibration, note: str,
-                       source: str | None = None) -> Profile:
-        return self.model_copy(update={
+                       source: str | None = None, engine_loop: EngineLoopParams | None = None) -> Profile:
+        update: dict[str, object] = {
             "step_time": params, "calibration": calibration, "calibration_note": note, "calibration_source": source,
-        })
+        }
+        if engine_loop is not None:
+            update["engine_loop"] = engine_loop
+        return self.model_copy(update=update)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110)

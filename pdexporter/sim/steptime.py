@@ -1,9 +1,11 @@
-"""How long one engine step takes on the GPU, from what the step carries. Pure: data in, seconds out.
+"""How long one engine step takes, on the GPU and on the engine core's CPU. Pure: data in, seconds out.
 
 A step's composition is, per scheduled request, its query length c (tokens computed this step)
-and its context s (tokens already in its KV cache). From that and a profile:
+and its context s (tokens already in its KV cache). From that and a profile, two times:
 
-    t = fixed + graph_overhead + roof(W_compute, W_memory) + roof(A_compute, A_memory)
+GPU time (the forward pass and the sampler on the device):
+
+    gpu = fixed + roof(W_compute, W_memory) + roof(A_compute, A_memory)
 
 Weights (tokens through the weights, T = sum of c):
 - W_compute = 2 T L (P_dense + k P_expert) / (peak * eff) + 2 n_sampled P_lm_head / (peak * eff_mm),
@@ -11,20 +13,32 @@ Weights (tokens through the weights, T = sum of c):
 - W_memory = bytes of the dense weights + of the lm_head (when anything is sampled) + of the
   experts touched, / (HBM * bandwidth_efficiency). With top-k routing spread over E experts, T
   tokens touch E (1 - (1 - k/E)^T) distinct experts per layer in expectation (8 at T = 1, all
-  128 from T ~ 100): why decode steps grow with D while big prefill chunks are compute-bound.
+  of them from T ~ 100): why decode steps grow with D while big prefill chunks are compute-bound.
 Attention:
 - A_compute = 4 L H_q d * sum(c s + c (c + 1) / 2) / (peak * attention_efficiency): a chunk of c
   tokens at position s attends to the s earlier tokens and causally to itself, so a long prompt's
-  late chunks cost more than its early ones (docs/vllm-facts.md: 47 -> 120 ms over 17 chunks);
+  late chunks cost more than its early ones (H200: 8188-token chunks at 8K, 16K, 24K took ~234,
+  318, 422 ms);
 - A_memory = sum(s + c) KV bytes per token / (HBM * bandwidth_efficiency): decodes read their KV.
 `roof(x, y) = (x^p + y^p)^(1/p)` is a smooth roofline (p = roofline_sharpness; p -> inf is max).
 
-Graph overhead (vLLM 0.22 runs uniform decode batches, every request one token, as full CUDA
-graphs; any step with a multi-token request runs piecewise, attention outside the graph; a
-step above the largest captured size, max_cudagraph_capture_size = 512 tokens, runs without a
-graph): 0 for a uniform decode batch, `piecewise_overhead_ms` for a mixed batch of at most
-`cudagraph_max_tokens` tokens, `eager_overhead_ms` above that (and for every step when the
-profile says CUDA graphs are off, the seed's --enforce-eager ablation).
+CPU time (the engine core's main thread: schedule the step, prepare its inputs, launch the
+forward pass, later process its outputs):
+
+    cpu = cpu_per_token * T + launch(graph mode)
+
+vLLM 0.22 runs a uniform decode batch (every request one token) as one full CUDA graph: its launch
+is a graph replay whose CPU time hides under its GPU time (not modelled). A step with a
+multi-token request runs piecewise graphs with the attention launched outside them
+(`launch_piecewise_ms`), and a step above the largest captured size (max_cudagraph_capture_size =
+512 tokens) runs without graphs, every kernel launched from Python (`launch_eager_ms`; ~50 ms for
+this 48-layer MoE on the H200, the "enforce-eager is ten times slower" regime). Launches are
+asynchronous: the GPU executes the kernels as they come, so a step's GPU work overlaps its own
+launch and the previous step's output processing. How the two times combine into what a client
+sees is the engine's business (`pdexporter.sim.engine`: the batch queue of async scheduling);
+`StepTimeModel.__call__` gives the steady-state answer, the period of a run of identical steps:
+max(cpu, gpu). A decode step is GPU-bound (4-10 ms on the H200); a small prefill chunk without
+graphs is CPU-bound (~50 ms for any chunk up to ~2K tokens); a big chunk is GPU-bound again.
 
 The output is a model. Its parameters live in the profile and say whether they were projected or
 calibrated (`pdexporter.sim.profile`).
@@ -76,13 +90,20 @@ class StepComposition:
 @dataclass(frozen=True, slots=True)
 class StepTimeBreakdown:
     fixed_s: float
-    overhead_s: float
     weights_compute_s: float
     weights_memory_s: float
     attention_compute_s: float
     attention_memory_s: float
     experts_touched: float
-    total_s: float
+    gpu_s: float
+    cpu_s: float
+    launch_s: float  # the graph-mode part of cpu_s
+    graph_mode: str  # "full", "piecewise" or "eager"
+
+    @property
+    def total_s(self) -> float:
+        """The steady-state period: max(cpu, gpu)."""
+        return max(self.cpu_s, self.gpu_s)
 
     @property
     def total_ms(self) -> float:
@@ -101,7 +122,7 @@ def _roof(x: float, y: float, p: float) -> float:
 
 
 class StepTimeModel:
-    """The step-time function of one profile, with its constants precomputed."""
+    """The step-time functions of one profile, with their constants precomputed."""
 
     def __init__(self, profile: Profile, params: StepTimeParams | None = None) -> None:
         self.profile = profile
@@ -110,8 +131,9 @@ class StepTimeModel:
         peak = g.peak_dense_bf16_tflops * 1e12
         bw = g.hbm_bandwidth_tb_s * 1e12 * p.bandwidth_efficiency
         self._fixed = p.fixed_ms * 1e-3
-        self._piecewise = p.piecewise_overhead_ms * 1e-3
-        self._eager = p.eager_overhead_ms * 1e-3
+        self._cpu_token = p.cpu_us_per_token * 1e-6
+        self._piecewise = p.launch_piecewise_ms * 1e-3
+        self._eager = p.launch_eager_ms * 1e-3
         self._graphs = e.cuda_graphs
         self._graph_max = e.cudagraph_max_tokens
         self._p = p.roofline_sharpness
@@ -136,27 +158,48 @@ class StepTimeModel:
             return 0.0
         return self._pool * (1.0 - self._miss**num_tokens)
 
-    def overhead_s(self, comp: StepComposition) -> float:
+    def graph_mode(self, comp: StepComposition) -> str:
         if not self._graphs or comp.num_tokens > self._graph_max:
-            return self._eager
-        return 0.0 if comp.uniform_decode else self._piecewise
+            return "eager"
+        return "full" if comp.uniform_decode else "piecewise"
 
-    def breakdown(self, comp: StepComposition) -> StepTimeBreakdown:
-        if comp.num_tokens <= 0:
-            return StepTimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    def launch_s(self, comp: StepComposition) -> float:
+        """The graph-mode part of the step's CPU time."""
+        mode = self.graph_mode(comp)
+        return self._eager if mode == "eager" else self._piecewise if mode == "piecewise" else 0.0
+
+    def _terms(self, comp: StepComposition) -> tuple[float, float, float, float, float]:
         t = comp.num_tokens
         experts = self.experts_touched(t)
         w_compute = t * (self._dense_s_per_tok + self._moe_s_per_tok) + comp.num_sampled * self._lm_s_per_row
         w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + (self._lm_bytes_s if comp.num_sampled else 0.0)
         a_compute = comp.attention_pairs * self._attn_s_per_pair
         a_memory = comp.kv_read_tokens * self._kv_s_per_token
-        overhead = self.overhead_s(comp)
-        total = self._fixed + overhead + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
-        return StepTimeBreakdown(self._fixed, overhead, w_compute, w_memory, a_compute, a_memory, experts, total)
+        return w_compute, w_memory, a_compute, a_memory, experts
+
+    def gpu_s(self, comp: StepComposition) -> float:
+        """Seconds the step keeps the GPU busy."""
+        if comp.num_tokens <= 0:
+            return 0.0
+        w_compute, w_memory, a_compute, a_memory, _ = self._terms(comp)
+        return self._fixed + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
+
+    def cpu_s(self, comp: StepComposition) -> float:
+        """Seconds of the engine core's main thread the step takes (schedule, prepare, launch, outputs)."""
+        if comp.num_tokens <= 0:
+            return 0.0
+        return self._cpu_token * comp.num_tokens + self.launch_s(comp)
+
+    def breakdown(self, comp: StepComposition) -> StepTimeBreakdown:
+        if comp.num_tokens <= 0:
+            return StepTimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "full")
+        w_compute, w_memory, a_compute, a_memory, experts = self._terms(comp)
+        return StepTimeBreakdown(self._fixed, w_compute, w_memory, a_compute, a_memory, experts, self.gpu_s(comp),
+                                 self.cpu_s(comp), self.launch_s(comp), self.graph_mode(comp))
 
     def __call__(self, comp: StepComposition) -> float:
-        """Seconds the step takes on the GPU."""
-        return self.breakdown(comp).total_s
+        """The step's period when steps like it run back to back: max(cpu, gpu), in seconds."""
+        return max(self.cpu_s(comp), self.gpu_s(comp))
 
     def decode_step_s(self, d: int, context: int) -> float:
         return self(StepComposition.decode_batch(d, context))

@@ -1,10 +1,13 @@
 """On records the embedded engine produced (virtual time), the fits recover the engine's own costs.
 
-The engine (`pdexporter.sim`) times a step with `StepTimeModel` from the step's composition. Its
-cost of one more prefill token through the weights, and of one more query x context pair of
-attention, are read off that same model by finite differences in the compute-bound regime where
-a prefill chunk lives; the context-aware fit must find them from the probes' token timestamps
-alone. R^2 is the held-out one (leave-one-P-out), reported as it comes.
+The engine (`pdexporter.sim`) times a step's GPU work with `StepTimeModel` from the step's
+composition. Its cost of one more prefill token through the weights, and of one more query x
+context pair of attention, are read off that same model by finite differences in the
+compute-bound regime where a prefill chunk lives; the context-aware fit must find them from the
+probes' token timestamps alone. The engine's CPU side (launch costs, admission, retirement,
+idle start: a launch-bound chunk or the stall before a first chunk is not a GPU cost) is switched
+off here, so the probes see the GPU steps themselves: this checks the fitting, against a known
+truth. R^2 is the held-out one (leave-one-P-out), reported as it comes.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import pytest
 
 from pdexporter.analysis import models as md
 from pdexporter.analysis.table import build_table, samples_from_record
-from pdexporter.sim.profile import load_profile
+from pdexporter.sim.calibrate import with_values
+from pdexporter.sim.profile import Profile, load_profile
 from pdexporter.sim.steptime import StepComposition, StepTimeModel
 
 pytestmark = pytest.mark.integration
@@ -22,8 +26,16 @@ PROFILE = "h200-qwen3-coder-30b-a3b"
 GRID = [(b, d, p) for b in (2048, 8192) for d in (1, 4, 8) for p in (2048, 8192, 16384, 32768)]
 
 
+GPU_ONLY = {"launch_eager_ms": 0.0, "launch_piecewise_ms": 0.0, "cpu_us_per_token": 0.0, "request_overhead_ms": 0.0,
+            "admit_us_per_block": 0.0, "retire_us_per_token": 0.0, "idle_start_ms": 0.0}
+
+
+def _gpu_only() -> Profile:
+    return with_values(load_profile(PROFILE), GPU_ONLY)
+
+
 def _engine_truth() -> tuple[StepTimeModel, float, float]:
-    model = StepTimeModel(load_profile(PROFILE))
+    model = StepTimeModel(_gpu_only())
 
     def ms(tokens: int, pairs: float) -> float:
         comp = StepComposition(num_tokens=tokens, num_requests=1, num_sampled=1, max_query_len=tokens,
@@ -36,7 +48,9 @@ def _engine_truth() -> tuple[StepTimeModel, float, float]:
 
 
 def test_fits_recover_the_engines_own_cost_parameters(tmp_path, capsys, make_sim_records):
-    records = make_sim_records(GRID, reps=2, out=tmp_path)
+    profile = tmp_path / "gpu-only.yaml"
+    profile.write_text(_gpu_only().to_yaml())
+    records = make_sim_records(GRID, reps=2, out=tmp_path / "results", profile=str(profile))
     assert all(r.config.modelled and r.config.engine == "pdexporter-sim" for r in records)
     samples = [samples_from_record(r) for r in records]
     table = build_table(samples)

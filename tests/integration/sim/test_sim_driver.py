@@ -49,10 +49,20 @@ def test_baseline_tpot_is_the_modelled_decode_step(d: int):
     assert p50 == pytest.approx((lo + hi) / 2, rel=0.02)
 
 
+# On the H200 (vLLM 0.22, 1,505 repetitions with D > 0), the probes' slow steps minus the engine
+# log's chunks: -1 in 1 %, 0 in 42 %, +1 in 25 %, +2 in 26 %, +3 in 6 %. The launch of the first
+# chunk holds back the decode step before it (one slow step more), a tail chunk that runs about as
+# fast as a decode step is not slow (one less). The embedded engine models both, so its cadence
+# is checked against that range, and the chunk count itself against the engine log.
+CADENCE_MINUS_CHUNKS = range(-1, 4)
+
+
 @pytest.mark.parametrize("b", [2048, 8192])
 @pytest.mark.parametrize("p", [2048, 8192, 32768])
 @pytest.mark.parametrize("d", [4, 12])
 def test_num_chunks_actual_is_ceil_p_over_b_minus_d(tmp_path: Path, b: int, d: int, p: int):
+    """The must-show: num_chunks_actual (from the engine's iteration log) = ceil(P / (B - D)), and
+    the window maths locates exactly that many chunk steps in the probes' intervals."""
     async def main():
         async with SimDriver.create(chunk_size=b) as driver:
             await warm_prefix(driver, SETTINGS)
@@ -64,10 +74,10 @@ def test_num_chunks_actual_is_ceil_p_over_b_minus_d(tmp_path: Path, b: int, d: i
     assert record.interference.num_chunks_engine_log == expected
     assert record.interference.num_chunks_actual == expected
     assert record.interference.num_chunks_source == "engine-log"
-    assert record.interference.slow_steps == expected  # seen in the probes' cadence too
+    assert record.interference.slow_steps - expected in CADENCE_MINUS_CHUNKS  # the cadence, as on the H200
     for rep in record.reps:
         assert rep.interference.num_chunks_actual == expected
-        assert rep.interference.slow_steps == expected
+        assert rep.interference.slow_steps - expected in CADENCE_MINUS_CHUNKS
         assert len(rep.interference.chunk_step_times_ms) == expected
         assert rep.interference.chunk_tokens_engine_log[:-1] == [b - d] * (expected - 1)
         assert sum(rep.interference.chunk_tokens_engine_log) == p
@@ -96,7 +106,10 @@ def test_records_say_they_are_modelled(tmp_path: Path):
 def test_a_known_blind_spot_a_one_token_tail_runs_as_a_decode_batch(tmp_path: Path):
     """B=2048, D=1, P=2048: chunks 2047 + 1. The 1-token tail is a uniform decode batch (full CUDA
     graph in vLLM 0.22), barely slower than a decode step: the engine log sees 2 chunks (so does
-    num_chunks_actual, which takes the log when it can), the cadence sees 1 slow step. Physically right, and reported, not tuned away."""
+    num_chunks_actual, which takes the log when it can), the cadence sees 2 slow steps, the
+    2047-token chunk and the decode step its launch held back, not the tail: what the H200 sweep
+    recorded for this configuration (slow_steps 2 in all its repetitions). Physically right, and
+    reported, not tuned away."""
 
     async def main():
         async with SimDriver.create(chunk_size=2048) as driver:
@@ -106,7 +119,9 @@ def test_a_known_blind_spot_a_one_token_tail_runs_as_a_decode_batch(tmp_path: Pa
     record = run_virtual(main())
     assert record.interference.chunk_tokens_engine_log == [2047, 1]
     assert record.interference.num_chunks_engine_log == 2 == record.interference.num_chunks_actual
-    assert record.interference.slow_steps == 1
+    assert record.interference.slow_steps == 2
+    chunk, tail = record.interference.chunk_step_times_ms
+    assert tail < record.interference.slow_step_threshold_ms < chunk
 
 
 def test_the_same_driver_runs_in_real_time_on_a_normal_loop():

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.engine.iterlog import parse_iteration_lines, summarise_chunks
 from pdexporter.engine.metrics import parse_exposition
-from pdexporter.sim.engine import EngineConfig, EngineCore, ManualClock
+from pdexporter.sim.engine import NO_LOOP_COSTS, EngineConfig, EngineCore, ManualClock
 from pdexporter.sim.profile import load_profile
 from pdexporter.sim.server import cache_config_labels
 from pdexporter.sim.vllm_metrics import VllmMetrics
@@ -26,11 +26,12 @@ def profile():
     return load_profile("h200-qwen3-coder-30b-a3b")
 
 
-def make(profile, b: int = 2048, step=lambda comp: STEP, log=None):
+def make(profile, b: int = 2048, step=lambda comp: STEP, log=None, loop_costs=NO_LOOP_COSTS):
+    """A constant GPU step and no CPU or per-request costs, unless told: the scheduling alone."""
     clock = ManualClock()
     metrics = VllmMetrics(profile.model.name, cache_config=cache_config_labels(profile))
     engine = EngineCore(profile, clock, config=EngineConfig.from_profile(profile, max_num_batched_tokens=b),
-                        step_model=step, metrics=metrics, log=log)
+                        step_model=step, loop_costs=loop_costs, metrics=metrics, log=log)
     return clock, engine, metrics
 
 
@@ -166,3 +167,97 @@ def test_preemptions_reach_the_metric(profile):
     snap = parse_exposition(generate_latest(metrics.registry).decode())
     assert snap.get("num_preemptions_total") >= 1
     assert snap.get("generation_tokens_total") == 80
+
+
+# -- the CPU / GPU timeline and the per-request costs (vLLM 0.22's busy loop, docs/sim.md) ---------
+
+class Timing:
+    """A test double step-time model: fixed GPU and CPU seconds, the CPU long for a step with a
+    prefill chunk (a launch without CUDA graphs), nothing for a decode batch (a graph replay)."""
+
+    def __init__(self, gpu: float = STEP, chunk_gpu: float = 0.030, chunk_cpu: float = 0.050) -> None:
+        self.gpu, self.chunk_gpu, self.chunk_cpu = gpu, chunk_gpu, chunk_cpu
+
+    def gpu_s(self, comp) -> float:
+        return self.chunk_gpu if comp.max_query_len >= 64 else self.gpu
+
+    def cpu_s(self, comp) -> float:
+        return self.chunk_cpu if comp.max_query_len >= 64 else 0.0
+
+
+def _run_probe_and_prefill(profile, timing, loop_costs=NO_LOOP_COSTS, prefill=cold(100)):
+    clock, engine, _ = make(profile, step=timing, loop_costs=loop_costs)
+    probe: list[float] = []
+    first: list[float] = []
+    engine.add_request("probe", cold(16, 7), 1000, lambda o, t: probe.extend([t] * len(o.new_token_ids)))
+    clock.advance_to(0.105)
+    engine.add_request("prefill", prefill, 1, lambda o, t: first.append(t))
+    clock.advance_to(0.5)
+    gaps = [round(b - a, 6) for a, b in zip(probe, probe[1:])]
+    return engine, probe, gaps, first[0]
+
+
+def test_a_long_launch_holds_back_the_output_of_the_step_before_it(profile):
+    """The chunk's step is launched (50 ms of CPU) while the decode step before it runs; that
+    step's tokens leave when the launch is done, the chunk's own 30 ms overlap the launch."""
+    engine, probe, gaps, t_first = _run_probe_and_prefill(profile, Timing())
+    chunk = next(s for s in engine.history if s.context_tokens == 100)
+    # launched at 0.110 (after step 11's output) for 50 ms; on the GPU after step 12, from 0.120:
+    # its 30 ms of GPU work cannot end before its last kernel is launched, at 0.160
+    assert (chunk.t_start, chunk.t_end) == (pytest.approx(0.120), pytest.approx(0.160))
+    # decode steps, then step 12 held back to the launch's end, then the chunk right behind it
+    assert gaps[:10] == [STEP] * 10
+    assert gaps[10] == pytest.approx(0.050) and gaps[11] == pytest.approx(0.0)
+    assert t_first == pytest.approx(0.160)
+    assert gaps[12] == pytest.approx(STEP)
+
+
+def test_a_gpu_bound_chunk_hides_its_launch(profile):
+    engine, probe, gaps, t_first = _run_probe_and_prefill(profile, Timing(chunk_gpu=0.200, chunk_cpu=0.050))
+    chunk = next(s for s in engine.history if s.context_tokens == 100)
+    assert chunk.t_end - chunk.t_start == pytest.approx(0.200)
+    assert gaps[10] == pytest.approx(0.050)  # the held-back decode step
+    assert t_first == pytest.approx(chunk.t_end)
+
+
+def test_admission_hashes_the_prompt_before_the_loop_sees_it(profile):
+    """10 us per 16-token block for 3200 blocks: the busy loop's CPU is taken for 32 ms, so the
+    step in flight comes out late, and the request is scheduled after it."""
+    costs = NO_LOOP_COSTS.__class__(admit_s_per_block=10e-6)
+    engine, probe, gaps, t_first = _run_probe_and_prefill(profile, Timing(chunk_cpu=0.0, chunk_gpu=0.005), costs,
+                                                         cold(51_200))
+    chunk = next(s for s in engine.history if s.context_tokens >= 64)
+    # (the probe's own 16-token prompt took its 10 us at the start: abs=1e-4)
+    assert chunk.t_start == pytest.approx(0.105 + 0.032, abs=1e-4)  # scheduled when the hashing is done
+    assert max(gaps) == pytest.approx(0.105 + 0.032 - 0.100, abs=1e-4)  # step 11's tokens waited for the GIL
+
+
+def test_retirement_delays_the_batch_that_finishes_a_request_and_the_rest_queue_behind(profile):
+    costs = NO_LOOP_COSTS.__class__(retire_s_per_token=1e-6)  # 25.6 ms for a 25,600-token prompt
+    engine, probe, gaps, t_first = _run_probe_and_prefill(profile, Timing(chunk_cpu=0.0, chunk_gpu=0.010),
+                                                         costs, cold(25_600))
+    last = [s for s in engine.history if s.context_tokens >= 64][-1]
+    assert t_first == pytest.approx(last.t_end + 0.0256)
+    # the probe's token of that step left with it; the steps run meanwhile come out at once
+    i = next(k for k, t in enumerate(probe) if t == pytest.approx(t_first))
+    assert probe[i + 1] == pytest.approx(t_first) and probe[i + 2] == pytest.approx(t_first)
+    assert engine.history.since(0)[-1].t_end > t_first  # the engine kept stepping meanwhile
+
+
+def test_a_request_on_an_idle_engine_waits_for_the_idle_start(profile):
+    clock, engine, _ = make(profile, loop_costs=NO_LOOP_COSTS.__class__(idle_start_s=0.012,
+                                                                         request_overhead_s=0.003))
+    out: list[float] = []
+    clock.advance_to(5.0)
+    engine.add_request("r", cold(10), 2, lambda o, t: out.append(t))
+    clock.run()
+    assert out == [pytest.approx(5.0 + 0.003 + 0.012 + STEP), pytest.approx(5.0 + 0.003 + 0.012 + 2 * STEP)]
+
+
+def test_abort_on_the_way_in_leaves_nothing_behind(profile):
+    clock, engine, metrics = make(profile, loop_costs=NO_LOOP_COSTS.__class__(request_overhead_s=0.010))
+    got: list[str] = []
+    engine.add_request("a", cold(100), 10, lambda o, t: got.append(o.request_id))
+    assert engine.abort_request("a")
+    clock.run()
+    assert got == [] and engine.idle and engine.scheduler.kv.usage == 0.0

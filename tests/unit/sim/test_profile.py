@@ -14,7 +14,15 @@ def test_shipped_profiles_load_and_say_how_they_were_obtained():
     h20 = load_profile("h20-qwen3-coder-30b-a3b")
     h200 = load_profile("h200-qwen3-coder-30b-a3b")
     assert h20.calibration == "projected"
-    assert h200.calibration == "projected-from-facts"
+    assert h200.calibration == "calibrated"
+    assert h200.calibration_source == "results/h200-vllm0.22-qwen3-coder-30b-a3b"
+    assert (Path(__file__).resolve().parents[3] / h200.calibration_source / "CALIBRATION.md").is_file()
+    # the H20 projection carries the H200's calibrated efficiencies and host-side costs, not its routing
+    for name in ("fixed_ms", "moe_efficiency", "attention_efficiency", "bandwidth_efficiency", "launch_eager_ms",
+                 "launch_piecewise_ms", "cpu_us_per_token"):
+        assert getattr(h20.step_time, name) == getattr(h200.step_time, name), name
+    assert h20.engine_loop == h200.engine_loop
+    assert h20.step_time.moe_expert_pool is None and h200.step_time.moe_expert_pool < 128
     for p in (h20, h200):
         assert p.engine.max_model_len == 200_000 and p.engine.block_size == 16
         assert p.model.num_layers == 48 and p.model.num_experts == 128 and p.model.experts_per_token == 8
