@@ -36,6 +36,7 @@ from pdexporter.measure.window import (
     WindowStats,
     analyse_window,
     baseline_stats,
+    token_event_index,
     token_times,
     window_end_ns,
 )
@@ -217,6 +218,7 @@ def analyse_traces(
     return analyse_window(
         [t.token_times() for t in probes], t_inject_ns, t_first_ns, baseline, params,
         chunks_hint=chunks_from_steps(engine_steps),
+        token_events=[token_event_index(t.event_tokens) for t in probes],
     )
 
 

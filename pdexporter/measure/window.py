@@ -5,7 +5,10 @@ Definitions (the seed leaves them loose; these are the ones every number in a re
 Token times. A stream is a list of (arrival time, tokens in that event). An event carrying n > 1
 tokens after a gap g contributes n tokens evenly spaced over g, i.e. n intervals of g / n: the
 engine produced them in n steps we did not see separately. The first event's tokens (the time to
-first token) start the stream and make no interval.
+first token) start the stream and make no interval. Locating chunk steps works on events instead
+(one emission, one step): after a stall an engine may hand over the tokens it made meanwhile in
+one event together with the last chunk's token (vLLM's output collector merges what the client
+has not read yet), and spreading that event's gap over its tokens would erase the chunk step.
 
 Intervals. Interval k of a stream is t_k - t_(k-1), "ending" at t_k. The first `warmup_tokens`
 tokens of every stream are discarded (CUDA-graph warm-up, batch ramp-up): only intervals whose
@@ -167,6 +170,12 @@ def token_times(event_times_ns: Sequence[int], event_tokens: Sequence[int]) -> n
     return np.asarray(out, dtype=np.float64)
 
 
+def token_event_index(event_tokens: Sequence[int]) -> np.ndarray:
+    """For each token of `token_times`, the index of the event it arrived in."""
+    counts = np.maximum(np.asarray(event_tokens, dtype=np.int64), 0)
+    return np.repeat(np.arange(counts.size), counts)
+
+
 def intervals(times_ns: np.ndarray, warmup_tokens: int = 0) -> Intervals:
     """Intervals whose both ends lie at token index >= warmup_tokens."""
     times = np.asarray(times_ns, dtype=np.float64)
@@ -233,6 +242,7 @@ class StreamPhases:
     during: np.ndarray  # the chunk steps: the K window intervals ending at the one nearest t_first
     slow: np.ndarray  # in the window and above the slow threshold
     after: np.ndarray  # the next `after_intervals` past the window
+    during_ms: np.ndarray  # the values "during" pools: one per chunk step (a merged event's whole gap)
 
 
 def window_end_ns(t_first_ns: int, baseline: BaselineStats | None) -> float:
@@ -248,33 +258,46 @@ def stream_phases(
     slow_threshold_ms: float | None,
     params: WindowParams = WindowParams(),
     chunk_sizes: Sequence[int] | None = None,
+    token_events: np.ndarray | None = None,
 ) -> StreamPhases:
-    """`chunk_sizes`: the prefill's chunks from the engine log, when known (see the module docs)."""
+    """`chunk_sizes`: the prefill's chunks from the engine log, when known; `token_events`: the
+    event each token arrived in (`token_event_index`), so that a merged event counts as one step
+    (see the module docs)."""
     iv = intervals(times, params.warmup_tokens)
     ms, in_window, slow = _window_masks(iv, t_inject_ns, window_end, slow_threshold_ms)
     during = np.zeros_like(in_window)
     positions = np.nonzero(in_window)[0]
+    during_ms = ms[positions]
     if positions.size and chunk_sizes:
+        # Steps are emissions: the sub-intervals of one merged event form one step.
+        events = (token_events[iv.token_index[positions]] if token_events is not None
+                  else iv.token_index[positions])
+        starts = np.nonzero(np.r_[True, events[1:] != events[:-1]])[0]
+        step_ms = np.add.reduceat(ms[positions], starts)
+        step_end = iv.end_ns[positions][np.r_[starts[1:] - 1, positions.size - 1]]
         k = len(chunk_sizes)
-        anchor = int(np.argmin(np.abs(iv.end_ns[positions] - t_first_ns)))
+        anchor = int(np.argmin(np.abs(step_end - t_first_ns)))
         weights = np.asarray(chunk_sizes, dtype=np.float64) / max(chunk_sizes)
 
-        def fit(last: int) -> float:  # how well K intervals ending at `last` match the chunk sizes
+        def fit(last: int) -> float:  # how well K steps ending at `last` match the chunk sizes
             first = last - k + 1
-            span = ms[positions[max(0, first) : last + 1]]
-            return float((span * weights[max(0, -first) :]).sum())
+            return float((step_ms[max(0, first) : last + 1] * weights[max(0, -first) :]).sum())
 
         if anchor >= 1 and fit(anchor - 1) > fit(anchor):
             anchor -= 1  # the first token left one step after the last chunk's step
-        during[positions[max(0, anchor - k + 1) : anchor + 1]] = True
+        first_step = max(0, anchor - k + 1)
+        ends = np.r_[starts[1:], positions.size]
+        during[positions[starts[first_step] : ends[anchor]]] = True
+        during_ms = step_ms[first_step : anchor + 1]
     elif slow.any():
         first, last = np.nonzero(slow)[0][[0, -1]]
         during[first : last + 1] = True
+        during_ms = ms[during]
     else:
         during[positions] = True
     after = np.zeros_like(in_window)
     after[np.nonzero(iv.end_ns > window_end)[0][: params.after_intervals]] = True
-    return StreamPhases(iv, iv.end_ns <= t_inject_ns, in_window, during, slow, after)
+    return StreamPhases(iv, iv.end_ns <= t_inject_ns, in_window, during, slow, after, during_ms)
 
 
 def slow_step_count(
@@ -305,10 +328,12 @@ def analyse_window(
     baseline: BaselineStats | None,
     params: WindowParams = WindowParams(),
     chunks_hint: Sequence[int] | None = None,
+    token_events: Sequence[np.ndarray] | None = None,
 ) -> WindowStats:
     """Phase 2: classify each probe's intervals around one prefill (see the module docs).
 
-    `chunks_hint` is the prefill's chunk sizes from the engine's own step log, when known."""
+    `chunks_hint` is the prefill's chunk sizes from the engine's own step log, when known;
+    `token_events` each stream's `token_event_index`, when known."""
     if t_first_ns < t_inject_ns:
         raise ValueError("the prefill's first token arrived before it was sent")
     window_end = window_end_ns(t_first_ns, baseline)
@@ -324,14 +349,15 @@ def analyse_window(
     pre_all: list[np.ndarray] = []
     totals: list[float] = []
     zero = 0
-    for times in streams:
-        ph = stream_phases(times, t_inject_ns, t_first_ns, window_end, theta_ms, params, hint)
+    for s, times in enumerate(streams):
+        events = token_events[s] if token_events is not None else None
+        ph = stream_phases(times, t_inject_ns, t_first_ns, window_end, theta_ms, params, hint, events)
         ms = ph.intervals.length_ns / 1e6
         w = ms[ph.window]
         window_all.append(w)
         pre_all.append(ms[ph.pre])
         after_all.append(ms[ph.after])
-        during_all.append(ms[ph.during])
+        during_all.append(ph.during_ms)
         if baseline is not None and w.size:
             totals.append(float((w - baseline.p50_ms).sum()))
             zero += int((w < params.zero_interval_frac * baseline.p50_ms).sum())

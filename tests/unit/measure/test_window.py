@@ -219,3 +219,25 @@ def test_real_window_without_the_engine_log_uses_the_slow_run() -> None:
     assert w.num_chunks_source == "cadence" and w.num_chunks_actual == w.slow_steps
     assert w.num_chunks_actual > 5  # the stalls are counted as chunks without the log
     assert w.during_p50_ms > 5 * base.p50_ms
+
+
+def test_a_merged_event_counts_as_one_chunk_step() -> None:
+    """After a stall the engine may hand the tokens it made meanwhile over in one event together
+    with the last chunk's token; spread over its gap that event would hide the chunk step."""
+    from pdexporter.measure.window import token_event_index
+
+    decode, chunks = 6.0, [80.0, 230.0, 330.0, 420.0, 43.0]
+    gaps = [decode] * 40 + chunks[:-1]
+    times = list(np.cumsum(gaps) * MS)
+    last = times[-1] + chunks[-1] * MS
+    event_times = [*times, last, last + 2 * MS, last + 8 * MS, *(last + 8 * MS + np.arange(1, 40) * decode * MS)]
+    event_tokens = [1] * len(times) + [6, 1, 1] + [1] * 39  # the last chunk's token + 5 made during the stall
+    t_first = int(last)
+    streams = [token_times(event_times, event_tokens)]
+    events = [token_event_index(event_tokens)]
+    base = baseline_stats(timeline([decode] * 256, 1))
+    sizes = (8188, 8188, 8188, 8188, 16)
+    merged = analyse_window(streams, int(times[39]) + 1, t_first, base, chunks_hint=sizes, token_events=events)
+    assert merged.chunk_step_times_ms == pytest.approx(tuple(chunks))
+    spread = analyse_window(streams, int(times[39]) + 1, t_first, base, chunks_hint=sizes)
+    assert spread.chunk_step_times_ms != pytest.approx(tuple(chunks))  # per-token spreading loses them
