@@ -23,6 +23,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
@@ -235,7 +236,4 @@ def parse_profile(data: object, *, source: str = "profile") -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        got = f" (got {first['input']!r:.60})" if first.get("type") != "missing" else ""
-        raise ConfigError(f"{source}: field '{where}': {first['msg']}{got}") from exc
+        raise ConfigError(f"{source}: {format_validation_error(exc, Profile)}") from exc
