@@ -39,6 +39,10 @@ DeadlineOpt = Annotated[
     float | None,
     typer.Option("--deadline", min=1, help="Seconds from now: stop cleanly between runs before this (exit 5)."),
 ]
+CooldownOpt = Annotated[
+    float | None,
+    typer.Option("--cooldown", min=0, help="Faithful mode's wait after each run, seconds (default: the file's)."),
+]
 ListenOpt = Annotated[
     str | None, typer.Option("--listen", help="HOST:PORT: export each window's gauges on /metrics while sweeping.")
 ]
@@ -58,6 +62,7 @@ def sweep(
     out: OutOpt = None,
     mode: ModeOpt = None,
     reps: RepsOpt = None,
+    cooldown: CooldownOpt = None,
     deadline: DeadlineOpt = None,
     listen: ListenOpt = None,
     keep_engine: Annotated[
@@ -79,6 +84,8 @@ def sweep(
 ) -> None:
     """Run the grid of a sweep file: engine per chunk size, warm-up, Phase 1, Phase 2 x reps; resumable."""
     overrides: dict[str, Any] = {}
+    if cooldown is not None:
+        overrides["cooldown.seconds"] = cooldown
     if clock is not None:
         overrides["launcher.clock"] = clock
     if target is not None:

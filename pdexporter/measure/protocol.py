@@ -188,6 +188,9 @@ class InterferenceRun:
             "new_prefill_tokens": self.new_prefill_tokens,
             "salt": self.salt,
             "t_inject_ns": 0,
+            # The driver's clock (perf_counter_ns: CLOCK_MONOTONIC on Linux) at the injection, so a
+            # window can be lined up with host-side samples taken on the same machine.
+            "t_inject_clock_ns": t0,
             "t_first_ns": self.t_first_ns - t0,
             "probes": [p.to_raw(t0) for p in self.probes],
             "prefill": self.prefill.to_raw(t0),
