@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from pdexporter._internal.atomic import read_json_gz
 
 from tests.helpers import free_port
 from tests.scripted_engine import ScriptedEngine
@@ -82,3 +85,6 @@ async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_pat
     assert {r["raw"] for r in record["reps"]} == {"raw/D2_P64_r0.json.gz", "raw/D2_P64_r1.json.gz"}
     assert (tmp_path / "2048" / "raw" / "D2_baseline.json.gz").exists()
     assert record["baseline"]["tpot_p50_ms"] == pytest.approx(2.0, abs=1.5)
+    # The raw file places each window on the host's monotonic clock, so host-side samples line up.
+    injected = [read_json_gz(tmp_path / "2048" / r["raw"])["t_inject_clock_ns"] for r in record["reps"]]
+    assert 0 < injected[0] < injected[1] <= time.monotonic_ns()

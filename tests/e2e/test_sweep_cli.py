@@ -65,6 +65,23 @@ def test_sim_sweep_predicts_in_the_same_format(tmp_path: Path) -> None:
     assert all(r.config.profile == "h200-qwen3-coder-30b-a3b" for r in records)
 
 
+def test_cooldown_option_overrides_the_file(tmp_path: Path) -> None:
+    """quick.yaml is faithful with the seed's 5 s cooldown; --cooldown 0 is the ablation run on the GPU."""
+    runs = {}
+    for cooldown in ("0", "1.5"):
+        out = tmp_path / cooldown
+        run = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(out), "--cooldown", cooldown)
+        assert run.returncode == 0, run.stderr
+        runs[cooldown] = json.loads((out / "sweep.json").read_text())
+    assert runs["0"]["spec"]["cooldown"]["seconds"] == 0
+    assert all(c["engine_s"]["cooldown"] == 0 for c in runs["0"]["invocations"][-1]["chunks"].values())
+    reps_run = sum(c["reps_run"] for c in runs["1.5"]["invocations"][-1]["chunks"].values())
+    modelled = sum(c["engine_s"]["cooldown"] for c in runs["1.5"]["invocations"][-1]["chunks"].values())
+    assert modelled == pytest.approx(1.5 * reps_run, rel=0.05)
+    bad = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(tmp_path / "bad"), "--cooldown", "-1")
+    assert bad.returncode == 2 and "--cooldown" in bad.stderr
+
+
 def test_a_bad_sweep_file_is_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "x.yaml"
     bad.write_text("grid:\n  chunk_sizes: [8192]\n  decode_batch_sizes: [0, 4, -1]\n  new_prefill_tokens: [512]\n")
