@@ -45,7 +45,6 @@ from pdexporter.errors import (
     EngineTimeout,
     EngineUnreachable,
     MeasurementError,
-    SSEProtocolError,
 )
 from pdexporter.exporter import timeline
 from pdexporter.exporter.config import ExporterConfig

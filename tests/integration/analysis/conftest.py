@@ -1,18 +1,10 @@
-"""Real binaries for the analysis' integration tests: Debian's Prometheus, a test double of the exporter."""
+"""The analysis' integration tests: a real Prometheus (`tests.prometheus_server`) and a test double of the exporter."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
-import subprocess
 import threading
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,9 +12,7 @@ import pytest
 from pdexporter.exporter.metrics import ExporterMetrics, grid_labels, publish_window
 from pdexporter.exporter.server import metrics_app, start_metrics_server
 from pdexporter.measure.records import RepRecord, RunRecord
-from tests.helpers import free_port
-
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+from tests.prometheus_server import PrometheusServer
 
 
 class ExporterDouble:
@@ -61,83 +51,19 @@ def exporter_double() -> Iterator[ExporterDouble]:
     double.close()
 
 
-@dataclass
-class PrometheusServer:
-    url: str
-    process: subprocess.Popen[bytes]
-
-    def query(self, expr: str) -> list[dict]:
-        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return json.loads(response.read())["data"]["result"]
-
-    def wait_for(self, expr: str, predicate, timeout_s: float = 20.0) -> list[dict]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            result = self.query(expr)
-            if predicate(result):
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"Prometheus never satisfied the wait on {expr}: last {result}")
-            time.sleep(0.1)
-
-
-def start_prometheus(tmp_path: Path, targets: list[str], scrape_interval: str = "1s") -> PrometheusServer:
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n"
-        f"  scrape_interval: {scrape_interval}\n"
-        f"  scrape_timeout: {scrape_interval}\n"
-        "scrape_configs:\n"
-        "  - job_name: pdexporter\n"
-        "    static_configs:\n"
-        f"      - targets: {json.dumps(targets)}\n"
-    )
-    log = (tmp_path / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-                if response.status == 200:
-                    break
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError("prometheus not ready within 30 s")
-        time.sleep(0.1)
-    return PrometheusServer(url, process)
-
-
 @pytest.fixture
 def prometheus_for(tmp_path):
     """Start a real Prometheus scraping the given targets every second; stopped afterwards."""
     started: list[PrometheusServer] = []
 
     def start(targets: list[str]) -> PrometheusServer:
-        home = tmp_path / f"prom{len(started)}"
-        home.mkdir(parents=True, exist_ok=True)
-        server = start_prometheus(home, targets)
+        server = PrometheusServer(tmp_path / f"prom{len(started)}", targets)
         started.append(server)
         return server
 
     yield start
     for server in started:
-        server.process.terminate()
-        try:
-            server.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait()
+        server.stop()
 
 
 def sim_records(grid: list[tuple[int, int, int]], reps: int, out: Path,

@@ -1,8 +1,5 @@
-"""Real parts for the exporter's integration tests: a Prometheus server, an OTLP/HTTP receiver.
+"""Real parts for the exporter's integration tests beside `tests.prometheus_server`:
 
-- `PrometheusServer`: Debian's `/usr/bin/prometheus`, started with its own scrape config (1 s
-  interval) pointing at the exporter, its TSDB in a temp dir, on a free port; queried over its
-  HTTP API.
 - `OtlpReceiver`: an aiohttp server on `/v1/traces` that decodes the OTLP protobuf payload
   (`ExportTraceServiceRequest`, opentelemetry-proto) exactly as a collector would.
 """
@@ -11,88 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
-import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from tests.helpers import free_port
-
 ROOT = Path(__file__).resolve().parents[3]
-
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-class PrometheusServer:
-    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s") -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        config = workdir / "prometheus.yml"
-        config.write_text(
-            "global:\n"
-            f"  scrape_interval: {scrape_interval}\n"
-            f"  evaluation_interval: {scrape_interval}\n"
-            "scrape_configs:\n"
-            "  - job_name: pdexporter\n"
-            f"    static_configs:\n      - targets: {json.dumps(targets)}\n"
-        )
-        self.log = workdir / "prometheus.log"
-        self._log_handle = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
-            ],
-            stdout=self._log_handle,
-            stderr=subprocess.STDOUT,
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus did not start: {self.log.read_text()[-2000:]}")
-            time.sleep(0.1)
-
-    def api(self, path: str, **params: Any) -> Any:
-        query = urllib.parse.urlencode(params)
-        with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=5) as resp:
-            body = json.loads(resp.read())
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"query": promql}
-        if at is not None:
-            params["time"] = f"{at:.3f}"
-        return self.api("query", **params)["result"]
-
-    def targets_up(self) -> list[dict[str, Any]]:
-        return [t for t in self.api("targets")["activeTargets"] if t["health"] == "up"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self._log_handle.close()
 
 
 class OtlpReceiver:
