@@ -13,11 +13,7 @@ BUDGET=${1:-540}
 T0=$(date +%s)
 W=${MODES_WORK:-/root/modes}
 mkdir -p "$W"
-if [ -z "${MODES_FILE:-}" ] && [ ! -d /tmp/site/vllm ]; then
-  cat /root/stage/part.* > /root/bundle.tar.xz || exit 1
-  python3 -c "import tarfile; tarfile.open('/root/bundle.tar.xz').extractall('/tmp/unpack')" || exit 1
-  mkdir -p /tmp/site /tmp/model && mv /tmp/unpack/site/* /tmp/site/ && mv /tmp/unpack/model/* /tmp/model/ && rm -rf /tmp/unpack
-fi
+[ -n "${MODES_FILE:-}" ] || source scripts/gpu/unpack-bundle.sh
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 NCPU=$(nproc)
 if [ ! -f "$W/hostmon.pid" ]; then
