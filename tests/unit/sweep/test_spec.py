@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pdexporter.errors import ConfigError
+from pdexporter.sweep.launchers import render_command
 from pdexporter.sweep.spec import (
     ExternalLauncherSpec,
     LocalLauncherSpec,
@@ -56,6 +58,26 @@ def test_h200_file_runs_the_gpu_readme_command_fast() -> None:
                    "--max-num-batched-tokens {chunk}", "--enable-logging-iteration-details", "--load-format dummy",
                    "--enable-prefix-caching", "--enable-chunked-prefill", "--max-model-len 200000"):
         assert needle in launcher.command
+
+
+@pytest.mark.parametrize("name", ["h200-modes", "h200-launch", "h200-graphs", "h200-graphs-2048"])
+def test_gpu_experiment_files_share_the_h200_engine_command(name: str) -> None:
+    """The second GPU session's files: the same vLLM as h200.yaml (so one engine serves every run of
+    a session), plus a CUDA-graph capture list no larger than the chunk where vLLM requires it."""
+    base = load_sweep(ROOT / "sweeps" / "h200.yaml").launcher
+    spec = load_sweep(ROOT / "sweeps" / f"{name}.yaml")
+    assert isinstance(base, LocalLauncherSpec) and isinstance(spec.launcher, LocalLauncherSpec)
+    (chunk,) = spec.grid.chunk_sizes
+    argv = render_command(spec.launcher.command, chunk, spec.launcher.vars).argv
+    base_argv = render_command(base.command, chunk, base.vars).argv
+    assert argv[: len(base_argv)] == base_argv
+    if "graphs" in name:
+        flag, value = argv[len(base_argv):]
+        config = json.loads(value)
+        assert flag == "--compilation-config"
+        assert max(config["cudagraph_capture_sizes"]) == config["max_cudagraph_capture_size"] <= chunk
+    else:
+        assert argv == base_argv
 
 
 def test_quick_runs_on_the_embedded_engine() -> None:
