@@ -60,7 +60,7 @@ def test_h200_file_runs_the_gpu_readme_command_fast() -> None:
         assert needle in launcher.command
 
 
-@pytest.mark.parametrize("name", ["h200-modes", "h200-launch", "h200-graphs", "h200-graphs-2048"])
+@pytest.mark.parametrize("name", ["h200-modes", "h200-launch", "h200-graphs", "h200-graphs-2048", "h200-eager"])
 def test_gpu_experiment_files_share_the_h200_engine_command(name: str) -> None:
     """The second GPU session's files: the same vLLM as h200.yaml (so one engine serves every run of
     a session), plus a CUDA-graph capture list no larger than the chunk where vLLM requires it."""
@@ -76,6 +76,8 @@ def test_gpu_experiment_files_share_the_h200_engine_command(name: str) -> None:
         config = json.loads(value)
         assert flag == "--compilation-config"
         assert max(config["cudagraph_capture_sizes"]) == config["max_cudagraph_capture_size"] <= chunk
+    elif "eager" in name:
+        assert argv[len(base_argv):] == ("--enforce-eager",)
     else:
         assert argv == base_argv
 
