@@ -1,5 +1,5 @@
 """Tables and plots of the second GPU session (fast vs faithful, the launch-bound steps, CUDA
-graphs), read from the records under results/h200-vllm0.22-qwen3-coder-30b-a3b/experiments.
+graphs, --enforce-eager), read from the records under results/h200-vllm0.22-qwen3-coder-30b-a3b/experiments.
 
     python scripts/gpu/session2_report.py [RESULTS_DIR]
 
@@ -118,7 +118,23 @@ def graphs_table(launch: pd.DataFrame) -> None:
         print(f"| {b} | {d} | {p} | " + " | ".join(cells) + " |")
 
 
+def eager_table() -> None:
+    eager = pd.concat([reps_of(EXP / "eager" / part, "eager") for part in ("d4", "d1")])
+    default = pd.concat([reps_of(EXP / "modes" / n, n) for n in ("fastA", "faithful", "faithful0", "fastB")])
+    default["ratio"] = default.penalty / (default.during - default.penalty)
+    eager["ratio"] = eager.penalty / (eager.during - eager.penalty)
+    print("\n## --enforce-eager vs default (B=8192, medians)\n")
+    print("| D | P | baseline TPOT ms | penalty ms | penalty ratio | prefill_duration ms |")
+    print("|---|---|---|---|---|---|")
+    for (d, p), e in eager.groupby(["D", "P"], sort=False):
+        g = default[(default.D == d) & (default.P == p)]
+        cells = [f"{(e.during - e.penalty).median():.1f} / {(g.during - g.penalty).median():.1f}"]
+        cells += [f"{e[m].median():.{2 if m == 'ratio' else 1}f} / {g[m].median():.1f}" for m in ("penalty", "ratio", "prefill")]
+        print(f"| {d} | {p} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
     modes_table()
     launch = launch_plot()
     graphs_table(launch)
+    eager_table()
