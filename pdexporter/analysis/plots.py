@@ -83,6 +83,14 @@ def _modelled(frame: pd.DataFrame) -> bool:
 
 def heatmap(table: pd.DataFrame) -> Plot:
     """One panel per chunk size, one colour scale for all, so chunk sizes compare at a glance."""
+    title = _title("TPOT penalty ratio (penalty / baseline) over P x D, per chunk size", _modelled(table))
+    return grid_heatmap(table, "penalty_ratio", "penalty ratio (penalty / baseline)", title, "heatmap_penalty_ratio")
+
+
+def grid_heatmap(table: pd.DataFrame, column: str, label: str, title: str, name: str, *,
+                 cmap: str = "magma_r", symmetric: bool = False) -> Plot:
+    """`column` over (P, D), one panel per chunk size, one colour scale; `symmetric` centres it on 0
+    (a change: one colour for less, another for more)."""
     sizes = sorted(int(b) for b in table["chunk_size"].unique())
     decodes = sorted(int(d) for d in table["decode_batch_size"].unique())
     prefills = sorted(int(p) for p in table["new_prefill_tokens"].unique())
@@ -90,12 +98,18 @@ def heatmap(table: pd.DataFrame) -> Plot:
     nrows = max(math.ceil(len(sizes) / ncols), 1)
     panel_w = 0.78 * max(len(prefills), 4) + 1.3
     panel_h = 0.42 * max(len(decodes), 4) + 1.2
-    fig = Figure(figsize=(ncols * panel_w + 1.2, nrows * panel_h + 0.8))
-    fig.subplots_adjust(left=0.07, right=0.88, bottom=0.08, top=0.9, wspace=0.22, hspace=0.42)
-    finite = table["penalty_ratio"].to_numpy(np.float64)
+    height = nrows * panel_h + 1.2
+    fig = Figure(figsize=(ncols * panel_w + 1.2, height))
+    # Margins in inches, so a one-row grid keeps room for the title and the axis label.
+    fig.subplots_adjust(left=0.07, right=0.88, bottom=0.6 / height, top=1 - 0.75 / height, wspace=0.22,
+                        hspace=0.42 * 4 / max(nrows * panel_h, 4))
+    finite = table[column].to_numpy(np.float64)
     finite = finite[np.isfinite(finite)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    cmap = matplotlib.colormaps["magma_r"].with_extremes(bad="#dddddd")
+    if symmetric:
+        vmax = max(abs(vmin), abs(vmax)) or 1.0
+        vmin = -vmax
+    colours = matplotlib.colormaps[cmap].with_extremes(bad="#dddddd")
     image = None
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for ax, b in zip(axes.ravel(), sizes):
@@ -103,9 +117,9 @@ def heatmap(table: pd.DataFrame) -> Plot:
         values = np.full((len(decodes), len(prefills)), np.nan)
         row_of = {d: i for i, d in enumerate(decodes)}
         col_of = {p: j for j, p in enumerate(prefills)}
-        for d, p, ratio in zip(rows["decode_batch_size"], rows["new_prefill_tokens"], rows["penalty_ratio"]):
-            values[row_of[int(d)], col_of[int(p)]] = ratio
-        image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, aspect="auto", origin="lower",
+        for d, p, value in zip(rows["decode_batch_size"], rows["new_prefill_tokens"], rows[column]):
+            values[row_of[int(d)], col_of[int(p)]] = value
+        image = ax.imshow(np.ma.masked_invalid(values), cmap=colours, aspect="auto", origin="lower",
                           vmin=vmin, vmax=vmax)
         ax.set_xticks(range(len(prefills)), [_tokens(p) for p in prefills], fontsize=8)
         ax.set_yticks(range(len(decodes)), [str(d) for d in decodes], fontsize=8)
@@ -116,17 +130,16 @@ def heatmap(table: pd.DataFrame) -> Plot:
         for i in range(values.shape[0]):
             for j in range(values.shape[1]):
                 v = values[i, j]
-                label = "n/a" if not math.isfinite(v) else (f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
-                ax.text(j, i, label, ha="center", va="center", fontsize=7,
-                        color="white" if math.isfinite(v) and v > mid else "black")
+                text = "n/a" if not math.isfinite(v) else (f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
+                dark = math.isfinite(v) and (abs(v) > 0.6 * vmax if symmetric else v > mid)
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     for ax in axes.ravel()[len(sizes):]:
         ax.set_visible(False)
     if image is not None:
         cax = fig.add_axes((0.905, 0.15, 0.018, 0.7))
-        fig.colorbar(image, cax=cax, label="penalty ratio (penalty / baseline)")
-    title = _title("TPOT penalty ratio (penalty / baseline) over P x D, per chunk size", _modelled(table))
+        fig.colorbar(image, cax=cax, label=label)
     fig.suptitle(title)
-    return Plot("heatmap_penalty_ratio", title, fig)
+    return Plot(name, title, fig)
 
 
 def _tokens(p: float) -> str:

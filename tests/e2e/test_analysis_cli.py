@@ -1,4 +1,4 @@
-"""`pdexporter export-table`, `report` and `decide` end to end, and their one-line errors."""
+"""`pdexporter export-table`, `report`, `decide` and `compare` end to end, and their one-line errors."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records
@@ -128,3 +129,32 @@ def test_bad_input_is_one_line_and_loses_nothing(results, tmp_path, capsys):
     assert "expected 'pdexporter.decision/v1'" in line
     line = _one_line_error(*_cli(capsys, "decide", "-D", "9000", "-P", "100", "-B", "8192")[::2])
     assert "no room" in line
+
+
+H200_EXPERIMENTS = Path(__file__).resolve().parents[2] / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b" / "experiments"
+
+
+def test_compare_shows_what_cuda_graphs_did_on_the_h200(capsys, tmp_path):
+    """Real records: the launch-bound points without and with CUDA graphs up to 2560 tokens."""
+    out = tmp_path / "cmp"
+    code, stdout, err = _cli(capsys, "compare", str(H200_EXPERIMENTS / "launch" / "launch"),
+                             str(H200_EXPERIMENTS / "graphs"), "--out", str(out))
+    assert code == 0, err
+    assert stdout.strip().endswith("comparison.csv")
+    table = pd.read_csv(out / "comparison.csv")
+    assert len(table) == 6 and set(table["chunk_size"]) == {8192}  # the graphs' B=2048 points are not shared
+    assert (table["tpot_penalty_ms_change_pct"] < -5).all() and table["tpot_penalty_ms_change_pct"].min() < -60
+    summary = json.loads((out / "comparison.json").read_text())
+    assert summary["configurations"] == 6 and summary["modelled"] == {"before": False, "after": False}
+    assert summary["metrics"]["tpot_penalty_ms"]["min_at"] == [8192, 2, 512]
+    assert {p.name for p in (out / "plots").iterdir()} == {
+        f"compare_{m}.{ext}" for m in ("tpot_penalty_ms", "prefill_duration_ms") for ext in ("png", "svg")}
+
+
+def test_compare_errors_are_one_line(capsys, tmp_path, results):
+    code, _, err = _cli(capsys, "compare", str(tmp_path / "nowhere"), str(results), "--out", str(tmp_path / "o"))
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "nowhere: no such results directory" in err
+    code, _, err = _cli(capsys, "compare", str(H200_EXPERIMENTS / "eager" / "d1"), str(H200_EXPERIMENTS / "graphs"),
+                        "--out", str(tmp_path / "o"))
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "share no" in err
+    assert not (tmp_path / "o").exists()  # nothing half-written
