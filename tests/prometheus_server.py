@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import free_port, stop_process
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
@@ -96,13 +96,7 @@ class PrometheusServer:
         return [t for t in self.api("targets")["activeTargets"] if t["health"] == "up"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log_handle.close()
 
     def __enter__(self) -> PrometheusServer:

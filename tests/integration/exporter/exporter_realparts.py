@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.helpers import stop_process
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -69,12 +71,7 @@ class OtlpReceiver:
         return spans
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 

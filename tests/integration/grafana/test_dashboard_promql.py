@@ -29,6 +29,7 @@ from pdexporter.exporter.metrics import WINDOW_RATIO, all_series_names
 from pdexporter.grafana import build_all
 from pdexporter.grafana.promql import panel_queries, series_names, substitute, variable_queries
 from tests.helpers import free_port
+from tests.helpers import stop_process
 from tests.prometheus_server import PrometheusServer
 from tests.scripted_engine import ScriptedEngine
 
@@ -115,11 +116,7 @@ def live_exporter() -> Iterator[tuple[str, str]]:
             _wait_http(f"http://127.0.0.1:{port}/metrics", proc)
             yield f"127.0.0.1:{port}", source
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc)
 
 
 @pytest.fixture(scope="module")
