@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -63,7 +63,7 @@ def compare(
     print(out / "comparison.csv")
 
 
-def _print(summary: dict) -> None:
+def _print(summary: dict[str, Any]) -> None:
     for name, flag in summary["modelled"].items():
         if flag:
             console.print(f"[bold yellow]MODELLED DATA[/] in {name} ({summary[name]})")
