@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdexporter.analysis.table import ConfigSamples
+from pdexporter.analysis.table import INT_VALUES, ConfigSamples
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter import metrics as m
 
@@ -60,7 +60,6 @@ WINDOW_GAUGES: dict[str, tuple[str, float]] = {
     m.WINDOW_EXPECTED: ("num_chunks_expected", 1.0),
     m.WINDOW_TOTAL: ("total_interference_ms", 1e3),
 }
-INT_COLUMNS = frozenset({"num_chunks", "num_chunks_expected", "slow_steps"})
 
 
 class PrometheusError(PdexporterError):
@@ -281,7 +280,7 @@ def windows_from_series(
                 raw = gauge_at.get(name, {}).get(labels, {}).get(ts)
                 if raw is None:
                     values[column] = None
-                elif column in INT_COLUMNS:
+                elif column in INT_VALUES:
                     values[column] = int(round(raw))
                 else:
                     values[column] = raw * factor

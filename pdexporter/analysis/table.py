@@ -49,14 +49,8 @@ SEED_COLUMNS = (
     "num_chunks",
     "prefill_duration_ms",
 )
-# Per-repetition values medianed into the table (the seed's value columns first).
-REP_VALUES = (
-    "tpot_baseline_ms",
-    "tpot_interference_ms",
-    "tpot_penalty_ms",
-    "penalty_ratio",
-    "num_chunks",
-    "prefill_duration_ms",
+# Per-repetition values beyond the seed's, medianed into the table like the seed's own.
+EXTRA_REP_VALUES = (
     "tpot_baseline_p90_ms",
     "tpot_interference_p90_ms",
     "tpot_after_prefill_ms",
@@ -67,25 +61,15 @@ REP_VALUES = (
     "aggregate_interference_ms",
     "decode_tokens_delayed",
 )
+# Per-repetition values medianed into the table (the seed's value columns first).
+REP_VALUES = SEED_COLUMNS[len(KEY_COLUMNS):] + EXTRA_REP_VALUES
 INT_VALUES = frozenset({"num_chunks", "num_chunks_expected", "num_chunks_engine_log", "slow_steps", "decode_tokens_delayed"})
+# What the records say about where the numbers come from, one value per grid point.
+IDENTITY_COLUMNS = ("modelled", "engine", "gpu", "model")
 EXTRA_COLUMNS = (
-    "reps",
-    "cv_tpot_penalty",
-    "cv_prefill_duration",
-    "cv_aggregate_interference",
-    "tpot_baseline_p90_ms",
-    "tpot_interference_p90_ms",
-    "tpot_after_prefill_ms",
-    "num_chunks_expected",
-    "num_chunks_engine_log",
-    "slow_steps",
-    "total_interference_ms",
-    "aggregate_interference_ms",
-    "decode_tokens_delayed",
-    "modelled",
-    "engine",
-    "gpu",
-    "model",
+    ("reps", "cv_tpot_penalty", "cv_prefill_duration", "cv_aggregate_interference")
+    + EXTRA_REP_VALUES
+    + IDENTITY_COLUMNS
 )
 COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS
 TABLE_CSV = "interference_table.csv"
@@ -215,7 +199,7 @@ def build_table(samples: Iterable[ConfigSamples]) -> pd.DataFrame:
     for name in INT_VALUES:
         frame[name] = frame[name].astype("Int64")
     for name in COLUMNS:
-        if name not in INT_VALUES and name not in KEY_COLUMNS and name not in ("reps", "modelled", "engine", "gpu", "model"):
+        if name not in INT_VALUES and name not in KEY_COLUMNS and name not in ("reps", *IDENTITY_COLUMNS):
             frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
     frame["modelled"] = frame["modelled"].astype(bool)
     return frame.sort_values(list(KEY_COLUMNS), kind="stable").reset_index(drop=True)
