@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def free_port() -> int:
@@ -22,3 +27,8 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def seed_record_example() -> dict[str, Any]:
+    """The seed's "Per-Run Record" example, verbatim (a fresh copy each call)."""
+    return json.loads((FIXTURES / "seed" / "per-run-record.json").read_text())

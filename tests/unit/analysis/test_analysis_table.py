@@ -21,6 +21,7 @@ from pdexporter.analysis.table import (
     write_table,
 )
 from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord, aggregate
+from tests.helpers import seed_record_example
 
 # Verbatim from the seed (section "Aggregated Table (results/interference_table.csv)").
 SEED_CSV = """chunk_size,decode_batch_size,new_prefill_tokens,tpot_baseline_ms,tpot_interference_ms,tpot_penalty_ms,penalty_ratio,num_chunks,prefill_duration_ms
@@ -30,16 +31,7 @@ SEED_CSV = """chunk_size,decode_batch_size,new_prefill_tokens,tpot_baseline_ms,t
 """
 
 # Verbatim from the seed (section "Per-Run Record").
-SEED_RECORD = {
-    "config": {"decode_batch_size": 4, "new_prefill_tokens": 8192, "chunk_size": 8192,
-               "model": "Qwen3-Coder-30B-A3B-Instruct", "gpu": "H20"},
-    "baseline": {"tpot_p50_ms": 42.3, "tpot_p90_ms": 45.1, "tpot_p99_ms": 48.7, "step_time_ms": 43.0},
-    "interference": {"tpot_during_prefill_p50_ms": 89.2, "tpot_during_prefill_p90_ms": 95.4,
-                     "tpot_after_prefill_p50_ms": 43.1, "num_chunks_actual": 1, "prefill_duration_ms": 91.0,
-                     "prefill_ttft_ms": 91.0},
-    "derived": {"tpot_penalty_p50_ms": 46.9, "tpot_penalty_ratio": 1.11, "total_interference_ms": 46.9,
-                "decode_tokens_delayed": 4},
-}
+SEED_RECORD = seed_record_example()
 
 
 def test_csv_header_starts_with_the_seeds_columns_exactly(tmp_path):

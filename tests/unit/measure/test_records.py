@@ -17,20 +17,11 @@ from pdexporter.measure.records import (
     aggregate,
     cv,
 )
+from tests.helpers import seed_record_example
 
 # Verbatim from the seed's "Per-Run Record" section.
-SEED_EXAMPLE = json.loads("""
-{
-    "config": {"decode_batch_size": 4, "new_prefill_tokens": 8192, "chunk_size": 8192,
-               "model": "Qwen3-Coder-30B-A3B-Instruct", "gpu": "H20"},
-    "baseline": {"tpot_p50_ms": 42.3, "tpot_p90_ms": 45.1, "tpot_p99_ms": 48.7, "step_time_ms": 43.0},
-    "interference": {"tpot_during_prefill_p50_ms": 89.2, "tpot_during_prefill_p90_ms": 95.4,
-                     "tpot_after_prefill_p50_ms": 43.1, "num_chunks_actual": 1, "prefill_duration_ms": 91.0,
-                     "prefill_ttft_ms": 91.0},
-    "derived": {"tpot_penalty_p50_ms": 46.9, "tpot_penalty_ratio": 1.11, "total_interference_ms": 46.9,
-                "decode_tokens_delayed": 4}
-}
-""")
+SEED_EXAMPLE = seed_record_example()
+
 
 
 def _rep(rep: int, penalty: float, prefill: float, chunks: list[int]) -> RepRecord:
