@@ -75,13 +75,19 @@ def test_steps_chain_on_absolute_deadlines(profile):
     assert finishes[-1] == pytest.approx(50 * STEP)
 
 
-def test_metrics_use_vllm_022_names_types_and_labels(profile, vllm_metrics_text: str):
+def served_three_on_a_warm_prefix(profile):
+    """The engine's metrics after a prefix warm-up and three 20-token requests on that prefix."""
     clock, engine, metrics = make(profile)
     engine.add_request("warm", PREFIX, 1)
     clock.run()
     for i in range(3):
         engine.add_request(f"p{i}", PREFIX, 20)
     clock.run()
+    return metrics
+
+
+def test_metrics_use_vllm_022_names_types_and_labels(profile, vllm_metrics_text: str):
+    metrics = served_three_on_a_warm_prefix(profile)
     ours = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())}
     real = {f.name: f for f in text_string_to_metric_families(vllm_metrics_text)}
     wanted = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -104,12 +110,7 @@ def test_metrics_use_vllm_022_names_types_and_labels(profile, vllm_metrics_text:
 
 
 def test_metric_values_follow_vllm_accounting(profile):
-    clock, engine, metrics = make(profile)
-    engine.add_request("warm", PREFIX, 1)
-    clock.run()
-    for i in range(3):
-        engine.add_request(f"p{i}", PREFIX, 20)
-    clock.run()
+    metrics = served_three_on_a_warm_prefix(profile)
     snap = parse_exposition(generate_latest(metrics.registry).decode())
     assert snap.model_names == (profile.model.name,)
     assert snap.get("prompt_tokens_total") == 4 * 4096  # whole prompts, cached tokens included
