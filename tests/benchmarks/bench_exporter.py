@@ -35,7 +35,9 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -46,6 +48,9 @@ from pdexporter.engine.launcher import SimLauncher  # noqa: E402
 from pdexporter.exporter import timeline  # noqa: E402
 from pdexporter.exporter.config import build_config  # noqa: E402
 from pdexporter.exporter.runner import ProbeState, Runner  # noqa: E402
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 CHUNK = 8192
@@ -170,9 +175,18 @@ async def run_once(d: int, seconds: float, switch_interval: float, stamp: str, b
     }
 
 
+def _per_token_cost(build_cpu_s: float, spans: Sequence[ReadableSpan], tokens: int) -> tuple[float, float]:
+    """(CPU µs, OTLP bytes) per token: building the spans (measured by the caller) plus encoding them."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    t0 = time.process_time()
+    data = encode_spans(spans).SerializeToString()
+    encode = time.process_time() - t0
+    return (build_cpu_s + encode) / tokens * 1e6, len(data) / tokens
+
+
 def span_costs(tokens: int = 256, streams: int = 64) -> dict[str, float]:
     """CPU and OTLP bytes per token: per-token spans vs one span with token events."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -198,13 +212,8 @@ def span_costs(tokens: int = 256, streams: int = 64) -> dict[str, float]:
         tracing.end_probe(tracing.start_probe(s, i), s)
     build = time.process_time() - t0
     tracing.provider.force_flush()
-    spans = exporter.get_finished_spans()
-    t0 = time.process_time()
-    data = encode_spans(spans).SerializeToString()
-    encode = time.process_time() - t0
-    n = streams * tokens
-    out["events_cpu_us_per_token"] = (build + encode) / n * 1e6
-    out["events_bytes_per_token"] = len(data) / n
+    out["events_cpu_us_per_token"], out["events_bytes_per_token"] = _per_token_cost(
+        build, exporter.get_finished_spans(), streams * tokens)
 
     # (a) one span per token, same attributes as the stream span.
     exporter = InMemorySpanExporter()
@@ -225,13 +234,8 @@ def span_costs(tokens: int = 256, streams: int = 64) -> dict[str, float]:
             child.end(end_time=(k + 1) * step_ns)
         root.end(end_time=tokens * step_ns)
     build = time.process_time() - t0
-    spans = exporter.get_finished_spans()
-    t0 = time.process_time()
-    data = encode_spans(spans).SerializeToString()
-    encode = time.process_time() - t0
-    n = per_token_streams * tokens
-    out["spans_cpu_us_per_token"] = (build + encode) / n * 1e6
-    out["spans_bytes_per_token"] = len(data) / n
+    out["spans_cpu_us_per_token"], out["spans_bytes_per_token"] = _per_token_cost(
+        build, exporter.get_finished_spans(), per_token_streams * tokens)
     tracing.provider.shutdown()
     provider.shutdown()
     return out
