@@ -48,15 +48,15 @@ def summarise(comparison: pd.DataFrame, metrics: tuple[str, ...] = COMPARED) -> 
         if finite.empty:
             summary["metrics"][m] = None
             continue
-
-        def key_at(index: int) -> list[int]:
-            return [int(comparison.loc[index, k]) for k in KEY_COLUMNS]
-
         summary["metrics"][m] = {
             "median_change_pct": round(float(finite.median()), 2),
             "min_change_pct": round(float(finite.min()), 2),
-            "min_at": key_at(int(finite.idxmin())),
+            "min_at": _key_at(comparison, int(finite.idxmin())),
             "max_change_pct": round(float(finite.max()), 2),
-            "max_at": key_at(int(finite.idxmax())),
+            "max_at": _key_at(comparison, int(finite.idxmax())),
         }
     return summary
+
+
+def _key_at(comparison: pd.DataFrame, index: int) -> list[int]:
+    return [int(comparison.loc[index, k]) for k in KEY_COLUMNS]
