@@ -11,25 +11,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord, aggregate
 from pdexporter.measure.reanalyse import reanalyse_record
 from pdexporter.measure.store import ResultsStore, load_record_file
 
 
 def register(app: typer.Typer) -> None:
     app.command("reanalyse")(reanalyse)
-
-
-def _keep_shape(config: RecordConfig, reps: list[RepRecord], old: RunRecord) -> RunRecord:
-    """A sweep's record (attempts, CV re-runs) is summarised as the sweep does; others by median."""
-    summary = old.summary.model_dump() if old.summary else {}
-    if "attempts" in summary:
-        from pdexporter.sweep.plan import summarise_attempts
-        from pdexporter.sweep.spec import CvSpec
-
-        cv = CvSpec(threshold=summary.get("cv_threshold", CvSpec().threshold))
-        return summarise_attempts(config, reps, config.reps_planned, cv)
-    return aggregate(config, reps)
 
 
 def reanalyse(
@@ -48,7 +35,7 @@ def reanalyse(
         task = bar.add_task("records", total=len(paths))
         for path in paths:
             record = load_record_file(path)
-            result = reanalyse_record(store, record, settings, _keep_shape)
+            result = reanalyse_record(store, record, settings)
             reps += result.reps
             changed += result.changed
             if not dry_run:

@@ -56,7 +56,7 @@ from pdexporter.exporter.tracing import preload as tracing_preload
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.measure.point import PointSpec, record_config, rep_record, resumable_reps
 from pdexporter.measure.prompts import cold_prompt
-from pdexporter.measure.protocol import InterferenceRun, StreamTrace, analyse_traces
+from pdexporter.measure.protocol import InterferenceRun, StreamTrace, analyse_traces, expected_schedule
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import stream_phases, token_times, window_end_ns
@@ -575,7 +575,9 @@ class Runner:
         # 4. The window maths, exactly as `measure` runs it.
         self._bookkeeping()
         traces = [StreamTrace.of(s.stream) for s in window_states]
-        stats = analyse_traces(traces, t_inject, t_first, baseline, params, steps)
+        schedule = expected_schedule(self.info.kind if self.info else None, cfg.prefill_tokens, cfg.chunk_size,
+                                     cfg.probe_streams)
+        stats = analyse_traces(traces, t_inject, t_first, baseline, params, steps, schedule)
         run = InterferenceRun(
             decode_batch_size=cfg.probe_streams,
             new_prefill_tokens=cfg.prefill_tokens,
@@ -587,6 +589,7 @@ class Runner:
             metrics_before=before,
             metrics_after=after,
             engine_steps=steps,
+            schedule=schedule,
             salt=salt,
             extra={
                 "mode": "live",
@@ -597,7 +600,7 @@ class Runner:
         )
         touched = [s for s in [*self.finished, *self.live.values()] if s.next_interval < len(s.times)]
         theta = baseline.slow_threshold_ms(params) if baseline else None
-        phases = self._label_window(touched, t_inject, t_first, w_end, theta, run.engine_chunks)
+        phases = self._label_window(touched, t_inject, t_first, w_end, theta, run.located_chunks)
         self._quiet_from = timeline.recovery_end_ns(phases, w_end)
         self._hold_from = math.inf
 

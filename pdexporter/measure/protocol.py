@@ -30,8 +30,10 @@ from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
+from pdexporter.engines import adapter
 from pdexporter.measure.window import (
     BaselineStats,
+    ChunkPlan,
     WindowParams,
     WindowStats,
     analyse_window,
@@ -168,6 +170,7 @@ class InterferenceRun:
     metrics_before: MetricsSnapshot | None = None
     metrics_after: MetricsSnapshot | None = None
     engine_steps: list[IterationStep] | None = None
+    schedule: tuple[int, ...] | None = None  # the engine's chunk schedule for this prefill, when B is known
     salt: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -180,6 +183,13 @@ class InterferenceRun:
     @property
     def engine_chunks(self) -> tuple[int, ...] | None:
         return chunks_from_steps(self.engine_steps)
+
+    @property
+    def located_chunks(self) -> tuple[int, ...] | None:
+        """The chunk sizes the window maths located its chunk steps with (log, or confirmed schedule)."""
+        if self.window.num_chunks_source == "engine-log":
+            return self.engine_chunks
+        return self.schedule if self.window.num_chunks_source == "cadence" else None
 
     def to_raw(self) -> dict[str, Any]:
         t0 = self.t_inject_ns
@@ -209,6 +219,23 @@ def chunks_from_steps(steps: Sequence[IterationStep] | None) -> tuple[int, ...] 
     return summarise_chunks(steps).chunk_tokens or None
 
 
+def expected_schedule(engine: str | None, p: int, chunk_size: int | None, d: int) -> tuple[int, ...] | None:
+    """The chunks the engine's scheduling rule gives a P-token prefill beside D decodes, or None
+    when the chunk size is unknown (or leaves no budget)."""
+    if chunk_size is None or d >= chunk_size or p < 1:
+        return None
+    return adapter(engine).chunk_schedule(p, chunk_size, d)
+
+
+def chunk_plan(engine_steps: Sequence[IterationStep] | None, schedule: Sequence[int] | None) -> ChunkPlan | None:
+    """The engine's own log when it shows the chunks (exact), else its schedule (to be confirmed
+    by the cadence), else nothing."""
+    logged = chunks_from_steps(engine_steps)
+    if logged:
+        return ChunkPlan(tuple(logged), exact=True)
+    return ChunkPlan(tuple(schedule), exact=False) if schedule else None
+
+
 def analyse_traces(
     probes: Sequence[StreamTrace],
     t_inject_ns: int,
@@ -216,11 +243,12 @@ def analyse_traces(
     baseline: BaselineStats | None,
     params: WindowParams,
     engine_steps: Sequence[IterationStep] | None = None,
+    schedule: Sequence[int] | None = None,
 ) -> WindowStats:
-    """The window maths on recorded traces, told the chunk count when the engine log has it."""
+    """The window maths on recorded traces, told the chunks by the engine log or its schedule."""
     return analyse_window(
         [t.token_times() for t in probes], t_inject_ns, t_first_ns, baseline, params,
-        chunks_hint=chunks_from_steps(engine_steps),
+        plan=chunk_plan(engine_steps, schedule),
         token_events=[token_event_index(t.event_tokens) for t in probes],
     )
 
@@ -383,7 +411,8 @@ async def run_interference(
         steps = [s for s in steps if s.context_tokens > 0 or s.generation_requests > 0]
 
     traces = [StreamTrace.of(s) for s in probes]
-    window = analyse_traces(traces, t_inject, t_first, baseline, settings.window, steps)
+    schedule = expected_schedule(driver.info.kind, p, driver.info.chunk_size, d)
+    window = analyse_traces(traces, t_inject, t_first, baseline, settings.window, steps, schedule)
     return InterferenceRun(
         decode_batch_size=d,
         new_prefill_tokens=p,
@@ -395,5 +424,6 @@ async def run_interference(
         metrics_before=before,
         metrics_after=after,
         engine_steps=steps,
+        schedule=schedule,
         salt=salt,
     )

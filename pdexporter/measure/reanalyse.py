@@ -14,8 +14,15 @@ from dataclasses import dataclass
 from pdexporter.engine.iterlog import parse_iteration_lines
 from pdexporter.errors import RecordError
 from pdexporter.measure.point import PointSpec
-from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, analyse_traces
-from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord, derived_block, interference_block
+from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, analyse_traces, expected_schedule
+from pdexporter.measure.records import (
+    RecordConfig,
+    RepRecord,
+    RunRecord,
+    aggregate,
+    derived_block,
+    interference_block,
+)
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import BaselineStats, baseline_stats, derive
 
@@ -40,16 +47,20 @@ def phase1_stats(store: ResultsStore, chunk_size: int, d: int, settings: Protoco
 
 
 def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseline: BaselineStats | None,
-                  settings: ProtocolSettings) -> RepRecord:
+                  settings: ProtocolSettings, *, use_engine_log: bool = True) -> RepRecord:
+    """`use_engine_log=False` analyses the window as if the engine's step log had not been read
+    (what an engine someone else runs gives): chunk steps from the schedule and the cadence."""
     c = record.config
     if rep.raw is None:
         raise RecordError(f"{store.record_path(*record.key)}: repetition {rep.rep} has no raw timestamps")
     raw = store.load_raw(store.chunk_dir(c.chunk_size) / rep.raw)
     probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
     prefill = StreamTrace.from_raw(raw["prefill"])
-    steps = parse_iteration_lines(raw["engine_steps"]) if raw.get("engine_steps") else None
-    window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], baseline, settings.window, steps)
+    steps = parse_iteration_lines(raw["engine_steps"]) if raw.get("engine_steps") and use_engine_log else None
     spec = PointSpec(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)
+    schedule = expected_schedule(c.engine, c.new_prefill_tokens, c.chunk_size, c.decode_batch_size)
+    window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], baseline, settings.window, steps,
+                            schedule)
     chunks = tuple(s.context_tokens for s in steps if s.context_tokens > 0) if steps else None
     return rep.model_copy(update={
         "interference": interference_block(
@@ -60,12 +71,82 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     })
 
 
+def keep_shape(config: RecordConfig, reps: list[RepRecord], old: RunRecord) -> RunRecord:
+    """A sweep's record (attempts, CV re-runs) is summarised as the sweep does; others by median."""
+    summary = old.summary.model_dump() if old.summary else {}
+    if "attempts" in summary:
+        from pdexporter.sweep.plan import summarise_attempts
+        from pdexporter.sweep.spec import CvSpec
+
+        cv = CvSpec(threshold=summary.get("cv_threshold", CvSpec().threshold))
+        return summarise_attempts(config, reps, config.reps_planned, cv)
+    return aggregate(config, reps)
+
+
 def reanalyse_record(store: ResultsStore, record: RunRecord, settings: ProtocolSettings,
-                     aggregate: Aggregate) -> Reanalysed:
+                     aggregate: Aggregate = keep_shape, *, use_engine_log: bool = True) -> Reanalysed:
     """`aggregate(config, reps, old_record)` rebuilds the top level (plain medians, or a sweep's
     attempts), so the record keeps the shape its producer gave it."""
     c = record.config
     baseline = phase1_stats(store, c.chunk_size, c.decode_batch_size, settings)
-    reps = [reanalyse_rep(store, record, rep, baseline, settings) for rep in record.reps]
+    reps = [reanalyse_rep(store, record, rep, baseline, settings, use_engine_log=use_engine_log) for rep in record.reps]
     changed = sum(new.derived != old.derived for new, old in zip(reps, record.reps))
     return Reanalysed(aggregate(c, reps, record), len(reps), changed)
+
+
+# ---------------------------------------------------------------------------------------------
+# With and without the engine's step log, on the same repetitions
+
+
+@dataclass(frozen=True)
+class SourceComparison:
+    """One configuration analysed twice: with the engine log (exact) and from the cadence alone."""
+
+    key: tuple[int, int, int]
+    penalty_log_ms: float | None
+    penalty_cadence_ms: float | None
+    cv_log: float | None
+    cv_cadence: float | None
+    reps: int
+    reps_same_steps: int  # repetitions whose located chunk steps are the log's
+
+    @property
+    def relative_difference(self) -> float | None:
+        a, b = self.penalty_log_ms, self.penalty_cadence_ms
+        return None if a is None or b is None or a == 0 else (b - a) / abs(a)
+
+    def penalty_agrees(self, rel: float = 0.05, abs_ms: float = 2.0, small_ms: float = 40.0) -> bool:
+        """Within `rel` of the log's penalty, or within `abs_ms` where that is under `small_ms`."""
+        a, b = self.penalty_log_ms, self.penalty_cadence_ms
+        if a is None or b is None:
+            return a is None and b is None
+        return abs(b - a) <= (abs_ms if abs(a) < small_ms else rel * abs(a))
+
+    def cv_agrees(self, points: float = 0.03) -> bool:
+        if self.cv_cadence is None or self.cv_log is None:
+            return self.cv_cadence is None
+        return self.cv_cadence <= self.cv_log + points
+
+
+def compare_sources(store: ResultsStore, records: list[RunRecord], settings: ProtocolSettings) -> list[SourceComparison]:
+    """Re-analyse every record with and without its engine log (nothing is written)."""
+    out = []
+    for record in records:
+        if record.config.decode_batch_size == 0:
+            continue  # no decodes, no penalty
+        with_log = reanalyse_record(store, record, settings).record
+        without = reanalyse_record(store, record, settings, use_engine_log=False).record
+        same = sum(
+            a.interference.chunk_step_times_ms == b.interference.chunk_step_times_ms
+            for a, b in zip(with_log.reps, without.reps)
+        )
+        out.append(SourceComparison(
+            key=record.key,
+            penalty_log_ms=with_log.derived.tpot_penalty_p50_ms,
+            penalty_cadence_ms=without.derived.tpot_penalty_p50_ms,
+            cv_log=with_log.summary.cv_tpot_penalty if with_log.summary else None,
+            cv_cadence=without.summary.cv_tpot_penalty if without.summary else None,
+            reps=len(with_log.reps),
+            reps_same_steps=same,
+        ))
+    return out

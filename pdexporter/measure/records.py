@@ -66,6 +66,8 @@ class InterferenceBlock(_Model):
     tpot_window_p50_ms: float | None = None
     tpot_pre_injection_p50_ms: float | None = None
     num_chunks_source: str | None = None
+    num_chunks_seen: int | None = None
+    chunk_schedule_check: str | None = None
     num_chunks_expected: int | None = None
     num_chunks_engine_log: int | None = None
     chunk_tokens_engine_log: list[int] | None = None
@@ -173,6 +175,8 @@ def interference_block(
         tpot_window_p50_ms=_r(window.window_p50_ms),
         tpot_pre_injection_p50_ms=_r(window.pre_p50_ms),
         num_chunks_source=window.num_chunks_source,
+        num_chunks_seen=window.num_chunks_seen,
+        chunk_schedule_check=window.chunk_schedule_check,
         num_chunks_expected=num_chunks_expected,
         num_chunks_engine_log=len(engine_chunks) if engine_chunks is not None else None,
         chunk_tokens_engine_log=list(engine_chunks) if engine_chunks is not None else None,

@@ -89,6 +89,18 @@ class WindowParams:
     slow_rel: float = 0.20
     slow_mad_k: float = 5.0
     zero_interval_frac: float = 0.05  # an interval below this fraction of baseline p50 is "~0 ms"
+    full_chunk_frac: float = 0.25  # a chunk this large (vs the largest) must show as a slow step
+    max_stall_steps: int = 4  # slow steps beside the chunk steps a schedule may leave (stalls)
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The prefill's chunk sizes in token order: from the engine's own step log (`exact`), or
+    from the engine's scheduling rule (its adapter's `chunk_schedule`), which the cadence must
+    then confirm before it is used."""
+
+    sizes: tuple[int, ...]
+    exact: bool
 
 
 @dataclass(frozen=True)
@@ -133,7 +145,9 @@ class WindowStats:
     slow_steps_per_stream: tuple[int, ...]
     slow_steps: int | None
     num_chunks_actual: int | None
-    num_chunks_source: str | None  # "engine-log" | "cadence"
+    num_chunks_source: str | None  # "engine-log" | "cadence" | "slow-steps"
+    num_chunks_seen: int | None  # located chunk steps the probes saw slow (median stream)
+    chunk_schedule_check: str | None  # "confirmed" | "contradicted": the schedule vs the cadence
     window_intervals: int
     total_interference_ms: float | None
     decode_tokens_delayed: int
@@ -327,43 +341,67 @@ def analyse_window(
     t_first_ns: int,
     baseline: BaselineStats | None,
     params: WindowParams = WindowParams(),
-    chunks_hint: Sequence[int] | None = None,
+    plan: ChunkPlan | None = None,
     token_events: Sequence[np.ndarray] | None = None,
 ) -> WindowStats:
     """Phase 2: classify each probe's intervals around one prefill (see the module docs).
 
-    `chunks_hint` is the prefill's chunk sizes from the engine's own step log, when known;
-    `token_events` each stream's `token_event_index`, when known."""
+    `plan` is the prefill's chunk sizes: from the engine's own step log (exact) or from its
+    scheduling rule (checked against the cadence); `token_events` each stream's
+    `token_event_index`, when known."""
     if t_first_ns < t_inject_ns:
         raise ValueError("the prefill's first token arrived before it was sent")
     window_end = window_end_ns(t_first_ns, baseline)
     theta_ms = baseline.slow_threshold_ms(params) if baseline else None
     slow_counts = slow_step_count(streams, t_inject_ns, window_end, theta_ms, params)
     slow_steps = int(round(float(np.median(slow_counts)))) if streams and theta_ms is not None else None
-    hint = tuple(chunks_hint) if chunks_hint else None
-    chunks = len(hint) if hint else slow_steps
+
+    def phases(sizes: tuple[int, ...] | None) -> list[StreamPhases]:
+        return [
+            stream_phases(times, t_inject_ns, t_first_ns, window_end, theta_ms, params, sizes,
+                          token_events[s] if token_events is not None else None)
+            for s, times in enumerate(streams)
+        ]
+
+    sizes = plan.sizes if plan and plan.sizes else None
+    per_stream = phases(sizes)
+    check: str | None = None
+    if sizes is not None and plan is not None and not plan.exact and theta_ms is not None and streams:
+        check = "confirmed" if schedule_confirmed(per_stream, sizes, slow_counts, theta_ms, params) else "contradicted"
+        if check == "contradicted":
+            sizes = None
+            per_stream = phases(None)
+    seen_counts = [int((ph.during_ms > theta_ms).sum()) for ph in per_stream] if sizes and theta_ms is not None else []
+    seen = int(round(float(np.median(seen_counts)))) if seen_counts else None
+    if sizes is not None and plan is not None and plan.exact:
+        chunks, source = len(sizes), "engine-log"
+    elif sizes is not None:
+        chunks, source = seen, "cadence"
+    else:
+        chunks, source = slow_steps, "slow-steps"
 
     window_all: list[np.ndarray] = []
     during_all: list[np.ndarray] = []
+    weights_all: list[np.ndarray] = []
     after_all: list[np.ndarray] = []
     pre_all: list[np.ndarray] = []
     totals: list[float] = []
     zero = 0
-    for s, times in enumerate(streams):
-        events = token_events[s] if token_events is not None else None
-        ph = stream_phases(times, t_inject_ns, t_first_ns, window_end, theta_ms, params, hint, events)
+    for ph in per_stream:
         ms = ph.intervals.length_ns / 1e6
         w = ms[ph.window]
         window_all.append(w)
         pre_all.append(ms[ph.pre])
         after_all.append(ms[ph.after])
         during_all.append(ph.during_ms)
+        weights_all.append(chunk_weights(sizes, ph.during_ms.size))
         if baseline is not None and w.size:
             totals.append(float((w - baseline.p50_ms).sum()))
             zero += int((w < params.zero_interval_frac * baseline.p50_ms).sum())
 
     window = np.concatenate(window_all) if window_all else np.empty(0)
     during = np.concatenate(during_all) if during_all else np.empty(0)
+    weights = np.concatenate(weights_all) if weights_all else np.empty(0)
     after = np.concatenate(after_all) if after_all else np.empty(0)
     pre = np.concatenate(pre_all) if pre_all else np.empty(0)
     median_stream = _median_index(slow_counts)
@@ -371,9 +409,9 @@ def analyse_window(
         t_inject_ns=int(t_inject_ns),
         t_first_ns=int(t_first_ns),
         prefill_duration_ms=(t_first_ns - t_inject_ns) / 1e6,
-        during_p50_ms=_pct(during, 50),
-        during_p90_ms=_pct(during, 90),
-        during_mean_ms=float(during.mean()) if during.size else None,
+        during_p50_ms=weighted_percentile(during, weights, 50),
+        during_p90_ms=weighted_percentile(during, weights, 90),
+        during_mean_ms=float(np.average(during, weights=weights)) if during.size else None,
         window_p50_ms=_pct(window, 50),
         window_mean_ms=float(window.mean()) if window.size else None,
         after_p50_ms=_pct(after, 50),
@@ -381,8 +419,10 @@ def analyse_window(
         slow_threshold_ms=theta_ms,
         slow_steps_per_stream=tuple(slow_counts),
         slow_steps=slow_steps,
-        num_chunks_actual=chunks if streams or hint else None,
-        num_chunks_source=None if chunks is None else ("engine-log" if hint else "cadence"),
+        num_chunks_actual=chunks if streams or (plan and plan.exact) else None,
+        num_chunks_source=None if chunks is None else source,
+        num_chunks_seen=seen,
+        chunk_schedule_check=check,
         window_intervals=int(window.size),
         total_interference_ms=float(np.mean(totals)) if totals else None,
         decode_tokens_delayed=int(sum(slow_counts)),
@@ -390,6 +430,49 @@ def analyse_window(
         min_interval_ms=float(window.min()) if window.size else None,
         chunk_step_times_ms=tuple(float(x) for x in during_all[median_stream]) if chunks and during_all else (),
     )
+
+
+def chunk_weights(sizes: Sequence[int] | None, n: int) -> np.ndarray:
+    """The weight of each of a stream's `n` located chunk steps: its chunk's tokens (the last `n`
+    chunks when fewer steps were located), or 1 each when no chunk sizes are known."""
+    if not sizes:
+        return np.ones(n)
+    return np.asarray(sizes[len(sizes) - n :], dtype=np.float64)
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float | None:
+    """Percentile `q` of `values`, each counted with its weight. Each value sits at the middle of
+    its share of the total weight (Hazen positions) and percentiles interpolate between them, so
+    with equal weights the median is numpy's median (middle value, or the mean of the two)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return None
+    w = np.asarray(weights, dtype=np.float64)
+    if w.size != v.size or not np.all(w > 0):
+        raise ValueError("weighted_percentile: one positive weight per value")
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    positions = (np.cumsum(w) - w / 2) / w.sum()
+    return float(np.interp(q / 100.0, positions, v))
+
+
+def schedule_confirmed(
+    per_stream: Sequence[StreamPhases], sizes: Sequence[int], slow_counts: Sequence[int], theta_ms: float,
+    params: WindowParams = WindowParams(),
+) -> bool:
+    """Does the cadence agree with the engine's chunk schedule? In most streams every located
+    step of a substantial chunk (>= `full_chunk_frac` of the largest) must be slow, and the slow
+    steps left over (admission and retirement stalls) must be at most `max_stall_steps`."""
+    big = np.asarray(sizes, dtype=np.float64) >= params.full_chunk_frac * max(sizes)
+    votes = []
+    for ph, slow in zip(per_stream, slow_counts):
+        located = ph.during_ms
+        seen = located > theta_ms
+        full = big[len(big) - located.size :] if located.size <= big.size else big
+        votes.append(
+            located.size == len(sizes) and bool(np.all(seen[full])) and slow - int(seen.sum()) <= params.max_stall_steps
+        )
+    return sum(votes) * 2 > len(votes)
 
 
 def _median_index(counts: Sequence[int]) -> int:

@@ -54,7 +54,8 @@ def trim_trace(trace: StreamTrace, t_inject_ns: int, keep_tokens: int) -> Stream
 def trim_run(run: InterferenceRun, settings: ProtocolSettings, baseline: BaselineStats | None) -> InterferenceRun:
     keep = settings.warmup_tokens + settings.inject_at_tokens
     probes = [trim_trace(p, run.t_inject_ns, keep) for p in run.probes]
-    window = analyse_traces(probes, run.t_inject_ns, run.t_first_ns, baseline, settings.window, run.engine_steps)
+    window = analyse_traces(probes, run.t_inject_ns, run.t_first_ns, baseline, settings.window, run.engine_steps,
+                            run.schedule)
     return dataclasses.replace(run, probes=probes, window=window, extra={**run.extra, "probe_reuse": True})
 
 

@@ -1,0 +1,13 @@
+"""Engine adapters: one module per engine, registered by name (see `_registry`)."""
+
+from pdexporter.engines import sim, vllm  # noqa: F401  (registration)
+from pdexporter.engines._registry import (
+    EngineAdapter,
+    adapter,
+    budget_schedule,
+    infer_chunk_size,
+    register,
+    registered,
+)
+
+__all__ = ["EngineAdapter", "adapter", "budget_schedule", "infer_chunk_size", "register", "registered"]

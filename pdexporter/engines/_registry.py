@@ -1,0 +1,124 @@
+"""The engine-adapter protocol and the registry engines are found in by name.
+
+An adapter holds every rule of one engine that pdexporter depends on, so that supporting a new
+engine (or a new version's renames) touches one module: how it splits a prefill into chunks
+beside running decodes, its step budget, the names of its /metrics series, the format of its
+per-step log, the flags that set the chunk size and turn that log on, and how to recognise it.
+Modelled on GuideLLM's `Backend.register`: a class registers itself under a name, and records
+name the engine that produced them (`config.engine`), so analysis finds the same rules again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal, Protocol, TypeVar, runtime_checkable
+
+from pdexporter.errors import ConfigError
+
+MetricKind = Literal["gauge", "counter", "histogram"]
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """What pdexporter needs to know about one engine."""
+
+    name: str
+    # the engine's max_num_batched_tokens when nobody says (see `infer_chunk_size`)
+    default_chunk_size: int
+    # canonical metric name -> (kind, the engine's own names, newest first)
+    metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]]
+
+    def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
+        """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it."""
+        ...
+
+    def check_decodes(self, chunk_size: int, running_decodes: int, *, what: str = "-D") -> None:
+        """Raise `ConfigError` (one line) when that many decodes leave the prefill no budget."""
+        ...
+
+    def parse_step_log(self, lines: Iterable[str]) -> list[object]:
+        """The engine's per-step log lines as `IterationStep`s (lines it does not know are skipped)."""
+        ...
+
+    def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
+        """Command-line flags that start the engine with this chunk size and its step log on."""
+        ...
+
+    def recognise(self, version_payload: Mapping[str, object]) -> bool:
+        """Does a `/version` answer come from this engine?"""
+        ...
+
+
+_A = TypeVar("_A")
+_ADAPTERS: dict[str, EngineAdapter] = {}
+
+
+def register(*names: str) -> Callable[[type[_A]], type[_A]]:
+    """Class decorator: `@register("vllm")` makes `adapter("vllm")` return an instance."""
+
+    def wrap(cls: type[_A]) -> type[_A]:
+        instance = cls()
+        if not isinstance(instance, EngineAdapter):
+            raise TypeError(f"{cls.__name__} does not implement EngineAdapter")
+        for name in names:
+            _ADAPTERS[name] = instance
+        return cls
+
+    return wrap
+
+
+def adapter(name: str | None) -> EngineAdapter:
+    """The adapter registered under `name`; an unknown or missing name gets vLLM's (every engine
+    pdexporter measures speaks vLLM's API, and the embedded engine follows vLLM's rules)."""
+    return _ADAPTERS.get(name or "", _ADAPTERS["vllm"])
+
+
+def registered() -> tuple[str, ...]:
+    return tuple(sorted(_ADAPTERS))
+
+
+def budget_schedule(prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
+    """A step budget of `chunk_size` tokens, running decodes served first (one token each), the
+    prefill given the rest: chunks of B - D tokens and a tail, ceil(P / (B - D)) in all."""
+    budget = chunk_size - running_decodes
+    if budget <= 0:
+        raise ValueError(f"chunk size {chunk_size} leaves no budget beside {running_decodes} decodes")
+    if prompt_tokens < 1:
+        raise ValueError(f"prompt of {prompt_tokens} tokens")
+    n = math.ceil(prompt_tokens / budget)
+    return (budget,) * (n - 1) + (prompt_tokens - budget * (n - 1),)
+
+
+def check_budget(chunk_size: int, running_decodes: int, what: str) -> None:
+    if running_decodes >= chunk_size:
+        raise ConfigError(
+            f"{what} {running_decodes} with chunk size {chunk_size}: the decodes would take the whole step "
+            "budget and the prefill would never run"
+        )
+
+
+def infer_chunk_size(
+    windows: Sequence[tuple[int, int, int]], candidates: Iterable[int], schedule: Callable[[int, int, int], tuple[int, ...]],
+    default: int, max_stall_steps: int = 4,
+) -> tuple[int | None, tuple[int, ...]]:
+    """Which chunk sizes fit the slow steps seen? `windows` are (P, D, median slow steps); a size
+    fits when every window saw at least its full chunks and at most `max_stall_steps` more.
+    Returns (the default if it fits, else the only fit, else None; every size that fits)."""
+    fits = []
+    for b in candidates:
+        ok = True
+        for p, d, slow in windows:
+            if b <= d:
+                ok = False
+                break
+            sizes = schedule(p, b, d)
+            full = sum(1 for s in sizes if s >= 0.25 * max(sizes))
+            if not full <= slow <= len(sizes) + max_stall_steps:
+                ok = False
+                break
+        if ok:
+            fits.append(b)
+    if default in fits:
+        return default, tuple(fits)
+    return (fits[0] if len(fits) == 1 else None), tuple(fits)

@@ -1,0 +1,77 @@
+"""Every committed H200 repetition analysed twice: with vLLM's step log, and as an engine someone
+else runs gives it (no log: chunk steps from vLLM's schedule, confirmed by the probes' cadence).
+
+Beside a production vLLM nobody reads the step log, so the number a user gets must not depend
+on it. This runs over all raw files of `results/h200-*` (the seed's sweep: 168 configurations
+with D >= 1, 1,505 repetitions) and prints the distribution of the differences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pdexporter.measure.protocol import ProtocolSettings
+from pdexporter.measure.reanalyse import SourceComparison, compare_sources
+from pdexporter.measure.store import ResultsStore, load_record_file
+
+RESULTS = sorted(p for p in (Path(__file__).parents[3] / "results").glob("h200-*") if (p / "8192").is_dir())
+
+
+@pytest.fixture(scope="module", params=RESULTS, ids=[p.name for p in RESULTS])
+def comparisons(request: pytest.FixtureRequest) -> list[SourceComparison]:
+    store = ResultsStore(request.param)
+    records = [load_record_file(p) for p in store.iter_record_paths()]
+    rows = compare_sources(store, records, ProtocolSettings())
+    diffs = np.array([r.relative_difference for r in rows if r.relative_difference is not None]) * 100
+    cv_points = np.array([(r.cv_cadence - r.cv_log) * 100 for r in rows
+                          if r.cv_cadence is not None and r.cv_log is not None])
+    q = [0, 10, 50, 90, 100]
+    print(f"\n{request.param.name}: {len(rows)} configurations with D >= 1, {sum(r.reps for r in rows)} repetitions")
+    print("  penalty without log vs with, % (min/p10/p50/p90/max):", np.percentile(diffs, q).round(2))
+    print("  penalty CV without log minus with, points:          ", np.percentile(cv_points, q).round(2))
+    print(f"  configurations within 5 % (2 ms under 40 ms): {sum(r.penalty_agrees() for r in rows)}/{len(rows)}; "
+          f"repetitions with the log's chunk steps: {sum(r.reps_same_steps for r in rows)}/{sum(r.reps for r in rows)}")
+    return rows
+
+
+def test_there_are_h200_results_to_check() -> None:
+    assert RESULTS, "no results/h200-* directory with records"
+
+
+def test_penalty_without_the_engine_log_matches_the_log(comparisons: list[SourceComparison]) -> None:
+    assert len(comparisons) >= 100
+    agree = [r for r in comparisons if r.penalty_agrees(rel=0.05, abs_ms=2.0, small_ms=40.0)]
+    worst = sorted(comparisons, key=lambda r: -abs(r.relative_difference or 0))[:3]
+    assert len(agree) >= 0.95 * len(comparisons), [(r.key, r.penalty_log_ms, r.penalty_cadence_ms) for r in worst]
+
+
+def test_penalty_cv_without_the_engine_log_is_no_worse(comparisons: list[SourceComparison]) -> None:
+    ok = [r for r in comparisons if r.cv_agrees(points=0.03)]
+    assert len(ok) >= 0.95 * len(comparisons)
+
+
+def test_chunk_steps_located_without_the_log_are_the_logs(comparisons: list[SourceComparison]) -> None:
+    same = sum(r.reps_same_steps for r in comparisons)
+    total = sum(r.reps for r in comparisons)
+    assert same >= 0.95 * total
+
+
+def test_a_tail_the_cadence_cannot_see_is_reported_unseen() -> None:
+    """B=2048, D=1, P=2048: a 2047-token chunk and a 1-token tail that runs like a decode step.
+    With the log the record says 2 chunks; without it, the 1 the probes saw, never the schedule's 2."""
+    from pdexporter.measure.reanalyse import reanalyse_record
+
+    store = ResultsStore(RESULTS[0])
+    record = load_record_file(store.record_path(2048, 1, 2048))
+    logged = reanalyse_record(store, record, ProtocolSettings()).record
+    blind = reanalyse_record(store, record, ProtocolSettings(), use_engine_log=False).record
+    for a, b in zip(logged.reps, blind.reps):
+        assert a.interference.num_chunks_source == "engine-log" and a.interference.num_chunks_actual == 2
+        assert b.interference.num_chunks_source == "cadence" and b.interference.num_chunks_expected == 2
+        assert b.interference.num_chunks_actual == b.interference.num_chunks_seen == 1
+        # the penalty weighs the tail by its one token: it is the 2047-token chunk's, both ways
+        assert a.derived.tpot_penalty_p50_ms == b.derived.tpot_penalty_p50_ms
+        assert b.derived.tpot_penalty_p50_ms > 20
