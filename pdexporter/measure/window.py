@@ -28,35 +28,50 @@ of the baseline (rel = 0.2, k = 5 by default): far outside decode-only jitter. `
 median over streams of their count of slow intervals in the window (the median shrugs off one
 stream's hiccup): every decode step the prefill slowed, whatever slowed it.
 
-Chunk steps. With the engine's own iteration log for the window (the driver reads it when the
-launcher owns the engine), K = its number of steps with context tokens is `num_chunks_actual`
-(`num_chunks_source = "engine-log"`, exact), and the chunk steps are located from the end: the
-step that runs the prefill's last chunk emits its first token in the same output batch as the
-decodes' tokens of that step, so each stream's chunk steps are the K window intervals that end at
-the one nearest t_first (the anchor). Without the log, `num_chunks_actual` is the slow-step count
-("cadence") and the chunk steps are each stream's run of window intervals from its first to its
-last slow one.
+Chunk steps. Where the prefill's chunks are known, each stream's chunk steps are located from the
+end: the step that runs the prefill's last chunk emits its first token in the same output batch
+as the decodes' tokens of that step, so the chunk steps are the K window intervals (events, see
+above) that end at the one nearest t_first (the anchor). The first token does not always leave
+with the last chunk's step: on the H200 it often came one step later (e.g. a single 2048-token
+chunk's 69 ms step followed by a 4 ms one that ended at t_first), so of the placements ending at
+the anchor or one step before it the one whose intervals best match the chunk sizes (the sum of
+interval x chunk / largest chunk: big chunks take long steps) is taken. The chunks come from:
 
-Why not simply "the slow intervals": on a real vLLM they include more than chunks. On vLLM 0.22
-(H200) admitting a 32K-token prompt stalls the engine loop for ~50 ms before its first chunk, and
-retiring it adds ~25 ms around the last, so the probes see one or two slow steps more than there
-are chunks (the engine log showed exactly ceil(P / (B - D)) chunks in all 1,650 repetitions of the
-H200 sweep). Those stalls are real cost and stay in the totals below, but they are not chunk steps.
-And the first token does not always leave with the last chunk's step: on the H200 it often came
-one step later (with the decodes of the step after, e.g. when a single 2048-token chunk's 69 ms
-step was followed by a 4 ms one that ended at t_first). So the chunk steps end either at the anchor
-or at the interval before it; of the two placements the one whose intervals best match the chunk
-sizes (the sum of interval x chunk / largest chunk: big chunks take long steps) is taken. Checked
-on every shape of the H200 sweep (one chunk, equal chunks with a 4- to 64-token tail, two
-16K-chunks and a tail). A 1-token tail runs as a plain decode
-batch and cannot be seen in the cadence at all. `chunk_step_times_ms` are the chunk steps of the
-median stream, in chunk order (with the log: one per chunk).
+- the engine's own step log, when the launcher owns the engine (`num_chunks_source =
+  "engine-log"`, exact: `num_chunks_actual` = its number of steps with context tokens);
+- else the engine's scheduling rule (its adapter's `chunk_schedule`; for vLLM ceil(P / (B - D))
+  chunks of B - D tokens and a tail), which the cadence must confirm: in most streams every
+  located step of a chunk of at least a quarter of the largest must be slow, and at most
+  `max_stall_steps` slow steps may be left over (`chunk_schedule_check`). Then
+  `num_chunks_source = "cadence"` and `num_chunks_actual` = the located chunk steps the probes saw
+  slow (`num_chunks_seen`): a tail of a few tokens that ran like a decode step is reported as not
+  seen, never filled in from the schedule;
+- else (chunk size unknown, or the cadence contradicted the schedule) the slow steps alone:
+  each stream's run of window intervals from its first to its last slow one (`"slow-steps"`).
+
+Why the schedule, and why it is right: the engine log showed exactly ceil(P / (B - D)) chunks in
+all 1,650 repetitions of the H200 sweep (vLLM 0.22), so the rule knows what the log knows except
+the timing, which the probes measure. The slow steps alone are not the chunk steps on a real vLLM:
+admitting a 32K-token prompt stalls the engine loop for ~50-90 ms before its first chunk and
+retiring it adds ~25 ms around the last, so the probes see one to three slow steps more than there
+are chunks; those stalls are real cost and stay in the totals below, but they are not chunk steps.
+Re-analysed without the log, every committed H200 repetition located the log's chunk steps
+(tests/unit/measure/test_h200_without_log.py prints the distribution); with the slow steps alone,
+601 of 1,505 did, and the penalty moved by more than 20 % on 60 of 168 configurations.
+`chunk_step_times_ms` are the chunk steps of the median stream, in chunk order.
 
 During the prefill. "During" is the chunk steps (the steps that executed prefill chunks, as the
-seed defines TPOT_interference); p50/p90/mean are over them pooled across streams, and
-`tpot_interference` (the seed's column) is their p50. Under async scheduling the first interval(s)
-of the window are decode-only steps scheduled before the request arrived; they are not "during".
-With no slow step and no engine log (nothing detectable), the whole window counts.
+seed defines TPOT_interference). Its p50/p90/mean pool them across streams with each step
+weighted by its chunk's tokens: the TPOT a decode sees while the prefill's work runs, taken per
+prefill token. Weighting keeps the seed's meaning and fixes two flaws of a plain median over
+steps, both seen on the H200: with two or three chunks one step decided it (B = 16384, D = 6,
+P = 32768 ran 16378 + 16378 + 12 tokens in steps of ~280, ~726 and ~40 ms: the plain median was
+the 280 ms step, the weighted one is their middle, ~500 ms), and a tail of 1-16 tokens, which runs
+as a plain decode step the cadence cannot always see, halved a one-chunk prefill's penalty
+(B = 2048, D = 1, P = 2048: 2047 + 1 tokens, 46.5 and 3.1 ms steps). With equal weights (no chunk
+sizes known) it is numpy's median. Under async scheduling the first interval(s) of the window are
+decode-only steps scheduled before the request arrived; they are not "during". With no slow step
+and no chunks (nothing detectable), the whole window counts.
 
 After the prefill. Each stream's next `after_intervals` (32) intervals after the window; p50.
 

@@ -75,3 +75,23 @@ def test_a_tail_the_cadence_cannot_see_is_reported_unseen() -> None:
         # the penalty weighs the tail by its one token: it is the 2047-token chunk's, both ways
         assert a.derived.tpot_penalty_p50_ms == b.derived.tpot_penalty_p50_ms
         assert b.derived.tpot_penalty_p50_ms > 20
+
+
+def test_committed_records_reanalyse_to_the_committed_table() -> None:
+    """The window maths and the table code as they are now reproduce the committed H200 table from
+    the raw files: a change to either that moves a number shows here (re-analyse and commit)."""
+    import pandas as pd
+
+    from pdexporter.analysis.table import SEED_COLUMNS, build_table, samples_from_record
+    from pdexporter.measure.reanalyse import reanalyse_record
+
+    store = ResultsStore(RESULTS[0])
+    settings = ProtocolSettings()
+    records = [reanalyse_record(store, load_record_file(p), settings).record for p in store.iter_record_paths()]
+    table = build_table(samples_from_record(r) for r in records)
+    committed = pd.read_csv(RESULTS[0] / "interference_table.csv")
+    assert len(table) == len(committed) == 196
+    merged = committed.merge(table, on=list(SEED_COLUMNS[:3]), suffixes=("_committed", "_now"))
+    for column in SEED_COLUMNS[3:]:
+        a, b = merged[f"{column}_committed"], merged[f"{column}_now"]
+        assert np.allclose(a.astype(float), b.astype(float), rtol=1e-3, atol=1e-3, equal_nan=True), column
