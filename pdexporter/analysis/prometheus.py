@@ -40,25 +40,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdexporter.analysis.table import INT_VALUES, ConfigSamples
+from pdexporter.analysis.table import INT_VALUES, REP_VALUES, ConfigSamples
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter import metrics as m
 
 MAX_POINTS = 11_000
 GRID = m.GRID_LABELS
 
-# Gauge -> (table column, factor to the table's unit)
+# Gauge -> (table column, factor to the table's unit): every declared window quantity with both.
 WINDOW_GAUGES: dict[str, tuple[str, float]] = {
-    m.WINDOW_BASELINE: ("tpot_baseline_ms", 1e3),
-    m.WINDOW_DURING: ("tpot_interference_ms", 1e3),
-    m.WINDOW_PENALTY: ("tpot_penalty_ms", 1e3),
-    m.WINDOW_RATIO: ("penalty_ratio", 1.0),
-    m.WINDOW_CHUNKS: ("num_chunks", 1.0),
-    m.WINDOW_SLOW_STEPS: ("slow_steps", 1.0),
-    m.WINDOW_PREFILL: ("prefill_duration_ms", 1e3),
-    m.WINDOW_AFTER: ("tpot_after_prefill_ms", 1e3),
-    m.WINDOW_EXPECTED: ("num_chunks_expected", 1.0),
-    m.WINDOW_TOTAL: ("total_interference_ms", 1e3),
+    name: (q.column, 1.0 / q.gauge_factor) for name, q in m.WINDOW_GAUGES.items() if q.column
 }
 
 
@@ -300,13 +291,15 @@ def at_increments_query(gauge: str, step: float) -> str:
 
 
 def _rep(window: Window) -> dict[str, float | int | None]:
-    rep = {column: None for column, _ in WINDOW_GAUGES.values()}
+    """A window as one repetition of the table: the gauged columns; the others are not exported."""
+    rep: dict[str, float | int | None] = dict.fromkeys(REP_VALUES)
     rep.update(window.values)
     d = window.key[1]
     total = rep.get("total_interference_ms")
-    rep.update(tpot_baseline_p90_ms=None, tpot_interference_p90_ms=None, num_chunks_engine_log=None,
-               aggregate_interference_ms=None if total is None else float(total) * d,
-               decode_tokens_delayed=None if rep.get("slow_steps") is None else int(rep["slow_steps"]) * d)  # type: ignore[arg-type]
+    if rep.get("aggregate_interference_ms") is None and total is not None:
+        rep["aggregate_interference_ms"] = float(total) * d
+    if rep.get("decode_tokens_delayed") is None and rep.get("slow_steps") is not None:
+        rep["decode_tokens_delayed"] = int(rep["slow_steps"]) * d  # type: ignore[arg-type]
     return rep
 
 

@@ -9,17 +9,9 @@ hand-written seed-format file) contributes its top level as its single repetitio
 The same rows come from Prometheus (`analysis.prometheus`): there each analysed window is one
 repetition. Both sources meet in `ConfigSamples`, so one function builds the table.
 
-Column meanings (window maths in `pdexporter.measure.window` defines the underlying numbers):
-
-    tpot_baseline_ms          baseline.tpot_p50_ms (decode-only TPOT p50)
-    tpot_interference_ms      interference.tpot_during_prefill_p50_ms
-    tpot_penalty_ms           derived.tpot_penalty_p50_ms = interference - baseline
-    penalty_ratio             derived.tpot_penalty_ratio = penalty / baseline (the seed's example)
-    num_chunks                interference.num_chunks_actual (the engine log's chunk count, else the
-                              slow steps seen by the probes)
-    prefill_duration_ms       interference.prefill_duration_ms (submission -> first token)
-    total_interference_ms     per decode stream: sum over the window of (interval - baseline)
-    aggregate_interference_ms D x total_interference_ms: what the prefill cost the whole batch
+Columns: the key columns, then every quantity `pdexporter.measure.quantities` declares with a
+table column (the seed's six first, in its order; `docs/metrics.md` lists them all with their
+record keys and meanings), then the CVs over repetitions and where the numbers come from.
 """
 
 from __future__ import annotations
@@ -35,35 +27,16 @@ from typing import Any
 import pandas as pd
 
 from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
+from pdexporter.measure.quantities import seed_columns, tabulated
 from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, cv
 
 KEY_COLUMNS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
-SEED_COLUMNS = (
-    "chunk_size",
-    "decode_batch_size",
-    "new_prefill_tokens",
-    "tpot_baseline_ms",
-    "tpot_interference_ms",
-    "tpot_penalty_ms",
-    "penalty_ratio",
-    "num_chunks",
-    "prefill_duration_ms",
-)
-# Per-repetition values beyond the seed's, medianed into the table like the seed's own.
-EXTRA_REP_VALUES = (
-    "tpot_baseline_p90_ms",
-    "tpot_interference_p90_ms",
-    "tpot_after_prefill_ms",
-    "num_chunks_expected",
-    "num_chunks_engine_log",
-    "slow_steps",
-    "total_interference_ms",
-    "aggregate_interference_ms",
-    "decode_tokens_delayed",
-)
-# Per-repetition values medianed into the table (the seed's value columns first).
-REP_VALUES = SEED_COLUMNS[len(KEY_COLUMNS):] + EXTRA_REP_VALUES
-INT_VALUES = frozenset({"num_chunks", "num_chunks_expected", "num_chunks_engine_log", "slow_steps", "decode_tokens_delayed"})
+SEED_COLUMNS = KEY_COLUMNS + seed_columns()
+# Per-repetition values medianed into the table (the seed's value columns first): every quantity
+# `measure.quantities` declares with a table column.
+REP_VALUES = tuple(q.column for q in tabulated() if q.column)
+EXTRA_REP_VALUES = REP_VALUES[len(SEED_COLUMNS) - len(KEY_COLUMNS):]
+INT_VALUES = frozenset(q.column for q in tabulated() if q.column and q.integer)
 # What the records say about where the numbers come from, one value per grid point.
 IDENTITY_COLUMNS = ("modelled", "engine", "gpu", "model")
 EXTRA_COLUMNS = (
@@ -111,27 +84,12 @@ def rep_values(
     baseline: BaselineBlock, interference: InterferenceBlock, derived: DerivedBlock, decode_batch_size: int
 ) -> dict[str, float | int | None]:
     """One repetition (or a record's top level) as the table's value columns."""
-    total = derived.total_interference_ms
-    aggregate_ms = derived.aggregate_interference_ms
-    if aggregate_ms is None and total is not None:
-        aggregate_ms = total * decode_batch_size
-    return {
-        "tpot_baseline_ms": baseline.tpot_p50_ms,
-        "tpot_interference_ms": interference.tpot_during_prefill_p50_ms,
-        "tpot_penalty_ms": derived.tpot_penalty_p50_ms,
-        "penalty_ratio": derived.tpot_penalty_ratio,
-        "num_chunks": interference.num_chunks_actual,
-        "prefill_duration_ms": interference.prefill_duration_ms,
-        "tpot_baseline_p90_ms": baseline.tpot_p90_ms,
-        "tpot_interference_p90_ms": interference.tpot_during_prefill_p90_ms,
-        "tpot_after_prefill_ms": interference.tpot_after_prefill_p50_ms,
-        "num_chunks_expected": interference.num_chunks_expected,
-        "num_chunks_engine_log": interference.num_chunks_engine_log,
-        "slow_steps": interference.slow_steps,
-        "total_interference_ms": total,
-        "aggregate_interference_ms": aggregate_ms,
-        "decode_tokens_delayed": derived.decode_tokens_delayed,
-    }
+    blocks = {"baseline": baseline, "interference": interference, "derived": derived}
+    values = {q.column: getattr(blocks[q.block], q.field, None) for q in tabulated() if q.column}
+    total = values.get("total_interference_ms")
+    if values.get("aggregate_interference_ms") is None and total is not None:
+        values["aggregate_interference_ms"] = total * decode_batch_size  # records written before it existed
+    return values
 
 
 def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from pdexporter import __version__
+from pdexporter.measure.quantities import BY_FIELD, Quantity, gauged
 from pdexporter.measure.records import RepRecord
 
 PREFIX = "pdexporter"
 GRID_LABELS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
-PHASES = ("baseline", "during_prefill", "after_prefill")
+PHASES = ("baseline", "prefill_window", "after_prefill")  # exporter.timeline labels
 ERROR_KINDS = ("connect", "http", "timeout", "protocol", "measurement")
 DEFAULT_PORT = 18742
 
@@ -34,17 +35,20 @@ PROBE_TOKENS = f"{PREFIX}_probe_tokens_total"
 PROBE_TPOT = f"{PREFIX}_probe_tpot_seconds"
 INJECTIONS = f"{PREFIX}_injections_total"
 WINDOWS = f"{PREFIX}_windows_total"
-WINDOW_BASELINE = f"{PREFIX}_window_tpot_baseline_seconds"
-WINDOW_DURING = f"{PREFIX}_window_tpot_during_prefill_seconds"
-WINDOW_AFTER = f"{PREFIX}_window_tpot_after_prefill_seconds"
-WINDOW_PENALTY = f"{PREFIX}_window_tpot_penalty_seconds"
-WINDOW_RATIO = f"{PREFIX}_window_tpot_penalty_ratio"
-WINDOW_TOTAL = f"{PREFIX}_window_total_interference_seconds"
-WINDOW_PREFILL = f"{PREFIX}_window_prefill_duration_seconds"
-WINDOW_SLOW_STEPS = f"{PREFIX}_window_slow_steps"
-WINDOW_CHUNKS = f"{PREFIX}_window_chunks"
-WINDOW_EXPECTED = f"{PREFIX}_window_expected_chunks"
 PREFILL_DURATION = f"{PREFIX}_prefill_duration_seconds"
+# The last-window gauges, one per quantity declared with a gauge (measure.quantities).
+WINDOW_GAUGES: dict[str, Quantity] = {q.gauge_name: q for q in gauged() if q.gauge_name}
+WINDOW_BASELINE = BY_FIELD[("baseline", "tpot_p50_ms")].gauge_name
+WINDOW_DURING = BY_FIELD[("interference", "tpot_during_prefill_p50_ms")].gauge_name
+WINDOW_AFTER = BY_FIELD[("interference", "tpot_after_prefill_p50_ms")].gauge_name
+WINDOW_PENALTY = BY_FIELD[("derived", "tpot_penalty_p50_ms")].gauge_name
+WINDOW_RATIO = BY_FIELD[("derived", "tpot_penalty_ratio")].gauge_name
+WINDOW_TOTAL = BY_FIELD[("derived", "total_interference_ms")].gauge_name
+WINDOW_AGGREGATE = BY_FIELD[("derived", "aggregate_interference_ms")].gauge_name
+WINDOW_PREFILL = BY_FIELD[("interference", "prefill_duration_ms")].gauge_name
+WINDOW_SLOW_STEPS = BY_FIELD[("interference", "slow_steps")].gauge_name
+WINDOW_CHUNKS = BY_FIELD[("interference", "num_chunks_actual")].gauge_name
+WINDOW_EXPECTED = BY_FIELD[("interference", "num_chunks_expected")].gauge_name
 PROBE_TIMESTAMP_DELAY = f"{PREFIX}_probe_timestamp_delay_seconds"
 ERRORS = f"{PREFIX}_errors_total"
 ENGINE_RUNNING = f"{PREFIX}_engine_requests_running"
@@ -80,25 +84,12 @@ class ExporterMetrics:
         )
         self.injections = Counter(INJECTIONS.removesuffix("_total"), "Prefill perturbations sent.", ["outcome"], registry=r)
         self.windows = Counter(WINDOWS.removesuffix("_total"), "Prefill windows analysed.", GRID_LABELS, registry=r)
-        self.window_baseline = Gauge(WINDOW_BASELINE, "Last window: baseline TPOT p50.", GRID_LABELS, registry=r)
-        self.window_during = Gauge(WINDOW_DURING, "Last window: TPOT p50 during the prefill.", GRID_LABELS, registry=r)
-        self.window_after = Gauge(WINDOW_AFTER, "Last window: TPOT p50 after the prefill.", GRID_LABELS, registry=r)
-        self.window_penalty = Gauge(WINDOW_PENALTY, "Last window: TPOT penalty (during - baseline).", GRID_LABELS, registry=r)
-        self.window_ratio = Gauge(WINDOW_RATIO, "Last window: penalty / baseline.", GRID_LABELS, registry=r)
-        self.window_total = Gauge(
-            WINDOW_TOTAL, "Last window: extra time one decode stream lost to the prefill.", GRID_LABELS, registry=r
-        )
-        self.window_prefill = Gauge(
-            WINDOW_PREFILL, "Last window: prefill submission to first token.", GRID_LABELS, registry=r
-        )
-        self.window_slow_steps = Gauge(
-            WINDOW_SLOW_STEPS, "Last window: decode steps the prefill slowed (its chunks, plus the engine's "
-            "admission/retirement stalls).", GRID_LABELS, registry=r
-        )
-        self.window_chunks = Gauge(
-            WINDOW_CHUNKS, "Last window: the prefill's chunks (engine log, else slow steps).", GRID_LABELS, registry=r
-        )
-        self.window_expected = Gauge(WINDOW_EXPECTED, "Last window: ceil(P / (B - D)).", GRID_LABELS, registry=r)
+        # name -> Gauge, one per declared window quantity with a gauge (help: its meaning).
+        self.window_gauges: dict[str, Gauge] = {
+            name: Gauge(name, f"Last window: {q.meaning}" + (" (seconds)" if q.unit == "ms" else ""),
+                        GRID_LABELS, registry=r)
+            for name, q in WINDOW_GAUGES.items()
+        }
         self.prefill_duration = Histogram(
             PREFILL_DURATION, "Prefill submission to first token.", GRID_LABELS, buckets=PREFILL_BUCKETS, registry=r
         )
@@ -120,7 +111,7 @@ class ExporterMetrics:
 
 def all_series_names() -> tuple[str, ...]:
     """Every sample name a scrape can show (histograms expand to _bucket/_count/_sum)."""
-    names: list[str] = []
+    names: list[str] = list(WINDOW_GAUGES)
     for value in globals().values():
         if isinstance(value, str) and value.startswith(f"{PREFIX}_") and value != PREFIX:
             if value in (PROBE_TPOT, PREFILL_DURATION, PROBE_TIMESTAMP_DELAY):
@@ -139,28 +130,11 @@ def grid_labels(chunk_size: int | None, decode_batch_size: int, new_prefill_toke
 
 
 def publish_window(metrics: ExporterMetrics, labels: dict[str, str], rep: RepRecord) -> None:
-    """Set the last-window gauges from one repetition's record blocks (ms -> seconds).
-
-    Shared by the live exporter and the sweep so both export the same series the same way.
-    """
-    b, i, d = rep.baseline, rep.interference, rep.derived
-
-    def seconds(value: float | None) -> float:
-        return float("nan") if value is None else value / 1000.0
-
-    metrics.window_baseline.labels(**labels).set(seconds(b.tpot_p50_ms))
-    metrics.window_during.labels(**labels).set(seconds(i.tpot_during_prefill_p50_ms))
-    metrics.window_after.labels(**labels).set(seconds(i.tpot_after_prefill_p50_ms))
-    metrics.window_penalty.labels(**labels).set(seconds(d.tpot_penalty_p50_ms))
-    metrics.window_ratio.labels(**labels).set(float("nan") if d.tpot_penalty_ratio is None else d.tpot_penalty_ratio)
-    metrics.window_total.labels(**labels).set(seconds(d.total_interference_ms))
-    metrics.window_prefill.labels(**labels).set(seconds(i.prefill_duration_ms))
-    metrics.window_slow_steps.labels(**labels).set(
-        float("nan") if i.slow_steps is None else i.slow_steps
-    )
-    if i.num_chunks_actual is not None:
-        metrics.window_chunks.labels(**labels).set(i.num_chunks_actual)
-    if i.num_chunks_expected is not None:
-        metrics.window_expected.labels(**labels).set(i.num_chunks_expected)
-    metrics.prefill_duration.labels(**labels).observe(i.prefill_duration_ms / 1000.0)
+    """Set the last-window gauges from one repetition's record blocks (ms -> seconds), count the
+    window, observe the prefill's duration. Shared by the live exporter and the sweep."""
+    blocks = {"baseline": rep.baseline, "interference": rep.interference, "derived": rep.derived}
+    for name, q in WINDOW_GAUGES.items():
+        value = getattr(blocks[q.block], q.field, None)
+        metrics.window_gauges[name].labels(**labels).set(float("nan") if value is None else value * q.gauge_factor)
+    metrics.prefill_duration.labels(**labels).observe(rep.interference.prefill_duration_ms / 1000.0)
     metrics.windows.labels(**labels).inc()

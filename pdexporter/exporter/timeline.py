@@ -10,10 +10,11 @@ is the moment the runner decided to inject (just before the body leaves). Interv
 that already finished count too. Its statistics are `window.baseline_from_lengths` of that pool.
 
 Phase labels. Every probe interval after warm-up is exported to the TPOT histogram once, with
-the label the window maths gives it: `during_prefill` is every interval of the window
+the label the window maths gives it: `prefill_window` is every interval of the window
 (`window.stream_phases(...).window`: from the injection to the prefill's first token, so the
-engine's admission and retirement stalls count, not only the chunk steps that the record's
-`tpot_during_prefill_*` keeps), `after_prefill` is `.after`; everything else is `baseline`.
+engine's admission and retirement stalls and decode-only steps count, not only the chunk steps
+that the record's `tpot_during_prefill_*` and the `..._during_prefill` gauges keep), `after_prefill`
+is `.after`; everything else is `baseline`.
 Intervals of a stream that started after the injection are labelled with the same classifier
 when the window is analysed; their later intervals are `baseline`.
 
@@ -41,7 +42,7 @@ from pdexporter.measure.window import (
     token_times,
 )
 
-BASELINE, DURING, AFTER = "baseline", "during_prefill", "after_prefill"
+BASELINE, WINDOW, AFTER = "baseline", "prefill_window", "after_prefill"
 
 
 def stream_token_times(stream: TokenStream) -> np.ndarray:
@@ -78,7 +79,7 @@ def quiet_baseline(
 def phase_labels(phases: StreamPhases) -> np.ndarray:
     """One label per post-warm-up interval of the stream (same order as `phases.intervals`)."""
     labels = np.full(phases.intervals.length_ns.shape, BASELINE, dtype=object)
-    labels[phases.window] = DURING
+    labels[phases.window] = WINDOW
     labels[phases.after] = AFTER
     return labels
 

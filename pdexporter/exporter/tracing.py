@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineInfo
+from pdexporter.measure.quantities import spanned
 
 if TYPE_CHECKING:
     from pdexporter.measure.protocol import InterferenceRun
@@ -233,25 +234,13 @@ class OtlpTracing:
         from opentelemetry import trace
         from opentelemetry.trace import Link, SpanKind
 
-        b, i, d = rep.baseline, rep.interference, rep.derived
+        b = rep.baseline
+        blocks = {"baseline": rep.baseline, "interference": rep.interference, "derived": rep.derived}
         numbers = {
             "pdexporter.window.chunk_size": chunk_size,
             "pdexporter.window.decode_batch_size": run.decode_batch_size,
             "pdexporter.window.new_prefill_tokens": run.new_prefill_tokens,
-            "pdexporter.window.tpot_baseline_ms": b.tpot_p50_ms,
-            "pdexporter.window.tpot_during_prefill_p50_ms": i.tpot_during_prefill_p50_ms,
-            "pdexporter.window.tpot_during_prefill_p90_ms": i.tpot_during_prefill_p90_ms,
-            "pdexporter.window.tpot_after_prefill_p50_ms": i.tpot_after_prefill_p50_ms,
-            "pdexporter.window.tpot_penalty_ms": d.tpot_penalty_p50_ms,
-            "pdexporter.window.tpot_penalty_ratio": d.tpot_penalty_ratio,
-            "pdexporter.window.total_interference_ms": d.total_interference_ms,
-            "pdexporter.window.prefill_duration_ms": i.prefill_duration_ms,
-            "pdexporter.window.slow_steps": i.slow_steps,
-            "pdexporter.window.num_chunks": i.num_chunks_actual,
-            "pdexporter.window.expected_chunks": i.num_chunks_expected,
-            "pdexporter.window.engine_log_chunks": i.num_chunks_engine_log,
-            "pdexporter.window.zero_intervals": i.zero_intervals,
-            "pdexporter.window.baseline_intervals": b.n_intervals,
+            **{q.span_attribute: getattr(blocks[q.block], q.field, None) for q in spanned() if q.span_attribute},
             "pdexporter.window.rep": rep.rep,
         }
         attributes = {k: v for k, v in numbers.items() if v is not None}

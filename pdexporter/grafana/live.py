@@ -16,7 +16,9 @@ from pdexporter.grafana.panels import (
     thresholds,
     timeseries,
     up_down_mappings,
+    values_table,
 )
+from pdexporter.measure.quantities import gauged
 
 UID = "pdexporter-live"
 FILE_NAME = f"{UID}.json"
@@ -53,7 +55,8 @@ def build() -> Json:
         timeseries(
             "TPOT by phase: p50 / p90 / p99",
             "Quantiles of every probe inter-token interval, by the window phase the window maths put it in. "
-            "The gap between baseline and during_prefill is the interference; after_prefill shows recovery.",
+            "The gap between baseline and prefill_window (every interval from the injection to the prefill's first token: "
+            "chunk steps, engine stalls and decode-only steps) is the interference; after_prefill shows recovery.",
             [
                 target(_quantile(q, m.PROBE_TPOT, "phase"), f"{{{{phase}}}} p{round(q * 100)}", ref_id=ref)
                 for ref, q in (("A", 0.5), ("B", 0.9), ("C", 0.99))
@@ -120,6 +123,18 @@ def build() -> Json:
         ),
         w=12,
         h=6,
+    )
+
+    d.add(
+        values_table(
+            "Last window: every quantity",
+            "Every window quantity pdexporter declares (pdexporter/measure/quantities.py; docs/metrics.md), "
+            "for the last window of each grid point.",
+            [(f"{q.gauge_name}{{{SEL}}}", q.field, "s" if q.unit == "ms" else "none") for q in gauged()],
+            ["chunk_size", "decode_batch_size", "new_prefill_tokens", "instance"],
+        ),
+        w=24,
+        h=8,
     )
 
     d.row("Prefill")

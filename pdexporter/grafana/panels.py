@@ -199,6 +199,39 @@ def info_table(title: str, description: str, expr: str, columns: list[str]) -> J
     return panel
 
 
+def values_table(title: str, description: str, columns: list[tuple[str, str, str]], keys: list[str]) -> Json:
+    """One row per label set of `keys`, one column per (expr, column name, unit): instant queries
+    merged on their labels (Grafana's `merge` transformation)."""
+    queries = [target(expr, ref_id=_ref(i), instant=True, table=True) for i, (expr, _, _) in enumerate(columns)]
+    panel = _base("table", title, description, queries)
+    panel["fieldConfig"] = {
+        "defaults": {"custom": {"align": "auto", "cellOptions": {"type": "auto"}}},
+        "overrides": [
+            {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
+            for _, name, unit in columns
+        ],
+    }
+    panel["options"] = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"]}}
+    panel["transformations"] = [
+        {"id": "merge", "options": {}},
+        {
+            "id": "organize",
+            "options": {
+                "excludeByName": {},
+                "includeByName": {name: True for name in [*keys, *(c for _, c, _ in columns)]},
+                "indexByName": {name: i for i, name in enumerate([*keys, *(c for _, c, _ in columns)])},
+                "renameByName": {f"Value #{_ref(i)}": name for i, (_, name, _) in enumerate(columns)},
+            },
+        },
+    ]
+    return panel
+
+
+def _ref(i: int) -> str:
+    """refIds A..Z, then AA, AB, ..."""
+    return chr(ord("A") + i) if i < 26 else chr(ord("A") + i // 26 - 1) + chr(ord("A") + i % 26)
+
+
 def label_matrix(
     title: str,
     description: str,

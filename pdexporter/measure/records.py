@@ -13,11 +13,13 @@ import datetime as dt
 import platform
 import statistics
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from pdexporter import __version__
+from pdexporter.measure.quantities import Block, block_values, in_block
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
 
@@ -45,48 +47,44 @@ class RecordConfig(_Model):
     reps_planned: int = 1
 
 
-class BaselineBlock(_Model):
-    tpot_p50_ms: float | None
-    tpot_p90_ms: float | None
-    tpot_p99_ms: float | None
-    step_time_ms: float | None
-    tpot_mean_ms: float | None = None
-    n_intervals: int = 0
-    source: str = "phase1"
+SEED_KEYS: dict[str, tuple[str, ...]] = {
+    "config": ("decode_batch_size", "new_prefill_tokens", "chunk_size", "model", "gpu"),
+    "baseline": ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "step_time_ms"),
+    "interference": (
+        "tpot_during_prefill_p50_ms",
+        "tpot_during_prefill_p90_ms",
+        "tpot_after_prefill_p50_ms",
+        "num_chunks_actual",
+        "prefill_duration_ms",
+        "prefill_ttft_ms",
+    ),
+    "derived": ("tpot_penalty_p50_ms", "tpot_penalty_ratio", "total_interference_ms", "decode_tokens_delayed"),
+}
 
 
-class InterferenceBlock(_Model):
-    tpot_during_prefill_p50_ms: float | None
-    tpot_during_prefill_p90_ms: float | None
-    tpot_after_prefill_p50_ms: float | None
-    num_chunks_actual: int | None
-    prefill_duration_ms: float
-    prefill_ttft_ms: float
-    tpot_during_prefill_mean_ms: float | None = None
-    tpot_window_p50_ms: float | None = None
-    tpot_pre_injection_p50_ms: float | None = None
-    num_chunks_source: str | None = None
-    num_chunks_seen: int | None = None
-    chunk_schedule_check: str | None = None
-    num_chunks_expected: int | None = None
-    num_chunks_engine_log: int | None = None
-    chunk_tokens_engine_log: list[int] | None = None
-    chunk_step_times_ms: list[float] = Field(default_factory=list)
-    slow_steps: int | None = None
-    slow_step_threshold_ms: float | None = None
-    window_intervals: int = 0
-    zero_intervals: int = 0
-    min_interval_ms: float | None = None
-    prefill_prompt_tokens: int | None = None
+def _block_model(name: str, block: Block, **meta: Any) -> type[_Model]:
+    """A record block: the seed's keys first (required, in the seed's order), then every other
+    quantity `measure.quantities` declares for the block (optional), then `meta`: what the block
+    says about where its numbers come from."""
+    seed = SEED_KEYS[block]
+    declared = {q.field: q for q in in_block(block)}
+    ordered = [declared[f] for f in seed] + [q for q in declared.values() if q.field not in seed]
+    fields: dict[str, Any] = {}
+    for q in ordered:
+        kind: Any = int if q.integer else float
+        fields[q.field] = (kind | None, ...) if q.field in seed else (kind | None, None)
+    return create_model(name, __base__=_Model, **fields, **meta)
 
 
-class DerivedBlock(_Model):
-    tpot_penalty_p50_ms: float | None
-    tpot_penalty_ratio: float | None
-    total_interference_ms: float | None
-    decode_tokens_delayed: int
-    slowdown: float | None = None
-    aggregate_interference_ms: float | None = None
+BaselineBlock = _block_model("BaselineBlock", "baseline", source=(str, "phase1"))  # "phase1" | "live-quiet"
+InterferenceBlock = _block_model(
+    "InterferenceBlock", "interference",
+    num_chunks_source=(str | None, None),  # "engine-log" | "cadence" | "slow-steps" (measure.window)
+    chunk_schedule_check=(str | None, None),  # "confirmed" | "contradicted"
+    chunk_tokens_engine_log=(list[int] | None, None),
+    chunk_step_times_ms=(list[float], Field(default_factory=list)),
+)
+DerivedBlock = _block_model("DerivedBlock", "derived")
 
 
 class RepRecord(_Model):
@@ -122,39 +120,12 @@ class RunRecord(_Model):
         return (c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)
 
 
-SEED_KEYS: dict[str, tuple[str, ...]] = {
-    "config": ("decode_batch_size", "new_prefill_tokens", "chunk_size", "model", "gpu"),
-    "baseline": ("tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "step_time_ms"),
-    "interference": (
-        "tpot_during_prefill_p50_ms",
-        "tpot_during_prefill_p90_ms",
-        "tpot_after_prefill_p50_ms",
-        "num_chunks_actual",
-        "prefill_duration_ms",
-        "prefill_ttft_ms",
-    ),
-    "derived": ("tpot_penalty_p50_ms", "tpot_penalty_ratio", "total_interference_ms", "decode_tokens_delayed"),
-}
-
-
 def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
 def baseline_block(stats: BaselineStats | None, source: str = "phase1") -> BaselineBlock:
-    if stats is None:
-        return BaselineBlock(
-            tpot_p50_ms=None, tpot_p90_ms=None, tpot_p99_ms=None, step_time_ms=None, source=source
-        )
-    return BaselineBlock(
-        tpot_p50_ms=_r(stats.p50_ms),
-        tpot_p90_ms=_r(stats.p90_ms),
-        tpot_p99_ms=_r(stats.p99_ms),
-        step_time_ms=_r(stats.step_time_ms),
-        tpot_mean_ms=_r(stats.mean_ms),
-        n_intervals=stats.n_intervals,
-        source=source,
-    )
+    return BaselineBlock(**block_values("baseline", {"baseline": stats}), source=source)
 
 
 def interference_block(
@@ -164,41 +135,22 @@ def interference_block(
     engine_chunks: Sequence[int] | None,
     prefill_prompt_tokens: int | None,
 ) -> InterferenceBlock:
-    return InterferenceBlock(
-        tpot_during_prefill_p50_ms=_r(window.during_p50_ms),
-        tpot_during_prefill_p90_ms=_r(window.during_p90_ms),
-        tpot_after_prefill_p50_ms=_r(window.after_p50_ms),
-        num_chunks_actual=window.num_chunks_actual,
-        prefill_duration_ms=_r(window.prefill_duration_ms) or 0.0,
-        prefill_ttft_ms=_r(window.prefill_duration_ms) or 0.0,
-        tpot_during_prefill_mean_ms=_r(window.during_mean_ms),
-        tpot_window_p50_ms=_r(window.window_p50_ms),
-        tpot_pre_injection_p50_ms=_r(window.pre_p50_ms),
-        num_chunks_source=window.num_chunks_source,
-        num_chunks_seen=window.num_chunks_seen,
-        chunk_schedule_check=window.chunk_schedule_check,
+    context = SimpleNamespace(
         num_chunks_expected=num_chunks_expected,
         num_chunks_engine_log=len(engine_chunks) if engine_chunks is not None else None,
+        prefill_prompt_tokens=prefill_prompt_tokens,
+    )
+    return InterferenceBlock(
+        **block_values("interference", {"window": window, "context": context}),
+        num_chunks_source=window.num_chunks_source,
+        chunk_schedule_check=window.chunk_schedule_check,
         chunk_tokens_engine_log=list(engine_chunks) if engine_chunks is not None else None,
         chunk_step_times_ms=[round(x, 3) for x in window.chunk_step_times_ms],
-        slow_steps=window.slow_steps,
-        slow_step_threshold_ms=_r(window.slow_threshold_ms),
-        window_intervals=window.window_intervals,
-        zero_intervals=window.zero_intervals,
-        min_interval_ms=_r(window.min_interval_ms),
-        prefill_prompt_tokens=prefill_prompt_tokens,
     )
 
 
 def derived_block(derived: Derived) -> DerivedBlock:
-    return DerivedBlock(
-        tpot_penalty_p50_ms=_r(derived.tpot_penalty_p50_ms),
-        tpot_penalty_ratio=_r(derived.tpot_penalty_ratio),
-        total_interference_ms=_r(derived.total_interference_ms),
-        decode_tokens_delayed=derived.decode_tokens_delayed,
-        slowdown=_r(derived.slowdown),
-        aggregate_interference_ms=_r(derived.aggregate_interference_ms),
-    )
+    return DerivedBlock(**block_values("derived", {"derived": derived}))
 
 
 def _median(values: Sequence[float | int | None]) -> float | None:

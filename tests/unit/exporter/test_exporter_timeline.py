@@ -61,7 +61,7 @@ def test_phase_labels_pool_to_the_window_statistics() -> None:
     stats = analyse_window(streams, t_inject, t_first, baseline, PARAMS)
     w_end = window_end_ns(t_first, baseline)
     theta = baseline.slow_threshold_ms(PARAMS)
-    pooled: dict[str, list[float]] = {timeline.DURING: [], timeline.AFTER: []}
+    pooled: dict[str, list[float]] = {timeline.WINDOW: [], timeline.AFTER: []}
     for times in streams:
         phases = stream_phases(times, t_inject, t_first, w_end, theta, PARAMS)
         labels = timeline.phase_labels(phases)
@@ -69,13 +69,13 @@ def test_phase_labels_pool_to_the_window_statistics() -> None:
             pooled[label] += list(phases.intervals.length_ns[labels == label] / 1e6)
     assert stats.num_chunks_actual == 3
     # the histogram's during_prefill is the whole window; the record's "during" its chunk steps
-    assert np.percentile(pooled[timeline.DURING], 50) == pytest.approx(stats.window_p50_ms)
+    assert np.percentile(pooled[timeline.WINDOW], 50) == pytest.approx(stats.window_p50_ms)
     assert stats.during_p50_ms == pytest.approx(47.0)
     assert np.percentile(pooled[timeline.AFTER], 50) == pytest.approx(stats.after_p50_ms)
     assert len(pooled[timeline.AFTER]) == 4 * PARAMS.after_intervals
     phases = stream_phases(streams[0], t_inject, t_first, w_end, theta, PARAMS)
     labels = timeline.phase_labels(phases)
-    assert list(labels[phases.window]) == [timeline.DURING] * 4
+    assert list(labels[phases.window]) == [timeline.WINDOW] * 4
     assert list(phases.intervals.length_ns[phases.during] / MS) == pytest.approx([45.0, 47.0, 50.0])
 
 
