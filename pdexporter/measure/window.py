@@ -151,6 +151,7 @@ class WindowStats:
     prefill_duration_ms: float
     during_p50_ms: float | None
     during_p90_ms: float | None
+    during_p99_ms: float | None
     during_mean_ms: float | None
     window_p50_ms: float | None
     window_mean_ms: float | None
@@ -426,6 +427,7 @@ def analyse_window(
         prefill_duration_ms=(t_first_ns - t_inject_ns) / 1e6,
         during_p50_ms=weighted_percentile(during, weights, 50),
         during_p90_ms=weighted_percentile(during, weights, 90),
+        during_p99_ms=weighted_percentile(during, weights, 99),
         during_mean_ms=float(np.average(during, weights=weights)) if during.size else None,
         window_p50_ms=_pct(window, 50),
         window_mean_ms=float(window.mean()) if window.size else None,

@@ -29,7 +29,7 @@ def test_no_created_series() -> None:
 
 
 def test_every_series_is_documented_and_prefixed() -> None:
-    documented = set(re.findall(r"`(pdexporter_[a-z_]+)`", DOCS.read_text()))
+    documented = set(re.findall(r"`(pdexporter_[a-z0-9_]+)`", DOCS.read_text()))
     families = {f.name for f in text_string_to_metric_families(_exposition())}
     for family in families:
         assert family.startswith("pdexporter_")
