@@ -38,6 +38,30 @@ class Progress:
         return True
 
 
+class PollingProgress:
+    """`Progress` for streams another thread fills: look at the predicate every `poll_s` (calling
+    `on_poll` first), so the filling thread never has to wake this loop up."""
+
+    def __init__(self, poll_s: float = 0.01, on_poll: Callable[[], None] | None = None) -> None:
+        self.poll_s = poll_s
+        self.on_poll = on_poll
+
+    def notify(self) -> None:
+        return None
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float | None = None) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            if self.on_poll is not None:
+                self.on_poll()
+            if predicate():
+                return True
+            if deadline is not None and loop.time() > deadline:
+                return False
+            await asyncio.sleep(self.poll_s)
+
+
 @dataclass
 class TokenStream:
     """Events of one streamed generation. Times are from the driver's clock, in nanoseconds."""

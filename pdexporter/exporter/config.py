@@ -94,9 +94,8 @@ class ExporterConfig(BaseModel):
 
     @property
     def reserve_tokens(self) -> int:
-        """Tokens every probe must still have to decode when a prefill goes in: the window's
-        slow steps, the recovery intervals, and a margin for decode-only steps in between."""
-        return self.expected_chunks * 2 + self.protocol.after_intervals + 8
+        """Tokens every probe must still have to decode when a prefill goes in (one window's)."""
+        return self.protocol.window_tokens(None, self.prefill_tokens, self.chunk_size, self.probe_streams)
 
 
 def build_config(**fields: object) -> ExporterConfig:

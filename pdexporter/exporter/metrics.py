@@ -109,6 +109,21 @@ class ExporterMetrics:
         self.engine_scrape_seconds = Gauge(ENGINE_SCRAPE_SECONDS, "Duration of the last engine scrape.", registry=r)
 
 
+def error_kind(exc: BaseException | None) -> str:
+    """`pdexporter_errors_total{kind}` for an exception (bounded label values, `ERROR_KINDS`)."""
+    from pdexporter.errors import EngineHTTPError, EngineTimeout, EngineUnreachable, MeasurementError
+
+    if isinstance(exc, EngineUnreachable):
+        return "connect"
+    if isinstance(exc, EngineTimeout):
+        return "timeout"
+    if isinstance(exc, EngineHTTPError):
+        return "http"
+    if isinstance(exc, MeasurementError):
+        return "measurement"
+    return "protocol"  # SSEProtocolError and any other engine answer we could not use
+
+
 def all_series_names() -> tuple[str, ...]:
     """Every sample name a scrape can show (histograms expand to _bucket/_count/_sum)."""
     names: list[str] = list(WINDOW_GAUGES)

@@ -174,16 +174,15 @@ class ProbeLoop:
         assert self.driver is not None
         return self.driver.prepare(prompt, max_tokens, tag)
 
-    def inject(self, prepared: PreparedRequest) -> concurrent.futures.Future[TokenStream]:
-        """Send an already-encoded request from the probe loop; the future gives its stream at once
-        (t_sent is stamped by the client when the request leaves)."""
+    def send(self, prepared: PreparedRequest, stream: TokenStream, *, retry_connect: bool = False) -> None:
+        """Send an already-encoded request from the probe loop into `stream` (created by the
+        caller, filled by this thread; t_sent is stamped by the client when the request leaves)."""
         assert self.loop is not None and self.driver is not None
-        driver = self.driver
-
-        async def _send() -> TokenStream:
-            return driver.start(prepared)
-
-        return asyncio.run_coroutine_threadsafe(_send(), self.loop)
+        client = self.driver.client
+        future = asyncio.run_coroutine_threadsafe(
+            client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect), self.loop
+        )
+        future.add_done_callback(_seen)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Cancel the probes, close the driver, end the thread."""
@@ -261,6 +260,12 @@ class ProbeLoop:
                 backoff = min(backoff * 2, self.restart_backoff_s[1])
             else:
                 backoff = self.restart_backoff_s[0]
+
+
+def _seen(future: concurrent.futures.Future[TokenStream]) -> None:
+    """The stream holds any failure already; mark the future's exception as retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 def drain(events: queue.SimpleQueue[Lifecycle], handle: Callable[[Lifecycle], None]) -> int:

@@ -39,16 +39,9 @@ from pdexporter.measure.window import (
     WindowParams,
     baseline_from_lengths,
     intervals,
-    token_times,
 )
 
 BASELINE, WINDOW, AFTER = "baseline", "prefill_window", "after_prefill"
-
-
-def stream_token_times(stream: TokenStream) -> np.ndarray:
-    """Per-token times of a stream that another thread may still be appending to."""
-    n = min(len(stream.event_times_ns), len(stream.event_tokens))
-    return token_times(stream.event_times_ns[:n], stream.event_tokens[:n])
 
 
 def quiet_intervals_ns(

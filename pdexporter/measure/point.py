@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineDriver, EngineInfo
-from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, run_interference
+from pdexporter.measure.probesets import FixedBaseline, FreshProbes
+from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, run_window
 from pdexporter.measure.records import (
     RecordConfig,
     RepRecord,
@@ -24,7 +25,7 @@ from pdexporter.measure.records import (
     interference_block,
 )
 from pdexporter.measure.store import ResultsStore
-from pdexporter.measure.window import BaselineStats, derive, expected_chunks
+from pdexporter.measure.window import derive, expected_chunks
 
 
 @dataclass(frozen=True)
@@ -77,16 +78,16 @@ def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings,
 def rep_record(
     rep: int,
     run: InterferenceRun,
-    baseline: BaselineStats | None,
     spec: PointSpec,
     *,
     raw: str | None,
-    baseline_source: str = "phase1",
     started_at: str | None = None,
 ) -> RepRecord:
+    """One repetition's record blocks, from the window and the baseline it was compared with."""
+    baseline = run.baseline
     return RepRecord(
         rep=rep,
-        baseline=baseline_block(baseline, baseline_source),
+        baseline=baseline_block(baseline, run.baseline_rule),
         interference=interference_block(
             run.window,
             num_chunks_expected=spec.num_chunks_expected,
@@ -103,18 +104,23 @@ def rep_record(
 _RESUME_KEYS = ("model", "engine", "decode_context_tokens", "decode_output_tokens", "prefill_max_tokens", "mode")
 
 
-def resumable_reps(existing: RunRecord | None, config: RecordConfig, path: str) -> list[RepRecord]:
-    """Repetitions already on disk for this point, if they were measured the same way."""
+def check_resumable(existing: RunRecord | None, fields: dict[str, object], path: str) -> None:
+    """Refuse to add repetitions to a record measured another way (one line naming the field)."""
     if existing is None:
-        return []
-    for key in _RESUME_KEYS:
-        old, new = getattr(existing.config, key), getattr(config, key)
+        return
+    for key, new in fields.items():
+        old = getattr(existing.config, key, None)
         if old != new:
             raise ConfigError(
                 f"{path}: recorded with {key}={old!r}, this run has {key}={new!r}; "
                 "use another --out directory or remove the old record"
             )
-    return list(existing.reps)
+
+
+def resumable_reps(existing: RunRecord | None, config: RecordConfig, path: str) -> list[RepRecord]:
+    """Repetitions already on disk for this point, if they were measured the same way."""
+    check_resumable(existing, {key: getattr(config, key) for key in _RESUME_KEYS}, path)
+    return list(existing.reps) if existing is not None else []
 
 
 async def measure_point(
@@ -150,23 +156,35 @@ async def measure_point(
             store.save_raw(store.baseline_raw_path(spec.chunk_size, spec.decode_batch_size), baseline.to_raw())
     record: RunRecord | None = None
     for rep in range(len(done), reps):
-        started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        started = now_iso()
         if interfere is not None:
             run = await interfere(rep, baseline)
         else:
-            run = await run_interference(
-                driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, baseline.stats
+            run = await run_window(
+                driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, FreshProbes(settings),
+                FixedBaseline(baseline.stats), chunk_size=spec.chunk_size,
             )
-        raw_path = store.raw_path(*_key(spec), rep)
-        store.save_raw(raw_path, run.to_raw())
-        done.append(
-            rep_record(rep, run, baseline.stats, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started)
-        )
-        record = summarise(config, done)
-        store.save_record(record)
+        record = append_rep(store, spec, config, done, run, started, summarise)
         if on_rep is not None:
             on_rep(done[-1])
     assert record is not None
+    return record
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def append_rep(store: ResultsStore, spec: PointSpec, config: RecordConfig, done: list[RepRecord],
+               run: InterferenceRun, started_at: str | None,
+               summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate) -> RunRecord:
+    """Add one repetition to the point's record: its raw file first, then the record (both atomic),
+    so a record never points at a missing file. `done` (the repetitions so far) grows by one."""
+    raw_path = store.raw_path(*_key(spec), len(done))
+    store.save_raw(raw_path, run.to_raw())
+    done.append(rep_record(len(done), run, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started_at))
+    record = summarise(config, done)
+    store.save_record(record)
     return record
 
 

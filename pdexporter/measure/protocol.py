@@ -3,13 +3,15 @@
 Phase 1 (baseline): D probe streams on the shared, cached 4096-token prefix decode 256 tokens
 each; their intervals after the first 16 tokens give TPOT_baseline.
 
-Phase 2 (interference): D fresh probe streams; once every stream has >= 32 tokens and its last
-8 intervals are within 2x of each other (steady state), a cold prefill of exactly P random token
-ids is injected with max_tokens = 1. Its body is encoded before the window opens and nothing
-else runs on the loop while the window is open, so probe timestamps are not delayed by our own
-work (the 0 ms-interval trap in docs/vllm-facts.md). The engine's /metrics is scraped just
-before the injection and after the recovery intervals; the engine's step log, when the driver
-can see it, gives the real chunk sizes.
+Phase 2 (interference, `run_window`, the only implementation): D probe streams; once every
+stream has >= 32 tokens and its last 8 intervals are within 2x of each other (steady state), a
+cold prefill of exactly P random token ids is injected with max_tokens = 1. Its body is encoded
+before the window opens and nothing else runs on the loop while the window is open, so probe
+timestamps are not delayed by our own work (the 0 ms-interval trap in docs/vllm-facts.md). The
+engine's /metrics is scraped just before the injection and after the recovery intervals; the
+engine's step log, when the driver can see it, gives the real chunk sizes. Which streams (fresh,
+pooled, the exporter's continuous ones) and which baseline (Phase 1, the live quiet period) are
+the caller's choice (`measure.probesets`).
 
 All numbers are computed afterwards by the pure functions in `measure.window`.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -28,9 +30,12 @@ from pdexporter.engine.iterlog import IterationStep, summarise_chunks
 from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
-from pdexporter.measure.driver import EngineDriver
+from pdexporter.measure.driver import EngineDriver, PreparedRequest
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
 from pdexporter.engines import adapter
+
+if TYPE_CHECKING:
+    from pdexporter.measure.probesets import BaselineSource, ProbeSet
 from pdexporter.measure.window import (
     BaselineStats,
     ChunkPlan,
@@ -87,6 +92,18 @@ class ProtocolSettings(BaseModel):
     @property
     def token_range(self) -> TokenRange:
         return TokenRange(self.token_low, self.token_high)
+
+    def record_fields(self) -> dict[str, int]:
+        """The settings a record's config carries (and a resumed run must share)."""
+        return {"decode_context_tokens": self.decode_context_tokens, "decode_output_tokens": self.decode_output_tokens,
+                "prefill_max_tokens": self.prefill_max_tokens}
+
+    def window_tokens(self, engine: str | None, p: int, chunk_size: int, d: int) -> int:
+        """Tokens one probe stream spends on one window of a P-token prefill: the steady check,
+        two steps per expected chunk (its step, and the admission/retirement stalls and async lag
+        around it), the recovery intervals and a margin."""
+        chunks = len(adapter(engine).chunk_schedule(p, chunk_size, d)) if d < chunk_size else 1
+        return self.steady_last_intervals + 2 * chunks + self.after_intervals + 8
 
 
 @dataclass
@@ -167,6 +184,8 @@ class InterferenceRun:
     t_inject_ns: int
     t_first_ns: int
     window: WindowStats
+    baseline: BaselineStats | None = None
+    baseline_rule: str = "phase1"
     metrics_before: MetricsSnapshot | None = None
     metrics_after: MetricsSnapshot | None = None
     engine_steps: list[IterationStep] | None = None
@@ -258,9 +277,10 @@ def _raise_failures(streams: Iterable[TokenStream]) -> None:
         stream.raise_if_failed()
 
 
-async def _wait(
+async def wait_for(
     driver: EngineDriver, streams: Sequence[TokenStream], predicate: Callable[[], bool], timeout_s: float, what: str
 ) -> None:
+    """Wait for `predicate`; a failed stream raises its error, a timeout a one-line MeasurementError."""
     ok = await driver.progress.wait_until(
         lambda: predicate() or any(s.error is not None for s in streams), timeout_s
     )
@@ -272,7 +292,7 @@ async def _wait(
 async def run_single(driver: EngineDriver, prompt: Sequence[int], max_tokens: int, tag: str, timeout_s: float) -> TokenStream:
     """One request outside any window (warm-ups): retried if the connection fails before any byte."""
     stream = driver.start(driver.prepare(prompt, max_tokens, tag), retry_connect=True)
-    await _wait(driver, [stream], lambda: stream.done, timeout_s, f"{tag} request did not finish")
+    await wait_for(driver, [stream], lambda: stream.done, timeout_s, f"{tag} request did not finish")
     return stream
 
 
@@ -318,7 +338,7 @@ async def run_baseline(driver: EngineDriver, d: int, settings: ProtocolSettings)
     if d == 0:
         return BaselineRun(0, [], None)
     probes = start_probes(driver, d, settings)
-    await _wait(driver, probes, lambda: all(p.done for p in probes), settings.window_timeout_s,
+    await wait_for(driver, probes, lambda: all(p.done for p in probes), settings.window_timeout_s,
                 f"{d} baseline decode streams did not finish")
     traces = [StreamTrace.of(p) for p in probes]
     stats = baseline_stats([t.token_times() for t in traces], settings.window)
@@ -338,81 +358,63 @@ def _tokens_after(stream: TokenStream, t_ns: float) -> int:
     return total
 
 
-async def run_interference(
+async def run_window(
     driver: EngineDriver,
     d: int,
     p: int,
     settings: ProtocolSettings,
-    baseline: BaselineStats | None,
+    probes: ProbeSet,
+    baseline: BaselineSource,
     *,
-    probes: list[TokenStream] | None = None,
-    wait_for_probes: bool = True,
     salt: str | None = None,
+    prepared: PreparedRequest | None = None,
+    chunk_size: int | None = None,
 ) -> InterferenceRun:
-    """Phase 2. With `probes` given (fast mode), those running streams are perturbed instead of
-    fresh ones, and `wait_for_probes=False` leaves them running afterwards."""
+    """Phase 2, the one implementation: D probe streams in steady state perturbed by one cold
+    P-token prefill (module docs), for every caller; `probes` and `baseline` say which streams
+    and what they are compared with (`measure.probesets`). `prepared` is the prefill's request
+    when the caller encoded it earlier (it must be encoded before the window opens)."""
     salt = salt or str(uuid.uuid4())
-    prefill_request = driver.prepare(cold_prompt(p, salt, settings.token_range), settings.prefill_max_tokens, "prefill")
-    fresh = probes is None
-    probes = start_probes(driver, d, settings) if probes is None else probes
-    if d:
-        # Remember which condition ended the wait: a new event may arrive between the wake-up and
-        # a second look, so re-evaluating `steady` here would be a race.
-        reached: list[bool] = []
-
-        def steady_or_ended() -> bool:
-            if steady(probes, settings):
-                reached.append(True)
-                return True
-            return any(s.finished for s in probes)
-
-        await _wait(driver, probes, steady_or_ended, settings.steady_timeout_s,
-                    f"{d} probe streams did not reach steady state")
-        if not reached:
-            raise MeasurementError(
-                f"probe streams ended before steady state ({settings.inject_at_tokens} tokens, last "
-                f"{settings.steady_last_intervals} intervals within {settings.steady_max_ratio:g}x)"
-            )
+    if prepared is None:
+        prepared = driver.prepare(cold_prompt(p, salt, settings.token_range), settings.prefill_max_tokens, "prefill")
+    streams = await probes.ready(driver, d, p) if d else []
     before = await driver.scrape_metrics()
-    if d:
-        # The scrape (its parse runs on this loop) can hold up the probes' reads for several ms; the
-        # tokens that waited would be stamped late, right after t_inject, as a slow interval and a
-        # burst inside the window. One fresh token on every probe puts that behind us first.
-        seen = [s.n_tokens for s in probes]
-        await _wait(driver, probes, lambda: all(s.n_tokens > n or s.finished for s, n in zip(probes, seen)),
-                    settings.steady_timeout_s, "probe streams stalled after the metrics scrape")
+    # The scrape (its parse runs on this loop) can hold up the probes' reads for several ms; the
+    # tokens that waited would be stamped late, right after t_inject, as a slow interval and a
+    # burst inside the window. Fresh tokens on every probe put that behind us first.
+    t_decide, streams = await probes.settle(driver, streams, driver.now_ns()) if d else (driver.now_ns(), [])
+    base, baseline_extra = baseline.at(t_decide)
     mark = driver.step_mark()
 
-    prefill = driver.start(prefill_request)  # inside the window: never retried
-    everything = [*probes, prefill]
-    await _wait(driver, everything, lambda: prefill.t_first_ns is not None or prefill.done,
-                settings.window_timeout_s, f"the {p}-token prefill produced no token")
+    prefill = driver.start(prepared)  # inside the window: never retried
+    everything = [*streams, prefill]
+    await wait_for(driver, everything, lambda: prefill.t_first_ns is not None or prefill.done,
+                   settings.window_timeout_s, f"the {p}-token prefill produced no token")
     if prefill.t_first_ns is None or prefill.t_sent_ns is None:
         raise MeasurementError(f"the {p}-token prefill finished without a token ({prefill.finish_reason})")
     t_inject, t_first = prefill.t_sent_ns, prefill.t_first_ns
-    ended_early = [s.request_id for s in probes if s.finished and (s.t_finished_ns or 0) <= t_first]
+    ended_early = [s.request_id for s in streams if s.finished and (s.t_finished_ns or 0) <= t_first]
     if ended_early:
         raise MeasurementError(
             f"{len(ended_early)} probe stream(s) ended before the prefill's first token: raise "
             f"decode_output_tokens above {settings.decode_output_tokens}"
         )
-    window_end = window_end_ns(t_first, baseline)
-    await _wait(
+    window_end = window_end_ns(t_first, base)
+    await wait_for(
         driver, everything,
-        lambda: prefill.done and all(s.done or _tokens_after(s, window_end) > settings.after_intervals for s in probes),
+        lambda: prefill.done and all(s.done or _tokens_after(s, window_end) > settings.after_intervals
+                                     for s in streams),
         settings.window_timeout_s, "probe streams did not recover after the prefill",
     )
     after = await driver.scrape_metrics()
-    if fresh and wait_for_probes:
-        await _wait(driver, probes, lambda: all(s.done for s in probes), settings.window_timeout_s,
-                    "probe streams did not finish")
+    await probes.release(driver, streams)
     steps = driver.steps_since(mark)
     if steps is not None:
         steps = [s for s in steps if s.context_tokens > 0 or s.generation_requests > 0]
 
-    traces = [StreamTrace.of(s) for s in probes]
-    schedule = expected_schedule(driver.info.kind, p, driver.info.chunk_size, d)
-    window = analyse_traces(traces, t_inject, t_first, baseline, settings.window, steps, schedule)
+    traces = probes.traces(streams, t_inject)
+    schedule = expected_schedule(driver.info.kind, p, chunk_size or driver.info.chunk_size, d)
+    window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule)
     return InterferenceRun(
         decode_batch_size=d,
         new_prefill_tokens=p,
@@ -421,9 +423,12 @@ async def run_interference(
         t_inject_ns=t_inject,
         t_first_ns=t_first,
         window=window,
+        baseline=base,
+        baseline_rule=baseline.rule,
         metrics_before=before,
         metrics_after=after,
         engine_steps=steps,
         schedule=schedule,
         salt=salt,
+        extra={**baseline_extra, **probes.raw_extra()} if d else dict(baseline_extra),
     )

@@ -242,22 +242,6 @@ def baseline_from_lengths(lengths_ns: np.ndarray) -> BaselineStats | None:
     )
 
 
-def is_steady(
-    streams: Sequence[np.ndarray], min_tokens: int = 32, last_n: int = 8, max_ratio: float = 2.0
-) -> bool:
-    """The seed's steady state: every stream has >= min_tokens tokens and its last `last_n`
-    intervals are within `max_ratio` of each other."""
-    if not streams:
-        return True
-    for times in streams:
-        if len(times) < max(min_tokens, last_n + 1):
-            return False
-        tail = np.diff(np.asarray(times[-(last_n + 1) :], dtype=np.float64))
-        if tail.min() <= 0 or tail.max() / tail.min() > max_ratio:
-            return False
-    return True
-
-
 @dataclass(frozen=True)
 class StreamPhases:
     """Where each interval of one stream (after warm-up) falls around one prefill.

@@ -1,33 +1,41 @@
-"""Predicted records: the measurement protocol run on the embedded engine in virtual time.
+"""Predicted records: the sweep run on the embedded engine in virtual time.
 
-`predict_records` runs `measure.point.measure_point`, unchanged, on a `SimDriver` per chunk size
-(one engine per chunk size, as a sweep restarts vLLM), sharing Phase 1 per (chunk, D), and returns
-the records, which say they are modelled. In `mode="fast"` the repetitions of a (chunk, D) perturb
-one set of long-lived probes, as the sweep's fast mode does (`sweep.fast.ProbePool`, 512 tokens of
-context drift allowed): the mode the H200 records were measured in, and several times quicker to
-predict than fresh 256-token probes per repetition. `pdexporter sim calibrate` uses it to fit the
+`predict_records` runs the sweep controller itself (`sweep.controller.SweepController`: one
+engine per chunk size, Phase 1 once per (chunk, D), Phase 2 x reps through `run_window`), on the
+in-process embedded engine with a virtual clock, for exactly the configurations asked for, and
+returns their records, which say they are modelled. `mode="fast"` perturbs long-lived probes as
+the sweep's fast mode does (the mode the H200 records were measured in, and several times
+quicker to predict). No CV re-runs, no cooldowns and no shape warm-up (the model has no JIT):
+the prediction of one configuration is one pass. `pdexporter sim calibrate` uses it to fit the
 engine-loop costs and to predict held-out configurations; anything that wants a modelled table can.
 """
 
 from __future__ import annotations
 
 import tempfile
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.measure.point import PointSpec, measure_point
-from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, warm_prefix
+from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.driver import SimDriver
 from pdexporter.sim.profile import Profile
-from pdexporter.sweep.fast import ProbePool
-from pdexporter.sweep.spec import injection_tokens
+from pdexporter.sweep.controller import SweepController, SweepObserver
+from pdexporter.sweep.launchers import VirtualSimProvider
+from pdexporter.sweep.plan import ConfigStatus
+from pdexporter.sweep.spec import CvSpec, GridSpec, SimLauncherSpec, SweepSpec, WarmupSpec
 
 Key = tuple[int, int, int]  # (chunk_size, decode_batch_size, new_prefill_tokens)
-FAST_DRIFT_TOKENS = 512  # sweeps/h200.yaml: fast.max_context_drift_tokens
+
+
+class _OnPoint(SweepObserver):
+    def __init__(self, on_point: Callable[[RunRecord], None] | None) -> None:
+        self.on_point = on_point
+
+    def on_config(self, key: Key, record: RunRecord | None, status: ConfigStatus) -> None:
+        if record is not None and self.on_point is not None:
+            self.on_point(record)
 
 
 async def predict_records_async(
@@ -42,40 +50,29 @@ async def predict_records_async(
 ) -> dict[Key, RunRecord]:
     if mode not in ("faithful", "fast"):
         raise ValueError(f"mode {mode!r}: expected 'faithful' or 'fast'")
-    by_chunk: dict[int, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for b, d, p in sorted(set(keys)):
-        by_chunk[b][d].append(p)
+    points = sorted(set(keys))
+    if not points:
+        return {}
+    spec = SweepSpec(
+        name="predict",
+        grid=GridSpec(
+            chunk_sizes=sorted({b for b, _, _ in points}),
+            decode_batch_sizes=sorted({d for _, d, _ in points}),
+            new_prefill_tokens=sorted({p for _, _, p in points}),
+        ),
+        reps=reps, mode=mode, protocol=settings, warmup=WarmupSpec(prefix=True, shapes=False),
+        cv=CvSpec(max_reruns=0), cooldown={"seconds": 0}, launcher=SimLauncherSpec(kind="sim", profile=profile.name),
+        output=str(store.root),
+    )
+    controller = SweepController(spec, store, VirtualSimProvider(profile), observer=_OnPoint(on_point),
+                                 points=points, write_state=False)
+    await controller.run()
     out: dict[Key, RunRecord] = {}
-    for b, by_d in sorted(by_chunk.items()):
-        async with SimDriver.create(profile=profile, chunk_size=b) as driver:
-            await warm_prefix(driver, settings)
-            for d, prefills in sorted(by_d.items()):
-                baseline = await run_baseline(driver, d, settings)
-                pool = None
-                if mode == "fast":
-                    largest = max(injection_tokens(settings, b, d, p) for p in prefills)
-                    pool = ProbePool(driver, b, d, settings, settings.inject_at_tokens + max(FAST_DRIFT_TOKENS, largest))
-                    pool.plan([p for p in prefills for _ in range(reps)])
-                for p in prefills:
-                    record = await measure_point(driver, PointSpec(b, d, p), settings, store, reps=reps, mode=mode,
-                                                 baseline=baseline, resume=False, interfere=_perturb(pool, p))
-                    out[(b, d, p)] = record
-                    if on_point is not None:
-                        on_point(record)
-                if pool is not None:
-                    await pool.drain()
+    for key in points:
+        record = store.load_record(*key)
+        if record is not None:
+            out[key] = record
     return out
-
-
-def _perturb(pool: ProbePool | None, p: int) -> Callable[[int, BaselineRun], Awaitable[InterferenceRun]] | None:
-    """measure_point's Phase 2 in fast mode: the pool's probes perturbed by a P-token prefill."""
-    if pool is None:
-        return None
-
-    def interfere(rep: int, base: BaselineRun) -> Awaitable[InterferenceRun]:
-        return pool.interfere(p, base.stats)
-
-    return interfere
 
 
 def predict_records(

@@ -348,12 +348,6 @@ class KVCacheManager:
                 if self._hash[b] is None:
                     free.move_to_end(b, last=False)  # nothing to keep: reuse it first
 
-    def reset_prefix_cache(self) -> None:
-        for b, h in enumerate(self._hash):
-            if h is not None and self._ref[b] == 0:
-                self._hash[b] = None
-        self._cached = {h: b for b, h in enumerate(self._hash) if h is not None}
-
 
 TokenSampler = Callable[[Request], int]
 

@@ -23,7 +23,7 @@ import asyncio
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,19 +32,19 @@ from pdexporter._internal.atomic import atomic_write_json
 from pdexporter.errors import MeasurementError, PdexporterError
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.point import PointSpec, measure_point
+from pdexporter.measure.probesets import FixedBaseline, FreshProbes, PooledProbes
 from pdexporter.measure.protocol import (
     BaselineRun,
     InterferenceRun,
     StreamTrace,
     run_baseline,
-    run_interference,
+    run_window,
     warm_prefix,
     warm_shapes,
 )
 from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import baseline_stats
-from pdexporter.sweep.fast import ProbePool
 from pdexporter.sweep.launchers import DeadlineReached, EngineProvider
 from pdexporter.sweep.plan import ConfigStatus, RunTimes, config_status, median, summarise_attempts
 from pdexporter.sweep.spec import SweepSpec
@@ -160,8 +160,14 @@ class SweepController:
         observer: SweepObserver | None = None,
         deadline: Deadline | None = None,
         keep_engine: bool = False,
+        points: Sequence[Key] | None = None,
+        write_state: bool = True,
     ) -> None:
+        """`points`: only these configurations (default: the grid's); `write_state`: keep
+        `sweep.json` beside the results (a prediction in a temporary directory needs none)."""
         self.spec = spec
+        self.points = list(points) if points is not None else list(spec.points())
+        self.write_state = write_state
         self.store = store
         self.provider = provider
         self.observer = observer or SweepObserver()
@@ -205,7 +211,7 @@ class SweepController:
     async def run(self) -> SweepReport:
         loop = asyncio.get_running_loop()
         t0_loop, t0_wall = loop.time(), time.monotonic()
-        statuses = {key: self.status(key) for key in self.spec.points()}
+        statuses = {key: self.status(key) for key in self.points}
         for (b, _, _), st in statuses.items():
             self.reports[b].configs += 1
             self.reports[b].configs_complete += st.complete
@@ -231,7 +237,8 @@ class SweepController:
                 status, message = "incomplete", f"{len(failed)} configuration(s) failed: " + ", ".join(
                     f"B={b} D={d} P={p}" for b, d, p in failed[:5]) + (" ..." if len(failed) > 5 else "")
             report = self._report(status, message, loop.time() - t0_loop, time.monotonic() - t0_wall)
-            self._write_state(report)
+            if self.write_state:
+                self._write_state(report)
         return report
 
     async def _run_chunk(self, chunk: int, todo: list[Key]) -> None:
@@ -311,7 +318,8 @@ class SweepController:
     async def _run_d(self, driver: EngineDriver, chunk: int, d: int, keys: list[Key]) -> None:
         spec = self.spec
         baseline = await self._baseline(driver, chunk, d)
-        pool = ProbePool(driver, chunk, d, spec.protocol, spec.fast_probe_tokens(chunk)) if spec.mode == "fast" else None
+        pool = (PooledProbes(spec.protocol, chunk, d, spec.fast_probe_tokens(chunk), engine=driver.info.kind)
+                if spec.mode == "fast" else None)
         try:
             if pool is not None:
                 pool.plan([p for key in keys for p in [key[2]] * self.status(key).reps_to_run])
@@ -326,7 +334,7 @@ class SweepController:
             if pool is not None:
                 self.reports[chunk].probe_sets += pool.sets_started
 
-    async def _run_config(self, driver: EngineDriver, key: Key, baseline: BaselineRun, pool: ProbePool | None) -> None:
+    async def _run_config(self, driver: EngineDriver, key: Key, baseline: BaselineRun, pool: PooledProbes | None) -> None:
         spec = self.spec
         chunk, d, p = key
         report = self.reports[chunk]
@@ -339,10 +347,9 @@ class SweepController:
                 t_wall = time.monotonic()
                 try:
                     with self._phase("phase2", chunk):
-                        if pool is not None:
-                            run = await pool.interfere(p, base.stats)
-                        else:
-                            run = await run_interference(driver, d, p, spec.protocol, base.stats)
+                        probes = pool if pool is not None else FreshProbes(spec.protocol)
+                        run = await run_window(driver, d, p, spec.protocol, probes, FixedBaseline(base.stats),
+                                               chunk_size=chunk)
                 except MeasurementError as exc:
                     # No steady state, a probe that ended early, no recovery: nothing was
                     # recorded; the run is repeated with fresh probes (fast mode starts a new set).
@@ -426,7 +433,7 @@ class SweepController:
         for chunk, report in self.reports.items():
             penalties: list[float | None] = []
             report.flagged, report.rerun, report.reps_recorded, report.configs_complete = [], [], 0, 0
-            for key in (k for k in self.spec.points() if k[0] == chunk):
+            for key in (k for k in self.points if k[0] == chunk):
                 record = self.store.load_record(*key)
                 if record is None:
                     continue

@@ -559,7 +559,7 @@ class LauncherProvider:
 class VirtualSimProvider:
     """The embedded engine in-process on a virtual clock (run the controller under `run_virtual`)."""
 
-    profile: str
+    profile: Any  # a profile name, path or `sim.profile.Profile`
     model: str | None = None
     gpu: str | None = None
     description: str = ""

@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.measure.window import expected_chunks
 
 Mode = Literal["faithful", "fast"]
 
@@ -258,16 +257,10 @@ class SweepSpec(_Strict):
         """max_tokens of a fast-mode probe: room for the drift, and for the largest window."""
         s = self.protocol
         largest = max(
-            injection_tokens(s, chunk_size, d, max(self.grid.new_prefill_tokens))
+            s.window_tokens(None, max(self.grid.new_prefill_tokens), chunk_size, d)
             for d in self.grid.decode_batch_sizes
         )
         return s.inject_at_tokens + max(self.fast.max_context_drift_tokens, largest)
-
-
-def injection_tokens(settings: ProtocolSettings, chunk_size: int, d: int, p: int) -> int:
-    """Tokens one probe stream spends on one injection: steady check, the window (chunks plus the
-    step or two of async-scheduling lag), the recovery intervals, and a margin."""
-    return settings.steady_last_intervals + expected_chunks(p, chunk_size, d) + 4 + settings.after_intervals + 4
 
 
 # ---------------------------------------------------------------------------------------------

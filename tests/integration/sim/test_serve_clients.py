@@ -63,7 +63,10 @@ def test_openai_streaming_chat_opens_with_a_role_delta(client: openai.OpenAI):
     assert chunks[0].object == "chat.completion.chunk"
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
     content = [c.choices[0].delta.content for c in chunks[1:] if c.choices]
-    assert len(content) == 5 and all(x.startswith(" t") for x in content)
+    # vLLM's front end merges the tokens a slow reader has not taken yet into one event (so does the
+    # embedded engine's, on a busy machine): count tokens, not events
+    assert "".join(content).split() and len("".join(content).split()) == 5
+    assert all(x.startswith(" t") for x in content if x)
     assert chunks[-2].choices[0].finish_reason == "length"
     assert chunks[-1].usage.prompt_tokens == 4 and chunks[-1].usage.completion_tokens == 5
 

@@ -74,7 +74,8 @@ def test_bad_options_are_one_line(overrides: dict[str, object], message: str) ->
 
 def test_reserve_covers_window_and_recovery() -> None:
     config = build_config(probe_streams=4, chunk_size=2048, prefill_tokens=32768, inject_every_s=30.0)
-    # 17 chunks at B=2048, D=4 (docs/vllm-facts.md), two steps each at most, + 32 recovery + margin.
+    # 17 chunks at B=2048, D=4 (docs/vllm-facts.md): the steady check (8), two steps each at most,
+    # 32 recovery intervals and a margin: one window's tokens, as a fast-mode sweep sizes its probes.
     assert config.expected_chunks == 17
-    assert config.reserve_tokens == 17 * 2 + 32 + 8
+    assert config.reserve_tokens == 8 + 17 * 2 + 32 + 8 == config.protocol.window_tokens("vllm", 32768, 2048, 4)
     assert config.reserve_tokens <= config.protocol.decode_output_tokens - config.protocol.inject_at_tokens

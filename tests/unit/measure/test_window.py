@@ -16,7 +16,6 @@ from pdexporter.measure.window import (
     derive,
     expected_chunks,
     intervals,
-    is_steady,
     token_times,
 )
 
@@ -56,14 +55,6 @@ def test_baseline_of_a_steady_cadence_is_that_cadence() -> None:
 
 def test_no_streams_no_baseline() -> None:
     assert baseline_stats([]) is None
-
-
-def test_steady_state_rule() -> None:
-    assert not is_steady([np.arange(31) * 6.0 * MS])  # fewer than 32 tokens
-    assert is_steady([np.arange(40) * 6.0 * MS])
-    bumpy = np.cumsum([6.0] * 35 + [20.0] + [6.0] * 4) * MS  # one interval 3.3x the others in the last 8
-    assert not is_steady([bumpy])
-    assert is_steady([])
 
 
 def _scenario(chunk_ms: list[float], *, decode_ms: float = 6.0, d: int = 4, lead: int = 60, tail: int = 60,

@@ -181,16 +181,17 @@ async def test_a_config_that_keeps_failing_is_skipped_not_fatal(tmp_path: Path, 
         # The P=512 injections never see a steady window (as jittery probes would).
         return real_steady(streams, settings) and calls["p"] != 512
 
-    original = protocol.run_interference
+    original = protocol.run_window
 
-    async def spy(driver, d, p, settings, baseline, **kw):  # type: ignore[no-untyped-def]
+    async def spy(driver, d, p, *args, **kw):  # type: ignore[no-untyped-def]
         calls["p"] = p
-        return await original(driver, d, p, settings, baseline, **kw)
+        return await original(driver, d, p, *args, **kw)
 
-    import pdexporter.sweep.fast as fast_mod
+    import pdexporter.measure.probesets as probesets
+    import pdexporter.sweep.controller as controller_mod
 
-    monkeypatch.setattr(protocol, "steady", flaky)
-    monkeypatch.setattr(fast_mod, "run_interference", spy)
+    monkeypatch.setattr(probesets, "steady", flaky)
+    monkeypatch.setattr(controller_mod, "run_window", spy)
     report = await SweepController(spec, ResultsStore(tmp_path), DoubleProvider()).run()
     assert report.status == "incomplete" and "B=2048 D=4 P=512" in (report.message or "")
     assert report.chunks[2048].failed == [(2048, 4, 512)] and report.chunks[2048].retries == 1

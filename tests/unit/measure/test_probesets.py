@@ -1,12 +1,13 @@
-"""Fast mode's trace trimming: a reused probe looks like a fresh faithful probe to the maths."""
+"""Pooled (fast-mode) probes: a reused probe looks like a fresh faithful probe to the maths."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pdexporter.measure.protocol import InterferenceRun, ProtocolSettings, StreamTrace
+from pdexporter.engine.stream import TokenStream
+from pdexporter.measure.probesets import PooledProbes, trim_trace
+from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, analyse_traces
 from pdexporter.measure.window import analyse_window, baseline_from_lengths
-from pdexporter.sweep.fast import trim_run, trim_trace
 
 MS = 1_000_000
 
@@ -43,11 +44,11 @@ def test_an_earlier_window_does_not_leak_into_pre_injection_numbers() -> None:
     t_inject = tr.event_times_ns[179] + 1
     t_first = tr.event_times_ns[183]
     window_full = analyse_window([tr.token_times()], t_inject, t_first, base, settings.window)
-    run = InterferenceRun(4, 8192, [tr], StreamTrace("pf", "prefill", t_inject, [t_first], [1]), t_inject, t_first,
-                          window_full)
-    trimmed = trim_run(run, settings, base)
-    assert trimmed.window.pre_p50_ms == 10.0
-    assert trimmed.window.during_p50_ms == window_full.during_p50_ms
-    assert trimmed.window.num_chunks_actual == window_full.num_chunks_actual == 4
-    assert trimmed.extra["probe_reuse"] is True
-    assert len(trimmed.probes[0].event_times_ns) < len(tr.event_times_ns)
+    stream = TokenStream("probe-0", "probe", t_sent_ns=0, event_times_ns=list(tr.event_times_ns),
+                         event_tokens=list(tr.event_tokens), n_tokens=len(tr.event_tokens))
+    traces = PooledProbes(settings, 8192, 1, 600).traces([stream], t_inject)
+    trimmed = analyse_traces(traces, t_inject, t_first, base, settings.window)
+    assert trimmed.pre_p50_ms == 10.0
+    assert trimmed.during_p50_ms == window_full.during_p50_ms
+    assert trimmed.num_chunks_actual == window_full.num_chunks_actual == 4
+    assert len(traces[0].event_times_ns) < len(tr.event_times_ns)

@@ -1,0 +1,61 @@
+"""The exporter's scrapes of the engine's /metrics: periodic (engine gauges), and the two a window
+takes around its prefill (never overlapping a periodic one)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from pdexporter.engine.client import EngineClient
+from pdexporter.engine.metrics import MetricsSnapshot
+from pdexporter.errors import EngineError
+from pdexporter.exporter.metrics import ExporterMetrics, error_kind
+
+
+class EngineScraper:
+    def __init__(self, client: EngineClient, metrics: ExporterMetrics, interval_s: float,
+                 count_errors: Callable[[], bool]) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.count_errors = count_errors  # False while shutting down
+        self._task: asyncio.Task[MetricsSnapshot | None] | None = None
+        self._next = 0.0
+
+    def tick(self, now: float) -> None:
+        """Start a periodic scrape when one is due and none runs."""
+        if now >= self._next and (self._task is None or self._task.done()):
+            self._next = now + self.interval_s
+            self._task = asyncio.create_task(self.scrape())
+
+    async def scrape(self) -> MetricsSnapshot | None:
+        t0 = time.perf_counter()
+        try:
+            snapshot = await self.client.scrape_metrics(retry=False)
+        except EngineError as exc:
+            self.metrics.engine_scrape_ok.set(0)
+            self.metrics.engine_scrape_seconds.set(time.perf_counter() - t0)
+            if self.count_errors():
+                self.metrics.errors.labels(kind=error_kind(exc)).inc()
+            return None
+        self.metrics.engine_scrape_seconds.set(time.perf_counter() - t0)
+        self.metrics.engine_scrape_ok.set(1)
+        for gauge, name in ((self.metrics.engine_running, "num_requests_running"),
+                            (self.metrics.engine_waiting, "num_requests_waiting"),
+                            (self.metrics.engine_kv, "kv_cache_usage_perc")):
+            value = snapshot.get(name)
+            if value is not None:
+                gauge.set(value)
+        return snapshot
+
+    async def scrape_now(self) -> MetricsSnapshot | None:
+        """A window's scrape: after the periodic one in progress, if any."""
+        if self._task is not None and not self._task.done():
+            await asyncio.gather(self._task, return_exceptions=True)
+        return await self.scrape()
+
+    async def aclose(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        await self.client.aclose()
