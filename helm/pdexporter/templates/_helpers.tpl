@@ -55,17 +55,22 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* An image reference: repository@digest when a digest is set (the tag is then ignored), else
-repository:tag. (dict "image" <image values> "defaultTag" <tag when image.tag is empty>) */}}
+repository:tag. (dict "image" <image values> "name" <its values path> "defaultTag" <tag when
+image.tag is empty; none: the tag is required>) */}}
 {{- define "pdexporter.imageRef" -}}
 {{- if .image.digest }}
 {{- printf "%s@%s" .image.repository .image.digest }}
 {{- else }}
-{{- printf "%s:%s" .image.repository (default .defaultTag .image.tag) }}
+{{- $tag := .image.tag | default .defaultTag }}
+{{- if not $tag }}
+{{- fail (printf "%s: set %s.tag or %s.digest" .name .name .name) }}
+{{- end }}
+{{- printf "%s:%s" .image.repository $tag }}
 {{- end }}
 {{- end }}
 
 {{- define "pdexporter.image" -}}
-{{- include "pdexporter.imageRef" (dict "image" .Values.image "defaultTag" .Chart.AppVersion) }}
+{{- include "pdexporter.imageRef" (dict "image" .Values.image "name" "image" "defaultTag" .Chart.AppVersion) }}
 {{- end }}
 
 {{/* The Secret holding the engine's API key: exporter.apiKeySecret, else vllm.apiKeySecret (the key

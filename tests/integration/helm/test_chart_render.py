@@ -235,6 +235,13 @@ def test_embedded_engine_has_no_target_and_no_injection(engine: HelmEngine) -> N
         assert "EMBEDDED engine" in notes and "modelled" in notes
 
 
+@pytest.mark.parametrize("where", ["vllm", "tests"])
+def test_an_image_without_tag_or_digest_is_refused(engine: HelmEngine, tmp_path: Path, where: str) -> None:
+    values = _values(tmp_path, {where: {"enabled": True, "image": {"tag": ""}}, "exporter": {"mode": "none"}})
+    with pytest.raises(Exception, match=rf"{where}\.image: set {where}\.image\.tag or {where}\.image\.digest"):
+        engine.template(CHART, values, RELEASE, NAMESPACE)
+
+
 def test_passive_mode_passes_passive_and_no_injection(engine: HelmEngine) -> None:
     args = _exporter(render(engine, CHART / "ci" / "passive-values.yaml"))["args"]
     assert "--passive" in args and "--inject-every" not in args

@@ -123,12 +123,15 @@ def test_probe_paths_are_served_by_the_exporter() -> None:
 def _dockerfile_from(text: str, build_args: dict[str, str]) -> str:
     """The base image the FROM line names, its ${VAR} / ${VAR:+word} expanded by bash, whose
     parameter expansion is the POSIX one BuildKit's Dockerfile lexer implements (no Docker here)."""
+    import shutil
     import subprocess
 
     defaults_ = dict(re.findall(r"^ARG (\w+)=(.*)$", text.split("\nFROM ")[0], re.M))
     (line,) = re.findall(r"^FROM (.+)$", text, re.M)
     env = {**defaults_, **build_args}
-    proc = subprocess.run(["bash", "-c", f'printf %s "{line}"'], env=env, capture_output=True, text=True, check=True)
+    bash = shutil.which("bash")
+    assert bash, "bash is needed to expand the FROM line"
+    proc = subprocess.run([bash, "-c", f'printf %s "{line}"'], env=env, capture_output=True, text=True, check=True)
     return proc.stdout
 
 
