@@ -181,7 +181,8 @@ def test_hardened_defaults() -> None:
         assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True, where
         assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], where
         assert sc["privileged"] is False and sc["seccompProfile"]["type"] == "RuntimeDefault", where
-        assert sc["runAsUser"] != 0, where
+    assert v["securityContext"]["runAsUser"] != 0
+    assert "runAsUser" not in v["vllm"]["securityContext"], "vLLM's uid has one place: vllm.podSecurityContext"
     for where, pod in (("podSecurityContext", v["podSecurityContext"]),
                        ("vllm.podSecurityContext", v["vllm"]["podSecurityContext"])):
         assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, where
