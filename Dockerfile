@@ -1,5 +1,10 @@
 # The pdexporter image: `docker build -t pdexporter:0.1.0 .`, then `docker run pdexporter:0.1.0 run --probe-decode 4 --target http://vllm:8000`.
-FROM python:3.11-slim
+# Reproducible builds pin the base image by digest, so a re-pushed python:3.11-slim tag cannot
+# change what is built: `docker build --build-arg BASE_DIGEST=sha256:<64 hex> ...` (the digest
+# from `docker buildx imagetools inspect python:3.11-slim`). Empty: the tag as it is today.
+ARG BASE_IMAGE=python:3.11-slim
+ARG BASE_DIGEST=
+FROM ${BASE_IMAGE}${BASE_DIGEST:+@${BASE_DIGEST}}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -1,7 +1,14 @@
 """Prometheus exposition over aiohttp: a thin adapter over prometheus_client's pure core.
 
-`/metrics` (text format, or OpenMetrics when the scraper asks for it), `/healthz`, and a small
-landing page at `/`. Used by `pdexporter run` and by `pdexporter sweep --listen`.
+`/metrics` (text format, or OpenMetrics when the scraper asks for it), three health endpoints and
+a small landing page at `/`. Used by `pdexporter run` and by `pdexporter sweep --listen`.
+
+- `/livez`: 200 whenever the server's event loop answers. It depends on nothing else, the engine
+  least of all: a liveness probe on it never kills an exporter whose engine is still loading.
+- `/readyz`: 200 while `/metrics` can be served (the registry collects), 503 with the error if
+  not. It stays 200 while the engine is down, so Prometheus keeps scraping `pdexporter_up 0`.
+- `/healthz`: the caller's `healthy()` (for `pdexporter run`: the probe thread is alive); 503 when
+  it says no.
 """
 
 from __future__ import annotations
@@ -32,6 +39,17 @@ def metrics_app(
         ok = healthy()
         return web.Response(status=200 if ok else 503, text="ok\n" if ok else "unhealthy\n")
 
+    async def livez(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        try:
+            for _family in registry.collect():  # what /metrics does, without encoding the text
+                pass
+        except Exception as exc:  # noqa: BLE001 - any failure means /metrics would fail too
+            return web.Response(status=503, text=f"not ready: /metrics fails: {type(exc).__name__}: {exc}\n")
+        return web.Response(text="ready\n")
+
     async def landing(_: web.Request) -> web.Response:
         extra = "".join(
             f'<li><a href="{html.escape(href)}">{html.escape(name)}</a></li>' for name, href in (links or {}).items()
@@ -39,7 +57,9 @@ def metrics_app(
         page = (
             f"<!doctype html><html><head><title>{html.escape(title)}</title></head><body>"
             f"<h1>{html.escape(title)} {html.escape(__version__)}</h1>"
-            f'<ul><li><a href="/metrics">/metrics</a></li><li><a href="/healthz">/healthz</a></li>{extra}</ul>'
+            "<ul>"
+            + "".join(f'<li><a href="{path}">{path}</a></li>' for path in ("/metrics", "/healthz", "/livez", "/readyz"))
+            + f"{extra}</ul>"
             "</body></html>"
         )
         return web.Response(text=page, content_type="text/html")
@@ -47,6 +67,8 @@ def metrics_app(
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/", landing)
     return app
 

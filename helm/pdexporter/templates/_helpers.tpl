@@ -54,8 +54,82 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
+{{/* An image reference: repository@digest when a digest is set (the tag is then ignored), else
+repository:tag. (dict "image" <image values> "name" <its values path> "defaultTag" <tag when
+image.tag is empty; none: the tag is required>) */}}
+{{- define "pdexporter.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- $tag := .image.tag | default .defaultTag }}
+{{- if not $tag }}
+{{- fail (printf "%s: set %s.tag or %s.digest" .name .name .name) }}
+{{- end }}
+{{- printf "%s:%s" .image.repository $tag }}
+{{- end }}
+{{- end }}
+
 {{- define "pdexporter.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "pdexporter.imageRef" (dict "image" .Values.image "name" "image" "defaultTag" .Chart.AppVersion) }}
+{{- end }}
+
+{{/* The Secret holding the engine's API key: exporter.apiKeySecret, else vllm.apiKeySecret (the key
+vLLM checks), else none. Renders the PDEXPORTER_API_KEY env entry, or nothing. */}}
+{{- define "pdexporter.apiKeyEnv" -}}
+{{- $secret := .Values.exporter.apiKeySecret }}
+{{- if not $secret.name }}{{ $secret = .Values.vllm.apiKeySecret }}{{ end }}
+{{- if $secret.name }}
+- name: PDEXPORTER_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret.name }}
+      key: {{ $secret.key }}
+{{- end }}
+{{- end }}
+
+{{/* The port of a URL: the explicit one, else 443 for https and 80 otherwise. */}}
+{{- define "pdexporter.urlPort" -}}
+{{- $url := urlParse . }}
+{{- $port := regexFind ":[0-9]+$" $url.host | trimPrefix ":" }}
+{{- if $port }}{{ $port }}{{ else if eq $url.scheme "https" }}443{{ else }}80{{ end }}
+{{- end }}
+
+{{/* The chunk sizes the sweep Job runs, one per completion index, as a JSON list: grid.chunk_sizes
+of sweep.file (checked against sweep.chunkSizes when both are set), or sweep.chunkSizes. */}}
+{{- define "pdexporter.sweepChunkSizes" -}}
+{{- $given := list }}
+{{- range .Values.sweep.chunkSizes }}{{ $given = append $given (int .) }}{{ end }}
+{{- if .Values.sweep.existingConfigMap }}
+{{- if not $given }}
+{{- fail (printf "sweep.existingConfigMap=%s: the chart cannot read that file, so sweep.chunkSizes must list its grid.chunk_sizes in the file's order (one Job completion each)" .Values.sweep.existingConfigMap) }}
+{{- end }}
+{{- toJson $given }}
+{{- else }}
+{{- $file := fromYaml .Values.sweep.file }}
+{{- if hasKey $file "Error" }}
+{{- fail (printf "sweep.file is not a YAML mapping: %s" (get $file "Error")) }}
+{{- end }}
+{{- $grid := get $file "grid" }}
+{{- $sizes := list }}
+{{- if kindIs "map" $grid }}
+{{- $raw := get $grid "chunk_sizes" }}
+{{- if kindIs "slice" $raw }}
+{{- range $raw }}
+{{- if not (or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .)) }}
+{{- fail (printf "sweep.file: grid.chunk_sizes has %v, not a number" .) }}
+{{- end }}
+{{- $sizes = append $sizes (int .) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if not $sizes }}
+{{- fail "sweep.file: grid.chunk_sizes is missing or empty (the sweep Job runs one completion per chunk size)" }}
+{{- end }}
+{{- if and $given (ne (toJson $given) (toJson $sizes)) }}
+{{- fail (printf "sweep.chunkSizes %s does not match sweep.file's grid.chunk_sizes %s (same sizes, same order: completion I runs the I-th)" (toJson $given) (toJson $sizes)) }}
+{{- end }}
+{{- toJson $sizes }}
+{{- end }}
 {{- end }}
 
 {{- define "pdexporter.vllmName" -}}
@@ -107,6 +181,9 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   args:
     - run
+    {{- if .Values.exporter.passive }}
+    - --passive
+    {{- end }}
     - --probe-decode
     - {{ .Values.exporter.probeDecode | quote }}
     - --listen
@@ -121,8 +198,10 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     - --model
     - {{ . | quote }}
     {{- end }}
+    {{- if not .Values.exporter.passive }}
     - --inject-every
     - {{ .Values.exporter.injectEvery | default "off" | quote }}
+    {{- end }}
     - --prefill-tokens
     - {{ .Values.exporter.prefillTokens | quote }}
     {{- range .Values.exporter.extraArgs }}
@@ -135,12 +214,8 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
   env:
     - name: HOME
       value: /tmp
-    {{- if .Values.exporter.apiKeySecret.name }}
-    - name: PDEXPORTER_API_KEY
-      valueFrom:
-        secretKeyRef:
-          name: {{ .Values.exporter.apiKeySecret.name }}
-          key: {{ .Values.exporter.apiKeySecret.key }}
+    {{- with include "pdexporter.apiKeyEnv" . }}
+    {{- . | nindent 4 }}
     {{- end }}
     {{- with .Values.exporter.extraEnv }}
     {{- toYaml . | nindent 4 }}

@@ -55,7 +55,7 @@ def test_required_templates_exist() -> None:
     names = {p.relative_to(CHART / "templates").as_posix() for p in TEMPLATE_FILES}
     for name in ("_helpers.tpl", "NOTES.txt", "deployment.yaml", "service.yaml", "servicemonitor.yaml",
                  "dashboards-configmap.yaml", "sweep-job.yaml", "sweep-configmap.yaml", "vllm.yaml",
-                 "serviceaccount.yaml", "tests/test-metrics.yaml"):
+                 "serviceaccount.yaml", "networkpolicy.yaml", "tests/test-metrics.yaml"):
         assert name in names, name
 
 
@@ -78,7 +78,7 @@ def test_every_container_gets_a_security_context() -> None:
         if "containers:" not in text or path.name == "_helpers.tpl":
             continue
         if path.name == "vllm.yaml":
-            assert ".Values.vllm.securityContext" in text
+            assert ".Values.vllm.securityContext" in text and ".Values.vllm.podSecurityContext" in text
             continue
         assert ".Values.podSecurityContext" in text, path.name
         assert ".Values.securityContext" in text or "pdexporter.exporterContainer" in text, path.name
@@ -97,9 +97,56 @@ def test_chart_dashboards_are_byte_copies_of_the_repository_ones() -> None:
     assert '.Files.Glob "dashboards/*.json"' in text
 
 
+def test_every_image_reference_goes_through_the_digest_helper() -> None:
+    """An image set by tag alone cannot be pinned: every `image:` line uses pdexporter.image(Ref)."""
+    for path in TEMPLATE_FILES:
+        for line in path.read_text().splitlines():
+            if re.match(r"\s*image:", line):
+                assert 'include "pdexporter.image' in line, f"{path.name}: {line.strip()}"
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert 'printf "%s@%s" .image.repository .image.digest' in helpers
+
+
+def test_probe_paths_are_served_by_the_exporter() -> None:
+    """The chart's liveness/readiness paths are routes of the exporter's own aiohttp app."""
+    from prometheus_client import CollectorRegistry
+
+    from pdexporter.exporter.server import metrics_app
+
+    routes = {r.resource.canonical for r in metrics_app(CollectorRegistry()).router.routes()}  # type: ignore[union-attr]
+    exporter = defaults()["exporter"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert exporter[probe]["httpGet"]["path"] in routes, (probe, routes)
+    assert {"/livez", "/readyz", "/healthz", "/metrics"} <= routes
+
+
+def _dockerfile_from(text: str, build_args: dict[str, str]) -> str:
+    """The base image the FROM line names, its ${VAR} / ${VAR:+word} expanded by bash, whose
+    parameter expansion is the POSIX one BuildKit's Dockerfile lexer implements (no Docker here)."""
+    import shutil
+    import subprocess
+
+    defaults_ = dict(re.findall(r"^ARG (\w+)=(.*)$", text.split("\nFROM ")[0], re.M))
+    (line,) = re.findall(r"^FROM (.+)$", text, re.M)
+    env = {**defaults_, **build_args}
+    bash = shutil.which("bash")
+    assert bash, "bash is needed to expand the FROM line"
+    proc = subprocess.run([bash, "-c", f'printf %s "{line}"'], env=env, capture_output=True, text=True, check=True)
+    return proc.stdout
+
+
+def test_dockerfile_base_image_can_be_pinned_by_digest() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M)
+    assert text.index("ARG BASE_DIGEST") < text.index("\nFROM ")  # an ARG before FROM is what FROM can use
+    assert _dockerfile_from(text, {}) == "python:3.11-slim"
+    digest = "sha256:" + "0123456789abcdef" * 4
+    assert _dockerfile_from(text, {"BASE_DIGEST": digest}) == f"python:3.11-slim@{digest}"
+
+
 def test_dockerfile() -> None:
     text = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert len(re.findall(r"^FROM ", text, re.M)) == 1
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1] not in ("root", "0", "0:0"), "the image must end as a non-root user"
     assert re.search(r'^ENTRYPOINT \["pdexporter"\]', text, re.M)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def test_schema_is_valid_draft_07() -> None:
 def test_there_are_ci_values_files() -> None:
     names = {p.name for p in VALUES_FILES}
     for option in ("deployment", "sidecar", "selfcontained", "dashboards", "servicemonitor", "sweep",
-                   "sweep-existing-configmap", "embedded-engine"):
+                   "sweep-existing-configmap", "embedded-engine", "passive", "sweep-indexed", "networkpolicy"):
         assert f"{option}-values.yaml" in names
 
 
@@ -51,6 +52,27 @@ def test_values_file_validates(path: Path) -> None:
         ({"securityContext": {"seccompProfile": {"type": "Whatever"}}}, "securityContext.seccompProfile.type"),
         ({"dashboards": {"labels": {"grafana_dashboard": 1}}}, "dashboards.labels.grafana_dashboard"),
         ({"unknownTopLevel": True}, "<root>"),
+        ({"image": {"digest": "latest"}}, "image.digest"),
+        ({"image": {"digest": "sha256:abc"}}, "image.digest"),
+        ({"vllm": {"image": {"digest": "sha512:" + "a" * 128}}}, "vllm.image.digest"),
+        ({"tests": {"image": {"digest": "sha256:" + "A" * 64}}}, "tests.image.digest"),
+        ({"exporter": {"passive": "yes"}}, "exporter.passive"),
+        ({"sweep": {"parallelism": 0}}, "sweep.parallelism"),
+        ({"sweep": {"chunkSizes": [0]}}, "sweep.chunkSizes.0"),
+        ({"sweep": {"chunkSizes": [2048, 2048]}}, "sweep.chunkSizes"),
+        ({"vllm": {"apiKeySecret": {"name": "k", "key": ""}}}, "vllm.apiKeySecret.key"),
+        ({"vllm": {"apiKeySecret": {"name": "k", "keys": "x"}}}, "vllm.apiKeySecret"),
+        ({"vllm": {"writableDirs": {"Model_Cache": {"mountPath": "/models"}}}}, "vllm.writableDirs"),
+        ({"vllm": {"writableDirs": {"models": {"mountPath": "models"}}}}, "vllm.writableDirs.models.mountPath"),
+        ({"vllm": {"writableDirs": {"models": {"path": "/models"}}}}, "vllm.writableDirs.models"),
+        ({"vllm": {"writableDirs": {"home": None}}}, "vllm.writableDirs"),  # HOME must stay writable
+        ({"vllm": {"podSecurityContext": {"runAsUser": -1}}}, "vllm.podSecurityContext.runAsUser"),
+        ({"networkPolicy": {"enabled": "true"}}, "networkPolicy.enabled"),
+        ({"networkPolicy": {"egress": {"engine": {"cidrs": ["10.0.0.0"]}}}}, "networkPolicy.egress.engine.cidrs.0"),
+        ({"networkPolicy": {"egress": {"engine": {"port": 70000}}}}, "networkPolicy.egress.engine.port"),
+        ({"networkPolicy": {"egress": {"otlp": {"ports": [4317]}}}}, "networkPolicy.egress.otlp"),
+        ({"networkPolicy": {"ingress": {"from": {"namespaceSelector": {}}}}}, "networkPolicy.ingress.from"),
+        ({"tests": {"resources": {"limits": {"cpu": []}}}}, "tests.resources.limits.cpu"),
     ],
 )
 def test_schema_rejects_bad_values(override: dict[str, Any], where: str) -> None:
@@ -62,12 +84,30 @@ def test_schema_rejects_bad_values(override: dict[str, Any], where: str) -> None
     "override",
     [
         {"exporter": {"mode": "sidecar"}},  # sidecar needs the chart's vLLM
-        {"sweep": {"enabled": True, "file": "reps: 1"}},  # no target
         {"sweep": {"enabled": True, "target": "http://vllm:8000"}},  # neither file nor existingConfigMap
+        {"exporter": {"passive": True}},  # passive with the default injectEvery 30s
+        {"exporter": {"passive": True, "injectEvery": "10s"}},
+        {"sweep": {"enabled": True, "existingConfigMap": "my-sweep"}},  # the chart cannot read its chunk sizes
     ],
 )
 def test_schema_rejects_incomplete_combinations(override: dict[str, Any]) -> None:
     assert _errors(merge(defaults(), override))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"exporter": {"passive": True, "injectEvery": ""}},
+        {"exporter": {"passive": True, "injectEvery": "off"}},
+        {"exporter": {"passive": False, "injectEvery": "10s"}},
+        # no target: the sweep file's own launcher starts the engines
+        {"sweep": {"enabled": True, "file": "grid: {chunk_sizes: [2048]}"}},
+        {"sweep": {"enabled": True, "existingConfigMap": "my-sweep", "chunkSizes": [2048, 8192]}},
+        {"vllm": {"writableDirs": {"models": {"mountPath": "/models", "claimName": "weights"}}}},
+    ],
+)
+def test_schema_accepts_the_documented_combinations(override: dict[str, Any]) -> None:
+    assert _errors(merge(defaults(), override)) == []
 
 
 def _schema_paths(node: dict[str, Any], prefix: str = "") -> dict[str, dict[str, Any]]:
@@ -100,11 +140,17 @@ def test_schema_covers_every_value_and_describes_it() -> None:
         assert covered[path].get("description"), f"schema entry {path} has no description"
 
 
+# Optional Kubernetes fields the schema knows but the chart has no default for.
+OPTIONAL_KUBERNETES_FIELDS = ("resources.claims",)
+
+
 def test_every_schema_property_has_a_default() -> None:
     chart_values = defaults()
     values = _value_paths(chart_values)
     empty = {p for p in values if _get(chart_values, p) == {}}  # e.g. resources: {} (its keys are optional)
     for path in _schema_paths(schema()):
+        if path.endswith(OPTIONAL_KUBERNETES_FIELDS):
+            continue
         if path != "global" and path.rpartition(".")[0] not in empty:
             assert path in values, f"schema property {path} is missing from values.yaml"
 
@@ -115,16 +161,64 @@ def _get(values: Any, dotted: str) -> Any:
     return values
 
 
-def test_hardened_and_unsized_defaults() -> None:
+# Kubernetes quantities, enough for the chart's values: CPU in cores, memory in bytes.
+_SUFFIX = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(value: str | int | float) -> float:
+    number, suffix = re.fullmatch(r"([0-9.]+)([a-zA-Z]*)", str(value)).groups()  # type: ignore[union-attr]
+    return float(number) * _SUFFIX[suffix]
+
+
+def test_quantity_parser() -> None:
+    assert quantity("100m") == 0.1 and quantity("1") == 1 and quantity(2) == 2
+    assert quantity("128Mi") == 128 * 2**20 and quantity("1Gi") == 2**30 and quantity("1G") == 1e9
+
+
+def test_hardened_defaults() -> None:
     v = defaults()
-    sc = v["securityContext"]
-    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
-    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
-    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
-    assert v["podSecurityContext"]["runAsNonRoot"] is True
-    assert v["podSecurityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    for path in ("exporter", "sweep", "vllm"):
-        assert v[path]["resources"] == {}, f"{path}.resources must be unset by default"
+    for where, sc in (("securityContext", v["securityContext"]), ("vllm.securityContext", v["vllm"]["securityContext"])):
+        assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True, where
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], where
+        assert sc["privileged"] is False and sc["seccompProfile"]["type"] == "RuntimeDefault", where
+    assert v["securityContext"]["runAsUser"] != 0
+    assert "runAsUser" not in v["vllm"]["securityContext"], "vLLM's uid has one place: vllm.podSecurityContext"
+    for where, pod in (("podSecurityContext", v["podSecurityContext"]),
+                       ("vllm.podSecurityContext", v["vllm"]["podSecurityContext"])):
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, where
+        assert pod["seccompProfile"]["type"] == "RuntimeDefault", where
+    # vLLM writes to HOME, HOME/.cache, /tmp and its compile caches: each is a writable dir
+    dirs = v["vllm"]["writableDirs"]
+    home = dirs["home"]["mountPath"]
+    paths = {d["mountPath"] for d in dirs.values()}
+    assert {home, f"{home}/.cache", "/tmp"} <= paths
+    env = {name for d in dirs.values() for name in d.get("env", [])}
+    assert {"TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"} <= env
+    assert v["vllm"]["apiKeySecret"] == {"name": "", "key": "api-key"}
+    assert v["networkPolicy"]["enabled"] is True
+    assert v["exporter"]["passive"] is False
+    assert v["sweep"]["parallelism"] == 1 and v["sweep"]["chunkSizes"] == []
+    for image in (v["image"], v["vllm"]["image"], v["tests"]["image"]):
+        assert image["digest"] == ""
+
+
+@pytest.mark.parametrize("path", ["exporter", "sweep", "tests"])
+def test_default_resources_are_set_and_consistent(path: str) -> None:
+    resources = defaults()[path]["resources"]
+    for kind in ("cpu", "memory"):
+        request, limit = resources["requests"][kind], resources["limits"][kind]
+        assert 0 < quantity(request) <= quantity(limit), (path, kind, request, limit)
+
+
+def test_exporter_probes_use_the_liveness_and_readiness_endpoints() -> None:
+    exporter = defaults()["exporter"]
+    assert exporter["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    assert exporter["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def test_other_defaults() -> None:
+    v = defaults()
+    assert v["vllm"]["resources"] == {}, "vLLM's CPU/memory depend on the model: only the GPU limit is set"
     assert v["serviceMonitor"]["enabled"] is False and v["dashboards"]["enabled"] is False
     assert v["sweep"]["enabled"] is False and v["vllm"]["enabled"] is False
     assert v["dashboards"]["labels"] == {"grafana_dashboard": "1"}
