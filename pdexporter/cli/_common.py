@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from pdexporter.engine.client import resolve_api_key
-from pdexporter.engine.launcher import ExternalLauncher, Launcher, SimLauncher
+from pdexporter.launch import ExternalLauncher, Launcher, SimLauncher
 
 T = TypeVar("T")
 

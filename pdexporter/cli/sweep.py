@@ -24,7 +24,7 @@ from pdexporter.errors import ConfigError
 from pdexporter.measure.records import RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import PHASES, Deadline, Key, SweepController, SweepObserver, SweepReport
-from pdexporter.sweep.launchers import make_provider
+from pdexporter.launch.providers import make_provider
 from pdexporter.sweep.plan import ConfigStatus
 from pdexporter.sweep.spec import SimLauncherSpec, SweepSpec, load_sweep
 

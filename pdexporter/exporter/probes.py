@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdexporter.engine.launcher import EngineHandle
+from pdexporter.launch import EngineHandle
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import EngineError, PdexporterError
 from pdexporter.measure.driver import EngineInfo, HttpDriver, PreparedRequest, http_driver

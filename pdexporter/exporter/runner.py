@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter.engine.client import EngineClient
-from pdexporter.engine.launcher import EngineHandle, Launcher
+from pdexporter.launch import EngineHandle, Launcher
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig

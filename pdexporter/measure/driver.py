@@ -19,7 +19,7 @@ from typing import Protocol, runtime_checkable
 
 from pdexporter.engine.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
 from pdexporter.engine.iterlog import IterationLogTail, IterationStep
-from pdexporter.engine.launcher import EngineHandle
+from pdexporter.launch import EngineHandle
 from pdexporter.engine.metrics import MetricsSnapshot
 from pdexporter.engine.stream import Progress, TokenStream
 from pdexporter.errors import EngineError

@@ -22,7 +22,7 @@ from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sim.profile import Profile
 from pdexporter.sweep.controller import SweepController, SweepObserver
-from pdexporter.sweep.launchers import VirtualSimProvider
+from pdexporter.launch.providers import VirtualSimProvider
 from pdexporter.sweep.plan import ConfigStatus
 from pdexporter.sweep.spec import CvSpec, GridSpec, SimLauncherSpec, SweepSpec, WarmupSpec
 

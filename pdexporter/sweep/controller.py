@@ -45,7 +45,8 @@ from pdexporter.measure.protocol import (
 from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import baseline_stats
-from pdexporter.sweep.launchers import DeadlineReached, EngineProvider
+from pdexporter.launch.base import Adopting, DeadlineReached, Prestarting
+from pdexporter.launch.providers import EngineProvider
 from pdexporter.sweep.plan import ConfigStatus, RunTimes, config_status, median, summarise_attempts
 from pdexporter.sweep.spec import SweepSpec
 
@@ -244,18 +245,16 @@ class SweepController:
     async def _run_chunk(self, chunk: int, todo: list[Key]) -> None:
         spec = self.spec
         report = self.reports[chunk]
-        launcher = getattr(self.provider, "launcher", None)
-        can_adopt = getattr(launcher, "can_adopt", None)
+        launcher = self.provider.launcher
         try:
-            if not (callable(can_adopt) and can_adopt(chunk)):  # adopting a live engine takes no start-up time
+            if not (isinstance(launcher, Adopting) and launcher.can_adopt(chunk)):  # adopting takes no start-up time
                 self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
         except DeadlineReached as exc:
             # No time to wait for it, but time to set it going: the next invocation adopts it
             # instead of paying the start-up again (local launcher).
-            prestart = getattr(launcher, "prestart", None)
             left = self.deadline.left()
-            if callable(prestart) and left is not None and left > self.deadline.margin_s:
-                await prestart(chunk)
+            if isinstance(launcher, Prestarting) and left is not None and left > self.deadline.margin_s:
+                await launcher.prestart(chunk)
                 raise DeadlineReached(f"{exc}; it was started in the background for the next run to adopt") from None
             raise
         self.observer.on_phase("engine_start", chunk)
@@ -265,7 +264,7 @@ class SweepController:
             with self._phase("engine_start", chunk):
                 driver = await self.provider.open(chunk)
             self.times.observe("engine_start", (chunk,), time.monotonic() - t_wall)
-            report.engine_adopted = bool(getattr(launcher, "adopted", False))
+            report.engine_adopted = isinstance(launcher, Adopting) and launcher.adopted
             if driver.info.modelled and driver.info.note and not self._noted:
                 self.observer.on_message(driver.info.note)
                 self._noted = True

@@ -44,7 +44,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pdexporter.engine.launcher import SimLauncher  # noqa: E402
+from pdexporter.launch import SimLauncher  # noqa: E402
 from pdexporter.exporter import timeline  # noqa: E402
 from pdexporter.exporter.config import build_config  # noqa: E402
 from pdexporter.exporter.runner import ProbeState, Runner  # noqa: E402

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
 from pdexporter.sweep.controller import PHASES, SweepController, SweepReport  # noqa: E402
-from pdexporter.sweep.launchers import make_provider  # noqa: E402
+from pdexporter.launch.providers import make_provider  # noqa: E402
 from pdexporter.sweep.spec import load_sweep  # noqa: E402
 
 ENGINE_START_S = 100.0  # vLLM 0.22 + Qwen3-Coder-30B-A3B (dummy weights) to /health on the H200

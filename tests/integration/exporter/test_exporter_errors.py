@@ -9,7 +9,7 @@ import time
 import pytest
 from aiohttp import web
 
-from pdexporter.engine.launcher import ExternalLauncher
+from pdexporter.launch import ExternalLauncher
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
 from tests.scripted_engine import ScriptedEngine

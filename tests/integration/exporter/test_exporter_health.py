@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.registry import Collector
 
-from pdexporter.engine.launcher import ExternalLauncher
+from pdexporter.launch import ExternalLauncher
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
 from pdexporter.exporter.server import metrics_app

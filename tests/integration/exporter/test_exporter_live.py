@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pdexporter.engine.launcher import SimLauncher
+from pdexporter.launch import SimLauncher
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import ProbeState, Runner, WindowResult
 from pdexporter.exporter.tracing import PROBE_EVENT, WINDOW_SPAN

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdexporter.engine.launcher import SimLauncher
+from pdexporter.launch import SimLauncher
 from pdexporter.measure.driver import http_driver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes

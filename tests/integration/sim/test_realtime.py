@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pdexporter.engine.launcher import SimLauncher
+from pdexporter.launch import SimLauncher
 from pdexporter.measure.driver import http_driver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.prompts import shared_prefix

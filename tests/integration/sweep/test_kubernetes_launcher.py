@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from pdexporter.errors import ConfigError, EngineError
-from pdexporter.sweep.launchers import KubernetesLauncher, with_chunk_arg
+from pdexporter.launch.kubernetes import KubernetesLauncher, with_chunk_arg
 from pdexporter.sweep.spec import KubernetesLauncherSpec
 
 pytestmark = pytest.mark.integration

@@ -12,14 +12,8 @@ import pytest
 
 from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sweep.launchers import (
-    LOG_FILE,
-    STATE_FILE,
-    EngineState,
-    LocalLauncher,
-    pid_alive,
-    render_command,
-)
+from pdexporter.launch.base import pid_alive
+from pdexporter.launch.local import LOG_FILE, STATE_FILE, EngineState, LocalLauncher, render_command
 
 pytestmark = pytest.mark.integration
 
@@ -132,7 +126,7 @@ def test_render_command() -> None:
 
 async def test_no_time_to_wait_for_a_start_still_starts_the_engine_for_the_next_run(tmp_path: Path, served: Path) -> None:
     from pdexporter.sweep.controller import Deadline, SweepController
-    from pdexporter.sweep.launchers import LauncherProvider
+    from pdexporter.launch.providers import LauncherProvider
     from pdexporter.sweep.spec import parse_sweep
 
     store, port = ResultsStore(tmp_path / "results"), free_port()

@@ -11,7 +11,9 @@ import pytest
 
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import Deadline, SweepController
-from pdexporter.sweep.launchers import STATE_FILE, EngineState, LocalLauncher, make_provider, pid_alive
+from pdexporter.launch.base import pid_alive
+from pdexporter.launch.local import STATE_FILE, EngineState, LocalLauncher
+from pdexporter.launch.providers import make_provider
 from pdexporter.sweep.spec import parse_sweep
 
 pytestmark = pytest.mark.integration

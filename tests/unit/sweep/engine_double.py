@@ -147,6 +147,7 @@ class DoubleProvider:
 
     make: Callable[[int], StepEngineDouble] = lambda chunk: StepEngineDouble(chunk)
     description: str = "test double"
+    launcher: None = None
     opened: list[int] = field(default_factory=list)
     closed: list[bool] = field(default_factory=list)
     drivers: list[StepEngineDouble] = field(default_factory=list)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pdexporter.errors import ConfigError
-from pdexporter.sweep.launchers import render_command
+from pdexporter.launch.local import render_command
 from pdexporter.sweep.spec import (
     ExternalLauncherSpec,
     LocalLauncherSpec,

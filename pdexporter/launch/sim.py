@@ -1,90 +1,19 @@
-"""Engines that pdexporter measures: started, restarted per chunk size, and stopped.
-
-A sweep changes the engine's `max_num_batched_tokens` (the chunk size) between blocks of the
-grid, which on vLLM means a restart. Every way of getting an engine implements `Launcher`:
-
-- `ExternalLauncher`: an engine someone else runs; it cannot change the chunk size, so it
-  refuses a chunk size other than the one it was told the engine has.
-- `SimLauncher`: pdexporter's embedded engine (`pdexporter sim serve`) in a subprocess, in real
-  time, so probe timing goes through real HTTP exactly as against vLLM.
-- `LocalLauncher` and `KubernetesLauncher` (in `pdexporter.sweep.launchers`): a vLLM command
-  template, or a Helm release.
-
-`EngineHandle.iteration_log` is the engine's log file when the launcher owns it; with
-`--enable-logging-iteration-details` (vLLM) or always (embedded engine) it carries one line per
-step, which `engine.iterlog` turns into exact chunk sizes.
-"""
+"""The embedded engine (`pdexporter sim serve`) in a child process, in real time, so probe timing
+goes through real HTTP exactly as against vLLM."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
-from pdexporter.errors import ConfigError, EngineError, EngineTimeout
-
-
-@dataclass(frozen=True)
-class EngineHandle:
-    url: str
-    chunk_size: int | None
-    kind: str = "openai-compatible"
-    modelled: bool = False
-    gpu: str | None = None
-    version: str | None = None
-    profile: str | None = None
-    cuda_graphs: bool | None = None
-    iteration_log: Path | None = None
-    log_path: Path | None = None
-
-
-@runtime_checkable
-class Launcher(Protocol):
-    name: str
-
-    @property
-    def can_set_chunk_size(self) -> bool: ...
-
-    async def start(self, chunk_size: int) -> EngineHandle:
-        """Have an engine with this chunk size serving; restart it if it runs another."""
-        ...
-
-    async def stop(self) -> None: ...
-
-
-@dataclass
-class ExternalLauncher:
-    """An engine already running. `chunk_size` is what the operator says it was started with."""
-
-    url: str
-    chunk_size: int | None = None
-    gpu: str | None = None
-    name: str = "external"
-
-    @property
-    def can_set_chunk_size(self) -> bool:
-        return False
-
-    async def start(self, chunk_size: int) -> EngineHandle:
-        if self.chunk_size is not None and chunk_size != self.chunk_size:
-            raise ConfigError(
-                f"chunk size {chunk_size}: the external engine at {self.url} runs with "
-                f"max_num_batched_tokens={self.chunk_size} and pdexporter cannot restart it; "
-                "use a launcher that owns the engine (local, sim, kubernetes)"
-            )
-        return EngineHandle(url=self.url, chunk_size=self.chunk_size or chunk_size, kind="vllm", gpu=self.gpu)
-
-    async def stop(self) -> None:
-        return None
-
+from pdexporter.errors import EngineError, EngineTimeout
+from pdexporter.launch.base import EngineHandle, terminate_group
 
 @dataclass
 class SimLauncher:
@@ -158,18 +87,8 @@ class SimLauncher:
 
     async def stop(self) -> None:
         proc, self._proc, self._handle = self._proc, None, None
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            for _ in range(100):
-                if proc.poll() is not None:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        if proc is not None:
+            await terminate_group(proc.pid, 5.0, proc)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

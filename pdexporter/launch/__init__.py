@@ -1,0 +1,20 @@
+"""Ways of getting an engine: one module per launcher, a shared base (handle, protocols, process
+groups), and the providers a sweep draws drivers from."""
+
+from pdexporter.launch.base import (
+    Adopting,
+    DeadlineReached,
+    EngineHandle,
+    Launcher,
+    LogDirected,
+    Prestarting,
+    Releasing,
+    terminate_group,
+)
+from pdexporter.launch.external import ExternalLauncher
+from pdexporter.launch.sim import SimLauncher
+
+__all__ = [
+    "Adopting", "DeadlineReached", "EngineHandle", "ExternalLauncher", "Launcher", "LogDirected", "Prestarting",
+    "Releasing", "SimLauncher", "terminate_group",
+]

@@ -1,0 +1,148 @@
+"""What every way of getting an engine shares: the handle a started engine is known by, the
+`Launcher` protocol, the optional capabilities a launcher may have (typed protocols the sweep
+controller checks with isinstance, not getattr), and the one way pdexporter stops a process
+group it started.
+
+A sweep changes the engine's `max_num_batched_tokens` (the chunk size) between blocks of the
+grid, which on vLLM means a restart. `EngineHandle.iteration_log` is the engine's log file when
+the launcher owns it; with `--enable-logging-iteration-details` (vLLM) or always (embedded
+engine) it carries one line per step, which the engine adapter turns into exact chunk sizes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "Adopting", "DeadlineReached", "EngineHandle", "Launcher", "LogDirected", "Prestarting", "Releasing",
+    "pid_alive", "process_start_ticks", "terminate_group",
+]
+
+
+class DeadlineReached(Exception):
+    """Raised between runs when the next one would not finish before `--deadline`."""
+
+
+@dataclass(frozen=True)
+class EngineHandle:
+    url: str
+    chunk_size: int | None
+    kind: str = "openai-compatible"
+    modelled: bool = False
+    gpu: str | None = None
+    version: str | None = None
+    profile: str | None = None
+    cuda_graphs: bool | None = None
+    iteration_log: Path | None = None
+    log_path: Path | None = None
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    name: str
+
+    @property
+    def can_set_chunk_size(self) -> bool: ...
+
+    async def start(self, chunk_size: int) -> EngineHandle:
+        """Have an engine with this chunk size serving; restart it if it runs another."""
+        ...
+
+    async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class Adopting(Protocol):
+    """A launcher that can take over an engine an earlier invocation left running."""
+
+    adopted: bool  # did the last start() adopt one?
+
+    def can_adopt(self, chunk_size: int) -> bool:
+        """Would `start(chunk_size)` adopt a live engine instead of starting one?"""
+        ...
+
+
+@runtime_checkable
+class Prestarting(Protocol):
+    """A launcher that can set an engine starting without waiting for it (for the next run)."""
+
+    async def prestart(self, chunk_size: int) -> None: ...
+
+
+@runtime_checkable
+class Releasing(Protocol):
+    """A launcher that can leave its engine running for a later invocation."""
+
+    def release(self) -> None: ...
+
+
+@runtime_checkable
+class LogDirected(Protocol):
+    """A launcher whose engine log goes where it is told (a sweep: `{chunk}/engine/`)."""
+
+    log_dir: Path | None
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: with the pid, it names one process (pids get reused; this
+    does not change when a process renames itself, as some engines' workers do)."""
+    try:
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(rest[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not reaped) still answers kill(0); /proc says which it is.
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
+        return status != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+async def terminate_group(pid: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """SIGTERM to the engine's process group, SIGKILL after `timeout_s`."""
+
+    def gone() -> bool:
+        return proc.poll() is not None if proc is not None else not pid_alive(pid)
+
+    if gone():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if gone():
+            break
+        await asyncio.sleep(0.1)
+    else:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        for _ in range(50):
+            if gone():
+                break
+            await asyncio.sleep(0.1)
+    # The group's other members (workers) go with SIGTERM to the group; make sure none linger.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=1.0)  # reap it
+
+

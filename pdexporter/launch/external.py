@@ -1,0 +1,35 @@
+"""An engine someone else runs: pdexporter cannot change its chunk size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdexporter.errors import ConfigError
+from pdexporter.launch.base import EngineHandle
+
+@dataclass
+class ExternalLauncher:
+    """An engine already running. `chunk_size` is what the operator says it was started with."""
+
+    url: str
+    chunk_size: int | None = None
+    gpu: str | None = None
+    name: str = "external"
+
+    @property
+    def can_set_chunk_size(self) -> bool:
+        return False
+
+    async def start(self, chunk_size: int) -> EngineHandle:
+        if self.chunk_size is not None and chunk_size != self.chunk_size:
+            raise ConfigError(
+                f"chunk size {chunk_size}: the external engine at {self.url} runs with "
+                f"max_num_batched_tokens={self.chunk_size} and pdexporter cannot restart it; "
+                "use a launcher that owns the engine (local, sim, kubernetes)"
+            )
+        return EngineHandle(url=self.url, chunk_size=self.chunk_size or chunk_size, kind="vllm", gpu=self.gpu)
+
+    async def stop(self) -> None:
+        return None
+
+

@@ -1,0 +1,305 @@
+"""The `local` launcher: the engine from a command template, in its own process session.
+
+Its log goes to `results/{chunk}/engine/engine.log` (exposed as `EngineHandle.iteration_log`, so
+chunk sizes come from vLLM's `--enable-logging-iteration-details` lines), with a state file
+beside it (`engine.json`: pid, command, url, chunk size). A later invocation *adopts* a live
+engine that file describes when it has the chunk size wanted (same process and command line,
+/health answers, no logged step larger than the chunk), so a sweep stopped by a time limit and
+rerun does not pay vLLM's ~100 s start again; an engine of another chunk size it stops. Stopping
+is SIGTERM to the process group, then SIGKILL after `stop_timeout_s` (`base.terminate_group`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pdexporter._internal.atomic import atomic_write_json
+from pdexporter.engine.client import EngineClient
+from pdexporter.engine.iterlog import parse_iteration_lines
+from pdexporter.errors import ConfigError, EngineError, EngineTimeout
+from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
+from pdexporter.measure.store import ResultsStore
+
+STATE_FILE = "engine.json"
+LOG_FILE = "engine.log"
+
+
+# ---------------------------------------------------------------------------------------------
+# Command templates (pure)
+
+
+@dataclass(frozen=True)
+class RenderedCommand:
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+    @property
+    def text(self) -> str:
+        assigns = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        return " ".join([*assigns, *(shlex.quote(a) for a in self.argv)])
+
+
+def render_command(template: str, chunk_size: int, variables: dict[str, str] | None = None,
+                   env: dict[str, str] | None = None) -> RenderedCommand:
+    """Fill {chunk}, {python} and `variables` in; leading `NAME=value` words become environment."""
+    values = {"python": sys.executable, **(variables or {}), "chunk": str(chunk_size)}
+    try:
+        text = template.format_map(values)
+    except KeyError as exc:
+        raise ConfigError(
+            f"launcher.command: unknown placeholder {{{exc.args[0]}}}; define it under launcher.vars"
+        ) from None
+    except (ValueError, IndexError) as exc:
+        raise ConfigError(f"launcher.command: bad template ({exc})") from None
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ConfigError(f"launcher.command: cannot split into words ({exc})") from None
+    assigns: dict[str, str] = dict(env or {})
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        name, value = words.pop(0).split("=", 1)
+        assigns[name] = value
+    if not words:
+        raise ConfigError("launcher.command: no program to run")
+    return RenderedCommand(tuple(words), assigns)
+
+
+# ---------------------------------------------------------------------------------------------
+# Local process launcher
+
+
+@dataclass(frozen=True)
+class EngineState:
+    pid: int
+    argv: tuple[str, ...]
+    url: str
+    chunk_size: int
+    log: str
+    host: str
+    started_at: str
+    proc_start: int | None  # the process's start time in clock ticks since boot (/proc/PID/stat)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid, "argv": list(self.argv), "url": self.url, "chunk_size": self.chunk_size,
+            "log": self.log, "host": self.host, "started_at": self.started_at, "proc_start": self.proc_start,
+        }
+
+    @classmethod
+    def read(cls, path: Path) -> EngineState | None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            start = data.get("proc_start")
+            return cls(int(data["pid"]), tuple(data["argv"]), str(data["url"]), int(data["chunk_size"]),
+                       str(data["log"]), str(data["host"]), str(data["started_at"]),
+                       None if start is None else int(start))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+def state_is_live(state: EngineState) -> bool:
+    """The process the state file recorded is still running (same pid, same start time)."""
+    if state.host != platform.node() or not pid_alive(state.pid):
+        return False
+    start = process_start_ticks(state.pid)
+    return start is None or state.proc_start is None or start == state.proc_start
+
+
+def log_contradicts_chunk(log: Path, chunk_size: int, tail_bytes: int = 4 << 20) -> bool:
+    """True if the engine's own step log shows a step larger than the chunk size."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - tail_bytes))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    steps = parse_iteration_lines(text.splitlines())
+    return any(s.context_tokens + s.generation_tokens > chunk_size for s in steps)
+
+
+@dataclass
+class LocalLauncher:
+    command: str
+    store: ResultsStore
+    url: str = "http://127.0.0.1:8000"
+    variables: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    health_timeout_s: float = 600.0
+    stop_timeout_s: float = 60.0
+    adopt: bool = True
+    health_poll_s: float = 0.5
+    kind: str = "vllm"
+    gpu: str | None = None
+    deadline: Callable[[], float | None] = lambda: None  # seconds left, or None
+    on_message: Callable[[str], None] = lambda text: None
+    name: str = "local"
+    adopted: bool = field(default=False, init=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _state: EngineState | None = field(default=None, init=False, repr=False)
+    _handle: EngineHandle | None = field(default=None, init=False, repr=False)
+
+    @property
+    def can_set_chunk_size(self) -> bool:
+        return True
+
+    def state_path(self, chunk_size: int) -> Path:
+        return self.store.engine_dir(chunk_size) / STATE_FILE
+
+    def log_path(self, chunk_size: int) -> Path:
+        return self.store.engine_dir(chunk_size) / LOG_FILE
+
+    def _known_states(self) -> list[tuple[Path, EngineState]]:
+        out = []
+        if self.store.root.is_dir():
+            for path in sorted(self.store.root.glob(f"*/engine/{STATE_FILE}")):
+                state = EngineState.read(path)
+                if state is not None:
+                    out.append((path, state))
+        return out
+
+    async def start(self, chunk_size: int) -> EngineHandle:
+        if self._handle is not None and self._handle.chunk_size == chunk_size and self._alive():
+            return self._handle
+        await self._launch(chunk_size)
+        return await self._ready(chunk_size)
+
+    async def prestart(self, chunk_size: int) -> None:
+        """Have the engine for this chunk size starting, without waiting for it: a sweep that
+        has no time left to wait starts the next engine and exits; the next invocation adopts it."""
+        await self._launch(chunk_size)
+        self.release()
+
+    def can_adopt(self, chunk_size: int) -> bool:
+        """Whether `start(chunk_size)` would adopt a live engine instead of starting one."""
+        if not self.adopt:
+            return False
+        wanted = render_command(self.command, chunk_size, self.variables, self.env)
+        return any(
+            state_is_live(state) and state.chunk_size == chunk_size and state.argv == wanted.argv
+            and not log_contradicts_chunk(Path(state.log), chunk_size)
+            for _, state in self._known_states()
+        )
+
+    async def _launch(self, chunk_size: int) -> None:
+        """Adopt a live engine of this chunk size, or stop others and start one (state file first)."""
+        await self.stop()
+        # Engines this results directory started earlier: adopt the one we want, stop the others
+        # (they hold the GPU and the port).
+        for path, state in self._known_states():
+            if not state_is_live(state):
+                path.unlink(missing_ok=True)
+                continue
+            wanted = render_command(self.command, chunk_size, self.variables, self.env)
+            if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.argv:
+                if log_contradicts_chunk(Path(state.log), chunk_size):
+                    self.on_message(f"engine pid {state.pid}: its log shows steps above {chunk_size} tokens; restarting")
+                else:
+                    self.on_message(f"adopting the engine started earlier (pid {state.pid}, chunk {chunk_size})")
+                    self._state = state
+                    self.adopted = True
+                    return
+            self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size})")
+            await terminate_group(state.pid, self.stop_timeout_s)
+            path.unlink(missing_ok=True)
+        if await _answers_health(self.url):
+            raise EngineError(
+                f"{self.url} already answers /health but this sweep did not start it (no live "
+                f"{STATE_FILE} under {self.store.root}): stop that engine, or use the external launcher"
+            )
+        rendered = render_command(self.command, chunk_size, self.variables, self.env)
+        log = self.log_path(chunk_size)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as out:
+            out.write(f"\n# pdexporter sweep: starting {rendered.text}\n".encode())
+            out.flush()
+            try:
+                # Unbuffered, so the iteration lines are in the log by the time a window is read.
+                self._proc = subprocess.Popen(
+                    list(rendered.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}, cwd=self.cwd,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ConfigError(f"launcher.command: cannot run {rendered.argv[0]!r} ({exc.strerror or exc})") from None
+        self._state = EngineState(
+            pid=self._proc.pid, argv=rendered.argv, url=self.url, chunk_size=chunk_size, log=str(log),
+            host=platform.node(), started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            proc_start=process_start_ticks(self._proc.pid),
+        )
+        atomic_write_json(self.state_path(chunk_size), self._state.to_json())
+        self.adopted = False
+
+    def _alive(self) -> bool:
+        if self._proc is not None:
+            return self._proc.poll() is None
+        return self._state is not None and pid_alive(self._state.pid)
+
+    async def _ready(self, chunk_size: int) -> EngineHandle:
+        assert self._state is not None
+        log = Path(self._state.log)
+        deadline = time.monotonic() + self.health_timeout_s
+        async with EngineClient(self.url) as client:
+            while True:
+                if not self._alive():
+                    tail = _log_tail(log)
+                    self._forget(chunk_size)
+                    raise EngineError(f"engine exited during start-up (log {log}): {tail}")
+                if await client.health():
+                    break
+                if time.monotonic() > deadline:
+                    await self.stop()
+                    raise EngineTimeout(f"engine not healthy at {self.url} within {self.health_timeout_s:g} s (log {log})")
+                left = self.deadline()
+                if left is not None and left <= 0:
+                    raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")
+                await asyncio.sleep(self.health_poll_s)
+        argv = self._state.argv if self._state is not None else ()
+        self._handle = EngineHandle(
+            url=self.url, chunk_size=chunk_size, kind=self.kind, gpu=self.gpu, iteration_log=log, log_path=log,
+            # vLLM captures CUDA graphs unless told not to (the seed's --enforce-eager ablation).
+            cuda_graphs="--enforce-eager" not in argv if self.kind == "vllm" else None,
+        )
+        return self._handle
+
+    def _forget(self, chunk_size: int) -> None:
+        self.state_path(chunk_size).unlink(missing_ok=True)
+        self._proc, self._state, self._handle = None, None, None
+
+    async def stop(self) -> None:
+        state, proc = self._state, self._proc
+        if state is None:
+            return
+        await terminate_group(state.pid, self.stop_timeout_s, proc)
+        self._forget(state.chunk_size)
+
+    def release(self) -> None:
+        """Leave the engine running for a later invocation to adopt (its state file stays)."""
+        self._proc, self._state, self._handle = None, None, None
+
+
+async def _answers_health(url: str) -> bool:
+    async with EngineClient(url, retries=1) as client:
+        return await client.health()
+
+
+def _log_tail(log: Path) -> str:
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty log)"
+
+

@@ -1,0 +1,142 @@
+"""Providers: what the sweep controller asks for an engine at a chunk size, as a ready
+`EngineDriver` (an HTTP driver on a launched engine, or the embedded engine in-process on a
+virtual clock), and `make_provider`, which builds one from a sweep file's `launcher`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pdexporter.errors import ConfigError
+from pdexporter.launch.base import Launcher, LogDirected, Releasing
+from pdexporter.launch.external import ExternalLauncher
+from pdexporter.launch.kubernetes import KubernetesLauncher
+from pdexporter.launch.local import LocalLauncher
+from pdexporter.launch.sim import SimLauncher
+from pdexporter.measure.driver import EngineDriver, http_driver
+from pdexporter.measure.store import ResultsStore
+from pdexporter.sweep.spec import (
+    ExternalLauncherSpec,
+    KubernetesLauncherSpec,
+    LocalLauncherSpec,
+    SimLauncherSpec,
+    SweepSpec,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Providers: a driver per chunk size
+
+
+class EngineProvider(Protocol):
+    """What the controller needs: a driver on an engine running at a chunk size."""
+
+    description: str
+    launcher: Launcher | None  # the launcher behind the drivers, if any (its capabilities matter)
+
+    async def open(self, chunk_size: int) -> EngineDriver: ...
+
+    async def close(self, *, stop_engine: bool) -> None:
+        """Close the driver; stop the engine, or (stop_engine=False) leave it for a later run."""
+        ...
+
+
+@dataclass
+class LauncherProvider:
+    """HTTP drivers on engines from a `Launcher` (local, external, sim real-time, kubernetes)."""
+
+    launcher: Launcher
+    model: str | None = None
+    api_key: str | None = None
+    gpu: str | None = None
+    description: str = ""
+    log_dir_for: Callable[[int], Path] | None = None  # where a launcher with a `log_dir` logs
+    _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
+
+    async def open(self, chunk_size: int) -> EngineDriver:
+        await self._close_driver()
+        if self.log_dir_for is not None and isinstance(self.launcher, LogDirected):
+            self.launcher.log_dir = self.log_dir_for(chunk_size)
+        handle = await self.launcher.start(chunk_size)
+        stack = contextlib.AsyncExitStack()
+        try:
+            driver = await stack.enter_async_context(http_driver(handle, model=self.model, api_key=self.api_key, gpu=self.gpu))
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return driver
+
+    async def _close_driver(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def close(self, *, stop_engine: bool) -> None:
+        await self._close_driver()
+        if not stop_engine and isinstance(self.launcher, Releasing):
+            self.launcher.release()
+        else:
+            await self.launcher.stop()
+
+
+@dataclass
+class VirtualSimProvider:
+    """The embedded engine in-process on a virtual clock (run the controller under `run_virtual`)."""
+
+    profile: Any  # a profile name, path or `sim.profile.Profile`
+    model: str | None = None
+    gpu: str | None = None
+    description: str = ""
+    launcher: Launcher | None = None  # in-process: nothing to launch
+    _driver: Any = field(default=None, init=False, repr=False)
+
+    async def open(self, chunk_size: int) -> EngineDriver:
+        from pdexporter.sim.driver import SimDriver  # the embedded engine (sim package)
+
+        await self.close(stop_engine=True)
+        self._driver = SimDriver.create(profile=self.profile, chunk_size=chunk_size)
+        return self._driver
+
+    async def close(self, *, stop_engine: bool) -> None:
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            await driver.aclose()
+
+
+def make_provider(
+    spec: SweepSpec,
+    store: ResultsStore,
+    *,
+    api_key: str | None = None,
+    deadline: Callable[[], float | None] = lambda: None,
+    on_message: Callable[[str], None] = lambda text: None,
+) -> EngineProvider:
+    launcher_spec = spec.launcher
+    if isinstance(launcher_spec, SimLauncherSpec):
+        if launcher_spec.clock == "virtual":
+            return VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu,
+                                      description=f"embedded engine {launcher_spec.profile}, virtual clock")
+        sim = SimLauncher(profile=launcher_spec.profile)
+        return LauncherProvider(sim, model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
+                                description=f"embedded engine {launcher_spec.profile}, real time over HTTP")
+    launcher: Launcher
+    if isinstance(launcher_spec, LocalLauncherSpec):
+        launcher = LocalLauncher(
+            command=launcher_spec.command, store=store, url=launcher_spec.url, variables=dict(launcher_spec.vars),
+            env=dict(launcher_spec.env), cwd=launcher_spec.cwd, health_timeout_s=launcher_spec.health_timeout_s,
+            stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu,
+            deadline=deadline, on_message=on_message,
+        )
+        what = f"local engine at {launcher_spec.url}"
+    elif isinstance(launcher_spec, ExternalLauncherSpec):
+        launcher = ExternalLauncher(url=launcher_spec.url, chunk_size=launcher_spec.chunk_size, gpu=spec.gpu)
+        what = f"external engine at {launcher_spec.url}"
+    elif isinstance(launcher_spec, KubernetesLauncherSpec):
+        launcher = KubernetesLauncher(launcher_spec, gpu=spec.gpu, on_message=on_message)
+        what = f"Kubernetes ({launcher_spec.tool}) engine at {launcher_spec.url}"
+    else:  # pragma: no cover - the schema admits no other kind
+        raise ConfigError(f"launcher.kind: {launcher_spec!r}")
+    return LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, description=what)
