@@ -57,10 +57,9 @@ _WHAT = {
 }
 
 
-def format_validation_error(exc: ValidationError, model: type[BaseModel], unions: Unions | None = None) -> str:
-    """The first error as `field.path[i]: what is wrong (got value)`."""
-    unions = unions or {}
-    error = exc.errors(include_url=False)[0]
+def _describe(error: Mapping[str, Any], model: type[BaseModel], unions: Unions) -> tuple[str, str, str, bool]:
+    """(where, what, got, whole): the field path, what is wrong, the value shown; `whole` when
+    `what` is already the whole message (a model-level or list check naming its own field)."""
     loc = tuple(error.get("loc", ()))
     kind = error.get("type", "")
     ctx = error.get("ctx") or {}
@@ -94,10 +93,29 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], unions
         # Model-level checks name their own field ("grid.chunk_sizes: ..."); list checks "[i] = v".
         if what.startswith("[") and where:
             head, _, rest = what.partition(" ")
-            return f"{where}{head} {rest}"
+            return where, f"{where}{head} {rest}", "", True
         if not where or ":" in what.split(" ")[0]:
-            return what
+            return where, what, "", True
         got = ""
     else:
         what = str(error.get("msg", kind))
+    return where, what, got, False
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], unions: Unions | None = None) -> str:
+    """The first error as `field.path[i]: what is wrong (got value)`."""
+    where, what, got, whole = _describe(exc.errors(include_url=False)[0], model, unions or {})
+    if whole:
+        return what
     return f"{where}: {what}{got}" if where else f"{what}{got}"
+
+
+def format_option_error(exc: ValidationError, model: type[BaseModel], options: Mapping[str, str]) -> str:
+    """The first error as a command-line user sees it: `--option value: what is wrong`, the field
+    named by its flag (`options`: field -> flag; others become --field-name)."""
+    error = exc.errors(include_url=False)[0]
+    where, what, _, whole = _describe(error, model, {})
+    if whole or not where:
+        return what
+    option = options.get(where, "--" + where.replace("_", "-").replace(".", "-"))
+    return f"{option} {error.get('input')!r}: {what}"

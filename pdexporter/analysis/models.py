@@ -52,6 +52,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
+
+from pdexporter.engines import adapter
 import pandas as pd
 
 from pdexporter.analysis.table import ConfigSamples
@@ -66,20 +68,19 @@ KFOLD = "5-fold-by-config"
 # The chunk arithmetic shared by the fits, the synthetic records and the decision function
 
 
-def num_chunks(p: Any, b: Any, d: Any) -> np.ndarray:
-    """ceil(P / (B - D)), and ceil(P / B) at D = 0 (which the same formula gives)."""
-    p, b, d = (np.asarray(x, dtype=np.float64) for x in (p, b, d))
-    budget = b - d
-    if np.any(budget <= 0):
-        raise ValueError("a chunk size leaves no budget beside its decodes (B <= D)")
-    return np.ceil(p / budget)
+def num_chunks(p: Any, b: Any, d: Any, engine: str | None = None) -> np.ndarray:
+    """The engine's chunk count for each (P, B, D) (vLLM: ceil(P / (B - D))), element-wise."""
+    p, b, d = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (p, b, d)))
+    rule = adapter(engine)
+    counts = {key: len(rule.chunk_schedule(*key)) for key in set(zip(p.ravel().tolist(), b.ravel().tolist(),
+                                                                    d.ravel().tolist()))}
+    return np.asarray([counts[key] for key in zip(p.ravel().tolist(), b.ravel().tolist(), d.ravel().tolist())],
+                      dtype=np.float64).reshape(p.shape)
 
 
 def chunk_schedule(new_prefill_tokens: int, chunk_size: int, decode_batch_size: int) -> list[int]:
-    """Chunk sizes in order: B - D tokens per step, the rest in the last one."""
-    per_step = chunk_size - decode_batch_size
-    n = int(num_chunks(new_prefill_tokens, chunk_size, decode_batch_size))
-    return [per_step] * (n - 1) + [new_prefill_tokens - per_step * (n - 1)]
+    """Chunk sizes in order (the engine adapter's rule: B - D tokens per step, the rest last)."""
+    return list(adapter(None).chunk_schedule(new_prefill_tokens, chunk_size, decode_batch_size))
 
 
 def attention_pairs(chunk: Any, prefix: Any) -> np.ndarray:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import re
 import socket
 import urllib.error
 import urllib.parse
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdexporter.analysis.table import INT_VALUES, REP_VALUES, ConfigSamples
+from pdexporter._internal.durations import parse_duration
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter import metrics as m
 
@@ -63,32 +63,6 @@ class PrometheusError(PdexporterError):
 # Times
 
 
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
-
-
-def parse_duration(text: str) -> float:
-    """Prometheus-style durations: 90s, 5m, 1h30m, 1.5h; a bare number is seconds."""
-    t = text.strip()
-    try:
-        seconds = float(t)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(text)
-        return seconds
-    pos, total = 0, 0.0
-    for match in _DURATION_RE.finditer(t):
-        if match.start() != pos:
-            raise ValueError(text)
-        total += float(match.group(1)) * _UNITS[match.group(2)]
-        pos = match.end()
-    if pos != len(t) or pos == 0:
-        raise ValueError(text)
-    return total
-
-
 def parse_time(text: str, now: float, option: str = "--from") -> float:
     """RFC3339, unix seconds, `now`, or relative: `-1h`, `now-15m`. Returns unix seconds."""
     t = text.strip()
@@ -98,8 +72,8 @@ def parse_time(text: str, now: float, option: str = "--from") -> float:
     relative = t[3:] if t.startswith("now") else t
     if relative.startswith("-") or relative.startswith("+"):
         try:
-            seconds = parse_duration(relative[1:])
-        except ValueError:
+            seconds = parse_duration(relative[1:], option)
+        except ConfigError:
             raise ConfigError(f"{option} {text!r}: not a duration ({hint})") from None
         return now - seconds if relative[0] == "-" else now + seconds
     try:

@@ -89,10 +89,7 @@ def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: floa
 
     now = time.time()
     start, end = parse_time(from_, now, "--from"), parse_time(to, now, "--to")
-    try:
-        step_s = parse_duration(step)
-    except ValueError:
-        raise ConfigError(f"--step {step!r}: not a duration (e.g. 1s, 15s, 1m)") from None
+    step_s = parse_duration(step, "--step")
     with console.status(f"querying {url} ..."):
         result = pull(PrometheusAPI(url), start, end, step_s)
     extra = [f"{result.windows} windows rebuilt from Prometheus"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
@@ -20,6 +21,7 @@ from pdexporter.cli._common import (
     console,
     make_launcher,
 )
+from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
@@ -123,8 +125,9 @@ def parse_run_options(
     host, port = parse_listen(listen)
     try:
         protocol = ProtocolSettings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
-    except ValueError as exc:
-        raise ConfigError(f"--decode-output-tokens {decode_output_tokens}: {_first_error(exc)}") from exc
+    except ValidationError as exc:
+        raise ConfigError(f"--decode-output-tokens {decode_output_tokens}: "
+                          f"{format_validation_error(exc, ProtocolSettings)}") from exc
     duration_s = None if duration is None else parse_duration(duration, "--duration")
     if duration_s is not None and duration_s <= 0:
         raise ConfigError(f"--duration {duration!r}: must be > 0")
@@ -161,14 +164,6 @@ async def _progress(runner: Runner, duration_s: float) -> None:
             bar.update(task, completed=min(duration_s, asyncio.get_running_loop().time() - start),
                        status=f"{len(runner.windows)} window(s), {tokens:.0f} probe tokens")
             await asyncio.sleep(0.5)
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        return str(first["msg"]).removeprefix("Value error, ")
-    return str(exc)
 
 
 async def _serve(config: ExporterConfig, token: str | None) -> None:

@@ -1,32 +1,20 @@
-"""vLLM's per-step log (`--enable-logging-iteration-details`): the ground truth for chunking.
+"""An engine's per-step log, the ground truth for chunking: steps as data, and the tail of a log
+file read by offset.
 
-Each engine step logs one line:
-
-    Iteration(N): a context requests, b context tokens, c generation requests, d generation tokens,
-    iteration elapsed time: t ms[, GPU KV cache usage: u%]
-
-"context tokens" is the prefill chunk scheduled in that step, so counting steps with context
-tokens inside a window verifies num_chunks and each chunk's size exactly. The elapsed time is
-*not* the step's GPU time under async scheduling (it measures the CPU side), so we keep it only
-for reference. Log lines carry second-resolution wall clocks, so windows are cut by file offset
-(`IterationLogTail.mark()` before, `read_since(mark)` after), not by time.
+An engine that logs its steps (vLLM with `--enable-logging-iteration-details`; its line format
+and parser live in its adapter, `engines.vllm`) says per step how many prefill ("context")
+tokens it scheduled, so counting steps with context tokens inside a window verifies num_chunks
+and each chunk's size exactly. The elapsed time vLLM logs is *not* the step's GPU time under
+async scheduling (it measures the CPU side), so we keep it only for reference. Log lines carry
+second-resolution wall clocks, so windows are cut by file offset (`IterationLogTail.mark()`
+before, `read_since(mark)` after), not by time.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-ITERATION_RE = re.compile(
-    r"Iteration\((?P<iteration>\d+)\):\s+"
-    r"(?P<ctx_req>\d+)\s+context requests,\s+"
-    r"(?P<ctx_tok>\d+)\s+context tokens,\s+"
-    r"(?P<gen_req>\d+)\s+generation requests,\s+"
-    r"(?P<gen_tok>\d+)\s+generation tokens,\s+"
-    r"iteration elapsed time:\s+(?P<elapsed>[0-9.]+)\s*ms"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,32 +29,6 @@ class IterationStep:
     @property
     def is_mixed(self) -> bool:
         return self.context_tokens > 0 and self.generation_requests > 0
-
-    def to_log_line(self) -> str:
-        """The line vLLM would print for this step (the embedded engine logs the same)."""
-        return (
-            f"Iteration({self.iteration}): {self.context_requests} context requests, "
-            f"{self.context_tokens} context tokens, {self.generation_requests} generation requests, "
-            f"{self.generation_tokens} generation tokens, iteration elapsed time: {self.elapsed_ms:.2f} ms"
-        )
-
-
-def parse_iteration_lines(lines: Iterable[str]) -> list[IterationStep]:
-    steps = []
-    for line in lines:
-        match = ITERATION_RE.search(line)
-        if match:
-            steps.append(
-                IterationStep(
-                    iteration=int(match["iteration"]),
-                    context_requests=int(match["ctx_req"]),
-                    context_tokens=int(match["ctx_tok"]),
-                    generation_requests=int(match["gen_req"]),
-                    generation_tokens=int(match["gen_tok"]),
-                    elapsed_ms=float(match["elapsed"]),
-                )
-            )
-    return steps
 
 
 @dataclass(frozen=True)
@@ -88,10 +50,12 @@ def summarise_chunks(steps: Iterable[IterationStep]) -> ChunkSummary:
 
 
 class IterationLogTail:
-    """Reads the iteration lines an engine appended to its log since a mark (a byte offset)."""
+    """Reads the step lines an engine appended to its log since a mark (a byte offset), parsed by
+    the engine adapter's `parse_step_log`."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, parse: Callable[[Iterable[str]], list[IterationStep]]) -> None:
         self.path = Path(path)
+        self.parse = parse
 
     def mark(self) -> int:
         try:
@@ -106,4 +70,4 @@ class IterationLogTail:
                 data = handle.read()
         except FileNotFoundError:
             return []
-        return parse_iteration_lines(data.decode("utf-8", "replace").splitlines())
+        return self.parse(data.decode("utf-8", "replace").splitlines())

@@ -2,7 +2,8 @@
 
 vLLM renames series between releases (`gpu_cache_usage_perc` became `kv_cache_usage_perc`,
 `time_per_output_token_seconds` became `inter_token_latency_seconds`), so everything downstream
-reads *canonical* names and `ALIASES` maps each to the names engines have used, newest first.
+reads *canonical* names, and the engine's adapter maps each to the names it has used, newest
+first (`engines.vllm.METRIC_ALIASES`; `ALIASES` here is that table, the default).
 Values are summed over label sets (engines, models, finish reasons), which is what a single-model
 deployment means by "the" value.
 
@@ -16,40 +17,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdexporter.engines._registry import MetricKind
+from pdexporter.engines.vllm import METRIC_ALIASES as VLLM_METRIC_ALIASES
 from pdexporter.errors import EngineError
 
-Kind = Literal["gauge", "counter", "histogram"]
-
-# canonical name -> (kind, sample base names used by engines, newest first)
-ALIASES: dict[str, tuple[Kind, tuple[str, ...]]] = {
-    "num_requests_running": ("gauge", ("vllm:num_requests_running",)),
-    "num_requests_waiting": ("gauge", ("vllm:num_requests_waiting",)),
-    "kv_cache_usage_perc": ("gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
-    "prompt_tokens_total": ("counter", ("vllm:prompt_tokens_total",)),
-    "generation_tokens_total": ("counter", ("vllm:generation_tokens_total",)),
-    "prefix_cache_queries_total": (
-        "counter",
-        ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
-    ),
-    "prefix_cache_hits_total": ("counter", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
-    "num_preemptions_total": ("counter", ("vllm:num_preemptions_total",)),
-    "request_success_total": ("counter", ("vllm:request_success_total",)),
-    "inter_token_latency_seconds": (
-        "histogram",
-        ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-    ),
-    "time_to_first_token_seconds": ("histogram", ("vllm:time_to_first_token_seconds",)),
-    "iteration_tokens": ("histogram", ("vllm:iteration_tokens_total",)),
-    "request_prefill_time_seconds": ("histogram", ("vllm:request_prefill_time_seconds",)),
-    "request_decode_time_seconds": ("histogram", ("vllm:request_decode_time_seconds",)),
-    "request_queue_time_seconds": ("histogram", ("vllm:request_queue_time_seconds",)),
-    "e2e_request_latency_seconds": ("histogram", ("vllm:e2e_request_latency_seconds",)),
-}
+# canonical name -> (kind, the engine's names): vLLM's table lives in its adapter (engines.vllm).
+ALIASES: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = VLLM_METRIC_ALIASES
 
 GAUGES = tuple(name for name, (kind, _) in ALIASES.items() if kind == "gauge")
 

@@ -5,9 +5,10 @@ from pdexporter.engines._registry import (
     EngineAdapter,
     adapter,
     budget_schedule,
+    identify,
     infer_chunk_size,
     register,
     registered,
 )
 
-__all__ = ["EngineAdapter", "adapter", "budget_schedule", "infer_chunk_size", "register", "registered"]
+__all__ = ["EngineAdapter", "adapter", "budget_schedule", "identify", "infer_chunk_size", "register", "registered"]

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
-from pdexporter.errors import ConfigError
+from pdexporter.engine.iterlog import IterationStep
 
 MetricKind = Literal["gauge", "counter", "histogram"]
 
@@ -33,12 +33,20 @@ class EngineAdapter(Protocol):
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it."""
         ...
 
-    def check_decodes(self, chunk_size: int, running_decodes: int, *, what: str = "-D") -> None:
-        """Raise `ConfigError` (one line) when that many decodes leave the prefill no budget."""
+    def budget_problem(self, chunk_size: int, running_decodes: int) -> str | None:
+        """Why that many decodes leave a prefill no budget at that chunk size, or None."""
         ...
 
-    def parse_step_log(self, lines: Iterable[str]) -> list[object]:
+    def parse_step_log(self, lines: Iterable[str]) -> list[IterationStep]:
         """The engine's per-step log lines as `IterationStep`s (lines it does not know are skipped)."""
+        ...
+
+    def format_step(self, step: IterationStep) -> str:
+        """One step as the engine logs it."""
+        ...
+
+    def cuda_graphs(self, argv: Sequence[str]) -> bool | None:
+        """Whether an engine started with these arguments captures CUDA graphs (None: unknown)."""
         ...
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
@@ -78,6 +86,19 @@ def registered() -> tuple[str, ...]:
     return tuple(sorted(_ADAPTERS))
 
 
+def identify(version_payload: Mapping[str, object]) -> EngineAdapter | None:
+    """The engine that answered `/version` this way: the most specific adapter that recognises it
+    (the last registered: an engine that speaks vLLM's API registers after vLLM)."""
+    seen: list[EngineAdapter] = []
+    for candidate in _ADAPTERS.values():
+        if candidate not in seen:
+            seen.append(candidate)
+    for candidate in reversed(seen):
+        if candidate.recognise(version_payload):
+            return candidate
+    return None
+
+
 def budget_schedule(prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
     """A step budget of `chunk_size` tokens, running decodes served first (one token each), the
     prefill given the rest: chunks of B - D tokens and a tail, ceil(P / (B - D)) in all."""
@@ -90,12 +111,10 @@ def budget_schedule(prompt_tokens: int, chunk_size: int, running_decodes: int) -
     return (budget,) * (n - 1) + (prompt_tokens - budget * (n - 1),)
 
 
-def check_budget(chunk_size: int, running_decodes: int, what: str) -> None:
+def budget_problem(chunk_size: int, running_decodes: int) -> str | None:
     if running_decodes >= chunk_size:
-        raise ConfigError(
-            f"{what} {running_decodes} with chunk size {chunk_size}: the decodes would take the whole step "
-            "budget and the prefill would never run"
-        )
+        return "the decodes would take the whole step budget and the prefill would never run"
+    return None
 
 
 def infer_chunk_size(

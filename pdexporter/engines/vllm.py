@@ -11,32 +11,105 @@ window against the probes' cadence (`engines.infer_chunk_size`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
-from pdexporter.engine.iterlog import IterationStep, parse_iteration_lines
-from pdexporter.engine.metrics import ALIASES
-from pdexporter.engines._registry import MetricKind, budget_schedule, check_budget, register
+import re
+
+from pdexporter.engine.iterlog import IterationStep
+from pdexporter.engines._registry import MetricKind, budget_problem, budget_schedule, register
 
 # vLLM's own defaults for `vllm serve` (arg_utils): 8192 on GPUs with >= 70 GB, 2048 below.
 DEFAULT_CHUNK_SIZE = 8192
 # Chunk sizes a deployment plausibly runs with, tried when inferring B from the cadence.
 CANDIDATE_CHUNK_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
+# canonical name -> (kind, sample base names used by engines, newest first)
+METRIC_ALIASES: dict[str, tuple[MetricKind, tuple[str, ...]]] = {
+    "num_requests_running": ("gauge", ("vllm:num_requests_running",)),
+    "num_requests_waiting": ("gauge", ("vllm:num_requests_waiting",)),
+    "kv_cache_usage_perc": ("gauge", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    "prompt_tokens_total": ("counter", ("vllm:prompt_tokens_total",)),
+    "generation_tokens_total": ("counter", ("vllm:generation_tokens_total",)),
+    "prefix_cache_queries_total": (
+        "counter",
+        ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    ),
+    "prefix_cache_hits_total": ("counter", ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")),
+    "num_preemptions_total": ("counter", ("vllm:num_preemptions_total",)),
+    "request_success_total": ("counter", ("vllm:request_success_total",)),
+    "inter_token_latency_seconds": (
+        "histogram",
+        ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    ),
+    "time_to_first_token_seconds": ("histogram", ("vllm:time_to_first_token_seconds",)),
+    "iteration_tokens": ("histogram", ("vllm:iteration_tokens_total",)),
+    "request_prefill_time_seconds": ("histogram", ("vllm:request_prefill_time_seconds",)),
+    "request_decode_time_seconds": ("histogram", ("vllm:request_decode_time_seconds",)),
+    "request_queue_time_seconds": ("histogram", ("vllm:request_queue_time_seconds",)),
+    "e2e_request_latency_seconds": ("histogram", ("vllm:e2e_request_latency_seconds",)),
+}
+
+
+# `--enable-logging-iteration-details`: one line per engine step,
+#   Iteration(N): a context requests, b context tokens, c generation requests, d generation tokens,
+#   iteration elapsed time: t ms[, GPU KV cache usage: u%]
+# "context tokens" is the prefill chunk of that step. Raw files keep steps in this format.
+ITERATION_RE = re.compile(
+    r"Iteration\((?P<iteration>\d+)\):\s+"
+    r"(?P<ctx_req>\d+)\s+context requests,\s+"
+    r"(?P<ctx_tok>\d+)\s+context tokens,\s+"
+    r"(?P<gen_req>\d+)\s+generation requests,\s+"
+    r"(?P<gen_tok>\d+)\s+generation tokens,\s+"
+    r"iteration elapsed time:\s+(?P<elapsed>[0-9.]+)\s*ms"
+)
+
+
+
+
+def parse_step_log(lines: Iterable[str]) -> list[IterationStep]:
+    steps = []
+    for line in lines:
+        match = ITERATION_RE.search(line)
+        if match:
+            steps.append(IterationStep(
+                iteration=int(match["iteration"]), context_requests=int(match["ctx_req"]),
+                context_tokens=int(match["ctx_tok"]), generation_requests=int(match["gen_req"]),
+                generation_tokens=int(match["gen_tok"]), elapsed_ms=float(match["elapsed"]),
+            ))
+    return steps
+
+
+def format_step(step: IterationStep) -> str:
+    """The line vLLM prints for this step (the embedded engine logs the same; raw files keep it)."""
+    return (
+        f"Iteration({step.iteration}): {step.context_requests} context requests, "
+        f"{step.context_tokens} context tokens, {step.generation_requests} generation requests, "
+        f"{step.generation_tokens} generation tokens, iteration elapsed time: {step.elapsed_ms:.2f} ms"
+    )
+
+
 
 @register("vllm", "openai-compatible")
 class VllmAdapter:
     name = "vllm"
     default_chunk_size = DEFAULT_CHUNK_SIZE
-    metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = ALIASES
+    metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = METRIC_ALIASES
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         return budget_schedule(prompt_tokens, chunk_size, running_decodes)
 
-    def check_decodes(self, chunk_size: int, running_decodes: int, *, what: str = "-D") -> None:
-        check_budget(chunk_size, running_decodes, what)
+    def budget_problem(self, chunk_size: int, running_decodes: int) -> str | None:
+        return budget_problem(chunk_size, running_decodes)
 
     def parse_step_log(self, lines: Iterable[str]) -> list[IterationStep]:
-        return parse_iteration_lines(lines)
+        return parse_step_log(lines)
+
+    def format_step(self, step: IterationStep) -> str:
+        return format_step(step)
+
+    def cuda_graphs(self, argv: Sequence[str]) -> bool | None:
+        """vLLM captures CUDA graphs unless told not to (the seed's --enforce-eager ablation)."""
+        return "--enforce-eager" not in argv
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
         return ("--max-num-batched-tokens", str(chunk_size), "--enable-chunked-prefill",

@@ -6,37 +6,22 @@ line on stderr and nothing else.
 
 from __future__ import annotations
 
-import math
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pdexporter._internal.validation import format_option_error
+from pdexporter._internal.durations import parse_duration  # noqa: F401  (re-exported for the CLI)
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.metrics import DEFAULT_PORT
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.measure.window import expected_chunks
+from pdexporter.engines import adapter
 
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 DEFAULT_CHUNK_SIZE = 8192  # the embedded engine's default; an external engine's must be given
 DEFAULT_PREFILL_TOKENS = 8192
 DEFAULT_INJECT_EVERY_S = 30.0  # embedded engine only; against --target injection is opt-in
-
-_DURATION_RE = re.compile(r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*$")
-_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str, option: str) -> float:
-    """'500ms', '30s', '5m', '1h' or a bare number of seconds -> seconds."""
-    match = _DURATION_RE.match(text)
-    if not match:
-        raise ConfigError(f"{option} {text!r}: expected a duration like 500ms, 30s, 5m or 1h")
-    seconds = float(match["value"]) * _UNIT_S[match["unit"]]
-    if not math.isfinite(seconds):
-        raise ConfigError(f"{option} {text!r}: not a finite duration")
-    return seconds
-
 
 class ExporterConfig(BaseModel):
     """The exporter's settings. Durations are in seconds; `None` means "off" / "forever"."""
@@ -70,11 +55,9 @@ class ExporterConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ExporterConfig:
-        if self.probe_streams >= self.chunk_size:
-            raise ValueError(
-                f"--probe-decode {self.probe_streams} with --chunk-size {self.chunk_size}: the decodes would "
-                "take the whole step budget and a prefill would never run"
-            )
+        problem = adapter(None).budget_problem(self.chunk_size, self.probe_streams)
+        if problem:
+            raise ValueError(f"--probe-decode {self.probe_streams} with --chunk-size {self.chunk_size}: {problem}")
         if self.injecting:
             room = self.protocol.decode_output_tokens - self.protocol.inject_at_tokens
             if self.reserve_tokens > room:
@@ -90,7 +73,7 @@ class ExporterConfig(BaseModel):
 
     @property
     def expected_chunks(self) -> int:
-        return expected_chunks(self.prefill_tokens, self.chunk_size, self.probe_streams)
+        return len(adapter(None).chunk_schedule(self.prefill_tokens, self.chunk_size, self.probe_streams))
 
     @property
     def reserve_tokens(self) -> int:
@@ -105,15 +88,10 @@ def build_config(**fields: object) -> ExporterConfig:
     try:
         return ExporterConfig(**fields)  # type: ignore[arg-type]
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "options"
-        message = str(first["msg"]).removeprefix("Value error, ")
-        if first["loc"]:
-            raise ConfigError(f"{_option_name(where)} {first.get('input')!r}: {message}") from exc
-        raise ConfigError(message) from exc
+        raise ConfigError(format_option_error(exc, ExporterConfig, OPTION_NAMES)) from exc
 
 
-_OPTION_NAMES = {
+OPTION_NAMES = {
     "probe_streams": "--probe-decode",
     "chunk_size": "--chunk-size",
     "inject_every_s": "--inject-every",
@@ -123,6 +101,3 @@ _OPTION_NAMES = {
     "scrape_interval_s": "--scrape-interval",
 }
 
-
-def _option_name(field: str) -> str:
-    return _OPTION_NAMES.get(field, "--" + field.replace("_", "-"))

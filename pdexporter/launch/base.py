@@ -43,6 +43,7 @@ class EngineHandle:
     cuda_graphs: bool | None = None
     iteration_log: Path | None = None
     log_path: Path | None = None
+    command: tuple[str, ...] | None = None  # how the engine was started, secrets redacted (None: unknown)
 
 
 @runtime_checkable

@@ -27,8 +27,9 @@ from typing import Any
 
 from pdexporter._internal.atomic import atomic_write_json
 from pdexporter.engine.client import EngineClient
-from pdexporter.engine.iterlog import parse_iteration_lines
+from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
+from pdexporter._internal.redact import redact_argv
 from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
 from pdexporter.measure.store import ResultsStore
 
@@ -47,8 +48,13 @@ class RenderedCommand:
 
     @property
     def text(self) -> str:
-        assigns = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
-        return " ".join([*assigns, *(shlex.quote(a) for a in self.argv)])
+        """The command line as it may be written down: secret values redacted."""
+        return " ".join(shlex.quote(w) for w in self.redacted)
+
+    @property
+    def redacted(self) -> tuple[str, ...]:
+        """`NAME=value` words for the environment, then argv; secret values replaced by ***."""
+        return tuple(redact_argv([*(f"{k}={v}" for k, v in self.env.items()), *self.argv]))
 
 
 def render_command(template: str, chunk_size: int, variables: dict[str, str] | None = None,
@@ -83,7 +89,7 @@ def render_command(template: str, chunk_size: int, variables: dict[str, str] | N
 @dataclass(frozen=True)
 class EngineState:
     pid: int
-    argv: tuple[str, ...]
+    argv: tuple[str, ...]  # the command line as `RenderedCommand.redacted` (environment words first)
     url: str
     chunk_size: int
     log: str
@@ -117,7 +123,7 @@ def state_is_live(state: EngineState) -> bool:
     return start is None or state.proc_start is None or start == state.proc_start
 
 
-def log_contradicts_chunk(log: Path, chunk_size: int, tail_bytes: int = 4 << 20) -> bool:
+def log_contradicts_chunk(log: Path, chunk_size: int, tail_bytes: int = 4 << 20, kind: str = "vllm") -> bool:
     """True if the engine's own step log shows a step larger than the chunk size."""
     try:
         with log.open("rb") as handle:
@@ -125,7 +131,7 @@ def log_contradicts_chunk(log: Path, chunk_size: int, tail_bytes: int = 4 << 20)
             text = handle.read().decode("utf-8", "replace")
     except OSError:
         return False
-    steps = parse_iteration_lines(text.splitlines())
+    steps = adapter(kind).parse_step_log(text.splitlines())
     return any(s.context_tokens + s.generation_tokens > chunk_size for s in steps)
 
 
@@ -188,7 +194,7 @@ class LocalLauncher:
             return False
         wanted = render_command(self.command, chunk_size, self.variables, self.env)
         return any(
-            state_is_live(state) and state.chunk_size == chunk_size and state.argv == wanted.argv
+            state_is_live(state) and state.chunk_size == chunk_size and state.argv == wanted.redacted
             and not log_contradicts_chunk(Path(state.log), chunk_size)
             for _, state in self._known_states()
         )
@@ -203,7 +209,7 @@ class LocalLauncher:
                 path.unlink(missing_ok=True)
                 continue
             wanted = render_command(self.command, chunk_size, self.variables, self.env)
-            if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.argv:
+            if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.redacted:
                 if log_contradicts_chunk(Path(state.log), chunk_size):
                     self.on_message(f"engine pid {state.pid}: its log shows steps above {chunk_size} tokens; restarting")
                 else:
@@ -235,7 +241,7 @@ class LocalLauncher:
             except OSError as exc:
                 raise ConfigError(f"launcher.command: cannot run {rendered.argv[0]!r} ({exc.strerror or exc})") from None
         self._state = EngineState(
-            pid=self._proc.pid, argv=rendered.argv, url=self.url, chunk_size=chunk_size, log=str(log),
+            pid=self._proc.pid, argv=rendered.redacted, url=self.url, chunk_size=chunk_size, log=str(log),
             host=platform.node(), started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             proc_start=process_start_ticks(self._proc.pid),
         )
@@ -269,8 +275,7 @@ class LocalLauncher:
         argv = self._state.argv if self._state is not None else ()
         self._handle = EngineHandle(
             url=self.url, chunk_size=chunk_size, kind=self.kind, gpu=self.gpu, iteration_log=log, log_path=log,
-            # vLLM captures CUDA graphs unless told not to (the seed's --enforce-eager ablation).
-            cuda_graphs="--enforce-eager" not in argv if self.kind == "vllm" else None,
+            cuda_graphs=adapter(self.kind).cuda_graphs(argv), command=argv,
         )
         return self._handle
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdexporter._internal.redact import redact_argv
 from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.launch.base import EngineHandle, terminate_group
 
@@ -82,6 +83,7 @@ class SimLauncher:
             cuda_graphs=info.get("cuda_graphs"),
             iteration_log=log_path,
             log_path=log_path,
+            command=tuple(redact_argv(["pdexporter", "sim", "serve", *cmd[5:9], *self.extra_args])),
         )
         return self._handle
 

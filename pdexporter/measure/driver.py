@@ -21,6 +21,7 @@ from pdexporter.engine.client import COMPLETIONS_PATH, EngineClient, completion_
 from pdexporter.engine.iterlog import IterationLogTail, IterationStep
 from pdexporter.launch import EngineHandle
 from pdexporter.engine.metrics import MetricsSnapshot
+from pdexporter.engines import adapter, identify
 from pdexporter.engine.stream import Progress, TokenStream
 from pdexporter.errors import EngineError
 
@@ -44,6 +45,7 @@ class EngineInfo:
     profile: str | None = None
     modelled: bool = False
     clock: str = "perf_counter_ns"
+    command: tuple[str, ...] | None = None  # how the engine was started, secrets redacted
 
     @property
     def note(self) -> str | None:
@@ -167,12 +169,13 @@ async def http_driver(
             try:
                 payload = json.loads(await client.get_text("/version", retry=False))
                 version = str(payload.get("version"))
-                if payload.get("modelled") is True:
-                    # pdexporter's embedded engine behind a URL: its numbers are a model, say so
-                    kind, modelled = str(payload.get("engine") or "pdexporter-sim"), True
+                engine = identify(payload)
+                if engine is not None and engine.name != "vllm":
+                    # e.g. pdexporter's embedded engine behind a URL: its numbers are a model, say so
+                    kind, modelled = engine.name, bool(payload.get("modelled"))
                     profile = profile or payload.get("profile")
                     engine_gpu = engine_gpu or payload.get("gpu")
-                else:
+                elif engine is not None:
                     kind = "vllm" if kind in ("vllm", "openai-compatible") else kind
             except (EngineError, ValueError, AttributeError):
                 version = None
@@ -186,8 +189,10 @@ async def http_driver(
             cuda_graphs=handle.cuda_graphs,
             profile=profile,
             modelled=modelled,
+            command=handle.command,
         )
-        driver = HttpDriver(client, info, IterationLogTail(handle.iteration_log) if handle.iteration_log else None)
+        log = IterationLogTail(handle.iteration_log, adapter(kind).parse_step_log) if handle.iteration_log else None
+        driver = HttpDriver(client, info, log)
     except BaseException:
         await client.aclose()
         raise

@@ -25,7 +25,9 @@ from pdexporter.measure.records import (
     interference_block,
 )
 from pdexporter.measure.store import ResultsStore
-from pdexporter.measure.window import derive, expected_chunks
+from pdexporter._internal.redact import engine_flags
+from pdexporter.engines import adapter
+from pdexporter.measure.window import derive
 
 
 @dataclass(frozen=True)
@@ -41,16 +43,14 @@ class PointSpec:
             raise ConfigError(f"-D/--decode-batch-size {self.decode_batch_size}: must be >= 0")
         if self.chunk_size < 1:
             raise ConfigError(f"--chunk-size {self.chunk_size}: must be >= 1")
-        if self.decode_batch_size >= self.chunk_size:
-            raise ConfigError(
-                f"-D {self.decode_batch_size} with --chunk-size {self.chunk_size}: the decodes would take the "
-                "whole step budget and the prefill would never run"
-            )
+        problem = adapter(None).budget_problem(self.chunk_size, self.decode_batch_size)
+        if problem:
+            raise ConfigError(f"-D {self.decode_batch_size} with --chunk-size {self.chunk_size}: {problem}")
         return self
 
     @property
     def num_chunks_expected(self) -> int:
-        return expected_chunks(self.new_prefill_tokens, self.chunk_size, self.decode_batch_size)
+        return len(adapter(None).chunk_schedule(self.new_prefill_tokens, self.chunk_size, self.decode_batch_size))
 
 
 def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings, *, reps: int, mode: str) -> RecordConfig:
@@ -72,6 +72,7 @@ def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings,
         prefill_max_tokens=settings.prefill_max_tokens,
         mode=mode,
         reps_planned=reps,
+        engine_command=list(info.command) if info.command else None,
     )
 
 
@@ -117,10 +118,34 @@ def check_resumable(existing: RunRecord | None, fields: dict[str, object], path:
             )
 
 
+# Flags that say where an engine listens, not how it runs: they may differ between resumed runs.
+_PLACEMENT_FLAGS = frozenset({"host", "port", "ready-file"})
+
+
+def flag_mismatch(recorded: list[str] | None, now: list[str] | None) -> str | None:
+    """The first engine flag two command lines disagree on (`--name=old` vs `--name=new`), if any.
+    Nothing is compared where either run did not start its engine (an external one)."""
+    if not recorded or not now:
+        return None
+    old, new = engine_flags(recorded), engine_flags(now)
+    for name in sorted((set(old) | set(new)) - _PLACEMENT_FLAGS):
+        if old.get(name) != new.get(name):
+            def show(flags: dict[str, str]) -> str:
+                return f"--{name}={flags[name]}" if name in flags else f"no --{name}"
+            return f"engine flag {show(old)}, this run has {show(new)}"
+    return None
+
+
 def resumable_reps(existing: RunRecord | None, config: RecordConfig, path: str) -> list[RepRecord]:
-    """Repetitions already on disk for this point, if they were measured the same way."""
+    """Repetitions already on disk for this point, if they were measured the same way: the same
+    protocol settings, engine and model, and the same engine flags (when both runs started it)."""
     check_resumable(existing, {key: getattr(config, key) for key in _RESUME_KEYS}, path)
-    return list(existing.reps) if existing is not None else []
+    if existing is None:
+        return []
+    mismatch = flag_mismatch(existing.config.engine_command, config.engine_command)
+    if mismatch:
+        raise ConfigError(f"{path}: recorded with {mismatch}; use another --out directory or remove the old record")
+    return list(existing.reps)
 
 
 async def measure_point(

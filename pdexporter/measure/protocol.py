@@ -33,6 +33,7 @@ from pdexporter.errors import MeasurementError
 from pdexporter.measure.driver import EngineDriver, PreparedRequest
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
 from pdexporter.engines import adapter
+from pdexporter.engines.vllm import format_step  # raw files keep steps as vLLM's log lines
 
 if TYPE_CHECKING:
     from pdexporter.measure.probesets import BaselineSource, ProbeSet
@@ -223,7 +224,7 @@ class InterferenceRun:
             "t_first_ns": self.t_first_ns - t0,
             "probes": [p.to_raw(t0) for p in self.probes],
             "prefill": self.prefill.to_raw(t0),
-            "engine_steps": [s.to_log_line() for s in self.engine_steps] if self.engine_steps else None,
+            "engine_steps": [format_step(s) for s in self.engine_steps] if self.engine_steps else None,
             "metrics_before": self.metrics_before.values if self.metrics_before else None,
             "metrics_after": self.metrics_after.values if self.metrics_after else None,
             **self.extra,

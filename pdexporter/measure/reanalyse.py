@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdexporter.engine.iterlog import parse_iteration_lines
+from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines
 from pdexporter.errors import RecordError
 from pdexporter.measure.point import PointSpec
 from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, analyse_traces, expected_schedule

@@ -45,6 +45,8 @@ class RecordConfig(_Model):
     prefill_max_tokens: int = 1
     mode: str = "faithful"
     reps_planned: int = 1
+    # how the engine was started (secrets redacted); None where pdexporter did not start it
+    engine_command: list[str] | None = None
 
 
 SEED_KEYS: dict[str, tuple[str, ...]] = {

@@ -84,13 +84,12 @@ prefill. aggregate_interference_ms = D * total_interference_ms: what the prefill
 the quantity the offload rule compares with a transfer time. decode_tokens_delayed = the number of
 slow intervals summed over streams.
 
-num_chunks_expected = ceil(P / (B - D)): running decodes take one token each of the step budget
-B first, the prefill gets the rest (ceil(P / B) at D = 0).
+num_chunks_expected: the length of the engine's chunk schedule (vLLM: ceil(P / (B - D)), running
+decodes take one token each of the step budget B first; its adapter in `pdexporter.engines`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -498,9 +497,4 @@ def derive(baseline: BaselineStats | None, window: WindowStats, decode_batch_siz
     )
 
 
-def expected_chunks(new_prefill_tokens: int, chunk_size: int, decode_batch_size: int) -> int:
-    """ceil(P / (B - D)): the decodes take their tokens of the step budget first."""
-    budget = chunk_size - decode_batch_size
-    if budget <= 0:
-        raise ValueError(f"chunk size {chunk_size} leaves no budget beside {decode_batch_size} decodes")
-    return math.ceil(new_prefill_tokens / budget)
+

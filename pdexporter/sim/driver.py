@@ -74,6 +74,8 @@ class SimDriver:
             profile=prof.name,
             modelled=True,
             clock="virtual" if is_virtual(clock.loop) else "monotonic",
+            command=("pdexporter-sim", "--profile", prof.name, "--max-num-batched-tokens",
+                     str(config.max_num_batched_tokens)),
         )
         return cls(engine, info, vmetrics)
 

@@ -44,7 +44,7 @@ server), the virtual loop of `pdexporter._internal.vloop` (sweeps in seconds), o
 (tests). Outputs reach their sinks when the front end delivers them.
 
 The engine keeps vLLM's metrics (`vllm_metrics.VllmMetrics`), logs one vLLM iteration-detail line
-per step (`engine.iterlog.IterationStep.to_log_line`, with vLLM's `(EngineCore_DP0 pid=N) INFO`
+per step (`engines.vllm.format_step`, with vLLM's `(EngineCore_DP0 pid=N) INFO`
 prefix) and keeps the step history in memory. The line's "iteration elapsed time" is the modelled
 GPU span of the step (vLLM's own number measures CPU-side waiting and is unreliable under async
 scheduling, docs/vllm-facts.md).
@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pdexporter.engine.iterlog import IterationStep
+from pdexporter.engines.vllm import format_step
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import (
     Request,
@@ -586,7 +587,7 @@ class EngineCore:
         )
         self.history.append(record)
         if self.log is not None:
-            self.log(vllm_log_prefix(self.clock.wall(), self._pid) + record.to_iteration_step().to_log_line())
+            self.log(vllm_log_prefix(self.clock.wall(), self._pid) + format_step(record.to_iteration_step()))
 
         prompt_tokens = 0
         retired_prompt_tokens = 0

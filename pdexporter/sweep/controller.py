@@ -458,4 +458,4 @@ class SweepController:
         except (OSError, ValueError, AttributeError):
             previous = []
         entry = {"finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **report.to_json()}
-        atomic_write_json(path, {"spec": self.spec.model_dump(mode="json"), "invocations": [*previous, entry]})
+        atomic_write_json(path, {"spec": self.spec.redacted_dump(), "invocations": [*previous, entry]})

@@ -18,6 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdexporter._internal.validation import format_validation_error
+from pdexporter._internal.redact import redact_argv, redact_env
+from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
 
@@ -58,11 +60,9 @@ class GridSpec(_Strict):
     def _budget(self) -> GridSpec:
         for b in self.chunk_sizes:
             for d in self.decode_batch_sizes:
-                if d >= b:
-                    raise ValueError(
-                        f"D={d} with chunk size {b}: the decodes would take the whole step budget "
-                        "and the prefill would never run"
-                    )
+                problem = adapter(None).budget_problem(b, d)
+                if problem:
+                    raise ValueError(f"D={d} with chunk size {b}: {problem}")
         return self
 
     @property
@@ -245,6 +245,17 @@ class SweepSpec(_Strict):
         if self.mode == "fast":
             return 0.0
         return FAITHFUL_COOLDOWN_S if self.cooldown.seconds is None else self.cooldown.seconds
+
+    def redacted_dump(self) -> dict[str, Any]:
+        """The spec as JSON for files pdexporter writes (`sweep.json`): secret values of the
+        launcher's `env` and `NAME=value` / `--secret value` words of its command replaced by ***."""
+        data = self.model_dump(mode="json")
+        launcher = data.get("launcher") or {}
+        if isinstance(launcher.get("env"), dict):
+            launcher["env"] = redact_env(launcher["env"])
+        if isinstance(launcher.get("command"), str):
+            launcher["command"] = " ".join(redact_argv(launcher["command"].split()))
+        return data
 
     def points(self) -> Iterator[tuple[int, int, int]]:
         """(chunk size, D, P) in run order."""

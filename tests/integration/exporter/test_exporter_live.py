@@ -30,7 +30,7 @@ from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import ProbeState, Runner, WindowResult
 from pdexporter.exporter.tracing import PROBE_EVENT, WINDOW_SPAN
 from pdexporter.measure.store import load_record_file
-from pdexporter.measure.window import expected_chunks
+from pdexporter.engines import adapter
 
 from tests.helpers import free_port
 from tests.integration.exporter.exporter_realparts import OtlpReceiver, attributes
@@ -164,7 +164,7 @@ def test_prometheus_scrapes_probe_tpot_close_to_the_modelled_step(session: Sessi
     assert low <= p["p50"] <= high
     assert p["up"] == 1 and p["streams"] == D and p["scrape_ok"] == 1
     assert 1 <= p["running"] <= D + 1  # the probes (one may be restarting) and maybe a prefill
-    assert p["expected"] == expected_chunks(P, B, D) == 3
+    assert p["expected"] == len(adapter('vllm').chunk_schedule(P, B, D)) == 3
     assert p["slow_steps"] in {w.rep.interference.slow_steps for w in session.windows}
     assert 0 < p["tokens_rate"] <= D / modelled * 1.1
     assert p["created"] == []  # disable_created_metrics()
@@ -203,7 +203,7 @@ def test_window_shows_the_expected_slow_steps(session: Session) -> None:
     slow, sums = [], []
     for window in session.windows:
         i = window.rep.interference
-        assert i.num_chunks_expected == expected_chunks(P, B, D) == 3
+        assert i.num_chunks_expected == len(adapter('vllm').chunk_schedule(P, B, D)) == 3
         assert i.chunk_tokens_engine_log == CHUNKS  # the engine's own step log
         assert window.rep.derived.tpot_penalty_p50_ms is not None and window.rep.derived.tpot_penalty_p50_ms > 0
         assert i.num_chunks_actual == 3 and i.num_chunks_source == "engine-log"

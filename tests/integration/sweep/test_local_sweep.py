@@ -86,3 +86,51 @@ async def test_local_engine_sweep_adopts_after_a_deadline(tmp_path: Path) -> Non
         assert record.interference.num_chunks_engine_log == record.interference.num_chunks_expected
     for chunk in (2048, 4096):
         assert "Iteration(" in (store.engine_dir(chunk) / "engine.log").read_text()
+
+
+async def test_resume_with_other_engine_flags_is_refused_and_secrets_are_not_written(tmp_path: Path) -> None:
+    """Records carry the engine's command (secrets redacted); rerunning into the same results with
+    another engine flag would mix repetitions measured under different flags: refused, one line
+    naming the flag. The token in `env:` and in the command never reaches a file we write."""
+    from pdexporter.errors import ConfigError
+
+    port = free_port()
+    secret = "sk-test-d0nt-leak-0123456789"
+
+    def spec(extra: str):  # type: ignore[no-untyped-def]
+        return parse_sweep({
+            "grid": {"chunk_sizes": [2048], "decode_batch_sizes": [1], "new_prefill_tokens": [1024]},
+            "reps": 1, "mode": "fast", "warmup": {"shapes": False},
+            "protocol": {"decode_output_tokens": 96, "steady_last_intervals": 1},
+            "launcher": {
+                "kind": "local",
+                "command": f"MY_API_KEY={secret} {{python}} -m pdexporter sim serve --max-num-batched-tokens {{chunk}} "
+                           f"--port {{port}} {extra}",
+                "vars": {"port": str(port)}, "env": {"HF_TOKEN": secret},
+                "url": f"http://127.0.0.1:{port}", "health_timeout_s": 60, "stop_timeout_s": 10,
+            },
+        })
+
+    store = ResultsStore(tmp_path / "results")
+    first = spec("--max-num-seqs 256")
+    report = await SweepController(first, store, make_provider(first, store)).run()
+    assert report.complete
+    record = store.load_record(2048, 1, 1024)
+    assert record is not None and record.config.engine_command is not None
+    assert "--max-num-seqs" in record.config.engine_command and "MY_API_KEY=***" in record.config.engine_command
+
+    # one more repetition wanted, with another engine flag: refused before anything is measured
+    second = spec("--max-num-seqs 128").model_copy(update={"reps": 2})
+    with pytest.raises(ConfigError, match=r"engine flag --max-num-seqs=256, this run has --max-num-seqs=128"):
+        await SweepController(second, store, make_provider(second, store)).run()
+    assert len(store.load_record(2048, 1, 1024).reps) == 1  # type: ignore[union-attr]
+
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written
+    for path in written:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            import gzip
+
+            data = gzip.decompress(data)
+        assert secret.encode() not in data, path

@@ -47,8 +47,8 @@ def test_parse_duration():
     assert pm.parse_duration("250ms") == 0.25
     assert pm.parse_duration("2m") == 120.0
     assert pm.parse_duration("15") == 15.0
-    with pytest.raises(ValueError):
-        pm.parse_duration("1 s")
+    with pytest.raises(ConfigError, match="^--step '1 sec'"):
+        pm.parse_duration("1 sec", "--step")
 
 
 def _labels(b: int, d: int, p: int, instance: str = "exp:1") -> dict[str, str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdexporter.engine.iterlog import IterationLogTail, IterationStep, parse_iteration_lines, summarise_chunks
+from pdexporter.engine.iterlog import IterationLogTail, IterationStep, summarise_chunks
+from pdexporter.engines.vllm import format_step, parse_step_log as parse_iteration_lines
 
 # As vLLM 0.22 prints them (format seen in the engine's log; values from docs/vllm-facts.md).
 LINES = [
@@ -33,14 +34,14 @@ def test_chunk_summary_counts_context_steps() -> None:
     assert summary.decode_requests_beside == (4, 4)
 
 
-def test_to_log_line_round_trips() -> None:
+def test_vllm_step_lines_round_trip() -> None:
     step = IterationStep(7, 1, 2044, 4, 4, 47.25)
-    assert parse_iteration_lines([step.to_log_line()]) == [step]
+    assert parse_iteration_lines([format_step(step)]) == [step]
 
 
 def test_tail_reads_only_what_was_appended_since_the_mark(tmp_path: Path) -> None:
     log = tmp_path / "engine.log"
-    tail = IterationLogTail(log)
+    tail = IterationLogTail(log, parse_iteration_lines)
     assert tail.mark() == 0 and tail.read_since(0) == []
     log.write_text("\n".join(LINES[:1]) + "\n")
     mark = tail.mark()

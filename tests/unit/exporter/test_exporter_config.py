@@ -11,13 +11,14 @@ from pdexporter.exporter.config import DEFAULT_PORT, build_config, parse_duratio
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("500ms", 0.5), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("2.5s", 2.5), ("7", 7.0), (" 10 s ", 10.0)],
+    [("500ms", 0.5), ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("2.5s", 2.5), ("7", 7.0), (" 10 s ", 10.0),
+     ("1h30m", 5400.0), ("1d", 86400.0)],
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text, "--x") == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "ten", "5 minutes", "-1s", "1d", "s"])
+@pytest.mark.parametrize("text", ["", "ten", "5 minutes", "-1s", "1x", "s", "nan", "inf"])
 def test_bad_durations_name_the_option(text: str) -> None:
     with pytest.raises(ConfigError, match=r"^--inject-every .*expected a duration"):
         parse_duration(text, "--inject-every")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from pdexporter.engines import adapter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,7 +16,6 @@ from pdexporter.measure.window import (
     analyse_window,
     baseline_stats,
     derive,
-    expected_chunks,
     intervals,
     token_times,
 )
@@ -131,12 +132,12 @@ def test_first_token_before_inject_is_rejected() -> None:
      (512, 8192, 12, 1), (8180, 8192, 12, 1)],
 )
 def test_expected_chunks(p: int, b: int, d: int, expected: int) -> None:
-    assert expected_chunks(p, b, d) == expected
+    assert len(adapter('vllm').chunk_schedule(p, b, d)) == expected
 
 
 def test_expected_chunks_needs_budget() -> None:
     with pytest.raises(ValueError):
-        expected_chunks(100, 4, 4)
+        adapter('vllm').chunk_schedule(100, 4, 4)
 
 
 @settings(max_examples=150, deadline=None)
@@ -163,7 +164,8 @@ def test_slow_steps_and_total_interference_are_exact_on_clean_timelines(
 import gzip  # noqa: E402
 import json  # noqa: E402
 
-from pdexporter.engine.iterlog import parse_iteration_lines, summarise_chunks  # noqa: E402
+from pdexporter.engine.iterlog import summarise_chunks
+from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines  # noqa: E402
 from pdexporter.measure.protocol import StreamTrace  # noqa: E402
 from pdexporter.measure.window import ChunkPlan, token_event_index  # noqa: E402
 from tests.conftest import FIXTURES  # noqa: E402
@@ -187,7 +189,7 @@ def _real_window(name: str, baseline_name: str, source: str = "log"):
 
 def test_real_long_prefill_chunk_steps_exclude_the_admission_and_retirement_stalls() -> None:
     w, sizes, base = _real_window("B8192_D4_P32768.json.gz", "B8192_D4_baseline.json.gz")
-    assert sizes == (8188, 8188, 8188, 8188, 16) and w.num_chunks_actual == 5 == expected_chunks(32768, 8192, 4)
+    assert sizes == (8188, 8188, 8188, 8188, 16) and w.num_chunks_actual == 5 == len(adapter('vllm').chunk_schedule(32768, 8192, 4))
     assert w.num_chunks_source == "engine-log"
     # the probes saw more slow steps than chunks: the engine stalled admitting and retiring the prompt
     assert w.slow_steps is not None and w.slow_steps >= 6

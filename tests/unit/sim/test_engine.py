@@ -6,7 +6,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdexporter.engine.iterlog import parse_iteration_lines, summarise_chunks
+from pdexporter.engine.iterlog import summarise_chunks
+from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines
 from pdexporter.engine.metrics import parse_exposition
 from pdexporter.sim.engine import NO_LOOP_COSTS, EngineConfig, EngineCore, ManualClock
 from pdexporter.sim.profile import load_profile

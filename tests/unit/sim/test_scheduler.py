@@ -6,6 +6,8 @@ import math
 from collections import deque
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from pdexporter.sim.scheduler import RequestStatus, Scheduler, SchedulerConfig, SchedulerOutput
 
@@ -86,6 +88,27 @@ def test_num_chunks_is_ceil_p_over_b_minus_d(b: int, d: int, p: int):
     assert sum(chunks) == p
     assert len(chunks) == math.ceil(p / (b - d))
     assert all(c == b - d for c in chunks[:-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(512, 20_000), d=st.integers(0, 40), p=st.integers(1, 40_000))
+def test_the_embedded_scheduler_chunks_as_the_vllm_adapter_says(b: int, d: int, p: int):
+    """The chunk-schedule rule exists once, in the vLLM adapter; the embedded engine's scheduler
+    implements it as code, and the two must agree."""
+    from pdexporter.engines import adapter
+
+    assume(d < b)
+    if d:
+        s, loop = running_decodes(d, b)
+    else:
+        s = Scheduler(SchedulerConfig(max_num_batched_tokens=b))
+        loop = AsyncLoop(s)
+    s.add_request("prefill", cold(p), max_tokens=1)
+    chunks = []
+    while "prefill" in s.requests:
+        out = loop.step()
+        chunks += [e.num_new_tokens for e in out.scheduled if e.request.request_id == "prefill"]
+    assert tuple(chunks) == adapter("vllm").chunk_schedule(p, b, d) == adapter("pdexporter-sim").chunk_schedule(p, b, d)
 
 
 def test_prefix_hit_leaves_the_last_block_to_compute():

@@ -1,0 +1,32 @@
+"""One duration syntax for every option and file: `500ms`, `30s`, `5m`, `1h`, `1h30m`, `2d`, or a
+bare number of seconds (Prometheus' units, spaces allowed between number and unit)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pdexporter.errors import ConfigError
+
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d|w|y)")
+UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
+HINT = "expected a duration like 500ms, 30s, 5m, 1h or 1h30m (or seconds)"
+
+
+def parse_duration(text: str, option: str = "duration") -> float:
+    """Seconds; a bad value raises `ConfigError` naming `option` and the value."""
+    t = re.sub(r"\s+", "", str(text))  # "10 s" reads as "10s"
+    try:
+        seconds = float(t)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for match in _PART.finditer(t):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * UNIT_S[match.group(2)]
+            pos = match.end()
+        if pos != len(t) or pos == 0:
+            raise ConfigError(f"{option} {text!r}: {HINT}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{option} {text!r}: {HINT}")
+    return seconds
