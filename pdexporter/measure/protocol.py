@@ -121,12 +121,15 @@ class StreamTrace:
 
     @classmethod
     def of(cls, stream: TokenStream) -> StreamTrace:
+        """A consistent snapshot, also of a stream another thread is still appending to (it
+        appends the time before the count: take as many of each as both have)."""
+        n = min(len(stream.event_times_ns), len(stream.event_tokens))
         return cls(
             stream.request_id,
             stream.tag,
             stream.t_sent_ns,
-            list(stream.event_times_ns),
-            list(stream.event_tokens),
+            stream.event_times_ns[:n],
+            stream.event_tokens[:n],
             stream.prompt_tokens,
             stream.finish_reason,
         )

@@ -91,7 +91,7 @@ decodes take one token each of the step budget B first; its adapter in `pdexport
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -256,6 +256,7 @@ class StreamPhases:
     slow: np.ndarray  # in the window and above the slow threshold
     after: np.ndarray  # the next `after_intervals` past the window
     during_ms: np.ndarray  # the values "during" pools: one per chunk step (a merged event's whole gap)
+    other_steps_ms: np.ndarray = field(default_factory=lambda: np.empty(0))  # the window's other steps (events)
 
 
 def window_end_ns(t_first_ns: int, baseline: BaselineStats | None) -> float:
@@ -281,6 +282,7 @@ def stream_phases(
     during = np.zeros_like(in_window)
     positions = np.nonzero(in_window)[0]
     during_ms = ms[positions]
+    other_ms = np.empty(0)
     if positions.size and chunk_sizes:
         # Steps are emissions: the sub-intervals of one merged event form one step.
         events = (token_events[iv.token_index[positions]] if token_events is not None
@@ -302,6 +304,7 @@ def stream_phases(
         ends = np.r_[starts[1:], positions.size]
         during[positions[starts[first_step] : ends[anchor]]] = True
         during_ms = step_ms[first_step : anchor + 1]
+        other_ms = np.r_[step_ms[:first_step], step_ms[anchor + 1 :]]
     elif slow.any():
         first, last = np.nonzero(slow)[0][[0, -1]]
         during[first : last + 1] = True
@@ -310,7 +313,7 @@ def stream_phases(
         during[positions] = True
     after = np.zeros_like(in_window)
     after[np.nonzero(iv.end_ns > window_end)[0][: params.after_intervals]] = True
-    return StreamPhases(iv, iv.end_ns <= t_inject_ns, in_window, during, slow, after, during_ms)
+    return StreamPhases(iv, iv.end_ns <= t_inject_ns, in_window, during, slow, after, during_ms, other_ms)
 
 
 def slow_step_count(
@@ -366,7 +369,8 @@ def analyse_window(
     per_stream = phases(sizes)
     check: str | None = None
     if sizes is not None and plan is not None and not plan.exact and theta_ms is not None and streams:
-        check = "confirmed" if schedule_confirmed(per_stream, sizes, slow_counts, theta_ms, params) else "contradicted"
+        confirmed = schedule_confirmed(per_stream, sizes, theta_ms, baseline.p50_ms if baseline else 0.0, params)
+        check = "confirmed" if confirmed else "contradicted"
         if check == "contradicted":
             sizes = None
             per_stream = phases(None)
@@ -457,21 +461,23 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
 
 
 def schedule_confirmed(
-    per_stream: Sequence[StreamPhases], sizes: Sequence[int], slow_counts: Sequence[int], theta_ms: float,
+    per_stream: Sequence[StreamPhases], sizes: Sequence[int], theta_ms: float, baseline_ms: float,
     params: WindowParams = WindowParams(),
 ) -> bool:
     """Does the cadence agree with the engine's chunk schedule? In most streams every located
-    step of a substantial chunk (>= `full_chunk_frac` of the largest) must be slow, and the slow
-    steps left over (admission and retirement stalls) must be at most `max_stall_steps`."""
+    step of a substantial chunk (>= `full_chunk_frac` of the largest) must be slow, and at most
+    `max_stall_steps` of the window's other steps may be clearly slow (over twice the baseline:
+    the engine's admission and retirement stalls; decode-step jitter just above the slow
+    threshold does not count, and a merged event counts once, as the one step it was)."""
     big = np.asarray(sizes, dtype=np.float64) >= params.full_chunk_frac * max(sizes)
+    clearly_slow = max(theta_ms, 2.0 * baseline_ms)
     votes = []
-    for ph, slow in zip(per_stream, slow_counts):
+    for ph in per_stream:
         located = ph.during_ms
         seen = located > theta_ms
         full = big[len(big) - located.size :] if located.size <= big.size else big
-        votes.append(
-            located.size == len(sizes) and bool(np.all(seen[full])) and slow - int(seen.sum()) <= params.max_stall_steps
-        )
+        extra = int((ph.other_steps_ms > clearly_slow).sum())
+        votes.append(located.size == len(sizes) and bool(np.all(seen[full])) and extra <= params.max_stall_steps)
     return sum(votes) * 2 > len(votes)
 
 
