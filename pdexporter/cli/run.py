@@ -22,6 +22,7 @@ from pdexporter.cli._common import (
     make_launcher,
 )
 from pdexporter._internal.validation import format_validation_error
+from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
@@ -107,13 +108,13 @@ def parse_run_options(
         raise ConfigError(f"--prefill-tokens {prefill_tokens}: must be >= 1")
     if target is not None and not target.startswith(("http://", "https://")):
         raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
+    chunk_size_source = "given"
     if chunk_size is None:
-        if target is not None:
-            raise ConfigError(
-                "--chunk-size: required with --target (the engine's --max-num-batched-tokens; it cannot be read "
-                "over HTTP, and the expected chunk count ceil(P / (B - N)) needs it)"
-            )
-        chunk_size = DEFAULT_CHUNK_SIZE
+        # vLLM does not publish max_num_batched_tokens; against an engine someone else runs we
+        # assume vLLM's default for its OpenAI server on a >= 70 GB GPU, and every window checks
+        # it against the probes' cadence (the runner says which sizes fit when it does not).
+        chunk_size = adapter(None).default_chunk_size if target is not None else DEFAULT_CHUNK_SIZE
+        chunk_size_source = "assumed" if target is not None else "given"
     if inject_every is None:
         inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if target is None else None
     elif inject_every.strip().lower() in ("off", "0", "none"):
@@ -134,6 +135,7 @@ def parse_run_options(
     return build_config(
         probe_streams=probe_decode,
         chunk_size=chunk_size,
+        chunk_size_source=chunk_size_source,
         target=target,
         inject_every_s=inject_every_s,
         prefill_tokens=prefill_tokens,

@@ -5,10 +5,11 @@ from pdexporter.engines._registry import (
     EngineAdapter,
     adapter,
     budget_schedule,
+    chunk_size_advice,
     identify,
     infer_chunk_size,
     register,
     registered,
 )
 
-__all__ = ["EngineAdapter", "adapter", "budget_schedule", "identify", "infer_chunk_size", "register", "registered"]
+__all__ = ["EngineAdapter", "adapter", "budget_schedule", "chunk_size_advice", "identify", "infer_chunk_size", "register", "registered"]

@@ -24,8 +24,9 @@ class EngineAdapter(Protocol):
     """What pdexporter needs to know about one engine."""
 
     name: str
-    # the engine's max_num_batched_tokens when nobody says (see `infer_chunk_size`)
+    # the engine's max_num_batched_tokens when nobody says, and the sizes `infer_chunk_size` tries
     default_chunk_size: int
+    candidate_chunk_sizes: tuple[int, ...]
     # canonical metric name -> (kind, the engine's own names, newest first)
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]]
 
@@ -115,6 +116,16 @@ def budget_problem(chunk_size: int, running_decodes: int) -> str | None:
     if running_decodes >= chunk_size:
         return "the decodes would take the whole step budget and the prefill would never run"
     return None
+
+
+def chunk_size_advice(windows: Sequence[tuple[int, int, int]], chunk_size: int, source: str,
+                      engine: str | None, candidates: Iterable[int] | None = None) -> str:
+    """One line for a user whose windows contradict the chunk size's schedule: the sizes that fit."""
+    rule = adapter(engine)
+    best, fits = infer_chunk_size(windows, candidates or rule.candidate_chunk_sizes, rule.chunk_schedule,
+                                  rule.default_chunk_size)
+    return (f"the probes' slow steps do not fit chunk size {chunk_size} ({source}); sizes that fit: "
+            f"{', '.join(map(str, fits)) or 'none'}{f' (likely {best})' if best else ''}: pass --chunk-size")
 
 
 def infer_chunk_size(

@@ -93,6 +93,7 @@ def format_step(step: IterationStep) -> str:
 class VllmAdapter:
     name = "vllm"
     default_chunk_size = DEFAULT_CHUNK_SIZE
+    candidate_chunk_sizes = CANDIDATE_CHUNK_SIZES
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = METRIC_ALIASES
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:

@@ -30,6 +30,9 @@ class ExporterConfig(BaseModel):
 
     probe_streams: int = Field(ge=1)
     chunk_size: int = Field(ge=1)
+    # "given" (--chunk-size, or the embedded engine's own), or "assumed": the engine adapter's
+    # default for an engine whose max_num_batched_tokens nobody gave (vLLM does not publish it)
+    chunk_size_source: Literal["given", "assumed"] = "given"
     target: str | None = None
     inject_every_s: float | None = Field(default=None, gt=0)
     prefill_tokens: int = Field(default=DEFAULT_PREFILL_TOKENS, ge=1)

@@ -72,7 +72,8 @@ class ExporterMetrics:
         self.build_info = Gauge(BUILD_INFO, "pdexporter build; always 1.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
         self.engine_info = Gauge(
-            ENGINE_INFO, "The engine being probed; always 1.", ["engine", "model", "chunk_size", "modelled"], registry=r
+            ENGINE_INFO, "The engine being probed; always 1.",
+            ["engine", "model", "chunk_size", "chunk_size_source", "modelled"], registry=r
         )
         self.probe_streams = Gauge(PROBE_STREAMS, "Probe streams currently decoding.", registry=r)
         self.probe_streams_started = Counter(

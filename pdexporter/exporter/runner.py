@@ -30,6 +30,7 @@ from typing import Any
 from pdexporter.engine.client import EngineClient
 from pdexporter.launch import EngineHandle, Launcher
 from pdexporter.errors import ConfigError, PdexporterError
+from pdexporter.engines import chunk_size_advice
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
@@ -92,6 +93,7 @@ class Runner:
         self.driver: LoopDriver | None = None
         self.bound_port: int | None = None
         self.windows: list[WindowResult] = []
+        self._slow_seen: list[tuple[int, int, int]] = []  # (P, D, slow steps) of contradicted windows
         self.scraper: EngineScraper | None = None
         self._window_task: asyncio.Task[None] | None = None
         self._next_injection = 0.0
@@ -139,7 +141,11 @@ class Runner:
                                          cfg.scrape_interval_s, lambda: not self.book.stopping)
             self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
             self.metrics.engine_info.labels(engine=self.info.kind, model=self.info.model, chunk_size=str(cfg.chunk_size),
+                                            chunk_size_source=cfg.chunk_size_source,
                                             modelled=str(self.info.modelled).lower()).set(1)
+            if cfg.chunk_size_source == "assumed":
+                self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
+                         "/metrics); every window checks it against the probes' cadence")
             self.tracing = self.book.tracing = self._tracing_factory(self.info)
             now = time.monotonic()
             self._next_injection = now + (cfg.inject_every_s or 0.0)
@@ -232,7 +238,15 @@ class Runner:
             self._in_flight = False
         self.book.label_window(run)
         self._publish(run, started_at)
+        self._check_chunk_size(run)
         self._schedule_next()
+
+    def _check_chunk_size(self, run: InterferenceRun) -> None:
+        """The cadence contradicted the chunk size's schedule: say which sizes the windows fit."""
+        if run.window.chunk_schedule_check == "contradicted" and run.window.slow_steps is not None:
+            self._slow_seen.append((run.new_prefill_tokens, run.decode_batch_size, run.window.slow_steps))
+            self.log(chunk_size_advice(self._slow_seen, self.config.chunk_size, self.config.chunk_size_source,
+                                       self.info.kind if self.info else None))
 
     def _schedule_next(self) -> None:
         self._next_injection = time.monotonic() + (self.config.inject_every_s or 0.0)
@@ -279,7 +293,8 @@ class Runner:
     def _save(self, run: InterferenceRun, started_at: str) -> tuple[str, RepRecord]:
         assert self.store is not None and self.info is not None
         key = (self.spec.chunk_size, self.spec.decode_batch_size, self.spec.new_prefill_tokens)
-        config = record_config(self.spec, self.info, self.config.protocol, reps=1, mode="live")
+        config = record_config(self.spec, self.info, self.config.protocol, reps=1, mode="live",
+                               chunk_size_source=self.config.chunk_size_source)
         done = resumable_reps(self.store.load_record(*key), config, str(self.store.record_path(*key)))
         append_rep(self.store, self.spec, config, done, run, started_at,
                    lambda c, reps: aggregate(c.model_copy(update={"reps_planned": len(reps)}), reps))

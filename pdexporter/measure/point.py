@@ -53,7 +53,8 @@ class PointSpec:
         return len(adapter(None).chunk_schedule(self.new_prefill_tokens, self.chunk_size, self.decode_batch_size))
 
 
-def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings, *, reps: int, mode: str) -> RecordConfig:
+def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings, *, reps: int, mode: str,
+                  chunk_size_source: str = "given") -> RecordConfig:
     return RecordConfig(
         decode_batch_size=spec.decode_batch_size,
         new_prefill_tokens=spec.new_prefill_tokens,
@@ -73,6 +74,7 @@ def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings,
         mode=mode,
         reps_planned=reps,
         engine_command=list(info.command) if info.command else None,
+        chunk_size_source=chunk_size_source,
     )
 
 

@@ -47,6 +47,7 @@ class RecordConfig(_Model):
     reps_planned: int = 1
     # how the engine was started (secrets redacted); None where pdexporter did not start it
     engine_command: list[str] | None = None
+    chunk_size_source: str = "given"  # "assumed": the engine's default, nobody said (see window.py)
 
 
 SEED_KEYS: dict[str, tuple[str, ...]] = {

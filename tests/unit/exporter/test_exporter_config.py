@@ -43,11 +43,24 @@ def test_defaults_embedded_engine_injects_every_30s() -> None:
     assert config.expected_chunks == 2  # ceil(8192 / (8192 - 4))
 
 
-def test_external_target_injection_is_opt_in_and_needs_chunk_size() -> None:
-    with pytest.raises(ConfigError, match="--chunk-size: required with --target"):
-        parse_run_options(**_options(target="http://vllm:8000"))  # type: ignore[arg-type]
+def test_external_target_injection_is_opt_in_and_its_chunk_size_assumed_when_not_given() -> None:
+    assumed = parse_run_options(**_options(target="http://vllm:8000"))  # type: ignore[arg-type]
+    assert assumed.chunk_size == 8192 and assumed.chunk_size_source == "assumed"  # vLLM's default
     config = parse_run_options(**_options(target="http://vllm:8000", chunk_size=2048))  # type: ignore[arg-type]
+    assert config.chunk_size_source == "given"
     assert config.inject_every_s is None and not config.injecting
+
+
+def test_advice_names_the_chunk_sizes_the_slow_steps_fit() -> None:
+    from pdexporter.engines import chunk_size_advice, infer_chunk_size
+    from pdexporter.engines.vllm import CANDIDATE_CHUNK_SIZES, VllmAdapter
+
+    # 32K-token prefills beside 4 decodes on an engine at B=2048 slow ~17-19 steps (17 chunks + stalls)
+    windows = [(32768, 4, 18), (32768, 4, 19), (8192, 4, 5)]
+    best, fits = infer_chunk_size(windows, CANDIDATE_CHUNK_SIZES, VllmAdapter().chunk_schedule, 8192)
+    assert best == 2048 and fits == (2048,)
+    line = chunk_size_advice(windows, 8192, "assumed", "vllm")
+    assert "do not fit chunk size 8192 (assumed)" in line and "likely 2048" in line and "\n" not in line
     config = parse_run_options(**_options(target="http://vllm:8000", chunk_size=2048, inject_every="45s"))  # type: ignore[arg-type]
     assert config.inject_every_s == 45.0
 
