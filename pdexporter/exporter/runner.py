@@ -261,7 +261,7 @@ class Runner:
         self._schedule_next()
 
     def _publish(self, run: InterferenceRun, started_at: str) -> None:
-        key = (self.spec.chunk_size, self.spec.decode_batch_size, self.spec.new_prefill_tokens)
+        key = self.spec.key
         record_path = None
         if self.store is not None:
             record_path, rep = self._save(run, started_at)
@@ -273,11 +273,7 @@ class Runner:
         self.tracing.window(run, rep, self.config.chunk_size, self.book.spans_of(ids))
         result = WindowResult(run, rep, record_path)
         self.windows.append(result)
-        b, i, d = rep.baseline, rep.interference, rep.derived
-        self.log(f"window {len(self.windows)}: B={key[0]} D={key[1]} P={key[2]} baseline {_ms(b.tpot_p50_ms)} "
-                 f"during {_ms(i.tpot_during_prefill_p50_ms)} penalty {_ms(d.tpot_penalty_p50_ms)} prefill "
-                 f"{_ms(i.prefill_duration_ms)} slow steps {i.slow_steps}, chunks {i.num_chunks_actual}/"
-                 f"{i.num_chunks_expected}")
+        self.log(f"window {len(self.windows)}: B={key[0]} D={key[1]} P={key[2]} {rep.summary_line()}")
         if self.on_window is not None:
             self.on_window(result)
 
@@ -286,20 +282,16 @@ class Runner:
     def _check_out_dir(self) -> None:
         """Fail before anything starts if --out holds a record measured another way."""
         if self.store is not None:
-            key = (self.spec.chunk_size, self.spec.decode_batch_size, self.spec.new_prefill_tokens)
+            key = self.spec.key
             check_resumable(self.store.load_record(*key), {"mode": "live", **self.config.protocol.record_fields()},
                             str(self.store.record_path(*key)))
 
     def _save(self, run: InterferenceRun, started_at: str) -> tuple[str, RepRecord]:
         assert self.store is not None and self.info is not None
-        key = (self.spec.chunk_size, self.spec.decode_batch_size, self.spec.new_prefill_tokens)
+        key = self.spec.key
         config = record_config(self.spec, self.info, self.config.protocol, reps=1, mode="live",
                                chunk_size_source=self.config.chunk_size_source)
         done = resumable_reps(self.store.load_record(*key), config, str(self.store.record_path(*key)))
         append_rep(self.store, self.spec, config, done, run, started_at,
                    lambda c, reps: aggregate(c.model_copy(update={"reps_planned": len(reps)}), reps))
         return str(self.store.record_path(*key)), done[-1]
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f} ms"

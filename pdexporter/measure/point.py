@@ -49,6 +49,10 @@ class PointSpec:
         return self
 
     @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.chunk_size, self.decode_batch_size, self.new_prefill_tokens)
+
+    @property
     def num_chunks_expected(self) -> int:
         return len(adapter(None).chunk_schedule(self.new_prefill_tokens, self.chunk_size, self.decode_batch_size))
 

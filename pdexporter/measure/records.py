@@ -99,6 +99,16 @@ class RepRecord(_Model):
     engine_metrics: dict[str, float] = Field(default_factory=dict)
     started_at: str | None = None
 
+    def summary_line(self) -> str:
+        b, i, d = self.baseline, self.interference, self.derived
+        return (f"baseline {_ms(b.tpot_p50_ms)} during {_ms(i.tpot_during_prefill_p50_ms)} penalty "
+                f"{_ms(d.tpot_penalty_p50_ms)} prefill {_ms(i.prefill_duration_ms)} slow steps {i.slow_steps}, "
+                f"chunks {i.num_chunks_actual}/{i.num_chunks_expected} ({i.num_chunks_source})")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
 
 class Summary(_Model):
     reps_done: int

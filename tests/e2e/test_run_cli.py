@@ -97,7 +97,7 @@ def test_sigterm_stops_cleanly_with_windows_recorded(tmp_path: Path) -> None:
     assert any(line.startswith(f"stopped after {len(windows)} window(s)") for line in lines), "".join(lines)
     assert "pdexporter_up 1.0" in text
     assert 'pdexporter_probe_tpot_seconds_count{phase="baseline"}' in text
-    assert 'pdexporter_engine_info{chunk_size="2048",engine="pdexporter-sim"' in text
+    assert 'pdexporter_engine_info{chunk_size="2048",chunk_size_source="given",engine="pdexporter-sim"' in text
     # The embedded engine went with the exporter, and every window is a repetition on disk.
     for pid in engine:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
