@@ -150,7 +150,8 @@ def evaluate_decision(doc: dict, d: int, p: int, b: int, transfer_ms: float | No
     if model["name"] == "context_aware":
         k = model["coefficients"]
         per_stream = (n * (k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d) + k["gamma_ms_per_token"] * p
-                      + k["beta_ms_per_token_pair"] * p * (p + 1) / 2)
+                      + k["beta_ms_per_token_pair"] * p * (p + 1) / 2
+                      + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * p)
     elif model["name"] == "seed_per_chunk":
         table = model["penalty_per_chunk_ms"]
         sizes = sorted(int(s) for s in table)

@@ -83,12 +83,12 @@ def _fits(analysis: Analysis) -> str:
         row = [_e(name), _e(fit.model.formula), _num(fit.in_sample_r2)]
         for scheme in sorted(fit.held_out):
             h = fit.held_out[scheme]
-            row += [_num(h.r2), _num(h.rmse_ms, 3), _num(h.median_abs_rel_error, 3)]
+            row += [_num(h.r2), _num(h.rmse_ms, 3), _num(h.mape, 3)]
         score_rows.append(row)
     schemes = sorted(next(iter(report.fits.values())).held_out)
     headers = ["model", "formula", "in-sample R²"]
     for scheme in schemes:
-        headers += [f"held-out R² ({scheme})", "RMSE ms", "median |rel. err|"]
+        headers += [f"held-out R² ({scheme})", "RMSE ms", "MAPE"]
     parts.append(_table(headers, score_rows, frozenset({0, 1})))
     best = report.best.model
     coef_rows = [[_e(c.name), _num(c.value, 5), _num(c.stderr, 2), _e(c.unit), _e(c.meaning)]

@@ -116,6 +116,10 @@ def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
         for c in best.model.coefficients()[:8]:
             err = f" ± {c.stderr:.3g}" if c.stderr is not None else ""
             console.print(f"  {c.name} = {c.value:.4g}{err} {c.unit}")
+        generalisation = [f"{scheme} MAPE {h.mape:.1%} ({h.predicted} points)" for scheme, h in best.held_out.items()
+                          if h.mape is not None]
+        if generalisation:
+            console.print(f"  held out ({f.chosen}): " + "; ".join(generalisation))
     for note in analysis.notes:
         console.print(f"[yellow]{note}[/]")
     table = Table(title="Success criteria (seed)")

@@ -276,11 +276,10 @@ class ProgressObserver(SweepObserver):
             self.progress.update(self.task, total=task.completed + 1)  # CV re-runs add repetitions
         self.progress.advance(self.task)
         if self.metrics is not None:
-            from pdexporter.exporter.metrics import grid_labels, publish_window
+            from pdexporter.exporter.metrics import grid_labels, publish_window, set_engine_info
 
             publish_window(self.metrics, grid_labels(*key), rep)
-            self.metrics.engine_info.labels(engine=info.kind, model=info.model, chunk_size=str(key[0]),
-                                            modelled=str(info.modelled).lower()).set(1)
+            set_engine_info(self.metrics, info.kind, info.model, key[0], info.modelled)
 
     def _stamp(self) -> str:
         return f"[{time.monotonic() - self.t0:6.0f} s]"

@@ -34,7 +34,7 @@ from pdexporter.engines import chunk_size_advice
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
-from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window
+from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window, set_engine_info
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.server import metrics_app, start_metrics_server
@@ -140,9 +140,8 @@ class Runner:
             self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
                                          cfg.scrape_interval_s, lambda: not self.book.stopping)
             self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
-            self.metrics.engine_info.labels(engine=self.info.kind, model=self.info.model, chunk_size=str(cfg.chunk_size),
-                                            chunk_size_source=cfg.chunk_size_source,
-                                            modelled=str(self.info.modelled).lower()).set(1)
+            set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
+                            cfg.chunk_size_source)
             if cfg.chunk_size_source == "assumed":
                 self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
                          "/metrics); every window checks it against the probes' cadence")
