@@ -134,14 +134,11 @@ def calibrate_cmd(
     if not results_dir.is_dir():
         raise ConfigError(f"RESULTS_DIR {results_dir}: not a directory")
     base = load_profile(profile)
+    records = list(ResultsStore(results_dir).iter_records())
+    if not records:
+        raise RecordError(f"{results_dir}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
     bar = _CalibrationBar(console)
     with bar:
-        bar.plan(1)
-        bar.stage("loading records")
-        records = list(ResultsStore(results_dir).iter_records())
-        bar.advance(1, f"{len(records)} records")
-        if not records:
-            raise RecordError(f"{results_dir}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
         modelled = sum(1 for r in records if r.config.modelled)
         if modelled:
             bar.note(f"[yellow]{modelled} of {len(records)} records are MODELLED (embedded engine): fitting a model "

@@ -26,7 +26,6 @@ from pdexporter.sim.calibrate import (
     RecordSimulator,
     StepData,
     StepObservation,
-    _linear_loop_refit,
     chunk_sizes,
     compare_records,
     decode_table,
@@ -208,17 +207,6 @@ def test_record_residual_rows_follow_the_measured_figures():
     assert residual_keys(measured) == [(2048, 0, 512)] + [(2048, 4, 4096)] * 4
     assert res[0] == pytest.approx(np.log(1.1)) and res[2] == pytest.approx(np.log(1.1))
     assert res[3] == pytest.approx(np.log(1e-6 / 48.0))  # a figure the prediction lacks is a large error
-
-
-def test_the_linearised_refit_solves_a_linear_problem():
-    rng = np.random.default_rng(3)
-    J = rng.normal(size=(40, 3))
-    truth = np.array([2.0, 5.0, 0.5])
-    x_lin = np.array([1.0, 4.0, 1.0])
-    r0 = J @ (x_lin - truth) * 0.01  # small residuals: the soft-L1 loss is quadratic there
-    J = J * 0.01
-    got = _linear_loop_refit(r0, J, x_lin, truth, np.zeros(3), np.full(3, 10.0), prior_weight=0.0)
-    assert got == pytest.approx(truth, rel=1e-4)
 
 
 def test_between_grid_decode_table_against_the_h200_records(base):
