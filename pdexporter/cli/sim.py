@@ -220,10 +220,11 @@ def calibrate_cmd(
                      "checked against the base profile")
     if worse and not accept_worse:
         metric, f, b = worse[0]
+        digits = 1 if round(f, 1) != round(b, 1) else 3
         more = f" (and {', '.join(m for m, _, _ in worse[1:])})" if len(worse) > 1 else ""
         raise FitWorseThanBase(
             f"the fit predicts the {len(result.held_keys)} held-out configurations worse than the base profile "
-            f"{base.name}: {metric} MAPE {f:.1f} % vs {b:.1f} %{more}; "
+            f"{base.name}: {metric} MAPE {f:.{digits}f} % vs {b:.{digits}f} %{more}; "
             + ("profile not written" if out is not None else "nothing to write")
             + " (--accept-worse writes it, labelled calibrated-worse-than-base)")
 

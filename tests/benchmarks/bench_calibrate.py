@@ -8,7 +8,7 @@ Runs the command as a user would (a subprocess, the default options unless given
 starting profile of CALIBRATION.md (`git show d892ed3:pdexporter/sim/profiles/...`) unless
 `--base` names another, and prints the wall time, the stages' times from its `--report`, the
 simulations run and the load average around it (the machine is shared: read the figures with it).
-The target is under 2 minutes on 2 cores.
+The target is under 2 minutes on 2 cores for the command without --generalisation.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def main() -> int:
     for metric in ("prefill_duration", "during_tpot", "aggregate_interference"):
         if metric in fitted:
             print(f"  held-out MAPE {metric}: fitted {fitted[metric]['all']:.1f} %, base {base[metric]['all']:.1f} %")
-    print(f"target: under 120 s on 2 cores: {'met' if wall < 120 else 'NOT met'}")
+    if not args.generalisation:
+        print(f"target: under 120 s on 2 cores: {'met' if wall < 120 else 'NOT met'}")
     return 0
 
 
