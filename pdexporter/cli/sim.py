@@ -154,7 +154,8 @@ def calibrate_cmd(
         try:
             with simulator:
                 result = calibrate(base, records, holdout=holdout, free=names, source=str(results_dir),
-                                   simulate=simulator, rounds=rounds, max_evaluations=max_evaluations, progress=bar)
+                                   simulate=simulator, rounds=rounds, max_evaluations=max_evaluations, progress=bar,
+                                   on_evaluation=lambda r, i, rms: bar.info(f"sweep {i}: rms log {rms:.3f}"))
                 loo = leave_one_out(result, records, simulator, free=names, progress=bar) if generalisation else None
         except ValueError as exc:
             raise ConfigError(f"calibrate {results_dir}: {exc}") from exc
@@ -275,6 +276,9 @@ class _CalibrationBar:
 
     def advance(self, units: float, info: str = "") -> None:
         self.progress.update(self.task, advance=units, **({"info": info} if info else {}))
+
+    def info(self, text: str) -> None:
+        self.progress.update(self.task, info=text)
 
     def note(self, text: str) -> None:
         self.console.print(text)

@@ -936,14 +936,14 @@ def calibrate(
     for round_ in range(n_rounds):
         if step_free:
             t = time.perf_counter()
-            prog.stage(f"round {round_ + 1}/{n_rounds}: stage 1 (GPU, step times)")
+            prog.stage(f"round {round_ + 1}/{n_rounds}: stage 1 (GPU)")
             fit = fit_step_params(current, train.observations, step_free)
             current = current.model_copy(update={"step_time": fit.params})
-            prog.advance(STAGE1_UNITS, f"round {round_ + 1}: stage 1 MAPE {fit.mape:.1f} %")
+            prog.advance(STAGE1_UNITS, f"step MAPE {fit.mape:.1f} %")
             timings["stage1"] = timings.get("stage1", 0.0) + time.perf_counter() - t
         if simulate is not None and loop_free:
             t = time.perf_counter()
-            prog.stage(f"round {round_ + 1}/{n_rounds}: stage 2 (CPU and engine loop, by simulation)")
+            prog.stage(f"round {round_ + 1}/{n_rounds}: stage 2 (CPU, loop)")
             if loop_start is None:
                 loop_start = current
             loop = fit_loop_params(
@@ -964,7 +964,7 @@ def calibrate(
     held_base = held_fitted = None
     if simulate is not None and held_keys:
         t = time.perf_counter()
-        prog.stage("held-out configurations: base and fitted profile")
+        prog.stage("held-out: base and fitted")
         measured_held = {k: v for k, v in figures.items() if k in held_keys}
         pred_base, pred_fitted = simulate([base, current], held_keys)
         held_base, held_fitted = compare_records(measured_held, pred_base), compare_records(measured_held, pred_fitted)
@@ -1059,7 +1059,7 @@ def generalisation(
     budget = max_evaluations if loop_free else 0
     prog.plan((2 + (len(loop_free) if loop_free else 0)) * units + STAGE1_UNITS * 2 * len(groups)
               + sum(budget * train_units[g] + held_units[g] for g in groups))
-    prog.stage("generalisation: the Jacobian at the fit's start")
+    prog.stage("leave-one-out: Jacobian")
     sims_before = simulate.simulated
     start = cal.loop_start or base
     pred_base, pred_start = simulate([base, start], all_keys)
@@ -1077,7 +1077,7 @@ def generalisation(
     for g in groups:
         by, value = g
         left_out = member(by, value)
-        prog.stage(f"generalisation: {by}={value} left out")
+        prog.stage(f"leave-one-out: {by}={value}")
         obs = observations_from_records([r for r in records if not left_out(r.key)]).observations
         current = base
         if step_free and obs:

@@ -44,8 +44,8 @@ def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path
     assert proc.returncode == 0, proc.stderr
     assert "MODELLED" in proc.stderr  # records from the embedded engine are flagged
     # progress off a terminal: a line per stage, with how far along and an ETA once there is a pace
-    assert "calibrate: round 1/1: stage 2 (CPU and engine loop, by simulation)" in proc.stderr
-    assert "calibrate: generalisation: D=12 left out" in proc.stderr and "ETA" in proc.stderr
+    assert "calibrate: round 1/1: stage 2 (CPU, loop)" in proc.stderr
+    assert "calibrate: leave-one-out: D=12" in proc.stderr and "ETA" in proc.stderr
     assert "MAPE on the 5 held-out configurations" in proc.stdout
     fitted = load_profile(out)
     assert fitted.calibration == "calibrated" and fitted.calibration_source == str(results)
