@@ -17,6 +17,8 @@ from pdexporter.cli._common import DEFAULT_PROFILE, console
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from pdexporter.measure.protocol import ProtocolSettings
+    from pdexporter.measure.records import RunRecord
     from pdexporter.sim.calibrate import Calibration, Generalisation
     from pdexporter.sim.profile import Profile
 
@@ -379,7 +381,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} %"
 
 
-def _settings_of(record: object) -> object:
+def _settings_of(record: RunRecord) -> ProtocolSettings:
     from pdexporter.measure.protocol import ProtocolSettings
 
     c = record.config

@@ -60,7 +60,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -68,6 +68,11 @@ from pdexporter.errors import PdexporterError
 from pdexporter.measure.records import RunRecord
 from pdexporter.sim.profile import EngineLoopParams, Profile, StepTimeParams
 from pdexporter.sim.steptime import StepArrays, StepComposition, StepTimeModel
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from pdexporter.measure.protocol import ProtocolSettings
 
 Key = tuple[int, int, int]  # (chunk_size, decode_batch_size, new_prefill_tokens)
 
@@ -567,18 +572,18 @@ def _scratch_in_memory() -> Iterator[None]:
         tempfile.tempdir = saved
 
 
-def simulate_group(profile: Profile, settings: object, mode: str, chunk_size: int, d: int, prefills: Sequence[int]
-                   ) -> tuple[dict[Key, PointFigures], float]:
+def simulate_group(profile: Profile, settings: ProtocolSettings, mode: str, chunk_size: int, d: int,
+                   prefills: Sequence[int]) -> tuple[dict[Key, PointFigures], float]:
     """One (B, D) group predicted (`sim.predict.predict_records`), and the CPU seconds it took."""
     from pdexporter.sim.predict import predict_records
 
     t0 = time.process_time()
     with _scratch_in_memory():
-        records = predict_records(profile, [(chunk_size, d, p) for p in prefills], settings, mode=mode)  # type: ignore[arg-type]
+        records = predict_records(profile, [(chunk_size, d, p) for p in prefills], settings, mode=mode)
     return {key: PointFigures.of(r) for key, r in records.items()}, time.process_time() - t0
 
 
-def _simulate_group_task(args: tuple[Profile, object, str, int, int, tuple[int, ...]]
+def _simulate_group_task(args: tuple[Profile, ProtocolSettings, str, int, int, tuple[int, ...]]
                          ) -> tuple[dict[Key, PointFigures], float]:
     return simulate_group(*args)
 
@@ -595,13 +600,12 @@ class RecordSimulator:
     for a cached one), for progress bars.
     """
 
-    def __init__(self, universe: Iterable[Key], settings: object, *, mode: str = "fast", jobs: int = 1,
+    def __init__(self, universe: Iterable[Key], settings: ProtocolSettings, *, mode: str = "fast", jobs: int = 1,
                  on_group: Callable[[Group], None] | None = None) -> None:
-        self.prefills: dict[Group, tuple[int, ...]] = {}
         by_group: dict[Group, set[int]] = defaultdict(set)
         for b, d, p in universe:
             by_group[(b, d)].add(p)
-        self.prefills = {g: tuple(sorted(ps)) for g, ps in sorted(by_group.items())}
+        self.prefills: dict[Group, tuple[int, ...]] = {g: tuple(sorted(ps)) for g, ps in sorted(by_group.items())}
         self.settings = settings
         self.mode = mode
         self.jobs = max(1, jobs)
@@ -610,7 +614,7 @@ class RecordSimulator:
         self.cost: dict[Group, float] = {}  # CPU seconds of the last run of each group
         self._simulated = 0  # groups run (cache misses)
         self.cpu_s = 0.0
-        self._pool = None
+        self._pool: ProcessPoolExecutor | None = None
 
     def _groups_of(self, keys: Collection[Key]) -> list[Group]:
         wanted = sorted({(b, d) for b, d, _ in keys})
@@ -669,7 +673,7 @@ class RecordSimulator:
         for future in as_completed(futures):
             yield futures[future], future.result()
 
-    def _executor(self):  # type: ignore[no-untyped-def]
+    def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
@@ -1104,8 +1108,8 @@ def generalisation(
 # -- decode steps between the grid's D --------------------------------------------------------------
 
 BETWEEN_GRID_D = (3, 5, 7, 9, 10, 11)
-# docs/vllm-facts.md and the brief of this work: a decode step of D = 10 took 10.2 ms on the H200
-# (4K context), what D = 12 costs: both run the 16-token graph
+# measured on the H200 with vLLM 0.22 at 4K context (reported with the brief of the padding work,
+# not among the committed records): a decode step of D = 10 took 10.2 ms, what D = 12 costs
 KNOWN_DECODE_MS = {10: 10.2}
 
 
