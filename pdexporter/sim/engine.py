@@ -373,8 +373,9 @@ class EngineCore:
         self.clock = clock
         self.config = config or EngineConfig.from_profile(profile)
         self.scheduler = Scheduler(self.config.scheduler_config())
-        if step_model is None:
-            step_model = StepTimeModel(profile)
+        if step_model is None:  # the captured CUDA-graph sizes depend on this engine's token budget
+            step_model = StepTimeModel(profile, max_num_batched_tokens=self.config.max_num_batched_tokens,
+                                       max_num_seqs=self.config.max_num_seqs)
         elif not (hasattr(step_model, "gpu_s") and hasattr(step_model, "cpu_s")):
             step_model = _GpuOnly(step_model)  # type: ignore[arg-type]
         self.step_model: StepTiming = step_model  # type: ignore[assignment]
