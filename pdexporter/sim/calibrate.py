@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from pdexporter.engines import adapter
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.records import RunRecord
 from pdexporter.sim.profile import EngineLoopParams, Profile, StepTimeParams
@@ -130,12 +131,8 @@ class ObservationSet:
 
 
 def chunk_sizes(p: int, b: int, d: int) -> list[int]:
-    """The scheduler's chunks of a cold P-token prefill beside D decodes: B - D each, the rest last."""
-    per = b - d
-    if per <= 0:
-        raise ValueError(f"chunk size {b} leaves no budget beside {d} decodes")
-    full, rest = divmod(p, per)
-    return [per] * full + ([rest] if rest else [])
+    """The scheduler's chunks of a cold P-token prefill beside D decodes (the vLLM adapter's rule)."""
+    return list(adapter("vllm").chunk_schedule(p, b, d))
 
 
 def mixed_composition(chunk: int, position: int, d: int, decode_context: int, *, last: bool = False
