@@ -52,11 +52,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
-
-from pdexporter.engines import adapter
 import pandas as pd
 
+from pdexporter._internal.text import plural
 from pdexporter.analysis.table import ConfigSamples
+from pdexporter.engines import adapter
 
 SEED_MODEL = "seed_per_chunk"
 CONTEXT_MODEL = "context_aware"
@@ -155,6 +155,18 @@ class Coefficient:
     stderr: float | None
     unit: str
     meaning: str
+    if_negative: str = "the term would lower the cost"  # what a value below zero would claim
+
+    @property
+    def note(self) -> str | None:
+        """A word on a negative value (a cost term below zero is never physics): within about two
+        standard errors of zero it is a fit artefact, read as zero; beyond, the model's form is off."""
+        if not self.value < 0:
+            return None
+        if self.stderr is not None and abs(self.value) <= 2 * self.stderr:
+            return f"negative: {self.if_negative} here, a fit artefact within its ± error"
+        return (f"negative: {self.if_negative} here, beyond its ± error: the model's form does not suit this "
+                "data at every point")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value, "stderr": self.stderr, "unit": self.unit,
@@ -186,6 +198,14 @@ CONTEXT_MEANINGS = (
     "attention cost of one query token over one context token",
     "the engine's stalls around a prefill (admission, retirement) outside its chunk steps: fixed part",
     "those stalls' growth with the prompt (hashing its blocks, freeing its KV)",
+)
+CONTEXT_IF_NEGATIVE = (
+    "a step carrying a prefill chunk would cost less than the decode step it replaces",
+    "larger decode batches shorten the mixed step",
+    "more prefill tokens would make a chunk cheaper",
+    "a longer prefix would make attention cheaper",
+    "the engine's loop would run faster around a prefill than without one",
+    "longer prompts would stall the engine's loop less",
 )
 
 
@@ -228,8 +248,9 @@ class ContextAwareModel:
     def coefficients(self) -> list[Coefficient]:
         values = (*self.values, self.sigma0_ms, self.sigma1_ms_per_token)
         errors = (*self.stderr, *self.sigma_stderr)
-        return [Coefficient(n, float(v), None if s is None else float(s), u, m)
-                for n, v, s, u, m in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS)]
+        return [Coefficient(n, float(v), None if s is None else float(s), u, m, w)
+                for n, v, s, u, m, w in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS,
+                                            CONTEXT_IF_NEGATIVE)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "formula": self.formula,
@@ -279,7 +300,8 @@ class SeedModel:
             ds, pis, ses = self.cells[b]
             for d, pi, se in zip(ds, pis, ses):
                 out.append(Coefficient(f"pi[B={b},D={d}]", float(pi), se, "ms per chunk per decode stream",
-                                       "TPOT penalty one chunk adds to one decode stream"))
+                                       "TPOT penalty one chunk adds to one decode stream",
+                                       "a prefill chunk would speed the decodes up"))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -580,6 +602,9 @@ class FitReport:
                 "models": {k: v.to_dict() for k, v in self.fits.items()}}
 
 
+NO_HELD_OUT = "not enough points for a held-out fit"
+
+
 def fit_models(data: FitData) -> FitReport:
     """Fit both models on everything, score them held out, choose the better one."""
     if len(data) == 0:
@@ -596,8 +621,14 @@ def fit_models(data: FitData) -> FitReport:
     scores = {name: fit.held_out[primary].r2 for name, fit in fits.items()}
     chosen = max(scores, key=lambda k: -math.inf if scores[k] is None else scores[k])  # type: ignore[arg-type]
     other = next(k for k in scores if k != chosen)
-    reason = (f"{chosen} has the higher held-out R^2 ({_fmt(scores[chosen])} vs {_fmt(scores[other])} "
-              f"for {other}, {primary})")
+    if scores[chosen] is None:
+        reason = (f"{NO_HELD_OUT} ({plural(len(data), 'grid point')} with D >= 1, "
+                  f"{plural(int(np.unique(data.prefill).size), 'prompt length')}): {chosen} taken without a comparison")
+    elif scores[other] is None:
+        reason = f"{chosen} has a held-out R^2 ({_fmt(scores[chosen])}, {primary}); {other} could not be scored"
+    else:
+        reason = (f"{chosen} has the higher held-out R^2 ({_fmt(scores[chosen])} vs {_fmt(scores[other])} "
+                  f"for {other}, {primary})")
     return FitReport(fits, chosen, primary, reason, len(data))
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from pdexporter._internal.text import plural
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
@@ -66,16 +67,33 @@ def decide(
           f"(margin {verdict['margin_ms']:+.1f} ms)")
     fit = doc.get("fit", {})
     r2 = fit.get("held_out_r2")
-    print(f"  D={decode_batch_size} P={new_prefill_tokens} B={chunk_size}: {verdict['chunks']} chunks of "
-          f"<= {chunk_size - decode_batch_size} tokens; model {verdict['model']} (held-out R^2 "
-          f"{'n/a' if r2 is None else f'{r2:.4f}'}, {fit.get('scheme', '?')})")
+    score = (f"not enough points for a held-out fit" if r2 is None
+             else f"held-out R^2 {r2:.4f}, {fit.get('scheme', '?')}")
+    print(f"  D={decode_batch_size} P={new_prefill_tokens} B={chunk_size}: {plural(verdict['chunks'], 'chunk')} of "
+          f"<= {chunk_size - decode_batch_size} tokens; model {verdict['model']} ({score})")
     if measured is not None:
-        print(f"  measured at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
-              f"({measured['reps']} reps)")
+        seen = "modelled" if doc.get("modelled") else "measured"
+        print(f"  {seen} at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
+              f"({plural(measured['reps'], 'rep')})")
     if not verdict["in_fitted_range"]:
-        console.print(f"[yellow]outside the fitted range {doc.get('valid_range')}: an extrapolation[/]")
+        console.print(f"[yellow]{outside_range_line(doc.get('valid_range') or {}, decode_batch_size, new_prefill_tokens, chunk_size)}[/]",
+                      highlight=False, soft_wrap=True)
     if doc.get("modelled"):
         console.print("[yellow]MODELLED: the model was fitted on data from a model, not a GPU[/]")
+
+
+_RANGE_NAMES = (("decode_batch_size", "D"), ("new_prefill_tokens", "P"), ("chunk_size", "B"))
+
+
+def outside_range_line(valid_range: dict[str, Any], d: int, p: int, b: int) -> str:
+    """One line: which of D, P, B lie outside the fitted range, and that range."""
+    values = {"decode_batch_size": d, "new_prefill_tokens": p, "chunk_size": b}
+    outside = []
+    for key, letter in _RANGE_NAMES:
+        lo, hi = (valid_range.get(key) or (None, None))
+        if lo is not None and not lo <= values[key] <= hi:
+            outside.append(f"{letter}={values[key]} (fitted {lo}..{hi})")
+    return f"an extrapolation: {', '.join(outside)} outside the fitted range"
 
 
 def _fit_from(results: Path, d: int, p: int, b: int) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -12,6 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pdexporter._internal.text import plural
 from pdexporter.analysis import DEFAULT_TRANSFER_MS
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
@@ -103,19 +104,26 @@ def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: floa
 def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
     """The run in a few lines: grid, model, criteria, warnings."""
     if analysis.modelled:
-        console.print("[bold yellow]MODELLED DATA:[/] " + "; ".join(analysis.modelled_notes or ["records say modelled: true"]))
+        # The notes say MODELLED (or SYNTHETIC) themselves; the banner word is not repeated.
+        notes = [n.removeprefix("MODELLED: ") for n in analysis.modelled_notes] or ["records say modelled: true"]
+        console.print("[bold yellow]MODELLED DATA:[/] " + "; ".join(notes), highlight=False)
     reps = sum(len(s.reps) for s in analysis.samples)
-    console.print(f"{len(analysis.samples)} grid points, {reps} repetitions")
+    console.print(f"{plural(len(analysis.samples), 'grid point')}, {plural(reps, 'repetition')}")
     for line in extra or []:
         console.print(line)
     if analysis.fits:
         f = analysis.fits
         best = f.best
-        console.print(f"cost model: [bold]{f.chosen}[/] held-out R^2 {_fmt(f.held_out_r2())} ({f.primary_scheme}), "
-                      f"in-sample {_fmt(best.in_sample_r2)}; {f.reason}")
+        r2 = f.held_out_r2()
+        if r2 is None:
+            console.print(f"cost model: [bold]{f.chosen}[/], in-sample R^2 {_fmt(best.in_sample_r2)}; {f.reason}")
+        else:
+            console.print(f"cost model: [bold]{f.chosen}[/] held-out R^2 {_fmt(r2)} ({f.primary_scheme}), "
+                          f"in-sample {_fmt(best.in_sample_r2)}; {f.reason}")
         for c in best.model.coefficients()[:8]:
             err = f" ± {c.stderr:.3g}" if c.stderr is not None else ""
-            console.print(f"  {c.name} = {c.value:.4g}{err} {c.unit}")
+            note = f" ({c.note})" if c.note else ""
+            console.print(f"  {c.name} = {c.value:.4g}{err} {c.unit}{note}", highlight=False)
         generalisation = [f"{scheme} MAPE {h.mape:.1%} ({h.predicted} points)" for scheme, h in best.held_out.items()
                           if h.mape is not None]
         if generalisation:

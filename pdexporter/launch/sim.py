@@ -65,7 +65,8 @@ class SimLauncher:
         while not ready.exists():
             if self._proc.poll() is not None:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                raise EngineError(f"embedded engine exited with code {self._proc.returncode}: {tail[0]}")
+                reason = tail[0].removeprefix("pdexporter: error: ")  # the child's own one-line error
+                raise EngineError(f"embedded engine exited with code {self._proc.returncode}: {reason}")
             if time.monotonic() > deadline:
                 await self.stop()
                 raise EngineTimeout(f"embedded engine not ready within {self.start_timeout_s:g} s (log: {log_path})")
