@@ -159,14 +159,14 @@ class Coefficient:
 
     @property
     def note(self) -> str | None:
-        """A word on a negative value (a cost term below zero is never physics): within about two
-        standard errors of zero it is a fit artefact, read as zero; beyond, the model's form is off."""
+        """A word on a negative value (a cost term is expected to be >= 0): within two standard
+        errors of zero it is a fit artefact; beyond, say what it claims and that it is real in the data."""
         if not self.value < 0:
             return None
         if self.stderr is not None and abs(self.value) <= 2 * self.stderr:
             return f"negative: {self.if_negative} here, a fit artefact within its ± error"
-        return (f"negative: {self.if_negative} here, beyond its ± error: the model's form does not suit this "
-                "data at every point")
+        return (f"negative: {self.if_negative} in this data, beyond its ± error (an effect of the engine, or "
+                "a model form that does not fit every point)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value, "stderr": self.stderr, "unit": self.unit,

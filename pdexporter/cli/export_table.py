@@ -60,6 +60,7 @@ def export_table(
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import analyse, load_results, progress_steps, record_paths, write_outputs
+    from pdexporter.analysis.table import parquet_available
 
     started = time.perf_counter()
     if (results_dir is None) == (prometheus is None):
@@ -78,6 +79,8 @@ def export_table(
             analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick)
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
         extra = []
+    if parquet and not parquet_available():
+        extra.append("no Parquet written: pyarrow cannot be imported (pip install pyarrow); the CSV has the same table")
     print_summary(analysis, extra)
     console.print(f"wrote {len(written)} files to {out_dir} in {time.perf_counter() - started:.2f} s")
     print(Path(out_dir) / "interference_table.csv")

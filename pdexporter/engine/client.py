@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from pdexporter._internal.text import body_reason
 from pdexporter.engine.metrics import MetricsSnapshot, parse_exposition
 from pdexporter.engine.sse import SSEParser, StreamDecoder, error_message_from_body
 from pdexporter.engine.stream import TokenStream
@@ -230,7 +231,7 @@ class EngineClient:
             data = json.loads(text)
             return [str(item["id"]) for item in data["data"]]
         except (ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"{self.url('/v1/models')}: unexpected answer {text[:120]!r}") from exc
+            raise EngineError(f"{self.url('/v1/models')}: not an OpenAI model list: {body_reason(text, 120)}") from exc
 
     async def resolve_model(self, model: str | None) -> str:
         served = await self.models()

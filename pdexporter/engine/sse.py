@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pdexporter._internal.text import body_reason, shorten
 from pdexporter.errors import EngineError, SSEProtocolError
 
 
@@ -200,16 +201,20 @@ def _error_message(payload: dict[str, Any]) -> str:
     return str(error)
 
 
+ERROR_LIMIT = 300  # characters of an engine's error message kept in ours (vLLM's are long sentences)
+
+
 def error_message_from_body(body: bytes | str) -> str:
-    """The human part of an engine's error body (vLLM/OpenAI JSON, or plain text)."""
+    """The human part of an engine's error body (vLLM/OpenAI JSON, or plain text), as one line; an
+    HTML page (a proxy's or another server's 404) is cut down to its title and first words."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     try:
         payload = json.loads(text)
     except (json.JSONDecodeError, ValueError):
-        return text.strip()[:500] or "(empty body)"
+        return body_reason(text, ERROR_LIMIT)  # plain text, or some other server's HTML page
     if isinstance(payload, dict):
         if "error" in payload or "message" in payload or "detail" in payload:
             if "detail" in payload and "error" not in payload and "message" not in payload:
-                return str(payload["detail"])[:500]
-            return _error_message(payload)[:500]
-    return text.strip()[:500]
+                return shorten(str(payload["detail"]), ERROR_LIMIT)
+            return shorten(_error_message(payload), ERROR_LIMIT)
+    return shorten(text, ERROR_LIMIT)
