@@ -29,6 +29,8 @@ class EngineAdapter(Protocol):
     candidate_chunk_sizes: tuple[int, ...]
     # canonical metric name -> (kind, the engine's own names, newest first)
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]]
+    # the /metrics info series whose labels carry the KV-cache settings (prefix caching), if any
+    cache_config_metric: str | None
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it."""

@@ -95,6 +95,7 @@ class VllmAdapter:
     default_chunk_size = DEFAULT_CHUNK_SIZE
     candidate_chunk_sizes = CANDIDATE_CHUNK_SIZES
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = METRIC_ALIASES
+    cache_config_metric: str | None = "vllm:cache_config_info"  # labels: enable_prefix_caching, block_size, ...
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         return budget_schedule(prompt_tokens, chunk_size, running_decodes)
