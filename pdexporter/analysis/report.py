@@ -1,7 +1,8 @@
 """One self-contained HTML report: table, plots (PNG as data: URIs), fits, decision, criteria.
 
-Nothing in the page refers outside itself (no scripts, fonts or stylesheets from anywhere), so it
-can be mailed, attached to a ticket or opened offline. Modelled data gets a banner at the top and
+Nothing in the page refers outside itself (no scripts, fonts or stylesheets from anywhere: its one
+script, which sorts the interference table when a header is clicked, is inline), so it can be
+mailed, attached to a ticket or opened offline. Modelled data gets a banner at the top and
 MODELLED in every plot title.
 """
 
@@ -43,13 +44,20 @@ def _num(value: Any, digits: int = 4) -> str:
     return _e(value)
 
 
-def _table(headers: list[str], rows: list[list[str]], text_cols: frozenset[int] = frozenset()) -> str:
-    head = "".join(f'<th class="{"text" if i in text_cols else ""}">{_e(h)}</th>' for i, h in enumerate(headers))
+def _header(name: str) -> str:
+    """A column name that may break after its underscores (long snake_case names stay narrow)."""
+    return "_<wbr>".join(_e(part) for part in name.split("_"))
+
+
+def _table(headers: list[str], rows: list[list[str]], text_cols: frozenset[int] = frozenset(), *,
+           table_id: str | None = None, sortable: bool = False) -> str:
+    head = "".join(f'<th class="{"text" if i in text_cols else ""}">{_header(h)}</th>' for i, h in enumerate(headers))
     body = "".join(
         "<tr>" + "".join(f'<td class="{"text" if i in text_cols else ""}">{cell}</td>' for i, cell in enumerate(r))
         + "</tr>" for r in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    attrs = (f' id="{_e(table_id)}"' if table_id else "") + (' class="sortable"' if sortable else "")
+    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _banner(analysis: Analysis) -> str:
@@ -91,11 +99,12 @@ def _fits(analysis: Analysis) -> str:
         headers += [f"held-out R² ({scheme})", "RMSE ms", "MAPE"]
     parts.append(_table(headers, score_rows, frozenset({0, 1})))
     best = report.best.model
-    coef_rows = [[_e(c.name), _num(c.value, 5), _num(c.stderr, 2), _e(c.unit), _e(c.meaning)]
+    coef_rows = [[_e(c.name), _num(c.value, 5), _num(c.stderr, 2), _e(c.unit),
+                  _e(c.meaning) + (f'<br><span class="note">{_e(c.note)}</span>' if c.note else "")]
                  for c in best.coefficients()]
     parts.append(f"<h3>Coefficients of {_e(best.name)}</h3>")
-    parts.append('<div class="scroll">' + _table(["coefficient", "value", "std. error", "unit", "meaning"], coef_rows,
-                                                 frozenset({0, 3, 4})) + "</div>")
+    parts.append(_table(["coefficient", "value", "std. error", "unit", "meaning"], coef_rows, frozenset({0, 3, 4}),
+                        table_id="coefficients", sortable=len(coef_rows) > 8))
     return "\n".join(parts)
 
 
@@ -134,7 +143,7 @@ def _data_table(analysis: Analysis) -> str:
     text_cols = frozenset(i for i, c in enumerate(headers) if c in ("engine", "gpu", "model", "modelled"))
     rows = [[_num(None if _isna(v) else (v.item() if hasattr(v, "item") else v)) for v in record]
             for record in frame.itertuples(index=False)]
-    return _table(headers, rows, text_cols)
+    return _table(headers, rows, text_cols, table_id="interference-table", sortable=True)
 
 
 def _isna(value: Any) -> bool:
