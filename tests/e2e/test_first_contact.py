@@ -237,3 +237,30 @@ def test_negative_coefficients_get_a_word(tmp_path: Path) -> None:
     assert "(negative: larger decode batches shorten the mixed step" in line, line
     positive = [line for line in result.stderr.splitlines() if re.match(r"\s+\w+ = [0-9]", line)]
     assert positive and not [line for line in positive if "negative" in line]
+
+
+def test_parquet_is_written_by_a_plain_install_or_its_absence_said(tmp_path: Path) -> None:
+    """pyarrow is a dependency now; where it cannot be imported, one line says so."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(re.match(r"pyarrow\b", r) for r in project["dependencies"])  # a plain `pip install -e .` has it
+    store = ResultsStore(tmp_path / "results")
+    for record in synthetic_records(SyntheticTruth(), [(8192, 4, 4096), (8192, 4, 16384)], reps=2):
+        store.save_record(record)
+    done = _pdx("export-table", str(tmp_path / "results"), "--no-plots", "--out", str(tmp_path / "a"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "a" / "interference_table.parquet").is_file() and "Parquet" not in done.stderr
+
+    # A TEST DOUBLE of an environment without pyarrow: a package of that name that fails to import.
+    shadow = tmp_path / "no-pyarrow" / "pyarrow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no pyarrow here (test double)')\n")
+    env = {**ENV, "PYTHONPATH": f"{shadow.parent}{os.pathsep}{ROOT}"}
+    done = _pdx("export-table", str(tmp_path / "results"), "--no-plots", "--out", str(tmp_path / "b"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "b" / "interference_table.parquet").exists()
+    assert (tmp_path / "b" / "interference_table.csv").is_file()
+    notes = [line for line in done.stderr.splitlines() if "Parquet" in line]
+    assert notes == ["no Parquet written: pyarrow cannot be imported (pip install pyarrow); the CSV has the same "
+                     "table"], done.stderr
