@@ -9,9 +9,14 @@ import typer
 from pdexporter.errors import Interrupted, PdexporterError
 
 try:  # typer >= 0.25 carries its own copy of click
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+    from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover - older typer on click
-    from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[no-redef]
+    from click.exceptions import (  # type: ignore[no-redef]
+        BadParameter,
+        ClickException,
+        NoArgsIsHelpError,
+        UsageError,
+    )
 
 app = typer.Typer(
     name="pdexporter",
@@ -60,10 +65,10 @@ def usage_error_line(exc: UsageError) -> str:
 
     message = exc.format_message()
     cause = exc.__cause__
-    param = getattr(exc, "param", None)
-    if isinstance(cause, ValidationError) and param is not None and getattr(param, "opts", None):
+    if isinstance(exc, BadParameter) and isinstance(cause, ValidationError) and exc.param is not None \
+            and exc.param.opts:
         error = cause.errors(include_url=False)[0]
-        flag = max(param.opts, key=len)  # the long name
+        flag = max(exc.param.opts, key=len)  # the long name
         message = f"{flag} {error.get('input')}: {describe_error(error)}"
     message = " ".join(message.split())
     if exc.ctx is not None:
