@@ -73,8 +73,9 @@ async def _engine(target: str | None, chunk_size: int | None, model: str | None,
     if target is None:
         from pdexporter.sim.profile import load_profile
 
-        capture = load_profile(profile).engine.cudagraph_max_tokens
         chunk_size = chunk_size or EMBEDDED_CHUNK_SIZE
+        sizes = load_profile(profile).engine.capture_sizes(chunk_size)  # vLLM's rule, with this chunk size
+        capture = max(sizes) if sizes else None
     try:
         handle = await launcher.start(chunk_size or EMBEDDED_CHUNK_SIZE)
         return await engine_facts(handle, embedded=target is None, model=model, api_key=token,
