@@ -14,6 +14,12 @@ fell behind, as vLLM's output collector merges them), `stream_options.include_us
 Every answer says it is modelled without breaking vLLM clients: an `x-pdexporter-modelled: true`
 header, `system_fingerprint` naming the embedded engine and profile, and /version returning
 vLLM's version with a `+pdexporter.sim` local label plus `"modelled": true`.
+
+Send stamps (opt-in, for measuring client stamps; tests/benchmarks/bench_stamps.py): a streaming
+request with the header `x-pdexporter-send-stamps: 1` gets, before every event, an SSE comment line
+`: pdexporter-sent-ns=<perf_counter_ns>` taken just before the write that sends it. It is CLOCK_MONOTONIC,
+comparable with a client's `perf_counter_ns` on the same host. SSE clients ignore comments; without
+the header the stream is byte for byte what vLLM sends.
 """
 
 from __future__ import annotations
@@ -43,6 +49,21 @@ from pdexporter.sim.tokenizer import WordTokenizer
 from pdexporter.sim.vllm_metrics import VllmMetrics
 
 MODELLED_HEADER = "x-pdexporter-modelled"
+SEND_STAMPS_HEADER = "x-pdexporter-send-stamps"
+SEND_STAMP_PREFIX = "pdexporter-sent-ns="
+
+
+def sent_ns(comment: str | None) -> int | None:
+    """The engine's send stamp in an event's SSE comment (`SSEEvent.comment`), if it has one."""
+    if not comment:
+        return None
+    for line in comment.split("\n"):
+        if line.startswith(SEND_STAMP_PREFIX):
+            try:
+                return int(line[len(SEND_STAMP_PREFIX):])
+            except ValueError:
+                return None
+    return None
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -367,6 +388,7 @@ class SimServer:
         produced = 0
         reason = None
         first = True
+        send_stamps = request.headers.get(SEND_STAMPS_HEADER, "") in ("1", "true")
         while reason is None:
             tokens, reason = await self._next(queue)
             produced += len(tokens)
@@ -393,7 +415,11 @@ class SimServer:
                 chunk["system_fingerprint"] = self.fingerprint
             events.append(chunk)
             first = False
-            await response.write(b"".join(b"data: " + _DUMPS(e).encode() + b"\n\n" for e in events))
+            payloads = [b"data: " + _DUMPS(e).encode() + b"\n\n" for e in events]
+            if send_stamps:  # stamped last, just before the write
+                stamp = b": " + SEND_STAMP_PREFIX.encode() + str(time.perf_counter_ns()).encode() + b"\n"
+                payloads = [stamp + p for p in payloads]
+            await response.write(b"".join(payloads))
         tail = b""
         if params.include_usage:
             final = {**head, "choices": [], "usage": {"prompt_tokens": n_in, "total_tokens": n_in + produced,
