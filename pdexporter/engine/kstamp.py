@@ -171,7 +171,7 @@ class RealtimeToPerf:
         self.samples += 1
 
     def to_perf_ns(self, real_ns: int, not_after_ns: int) -> int | None:
-        """`real_ns` on the perf clock; `not_after_ns` is a perf time known to be later (the read)."""
+        """`real_ns` on the perf clock; `not_after_ns` is a perf time known to be later (after the read)."""
         if not_after_ns - self.sampled_ns > self._resample_ns:
             self.sample()
         t_ns = real_ns - self.offset_ns
@@ -384,7 +384,8 @@ class _Exchange:
         if self.clock_map is not None:
             real_ns = rx_stamp_realtime_ns(ancdata)
             if real_ns is not None:
-                converted = self.clock_map.to_perf_ns(real_ns, t_wake)
+                # Not `t_wake` as the bound: a segment can land between the wake-up and this read.
+                converted = self.clock_map.to_perf_ns(real_ns, time.perf_counter_ns())
                 if converted is not None:
                     t_ns, kernel = converted, True
         try:
