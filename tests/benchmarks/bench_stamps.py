@@ -58,7 +58,7 @@ from pdexporter.engine.stream import TokenStream  # noqa: E402
 from pdexporter.exporter.probes import ProbeLoop  # noqa: E402
 from pdexporter.measure.prompts import cold_prompt  # noqa: E402
 from pdexporter.measure.protocol import ProtocolSettings  # noqa: E402
-from pdexporter.sim.server import SEND_STAMPS_HEADER, sent_ns  # noqa: E402
+from pdexporter.sim.server import PREV_WRITTEN_KEY, SEND_STAMPS_HEADER, SENT_KEY, send_stamps  # noqa: E402
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 CHUNK = 8192
@@ -76,13 +76,14 @@ class Tap:
 
     client: EngineClient | None = None
     on: bool = False
-    # request id, tag, stamp, wake-up, comment
-    rows: list[tuple[str, str, int, int, str | None]] = field(default_factory=list)
+    # request id, tag, stamp, wake-up, comment, tokens, closing event (carries the finish reason)
+    rows: list[tuple[str, str, int, int, str | None, int, bool]] = field(default_factory=list)
 
     def __call__(self, stream: TokenStream, event: SSEEvent, t_ns: int, n_tokens: int) -> None:
-        if self.on and n_tokens > 0 and self.client is not None:
+        if self.on and self.client is not None:
             # arrival_clock() here is the wake-up time of the loop iteration handling this read
-            self.rows.append((stream.request_id, stream.tag, t_ns, self.client.arrival_clock(), event.comment))
+            self.rows.append((stream.request_id, stream.tag, t_ns, self.client.arrival_clock(), event.comment,
+                              n_tokens, '"finish_reason":"' in event.data))
 
     def configure(self, client: EngineClient) -> None:
         self.client = client  # the tap goes in for the stamp phase only: the CPU phase runs without it
@@ -93,6 +94,37 @@ class Tap:
         self.client.extra_headers[SEND_STAMPS_HEADER] = "1"
         self.client.event_tap = self
         self.on = True
+
+
+@dataclass(frozen=True)
+class Ev:
+    """A token event with the engine's bracket of the write that sent it."""
+
+    rid: str
+    tag: str
+    t: int  # client stamp
+    wake: int  # wake-up time of the loop iteration that handled the read
+    pre: int  # engine: just before the write
+    post: int | None  # engine: just after the write returned (from the stream's next write)
+    closing: bool  # the stream's last token: its write is followed at once by usage + [DONE]
+    merged: bool  # read together with the stream's next token event (same stamp): the loop was a step late
+
+
+def _events(rows: list[tuple[str, str, int, int, str | None, int, bool]]) -> list[Ev]:
+    by_stream: dict[str, list[tuple[str, int, int, dict[str, int], int, bool]]] = {}
+    for rid, tag, t, wake, comment, n, closing in rows:
+        by_stream.setdefault(rid, []).append((tag, t, wake, send_stamps(comment), n, closing))
+    out = []
+    for rid, seq in by_stream.items():
+        for i, (tag, t, wake, stamps, n, closing) in enumerate(seq):
+            if n <= 0 or SENT_KEY not in stamps:
+                continue
+            post = next((later[3].get(PREV_WRITTEN_KEY) for later in seq[i + 1:]
+                         if later[3].get(SENT_KEY) != stamps[SENT_KEY]), None)
+            following = next((later for later in seq[i + 1:] if later[4] > 0), None)
+            merged = following is not None and following[1] == t
+            out.append(Ev(rid, tag, t, wake, stamps[SENT_KEY], post, closing, merged))
+    return out
 
 
 def _thread_cpu_ns(thread: threading.Thread | None) -> int:
@@ -110,15 +142,16 @@ def _summary(errors_ns: list[int]) -> dict[str, float]:
             "max": float(e.max()) if e.size else float("nan"), "min": float(e.min()) if e.size else float("nan")}
 
 
-def _interval_errors(rows: list[tuple[str, int, int]]) -> list[int]:
-    """(stream id, client stamp, engine stamp) in arrival order -> per-stream interval differences."""
-    last: dict[str, tuple[int, int]] = {}
+def _interval_errors(events: list[Ev], wake: bool = False) -> list[int]:
+    """|client interval - engine interval| between consecutive token events of each stream."""
+    last: dict[str, Ev] = {}
     out = []
-    for rid, client, engine in rows:
-        if rid in last:
-            c0, e0 = last[rid]
-            out.append(abs((client - c0) - (engine - e0)))
-        last[rid] = (client, engine)
+    for ev in events:
+        prev = last.get(ev.rid)
+        if prev is not None:
+            client = (ev.wake - prev.wake) if wake else (ev.t - prev.t)
+            out.append(abs(client - (ev.pre - prev.pre)))
+        last[ev.rid] = ev
     return out
 
 
@@ -154,7 +187,7 @@ async def run_path(handle: EngineHandle, d: int, path: str, seconds: float, sett
         t0, cpu0 = time.perf_counter_ns(), _thread_cpu_ns(probes._thread)
         await drain_for(seconds)
         t1, cpu1 = time.perf_counter_ns(), _thread_cpu_ns(probes._thread)
-        events = sum(sum(1 for t in s.event_times_ns if t0 <= t < t1) for s in streams.values())
+        n_events = sum(sum(1 for t in s.event_times_ns if t0 <= t < t1) for s in streams.values())
         # Phase 2: streams started from now on ask for send stamps; the tap records.
         assert probes.loop is not None and tap.client is not None
         client = tap.client
@@ -171,26 +204,20 @@ async def run_path(handle: EngineHandle, d: int, path: str, seconds: float, sett
     for s in streams.values():
         if s.n_tokens:
             clocks[str(s.stamp_clock)] = clocks.get(str(s.stamp_clock), 0) + 1
-    stamped = [(rid, t, wake, sent) for rid, tag, t, wake, comment in tap.rows
-               if tag == "probe" and (sent := sent_ns(comment)) is not None]
-    first = [(t, wake, sent) for rid, tag, t, wake, comment in tap.rows
-             if tag == "prefill" and (sent := sent_ns(comment)) is not None]
+    events = _events(tap.rows)
+    probe = [e for e in events if e.tag == "probe"]
+    first = [e for e in events if e.tag == "prefill"]
     result: dict[str, Any] = {
-        "first_token": [t - sent for t, _, sent in first],
-        "injected": injected,
-        "events_per_s": events / ((t1 - t0) / 1e9),
-        "cpu_us_per_event": (cpu1 - cpu0) / 1e3 / max(events, 1),
+        "events_per_s": n_events / ((t1 - t0) / 1e9),
+        "cpu_us_per_event": (cpu1 - cpu0) / 1e3 / max(n_events, 1),
         "cpu_pct": 100 * (cpu1 - cpu0) / (t1 - t0),
-        "stamp": [t - sent for _, t, _, sent in stamped],
-        "interval": _interval_errors([(rid, t, sent) for rid, t, _, sent in stamped]),
         "sensor": sensor,
         "clocks": clocks,
         "stamping": stamping,
+        "injected": injected,
+        "probe": probe,
+        "first": first,
     }
-    if path == "kernel-rx":
-        result["wake_first_token"] = [wake - sent for _, wake, sent in first]
-        result["wake_stamp"] = [wake - sent for _, _, wake, sent in stamped]
-        result["wake_interval"] = _interval_errors([(rid, wake, sent) for rid, _, wake, sent in stamped])
     if clock_map is not None:
         result["clock_map"] = (clock_map.uncertainty_ns, clock_map.samples, clock_map.max_shift_ns)
     return result
@@ -227,56 +254,88 @@ async def main(args: argparse.Namespace) -> None:
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, kernel {os.uname().release}; "
           f"load average before {tuple(round(x, 2) for x in load_before)}, after "
           f"{tuple(round(x, 2) for x in os.getloadavg())}")
-    print(f"embedded engine {PROFILE}, B={CHUNK}, no injection; {args.burn} busy-loop process(es) beside it; "
-          f"{args.rounds} round(s) x {args.seconds:g} s per path and D (CPU phase, then stamp phase)\n")
-    header = (f"{'D':>3} {'path':<24} {'events/s':>8} {'stamp err p50/p99/max us':>26} {'min us':>7} "
-              f"{'|interval err| p50/p99 us':>26} {'wake-up sensor p50/p99/max us':>30} {'CPU us/event':>12} "
-              f"{'probe thr %':>11}")
-    print(header)
+    print(f"embedded engine {PROFILE}, B={CHUNK}; {args.burn} busy-loop process(es) beside it; {args.rounds} "
+          f"round(s) x {args.seconds:g} s per path and D (CPU phase, then stamp phase)")
+    report(args, results)
+
+
+def _rows(path: str) -> list[tuple[str, bool]]:
+    """(row name, use the wake-up stamp): the kernel path also shows its reads' wake-up stamps."""
+    return [(path, False)] + ([("kernel-rx (its wake-up)", True)] if path == "kernel-rx" else [])
+
+
+def report(args: argparse.Namespace, results: dict[tuple[int, str], list[dict[str, Any]]]) -> None:
+    print("\nstamp error = client stamp - engine stamp just before its write; interval error = client interval"
+          " - engine interval (us)")
+    print(f"{'D':>3} {'path':<24} {'events/s':>8} {'stamp err p50/p99/max':>25} {'min':>8} "
+          f"{'|interval err| p50/p99':>23} {'wake-up sensor p50/p99/max':>27} {'CPU us/event':>12} {'probe thr %':>11}")
     for d in args.d:
         for path in args.paths:
             rs = results[(d, path)]
-            rows = [(path, "stamp", "interval")]
-            if path == "kernel-rx":
-                rows.append(("kernel-rx (its wake-up)", "wake_stamp", "wake_interval"))
+            probe = [e for r in rs for e in r["probe"]]
             sensor = _summary([x for r in rs for x in r["sensor"]])
-            cpu = np.mean([r["cpu_us_per_event"] for r in rs])
-            cpu_pct = np.mean([r["cpu_pct"] for r in rs])
-            rate = np.mean([r["events_per_s"] for r in rs])
-            for name, stamp_key, interval_key in rows:
-                s = _summary([x for r in rs for x in r[stamp_key]])
-                i = _summary([x for r in rs for x in r[interval_key]])
-                own = name == path
-                print(f"{d:>3} {name:<24} {rate:>8.0f} {s['p50']:>8.1f}/{s['p99']:>7.1f}/{s['max']:>8.1f} "
-                      f"{s['min']:>7.1f} {i['p50']:>12.1f}/{i['p99']:>12.1f} "
-                      + (f"{sensor['p50']:>9.0f}/{sensor['p99']:>9.0f}/{sensor['max']:>10.0f} "
-                         f"{cpu:>12.1f} {cpu_pct:>11.1f}" if own else f"{'':>30} {'':>12} {'':>11}"))
+            for name, wake in _rows(path):
+                s = _summary([(e.wake if wake else e.t) - e.pre for e in probe])
+                i = _summary([x for r in rs for x in _interval_errors(r["probe"], wake)])
+                own = (f"{sensor['p50']:>8.0f}/{sensor['p99']:>8.0f}/{sensor['max']:>9.0f} "
+                       f"{np.mean([r['cpu_us_per_event'] for r in rs]):>12.1f} "
+                       f"{np.mean([r['cpu_pct'] for r in rs]):>11.1f}") if not wake else ""
+                print(f"{d:>3} {name:<24} {np.mean([r['events_per_s'] for r in rs]):>8.0f} "
+                      f"{s['p50']:>7.1f}/{s['p99']:>7.1f}/{s['max']:>9.1f} {s['min']:>8.1f} "
+                      f"{i['p50']:>10.1f}/{i['p99']:>12.1f} {own}")
+
+    print("\nwhere the error comes from (us): engine write = its stamp before the write to its stamp after; "
+          "stamp - write end: > 0 is the client's own lateness; in write: stamps inside the engine's write call; "
+          "merged: token events read together with the stream's next one (the loop was a whole step late: both get "
+          "the later stamp); stamp error p99 of token events read alone / merged / a stream's last token (its "
+          "write is followed at once by usage + [DONE], read together when the client is later than that gap)")
+    print(f"{'D':>3} {'path':<24} {'engine write p50/p99/max':>25} {'stamp - write end p50/p99/max':>30} "
+          f"{'in write':>8} {'merged':>7} {'err p99 alone/merged/last':>27}")
+    for d in args.d:
+        for path in args.paths:
+            probe = [e for r in results[(d, path)] for e in r["probe"]]
+            bracketed = [e for e in probe if e.post is not None]
+            w = _summary([e.post - e.pre for e in bracketed if e.post is not None])
+            for name, wake in _rows(path):
+                after = _summary([(e.wake if wake else e.t) - e.post for e in bracketed if e.post is not None])
+                inside = np.mean([e.pre <= (e.wake if wake else e.t) <= (e.post or 0) + 1000 for e in bracketed])
+                alone = _summary([(e.wake if wake else e.t) - e.pre for e in probe if not e.closing and not e.merged])
+                merged = _summary([(e.wake if wake else e.t) - e.pre for e in probe if e.merged])
+                last = _summary([(e.wake if wake else e.t) - e.pre for e in probe if e.closing])
+                share = np.mean([e.merged for e in probe]) if probe else float("nan")
+                engine = f"{w['p50']:>7.1f}/{w['p99']:>7.1f}/{w['max']:>9.1f}" if not wake else f"{'':>25}"
+                print(f"{d:>3} {name:<24} {engine} {after['p50']:>8.1f}/{after['p99']:>9.1f}/{after['max']:>10.1f} "
+                      f"{100 * inside:>7.1f}% {100 * share:>6.2f}% {alone['p99']:>8.1f}/{merged['p99']:>8.1f}/"
+                      f"{last['p99']:>8.1f}")
+
     if args.inject_every:
-        print(f"\nfirst token of the injected prefills (P = {args.prefill}, one every {args.inject_every:g} s of the "
-              "stamp phase): stamp error p50 / p99 / max us")
+        print(f"\nfirst token of the injected prefills (P = {args.prefill}, max_tokens 1, one every "
+              f"{args.inject_every:g} s of the stamp phase): stamp error (us)")
+        print(f"{'D':>3} {'path':<24} {'got':>9} {'p50/p99/max':>26} {'engine write p50/max':>21}")
         for d in args.d:
             for path in args.paths:
                 rs = results[(d, path)]
-                keys = [(path, "first_token")] + ([("kernel-rx (its wake-up)", "wake_first_token")]
-                                                  if path == "kernel-rx" else [])
-                for name, key in keys:
-                    f = _summary([x for r in rs for x in r[key]])
-                    print(f"{d:>3} {name:<24} {int(f['n']):>4} of {sum(r['injected'] for r in rs):>4} "
-                          f"{f['p50']:>8.1f}/{f['p99']:>8.1f}/{f['max']:>8.1f}")
+                first = [e for r in rs for e in r["first"]]
+                w = _summary([e.post - e.pre for e in first if e.post is not None])
+                for name, wake in _rows(path):
+                    f = _summary([(e.wake if wake else e.t) - e.pre for e in first])
+                    engine = f"{w['p50']:>9.1f}/{w['max']:>9.1f}" if not wake else ""
+                    print(f"{d:>3} {name:<24} {len(first):>4} of {sum(r['injected'] for r in rs):>2} "
+                          f"{f['p50']:>8.1f}/{f['p99']:>8.1f}/{f['max']:>8.1f} {engine}")
     print()
     for d in args.d:
         for path in args.paths:
-            r = results[(d, path)][-1]
-            clocks = {}
-            for rr in results[(d, path)]:
-                for k, v in rr["clocks"].items():
+            rs = results[(d, path)]
+            clocks: dict[str, int] = {}
+            for r in rs:
+                for k, v in r["clocks"].items():
                     clocks[k] = clocks.get(k, 0) + v
-            n_events = sum(len(rr["stamp"]) for rr in results[(d, path)])
             extra = ""
-            if "clock_map" in r:
-                u, samples, shift = r["clock_map"]
-                extra = f"; REALTIME->perf offset: +/-{u} ns, {samples} samples, max step {shift} ns"
-            print(f"D={d} {path}: {r['stamping']}; streams by stamp_clock {clocks}; {n_events} stamped events{extra}")
+            if "clock_map" in rs[-1]:
+                u, samples, shift = rs[-1]["clock_map"]
+                extra = f"; REALTIME->perf offset +/-{u} ns, {samples} samples, largest change {shift} ns"
+            print(f"D={d} {path}: {rs[-1]['stamping']}; streams by stamp_clock {clocks}; "
+                  f"{sum(len(r['probe']) for r in rs)} stamped probe events{extra}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pdexporter.engine.sse import SSEEvent
 from pdexporter.engine.stream import TokenStream
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.sim.server import SEND_STAMPS_HEADER, sent_ns
+from pdexporter.sim.server import PREV_WRITTEN_KEY, SEND_STAMPS_HEADER, send_stamps, sent_ns
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +74,15 @@ def test_kernel_stamps_are_present_ordered_and_lie_between_send_and_read(engine:
         assert sent is not None  # the engine stamped every event we asked it to
         # The segment cannot reach us before the engine stamped its write, nor after our code saw it.
         assert sent - 2 * uncertainty - 1_000 <= stamp <= seen
+    # On loopback the kernel stamps a segment inside the sender's write: most stamps lie between the
+    # engine's stamps before and after its write (the rest were read together with a later write).
+    inside = 0
+    for i, (rid, stamp, sent, _, n) in enumerate(tap.rows):
+        after = next((send_stamps(c).get(PREV_WRITTEN_KEY) for (r, *_), c in zip(tap.rows[i + 1:], tap.comments[i + 1:])
+                      if r == rid), None)
+        if n > 0 and sent is not None and after is not None:
+            inside += sent - 2 * uncertainty - 1_000 <= stamp <= after + 2 * uncertainty + 1_000
+    assert inside >= 0.8 * len(with_tokens)
 
 
 def test_event_counts_equal_the_aiohttp_paths(engine: EngineHandle) -> None:
