@@ -9,7 +9,8 @@ before any wake-up, GIL hand-over or other stream's parsing: the error the wake-
 aiohttp cannot return control messages, so `RxTransport.stream` does one streamed exchange on
 its own non-blocking socket: connect, send the pre-encoded request, then read with `recvmsg` from
 a reader callback on the running loop (`loop.add_reader`, no task wake-up per read), framing
-with `engine.http1` and handing each read's body bytes to a sink with the read's stamp. TLS,
+with `engine.http1` and handing each read's body bytes to a sink with the read's stamp (in a
+callback queued behind the loop iteration's other reads: `_Exchange._on_readable` says why). TLS,
 keep-alive and proxies are not supported on this path; `EngineClient` keeps aiohttp for https.
 
 Which stamp a read gets:
@@ -328,6 +329,9 @@ class _Exchange:
         self.ended = False  # the sink saw the end of the stream
         self._last_ns = time.perf_counter_ns()
         self._reading = False
+        self._closed = False
+        self._pending: list[tuple[bytes | None, int, bool, str | None]] = []
+        self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._tail: asyncio.TimerHandle | None = None
 
@@ -338,13 +342,17 @@ class _Exchange:
         self._timer = self.loop.call_later(self.read_s, self._idle_check)
 
     def close(self) -> None:
+        self._closed = True
         self._stop_reading()
         self.sock.close()
 
-    def _stop_reading(self) -> None:
+    def _pause_reading(self) -> None:
         if self._reading:
             self.loop.remove_reader(self.fd)
             self._reading = False
+
+    def _stop_reading(self) -> None:
+        self._pause_reading()
         for timer in (self._timer, self._tail):
             if timer is not None:
                 timer.cancel()
@@ -367,16 +375,24 @@ class _Exchange:
             self._timer = self.loop.call_later((self.read_ns - idle) / 1e9, self._idle_check)
 
     def _on_readable(self) -> None:
+        """Read and stamp now; parse in a callback queued behind this loop iteration's other reads.
+
+        With D sockets readable at once, parsing each read before the next socket is read would
+        read the last one D parses (~25 µs each) after the wake-up, late enough at D = 64 for the
+        engine's next write on it to have landed and been merged with its stamp. So reads go first,
+        as aiohttp's transports do, and the parsing follows."""
         t_wake = self.arrival_clock()  # stamp first, read and parse after
         try:
             data, ancdata, _flags, _ = self.sock.recvmsg(RECV_BYTES, ANC_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
-            self._lost(_reason(exc))
+            self._pause_reading()
+            self._queue(None, 0, False, _reason(exc))
             return
         if not data:
-            self._on_eof()
+            self._pause_reading()  # EOF stays readable: stop the callbacks, handle it in order
+            self._queue(b"", 0, False, None)
             return
         self._last_ns = t_wake
         self.got_bytes = True
@@ -388,6 +404,28 @@ class _Exchange:
                 converted = self.clock_map.to_perf_ns(real_ns, time.perf_counter_ns())
                 if converted is not None:
                     t_ns, kernel = converted, True
+        self._queue(data, t_ns, kernel, None)
+
+    def _queue(self, data: bytes | None, t_ns: int, kernel: bool, error: str | None) -> None:
+        self._pending.append((data, t_ns, kernel, error))
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        for data, t_ns, kernel, error in pending:
+            if self._closed or self.done.done():
+                return
+            if error is not None:
+                self._lost(error)
+            elif not data:
+                self._on_eof()
+            else:
+                self._consume(data, t_ns, kernel)
+
+    def _consume(self, data: bytes, t_ns: int, kernel: bool) -> None:
         try:
             body = self.reader.feed(data)
             head = self.reader.head
