@@ -22,9 +22,11 @@ once, one loop iteration handles D reads in a row and each parses its SSE event 
 one would stamp, so the k-th stamp would carry k-1 parses (~0.1 ms each). The probe loop
 therefore runs on a `StampingSelector`, which notes when each `select()` returned, and the
 probes' client stamps a read without a kernel stamp with that time
-(`EngineClient.use_arrival_clock`): the start of the iteration that handles the read. It is never
-earlier than the bytes' arrival (the socket was read in that iteration or the one before) and
-no longer depends on how many other streams were parsed first.
+(`EngineClient.use_arrival_clock`): the start of the iteration that handles the read. On the
+aiohttp path it is never earlier than the bytes' arrival (the socket was read in that iteration or
+the one before); on the plain-socket path a segment can land between the wake-up and the read, so
+such a stamp can be early by the time the loop takes to read its ready sockets. Either way it no
+longer depends on how many other streams were parsed first.
 
 Wake-up sensor: a helper thread stamps `perf_counter_ns` and writes one byte to a socket pair
 every `sensor_period_s`; this loop's reader stamps again when it sees the byte. The difference is
