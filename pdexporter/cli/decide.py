@@ -67,7 +67,7 @@ def decide(
           f"(margin {verdict['margin_ms']:+.1f} ms)")
     fit = doc.get("fit", {})
     r2 = fit.get("held_out_r2")
-    score = (f"not enough points for a held-out fit" if r2 is None
+    score = ("not enough points for a held-out fit" if r2 is None
              else f"held-out R^2 {r2:.4f}, {fit.get('scheme', '?')}")
     print(f"  D={decode_batch_size} P={new_prefill_tokens} B={chunk_size}: {plural(verdict['chunks'], 'chunk')} of "
           f"<= {chunk_size - decode_batch_size} tokens; model {verdict['model']} ({score})")

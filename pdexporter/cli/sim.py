@@ -287,7 +287,6 @@ class _CalibrationBar:
 
 
 def _print_calibration(screen: Console, base: Profile, result: Calibration, names: list[str], mode: str) -> None:
-    from rich.table import Table
 
     params = Table(title=f"{base.name}: parameters (* fitted)")
     params.add_column("parameter")
@@ -348,7 +347,6 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
 
 
 def _print_decode_table(screen: Console, rows: list[dict[str, object]]) -> None:
-    from rich.table import Table
 
     table = Table(title="decode steps on and between the grid's D (MODELLED: steady-state step at the baseline "
                         "context; measured: median baseline TPOT over chunk sizes)")
@@ -364,7 +362,6 @@ def _print_decode_table(screen: Console, rows: list[dict[str, object]]) -> None:
 
 def _print_generalisation(screen: Console, loo: Generalisation, headline: tuple[str, ...], labels: dict[str, str]
                           ) -> None:
-    from rich.table import Table
 
     table = Table(title="generalisation: MAPE on the group left out, refitted without it (base profile in brackets)")
     table.add_column("left out")

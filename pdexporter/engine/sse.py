@@ -25,10 +25,13 @@ from pdexporter.errors import EngineError, SSEProtocolError
 
 @dataclass(frozen=True, slots=True)
 class SSEEvent:
-    """One event: its `data:` lines joined with newlines (the SSE rule), and its `event:` name."""
+    """One event: its `data:` lines joined with newlines (the SSE rule), its `event:` name, and the
+    comment lines (`: ...`) of its block, joined with newlines (vLLM sends none;
+    the embedded engine's opt-in send stamps ride there, see `sim.server.SEND_STAMPS_HEADER`)."""
 
     data: str
     event: str | None = None
+    comment: str | None = None
 
 
 class SSEParser:
@@ -38,6 +41,7 @@ class SSEParser:
         self._buffer = b""
         self._data: list[str] = []
         self._event: str | None = None
+        self._comments: list[str] = []
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self._buffer += chunk
@@ -59,20 +63,31 @@ class SSEParser:
         """End of body: an event not followed by a blank line still counts (lenient, like browsers are not)."""
         events = self.feed(b"\n") if self._buffer else []
         if self._data:
-            events.append(SSEEvent("\n".join(self._data), self._event))
-            self._data, self._event = [], None
+            events.append(self._dispatch())
         return events
+
+    def _dispatch(self) -> SSEEvent:
+        comment = "\n".join(self._comments) if self._comments else None
+        event = SSEEvent("\n".join(self._data), self._event, comment)
+        self._data, self._event = [], None
+        if comment is not None:
+            self._comments = []
+        return event
 
     def _line(self, raw: bytes) -> SSEEvent | None:
         if not raw:
             if not self._data:
                 self._event = None
+                if self._comments:
+                    self._comments = []  # a block of comments only (a keep-alive) ends with it
                 return None
-            event = SSEEvent("\n".join(self._data), self._event)
-            self._data, self._event = [], None
-            return event
+            return self._dispatch()
         if raw.startswith(b":"):
-            return None  # comment / keep-alive
+            # comment / keep-alive: kept for the event of this block
+            text = raw[1:].decode("utf-8", "replace").removeprefix(" ")
+            if text:
+                self._comments.append(text)
+            return None
         name, _, value = raw.partition(b":")
         if value.startswith(b" "):
             value = value[1:]

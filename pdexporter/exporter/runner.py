@@ -134,9 +134,11 @@ class Runner:
             self.handle = await self.launcher.start(cfg.chunk_size)
             self.probes = ProbeLoop(self.handle, cfg.probe_streams, cfg.protocol, model=cfg.model, api_key=self.api_key,
                                     warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
-                                    stamp_at_wakeup=cfg.arrival_stamp == "wakeup")
+                                    stamp_at_wakeup=cfg.arrival_stamp != "read",
+                                    rx_stamps=None if cfg.arrival_stamp == "kernel-rx" else False)
             self.book.probes = self.probes
             self.info = await self.probes.wait_started(timeout_s=cfg.protocol.window_timeout_s)
+            self.log(f"probe timestamps: {self.probes.stamping}")
             self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
                                          cfg.scrape_interval_s, lambda: not self.book.stopping)
             self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)

@@ -118,6 +118,7 @@ class StreamTrace:
     event_tokens: list[int]
     prompt_tokens: int | None = None
     finish_reason: str | None = None
+    stamp_clock: str | None = None  # TokenStream.stamp_clock: kernel-rx | wakeup | read; None: not recorded
 
     @classmethod
     def of(cls, stream: TokenStream) -> StreamTrace:
@@ -132,6 +133,7 @@ class StreamTrace:
             stream.event_tokens[:n],
             stream.prompt_tokens,
             stream.finish_reason,
+            stream.stamp_clock,
         )
 
     def token_times(self) -> np.ndarray:
@@ -140,7 +142,7 @@ class StreamTrace:
     def to_raw(self, t0_ns: int) -> dict[str, Any]:
         """Compact form: times relative to t0, then as deltas (ns); gzip does the rest."""
         times = [t - t0_ns for t in self.event_times_ns]
-        return {
+        raw: dict[str, Any] = {
             "id": self.request_id,
             "tag": self.tag,
             "sent_ns": None if self.t_sent_ns is None else self.t_sent_ns - t0_ns,
@@ -149,6 +151,9 @@ class StreamTrace:
             "prompt_tokens": self.prompt_tokens,
             "finish_reason": self.finish_reason,
         }
+        if self.stamp_clock is not None:
+            raw["stamp_clock"] = self.stamp_clock
+        return raw
 
     @classmethod
     def from_raw(cls, raw: dict[str, Any], t0_ns: int = 0) -> StreamTrace:
@@ -165,6 +170,7 @@ class StreamTrace:
             list(raw["n"]),
             raw.get("prompt_tokens"),
             raw.get("finish_reason"),
+            raw.get("stamp_clock"),
         )
 
 

@@ -14,6 +14,14 @@ fell behind, as vLLM's output collector merges them), `stream_options.include_us
 Every answer says it is modelled without breaking vLLM clients: an `x-pdexporter-modelled: true`
 header, `system_fingerprint` naming the embedded engine and profile, and /version returning
 vLLM's version with a `+pdexporter.sim` local label plus `"modelled": true`.
+
+Send stamps (opt-in, for measuring client stamps; tests/benchmarks/bench_stamps.py): a streaming
+request with the header `x-pdexporter-send-stamps: 1` gets, before every event, SSE comment lines
+`: pdexporter-sent-ns=<perf_counter_ns>`, taken just before the write that sends the event, and,
+from the second write on, `: pdexporter-prev-written-ns=<perf_counter_ns>`, taken just after the
+previous write returned: together they bracket each write. They are CLOCK_MONOTONIC, comparable
+with a client's `perf_counter_ns` on the same host. SSE clients ignore comments; without the header
+the stream is byte for byte what vLLM sends.
 """
 
 from __future__ import annotations
@@ -43,6 +51,42 @@ from pdexporter.sim.tokenizer import WordTokenizer
 from pdexporter.sim.vllm_metrics import VllmMetrics
 
 MODELLED_HEADER = "x-pdexporter-modelled"
+SEND_STAMPS_HEADER = "x-pdexporter-send-stamps"
+SENT_KEY, PREV_WRITTEN_KEY = "pdexporter-sent-ns", "pdexporter-prev-written-ns"
+
+
+def send_stamps(comment: str | None) -> dict[str, int]:
+    """The engine's send stamps in an event's SSE comment (`SSEEvent.comment`), by key."""
+    stamps: dict[str, int] = {}
+    for line in (comment or "").split("\n"):
+        key, sep, value = line.partition("=")
+        if sep and key in (SENT_KEY, PREV_WRITTEN_KEY) and value.isdigit():
+            stamps[key] = int(value)
+    return stamps
+
+
+def sent_ns(comment: str | None) -> int | None:
+    """When the engine started the write that sent this event, if it said so."""
+    return send_stamps(comment).get(SENT_KEY)
+
+
+class _SendStamper:
+    """Prefixes each event of a write with the send-stamp comments (module docs), when asked for."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._written: int | None = None
+
+    async def write(self, response: web.StreamResponse, events: list[bytes]) -> None:
+        if self.on:  # stamped last, just before the write
+            stamp = f": {SENT_KEY}={time.perf_counter_ns()}\n"
+            if self._written is not None:
+                stamp += f": {PREV_WRITTEN_KEY}={self._written}\n"
+            prefix = stamp.encode()
+            await response.write(b"".join(prefix + e for e in events))
+            self._written = time.perf_counter_ns()
+        else:
+            await response.write(b"".join(events))
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -367,6 +411,7 @@ class SimServer:
         produced = 0
         reason = None
         first = True
+        stamper = _SendStamper(request.headers.get(SEND_STAMPS_HEADER, "") in ("1", "true"))
         while reason is None:
             tokens, reason = await self._next(queue)
             produced += len(tokens)
@@ -393,14 +438,14 @@ class SimServer:
                 chunk["system_fingerprint"] = self.fingerprint
             events.append(chunk)
             first = False
-            await response.write(b"".join(b"data: " + _DUMPS(e).encode() + b"\n\n" for e in events))
-        tail = b""
+            await stamper.write(response, [b"data: " + _DUMPS(e).encode() + b"\n\n" for e in events])
+        tail = []
         if params.include_usage:
             final = {**head, "choices": [], "usage": {"prompt_tokens": n_in, "total_tokens": n_in + produced,
                                                       "completion_tokens": produced},
                      "system_fingerprint": self.fingerprint}
-            tail += b"data: " + _DUMPS(final).encode() + b"\n\n"
-        await response.write(tail + b"data: [DONE]\n\n")
+            tail.append(b"data: " + _DUMPS(final).encode() + b"\n\n")
+        await stamper.write(response, [*tail, b"data: [DONE]\n\n"])
         await response.write_eof()
         return response
 
