@@ -30,8 +30,11 @@ def _root(
 
 def _register() -> None:
     from pdexporter.cli import compare, dashboards, decide, export_table, measure, reanalyse, report, run, sim, sweep
+    from pdexporter.cli import thresholds, validate_pd
 
     for module in (run, measure, sweep, sim, export_table, compare, report, decide, reanalyse, dashboards):
+        module.register(app)
+    for module in (thresholds, validate_pd):  # both arms of the offload decision (docs/disaggregation.md)
         module.register(app)
 
 

@@ -165,6 +165,25 @@ class VirtualSimProvider:
             await driver.aclose()
 
 
+def sim_role_for(launcher_spec: Any) -> str:
+    """The embedded engine's `kv_role` that models a sweep file's engine setup: "pd" for a pair,
+    "decode-bench" for a command with DecodeBenchConnector, the sim launcher's own, else "none"."""
+    from pdexporter.engines.disagg import DECODE_BENCH, connector_of
+    from pdexporter.launch.local import render_command
+
+    if isinstance(launcher_spec, PairLauncherSpec):
+        return "pd"
+    if isinstance(launcher_spec, SimLauncherSpec):
+        return launcher_spec.kv_role
+    if isinstance(launcher_spec, LocalLauncherSpec):
+        try:
+            argv = render_command(launcher_spec.command, 8192, dict(launcher_spec.vars)).argv
+        except ConfigError:
+            return "none"
+        return "decode-bench" if connector_of(argv) == DECODE_BENCH else "none"
+    return "none"
+
+
 def make_provider(
     spec: SweepSpec,
     store: ResultsStore,
