@@ -55,8 +55,8 @@ def join_arms(colocated: pd.DataFrame, offloaded: pd.DataFrame) -> pd.DataFrame:
     off["offloaded_tpot_penalty_ms"] = offloaded["tpot_penalty_ms"]
     off["offloaded_aggregate_interference_ms"] = offloaded["aggregate_interference_ms"]
     for name in ("kv_transfer_ms", "kv_bytes", "offload_prefill_ms"):
-        off[name] = offloaded[name] if name in offloaded else np.nan
-    off["offloaded_ttft_ms"] = offloaded["offload_ttft_ms"] if "offload_ttft_ms" in offloaded else np.nan
+        off[name] = offloaded.get(name, np.nan)
+    off["offloaded_ttft_ms"] = offloaded.get("offload_ttft_ms", np.nan)
     off["offloaded_decode_side_ms"] = offloaded["prefill_duration_ms"]
     off["offloaded_engine"] = offloaded["engine"]
     merged = colocated.merge(off, on=list(KEY_COLUMNS), how="left")
@@ -282,7 +282,8 @@ def predict_pair(colocated: pd.DataFrame, decode_bench: pd.DataFrame, pair: pd.D
         b, d, p = key
         model = evaluate_decision(doc, d, p, b, mode="two-arm") if doc and doc.get("two_arm") else None
 
-        def pick(table: pd.DataFrame, k: tuple[int, int, int], column: str, fallback: str) -> float | None:
+        def pick(table: pd.DataFrame, k: tuple[int, int, int], column: str, fallback: str,
+                 model: dict[str, Any] | None = model) -> float | None:
             got = _at(table, k, column)
             return got if got is not None or model is None else float(model[fallback])
 
@@ -324,7 +325,7 @@ def validation_summary(frame: pd.DataFrame, goal_pct: float = 15.0) -> dict[str,
     errors = frame["saved_error_pct"].dropna().abs()
     ttft = frame["ttft_cost_error_pct"].dropna().abs()
     return {
-        "points": int(len(frame)), "points_compared": int(len(errors)),
+        "points": len(frame), "points_compared": len(errors),
         "saved_median_abs_error_pct": None if not len(errors) else round(float(errors.median()), 2),
         "saved_max_abs_error_pct": None if not len(errors) else round(float(errors.max()), 2),
         "saved_within_goal": int((errors <= goal_pct).sum()), "goal_pct": goal_pct,
@@ -333,7 +334,20 @@ def validation_summary(frame: pd.DataFrame, goal_pct: float = 15.0) -> dict[str,
 
 
 __all__ = [
-    "JOIN_COLUMNS", "LLMD_DOCS", "LLMD_SNIPPET", "LinearFit", "THRESHOLDS_JSON", "THRESHOLDS_SCHEMA", "TransferModel",
-    "fit_linear", "fit_transfer", "given_transfer", "join_arms", "llmd_snippet", "predict_pair", "thresholds",
-    "two_arm_section", "validation_summary",
+    "JOIN_COLUMNS",
+    "LLMD_DOCS",
+    "LLMD_SNIPPET",
+    "THRESHOLDS_JSON",
+    "THRESHOLDS_SCHEMA",
+    "LinearFit",
+    "TransferModel",
+    "fit_linear",
+    "fit_transfer",
+    "given_transfer",
+    "join_arms",
+    "llmd_snippet",
+    "predict_pair",
+    "thresholds",
+    "two_arm_section",
+    "validation_summary",
 ]

@@ -3,7 +3,6 @@ the prefill length from which offloading wins, as JSON and as an llm-d decider s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 

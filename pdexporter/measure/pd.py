@@ -385,6 +385,17 @@ async def pd_driver(prefill_handle: Any, decode_handle: Any, *, model: str | Non
 
 
 __all__ = [
-    "OffloadNumbers", "PREFILL_KV_PARAMS", "PdDriver", "PdEndpoint", "ROUTED_TAGS", "RouteTiming", "RoutedRequest",
-    "Routing", "kv_params_summary", "offload_numbers", "p2p_request_id", "pd_driver", "prefill_metric_deltas",
+    "PREFILL_KV_PARAMS",
+    "ROUTED_TAGS",
+    "OffloadNumbers",
+    "PdDriver",
+    "PdEndpoint",
+    "RouteTiming",
+    "RoutedRequest",
+    "Routing",
+    "kv_params_summary",
+    "offload_numbers",
+    "p2p_request_id",
+    "pd_driver",
+    "prefill_metric_deltas",
 ]

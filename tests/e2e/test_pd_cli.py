@@ -56,7 +56,7 @@ def arms(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_the_decode_bench_twin_records_the_offloaded_arm(tmp_path, capsys) -> None:
-    code, out, err = _cli(capsys, "sweep", str(REPO / "sweeps/quick-decodebench.yaml"), "--out", str(tmp_path))
+    code, _out, err = _cli(capsys, "sweep", str(REPO / "sweeps/quick-decodebench.yaml"), "--out", str(tmp_path))
     assert code == 0, err
     records = list(ResultsStore(tmp_path).iter_records())
     assert len(records) == 4
@@ -69,7 +69,7 @@ def test_the_decode_bench_twin_records_the_offloaded_arm(tmp_path, capsys) -> No
 
 
 def test_the_pair_twin_starts_routes_and_stops_two_engines(tmp_path, capsys) -> None:
-    code, out, err = _cli(capsys, "sweep", str(REPO / "sweeps/quick-pd.yaml"), "--out", str(tmp_path))
+    code, _out, err = _cli(capsys, "sweep", str(REPO / "sweeps/quick-pd.yaml"), "--out", str(tmp_path))
     assert code in (0, 4), err  # 4: a configuration left after its retries (real time on a busy machine)
     records = list(ResultsStore(tmp_path).iter_records())
     assert records, err
@@ -88,7 +88,7 @@ def test_the_pair_twin_starts_routes_and_stops_two_engines(tmp_path, capsys) -> 
 
 
 def test_export_table_joins_the_arms_after_the_seeds_columns(arms, tmp_path, capsys) -> None:
-    code, out, err = _cli(capsys, "export-table", str(arms["colocated"]), "--offloaded", str(arms["pair"]),
+    code, _out, err = _cli(capsys, "export-table", str(arms["colocated"]), "--offloaded", str(arms["pair"]),
                           "--out", str(tmp_path), "--no-plots")
     assert code == 0, err
     table = pd.read_csv(tmp_path / "interference_table.csv")
@@ -135,7 +135,7 @@ def test_thresholds_give_a_router_its_number(arms, tmp_path, capsys) -> None:
     code, out, err = _cli(capsys, "export-table", str(arms["colocated"]), "--offloaded", str(arms["decodebench"]),
                           "--out", str(tmp_path), "--no-plots")
     assert code == 0, err
-    code, out, err = _cli(capsys, "thresholds", "--model", str(tmp_path / "decision.json"), "--tpot-slo-ms", "40",
+    code, _out, err = _cli(capsys, "thresholds", "--model", str(tmp_path / "decision.json"), "--tpot-slo-ms", "40",
                           "--for-decodes", "4")
     assert code == 0, err
     doc = json.loads((tmp_path / "offload_thresholds.json").read_text())
@@ -147,7 +147,7 @@ def test_thresholds_give_a_router_its_number(arms, tmp_path, capsys) -> None:
 
 
 def test_validate_pd_compares_the_prediction_with_the_pair(arms, tmp_path, capsys) -> None:
-    code, out, err = _cli(capsys, "validate-pd", str(arms["colocated"]), "--decode-bench", str(arms["decodebench"]),
+    code, _out, err = _cli(capsys, "validate-pd", str(arms["colocated"]), "--decode-bench", str(arms["decodebench"]),
                           "--pair", str(arms["pair"]), "--out", str(tmp_path))
     assert code == 0, err
     result = json.loads((tmp_path / "pd_validation.json").read_text())
@@ -161,7 +161,7 @@ def test_validate_pd_compares_the_prediction_with_the_pair(arms, tmp_path, capsy
 
 def test_report_shows_both_arms(arms, tmp_path, capsys) -> None:
     target = tmp_path / "report.html"
-    code, out, err = _cli(capsys, "report", str(arms["colocated"]), "--offloaded", str(arms["pair"]), "--out",
+    code, _out, err = _cli(capsys, "report", str(arms["colocated"]), "--offloaded", str(arms["pair"]), "--out",
                           str(target))
     assert code == 0, err
     html = target.read_text()
@@ -181,5 +181,26 @@ def test_pair_files_are_checked_with_one_line_errors(tmp_path, capsys) -> None:
     spec = yaml.safe_load((REPO / "sweeps/h200x2-pd.yaml").read_text())
     spec["launcher"]["vars"]["kv"] = '{"kv_connector":"DecodeBenchConnector","kv_role":"kv_both"}'
     bad.write_text(yaml.safe_dump(spec))
-    code, out, err = _cli(capsys, "sweep", str(bad))
+    code, _out, err = _cli(capsys, "sweep", str(bad))
     assert code == 2 and "needs --kv-transfer-config naming NixlConnector or P2pNcclConnector" in err
+
+
+def test_reanalyse_rebuilds_the_offloaded_numbers_from_the_raw_files(arms, tmp_path, capsys) -> None:
+    import shutil
+
+    copy = tmp_path / "pair"
+    shutil.copytree(arms["pair"], copy)
+    before = {r.key: r for r in ResultsStore(copy).iter_records()}
+    for record in before.values():  # blank what reanalyse must rebuild from the raw files
+        for rep in record.reps:
+            rep.interference.offload_ttft_ms = None
+            rep.interference.kv_transfer_ms = None
+        ResultsStore(copy).save_record(record)
+    code, _out, err = _cli(capsys, "reanalyse", str(copy))
+    assert code == 0, err
+    for key, record in ((r.key, r) for r in ResultsStore(copy).iter_records()):
+        original = {r.key: r for r in ResultsStore(arms["pair"]).iter_records()}[key]
+        for new, old in zip(record.reps, original.reps):
+            assert new.interference.offload_ttft_ms == pytest.approx(old.interference.offload_ttft_ms, abs=1e-3)
+            assert new.interference.kv_transfer_ms == pytest.approx(old.interference.kv_transfer_ms, abs=1e-3)
+            assert new.interference.num_chunks_expected == 1

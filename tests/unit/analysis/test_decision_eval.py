@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import math
 from pathlib import Path
 
 import pytest

@@ -107,7 +107,7 @@ def test_the_decode_instance_waits_for_the_modelled_transfer_then_runs_one_token
 
 def test_a_decode_instance_serves_plain_requests_as_a_plain_engine(profile):
     clock, engine, _, _ = make(profile, "decode")
-    out, _ = run_decodes_then(clock, engine, cold(16384))
+    _out, _ = run_decodes_then(clock, engine, cold(16384))
     chunks = [s.context_tokens for s in engine.history if s.context_tokens > 0]
     assert chunks[-3:] == [8188, 8188, 8]  # no kv_transfer_params: computed here, chunked as vLLM does
 
