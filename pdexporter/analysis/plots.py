@@ -284,3 +284,53 @@ def write_plots(plots: Iterable[Plot], out_dir: str | Path, formats: Iterable[st
         for fmt in formats:
             written.append(atomic_write_bytes(out / f"{plot.name}.{fmt}", plot.render(fmt)))
     return written
+
+
+def arms_plot(joined: pd.DataFrame, doc: dict | None = None) -> Plot | None:
+    """Both arms (docs/disaggregation.md): per D, the decode time offloading saves (colocated -
+    offloaded aggregate interference, solid) and what the request pays in TTFT (offloaded -
+    colocated TTFT, dashed) over P, measured points; offloading wins where solid is above dashed.
+    With `doc` (decision.json with `two_arm`), the models' curves (thin) and the measured transfer."""
+    from pdexporter.analysis.decision_eval import evaluate_decision
+
+    rows = joined[(joined["decode_batch_size"] >= 1) & joined["offloaded_aggregate_interference_ms"].notna()]
+    if not len(rows):
+        return None
+    b = int(rows["chunk_size"].max())
+    rows = rows[rows["chunk_size"] == b]
+    fig = Figure(figsize=(8.5, 5.0))
+    fig.subplots_adjust(left=0.1, right=0.78, top=0.88, bottom=0.12)
+    ax = fig.subplots()
+    colours = matplotlib.colormaps["viridis"]
+    decodes = sorted(int(d) for d in rows["decode_batch_size"].unique())
+    for i, d in enumerate(decodes):
+        part = rows[rows["decode_batch_size"] == d].sort_values("new_prefill_tokens")
+        colour = colours(i / max(len(decodes) - 1, 1))
+        p = part["new_prefill_tokens"].to_numpy(np.float64)
+        saved = (part["aggregate_interference_ms"] - part["offloaded_aggregate_interference_ms"]).to_numpy(np.float64)
+        ax.plot(p, saved, "o-", color=colour, label=f"D={d} saved")
+        offloaded_ttft = part["offloaded_ttft_ms"] if part["offloaded_ttft_ms"].notna().any() else None
+        if offloaded_ttft is not None:
+            cost = (offloaded_ttft - part["colocated_ttft_ms"]).to_numpy(np.float64)
+            ax.plot(p, cost, "s--", color=colour, label=f"D={d} TTFT cost")
+        if doc and doc.get("two_arm"):
+            grid = np.geomspace(max(64.0, p.min() / 2), p.max() * 1.5, 40)
+            model = [evaluate_decision(doc, d, int(x), b, mode="two-arm") for x in grid]
+            ax.plot(grid, [m["saved_ms"] for m in model], "-", color=colour, lw=0.8, alpha=0.6)
+            ax.plot(grid, [m["ttft_cost_ms"] for m in model], "--", color=colour, lw=0.8, alpha=0.6)
+    ax.set_xscale("log")
+    _plain_log_axis(ax.xaxis, decimal=False)
+    lowest = min((float(np.nanmin(line.get_ydata())) for line in ax.get_lines()), default=1.0)
+    if lowest > 0:
+        ax.set_yscale("log")
+    else:  # offloading can shorten the request's TTFT, or cost the decodes more: negative values
+        ax.set_yscale("symlog", linthresh=10)
+    ax.set_xlabel("new_prefill_tokens (P)")
+    ax.set_ylabel("ms")
+    transfer = (doc or {}).get("two_arm", {}).get("transfer", {}) if doc else {}
+    note = (f"; transfer {transfer.get('fixed_ms')} ms + {transfer.get('bandwidth_gb_s')} GB/s (measured)"
+            if transfer.get("source") == "measured" else "")
+    ax.set_title(_title(f"Offloading: decode time saved vs TTFT paid, B={b}{note}", _modelled(joined)), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, which="both", alpha=0.3)
+    return Plot("arms_saved_vs_ttft", ax.get_title(), fig)

@@ -128,6 +128,68 @@ def _decision(analysis: Analysis) -> str:
     return "\n".join(parts)
 
 
+def _arms(analysis: Analysis) -> str:
+    """Both arms (docs/disaggregation.md): the measured points side by side, the transfer model,
+    the break-even (smallest prefill offloading wins at) and the figure."""
+    arms = analysis.arms
+    if arms is None:
+        return ("<p>Only the colocated arm is here. <code>pdexporter report RESULTS --offloaded DIR</code> adds the "
+                "offloaded arm (DecodeBenchConnector or a measured P/D pair) and the two-arm verdict.</p>")
+    from pdexporter.analysis.plots import arms_plot
+
+    table = analysis.table
+    rows_ = table[table["offloaded_aggregate_interference_ms"].notna()]
+    doc = analysis.decision or {}
+    parts = [f"<p>Offloaded arm: {len(arms.samples)} grid points from <code>{_e(arms.source)}</code> "
+             f"({_e(', '.join(sorted({s.engine for s in arms.samples})))}); "
+             f"{_e((doc.get('two_arm') or {}).get('offloaded_setup', ''))}. Saved = colocated minus offloaded "
+             "aggregate interference (the decode time the running decodes get back); TTFT cost = offloaded minus "
+             "colocated TTFT (what the request pays).</p>"]
+    t = arms.transfer
+    if t is not None:
+        parts.append(f"<p id='transfer-model'>Transfer model ({_e(t.source)}, {t.n} windows): "
+                     f"{t.fixed_ms:.2f} ms + P &times; {t.ms_per_token * 1e3:.4f} ms per 1K tokens"
+                     + (f" = {t.bandwidth_gb_s:.1f} GB/s at {t.bytes_per_token:.0f} bytes per token" if t.bandwidth_gb_s
+                        else "") + ".</p>")
+    else:
+        parts.append("<p class='warn' id='transfer-model'>No transfer was measured: the verdict uses the seed's "
+                     f"constant {analysis.transfer_ms:g} ms in the offloaded TTFT.</p>")
+    headers = ["B", "D", "P", "colocated aggregate ms", "offloaded aggregate ms", "saved ms", "colocated TTFT ms",
+               "offloaded TTFT ms", "TTFT cost ms", "KV transfer ms", "KV MB", "verdict (two-arm, no SLO)"]
+    body = []
+    for r in rows_.itertuples():
+        saved = r.aggregate_interference_ms - r.offloaded_aggregate_interference_ms
+        cost = (r.offloaded_ttft_ms - r.colocated_ttft_ms) if r.offloaded_ttft_ms == r.offloaded_ttft_ms else None
+        verdict = ""
+        if doc.get("two_arm") and r.decode_batch_size < r.chunk_size:
+            from pdexporter.analysis.decision_eval import evaluate_decision
+
+            verdict = evaluate_decision(doc, int(r.decode_batch_size), int(r.new_prefill_tokens), int(r.chunk_size),
+                                        mode="two-arm")["verdict"]
+        body.append([_num(int(r.chunk_size)), _num(int(r.decode_batch_size)), _num(int(r.new_prefill_tokens)),
+                     _num(r.aggregate_interference_ms), _num(r.offloaded_aggregate_interference_ms), _num(saved),
+                     _num(r.colocated_ttft_ms), _num(r.offloaded_ttft_ms if cost is not None else None), _num(cost),
+                     _num(r.kv_transfer_ms if r.kv_transfer_ms == r.kv_transfer_ms else None),
+                     _num(r.kv_bytes / 2**20 if r.kv_bytes == r.kv_bytes and r.kv_bytes is not None else None),
+                     _e(verdict)])
+    parts.append('<div class="scroll" id="arms-table">' + _table(headers, body, frozenset({11})) + "</div>")
+    if arms.thresholds:
+        per = arms.thresholds["min_prefill_tokens"]
+        decodes = sorted({int(d) for v in per.values() for d in v})
+        rows = [[f"B={_e(b)}"] + [_num(v.get(str(d))) if v.get(str(d)) is not None else "never" for d in decodes]
+                for b, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
+        parts.append("<p id='break-even'>Break-even with the measured transfer: the smallest prefill (tokens) from "
+                     "which the two-arm verdict offloads, per chunk size and D (no SLO; "
+                     "<code>pdexporter thresholds --tpot-slo-ms .. --ttft-slo-ms ..</code> for yours, and the llm-d "
+                     "snippet):</p>")
+        parts.append(_table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0})))
+    plot = arms_plot(table, doc if doc.get("two_arm") else None)
+    if plot is not None:
+        parts.append(_plots([plot]))
+        plot.figure.clear()
+    return "\n".join(parts)
+
+
 def _plots(plots: list[Plot]) -> str:
     parts = []
     for plot in plots:
@@ -175,6 +237,7 @@ def render_report(analysis: Analysis, plots: list[Plot] | None = None, now: dt.d
         criteria=_criteria(analysis),
         fits=_fits(analysis),
         decision=_decision(analysis),
+        arms=_arms(analysis),
         plots=_plots(plots),
         mismatches=mismatches,
         table=_data_table(analysis),

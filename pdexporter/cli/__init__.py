@@ -46,10 +46,13 @@ def _root(
 
 def _register() -> None:
     from pdexporter.cli import (
-        compare, dashboards, decide, doctor, export_table, measure, reanalyse, report, run, sim, sweep,
+        compare, dashboards, decide, doctor, export_table, measure, reanalyse, report, run, sim, sweep, thresholds,
+        validate_pd,
     )
 
     for module in (run, measure, sweep, sim, export_table, compare, report, decide, reanalyse, dashboards, doctor):
+        module.register(app)
+    for module in (thresholds, validate_pd):  # both arms of the offload decision (docs/disaggregation.md)
         module.register(app)
 
 

@@ -57,6 +57,9 @@ def export_table(
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG/SVG plots.")] = True,
     parquet: Annotated[bool, typer.Option("--parquet/--no-parquet", help="Also write Parquet (needs pyarrow).")] = True,
+    offloaded: Annotated[Path | None, typer.Option(
+        "--offloaded", help="Records of the offloaded arm (DecodeBench or a P/D pair's decode instance): the table "
+                            "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md).")] = None,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import analyse, load_results, progress_steps, record_paths, write_outputs
@@ -65,6 +68,8 @@ def export_table(
     started = time.perf_counter()
     if (results_dir is None) == (prometheus is None):
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
+    if offloaded is not None and results_dir is None:
+        raise ConfigError("--offloaded: only with a RESULTS_DIR of the colocated arm")
     if prometheus is not None:
         analysis, out_dir, extra = _from_prometheus(prometheus, from_, to, step, transfer_ms, out)
         total = progress_steps(0, plots) - 3  # no record ticks; table/fits/criteria done before the bar
@@ -74,9 +79,12 @@ def export_table(
         assert results_dir is not None
         out_dir = out or results_dir
         paths = record_paths(results_dir)
-        with progress_bar(progress_steps(len(paths), plots), "export-table") as tick:
+        off_paths = record_paths(offloaded) if offloaded is not None else []
+        with progress_bar(progress_steps(len(paths) + len(off_paths), plots), "export-table") as tick:
             samples = load_results(results_dir, tick)
-            analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick)
+            off_samples = load_results(offloaded, tick) if offloaded is not None else None
+            analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick, offloaded=off_samples,
+                               offloaded_source=str(offloaded) if offloaded is not None else "")
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
         extra = []
     if parquet and not parquet_available():
@@ -133,6 +141,14 @@ def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
             console.print(f"  held out ({f.chosen}): " + "; ".join(generalisation))
     for note in analysis.notes:
         console.print(f"[yellow]{note}[/]")
+    if analysis.arms is not None:
+        arms = analysis.arms
+        t = arms.transfer
+        console.print(f"offloaded arm: {len(arms.samples)} grid points from {arms.source} "
+                      f"({', '.join(sorted({s.engine for s in arms.samples}))}); transfer model: "
+                      + (f"{t.source}, {t.fixed_ms:.2f} ms + {t.ms_per_token * 1e3:.4f} ms per 1K tokens"
+                         + (f" ({t.bandwidth_gb_s:.1f} GB/s)" if t.bandwidth_gb_s else "") if t is not None
+                         else "none measured (the seed's constant stands in)"))
     table = Table(title="Success criteria (seed)")
     table.add_column("#")
     table.add_column("criterion")

@@ -43,6 +43,9 @@ def serve(
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="Most requests running.")] = None,
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
         "--long-prefill-token-threshold", min=0, help="Cap on one request's tokens per step (0: none).")] = None,
+    kv_role: Annotated[str, typer.Option(
+        "--kv-role", help="none | decode-bench (every new request's KV filled, 1-token admission) | prefill (answers "
+                          "kv_transfer_params) | decode (waits for a modelled KV transfer). docs/disaggregation.md")] = "none",
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0 picks a free port.")] = 8000,
     ready_file: Annotated[Path | None, typer.Option(
@@ -53,12 +56,19 @@ def serve(
     from pdexporter.sim.profile import load_profile
     from pdexporter.sim.server import ServeOptions, precise_event_loop, run_server
 
+    from pdexporter.errors import ConfigError
+    from pdexporter.sim.kvconnector import KV_ROLES
+
+    if kv_role not in ("none", *KV_ROLES):
+        raise ConfigError(f"--kv-role {kv_role!r}: expected none, {', '.join(KV_ROLES)}")
     prof = load_profile(profile)
-    options = ServeOptions(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, host, port)
+    options = ServeOptions(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, host, port,
+                           None if kv_role == "none" else kv_role)
 
     def ready(info: dict[str, object]) -> None:
+        role = f", KV role {kv_role}" if kv_role != "none" else ""
         _line(f"INFO pdexporter embedded engine (MODELLED, profile {prof.name}, calibration {prof.calibration}, "
-              f"max_num_batched_tokens {info['max_num_batched_tokens']}) serving {info['model']} on {info['url']}")
+              f"max_num_batched_tokens {info['max_num_batched_tokens']}{role}) serving {info['model']} on {info['url']}")
         _line("INFO Asynchronous scheduling is enabled." if prof.engine.async_scheduling else
               "INFO Asynchronous scheduling is disabled.")
         if ready_file is not None:

@@ -112,7 +112,12 @@ def sim_sweep(
     reps: RepsOpt = None,
 ) -> None:
     """Predict a sweep's whole table with the embedded engine on a virtual clock (records say modelled)."""
-    spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual"}})
+    from pdexporter.launch.providers import sim_role_for
+
+    # The file's engine setup decides which arm is modelled (a pair or DecodeBench: the offloaded one).
+    role = sim_role_for(load_sweep(sweep_file).launcher)
+    spec = _load(sweep_file, mode, reps, None,
+                 {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual", "kv_role": role}})
     name = spec.name or sweep_file.stem
     store = ResultsStore(out or Path("results") / "sim" / profile / name)
     report = _run(spec, store, deadline=None, keep_engine=False, token=None)

@@ -214,13 +214,15 @@ class EngineClient:
             await self._session.close()
         self._session = None
 
-    def _headers(self, json_body: bool = False) -> dict[str, str]:
+    def _headers(self, json_body: bool = False, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if json_body:
             headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         headers.update(self.extra_headers)
+        if extra:
+            headers.update(extra)
         return headers
 
     def url(self, path: str) -> str:
@@ -295,8 +297,37 @@ class EngineClient:
         text = await self.get_text("/metrics", retry=retry)
         return parse_exposition(text, t_ns=t_ns, source=self.url("/metrics"))
 
+    async def post_json(self, path: str, body: bytes, *, headers: Mapping[str, str] | None = None,
+                        timeout_s: float | None = None) -> tuple[dict[str, Any], int, int]:
+        """POST a pre-encoded non-streaming request; (its JSON answer, sent and done stamps in ns).
+        Never retried: the request may have run (a prefill instance now holds its KV)."""
+        url = self.url(path)
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeouts.read_s, connect=self.timeouts.connect_s)
+        t_sent = self.clock()
+        try:
+            async with self.session.post(url, data=body, headers=self._headers(json_body=True, extra=headers),
+                                         timeout=timeout) as resp:
+                raw = await resp.read()
+                t_done = self.clock()
+                if resp.status >= 400:
+                    raise EngineHTTPError(url, resp.status, error_message_from_body(raw))
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+            raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
+        except TimeoutError as exc:
+            raise EngineTimeout(f"{url}: no answer within {timeout.total:g} s") from exc
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise EngineError(f"{url}: the answer is not JSON ({raw[:120]!r})") from exc
+        if not isinstance(data, dict):
+            raise EngineError(f"{url}: expected a JSON object, got {type(data).__name__}")
+        return data, t_sent, t_done
+
     async def stream_into(
-        self, path: str, body: bytes, stream: TokenStream, *, retry_connect: bool = False
+        self, path: str, body: bytes, stream: TokenStream, *, retry_connect: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> TokenStream:
         """POST a pre-encoded streaming request and fill `stream` until the engine ends it.
 
@@ -304,7 +335,7 @@ class EngineClient:
         any byte of the answer arrived is retried (safe: nothing was generated for us).
         """
         if not retry_connect:
-            return await self._stream_once(path, body, stream)
+            return await self._stream_once(path, body, stream, headers)
         async for state in AsyncRetrying(
             stop=stop_after_attempt(self.retries),
             wait=wait_exponential(multiplier=0.25, max=4.0),
@@ -313,16 +344,18 @@ class EngineClient:
         ):
             with state:
                 stream.reopen()
-                return await self._stream_once(path, body, stream)
+                return await self._stream_once(path, body, stream, headers)
         raise AssertionError("unreachable")
 
-    async def _stream_once(self, path: str, body: bytes, stream: TokenStream) -> TokenStream:
+    async def _stream_once(self, path: str, body: bytes, stream: TokenStream,
+                           headers: Mapping[str, str] | None = None) -> TokenStream:
         rx = self._rx_transport()
         if rx is not None:
-            return await self._stream_once_rx(rx, path, body, stream)
-        return await self._stream_once_aiohttp(path, body, stream)
+            return await self._stream_once_rx(rx, path, body, stream, headers)
+        return await self._stream_once_aiohttp(path, body, stream, headers)
 
-    async def _stream_once_rx(self, rx: RxTransport, path: str, body: bytes, stream: TokenStream) -> TokenStream:
+    async def _stream_once_rx(self, rx: RxTransport, path: str, body: bytes, stream: TokenStream,
+                              headers: Mapping[str, str] | None = None) -> TokenStream:
         """The kernel-stamped path: a plain socket read from a reader callback (`engine.kstamp`)."""
         url = self.url(path)
         target = Target.parse(url)
@@ -339,7 +372,8 @@ class EngineClient:
             return decoder.done
 
         try:
-            request = request_bytes("POST", target.host_header, target.path, self._headers(json_body=True), body)
+            request = request_bytes("POST", target.host_header, target.path,
+                                    self._headers(json_body=True, extra=headers), body)
         except ValueError as exc:
             raise ConfigError(f"request headers for {url}: {exc}") from exc
         try:
@@ -366,7 +400,8 @@ class EngineClient:
         stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
         return stream
 
-    async def _stream_once_aiohttp(self, path: str, body: bytes, stream: TokenStream) -> TokenStream:
+    async def _stream_once_aiohttp(self, path: str, body: bytes, stream: TokenStream,
+                                   headers: Mapping[str, str] | None = None) -> TokenStream:
         url = self.url(path)
         parser = SSEParser()
         decoder = StreamDecoder(source=url)
@@ -378,7 +413,7 @@ class EngineClient:
         try:
             stream.mark_sent(self.clock())
             async with self.session.post(
-                url, data=body, headers=self._headers(json_body=True), timeout=timeout
+                url, data=body, headers=self._headers(json_body=True, extra=headers), timeout=timeout
             ) as resp:
                 if resp.status >= 400:
                     raise EngineHTTPError(url, resp.status, error_message_from_body(await resp.read()))

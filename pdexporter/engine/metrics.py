@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.engines._registry import MetricKind
 from pdexporter.engines.vllm import METRIC_ALIASES as VLLM_METRIC_ALIASES
+from pdexporter.engines.vllm import OPTIONAL_METRICS
 from pdexporter.errors import EngineError
 
 # canonical name -> (kind, the engine's names): vLLM's table lives in its adapter (engines.vllm).
@@ -47,7 +48,8 @@ class MetricsSnapshot:
 
     @property
     def missing(self) -> tuple[str, ...]:
-        return tuple(name for name in ALIASES if name not in self.sources)
+        """Series every engine exports that this scrape lacks (connector-only ones excepted)."""
+        return tuple(name for name in ALIASES if name not in self.sources and name not in OPTIONAL_METRICS)
 
 
 def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:

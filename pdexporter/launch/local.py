@@ -28,6 +28,7 @@ from typing import Any
 from pdexporter._internal.atomic import atomic_write_json
 from pdexporter.engine.client import EngineClient
 from pdexporter.engines import adapter
+from pdexporter.engines.disagg import setup_for_command
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
 from pdexporter._internal.redact import redact_argv
 from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
@@ -152,6 +153,9 @@ class LocalLauncher:
     deadline: Callable[[], float | None] = lambda: None  # seconds left, or None
     on_message: Callable[[str], None] = lambda text: None
     name: str = "local"
+    # One instance of a P/D pair ("prefill" | "decode", launch/pair.py): its state and log live in
+    # `{chunk}/engine/{role}/`, and its engine setup follows from its command's --kv-transfer-config.
+    role: str | None = None
     adopted: bool = field(default=False, init=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _state: EngineState | None = field(default=None, init=False, repr=False)
@@ -161,16 +165,21 @@ class LocalLauncher:
     def can_set_chunk_size(self) -> bool:
         return True
 
+    def _engine_dir(self, chunk_size: int) -> Path:
+        base = self.store.engine_dir(chunk_size)
+        return base / self.role if self.role else base
+
     def state_path(self, chunk_size: int) -> Path:
-        return self.store.engine_dir(chunk_size) / STATE_FILE
+        return self._engine_dir(chunk_size) / STATE_FILE
 
     def log_path(self, chunk_size: int) -> Path:
-        return self.store.engine_dir(chunk_size) / LOG_FILE
+        return self._engine_dir(chunk_size) / LOG_FILE
 
     def _known_states(self) -> list[tuple[Path, EngineState]]:
         out = []
         if self.store.root.is_dir():
-            for path in sorted(self.store.root.glob(f"*/engine/{STATE_FILE}")):
+            pattern = f"*/engine/{self.role}/{STATE_FILE}" if self.role else f"*/engine/{STATE_FILE}"
+            for path in sorted(self.store.root.glob(pattern)):
                 state = EngineState.read(path)
                 if state is not None:
                     out.append((path, state))
@@ -273,9 +282,10 @@ class LocalLauncher:
                     raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")
                 await asyncio.sleep(self.health_poll_s)
         argv = self._state.argv if self._state is not None else ()
+        kind = setup_for_command(argv, self.kind, self.role)  # e.g. DecodeBenchConnector: the offloaded arm
         self._handle = EngineHandle(
-            url=self.url, chunk_size=chunk_size, kind=self.kind, gpu=self.gpu, iteration_log=log, log_path=log,
-            cuda_graphs=adapter(self.kind).cuda_graphs(argv), command=argv,
+            url=self.url, chunk_size=chunk_size, kind=kind, gpu=self.gpu, iteration_log=log, log_path=log,
+            cuda_graphs=adapter(kind).cuda_graphs(argv), command=argv,
         )
         return self._handle
 

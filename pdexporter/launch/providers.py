@@ -18,10 +18,12 @@ from pdexporter.launch.local import LocalLauncher
 from pdexporter.launch.sim import SimLauncher
 from pdexporter.measure.driver import EngineDriver, http_driver
 from pdexporter.measure.store import ResultsStore
+from pdexporter.launch.pair import PairLauncher, pair_connector
 from pdexporter.sweep.spec import (
     ExternalLauncherSpec,
     KubernetesLauncherSpec,
     LocalLauncherSpec,
+    PairLauncherSpec,
     SimLauncherSpec,
     SweepSpec,
 )
@@ -83,27 +85,103 @@ class LauncherProvider:
 
 
 @dataclass
+class PairProvider:
+    """`measure.pd.PdDriver`s on a P/D pair from a `PairLauncher` (docs/disaggregation.md)."""
+
+    launcher: PairLauncher
+    model: str | None = None
+    api_key: str | None = None
+    gpu: str | None = None
+    connector: str = "NixlConnector"
+    p2p_addresses: tuple[str, str] | None = None
+    description: str = ""
+    log_dir_for: Callable[[int], Path] | None = None  # real-time embedded engines log under {chunk}/engine/{role}
+    _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
+
+    async def open(self, chunk_size: int) -> EngineDriver:
+        from pdexporter.measure.pd import pd_driver
+
+        await self._close_driver()
+        if self.log_dir_for is not None:
+            for role, launcher in (("prefill", self.launcher.prefill), ("decode", self.launcher.decode)):
+                if isinstance(launcher, LogDirected):
+                    launcher.log_dir = self.log_dir_for(chunk_size) / role
+        handle = await self.launcher.start(chunk_size)
+        assert self.launcher.prefill_handle is not None
+        stack = contextlib.AsyncExitStack()
+        try:
+            driver = await stack.enter_async_context(pd_driver(
+                self.launcher.prefill_handle, handle, model=self.model, api_key=self.api_key, gpu=self.gpu,
+                connector=self.connector, p2p_addresses=self.p2p_addresses))
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack = stack
+        return driver
+
+    async def _close_driver(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def close(self, *, stop_engine: bool) -> None:
+        await self._close_driver()
+        if not stop_engine:
+            self.launcher.release()
+        else:
+            await self.launcher.stop()
+
+
+@dataclass
 class VirtualSimProvider:
-    """The embedded engine in-process on a virtual clock (run the controller under `run_virtual`)."""
+    """The embedded engine in-process on a virtual clock (run the controller under `run_virtual`);
+    `kv_role` "decode-bench" (one engine) or "pd" (a prefill and a decode engine behind
+    `measure.pd.PdDriver`) measures the offloaded arm."""
 
     profile: Any  # a profile name, path or `sim.profile.Profile`
     model: str | None = None
     gpu: str | None = None
     description: str = ""
     launcher: Launcher | None = None  # in-process: nothing to launch
+    kv_role: str = "none"
     _driver: Any = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
         from pdexporter.sim.driver import SimDriver  # the embedded engine (sim package)
 
         await self.close(stop_engine=True)
-        self._driver = SimDriver.create(profile=self.profile, chunk_size=chunk_size)
+        if self.kv_role == "pd":
+            from pdexporter.measure.pd import PdDriver
+
+            self._driver = PdDriver(SimDriver.create(profile=self.profile, chunk_size=chunk_size, kv_role="prefill"),
+                                    SimDriver.create(profile=self.profile, chunk_size=chunk_size, kv_role="decode"))
+        else:
+            self._driver = SimDriver.create(profile=self.profile, chunk_size=chunk_size, kv_role=self.kv_role)
         return self._driver
 
     async def close(self, *, stop_engine: bool) -> None:
         driver, self._driver = self._driver, None
         if driver is not None:
             await driver.aclose()
+
+
+def sim_role_for(launcher_spec: Any) -> str:
+    """The embedded engine's `kv_role` that models a sweep file's engine setup: "pd" for a pair,
+    "decode-bench" for a command with DecodeBenchConnector, the sim launcher's own, else "none"."""
+    from pdexporter.engines.disagg import DECODE_BENCH, connector_of
+    from pdexporter.launch.local import render_command
+
+    if isinstance(launcher_spec, PairLauncherSpec):
+        return "pd"
+    if isinstance(launcher_spec, SimLauncherSpec):
+        return launcher_spec.kv_role
+    if isinstance(launcher_spec, LocalLauncherSpec):
+        try:
+            argv = render_command(launcher_spec.command, 8192, dict(launcher_spec.vars)).argv
+        except ConfigError:
+            return "none"
+        return "decode-bench" if connector_of(argv) == DECODE_BENCH else "none"
+    return "none"
 
 
 def make_provider(
@@ -116,12 +194,34 @@ def make_provider(
 ) -> EngineProvider:
     launcher_spec = spec.launcher
     if isinstance(launcher_spec, SimLauncherSpec):
+        role = launcher_spec.kv_role
+        arm = "" if role == "none" else f", offloaded arm ({role})"
         if launcher_spec.clock == "virtual":
-            return VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu,
-                                      description=f"embedded engine {launcher_spec.profile}, virtual clock")
-        sim = SimLauncher(profile=launcher_spec.profile)
+            return VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu, kv_role=role,
+                                      description=f"embedded engine {launcher_spec.profile}, virtual clock{arm}")
+        if role == "pd":
+            pair = PairLauncher(SimLauncher(profile=launcher_spec.profile, kv_role="prefill"),
+                                SimLauncher(profile=launcher_spec.profile, kv_role="decode"))
+            return PairProvider(pair, model=spec.model, api_key=api_key, log_dir_for=store.engine_dir,
+                                description=f"embedded engines {launcher_spec.profile} (prefill + decode), real time "
+                                            f"over HTTP{arm}")
+        sim = SimLauncher(profile=launcher_spec.profile, kv_role=None if role == "none" else role)
         return LauncherProvider(sim, model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
-                                description=f"embedded engine {launcher_spec.profile}, real time over HTTP")
+                                description=f"embedded engine {launcher_spec.profile}, real time over HTTP{arm}")
+    if isinstance(launcher_spec, PairLauncherSpec):
+        connector, addresses = pair_connector(launcher_spec)
+        instances = []
+        for role, inst in (("prefill", launcher_spec.prefill), ("decode", launcher_spec.decode)):
+            instances.append(LocalLauncher(
+                command=inst.command, store=store, url=inst.url, variables=dict(launcher_spec.vars),
+                env={**launcher_spec.env, **inst.env}, cwd=inst.cwd, health_timeout_s=launcher_spec.health_timeout_s,
+                stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu,
+                deadline=deadline, on_message=on_message, role=role,
+            ))
+        return PairProvider(PairLauncher(instances[0], instances[1]), model=spec.model, api_key=api_key, gpu=spec.gpu,
+                            connector=connector, p2p_addresses=addresses,
+                            description=f"P/D pair ({connector}): prefill at {launcher_spec.prefill.url}, decode at "
+                                        f"{launcher_spec.decode.url}")
     launcher: Launcher
     if isinstance(launcher_spec, LocalLauncherSpec):
         launcher = LocalLauncher(

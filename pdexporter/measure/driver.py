@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.engine.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
 from pdexporter.engine.iterlog import IterationLogTail, IterationStep
@@ -46,6 +46,7 @@ class EngineInfo:
     modelled: bool = False
     clock: str = "perf_counter_ns"
     command: tuple[str, ...] | None = None  # how the engine was started, secrets redacted
+    prefill_engine: EngineInfo | None = None  # a P/D pair's prefill instance (`measure.pd`); this is its decode one
 
     @property
     def note(self) -> str | None:
@@ -61,6 +62,9 @@ class PreparedRequest:
     max_tokens: int
     body: bytes = b""
     path: str = COMPLETIONS_PATH
+    headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers (a P/D pair's X-Request-Id)
+    stream: bool = True
+    kv_transfer_params: dict[str, Any] | None = None  # P/D disaggregation; in `body` too over HTTP
 
     @property
     def prompt_tokens(self) -> int:
@@ -112,12 +116,36 @@ class HttpDriver:
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
         stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
-        task = asyncio.get_running_loop().create_task(
-            self.client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect)
-        )
+        task = asyncio.get_running_loop().create_task(self.send_into(prepared, stream, retry_connect=retry_connect))
         self._tasks.add(task)
         task.add_done_callback(self._reap)
         return stream
+
+    # -- one instance of a P/D pair (`measure.pd.PdEndpoint`) --------------------------------
+
+    def prepare_routed(self, prompt_token_ids: Sequence[int], max_tokens: int, tag: str, *, stream: bool = True,
+                       kv_transfer_params: dict[str, Any] | None = None,
+                       headers: Sequence[tuple[str, str]] = ()) -> PreparedRequest:
+        """A request of a routed prefill: non-streaming to the prefill instance, streaming (with
+        the prefill instance's kv_transfer_params) to the decode instance."""
+        ids = tuple(int(i) for i in prompt_token_ids)
+        body = completion_request(self.info.model, ids, max_tokens)
+        if not stream:
+            body["stream"] = False
+            body.pop("stream_options", None)
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
+        return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens, body=encode_body(body),
+                               headers=tuple(headers), stream=stream, kv_transfer_params=kv_transfer_params)
+
+    async def complete(self, prepared: PreparedRequest) -> tuple[dict[str, Any], int, int]:
+        """A non-streaming request: its answer, and when it was sent and answered (ns)."""
+        return await self.client.post_json(prepared.path, prepared.body, headers=dict(prepared.headers))
+
+    async def send_into(self, prepared: PreparedRequest, stream: TokenStream, *, retry_connect: bool = False) -> TokenStream:
+        """A streaming request filling `stream` until it ends."""
+        return await self.client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect,
+                                             headers=dict(prepared.headers) if prepared.headers else None)
 
     def _reap(self, task: asyncio.Task[TokenStream]) -> None:
         self._tasks.discard(task)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineDriver, EngineInfo
+from pdexporter.measure.pd import offload_numbers
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes
 from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, run_window
 from pdexporter.measure.records import (
@@ -59,6 +60,8 @@ class PointSpec:
 
 def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings, *, reps: int, mode: str,
                   chunk_size_source: str = "given") -> RecordConfig:
+    kv = adapter(info.kind).kv
+    prefill = info.prefill_engine
     return RecordConfig(
         decode_batch_size=spec.decode_batch_size,
         new_prefill_tokens=spec.new_prefill_tokens,
@@ -79,6 +82,12 @@ def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings,
         reps_planned=reps,
         engine_command=list(info.command) if info.command else None,
         chunk_size_source=chunk_size_source,
+        arm=kv.arm,
+        kv_connector=kv.connector,
+        prefill_engine=None if prefill is None else {
+            "engine": prefill.kind, "url": prefill.url, "version": prefill.version, "gpu": prefill.gpu,
+            "chunk_size": prefill.chunk_size, "command": list(prefill.command) if prefill.command else None,
+        },
     )
 
 
@@ -92,23 +101,26 @@ def rep_record(
 ) -> RepRecord:
     """One repetition's record blocks, from the window and the baseline it was compared with."""
     baseline = run.baseline
+    deltas = run.engine_metric_deltas
     return RepRecord(
         rep=rep,
         baseline=baseline_block(baseline, run.baseline_rule),
         interference=interference_block(
             run.window,
-            num_chunks_expected=spec.num_chunks_expected,
+            num_chunks_expected=len(run.schedule) if run.schedule else spec.num_chunks_expected,
             engine_chunks=run.engine_chunks,
             prefill_prompt_tokens=run.prefill.prompt_tokens,
+            offload=offload_numbers(run.offload, deltas),
         ),
         derived=derived_block(derive(baseline, run.window, spec.decode_batch_size)),
         raw=raw,
-        engine_metrics=run.engine_metric_deltas,
+        engine_metrics=deltas,
         started_at=started_at,
     )
 
 
-_RESUME_KEYS = ("model", "engine", "decode_context_tokens", "decode_output_tokens", "prefill_max_tokens", "mode")
+_RESUME_KEYS = ("model", "engine", "decode_context_tokens", "decode_output_tokens", "prefill_max_tokens", "mode",
+                "arm")
 
 
 def check_resumable(existing: RunRecord | None, fields: dict[str, object], path: str) -> None:

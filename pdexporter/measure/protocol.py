@@ -14,6 +14,10 @@ pooled, the exporter's continuous ones) and which baseline (Phase 1, the live qu
 the caller's choice (`measure.probesets`).
 
 All numbers are computed afterwards by the pure functions in `measure.window`.
+
+A driver that routes the prefill through a P/D pair's prefill instance first (`measure.pd.Routing`)
+runs that first half before the window opens; the window is the decode instance's half, and the
+route's clock (`InterferenceRun.offload`) goes into the record and the raw file (measure/pd.py).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
 from pdexporter.measure.driver import EngineDriver, PreparedRequest
+from pdexporter.measure.pd import RouteTiming, Routing
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
 from pdexporter.engines import adapter
 from pdexporter.engines.vllm import format_step  # raw files keep steps as vLLM's log lines
@@ -202,6 +207,7 @@ class InterferenceRun:
     schedule: tuple[int, ...] | None = None  # the engine's chunk schedule for this prefill, when B is known
     salt: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    offload: RouteTiming | None = None  # the routed prefill's clock (a P/D pair, measure.pd)
 
     @property
     def engine_metric_deltas(self) -> dict[str, float]:
@@ -236,6 +242,7 @@ class InterferenceRun:
             "engine_steps": [format_step(s) for s in self.engine_steps] if self.engine_steps else None,
             "metrics_before": self.metrics_before.values if self.metrics_before else None,
             "metrics_after": self.metrics_after.values if self.metrics_after else None,
+            **({"offload": self.offload.to_raw(t0)} if self.offload is not None else {}),
             **self.extra,
         }
 
@@ -387,6 +394,8 @@ async def run_window(
     salt = salt or str(uuid.uuid4())
     if prepared is None:
         prepared = driver.prepare(cold_prompt(p, salt, settings.token_range), settings.prefill_max_tokens, "prefill")
+    if isinstance(driver, Routing):
+        await driver.route_ahead(prepared)  # a P/D pair: the prefill instance's half, before the window
     streams = await probes.ready(driver, d, p) if d else []
     before = await driver.scrape_metrics()
     # The scrape (its parse runs on this loop) can hold up the probes' reads for several ms; the
@@ -441,4 +450,5 @@ async def run_window(
         schedule=schedule,
         salt=salt,
         extra={**baseline_extra, **probes.raw_extra()} if d else dict(baseline_extra),
+        offload=driver.route_of(prefill) if isinstance(driver, Routing) else None,
     )

@@ -219,6 +219,14 @@ class StepTimeParams(_Strict):
         None, gt=0, description="experts routing effectively spreads over (None: all, uniform routing)"
     )
     roofline_sharpness: float = Field(4.0, ge=1, description="p of the p-norm joining compute and memory time")
+    # The decode instance of a P/D pair (docs/disaggregation.md). Projected, not calibrated: no
+    # DecodeBench or 1P1D step time has been fitted yet; `sim calibrate` leaves them alone.
+    kv_fill_bandwidth_efficiency: float = Field(
+        0.5, gt=0, le=1, description="DecodeBenchConnector writes the admitted request's P - 1 tokens of dummy KV "
+                                     "in the admitting step, at this fraction of HBM bandwidth (GPU time)")
+    kv_landing_contention: float = Field(
+        0.5, ge=0, le=1, description="while a KV transfer lands in this GPU's memory, each step's GPU time grows by "
+                                     "this x (achieved link bandwidth / HBM bandwidth): the copy engine shares HBM")
 
 
 class EngineLoopParams(_Strict):
@@ -244,6 +252,33 @@ class EngineLoopParams(_Strict):
     idle_start_ms: float = Field(0.0, ge=0, description="extra start latency of a step on an idle engine (ms)")
 
 
+class KvTransferParams(_Strict):
+    """The KV transfer between the two instances of a P/D pair, as the embedded engine models it:
+
+        transfer_s(P) = fixed_ms / 1e3 + kv_bytes_per_token x P / (link_bandwidth_gb_s x 1e9 x link_efficiency)
+
+    kv_bytes_per_token comes from the model (`ModelSpec.kv_bytes_per_token`; Qwen3-Coder-30B-A3B:
+    48 layers x 4 KV heads x 128 x 2 (K, V) x 2 bytes = 96 KiB). The link's bandwidth is a
+    datasheet figure; what a NIXL read reaches of it and the fixed cost are projections until a
+    pair has been measured (`pdexporter decide` fits both from measured transfers). MODELLED."""
+
+    link: str = Field("NVLink 4, same host", description="what carries the KV between the two GPUs")
+    link_bandwidth_gb_s: float = Field(
+        450.0, gt=0, description="one direction, GB/s (H200 SXM datasheet: NVLink 900 GB/s, both directions)")
+    link_efficiency: float = Field(0.5, gt=0, le=1, description="fraction of the link a transfer reaches (projected)")
+    fixed_ms: float = Field(
+        5.0, ge=0, description="per transfer: descriptor setup, completion notification, the engine noticing it "
+                               "(projected)")
+
+    def seconds(self, num_tokens: int, bytes_per_token: int) -> float:
+        return self.fixed_ms * 1e-3 + self.bytes(num_tokens, bytes_per_token) / (
+            self.link_bandwidth_gb_s * 1e9 * self.link_efficiency)
+
+    @staticmethod
+    def bytes(num_tokens: int, bytes_per_token: int) -> int:
+        return max(0, int(num_tokens)) * int(bytes_per_token)
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
@@ -255,6 +290,7 @@ class Profile(_Strict):
     engine: EngineSpec
     step_time: StepTimeParams
     engine_loop: EngineLoopParams = Field(default_factory=EngineLoopParams)
+    kv_transfer: KvTransferParams = Field(default_factory=KvTransferParams)
 
     def with_step_time(self, params: StepTimeParams, *, calibration: Calibration, note: str,
                        source: str | None = None, engine_loop: EngineLoopParams | None = None) -> Profile:

@@ -21,6 +21,11 @@ Attention:
   318, 422 ms);
 - A_memory = sum(s + c) KV bytes per token / (HBM * bandwidth_efficiency): decodes read their KV.
 `roof(x, y) = (x^p + y^p)^(1/p)` is a smooth roofline (p = roofline_sharpness; p -> inf is max).
+KV fill (the decode instance of a P/D pair with DecodeBenchConnector, docs/disaggregation.md):
+- F = kv_fill_tokens x KV bytes per token / (HBM * kv_fill_bandwidth_efficiency): the connector
+  writes the admitted request's P - 1 tokens of dummy KV into its blocks before the step's forward
+  pass, on the same GPU, so it adds to the step: gpu = fixed + roof(W) + roof(A) + F. The admitted
+  request's own token attends to its P - 1 tokens of context like any decode (A above).
 
 CPU time (the engine core's main thread: schedule the step, prepare its inputs, launch the
 forward pass, later process its outputs):
@@ -88,9 +93,11 @@ class StepComposition:
     max_query_len: int
     attention_pairs: float
     kv_read_tokens: int
+    kv_fill_tokens: int = 0  # tokens of KV a connector writes into the cache in this step (DecodeBench)
 
     @classmethod
-    def of(cls, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> StepComposition:
+    def of(cls, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None,
+           kv_fill_tokens: int = 0) -> StepComposition:
         """From (query_len, context_before) per request; every request samples unless told."""
         tokens = requests = max_q = kv = 0
         pairs = 0.0
@@ -101,7 +108,8 @@ class StepComposition:
                 max_q = c
             pairs += c * s + c * (c + 1) / 2
             kv += s + c
-        return cls(tokens, requests, requests if num_sampled is None else num_sampled, max_q, pairs, kv)
+        return cls(tokens, requests, requests if num_sampled is None else num_sampled, max_q, pairs, kv,
+                   kv_fill_tokens)
 
     @classmethod
     def decode_batch(cls, d: int, context: int) -> StepComposition:
@@ -126,6 +134,7 @@ class StepTimeBreakdown:
     launch_s: float  # the graph-mode part of cpu_s
     graph_mode: str  # "full", "piecewise" or "eager"
     padded_tokens: int = 0  # the tokens the step runs as (the captured size it is padded to; T when eager)
+    kv_fill_s: float = 0.0  # the connector's KV fill (part of gpu_s)
 
     @property
     def total_s(self) -> float:
@@ -135,6 +144,15 @@ class StepTimeBreakdown:
     @property
     def total_ms(self) -> float:
         return self.total_s * 1e3
+
+
+def landing_factor(profile: Profile, params: StepTimeParams | None = None) -> float:
+    """How much longer a step runs on the GPU while a KV transfer lands in its memory:
+    1 + kv_landing_contention x achieved link bandwidth / HBM bandwidth (MODELLED)."""
+    p = params or profile.step_time
+    link = profile.kv_transfer
+    return 1.0 + p.kv_landing_contention * (link.link_bandwidth_gb_s * 1e9 * link.link_efficiency) / (
+        profile.gpu.hbm_bandwidth_tb_s * 1e12)
 
 
 def _roof(x: float, y: float, p: float) -> float:
@@ -206,6 +224,8 @@ class StepTimeModel:
         self._miss = 1.0 - self._k / self._pool
         self._attn_s_per_pair = m.attention_flops_per_pair / (peak * p.attention_efficiency)
         self._kv_s_per_token = m.kv_bytes_per_token / bw
+        self._fill_s_per_token = m.kv_bytes_per_token / (g.hbm_bandwidth_tb_s * 1e12 * p.kv_fill_bandwidth_efficiency)
+        self.landing_factor = landing_factor(profile, p)
 
     def experts_touched(self, num_tokens: int) -> float:
         """Expected distinct experts per layer that `num_tokens` tokens route to."""
@@ -246,7 +266,12 @@ class StepTimeModel:
         if comp.num_tokens <= 0:
             return 0.0
         w_compute, w_memory, a_compute, a_memory, _ = self._terms(comp, self.graph(comp)[1])
-        return self._fixed + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
+        return (self._fixed + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
+                + comp.kv_fill_tokens * self._fill_s_per_token)
+
+    def kv_fill_s(self, comp: StepComposition) -> float:
+        """The connector's KV fill inside the step (DecodeBenchConnector), seconds of GPU time."""
+        return comp.kv_fill_tokens * self._fill_s_per_token
 
     def cpu_s(self, comp: StepComposition) -> float:
         """Seconds of the engine core's main thread the step takes (schedule, prepare, launch, outputs)."""
@@ -261,7 +286,7 @@ class StepTimeModel:
         mode, tokens = self.graph(comp)
         w_compute, w_memory, a_compute, a_memory, experts = self._terms(comp, tokens)
         return StepTimeBreakdown(self._fixed, w_compute, w_memory, a_compute, a_memory, experts, self.gpu_s(comp),
-                                 self.cpu_s(comp), self.launch_s(comp), mode, tokens)
+                                 self.cpu_s(comp), self.launch_s(comp), mode, tokens, self.kv_fill_s(comp))
 
     def __call__(self, comp: StepComposition) -> float:
         """The step's period when steps like it run back to back: max(cpu, gpu), in seconds."""

@@ -140,11 +140,57 @@ class ExternalLauncherSpec(_Strict):
 
 class SimLauncherSpec(_Strict):
     """The embedded engine: `virtual` clock in-process (seconds for a whole grid), or `real` time
-    over HTTP (a child `pdexporter sim serve`)."""
+    over HTTP (a child `pdexporter sim serve`). `kv_role` measures the offloaded arm
+    (docs/disaggregation.md): "decode-bench" (every new request's KV filled, one engine) or "pd"
+    (a prefill and a decode instance with a modelled KV transfer, the routing step in front)."""
 
     kind: Literal["sim"]
     profile: str = "h200-qwen3-coder-30b-a3b"
     clock: Literal["virtual", "real"] = "virtual"
+    kv_role: Literal["none", "decode-bench", "pd"] = "none"
+
+
+class PairInstanceSpec(_Strict):
+    """One engine of a P/D pair: its own command (leading NAME=value words are its environment),
+    URL and environment (e.g. CUDA_VISIBLE_DEVICES, VLLM_NIXL_SIDE_CHANNEL_PORT)."""
+
+    command: str = Field(min_length=1)
+    url: str
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _check_url(value)
+
+
+class PairLauncherSpec(_Strict):
+    """A 1P1D pair on one host (launch/pair.py): two engines started, health-waited and stopped
+    together, each from its own command; `vars` fill both templates, `env` goes to both (on a
+    multi-GPU host: NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1).
+    The probes run on the decode instance (its command needs {chunk}); the injected prefill is
+    routed through the prefill instance first (measure/pd.py). The connector is read from the
+    commands' --kv-transfer-config (NixlConnector or P2pNcclConnector), or the embedded engine's
+    --kv-role prefill/decode (a modelled NIXL)."""
+
+    kind: Literal["pair"]
+    prefill: PairInstanceSpec
+    decode: PairInstanceSpec
+    vars: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    health_timeout_s: float = Field(600.0, gt=0)
+    stop_timeout_s: float = Field(60.0, gt=0)
+    adopt: bool = True
+
+    @model_validator(mode="after")
+    def _pair(self) -> PairLauncherSpec:
+        from pdexporter.launch.pair import check_pair
+
+        problem = check_pair(self)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class KubernetesLauncherSpec(_Strict):
@@ -183,7 +229,7 @@ class KubernetesLauncherSpec(_Strict):
 
 
 LauncherSpec = Annotated[
-    LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec,
+    LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec | PairLauncherSpec,
     Field(discriminator="kind"),
 ]
 
@@ -251,10 +297,13 @@ class SweepSpec(_Strict):
         launcher's `env` and `NAME=value` / `--secret value` words of its command replaced by ***."""
         data = self.model_dump(mode="json")
         launcher = data.get("launcher") or {}
-        if isinstance(launcher.get("env"), dict):
-            launcher["env"] = redact_env(launcher["env"])
-        if isinstance(launcher.get("command"), str):
-            launcher["command"] = " ".join(redact_argv(launcher["command"].split()))
+        for node in (launcher, launcher.get("prefill"), launcher.get("decode")):
+            if not isinstance(node, dict):
+                continue
+            if isinstance(node.get("env"), dict):
+                node["env"] = redact_env(node["env"])
+            if isinstance(node.get("command"), str):
+                node["command"] = " ".join(redact_argv(node["command"].split()))
         return data
 
     def points(self) -> Iterator[tuple[int, int, int]]:
@@ -323,4 +372,5 @@ LAUNCHERS: dict[str, type[BaseModel]] = {
     "external": ExternalLauncherSpec,
     "sim": SimLauncherSpec,
     "kubernetes": KubernetesLauncherSpec,
+    "pair": PairLauncherSpec,
 }
