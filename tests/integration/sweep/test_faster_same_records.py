@@ -1,0 +1,113 @@
+"""The sweep's speed-ups change no number: fast mode retiring used probe sets by cancelling them
+(instead of letting them decode their leftover tokens), the record cache and the cut-down /metrics
+parse give the same records as the drain path, on the embedded engine's virtual clock, where the
+engine is deterministic: equal to a microsecond, or a millionth of a sum (the window starts at another absolute virtual
+time, so float timestamps differ in their last bits; records keep 0.1 us)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pdexporter._internal.vloop import run_virtual
+from pdexporter.engine.stream import TokenStream
+from pdexporter.launch.providers import VirtualSimProvider
+from pdexporter.measure.driver import Cancelling, EngineDriver
+from pdexporter.measure.quantities import tabulated
+from pdexporter.measure.store import ResultsStore
+from pdexporter.sweep.controller import SweepController, SweepReport
+from pdexporter.sweep.spec import parse_sweep
+
+pytestmark = pytest.mark.integration
+
+SPEC = {
+    "grid": {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [0, 2, 8],
+             "new_prefill_tokens": [512, 4096, 16384, 32768]},
+    "reps": 3, "mode": "fast", "fast": {"max_context_drift_tokens": 160},
+    "launcher": {"kind": "sim", "profile": "h200-qwen3-coder-30b-a3b", "clock": "virtual"},
+}
+
+
+@dataclass
+class NoCancelDriver:
+    """A TEST DOUBLE around the embedded engine's driver: the same engine, but a driver that cannot
+    cancel streams (as before the speed-up), so fast mode lets used probe sets run out."""
+
+    inner: EngineDriver
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if name == "cancel":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def info(self):  # type: ignore[no-untyped-def]
+        return self.inner.info
+
+    @property
+    def progress(self):  # type: ignore[no-untyped-def]
+        return self.inner.progress
+
+    def now_ns(self) -> int:
+        return self.inner.now_ns()
+
+    def prepare(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.inner.prepare(*args, **kwargs)
+
+    def start(self, prepared, *, retry_connect: bool = False) -> TokenStream:  # type: ignore[no-untyped-def]
+        return self.inner.start(prepared, retry_connect=retry_connect)
+
+    async def scrape_metrics(self):  # type: ignore[no-untyped-def]
+        return await self.inner.scrape_metrics()
+
+    def step_mark(self):  # type: ignore[no-untyped-def]
+        return self.inner.step_mark()
+
+    def steps_since(self, mark):  # type: ignore[no-untyped-def]
+        return self.inner.steps_since(mark)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class NoCancelProvider(VirtualSimProvider):
+    async def open(self, chunk_size: int) -> EngineDriver:
+        return NoCancelDriver(await super().open(chunk_size))  # type: ignore[return-value]
+
+
+def sweep(root: Path, provider: VirtualSimProvider) -> SweepReport:
+    spec = parse_sweep(SPEC)
+    return run_virtual(SweepController(spec, ResultsStore(root), provider).run())
+
+
+def values(root: Path) -> dict[tuple[int, int, int, int], dict[str, object]]:
+    out = {}
+    for record in ResultsStore(root).iter_records():
+        for rep in record.reps:
+            blocks = {"baseline": rep.baseline, "interference": rep.interference, "derived": rep.derived}
+            out[(*record.key, rep.rep)] = {q.field: getattr(blocks[q.block], q.field) for q in tabulated()}
+    return out
+
+
+def test_cancelling_used_probe_sets_changes_no_number(tmp_path: Path) -> None:
+    assert not isinstance(NoCancelDriver(None), Cancelling)  # type: ignore[arg-type]
+    before = sweep(tmp_path / "drain", NoCancelProvider("h200-qwen3-coder-30b-a3b"))
+    after = sweep(tmp_path / "cancel", VirtualSimProvider("h200-qwen3-coder-30b-a3b"))
+    assert before.complete and after.complete
+    cancelled = sum(c.probe_sets_cancelled for c in after.chunks.values())
+    assert cancelled >= 6 and sum(c.probe_sets_cancelled for c in before.chunks.values()) == 0
+    a, b = values(tmp_path / "drain"), values(tmp_path / "cancel")
+    assert len(a) == 2 * 3 * 4 * 3 and a.keys() == b.keys()
+    for key in a:
+        for name, value in a[key].items():
+            if isinstance(value, float):
+                assert b[key][name] == pytest.approx(value, rel=1e-6, abs=1e-3), (key, name)
+            else:
+                assert b[key][name] == value, (key, name)
+    # and it was faster: the leftover tokens of every retired set are not waited for
+    phase2 = [sum(c.engine_s["phase2"] for c in r.chunks.values()) for r in (before, after)]
+    assert phase2[1] < phase2[0]
+    print(f"Phase 2 modelled: {phase2[0]:.1f} s draining, {phase2[1]:.1f} s cancelling ({cancelled} sets)")
