@@ -534,10 +534,13 @@ class SweepController:
                 return
             block = min(statuses[key].reps_recorded for key in pending)
             members = {key for key in pending if statuses[key].reps_recorded == block}
-            order = [(d, p) for d, p in block_order(spec.order.seed, chunk, block, grid_points)
-                     if (chunk, d, p) in members]
-            self.reports[chunk].blocks.append({"block": block, "order": [[d, p] for d, p in order]})
-            position = {dp: i for i, dp in enumerate(order)}
+            drawn = block_order(spec.order.seed, chunk, block, grid_points)
+            position = {dp: i for i, dp in enumerate(drawn)}  # a repetition's block_position
+            order = [(d, p) for d, p in drawn if (chunk, d, p) in members]
+            # sweep.json: the block's whole drawn order, and what this invocation ran of it (the
+            # rest of a block a killed run was in; the configurations a CV re-run attempt repeats)
+            self.reports[chunk].blocks.append({"block": block, "order": [[d, p] for d, p in drawn],
+                                               "ran": [[d, p] for d, p in order]})
             for d, group in itertools.groupby(order, key=lambda dp: dp[0]):
                 ps = [p for _, p in group]
                 if d not in baselines:
