@@ -170,6 +170,8 @@ def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_e
 
 def _finish(spec: SweepSpec, store: ResultsStore, report: SweepReport) -> None:
     console.print(summary_table(report))
+    for line in slot_lines(report):
+        console.print(line)
     checked = sum(c.injections_checked for c in report.chunks.values())
     busy = sum(c.busy_at_injection for c in report.chunks.values())
     retried = sum(c.retries for c in report.chunks.values())
@@ -198,9 +200,26 @@ PHASE_HEADERS = {"engine_start": "start", "warmup": "warm-up", "phase1": "phase1
                  "cooldown": "cool"}
 
 
+def _virtual(report: SweepReport) -> bool:
+    return abs(report.engine_s - report.wall_s) > 1.0
+
+
+def slot_lines(report: SweepReport) -> list[str]:
+    """With several engines: each one's chunk sizes and time per phase (the wall is the slowest)."""
+    slots = sorted({c.slot for c in report.chunks.values() if c.slot})
+    lines = []
+    for slot in slots:
+        chunks = [c for c in report.chunks.values() if c.slot == slot]
+        totals = {p: sum((c.engine_s if _virtual(report) else c.wall_s)[p] for c in chunks) for p in PHASES}
+        lines.append(f"{slot}: chunk sizes {', '.join(str(c.chunk_size) for c in chunks)}; "
+                     + ", ".join(f"{PHASE_HEADERS[p]} {totals[p]:.1f} s" for p in PHASES)
+                     + f"; {sum(totals.values()):.1f} s in all")
+    return lines
+
+
 def summary_table(report: SweepReport) -> Table:
     """Per chunk size: configs, reps, median penalty, flagged configs, time per phase."""
-    virtual = abs(report.engine_s - report.wall_s) > 1.0
+    virtual = _virtual(report)
     table = Table(
         box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
         title=f"sweep {report.status}: {report.complete_configs}/{report.total_configs} configs, {report.mode} mode",

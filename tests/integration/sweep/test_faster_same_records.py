@@ -6,20 +6,18 @@ time, so float timestamps differ in their last bits; records keep 0.1 us)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.engine.stream import TokenStream
 from pdexporter.launch.providers import VirtualSimProvider
-from pdexporter.measure.driver import Cancelling, EngineDriver
+from pdexporter.measure.driver import Cancelling
 from pdexporter.measure.quantities import tabulated
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController, SweepReport
 from pdexporter.sweep.spec import parse_sweep
+from tests.no_cancel import NoCancelDriver, NoCancelProvider
 
 pytestmark = pytest.mark.integration
 
@@ -29,53 +27,6 @@ SPEC = {
     "reps": 3, "mode": "fast", "fast": {"max_context_drift_tokens": 160},
     "launcher": {"kind": "sim", "profile": "h200-qwen3-coder-30b-a3b", "clock": "virtual"},
 }
-
-
-@dataclass
-class NoCancelDriver:
-    """A TEST DOUBLE around the embedded engine's driver: the same engine, but a driver that cannot
-    cancel streams (as before the speed-up), so fast mode lets used probe sets run out."""
-
-    inner: EngineDriver
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        if name == "cancel":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    @property
-    def info(self):  # type: ignore[no-untyped-def]
-        return self.inner.info
-
-    @property
-    def progress(self):  # type: ignore[no-untyped-def]
-        return self.inner.progress
-
-    def now_ns(self) -> int:
-        return self.inner.now_ns()
-
-    def prepare(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        return self.inner.prepare(*args, **kwargs)
-
-    def start(self, prepared, *, retry_connect: bool = False) -> TokenStream:  # type: ignore[no-untyped-def]
-        return self.inner.start(prepared, retry_connect=retry_connect)
-
-    async def scrape_metrics(self):  # type: ignore[no-untyped-def]
-        return await self.inner.scrape_metrics()
-
-    def step_mark(self):  # type: ignore[no-untyped-def]
-        return self.inner.step_mark()
-
-    def steps_since(self, mark):  # type: ignore[no-untyped-def]
-        return self.inner.steps_since(mark)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-class NoCancelProvider(VirtualSimProvider):
-    async def open(self, chunk_size: int) -> EngineDriver:
-        return NoCancelDriver(await super().open(chunk_size))  # type: ignore[return-value]
 
 
 def sweep(root: Path, provider: VirtualSimProvider) -> SweepReport:
