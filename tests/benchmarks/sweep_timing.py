@@ -3,8 +3,9 @@
 `PhaseTimer` wraps the protocol's steps (probe set ready, /metrics scrapes, settle, the window
 maths, result files) for the duration of a `with` block and adds up, on the event loop's clock
 (virtual time on the embedded engine's virtual clock, real time otherwise) and on the machine's,
-how long each took. What is left of `run_window` is the prefill in flight plus the recovery
-intervals, which the protocol defines; what is outside `run_window` is bookkeeping between runs.
+how long each took (summed over engine slots when several run side by side). What is left of
+`run_window` is the prefill in flight plus the recovery intervals, which the protocol defines;
+what is outside `run_window` is bookkeeping between runs.
 It patches methods of pdexporter's own classes while active and restores them after; nothing of
 it is used outside tests/benchmarks.
 """
@@ -32,7 +33,8 @@ class PhaseTimer:
         self.loop_s: dict[str, float] = defaultdict(float)
         self.wall_s: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self._last_end: tuple[float, float] | None = None  # (loop, wall) at the end of the last window
+        # (loop, wall) at the end of each engine slot's last window (slots run as their own tasks)
+        self._last_end: dict[object, tuple[float, float] | None] = {}
 
     def _add(self, step: str, loop_s: float, wall_s: float) -> None:
         self.loop_s[step] += loop_s
@@ -43,16 +45,18 @@ class PhaseTimer:
         @functools.wraps(fn)
         async def wrapped(*args: Any, **kwargs: Any) -> Any:
             loop = asyncio.get_running_loop()
+            slot = asyncio.current_task()
             t_loop, t_wall = loop.time(), time.perf_counter()
-            if step == "window" and self._last_end is not None:
-                # from the end of the last window of this probe set to this one: bookkeeping
-                self._add("between", t_loop - self._last_end[0], t_wall - self._last_end[1])
+            last = self._last_end.get(slot)
+            if step == "window" and last is not None:
+                # from the end of this slot's last window to this one: bookkeeping
+                self._add("between", t_loop - last[0], t_wall - last[1])
             try:
                 return await fn(*args, **kwargs)
             finally:
                 self._add(step, loop.time() - t_loop, time.perf_counter() - t_wall)
                 # a window's end starts the next gap; Phase 1, warm-up and engine starts end it
-                self._last_end = (loop.time(), time.perf_counter()) if step == "window" else None
+                self._last_end[slot] = (loop.time(), time.perf_counter()) if step == "window" else None
         return wrapped
 
     def _wrap_sync(self, step: str, fn: Any) -> Any:
