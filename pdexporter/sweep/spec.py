@@ -177,14 +177,15 @@ class LocalLauncherSpec(_Strict):
         if self.gpus is None:
             return self
         if self.base_port + len(self.gpus) - 1 > 65535:
-            raise ValueError(f"base_port: {self.base_port} + {len(self.gpus)} GPUs runs past port 65535")
+            raise ValueError(f"launcher.base_port: {self.base_port} + {len(self.gpus)} GPUs runs past port 65535")
         taken = [name for name in SLOT_PLACEHOLDERS if name in self.vars]
         if taken:
-            raise ValueError(f"vars.{taken[0]}: reserved with launcher.gpus (filled in per GPU)")
+            raise ValueError(f"launcher.vars.{taken[0]}: reserved with launcher.gpus (filled in per GPU)")
         if "{port}" not in self.command:
-            raise ValueError("command: must contain {port} with launcher.gpus (each GPU's engine has its own port)")
+            raise ValueError("launcher.command: must contain {port} with launcher.gpus (each GPU's engine has its "
+                             "own port)")
         if "{port}" not in self.url:
-            raise ValueError("url: must contain {port} with launcher.gpus, e.g. http://127.0.0.1:{port}")
+            raise ValueError("launcher.url: must contain {port} with launcher.gpus, e.g. http://127.0.0.1:{port}")
         return self
 
     @property

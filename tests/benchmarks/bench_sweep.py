@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
-from pdexporter.launch.providers import VirtualSimProvider, make_providers  # noqa: E402
+from pdexporter.launch.providers import make_providers  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
 from pdexporter.sweep.controller import PHASES, SweepController, SweepReport  # noqa: E402
 from pdexporter.sweep.spec import load_sweep  # noqa: E402

@@ -53,7 +53,8 @@ def test_block_order_is_seeded_complete_and_keeps_each_d_together() -> None:
 
 
 @pytest.mark.parametrize("mode", ["fast", "faithful"])
-async def test_every_block_holds_one_repetition_of_every_config_in_the_recorded_order(tmp_path: Path, mode: str) -> None:
+async def test_every_block_holds_one_repetition_of_every_config_in_the_recorded_order(tmp_path: Path,
+                                                                                      mode: str) -> None:
     report = await SweepController(spec(mode), ResultsStore(tmp_path), DoubleProvider()).run()
     assert report.complete
     run = blocks(tmp_path)
