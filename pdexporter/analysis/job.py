@@ -6,6 +6,7 @@ I/O edges; the CLI commands (`export-table`, `report`, `decide`) call these and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,31 @@ def load_results(results_dir: str | Path, tick: Tick | None = None) -> list[Conf
         if tick:
             tick(path.name)
     return samples
+
+
+def load_joined(results_dirs: Sequence[str | Path], tick: Tick | None = None) -> list[ConfigSamples]:
+    """Every record of several results directories as one grid (a sweep split over Kubernetes
+    pods, one directory per chunk size). A grid point in two of them is refused: which of the
+    two measurements is the table's would be a guess."""
+    samples: list[ConfigSamples] = []
+    seen: dict[tuple[int, int, int], Path] = {}
+    for directory in results_dirs:
+        for sample in load_results(directory, tick):
+            where = Path(directory)
+            if sample.key in seen:
+                b, d, p = sample.key
+                raise RecordError(f"B={b} D={d} P={p} is in both {seen[sample.key]} and {where}: "
+                                  "join results directories of different grid points")
+            seen[sample.key] = where
+            samples.append(sample)
+    return samples
+
+
+def joined_out_dir(results_dirs: Sequence[str | Path]) -> Path:
+    """Where a join's outputs go by default: the one directory, or the directories' common parent."""
+    if len(results_dirs) == 1:
+        return Path(results_dirs[0])
+    return Path(os.path.commonpath([os.path.abspath(d) for d in results_dirs]))
 
 
 def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANSFER_MS, source: str = "",

@@ -11,7 +11,9 @@ repetition. Both sources meet in `ConfigSamples`, so one function builds the tab
 
 Columns: the key columns, then every quantity `pdexporter.measure.quantities` declares with a
 table column (the seed's six first, in its order; `docs/metrics.md` lists them all with their
-record keys and meanings), then the CVs over repetitions and where the numbers come from.
+record keys and meanings), then the CVs over repetitions and where the numbers come from, and
+last a 95 % bootstrap confidence interval of the median (`analysis.bootstrap`, seeded per grid
+point) for the penalty, the prefill duration and the aggregate interference.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
+from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
 from pdexporter.measure.quantities import seed_columns, tabulated
 from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, cv
 
@@ -44,7 +47,10 @@ EXTRA_COLUMNS = (
     + EXTRA_REP_VALUES
     + IDENTITY_COLUMNS
 )
-COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS
+# 95 % bootstrap intervals of the medians (after every other column, so no existing one moves).
+CI_VALUES = ("tpot_penalty_ms", "prefill_duration_ms", "aggregate_interference_ms")
+CI_COLUMNS = tuple(f"{name}_ci95_{end}" for name in CI_VALUES for end in ("low", "high"))
+COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS + CI_COLUMNS
 # The offloaded arm's table (records of a P/D pair's decode instance, docs/disaggregation.md)
 # carries these after all of the above: which arm and connector, and the routed request's numbers.
 ARM_VALUES = tuple(q.column for q in tabulated("offloaded") if q.column and q.arm == "offloaded")
@@ -155,6 +161,10 @@ def table_row(s: ConfigSamples) -> dict[str, Any]:
     row.update(modelled=bool(s.modelled), engine=s.engine, gpu=s.gpu, model=s.model)
     row.update(arm=s.arm, kv_connector=s.kv_connector)
     row.update(aggregate_reps(s.reps, ARM_VALUES))
+    for name in CI_VALUES:
+        low, high = bootstrap_ci([r.get(name) for r in s.reps], seed=point_seed(s.key, name))
+        row[f"{name}_ci95_low"] = None if low is None else round(low, DIGITS)
+        row[f"{name}_ci95_high"] = None if high is None else round(high, DIGITS)
     return row
 
 

@@ -48,12 +48,15 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]
 
 
 def export_table(
-    results_dir: Annotated[Path | None, typer.Argument(help="Results directory of records (results/{chunk}/D{d}_P{p}.json).")] = None,
+    results_dir: Annotated[list[Path] | None, typer.Argument(
+        help="Results directory of records (results/{chunk}/D{d}_P{p}.json); several are joined into one "
+             "table (e.g. one per chunk size from a Kubernetes Indexed Job).")] = None,
     prometheus: Annotated[str | None, typer.Option("--prometheus", help="Prometheus base URL to pull the exporter's windows from instead.")] = None,
     from_: Annotated[str, typer.Option("--from", help="Start: RFC3339, unix seconds, 'now' or relative (-1h).")] = "-1h",
     to: Annotated[str, typer.Option("--to", help="End: RFC3339, unix seconds, 'now' or relative.")] = "now",
     step: Annotated[str, typer.Option("--step", help="query_range resolution; at most the scrape interval.")] = "1s",
-    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: RESULTS_DIR, or ./results).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: RESULTS_DIR, the common parent of "
+                                                             "several, or ./results).")] = None,
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG/SVG plots.")] = True,
     parquet: Annotated[bool, typer.Option("--parquet/--no-parquet", help="Also write Parquet (needs pyarrow).")] = True,
@@ -62,10 +65,13 @@ def export_table(
                             "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md).")] = None,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
-    from pdexporter.analysis.job import analyse, load_results, progress_steps, record_paths, write_outputs
+    from pdexporter.analysis.job import (
+        analyse, joined_out_dir, load_joined, load_results, progress_steps, record_paths, write_outputs,
+    )
     from pdexporter.analysis.table import parquet_available
 
     started = time.perf_counter()
+    results_dir = results_dir or None  # typer gives [] for none
     if (results_dir is None) == (prometheus is None):
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
     if offloaded is not None and results_dir is None:
@@ -77,13 +83,14 @@ def export_table(
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
     else:
         assert results_dir is not None
-        out_dir = out or results_dir
-        paths = record_paths(results_dir)
+        out_dir = out or joined_out_dir(results_dir)
+        paths = [path for directory in results_dir for path in record_paths(directory)]
         off_paths = record_paths(offloaded) if offloaded is not None else []
         with progress_bar(progress_steps(len(paths) + len(off_paths), plots), "export-table") as tick:
-            samples = load_results(results_dir, tick)
+            samples = load_joined(results_dir, tick)
             off_samples = load_results(offloaded, tick) if offloaded is not None else None
-            analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick, offloaded=off_samples,
+            source = " + ".join(str(d) for d in results_dir)
+            analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
                                offloaded_source=str(offloaded) if offloaded is not None else "")
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
         extra = []

@@ -52,9 +52,30 @@ class MetricsSnapshot:
         return tuple(name for name in ALIASES if name not in self.sources and name not in OPTIONAL_METRICS)
 
 
+# Every engine-side name some canonical series may have: the only families a snapshot keeps.
+_KNOWN_PREFIXES = tuple(sorted({name for _, names in ALIASES.values() for name in names}))
+
+
+def known_lines(text: str) -> str:
+    """The exposition cut to the families `ALIASES` names (their samples and # HELP/# TYPE lines).
+
+    A snapshot ignores every other series, so it is the same from either text; parsing only these
+    lines takes a tenth of the time on vLLM's ~55 KB /metrics (hundreds of histogram buckets
+    pdexporter never reads), and a sweep parses it twice per window."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(_KNOWN_PREFIXES):
+                kept.append(line)
+        elif line.startswith(_KNOWN_PREFIXES):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:
     """Parse Prometheus text exposition into canonical values; unknown series are ignored."""
-    return snapshot_from_families(text_string_to_metric_families(text), t_ns=t_ns, source=source)
+    return snapshot_from_families(text_string_to_metric_families(known_lines(text)), t_ns=t_ns, source=source)
 
 
 def snapshot_from_families(

@@ -1,6 +1,8 @@
 """Providers: what the sweep controller asks for an engine at a chunk size, as a ready
 `EngineDriver` (an HTTP driver on a launched engine, or the embedded engine in-process on a
-virtual clock), and `make_provider`, which builds one from a sweep file's `launcher`."""
+virtual clock), and `make_providers`, which builds one per engine slot (one per GPU of
+`launcher.gpus`, one per embedded engine of `launcher.engines`, else one) from a sweep file's
+`launcher`."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.errors import ConfigError
 from pdexporter.launch.base import Launcher, LogDirected, Releasing
@@ -45,6 +47,17 @@ class EngineProvider(Protocol):
         ...
 
 
+@runtime_checkable
+class SlotLabelled(Protocol):
+    """A provider that is one of several engine slots of a sweep (a GPU of `launcher.gpus`)."""
+
+    slot: str  # "GPU 1", "engine 0"; "" for a sweep of one engine
+
+
+def slot_label(provider: EngineProvider) -> str:
+    return provider.slot if isinstance(provider, SlotLabelled) else ""
+
+
 @dataclass
 class LauncherProvider:
     """HTTP drivers on engines from a `Launcher` (local, external, sim real-time, kubernetes)."""
@@ -55,6 +68,7 @@ class LauncherProvider:
     gpu: str | None = None
     description: str = ""
     log_dir_for: Callable[[int], Path] | None = None  # where a launcher with a `log_dir` logs
+    slot: str = ""
     _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
@@ -96,6 +110,7 @@ class PairProvider:
     p2p_addresses: tuple[str, str] | None = None
     description: str = ""
     log_dir_for: Callable[[int], Path] | None = None  # real-time embedded engines log under {chunk}/engine/{role}
+    slot: str = ""
     _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
@@ -144,6 +159,7 @@ class VirtualSimProvider:
     description: str = ""
     launcher: Launcher | None = None  # in-process: nothing to launch
     kv_role: str = "none"
+    slot: str = ""
     _driver: Any = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
@@ -192,22 +208,47 @@ def make_provider(
     deadline: Callable[[], float | None] = lambda: None,
     on_message: Callable[[str], None] = lambda text: None,
 ) -> EngineProvider:
+    """The one provider of a sweep file of one engine (`make_providers` for several)."""
+    providers = make_providers(spec, store, api_key=api_key, deadline=deadline, on_message=on_message)
+    if len(providers) != 1:
+        raise ConfigError(f"launcher: {len(providers)} engines (gpus/engines); use make_providers")
+    return providers[0]
+
+
+def make_providers(
+    spec: SweepSpec,
+    store: ResultsStore,
+    *,
+    api_key: str | None = None,
+    deadline: Callable[[], float | None] = lambda: None,
+    on_message: Callable[[str], None] = lambda text: None,
+) -> list[EngineProvider]:
+    """One provider per engine slot of the sweep file's launcher (`SweepSpec.slots`)."""
     launcher_spec = spec.launcher
     if isinstance(launcher_spec, SimLauncherSpec):
         role = launcher_spec.kv_role
         arm = "" if role == "none" else f", offloaded arm ({role})"
+        several = launcher_spec.engines > 1
+
+        def slot(i: int) -> str:
+            return f"engine {i}" if several else ""
+
         if launcher_spec.clock == "virtual":
-            return VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu, kv_role=role,
-                                      description=f"embedded engine {launcher_spec.profile}, virtual clock{arm}")
+            return [VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu, kv_role=role, slot=slot(i),
+                                       description=f"embedded engine {launcher_spec.profile}, virtual clock{arm}")
+                    for i in range(launcher_spec.engines)]
         if role == "pd":
-            pair = PairLauncher(SimLauncher(profile=launcher_spec.profile, kv_role="prefill"),
-                                SimLauncher(profile=launcher_spec.profile, kv_role="decode"))
-            return PairProvider(pair, model=spec.model, api_key=api_key, log_dir_for=store.engine_dir,
-                                description=f"embedded engines {launcher_spec.profile} (prefill + decode), real time "
-                                            f"over HTTP{arm}")
-        sim = SimLauncher(profile=launcher_spec.profile, kv_role=None if role == "none" else role)
-        return LauncherProvider(sim, model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
-                                description=f"embedded engine {launcher_spec.profile}, real time over HTTP{arm}")
+            return [PairProvider(PairLauncher(SimLauncher(profile=launcher_spec.profile, kv_role="prefill"),
+                                              SimLauncher(profile=launcher_spec.profile, kv_role="decode")),
+                                 model=spec.model, api_key=api_key, log_dir_for=store.engine_dir, slot=slot(i),
+                                 description=f"embedded engines {launcher_spec.profile} (prefill + decode), real "
+                                             f"time over HTTP{arm}")
+                    for i in range(launcher_spec.engines)]
+        return [LauncherProvider(SimLauncher(profile=launcher_spec.profile, kv_role=None if role == "none" else role),
+                                 model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
+                                 slot=slot(i),
+                                 description=f"embedded engine {launcher_spec.profile}, real time over HTTP{arm}")
+                for i in range(launcher_spec.engines)]
     if isinstance(launcher_spec, PairLauncherSpec):
         connector, addresses = pair_connector(launcher_spec)
         instances = []
@@ -218,20 +259,27 @@ def make_provider(
                 stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu,
                 deadline=deadline, on_message=on_message, role=role,
             ))
-        return PairProvider(PairLauncher(instances[0], instances[1]), model=spec.model, api_key=api_key, gpu=spec.gpu,
-                            connector=connector, p2p_addresses=addresses,
-                            description=f"P/D pair ({connector}): prefill at {launcher_spec.prefill.url}, decode at "
-                                        f"{launcher_spec.decode.url}")
-    launcher: Launcher
+        return [PairProvider(PairLauncher(instances[0], instances[1]), model=spec.model, api_key=api_key, gpu=spec.gpu,
+                             connector=connector, p2p_addresses=addresses,
+                             description=f"P/D pair ({connector}): prefill at {launcher_spec.prefill.url}, decode at "
+                                         f"{launcher_spec.decode.url}")]
     if isinstance(launcher_spec, LocalLauncherSpec):
-        launcher = LocalLauncher(
-            command=launcher_spec.command, store=store, url=launcher_spec.url, variables=dict(launcher_spec.vars),
-            env=dict(launcher_spec.env), cwd=launcher_spec.cwd, health_timeout_s=launcher_spec.health_timeout_s,
-            stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu,
-            deadline=deadline, on_message=on_message,
-        )
-        what = f"local engine at {launcher_spec.url}"
-    elif isinstance(launcher_spec, ExternalLauncherSpec):
+        urls = [launcher_spec.slot_url(i) for i in range(launcher_spec.slots)]
+        out: list[EngineProvider] = []
+        for i, url in enumerate(urls):
+            launcher = LocalLauncher(
+                command=launcher_spec.command, store=store, url=url,
+                variables={**launcher_spec.vars, **launcher_spec.slot_values(i)},
+                env=launcher_spec.slot_env(i), cwd=launcher_spec.cwd, health_timeout_s=launcher_spec.health_timeout_s,
+                stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu,
+                deadline=deadline, on_message=on_message, siblings=frozenset(urls) - {url},
+            )
+            slot = f"GPU {launcher_spec.gpus[i]}" if launcher_spec.gpus else ""
+            out.append(LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, slot=slot,
+                                        description=f"local engine at {url}" + (f" on {slot}" if slot else "")))
+        return out
+    launcher: Launcher
+    if isinstance(launcher_spec, ExternalLauncherSpec):
         launcher = ExternalLauncher(url=launcher_spec.url, chunk_size=launcher_spec.chunk_size, gpu=spec.gpu)
         what = f"external engine at {launcher_spec.url}"
     elif isinstance(launcher_spec, KubernetesLauncherSpec):
@@ -239,4 +287,4 @@ def make_provider(
         what = f"Kubernetes ({launcher_spec.tool}) engine at {launcher_spec.url}"
     else:  # pragma: no cover - the schema admits no other kind
         raise ConfigError(f"launcher.kind: {launcher_spec!r}")
-    return LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, description=what)
+    return [LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, description=what)]

@@ -95,6 +95,17 @@ class EngineDriver(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class Cancelling(Protocol):
+    """A driver that can end streams early, as a client going away does: the engine aborts them.
+    Fast mode ends a probe set it has no further window for this way instead of letting it decode
+    its leftover tokens (`probesets.PooledProbes.retire`)."""
+
+    async def cancel(self, streams: Sequence[TokenStream]) -> None:
+        """End these streams now (each finishes with reason "abort"); finished ones are left alone."""
+        ...
+
+
 @dataclass
 class HttpDriver:
     """Drives an engine over HTTP with `EngineClient`; all timestamps are `perf_counter_ns`."""
@@ -104,6 +115,7 @@ class HttpDriver:
     iteration_log: IterationLogTail | None = None
     progress: Progress = field(default_factory=Progress)
     _tasks: set[asyncio.Task[TokenStream]] = field(default_factory=set, repr=False)
+    _by_stream: dict[str, asyncio.Task[TokenStream]] = field(default_factory=dict, repr=False)
     _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     def now_ns(self) -> int:
@@ -118,7 +130,8 @@ class HttpDriver:
         stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
         task = asyncio.get_running_loop().create_task(self.send_into(prepared, stream, retry_connect=retry_connect))
         self._tasks.add(task)
-        task.add_done_callback(self._reap)
+        self._by_stream[stream.request_id] = task
+        task.add_done_callback(lambda done, rid=stream.request_id: self._reap(done, rid))
         return stream
 
     # -- one instance of a P/D pair (`measure.pd.PdEndpoint`) --------------------------------
@@ -147,8 +160,10 @@ class HttpDriver:
         return await self.client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect,
                                              headers=dict(prepared.headers) if prepared.headers else None)
 
-    def _reap(self, task: asyncio.Task[TokenStream]) -> None:
+    def _reap(self, task: asyncio.Task[TokenStream], request_id: str | None = None) -> None:
         self._tasks.discard(task)
+        if request_id is not None and self._by_stream.get(request_id) is task:
+            del self._by_stream[request_id]
         if not task.cancelled():
             task.exception()  # recorded on the stream already; mark the task's exception as seen
 
@@ -165,6 +180,18 @@ class HttpDriver:
         if self.iteration_log is None or not isinstance(mark, int):
             return None
         return self.iteration_log.read_since(mark)
+
+    async def cancel(self, streams: Sequence[TokenStream]) -> None:
+        """Close these streams' connections (vLLM aborts a request whose client went away)."""
+        tasks = [t for s in streams if not s.done and (t := self._by_stream.get(s.request_id)) is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        now = self.now_ns()
+        for s in streams:
+            if not s.done:
+                s.finish(now, "abort")
 
     async def cancel_all(self) -> None:
         for task in list(self._tasks):

@@ -8,8 +8,9 @@ rerun continues where it stopped.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineDriver, EngineInfo
@@ -98,8 +99,10 @@ def rep_record(
     *,
     raw: str | None,
     started_at: str | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> RepRecord:
-    """One repetition's record blocks, from the window and the baseline it was compared with."""
+    """One repetition's record blocks, from the window and the baseline it was compared with;
+    `fields`: further RepRecord fields (an interleaved sweep's `block`, `block_position`)."""
     baseline = run.baseline
     deltas = run.engine_metric_deltas
     return RepRecord(
@@ -116,6 +119,7 @@ def rep_record(
         raw=raw,
         engine_metrics=deltas,
         started_at=started_at,
+        **(fields or {}),
     )
 
 
@@ -179,6 +183,7 @@ async def measure_point(
     on_rep: Callable[[RepRecord], None] | None = None,
     interfere: Callable[[int, BaselineRun], Awaitable[InterferenceRun]] | None = None,
     summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate,
+    rep_fields: Mapping[str, Any] | None = None,
 ) -> RunRecord:
     """Measure repetitions `len(recorded) .. reps - 1` of one point.
 
@@ -207,7 +212,7 @@ async def measure_point(
                 driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, FreshProbes(settings),
                 FixedBaseline(baseline.stats), chunk_size=spec.chunk_size,
             )
-        record = append_rep(store, spec, config, done, run, started, summarise)
+        record = append_rep(store, spec, config, done, run, started, summarise, rep_fields)
         if on_rep is not None:
             on_rep(done[-1])
     assert record is not None
@@ -220,12 +225,14 @@ def now_iso() -> str:
 
 def append_rep(store: ResultsStore, spec: PointSpec, config: RecordConfig, done: list[RepRecord],
                run: InterferenceRun, started_at: str | None,
-               summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate) -> RunRecord:
+               summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate,
+               fields: Mapping[str, Any] | None = None) -> RunRecord:
     """Add one repetition to the point's record: its raw file first, then the record (both atomic),
     so a record never points at a missing file. `done` (the repetitions so far) grows by one."""
     raw_path = store.raw_path(*_key(spec), len(done))
     store.save_raw(raw_path, run.to_raw())
-    done.append(rep_record(len(done), run, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started_at))
+    done.append(rep_record(len(done), run, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started_at,
+                           fields=fields))
     record = summarise(config, done)
     store.save_record(record)
     return record

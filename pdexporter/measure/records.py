@@ -103,6 +103,9 @@ class RepRecord(_Model):
     raw: str | None = None
     engine_metrics: dict[str, float] = Field(default_factory=dict)
     started_at: str | None = None
+    # Extra keys an interleaved sweep (sweep file `order: interleaved`) adds: `block`, the block
+    # this repetition ran in, and `block_position`, its place in that block's order (sweep.json
+    # lists each block's order). Absent otherwise, so other records are unchanged.
 
     def summary_line(self) -> str:
         b, i, d = self.baseline, self.interference, self.derived

@@ -191,6 +191,15 @@ class SimDriver:
             return None
         return [s.to_iteration_step() for s in self.engine.history.since(mark)]
 
+    async def cancel(self, streams: Sequence[TokenStream]) -> None:
+        """End these streams now, as a client going away does (`measure.driver.Cancelling`)."""
+        now = self.now_ns()
+        for stream in streams:
+            if self._live.pop(stream.request_id, None) is not None:
+                self.engine.abort_request(stream.request_id)
+            if not stream.done:
+                stream.finish(now, "abort")
+
     async def aclose(self) -> None:
         """Abort what is still running (like clients going away) and stop the engine."""
         now = self.now_ns()

@@ -110,3 +110,16 @@ def test_report_table_is_full_height_and_sortable(modelled_analysis):
     assert '<table id="interference-table" class="sortable">' in html
     assert 'class="scroll"' not in html  # no small scroll box around it
     assert "tpot_<wbr>penalty_<wbr>ms" in html
+
+
+def test_report_table_ends_with_the_bootstrap_intervals(modelled_analysis):
+    """The report's table is the interference table: its last headers are the 95 % intervals, and
+    a row with a penalty shows one."""
+    from pdexporter.analysis.table import CI_COLUMNS
+
+    html = render_report(modelled_analysis).replace("<wbr>", "")
+    heads = [re.findall(r"<th[^>]*>([^<]*)</th>", head) for head in re.findall(r"<thead>(.*?)</thead>", html)]
+    (data,) = [h for h in heads if h[:3] == ["chunk_size", "decode_batch_size", "new_prefill_tokens"]]
+    assert data == list(modelled_analysis.table.columns) and tuple(data[-len(CI_COLUMNS):]) == CI_COLUMNS
+    row = modelled_analysis.table.dropna(subset=["tpot_penalty_ms_ci95_low"]).iloc[0]
+    assert row["tpot_penalty_ms_ci95_low"] <= row["tpot_penalty_ms"] <= row["tpot_penalty_ms_ci95_high"]
