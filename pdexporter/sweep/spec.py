@@ -53,8 +53,21 @@ class GridSpec(_Strict):
     chunk_sizes: list[PositiveInt] = Field(min_length=1)
     decode_batch_sizes: list[NonNegativeInt] = Field(min_length=1)
     new_prefill_tokens: list[PositiveInt] = Field(min_length=1)
+    # Only these [B, D, P] configurations of the product (e.g. the points of an earlier sweep that
+    # failed the CV criterion, re-run); None: the whole product.
+    only: list[tuple[PositiveInt, NonNegativeInt, PositiveInt]] | None = None
 
     _check_unique = field_validator("chunk_sizes", "decode_batch_sizes", "new_prefill_tokens")(_unique)
+
+    @model_validator(mode="after")
+    def _only_in_grid(self) -> GridSpec:
+        for i, (b, d, p) in enumerate(self.only or []):
+            if b not in self.chunk_sizes or d not in self.decode_batch_sizes or p not in self.new_prefill_tokens:
+                raise ValueError(f"grid.only[{i}] = [{b}, {d}, {p}] is not in the grid's lists")
+        return self
+
+    def includes(self, key: tuple[int, int, int]) -> bool:
+        return self.only is None or tuple(key) in {tuple(k) for k in self.only}
 
     @model_validator(mode="after")
     def _budget(self) -> GridSpec:
@@ -67,6 +80,8 @@ class GridSpec(_Strict):
 
     @property
     def size(self) -> int:
+        if self.only is not None:
+            return len({tuple(k) for k in self.only})
         return len(self.chunk_sizes) * len(self.decode_batch_sizes) * len(self.new_prefill_tokens)
 
 
@@ -408,7 +423,8 @@ class SweepSpec(_Strict):
         for b in self.grid.chunk_sizes:
             for d in self.grid.decode_batch_sizes:
                 for p in self.grid.new_prefill_tokens:
-                    yield (b, d, p)
+                    if self.grid.includes((b, d, p)):
+                        yield (b, d, p)
 
     def fast_probe_tokens(self, chunk_size: int) -> int:
         """max_tokens of a fast-mode probe: room for the drift, and for the largest window."""

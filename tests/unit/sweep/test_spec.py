@@ -229,3 +229,15 @@ def test_chunk_index_keeps_one_chunk_size(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^--chunk-index 4: out of range, .*seed.yaml lists 4 chunk size\(s\) "
                                           r"\(indices 0\.\.3\)$"):
         load_sweep(ROOT / "sweeps" / "seed.yaml", chunk_index=4)
+
+
+def test_grid_only_restricts_the_product_and_must_lie_in_it() -> None:
+    from pdexporter.errors import ConfigError
+    from pdexporter.sweep.spec import parse_sweep
+
+    spec = parse_sweep({"grid": {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [1, 4],
+                                 "new_prefill_tokens": [512, 8192], "only": [[8192, 4, 512], [2048, 1, 8192]]}})
+    assert list(spec.points()) == [(2048, 1, 8192), (8192, 4, 512)] and spec.grid.size == 2
+    with pytest.raises(ConfigError, match=r"grid.only\[0\] = \[4096, 4, 512\] is not in the grid's lists"):
+        parse_sweep({"grid": {"chunk_sizes": [2048], "decode_batch_sizes": [4], "new_prefill_tokens": [512],
+                              "only": [[4096, 4, 512]]}})
