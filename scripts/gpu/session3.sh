@@ -8,6 +8,7 @@
 #                                             seed's B = 8192 grid); GPU 1: the generalisation grid
 #   bash scripts/gpu/session3.sh pair         both GPUs: the 1P1D NIXL pair (prefill GPU 0, decode GPU 1)
 #   bash scripts/gpu/session3.sh rerun        both GPUs: the 33 points that failed CV, interleaved
+#   bash scripts/gpu/session3.sh grid [S]     both GPUs: the seed grid (sweeps/h200x2.yaml), deadline S seconds
 #
 # Each measuring step leaves its results as $OUT/<step>.tgz (records + raw, engine logs cut to
 # their start-up and the iteration lines around the windows) and its console as $OUT/<step>.log.
@@ -66,5 +67,11 @@ case "$step" in
     echo "rerun rc=$?" >> $R/rerun.log
     cp $R/rerun.log "$OUT/"; tail -n 40 $R/rerun.log
     pack rerun $R/rerun ;;
+  grid)
+    unpack
+    timeout 575 python3 -m pdexporter sweep sweeps/h200x2.yaml --out $R/grid --deadline ${2:-530} > $R/grid.log 2>&1
+    echo "grid rc=$?" >> $R/grid.log
+    cp $R/grid.log "$OUT/"; tail -n 30 $R/grid.log
+    pack grid $R/grid ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
