@@ -29,9 +29,9 @@ def _root(
 
 
 def _register() -> None:
-    from pdexporter.cli import compare, dashboards, decide, export_table, measure, reanalyse, report, run, sim, sweep
+    from pdexporter.cli import compare, dashboards, decide, export_table, load, measure, reanalyse, report, run, sim, sweep
 
-    for module in (run, measure, sweep, sim, export_table, compare, report, decide, reanalyse, dashboards):
+    for module in (run, measure, sweep, sim, export_table, compare, report, decide, reanalyse, dashboards, load):
         module.register(app)
 
 

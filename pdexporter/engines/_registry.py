@@ -29,6 +29,9 @@ class EngineAdapter(Protocol):
     candidate_chunk_sizes: tuple[int, ...]
     # canonical metric name -> (kind, the engine's own names, newest first)
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]]
+    # its OTLP per-request span: name, and canonical attribute -> the engine's attribute name
+    request_span_name: str
+    request_span_attributes: Mapping[str, str]
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it."""

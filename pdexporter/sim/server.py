@@ -441,6 +441,7 @@ class ServeOptions:
     long_prefill_token_threshold: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    otlp_traces_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint (sim.otlp)
 
 
 async def run_server(
@@ -468,6 +469,12 @@ async def run_server(
     metrics = VllmMetrics(profile.model.name, max_model_len=profile.engine.max_model_len,
                           cache_config=cache_config_labels(profile))
     engine = EngineCore(profile, LoopClock(loop), config=config, metrics=metrics, log=log)
+    spans = None
+    if options.otlp_traces_endpoint:
+        from pdexporter.sim.otlp import RequestSpans
+
+        spans = RequestSpans(options.otlp_traces_endpoint)
+        engine.on_request_finished = spans
     server = SimServer(engine, profile, metrics)
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -506,6 +513,8 @@ async def run_server(
     finally:
         engine.shutdown()
         await runner.cleanup()
+        if spans is not None:
+            await asyncio.to_thread(spans.shutdown)
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.remove_signal_handler(sig)
