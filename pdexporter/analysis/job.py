@@ -6,7 +6,7 @@ I/O edges; the CLI commands (`export-table`, `report`, `decide`) call these and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,10 +77,17 @@ def load_results(results_dir: str | Path, tick: Tick | None = None) -> list[Conf
 
 
 def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANSFER_MS, source: str = "",
-            tick: Tick | None = None) -> Analysis:
+            tick: Tick | None = None, *, passive_events: Mapping[tuple[int, int, int], int] | None = None,
+            min_events: int | None = None) -> Analysis:
+    """`min_events` (passive tables): add the event counts, the too-few mark and the bootstrap
+    intervals (`analysis.passive`); `passive_events` counts events whose values were lost."""
     if not samples:
         raise RecordError(f"{source or 'input'}: nothing to analyse")
     table = build_table(samples)
+    if min_events is not None:
+        from pdexporter.analysis.passive import passive_columns
+
+        table = passive_columns(table, samples, min_events=min_events, events=passive_events)
     if tick:
         tick("table")
     notes: list[str] = []

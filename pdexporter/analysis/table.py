@@ -74,6 +74,7 @@ class ConfigSamples:
     model: str | None = None
     note: str | None = None
     source: str = ""
+    passive: bool = False  # production prefills (`run --passive`): the key is a bin (analysis.passive)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -114,7 +115,7 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
     return ConfigSamples(
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
-        model=c.model, note=c.note, source=source,
+        model=c.model, note=c.note, source=source, passive=c.mode == "passive",
     )
 
 
