@@ -21,8 +21,10 @@ An event's life:
    /metrics counters that move at a first token bracket the run as soon as a scrape after it
    lands (the tracker asks for scrapes: one while a slow step is in progress, one after each
    run). A trace attribution is taken as soon as the metrics say how many production prefills
-   ended in the run and the traces account for all of them; else at the deadline, the best
-   source available then (traces; else metrics; else the cadence with the step-time model).
+   ended in the run and the traces account for all of them (another request of the run may still
+   be decoding: its span comes later); else at the deadline, the best source available then
+   (traces; else metrics; the cadence with the step-time model only where neither reaches the
+   exporter).
 4. analysed: P from the attribution, D from the engine's running requests, the engine adapter's
    chunk schedule for (P, B, D), and `measure.window.analyse_window` with the run's start as
    t_inject and its end as t_first (via `measure.protocol.analyse_traces`): an
@@ -82,8 +84,9 @@ PASSIVE_BASELINE_RULE = "passive-quiet"
 PRODUCTION_TAG = "production"
 DETECT_SPAN_S = 5.0  # runs are found in the last 5 s of probe events (the longest run it can see)
 
-# predict_excess_ms(P, B, D): the extra step time a P-token prefill's chunks cost the decodes
-CadenceModel = Callable[[int, int, int], float]
+# (P, B, D) -> the extra time of each chunk step of a P-token prefill (its engine's schedule) over
+# a decode-only step of D decodes, in ms
+CadenceModel = Callable[[int, int, int], Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -220,7 +223,7 @@ class PassiveTracker:
             first = t.first_token_ns
             if first is None or t.prompt_tokens is None:
                 continue
-            if t.prompt_tokens == s.probe_prompt_tokens and t.max_tokens in (None, s.probe_max_tokens):
+            if t.prompt_tokens == s.probe_prompt_tokens and (t.max_tokens or 0) <= s.probe_max_tokens:
                 self.own_traces_seen += 1
                 continue
             prefill = RequestPrefill(t.request_id, t.prompt_tokens, first - self.trace_offset_ns,
@@ -444,22 +447,20 @@ class PassiveTracker:
         choice: Attribution | None = None
         event = PassiveEvent(run, "unattributed", detected_ns=pending.detected_ns, finalised_ns=now_ns)
         if otlp is not None:
-            if expected is not None and expected > otlp.prefills:
-                if not deadline:
-                    return None  # the spans of requests still decoding are on their way
-                choice = metrics
-            else:
-                choice = otlp
+            if (expected is None or expected > otlp.prefills) and not deadline:
+                return None  # spans of requests still decoding may be on their way
+            choice = metrics if expected is not None and expected > otlp.prefills else otlp
         elif traces_on and not deadline and expected != 0:
             return None  # a span may still come (its request is still decoding)
         elif metrics is not None:
             choice = metrics
         elif not traces_on and not metrics_known and metrics_on:
             event.outcome = "ambiguous"  # no pair of scrapes isolates this run, and no trace
-        elif not traces_on and not metrics_known:
+        near_own = self._own_restarts(run.start_ns - step_ns / 2, run.end_ns + 1.5 * step_ns) > 0
+        if choice is None and not traces_on and not metrics_known and not metrics_on and not near_own:
             choice = self._cadence(pending)  # the only source there is
         if choice is None:
-            if self._own_restarts(run.start_ns - step_ns / 2, run.end_ns + 1.5 * step_ns):
+            if near_own:
                 event.outcome = "own-probe"
             return event
         return self._analyse(pending, event, choice, now_ns)
@@ -489,10 +490,10 @@ class PassiveTracker:
         if d >= b:
             return None
         scale = statistics.median(self._cadence_scale) if self._cadence_scale else 1.0
-        excess = pending.run.excess_ms(pending.baseline.p50_ms) / scale
         model = self.cadence
-        p = cadence_prompt_tokens(excess, lambda tokens: model(tokens, b, d),
-                                  max(1, pending.run.slow_steps) * (b - d))
+        p = cadence_prompt_tokens(pending.run.excess_ms(pending.baseline.p50_ms),
+                                  lambda tokens: scale * float(sum(model(tokens, b, d))),
+                                  len(pending.run.steps_ms) * (b - d))
         return None if p is None else Attribution("cadence", p, 1)
 
     def _learn(self, pending: _Pending, attribution: Attribution, d: int) -> None:
@@ -501,7 +502,7 @@ class PassiveTracker:
             return
         if d >= self.settings.chunk_size:
             return
-        predicted = self.cadence(attribution.prompt_tokens, self.settings.chunk_size, d)
+        predicted = float(sum(self.cadence(attribution.prompt_tokens, self.settings.chunk_size, d)))
         observed = pending.run.excess_ms(pending.baseline.p50_ms)
         if predicted > 0 and observed > 0:
             self._cadence_scale.append(observed / predicted)
@@ -598,8 +599,9 @@ def _span_intervals(stream: TokenStream, start_ns: float, end_ns: float,
 
 def step_model_cadence(profile: str, decode_context_tokens: int) -> CadenceModel:
     """The embedded engine's step-time model (`sim.steptime`, profile `profile`) as the cadence
-    source's prediction: the extra time, over D decode-only steps, of the steps that run a
-    P-token prefill's chunks (the engine's schedule) beside D decodes at `decode_context_tokens`."""
+    source's prediction: the extra time, over a decode-only step of D decodes, of each step that
+    runs a chunk of a P-token prefill (the engine's schedule) beside D decodes at
+    `decode_context_tokens`."""
     from pdexporter.engines import adapter
     from pdexporter.sim.profile import load_profile
     from pdexporter.sim.steptime import StepComposition, StepTimeModel
@@ -607,14 +609,14 @@ def step_model_cadence(profile: str, decode_context_tokens: int) -> CadenceModel
     model = StepTimeModel(load_profile(profile))
     schedule = adapter(None).chunk_schedule
 
-    def predict(p: int, b: int, d: int) -> float:
+    def predict(p: int, b: int, d: int) -> list[float]:
         decode = model(StepComposition.decode_batch(d, decode_context_tokens)) if d else 0.0
-        total, context = 0.0, 0
+        out, context = [], 0
         for c in schedule(p, b, d):
             comp = StepComposition.of([(c, context)] + [(1, decode_context_tokens)] * d)
-            total += model(comp) - decode
+            out.append((model(comp) - decode) * 1e3)
             context += c
-        return total * 1e3
+        return out
 
     return predict
 

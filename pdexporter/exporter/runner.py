@@ -144,7 +144,7 @@ class Runner:
             self.handle = await self.launcher.start(cfg.chunk_size)
             self.probes = ProbeLoop(self.handle, cfg.probe_streams, cfg.protocol, model=cfg.model, api_key=self.api_key,
                                     warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
-                                    stamp_at_wakeup=cfg.arrival_stamp == "wakeup")
+                                    stamp_at_wakeup=cfg.arrival_stamp == "wakeup", stagger=cfg.passive)
             self.book.probes = self.probes
             self.info = await self.probes.wait_started(timeout_s=cfg.protocol.window_timeout_s)
             if cfg.passive:

@@ -36,9 +36,15 @@ first; each event says which one it used:
   end between them: P is the rise of `prompt_tokens_total`, the number of prefills the rise of
   `time_to_first_token_seconds_count` (both move when a request's first token comes out), minus
   what the exporter's own probe restarts added in between.
-- `cadence`: the slow steps alone. P is the prompt whose chunk schedule's modelled extra step
-  time (`predict_excess_ms`, a step-time model scaled by what the other sources taught it)
-  matches the run's extra time; the run counts as one prefill.
+- `cadence`: the slow steps alone. P is the prompt whose chunk schedule (the engine adapter's
+  `chunk_schedule(P, B, D)`), each chunk step's extra time given by a step-time model scaled by
+  what the other sources taught it, adds up to the run's extra time over decode-only steps
+  (`cadence_prompt_tokens`; the sum, not step by step: under async scheduling a chunk's launch
+  holds back the step before it, so its cost shows in two steps); the run counts as one prefill,
+  and then the window maths locates its chunk steps with that schedule like any other. A step
+  bound by the engine's kernel launches costs the same for any chunk up to ~2K tokens on vLLM
+  (and a CUDA-graph step the same for any chunk below the capture size), so there the cadence
+  cannot tell P apart: it takes the middle of the prompts that explain the run equally well.
 
 D is the engine's running decodes (`vllm:num_requests_running`, not only the probes): from a
 scrape taken while the run was in progress (minus the prefills then running, which vLLM counts
@@ -240,21 +246,22 @@ def attribute_metrics(before: MetricsSnapshot, after: MetricsSnapshot, own_prefi
     return Attribution("metrics", prompt, prefills)
 
 
-def cadence_prompt_tokens(excess_ms: float, predict_excess_ms: Callable[[int], float], max_tokens: int) -> int | None:
-    """The prompt length whose modelled extra step time matches `excess_ms` (bisection over
-    1..max_tokens; the model grows with P). None when even one token costs more than was seen."""
-    if excess_ms <= 0 or max_tokens < 1 or predict_excess_ms(1) > excess_ms:
+def cadence_prompt_tokens(excess_ms: float, predict_excess_ms: Callable[[int], float], max_tokens: int,
+                          candidates: int = 160, tie_ms: float = 1.0, tie_rel: float = 0.05) -> int | None:
+    """The prompt length whose modelled extra step time (`predict_excess_ms(P)`: the sum over its
+    chunk steps) matches the run's extra time `excess_ms` (module docs). Candidates are log-spaced
+    from 1 to `max_tokens`; every P within `max(tie_ms, tie_rel * excess)` of the best match
+    explains the run as well (a launch-bound step costs the same for any chunk up to ~2K tokens on
+    vLLM), and their geometric middle is taken. None for a run with no extra time."""
+    if excess_ms <= 0 or max_tokens < 1:
         return None
-    if predict_excess_ms(max_tokens) <= excess_ms:
-        return max_tokens
-    low, high = 1, max_tokens  # predict(low) <= excess < predict(high)
-    while high - low > 1:
-        mid = (low + high) // 2
-        if predict_excess_ms(mid) <= excess_ms:
-            low = mid
-        else:
-            high = mid
-    return high if predict_excess_ms(high) - excess_ms < excess_ms - predict_excess_ms(low) else low
+    grid = np.unique(np.round(np.geomspace(1, max_tokens, candidates)).astype(int))
+    misses = np.abs(np.asarray([predict_excess_ms(int(p)) for p in grid], dtype=np.float64) - excess_ms)
+    tie = max(tie_ms, tie_rel * excess_ms)
+    if misses.min() > tie:
+        return int(grid[int(np.argmin(misses))])  # nothing explains it well: the closest
+    near = grid[misses <= misses.min() + tie]
+    return int(round(float(np.exp(np.mean(np.log(near))))))
 
 
 def running_decodes(running: float | None, prefills: int, open_probes: int) -> int:

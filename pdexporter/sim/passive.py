@@ -45,6 +45,8 @@ class PassiveSession:
     wall_s: float = 0.0
     chunk_size: int = 0
     modelled: bool = True
+    requests: dict[str, RequestTrace] = field(default_factory=dict)  # every finished request's trace (ground truth)
+    trace_offset_ns: int = 0  # engine Unix clock - probe clock
 
     @property
     def published(self) -> list[PassiveEvent]:
@@ -82,11 +84,21 @@ async def passive_session(
         cadence=step_model_cadence(driver.info.profile or str(profile), settings.decode_context_tokens + 128),
     )
     spans: list[RequestTrace] = []
-    engine.on_request_finished = spans.append
+    session.trace_offset_ns = offset_ns
+
+    def finished(trace: RequestTrace) -> None:
+        spans.append(trace)
+        session.requests[trace.request_id] = trace
+
+    engine.on_request_finished = finished
     loop = asyncio.get_running_loop()
     try:
         await warm_prefix(driver, settings)
-        live: list[TokenStream] = start_probes(driver, probes, settings)
+        # staggered first lengths, as the live exporter's probe slots in passive mode
+        live: list[TokenStream] = [
+            start_probes(driver, 1, settings, max_tokens=max(settings.warmup_tokens + 2,
+                                                              round(settings.decode_output_tokens * (k + 1) / probes)))[0]
+            for k in range(probes)]
         finished: collections.deque[TokenStream] = collections.deque()
         load_task = asyncio.create_task(drive(driver, schedule(load)))
         t_start = loop.time()

@@ -134,12 +134,15 @@ def test_running_decodes_leave_out_the_prefills_and_never_drop_below_the_probes(
     assert running_decodes(None, 1, 4) == 4
 
 
-def test_cadence_estimate_inverts_a_monotone_model() -> None:
-    model = lambda p: 5.0 + 0.01 * p  # noqa: E731  (ms of extra step time for a P-token prefill)
-    assert cadence_prompt_tokens(5.0 + 0.01 * 3000, model, 8188) == 3000
-    assert cadence_prompt_tokens(1000.0, model, 8188) == 8188  # more than the model's largest: capped
-    assert cadence_prompt_tokens(4.0, model, 8188) is None  # less than one token costs
-    assert cadence_prompt_tokens(0.0, model, 8188) is None
+def test_cadence_estimate_inverts_the_model_and_takes_the_middle_of_a_flat_stretch() -> None:
+    def model(p: int) -> float:  # ms: flat (launch-bound) up to 2000 tokens, then growing
+        return 50.0 if p <= 2000 else 50.0 + 0.02 * (p - 2000)
+
+    assert cadence_prompt_tokens(50.0 + 0.02 * 4000, model, 16376) == pytest.approx(6000, rel=0.03)
+    middle = cadence_prompt_tokens(50.0, model, 16376)
+    assert middle is not None and 20 < middle < 2000  # anything up to 2000 explains it: the middle
+    assert cadence_prompt_tokens(10_000.0, model, 16376) == 16376  # more than the largest: capped
+    assert cadence_prompt_tokens(0.0, model, 16376) is None
 
 
 @pytest.mark.parametrize("value, expected", [
