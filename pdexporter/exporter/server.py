@@ -88,8 +88,8 @@ def metrics_app(
             return web.Response(status=415, text=f"expected Content-Type {PROTOBUF} (OTLP/HTTP protobuf), "
                                                  f"got {content_type or 'none'}\n")
         try:
-            decoded = decode_traces(await request.read(), content_encoding=request.headers.get("Content-Encoding"),
-                                    engine=engine)
+            # aiohttp has already undone a gzip/deflate Content-Encoding (auto_decompress)
+            decoded = decode_traces(await request.read(), engine=engine)
         except TraceDecodeError as exc:
             if on_export is not None:
                 on_export(False)
