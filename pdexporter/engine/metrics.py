@@ -50,9 +50,33 @@ class MetricsSnapshot:
         return tuple(name for name in ALIASES if name not in self.sources)
 
 
+_SUFFIXES = ("", "_total", "_bucket", "_count", "_sum", "_created")
+_KNOWN = frozenset(name + suffix for _, names in ALIASES.values() for name in names for suffix in _SUFFIXES)
+
+
+def _known_lines(text: str) -> str:
+    """The exposition's lines about series pdexporter reads (HELP/TYPE and samples): an engine's
+    /metrics holds hundreds of series it does not, and parsing them cost ~30 ms a scrape."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2] in _KNOWN:
+                kept.append(line)
+            continue
+        end = len(line)
+        for stop in ("{", " "):
+            i = line.find(stop)
+            if 0 <= i < end:
+                end = i
+        if line[:end] in _KNOWN:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:
     """Parse Prometheus text exposition into canonical values; unknown series are ignored."""
-    return snapshot_from_families(text_string_to_metric_families(text), t_ns=t_ns, source=source)
+    return snapshot_from_families(text_string_to_metric_families(_known_lines(text)), t_ns=t_ns, source=source)
 
 
 def snapshot_from_families(

@@ -102,7 +102,7 @@ class PassiveSettings:
     metrics_wait_s: float = 5.0  # longest wait for a scrape after the run
     recovery_wait_s: float = 10.0  # longest wait for the probes' recovery intervals
     bridge_steps: int = 1
-    scrape_min_gap_s: float = 0.1
+    scrape_min_gap_s: float = 0.5  # an engine renders /metrics in its HTTP loop: at most two asks a second
     sources: tuple[str, ...] = SOURCES
     d_bins: tuple[int, ...] = D_BINS
     p_bins: tuple[int, ...] = P_BINS
@@ -177,8 +177,18 @@ class _Pending:
     detected_ns: float
     step_ms: float
     traces: list[StreamTrace] | None = None
-    baseline: BaselineStats | None = None
     open_probes: int = 0
+    seen_inputs: int = -1  # the tracker's input count when it was last looked at
+    # the probe events the baseline is pooled from, taken at recovery; pooled only if it is needed
+    quiet: list[tuple[list[int], list[int], int]] | None = None
+    windows: list[tuple[float, float]] = field(default_factory=list)  # other runs' windows, left out
+    _baseline: BaselineStats | None = None
+    _pooled: bool = False
+
+    def baseline(self, params: WindowParams) -> BaselineStats | None:
+        if not self._pooled:
+            self._baseline, self._pooled = _pool_baseline(self, params), True
+        return self._baseline
 
 
 class PassiveTracker:
@@ -204,6 +214,7 @@ class PassiveTracker:
         self._seq = 0
         self._counters_seen = False
         self._steps_since_stats = 0
+        self._inputs = 0  # traces and scrapes received: a pending run is looked at again when it moves
         self._scrape_t0: list[float] = []  # t0 of each kept scrape, for bisection
         self._run_ends: list[float] = []  # end of each kept run, in order
         self._steps: collections.deque[ProbeStep] = collections.deque()
@@ -218,6 +229,7 @@ class PassiveTracker:
         Returns how many production prefills were added."""
         added = 0
         s = self.settings
+        self._inputs += 1
         for t in traces:
             self.traces_seen += 1
             first = t.first_token_ns
@@ -233,6 +245,7 @@ class PassiveTracker:
         return added
 
     def add_scrape(self, snapshot: MetricsSnapshot, t0_ns: float, t1_ns: float) -> None:
+        self._inputs += 1
         self._scrapes.append(Scrape(snapshot, t0_ns, t1_ns))
         self._scrape_t0.append(t0_ns)
         if snapshot.get("time_to_first_token_seconds_count") is not None:
@@ -279,9 +292,15 @@ class PassiveTracker:
         self._note_own(streams)
         self._detect(streams, now_ns)
         done: list[PassiveEvent] = []
+        s = self.settings
         for pending in list(self._pending):
             if pending.traces is None and not self._recover(pending, streams, now_ns):
                 continue
+            age = now_ns - pending.run.end_ns
+            if (pending.seen_inputs == self._inputs and age < s.attribution_wait_s * 1e9
+                    and not s.metrics_wait_s * 1e9 <= age < s.metrics_wait_s * 1e9 + 1e9):
+                continue  # nothing new since it was last looked at, and no deadline passed
+            pending.seen_inputs = self._inputs
             event = self._attribute(pending, now_ns)
             if event is not None:
                 self._pending.remove(pending)
@@ -368,28 +387,28 @@ class PassiveTracker:
         keep = s.window.warmup_tokens + 64
         pending.traces = [trim_trace(StreamTrace.of(st), int(run.start_ns), keep) for st in across]
         pending.open_probes = len(across)
-        pending.baseline = self._baseline(run, streams, pending.step_ms)
+        self._keep_quiet(pending, streams)
         return True
 
-    def _baseline(self, run: SlowRun, streams: Sequence[TokenStream], step_ms: float) -> BaselineStats | None:
+    def _keep_quiet(self, pending: _Pending, streams: Sequence[TokenStream]) -> None:
         """The quiet-period rule ending at the run's start, with every other run's window left out
         (production prefills come often; a baseline that had to wait for a run-free stretch
-        would rarely have one)."""
-        s = self.settings
-        start = run.start_ns - s.baseline_span_s * 1e9
+        would rarely have one): the events it needs are kept now (a stream may be gone later),
+        the statistics are computed only for a run that is analysed."""
+        run = pending.run
+        start = run.start_ns - self.settings.baseline_span_s * 1e9
         i = bisect.bisect_left(self._run_ends, start)
-        windows = [(r.start_ns, r.end_ns + step_ms * 1e6 / 2) for r in itertools.islice(self._runs, i, None)
-                   if r.start_ns < run.start_ns]
-        pooled = []
+        pending.windows = [(r.start_ns, r.end_ns + pending.step_ms * 1e6 / 2) for r in itertools.islice(self._runs, i, None)
+                           if r.start_ns < run.start_ns]
+        pending.quiet = []
         for st in streams:
-            iv = _span_intervals(st, start, run.start_ns, s.window.warmup_tokens)
-            if iv is None:
+            n = min(len(st.event_times_ns), len(st.event_tokens))
+            times = st.event_times_ns[:n]
+            if n < 2 or times[-1] <= start or times[0] > run.start_ns:
                 continue
-            keep = np.ones(iv[0].size, dtype=bool)
-            for a, b in windows:
-                keep &= ~((iv[0] > a) & (iv[0] <= b))
-            pooled.append(iv[1][keep])
-        return baseline_from_lengths(np.concatenate(pooled)) if pooled else None
+            i0 = max(0, bisect.bisect_right(times, start) - 1)
+            i1 = bisect.bisect_right(times, run.start_ns)
+            pending.quiet.append((times[i0:i1], st.event_tokens[i0:i1], sum(st.event_tokens[:i0])))
 
     # --- attribution -------------------------------------------------------------------------
 
@@ -483,7 +502,8 @@ class PassiveTracker:
 
     def _cadence(self, pending: _Pending) -> Attribution | None:
         """P from the run's extra step time and the step-time model (module docs of measure.passive)."""
-        if "cadence" not in self.settings.sources or self.cadence is None or pending.baseline is None:
+        base = pending.baseline(self.settings.window)
+        if "cadence" not in self.settings.sources or self.cadence is None or base is None:
             return None
         b = self.settings.chunk_size
         d, _ = self._running(pending, 1)
@@ -491,19 +511,20 @@ class PassiveTracker:
             return None
         scale = statistics.median(self._cadence_scale) if self._cadence_scale else 1.0
         model = self.cadence
-        p = cadence_prompt_tokens(pending.run.excess_ms(pending.baseline.p50_ms),
+        p = cadence_prompt_tokens(pending.run.excess_ms(base.p50_ms),
                                   lambda tokens: scale * float(sum(model(tokens, b, d))),
                                   len(pending.run.steps_ms) * (b - d))
         return None if p is None else Attribution("cadence", p, 1)
 
     def _learn(self, pending: _Pending, attribution: Attribution, d: int) -> None:
         """Scale the step-time model by what a better source showed (single prefills only)."""
-        if self.cadence is None or attribution.source == "cadence" or not attribution.single or pending.baseline is None:
+        base = pending.baseline(self.settings.window)
+        if self.cadence is None or attribution.source == "cadence" or not attribution.single or base is None:
             return
         if d >= self.settings.chunk_size:
             return
         predicted = float(sum(self.cadence(attribution.prompt_tokens, self.settings.chunk_size, d)))
-        observed = pending.run.excess_ms(pending.baseline.p50_ms)
+        observed = pending.run.excess_ms(base.p50_ms)
         if predicted > 0 and observed > 0:
             self._cadence_scale.append(observed / predicted)
 
@@ -514,7 +535,7 @@ class PassiveTracker:
         event.attribution = attribution
         d, d_source = self._running(pending, attribution.prefills)
         event.decode_batch_size, event.d_source = d, d_source
-        if pending.baseline is None or pending.baseline.n_intervals < s.min_baseline_intervals:
+        if pending.baseline(s.window) is None or pending.baseline(s.window).n_intervals < s.min_baseline_intervals:
             event.outcome = "no-baseline"
             return event
         if d >= s.chunk_size:
@@ -526,13 +547,14 @@ class PassiveTracker:
         t_inject, t_first = int(run.start_ns), int(run.end_ns)
         schedule = expected_schedule(s.engine, p, s.chunk_size, d)
         assert pending.traces is not None
-        window = analyse_traces(pending.traces, t_inject, t_first, pending.baseline, s.window, None, schedule)
+        baseline = pending.baseline(s.window)
+        window = analyse_traces(pending.traces, t_inject, t_first, baseline, s.window, None, schedule)
         self._seq += 1
         rid = attribution.request_ids[0] if attribution.request_ids else f"passive-{self._seq}"
         prefill = StreamTrace(rid, PRODUCTION_TAG, t_inject, [t_first], [1], p, None)
         interference = InterferenceRun(
             decode_batch_size=d, new_prefill_tokens=p, probes=pending.traces, prefill=prefill,
-            t_inject_ns=t_inject, t_first_ns=t_first, window=window, baseline=pending.baseline,
+            t_inject_ns=t_inject, t_first_ns=t_first, window=window, baseline=baseline,
             baseline_rule=PASSIVE_BASELINE_RULE, schedule=schedule, salt="",
         )
         event.run = interference
@@ -575,26 +597,23 @@ class PassiveTracker:
         return self._step_ms
 
 
-def _span_intervals(stream: TokenStream, start_ns: float, end_ns: float,
-                    warmup_tokens: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(end, length) of the stream's token intervals (`window.intervals`: past its warm-up,
-    merged events spread) that end in (start_ns, end_ns], computed on the events near the span."""
-    n = min(len(stream.event_times_ns), len(stream.event_tokens))
-    times = stream.event_times_ns[:n]
-    if n < 2 or times[-1] <= start_ns or times[0] > end_ns:
-        return None
-    i0 = max(0, bisect.bisect_right(times, start_ns) - 1)
-    i1 = bisect.bisect_right(times, end_ns)
-    tokens = stream.event_tokens[:n]
-    offset = sum(tokens[:i0])  # tokens before the slice
-    t = token_times(times[i0:i1], tokens[i0:i1])
-    if t.size < 2:
-        return None
-    index = offset + np.arange(1, t.size)
-    keep = (index - 1 >= warmup_tokens) & (t[1:] > start_ns) & (t[1:] <= end_ns)
-    if i0 > 0 or offset:
-        keep &= np.arange(1, t.size) >= tokens[i0]  # the slice's first event only anchors the next
-    return t[1:][keep], np.diff(t)[keep]
+def _pool_baseline(pending: _Pending, params: WindowParams) -> BaselineStats | None:
+    """The baseline of a pending run from the events kept at its recovery (`_keep_quiet`): token
+    intervals (`window.intervals`: past each stream's warm-up, merged events spread) ending in the
+    quiet period and in no other run's window."""
+    run = pending.run
+    pooled = []
+    for times, tokens, offset in pending.quiet or []:
+        t = token_times(times, tokens)
+        if t.size < 2:
+            continue
+        index = offset + np.arange(1, t.size)
+        keep = (index - 1 >= params.warmup_tokens) & (t[1:] <= run.start_ns)
+        keep &= np.arange(1, t.size) >= tokens[0]  # the slice's first event only anchors the next one
+        for a, b in pending.windows:
+            keep &= ~((t[1:] > a) & (t[1:] <= b))
+        pooled.append(np.diff(t)[keep])
+    return baseline_from_lengths(np.concatenate(pooled)) if pooled else None
 
 
 def step_model_cadence(profile: str, decode_context_tokens: int) -> CadenceModel:

@@ -47,7 +47,11 @@ from pdexporter.sim.profile import load_profile  # noqa: E402
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 SOURCE_SETS = {"otlp": ("otlp", "metrics", "cadence"), "metrics": ("metrics", "cadence"), "cadence": ("cadence",)}
-COLUMNS = (("tpot_penalty_ms", "TPOT penalty"), ("aggregate_interference_ms", "aggregate interference"))
+# Per cell: the penalty, and the interference per decode stream (the aggregate is D times it, and a
+# passive event's D is its own, not its bin's: per decode compares like with like). Per event at
+# its exact (D, P): the penalty and the aggregate.
+CELL_COLUMNS = (("tpot_penalty_ms", "TPOT penalty"), ("total_interference_ms", "interference per decode stream"))
+EXACT_COLUMNS = (("tpot_penalty_ms", "TPOT penalty"), ("aggregate_interference_ms", "aggregate interference"))
 
 
 def _events_by_cell(session) -> dict:  # type: ignore[no-untyped-def]
@@ -58,7 +62,7 @@ def _events_by_cell(session) -> dict:  # type: ignore[no-untyped-def]
 
 
 def _derived(derived, column: str) -> float | None:  # type: ignore[no-untyped-def]
-    return derived.tpot_penalty_p50_ms if column == "tpot_penalty_ms" else derived.aggregate_interference_ms
+    return derived.tpot_penalty_p50_ms if column == "tpot_penalty_ms" else getattr(derived, column)
 
 
 def _metric(event, column: str) -> float | None:  # type: ignore[no-untyped-def]
@@ -102,7 +106,7 @@ def compare(args: argparse.Namespace, sessions: dict) -> None:
     for name, cells in cells_all.items():
         session = sessions[name]
         t0 = min((e.run.t_inject_ns for e in session.published), default=0)
-        for column, title in COLUMNS:
+        for column, title in CELL_COLUMNS:
             ref = {k: _reference(injected[k], column) for k in keys if k in injected}
             passive = {k: [((e.run.t_inject_ns - t0) / 1e9, _metric(e, column)) for e in ev]
                        for k, ev in cells.items() if len(ev) >= args.min_events}
@@ -138,18 +142,23 @@ def exact(args: argparse.Namespace, session) -> None:  # type: ignore[no-untyped
     injected = injected_reference(keys, reps=2)
     print(f"\nexact comparison: {len(sample)} events, {len(keys)} injected points x 2 repetitions in "
           f"{time.perf_counter() - started:.0f} s")
-    for column, title in COLUMNS:
-        errs = []
+    for column, title in EXACT_COLUMNS:
+        errs, sizes = [], []
         for e in sample:
             r = injected.get((args.chunk, e.decode_batch_size, e.attribution.prompt_tokens))
             ref = None if r is None else _reference(r, column)
             got = _metric(e, column)
             if ref and got is not None:
                 errs.append((got - ref) / abs(ref))
+                sizes.append(e.attribution.prompt_tokens)
         if errs:
             a = np.abs(errs) * 100
             print(f"{title} at the exact (D, P): |error| median {np.median(a):.1f} %, p90 {np.percentile(a, 90):.1f} %, "
                   f"within 10 %: {int((a <= 10).sum())}/{a.size}; signed median {np.median(errs) * 100:+.1f} %")
+            big = np.abs([err for err, size in zip(errs, sizes) if size >= 512]) * 100
+            if big.size:
+                print(f"  prompts >= 512 tokens: |error| median {np.median(big):.1f} %, p90 {np.percentile(big, 90):.1f} %, "
+                      f"within 10 %: {int((big <= 10).sum())}/{big.size}")
 
 
 def overhead(args: argparse.Namespace) -> None:
@@ -221,10 +230,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"bench_passive: profile {PROFILE}, B = {args.chunk}, {args.probes} probes, load {args.rate:g} req/s, "
           f"{args.minutes:g} min (virtual time), machine load {os.getloadavg()[0]:.2f}")
-    sessions = run_sessions(args)
-    compare(args, sessions)
-    if args.exact and "otlp" in sessions:
-        exact(args, sessions["otlp"])
+    if args.minutes > 0:
+        sessions = run_sessions(args)
+        compare(args, sessions)
+        if args.exact and "otlp" in sessions:
+            exact(args, sessions["otlp"])
     if args.overhead_seconds > 0:
         overhead(args)
 

@@ -84,7 +84,7 @@ def test_metrics_alone_size_the_prefills_as_the_engine_ran_them(sessions) -> Non
     assert {e.source for e in s.published} == {"metrics"}
     checked = [(e, _truth(s, e)) for e in s.published]
     single = [(e, truth) for e, truth in checked if len(truth) == 1]
-    assert len(single) >= 30
+    assert len(single) >= 15
     right = sum(e.attribution.prompt_tokens == truth[0].prompt_tokens for e, truth in single)
     assert right >= 0.9 * len(single), [(e.attribution.prompt_tokens, t[0].prompt_tokens) for e, t in single]
     assert s.outcomes["ambiguous"] > 0  # runs no pair of scrapes isolates: said so, not guessed
