@@ -17,7 +17,7 @@ from pdexporter.exporter.passive import PassiveEvent, PassiveSettings, PassiveTr
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.tracing import ClockOffset
 from pdexporter.measure.driver import EngineInfo
-from pdexporter.measure.point import PointSpec, record_config, resumable_reps
+from pdexporter.measure.point import PointSpec, now_iso, record_config, resumable_reps
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore
 
@@ -65,7 +65,7 @@ class LivePassive:
             if event.published:
                 assert event.rep is not None and event.key is not None
                 chunk, d_bin, p_bin = event.key
-                rep = event.rep.model_copy(update={"rep": windows_so_far})
+                rep = event.rep.model_copy(update={"rep": windows_so_far, "started_at": now_iso()})
                 windows_so_far += 1
                 record_path = self._save(event, rep) if self.store is not None else None
                 publish_window(self.metrics, grid_labels(chunk, d_bin, p_bin, mode="passive"), rep)
