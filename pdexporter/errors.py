@@ -54,6 +54,12 @@ class SSEProtocolError(EngineError):
     """The engine's event stream broke vLLM's SSE shape."""
 
 
+class Interrupted(PdexporterError):
+    """The user pressed Ctrl-C (SIGINT); the message says what was kept."""
+
+    exit_code = 130
+
+
 class MeasurementError(PdexporterError):
     """The protocol could not produce a valid window (e.g. streams never reached steady state)."""
 

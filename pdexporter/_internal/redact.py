@@ -7,12 +7,16 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 REDACTED = "***"
-_SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSW(OR)?D|AUTH|CREDENTIAL)", re.I)
+# Words of a name (split at `-`, `_`, and camel case) that make it secret; "tokens" (a count, as in
+# --max-num-batched-tokens) is not "token".
+_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "auth", "authorization",
+                           "credential", "credentials", "pat", "bearer"})
 _ASSIGN = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$", re.S)
 
 
 def secret_name(name: str) -> bool:
-    return bool(_SECRET.search(name.replace("-", "_")))
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().replace("-", "_").split("_")
+    return any(w in _SECRET_WORDS for w in words)
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -102,6 +102,11 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel], unions: Unions) 
     return where, what, got, False
 
 
+def describe_error(error: Mapping[str, Any]) -> str:
+    """What is wrong in one pydantic error, without its field or value (`must be >= 1`)."""
+    return _describe(error, BaseModel, {})[1]
+
+
 def format_validation_error(exc: ValidationError, model: type[BaseModel], unions: Unions | None = None) -> str:
     """The first error as `field.path[i]: what is wrong (got value)`."""
     where, what, got, whole = _describe(exc.errors(include_url=False)[0], model, unions or {})

@@ -8,14 +8,15 @@ disaggregation); it wins when that transfer takes less than C: **offload iff C >
 The default transfer budget is the seed's 50 ms.
 
 `decision_document` exports the chosen fitted model as JSON a router can load (schema
-"pdexporter.decision/v1", documented in docs/analysis.md); `evaluate_decision` is the whole
-evaluator, plain Python with no imports beyond `math`, meant to be copied into a router.
+"pdexporter.decision/v1", documented in docs/analysis.md); `evaluate_decision` (module
+`decision_eval`, standard library only, meant to be copied into a router) is the whole evaluator,
+the seed's rule and, when the document carries both arms (`two_arm`, `analysis.arms`), the
+verdict in the user's terms (docs/disaggregation.md).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,54 +136,9 @@ def decision_document(
 
 
 # ---------------------------------------------------------------------------------------------
-# The evaluator a router copies: plain Python, `math` only.
+# The evaluator a router copies lives in `decision_eval` (standard library only, both arms).
 
-
-def evaluate_decision(doc: dict, d: int, p: int, b: int, transfer_ms: float | None = None) -> dict:
-    """Offload or not for D running decodes, a P-token prefill and chunk size B, from decision.json."""
-    if b - d <= 0:
-        raise ValueError(f"chunk size {b} leaves no room beside {d} decodes")
-    if p < 1 or d < 0:
-        raise ValueError(f"need P >= 1 and D >= 0 (got P={p}, D={d})")
-    transfer = doc["transfer_ms_default"] if transfer_ms is None else float(transfer_ms)
-    n = math.ceil(p / (b - d))
-    model = doc["model"]
-    if model["name"] == "context_aware":
-        k = model["coefficients"]
-        per_stream = (n * (k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d) + k["gamma_ms_per_token"] * p
-                      + k["beta_ms_per_token_pair"] * p * (p + 1) / 2)
-    elif model["name"] == "seed_per_chunk":
-        table = model["penalty_per_chunk_ms"]
-        sizes = sorted(int(s) for s in table)
-        chosen = b if b in sizes else min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(b)), s))
-        ds, pis = table[str(chosen)]["decode_batch_size"], table[str(chosen)]["penalty_ms"]
-        if d <= ds[0]:
-            pi = pis[0]
-        elif d >= ds[-1]:
-            pi = pis[-1]
-        else:
-            i = max(j for j in range(len(ds)) if ds[j] <= d)
-            pi = pis[i] + (pis[i + 1] - pis[i]) * (d - ds[i]) / (ds[i + 1] - ds[i])
-        per_stream = n * pi
-    else:
-        raise ValueError(f"unknown model {model['name']!r} in decision document")
-    cost = d * per_stream
-    rng = doc.get("valid_range") or {}
-
-    def inside(name: str, value: float) -> bool:
-        bounds = rng.get(name)
-        return bounds is None or bounds[0] <= value <= bounds[1]
-
-    return {
-        "offload": cost > transfer,
-        "cost_ms": cost,
-        "transfer_ms": transfer,
-        "margin_ms": cost - transfer,
-        "chunks": n,
-        "model": model["name"],
-        "in_fitted_range": inside("decode_batch_size", d) and inside("new_prefill_tokens", p)
-        and inside("chunk_size", b),
-    }
+from pdexporter.analysis.decision_eval import evaluate_decision, offload_threshold  # noqa: E402,F401 (re-exported)
 
 
 def model_decision(model: CostModel, d: int, p: int, b: int, transfer_ms: float = DEFAULT_TRANSFER_MS) -> dict:

@@ -6,6 +6,7 @@ I/O edges; the CLI commands (`export-table`, `report`, `decide`) call these and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,17 @@ Tick = Callable[[str], None]
 
 
 @dataclass
+class Arms:
+    """The offloaded arm beside the colocated one (docs/disaggregation.md)."""
+
+    samples: list[ConfigSamples]
+    table: pd.DataFrame  # the offloaded arm's own table
+    transfer: Any  # arms.TransferModel | None
+    thresholds: dict[str, Any] | None
+    source: str
+
+
+@dataclass
 class Analysis:
     samples: list[ConfigSamples]
     table: pd.DataFrame
@@ -38,6 +50,7 @@ class Analysis:
     transfer_ms: float
     source: str
     notes: list[str] = field(default_factory=list)
+    arms: Arms | None = None  # with an offloaded arm: `table` is the colocated table joined with it
 
     @property
     def modelled(self) -> bool:
@@ -76,13 +89,50 @@ def load_results(results_dir: str | Path, tick: Tick | None = None) -> list[Conf
     return samples
 
 
+def load_joined(results_dirs: Sequence[str | Path], tick: Tick | None = None) -> list[ConfigSamples]:
+    """Every record of several results directories as one grid (a sweep split over Kubernetes
+    pods, one directory per chunk size). A grid point in two of them is refused: which of the
+    two measurements is the table's would be a guess."""
+    samples: list[ConfigSamples] = []
+    seen: dict[tuple[int, int, int], Path] = {}
+    for directory in results_dirs:
+        for sample in load_results(directory, tick):
+            where = Path(directory)
+            if sample.key in seen:
+                b, d, p = sample.key
+                raise RecordError(f"B={b} D={d} P={p} is in both {seen[sample.key]} and {where}: "
+                                  "join results directories of different grid points")
+            seen[sample.key] = where
+            samples.append(sample)
+    return samples
+
+
+def joined_out_dir(results_dirs: Sequence[str | Path]) -> Path:
+    """Where a join's outputs go by default: the one directory, or the directories' common parent."""
+    if len(results_dirs) == 1:
+        return Path(results_dirs[0])
+    return Path(os.path.commonpath([os.path.abspath(d) for d in results_dirs]))
+
+
 def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANSFER_MS, source: str = "",
-            tick: Tick | None = None, *, passive_events: Mapping[tuple[int, int, int], int] | None = None,
+            tick: Tick | None = None, *, offloaded: Sequence[ConfigSamples] | None = None,
+            offloaded_source: str = "", transfer: Any = None,
+            passive_events: Mapping[tuple[int, int, int], int] | None = None,
             min_events: int | None = None) -> Analysis:
-    """`min_events` (passive tables): add the event counts, the too-few mark and the bootstrap
-    intervals (`analysis.passive`); `passive_events` counts events whose values were lost."""
+    """`offloaded`: the offloaded arm's samples; the table then carries both arms (`arms.join_arms`),
+    and decision.json the two-arm verdict's models; `transfer` a given `arms.TransferModel` (the
+    measured one, fitted on the offloaded arm, wins). `min_events` (passive tables): add the event
+    counts, the too-few mark and the bootstrap intervals (`analysis.passive`); `passive_events`
+    counts events whose values were lost."""
     if not samples:
         raise RecordError(f"{source or 'input'}: nothing to analyse")
+    if offloaded is not None:
+        wrong = sorted({s.arm for s in samples if s.arm != "colocated"})
+        if wrong:
+            raise RecordError(f"{source}: records of the {', '.join(wrong)} arm where the colocated arm is expected")
+        if not offloaded or any(s.arm != "offloaded" for s in offloaded):
+            raise RecordError(f"--offloaded {offloaded_source}: expected records of the offloaded arm "
+                              "(config.arm = offloaded: DecodeBenchConnector or a P/D pair's decode instance)")
     table = build_table(samples)
     if min_events is not None:
         from pdexporter.analysis.passive import passive_columns
@@ -104,8 +154,27 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
     criteria = evaluate_criteria(table, fits, transfer_ms)
     if tick:
         tick("criteria")
+    arms = None
+    if offloaded is not None:
+        from pdexporter.analysis.arms import fit_transfer, join_arms, thresholds, two_arm_section
+
+        off_table = build_table(offloaded)
+        measured = fit_transfer(off_table)
+        model = measured or transfer
+        thresholds_doc = None
+        if decision is not None:
+            section = two_arm_section(table, off_table, model, source=offloaded_source)
+            if section is None:
+                notes.append("the offloaded arm has too few points for the two-arm models; decision.json keeps the "
+                             "seed's rule only")
+            else:
+                decision["two_arm"] = section
+                decision["rule"] = "two-arm (see two_arm.rule); the seed's: offload when cost_ms > transfer_ms"
+                thresholds_doc = thresholds(decision)
+        table = join_arms(table, off_table)
+        arms = Arms(list(offloaded), off_table, model, thresholds_doc, offloaded_source)
     return Analysis(list(samples), table, fits, decision, criteria, top_level_mismatches(samples), transfer_ms,
-                    source, notes)
+                    source, notes, arms)
 
 
 def write_outputs(analysis: Analysis, out_dir: str | Path, *, plots: bool = True, parquet: bool = True,
@@ -116,6 +185,10 @@ def write_outputs(analysis: Analysis, out_dir: str | Path, *, plots: bool = True
     written.append(atomic_write_json(out / FITS_JSON, analysis.fits_document()))
     if analysis.decision is not None:
         written.append(atomic_write_json(out / DECISION_JSON, analysis.decision))
+    if analysis.arms is not None and analysis.arms.thresholds is not None:
+        from pdexporter.analysis.arms import THRESHOLDS_JSON
+
+        written.append(atomic_write_json(out / THRESHOLDS_JSON, analysis.arms.thresholds))
     written.append(atomic_write_json(out / CRITERIA_JSON, criteria_document(analysis.criteria)))
     if tick:
         tick("tables")

@@ -52,16 +52,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
-
-from pdexporter.engines import adapter
 import pandas as pd
 
+from pdexporter._internal.text import plural
 from pdexporter.analysis.table import ConfigSamples
+from pdexporter.engines import adapter
 
 SEED_MODEL = "seed_per_chunk"
 CONTEXT_MODEL = "context_aware"
 LEAVE_P_OUT = "leave-one-P-out"
+LEAVE_B_OUT = "leave-one-chunk-size-out"  # generalisation to a chunk size nobody measured
+LEAVE_D_OUT = "leave-one-D-out"  # ... and to a decode batch between (or beyond) the grid's
 KFOLD = "5-fold-by-config"
+SCHEMES = (LEAVE_P_OUT, LEAVE_B_OUT, LEAVE_D_OUT, KFOLD)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +155,18 @@ class Coefficient:
     stderr: float | None
     unit: str
     meaning: str
+    if_negative: str = "the term would lower the cost"  # what a value below zero would claim
+
+    @property
+    def note(self) -> str | None:
+        """A word on a negative value (a cost term is expected to be >= 0): within two standard
+        errors of zero it is a fit artefact; beyond, say what it claims and that it is real in the data."""
+        if not self.value < 0:
+            return None
+        if self.stderr is not None and abs(self.value) <= 2 * self.stderr:
+            return f"negative: {self.if_negative} here, a fit artefact within its ± error"
+        return (f"negative: {self.if_negative} in this data, beyond its ± error (an effect of the engine, or "
+                "a model form that does not fit every point)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "value": self.value, "stderr": self.stderr, "unit": self.unit,
@@ -171,14 +186,26 @@ class CostModel(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-CONTEXT_NAMES = ("alpha0_ms", "alpha1_ms_per_decode", "gamma_ms_per_token", "beta_ms_per_token_pair")
+CONTEXT_NAMES = ("alpha0_ms", "alpha1_ms_per_decode", "gamma_ms_per_token", "beta_ms_per_token_pair",
+                 "sigma0_ms", "sigma1_ms_per_token")
 CONTEXT_UNITS = ("ms per mixed step", "ms per mixed step per decode stream", "ms per prefill token",
-                 "ms per query-context token pair")
+                 "ms per query-context token pair", "ms per prefill per decode stream",
+                 "ms per prefill token per decode stream")
 CONTEXT_MEANINGS = (
     "fixed extra cost of a step that carries a prefill chunk",
     "change of that fixed extra per running decode",
     "cost of one prefill token through the weights",
     "attention cost of one query token over one context token",
+    "the engine's stalls around a prefill (admission, retirement) outside its chunk steps: fixed part",
+    "those stalls' growth with the prompt (hashing its blocks, freeing its KV)",
+)
+CONTEXT_IF_NEGATIVE = (
+    "a step carrying a prefill chunk would cost less than the decode step it replaces",
+    "larger decode batches shorten the mixed step",
+    "more prefill tokens would make a chunk cheaper",
+    "a longer prefix would make attention cheaper",
+    "the engine's loop would run faster around a prefill than without one",
+    "longer prompts would stall the engine's loop less",
 )
 
 
@@ -192,8 +219,14 @@ class ContextAwareModel:
     n_step_rows: int = 0
     n_point_rows: int = 0
     n_downweighted: int = 0  # rows the robust fit gave less than half a weight
+    # The engine's admission/retirement stalls around a prefill, per decode stream (second stage,
+    # fitted on what the chunk steps leave unexplained of each point's total interference).
+    sigma0_ms: float = 0.0
+    sigma1_ms_per_token: float = 0.0
+    sigma_stderr: tuple[float | None, float | None] = (None, None)
     name: str = CONTEXT_MODEL
-    formula: str = "C = D * (n * (alpha0 + alpha1 * D) + gamma * P + beta * P * (P + 1) / 2), n = ceil(P / (B - D))"
+    formula: str = ("C = D * (n * (alpha0 + alpha1 * D) + gamma * P + beta * P * (P + 1) / 2 + sigma0 + sigma1 * P), "
+                    "n = ceil(P / (B - D))")
 
     @property
     def values(self) -> tuple[float, float, float, float]:
@@ -207,18 +240,21 @@ class ContextAwareModel:
         a0, a1, g, be = self.values
         d, p = np.asarray(d, np.float64), np.asarray(p, np.float64)
         n = num_chunks(p, b, d)
-        return n * (a0 + a1 * d) + g * p + be * p * (p + 1) / 2
+        return n * (a0 + a1 * d) + g * p + be * p * (p + 1) / 2 + self.sigma0_ms + self.sigma1_ms_per_token * p
 
     def predict(self, d: Any, p: Any, b: Any) -> np.ndarray:
         return np.asarray(d, np.float64) * self.per_stream_ms(d, p, b)
 
     def coefficients(self) -> list[Coefficient]:
-        return [Coefficient(n, float(v), None if s is None else float(s), u, m)
-                for n, v, s, u, m in zip(CONTEXT_NAMES, self.values, self.stderr, CONTEXT_UNITS, CONTEXT_MEANINGS)]
+        values = (*self.values, self.sigma0_ms, self.sigma1_ms_per_token)
+        errors = (*self.stderr, *self.sigma_stderr)
+        return [Coefficient(n, float(v), None if s is None else float(s), u, m, w)
+                for n, v, s, u, m, w in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS,
+                                            CONTEXT_IF_NEGATIVE)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "formula": self.formula,
-                "coefficients": {n: float(v) for n, v in zip(CONTEXT_NAMES, self.values)}}
+                "coefficients": {c.name: c.value for c in self.coefficients()}}
 
 
 def _interp_clamped(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -264,7 +300,8 @@ class SeedModel:
             ds, pis, ses = self.cells[b]
             for d, pi, se in zip(ds, pis, ses):
                 out.append(Coefficient(f"pi[B={b},D={d}]", float(pi), se, "ms per chunk per decode stream",
-                                       "TPOT penalty one chunk adds to one decode stream"))
+                                       "TPOT penalty one chunk adds to one decode stream",
+                                       "a prefill chunk would speed the decodes up"))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -380,8 +417,29 @@ def fit_context_model(data: FitData) -> ContextAwareModel:
         values[col] = float(coef[j])
         errors[col] = stderr[j]
     downweighted = int(np.sum(weights < 0.5))
-    return ContextAwareModel(*values, stderr=tuple(errors), n_step_rows=n_steps, n_point_rows=n_points,  # type: ignore[arg-type]
-                             n_downweighted=downweighted)
+    stage1 = ContextAwareModel(*values, stderr=tuple(errors), n_step_rows=n_steps, n_point_rows=n_points,  # type: ignore[arg-type]
+                               n_downweighted=downweighted)
+    return _with_stalls(stage1, data) if n_steps else stage1
+
+
+def _with_stalls(model: ContextAwareModel, data: FitData) -> ContextAwareModel:
+    """Second stage: what the chunk steps leave unexplained of each point's per-stream total
+    interference (the engine's admission and retirement stalls, seen on vLLM 0.22 as one to three
+    slow steps beside the chunks) as sigma0 + sigma1 * P, Huber-fitted over the grid points."""
+    residual = data.total_ms - model.per_stream_ms(data.decode, data.prefill, data.chunk_size)
+    ok = np.isfinite(residual)
+    if ok.sum() < 3 or np.ptp(data.prefill[ok]) == 0:
+        return model
+    x = np.column_stack([np.ones(int(ok.sum())), data.prefill[ok]])
+    scale = np.abs(x).max(axis=0)
+    coef_scaled, weights, rank = _huber_irls(x / scale, residual[ok])
+    coef = coef_scaled / scale
+    errors: tuple[float | None, float | None] = (None, None)
+    if rank == 2 and ok.sum() > 2:
+        raw = np.asarray(_clustered_stderr(x / scale, residual[ok] - (x / scale) @ coef_scaled,
+                                           np.arange(int(ok.sum())), weights)) / scale
+        errors = (float(raw[0]), float(raw[1]))
+    return replace(model, sigma0_ms=float(coef[0]), sigma1_ms_per_token=float(coef[1]), sigma_stderr=errors)
 
 
 HUBER_K = 1.345  # 95 % efficiency of least squares when the errors are normal
@@ -454,16 +512,23 @@ class HeldOut:
     rmse_ms: float | None
     median_abs_rel_error: float | None
     predictions: np.ndarray = field(repr=False)
+    mape: float | None = None  # mean |predicted - measured| / measured over the points predicted
+    predicted: int = 0  # points a fold could predict (a model may not reach a held-out B or D)
 
     def to_dict(self) -> dict[str, Any]:
         return {"scheme": self.scheme, "folds": self.folds, "r2": _round(self.r2),
-                "rmse_ms": _round(self.rmse_ms), "median_abs_rel_error": _round(self.median_abs_rel_error)}
+                "rmse_ms": _round(self.rmse_ms), "median_abs_rel_error": _round(self.median_abs_rel_error),
+                "mape": _round(self.mape), "points_predicted": self.predicted}
 
 
 def folds_for(data: FitData, scheme: str, k: int = 5, seed: int = 0) -> list[np.ndarray]:
     """Index arrays of the held-out points of each fold."""
     if scheme == LEAVE_P_OUT:
         return [np.nonzero(data.prefill == p)[0] for p in np.unique(data.prefill)]
+    if scheme == LEAVE_B_OUT:
+        return [np.nonzero(data.chunk_size == b)[0] for b in np.unique(data.chunk_size)]
+    if scheme == LEAVE_D_OUT:
+        return [np.nonzero(data.decode == d)[0] for d in np.unique(data.decode)]
     if scheme == KFOLD:
         order = np.random.default_rng(seed).permutation(len(data))
         return [fold for fold in np.array_split(order, min(k, len(data))) if fold.size]
@@ -490,7 +555,8 @@ def _scores(scheme: str, folds: int, y: np.ndarray, y_hat: np.ndarray) -> HeldOu
     rmse = float(np.sqrt(np.mean((y[ok] - y_hat[ok]) ** 2))) if ok.any() else None
     rel = np.abs(y[ok] - y_hat[ok]) / np.where(y[ok] != 0, np.abs(y[ok]), np.nan)
     rel = rel[np.isfinite(rel)]
-    return HeldOut(scheme, folds, r_squared(y, y_hat), rmse, float(np.median(rel)) if rel.size else None, y_hat)
+    return HeldOut(scheme, folds, r_squared(y, y_hat), rmse, float(np.median(rel)) if rel.size else None, y_hat,
+                   float(np.mean(rel)) if rel.size else None, int(ok.sum()))
 
 
 def _round(x: float | None, digits: int = 6) -> float | None:
@@ -536,6 +602,9 @@ class FitReport:
                 "models": {k: v.to_dict() for k, v in self.fits.items()}}
 
 
+NO_HELD_OUT = "not enough points for a held-out fit"
+
+
 def fit_models(data: FitData) -> FitReport:
     """Fit both models on everything, score them held out, choose the better one."""
     if len(data) == 0:
@@ -546,13 +615,20 @@ def fit_models(data: FitData) -> FitReport:
     for name, fitter in FITTERS.items():
         model = fitter(data)
         in_sample = r_squared(data.cost_ms, model.predict(data.decode, data.prefill, data.chunk_size))
-        held = {scheme: cross_validate(fitter, data, scheme) for scheme in (LEAVE_P_OUT, KFOLD)}
+        held = {scheme: cross_validate(fitter, data, scheme) for scheme in SCHEMES
+                if scheme == KFOLD or len(folds_for(data, scheme)) >= 2}
         fits[name] = ModelFit(model, in_sample, held)
     scores = {name: fit.held_out[primary].r2 for name, fit in fits.items()}
     chosen = max(scores, key=lambda k: -math.inf if scores[k] is None else scores[k])  # type: ignore[arg-type]
     other = next(k for k in scores if k != chosen)
-    reason = (f"{chosen} has the higher held-out R^2 ({_fmt(scores[chosen])} vs {_fmt(scores[other])} "
-              f"for {other}, {primary})")
+    if scores[chosen] is None:
+        reason = (f"{NO_HELD_OUT} ({plural(len(data), 'grid point')} with D >= 1, "
+                  f"{plural(int(np.unique(data.prefill).size), 'prompt length')}): {chosen} taken without a comparison")
+    elif scores[other] is None:
+        reason = f"{chosen} has a held-out R^2 ({_fmt(scores[chosen])}, {primary}); {other} could not be scored"
+    else:
+        reason = (f"{chosen} has the higher held-out R^2 ({_fmt(scores[chosen])} vs {_fmt(scores[other])} "
+                  f"for {other}, {primary})")
     return FitReport(fits, chosen, primary, reason, len(data))
 
 

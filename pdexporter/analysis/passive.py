@@ -9,8 +9,10 @@ seed's table from them as from injected repetitions (medians over events), then 
   counts, also windows whose values were overwritten before a scrape (their values are lost; the
   medians use the windows whose values survive);
 - `too_few_events`: fewer than `--min-events` (default 5): the cell is shown, and marked;
-- `<column>_ci_low` / `_ci_high` for the penalty and the aggregate interference: a 95 % percentile
-  bootstrap interval of the median over events (2,000 resamples, fixed seed; none below 2 events).
+
+and the table's own 95 % bootstrap intervals of the medians (`analysis.bootstrap`: the penalty,
+the prefill duration and the aggregate interference, `<column>_ci95_low` / `_high`) are over the
+cell's events.
 
 `--grid SWEEP.yaml` re-bins the cells to that sweep's D and P values with the same log-scale rule,
 taking each cell's label as its value; cells outside every bin are left out and counted.
@@ -25,29 +27,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
 from pdexporter.analysis.table import KEY_COLUMNS, ConfigSamples
 from pdexporter.measure.passive import bin_int
 
 MIN_EVENTS = 5
-CI_COLUMNS = ("tpot_penalty_ms", "aggregate_interference_ms")
-BOOTSTRAP_RESAMPLES = 2000
-CI_LEVEL = 0.95
-PASSIVE_COLUMNS = ("events", "too_few_events") + tuple(f"{c}_ci_{end}" for c in CI_COLUMNS for end in ("low", "high"))
+PASSIVE_COLUMNS = ("events", "too_few_events")
 
 Key = tuple[int, int, int]
 
 
-def bootstrap_median_ci(values: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES, level: float = CI_LEVEL,
-                        seed: int = 0) -> tuple[float | None, float | None]:
-    """Percentile bootstrap interval of the median; (None, None) below two values."""
-    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
-    if v.size < 2:
-        return None, None
-    rng = np.random.default_rng(seed)
-    medians = np.median(v[rng.integers(0, v.size, size=(resamples, v.size))], axis=1)
-    tail = (1.0 - level) / 2 * 100
-    low, high = np.percentile(medians, [tail, 100 - tail])
-    return float(low), float(high)
+def bootstrap_median_ci(values: Sequence[float | None], key: Key = (0, 0, 0),
+                        column: str = "") -> tuple[float | None, float | None]:
+    """The table's 95 % bootstrap interval of a median (`analysis.bootstrap`, seeded per point)."""
+    return bootstrap_ci(values, seed=point_seed(key, column))
 
 
 @dataclass(frozen=True)
@@ -82,23 +75,16 @@ def rebin(samples: Iterable[ConfigSamples], decode_batch_sizes: Sequence[int], p
 
 def passive_columns(table: pd.DataFrame, samples: Sequence[ConfigSamples], *, min_events: int = MIN_EVENTS,
                     events: Mapping[Key, int] | None = None) -> pd.DataFrame:
-    """The table with the passive columns (module docs) appended."""
+    """The table with the passive columns (module docs) appended; the bootstrap intervals of its
+    medians are the table's own (`analysis.bootstrap`)."""
     by_key = {s.key: s for s in samples}
     out = table.copy()
-    rows: dict[str, list[object]] = {name: [] for name in PASSIVE_COLUMNS}
+    counts = []
     for key in zip(*(out[c] for c in KEY_COLUMNS)):
         s = by_key[tuple(int(k) for k in key)]  # type: ignore[index]
-        n = (events or {}).get(s.key, len(s.reps))
-        rows["events"].append(int(max(n, len(s.reps))))
-        rows["too_few_events"].append(bool(max(n, len(s.reps)) < min_events))
-        for column in CI_COLUMNS:
-            low, high = bootstrap_median_ci([r.get(column) for r in s.reps])  # type: ignore[misc]
-            rows[f"{column}_ci_low"].append(low)
-            rows[f"{column}_ci_high"].append(high)
-    for name, values in rows.items():
-        out[name] = values
-    out["events"] = out["events"].astype("int64")
-    out["too_few_events"] = out["too_few_events"].astype(bool)
+        counts.append(int(max((events or {}).get(s.key, len(s.reps)), len(s.reps))))
+    out["events"] = pd.Series(counts, index=out.index, dtype="int64")
+    out["too_few_events"] = out["events"] < min_events
     return out
 
 
@@ -152,13 +138,13 @@ def compare_cells(passive: Mapping[Key, Sequence[tuple[float, float]]], injected
         if not events:
             continue
         values = [v for _, v in events]
-        low, high = bootstrap_median_ci(values)
+        low, high = bootstrap_median_ci(values, key, column)
         out.append(CellComparison(key, column, len(values), float(np.median(values)), low, high, injected[key],
                                   time_to_tolerance([t for t, _ in events], values, injected[key], tolerance, floor)))
     return out
 
 
 __all__ = [
-    "CI_COLUMNS", "CellComparison", "MIN_EVENTS", "PASSIVE_COLUMNS", "Rebinned", "bootstrap_median_ci",
+    "CellComparison", "MIN_EVENTS", "PASSIVE_COLUMNS", "Rebinned", "bootstrap_median_ci",
     "compare_cells", "passive_columns", "rebin", "time_to_tolerance", "within",
 ]

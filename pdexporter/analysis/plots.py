@@ -1,10 +1,12 @@
 """The seed's plots, built on matplotlib's object API with the Agg canvas (no pyplot, no display).
 
-- `heatmap_penalty_ratio`: penalty ratio over (P, D), one panel per chunk size B, one colour scale.
+- `heatmap_penalty_ratio`: penalty ratio over (P, D), one panel per chunk size B, one logarithmic
+  colour scale (ratios span 1.1 to hundreds), the value printed in every cell.
 - `chunk_sensitivity`: for a fixed D, total prefill duration, per-step TPOT penalty and aggregate
   interference against chunk size, one line per P (the seed's deliverable 4).
 - `breakeven_<B>`: where offloading wins for a transfer budget at chunk size B (8192 by default):
-  the fitted model's cost over (D, P), the budget's contour, and the measured points on top.
+  the fitted model's cost over (D, P), the budget's contour, and the grid's points on top (called
+  "measured" or "modelled", as the records are).
 
 Every figure built from modelled data says MODELLED in its title. Figures are rendered to PNG
 and SVG bytes; writing them is the caller's (atomic) business.
@@ -25,7 +27,7 @@ matplotlib.use("Agg")  # harmless when already Agg; we never touch pyplot
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import LogNorm
+from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -82,33 +84,53 @@ def _modelled(frame: pd.DataFrame) -> bool:
 
 
 def heatmap(table: pd.DataFrame) -> Plot:
-    """One panel per chunk size, one colour scale for all, so chunk sizes compare at a glance."""
+    """One panel per chunk size, one colour scale for all, so chunk sizes compare at a glance. The
+    scale is logarithmic: ratios span 1.1 to hundreds, and 3x must not look like 50x."""
     title = _title("TPOT penalty ratio (penalty / baseline) over P x D, per chunk size", _modelled(table))
-    return grid_heatmap(table, "penalty_ratio", "penalty ratio (penalty / baseline)", title, "heatmap_penalty_ratio")
+    return grid_heatmap(table, "penalty_ratio", "penalty ratio (penalty / baseline), log scale", title,
+                        "heatmap_penalty_ratio", log=True)
+
+
+def _cell_text(v: float) -> str:
+    if not math.isfinite(v):
+        return "n/a"
+    if abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
 def grid_heatmap(table: pd.DataFrame, column: str, label: str, title: str, name: str, *,
-                 cmap: str = "magma_r", symmetric: bool = False) -> Plot:
-    """`column` over (P, D), one panel per chunk size, one colour scale; `symmetric` centres it on 0
-    (a change: one colour for less, another for more)."""
+                 cmap: str = "magma_r", symmetric: bool = False, log: bool = False) -> Plot:
+    """`column` over (P, D), one panel per chunk size, one colour scale, the value printed in every
+    cell. `log` spaces the colours by ratio (when every value is > 0); `symmetric` centres a linear
+    scale on 0 (a change: one colour for less, another for more). Rows of D with no value in any
+    panel (penalty ratios at D = 0) are left out."""
     sizes = sorted(int(b) for b in table["chunk_size"].unique())
-    decodes = sorted(int(d) for d in table["decode_batch_size"].unique())
+    values_of = pd.to_numeric(table[column], errors="coerce")
+    with_value = table[np.isfinite(values_of.to_numpy(np.float64))]
+    decodes = sorted(int(d) for d in with_value["decode_batch_size"].unique()) or \
+        sorted(int(d) for d in table["decode_batch_size"].unique())
     prefills = sorted(int(p) for p in table["new_prefill_tokens"].unique())
     ncols = min(len(sizes), 2) or 1
     nrows = max(math.ceil(len(sizes) / ncols), 1)
-    panel_w = 0.78 * max(len(prefills), 4) + 1.3
-    panel_h = 0.42 * max(len(decodes), 4) + 1.2
+    panel_w = 0.85 * max(len(prefills), 4) + 1.3
+    panel_h = 0.48 * max(len(decodes), 4) + 1.2
     height = nrows * panel_h + 1.2
-    fig = Figure(figsize=(ncols * panel_w + 1.2, height))
+    fig = Figure(figsize=(ncols * panel_w + 1.4, height))
     # Margins in inches, so a one-row grid keeps room for the title and the axis label.
-    fig.subplots_adjust(left=0.07, right=0.88, bottom=0.6 / height, top=1 - 0.75 / height, wspace=0.22,
+    fig.subplots_adjust(left=0.07, right=0.87, bottom=0.6 / height, top=1 - 0.75 / height, wspace=0.22,
                         hspace=0.42 * 4 / max(nrows * panel_h, 4))
-    finite = table[column].to_numpy(np.float64)
+    finite = values_of.to_numpy(np.float64)
     finite = finite[np.isfinite(finite)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    norm: Normalize
     if symmetric:
         vmax = max(abs(vmin), abs(vmax)) or 1.0
-        vmin = -vmax
+        norm = Normalize(-vmax, vmax)
+    elif log and finite.size and vmin > 0:
+        norm = LogNorm(vmin, max(vmax, vmin * 1.01))
+    else:
+        norm = Normalize(vmin, vmax if vmax > vmin else vmin + 1.0)
     colours = matplotlib.colormaps[cmap].with_extremes(bad="#dddddd")
     image = None
     axes = fig.subplots(nrows, ncols, squeeze=False)
@@ -117,27 +139,30 @@ def grid_heatmap(table: pd.DataFrame, column: str, label: str, title: str, name:
         values = np.full((len(decodes), len(prefills)), np.nan)
         row_of = {d: i for i, d in enumerate(decodes)}
         col_of = {p: j for j, p in enumerate(prefills)}
-        for d, p, value in zip(rows["decode_batch_size"], rows["new_prefill_tokens"], rows[column]):
-            values[row_of[int(d)], col_of[int(p)]] = value
-        image = ax.imshow(np.ma.masked_invalid(values), cmap=colours, aspect="auto", origin="lower",
-                          vmin=vmin, vmax=vmax)
-        ax.set_xticks(range(len(prefills)), [_tokens(p) for p in prefills], fontsize=8)
-        ax.set_yticks(range(len(decodes)), [str(d) for d in decodes], fontsize=8)
+        for d, p, value in zip(rows["decode_batch_size"], rows["new_prefill_tokens"], pd.to_numeric(rows[column])):
+            if int(d) in row_of:
+                values[row_of[int(d)], col_of[int(p)]] = value
+        shown = np.ma.masked_invalid(np.where(values > 0, values, np.nan) if isinstance(norm, LogNorm) else values)
+        image = ax.imshow(shown, cmap=colours, norm=norm, aspect="auto", origin="lower")
+        ax.set_xticks(range(len(prefills)), [_tokens(p) for p in prefills], fontsize=9)
+        ax.set_yticks(range(len(decodes)), [str(d) for d in decodes], fontsize=9)
         ax.set_xlabel("new_prefill_tokens (P)", fontsize=9)
         ax.set_ylabel("decode_batch_size (D)", fontsize=9)
         ax.set_title(f"chunk size B={b}", fontsize=10)
-        mid = (vmin + vmax) / 2
         for i in range(values.shape[0]):
             for j in range(values.shape[1]):
                 v = values[i, j]
-                text = "n/a" if not math.isfinite(v) else (f"{v:.2f}" if abs(v) < 10 else f"{v:.0f}")
-                dark = math.isfinite(v) and (abs(v) > 0.6 * vmax if symmetric else v > mid)
-                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+                dark = math.isfinite(v) and not np.ma.is_masked(shown[i, j]) and (
+                    abs(float(norm(v)) - 0.5) > 0.3 if symmetric else float(norm(v)) > 0.55)
+                ax.text(j, i, _cell_text(v), ha="center", va="center", fontsize=8.5,
+                        color="white" if dark else "black")
     for ax in axes.ravel()[len(sizes):]:
         ax.set_visible(False)
     if image is not None:
-        cax = fig.add_axes((0.905, 0.15, 0.018, 0.7))
-        fig.colorbar(image, cax=cax, label=label)
+        cax = fig.add_axes((0.895, 0.15, 0.018, 0.7))
+        bar = fig.colorbar(image, cax=cax, label=label)
+        if isinstance(norm, LogNorm):
+            _plain_log_axis(bar.ax.yaxis)
     fig.suptitle(title)
     return Plot(name, title, fig)
 
@@ -203,22 +228,23 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
     prefills = np.unique(np.geomspace(p_lo, p_hi, 120).round())
     region = offload_region(model, chunk_size, decodes, prefills, transfer_ms)
     fig = Figure(figsize=(9, 5.6))
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.18, top=0.92)
+    fig.subplots_adjust(left=0.08, right=0.93, bottom=0.18, top=0.92)
     ax = fig.add_subplot()
     cost = np.clip(region.cost_ms, 1e-3, None)
     mesh = ax.pcolormesh(prefills, decodes, cost, norm=LogNorm(vmin=cost.min(), vmax=max(cost.max(), cost.min() * 10)),
                          cmap="viridis", shading="nearest", rasterized=True)
-    bar = fig.colorbar(mesh, ax=ax, label=f"modelled aggregate interference (ms), {model.name}")
+    bar = fig.colorbar(mesh, ax=ax, pad=0.02, label=f"aggregate interference (ms), {model.name} model")
     _plain_log_axis(bar.ax.yaxis)
     if (region.cost_ms > transfer_ms).any() and (region.cost_ms <= transfer_ms).any():
         ax.contour(prefills, decodes, region.cost_ms, levels=[transfer_ms], colors="white", linewidths=2)
     ax.contourf(prefills, decodes, region.offload.astype(float), levels=[0.5, 1.5], colors="none", hatches=["//"])
     wins = rows[rows["aggregate_interference_ms"] > transfer_ms]
     loses = rows[~(rows["aggregate_interference_ms"] > transfer_ms)]
+    seen = "modelled" if _modelled(rows if len(rows) else table) else "measured"
     ax.scatter(wins["new_prefill_tokens"], wins["decode_batch_size"], marker="o", s=50, c="red",
-               edgecolors="white", label=f"measured: offload wins (> {transfer_ms:g} ms)")
+               edgecolors="white", label=f"{seen}: offload wins (> {transfer_ms:g} ms)")
     ax.scatter(loses["new_prefill_tokens"], loses["decode_batch_size"], marker="o", s=50, facecolors="none",
-               edgecolors="red", label="measured: keep local")
+               edgecolors="red", label=f"{seen}: keep local")
     ax.set_xscale("log", base=2)
     _plain_log_axis(ax.xaxis, decimal=False)
     ticks = sorted(int(p) for p in fitted["new_prefill_tokens"].unique()) if len(fitted) else []
@@ -258,3 +284,53 @@ def write_plots(plots: Iterable[Plot], out_dir: str | Path, formats: Iterable[st
         for fmt in formats:
             written.append(atomic_write_bytes(out / f"{plot.name}.{fmt}", plot.render(fmt)))
     return written
+
+
+def arms_plot(joined: pd.DataFrame, doc: dict | None = None) -> Plot | None:
+    """Both arms (docs/disaggregation.md): per D, the decode time offloading saves (colocated -
+    offloaded aggregate interference, solid) and what the request pays in TTFT (offloaded -
+    colocated TTFT, dashed) over P, measured points; offloading wins where solid is above dashed.
+    With `doc` (decision.json with `two_arm`), the models' curves (thin) and the measured transfer."""
+    from pdexporter.analysis.decision_eval import evaluate_decision
+
+    rows = joined[(joined["decode_batch_size"] >= 1) & joined["offloaded_aggregate_interference_ms"].notna()]
+    if not len(rows):
+        return None
+    b = int(rows["chunk_size"].max())
+    rows = rows[rows["chunk_size"] == b]
+    fig = Figure(figsize=(8.5, 5.0))
+    fig.subplots_adjust(left=0.1, right=0.78, top=0.88, bottom=0.12)
+    ax = fig.subplots()
+    colours = matplotlib.colormaps["viridis"]
+    decodes = sorted(int(d) for d in rows["decode_batch_size"].unique())
+    for i, d in enumerate(decodes):
+        part = rows[rows["decode_batch_size"] == d].sort_values("new_prefill_tokens")
+        colour = colours(i / max(len(decodes) - 1, 1))
+        p = part["new_prefill_tokens"].to_numpy(np.float64)
+        saved = (part["aggregate_interference_ms"] - part["offloaded_aggregate_interference_ms"]).to_numpy(np.float64)
+        ax.plot(p, saved, "o-", color=colour, label=f"D={d} saved")
+        offloaded_ttft = part["offloaded_ttft_ms"] if part["offloaded_ttft_ms"].notna().any() else None
+        if offloaded_ttft is not None:
+            cost = (offloaded_ttft - part["colocated_ttft_ms"]).to_numpy(np.float64)
+            ax.plot(p, cost, "s--", color=colour, label=f"D={d} TTFT cost")
+        if doc and doc.get("two_arm"):
+            grid = np.geomspace(max(64.0, p.min() / 2), p.max() * 1.5, 40)
+            model = [evaluate_decision(doc, d, int(x), b, mode="two-arm") for x in grid]
+            ax.plot(grid, [m["saved_ms"] for m in model], "-", color=colour, lw=0.8, alpha=0.6)
+            ax.plot(grid, [m["ttft_cost_ms"] for m in model], "--", color=colour, lw=0.8, alpha=0.6)
+    ax.set_xscale("log")
+    _plain_log_axis(ax.xaxis, decimal=False)
+    lowest = min((float(np.nanmin(line.get_ydata())) for line in ax.get_lines()), default=1.0)
+    if lowest > 0:
+        ax.set_yscale("log")
+    else:  # offloading can shorten the request's TTFT, or cost the decodes more: negative values
+        ax.set_yscale("symlog", linthresh=10)
+    ax.set_xlabel("new_prefill_tokens (P)")
+    ax.set_ylabel("ms")
+    transfer = (doc or {}).get("two_arm", {}).get("transfer", {}) if doc else {}
+    note = (f"; transfer {transfer.get('fixed_ms')} ms + {transfer.get('bandwidth_gb_s')} GB/s (measured)"
+            if transfer.get("source") == "measured" else "")
+    ax.set_title(_title(f"Offloading: decode time saved vs TTFT paid, B={b}{note}", _modelled(joined)), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, which="both", alpha=0.3)
+    return Plot("arms_saved_vs_ttft", ax.get_title(), fig)

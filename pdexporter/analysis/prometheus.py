@@ -153,6 +153,16 @@ class PrometheusAPI:
             raise PrometheusError(f"Prometheus at {self.base_url} refused the query: {error}")
         return payload.get("data", {})
 
+    def build_info(self) -> dict[str, Any]:
+        """/api/v1/status/buildinfo: the server's version (and a check that it is Prometheus)."""
+        data = self._get("/api/v1/status/buildinfo", {})
+        return data if isinstance(data, dict) else {}
+
+    def query(self, query: str) -> list[dict[str, Any]]:
+        """An instant query's vector (evaluated now)."""
+        data = self._get("/api/v1/query", {"query": query})
+        return list(data.get("result", [])) if data.get("resultType") == "vector" else []
+
     def query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """A matrix over [start, end], split into requests of at most MAX_POINTS steps, merged."""
         merged: dict[tuple[tuple[str, str], ...], dict[float, str]] = {}

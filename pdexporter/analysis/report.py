@@ -1,7 +1,8 @@
 """One self-contained HTML report: table, plots (PNG as data: URIs), fits, decision, criteria.
 
-Nothing in the page refers outside itself (no scripts, fonts or stylesheets from anywhere), so it
-can be mailed, attached to a ticket or opened offline. Modelled data gets a banner at the top and
+Nothing in the page refers outside itself (no scripts, fonts or stylesheets from anywhere: its one
+script, which sorts the interference table when a header is clicked, is inline), so it can be
+mailed, attached to a ticket or opened offline. Modelled data gets a banner at the top and
 MODELLED in every plot title.
 """
 
@@ -43,13 +44,20 @@ def _num(value: Any, digits: int = 4) -> str:
     return _e(value)
 
 
-def _table(headers: list[str], rows: list[list[str]], text_cols: frozenset[int] = frozenset()) -> str:
-    head = "".join(f'<th class="{"text" if i in text_cols else ""}">{_e(h)}</th>' for i, h in enumerate(headers))
+def _header(name: str) -> str:
+    """A column name that may break after its underscores (long snake_case names stay narrow)."""
+    return "_<wbr>".join(_e(part) for part in name.split("_"))
+
+
+def _table(headers: list[str], rows: list[list[str]], text_cols: frozenset[int] = frozenset(), *,
+           table_id: str | None = None, sortable: bool = False) -> str:
+    head = "".join(f'<th class="{"text" if i in text_cols else ""}">{_header(h)}</th>' for i, h in enumerate(headers))
     body = "".join(
         "<tr>" + "".join(f'<td class="{"text" if i in text_cols else ""}">{cell}</td>' for i, cell in enumerate(r))
         + "</tr>" for r in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    attrs = (f' id="{_e(table_id)}"' if table_id else "") + (' class="sortable"' if sortable else "")
+    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _banner(analysis: Analysis) -> str:
@@ -83,19 +91,20 @@ def _fits(analysis: Analysis) -> str:
         row = [_e(name), _e(fit.model.formula), _num(fit.in_sample_r2)]
         for scheme in sorted(fit.held_out):
             h = fit.held_out[scheme]
-            row += [_num(h.r2), _num(h.rmse_ms, 3), _num(h.median_abs_rel_error, 3)]
+            row += [_num(h.r2), _num(h.rmse_ms, 3), _num(h.mape, 3)]
         score_rows.append(row)
     schemes = sorted(next(iter(report.fits.values())).held_out)
     headers = ["model", "formula", "in-sample R²"]
     for scheme in schemes:
-        headers += [f"held-out R² ({scheme})", "RMSE ms", "median |rel. err|"]
+        headers += [f"held-out R² ({scheme})", "RMSE ms", "MAPE"]
     parts.append(_table(headers, score_rows, frozenset({0, 1})))
     best = report.best.model
-    coef_rows = [[_e(c.name), _num(c.value, 5), _num(c.stderr, 2), _e(c.unit), _e(c.meaning)]
+    coef_rows = [[_e(c.name), _num(c.value, 5), _num(c.stderr, 2), _e(c.unit),
+                  _e(c.meaning) + (f'<br><span class="note">{_e(c.note)}</span>' if c.note else "")]
                  for c in best.coefficients()]
     parts.append(f"<h3>Coefficients of {_e(best.name)}</h3>")
-    parts.append('<div class="scroll">' + _table(["coefficient", "value", "std. error", "unit", "meaning"], coef_rows,
-                                                 frozenset({0, 3, 4})) + "</div>")
+    parts.append(_table(["coefficient", "value", "std. error", "unit", "meaning"], coef_rows, frozenset({0, 3, 4}),
+                        table_id="coefficients", sortable=len(coef_rows) > 8))
     return "\n".join(parts)
 
 
@@ -119,6 +128,68 @@ def _decision(analysis: Analysis) -> str:
     return "\n".join(parts)
 
 
+def _arms(analysis: Analysis) -> str:
+    """Both arms (docs/disaggregation.md): the measured points side by side, the transfer model,
+    the break-even (smallest prefill offloading wins at) and the figure."""
+    arms = analysis.arms
+    if arms is None:
+        return ("<p>Only the colocated arm is here. <code>pdexporter report RESULTS --offloaded DIR</code> adds the "
+                "offloaded arm (DecodeBenchConnector or a measured P/D pair) and the two-arm verdict.</p>")
+    from pdexporter.analysis.plots import arms_plot
+
+    table = analysis.table
+    rows_ = table[table["offloaded_aggregate_interference_ms"].notna()]
+    doc = analysis.decision or {}
+    parts = [f"<p>Offloaded arm: {len(arms.samples)} grid points from <code>{_e(arms.source)}</code> "
+             f"({_e(', '.join(sorted({s.engine for s in arms.samples})))}); "
+             f"{_e((doc.get('two_arm') or {}).get('offloaded_setup', ''))}. Saved = colocated minus offloaded "
+             "aggregate interference (the decode time the running decodes get back); TTFT cost = offloaded minus "
+             "colocated TTFT (what the request pays).</p>"]
+    t = arms.transfer
+    if t is not None:
+        parts.append(f"<p id='transfer-model'>Transfer model ({_e(t.source)}, {t.n} windows): "
+                     f"{t.fixed_ms:.2f} ms + P &times; {t.ms_per_token * 1e3:.4f} ms per 1K tokens"
+                     + (f" = {t.bandwidth_gb_s:.1f} GB/s at {t.bytes_per_token:.0f} bytes per token" if t.bandwidth_gb_s
+                        else "") + ".</p>")
+    else:
+        parts.append("<p class='warn' id='transfer-model'>No transfer was measured: the verdict uses the seed's "
+                     f"constant {analysis.transfer_ms:g} ms in the offloaded TTFT.</p>")
+    headers = ["B", "D", "P", "colocated aggregate ms", "offloaded aggregate ms", "saved ms", "colocated TTFT ms",
+               "offloaded TTFT ms", "TTFT cost ms", "KV transfer ms", "KV MB", "verdict (two-arm, no SLO)"]
+    body = []
+    for r in rows_.itertuples():
+        saved = r.aggregate_interference_ms - r.offloaded_aggregate_interference_ms
+        cost = (r.offloaded_ttft_ms - r.colocated_ttft_ms) if r.offloaded_ttft_ms == r.offloaded_ttft_ms else None
+        verdict = ""
+        if doc.get("two_arm") and r.decode_batch_size < r.chunk_size:
+            from pdexporter.analysis.decision_eval import evaluate_decision
+
+            verdict = evaluate_decision(doc, int(r.decode_batch_size), int(r.new_prefill_tokens), int(r.chunk_size),
+                                        mode="two-arm")["verdict"]
+        body.append([_num(int(r.chunk_size)), _num(int(r.decode_batch_size)), _num(int(r.new_prefill_tokens)),
+                     _num(r.aggregate_interference_ms), _num(r.offloaded_aggregate_interference_ms), _num(saved),
+                     _num(r.colocated_ttft_ms), _num(r.offloaded_ttft_ms if cost is not None else None), _num(cost),
+                     _num(r.kv_transfer_ms if r.kv_transfer_ms == r.kv_transfer_ms else None),
+                     _num(r.kv_bytes / 2**20 if r.kv_bytes == r.kv_bytes and r.kv_bytes is not None else None),
+                     _e(verdict)])
+    parts.append('<div class="scroll" id="arms-table">' + _table(headers, body, frozenset({11})) + "</div>")
+    if arms.thresholds:
+        per = arms.thresholds["min_prefill_tokens"]
+        decodes = sorted({int(d) for v in per.values() for d in v})
+        rows = [[f"B={_e(b)}"] + [_num(v.get(str(d))) if v.get(str(d)) is not None else "never" for d in decodes]
+                for b, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
+        parts.append("<p id='break-even'>Break-even with the measured transfer: the smallest prefill (tokens) from "
+                     "which the two-arm verdict offloads, per chunk size and D (no SLO; "
+                     "<code>pdexporter thresholds --tpot-slo-ms .. --ttft-slo-ms ..</code> for yours, and the llm-d "
+                     "snippet):</p>")
+        parts.append(_table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0})))
+    plot = arms_plot(table, doc if doc.get("two_arm") else None)
+    if plot is not None:
+        parts.append(_plots([plot]))
+        plot.figure.clear()
+    return "\n".join(parts)
+
+
 def _plots(plots: list[Plot]) -> str:
     parts = []
     for plot in plots:
@@ -134,7 +205,7 @@ def _data_table(analysis: Analysis) -> str:
     text_cols = frozenset(i for i, c in enumerate(headers) if c in ("engine", "gpu", "model", "modelled"))
     rows = [[_num(None if _isna(v) else (v.item() if hasattr(v, "item") else v)) for v in record]
             for record in frame.itertuples(index=False)]
-    return _table(headers, rows, text_cols)
+    return _table(headers, rows, text_cols, table_id="interference-table", sortable=True)
 
 
 def _isna(value: Any) -> bool:
@@ -166,6 +237,7 @@ def render_report(analysis: Analysis, plots: list[Plot] | None = None, now: dt.d
         criteria=_criteria(analysis),
         fits=_fits(analysis),
         decision=_decision(analysis),
+        arms=_arms(analysis),
         plots=_plots(plots),
         mismatches=mismatches,
         table=_data_table(analysis),

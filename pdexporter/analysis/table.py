@@ -11,7 +11,9 @@ repetition. Both sources meet in `ConfigSamples`, so one function builds the tab
 
 Columns: the key columns, then every quantity `pdexporter.measure.quantities` declares with a
 table column (the seed's six first, in its order; `docs/metrics.md` lists them all with their
-record keys and meanings), then the CVs over repetitions and where the numbers come from.
+record keys and meanings), then the CVs over repetitions and where the numbers come from, and
+last a 95 % bootstrap confidence interval of the median (`analysis.bootstrap`, seeded per grid
+point) for the penalty, the prefill duration and the aggregate interference.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import pandas as pd
 
 from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
+from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
 from pdexporter.measure.quantities import seed_columns, tabulated
 from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, cv
 
@@ -36,7 +39,7 @@ SEED_COLUMNS = KEY_COLUMNS + seed_columns()
 # `measure.quantities` declares with a table column.
 REP_VALUES = tuple(q.column for q in tabulated() if q.column)
 EXTRA_REP_VALUES = REP_VALUES[len(SEED_COLUMNS) - len(KEY_COLUMNS):]
-INT_VALUES = frozenset(q.column for q in tabulated() if q.column and q.integer)
+INT_VALUES = frozenset(q.column for q in tabulated("offloaded") if q.column and q.integer)
 # What the records say about where the numbers come from, one value per grid point.
 IDENTITY_COLUMNS = ("modelled", "engine", "gpu", "model")
 EXTRA_COLUMNS = (
@@ -44,7 +47,15 @@ EXTRA_COLUMNS = (
     + EXTRA_REP_VALUES
     + IDENTITY_COLUMNS
 )
-COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS
+# 95 % bootstrap intervals of the medians (after every other column, so no existing one moves).
+CI_VALUES = ("tpot_penalty_ms", "prefill_duration_ms", "aggregate_interference_ms")
+CI_COLUMNS = tuple(f"{name}_ci95_{end}" for name in CI_VALUES for end in ("low", "high"))
+COLUMNS = SEED_COLUMNS + EXTRA_COLUMNS + CI_COLUMNS
+# The offloaded arm's table (records of a P/D pair's decode instance, docs/disaggregation.md)
+# carries these after all of the above: which arm and connector, and the routed request's numbers.
+ARM_VALUES = tuple(q.column for q in tabulated("offloaded") if q.column and q.arm == "offloaded")
+ARM_COLUMNS = ("arm", "kv_connector") + ARM_VALUES
+OFFLOADED_COLUMNS = COLUMNS + ARM_COLUMNS
 TABLE_CSV = "interference_table.csv"
 TABLE_PARQUET = "interference_table.parquet"
 DIGITS = 4
@@ -74,6 +85,8 @@ class ConfigSamples:
     model: str | None = None
     note: str | None = None
     source: str = ""
+    arm: str = "colocated"  # "offloaded": a P/D pair's decode instance (records' config.arm)
+    kv_connector: str | None = None
     passive: bool = False  # production prefills (`run --passive`): the key is a bin (analysis.passive)
 
     @property
@@ -86,7 +99,7 @@ def rep_values(
 ) -> dict[str, float | int | None]:
     """One repetition (or a record's top level) as the table's value columns."""
     blocks = {"baseline": baseline, "interference": interference, "derived": derived}
-    values = {q.column: getattr(blocks[q.block], q.field, None) for q in tabulated() if q.column}
+    values = {q.column: getattr(blocks[q.block], q.field, None) for q in tabulated("offloaded") if q.column}
     total = values.get("total_interference_ms")
     if values.get("aggregate_interference_ms") is None and total is not None:
         values["aggregate_interference_ms"] = total * decode_batch_size  # records written before it existed
@@ -115,7 +128,8 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
     return ConfigSamples(
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
-        model=c.model, note=c.note, source=source, passive=c.mode == "passive",
+        model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector,
+        passive=c.mode == "passive",
     )
 
 
@@ -133,9 +147,10 @@ def _cv(values: Sequence[float | int | None]) -> float | None:
     return None if value is None else round(value, DIGITS)
 
 
-def aggregate_reps(reps: Sequence[Mapping[str, float | int | None]]) -> dict[str, float | int | None]:
+def aggregate_reps(reps: Sequence[Mapping[str, float | int | None]],
+                   names: Sequence[str] = REP_VALUES) -> dict[str, float | int | None]:
     """The seed's aggregation: p50 over repetitions, column by column."""
-    return {name: _median([r.get(name) for r in reps], name in INT_VALUES) for name in REP_VALUES}
+    return {name: _median([r.get(name) for r in reps], name in INT_VALUES) for name in names}
 
 
 def table_row(s: ConfigSamples) -> dict[str, Any]:
@@ -146,19 +161,31 @@ def table_row(s: ConfigSamples) -> dict[str, Any]:
     row["cv_prefill_duration"] = _cv([r.get("prefill_duration_ms") for r in s.reps])
     row["cv_aggregate_interference"] = _cv([r.get("aggregate_interference_ms") for r in s.reps])
     row.update(modelled=bool(s.modelled), engine=s.engine, gpu=s.gpu, model=s.model)
+    row.update(arm=s.arm, kv_connector=s.kv_connector)
+    row.update(aggregate_reps(s.reps, ARM_VALUES))
+    for name in CI_VALUES:
+        low, high = bootstrap_ci([r.get(name) for r in s.reps], seed=point_seed(s.key, name))
+        row[f"{name}_ci95_low"] = None if low is None else round(low, DIGITS)
+        row[f"{name}_ci95_high"] = None if high is None else round(high, DIGITS)
     return row
 
 
 def build_table(samples: Iterable[ConfigSamples]) -> pd.DataFrame:
-    """One row per grid point, sorted by (chunk size, D, P), columns in `COLUMNS` order."""
+    """One row per grid point, sorted by (chunk size, D, P), columns in `COLUMNS` order (and
+    `ARM_COLUMNS` after them when any record is of the offloaded arm)."""
+    samples = list(samples)
     rows = [table_row(s) for s in samples]
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    offloaded = any(s.arm == "offloaded" for s in samples)
+    columns = OFFLOADED_COLUMNS if offloaded else COLUMNS
+    frame = pd.DataFrame(rows, columns=list(columns))
     for name in KEY_COLUMNS + ("reps",):
         frame[name] = frame[name].astype("int64")
     for name in INT_VALUES:
-        frame[name] = frame[name].astype("Int64")
-    for name in COLUMNS:
-        if name not in INT_VALUES and name not in KEY_COLUMNS and name not in ("reps", *IDENTITY_COLUMNS):
+        if name in frame:
+            frame[name] = frame[name].astype("Int64")
+    for name in columns:
+        if name not in INT_VALUES and name not in KEY_COLUMNS and name not in ("reps", *IDENTITY_COLUMNS,
+                                                                                 "arm", "kv_connector"):
             frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
     frame["modelled"] = frame["modelled"].astype(bool)
     return frame.sort_values(list(KEY_COLUMNS), kind="stable").reset_index(drop=True)

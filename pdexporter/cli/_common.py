@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import signal
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 
 from pdexporter.engine.client import resolve_api_key
+from pdexporter.errors import Interrupted
 from pdexporter.launch import ExternalLauncher, Launcher, SimLauncher
 
 T = TypeVar("T")
@@ -35,15 +37,45 @@ ProfileOpt = Annotated[
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU name to record for an external engine.")]
 
 
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
+def run_async(coro: Coroutine[Any, Any, T], *, interrupted: Callable[[], str] | None = None) -> T:
+    """Run a command's coroutine. With `interrupted`, Ctrl-C (SIGINT) cancels the work (its
+    `finally` blocks stop the engine) and ends the command with `Interrupted(interrupted())`,
+    whatever the cancelled work raised on its way out (a window cut short fails as a measurement)."""
+    if interrupted is None:
+        return asyncio.run(coro)
+
+    async def guarded() -> T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        seen: list[int] = []
+
+        def on_sigint() -> None:
+            seen.append(signal.SIGINT)
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return await coro
+        except BaseException:
+            if seen:
+                raise Interrupted(interrupted()) from None
+            raise
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return asyncio.run(guarded())
 
 
 def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, gpu: str | None = None,
                   log_dir: Path | None = None) -> Launcher:
-    """`--target URL` means an external engine at that chunk size; none means the embedded one."""
+    """`--target URL` means an external engine at that chunk size; none means the embedded one, whose
+    --profile is read here, before anything starts (a wrong name is one line, not a child's exit)."""
     if target:
         return ExternalLauncher(url=target, chunk_size=chunk_size, gpu=gpu)
+    from pdexporter.sim.profile import load_profile
+
+    load_profile(profile)
     return SimLauncher(profile=profile, log_dir=log_dir)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -21,9 +22,19 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dashboards_app, name="dashboards")
 
 
+def in_checkout(directory: Path) -> bool:
+    """Is `directory` the root of a pdexporter source tree (where dashboards/ is committed)?"""
+    try:
+        text = (directory / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return re.search(r'^name\s*=\s*"pdexporter"', text, re.M) is not None
+
+
 @dashboards_app.command("generate")
 def generate(
-    out: Annotated[Path, typer.Option("--out", help="Directory for the dashboard JSON files.")] = DEFAULT_OUT,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Directory for the dashboard JSON files (default: dashboards/ of a pdexporter checkout).")] = None,
     chart: Annotated[
         Path | None,
         typer.Option("--chart", help="Helm chart whose dashboards/ copies are rewritten too (skipped if absent)."),
@@ -36,6 +47,11 @@ def generate(
     from pdexporter.grafana import generate as write_all
     from pdexporter.grafana import stale_files
 
+    if out is None:
+        if not in_checkout(Path.cwd()):
+            raise ConfigError(f"--out not given and {Path.cwd()} is not a pdexporter checkout (no pyproject.toml "
+                              "naming pdexporter): pass --out DIR")
+        out = DEFAULT_OUT
     targets = [out]
     if chart is not None and chart.is_dir():
         targets.append(chart / "dashboards")

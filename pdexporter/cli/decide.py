@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from pdexporter._internal.text import plural
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
@@ -40,25 +41,47 @@ def decide(
     model: Annotated[Path | None, typer.Option("--model", help=f"A {DECISION_JSON} written by export-table.")] = None,
     results: Annotated[Path | None, typer.Option("--results", help="Fit from this results directory instead.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON.")] = False,
+    offloaded: Annotated[Path | None, typer.Option(
+        "--offloaded", help="With --results: the offloaded arm's records (DecodeBench or a P/D pair), for the "
+                            "two-arm verdict (docs/disaggregation.md).")] = None,
+    tpot_slo_ms: Annotated[float | None, typer.Option(
+        "--tpot-slo-ms", min=0.0, help="Two-arm: the running decodes' TPOT while the prefill runs must stay under this.")] = None,
+    ttft_slo_ms: Annotated[float | None, typer.Option(
+        "--ttft-slo-ms", min=0.0, help="Two-arm: the prefill request's TTFT must stay under this.")] = None,
+    mode: Annotated[str | None, typer.Option(
+        "--mode", help="two-arm (default when both arms were measured) | seed (the seed's constant-budget rule).")] = None,
 ) -> None:
     """Answer offload or not, with the numbers behind it."""
     if model is not None and results is not None:
         raise ConfigError("give --model or --results, not both")
+    if offloaded is not None and results is None:
+        raise ConfigError("--offloaded: only with --results (a decision.json carries both arms already)")
+    if mode not in (None, "two-arm", "seed"):
+        raise ConfigError(f"--mode {mode!r}: expected two-arm or seed")
     if decode_batch_size >= chunk_size:
         raise ConfigError(f"-D {decode_batch_size} with --chunk-size {chunk_size}: no room for a prefill chunk")
     measured: dict[str, Any] | None = None
     if results is not None:
-        doc, measured = _fit_from(results, decode_batch_size, new_prefill_tokens, chunk_size)
+        doc, measured = _fit_from(results, decode_batch_size, new_prefill_tokens, chunk_size, offloaded)
     else:
         path = model or Path("results") / DECISION_JSON
         doc = load_decision(path)
+    if mode == "two-arm" and not doc.get("two_arm"):
+        raise ConfigError("--mode two-arm: the decision has one arm only (export-table RESULTS --offloaded DIR, or "
+                          "decide --results RESULTS --offloaded DIR)")
+    if (tpot_slo_ms is not None or ttft_slo_ms is not None) and (mode == "seed" or not doc.get("two_arm")):
+        raise ConfigError("--tpot-slo-ms/--ttft-slo-ms: SLOs need the two-arm verdict (both arms measured)")
     from pdexporter.analysis.breakeven import evaluate_decision
 
-    verdict = evaluate_decision(doc, decode_batch_size, new_prefill_tokens, chunk_size, transfer_ms)
+    verdict = evaluate_decision(doc, decode_batch_size, new_prefill_tokens, chunk_size, transfer_ms,
+                                tpot_slo_ms=tpot_slo_ms, ttft_slo_ms=ttft_slo_ms, mode=mode)
     if as_json:
         print(json.dumps({**verdict, "decode_batch_size": decode_batch_size, "new_prefill_tokens": new_prefill_tokens,
                           "chunk_size": chunk_size, "modelled": doc.get("modelled", False), "measured": measured},
                          indent=2))
+        return
+    if verdict["mode"] == "two-arm":
+        _print_two_arm(doc, verdict, decode_batch_size, new_prefill_tokens, chunk_size, measured)
         return
     word = "OFFLOAD" if verdict["offload"] else "KEEP LOCAL"
     relation = ">" if verdict["offload"] else "<="
@@ -66,22 +89,82 @@ def decide(
           f"(margin {verdict['margin_ms']:+.1f} ms)")
     fit = doc.get("fit", {})
     r2 = fit.get("held_out_r2")
-    print(f"  D={decode_batch_size} P={new_prefill_tokens} B={chunk_size}: {verdict['chunks']} chunks of "
-          f"<= {chunk_size - decode_batch_size} tokens; model {verdict['model']} (held-out R^2 "
-          f"{'n/a' if r2 is None else f'{r2:.4f}'}, {fit.get('scheme', '?')})")
+    score = ("not enough points for a held-out fit" if r2 is None
+             else f"held-out R^2 {r2:.4f}, {fit.get('scheme', '?')}")
+    print(f"  D={decode_batch_size} P={new_prefill_tokens} B={chunk_size}: {plural(verdict['chunks'], 'chunk')} of "
+          f"<= {chunk_size - decode_batch_size} tokens; model {verdict['model']} ({score})")
     if measured is not None:
-        print(f"  measured at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
-              f"({measured['reps']} reps)")
+        seen = "modelled" if doc.get("modelled") else "measured"
+        print(f"  {seen} at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
+              f"({plural(measured['reps'], 'rep')})")
     if not verdict["in_fitted_range"]:
-        console.print(f"[yellow]outside the fitted range {doc.get('valid_range')}: an extrapolation[/]")
+        _print_outside(doc, decode_batch_size, new_prefill_tokens, chunk_size)
+    if doc.get("two_arm"):
+        console.print("the seed's rule (--mode seed); the two-arm verdict is the default with both arms measured")
     if doc.get("modelled"):
         console.print("[yellow]MODELLED: the model was fitted on data from a model, not a GPU[/]")
 
 
-def _fit_from(results: Path, d: int, p: int, b: int) -> tuple[dict[str, Any], dict[str, Any] | None]:
+_RANGE_NAMES = (("decode_batch_size", "D"), ("new_prefill_tokens", "P"), ("chunk_size", "B"))
+
+
+def outside_range_line(valid_range: dict[str, Any], d: int, p: int, b: int) -> str:
+    """One line: which of D, P, B lie outside the fitted range, and that range."""
+    values = {"decode_batch_size": d, "new_prefill_tokens": p, "chunk_size": b}
+    outside = []
+    for key, letter in _RANGE_NAMES:
+        lo, hi = (valid_range.get(key) or (None, None))
+        if lo is not None and not lo <= values[key] <= hi:
+            outside.append(f"{letter}={values[key]} (fitted {lo}..{hi})")
+    return f"an extrapolation: {', '.join(outside)} outside the fitted range"
+
+
+def _print_outside(doc: dict[str, Any], d: int, p: int, b: int) -> None:
+    console.print(f"[yellow]{outside_range_line(doc.get('valid_range') or {}, d, p, b)}[/]", highlight=False,
+                  soft_wrap=True)
+
+
+def _print_two_arm(doc: dict[str, Any], v: dict[str, Any], d: int, p: int, b: int,
+                   measured: dict[str, Any] | None) -> None:
+    print(v["verdict"])
+    split = v["offloaded_ttft_split_ms"]
+    print(f"  decodes: colocated lose {v['colocated_cost_ms']:.1f} ms, offloaded {v['offloaded_cost_ms']:.1f} ms "
+          f"(saved {v['saved_ms']:.1f} ms)")
+    inside = "" if split["transfer"] else f" (its KV transfer ~{v['transfer_ms']:.1f} ms included)"
+    transfer_term = f" + transfer {split['transfer']:.1f}" if split["transfer"] else ""
+    print(f"  TTFT: colocated {v['colocated_ttft_ms']:.1f} ms, offloaded {v['offloaded_ttft_ms']:.1f} ms = prefill "
+          f"{split['prefill']:.1f}{transfer_term} + decode side {split['decode_side']:.1f} ms{inside} "
+          f"({v['ttft_cost_ms']:+.1f} ms)")
+    if v["colocated_tpot_ms"] is not None and v["offloaded_tpot_ms"] is not None and d > 0:
+        print(f"  TPOT during the prefill: colocated {v['colocated_tpot_ms']:.1f} ms, offloaded "
+              f"{v['offloaded_tpot_ms']:.1f} ms")
+    for name, held in v["slos"].items():
+        print(f"  {name} SLO: colocated {'held' if held['colocated'] else 'missed'}, offloaded "
+              f"{'held' if held['offloaded'] else 'missed'}")
+    arms = doc["two_arm"]
+    transfer = arms.get("transfer") or {}
+    source = {"measured": f"measured transfer model ({transfer.get('n')} windows, {transfer.get('bandwidth_gb_s')} GB/s "
+                          f"+ {transfer.get('fixed_ms')} ms)",
+              "given": "given transfer model", "seed-constant": "seed's constant transfer (nothing measured)"}
+    print(f"  D={d} P={p} B={b}; offloaded arm: {arms.get('offloaded_setup')}; transfer {v['transfer_ms']:.1f} ms from "
+          f"the {source.get(v['transfer_source'], v['transfer_source'])}; rule: {v['reason']}")
+    if measured is not None:
+        seen = "modelled" if doc.get("modelled") else "measured"
+        print(f"  {seen} at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
+              f"({plural(measured['reps'], 'rep')})")
+    if not v["in_fitted_range"]:
+        _print_outside(doc, d, p, b)
+    if doc.get("modelled"):
+        console.print("[yellow]MODELLED: the model was fitted on data from a model, not a GPU[/]")
+
+
+def _fit_from(results: Path, d: int, p: int, b: int,
+              offloaded: Path | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
     from pdexporter.analysis.job import analyse, load_results
 
-    analysis = analyse(load_results(results), source=str(results))
+    off = load_results(offloaded) if offloaded is not None else None
+    analysis = analyse(load_results(results), source=str(results), offloaded=off,
+                       offloaded_source=str(offloaded) if offloaded is not None else "")
     if analysis.decision is None:
         raise ConfigError(f"--results {results}: no grid point with D >= 1 and a measured cost; nothing to fit")
     table = analysis.table

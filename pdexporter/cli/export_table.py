@@ -12,6 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pdexporter._internal.text import plural
 from pdexporter.analysis import DEFAULT_TRANSFER_MS
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
@@ -47,15 +48,21 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]
 
 
 def export_table(
-    results_dir: Annotated[Path | None, typer.Argument(help="Results directory of records (results/{chunk}/D{d}_P{p}.json).")] = None,
+    results_dir: Annotated[list[Path] | None, typer.Argument(
+        help="Results directory of records (results/{chunk}/D{d}_P{p}.json); several are joined into one "
+             "table (e.g. one per chunk size from a Kubernetes Indexed Job).")] = None,
     prometheus: Annotated[str | None, typer.Option("--prometheus", help="Prometheus base URL to pull the exporter's windows from instead.")] = None,
     from_: Annotated[str, typer.Option("--from", help="Start: RFC3339, unix seconds, 'now' or relative (-1h).")] = "-1h",
     to: Annotated[str, typer.Option("--to", help="End: RFC3339, unix seconds, 'now' or relative.")] = "now",
     step: Annotated[str, typer.Option("--step", help="query_range resolution; at most the scrape interval.")] = "1s",
-    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: RESULTS_DIR, or ./results).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: RESULTS_DIR, the common parent of "
+                                                             "several, or ./results).")] = None,
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG/SVG plots.")] = True,
     parquet: Annotated[bool, typer.Option("--parquet/--no-parquet", help="Also write Parquet (needs pyarrow).")] = True,
+    offloaded: Annotated[Path | None, typer.Option(
+        "--offloaded", help="Records of the offloaded arm (DecodeBench or a P/D pair's decode instance): the table "
+                            "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md).")] = None,
     mode: Annotated[str, typer.Option("--mode", help="Which windows: 'active' (injected prefills) or 'passive' "
                                       "(production prefills of `run --passive`, with event counts and bootstrap "
                                       "intervals).")] = "active",
@@ -65,11 +72,17 @@ def export_table(
                                             "are marked too_few_events.")] = 5,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
-    from pdexporter.analysis.job import analyse, load_results, progress_steps, record_paths, write_outputs
+    from pdexporter.analysis.job import (
+        analyse, joined_out_dir, load_joined, load_results, progress_steps, record_paths, write_outputs,
+    )
+    from pdexporter.analysis.table import parquet_available
 
     started = time.perf_counter()
+    results_dir = results_dir or None  # typer gives [] for none
     if (results_dir is None) == (prometheus is None):
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
+    if offloaded is not None and results_dir is None:
+        raise ConfigError("--offloaded: only with a RESULTS_DIR of the colocated arm")
     if mode not in ("active", "passive"):
         raise ConfigError(f"--mode {mode!r}: expected 'active' or 'passive'")
     if grid is not None and mode != "passive":
@@ -82,13 +95,19 @@ def export_table(
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
     else:
         assert results_dir is not None
-        out_dir = out or results_dir
-        paths = record_paths(results_dir)
-        with progress_bar(progress_steps(len(paths), plots), "export-table") as tick:
-            samples, counts, extra = _of_mode(load_results(results_dir, tick), None, mode, grid, str(results_dir))
-            analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick, passive_events=counts,
-                               min_events=min_events if mode == "passive" else None)
+        out_dir = out or joined_out_dir(results_dir)
+        paths = [path for directory in results_dir for path in record_paths(directory)]
+        off_paths = record_paths(offloaded) if offloaded is not None else []
+        with progress_bar(progress_steps(len(paths) + len(off_paths), plots), "export-table") as tick:
+            source = " + ".join(str(d) for d in results_dir)
+            samples, counts, extra = _of_mode(load_joined(results_dir, tick), None, mode, grid, source)
+            off_samples = load_results(offloaded, tick) if offloaded is not None else None
+            analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
+                               offloaded_source=str(offloaded) if offloaded is not None else "",
+                               passive_events=counts, min_events=min_events if mode == "passive" else None)
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
+    if parquet and not parquet_available():
+        extra.append("no Parquet written: pyarrow cannot be imported (pip install pyarrow); the CSV has the same table")
     if mode == "passive":
         few = int(analysis.table["too_few_events"].sum())
         extra.append(f"passive: {int(analysis.table['events'].sum())} events in {len(analysis.table)} cells, {few} "
@@ -149,21 +168,40 @@ def _of_mode(samples: list, counts: dict | None, mode: str, grid: Path | None,  
 def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
     """The run in a few lines: grid, model, criteria, warnings."""
     if analysis.modelled:
-        console.print("[bold yellow]MODELLED DATA:[/] " + "; ".join(analysis.modelled_notes or ["records say modelled: true"]))
+        # The notes say MODELLED (or SYNTHETIC) themselves; the banner word is not repeated.
+        notes = [n.removeprefix("MODELLED: ") for n in analysis.modelled_notes] or ["records say modelled: true"]
+        console.print("[bold yellow]MODELLED DATA:[/] " + "; ".join(notes), highlight=False)
     reps = sum(len(s.reps) for s in analysis.samples)
-    console.print(f"{len(analysis.samples)} grid points, {reps} repetitions")
+    console.print(f"{plural(len(analysis.samples), 'grid point')}, {plural(reps, 'repetition')}")
     for line in extra or []:
         console.print(line)
     if analysis.fits:
         f = analysis.fits
         best = f.best
-        console.print(f"cost model: [bold]{f.chosen}[/] held-out R^2 {_fmt(f.held_out_r2())} ({f.primary_scheme}), "
-                      f"in-sample {_fmt(best.in_sample_r2)}; {f.reason}")
+        r2 = f.held_out_r2()
+        if r2 is None:
+            console.print(f"cost model: [bold]{f.chosen}[/], in-sample R^2 {_fmt(best.in_sample_r2)}; {f.reason}")
+        else:
+            console.print(f"cost model: [bold]{f.chosen}[/] held-out R^2 {_fmt(r2)} ({f.primary_scheme}), "
+                          f"in-sample {_fmt(best.in_sample_r2)}; {f.reason}")
         for c in best.model.coefficients()[:8]:
             err = f" ± {c.stderr:.3g}" if c.stderr is not None else ""
-            console.print(f"  {c.name} = {c.value:.4g}{err} {c.unit}")
+            note = f" ({c.note})" if c.note else ""
+            console.print(f"  {c.name} = {c.value:.4g}{err} {c.unit}{note}", highlight=False)
+        generalisation = [f"{scheme} MAPE {h.mape:.1%} ({h.predicted} points)" for scheme, h in best.held_out.items()
+                          if h.mape is not None]
+        if generalisation:
+            console.print(f"  held out ({f.chosen}): " + "; ".join(generalisation))
     for note in analysis.notes:
         console.print(f"[yellow]{note}[/]")
+    if analysis.arms is not None:
+        arms = analysis.arms
+        t = arms.transfer
+        console.print(f"offloaded arm: {len(arms.samples)} grid points from {arms.source} "
+                      f"({', '.join(sorted({s.engine for s in arms.samples}))}); transfer model: "
+                      + (f"{t.source}, {t.fixed_ms:.2f} ms + {t.ms_per_token * 1e3:.4f} ms per 1K tokens"
+                         + (f" ({t.bandwidth_gb_s:.1f} GB/s)" if t.bandwidth_gb_s else "") if t is not None
+                         else "none measured (the seed's constant stands in)"))
     table = Table(title="Success criteria (seed)")
     table.add_column("#")
     table.add_column("criterion")

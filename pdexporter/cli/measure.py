@@ -21,6 +21,8 @@ from pdexporter.cli._common import (
     make_launcher,
     run_async,
 )
+from pdexporter._internal.text import plural
+from pdexporter.errors import PdexporterError
 from pdexporter.measure.driver import http_driver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes
@@ -52,8 +54,22 @@ def measure(
     spec = PointSpec(chunk_size, decode_batch_size, new_prefill_tokens).validate()
     settings = ProtocolSettings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
     token = api_key(api_key_file)
-    record = run_async(_measure(spec, settings, reps, ResultsStore(out), target, model, gpu, token, profile, warmup, resume))
-    _print_record(record, ResultsStore(out).record_path(*record.key))
+    store = ResultsStore(out)
+    record = run_async(_measure(spec, settings, reps, store, target, model, gpu, token, profile, warmup, resume),
+                       interrupted=lambda: _interrupted(store, spec))
+    _print_record(record, store.record_path(*record.key))
+
+
+def _interrupted(store: ResultsStore, spec: PointSpec) -> str:
+    """What Ctrl-C left behind: the repetitions recorded so far (the same command resumes)."""
+    path = store.record_path(*spec.key)
+    try:
+        record = store.load_record(*spec.key)
+    except PdexporterError:
+        record = None
+    done = len(record.reps) if record is not None else 0
+    return (f"interrupted: {plural(done, 'repetition')} recorded in {path}"
+            + ("; the same command resumes from there" if done else ""))
 
 
 async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store: ResultsStore, target: str | None,

@@ -20,6 +20,9 @@ def report(
     results_dir: Annotated[Path, typer.Argument(help="Results directory of records (results/{chunk}/D{d}_P{p}.json).")],
     out: Annotated[Path | None, typer.Option("--out", help="HTML file to write (default: RESULTS_DIR/report.html).")] = None,
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
+    offloaded: Annotated[Path | None, typer.Option(
+        "--offloaded", help="Records of the offloaded arm: adds both arms, the transfer model and the break-even "
+                            "(docs/disaggregation.md).")] = None,
 ) -> None:
     """Write one HTML file (images embedded, no external assets) describing the results."""
     from pdexporter.analysis.job import analyse, load_results, record_paths
@@ -28,10 +31,13 @@ def report(
 
     target = out or results_dir / REPORT_HTML
     paths = record_paths(results_dir)
+    off_paths = record_paths(offloaded) if offloaded is not None else []
     # one tick per record, then table, fits, criteria, plots, html
-    with progress_bar(len(paths) + 5, "report") as tick:
+    with progress_bar(len(paths) + len(off_paths) + 5, "report") as tick:
         samples = load_results(results_dir, tick)
-        analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick)
+        off = load_results(offloaded, tick) if offloaded is not None else None
+        analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick, offloaded=off,
+                           offloaded_source=str(offloaded) if offloaded is not None else "")
         plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, transfer_ms)
         tick("plots")
         write_report(analysis, target, plots)

@@ -6,13 +6,21 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rich.table import Table
 
 from pdexporter.cli._common import DEFAULT_PROFILE, console
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from pdexporter.measure.protocol import ProtocolSettings
+    from pdexporter.measure.records import RunRecord
+    from pdexporter.sim.calibrate import Calibration, Generalisation
+    from pdexporter.sim.profile import Profile
 
 sim_app = typer.Typer(help="The embedded vLLM-compatible engine (a model of vLLM on a GPU, no GPU needed).",
                       no_args_is_help=True)
@@ -35,6 +43,9 @@ def serve(
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="Most requests running.")] = None,
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
         "--long-prefill-token-threshold", min=0, help="Cap on one request's tokens per step (0: none).")] = None,
+    kv_role: Annotated[str, typer.Option(
+        "--kv-role", help="none | decode-bench (every new request's KV filled, 1-token admission) | prefill (answers "
+                          "kv_transfer_params) | decode (waits for a modelled KV transfer). docs/disaggregation.md")] = "none",
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0 picks a free port.")] = 8000,
     ready_file: Annotated[Path | None, typer.Option(
@@ -48,13 +59,20 @@ def serve(
     from pdexporter.sim.profile import load_profile
     from pdexporter.sim.server import ServeOptions, precise_event_loop, run_server
 
+    from pdexporter.errors import ConfigError
+    from pdexporter.sim.kvconnector import KV_ROLES
+
+    if kv_role not in ("none", *KV_ROLES):
+        raise ConfigError(f"--kv-role {kv_role!r}: expected none, {', '.join(KV_ROLES)}")
     prof = load_profile(profile)
     options = ServeOptions(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, host, port,
-                           otlp_traces_endpoint)
+                           None if kv_role == "none" else kv_role,
+                           otlp_traces_endpoint=otlp_traces_endpoint)
 
     def ready(info: dict[str, object]) -> None:
+        role = f", KV role {kv_role}" if kv_role != "none" else ""
         _line(f"INFO pdexporter embedded engine (MODELLED, profile {prof.name}, calibration {prof.calibration}, "
-              f"max_num_batched_tokens {info['max_num_batched_tokens']}) serving {info['model']} on {info['url']}")
+              f"max_num_batched_tokens {info['max_num_batched_tokens']}{role}) serving {info['model']} on {info['url']}")
         _line("INFO Asynchronous scheduling is enabled." if prof.engine.async_scheduling else
               "INFO Asynchronous scheduling is disabled.")
         if ready_file is not None:
@@ -88,28 +106,42 @@ def calibrate_cmd(
                                         help="Alternations of the step fit and the engine-loop fit.")] = 2,
     max_evaluations: Annotated[int, typer.Option(
         "--max-evaluations", min=1,
-        help="Simulated sweeps per engine-loop fit, its Jacobians included (each predicts every training point).")] = 120,
+        help="Simulated sweeps per engine-loop fit, its finite differences included (each predicts every "
+             "training point).")] = 24,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0,
+                                      help="Worker processes for the simulations (0: one per CPU).")] = 0,
+    generalisation: Annotated[bool, typer.Option(
+        "--generalisation", help="Also refit with each chunk size and each D left out and predict it.")] = False,
+    accept_worse: Annotated[bool, typer.Option(
+        "--accept-worse", help="Write the fit even if it predicts the held-out configurations worse than the base "
+                               "(labelled calibrated-worse-than-base).")] = False,
     report: Annotated[Path | None, typer.Option(
         "--report", help="Write every figure (parameters, fit errors, held-out errors per configuration) as JSON.")] = None,
 ) -> None:
     """Fit a profile to measured records and report the emulator's error on held-out configurations."""
+    import os
+    import time
+
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
     from pdexporter.errors import ConfigError, RecordError
     from pdexporter.measure.store import ResultsStore
-    from pdexporter.sim.calibrate import BOUNDS, DEFAULT_FREE, calibrate, compare_records
-    from pdexporter.sim.predict import predict_records
+    from pdexporter.sim.calibrate import (
+        BOUNDS,
+        DEFAULT_FREE,
+        HEADLINE,
+        METRIC_LABELS,
+        FitWorseThanBase,
+        RecordSimulator,
+        calibrate,
+        decode_table,
+        label_worse,
+    )
+    from pdexporter.sim.calibrate import generalisation as leave_one_out
     from pdexporter.sim.profile import load_profile
 
+    started = time.perf_counter()
     screen = Console(width=None if sys.stdout.isatty() else 130)
     names = [f.strip() for f in free.split(",") if f.strip()] if free else list(DEFAULT_FREE)
     unknown = [n for n in names if n not in BOUNDS]
@@ -121,124 +153,249 @@ def calibrate_cmd(
     records = list(ResultsStore(results_dir).iter_records())
     if not records:
         raise RecordError(f"{results_dir}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
-    modelled = sum(1 for r in records if r.config.modelled)
-    if modelled:
-        console.print(f"[yellow]{modelled} of {len(records)} records are MODELLED (embedded engine): fitting a model to "
-                      "a model's output only checks the fitting.[/]")
-    gpus = sorted({r.config.gpu for r in records})
-    if gpus != [base.gpu.name]:
-        console.print(f"[yellow]records are from GPU {', '.join(gpus)}; the base profile is for {base.gpu.name}[/]")
-    settings = _settings_of(records[0])
-    modes = sorted({r.config.mode for r in records})
-    mode = "fast" if modes == ["fast"] else "faithful"
+    bar = _CalibrationBar(console)
+    with bar:
+        modelled = sum(1 for r in records if r.config.modelled)
+        if modelled:
+            bar.note(f"[yellow]{modelled} of {len(records)} records are MODELLED (embedded engine): fitting a model "
+                     "to a model's output only checks the fitting.[/]")
+        gpus = sorted({r.config.gpu for r in records})
+        if gpus != [base.gpu.name]:
+            bar.note(f"[yellow]records are from GPU {', '.join(gpus)}; the base profile is for {base.gpu.name}[/]")
+        modes = sorted({r.config.mode for r in records})
+        mode = "fast" if modes == ["fast"] else "faithful"
+        workers = jobs or min(8, len(os.sched_getaffinity(0)))
+        simulator = RecordSimulator([r.key for r in records], _settings_of(records[0]), mode=mode, jobs=workers,
+                                    on_group=lambda g: bar.advance(1))
+        try:
+            with simulator:
+                result = calibrate(base, records, holdout=holdout, free=names, source=str(results_dir),
+                                   simulate=simulator, rounds=rounds, max_evaluations=max_evaluations, progress=bar,
+                                   on_evaluation=lambda r, i, rms: bar.info(f"sweep {i}: rms log {rms:.3f}"))
+                loo = leave_one_out(result, records, simulator, free=names, progress=bar) if generalisation else None
+        except ValueError as exc:
+            raise ConfigError(f"calibrate {results_dir}: {exc}") from exc
+        bar.stage("done")
 
-    def predict(prof, keys):  # type: ignore[no-untyped-def]
-        return predict_records(prof, keys, settings, mode=mode)
+    _print_calibration(screen, base, result, names, mode)
+    decode_rows = decode_table({"base": base, "fitted": result.profile}, records)
+    _print_decode_table(screen, decode_rows)
+    if loo is not None:
+        _print_generalisation(screen, loo, HEADLINE, METRIC_LABELS)
+    timings = {**result.timings, **({"generalisation": loo.seconds} if loo is not None else {}),
+               "wall": time.perf_counter() - started}
+    screen.print(f"wall {timings['wall']:.1f} s ({workers} worker process(es), {simulator.simulated} (B, D) groups "
+                 f"simulated, {simulator.cpu_s:.0f} s of simulation CPU): "
+                 + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("wall", "total", "split")))
 
-    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("rms log error {task.fields[rms]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                        console=console,
-                        transient=not console.is_terminal)
-    tasks: dict[int, int] = {}
+    worse = result.worse()
+    payload: dict[str, object] = {
+        "results_dir": str(results_dir), "base_profile": base.name, "holdout": holdout, "mode": mode,
+        "free": names, "rounds": result.rounds, "max_evaluations": max_evaluations, "jobs": workers,
+        "parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop")
+                       for name, value in getattr(result.profile, section).model_dump().items()},
+        "base_parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop")
+                            for name, value in getattr(base, section).model_dump().items()},
+        "train_configurations": sorted(map(list, result.train_keys)),
+        "held_out_configurations": sorted(map(list, result.held_keys)),
+        "stage1": {"n": result.fit.n, "mape": result.fit.mape, "by_kind": result.fit.by_kind,
+                   "base_mape": result.before[0], "base_by_kind": result.before[3],
+                   "held_out_mape": result.held_step_mape, "held_out_base_mape": result.held_step_mape_before},
+        "stage2": None if result.loop is None else {"rms_log": result.loop.rms_log,
+                                                    "evaluations": result.simulations},
+        "decode_steps": decode_rows,
+        "timings_s": timings,
+        "simulated_groups": simulator.simulated,
+        "simulation_cpu_s": simulator.cpu_s,
+        "worse_than_base": [{"metric": m, "fitted": f, "base": b} for m, f, b in worse],
+    }
+    for label, held in (("base", result.held_base), ("fitted", result.held_fitted)):
+        if held is not None:
+            mapes = held.table()
+            payload[f"held_out_{label}"] = {
+                "mape": mapes, "by_kind": held.by_kind(),
+                "points": {m: [{"key": list(e.key), "measured": e.measured, "predicted": e.predicted}
+                               for e in held.of(m)] for m in mapes},
+            }
+    if loo is not None:
+        payload["generalisation"] = {"groups": loo.table(), "simulated_groups": loo.simulations,
+                                     "seconds": loo.seconds}
 
-    def on_evaluation(round_: int, i: int, rms: float) -> None:
-        if round_ not in tasks:
-            tasks[round_] = progress.add_task(f"engine-loop fit, round {round_ + 1}/{rounds}", total=max_evaluations,
-                                              rms="-")
-        progress.update(tasks[round_], completed=min(i, max_evaluations), rms=f"{rms:.4f}")
+    written = None
+    if out is not None and (not worse or accept_worse):
+        fitted = label_worse(result.profile, worse, len(result.held_keys)) if worse else result.profile
+        named = fitted.model_copy(update={"name": out.stem})
+        atomic_write_text(out, named.to_yaml())
+        written = str(out)
+        screen.print(f"fitted profile written: {out} (calibration: {named.calibration})")
+    payload["written"] = written
+    if report is not None:
+        atomic_write_json(report, payload)
+        screen.print(f"report written: {report}")
+    if not result.held_keys:
+        screen.print("no configuration held out (--holdout 0): the errors above are in-sample and the fit was not "
+                     "checked against the base profile")
+    if worse and not accept_worse:
+        metric, f, b = worse[0]
+        digits = 1 if round(f, 1) != round(b, 1) else 3
+        more = f" (and {', '.join(m for m, _, _ in worse[1:])})" if len(worse) > 1 else ""
+        raise FitWorseThanBase(
+            f"the fit predicts the {len(result.held_keys)} held-out configurations worse than the base profile "
+            f"{base.name}: {metric} MAPE {f:.{digits}f} % vs {b:.{digits}f} %{more}; "
+            + ("profile not written" if out is not None else "nothing to write")
+            + " (--accept-worse writes it, labelled calibrated-worse-than-base)")
 
-    try:
-        with progress:
-            result = calibrate(base, records, holdout=holdout, free=names, source=str(results_dir), predict=predict,
-                               rounds=rounds, max_evaluations=max_evaluations, on_evaluation=on_evaluation)
-    except ValueError as exc:
-        raise ConfigError(f"calibrate {results_dir}: {exc}") from exc
+
+class _CalibrationBar:
+    """One rich progress bar across every stage of `sim calibrate` (`pdexporter.sim.calibrate.Progress`):
+    its total grows as stages plan their work (simulated (B, D) groups) and shrinks when a stage
+    ends under budget, so the ETA covers the whole run. Off a terminal, one line per stage."""
+
+    def __init__(self, console: Console) -> None:
+        from rich.progress import (
+            BarColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.console = console
+        self.progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                                 TaskProgressColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                 TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                                 transient=True)
+        self.task = self.progress.add_task("calibrate", total=0.0, info="")
+        self.live = console.is_terminal
+
+    def __enter__(self) -> _CalibrationBar:
+        if self.live:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.progress.stop()
+
+    def plan(self, units: float) -> None:
+        task = self.progress.tasks[0]
+        self.progress.update(self.task, total=max(task.completed, (task.total or 0.0) + units))
+
+    def stage(self, name: str) -> None:
+        self.progress.update(self.task, description=name)
+        if not self.live:
+            task = self.progress.tasks[0]
+            eta = task.time_remaining
+            self.console.print(f"calibrate: {name} (at {task.elapsed or 0.0:.0f} s, {task.percentage:.0f} %"
+                               + (f", ETA {eta:.0f} s)" if eta is not None else ")"))
+
+    def advance(self, units: float, info: str = "") -> None:
+        self.progress.update(self.task, advance=units, **({"info": info} if info else {}))
+
+    def info(self, text: str) -> None:
+        self.progress.update(self.task, info=text)
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+
+def _print_calibration(screen: Console, base: Profile, result: Calibration, names: list[str], mode: str) -> None:
 
     params = Table(title=f"{base.name}: parameters (* fitted)")
     params.add_column("parameter")
     params.add_column("base", justify="right")
     params.add_column("fitted", justify="right")
-    fitted_values: dict[str, object] = {}
     for section in ("step_time", "engine_loop"):
-        old, new = getattr(base, section).model_dump(), getattr(result.profile, section).model_dump()
+        old = getattr(base, section).model_dump()
+        new = getattr(result.profile, section).model_dump()
         for name in new:
             mark = " *" if name in names else ""
-            fitted_values[f"{section}.{name}"] = new[name]
             params.add_row(f"{section}.{name}{mark}", f"{old[name]}",
                            f"{new[name]:.4g}" if isinstance(new[name], float) else f"{new[name]}")
     screen.print(params)
 
     fit = Table(title="stage 1: step times of the training configurations (decode steps, middle chunks)")
-    fit.add_column("profile")
-    fit.add_column("n", justify="right")
-    fit.add_column("MAPE", justify="right")
-    fit.add_column("worst", justify="right")
-    fit.add_column("by kind")
+    for col, justify in (("profile", "left"), ("n", "right"), ("MAPE", "right"), ("worst", "right"), ("by kind", "left")):
+        fit.add_column(col, justify=justify)
     b_mape, _, b_max, b_kinds = result.before
-    fit.add_row("base", str(result.fit.n), f"{b_mape:.1f} %", f"{b_max:.1f} %",
-                ", ".join(f"{k} {v:.1f} %" for k, v in b_kinds.items()))
-    fit.add_row("fitted", str(result.fit.n), f"{result.fit.mape:.1f} %", f"{result.fit.max_ape:.1f} %",
-                ", ".join(f"{k} {v:.1f} %" for k, v in result.fit.by_kind.items()))
+    r = result.fit
+    fit.add_row("base", str(r.n), f"{b_mape:.1f} %", f"{b_max:.1f} %", ", ".join(f"{k} {v:.1f} %" for k, v in b_kinds.items()))
+    fit.add_row("fitted", str(r.n), f"{r.mape:.1f} %", f"{r.max_ape:.1f} %",
+                ", ".join(f"{k} {v:.1f} %" for k, v in r.by_kind.items()))
     screen.print(fit)
-    screen.print(f"training: {len(result.train_keys)} configurations, {result.train.reps_used} reps with every "
-                 f"chunk seen, {result.train.reps_mismatched} reps whose chunk steps did not match their chunks "
+    train = result.train
+    screen.print(f"training: {len(result.train_keys)} configurations, {train.reps_used} reps with every "
+                 f"chunk seen, {train.reps_mismatched} reps whose chunk steps did not match their chunks "
                  "(decode step only)")
-    if result.loop is not None:
-        screen.print(f"stage 2 (engine loop, by simulation in {mode} mode): {result.loop.n_configs} configurations, "
-                     f"{result.loop.n_residuals} residuals, rms log error {result.loop.rms_log:.3f} after "
-                     f"{result.loop.evaluations} simulated sweeps ({result.loop.message})")
+    loop = result.loop
+    if loop is not None:
+        screen.print(f"stage 2 (engine loop, by simulation in {mode} mode): {loop.n_configs} configurations, "
+                     f"{loop.n_residuals} residuals, rms log error {loop.rms_log:.3f} after "
+                     f"{result.simulations} simulated sweeps ({loop.message})")
+    from pdexporter.sim.calibrate import HEADLINE, METRIC_LABELS, METRICS
 
-    payload: dict[str, object] = {
-        "results_dir": str(results_dir), "base_profile": base.name, "holdout": holdout, "mode": mode,
-        "free": names, "rounds": result.rounds, "parameters": fitted_values,
-        "train_configurations": sorted(map(list, result.train_keys)),
-        "held_out_configurations": sorted(map(list, result.held_keys)),
-        "stage1": {"n": result.fit.n, "mape": result.fit.mape, "by_kind": result.fit.by_kind},
-        "stage2": None if result.loop is None else {"rms_log": result.loop.rms_log, "evaluations": result.loop.evaluations},
-    }
-    if result.held_keys:
-        held_records = {r.key: r for r in records if r.key in result.held_keys}
-        for label, prof in (("base", base), ("fitted", result.profile)):
-            held = compare_records(held_records, predict(prof, result.held_keys))
-            table = Table(title=f"{label} profile: MAPE on the {len(result.held_keys)} held-out configurations "
-                                f"(predicted by running the protocol on the embedded engine, {mode} mode)")
-            table.add_column("metric")
-            mapes = held.table()
-            chunks = [k for k in mapes["prefill_duration"] if k != "all"]
-            for c in chunks:
-                table.add_column(f"B={c}", justify="right")
-            table.add_column("all", justify="right")
-            for metric, label_ in (("prefill_duration", "prefill_duration"),
-                                   ("during_tpot", "TPOT during prefill (p50)"),
-                                   ("window_tpot", "TPOT over the window (p50)"),
-                                   ("baseline_tpot", "baseline TPOT")):
-                table.add_row(label_, *[_pct(mapes[metric].get(c)) for c in chunks], _pct(mapes[metric]["all"]))
-            screen.print(table)
-            payload[f"held_out_{label}"] = {
-                "mape": mapes,
-                "points": {m: [{"key": list(e.key), "measured": e.measured, "predicted": e.predicted}
-                               for e in getattr(held, m)] for m in mapes},
-            }
-    else:
-        screen.print("no configuration held out (--holdout 0): the errors above are in-sample")
+    for label, held in (("base", result.held_base), ("fitted", result.held_fitted)):
+        if held is None:
+            continue
+        table = Table(title=f"{label} profile: MAPE on the {len(result.held_keys)} held-out configurations "
+                            f"(predicted by running the protocol on the embedded engine, {mode} mode)")
+        table.add_column("metric")
+        mapes = held.table()
+        chunks = [k for k in mapes["prefill_duration"] if k != "all"]
+        for c in chunks:
+            table.add_column(f"B={c}", justify="right")
+        table.add_column("all", justify="right")
+        for metric in METRICS:
+            table.add_row(METRIC_LABELS[metric], *[_pct(mapes[metric].get(c)) for c in chunks],
+                          _pct(mapes[metric]["all"]))
+        screen.print(table)
+        kinds = Table(title=f"{label} profile: held-out MAPE by kind of configuration")
+        kinds.add_column("configurations")
+        kinds.add_column("n", justify="right")
+        for metric in HEADLINE:
+            kinds.add_column(METRIC_LABELS[metric], justify="right")
+        for kind, row in held.by_kind().items():
+            kinds.add_row(kind, str(row["n"]), *[_pct(row[m]) for m in HEADLINE])
+        screen.print(kinds)
 
-    if out is not None:
-        named = result.profile.model_copy(update={"name": out.stem})
-        atomic_write_text(out, named.to_yaml())
-        screen.print(f"fitted profile written: {out} (calibration: calibrated)")
-    if report is not None:
-        atomic_write_json(report, payload)
-        screen.print(f"report written: {report}")
+
+def _print_decode_table(screen: Console, rows: list[dict[str, object]]) -> None:
+
+    table = Table(title="decode steps on and between the grid's D (MODELLED: steady-state step at the baseline "
+                        "context; measured: median baseline TPOT over chunk sizes)")
+    for col in ("D", "graph", "base ms", "fitted ms", "measured ms", "same graph: D / measured ms", "known ms"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        same = f"{r['same_graph_D']} / {r['same_graph_measured_ms']:.2f}" if r["same_graph_D"] is not None else "-"
+        table.add_row(str(r["D"]), str(r["padded"]), f"{r['base_ms']:.2f}", f"{r['fitted_ms']:.2f}",
+                      f"{r['measured_ms']:.2f}" if r["measured_ms"] is not None else "-", same,
+                      f"{r['known_ms']:.1f}" if r["known_ms"] is not None else "-")
+    screen.print(table)
+
+
+def _print_generalisation(screen: Console, loo: Generalisation, headline: tuple[str, ...], labels: dict[str, str]
+                          ) -> None:
+
+    table = Table(title="generalisation: MAPE on the group left out, refitted without it (base profile in brackets)")
+    table.add_column("left out")
+    table.add_column("n", justify="right")
+    for metric in headline:
+        table.add_column(labels[metric], justify="right")
+    for g in loo.groups:
+        table.add_row(f"{g.by}={g.value}", str(g.n_configs),
+                      *[f"{_pct(g.fitted[m])} ({_pct(g.base[m])})" for m in headline])
+    screen.print(table)
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} %"
 
 
-def _settings_of(record: object) -> object:
+def _settings_of(record: RunRecord) -> ProtocolSettings:
     from pdexporter.measure.protocol import ProtocolSettings
 
-    c = record.config  # type: ignore[attr-defined]
+    c = record.config
     return ProtocolSettings(decode_context_tokens=c.decode_context_tokens, decode_output_tokens=c.decode_output_tokens,
                             prefill_max_tokens=c.prefill_max_tokens)
 

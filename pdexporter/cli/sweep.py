@@ -24,7 +24,7 @@ from pdexporter.errors import ConfigError
 from pdexporter.measure.records import RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import PHASES, Deadline, Key, SweepController, SweepObserver, SweepReport
-from pdexporter.launch.providers import make_provider
+from pdexporter.launch.providers import make_providers
 from pdexporter.sweep.plan import ConfigStatus
 from pdexporter.sweep.spec import SimLauncherSpec, SweepSpec, load_sweep
 
@@ -45,6 +45,11 @@ CooldownOpt = Annotated[
 ]
 ListenOpt = Annotated[
     str | None, typer.Option("--listen", help="HOST:PORT: export each window's gauges on /metrics while sweeping.")
+]
+ChunkIndexOpt = Annotated[
+    int | None,
+    typer.Option("--chunk-index", min=0, help="Run only the I-th chunk size of the grid, in file order "
+                                              "(a Kubernetes Indexed Job's completion index)."),
 ]
 
 
@@ -81,6 +86,7 @@ def sweep(
                                                   "(default: the grid's chunk size, when it has one)."),
     ] = None,
     api_key_file: ApiKeyFileOpt = None,
+    chunk_index: ChunkIndexOpt = None,
 ) -> None:
     """Run the grid of a sweep file: engine per chunk size, warm-up, Phase 1, Phase 2 x reps; resumable."""
     overrides: dict[str, Any] = {}
@@ -94,7 +100,7 @@ def sweep(
         overrides["launcher"] = {"kind": "external", "url": target, "chunk_size": chunk_size}
     elif chunk_size is not None:
         raise ConfigError("--chunk-size: only meaningful with --target")
-    spec = _load(sweep_file, mode, reps, listen, overrides)
+    spec = _load(sweep_file, mode, reps, listen, overrides, chunk_index)
     started = time.monotonic()
     store = ResultsStore(out or Path(spec.output))
     report = _run(spec, store, deadline=None if deadline is None else started + deadline, keep_engine=keep_engine,
@@ -110,33 +116,45 @@ def sim_sweep(
     ] = None,
     mode: ModeOpt = None,
     reps: RepsOpt = None,
+    chunk_index: ChunkIndexOpt = None,
 ) -> None:
     """Predict a sweep's whole table with the embedded engine on a virtual clock (records say modelled)."""
-    spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual"}})
+    from pdexporter.launch.providers import sim_role_for
+
+    # The file's engine setup decides which arm is modelled (a pair or DecodeBench: the offloaded
+    # one), and as many embedded engines side by side as the file has GPUs (its wall time too).
+    file_spec = load_sweep(sweep_file, chunk_index=chunk_index)
+    role, engines = sim_role_for(file_spec.launcher), file_spec.slots
+    spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual",
+                                                             "kv_role": role, "engines": engines}}, chunk_index)
     name = spec.name or sweep_file.stem
     store = ResultsStore(out or Path("results") / "sim" / profile / name)
     report = _run(spec, store, deadline=None, keep_engine=False, token=None)
     _finish(spec, store, report)
 
 
-def _load(path: Path, mode: str | None, reps: int | None, listen: str | None, overrides: dict[str, Any]) -> SweepSpec:
+def _load(path: Path, mode: str | None, reps: int | None, listen: str | None, overrides: dict[str, Any],
+          chunk_index: int | None = None) -> SweepSpec:
     if mode is not None:
         overrides["mode"] = mode
     if reps is not None:
         overrides["reps"] = reps
     if listen is not None:
         overrides["listen"] = listen
-    return load_sweep(path, overrides)
+    return load_sweep(path, overrides, chunk_index=chunk_index)
 
 
 def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_engine: bool, token: str | None) -> SweepReport:
     observer = ProgressObserver(spec)
     virtual = isinstance(spec.launcher, SimLauncherSpec) and spec.launcher.clock == "virtual"
     dl = Deadline(deadline)
-    provider = make_provider(spec, store, api_key=token, deadline=dl.left, on_message=observer.on_message)
-    console.print(f"[bold]sweep[/] {spec.name or ''} {spec.grid.size} configs x {spec.reps} reps, {spec.mode} mode, "
-                  f"{provider.description}; results in {store.root}")
-    controller = SweepController(spec, store, provider, observer=observer, deadline=dl, keep_engine=keep_engine)
+    providers = make_providers(spec, store, api_key=token, deadline=dl.left, on_message=observer.on_message)
+    engines = providers[0].description if len(providers) == 1 else (
+        f"{len(providers)} engines side by side ({', '.join(p.description for p in providers)})")
+    order = "" if spec.order.kind == "blocked" else f", interleaved (seed {spec.order.seed})"
+    console.print(f"[bold]sweep[/] {spec.name or ''} {spec.grid.size} configs x {spec.reps} reps, {spec.mode} mode"
+                  f"{order}, {engines}; results in {store.root}")
+    controller = SweepController(spec, store, providers, observer=observer, deadline=dl, keep_engine=keep_engine)
 
     async def main() -> SweepReport:
         server = await observer.start_exporter(spec.listen) if spec.listen else None
@@ -156,6 +174,8 @@ def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_e
 
 def _finish(spec: SweepSpec, store: ResultsStore, report: SweepReport) -> None:
     console.print(summary_table(report))
+    for line in slot_lines(report):
+        console.print(line)
     checked = sum(c.injections_checked for c in report.chunks.values())
     busy = sum(c.busy_at_injection for c in report.chunks.values())
     retried = sum(c.retries for c in report.chunks.values())
@@ -184,9 +204,26 @@ PHASE_HEADERS = {"engine_start": "start", "warmup": "warm-up", "phase1": "phase1
                  "cooldown": "cool"}
 
 
+def _virtual(report: SweepReport) -> bool:
+    return abs(report.engine_s - report.wall_s) > 1.0
+
+
+def slot_lines(report: SweepReport) -> list[str]:
+    """With several engines: each one's chunk sizes and time per phase (the wall is the slowest)."""
+    slots = sorted({c.slot for c in report.chunks.values() if c.slot})
+    lines = []
+    for slot in slots:
+        chunks = [c for c in report.chunks.values() if c.slot == slot]
+        totals = {p: sum((c.engine_s if _virtual(report) else c.wall_s)[p] for c in chunks) for p in PHASES}
+        lines.append(f"{slot}: chunk sizes {', '.join(str(c.chunk_size) for c in chunks)}; "
+                     + ", ".join(f"{PHASE_HEADERS[p]} {totals[p]:.1f} s" for p in PHASES)
+                     + f"; {sum(totals.values()):.1f} s in all")
+    return lines
+
+
 def summary_table(report: SweepReport) -> Table:
     """Per chunk size: configs, reps, median penalty, flagged configs, time per phase."""
-    virtual = abs(report.engine_s - report.wall_s) > 1.0
+    virtual = _virtual(report)
     table = Table(
         box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
         title=f"sweep {report.status}: {report.complete_configs}/{report.total_configs} configs, {report.mode} mode",
@@ -194,7 +231,10 @@ def summary_table(report: SweepReport) -> Table:
                  f"{report.wall_s:.1f} s on this machine") if virtual else f"time per phase in seconds; "
                 f"{report.wall_s:.1f} s in all",
     )
+    slots = any(c.slot for c in report.chunks.values())
     table.add_column("chunk", justify="right")
+    if slots:
+        table.add_column("engine")
     table.add_column("configs", justify="right")
     table.add_column("reps", justify="right")
     table.add_column("penalty\nms p50", justify="right")
@@ -205,14 +245,15 @@ def summary_table(report: SweepReport) -> Table:
     for b, c in report.chunks.items():
         times = c.engine_s if virtual else c.wall_s
         table.add_row(
-            str(b), f"{c.configs_complete}/{c.configs}", str(c.reps_recorded), _ms(c.median_penalty_ms),
-            str(len(c.flagged)), str(len(c.rerun)), *(f"{times[p]:.1f}" for p in PHASES),
+            str(b), *([c.slot or "-"] if slots else []), f"{c.configs_complete}/{c.configs}", str(c.reps_recorded),
+            _ms(c.median_penalty_ms), str(len(c.flagged)), str(len(c.rerun)), *(f"{times[p]:.1f}" for p in PHASES),
         )
     return table
 
 
 class ProgressObserver(SweepObserver):
-    """A rich progress bar over repetitions (ETA), with configs done and the current config."""
+    """Rich progress: one bar over all repetitions (configs done, ETA) and, with several engines,
+    one bar per engine slot (its chunk size, phase and repetitions, ETA)."""
 
     def __init__(self, spec: SweepSpec) -> None:
         self.spec = spec
@@ -229,6 +270,9 @@ class ProgressObserver(SweepObserver):
             transient=False,
         )
         self.task = self.progress.add_task("starting", total=None, configs="")
+        self.several = spec.slots > 1
+        self.slot_tasks: dict[int, Any] = {}  # slot -> its bar
+        self.chunk_slot: dict[int, tuple[int, str]] = {}  # chunk size -> (slot, label)
         self.total = 0
         self.configs_done = 0
         self.metrics: Any = None
@@ -262,25 +306,47 @@ class ProgressObserver(SweepObserver):
     def on_plan(self, total: int, done: int, reps_to_run: int) -> None:
         self.total, self.configs_done = total, done
         self.progress.update(self.task, total=max(1, reps_to_run), completed=0 if reps_to_run else 1,
-                             configs=self._configs())
+                             configs=self._configs(), description="all engines" if self.several else "starting")
+
+    def on_chunk(self, slot: int, label: str, chunk: int, reps_to_run: int) -> None:
+        self.chunk_slot[chunk] = (slot, label)
+        if not self.several:
+            return
+        name = label or f"engine {slot}"
+        if slot not in self.slot_tasks:
+            self.slot_tasks[slot] = self.progress.add_task(f"B={chunk}", total=max(1, reps_to_run), configs=name)
+        else:  # a new chunk size on this engine: the bar starts over
+            self.progress.reset(self.slot_tasks[slot], total=max(1, reps_to_run), description=f"B={chunk}")
+
+    def _where(self, chunk: int) -> str:
+        label = self.chunk_slot.get(chunk, (0, ""))[1]
+        return f"{label} " if self.several and label else ""
 
     def on_phase(self, phase: str, chunk: int, d: int | None = None, p: int | None = None) -> None:
         where = f"B={chunk}" + (f" D={d}" if d is not None else "") + (f" P={p}" if p is not None else "")
-        self.progress.update(self.task, description=f"{where} {phase}")
+        slot = self.chunk_slot.get(chunk, (0, ""))[0]
+        task = self.slot_tasks.get(slot) if self.several else self.task
+        if task is not None:
+            self.progress.update(task, description=f"{where} {phase}")
         if not self.interactive and phase in ("engine_start", "warmup", "phase1"):
-            self.on_message(f"{self._stamp()} {where} {phase}")
+            self.on_message(f"{self._stamp()} {self._where(chunk)}{where} {phase}")
+
+    def _advance(self, task: Any) -> None:
+        current = next(t for t in self.progress.tasks if t.id == task)
+        if current.total is not None and current.completed + 1 > current.total:
+            self.progress.update(task, total=current.completed + 1)  # CV re-runs add repetitions
+        self.progress.advance(task)
 
     def on_rep(self, key: Key, rep: RepRecord, info: Any) -> None:
-        task = self.progress.tasks[0]
-        if task.total is not None and task.completed + 1 > task.total:
-            self.progress.update(self.task, total=task.completed + 1)  # CV re-runs add repetitions
-        self.progress.advance(self.task)
+        self._advance(self.task)
+        slot = self.chunk_slot.get(key[0], (0, ""))[0]
+        if self.several and slot in self.slot_tasks:
+            self._advance(self.slot_tasks[slot])
         if self.metrics is not None:
-            from pdexporter.exporter.metrics import grid_labels, publish_window
+            from pdexporter.exporter.metrics import grid_labels, publish_window, set_engine_info
 
             publish_window(self.metrics, grid_labels(*key), rep)
-            self.metrics.engine_info.labels(engine=info.kind, model=info.model, chunk_size=str(key[0]),
-                                            modelled=str(info.modelled).lower()).set(1)
+            set_engine_info(self.metrics, info.kind, info.model, key[0], info.modelled)
 
     def _stamp(self) -> str:
         return f"[{time.monotonic() - self.t0:6.0f} s]"
@@ -293,7 +359,7 @@ class ProgressObserver(SweepObserver):
             pen = record.derived.tpot_penalty_p50_ms
             cv = record.summary.cv_tpot_penalty if record.summary else None
             self.on_message(
-                f"{self._stamp()} {self._configs()} B={key[0]} D={key[1]} P={key[2]}: "
+                f"{self._stamp()} {self._configs()} {self._where(key[0])}B={key[0]} D={key[1]} P={key[2]}: "
                 f"prefill {record.interference.prefill_duration_ms:.1f} ms"
                 + (f", penalty {pen:.2f} ms" if pen is not None else "")
                 + (f", CV {cv:.1%}" if cv is not None else "")

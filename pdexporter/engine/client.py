@@ -5,7 +5,11 @@ parameter so a stream's timestamps come from whatever clock the measurement uses
 
 Timing rules learnt on a real vLLM (docs/vllm-facts.md):
 - one `perf_counter_ns` stamp per network read, taken before any parsing, given to every event
-  that read completed (`arrival_clock`, which may be a selector's wake-up time, see there);
+  that read completed. On http:// targets streams are read on a plain socket that takes the
+  kernel's receive time of the read (`engine.kstamp`, `rx_stamps=True`, the default); where the
+  kernel refuses the option, for https, or with `rx_stamps=False`, aiohttp reads them and the
+  stamp is `arrival_clock` (which may be a selector's wake-up time, see there). Each stream
+  records which clock its stamps came from (`TokenStream.stamp_clock`);
 - request bodies are encoded by `encode_body` *before* a measured window opens; `stream_into`
   only sends bytes;
 - retries (tenacity) only where repeating is harmless: GETs, and stream starts outside a window
@@ -18,7 +22,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +30,12 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from pdexporter._internal.text import body_reason
+from pdexporter.engine.http1 import request_bytes
+from pdexporter.engine.kstamp import RxTransport, Target
 from pdexporter.engine.metrics import MetricsSnapshot, parse_exposition
-from pdexporter.engine.sse import SSEParser, StreamDecoder, error_message_from_body
-from pdexporter.engine.stream import TokenStream
+from pdexporter.engine.sse import SSEEvent, SSEParser, StreamDecoder, error_message_from_body
+from pdexporter.engine.stream import StampClock, TokenStream
 from pdexporter.errors import (
     ConfigError,
     EngineError,
@@ -43,6 +50,9 @@ COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 
 Clock = Callable[[], int]
+# Sees every SSE event a stream received: (stream, event, its stamp, tokens it carried). For
+# diagnostics and benchmarks (the embedded engine's send stamps ride in `SSEEvent.comment`).
+EventTap = Callable[[TokenStream, SSEEvent, int, int], None]
 
 
 def resolve_api_key(api_key_file: str | os.PathLike[str] | None = None) -> str | None:
@@ -132,6 +142,9 @@ class EngineClient:
         clock: Clock = time.perf_counter_ns,
         retries: int = 4,
         arrival_clock: Clock | None = None,
+        rx_stamps: bool = True,
+        extra_headers: Mapping[str, str] | None = None,
+        event_tap: EventTap | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"--target {base_url!r}: expected an http:// or https:// URL")
@@ -143,9 +156,43 @@ class EngineClient:
         # returned, so a token's stamp does not include parsing of other streams' reads that the
         # same loop iteration handled first. Sends and everything else use `clock`.
         self.arrival_clock = arrival_clock or clock
+        self.arrival_clock_name: StampClock = "read"
         self.retries = retries
+        self.extra_headers = dict(extra_headers or {})
+        self.event_tap = event_tap
         self._session = session
         self._owns_session = session is None
+        # Kernel receive stamps: plain http:// on a connection we open ourselves (an injected
+        # session is the caller's choice of transport). Whether the kernel takes the socket
+        # option is asked once, on first use (`_rx_transport`).
+        self.rx_stamps = rx_stamps and self.base_url.startswith("http://") and session is None
+        self._rx: RxTransport | None = None
+
+    def use_arrival_clock(self, clock: Clock, name: StampClock) -> None:
+        """Stamp reads without a kernel stamp with `clock`, recorded on streams as `name`."""
+        self.arrival_clock, self.arrival_clock_name = clock, name
+
+    def _rx_transport(self) -> RxTransport | None:
+        if not self.rx_stamps:
+            return None
+        if self._rx is None:
+            self._rx = RxTransport()
+        return self._rx if self._rx.kernel_stamps else None
+
+    @property
+    def stamping(self) -> str:
+        """How this client stamps stream events, in one line (for logs and records)."""
+        if self._rx_transport() is not None:
+            return f"kernel-rx (plain socket; {self.arrival_clock_name} stamp where a read has none)"
+        if not self.base_url.startswith("http://"):
+            why = "https is read by aiohttp"
+        elif self._owns_session is False:
+            why = "the caller's aiohttp session"
+        elif self._rx is not None and self._rx.refused:
+            why = f"kernel stamps refused: {self._rx.refused}"
+        else:
+            why = "kernel stamps switched off"
+        return f"{self.arrival_clock_name} (aiohttp; {why})"
 
     async def __aenter__(self) -> EngineClient:
         self.session  # noqa: B018 - create eagerly inside the running loop
@@ -167,12 +214,15 @@ class EngineClient:
             await self._session.close()
         self._session = None
 
-    def _headers(self, json_body: bool = False) -> dict[str, str]:
+    def _headers(self, json_body: bool = False, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if json_body:
             headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        headers.update(self.extra_headers)
+        if extra:
+            headers.update(extra)
         return headers
 
     def url(self, path: str) -> str:
@@ -230,7 +280,7 @@ class EngineClient:
             data = json.loads(text)
             return [str(item["id"]) for item in data["data"]]
         except (ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"{self.url('/v1/models')}: unexpected answer {text[:120]!r}") from exc
+            raise EngineError(f"{self.url('/v1/models')}: not an OpenAI model list: {body_reason(text, 120)}") from exc
 
     async def resolve_model(self, model: str | None) -> str:
         served = await self.models()
@@ -247,8 +297,37 @@ class EngineClient:
         text = await self.get_text("/metrics", retry=retry)
         return parse_exposition(text, t_ns=t_ns, source=self.url("/metrics"))
 
+    async def post_json(self, path: str, body: bytes, *, headers: Mapping[str, str] | None = None,
+                        timeout_s: float | None = None) -> tuple[dict[str, Any], int, int]:
+        """POST a pre-encoded non-streaming request; (its JSON answer, sent and done stamps in ns).
+        Never retried: the request may have run (a prefill instance now holds its KV)."""
+        url = self.url(path)
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeouts.read_s, connect=self.timeouts.connect_s)
+        t_sent = self.clock()
+        try:
+            async with self.session.post(url, data=body, headers=self._headers(json_body=True, extra=headers),
+                                         timeout=timeout) as resp:
+                raw = await resp.read()
+                t_done = self.clock()
+                if resp.status >= 400:
+                    raise EngineHTTPError(url, resp.status, error_message_from_body(raw))
+        except aiohttp.ClientConnectorError as exc:
+            raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+            raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
+        except TimeoutError as exc:
+            raise EngineTimeout(f"{url}: no answer within {timeout.total:g} s") from exc
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise EngineError(f"{url}: the answer is not JSON ({raw[:120]!r})") from exc
+        if not isinstance(data, dict):
+            raise EngineError(f"{url}: expected a JSON object, got {type(data).__name__}")
+        return data, t_sent, t_done
+
     async def stream_into(
-        self, path: str, body: bytes, stream: TokenStream, *, retry_connect: bool = False
+        self, path: str, body: bytes, stream: TokenStream, *, retry_connect: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> TokenStream:
         """POST a pre-encoded streaming request and fill `stream` until the engine ends it.
 
@@ -256,7 +335,7 @@ class EngineClient:
         any byte of the answer arrived is retried (safe: nothing was generated for us).
         """
         if not retry_connect:
-            return await self._stream_once(path, body, stream)
+            return await self._stream_once(path, body, stream, headers)
         async for state in AsyncRetrying(
             stop=stop_after_attempt(self.retries),
             wait=wait_exponential(multiplier=0.25, max=4.0),
@@ -265,10 +344,64 @@ class EngineClient:
         ):
             with state:
                 stream.reopen()
-                return await self._stream_once(path, body, stream)
+                return await self._stream_once(path, body, stream, headers)
         raise AssertionError("unreachable")
 
-    async def _stream_once(self, path: str, body: bytes, stream: TokenStream) -> TokenStream:
+    async def _stream_once(self, path: str, body: bytes, stream: TokenStream,
+                           headers: Mapping[str, str] | None = None) -> TokenStream:
+        rx = self._rx_transport()
+        if rx is not None:
+            return await self._stream_once_rx(rx, path, body, stream, headers)
+        return await self._stream_once_aiohttp(path, body, stream, headers)
+
+    async def _stream_once_rx(self, rx: RxTransport, path: str, body: bytes, stream: TokenStream,
+                              headers: Mapping[str, str] | None = None) -> TokenStream:
+        """The kernel-stamped path: a plain socket read from a reader callback (`engine.kstamp`)."""
+        url = self.url(path)
+        target = Target.parse(url)
+        parser = SSEParser()
+        decoder = StreamDecoder(source=url)
+        fallback = self.arrival_clock_name
+        stream.stamp_clock = "kernel-rx"
+
+        def on_body(data: bytes, t_ns: int, kernel: bool) -> bool:
+            if not kernel:
+                stream.note_stamp_clock(fallback)
+            for event in parser.feed(data):
+                self._apply(decoder, event, stream, t_ns)
+            return decoder.done
+
+        try:
+            request = request_bytes("POST", target.host_header, target.path,
+                                    self._headers(json_body=True, extra=headers), body)
+        except ValueError as exc:
+            raise ConfigError(f"request headers for {url}: {exc}") from exc
+        try:
+            await rx.stream(
+                target, request, on_body,
+                arrival_clock=self.arrival_clock,
+                on_sent=lambda: stream.mark_sent(self.clock()),
+                connect_s=self.timeouts.connect_s,
+                read_s=self.timeouts.read_s,
+            )
+            if not decoder.done:
+                events = parser.close()
+                if events:
+                    stream.note_stamp_clock("read")
+                for event in events:
+                    self._apply(decoder, event, stream, self.clock())
+        except EngineError as exc:
+            stream.fail(self.clock(), exc)
+            raise
+        if not decoder.done:
+            error = SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
+            stream.fail(self.clock(), error)
+            raise error
+        stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
+        return stream
+
+    async def _stream_once_aiohttp(self, path: str, body: bytes, stream: TokenStream,
+                                   headers: Mapping[str, str] | None = None) -> TokenStream:
         url = self.url(path)
         parser = SSEParser()
         decoder = StreamDecoder(source=url)
@@ -276,10 +409,11 @@ class EngineClient:
             total=None, connect=self.timeouts.connect_s, sock_read=self.timeouts.read_s
         )
         got_bytes = False
+        stream.stamp_clock = self.arrival_clock_name
         try:
             stream.mark_sent(self.clock())
             async with self.session.post(
-                url, data=body, headers=self._headers(json_body=True), timeout=timeout
+                url, data=body, headers=self._headers(json_body=True, extra=headers), timeout=timeout
             ) as resp:
                 if resp.status >= 400:
                     raise EngineHTTPError(url, resp.status, error_message_from_body(await resp.read()))
@@ -293,7 +427,10 @@ class EngineClient:
                         self._apply(decoder, event, stream, t_ns)
                     if decoder.done:
                         break
-                for event in parser.close():
+                tail = parser.close()
+                if tail:
+                    stream.note_stamp_clock("read")
+                for event in tail:
                     self._apply(decoder, event, stream, self.clock())
         except aiohttp.ClientConnectorError as exc:
             error: EngineError = EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}")
@@ -318,12 +455,13 @@ class EngineClient:
         stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
         return stream
 
-    @staticmethod
-    def _apply(decoder: StreamDecoder, event: Any, stream: TokenStream, t_ns: int) -> None:
+    def _apply(self, decoder: StreamDecoder, event: SSEEvent, stream: TokenStream, t_ns: int) -> None:
         delta = decoder.decode(event)
         if delta.prompt_tokens is not None:
             stream.prompt_tokens = delta.prompt_tokens
         stream.record(t_ns, delta.n_tokens)
+        if self.event_tap is not None:
+            self.event_tap(stream, event, t_ns, delta.n_tokens)
 
 
 def _reason(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.engines._registry import MetricKind
 from pdexporter.engines.vllm import METRIC_ALIASES as VLLM_METRIC_ALIASES
+from pdexporter.engines.vllm import OPTIONAL_METRICS
 from pdexporter.errors import EngineError
 
 # canonical name -> (kind, the engine's names): vLLM's table lives in its adapter (engines.vllm).
@@ -47,36 +48,34 @@ class MetricsSnapshot:
 
     @property
     def missing(self) -> tuple[str, ...]:
-        return tuple(name for name in ALIASES if name not in self.sources)
+        """Series every engine exports that this scrape lacks (connector-only ones excepted)."""
+        return tuple(name for name in ALIASES if name not in self.sources and name not in OPTIONAL_METRICS)
 
 
-_SUFFIXES = ("", "_total", "_bucket", "_count", "_sum", "_created")
-_KNOWN = frozenset(name + suffix for _, names in ALIASES.values() for name in names for suffix in _SUFFIXES)
+# Every engine-side name some canonical series may have: the only families a snapshot keeps.
+_KNOWN_PREFIXES = tuple(sorted({name for _, names in ALIASES.values() for name in names}))
 
 
-def _known_lines(text: str) -> str:
-    """The exposition's lines about series pdexporter reads (HELP/TYPE and samples): an engine's
-    /metrics holds hundreds of series it does not, and parsing them cost ~30 ms a scrape."""
+def known_lines(text: str) -> str:
+    """The exposition cut to the families `ALIASES` names (their samples and # HELP/# TYPE lines).
+
+    A snapshot ignores every other series, so it is the same from either text; parsing only these
+    lines takes a tenth of the time on vLLM's ~55 KB /metrics (hundreds of histogram buckets
+    pdexporter never reads), and a sweep parses it twice per window."""
     kept = []
     for line in text.splitlines():
         if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2] in _KNOWN:
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(_KNOWN_PREFIXES):
                 kept.append(line)
-            continue
-        end = len(line)
-        for stop in ("{", " "):
-            i = line.find(stop)
-            if 0 <= i < end:
-                end = i
-        if line[:end] in _KNOWN:
+        elif line.startswith(_KNOWN_PREFIXES):
             kept.append(line)
     return "\n".join(kept) + "\n"
 
 
 def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:
     """Parse Prometheus text exposition into canonical values; unknown series are ignored."""
-    return snapshot_from_families(text_string_to_metric_families(_known_lines(text)), t_ns=t_ns, source=source)
+    return snapshot_from_families(text_string_to_metric_families(known_lines(text)), t_ns=t_ns, source=source)
 
 
 def snapshot_from_families(

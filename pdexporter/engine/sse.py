@@ -19,15 +19,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pdexporter._internal.text import body_reason, shorten
 from pdexporter.errors import EngineError, SSEProtocolError
 
 
 @dataclass(frozen=True, slots=True)
 class SSEEvent:
-    """One event: its `data:` lines joined with newlines (the SSE rule), and its `event:` name."""
+    """One event: its `data:` lines joined with newlines (the SSE rule), its `event:` name, and the
+    comment lines (`: ...`) of its block, joined with newlines (vLLM sends none;
+    the embedded engine's opt-in send stamps ride there, see `sim.server.SEND_STAMPS_HEADER`)."""
 
     data: str
     event: str | None = None
+    comment: str | None = None
 
 
 class SSEParser:
@@ -37,6 +41,7 @@ class SSEParser:
         self._buffer = b""
         self._data: list[str] = []
         self._event: str | None = None
+        self._comments: list[str] = []
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         self._buffer += chunk
@@ -58,20 +63,31 @@ class SSEParser:
         """End of body: an event not followed by a blank line still counts (lenient, like browsers are not)."""
         events = self.feed(b"\n") if self._buffer else []
         if self._data:
-            events.append(SSEEvent("\n".join(self._data), self._event))
-            self._data, self._event = [], None
+            events.append(self._dispatch())
         return events
+
+    def _dispatch(self) -> SSEEvent:
+        comment = "\n".join(self._comments) if self._comments else None
+        event = SSEEvent("\n".join(self._data), self._event, comment)
+        self._data, self._event = [], None
+        if comment is not None:
+            self._comments = []
+        return event
 
     def _line(self, raw: bytes) -> SSEEvent | None:
         if not raw:
             if not self._data:
                 self._event = None
+                if self._comments:
+                    self._comments = []  # a block of comments only (a keep-alive) ends with it
                 return None
-            event = SSEEvent("\n".join(self._data), self._event)
-            self._data, self._event = [], None
-            return event
+            return self._dispatch()
         if raw.startswith(b":"):
-            return None  # comment / keep-alive
+            # comment / keep-alive: kept for the event of this block
+            text = raw[1:].decode("utf-8", "replace").removeprefix(" ")
+            if text:
+                self._comments.append(text)
+            return None
         name, _, value = raw.partition(b":")
         if value.startswith(b" "):
             value = value[1:]
@@ -200,16 +216,20 @@ def _error_message(payload: dict[str, Any]) -> str:
     return str(error)
 
 
+ERROR_LIMIT = 300  # characters of an engine's error message kept in ours (vLLM's are long sentences)
+
+
 def error_message_from_body(body: bytes | str) -> str:
-    """The human part of an engine's error body (vLLM/OpenAI JSON, or plain text)."""
+    """The human part of an engine's error body (vLLM/OpenAI JSON, or plain text), as one line; an
+    HTML page (a proxy's or another server's 404) is cut down to its title and first words."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
     try:
         payload = json.loads(text)
     except (json.JSONDecodeError, ValueError):
-        return text.strip()[:500] or "(empty body)"
+        return body_reason(text, ERROR_LIMIT)  # plain text, or some other server's HTML page
     if isinstance(payload, dict):
         if "error" in payload or "message" in payload or "detail" in payload:
             if "detail" in payload and "error" not in payload and "message" not in payload:
-                return str(payload["detail"])[:500]
-            return _error_message(payload)[:500]
-    return text.strip()[:500]
+                return shorten(str(payload["detail"]), ERROR_LIMIT)
+            return shorten(_error_message(payload), ERROR_LIMIT)
+    return shorten(text, ERROR_LIMIT)

@@ -3,6 +3,17 @@
 Drivers (HTTP against a real engine, or in-process against the embedded one) fill a
 `TokenStream`; the measurement protocol only reads it. `Progress` lets the protocol wait for
 "any stream moved" with one event object instead of a task per stream.
+
+`stamp_clock` says where the stream's event times came from, most precise first:
+
+- "kernel-rx": the kernel's receive time of the TCP segment that completed the event
+  (SO_TIMESTAMPNS, `engine.kstamp`), converted to `perf_counter_ns`;
+- "wakeup": when the reading loop's selector returned (`exporter.probes.StampingSelector`);
+- "read": when the reading code ran.
+
+A stream whose events mix clocks (a read without a kernel stamp) names the least precise one, so
+every stamp of the stream is at least as good as its `stamp_clock` says. None: not recorded
+(in-process drivers on a virtual clock, records written before the field existed).
 """
 
 from __future__ import annotations
@@ -10,6 +21,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
+
+StampClock = Literal["kernel-rx", "wakeup", "read"]
+STAMP_CLOCKS: tuple[StampClock, ...] = ("kernel-rx", "wakeup", "read")  # most precise first
 
 
 class Progress:
@@ -78,6 +93,12 @@ class TokenStream:
     finished: bool = False
     error: BaseException | None = None
     t_finished_ns: int | None = None
+    stamp_clock: StampClock | None = None
+
+    def note_stamp_clock(self, clock: StampClock) -> None:
+        """Some of this stream's stamps come from `clock`: keep the least precise clock seen."""
+        if self.stamp_clock is None or STAMP_CLOCKS.index(clock) > STAMP_CLOCKS.index(self.stamp_clock):
+            self.stamp_clock = clock
 
     def mark_sent(self, t_ns: int) -> None:
         self.t_sent_ns = t_ns
@@ -105,6 +126,7 @@ class TokenStream:
         if self.event_times_ns:
             raise RuntimeError(f"stream {self.request_id} already has events; it cannot be retried")
         self.error, self.finished, self.finish_reason, self.t_finished_ns = None, False, None, None
+        self.stamp_clock = None
 
     def fail(self, t_ns: int, error: BaseException) -> None:
         self.error = error

@@ -12,11 +12,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from pdexporter.engine.iterlog import IterationStep
 
 MetricKind = Literal["gauge", "counter", "histogram"]
+Arm = Literal["colocated", "offloaded"]
+KvRole = Literal["decode-bench", "decode", "prefill"]
+
+
+@dataclass(frozen=True)
+class KvSetup:
+    """Which side of the offload decision an engine setup measures (docs/disaggregation.md).
+
+    `arm`: "colocated" (the prefill runs beside the decodes, the seed's setup) or "offloaded"
+    (the engine is the decode instance of a P/D pair: a new request arrives with its KV computed
+    elsewhere). `connector`: vLLM's KV connector (`--kv-transfer-config`'s kv_connector), None
+    without one. `role`: what the engine does in the pair ("decode-bench": DecodeBenchConnector
+    fills every new request's KV, a free transfer on one GPU; "decode"/"prefill": the two
+    instances of a real pair)."""
+
+    arm: Arm = "colocated"
+    connector: str | None = None
+    role: KvRole | None = None
+
+
+COLOCATED = KvSetup()
 
 
 @runtime_checkable
@@ -32,6 +54,10 @@ class EngineAdapter(Protocol):
     # its OTLP per-request span: name, and canonical attribute -> the engine's attribute name
     request_span_name: str
     request_span_attributes: Mapping[str, str]
+    # the /metrics info series whose labels carry the KV-cache settings (prefix caching), if any
+    cache_config_metric: str | None
+    # the arm, KV connector and pair role of this engine setup (COLOCATED for a plain engine)
+    kv: KvSetup
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import re
 
 from pdexporter.engine.iterlog import IterationStep
-from pdexporter.engines._registry import MetricKind, budget_problem, budget_schedule, register
+from pdexporter.engines._registry import COLOCATED, KvSetup, MetricKind, budget_problem, budget_schedule, register
 
 # vLLM's own defaults for `vllm serve` (arg_utils): 8192 on GPUs with >= 70 GB, 2048 below.
 DEFAULT_CHUNK_SIZE = 8192
@@ -47,7 +47,16 @@ METRIC_ALIASES: dict[str, tuple[MetricKind, tuple[str, ...]]] = {
     "request_decode_time_seconds": ("histogram", ("vllm:request_decode_time_seconds",)),
     "request_queue_time_seconds": ("histogram", ("vllm:request_queue_time_seconds",)),
     "e2e_request_latency_seconds": ("histogram", ("vllm:e2e_request_latency_seconds",)),
+    # NixlConnector's own series (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, 0.22),
+    # recorded by the reader, i.e. the decode instance, per finished transfer: the window's deltas
+    # give the KV transfer time and bytes of the offloaded request (docs/disaggregation.md).
+    "kv_transfer_time_seconds": ("histogram", ("vllm:nixl_xfer_time_seconds",)),
+    "kv_transfer_bytes": ("histogram", ("vllm:nixl_bytes_transferred",)),
+    "kv_transfer_failures_total": ("counter", ("vllm:nixl_num_failed_transfers_total",)),
 }
+
+# Series only an engine with a KV connector exports: their absence is no gap in a scrape.
+OPTIONAL_METRICS = frozenset({"kv_transfer_time_seconds", "kv_transfer_bytes", "kv_transfer_failures_total"})
 
 
 # `--enable-logging-iteration-details`: one line per engine step,
@@ -115,6 +124,8 @@ class VllmAdapter:
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = METRIC_ALIASES
     request_span_name = REQUEST_SPAN_NAME
     request_span_attributes: Mapping[str, str] = REQUEST_SPAN_ATTRIBUTES
+    cache_config_metric: str | None = "vllm:cache_config_info"  # labels: enable_prefix_caching, block_size, ...
+    kv: KvSetup = COLOCATED
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         return budget_schedule(prompt_tokens, chunk_size, running_decodes)

@@ -52,9 +52,10 @@ class ExporterConfig(BaseModel):
     ready_timeout_s: float = Field(default=60.0, gt=0)
     drain_timeout_s: float = Field(default=30.0, gt=0)  # SIGTERM: longest wait for the window in flight
     switch_interval_s: float = Field(default=0.0005, gt=0)  # sys.setswitchinterval, see docs/exporter.md
-    # "wakeup": a read is stamped when the probe loop's selector returned (probes.StampingSelector);
-    # "read": when the reading task resumed (the plain client). Kept for the benchmark's comparison.
-    arrival_stamp: Literal["wakeup", "read"] = "wakeup"
+    # "kernel-rx": the kernel's receive stamp of the segment (SO_TIMESTAMPNS; engine.kstamp), with
+    # the wake-up stamp where the kernel or https refuses it; "wakeup": when the probe loop's
+    # selector returned (probes.StampingSelector); "read": when the reading task resumed.
+    arrival_stamp: Literal["kernel-rx", "wakeup", "read"] = "kernel-rx"
     # Passive mode (`--passive`): no injection; windows come from the production prefills the
     # probes see (exporter.passive). A run's attribution waits at most this long for the engine's
     # request traces, which arrive when a request finishes.

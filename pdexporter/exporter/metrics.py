@@ -132,6 +132,13 @@ class ExporterMetrics:
             self.trace_exports.labels(result=result)
 
 
+def set_engine_info(metrics: ExporterMetrics, engine: str, model: str, chunk_size: int | None, modelled: bool,
+                    chunk_size_source: str = "given") -> None:
+    """`pdexporter_engine_info` for the engine being probed (its label set defined here only)."""
+    metrics.engine_info.labels(engine=engine, model=model, chunk_size=str(chunk_size),
+                               chunk_size_source=chunk_size_source, modelled=str(modelled).lower()).set(1)
+
+
 def error_kind(exc: BaseException | None) -> str:
     """`pdexporter_errors_total{kind}` for an exception (bounded label values, `ERROR_KINDS`)."""
     from pdexporter.errors import EngineHTTPError, EngineTimeout, EngineUnreachable, MeasurementError

@@ -13,18 +13,26 @@ caller's loop in another thread and reads the streams' lists, which this thread 
 The GIL is still shared: the runner lowers `sys.setswitchinterval` so a busy main thread hands
 it over within ~0.5 ms instead of 5 ms.
 
-Arrival stamps: with D streams readable at once, one loop iteration resumes D reading tasks in a
-row and each parses its SSE event before the next one stamps, so the k-th stamp would carry k-1
-parses (~0.1 ms each). The probe loop therefore runs on a `StampingSelector`, which notes when
-each `select()` returned, and the probes' client stamps a read with that time
-(`EngineClient.arrival_clock`): the start of the iteration that handles the read. It is never
-earlier than the bytes' arrival (the socket was read in that iteration or the one before) and
-no longer depends on how many other streams were parsed first.
+Arrival stamps: on http:// targets the probes' client reads each stream on a plain socket that
+asks the kernel for receive timestamps (`engine.kstamp`), so a token's stamp is when its TCP
+segment reached this host, whatever this loop was doing then (`stamp_clock` "kernel-rx"). Where
+the kernel refuses the option, for https, or with `rx_stamps=False` (env
+`PDEXPORTER_KERNEL_STAMPS=0`), the stamp is the wake-up time below. With D streams readable at
+once, one loop iteration handles D reads in a row and each parses its SSE event before the next
+one would stamp, so the k-th stamp would carry k-1 parses (~0.1 ms each). The probe loop
+therefore runs on a `StampingSelector`, which notes when each `select()` returned, and the
+probes' client stamps a read without a kernel stamp with that time
+(`EngineClient.use_arrival_clock`): the start of the iteration that handles the read. On the
+aiohttp path it is never earlier than the bytes' arrival (the socket was read in that iteration or
+the one before); on the plain-socket path a segment can land between the wake-up and the read, so
+such a stamp can be early by the time the loop takes to read its ready sockets. Either way it no
+longer depends on how many other streams were parsed first.
 
 Wake-up sensor: a helper thread stamps `perf_counter_ns` and writes one byte to a socket pair
 every `sensor_period_s`; this loop's reader stamps again when it sees the byte. The difference is
 exactly what a token's timestamp suffers between "the socket became readable" and "we stamped
-it": kernel wake-up, GIL hand-over and callbacks queued ahead on this loop.
+it": kernel wake-up, GIL hand-over and callbacks queued ahead on this loop. Kernel stamps do not
+suffer it; the sensor still bounds the wake-up stamps of any read that had none.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import os
 import queue
 import selectors
 import socket
@@ -40,6 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pdexporter.engine.client import EngineClient
 from pdexporter.launch import EngineHandle
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import EngineError, PdexporterError
@@ -48,6 +58,11 @@ from pdexporter.measure.prompts import cold_prompt, shared_prefix
 from pdexporter.measure.protocol import ProtocolSettings, run_single
 
 STARTED, FINISHED = "started", "finished"
+KERNEL_STAMPS_ENV = "PDEXPORTER_KERNEL_STAMPS"  # "0", "off" or "false": the aiohttp path, wake-up stamps
+
+
+def kernel_stamps_default() -> bool:
+    return os.environ.get(KERNEL_STAMPS_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 @dataclass(frozen=True)
@@ -137,6 +152,8 @@ class ProbeLoop:
         sensor_period_s: float = 0.01,
         restart_backoff_s: tuple[float, float] = (0.25, 10.0),
         stamp_at_wakeup: bool = True,
+        rx_stamps: bool | None = None,
+        configure_client: Callable[[EngineClient], None] | None = None,
         stagger: bool = False,
     ) -> None:
         self.handle = handle
@@ -150,6 +167,10 @@ class ProbeLoop:
         self.warm_prefill_tokens = warm_prefill_tokens
         self.restart_backoff_s = restart_backoff_s
         self.stamp_at_wakeup = stamp_at_wakeup
+        # Kernel receive stamps (engine.kstamp); None: on unless PDEXPORTER_KERNEL_STAMPS=0.
+        self.rx_stamps = kernel_stamps_default() if rx_stamps is None else rx_stamps
+        self.configure_client = configure_client  # called on the probe thread before any request
+        self.stamping: str | None = None  # how the probes are stamped, in one line, once started
         self.events: queue.SimpleQueue[Lifecycle] = queue.SimpleQueue()
         self.sensor = WakeupSensor(sensor_period_s)
         self.driver: HttpDriver | None = None
@@ -217,8 +238,13 @@ class ProbeLoop:
         self._stop = asyncio.Event()
         async with http_driver(self.handle, model=self.model, api_key=self.api_key) as driver:
             self.driver = driver
+            client = driver.client
+            client.rx_stamps = client.rx_stamps and self.rx_stamps
             if selector is not None and self.stamp_at_wakeup:
-                driver.client.arrival_clock = selector.arrival_ns
+                client.use_arrival_clock(selector.arrival_ns, "wakeup")
+            if self.configure_client is not None:
+                self.configure_client(client)
+            self.stamping = client.stamping
             s = self.settings
             prefix = shared_prefix(s.decode_context_tokens, s.token_range)
             # Warm-ups before any probe runs, so their encoding and JIT cost hit nothing measured.

@@ -35,7 +35,7 @@ from pdexporter.engines import chunk_size_advice
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
-from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window
+from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window, set_engine_info
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.server import metrics_app, start_metrics_server
@@ -144,18 +144,19 @@ class Runner:
             self.handle = await self.launcher.start(cfg.chunk_size)
             self.probes = ProbeLoop(self.handle, cfg.probe_streams, cfg.protocol, model=cfg.model, api_key=self.api_key,
                                     warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
-                                    stamp_at_wakeup=cfg.arrival_stamp == "wakeup", stagger=cfg.passive)
+                                    stamp_at_wakeup=cfg.arrival_stamp != "read",
+                                    rx_stamps=None if cfg.arrival_stamp == "kernel-rx" else False, stagger=cfg.passive)
             self.book.probes = self.probes
             self.info = await self.probes.wait_started(timeout_s=cfg.protocol.window_timeout_s)
+            self.log(f"probe timestamps: {self.probes.stamping}")
             if cfg.passive:
                 self.passive = LivePassive(cfg, self.info, self.metrics, self.book, self.store)
             self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
                                          cfg.scrape_interval_s, lambda: not self.book.stopping,
                                          on_snapshot=self.passive.tracker.add_scrape if self.passive else None)
             self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
-            self.metrics.engine_info.labels(engine=self.info.kind, model=self.info.model, chunk_size=str(cfg.chunk_size),
-                                            chunk_size_source=cfg.chunk_size_source,
-                                            modelled=str(self.info.modelled).lower()).set(1)
+            set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
+                            cfg.chunk_size_source)
             if cfg.chunk_size_source == "assumed":
                 self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
                          "/metrics); every window checks it against the probes' cadence")

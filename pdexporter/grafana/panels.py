@@ -1,11 +1,10 @@
 """Plain builders for Grafana dashboard JSON (schemaVersion 39: Grafana 10.4 and 11.x load it as is).
 
-Why plain dicts and not grafana-foundation-sdk: the SDK's PyPI releases carry a build-time epoch in
-their version (`1769699998!10.1.0`), so an unpinned install resolves to whichever Grafana version
-was built last (10.1 types, not 11.x), and every SDK release can reshape the JSON it emits. The
-committed dashboards are checked byte for byte against this code; builders that depend only on
-the standard library keep that check about *our* changes, not a dependency's. The shapes used here
-are few (time series, stat, table, rows, two kinds of variables) and are written down once below.
+Why plain dicts and not grafana-foundation-sdk: docs/deploy.md ("Why not grafana-foundation-sdk")
+says what was tried and found (its epoch versions install Grafana 10.1 types unless a build is pinned
+exactly; transformation options and override values are untyped in it). The committed dashboards
+are checked byte for byte against this code, so that check is about *our* changes. The shapes used
+here are few (time series, stat, table, rows, two kinds of variables) and are written down once below.
 
 Everything here is pure: functions take values and return dicts; no I/O.
 """

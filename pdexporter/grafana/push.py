@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pdexporter import __version__
+from pdexporter._internal.text import body_reason, shorten
 from pdexporter.errors import ConfigError, PdexporterError
 
 DEFAULT_FOLDER = "pdexporter"
@@ -106,7 +107,7 @@ def push_dashboards(
         except OSError as exc:  # the HTTP library's connection errors (refused, DNS, TLS) derive from OSError
             raise GrafanaUnreachable(f"cannot reach Grafana at {shown}: {_reason(exc)}") from None
 
-    folder_uid = None if folder in ROOT_FOLDERS else _ensure_folder(call, api, folder)
+    folder_uid = None if folder in ROOT_FOLDERS else _ensure_folder(call, api, folder, shown)
     pushed: list[PushedDashboard] = []
     for board in dashboards.values():
         payload: dict[str, Any] = {
@@ -129,8 +130,11 @@ def push_dashboards(
     return pushed
 
 
-def _ensure_folder(call: Any, api: Any, title: str) -> str:
+def _ensure_folder(call: Any, api: Any, title: str, shown: str) -> str:
     folders = call("listing folders", api.folder.get_all_folders) or []
+    if not isinstance(folders, list):  # a 200 with a page (text/html) instead of the API's JSON
+        raise GrafanaError(f"{shown} answered the folder list with "
+                           f"{body_reason(str(folders))}, not Grafana's JSON: is --grafana-url Grafana's base URL?")
     for existing in folders:
         if existing.get("title") == title:
             return str(existing["uid"])
@@ -139,10 +143,14 @@ def _ensure_folder(call: Any, api: Any, title: str) -> str:
 
 
 def _message(exc: Any) -> str:
+    """Grafana's own message, or one short line of whatever else answered (an HTML page, never
+    its markup)."""
     response = getattr(exc, "response", None)
     if isinstance(response, dict) and response.get("message"):
-        return " ".join(str(response["message"]).split())
-    return " ".join(str(exc).split())
+        return shorten(str(response["message"]))
+    if isinstance(response, str) and response.strip():
+        return body_reason(response)
+    return body_reason(str(exc))
 
 
 def _reason(exc: OSError) -> str:

@@ -7,6 +7,12 @@ engine that file describes when it has the chunk size wanted (same process and c
 /health answers, no logged step larger than the chunk), so a sweep stopped by a time limit and
 rerun does not pay vLLM's ~100 s start again; an engine of another chunk size it stops. Stopping
 is SIGTERM to the process group, then SIGKILL after `stop_timeout_s` (`base.terminate_group`).
+
+Several engines, one per GPU (a sweep file's `launcher.gpus`), share one results directory: each
+launcher has its own url (port), and the other engines' urls are its `siblings`. A launcher
+adopts or stops the engines of its own url (and those of no current engine, left by an earlier
+run with other GPUs); a sibling's engine it leaves alone unless it is about to start that
+engine's chunk size itself.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import Any
 from pdexporter._internal.atomic import atomic_write_json
 from pdexporter.engine.client import EngineClient
 from pdexporter.engines import adapter
+from pdexporter.engines.disagg import setup_for_command
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
 from pdexporter._internal.redact import redact_argv
 from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
@@ -146,12 +153,16 @@ class LocalLauncher:
     health_timeout_s: float = 600.0
     stop_timeout_s: float = 60.0
     adopt: bool = True
-    health_poll_s: float = 0.5
+    health_poll_s: float = 0.1
     kind: str = "vllm"
     gpu: str | None = None
     deadline: Callable[[], float | None] = lambda: None  # seconds left, or None
     on_message: Callable[[str], None] = lambda text: None
+    siblings: frozenset[str] = frozenset()  # urls of the sweep's other engines (one per GPU)
     name: str = "local"
+    # One instance of a P/D pair ("prefill" | "decode", launch/pair.py): its state and log live in
+    # `{chunk}/engine/{role}/`, and its engine setup follows from its command's --kv-transfer-config.
+    role: str | None = None
     adopted: bool = field(default=False, init=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _state: EngineState | None = field(default=None, init=False, repr=False)
@@ -161,16 +172,21 @@ class LocalLauncher:
     def can_set_chunk_size(self) -> bool:
         return True
 
+    def _engine_dir(self, chunk_size: int) -> Path:
+        base = self.store.engine_dir(chunk_size)
+        return base / self.role if self.role else base
+
     def state_path(self, chunk_size: int) -> Path:
-        return self.store.engine_dir(chunk_size) / STATE_FILE
+        return self._engine_dir(chunk_size) / STATE_FILE
 
     def log_path(self, chunk_size: int) -> Path:
-        return self.store.engine_dir(chunk_size) / LOG_FILE
+        return self._engine_dir(chunk_size) / LOG_FILE
 
     def _known_states(self) -> list[tuple[Path, EngineState]]:
         out = []
         if self.store.root.is_dir():
-            for path in sorted(self.store.root.glob(f"*/engine/{STATE_FILE}")):
+            pattern = f"*/engine/{self.role}/{STATE_FILE}" if self.role else f"*/engine/{STATE_FILE}"
+            for path in sorted(self.store.root.glob(pattern)):
                 state = EngineState.read(path)
                 if state is not None:
                     out.append((path, state))
@@ -181,6 +197,10 @@ class LocalLauncher:
             return self._handle
         await self._launch(chunk_size)
         return await self._ready(chunk_size)
+
+    def _sibling_keeps(self, state: EngineState, chunk_size: int) -> bool:
+        """Another engine of this sweep runs it, and not the chunk size we are about to start."""
+        return state.url != self.url and state.url in self.siblings and state.chunk_size != chunk_size
 
     async def prestart(self, chunk_size: int) -> None:
         """Have the engine for this chunk size starting, without waiting for it: a sweep that
@@ -208,6 +228,8 @@ class LocalLauncher:
             if not state_is_live(state):
                 path.unlink(missing_ok=True)
                 continue
+            if self._sibling_keeps(state, chunk_size):
+                continue
             wanted = render_command(self.command, chunk_size, self.variables, self.env)
             if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.redacted:
                 if log_contradicts_chunk(Path(state.log), chunk_size):
@@ -217,7 +239,7 @@ class LocalLauncher:
                     self._state = state
                     self.adopted = True
                     return
-            self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size})")
+            self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size}, {state.url})")
             await terminate_group(state.pid, self.stop_timeout_s)
             path.unlink(missing_ok=True)
         if await _answers_health(self.url):
@@ -273,9 +295,10 @@ class LocalLauncher:
                     raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")
                 await asyncio.sleep(self.health_poll_s)
         argv = self._state.argv if self._state is not None else ()
+        kind = setup_for_command(argv, self.kind, self.role)  # e.g. DecodeBenchConnector: the offloaded arm
         self._handle = EngineHandle(
-            url=self.url, chunk_size=chunk_size, kind=self.kind, gpu=self.gpu, iteration_log=log, log_path=log,
-            cuda_graphs=adapter(self.kind).cuda_graphs(argv), command=argv,
+            url=self.url, chunk_size=chunk_size, kind=kind, gpu=self.gpu, iteration_log=log, log_path=log,
+            cuda_graphs=adapter(kind).cuda_graphs(argv), command=argv,
         )
         return self._handle
 

@@ -27,6 +27,7 @@ class SimLauncher:
     log_dir: Path | None = None
     start_timeout_s: float = 60.0
     name: str = "sim"
+    kv_role: str | None = None  # one instance of a P/D pair, or the decode-bench arm (`sim serve --kv-role`)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _chunk: int | None = field(default=None, repr=False)
     _handle: EngineHandle | None = field(default=None, repr=False)
@@ -54,15 +55,18 @@ class SimLauncher:
         else:
             log_dir = Path(self.log_dir)
             log_dir.mkdir(parents=True, exist_ok=True)
-        ready = log_dir / f"sim-{chunk_size}.ready.json"
+        stem = f"sim-{chunk_size}" + (f"-{self.kv_role}" if self.kv_role else "")
+        ready = log_dir / f"{stem}.ready.json"
         ready.unlink(missing_ok=True)
-        log_path = log_dir / f"sim-{chunk_size}.log"
+        log_path = log_dir / f"{stem}.log"
+        role_args = ["--kv-role", self.kv_role] if self.kv_role else []
         cmd = [
             sys.executable, "-m", "pdexporter", "sim", "serve",
             "--profile", self.profile,
             "--max-num-batched-tokens", str(chunk_size),
             "--host", self.host, "--port", str(self.port),
             "--ready-file", str(ready),
+            *role_args,
             *self.extra_args,
         ]
         with log_path.open("ab") as log:
@@ -73,17 +77,20 @@ class SimLauncher:
         while not ready.exists():
             if self._proc.poll() is not None:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                raise EngineError(f"embedded engine exited with code {self._proc.returncode}: {tail[0]}")
+                reason = tail[0].removeprefix("pdexporter: error: ")  # the child's own one-line error
+                raise EngineError(f"embedded engine exited with code {self._proc.returncode}: {reason}")
             if time.monotonic() > deadline:
                 await self.stop()
                 raise EngineTimeout(f"embedded engine not ready within {self.start_timeout_s:g} s (log: {log_path})")
             await asyncio.sleep(0.05)
         info = json.loads(ready.read_text())
         self._chunk = chunk_size
+        from pdexporter.engines.disagg import SIM_KINDS
+
         self._handle = EngineHandle(
             url=info["url"],
             chunk_size=chunk_size,
-            kind="pdexporter-sim",
+            kind=SIM_KINDS[self.kv_role] if self.kv_role else "pdexporter-sim",
             modelled=True,
             gpu=info.get("gpu"),
             version=info.get("version"),
@@ -91,7 +98,7 @@ class SimLauncher:
             cuda_graphs=info.get("cuda_graphs"),
             iteration_log=log_path,
             log_path=log_path,
-            command=tuple(redact_argv(["pdexporter", "sim", "serve", *cmd[5:9], *self.extra_args])),
+            command=tuple(redact_argv(["pdexporter", "sim", "serve", *cmd[5:9], *role_args, *self.extra_args])),
         )
         return self._handle
 

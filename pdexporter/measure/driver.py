@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.engine.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
 from pdexporter.engine.iterlog import IterationLogTail, IterationStep
@@ -46,6 +46,7 @@ class EngineInfo:
     modelled: bool = False
     clock: str = "perf_counter_ns"
     command: tuple[str, ...] | None = None  # how the engine was started, secrets redacted
+    prefill_engine: EngineInfo | None = None  # a P/D pair's prefill instance (`measure.pd`); this is its decode one
 
     @property
     def note(self) -> str | None:
@@ -61,6 +62,9 @@ class PreparedRequest:
     max_tokens: int
     body: bytes = b""
     path: str = COMPLETIONS_PATH
+    headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers (a P/D pair's X-Request-Id)
+    stream: bool = True
+    kv_transfer_params: dict[str, Any] | None = None  # P/D disaggregation; in `body` too over HTTP
 
     @property
     def prompt_tokens(self) -> int:
@@ -91,6 +95,17 @@ class EngineDriver(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class Cancelling(Protocol):
+    """A driver that can end streams early, as a client going away does: the engine aborts them.
+    Fast mode ends a probe set it has no further window for this way instead of letting it decode
+    its leftover tokens (`probesets.PooledProbes.retire`)."""
+
+    async def cancel(self, streams: Sequence[TokenStream]) -> None:
+        """End these streams now (each finishes with reason "abort"); finished ones are left alone."""
+        ...
+
+
 @dataclass
 class HttpDriver:
     """Drives an engine over HTTP with `EngineClient`; all timestamps are `perf_counter_ns`."""
@@ -100,6 +115,7 @@ class HttpDriver:
     iteration_log: IterationLogTail | None = None
     progress: Progress = field(default_factory=Progress)
     _tasks: set[asyncio.Task[TokenStream]] = field(default_factory=set, repr=False)
+    _by_stream: dict[str, asyncio.Task[TokenStream]] = field(default_factory=dict, repr=False)
     _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     def now_ns(self) -> int:
@@ -112,15 +128,42 @@ class HttpDriver:
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
         stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
-        task = asyncio.get_running_loop().create_task(
-            self.client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect)
-        )
+        task = asyncio.get_running_loop().create_task(self.send_into(prepared, stream, retry_connect=retry_connect))
         self._tasks.add(task)
-        task.add_done_callback(self._reap)
+        self._by_stream[stream.request_id] = task
+        task.add_done_callback(lambda done, rid=stream.request_id: self._reap(done, rid))
         return stream
 
-    def _reap(self, task: asyncio.Task[TokenStream]) -> None:
+    # -- one instance of a P/D pair (`measure.pd.PdEndpoint`) --------------------------------
+
+    def prepare_routed(self, prompt_token_ids: Sequence[int], max_tokens: int, tag: str, *, stream: bool = True,
+                       kv_transfer_params: dict[str, Any] | None = None,
+                       headers: Sequence[tuple[str, str]] = ()) -> PreparedRequest:
+        """A request of a routed prefill: non-streaming to the prefill instance, streaming (with
+        the prefill instance's kv_transfer_params) to the decode instance."""
+        ids = tuple(int(i) for i in prompt_token_ids)
+        body = completion_request(self.info.model, ids, max_tokens)
+        if not stream:
+            body["stream"] = False
+            body.pop("stream_options", None)
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
+        return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens, body=encode_body(body),
+                               headers=tuple(headers), stream=stream, kv_transfer_params=kv_transfer_params)
+
+    async def complete(self, prepared: PreparedRequest) -> tuple[dict[str, Any], int, int]:
+        """A non-streaming request: its answer, and when it was sent and answered (ns)."""
+        return await self.client.post_json(prepared.path, prepared.body, headers=dict(prepared.headers))
+
+    async def send_into(self, prepared: PreparedRequest, stream: TokenStream, *, retry_connect: bool = False) -> TokenStream:
+        """A streaming request filling `stream` until it ends."""
+        return await self.client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect,
+                                             headers=dict(prepared.headers) if prepared.headers else None)
+
+    def _reap(self, task: asyncio.Task[TokenStream], request_id: str | None = None) -> None:
         self._tasks.discard(task)
+        if request_id is not None and self._by_stream.get(request_id) is task:
+            del self._by_stream[request_id]
         if not task.cancelled():
             task.exception()  # recorded on the stream already; mark the task's exception as seen
 
@@ -137,6 +180,18 @@ class HttpDriver:
         if self.iteration_log is None or not isinstance(mark, int):
             return None
         return self.iteration_log.read_since(mark)
+
+    async def cancel(self, streams: Sequence[TokenStream]) -> None:
+        """Close these streams' connections (vLLM aborts a request whose client went away)."""
+        tasks = [t for s in streams if not s.done and (t := self._by_stream.get(s.request_id)) is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        now = self.now_ns()
+        for s in streams:
+            if not s.done:
+                s.finish(now, "abort")
 
     async def cancel_all(self) -> None:
         for task in list(self._tasks):

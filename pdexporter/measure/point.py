@@ -8,11 +8,13 @@ rerun continues where it stopped.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineDriver, EngineInfo
+from pdexporter.measure.pd import offload_numbers
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes
 from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, run_window
 from pdexporter.measure.records import (
@@ -59,6 +61,8 @@ class PointSpec:
 
 def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings, *, reps: int, mode: str,
                   chunk_size_source: str = "given") -> RecordConfig:
+    kv = adapter(info.kind).kv
+    prefill = info.prefill_engine
     return RecordConfig(
         decode_batch_size=spec.decode_batch_size,
         new_prefill_tokens=spec.new_prefill_tokens,
@@ -79,6 +83,12 @@ def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings,
         reps_planned=reps,
         engine_command=list(info.command) if info.command else None,
         chunk_size_source=chunk_size_source,
+        arm=kv.arm,
+        kv_connector=kv.connector,
+        prefill_engine=None if prefill is None else {
+            "engine": prefill.kind, "url": prefill.url, "version": prefill.version, "gpu": prefill.gpu,
+            "chunk_size": prefill.chunk_size, "command": list(prefill.command) if prefill.command else None,
+        },
     )
 
 
@@ -89,26 +99,32 @@ def rep_record(
     *,
     raw: str | None,
     started_at: str | None = None,
+    fields: Mapping[str, Any] | None = None,
 ) -> RepRecord:
-    """One repetition's record blocks, from the window and the baseline it was compared with."""
+    """One repetition's record blocks, from the window and the baseline it was compared with;
+    `fields`: further RepRecord fields (an interleaved sweep's `block`, `block_position`)."""
     baseline = run.baseline
+    deltas = run.engine_metric_deltas
     return RepRecord(
         rep=rep,
         baseline=baseline_block(baseline, run.baseline_rule),
         interference=interference_block(
             run.window,
-            num_chunks_expected=spec.num_chunks_expected,
+            num_chunks_expected=len(run.schedule) if run.schedule else spec.num_chunks_expected,
             engine_chunks=run.engine_chunks,
             prefill_prompt_tokens=run.prefill.prompt_tokens,
+            offload=offload_numbers(run.offload, deltas),
         ),
         derived=derived_block(derive(baseline, run.window, spec.decode_batch_size)),
         raw=raw,
-        engine_metrics=run.engine_metric_deltas,
+        engine_metrics=deltas,
         started_at=started_at,
+        **(fields or {}),
     )
 
 
-_RESUME_KEYS = ("model", "engine", "decode_context_tokens", "decode_output_tokens", "prefill_max_tokens", "mode")
+_RESUME_KEYS = ("model", "engine", "decode_context_tokens", "decode_output_tokens", "prefill_max_tokens", "mode",
+                "arm")
 
 
 def check_resumable(existing: RunRecord | None, fields: dict[str, object], path: str) -> None:
@@ -167,6 +183,7 @@ async def measure_point(
     on_rep: Callable[[RepRecord], None] | None = None,
     interfere: Callable[[int, BaselineRun], Awaitable[InterferenceRun]] | None = None,
     summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate,
+    rep_fields: Mapping[str, Any] | None = None,
 ) -> RunRecord:
     """Measure repetitions `len(recorded) .. reps - 1` of one point.
 
@@ -195,7 +212,7 @@ async def measure_point(
                 driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, FreshProbes(settings),
                 FixedBaseline(baseline.stats), chunk_size=spec.chunk_size,
             )
-        record = append_rep(store, spec, config, done, run, started, summarise)
+        record = append_rep(store, spec, config, done, run, started, summarise, rep_fields)
         if on_rep is not None:
             on_rep(done[-1])
     assert record is not None
@@ -208,12 +225,14 @@ def now_iso() -> str:
 
 def append_rep(store: ResultsStore, spec: PointSpec, config: RecordConfig, done: list[RepRecord],
                run: InterferenceRun, started_at: str | None,
-               summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate) -> RunRecord:
+               summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate,
+               fields: Mapping[str, Any] | None = None) -> RunRecord:
     """Add one repetition to the point's record: its raw file first, then the record (both atomic),
     so a record never points at a missing file. `done` (the repetitions so far) grows by one."""
     raw_path = store.raw_path(*_key(spec), len(done))
     store.save_raw(raw_path, run.to_raw())
-    done.append(rep_record(len(done), run, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started_at))
+    done.append(rep_record(len(done), run, spec, raw=store.relative(spec.chunk_size, raw_path), started_at=started_at,
+                           fields=fields))
     record = summarise(config, done)
     store.save_record(record)
     return record

@@ -13,8 +13,10 @@ Fast mode. One set of D streams (max_tokens = inject_at + the drift allowance) s
 injections. Injections never overlap: a window returns only after every probe has
 `after_intervals` recovery intervals past it, and the next injection waits for the seed's steady
 state again. When a stream could not carry the next window to the end, or its context would
-drift more than the allowance past the seed's 4096, the set is let run out and a fresh set
-starts. A set is sized for the injections planned next (`plan`), so the last set of a (chunk, D)
+drift more than the allowance past the seed's 4096, the set is retired and a fresh set starts.
+Retiring cancels the set's streams where the driver can (`driver.Cancelling`: the engine aborts
+them, as when a client goes away) rather than letting them decode tokens no window will use;
+either way none of them runs when the next set, Phase 1 or a prefill starts. A set is sized for the injections planned next (`plan`), so the last set of a (chunk, D)
 ends soon after its last window. Before analysis each probe trace is cut to the
 `warmup_tokens + inject_at_tokens` tokens before the injection and what follows: the shape of a
 faithful probe, so earlier windows cannot leak into this one's numbers and raw files stay small.
@@ -28,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
-from pdexporter.measure.driver import EngineDriver
+from pdexporter.measure.driver import Cancelling, EngineDriver
 from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, start_probes, steady, wait_for
 from pdexporter.measure.window import BaselineStats
 
@@ -176,12 +178,18 @@ class PooledProbes:
         self.streams: list[TokenStream] = []
         self.stream_tokens = max_tokens
         self.sets_started = 0
+        self.sets_cancelled = 0  # sets retired by cancelling their leftover tokens
         self.injections = 0
         self.upcoming: list[int] = []  # prefill sizes of the injections planned next, in order
         self._driver: EngineDriver | None = None
 
     def plan(self, prefill_sizes: Sequence[int]) -> None:
         self.upcoming = list(prefill_sizes)
+
+    def plan_first(self, prefill_sizes: Sequence[int]) -> None:
+        """Injections that come before the planned ones (a CV re-run attempt), so the set that
+        carries them is sized for them too."""
+        self.upcoming[:0] = list(prefill_sizes)
 
     def _need(self, p: int) -> int:
         return self.settings.window_tokens(self.engine, p, self.chunk_size, self.d)
@@ -203,7 +211,7 @@ class PooledProbes:
     async def ready(self, driver: EngineDriver, d: int, p: int) -> list[TokenStream]:
         self._driver = driver
         if not self._can_carry(p):
-            await self.drain()
+            await self.retire()
             self.stream_tokens = self._set_tokens(p)
             self.streams = start_probes(driver, self.d, self.settings, max_tokens=self.stream_tokens)
             self.sets_started += 1
@@ -226,6 +234,19 @@ class PooledProbes:
 
     def raw_extra(self) -> dict[str, Any]:
         return {"probe_reuse": True}
+
+    async def retire(self, *, raise_failures: bool = True) -> None:
+        """End the current set before anything else runs: cancelled where the driver can (its
+        leftover tokens would only be waited for), else let run out (`drain`)."""
+        if self.streams and isinstance(self._driver, Cancelling):
+            streams, self.streams = self.streams, []
+            if raise_failures:
+                for s in streams:
+                    s.raise_if_failed()
+            await self._driver.cancel(streams)
+            self.sets_cancelled += 1
+            return
+        await self.drain(raise_failures=raise_failures)
 
     async def drain(self, *, raise_failures: bool = True) -> None:
         """Let the current set run out (it must not overlap the next set or the next Phase 1)."""

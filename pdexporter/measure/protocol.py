@@ -14,6 +14,10 @@ pooled, the exporter's continuous ones) and which baseline (Phase 1, the live qu
 the caller's choice (`measure.probesets`).
 
 All numbers are computed afterwards by the pure functions in `measure.window`.
+
+A driver that routes the prefill through a P/D pair's prefill instance first (`measure.pd.Routing`)
+runs that first half before the window opens; the window is the decode instance's half, and the
+route's clock (`InterferenceRun.offload`) goes into the record and the raw file (measure/pd.py).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
 from pdexporter.measure.driver import EngineDriver, PreparedRequest
+from pdexporter.measure.pd import RouteTiming, Routing
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
 from pdexporter.engines import adapter
 from pdexporter.engines.vllm import format_step  # raw files keep steps as vLLM's log lines
@@ -118,6 +123,7 @@ class StreamTrace:
     event_tokens: list[int]
     prompt_tokens: int | None = None
     finish_reason: str | None = None
+    stamp_clock: str | None = None  # TokenStream.stamp_clock: kernel-rx | wakeup | read; None: not recorded
 
     @classmethod
     def of(cls, stream: TokenStream) -> StreamTrace:
@@ -132,6 +138,7 @@ class StreamTrace:
             stream.event_tokens[:n],
             stream.prompt_tokens,
             stream.finish_reason,
+            stream.stamp_clock,
         )
 
     def token_times(self) -> np.ndarray:
@@ -140,7 +147,7 @@ class StreamTrace:
     def to_raw(self, t0_ns: int) -> dict[str, Any]:
         """Compact form: times relative to t0, then as deltas (ns); gzip does the rest."""
         times = [t - t0_ns for t in self.event_times_ns]
-        return {
+        raw: dict[str, Any] = {
             "id": self.request_id,
             "tag": self.tag,
             "sent_ns": None if self.t_sent_ns is None else self.t_sent_ns - t0_ns,
@@ -149,6 +156,9 @@ class StreamTrace:
             "prompt_tokens": self.prompt_tokens,
             "finish_reason": self.finish_reason,
         }
+        if self.stamp_clock is not None:
+            raw["stamp_clock"] = self.stamp_clock
+        return raw
 
     @classmethod
     def from_raw(cls, raw: dict[str, Any], t0_ns: int = 0) -> StreamTrace:
@@ -165,6 +175,7 @@ class StreamTrace:
             list(raw["n"]),
             raw.get("prompt_tokens"),
             raw.get("finish_reason"),
+            raw.get("stamp_clock"),
         )
 
 
@@ -196,6 +207,7 @@ class InterferenceRun:
     schedule: tuple[int, ...] | None = None  # the engine's chunk schedule for this prefill, when B is known
     salt: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    offload: RouteTiming | None = None  # the routed prefill's clock (a P/D pair, measure.pd)
 
     @property
     def engine_metric_deltas(self) -> dict[str, float]:
@@ -230,6 +242,7 @@ class InterferenceRun:
             "engine_steps": [format_step(s) for s in self.engine_steps] if self.engine_steps else None,
             "metrics_before": self.metrics_before.values if self.metrics_before else None,
             "metrics_after": self.metrics_after.values if self.metrics_after else None,
+            **({"offload": self.offload.to_raw(t0)} if self.offload is not None else {}),
             **self.extra,
         }
 
@@ -381,6 +394,8 @@ async def run_window(
     salt = salt or str(uuid.uuid4())
     if prepared is None:
         prepared = driver.prepare(cold_prompt(p, salt, settings.token_range), settings.prefill_max_tokens, "prefill")
+    if isinstance(driver, Routing):
+        await driver.route_ahead(prepared)  # a P/D pair: the prefill instance's half, before the window
     streams = await probes.ready(driver, d, p) if d else []
     before = await driver.scrape_metrics()
     # The scrape (its parse runs on this loop) can hold up the probes' reads for several ms; the
@@ -435,4 +450,5 @@ async def run_window(
         schedule=schedule,
         salt=salt,
         extra={**baseline_extra, **probes.raw_extra()} if d else dict(baseline_extra),
+        offload=driver.route_of(prefill) if isinstance(driver, Routing) else None,
     )

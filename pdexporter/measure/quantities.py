@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Unit = Literal["ms", "ratio", "count"]
+Unit = Literal["ms", "ratio", "count", "bytes"]
 Block = Literal["baseline", "interference", "derived"]
 PREFIX = "pdexporter"
 
@@ -38,10 +38,11 @@ class Quantity:
     gauge: str | None = None  # without the `pdexporter_` prefix
     span: str | None = None  # without the `pdexporter.window.` prefix
     seed: Literal["table", "record"] | None = None  # the seed's table column (and record key), or record key
+    arm: Literal["offloaded"] | None = None  # a column only tables of that arm carry (docs/disaggregation.md)
 
     @property
     def integer(self) -> bool:
-        return self.unit == "count"
+        return self.unit in ("count", "bytes")
 
     @property
     def gauge_name(self) -> str | None:
@@ -143,6 +144,28 @@ QUANTITIES: tuple[Quantity, ...] = (
        "D x total_interference_ms: what the prefill cost the whole decode batch (the offload rule's cost)",
        "derived.aggregate_interference_ms", column="aggregate_interference_ms",
        gauge="window_aggregate_interference_seconds", span="aggregate_interference_ms"),
+    # --- the offloaded arm: a P/D pair's routed prefill (measure/pd.py, docs/disaggregation.md) --
+    _q("offload_prefill_ms", "interference", "ms",
+       "offloaded arm: the prefill instance's half of the routed request (sent -> its answer)",
+       "offload.prefill_ms", column="offload_prefill_ms", arm="offloaded"),
+    _q("offload_route_ms", "interference", "ms",
+       "offloaded arm: the router's own work between the two halves (the prefill's answer -> decode request ready)",
+       "offload.route_ms", arm="offloaded"),
+    _q("offload_decode_ms", "interference", "ms",
+       "offloaded arm: the decode instance's half (sent -> first token): KV transfer, admission, first decode step",
+       "offload.decode_ms", column="offload_decode_ms", arm="offloaded"),
+    _q("offload_ttft_ms", "interference", "ms",
+       "offloaded arm: the routed request's TTFT, prefill + route + decode halves",
+       "offload.ttft_ms", column="offload_ttft_ms", arm="offloaded"),
+    _q("kv_transfer_ms", "interference", "ms",
+       "offloaded arm: KV transfer time the decode instance's connector measured in the window "
+       "(NixlConnector: vllm:nixl_xfer_time_seconds)", "offload.kv_transfer_ms", column="kv_transfer_ms",
+       arm="offloaded"),
+    _q("kv_bytes", "interference", "bytes",
+       "offloaded arm: KV bytes the decode instance received in the window (vllm:nixl_bytes_transferred)",
+       "offload.kv_bytes", column="kv_bytes", arm="offloaded"),
+    _q("kv_transfers", "interference", "count", "offloaded arm: KV transfers the connector counted in the window",
+       "offload.kv_transfers", arm="offloaded"),
 )
 
 BY_FIELD: dict[tuple[str, str], Quantity] = {(q.block, q.field): q for q in QUANTITIES}
@@ -153,9 +176,10 @@ def in_block(block: Block) -> tuple[Quantity, ...]:
     return tuple(q for q in QUANTITIES if q.block == block)
 
 
-def tabulated() -> tuple[Quantity, ...]:
-    """Quantities with a table column: the seed's columns first, in the seed's order."""
-    return tuple(q for q in QUANTITIES if q.column)
+def tabulated(arm: str | None = None) -> tuple[Quantity, ...]:
+    """Quantities with a table column: the seed's columns first, in the seed's order; with `arm`,
+    also the columns only that arm's tables carry (appended at the end)."""
+    return tuple(q for q in QUANTITIES if q.column and (q.arm is None or q.arm == arm))
 
 
 def seed_columns() -> tuple[str, ...]:

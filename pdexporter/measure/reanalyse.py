@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines
 from pdexporter.errors import RecordError
+from pdexporter.measure.pd import RouteTiming, offload_numbers
 from pdexporter.measure.point import PointSpec
 from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, analyse_traces, expected_schedule
 from pdexporter.measure.records import (
@@ -62,10 +63,12 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], baseline, settings.window, steps,
                             schedule)
     chunks = tuple(s.context_tokens for s in steps if s.context_tokens > 0) if steps else None
+    route = RouteTiming.from_raw(raw["offload"], raw.get("t_inject_clock_ns", 0)) if raw.get("offload") else None
     return rep.model_copy(update={
         "interference": interference_block(
-            window, num_chunks_expected=spec.num_chunks_expected, engine_chunks=chunks or None,
-            prefill_prompt_tokens=prefill.prompt_tokens,
+            window, num_chunks_expected=len(schedule) if schedule else spec.num_chunks_expected,
+            engine_chunks=chunks or None, prefill_prompt_tokens=prefill.prompt_tokens,
+            offload=offload_numbers(route, rep.engine_metrics),
         ),
         "derived": derived_block(derive(baseline, window, c.decode_batch_size)),
     })

@@ -48,6 +48,11 @@ class RecordConfig(_Model):
     # how the engine was started (secrets redacted); None where pdexporter did not start it
     engine_command: list[str] | None = None
     chunk_size_source: str = "given"  # "assumed": the engine's default, nobody said (see window.py)
+    # Which side of the offload decision (docs/disaggregation.md): "colocated" (the prefill beside
+    # the decodes) or "offloaded" (this engine is a P/D pair's decode instance), and its KV connector.
+    arm: str = "colocated"
+    kv_connector: str | None = None
+    prefill_engine: dict[str, Any] | None = None  # a pair's prefill instance: kind, url, version, command
 
 
 SEED_KEYS: dict[str, tuple[str, ...]] = {
@@ -98,6 +103,9 @@ class RepRecord(_Model):
     raw: str | None = None
     engine_metrics: dict[str, float] = Field(default_factory=dict)
     started_at: str | None = None
+    # Extra keys an interleaved sweep (sweep file `order: interleaved`) adds: `block`, the block
+    # this repetition ran in, and `block_position`, its place in that block's order (sweep.json
+    # lists each block's order). Absent otherwise, so other records are unchanged.
 
     def summary_line(self) -> str:
         b, i, d = self.baseline, self.interference, self.derived
@@ -147,14 +155,16 @@ def interference_block(
     num_chunks_expected: int | None,
     engine_chunks: Sequence[int] | None,
     prefill_prompt_tokens: int | None,
+    offload: object | None = None,
 ) -> InterferenceBlock:
+    """`offload`: the offloaded arm's numbers of this repetition (`measure.pd.OffloadNumbers`)."""
     context = SimpleNamespace(
         num_chunks_expected=num_chunks_expected,
         num_chunks_engine_log=len(engine_chunks) if engine_chunks is not None else None,
         prefill_prompt_tokens=prefill_prompt_tokens,
     )
     return InterferenceBlock(
-        **block_values("interference", {"window": window, "context": context}),
+        **block_values("interference", {"window": window, "context": context, "offload": offload}),
         num_chunks_source=window.num_chunks_source,
         chunk_schedule_check=window.chunk_schedule_check,
         chunk_tokens_engine_log=list(engine_chunks) if engine_chunks is not None else None,

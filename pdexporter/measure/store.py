@@ -29,8 +29,16 @@ RECORD_RE = re.compile(r"^D(?P<d>\d+)_P(?P<p>\d+)\.json$")
 
 
 class ResultsStore:
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, cache_records: bool = False) -> None:
+        """`cache_records`: keep every record this store read or wrote in memory and answer later
+        reads from there (a sweep reads a record several times per repetition, and is the only
+        writer of its results directory while it runs)."""
         self.root = Path(root)
+        self._records: dict[Path, RunRecord] | None = {} if cache_records else None
+
+    def cached(self) -> ResultsStore:
+        """This store with `cache_records` on (itself when it already has it)."""
+        return self if self._records is not None else ResultsStore(self.root, cache_records=True)
 
     def chunk_dir(self, chunk_size: int) -> Path:
         return self.root / str(chunk_size)
@@ -55,6 +63,8 @@ class ResultsStore:
         c = record.config
         path = self.record_path(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)
         atomic_write_json(path, record.model_dump(mode="json"))
+        if self._records is not None:
+            self._records[path] = record
         return path
 
     def save_raw(self, path: Path, payload: dict[str, Any]) -> Path:
@@ -68,7 +78,14 @@ class ResultsStore:
 
     def load_record(self, chunk_size: int, d: int, p: int) -> RunRecord | None:
         path = self.record_path(chunk_size, d, p)
-        return load_record_file(path) if path.exists() else None
+        if self._records is not None and path in self._records:
+            return self._records[path]
+        if not path.exists():
+            return None
+        record = load_record_file(path)
+        if self._records is not None:
+            self._records[path] = record
+        return record
 
     def iter_record_paths(self) -> Iterator[Path]:
         if not self.root.is_dir():

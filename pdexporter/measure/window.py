@@ -41,7 +41,8 @@ interval x chunk / largest chunk: big chunks take long steps) is taken. The chun
   "engine-log"`, exact: `num_chunks_actual` = its number of steps with context tokens);
 - else the engine's scheduling rule (its adapter's `chunk_schedule`; for vLLM ceil(P / (B - D))
   chunks of B - D tokens and a tail), which the cadence must confirm: in most streams every
-  located step of a chunk of at least a quarter of the largest must be slow, and at most
+  located step of a chunk of at least a quarter of the largest must be slow (a chunk of at most
+  `decode_like_tokens` tokens computes like a decode step and need not), and at most
   `max_stall_steps` slow steps may be left over (`chunk_schedule_check`). Then
   `num_chunks_source = "cadence"` and `num_chunks_actual` = the located chunk steps the probes saw
   slow (`num_chunks_seen`): a tail of a few tokens that ran like a decode step is reported as not
@@ -86,6 +87,17 @@ slow intervals summed over streams.
 
 num_chunks_expected: the length of the engine's chunk schedule (vLLM: ceil(P / (B - D)), running
 decodes take one token each of the step budget B first; its adapter in `pdexporter.engines`).
+
+The offloaded arm (docs/disaggregation.md). On the decode instance of a P/D pair the request
+arrives with its KV computed elsewhere and is admitted in one step of one token
+(`engines.disagg.admission_schedule` = (1,)): the same maths locates that one step as the "chunk
+step" (the window interval ending at the request's first token; it is not moved one step back,
+which is for a prefill's last chunk), `num_chunks_source` says how it was found ("engine-log":
+the log's "1 context tokens" step; "cadence": the schedule, which a 1-token step cannot
+contradict by being fast), and the penalty is that step against the baseline. t_inject is then
+the request reaching the decode instance (the decode-side half of the routed request), so the
+window also holds the KV transfer (NixlConnector: the request waits while the bytes move and the
+decodes go on), and `total_interference_ms` sums every decode step of it.
 """
 
 from __future__ import annotations
@@ -105,6 +117,7 @@ class WindowParams:
     zero_interval_frac: float = 0.05  # an interval below this fraction of baseline p50 is "~0 ms"
     full_chunk_frac: float = 0.25  # a chunk this large (vs the largest) must show as a slow step
     max_stall_steps: int = 4  # slow steps beside the chunk steps a schedule may leave (stalls)
+    decode_like_tokens: int = 16  # a chunk this small computes like a decode step: it need not look slow
 
 
 @dataclass(frozen=True)
@@ -299,7 +312,8 @@ def stream_phases(
             first = last - k + 1
             return float((step_ms[max(0, first) : last + 1] * weights[max(0, -first) :]).sum())
 
-        if anchor >= 1 and fit(anchor - 1) > fit(anchor):
+        prefill_like = max(chunk_sizes) > params.decode_like_tokens
+        if prefill_like and anchor >= 1 and fit(anchor - 1) > fit(anchor):
             anchor -= 1  # the first token left one step after the last chunk's step
         first_step = max(0, anchor - k + 1)
         ends = np.r_[starts[1:], positions.size]
@@ -466,11 +480,13 @@ def schedule_confirmed(
     params: WindowParams = WindowParams(),
 ) -> bool:
     """Does the cadence agree with the engine's chunk schedule? In most streams every located
-    step of a substantial chunk (>= `full_chunk_frac` of the largest) must be slow, and at most
+    step of a substantial chunk (>= `full_chunk_frac` of the largest, and more than
+    `decode_like_tokens`: a 1-token admission step runs like a decode step) must be slow, and at most
     `max_stall_steps` of the window's other steps may be clearly slow (over twice the baseline:
     the engine's admission and retirement stalls; decode-step jitter just above the slow
     threshold does not count, and a merged event counts once, as the one step it was)."""
-    big = np.asarray(sizes, dtype=np.float64) >= params.full_chunk_frac * max(sizes)
+    chunks = np.asarray(sizes, dtype=np.float64)
+    big = (chunks >= params.full_chunk_frac * max(sizes)) & (chunks > params.decode_like_tokens)
     clearly_slow = max(theta_ms, 2.0 * baseline_ms)
     votes = []
     for ph in per_stream:

@@ -15,8 +15,10 @@ Everything it produces says it is modelled: `info.modelled` is True, `info.kind`
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,8 +54,12 @@ class SimDriver:
         *,
         max_num_seqs: int | None = None,
         metrics: bool = True,
+        kv_role: str | None = None,
     ) -> SimDriver:
-        """An engine on the running loop's clock (virtual on `vloop`, real otherwise)."""
+        """An engine on the running loop's clock (virtual on `vloop`, real otherwise); `kv_role`
+        makes it one instance of a P/D pair (`pdexporter.sim.kvconnector`, docs/disaggregation.md)."""
+        from pdexporter.engines.disagg import SIM_KINDS
+
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
         try:
             clock = LoopClock()
@@ -62,9 +68,10 @@ class SimDriver:
                                "pdexporter._internal.vloop.run_virtual (virtual time) or asyncio.run (real time)") from exc
         config = EngineConfig.from_profile(prof, max_num_batched_tokens=chunk_size, max_num_seqs=max_num_seqs)
         vmetrics = VllmMetrics(prof.model.name, max_model_len=prof.engine.max_model_len) if metrics else None
-        engine = EngineCore(prof, clock, config=config, metrics=vmetrics)
+        role = None if kv_role in (None, "none") else kv_role
+        engine = EngineCore(prof, clock, config=config, metrics=vmetrics, kv_role=role)
         info = EngineInfo(
-            kind=ENGINE_KIND,
+            kind=SIM_KINDS[role] if role else ENGINE_KIND,
             model=prof.model.name,
             url=None,
             version=engine_version(prof),
@@ -75,7 +82,7 @@ class SimDriver:
             modelled=True,
             clock="virtual" if is_virtual(clock.loop) else "monotonic",
             command=("pdexporter-sim", "--profile", prof.name, "--max-num-batched-tokens",
-                     str(config.max_num_batched_tokens)),
+                     str(config.max_num_batched_tokens), *(("--kv-role", role) if role else ())),
         )
         return cls(engine, info, vmetrics)
 
@@ -95,8 +102,13 @@ class SimDriver:
         return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens)
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
-        rid = f"{prepared.tag}-{next(self._ids)}"
-        stream = TokenStream(rid, prepared.tag, on_update=self.progress.notify)
+        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
+        self._start_into(prepared, stream)
+        return stream
+
+    def _start_into(self, prepared: PreparedRequest, stream: TokenStream,
+                    ended: asyncio.Future[None] | None = None) -> None:
+        rid = stream.request_id
         stream.mark_sent(self.now_ns())
         prompt_tokens = len(prepared.prompt_token_ids)
 
@@ -108,9 +120,60 @@ class SimDriver:
             if out.finish_reason is not None:
                 self._live.pop(rid, None)
                 stream.finish(t_ns, out.finish_reason, prompt_tokens)
+                if ended is not None and not ended.done():
+                    ended.set_result(None)
 
         self._live[rid] = stream
-        self.engine.add_request(rid, prepared.prompt_token_ids, prepared.max_tokens, sink)
+        self.engine.add_request(rid, prepared.prompt_token_ids, prepared.max_tokens, sink,
+                                kv_transfer_params=prepared.kv_transfer_params)
+
+    # -- one instance of a P/D pair (`measure.pd.PdEndpoint`), in-process ---------------------
+
+    def prepare_routed(self, prompt_token_ids: Sequence[int], max_tokens: int, tag: str, *, stream: bool = True,
+                       kv_transfer_params: dict[str, Any] | None = None,
+                       headers: Sequence[tuple[str, str]] = ()) -> PreparedRequest:
+        ids = prompt_token_ids if isinstance(prompt_token_ids, tuple) else tuple(int(i) for i in prompt_token_ids)
+        return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens, headers=tuple(headers),
+                               stream=stream, kv_transfer_params=kv_transfer_params)
+
+    async def complete(self, prepared: PreparedRequest) -> tuple[dict[str, Any], int, int]:
+        """The request run to its end; the answer a vLLM server gives for it (usage and the
+        connector's kv_transfer_params), and when it was sent and finished."""
+        done: asyncio.Future[RequestOutput] = asyncio.get_running_loop().create_future()
+        rid = f"{prepared.tag}-{next(self._ids)}"
+        tokens: list[int] = []
+
+        def sink(out: RequestOutput, t: float) -> None:
+            tokens.extend(out.new_token_ids)
+            if out.finish_reason is not None and not done.done():
+                done.set_result(out)
+
+        t_sent = self.now_ns()
+        self.engine.add_request(rid, prepared.prompt_token_ids, prepared.max_tokens, sink,
+                                kv_transfer_params=prepared.kv_transfer_params)
+        try:
+            out = await done
+        finally:
+            if not done.done():
+                self.engine.abort_request(rid)
+        n_in = len(prepared.prompt_token_ids)
+        answer = {"id": rid, "object": "text_completion", "kv_transfer_params": out.kv_transfer_params,
+                  "usage": {"prompt_tokens": n_in, "completion_tokens": len(tokens),
+                            "total_tokens": n_in + len(tokens)},
+                  "choices": [{"index": 0, "finish_reason": out.finish_reason}]}
+        return answer, t_sent, self.now_ns()
+
+    async def send_into(self, prepared: PreparedRequest, stream: TokenStream, *,
+                        retry_connect: bool = False) -> TokenStream:
+        """Stream the request into `stream` and return when it ends."""
+        ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._start_into(prepared, stream, ended)
+        try:
+            await ended
+        except asyncio.CancelledError:
+            self.engine.abort_request(stream.request_id)
+            self._live.pop(stream.request_id, None)
+            raise
         return stream
 
     async def scrape_metrics(self) -> MetricsSnapshot | None:
@@ -127,6 +190,15 @@ class SimDriver:
         if not isinstance(mark, int):
             return None
         return [s.to_iteration_step() for s in self.engine.history.since(mark)]
+
+    async def cancel(self, streams: Sequence[TokenStream]) -> None:
+        """End these streams now, as a client going away does (`measure.driver.Cancelling`)."""
+        now = self.now_ns()
+        for stream in streams:
+            if self._live.pop(stream.request_id, None) is not None:
+                self.engine.abort_request(stream.request_id)
+            if not stream.done:
+                stream.finish(now, "abort")
 
     async def aclose(self) -> None:
         """Abort what is still running (like clients going away) and stop the engine."""

@@ -43,6 +43,18 @@ gives `now()` and `call_at(deadline, callback)`: an asyncio loop's clock in real
 server), the virtual loop of `pdexporter._internal.vloop` (sweeps in seconds), or `ManualClock`
 (tests). Outputs reach their sinks when the front end delivers them.
 
+KV roles (a P/D pair, docs/disaggregation.md; `kv_role`, `pdexporter.sim.kvconnector`): the
+scheduler gets the role's connector. `decode-bench`: the admitting step carries the connector's
+KV fill (`StepComposition.kv_fill_tokens`, priced by the step-time model). `decode`: a request
+whose KV comes from a prefill instance waits while the transfer runs (`Profile.kv_transfer`:
+fixed + KV bytes / achieved link bandwidth, from when it was admitted); the engine learns that
+the transfer is done with the output of the next step that ends after it (the worker reports
+finished receives with a step's output; with nothing in flight at once, as vLLM's no-forward
+poll does), records vLLM's NixlConnector series (`vllm:nixl_xfer_time_seconds`,
+`vllm:nixl_bytes_transferred`), and while transfers land every step's GPU time grows by
+`StepTimeModel.landing_factor`. `prefill`: finished `do_remote_decode` requests answer with
+NixlConnector's kv_transfer_params. All of it is a model (MODELLED).
+
 The engine keeps vLLM's metrics (`vllm_metrics.VllmMetrics`), logs one vLLM iteration-detail line
 per step (`engines.vllm.format_step`, with vLLM's `(EngineCore_DP0 pid=N) INFO`
 prefix) and keeps the step history in memory. The line's "iteration elapsed time" is the modelled
@@ -74,7 +86,7 @@ from pdexporter.sim.scheduler import (
     SchedulerConfig,
     SchedulerOutput,
 )
-from pdexporter.sim.steptime import StepComposition, StepTimeModel
+from pdexporter.sim.steptime import StepComposition, StepTimeModel, landing_factor
 from pdexporter.sim.vllm_metrics import VllmMetrics, observe_many
 
 BATCH_QUEUE_SIZE = 2  # vLLM: 2 with async scheduling (one step running, one scheduled)
@@ -336,6 +348,7 @@ class _Arrival:
     prompt_token_ids: Sequence[int]
     max_tokens: int
     ready: float
+    kv_transfer_params: dict | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,13 +384,22 @@ class EngineCore:
         metrics: VllmMetrics | None = None,
         log: Callable[[str], None] | None = None,
         history_limit: int = 200_000,
+        kv_role: str | None = None,
+        connector: object | None = None,
     ) -> None:
+        """`kv_role`: None, or "decode-bench" | "decode" | "prefill" (module docs); `connector`
+        replaces the role's default connector (e.g. a prefill side naming its host and port)."""
+        from pdexporter.sim.kvconnector import connector_for
+
         self.profile = profile
         self.clock = clock
         self.config = config or EngineConfig.from_profile(profile)
-        self.scheduler = Scheduler(self.config.scheduler_config())
-        if step_model is None:
-            step_model = StepTimeModel(profile)
+        self.kv_role = None if kv_role in (None, "none") else kv_role
+        self.connector = connector if connector is not None else connector_for(self.kv_role)
+        self.scheduler = Scheduler(self.config.scheduler_config(), connector=self.connector)  # type: ignore[arg-type]
+        if step_model is None:  # the captured CUDA-graph sizes depend on this engine's token budget
+            step_model = StepTimeModel(profile, max_num_batched_tokens=self.config.max_num_batched_tokens,
+                                       max_num_seqs=self.config.max_num_seqs)
         elif not (hasattr(step_model, "gpu_s") and hasattr(step_model, "cpu_s")):
             step_model = _GpuOnly(step_model)  # type: ignore[arg-type]
         self.step_model: StepTiming = step_model  # type: ignore[assignment]
@@ -403,6 +425,11 @@ class EngineCore:
         self._preemptions_seen = 0
         self._closed = False
         self.async_scheduling = self.config.async_scheduling
+        self._landing = 0  # KV transfers landing in this engine's memory now
+        self._received: list[str] = []  # transfers done, reported with the next step's output
+        self._landing_factor = landing_factor(profile)
+        if self.kv_role == "decode" and metrics is not None:
+            metrics.enable_kv_transfer()
         # Called with each finished request's trace (vLLM's `llm_request` span: `request_trace`).
         self.on_request_finished: Callable[[RequestTrace], None] | None = None
 
@@ -416,6 +443,7 @@ class EngineCore:
         sink: OutputSink | None = None,
         *,
         arrival: float | None = None,
+        kv_transfer_params: dict | None = None,
     ) -> None:
         if self._closed:
             raise RuntimeError("engine is shut down")
@@ -434,11 +462,13 @@ class EngineCore:
         costs = self.costs
         if costs.request_overhead_s > 0:
             self.clock.call_at(now + costs.request_overhead_s,
-                               lambda: self._reach_engine_core(request_id, prompt_token_ids, max_tokens))
+                               lambda: self._reach_engine_core(request_id, prompt_token_ids, max_tokens,
+                                                               kv_transfer_params))
         else:
-            self._reach_engine_core(request_id, prompt_token_ids, max_tokens)
+            self._reach_engine_core(request_id, prompt_token_ids, max_tokens, kv_transfer_params)
 
-    def _reach_engine_core(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int) -> None:
+    def _reach_engine_core(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
+                           kv_transfer_params: dict | None = None) -> None:
         """The input thread: block hashing under the GIL, then the request waits for the busy loop."""
         if self._closed or request_id not in self._tracked:
             return  # aborted on its way in
@@ -448,7 +478,7 @@ class EngineCore:
         if hashing > 0:
             ready = max(now, self._cpu_free) + hashing
             self._cpu_free = ready
-        self._arrivals.append(_Arrival(request_id, prompt_token_ids, max_tokens, ready))
+        self._arrivals.append(_Arrival(request_id, prompt_token_ids, max_tokens, ready, kv_transfer_params))
         if self.metrics is not None:
             self.metrics.on_queue(self.scheduler.num_running, self.scheduler.num_waiting + len(self._arrivals))
         if self._parked:
@@ -529,14 +559,19 @@ class EngineCore:
                 self._admit(self._arrivals.popleft(), now)
             if len(queue) < BATCH_QUEUE_SIZE and sched.has_requests():
                 out = sched.schedule()
+                for loading in out.started_loads:
+                    self._start_transfer(loading, now)
                 if not out.empty:
-                    comp = StepComposition.of(out.chunks(), out.num_sampled)
+                    comp = StepComposition.of(out.chunks(), out.num_sampled, out.kv_fill_tokens)
                     cpu_start = now if now > self._cpu_free else self._cpu_free
                     cpu_end = cpu_start + model.cpu_s(comp)
                     gpu_start = cpu_start if cpu_start > self._gpu_free else self._gpu_free
                     if not queue:
                         gpu_start += self.costs.idle_start_s  # nothing in flight: the engine was idle
-                    gpu_end = gpu_start + model.gpu_s(comp)
+                    gpu_s = model.gpu_s(comp)
+                    if self._landing:
+                        gpu_s *= self._landing_factor  # a KV transfer shares this GPU's memory bandwidth
+                    gpu_end = gpu_start + gpu_s
                     if cpu_end > gpu_end:
                         gpu_end = cpu_end  # the last kernel cannot run before it is launched
                     self._cpu_free = cpu_end
@@ -570,13 +605,44 @@ class EngineCore:
         tracked = self._tracked.get(arrival.request_id)
         if tracked is None:
             return
-        tracked.request = self.scheduler.add_request(arrival.request_id, arrival.prompt_token_ids, arrival.max_tokens)
+        tracked.request = self.scheduler.add_request(arrival.request_id, arrival.prompt_token_ids, arrival.max_tokens,
+                                                     arrival.kv_transfer_params)
         if self.metrics is not None:
             self.metrics.on_queue(self.scheduler.num_running, self.scheduler.num_waiting + len(self._arrivals))
+
+    # -- KV transfers (decode role) ------------------------------------------------------
+
+    def transfer_seconds(self, num_tokens: int) -> float:
+        """The modelled transfer of `num_tokens` tokens of KV from the prefill instance."""
+        return self.profile.kv_transfer.seconds(num_tokens, self.profile.model.kv_bytes_per_token)
+
+    def _start_transfer(self, request: Request, now: float) -> None:
+        tokens = request.num_computed_tokens - max(request.num_cached_tokens, 0)
+        seconds = self.transfer_seconds(tokens)
+        nbytes = self.profile.kv_transfer.bytes(tokens, self.profile.model.kv_bytes_per_token)
+        self._landing += 1
+        rid = request.request_id
+        self.clock.call_at(now + seconds, lambda: self._transfer_done(rid, seconds, nbytes))
+
+    def _transfer_done(self, request_id: str, seconds: float, nbytes: int) -> None:
+        self._landing -= 1
+        if self._closed:
+            return
+        if self.metrics is not None:
+            self.metrics.on_kv_transfer(seconds, nbytes)
+        if self._queue:
+            self._received.append(request_id)  # reported with the output of the step in flight
+            return
+        if self.scheduler.finish_remote_load(request_id) and self._parked:
+            self._unpark()
 
     def _finish_step(self, step: _InFlight, now: float) -> None:
         sched = self.scheduler
         out = step.output
+        if self._received:
+            for rid in self._received:
+                sched.finish_remote_load(rid)
+            self._received.clear()
         outputs = sched.update_from_output(out)
         self._iteration += 1
         record = StepRecord(
@@ -668,7 +734,7 @@ class EngineCore:
                     prev = merged.get(o.request_id)
                     if prev is not None:
                         o = RequestOutput(o.request_id, prev[1].new_token_ids + o.new_token_ids, o.num_output_tokens,
-                                          o.finish_reason)
+                                          o.finish_reason, o.kv_transfer_params)
                     merged[o.request_id] = (sink, o)
             for sink, o in merged.values():
                 sink(o, now)

@@ -10,13 +10,16 @@ the parameters came from:
 - `projected-from-facts`: fitted by hand to a few step times measured on a real vLLM
   (docs/vllm-facts.md), not to a sweep;
 - `calibrated`: fitted by `pdexporter sim calibrate` to measured records (`calibration_source`
-  names them).
+  names them), and no worse than the profile it started from on the configurations held out;
+- `calibrated-worse-than-base`: fitted the same way but worse than its starting profile on a held-out
+  metric, written only because `--accept-worse` was given (the note names the metric and errors).
 
 A wrong field is one line naming the file and the field (`ConfigError`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -28,7 +31,7 @@ from pdexporter.errors import ConfigError
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
 
-Calibration = Literal["projected", "projected-from-facts", "calibrated"]
+Calibration = Literal["projected", "projected-from-facts", "calibrated", "calibrated-worse-than-base"]
 
 
 class _Strict(BaseModel):
@@ -108,19 +111,83 @@ class EngineSpec(_Strict):
     long_prefill_token_threshold: int = Field(0, ge=0)
     enable_prefix_caching: bool = True
     async_scheduling: bool = True
-    cuda_graphs: bool = True
-    cudagraph_max_tokens: int = Field(512, gt=0, description="largest captured batch (max_cudagraph_capture_size)")
+    cuda_graphs: bool = Field(True, description="CUDA graphs FULL_AND_PIECEWISE (vLLM 0.22's default); "
+                                                "false: --enforce-eager")
+    cudagraph_capture_sizes: tuple[int, ...] | None = Field(
+        None, description="--compilation-config cudagraph_capture_sizes (None: vLLM 0.22's default list "
+                          "[1, 2, 4] + 8..248 step 8 + 256..max step 16)")
+    max_cudagraph_capture_size: int | None = Field(
+        None, gt=0, description="--compilation-config max_cudagraph_capture_size (None: min(2 max_num_seqs, 512), "
+                                "or the largest of cudagraph_capture_sizes)")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
 
     @property
     def num_gpu_blocks(self) -> int:
         return self.kv_capacity_tokens // self.block_size
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_names(cls, data: object) -> object:
+        # profiles written before the capture sizes were modelled name the largest size cudagraph_max_tokens
+        if isinstance(data, dict) and "cudagraph_max_tokens" in data:
+            data = dict(data)
+            legacy = data.pop("cudagraph_max_tokens")
+            data.setdefault("max_cudagraph_capture_size", legacy)
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> EngineSpec:
         if self.kv_capacity_tokens < self.block_size:
             raise ValueError(f"kv_capacity_tokens={self.kv_capacity_tokens} is below one block of {self.block_size}")
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None:
+            if not sizes or min(sizes) < 1:
+                raise ValueError(f"cudagraph_capture_sizes={list(sizes)}: needs at least one size, every size >= 1")
+            if self.max_cudagraph_capture_size is not None and self.max_cudagraph_capture_size != max(sizes):
+                raise ValueError(f"max_cudagraph_capture_size={self.max_cudagraph_capture_size} differs from the "
+                                 f"largest of cudagraph_capture_sizes ({max(sizes)}); vLLM refuses the pair")
         return self
+
+    def capture_sizes(self, max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None
+                      ) -> tuple[int, ...]:
+        """The batch sizes vLLM captures CUDA graphs for, with this engine's token budget (`cudagraph_sizes`)."""
+        if not self.cuda_graphs:
+            return ()
+        return cudagraph_sizes(max_num_batched_tokens or self.max_num_batched_tokens,
+                               max_num_seqs or self.max_num_seqs,
+                               self.cudagraph_capture_sizes, self.max_cudagraph_capture_size)
+
+
+def cudagraph_sizes(max_num_batched_tokens: int, max_num_seqs: int, capture_sizes: Sequence[int] | None = None,
+                    max_capture_size: int | None = None) -> tuple[int, ...]:
+    """vLLM 0.22's CUDA-graph capture sizes (`VllmConfig._set_cudagraph_sizes`, vllm/config/vllm.py).
+
+    The largest size is `max_capture_size`, by default min(2 max_num_seqs, 512), never above the token
+    budget B = max_num_batched_tokens. Given sizes are de-duplicated, sorted and those above B dropped;
+    else the default list [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), plus B itself when B
+    is at most the largest size. When both the sizes and the maximum are given, the largest size kept
+    must be the maximum (vLLM raises otherwise: a list up to 2560 with max 2560 is refused at B = 2048).
+    A batch of N tokens runs as the graph of the smallest size >= N (`steptime.padded_size`).
+    """
+    budget = max_num_batched_tokens
+    largest = max_capture_size if max_capture_size is not None else min(2 * max_num_seqs, 512)
+    largest = min(budget, largest)
+    if capture_sizes is not None:
+        sizes = sorted({int(s) for s in capture_sizes if s <= budget})
+    else:
+        sizes = [s for s in (1, 2, 4) if s <= largest]
+        if largest >= 8:
+            sizes += list(range(8, min(largest + 1, 256), 8))
+        if largest >= 256:
+            sizes += list(range(256, largest + 1, 16))
+        if budget <= largest and budget not in sizes:
+            sizes = sorted({*sizes, budget})
+    if capture_sizes is not None and max_capture_size is not None and (sizes[-1] if sizes else 0) != max_capture_size:
+        raise ValueError(f"max_cudagraph_capture_size={max_capture_size} is not the largest of cudagraph_capture_sizes "
+                         f"at or below max_num_batched_tokens={budget} ({sizes[-1] if sizes else 'none'}); vLLM 0.22 "
+                         "refuses to start: give cudagraph_capture_sizes alone")
+    return tuple(sizes)
+
 
 
 class StepTimeParams(_Strict):
@@ -139,11 +206,11 @@ class StepTimeParams(_Strict):
         0.0, ge=0, description="engine-core CPU per scheduled token: block allocation, prefix-cache "
                                "registration, model-runner input preparation (us/token)")
     launch_piecewise_ms: float = Field(
-        ge=0, description="CPU launch of a piecewise-graph step (a multi-token request, T <= cudagraph_max_tokens): "
-                          "attention runs outside the graphs (ms)")
+        ge=0, description="CPU launch of a piecewise-graph step (a multi-token request, T <= the largest capture "
+                          "size): attention runs outside the graphs (ms)")
     launch_eager_ms: float = Field(
-        ge=0, description="CPU launch of a step without CUDA graphs (T > cudagraph_max_tokens): every kernel "
-                          "launched from Python (ms)")
+        ge=0, description="CPU launch of a step without CUDA graphs (T above the largest capture size): every "
+                          "kernel launched from Python (ms)")
     matmul_efficiency: float = Field(gt=0, le=1, description="dense GEMMs, fraction of peak")
     moe_efficiency: float = Field(gt=0, le=1, description="fused-MoE grouped GEMMs, fraction of peak")
     attention_efficiency: float = Field(gt=0, le=1, description="flash-attention prefill, fraction of peak")
@@ -152,6 +219,14 @@ class StepTimeParams(_Strict):
         None, gt=0, description="experts routing effectively spreads over (None: all, uniform routing)"
     )
     roofline_sharpness: float = Field(4.0, ge=1, description="p of the p-norm joining compute and memory time")
+    # The decode instance of a P/D pair (docs/disaggregation.md). Projected, not calibrated: no
+    # DecodeBench or 1P1D step time has been fitted yet; `sim calibrate` leaves them alone.
+    kv_fill_bandwidth_efficiency: float = Field(
+        0.5, gt=0, le=1, description="DecodeBenchConnector writes the admitted request's P - 1 tokens of dummy KV "
+                                     "in the admitting step, at this fraction of HBM bandwidth (GPU time)")
+    kv_landing_contention: float = Field(
+        0.5, ge=0, le=1, description="while a KV transfer lands in this GPU's memory, each step's GPU time grows by "
+                                     "this x (achieved link bandwidth / HBM bandwidth): the copy engine shares HBM")
 
 
 class EngineLoopParams(_Strict):
@@ -177,6 +252,33 @@ class EngineLoopParams(_Strict):
     idle_start_ms: float = Field(0.0, ge=0, description="extra start latency of a step on an idle engine (ms)")
 
 
+class KvTransferParams(_Strict):
+    """The KV transfer between the two instances of a P/D pair, as the embedded engine models it:
+
+        transfer_s(P) = fixed_ms / 1e3 + kv_bytes_per_token x P / (link_bandwidth_gb_s x 1e9 x link_efficiency)
+
+    kv_bytes_per_token comes from the model (`ModelSpec.kv_bytes_per_token`; Qwen3-Coder-30B-A3B:
+    48 layers x 4 KV heads x 128 x 2 (K, V) x 2 bytes = 96 KiB). The link's bandwidth is a
+    datasheet figure; what a NIXL read reaches of it and the fixed cost are projections until a
+    pair has been measured (`pdexporter decide` fits both from measured transfers). MODELLED."""
+
+    link: str = Field("NVLink 4, same host", description="what carries the KV between the two GPUs")
+    link_bandwidth_gb_s: float = Field(
+        450.0, gt=0, description="one direction, GB/s (H200 SXM datasheet: NVLink 900 GB/s, both directions)")
+    link_efficiency: float = Field(0.5, gt=0, le=1, description="fraction of the link a transfer reaches (projected)")
+    fixed_ms: float = Field(
+        5.0, ge=0, description="per transfer: descriptor setup, completion notification, the engine noticing it "
+                               "(projected)")
+
+    def seconds(self, num_tokens: int, bytes_per_token: int) -> float:
+        return self.fixed_ms * 1e-3 + self.bytes(num_tokens, bytes_per_token) / (
+            self.link_bandwidth_gb_s * 1e9 * self.link_efficiency)
+
+    @staticmethod
+    def bytes(num_tokens: int, bytes_per_token: int) -> int:
+        return max(0, int(num_tokens)) * int(bytes_per_token)
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
@@ -188,6 +290,7 @@ class Profile(_Strict):
     engine: EngineSpec
     step_time: StepTimeParams
     engine_loop: EngineLoopParams = Field(default_factory=EngineLoopParams)
+    kv_transfer: KvTransferParams = Field(default_factory=KvTransferParams)
 
     def with_step_time(self, params: StepTimeParams, *, calibration: Calibration, note: str,
                        source: str | None = None, engine_loop: EngineLoopParams | None = None) -> Profile:

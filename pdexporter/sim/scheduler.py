@@ -44,6 +44,19 @@ token. `update_from_output` replaces a placeholder with the sampled token.
 Context vs generation in the iteration log follows `compute_iteration_details`: a request is
 "context" while it has no output token yet (vLLM: "A request is regarded as a context request if
 its output tokens are still 0").
+
+KV connectors (`SchedulerConnector`, `pdexporter.sim.kvconnector`; vLLM's `KVConnectorBase_V1`
+scheduler side). A waiting request with nothing computed asks the connector, after the local
+prefix-cache lookup, how many more tokens it can load (`get_num_new_matched_tokens`) and whether
+the load is asynchronous. Synchronous (DecodeBenchConnector): the tokens count as computed at
+once and the rest (one token) is scheduled in the same step; the step carries the fill
+(`ScheduledRequest.num_external_tokens`). Asynchronous (NixlConnector, decode side): blocks for
+the whole prompt are allocated, the request waits in WAITING_FOR_REMOTE_KVS, takes no budget and
+keeps its place in the queue, and `SchedulerOutput.started_loads` tells the engine to start the
+transfer; once the engine reports it done (`finish_remote_load`), the next schedule promotes the
+request (`_update_waiting_for_remote_kv`: a full prompt hit recomputes its last token) and runs it
+with one token. A finished request's `kv_transfer_params` come from `connector.request_finished`
+(NixlConnector, prefill side: where the decode instance reads its blocks).
 """
 
 from __future__ import annotations
@@ -52,9 +65,11 @@ import enum
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 class RequestStatus(enum.IntEnum):
+    WAITING_FOR_REMOTE_KVS = -1  # below WAITING: `finished` is `>= FINISHED_STOPPED`
     WAITING = 0
     RUNNING = 1
     PREEMPTED = 2
@@ -132,6 +147,7 @@ class Request:
     num_prompt_tokens: int = -1
     num_tokens: int = -1  # prompt + outputs, kept in step with output_token_ids (hot path)
     seed: int = 0  # what the sampler's 'greedy' tokens depend on: the prompt's first tokens
+    kv_transfer_params: dict | None = None  # the request's `kv_transfer_params` (P/D disaggregation)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.prompt_token_ids)
@@ -158,6 +174,7 @@ class ScheduledRequest:
     num_computed_before: int  # context already in the KV cache: the attention's "s"
     is_context: bool  # vLLM's iteration-log class: no output token yet
     samples: bool  # this step produces a token for it (its prompt is done after this chunk)
+    num_external_tokens: int = 0  # KV a synchronous connector writes for it in this step (DecodeBench fill)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +186,8 @@ class SchedulerOutput:
     num_context_requests: int = 0  # vLLM's iteration-detail classes (compute_iteration_details)
     num_context_tokens: int = 0
     num_sampled: int = 0  # requests that produce a token in this step
+    kv_fill_tokens: int = 0  # sum of num_external_tokens
+    started_loads: tuple[Request, ...] = ()  # asynchronous KV loads to start (WAITING_FOR_REMOTE_KVS)
 
     @property
     def empty(self) -> bool:
@@ -195,6 +214,7 @@ class RequestOutput:
     new_token_ids: tuple[int, ...]
     num_output_tokens: int
     finish_reason: str | None = None
+    kv_transfer_params: dict | None = None  # the connector's answer for a finished request
 
     @property
     def finished(self) -> bool:
@@ -349,6 +369,20 @@ class KVCacheManager:
                     free.move_to_end(b, last=False)  # nothing to keep: reuse it first
 
 
+class SchedulerConnector(Protocol):
+    """The scheduler side of a KV connector (vLLM's `KVConnectorBase_V1`, the methods it uses)."""
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        """Tokens beyond the locally cached ones it can provide, and whether the load is asynchronous."""
+        ...
+
+    def update_state_after_alloc(self, request: Request, num_external_tokens: int) -> None: ...
+
+    def request_finished(self, request: Request, block_ids: Sequence[int]) -> dict | None:
+        """The `kv_transfer_params` to answer a finished request with (None: none)."""
+        ...
+
+
 TokenSampler = Callable[[Request], int]
 
 
@@ -378,8 +412,11 @@ class SchedulerConfig:
 class Scheduler:
     """vLLM v1's Scheduler (+ AsyncScheduler when `async_scheduling`), FCFS policy."""
 
-    def __init__(self, config: SchedulerConfig, sampler: TokenSampler = default_sampler) -> None:
+    def __init__(self, config: SchedulerConfig, sampler: TokenSampler = default_sampler,
+                 connector: SchedulerConnector | None = None) -> None:
         self.config = config
+        self.connector = connector
+        self.finished_recving: set[str] = set()  # asynchronous loads the engine reported done
         self.kv = KVCacheManager(config.num_gpu_blocks, config.block_size, config.enable_prefix_caching)
         self.sampler = sampler
         self.requests: dict[str, Request] = {}
@@ -392,14 +429,16 @@ class Scheduler:
 
     # -- requests in and out ---------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int) -> Request:
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], max_tokens: int,
+                    kv_transfer_params: dict | None = None) -> Request:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the scheduler")
         if not prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be >= 1")
-        request = Request(request_id, prompt_token_ids, max_tokens, arrival_index=self._arrivals)
+        request = Request(request_id, prompt_token_ids, max_tokens, arrival_index=self._arrivals,
+                          kv_transfer_params=kv_transfer_params)
         self._arrivals += 1
         memo = self._hash_memo
         if memo is not None and memo[0] is prompt_token_ids:
@@ -423,6 +462,7 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove(request)
+                self.finished_recving.discard(rid)
             self._free_request(request, status)
             done.append(request)
         return done
@@ -503,7 +543,12 @@ class Scheduler:
             i += 1
 
         # Next, the WAITING requests (not when this step had to preempt).
-        if not preempted:
+        started_loads: list[Request] = []
+        fill = 0
+        if not preempted and self.connector is not None:
+            fill = self._schedule_waiting_with_connector(scheduled, started_loads, budget)
+            budget = cfg.max_num_batched_tokens - sum(e.num_new_tokens for e in scheduled)
+        elif not preempted:
             while self.waiting and budget > 0:
                 if len(running) == cfg.max_num_seqs:
                     break
@@ -543,9 +588,92 @@ class Scheduler:
             num_context_requests=ctx_requests,
             num_context_tokens=ctx_tokens,
             num_sampled=sampled,
+            kv_fill_tokens=fill,
+            started_loads=tuple(started_loads),
         )
         self._update_after_schedule(output)
         return output
+
+    def _schedule_waiting_with_connector(self, scheduled: list[ScheduledRequest], started_loads: list[Request],
+                                         budget: int) -> int:
+        """vLLM's WAITING loop with a KV connector (module docs); returns the synchronous fill."""
+        cfg, kv, connector = self.config, self.kv, self.connector
+        assert connector is not None
+        running = self.running
+        threshold = cfg.long_prefill_token_threshold
+        skipped: list[Request] = []
+        fill = 0
+        while self.waiting and budget > 0:
+            if len(running) == cfg.max_num_seqs:
+                break
+            request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if request.request_id not in self.finished_recving:
+                    skipped.append(self.waiting.popleft())  # still loading: keeps its place, takes nothing
+                    continue
+                self._promote_remote(request)
+            external, load_async = 0, False
+            fresh = request.num_computed_tokens == 0
+            if fresh:
+                hit_blocks, hit_tokens = kv.get_computed_blocks(request)
+                external, load_async = connector.get_num_new_matched_tokens(request, hit_tokens)
+                computed = hit_tokens + external
+            else:  # a promoted request: its KV arrived
+                hit_blocks, hit_tokens = [], 0
+                computed = request.num_computed_tokens
+            if load_async:
+                n = 0
+            else:
+                n = request.num_tokens - computed
+                if 0 < threshold < n:
+                    n = threshold
+                n = min(n, budget)
+            if not kv.allocate_slots(request, n, hit_blocks, computed if fresh else 0):
+                break
+            connector.update_state_after_alloc(request, external)
+            self.waiting.popleft()
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = hit_tokens
+            if load_async:
+                request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                request.num_computed_tokens = computed
+                skipped.append(request)
+                started_loads.append(request)
+                continue
+            running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = computed
+            entry = self._entry(request, n, computed)
+            if external:
+                entry = ScheduledRequest(entry.request, entry.num_new_tokens, entry.num_computed_before,
+                                         entry.is_context, entry.samples, external)
+                fill += external
+            scheduled.append(entry)
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return fill
+
+    def _promote_remote(self, request: Request) -> None:
+        """`_update_waiting_for_remote_kv`: the blocks are ready; a full prompt hit recomputes its
+        last token (to sample the next one)."""
+        self.finished_recving.discard(request.request_id)
+        self.kv.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens >= request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+
+    def finish_remote_load(self, request_id: str) -> bool:
+        """The engine saw the asynchronous load of this request complete; False if it is gone."""
+        request = self.requests.get(request_id)
+        if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+            return False
+        self.finished_recving.add(request_id)
+        return True
+
+    @property
+    def num_loading(self) -> int:
+        """Requests waiting for their KV (WAITING_FOR_REMOTE_KVS)."""
+        return sum(1 for r in self.waiting if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS)
 
     @staticmethod
     def _entry(request: Request, n: int, computed_before: int) -> ScheduledRequest:
@@ -595,7 +723,9 @@ class Scheduler:
             n_out = len(request.output_token_ids)
             if n_out >= request.max_tokens or request.num_tokens >= max_model_len:
                 finished.append(request)
-                outs.append(RequestOutput(request.request_id, (token,), n_out, "length"))
+                params = (self.connector.request_finished(request, kv.blocks_of(request.request_id))
+                          if self.connector is not None else None)
+                outs.append(RequestOutput(request.request_id, (token,), n_out, "length", params))
                 continue
             if caching and request.status == running_status:
                 known = request.num_computed_tokens - request.num_output_placeholders

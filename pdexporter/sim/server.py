@@ -14,6 +14,21 @@ fell behind, as vLLM's output collector merges them), `stream_options.include_us
 Every answer says it is modelled without breaking vLLM clients: an `x-pdexporter-modelled: true`
 header, `system_fingerprint` naming the embedded engine and profile, and /version returning
 vLLM's version with a `+pdexporter.sim` local label plus `"modelled": true`.
+
+Send stamps (opt-in, for measuring client stamps; tests/benchmarks/bench_stamps.py): a streaming
+request with the header `x-pdexporter-send-stamps: 1` gets, before every event, SSE comment lines
+`: pdexporter-sent-ns=<perf_counter_ns>`, taken just before the write that sends the event, and,
+from the second write on, `: pdexporter-prev-written-ns=<perf_counter_ns>`, taken just after the
+previous write returned: together they bracket each write. They are CLOCK_MONOTONIC, comparable
+with a client's `perf_counter_ns` on the same host. SSE clients ignore comments; without the header
+the stream is byte for byte what vLLM sends.
+
+P/D disaggregation (`--kv-role`, docs/disaggregation.md): a request's `kv_transfer_params` reach
+the engine's connector; a non-streaming answer carries the connector's `kv_transfer_params` at
+the top level (`CompletionResponse.kv_transfer_params`; streaming chunks have no such field, as
+in vLLM); /version names the role (`"kv_role"`), so pdexporter knows which arm it measures. The
+prefill role names its side channel from `VLLM_NIXL_SIDE_CHANNEL_HOST`/`_PORT`, as vLLM does.
+An `X-Request-Id` header becomes the request id (`cmpl-<id>`), as in vLLM.
 """
 
 from __future__ import annotations
@@ -43,6 +58,42 @@ from pdexporter.sim.tokenizer import WordTokenizer
 from pdexporter.sim.vllm_metrics import VllmMetrics
 
 MODELLED_HEADER = "x-pdexporter-modelled"
+SEND_STAMPS_HEADER = "x-pdexporter-send-stamps"
+SENT_KEY, PREV_WRITTEN_KEY = "pdexporter-sent-ns", "pdexporter-prev-written-ns"
+
+
+def send_stamps(comment: str | None) -> dict[str, int]:
+    """The engine's send stamps in an event's SSE comment (`SSEEvent.comment`), by key."""
+    stamps: dict[str, int] = {}
+    for line in (comment or "").split("\n"):
+        key, sep, value = line.partition("=")
+        if sep and key in (SENT_KEY, PREV_WRITTEN_KEY) and value.isdigit():
+            stamps[key] = int(value)
+    return stamps
+
+
+def sent_ns(comment: str | None) -> int | None:
+    """When the engine started the write that sent this event, if it said so."""
+    return send_stamps(comment).get(SENT_KEY)
+
+
+class _SendStamper:
+    """Prefixes each event of a write with the send-stamp comments (module docs), when asked for."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._written: int | None = None
+
+    async def write(self, response: web.StreamResponse, events: list[bytes]) -> None:
+        if self.on:  # stamped last, just before the write
+            stamp = f": {SENT_KEY}={time.perf_counter_ns()}\n"
+            if self._written is not None:
+                stamp += f": {PREV_WRITTEN_KEY}={self._written}\n"
+            prefix = stamp.encode()
+            await response.write(b"".join(prefix + e for e in events))
+            self._written = time.perf_counter_ns()
+        else:
+            await response.write(b"".join(events))
 _DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -74,6 +125,7 @@ class _Params:
     include_usage: bool
     continuous_usage: bool
     model: str
+    kv_transfer_params: dict | None = None
 
 
 class SimServer:
@@ -133,6 +185,7 @@ class SimServer:
         return _json_response({
             "version": self.version,
             "engine": ENGINE_KIND,
+            "kv_role": self.engine.kv_role,
             "modelled": True,
             "profile": self.profile.name,
             "gpu": self.profile.gpu.name,
@@ -273,8 +326,19 @@ class SimServer:
                     f"({max_tokens} > {self.max_model_len} - {n_in}).", param="max_tokens")
         # vLLM's should_include_usage: continuous usage only rides along with include_usage
         include_usage = bool(options.get("include_usage"))
+        kv_params = body.get("kv_transfer_params")
+        if kv_params is not None:
+            from pdexporter.sim.kvconnector import KvParamsError, check_decode_params
+
+            try:
+                check_decode_params(kv_params)
+            except KvParamsError as exc:
+                raise ApiError(str(exc), param="kv_transfer_params") from None
+            if kv_params.get("do_remote_prefill") and self.engine.kv_role != "decode":
+                raise ApiError(f"kv_transfer_params.do_remote_prefill needs a decode instance; this engine's KV role "
+                               f"is {self.engine.kv_role or 'none'}", param="kv_transfer_params")
         return _Params(prompt_ids, max_tokens, stream, include_usage,
-                       include_usage and bool(options.get("continuous_usage_stats")), model)
+                       include_usage and bool(options.get("continuous_usage_stats")), model, kv_params)
 
     # -- generation -----------------------------------------------------------------------------
 
@@ -297,11 +361,12 @@ class SimServer:
         return await self._generate(request, self._params(body, ids, chat=True), chat=True)
 
     async def _generate(self, request: web.Request, params: _Params, *, chat: bool) -> web.StreamResponse:
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
-        engine_rid = f"{rid}-0"
+        given = request.headers.get("X-Request-Id")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{given or uuid.uuid4().hex[:16]}"
+        engine_rid = f"{rid}-0" if not given else f"{rid}-0-{uuid.uuid4().hex[:8]}"
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.engine.add_request(engine_rid, params.prompt_ids, params.max_tokens,
-                                lambda out, t: queue.put_nowait(out))
+                                lambda out, t: queue.put_nowait(out), kv_transfer_params=params.kv_transfer_params)
         finished = False
         try:
             if params.stream:
@@ -316,6 +381,11 @@ class SimServer:
 
     async def _next(self, queue: asyncio.Queue[RequestOutput]) -> tuple[list[int], str | None]:
         """Tokens that arrived since the last read, merged (vLLM's output collector does the same)."""
+        tokens, reason, _ = await self._next_output(queue)
+        return tokens, reason
+
+    @staticmethod
+    async def _next_output(queue: asyncio.Queue[RequestOutput]) -> tuple[list[int], str | None, dict | None]:
         out = await queue.get()
         tokens = list(out.new_token_ids)
         reason = out.finish_reason
@@ -323,14 +393,15 @@ class SimServer:
             out = queue.get_nowait()
             tokens.extend(out.new_token_ids)
             reason = out.finish_reason
-        return tokens, reason
+        return tokens, reason, out.kv_transfer_params
 
     async def _collect(self, rid: str, params: _Params, queue: asyncio.Queue[RequestOutput],
                        chat: bool) -> web.Response:
         tokens: list[int] = []
         reason = None
+        kv_params = None
         while reason is None:
-            new, reason = await self._next(queue)
+            new, reason, kv_params = await self._next_output(queue)
             tokens.extend(new)
         text = self.tokenizer.decode(tokens)
         n_in = len(params.prompt_ids)
@@ -344,13 +415,13 @@ class SimServer:
                       "logprobs": None, "finish_reason": reason, "stop_reason": None}
             body = {"id": rid, "object": "chat.completion", "created": created, "model": params.model,
                     "choices": [choice], "service_tier": None, "system_fingerprint": self.fingerprint,
-                    "usage": usage, "prompt_logprobs": None, "kv_transfer_params": None}
+                    "usage": usage, "prompt_logprobs": None, "kv_transfer_params": kv_params}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None,
                       "prompt_logprobs": None, "prompt_token_ids": None, "token_ids": None}
             body = {"id": rid, "object": "text_completion", "created": created, "model": params.model,
                     "choices": [choice], "service_tier": None, "system_fingerprint": self.fingerprint,
-                    "usage": usage, "kv_transfer_params": None}
+                    "usage": usage, "kv_transfer_params": kv_params}
         return _json_response(body)
 
     async def _stream(self, request: web.Request, rid: str, params: _Params,
@@ -367,6 +438,7 @@ class SimServer:
         produced = 0
         reason = None
         first = True
+        stamper = _SendStamper(request.headers.get(SEND_STAMPS_HEADER, "") in ("1", "true"))
         while reason is None:
             tokens, reason = await self._next(queue)
             produced += len(tokens)
@@ -393,14 +465,14 @@ class SimServer:
                 chunk["system_fingerprint"] = self.fingerprint
             events.append(chunk)
             first = False
-            await response.write(b"".join(b"data: " + _DUMPS(e).encode() + b"\n\n" for e in events))
-        tail = b""
+            await stamper.write(response, [b"data: " + _DUMPS(e).encode() + b"\n\n" for e in events])
+        tail = []
         if params.include_usage:
             final = {**head, "choices": [], "usage": {"prompt_tokens": n_in, "total_tokens": n_in + produced,
                                                       "completion_tokens": produced},
                      "system_fingerprint": self.fingerprint}
-            tail += b"data: " + _DUMPS(final).encode() + b"\n\n"
-        await response.write(tail + b"data: [DONE]\n\n")
+            tail.append(b"data: " + _DUMPS(final).encode() + b"\n\n")
+        await stamper.write(response, [*tail, b"data: [DONE]\n\n"])
         await response.write_eof()
         return response
 
@@ -441,6 +513,7 @@ class ServeOptions:
     long_prefill_token_threshold: int | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    kv_role: str | None = None  # "decode-bench" | "decode" | "prefill" (docs/disaggregation.md)
     otlp_traces_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint (sim.otlp)
 
 
@@ -468,7 +541,15 @@ async def run_server(
     )
     metrics = VllmMetrics(profile.model.name, max_model_len=profile.engine.max_model_len,
                           cache_config=cache_config_labels(profile))
-    engine = EngineCore(profile, LoopClock(loop), config=config, metrics=metrics, log=log)
+    connector = None
+    if options.kv_role == "prefill":
+        from pdexporter.sim.kvconnector import NixlPrefillConnector
+
+        side_port = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")
+        connector = NixlPrefillConnector(host=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
+                                         port=int(side_port) if side_port.isdigit() else 5600)
+    engine = EngineCore(profile, LoopClock(loop), config=config, metrics=metrics, log=log, kv_role=options.kv_role,
+                        connector=connector)
     spans = None
     if options.otlp_traces_endpoint:
         from pdexporter.sim.otlp import RequestSpans
@@ -506,6 +587,7 @@ async def run_server(
             "model": profile.model.name,
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "calibration": profile.calibration,
+            "kv_role": engine.kv_role,
         }
         if on_ready is not None:
             on_ready(info)

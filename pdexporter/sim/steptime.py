@@ -21,24 +21,42 @@ Attention:
   318, 422 ms);
 - A_memory = sum(s + c) KV bytes per token / (HBM * bandwidth_efficiency): decodes read their KV.
 `roof(x, y) = (x^p + y^p)^(1/p)` is a smooth roofline (p = roofline_sharpness; p -> inf is max).
+KV fill (the decode instance of a P/D pair with DecodeBenchConnector, docs/disaggregation.md):
+- F = kv_fill_tokens x KV bytes per token / (HBM * kv_fill_bandwidth_efficiency): the connector
+  writes the admitted request's P - 1 tokens of dummy KV into its blocks before the step's forward
+  pass, on the same GPU, so it adds to the step: gpu = fixed + roof(W) + roof(A) + F. The admitted
+  request's own token attends to its P - 1 tokens of context like any decode (A above).
 
 CPU time (the engine core's main thread: schedule the step, prepare its inputs, launch the
 forward pass, later process its outputs):
 
     cpu = cpu_per_token * T + launch(graph mode)
 
-vLLM 0.22 runs a uniform decode batch (every request one token) as one full CUDA graph: its launch
-is a graph replay whose CPU time hides under its GPU time (not modelled). A step with a
-multi-token request runs piecewise graphs with the attention launched outside them
-(`launch_piecewise_ms`), and a step above the largest captured size (max_cudagraph_capture_size =
-512 tokens) runs without graphs, every kernel launched from Python (`launch_eager_ms`; ~50 ms for
-this 48-layer MoE on the H200, the "enforce-eager is ten times slower" regime). Launches are
-asynchronous: the GPU executes the kernels as they come, so a step's GPU work overlaps its own
-launch and the previous step's output processing. How the two times combine into what a client
-sees is the engine's business (`pdexporter.sim.engine`: the batch queue of async scheduling);
-`StepTimeModel.__call__` gives the steady-state answer, the period of a run of identical steps:
-max(cpu, gpu). A decode step is GPU-bound (4-10 ms on the H200); a small prefill chunk without
-graphs is CPU-bound (~50 ms for any chunk up to ~2K tokens); a big chunk is GPU-bound again.
+CUDA graphs, as vLLM 0.22 runs them (cudagraph_mode FULL_AND_PIECEWISE, the default). vLLM captures
+graphs for a list of batch sizes (`profile.cudagraph_sizes`: [1, 2, 4] + 8..248 step 8 + 256..512
+step 16 by default) and runs a batch of T tokens as the graph of the smallest captured size >= T,
+the extra tokens being padding (`CompilationConfig.bs_to_padded_graph_size`): a decode batch of 10
+runs as 16, a 300-token mixed batch as 304. So a padded step costs what its padded size costs: the
+weights (dense and expert GEMMs, the experts the tokens route to) and the per-token CPU work see
+the padded T; attention and the KV read see the real requests (the padded slots have sequence
+length 0), and only real requests sample. By graph mode:
+- a uniform decode batch (every request one token) whose padded size has a FULL graph (sizes up to
+  max_num_seqs) replays it: its launch's CPU time hides under its GPU time (not modelled);
+- another batch of at most the largest captured size runs piecewise graphs with the attention
+  launched outside them (`launch_piecewise_ms`);
+- a batch above the largest size (512 tokens by default) runs without graphs, every kernel
+  launched from Python, unpadded (`launch_eager_ms`; ~50 ms for this 48-layer MoE on the H200, the
+  "enforce-eager is ten times slower" regime); so does every step when `cuda_graphs` is false.
+Launches are asynchronous: the GPU executes the kernels as they come, so a step's GPU work overlaps
+its own launch and the previous step's output processing. How the two times combine into what a
+client sees is the engine's business (`pdexporter.sim.engine`: the batch queue of async
+scheduling); `StepTimeModel.__call__` gives the steady-state answer, the period of a run of
+identical steps: max(cpu, gpu). A decode step is GPU-bound (4-10 ms on the H200); a small prefill
+chunk without graphs is CPU-bound (~50 ms for any chunk up to ~2K tokens); a big chunk is GPU-bound
+again.
+
+`StepArrays` holds many compositions as arrays, padding resolved, for the calibration's fits
+(`gpu_s_array`, `cpu_s_array`: the same formulas, vectorised).
 
 The output is a model. Its parameters live in the profile and say whether they were projected or
 calibrated (`pdexporter.sim.profile`).
@@ -46,10 +64,23 @@ calibrated (`pdexporter.sim.profile`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from pdexporter.errors import ConfigError
 from pdexporter.sim.profile import Profile, StepTimeParams
+
+FULL, PIECEWISE, EAGER = "full", "piecewise", "eager"
+_MODE_CODE = {FULL: 0, PIECEWISE: 1, EAGER: 2}
+
+
+def padded_size(num_tokens: int, sizes: Sequence[int]) -> int | None:
+    """The captured size a batch of `num_tokens` runs as: the smallest size >= it (None: above them all)."""
+    i = bisect_left(sizes, num_tokens)
+    return sizes[i] if i < len(sizes) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +93,11 @@ class StepComposition:
     max_query_len: int
     attention_pairs: float
     kv_read_tokens: int
+    kv_fill_tokens: int = 0  # tokens of KV a connector writes into the cache in this step (DecodeBench)
 
     @classmethod
-    def of(cls, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None) -> StepComposition:
+    def of(cls, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None,
+           kv_fill_tokens: int = 0) -> StepComposition:
         """From (query_len, context_before) per request; every request samples unless told."""
         tokens = requests = max_q = kv = 0
         pairs = 0.0
@@ -75,7 +108,8 @@ class StepComposition:
                 max_q = c
             pairs += c * s + c * (c + 1) / 2
             kv += s + c
-        return cls(tokens, requests, requests if num_sampled is None else num_sampled, max_q, pairs, kv)
+        return cls(tokens, requests, requests if num_sampled is None else num_sampled, max_q, pairs, kv,
+                   kv_fill_tokens)
 
     @classmethod
     def decode_batch(cls, d: int, context: int) -> StepComposition:
@@ -99,6 +133,8 @@ class StepTimeBreakdown:
     cpu_s: float
     launch_s: float  # the graph-mode part of cpu_s
     graph_mode: str  # "full", "piecewise" or "eager"
+    padded_tokens: int = 0  # the tokens the step runs as (the captured size it is padded to; T when eager)
+    kv_fill_s: float = 0.0  # the connector's KV fill (part of gpu_s)
 
     @property
     def total_s(self) -> float:
@@ -108,6 +144,15 @@ class StepTimeBreakdown:
     @property
     def total_ms(self) -> float:
         return self.total_s * 1e3
+
+
+def landing_factor(profile: Profile, params: StepTimeParams | None = None) -> float:
+    """How much longer a step runs on the GPU while a KV transfer lands in its memory:
+    1 + kv_landing_contention x achieved link bandwidth / HBM bandwidth (MODELLED)."""
+    p = params or profile.step_time
+    link = profile.kv_transfer
+    return 1.0 + p.kv_landing_contention * (link.link_bandwidth_gb_s * 1e9 * link.link_efficiency) / (
+        profile.gpu.hbm_bandwidth_tb_s * 1e12)
 
 
 def _roof(x: float, y: float, p: float) -> float:
@@ -121,10 +166,28 @@ def _roof(x: float, y: float, p: float) -> float:
     return hi * ((x / hi) ** p + (y / hi) ** p) ** (1.0 / p)
 
 
-class StepTimeModel:
-    """The step-time functions of one profile, with their constants precomputed."""
+@dataclass(frozen=True, slots=True)
+class StepArrays:
+    """Many step compositions as arrays, graph mode and padding resolved (`StepTimeModel.arrays`)."""
 
-    def __init__(self, profile: Profile, params: StepTimeParams | None = None) -> None:
+    tokens: np.ndarray  # T as run: padded to its captured size
+    sampled: np.ndarray
+    pairs: np.ndarray
+    kv_tokens: np.ndarray
+    mode: np.ndarray  # 0 full, 1 piecewise, 2 eager
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class StepTimeModel:
+    """The step-time functions of one profile, with their constants precomputed.
+
+    `max_num_batched_tokens` and `max_num_seqs` are the engine's (they bound the captured sizes); by
+    default the profile's."""
+
+    def __init__(self, profile: Profile, params: StepTimeParams | None = None, *,
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> None:
         self.profile = profile
         self.params = params or profile.step_time
         m, g, e, p = profile.model, profile.gpu, profile.engine, self.params
@@ -134,8 +197,18 @@ class StepTimeModel:
         self._cpu_token = p.cpu_us_per_token * 1e-6
         self._piecewise = p.launch_piecewise_ms * 1e-3
         self._eager = p.launch_eager_ms * 1e-3
-        self._graphs = e.cuda_graphs
-        self._graph_max = e.cudagraph_max_tokens
+        self._launch = (0.0, self._piecewise, self._eager)
+        self.max_num_seqs = max_num_seqs or e.max_num_seqs
+        try:
+            self.capture_sizes: tuple[int, ...] = e.capture_sizes(max_num_batched_tokens, self.max_num_seqs)
+        except ValueError as exc:
+            raise ConfigError(f"profile {profile.name}: engine.{exc}") from None
+        largest = self.capture_sizes[-1] if self.capture_sizes else 0
+        # vLLM's bs_to_padded_graph_size: the captured size every T up to the largest runs as
+        self._pad = [padded_size(n, self.capture_sizes) or 0 for n in range(largest + 1)]
+        self.max_capture_size = largest
+        # FULL graphs of a uniform decode batch exist for the captured sizes up to max_num_seqs
+        self._full_max = max((x for x in self.capture_sizes if x <= self.max_num_seqs), default=0)
         self._p = p.roofline_sharpness
         # seconds per token through the dense and the expert weights, per sampled logit row
         self._dense_s_per_tok = 2.0 * m.num_layers * m.dense_params_per_layer / (peak * p.matmul_efficiency)
@@ -151,6 +224,8 @@ class StepTimeModel:
         self._miss = 1.0 - self._k / self._pool
         self._attn_s_per_pair = m.attention_flops_per_pair / (peak * p.attention_efficiency)
         self._kv_s_per_token = m.kv_bytes_per_token / bw
+        self._fill_s_per_token = m.kv_bytes_per_token / (g.hbm_bandwidth_tb_s * 1e12 * p.kv_fill_bandwidth_efficiency)
+        self.landing_factor = landing_factor(profile, p)
 
     def experts_touched(self, num_tokens: int) -> float:
         """Expected distinct experts per layer that `num_tokens` tokens route to."""
@@ -158,20 +233,29 @@ class StepTimeModel:
             return 0.0
         return self._pool * (1.0 - self._miss**num_tokens)
 
+    def graph(self, comp: StepComposition) -> tuple[str, int]:
+        """(graph mode, tokens the step runs as): vLLM 0.22's FULL_AND_PIECEWISE dispatch with padding."""
+        t = comp.num_tokens
+        if t > self.max_capture_size or t <= 0:
+            return EAGER, t
+        padded = self._pad[t]
+        if comp.uniform_decode and padded <= self._full_max:
+            return FULL, padded
+        return PIECEWISE, padded
+
     def graph_mode(self, comp: StepComposition) -> str:
-        if not self._graphs or comp.num_tokens > self._graph_max:
-            return "eager"
-        return "full" if comp.uniform_decode else "piecewise"
+        return self.graph(comp)[0]
+
+    def padded_tokens(self, comp: StepComposition) -> int:
+        return self.graph(comp)[1]
 
     def launch_s(self, comp: StepComposition) -> float:
         """The graph-mode part of the step's CPU time."""
-        mode = self.graph_mode(comp)
-        return self._eager if mode == "eager" else self._piecewise if mode == "piecewise" else 0.0
+        return self._launch[_MODE_CODE[self.graph(comp)[0]]]
 
-    def _terms(self, comp: StepComposition) -> tuple[float, float, float, float, float]:
-        t = comp.num_tokens
-        experts = self.experts_touched(t)
-        w_compute = t * (self._dense_s_per_tok + self._moe_s_per_tok) + comp.num_sampled * self._lm_s_per_row
+    def _terms(self, comp: StepComposition, tokens: int) -> tuple[float, float, float, float, float]:
+        experts = self.experts_touched(tokens)
+        w_compute = tokens * (self._dense_s_per_tok + self._moe_s_per_tok) + comp.num_sampled * self._lm_s_per_row
         w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + (self._lm_bytes_s if comp.num_sampled else 0.0)
         a_compute = comp.attention_pairs * self._attn_s_per_pair
         a_memory = comp.kv_read_tokens * self._kv_s_per_token
@@ -181,21 +265,28 @@ class StepTimeModel:
         """Seconds the step keeps the GPU busy."""
         if comp.num_tokens <= 0:
             return 0.0
-        w_compute, w_memory, a_compute, a_memory, _ = self._terms(comp)
-        return self._fixed + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
+        w_compute, w_memory, a_compute, a_memory, _ = self._terms(comp, self.graph(comp)[1])
+        return (self._fixed + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
+                + comp.kv_fill_tokens * self._fill_s_per_token)
+
+    def kv_fill_s(self, comp: StepComposition) -> float:
+        """The connector's KV fill inside the step (DecodeBenchConnector), seconds of GPU time."""
+        return comp.kv_fill_tokens * self._fill_s_per_token
 
     def cpu_s(self, comp: StepComposition) -> float:
         """Seconds of the engine core's main thread the step takes (schedule, prepare, launch, outputs)."""
         if comp.num_tokens <= 0:
             return 0.0
-        return self._cpu_token * comp.num_tokens + self.launch_s(comp)
+        mode, tokens = self.graph(comp)
+        return self._cpu_token * tokens + self._launch[_MODE_CODE[mode]]
 
     def breakdown(self, comp: StepComposition) -> StepTimeBreakdown:
         if comp.num_tokens <= 0:
-            return StepTimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "full")
-        w_compute, w_memory, a_compute, a_memory, experts = self._terms(comp)
+            return StepTimeBreakdown(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, FULL, 0)
+        mode, tokens = self.graph(comp)
+        w_compute, w_memory, a_compute, a_memory, experts = self._terms(comp, tokens)
         return StepTimeBreakdown(self._fixed, w_compute, w_memory, a_compute, a_memory, experts, self.gpu_s(comp),
-                                 self.cpu_s(comp), self.launch_s(comp), self.graph_mode(comp))
+                                 self.cpu_s(comp), self.launch_s(comp), mode, tokens, self.kv_fill_s(comp))
 
     def __call__(self, comp: StepComposition) -> float:
         """The step's period when steps like it run back to back: max(cpu, gpu), in seconds."""
@@ -203,3 +294,39 @@ class StepTimeModel:
 
     def decode_step_s(self, d: int, context: int) -> float:
         return self(StepComposition.decode_batch(d, context))
+
+    # -- many steps at once (fitting) ------------------------------------------------------
+
+    def arrays(self, comps: Sequence[StepComposition]) -> StepArrays:
+        """The compositions as arrays, padded and classified by this model's captured sizes."""
+        graphs = [self.graph(c) for c in comps]
+        return StepArrays(
+            tokens=np.array([t for _, t in graphs], dtype=float),
+            sampled=np.array([c.num_sampled for c in comps], dtype=float),
+            pairs=np.array([c.attention_pairs for c in comps], dtype=float),
+            kv_tokens=np.array([c.kv_read_tokens for c in comps], dtype=float),
+            mode=np.array([_MODE_CODE[m] for m, _ in graphs], dtype=int),
+        )
+
+    def gpu_s_array(self, a: StepArrays) -> np.ndarray:
+        """`gpu_s` of every composition in `a` (an empty step, T = 0, takes 0)."""
+        experts = self._pool * (1.0 - self._miss**a.tokens)
+        w_compute = a.tokens * (self._dense_s_per_tok + self._moe_s_per_tok) + a.sampled * self._lm_s_per_row
+        w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + np.where(a.sampled > 0, self._lm_bytes_s, 0.0)
+        a_compute = a.pairs * self._attn_s_per_pair
+        a_memory = a.kv_tokens * self._kv_s_per_token
+        gpu = self._fixed + _roof_array(w_compute, w_memory, self._p) + _roof_array(a_compute, a_memory, self._p)
+        return np.where(a.tokens > 0, gpu, 0.0)
+
+    def cpu_s_array(self, a: StepArrays) -> np.ndarray:
+        """`cpu_s` of every composition in `a`."""
+        cpu = self._cpu_token * a.tokens + np.asarray(self._launch)[a.mode]
+        return np.where(a.tokens > 0, cpu, 0.0)
+
+
+def _roof_array(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
+    hi = np.maximum(x, y)
+    if p >= 64:
+        return hi
+    safe = np.where(hi > 0, hi, 1.0)
+    return np.where(hi > 0, safe * ((x / safe) ** p + (y / safe) ** p) ** (1.0 / p), 0.0)

@@ -29,6 +29,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 N_BUCKETS = (1, 2, 5, 10, 20)
+# NixlConnector's (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py, 0.22)
+NIXL_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+NIXL_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
@@ -135,10 +138,31 @@ class VllmMetrics:
         self.request_prefill_kv_computed_tokens = hist(
             "vllm:request_prefill_kv_computed_tokens",
             "Histogram of new KV tokens computed during prefill (excluding cached tokens).", tokens)
+        self._hist = hist
+        self._counter = counter
+        self.kv_transfer_time: Histogram | None = None
+        self.kv_transfer_bytes: Histogram | None = None
         if cache_config:
             info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                          sorted([*cache_config, "engine"]), registry=r, multiprocess_mode="mostrecent")
             info.labels(engine=engine, **cache_config).set(1)
+
+    def enable_kv_transfer(self) -> None:
+        """NixlConnector's series, kept by the decode instance of a pair (the reader records them)."""
+        if self.kv_transfer_time is not None:
+            return
+        self.kv_transfer_time = self._hist(
+            "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+            NIXL_TIME_BUCKETS)
+        self.kv_transfer_bytes = self._hist(
+            "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            NIXL_BYTES_BUCKETS)
+        self._counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.")
+
+    def on_kv_transfer(self, seconds: float, nbytes: int) -> None:
+        if self.kv_transfer_time is not None and self.kv_transfer_bytes is not None:
+            self.kv_transfer_time.observe(seconds)
+            self.kv_transfer_bytes.observe(nbytes)
 
     # The engine calls these; each is a few counter/histogram updates.
 

@@ -1,9 +1,11 @@
 """The seed's Phase 3: a grid of (chunk size, D, P) points measured with the engine relaunched per
-chunk size, resumable, with a faithful and a fast mode (`docs/sweep.md`).
+chunk size, resumable, with a faithful and a fast mode, blocked or interleaved repetitions, and
+chunk sizes side by side on several engines (one per GPU) (`docs/sweep.md`).
 
     spec.py         the sweep file format (pydantic, pure)
-    plan.py         what is left to do, CV attempts, run-time estimates (pure)
-    launchers.py    local process / Kubernetes launchers, and engine providers (driver per chunk)
-    fast.py         fast mode's long-lived probe streams
-    controller.py   the loop: engine start, warm-up, Phase 1, Phase 2 x reps, deadline, resume
+    plan.py         what is left to do, CV attempts, the interleaved block order, run-time estimates (pure)
+    controller.py   the loop: engine slots, engine start, warm-up, Phase 1, Phase 2 x reps, deadline, resume
+
+Launchers and the providers that give the controller a driver per chunk size are in
+`pdexporter.launch`; fast mode's long-lived probe streams are `measure.probesets.PooledProbes`.
 """

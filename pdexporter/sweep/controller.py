@@ -1,12 +1,22 @@
 """The sweep loop: the seed's Phase 3 over a grid, resumable, in faithful or fast mode.
 
-    for chunk in grid.chunk_sizes (only those with work left):
+    for chunk in grid.chunk_sizes (only those with work left), on the next free engine slot:
         engine start (or adopt) at that chunk size; warm-up: shared prefix + one prefill per P
-        for D: Phase 1 once (or the baseline recorded earlier for this chunk and D)
-            for P: Phase 2 x reps (attempts re-run while the CV is above the threshold)
-                   faithful: fresh D probes per repetition, then the cooldown (seed: 5 s)
-                   fast: the D probes of a `ProbePool`, no idle wait
+        blocked order (the seed's):
+            for D: Phase 1 once (or the baseline recorded earlier for this chunk and D)
+                for P: Phase 2 x reps (attempts re-run while the CV is above the threshold)
+        interleaved order:
+            for block k (repetition k of every configuration still to run; CV re-run attempts
+                         are further blocks): D values and, within each D, P values in a seeded
+                         random order (`plan.block_order`); Phase 1 once per (chunk, D)
+        faithful: fresh D probes per repetition, then the cooldown (seed: 5 s)
+        fast: the D probes of a `PooledProbes` per D (and per block), no idle wait
         engine stop
+
+Engine slots: one provider per GPU (`launcher.gpus`) or embedded engine (`launcher.engines`);
+each slot runs one chunk size at a time with its own engine, probes and records, and the chunk
+sizes are handed out in file order (a slot first takes a chunk size whose engine it left running,
+so a resumed sweep adopts every engine it can). With one slot this is the loop above, in order.
 
 Every repetition is written (raw, then record) before the next starts, so a killed sweep loses
 at most the run in flight and a rerun skips what is complete (`plan.config_status`). With a
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -46,8 +57,8 @@ from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import baseline_stats
 from pdexporter.launch.base import Adopting, DeadlineReached, Prestarting
-from pdexporter.launch.providers import EngineProvider
-from pdexporter.sweep.plan import ConfigStatus, RunTimes, config_status, median, summarise_attempts
+from pdexporter.launch.providers import EngineProvider, slot_label
+from pdexporter.sweep.plan import ConfigStatus, RunTimes, block_order, config_status, median, summarise_attempts
 from pdexporter.sweep.spec import SweepSpec
 
 PHASES = ("engine_start", "warmup", "phase1", "phase2", "cooldown")
@@ -58,6 +69,9 @@ class SweepObserver:
     """Progress hooks; the CLI draws a progress bar and exports gauges with them."""
 
     def on_plan(self, total: int, done: int, reps_to_run: int) -> None: ...
+
+    def on_chunk(self, slot: int, label: str, chunk: int, reps_to_run: int) -> None:
+        """Engine slot `slot` (`label`: "GPU 1", or "" with one engine) takes this chunk size."""
 
     def on_phase(self, phase: str, chunk: int, d: int | None = None, p: int | None = None) -> None: ...
 
@@ -102,6 +116,9 @@ class ChunkReport:
     failed: list[Key] = field(default_factory=list)
     injections_checked: int = 0  # with the engine's request gauges read just before the prefill
     busy_at_injection: int = 0  # ... of which the engine ran something besides our D probes
+    slot: str = ""  # the engine slot (GPU) that ran it; "" with one engine
+    probe_sets_cancelled: int = 0  # fast mode: sets ended by cancelling their unused tokens
+    blocks: list[dict[str, Any]] = field(default_factory=list)  # interleaved: each block's order as run
 
 
 @dataclass
@@ -114,6 +131,7 @@ class SweepReport:
     wall_s: float
     engine_s: float
     message: str | None = None
+    order: dict[str, Any] = field(default_factory=lambda: {"kind": "blocked"})
 
     @property
     def complete(self) -> bool:
@@ -128,6 +146,7 @@ class SweepReport:
             "complete_configs": self.complete_configs,
             "wall_s": round(self.wall_s, 3),
             "engine_s": round(self.engine_s, 3),
+            "order": self.order,
             "chunks": {
                 str(b): {
                     "configs": c.configs,
@@ -145,6 +164,9 @@ class SweepReport:
                     "failed": [list(k) for k in c.failed],
                     "injections_checked": c.injections_checked,
                     "busy_at_injection": c.busy_at_injection,
+                    "slot": c.slot,
+                    "probe_sets_cancelled": c.probe_sets_cancelled,
+                    **({"blocks": c.blocks} if c.blocks else {}),
                 }
                 for b, c in self.chunks.items()
             },
@@ -156,7 +178,7 @@ class SweepController:
         self,
         spec: SweepSpec,
         store: ResultsStore,
-        provider: EngineProvider,
+        provider: EngineProvider | Sequence[EngineProvider],
         *,
         observer: SweepObserver | None = None,
         deadline: Deadline | None = None,
@@ -164,19 +186,30 @@ class SweepController:
         points: Sequence[Key] | None = None,
         write_state: bool = True,
     ) -> None:
-        """`points`: only these configurations (default: the grid's); `write_state`: keep
-        `sweep.json` beside the results (a prediction in a temporary directory needs none)."""
+        """`provider`: one, or one per engine slot (`launch.providers.make_providers`: chunk sizes
+        run side by side, one per slot); `points`: only these configurations (default: the
+        grid's); `write_state`: keep `sweep.json` beside the results (a prediction in a
+        temporary directory needs none)."""
         self.spec = spec
         self.points = list(points) if points is not None else list(spec.points())
         self.write_state = write_state
-        self.store = store
-        self.provider = provider
+        self.store = store.cached()  # the sweep is its results directory's only writer while it runs
+        self.providers: list[EngineProvider] = list(provider) if isinstance(provider, (list, tuple)) else [provider]
+        if not self.providers:
+            raise ValueError("a sweep needs at least one engine provider")
         self.observer = observer or SweepObserver()
         self.deadline = deadline or Deadline(None)
         self.keep_engine = keep_engine
         self.times = RunTimes()
         self.reports: dict[int, ChunkReport] = {b: ChunkReport(b) for b in spec.grid.chunk_sizes}
         self._noted = False
+        self._queue: list[int] = []
+        self._stopped: list[str] = []  # why slots stopped at the deadline
+
+    @property
+    def provider(self) -> EngineProvider:
+        """The first (with one engine slot, the only) provider."""
+        return self.providers[0]
 
     # --- what is left -----------------------------------------------------------------------
 
@@ -218,14 +251,17 @@ class SweepController:
             self.reports[b].configs_complete += st.complete
         self.observer.on_plan(len(statuses), sum(st.complete for st in statuses.values()),
                               sum(st.reps_to_run for st in statuses.values()))
+        todo = {chunk: [k for k in statuses if k[0] == chunk and not statuses[k].complete]
+                for chunk in self.spec.grid.chunk_sizes}
+        self._queue = [chunk for chunk in self.spec.grid.chunk_sizes if todo[chunk]]
         status, message = "complete", None
         try:
-            for chunk in self.spec.grid.chunk_sizes:
-                todo = [k for k in statuses if k[0] == chunk and not statuses[k].complete]
-                if todo:
-                    await self._run_chunk(chunk, todo)
-        except DeadlineReached as exc:
-            status, message = "deadline", str(exc)
+            if len(self.providers) == 1:
+                await self._slot_worker(0, todo)
+            else:
+                await self._run_slots(todo)
+            if self._stopped:
+                status, message = "deadline", "; ".join(self._stopped)
         except (KeyboardInterrupt, asyncio.CancelledError):
             status, message = "interrupted", "interrupted"
             raise
@@ -242,10 +278,54 @@ class SweepController:
                 self._write_state(report)
         return report
 
-    async def _run_chunk(self, chunk: int, todo: list[Key]) -> None:
+    async def _run_slots(self, todo: dict[int, list[Key]]) -> None:
+        """One worker per engine slot; the first error ends the others (their engines are left
+        for a rerun to adopt) and is raised as itself."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                for slot in range(len(self.providers)):
+                    group.create_task(self._slot_worker(slot, todo))
+        except BaseExceptionGroup as errors:
+            first = errors.exceptions[0]
+            while isinstance(first, BaseExceptionGroup):
+                first = first.exceptions[0]
+            raise first from None
+
+    async def _slot_worker(self, slot: int, todo: dict[int, list[Key]]) -> None:
+        """Run chunk sizes on this slot's engine until none is left for it (or the deadline)."""
+        while (chunk := self._take(slot)) is not None:
+            try:
+                await self._run_chunk(slot, chunk, todo[chunk])
+            except DeadlineReached as exc:
+                label = slot_label(self.providers[slot])
+                self._stopped.append(f"{label}: {exc}" if label else str(exc))
+                return
+
+    def _adoptable(self, slot: int, chunk: int) -> bool:
+        launcher = self.providers[slot].launcher
+        return isinstance(launcher, Adopting) and launcher.can_adopt(chunk)
+
+    def _take(self, slot: int) -> int | None:
+        """The next chunk size for this slot: one whose engine it left running (adopting takes no
+        start-up), else the first in file order that no other slot's engine is waiting for."""
+        if not self._queue:
+            return None
+        if len(self.providers) == 1:
+            return self._queue.pop(0)
+        others = [j for j in range(len(self.providers)) if j != slot]
+        mine = [c for c in self._queue if self._adoptable(slot, c)]
+        free = mine or [c for c in self._queue if not any(self._adoptable(j, c) for j in others)]
+        if not free:
+            return None  # every chunk size left has its engine waiting on another slot
+        self._queue.remove(free[0])
+        return free[0]
+
+    async def _run_chunk(self, slot: int, chunk: int, todo: list[Key]) -> None:
         spec = self.spec
         report = self.reports[chunk]
-        launcher = self.provider.launcher
+        provider = self.providers[slot]
+        launcher = provider.launcher
+        report.slot = slot_label(provider)
         try:
             if not (isinstance(launcher, Adopting) and launcher.can_adopt(chunk)):  # adopting takes no start-up time
                 self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
@@ -257,27 +337,31 @@ class SweepController:
                 await launcher.prestart(chunk)
                 raise DeadlineReached(f"{exc}; it was started in the background for the next run to adopt") from None
             raise
+        self.observer.on_chunk(slot, report.slot, chunk, sum(self.status(k).reps_to_run for k in todo))
         self.observer.on_phase("engine_start", chunk)
         stop_engine = True
         t_wall = time.monotonic()
         try:
             with self._phase("engine_start", chunk):
-                driver = await self.provider.open(chunk)
+                driver = await provider.open(chunk)
             self.times.observe("engine_start", (chunk,), time.monotonic() - t_wall)
             report.engine_adopted = isinstance(launcher, Adopting) and launcher.adopted
             if driver.info.modelled and driver.info.note and not self._noted:
                 self.observer.on_message(driver.info.note)
                 self._noted = True
             await self._warm(driver, chunk, todo)
-            for d in spec.grid.decode_batch_sizes:
-                keys = [k for k in todo if k[1] == d]
-                if keys:
-                    await self._run_d(driver, chunk, d, keys)
+            if spec.order.kind == "interleaved":
+                await self._run_interleaved(driver, chunk, todo)
+            else:
+                for d in spec.grid.decode_batch_sizes:
+                    keys = [k for k in todo if k[1] == d]
+                    if keys:
+                        await self._run_d(driver, chunk, d, keys)
         except (DeadlineReached, KeyboardInterrupt, asyncio.CancelledError):
             stop_engine = False  # a rerun adopts it (local launcher); others stop anyway
             raise
         finally:
-            await self.provider.close(stop_engine=stop_engine and not self.keep_engine)
+            await provider.close(stop_engine=stop_engine and not self.keep_engine)
 
     async def _warm(self, driver: EngineDriver, chunk: int, todo: list[Key]) -> None:
         spec = self.spec
@@ -314,84 +398,172 @@ class SweepController:
         self.store.save_raw(path, baseline.to_raw())
         return baseline
 
-    async def _run_d(self, driver: EngineDriver, chunk: int, d: int, keys: list[Key]) -> None:
+    def _pool(self, driver: EngineDriver, chunk: int, d: int) -> PooledProbes | None:
         spec = self.spec
+        if spec.mode != "fast":
+            return None
+        return PooledProbes(spec.protocol, chunk, d, spec.fast_probe_tokens(chunk), engine=driver.info.kind)
+
+    async def _retire(self, pool: PooledProbes | None, chunk: int, *, raise_failures: bool = True) -> None:
+        """Leftover probes must end before the next D's probes or Phase 1. (On a deadline or an
+        error the driver's close cancels them instead.)"""
+        if pool is not None:
+            with self._phase("phase2", chunk):
+                await pool.retire(raise_failures=raise_failures)
+
+    def _count_sets(self, pool: PooledProbes | None, chunk: int) -> None:
+        if pool is not None:
+            self.reports[chunk].probe_sets += pool.sets_started
+            self.reports[chunk].probe_sets_cancelled += pool.sets_cancelled
+
+    async def _run_d(self, driver: EngineDriver, chunk: int, d: int, keys: list[Key]) -> None:
         baseline = await self._baseline(driver, chunk, d)
-        pool = (PooledProbes(spec.protocol, chunk, d, spec.fast_probe_tokens(chunk), engine=driver.info.kind)
-                if spec.mode == "fast" else None)
+        pool = self._pool(driver, chunk, d)
         try:
             if pool is not None:
                 pool.plan([p for key in keys for p in [key[2]] * self.status(key).reps_to_run])
             for key in keys:
                 await self._run_config(driver, key, baseline, pool)
-            if pool is not None:
-                # Leftover probes must end before the next D's Phase 1. (On a deadline or an
-                # error the driver's close cancels them instead.)
-                with self._phase("phase2", chunk):
-                    await pool.drain()
+            await self._retire(pool, chunk)
         finally:
-            if pool is not None:
-                self.reports[chunk].probe_sets += pool.sets_started
+            self._count_sets(pool, chunk)
 
-    async def _run_config(self, driver: EngineDriver, key: Key, baseline: BaselineRun, pool: PooledProbes | None) -> None:
+    async def _interfere(self, driver: EngineDriver, key: Key, rep: int, base: BaselineRun,
+                         pool: PooledProbes | None) -> InterferenceRun:
+        """One Phase 2 run, retried after a measurement error (fresh probes each time)."""
+        spec = self.spec
+        chunk, d, p = key
+        report = self.reports[chunk]
+        for attempt in range(spec.retries + 1):
+            self._check("rep", key, f"repetition {rep} of B={chunk} D={d} P={p}")
+            self.observer.on_phase("phase2", chunk, d, p)
+            t_wall = time.monotonic()
+            try:
+                with self._phase("phase2", chunk):
+                    probes = pool if pool is not None else FreshProbes(spec.protocol)
+                    run = await run_window(driver, d, p, spec.protocol, probes, FixedBaseline(base.stats),
+                                           chunk_size=chunk)
+            except MeasurementError as exc:
+                # No steady state, a probe that ended early, no recovery: nothing was
+                # recorded; the run is repeated with fresh probes (fast mode starts a new set).
+                if attempt == spec.retries:
+                    raise
+                report.retries += 1
+                self.observer.on_message(f"B={chunk} D={d} P={p} rep {rep}: {exc}; retrying")
+                await self._retire(pool, chunk, raise_failures=False)
+                continue
+            self.times.observe("rep", key, time.monotonic() - t_wall)
+            if attempt:
+                run.extra["retries"] = attempt
+            self._check_idle(run, key)
+            return run
+        raise AssertionError("unreachable")
+
+    async def _measure_reps(self, driver: EngineDriver, key: Key, status: ConfigStatus, baseline: BaselineRun,
+                            pool: PooledProbes | None, last: int, fields: dict[str, Any] | None = None) -> bool:
+        """Repetitions `status.reps_recorded` .. `last - 1` of one configuration, each written as it
+        ends (cooldown after each in faithful mode). False when they failed after their retries:
+        the configuration is left incomplete (a rerun tries it again) and the sweep goes on, since
+        one stubborn point must not end a GPU session."""
         spec = self.spec
         chunk, d, p = key
         report = self.reports[chunk]
         point = PointSpec(chunk, d, p)
 
         async def interfere(rep: int, base: BaselineRun) -> InterferenceRun:
-            for attempt in range(spec.retries + 1):
-                self._check("rep", key, f"repetition {rep} of B={chunk} D={d} P={p}")
-                self.observer.on_phase("phase2", chunk, d, p)
-                t_wall = time.monotonic()
-                try:
-                    with self._phase("phase2", chunk):
-                        probes = pool if pool is not None else FreshProbes(spec.protocol)
-                        run = await run_window(driver, d, p, spec.protocol, probes, FixedBaseline(base.stats),
-                                               chunk_size=chunk)
-                except MeasurementError as exc:
-                    # No steady state, a probe that ended early, no recovery: nothing was
-                    # recorded; the run is repeated with fresh probes (fast mode starts a new set).
-                    if attempt == spec.retries:
-                        raise
-                    report.retries += 1
-                    self.observer.on_message(f"B={chunk} D={d} P={p} rep {rep}: {exc}; retrying")
-                    if pool is not None:
-                        with self._phase("phase2", chunk):
-                            await pool.drain(raise_failures=False)
-                    continue
-                self.times.observe("rep", key, time.monotonic() - t_wall)
-                if attempt:
-                    run.extra["retries"] = attempt
-                self._check_idle(run, key)
-                return run
-            raise AssertionError("unreachable")
+            return await self._interfere(driver, key, rep, base, pool)
 
         def on_rep(rep: RepRecord) -> None:
             report.reps_run += 1
             self.observer.on_rep(key, rep, driver.info)
 
+        try:
+            # measure_point runs one repetition per call here, so the cooldown sits between them.
+            for target in range(status.reps_recorded + 1, last + 1):
+                await measure_point(
+                    driver, point, spec.protocol, self.store, reps=target, mode=spec.mode, baseline=baseline,
+                    on_rep=on_rep, interfere=interfere, summarise=self._summarise, rep_fields=fields,
+                )
+                if spec.cooldown_s > 0:
+                    self.observer.on_phase("cooldown", chunk, d, p)
+                    with self._phase("cooldown", chunk):
+                        await asyncio.sleep(spec.cooldown_s)
+        except MeasurementError as exc:
+            report.failed.append(key)
+            self.observer.on_message(f"B={chunk} D={d} P={p}: {exc}; skipped after {spec.retries} "
+                                     "retries (rerun the sweep to try it again)")
+            await self._retire(pool, chunk, raise_failures=False)
+            return False
+        return True
+
+    def _announce_rerun(self, key: Key, status: ConfigStatus) -> bool:
+        """Say so when a CV re-run attempt starts; True then."""
+        if not (status.complete_attempts and status.reps_recorded == status.complete_attempts * self.spec.reps):
+            return False
+        chunk, d, p = key
+        self.observer.on_message(
+            f"B={chunk} D={d} P={p}: CV {status.cv_by_attempt[-1]:.1%} above {self.spec.cv.threshold:.0%}, "
+            f"re-running (attempt {status.complete_attempts + 1})"
+        )
+        return True
+
+    async def _run_config(self, driver: EngineDriver, key: Key, baseline: BaselineRun, pool: PooledProbes | None) -> None:
+        """Blocked order: every repetition (and re-run attempt) of one configuration."""
         while True:
             status = self.status(key)
             if status.complete:
                 break
-            if status.complete_attempts and status.reps_to_run == spec.reps:
-                self.observer.on_message(
-                    f"B={chunk} D={d} P={p}: CV {status.cv_by_attempt[-1]:.1%} above {spec.cv.threshold:.0%}, "
-                    f"re-running (attempt {status.complete_attempts + 1})"
-                )
-            try:
-                await self._measure(driver, point, status, baseline, interfere, on_rep)
-            except MeasurementError as exc:
-                # Retries used up: leave this configuration incomplete (a rerun tries it again)
-                # and go on with the next; one stubborn point must not end a GPU session.
-                report.failed.append(key)
-                self.observer.on_message(f"B={chunk} D={d} P={p}: {exc}; skipped after {spec.retries} "
-                                         "retries (rerun the sweep to try it again)")
-                if pool is not None:
-                    await pool.drain(raise_failures=False)
+            if self._announce_rerun(key, status) and pool is not None:
+                pool.plan_first([key[2]] * status.reps_to_run)
+            assert status.target_reps is not None
+            if not await self._measure_reps(driver, key, status, baseline, pool, status.target_reps):
                 return
         self.observer.on_config(key, self.store.load_record(*key), status)
+
+    async def _run_interleaved(self, driver: EngineDriver, chunk: int, todo: list[Key]) -> None:
+        """Interleaved order: block k runs repetition k of every configuration that still needs
+        one, in `plan.block_order`; CV re-run attempts are the blocks after the first `reps`."""
+        spec = self.spec
+        grid_points = [(d, p) for b, d, p in self.points if b == chunk]
+        active = list(todo)
+        baselines: dict[int, BaselineRun] = {}
+        while True:
+            statuses = {key: self.status(key) for key in active}
+            pending = [key for key in active if not statuses[key].complete]
+            if not pending:
+                return
+            block = min(statuses[key].reps_recorded for key in pending)
+            members = {key for key in pending if statuses[key].reps_recorded == block}
+            drawn = block_order(spec.order.seed, chunk, block, grid_points)
+            position = {dp: i for i, dp in enumerate(drawn)}  # a repetition's block_position
+            order = [(d, p) for d, p in drawn if (chunk, d, p) in members]
+            # sweep.json: the block's whole drawn order, and what this invocation ran of it (the
+            # rest of a block a killed run was in; the configurations a CV re-run attempt repeats)
+            self.reports[chunk].blocks.append({"block": block, "order": [[d, p] for d, p in drawn],
+                                               "ran": [[d, p] for d, p in order]})
+            for d, group in itertools.groupby(order, key=lambda dp: dp[0]):
+                ps = [p for _, p in group]
+                if d not in baselines:
+                    baselines[d] = await self._baseline(driver, chunk, d)
+                pool = self._pool(driver, chunk, d)
+                try:
+                    if pool is not None:
+                        pool.plan(ps)
+                    for p in ps:
+                        key = (chunk, d, p)
+                        status = statuses[key]
+                        self._announce_rerun(key, status)
+                        fields = {"block": block, "block_position": position[(d, p)]}
+                        if not await self._measure_reps(driver, key, status, baselines[d], pool,
+                                                        status.reps_recorded + 1, fields):
+                            active.remove(key)
+                            continue
+                        after = self.status(key)
+                        if after.complete:
+                            self.observer.on_config(key, self.store.load_record(*key), after)
+                    await self._retire(pool, chunk)
+                finally:
+                    self._count_sets(pool, chunk)
 
     def _check_idle(self, run: InterferenceRun, key: Key) -> None:
         """The evidence that no cooldown is needed: at every injection the engine runs exactly our
@@ -409,21 +581,6 @@ class SweepController:
             report.busy_at_injection += 1
             self.observer.on_message(f"B={key[0]} D={key[1]} P={key[2]}: at injection the engine ran {running:g} "
                                      f"and queued {waiting:g} requests (expected {key[1]} and 0)")
-
-    async def _measure(self, driver: EngineDriver, point: PointSpec, status: ConfigStatus, baseline: BaselineRun,
-                       interfere: Any, on_rep: Callable[[RepRecord], None]) -> None:
-        spec = self.spec
-        assert status.target_reps is not None
-        # measure_point runs one repetition per call here, so the cooldown sits between them.
-        for target in range(status.reps_recorded + 1, status.target_reps + 1):
-            await measure_point(
-                driver, point, spec.protocol, self.store, reps=target, mode=spec.mode, baseline=baseline,
-                on_rep=on_rep, interfere=interfere, summarise=self._summarise,
-            )
-            if spec.cooldown_s > 0:
-                self.observer.on_phase("cooldown", point.chunk_size, point.decode_batch_size, point.new_prefill_tokens)
-                with self._phase("cooldown", point.chunk_size):
-                    await asyncio.sleep(spec.cooldown_s)
 
     # --- results ------------------------------------------------------------------------------
 
@@ -447,7 +604,9 @@ class SweepController:
                     report.rerun.append(key)
             report.median_penalty_ms = median(penalties)
         total = sum(r.configs for r in self.reports.values())
-        return SweepReport(self.reports, status, self.spec.mode, total, complete, wall_s, engine_s, message)
+        order = self.spec.order.model_dump()
+        return SweepReport(self.reports, status, self.spec.mode, total, complete, wall_s, engine_s, message,
+                           order=order)
 
     def _write_state(self, report: SweepReport) -> None:
         """`sweep.json` beside the chunk directories: the spec and one entry per invocation."""

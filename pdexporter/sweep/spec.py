@@ -53,8 +53,21 @@ class GridSpec(_Strict):
     chunk_sizes: list[PositiveInt] = Field(min_length=1)
     decode_batch_sizes: list[NonNegativeInt] = Field(min_length=1)
     new_prefill_tokens: list[PositiveInt] = Field(min_length=1)
+    # Only these [B, D, P] configurations of the product (e.g. the points of an earlier sweep that
+    # failed the CV criterion, re-run); None: the whole product.
+    only: list[tuple[PositiveInt, NonNegativeInt, PositiveInt]] | None = None
 
     _check_unique = field_validator("chunk_sizes", "decode_batch_sizes", "new_prefill_tokens")(_unique)
+
+    @model_validator(mode="after")
+    def _only_in_grid(self) -> GridSpec:
+        for i, (b, d, p) in enumerate(self.only or []):
+            if b not in self.chunk_sizes or d not in self.decode_batch_sizes or p not in self.new_prefill_tokens:
+                raise ValueError(f"grid.only[{i}] = [{b}, {d}, {p}] is not in the grid's lists")
+        return self
+
+    def includes(self, key: tuple[int, int, int]) -> bool:
+        return self.only is None or tuple(key) in {tuple(k) for k in self.only}
 
     @model_validator(mode="after")
     def _budget(self) -> GridSpec:
@@ -67,6 +80,8 @@ class GridSpec(_Strict):
 
     @property
     def size(self) -> int:
+        if self.only is not None:
+            return len({tuple(k) for k in self.only})
         return len(self.chunk_sizes) * len(self.decode_batch_sizes) * len(self.new_prefill_tokens)
 
 
@@ -85,6 +100,18 @@ class CooldownSpec(_Strict):
     seconds: float | None = Field(None, ge=0)
 
 
+class OrderSpec(_Strict):
+    """In which order a chunk size's repetitions run (docs/sweep.md, "Interleaving").
+
+    `blocked` (the seed's): all repetitions of one configuration, then the next. `interleaved`:
+    block k holds repetition k of every configuration, in an order drawn from `seed` (D values
+    shuffled, the P values of each D shuffled; `plan.block_order`), so drift that lasts tens of
+    seconds spreads over every configuration instead of landing on one."""
+
+    kind: Literal["blocked", "interleaved"] = "blocked"
+    seed: int = 0
+
+
 class CvSpec(_Strict):
     """The seed's reproducibility criterion: CV of the penalty over one attempt's reps."""
 
@@ -99,8 +126,23 @@ class FastSpec(_Strict):
     max_context_drift_tokens: int = Field(512, ge=1)
 
 
+# Set in every engine's environment when a sweep runs one engine per GPU (`launcher.gpus`): NVLink
+# multicast (NVLS) off, as the multi-GPU machines this runs on require (NCCL, torch symmetric
+# memory, NVSHMEM). `launcher.env` may override any of them.
+MULTI_GPU_ENV: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+SLOT_PLACEHOLDERS = ("gpu", "port")
+
+
 class LocalLauncherSpec(_Strict):
-    """Start the engine from a command template; {chunk} and every key of `vars` are filled in."""
+    """Start the engine from a command template; {chunk} and every key of `vars` are filled in.
+
+    With `gpus`, one engine per GPU: the engine on `gpus[i]` gets `CUDA_VISIBLE_DEVICES=gpus[i]`,
+    {gpu} = gpus[i] and {port} = base_port + i (in `command` and `url`), and chunk sizes run in
+    parallel, one per engine (docs/sweep.md, "Several GPUs")."""
 
     kind: Literal["local"]
     command: str = Field(min_length=1)
@@ -111,6 +153,27 @@ class LocalLauncherSpec(_Strict):
     health_timeout_s: float = Field(600.0, gt=0)
     stop_timeout_s: float = Field(60.0, gt=0)
     adopt: bool = True
+    gpus: list[Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9,:_-]+$")]] | None = Field(None, min_length=1)
+    base_port: int = Field(8000, ge=1, le=65535)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpu_names(cls, value: Any) -> Any:
+        # `gpus: [0, 1]` in YAML: device indices as CUDA_VISIBLE_DEVICES takes them
+        if isinstance(value, list):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpus(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            seen: set[str] = set()
+            for i, gpu in enumerate(value):
+                if gpu in seen:
+                    raise ValueError(f"[{i}] = {gpu} appears twice")
+                seen.add(gpu)
+        return value
 
     @field_validator("command")
     @classmethod
@@ -123,6 +186,42 @@ class LocalLauncherSpec(_Strict):
     @classmethod
     def _http(cls, value: str) -> str:
         return _check_url(value)
+
+    @model_validator(mode="after")
+    def _slots(self) -> LocalLauncherSpec:
+        if self.gpus is None:
+            return self
+        if self.base_port + len(self.gpus) - 1 > 65535:
+            raise ValueError(f"launcher.base_port: {self.base_port} + {len(self.gpus)} GPUs runs past port 65535")
+        taken = [name for name in SLOT_PLACEHOLDERS if name in self.vars]
+        if taken:
+            raise ValueError(f"launcher.vars.{taken[0]}: reserved with launcher.gpus (filled in per GPU)")
+        if "{port}" not in self.command:
+            raise ValueError("launcher.command: must contain {port} with launcher.gpus (each GPU's engine has its "
+                             "own port)")
+        if "{port}" not in self.url:
+            raise ValueError("launcher.url: must contain {port} with launcher.gpus, e.g. http://127.0.0.1:{port}")
+        return self
+
+    @property
+    def slots(self) -> int:
+        return len(self.gpus) if self.gpus else 1
+
+    def slot_values(self, slot: int) -> dict[str, str]:
+        """{gpu} and {port} of the engine on `gpus[slot]` (nothing without `gpus`)."""
+        if self.gpus is None:
+            return {}
+        return {"gpu": self.gpus[slot], "port": str(self.base_port + slot)}
+
+    def slot_url(self, slot: int) -> str:
+        values = self.slot_values(slot)
+        return self.url.replace("{port}", values["port"]) if values else self.url
+
+    def slot_env(self, slot: int) -> dict[str, str]:
+        """The engine's environment on `gpus[slot]`: the GPU, NVLS off, then `env`."""
+        if self.gpus is None:
+            return dict(self.env)
+        return {"CUDA_VISIBLE_DEVICES": self.gpus[slot], **MULTI_GPU_ENV, **self.env}
 
 
 class ExternalLauncherSpec(_Strict):
@@ -140,11 +239,62 @@ class ExternalLauncherSpec(_Strict):
 
 class SimLauncherSpec(_Strict):
     """The embedded engine: `virtual` clock in-process (seconds for a whole grid), or `real` time
-    over HTTP (a child `pdexporter sim serve`)."""
+    over HTTP (a child `pdexporter sim serve`). `kv_role` measures the offloaded arm
+    (docs/disaggregation.md): "decode-bench" (every new request's KV filled, one engine) or "pd"
+    (a prefill and a decode instance with a modelled KV transfer, the routing step in front)."""
 
     kind: Literal["sim"]
     profile: str = "h200-qwen3-coder-30b-a3b"
     clock: Literal["virtual", "real"] = "virtual"
+    kv_role: Literal["none", "decode-bench", "pd"] = "none"
+    engines: int = Field(1, ge=1)  # embedded engines side by side, as `gpus` gives a local launcher
+
+    @property
+    def slots(self) -> int:
+        return self.engines
+
+
+class PairInstanceSpec(_Strict):
+    """One engine of a P/D pair: its own command (leading NAME=value words are its environment),
+    URL and environment (e.g. CUDA_VISIBLE_DEVICES, VLLM_NIXL_SIDE_CHANNEL_PORT)."""
+
+    command: str = Field(min_length=1)
+    url: str
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _check_url(value)
+
+
+class PairLauncherSpec(_Strict):
+    """A 1P1D pair on one host (launch/pair.py): two engines started, health-waited and stopped
+    together, each from its own command; `vars` fill both templates, `env` goes to both (on a
+    multi-GPU host: NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1).
+    The probes run on the decode instance (its command needs {chunk}); the injected prefill is
+    routed through the prefill instance first (measure/pd.py). The connector is read from the
+    commands' --kv-transfer-config (NixlConnector or P2pNcclConnector), or the embedded engine's
+    --kv-role prefill/decode (a modelled NIXL)."""
+
+    kind: Literal["pair"]
+    prefill: PairInstanceSpec
+    decode: PairInstanceSpec
+    vars: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    health_timeout_s: float = Field(600.0, gt=0)
+    stop_timeout_s: float = Field(60.0, gt=0)
+    adopt: bool = True
+
+    @model_validator(mode="after")
+    def _pair(self) -> PairLauncherSpec:
+        from pdexporter.launch.pair import check_pair
+
+        problem = check_pair(self)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class KubernetesLauncherSpec(_Strict):
@@ -183,7 +333,7 @@ class KubernetesLauncherSpec(_Strict):
 
 
 LauncherSpec = Annotated[
-    LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec,
+    LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec | PairLauncherSpec,
     Field(discriminator="kind"),
 ]
 
@@ -206,6 +356,7 @@ class SweepSpec(_Strict):
     warmup: WarmupSpec = WarmupSpec()
     cooldown: CooldownSpec = CooldownSpec()
     cv: CvSpec = CvSpec()
+    order: OrderSpec = OrderSpec()
     fast: FastSpec = FastSpec()
     launcher: LauncherSpec = SimLauncherSpec(kind="sim")
     output: str = "results"
@@ -241,6 +392,13 @@ class SweepSpec(_Strict):
         return self
 
     @property
+    def slots(self) -> int:
+        """Engines the sweep runs side by side (one chunk size each): the local launcher's `gpus`,
+        the embedded engine's `engines`; one otherwise."""
+        launcher = self.launcher
+        return launcher.slots if isinstance(launcher, (LocalLauncherSpec, SimLauncherSpec)) else 1
+
+    @property
     def cooldown_s(self) -> float:
         if self.mode == "fast":
             return 0.0
@@ -251,10 +409,13 @@ class SweepSpec(_Strict):
         launcher's `env` and `NAME=value` / `--secret value` words of its command replaced by ***."""
         data = self.model_dump(mode="json")
         launcher = data.get("launcher") or {}
-        if isinstance(launcher.get("env"), dict):
-            launcher["env"] = redact_env(launcher["env"])
-        if isinstance(launcher.get("command"), str):
-            launcher["command"] = " ".join(redact_argv(launcher["command"].split()))
+        for node in (launcher, launcher.get("prefill"), launcher.get("decode")):
+            if not isinstance(node, dict):
+                continue
+            if isinstance(node.get("env"), dict):
+                node["env"] = redact_env(node["env"])
+            if isinstance(node.get("command"), str):
+                node["command"] = " ".join(redact_argv(node["command"].split()))
         return data
 
     def points(self) -> Iterator[tuple[int, int, int]]:
@@ -262,7 +423,8 @@ class SweepSpec(_Strict):
         for b in self.grid.chunk_sizes:
             for d in self.grid.decode_batch_sizes:
                 for p in self.grid.new_prefill_tokens:
-                    yield (b, d, p)
+                    if self.grid.includes((b, d, p)):
+                        yield (b, d, p)
 
     def fast_probe_tokens(self, chunk_size: int) -> int:
         """max_tokens of a fast-mode probe: room for the drift, and for the largest window."""
@@ -278,8 +440,11 @@ class SweepSpec(_Strict):
 # Loading and one-line errors
 
 
-def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepSpec:
-    """Read a sweep file; `overrides` are dotted keys (`mode`, `launcher.clock`) from the CLI."""
+def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
+               chunk_index: int | None = None) -> SweepSpec:
+    """Read a sweep file; `overrides` are dotted keys (`mode`, `launcher.clock`) from the CLI.
+    `chunk_index`: keep only the I-th chunk size of the file's grid, in file order (`--chunk-index`,
+    a Kubernetes Indexed Job's completion index), before anything is checked against it."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -294,9 +459,22 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> Swe
         raise ConfigError(f"{path}: {where}not valid YAML ({problem})") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sweep settings at the top level")
+    if chunk_index is not None:
+        data = {**data, "grid": narrow_grid(data.get("grid"), chunk_index, str(path))}
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, value)
     return parse_sweep(data, str(path))
+
+
+def narrow_grid(grid: Any, index: int, source: str) -> dict[str, Any]:
+    """The grid with only its `index`-th chunk size (file order); one line if there is none."""
+    sizes = grid.get("chunk_sizes") if isinstance(grid, dict) else None
+    if not isinstance(sizes, list) or not sizes:
+        raise ConfigError(f"{source}: grid.chunk_sizes: required (a list) for --chunk-index")
+    if not 0 <= index < len(sizes):
+        raise ConfigError(f"--chunk-index {index}: out of range, {source} lists {len(sizes)} chunk size(s) "
+                          f"(indices 0..{len(sizes) - 1})")
+    return {**grid, "chunk_sizes": [sizes[index]]}
 
 
 def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepSpec:
@@ -323,4 +501,5 @@ LAUNCHERS: dict[str, type[BaseModel]] = {
     "external": ExternalLauncherSpec,
     "sim": SimLauncherSpec,
     "kubernetes": KubernetesLauncherSpec,
+    "pair": PairLauncherSpec,
 }

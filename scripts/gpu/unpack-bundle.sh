@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
 # Source on the GPU machine once every part of the vLLM bundle is in /root/stage
 # (../shared/gpu/README.md): unpacks it to /tmp/site and /tmp/model, once per machine.
+# Hidden folders go too (nixl-cu13 keeps libnixl.so in site/.nixl_cu13.mesonpy.libs), and the
+# nixl_ep packages nixl-cu13 1.5.1 brings are removed: vLLM 0.22 imports nixl_ep when it is
+# installed and fails without its torch-2.11 extension (MoE expert-parallel all2all; the
+# NixlConnector does not need it).
 if [ ! -d /tmp/site/vllm ]; then
   cat /root/stage/part.* > /root/bundle.tar.xz || exit 1
   python3 -c "import tarfile; tarfile.open('/root/bundle.tar.xz').extractall('/tmp/unpack')" || exit 1
-  mkdir -p /tmp/site /tmp/model && mv /tmp/unpack/site/* /tmp/site/ && mv /tmp/unpack/model/* /tmp/model/ && rm -rf /tmp/unpack
+  mkdir -p /tmp/site /tmp/model && cp -a /tmp/unpack/site/. /tmp/site/ && cp -a /tmp/unpack/model/. /tmp/model/ \
+    && rm -rf /tmp/unpack
+elif [ -d /tmp/site/nixl_cu13 ] && [ ! -d /tmp/site/.nixl_cu13.mesonpy.libs ]; then
+  python3 - <<'PY' || exit 1
+import tarfile
+with tarfile.open('/root/bundle.tar.xz') as t:
+    members = [m for m in t.getmembers() if m.name.startswith('site/.nixl_cu13.mesonpy.libs')]
+    t.extractall('/tmp/unpack-hidden', members=members)
+PY
+  cp -a /tmp/unpack-hidden/site/. /tmp/site/ && rm -rf /tmp/unpack-hidden
 fi
+rm -rf /tmp/site/nixl_ep /tmp/site/nixl_ep_cu13 /tmp/site/nixl_ep_cu12 /tmp/site/nixl_ep-*.dist-info

@@ -138,3 +138,38 @@ def test_a_killed_sweep_resumes_to_the_same_records(tmp_path: Path) -> None:
         assert b.interference.prefill_duration_ms == pytest.approx(a.interference.prefill_duration_ms, rel=0.05)
         if key[1]:
             assert b.derived.tpot_penalty_p50_ms == pytest.approx(a.derived.tpot_penalty_p50_ms, rel=0.05)
+
+
+def test_chunk_index_runs_one_chunk_size_and_export_table_joins_them(tmp_path: Path) -> None:
+    """The Kubernetes Indexed Job's command: pod I runs `--chunk-index I` into its own directory;
+    `export-table DIR0 DIR1` joins them into one table (a grid point in two is refused)."""
+    dirs = []
+    for index, chunk in enumerate((2048, 8192)):  # quick.yaml's chunk sizes, in file order
+        out = tmp_path / f"chunk-{index}"
+        run = pdexporter("sweep", "sweeps/quick.yaml", "--chunk-index", str(index), "--out", str(out))
+        assert run.returncode == 0, run.stderr
+        assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [str(chunk)]
+        assert {r.key[0] for r in ResultsStore(out).iter_records()} == {chunk}
+        dirs.append(out)
+    bad = pdexporter("sweep", "sweeps/quick.yaml", "--chunk-index", "2", "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == ("pdexporter: error: --chunk-index 2: out of range, sweeps/quick.yaml lists 2 "
+                                  "chunk size(s) (indices 0..1)")
+
+    joined = pdexporter("export-table", *map(str, dirs), "--no-plots")
+    assert joined.returncode == 0, joined.stderr
+    table = tmp_path / "interference_table.csv"  # default: the directories' common parent
+    assert joined.stdout.strip() == str(table)
+    import pandas as pd
+
+    frame = pd.read_csv(table)
+    assert len(frame) == 8 and sorted(set(frame["chunk_size"])) == [2048, 8192]
+    assert list(frame.columns[-6:]) == ["tpot_penalty_ms_ci95_low", "tpot_penalty_ms_ci95_high",
+                                        "prefill_duration_ms_ci95_low", "prefill_duration_ms_ci95_high",
+                                        "aggregate_interference_ms_ci95_low", "aggregate_interference_ms_ci95_high"]
+
+    twice = pdexporter("export-table", str(dirs[0]), str(dirs[1]), str(dirs[0]), "--no-plots")
+    lines = [line for line in twice.stderr.splitlines() if line.strip()]
+    assert twice.returncode != 0 and len(lines) == 1, twice.stderr
+    assert lines[0] == (f"pdexporter: error: B=2048 D=0 P=512 is in both {dirs[0]} and {dirs[0]}: join results "
+                        "directories of different grid points")

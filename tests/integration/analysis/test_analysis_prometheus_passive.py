@@ -67,7 +67,7 @@ def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path
     assert row["events"] == 7 and row["reps"] == 6  # 7 windows counted, 6 with values
     assert not row["too_few_events"] and table.loc[(3, 16384), "too_few_events"]
     assert row["tpot_penalty_ms"] == pytest.approx(sorted(penalties)[2:4][0] / 2 + sorted(penalties)[2:4][1] / 2, rel=1e-3)
-    assert row["tpot_penalty_ms_ci_low"] <= row["tpot_penalty_ms"] <= row["tpot_penalty_ms_ci_high"]
+    assert row["tpot_penalty_ms_ci95_low"] <= row["tpot_penalty_ms"] <= row["tpot_penalty_ms_ci95_high"]
     assert "passive: 9 events in 3 cells, 2 with fewer than 5 events" in " ".join(done.stderr.split()), done.stderr
 
     seeded = tmp_path / "seed"

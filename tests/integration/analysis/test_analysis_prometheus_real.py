@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from pdexporter.analysis.table import KEY_COLUMNS, build_table, samples_from_record
+from pdexporter.exporter.metrics import set_engine_info
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +33,7 @@ def test_export_table_from_prometheus_gives_the_records_penalties(exporter_doubl
                                                                   make_sim_records):
     records = make_sim_records(POINTS, reps=REPS, out=tmp_path / "records")
     for r in records:
-        exporter_double.metrics.engine_info.labels(engine=r.config.engine, model=r.config.model,
-                                                   chunk_size=str(r.config.chunk_size), modelled="true").set(1)
+        set_engine_info(exporter_double.metrics, r.config.engine, r.config.model, r.config.chunk_size, True)
     prom = prometheus_for([exporter_double.target])
     start = time.time() - 1.0
     for k in range(REPS):

@@ -1,4 +1,8 @@
-"""EngineClient against ScriptedEngine (a test double): streaming, auth, errors, retries."""
+"""EngineClient against ScriptedEngine (a test double): streaming, auth, errors, retries.
+
+Streaming tests run on both transports: the plain socket with kernel receive stamps (the default
+for http://) and aiohttp (`rx_stamps=False`); errors must read the same on both.
+"""
 
 from __future__ import annotations
 
@@ -32,12 +36,18 @@ from tests.scripted_engine import ScriptedEngine
 pytestmark = pytest.mark.integration
 
 
-async def test_completion_stream_counts_tokens_and_stamps_each_event() -> None:
-    async with ScriptedEngine(cadence_s=0.004) as engine, EngineClient(engine.url) as client:
+@pytest.fixture(params=["kernel-rx", "aiohttp"])
+def rx(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param == "kernel-rx")
+
+
+async def test_completion_stream_counts_tokens_and_stamps_each_event(rx: bool) -> None:
+    async with ScriptedEngine(cadence_s=0.004) as engine, EngineClient(engine.url, rx_stamps=rx) as client:
         stream = TokenStream("s")
         body = encode_body(completion_request(engine.model, list(range(100, 164)), 20))
         await client.stream_into(COMPLETIONS_PATH, body, stream)
     assert stream.n_tokens == 20 and stream.finished and stream.finish_reason == "length"
+    assert stream.stamp_clock == ("kernel-rx" if rx else "read")
     assert stream.prompt_tokens == 64
     assert stream.t_sent_ns is not None and stream.t_sent_ns <= stream.event_times_ns[0]
     gaps = [b - a for a, b in zip(stream.event_times_ns, stream.event_times_ns[1:])]
@@ -48,17 +58,17 @@ async def test_completion_stream_counts_tokens_and_stamps_each_event() -> None:
     assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
 
-async def test_chat_stream() -> None:
-    async with ScriptedEngine() as engine, EngineClient(engine.url) as client:
+async def test_chat_stream(rx: bool) -> None:
+    async with ScriptedEngine() as engine, EngineClient(engine.url, rx_stamps=rx) as client:
         stream = TokenStream("chat")
         body = encode_body(chat_request(engine.model, [{"role": "user", "content": "hi"}], 5))
         await client.stream_into(CHAT_PATH, body, stream)
     assert stream.n_tokens == 5 and engine.bodies[0]["messages"][0]["content"] == "hi"
 
 
-async def test_refused_connection_is_one_line_naming_the_url() -> None:
+async def test_refused_connection_is_one_line_naming_the_url(rx: bool) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    async with EngineClient(url, retries=2) as client:
+    async with EngineClient(url, retries=2, rx_stamps=rx) as client:
         with pytest.raises(EngineUnreachable) as excinfo:
             await client.get_text("/health")
         stream = TokenStream("x")
@@ -66,10 +76,11 @@ async def test_refused_connection_is_one_line_naming_the_url() -> None:
             await client.stream_into(COMPLETIONS_PATH, b"{}", stream)
     assert url in str(excinfo.value) and "\n" not in str(excinfo.value)
     assert stream.error is not None and stream.done
+    assert url in str(stream.error) and "\n" not in str(stream.error)
 
 
-async def test_engine_rejection_shows_the_engines_message() -> None:
-    async with ScriptedEngine(behaviour="reject") as engine, EngineClient(engine.url) as client:
+async def test_engine_rejection_shows_the_engines_message(rx: bool) -> None:
+    async with ScriptedEngine(behaviour="reject") as engine, EngineClient(engine.url, rx_stamps=rx) as client:
         with pytest.raises(EngineHTTPError) as excinfo:
             await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1] * 5000, 1)), TokenStream("p"))
     err = excinfo.value
@@ -77,8 +88,8 @@ async def test_engine_rejection_shows_the_engines_message() -> None:
     assert "maximum context length is 4096 tokens" in str(err)
 
 
-async def test_server_error_is_not_retried_inside_a_stream() -> None:
-    async with ScriptedEngine(behaviour="fail") as engine, EngineClient(engine.url) as client:
+async def test_server_error_is_not_retried_inside_a_stream(rx: bool) -> None:
+    async with ScriptedEngine(behaviour="fail") as engine, EngineClient(engine.url, rx_stamps=rx) as client:
         with pytest.raises(EngineHTTPError, match="HTTP 500"):
             await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 1)), TokenStream("p"))
     assert engine.completion_calls == 1
@@ -97,9 +108,9 @@ async def test_gets_give_up_after_the_retry_budget() -> None:
     assert engine.get_calls == 2
 
 
-async def test_stall_becomes_a_timeout() -> None:
+async def test_stall_becomes_a_timeout(rx: bool) -> None:
     timeouts = ClientTimeouts(read_s=0.3)
-    async with ScriptedEngine(behaviour="stall") as engine, EngineClient(engine.url, timeouts=timeouts) as client:
+    async with ScriptedEngine(behaviour="stall") as engine, EngineClient(engine.url, timeouts=timeouts, rx_stamps=rx) as client:
         start = time.monotonic()
         with pytest.raises(EngineTimeout, match="no event"):
             await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 3)), TokenStream("p"))
@@ -107,14 +118,14 @@ async def test_stall_becomes_a_timeout() -> None:
 
 
 @pytest.mark.parametrize("behaviour, match", [("malformed", "not JSON"), ("no-done", r"without 'data: \[DONE\]'")])
-async def test_broken_sse_is_a_protocol_error(behaviour: str, match: str) -> None:
-    async with ScriptedEngine(behaviour=behaviour) as engine, EngineClient(engine.url) as client:
+async def test_broken_sse_is_a_protocol_error(behaviour: str, match: str, rx: bool) -> None:
+    async with ScriptedEngine(behaviour=behaviour) as engine, EngineClient(engine.url, rx_stamps=rx) as client:
         with pytest.raises(SSEProtocolError, match=match):
             await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 3)), TokenStream("p"))
 
 
-async def test_connection_dropped_mid_stream_is_not_retried() -> None:
-    async with ScriptedEngine(behaviour="disconnect") as engine, EngineClient(engine.url) as client:
+async def test_connection_dropped_mid_stream_is_not_retried(rx: bool) -> None:
+    async with ScriptedEngine(behaviour="disconnect") as engine, EngineClient(engine.url, rx_stamps=rx) as client:
         stream = TokenStream("p")
         with pytest.raises(EngineError):
             await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 10)), stream,
@@ -131,6 +142,19 @@ async def test_bearer_token_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
         async with EngineClient(engine.url, api_key=None, retries=1) as client:
             with pytest.raises(EngineHTTPError, match="401"):
                 await client.models()
+
+
+async def test_bearer_token_is_sent_on_streams(rx: bool) -> None:
+    async with ScriptedEngine(api_key="s3cret") as engine:
+        body = encode_body(completion_request(engine.model, [1, 2], 3))
+        async with EngineClient(engine.url, api_key="s3cret", rx_stamps=rx) as client:
+            stream = TokenStream("p")
+            await client.stream_into(COMPLETIONS_PATH, body, stream)
+        assert stream.n_tokens == 3
+        async with EngineClient(engine.url, api_key="wrong", rx_stamps=rx) as client:
+            with pytest.raises(EngineHTTPError) as excinfo:
+                await client.stream_into(COMPLETIONS_PATH, body, TokenStream("p"))
+    assert excinfo.value.status == 401 and "Unauthorized" in str(excinfo.value) and "\n" not in str(excinfo.value)
 
 
 def test_api_key_from_file_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

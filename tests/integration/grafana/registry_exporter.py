@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from pdexporter.exporter.metrics import ExporterMetrics, grid_labels, publish_window
+from pdexporter.exporter.metrics import ExporterMetrics, grid_labels, publish_window, set_engine_info
 from pdexporter.exporter.server import metrics_app, start_metrics_server
 from pdexporter.measure.records import RepRecord
 
@@ -34,7 +34,7 @@ async def serve(port: int) -> None:
     metrics = ExporterMetrics()
     metrics.up.set(1)
     metrics.probe_streams.set(2)
-    metrics.engine_info.labels(engine="vllm", model="stand-in", chunk_size="8192", modelled="true").set(1)
+    set_engine_info(metrics, "vllm", "stand-in", 8192, True)
     for (d, p, chunks) in ((2, 4096, 1), (4, 8192, 2)):
         publish_window(metrics, grid_labels(8192, d, p), _rep(d, p, 6.0, 40.0, chunks))
     for phase, value in (("baseline", 0.006), ("prefill_window", 0.04), ("after_prefill", 0.0065)):

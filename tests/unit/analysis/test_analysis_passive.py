@@ -22,16 +22,15 @@ def _cell(d: int, p: int, penalties: list[float]) -> ConfigSamples:
     return ConfigSamples(chunk_size=8192, decode_batch_size=d, new_prefill_tokens=p, reps=reps, passive=True)
 
 
-def test_bootstrap_interval_holds_the_median_and_narrows_with_more_events() -> None:
+def test_comparison_intervals_are_the_tables_own_bootstrap() -> None:
     rng = np.random.default_rng(1)
-    few = rng.normal(50, 5, 8)
-    many = rng.normal(50, 5, 400)
-    lo, hi = bootstrap_median_ci(few)
+    few = list(rng.normal(50, 5, 8))
+    lo, hi = bootstrap_median_ci(few, (8192, 4, 2048), "tpot_penalty_ms")
     assert lo is not None and hi is not None and lo <= float(np.median(few)) <= hi
-    lo2, hi2 = bootstrap_median_ci(many)
-    assert hi2 - lo2 < (hi - lo) / 2
+    cell = _cell(4, 2048, few)
+    row = build_table([cell]).iloc[0]
+    assert (row["tpot_penalty_ms_ci95_low"], row["tpot_penalty_ms_ci95_high"]) == pytest.approx((lo, hi), abs=1e-4)
     assert bootstrap_median_ci([3.0]) == (None, None)
-    assert bootstrap_median_ci([1.0, 2.0, 3.0]) == bootstrap_median_ci([1.0, 2.0, 3.0])  # fixed seed
 
 
 def test_rebin_merges_cells_into_the_grid_and_counts_what_falls_outside() -> None:
@@ -43,14 +42,14 @@ def test_rebin_merges_cells_into_the_grid_and_counts_what_falls_outside() -> Non
     assert got.dropped_cells == 2 and got.dropped_events == 2  # D = 16 and P = 128 are outside
 
 
-def test_passive_columns_count_mark_and_bound() -> None:
+def test_passive_columns_count_and_mark() -> None:
     cells = [_cell(4, 2048, [40.0 + k for k in range(10)]), _cell(6, 8192, [70.0, 72.0])]
     table = passive_columns(build_table(cells), cells, min_events=5, events={(8192, 6, 8192): 3})
     assert list(table.columns[-len(PASSIVE_COLUMNS):]) == list(PASSIVE_COLUMNS)
     rows = table.set_index(["decode_batch_size", "new_prefill_tokens"])
     assert rows.loc[(4, 2048), "events"] == 10 and not rows.loc[(4, 2048), "too_few_events"]
     assert rows.loc[(6, 8192), "events"] == 3 and rows.loc[(6, 8192), "too_few_events"]
-    low, high = rows.loc[(4, 2048), "tpot_penalty_ms_ci_low"], rows.loc[(4, 2048), "tpot_penalty_ms_ci_high"]
+    low, high = rows.loc[(4, 2048), "tpot_penalty_ms_ci95_low"], rows.loc[(4, 2048), "tpot_penalty_ms_ci95_high"]
     assert low <= rows.loc[(4, 2048), "tpot_penalty_ms"] <= high
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
+from matplotlib.colors import LogNorm
 
 from pdexporter.analysis.job import analyse
-from pdexporter.analysis.plots import all_plots, write_plots
+from pdexporter.analysis.plots import all_plots, breakeven, heatmap, write_plots
 from pdexporter.analysis.report import render_report
 from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records
 from pdexporter.analysis.table import samples_from_record
@@ -60,9 +62,64 @@ def test_report_is_self_contained_with_banner(modelled_analysis):
     # every src/href is inline data; no scripts, stylesheets or fonts from anywhere
     refs = re.findall(r'(?:src|href)\s*=\s*"([^"]*)"', html)
     assert refs and all(r.startswith("data:image/png;base64,") for r in refs)
-    assert "<script" not in html and "@import" not in html and "url(" not in html
+    scripts = re.findall(r"<script([^>]*)>", html)
+    assert scripts == [""]  # one inline script (table sorting), nothing loaded from anywhere
+    assert "@import" not in html and "url(" not in html
     assert 'id="plot-heatmap_penalty_ratio"' in html
     for c in modelled_analysis.criteria:
         assert c.figure.replace(">", "&gt;") in html or c.figure in html
     assert "context_aware" in html and "beta_ms_per_token_pair" in html
     assert html.count("<tr>") > len(modelled_analysis.table)  # the whole table is there
+
+
+def test_heatmap_uses_a_log_scale_and_prints_every_value(modelled_analysis):
+    table = modelled_analysis.table
+    plot = heatmap(table)
+    panels = [ax for ax in plot.figure.axes if ax.images]
+    assert len(panels) == table["chunk_size"].nunique()
+    ratios = table["penalty_ratio"].dropna()
+    assert ratios.max() / ratios.min() > 5  # a spread a linear scale would wash out
+    for ax in panels:
+        (image,) = ax.images
+        assert isinstance(image.norm, LogNorm)
+        assert image.norm.vmin == pytest.approx(ratios.min()) and image.norm.vmax == pytest.approx(ratios.max())
+        b = int(ax.get_title().split("B=")[1])
+        shown = sorted(float(t.get_text()) for t in ax.texts)
+        expected = sorted(table[(table["chunk_size"] == b) & table["penalty_ratio"].notna()]["penalty_ratio"])
+        assert shown == pytest.approx(expected, rel=0.01)  # every cell printed (2-3 significant digits)
+        # D = 0 has no ratio anywhere: its row is left out rather than drawn as a grey band
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["1", "4", "8"]
+        # the colour of a 2x point and a 20x point differ on the scale's position by their log ratio
+        low, high = float(image.norm(ratios.min())), float(image.norm(ratios.max()))
+        assert (low, high) == (0.0, 1.0)
+        mid = math.sqrt(ratios.min() * ratios.max())
+        assert float(image.norm(mid)) == pytest.approx(0.5)
+    colourbar = plot.figure.axes[-1]
+    assert "log scale" in colourbar.get_ylabel()
+
+
+def test_breakeven_legend_says_modelled_or_measured(modelled_analysis, measured_analysis):
+    for analysis, word in ((modelled_analysis, "modelled"), (measured_analysis, "measured")):
+        plot = breakeven(analysis.table, analysis.fits.best.model, 8192, 50.0)
+        labels = [t.get_text() for t in plot.figure.axes[0].get_legend().get_texts()]
+        assert labels == [f"{word}: offload wins (> 50 ms)", f"{word}: keep local"]
+
+
+def test_report_table_is_full_height_and_sortable(modelled_analysis):
+    html = render_report(modelled_analysis)
+    assert '<table id="interference-table" class="sortable">' in html
+    assert 'class="scroll"' not in html  # no small scroll box around it
+    assert "tpot_<wbr>penalty_<wbr>ms" in html
+
+
+def test_report_table_ends_with_the_bootstrap_intervals(modelled_analysis):
+    """The report's table is the interference table: its last headers are the 95 % intervals, and
+    a row with a penalty shows one."""
+    from pdexporter.analysis.table import CI_COLUMNS
+
+    html = render_report(modelled_analysis).replace("<wbr>", "")
+    heads = [re.findall(r"<th[^>]*>([^<]*)</th>", head) for head in re.findall(r"<thead>(.*?)</thead>", html)]
+    (data,) = [h for h in heads if h[:3] == ["chunk_size", "decode_batch_size", "new_prefill_tokens"]]
+    assert data == list(modelled_analysis.table.columns) and tuple(data[-len(CI_COLUMNS):]) == CI_COLUMNS
+    row = modelled_analysis.table.dropna(subset=["tpot_penalty_ms_ci95_low"]).iloc[0]
+    assert row["tpot_penalty_ms_ci95_low"] <= row["tpot_penalty_ms"] <= row["tpot_penalty_ms_ci95_high"]

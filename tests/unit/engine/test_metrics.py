@@ -74,3 +74,15 @@ def test_garbage_is_a_one_line_error() -> None:
         parse_exposition("vllm:num_requests_running{oops 1 2 3\n", source="http://x/metrics")
     assert "http://x/metrics" in str(excinfo.value)
     assert "\n" not in str(excinfo.value)
+
+
+def test_parsing_only_the_known_families_gives_the_same_snapshot(vllm_metrics_text: str) -> None:
+    """parse_exposition cuts the text to the families it reads before parsing (a sweep parses
+    /metrics twice per window); the snapshot is the one the whole text gives."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pdexporter.engine.metrics import known_lines, snapshot_from_families
+
+    whole = snapshot_from_families(text_string_to_metric_families(vllm_metrics_text))
+    assert parse_exposition(vllm_metrics_text) == whole and whole.missing == ()
+    assert len(known_lines(vllm_metrics_text)) < len(vllm_metrics_text) / 2

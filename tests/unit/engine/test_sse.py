@@ -112,6 +112,16 @@ def test_comments_and_event_names_are_handled() -> None:
     parser = SSEParser()
     events = parser.feed(b": keep-alive\n\nevent: message\ndata: [DONE]\n\n")
     assert len(events) == 1 and events[0].event == "message" and events[0].data == "[DONE]"
+    assert events[0].comment is None  # the keep-alive's block ended before this event's
+
+
+def test_comments_ride_with_the_event_of_their_block_whatever_the_split() -> None:
+    """The embedded engine's opt-in send stamps are a comment line before each event."""
+    wire = b": sent=1\ndata: a\n\n: sent=2\n: more\ndata: b\n\ndata: c\n\n"
+    for cut in range(1, len(wire)):
+        parser = SSEParser()
+        events = parser.feed(wire[:cut]) + parser.feed(wire[cut:])
+        assert [(e.data, e.comment) for e in events] == [("a", "sent=1"), ("b", "sent=2\nmore"), ("c", None)]
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,12 @@ from pdexporter.analysis.table import COLUMNS, INT_VALUES, REP_VALUES, SEED_COLU
 from pdexporter.exporter.metrics import WINDOW_GAUGES, ExporterMetrics
 from pdexporter.measure.quantities import QUANTITIES, gauged, in_block, markdown_table, tabulated
 from pdexporter.measure.records import SEED_KEYS, BaselineBlock, DerivedBlock, InterferenceBlock
+from pdexporter.measure.pd import OffloadNumbers
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
 ROOT = Path(__file__).parents[3]
 MODELS = {"baseline": BaselineBlock, "interference": InterferenceBlock, "derived": DerivedBlock}
-SOURCES = {"baseline": BaselineStats, "window": WindowStats, "derived": Derived}
+SOURCES = {"baseline": BaselineStats, "window": WindowStats, "derived": Derived, "offload": OffloadNumbers}
 
 
 def test_names_are_unique() -> None:
@@ -52,7 +53,10 @@ def test_table_columns_follow_the_declaration() -> None:
                             "prefill_duration_ms")  # the seed's header, verbatim
     assert REP_VALUES == tuple(q.column for q in tabulated())
     assert set(REP_VALUES) <= set(COLUMNS)
-    assert INT_VALUES == {q.column for q in tabulated() if q.unit == "count"}
+    assert INT_VALUES == {q.column for q in tabulated("offloaded") if q.unit in ("count", "bytes")}
+    # the offloaded arm's columns are declared too, and only its tables carry them
+    arm = [q.column for q in tabulated("offloaded") if q.arm == "offloaded"]
+    assert arm and not set(arm) & set(COLUMNS)
 
 
 def test_gauges_and_the_prometheus_pull_follow_the_declaration() -> None:

@@ -101,3 +101,16 @@ def test_record_with_no_decodes_keeps_nulls() -> None:
     dumped = json.loads(record.model_dump_json())
     assert dumped["baseline"]["tpot_p50_ms"] is None
     assert dumped["interference"]["prefill_duration_ms"] == 60.0
+
+
+def test_secret_values_are_redacted_and_counts_are_not() -> None:
+    from pdexporter._internal.redact import engine_flags, redact_argv, redact_env
+
+    argv = ["HF_TOKEN=hf_abc123", "vllm", "serve", "m", "--max-num-batched-tokens", "8192", "--api-key", "sk-1",
+            "--api-key=sk-2", "--max-tokens=5"]
+    out = redact_argv(argv)
+    assert out == ["HF_TOKEN=***", "vllm", "serve", "m", "--max-num-batched-tokens", "8192", "--api-key", "***",
+                   "--api-key=***", "--max-tokens=5"]
+    assert redact_env({"VLLM_API_KEY": "x", "CUDA_VISIBLE_DEVICES": "0"}) == {"VLLM_API_KEY": "***",
+                                                                              "CUDA_VISIBLE_DEVICES": "0"}
+    assert engine_flags(out)["max-num-batched-tokens"] == "8192"

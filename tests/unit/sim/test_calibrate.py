@@ -3,8 +3,11 @@ generated; observations taken from a record the way calibrate reads the H200 swe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import yaml
 
 from pdexporter.measure.records import (
     BaselineBlock,
@@ -14,19 +17,35 @@ from pdexporter.measure.records import (
     RepRecord,
     aggregate,
 )
+from pdexporter.measure.store import ResultsStore
 from pdexporter.sim.calibrate import (
+    KINDS,
     HoldoutReport,
     PointError,
+    PointFigures,
+    RecordSimulator,
+    StepData,
     StepObservation,
     chunk_sizes,
+    compare_records,
+    decode_table,
     fit_step_params,
+    kind_of,
+    label_worse,
     mixed_composition,
     observations_from_record,
+    record_residuals,
+    residual_keys,
     split_holdout,
+    step_errors,
     with_values,
+    worse_than_base,
 )
-from pdexporter.sim.profile import load_profile
+from pdexporter.sim.profile import load_profile, parse_profile
 from pdexporter.sim.steptime import StepComposition, StepTimeModel
+
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +158,104 @@ def test_holdout_table_is_per_chunk_size_and_overall():
     assert table["prefill_duration"] == {"2048": pytest.approx(10.0), "8192": pytest.approx(4.0),
                                          "all": pytest.approx(7.0)}
     assert table["during_tpot"]["all"] is None
+
+
+# -- vectorised stage 1, figures, comparisons -----------------------------------------------------
+
+def test_vectorised_observations_time_like_the_scalar_model(base):
+    obs = synthetic(base, base.step_time)
+    obs += [StepObservation(StepComposition.decode_batch(d, 4200), 0.005, "decode", key=(2048, d, 512))
+            for d in (3, 5, 10, 13)]  # padded to 4, 8, 16, 16
+    data = StepData(base, obs)
+    model = StepTimeModel(base)
+    assert list(data.model_s(base.step_time)) == pytest.approx([o.model_s(model) for o in obs], rel=1e-12)
+    assert list(step_errors(base, base.step_time, obs)) == pytest.approx(
+        [(o.model_s(model) - o.seconds) / o.seconds for o in obs], rel=1e-9)
+
+
+def test_holdout_report_by_metric_kind_and_worse_than_base():
+    keys = [(2048, 0, 4096), (2048, 4, 1024), (8192, 4, 4096), (4096, 4, 4096), (2048, 12, 32768)]
+    assert [kind_of(k) for k in keys] == list(KINDS)
+    measured = {k: PointFigures(100.0, 50.0, 50.0, 40.0, 8.0, 5.0, 200.0) for k in keys}
+    close = {k: PointFigures(102.0, 51.0, 50.0, 40.0, 8.0, 5.0, 210.0) for k in keys}
+    far = {k: PointFigures(90.0, 55.0, 50.0, 40.0, 8.0, 5.0, 190.0) for k in keys}
+    good, bad = compare_records(measured, close), compare_records(measured, far)
+    assert good.metric_mape("prefill_duration") == pytest.approx(2.0)
+    assert good.metric_mape("aggregate_interference") == pytest.approx(5.0)
+    assert bad.by_kind()["D = 0"] == {"n": 1, "prefill_duration": pytest.approx(10.0),
+                                      "during_tpot": pytest.approx(10.0), "aggregate_interference": pytest.approx(5.0)}
+    worse = worse_than_base(good, bad)
+    assert [m for m, _, _ in worse] == ["prefill_duration", "during_tpot"]  # aggregate: 5 % each, not worse
+    assert worse[0][1:] == (pytest.approx(10.0), pytest.approx(2.0))
+    assert worse_than_base(bad, good) == []
+
+
+def test_a_fit_worse_than_its_base_is_labelled(base):
+    labelled = label_worse(base, [("during_tpot", 15.2, 14.1)], 39)
+    assert labelled.calibration == "calibrated-worse-than-base"
+    assert labelled.calibration_note.startswith("WORSE THAN THE BASE PROFILE on the 39 held-out configurations")
+    assert "during_tpot MAPE 15.2 % vs 14.1 %" in labelled.calibration_note
+    assert parse_profile(yaml.safe_load(labelled.to_yaml())).calibration == "calibrated-worse-than-base"
+
+
+def test_record_residual_rows_follow_the_measured_figures():
+    measured = {(2048, 0, 512): PointFigures(80.0, None, None, None, None, None, None),
+                (2048, 4, 4096): PointFigures(200.0, 50.0, 48.0, 60.0, 9.0, 6.0, 300.0)}
+    predicted = {(2048, 0, 512): PointFigures(88.0, None, None, None, None, None, None),
+                 (2048, 4, 4096): PointFigures(200.0, 55.0, None, 60.0, 9.0, 6.0, 300.0)}
+    res = record_residuals(measured, predicted)
+    assert residual_keys(measured) == [(2048, 0, 512)] + [(2048, 4, 4096)] * 4
+    assert res[0] == pytest.approx(np.log(1.1)) and res[2] == pytest.approx(np.log(1.1))
+    assert res[3] == pytest.approx(np.log(1e-6 / 48.0))  # a figure the prediction lacks is a large error
+
+
+def test_between_grid_decode_table_against_the_h200_records(base):
+    records = list(ResultsStore(REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b").iter_records())
+    rows = {r["D"]: r for r in decode_table({"base": base}, records)}
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    assert [rows[d]["padded"] for d in (3, 5, 7, 9, 10, 11)] == [4, 8, 8, 16, 16, 16]
+    assert rows[10]["same_graph_D"] == 12 and rows[10]["known_ms"] == 10.2
+    assert rows[5]["same_graph_D"] == 8 and rows[3]["same_graph_D"] == 4 and rows[1]["same_graph_D"] is None
+    d12 = [float(r.baseline.tpot_p50_ms) for r in records if r.config.decode_batch_size == 12]
+    assert rows[12]["measured_ms"] == pytest.approx(float(np.median(d12)))
+    assert rows[10]["same_graph_measured_ms"] == rows[12]["measured_ms"]
+    # the padding rule in the model: D=10 costs within 3 % of D=12 (only the KV reads of two requests differ)
+    assert rows[10]["base_ms"] == pytest.approx(rows[12]["base_ms"], rel=0.03)
+    assert rows[8]["base_ms"] < 0.93 * rows[9]["base_ms"]
+
+
+# -- simulating configurations -------------------------------------------------------------------
+
+SMALL = [(2048, 1, 512), (2048, 1, 1024), (8192, 4, 512)]
+
+
+def test_record_simulator_runs_whole_groups_once_and_serves_subsets_from_cache(base):
+    from pdexporter.measure.protocol import ProtocolSettings
+
+    done: list[tuple[int, int]] = []
+    with RecordSimulator(SMALL, ProtocolSettings(), on_group=done.append) as sim:
+        assert sim.groups(SMALL) == 2 and sim.groups([(2048, 1, 1024)]) == 1
+        (one,) = sim([base], [(2048, 1, 1024)])
+        assert set(one) == {(2048, 1, 1024)} and sim.simulated == 1 and done == [(2048, 1)]
+        modelled = one[(2048, 1, 1024)]
+        assert modelled.prefill_duration_ms and modelled.during_p50_ms and modelled.baseline_p50_ms
+        (both,) = sim([base], SMALL)  # (2048, 1) is cached with both of its prefill sizes
+        assert sim.simulated == 2 and done == [(2048, 1), (2048, 1), (8192, 4)]
+        assert both[(2048, 1, 1024)] == modelled and set(both) == set(SMALL)
+        faster = with_values(base, {"launch_eager_ms": 20.0})
+        fast, again = sim([faster, base], SMALL)
+        assert sim.simulated == 4  # only the new profile's groups ran
+        assert again == both and fast[(8192, 4, 512)].prefill_duration_ms < both[(8192, 4, 512)].prefill_duration_ms
+        with pytest.raises(ValueError, match="outside the records: B=4096 D=2"):
+            sim([base], [(4096, 2, 512)])
+
+
+def test_record_simulator_in_worker_processes_agrees_with_the_inline_one(base):
+    from pdexporter.measure.protocol import ProtocolSettings
+
+    profiles = [base, with_values(base, {"retire_us_per_token": 3.0})]
+    with RecordSimulator(SMALL, ProtocolSettings(), jobs=1) as inline:
+        expected = inline(profiles, SMALL)
+    with RecordSimulator(SMALL, ProtocolSettings(), jobs=2) as pool:
+        assert pool(profiles, SMALL) == expected
+        assert pool.simulated == 4 and pool.cpu_s > 0

@@ -170,3 +170,74 @@ def test_an_external_engine_runs_the_single_chunk_size_of_its_grid(tmp_path: Pat
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump({"grid": GRID, "launcher": {"kind": "external", "url": "http://e:8000"}}))
     assert load_sweep(path).launcher.chunk_size == 8192
+
+
+def test_h200x2_file_runs_h200s_engine_on_two_gpus_interleaved() -> None:
+    from pdexporter.sweep.spec import MULTI_GPU_ENV
+
+    spec = load_sweep(ROOT / "sweeps" / "h200x2.yaml")
+    one = load_sweep(ROOT / "sweeps" / "h200.yaml")
+    assert spec.grid == one.grid and spec.reps == 5 and spec.mode == "fast" and spec.slots == 2
+    assert spec.order.kind == "interleaved"
+    launcher, base = spec.launcher, one.launcher
+    assert isinstance(launcher, LocalLauncherSpec) and isinstance(base, LocalLauncherSpec)
+    assert launcher.gpus == ["0", "1"] and [launcher.slot_url(i) for i in (0, 1)] == [
+        "http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    for i in (0, 1):
+        argv = render_command(launcher.command, 8192, launcher.slot_values(i), launcher.slot_env(i))
+        assert argv.env == {"CUDA_VISIBLE_DEVICES": str(i), **MULTI_GPU_ENV, "PYTHONPATH": "/tmp/site",
+                            "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+        # h200.yaml's vLLM command, but on port 8000 + i
+        assert argv.argv == render_command(base.command, 8192).argv[:-3] + ("--port", str(8000 + i),
+                                                                           "--enable-logging-iteration-details")
+
+
+@pytest.mark.parametrize("launcher, message", [
+    ({"command": "x {chunk}", "gpus": [0, 1]},
+     "launcher.command: must contain {port} with launcher.gpus (each GPU's engine has its own port)"),
+    ({"command": "x {chunk} --port {port}", "gpus": [0, 1]},
+     "launcher.url: must contain {port} with launcher.gpus, e.g. http://127.0.0.1:{port}"),
+    ({"command": "x {chunk} --port {port}", "gpus": [0, 0], "url": "http://h:{port}"},
+     "launcher.gpus[1] = 0 appears twice"),
+    ({"command": "x {chunk} --port {port}", "gpus": [0, 1], "url": "http://h:{port}", "vars": {"port": "1"}},
+     "launcher.vars.port: reserved with launcher.gpus (filled in per GPU)"),
+])
+def test_bad_gpu_settings_are_one_line(launcher: dict, message: str) -> None:
+    assert error_of({"grid": GRID, "launcher": {"kind": "local", **launcher}}) == f"sweeps/x.yaml: {message}"
+
+
+def test_gpus_fill_port_gpu_and_the_environment() -> None:
+    spec = parse_sweep({"grid": GRID, "launcher": {
+        "kind": "local", "gpus": [2, "GPU-5f1e"], "base_port": 9100, "env": {"NCCL_NVLS_ENABLE": "1"},
+        "command": "serve --chunk {chunk} --port {port} --tag g{gpu}", "url": "http://127.0.0.1:{port}/"}})
+    launcher = spec.launcher
+    assert isinstance(launcher, LocalLauncherSpec) and spec.slots == 2
+    assert launcher.slot_values(1) == {"gpu": "GPU-5f1e", "port": "9101"}
+    assert launcher.slot_url(0) == "http://127.0.0.1:9100"
+    env = launcher.slot_env(1)
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-5f1e" and env["NCCL_NVLS_ENABLE"] == "1"  # env overrides
+    assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
+    rendered = render_command(launcher.command, 4096, launcher.slot_values(0), launcher.slot_env(0))
+    assert rendered.argv == ("serve", "--chunk", "4096", "--port", "9100", "--tag", "g2")
+    assert error_of({"grid": GRID, "order": {"kind": "random"}}) == (
+        "sweeps/x.yaml: order.kind: must be one of 'blocked' or 'interleaved' (got 'random')")
+
+
+def test_chunk_index_keeps_one_chunk_size(tmp_path: Path) -> None:
+    spec = load_sweep(ROOT / "sweeps" / "seed.yaml", chunk_index=1)
+    assert spec.grid.chunk_sizes == [2048] and spec.grid.size == 49
+    with pytest.raises(ConfigError, match=r"^--chunk-index 4: out of range, .*seed.yaml lists 4 chunk size\(s\) "
+                                          r"\(indices 0\.\.3\)$"):
+        load_sweep(ROOT / "sweeps" / "seed.yaml", chunk_index=4)
+
+
+def test_grid_only_restricts_the_product_and_must_lie_in_it() -> None:
+    from pdexporter.errors import ConfigError
+    from pdexporter.sweep.spec import parse_sweep
+
+    spec = parse_sweep({"grid": {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [1, 4],
+                                 "new_prefill_tokens": [512, 8192], "only": [[8192, 4, 512], [2048, 1, 8192]]}})
+    assert list(spec.points()) == [(2048, 1, 8192), (8192, 4, 512)] and spec.grid.size == 2
+    with pytest.raises(ConfigError, match=r"grid.only\[0\] = \[4096, 4, 512\] is not in the grid's lists"):
+        parse_sweep({"grid": {"chunk_sizes": [2048], "decode_batch_sizes": [4], "new_prefill_tokens": [512],
+                              "only": [[4096, 4, 512]]}})

@@ -1,0 +1,234 @@
+"""What the numbers will rest on, judged: pure functions from what was seen to one verdict per check.
+
+`gather` (the I/O edge) asks the engine, Prometheus and the OTLP receiver and writes down what
+they answered (`EngineFacts`, `EndpointFacts`); `evaluate` turns that into `Check`s: one line
+each, `ok`, `warn` (the numbers can be had, but rest on an assumption or an estimate), `fail`
+(they cannot be had, or would be wrong) or `skip` (not asked for, or not reachable past an
+earlier failure). A failed check makes `pdexporter doctor` exit non-zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdexporter._internal.text import plural
+from pdexporter.engines import adapter, identify
+
+Status = Literal["ok", "warn", "fail", "skip"]
+
+# The spec's grid goes up to P = 32768 (docs/spec.md, sweeps/seed.yaml); a prompt must leave room
+# for the one token the injected prefill asks for.
+LARGEST_GRID_PROMPT = 32768
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    why: str
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the engine answered (None where it was not asked or did not answer)."""
+
+    url: str
+    embedded: bool  # pdexporter started its embedded engine for this
+    health_error: str | None = None
+    health_ms: float | None = None
+    version: Mapping[str, Any] | None = None
+    version_error: str | None = None
+    models: Sequence[Mapping[str, Any]] | None = None
+    models_error: str | None = None
+    model_wanted: str | None = None  # --model
+    metrics_text: str | None = None
+    metrics_error: str | None = None
+    stream_error: str | None = None
+    stream_tokens: int = 0
+    stream_ms: float | None = None
+    chunk_size: int | None = None  # --chunk-size, or what the embedded engine was started with
+    step_log: str | None = None  # the engine's log file, when pdexporter can read it
+    step_log_steps: int | None = None  # steps it logged for the test request
+    cuda_graphs: bool | None = None  # known only when pdexporter knows how the engine was started
+    cudagraph_max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class EndpointFacts:
+    """A Prometheus or OTLP endpoint: where it came from and what it answered."""
+
+    kind: Literal["prometheus", "otlp"]
+    url: str | None
+    source: str = ""  # the flag or variable that named it
+    error: str | None = None
+    detail: str = ""  # what it said when it answered (Prometheus' version, the HTTP status)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def cache_config(metrics_text: str, metric: str | None) -> dict[str, str] | None:
+    """The labels of the engine's cache-config info series (vLLM: `vllm:cache_config_info`)."""
+    if not metric:
+        return None
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == metric:
+                    return dict(sample.labels)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None
+
+
+def evaluate(engine: EngineFacts, endpoints: Sequence[EndpointFacts] = ()) -> list[Check]:
+    """One check per thing the numbers rest on, in the order a user would fix them."""
+    checks = engine_checks(engine)
+    checks += [endpoint_check(e) for e in endpoints]
+    return checks
+
+
+def engine_checks(f: EngineFacts) -> list[Check]:
+    where = "the embedded engine" if f.embedded else f.url
+    if f.health_error is not None:
+        return [Check("engine reachable", "fail", f.health_error),
+                Check("engine checks", "skip", f"not checked, the engine did not answer: {', '.join(ENGINE_CHECKS[1:])}")]
+    checks = [Check("engine reachable", "ok", f"{where} answered /health"
+                    + (f" in {f.health_ms:.0f} ms" if f.health_ms is not None else ""))]
+    rule = identify(f.version) if f.version is not None else None
+    checks.append(_version(f, rule.name if rule else None))
+    rule = rule or adapter(None)
+    checks.append(_model(f))
+    checks.append(_max_model_len(f))
+    checks.append(_streaming(f))
+    checks.append(_chunk_size(f, rule.default_chunk_size))
+    checks.append(_step_log(f))
+    checks.append(_prefix_caching(f, rule.cache_config_metric))
+    checks.append(_cuda_graphs(f))
+    return checks
+
+
+ENGINE_CHECKS = ("engine reachable", "version", "model", "max_model_len", "streaming", "chunk size", "step log",
+                 "prefix caching", "CUDA graphs")
+
+
+def _version(f: EngineFacts, engine: str | None) -> Check:
+    if f.version is None:
+        return Check("version", "warn", f"no /version ({f.version_error or 'no answer'}): engine unknown, "
+                                        "vLLM's rules assumed")
+    version = f.version.get("version", "?")
+    if f.version.get("modelled") is True:
+        return Check("version", "warn", f"{engine or 'pdexporter-sim'} {version}, profile "
+                                        f"{f.version.get('profile', '?')}: its numbers are MODELLED, not measured")
+    if engine is None:
+        return Check("version", "warn", f"/version says {version!r}, which no engine adapter recognises: "
+                                        "vLLM's rules assumed")
+    return Check("version", "ok", f"{engine} {version}")
+
+
+def _served(f: EngineFacts) -> list[str]:
+    return [str(m.get("id")) for m in f.models or ()]
+
+
+def _model(f: EngineFacts) -> Check:
+    if f.models is None:
+        return Check("model", "fail", f"/v1/models: {f.models_error or 'no answer'}")
+    served = _served(f)
+    if not served:
+        return Check("model", "fail", "/v1/models lists no model")
+    if f.model_wanted is not None and f.model_wanted not in served:
+        return Check("model", "fail", f"--model {f.model_wanted!r} is not served; the engine serves {', '.join(served)}")
+    chosen = f.model_wanted or served[0]
+    others = f" (of {plural(len(served), 'model')} served)" if len(served) > 1 else ""
+    return Check("model", "ok", f"{chosen}{others}")
+
+
+def _max_model_len(f: EngineFacts) -> Check:
+    if f.models is None:
+        return Check("max_model_len", "skip", "no model list")
+    chosen = f.model_wanted or (_served(f) or [None])[0]
+    entry = next((m for m in f.models if str(m.get("id")) == chosen), None)
+    value = entry.get("max_model_len") if entry else None
+    if not isinstance(value, int):
+        return Check("max_model_len", "warn", "not in /v1/models: a prompt too long for the engine fails only "
+                                              "when it is sent")
+    if value <= LARGEST_GRID_PROMPT:
+        return Check("max_model_len", "warn", f"{value} tokens: the spec grid's {LARGEST_GRID_PROMPT}-token "
+                                              f"prompts do not fit (keep P below {value})")
+    return Check("max_model_len", "ok", f"{value} tokens (the spec grid's largest prompt, "
+                                        f"{LARGEST_GRID_PROMPT}, fits)")
+
+
+def _streaming(f: EngineFacts) -> Check:
+    if f.stream_error is not None:
+        return Check("streaming", "fail", f"a 4-token streamed completion failed: {f.stream_error}")
+    if f.stream_ms is None:
+        return Check("streaming", "skip", "no model to ask")
+    if f.stream_tokens < 1:
+        return Check("streaming", "fail", "a streamed completion ended without a token")
+    return Check("streaming", "ok", f"a streamed completion gave {plural(f.stream_tokens, 'token')} in "
+                                    f"{f.stream_ms:.0f} ms (token ids in, SSE out)")
+
+
+def _chunk_size(f: EngineFacts, default: int) -> Check:
+    if f.chunk_size is not None:
+        how = "the embedded engine was started with it" if f.embedded else "given with --chunk-size"
+        return Check("chunk size", "ok", f"{f.chunk_size} ({how})")
+    return Check("chunk size", "warn", f"unknown (the engine does not publish max_num_batched_tokens): assumed "
+                                       f"{default}, the engine's default, checked by the cadence window by "
+                                       "window; pass --chunk-size")
+
+
+def _step_log(f: EngineFacts) -> Check:
+    if f.step_log is None:
+        return Check("step log", "warn", "not readable (the engine runs elsewhere): chunk steps are estimated "
+                                         "from the probes' cadence, not counted from the engine's log")
+    log = "the embedded engine's log" if f.embedded else f.step_log
+    if not f.step_log_steps:
+        return Check("step log", "warn", f"{log} logged no step for the test request: chunk steps will "
+                                         "be estimated (vLLM logs them with --enable-logging-iteration-details)")
+    return Check("step log", "ok", f"{log} logs every step ({plural(f.step_log_steps, 'step')} for the "
+                                   "test request): chunk steps are exact")
+
+
+def _prefix_caching(f: EngineFacts, metric: str | None) -> Check:
+    if f.metrics_text is None:
+        return Check("prefix caching", "warn", f"cannot tell: /metrics {f.metrics_error or 'did not answer'}")
+    labels = cache_config(f.metrics_text, metric)
+    if labels is None or "enable_prefix_caching" not in labels:
+        return Check("prefix caching", "warn", f"cannot tell: /metrics has no {metric or 'cache-config series'}")
+    if labels["enable_prefix_caching"].lower() == "true":
+        return Check("prefix caching", "ok", "on (probes share a cached prefix; every injected prompt is salted, "
+                                             "so P is all new tokens)")
+    return Check("prefix caching", "warn", "off: each probe stream prefills its whole context, a load vLLM's "
+                                           "default (on) does not have; the numbers describe that setup")
+
+
+def _cuda_graphs(f: EngineFacts) -> Check:
+    if f.cuda_graphs is None:
+        return Check("CUDA graphs", "warn", "cannot tell: the engine does not publish its capture sizes (vLLM "
+                                            "captures up to 512 tokens unless told otherwise; steps above run "
+                                            "eagerly and cost more launch time)")
+    if not f.cuda_graphs:
+        return Check("CUDA graphs", "warn", "off (eager mode): every step pays its CPU launch")
+    if f.cudagraph_max_tokens is not None:
+        return Check("CUDA graphs", "ok", f"captured up to {f.cudagraph_max_tokens} tokens per step; larger steps "
+                                          "(prefill chunks) run without")
+    return Check("CUDA graphs", "ok", "on (capture sizes unknown)")
+
+
+def endpoint_check(e: EndpointFacts) -> Check:
+    name = "Prometheus" if e.kind == "prometheus" else "OTLP"
+    if e.url is None:
+        hint = "--prometheus URL" if e.kind == "prometheus" else "--otlp URL or OTEL_EXPORTER_OTLP_ENDPOINT"
+        return Check(name, "skip", f"not configured ({hint})")
+    if e.error is not None:
+        said = e.error if e.url.rstrip("/") in e.error else f"{e.url}: {e.error}"
+        return Check(name, "fail", f"{e.source}: {said}")
+    return Check(name, "ok", f"{e.source}: {e.url} {e.detail}".strip())
+
+
+def failed(checks: Sequence[Check]) -> bool:
+    return any(c.status == "fail" for c in checks)

@@ -1,0 +1,196 @@
+"""Engine setups of the offloaded arm: the decode instance of a P/D pair, where a new request
+arrives with its KV cache computed elsewhere (docs/disaggregation.md).
+
+How vLLM 0.22 admits such a request (vllm/v1/core/sched/scheduler.py, `Scheduler.schedule`'s
+WAITING loop, and each connector's `get_num_new_matched_tokens`):
+
+- `DecodeBenchConnector` (one GPU, the pair's decode side with a free transfer): the connector
+  claims every uncomputed prompt token but the last, synchronously, so the request is scheduled
+  in the step that admits it with **1 token** and P - 1 tokens of context; the worker writes dummy
+  KV values into its blocks before that step's forward pass.
+- `NixlConnector`, decode side (`kv_transfer_params.do_remote_prefill`): the connector claims the
+  whole prompt asynchronously; the request waits in WAITING_FOR_REMOTE_KVS and takes no step
+  while the bytes move, the running decodes go on; once the load is reported done its
+  num_computed_tokens is set to P - 1 and it is scheduled with **1 token**.
+- `P2pNcclConnector`, decode side: synchronous like DecodeBench; the 1-token step waits inside
+  the forward pass (`start_load_kv`) until the tensors have arrived.
+
+Either way the prefill's "chunk schedule" on the decode instance is one step of one token (the
+last prompt token, which samples the first output token): `admission_schedule` = (1,). vLLM's
+iteration log counts that step as "1 context requests, 1 context tokens" (a new request is a
+context request in `compute_iteration_details`), so with the log the window maths locates it
+exactly; without it the schedule is checked against the cadence, where a 1-token step is not
+required to look slow (`measure.window.schedule_confirmed`: a decode-sized chunk need not show).
+
+The prefill instance of a pair is a normal engine (its schedule is vLLM's) that keeps the KV
+blocks for the decode instance to read; its adapter says so for the records.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdexporter.engines._registry import KvSetup, budget_problem, register
+from pdexporter.engines.sim import SIM_ENGINE, SimAdapter
+from pdexporter.engines.vllm import VllmAdapter
+
+DECODE_BENCH = "DecodeBenchConnector"
+NIXL = "NixlConnector"
+P2P_NCCL = "P2pNcclConnector"
+PAIR_CONNECTORS = (NIXL, P2P_NCCL)
+KV_TRANSFER_FLAG = "--kv-transfer-config"
+
+
+def admission_schedule(prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
+    """The steps an offloaded P-token prefill takes on the decode instance: one, of one token."""
+    problem = budget_problem(chunk_size, running_decodes)
+    if problem:
+        raise ValueError(f"chunk size {chunk_size} beside {running_decodes} decodes: {problem}")
+    if prompt_tokens < 1:
+        raise ValueError(f"prompt of {prompt_tokens} tokens")
+    return (1,)
+
+
+def kv_transfer_config(connector: str, extra: Mapping[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    """vLLM's `--kv-transfer-config` JSON (KVTransferConfig forbids unknown keys)."""
+    config: dict[str, Any] = {"kv_connector": connector, "kv_role": "kv_both", **fields}
+    if extra:
+        config["kv_connector_extra_config"] = dict(extra)
+    return config
+
+
+def kv_transfer_flags(config: Mapping[str, Any]) -> tuple[str, ...]:
+    return (KV_TRANSFER_FLAG, json.dumps(dict(config), separators=(",", ":")))
+
+
+def transfer_config_of(argv: Sequence[str] | str) -> dict[str, Any] | None:
+    """The `--kv-transfer-config` an engine command line carries (None: none, or not JSON)."""
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    for i, word in enumerate(words):
+        value: str | None = None
+        if word == KV_TRANSFER_FLAG and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(KV_TRANSFER_FLAG + "="):
+            value = word.split("=", 1)[1]
+        if value is not None:
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return None
+            return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+def connector_of(argv: Sequence[str] | str) -> str | None:
+    config = transfer_config_of(argv)
+    connector = config.get("kv_connector") if config else None
+    return str(connector) if connector else None
+
+
+class _Offloaded(VllmAdapter):
+    """The decode instance: an offloaded prefill is admitted in one 1-token step."""
+
+    def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
+        return admission_schedule(prompt_tokens, chunk_size, running_decodes)
+
+    def recognise(self, version_payload: Mapping[str, object]) -> bool:
+        return False  # vLLM's /version does not say which connector runs: the launcher knows
+
+
+@register("vllm-decode-bench")
+class VllmDecodeBenchAdapter(_Offloaded):
+    name = "vllm-decode-bench"
+    kv = KvSetup("offloaded", DECODE_BENCH, "decode-bench")
+
+    def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
+        # fill_std > 0: a constant fill makes every request's KV alike and the MoE routes them
+        # alike, which made the decode step cheaper than on a normal engine (docs/vllm-facts.md).
+        return (*super().chunk_size_flags(chunk_size),
+                *kv_transfer_flags(kv_transfer_config(DECODE_BENCH, {"fill_std": 0.05})))
+
+
+@register("vllm-pd-decode")
+class VllmPdDecodeAdapter(_Offloaded):
+    name = "vllm-pd-decode"
+    kv = KvSetup("offloaded", NIXL, "decode")
+
+    def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
+        return (*super().chunk_size_flags(chunk_size),
+                *kv_transfer_flags(kv_transfer_config(self.kv.connector or NIXL, kv_load_failure_policy="fail")))
+
+
+@register("vllm-pd-decode-p2p")
+class VllmPdDecodeP2pAdapter(VllmPdDecodeAdapter):
+    name = "vllm-pd-decode-p2p"
+    kv = KvSetup("offloaded", P2P_NCCL, "decode")
+
+
+@register("vllm-pd-prefill")
+class VllmPdPrefillAdapter(VllmAdapter):
+    """The prefill instance: vLLM's own schedule; it keeps the KV for the decode instance."""
+
+    name = "vllm-pd-prefill"
+    kv = KvSetup("offloaded", NIXL, "prefill")
+
+    def recognise(self, version_payload: Mapping[str, object]) -> bool:
+        return False
+
+
+# The embedded engine in each role (`pdexporter sim serve --kv-role ROLE`); its /version says the role.
+SIM_KINDS: dict[str, str] = {
+    "decode-bench": f"{SIM_ENGINE}-decode-bench",
+    "decode": f"{SIM_ENGINE}-pd-decode",
+    "prefill": f"{SIM_ENGINE}-pd-prefill",
+}
+
+
+class _SimRole(SimAdapter):
+    def recognise(self, version_payload: Mapping[str, object]) -> bool:
+        return version_payload.get("modelled") is True and version_payload.get("kv_role") == self.kv.role
+
+
+@register(SIM_KINDS["decode-bench"])
+class SimDecodeBenchAdapter(_SimRole):
+    name = SIM_KINDS["decode-bench"]
+    kv = KvSetup("offloaded", DECODE_BENCH, "decode-bench")
+
+    def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
+        return admission_schedule(prompt_tokens, chunk_size, running_decodes)
+
+
+@register(SIM_KINDS["decode"])
+class SimPdDecodeAdapter(_SimRole):
+    name = SIM_KINDS["decode"]
+    kv = KvSetup("offloaded", NIXL, "decode")
+
+    def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
+        return admission_schedule(prompt_tokens, chunk_size, running_decodes)
+
+
+@register(SIM_KINDS["prefill"])
+class SimPdPrefillAdapter(_SimRole):
+    name = SIM_KINDS["prefill"]
+    kv = KvSetup("offloaded", NIXL, "prefill")
+
+
+def setup_for_command(argv: Sequence[str] | str, kind: str = "vllm", role: str | None = None) -> str:
+    """The adapter name for a vLLM started with this command line in this pair role (None: a
+    single engine): DecodeBenchConnector makes it the decode-bench arm; NixlConnector or
+    P2pNcclConnector in a pair make it that pair's decode or prefill instance."""
+    connector = connector_of(argv)
+    if connector == DECODE_BENCH:
+        return "vllm-decode-bench"
+    if connector in PAIR_CONNECTORS and role == "decode":
+        return "vllm-pd-decode" if connector == NIXL else "vllm-pd-decode-p2p"
+    if connector in PAIR_CONNECTORS and role == "prefill":
+        return "vllm-pd-prefill"
+    return kind
+
+
+__all__ = [
+    "DECODE_BENCH", "KV_TRANSFER_FLAG", "NIXL", "P2P_NCCL", "PAIR_CONNECTORS", "SIM_KINDS", "admission_schedule",
+    "connector_of", "kv_transfer_config", "kv_transfer_flags", "setup_for_command", "transfer_config_of",
+]

@@ -1,0 +1,83 @@
+"""`pdexporter.doctor.checks`: pure verdicts from what an engine and the endpoints answered."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pdexporter.doctor.checks import EndpointFacts, EngineFacts, cache_config, evaluate, failed
+from tests.conftest import VLLM_FIXTURES
+
+VLLM_METRICS = (VLLM_FIXTURES / "metrics.txt").read_text()  # a real vLLM 0.22's /metrics
+
+REAL_VLLM = EngineFacts(
+    url="http://vllm:8000", embedded=False, health_ms=3.0, version={"version": "0.22.0"},
+    models=[{"id": "Qwen/Qwen3-Coder-30B-A3B-Instruct", "max_model_len": 40960}], metrics_text=VLLM_METRICS,
+    stream_tokens=4, stream_ms=80.0,
+)
+
+
+def verdicts(facts: EngineFacts, *endpoints: EndpointFacts) -> dict[str, tuple[str, str]]:
+    return {c.name: (c.status, c.why) for c in evaluate(facts, endpoints)}
+
+
+def test_a_real_vllm_without_chunk_size_or_log() -> None:
+    v = verdicts(REAL_VLLM)
+    assert v["version"] == ("ok", "vllm 0.22.0")
+    assert v["model"] == ("ok", "Qwen/Qwen3-Coder-30B-A3B-Instruct")
+    assert v["max_model_len"][0] == "ok" and v["max_model_len"][1].startswith("40960 tokens")
+    assert v["prefix caching"][0] == "ok"  # enable_prefix_caching="True" in the capture
+    assert v["chunk size"][0] == "warn" and "assumed 8192" in v["chunk size"][1]
+    assert v["step log"][0] == "warn" and "estimated" in v["step log"][1]
+    assert v["CUDA graphs"][0] == "warn" and v["CUDA graphs"][1].startswith("cannot tell")
+    assert not failed(evaluate(REAL_VLLM))
+
+
+def test_cache_config_labels_come_from_the_info_series() -> None:
+    labels = cache_config(VLLM_METRICS, "vllm:cache_config_info")
+    assert labels is not None and labels["enable_prefix_caching"] == "True" and labels["num_gpu_blocks"] == "44597"
+    assert cache_config(VLLM_METRICS, "vllm:no_such_info") is None
+    assert cache_config("not an exposition {{{", "vllm:cache_config_info") is None
+
+
+def test_prefix_caching_off_and_unknown() -> None:
+    off = VLLM_METRICS.replace('enable_prefix_caching="True"', 'enable_prefix_caching="False"')
+    assert verdicts(dataclasses.replace(REAL_VLLM, metrics_text=off))["prefix caching"][0] == "warn"
+    unknown = verdicts(dataclasses.replace(REAL_VLLM, metrics_text=None, metrics_error="answered HTTP 404"))
+    assert unknown["prefix caching"] == ("warn", "cannot tell: /metrics answered HTTP 404")
+
+
+def test_given_chunk_size_and_readable_step_log() -> None:
+    v = verdicts(dataclasses.replace(REAL_VLLM, chunk_size=4096, step_log="/var/log/vllm.log", step_log_steps=5,
+                                     cuda_graphs=True, cudagraph_max_tokens=8192))
+    assert v["chunk size"] == ("ok", "4096 (given with --chunk-size)")
+    assert v["step log"][0] == "ok" and "5 steps" in v["step log"][1] and "exact" in v["step log"][1]
+    assert v["CUDA graphs"][0] == "ok" and "up to 8192 tokens" in v["CUDA graphs"][1]
+    silent = verdicts(dataclasses.replace(REAL_VLLM, step_log="/var/log/vllm.log", step_log_steps=0))
+    assert silent["step log"][0] == "warn" and "--enable-logging-iteration-details" in silent["step log"][1]
+
+
+def test_failures() -> None:
+    assert verdicts(dataclasses.replace(REAL_VLLM, models=[]))["model"][0] == "fail"
+    wrong = verdicts(dataclasses.replace(REAL_VLLM, model_wanted="other"))
+    assert wrong["model"][0] == "fail" and "serves Qwen/Qwen3-Coder-30B-A3B-Instruct" in wrong["model"][1]
+    broken = dataclasses.replace(REAL_VLLM, stream_error="stream ended without 'data: [DONE]'")
+    assert verdicts(broken)["streaming"][0] == "fail" and failed(evaluate(broken))
+    short = verdicts(dataclasses.replace(REAL_VLLM, models=[{"id": "m", "max_model_len": 8192}]))
+    assert short["max_model_len"][0] == "warn" and "keep P below 8192" in short["max_model_len"][1]
+    dead = evaluate(EngineFacts(url="http://x:1", embedded=False, health_error="cannot connect to http://x:1/health"))
+    assert [(c.name, c.status) for c in dead] == [("engine reachable", "fail"), ("engine checks", "skip")]
+
+
+def test_unknown_engine_and_modelled_engine() -> None:
+    odd = verdicts(dataclasses.replace(REAL_VLLM, version=None, version_error="answered HTTP 404"))
+    assert odd["version"][0] == "warn" and "vLLM's rules assumed" in odd["version"][1]
+    sim = verdicts(dataclasses.replace(REAL_VLLM, version={"version": "0.22.0+pdexporter.sim", "modelled": True,
+                                                           "profile": "h200-qwen3-coder-30b-a3b"}))
+    assert sim["version"][0] == "warn" and "MODELLED" in sim["version"][1]
+
+
+def test_endpoints() -> None:
+    v = verdicts(REAL_VLLM, EndpointFacts("prometheus", None), EndpointFacts("otlp", "http://c:4318/v1/traces",
+                                                                             "--otlp", error="cannot connect"))
+    assert v["Prometheus"][0] == "skip"
+    assert v["OTLP"] == ("fail", "--otlp: http://c:4318/v1/traces: cannot connect")

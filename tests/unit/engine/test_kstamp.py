@@ -1,0 +1,172 @@
+"""Kernel receive stamps: the socket option and its fallback, control messages, the clock conversion."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import time
+
+import pytest
+
+from pdexporter.engine import kstamp
+from pdexporter.engine.kstamp import (
+    SO_TIMESTAMPING_OLD,
+    SO_TIMESTAMPNS_NEW,
+    SO_TIMESTAMPNS_OLD,
+    RealtimeToPerf,
+    RxStampsRefused,
+    Target,
+    enable_rx_stamps,
+    rx_stamp_realtime_ns,
+    rx_stamp_support,
+)
+
+
+def _refuse(monkeypatch: pytest.MonkeyPatch, refused: set[int]) -> list[int]:
+    """setsockopt raising ENOPROTOOPT for these SOL_SOCKET options (a kernel without them); others pass."""
+    tried: list[int] = []
+    real = socket.socket.setsockopt
+
+    def setsockopt(self: socket.socket, level: int, optname: int, value: object, *rest: object) -> None:
+        if level == socket.SOL_SOCKET and optname in (SO_TIMESTAMPNS_OLD, SO_TIMESTAMPING_OLD):
+            tried.append(optname)
+            if optname in refused:
+                raise OSError(errno.ENOPROTOOPT, "Protocol not available")
+        real(self, level, optname, value, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket.socket, "setsockopt", setsockopt)
+    return tried
+
+
+def test_timestampns_is_taken_first() -> None:
+    with socket.socket() as sock:
+        assert enable_rx_stamps(sock).name == "SO_TIMESTAMPNS"
+        assert sock.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS_OLD) == 1
+    assert rx_stamp_support() is None
+
+
+def test_timestamping_is_the_second_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = _refuse(monkeypatch, {SO_TIMESTAMPNS_OLD})
+    with socket.socket() as sock:
+        assert enable_rx_stamps(sock).name == "SO_TIMESTAMPING"
+    assert tried == [SO_TIMESTAMPNS_OLD, SO_TIMESTAMPING_OLD]
+
+
+def test_both_refused_says_why_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    _refuse(monkeypatch, {SO_TIMESTAMPNS_OLD, SO_TIMESTAMPING_OLD})
+    with socket.socket() as sock, pytest.raises(RxStampsRefused) as excinfo:
+        enable_rx_stamps(sock)
+    text = str(excinfo.value)
+    assert "SO_TIMESTAMPNS: Protocol not available" in text and "SO_TIMESTAMPING" in text and "\n" not in text
+    assert rx_stamp_support() == text
+
+
+def test_an_unknown_architecture_is_refused_not_guessed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kstamp.platform, "machine", lambda: "sparc64")
+    assert "sparc64" in (rx_stamp_support() or "")
+
+
+def test_control_messages_decode_to_realtime_ns() -> None:
+    ns = struct.pack("@ll", 1_700_000_000, 123_456_789)
+    assert rx_stamp_realtime_ns([(socket.SOL_SOCKET, SO_TIMESTAMPNS_OLD, ns)]) == 1_700_000_000_123_456_789
+    timestamping = struct.pack("@llllll", 1_700_000_001, 5, 0, 0, 0, 0)  # software, (deprecated), hardware
+    assert rx_stamp_realtime_ns([(socket.SOL_SOCKET, SO_TIMESTAMPING_OLD, timestamping)]) == 1_700_000_001_000_000_005
+    new = struct.pack("=qq", 1_700_000_002, 7)
+    assert rx_stamp_realtime_ns([(socket.SOL_SOCKET, SO_TIMESTAMPNS_NEW, new)]) == 1_700_000_002_000_000_007
+    # no stamp: other levels, unknown types, short data, a zero stamp (the kernel had none)
+    assert rx_stamp_realtime_ns([]) is None
+    assert rx_stamp_realtime_ns([(socket.IPPROTO_IP, SO_TIMESTAMPNS_OLD, ns)]) is None
+    assert rx_stamp_realtime_ns([(socket.SOL_SOCKET, 99, ns)]) is None
+    assert rx_stamp_realtime_ns([(socket.SOL_SOCKET, SO_TIMESTAMPNS_OLD, ns[:8])]) is None
+    assert rx_stamp_realtime_ns([(socket.SOL_SOCKET, SO_TIMESTAMPNS_OLD, bytes(16))]) is None
+
+
+def test_a_real_socket_pair_gets_a_stamp_between_send_and_read() -> None:
+    """Loopback TCP: the kernel stamp, converted, lies after the send and before the read returned."""
+    clock_map = RealtimeToPerf()
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.socket() as client:
+        enable_rx_stamps(client)
+        client.connect(server.getsockname())
+        peer, _ = server.accept()
+        with peer:
+            sent = time.perf_counter_ns()
+            peer.sendall(b"token")
+            data, anc, _, _ = client.recvmsg(1024, kstamp.ANC_BYTES)
+            read = time.perf_counter_ns()
+    real = rx_stamp_realtime_ns(anc)
+    assert data == b"token" and real is not None
+    t = clock_map.to_perf_ns(real, read)
+    assert t is not None and sent - 100_000 <= t <= read
+
+
+class FakeClocks:
+    """Scripted realtime and perf clocks (a test double of the two clocks)."""
+
+    def __init__(self, offset_ns: int, gaps: list[int]) -> None:
+        self.perf_ns = 1_000_000_000
+        self.offset_ns = offset_ns
+        self.gaps = list(gaps)  # time each realtime read takes, in turn
+        self._pending = 0
+
+    def perf(self) -> int:
+        self.perf_ns += self._pending
+        self._pending = 0
+        return self.perf_ns
+
+    def realtime(self) -> int:
+        gap = self.gaps.pop(0) if self.gaps else 100
+        self.perf_ns += gap // 2
+        self._pending = gap - gap // 2
+        return self.perf_ns + self.offset_ns
+
+
+def test_offset_comes_from_the_narrowest_bracket() -> None:
+    clocks = FakeClocks(offset_ns=5_000, gaps=[900, 40, 700, 300])
+    conv = RealtimeToPerf(pairs=4, realtime=clocks.realtime, perf=clocks.perf)
+    assert conv.uncertainty_ns == 20  # half of the 40 ns bracket
+    assert abs(conv.offset_ns - 5_000) <= conv.uncertainty_ns
+    assert conv.to_perf_ns(clocks.perf_ns + 5_000 - 1_000, clocks.perf_ns) == clocks.perf_ns - 1_000
+
+
+def test_offset_is_sampled_again_after_the_period() -> None:
+    clocks = FakeClocks(offset_ns=5_000, gaps=[100] * 100)
+    conv = RealtimeToPerf(resample_s=1.0, pairs=2, realtime=clocks.realtime, perf=clocks.perf)
+    assert conv.samples == 1
+    clocks.offset_ns = 1_000  # the wall clock stepped back by 4 µs: stamps look early, undetectably
+    clocks.perf_ns += 500_000_000
+    t = conv.to_perf_ns(clocks.perf_ns + 1_000 - 10, clocks.perf_ns)  # within the period: no new sample
+    assert conv.samples == 1 and t == pytest.approx(clocks.perf_ns - 4_010, abs=100)
+    clocks.perf_ns += 600_000_000
+    now = clocks.perf_ns
+    t = conv.to_perf_ns(now + 1_000 - 10, now)
+    assert conv.samples == 2 and conv.max_shift_ns == pytest.approx(4_000, abs=100)
+    assert t == pytest.approx(now - 10, abs=100)
+
+
+def test_a_stamp_after_its_read_forces_a_sample_and_is_dropped_if_still_impossible() -> None:
+    clocks = FakeClocks(offset_ns=0, gaps=[100] * 100)
+    conv = RealtimeToPerf(pairs=1, realtime=clocks.realtime, perf=clocks.perf)
+    clocks.offset_ns = 2_000_000  # the wall clock stepped forward 2 ms: the old offset makes stamps late
+    read = clocks.perf_ns
+    t = conv.to_perf_ns(read + 2_000_000 - 50_000, read)  # a segment 50 µs before the read, new wall time
+    assert conv.samples == 2 and t == pytest.approx(read - 50_000, abs=200)
+    assert conv.to_perf_ns(clocks.perf_ns + 10_000_000, clocks.perf_ns) is None  # from the future: dropped
+    assert conv.samples == 3
+
+
+def test_the_real_clocks_convert_within_microseconds() -> None:
+    conv = RealtimeToPerf()
+    before = time.perf_counter_ns()
+    t = conv.to_perf_ns(time.time_ns(), time.perf_counter_ns() + 1_000_000)
+    after = time.perf_counter_ns()
+    assert t is not None and before - 50_000 <= t <= after + 50_000
+    assert conv.uncertainty_ns < 50_000
+
+
+def test_targets_are_plain_http_only() -> None:
+    t = Target.parse("http://[::1]:8001/v1/completions?x=1")
+    assert (t.host, t.port, t.host_header, t.path) == ("::1", 8001, "[::1]:8001", "/v1/completions?x=1")
+    assert Target.parse("http://vllm/v1/completions").port == 80
+    with pytest.raises(ValueError, match="plain http"):
+        Target.parse("https://vllm/v1/completions")
