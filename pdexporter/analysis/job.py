@@ -7,7 +7,7 @@ I/O edges; the CLI commands (`export-table`, `report`, `decide`) call these and 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,10 +116,14 @@ def joined_out_dir(results_dirs: Sequence[str | Path]) -> Path:
 
 def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANSFER_MS, source: str = "",
             tick: Tick | None = None, *, offloaded: Sequence[ConfigSamples] | None = None,
-            offloaded_source: str = "", transfer: Any = None) -> Analysis:
+            offloaded_source: str = "", transfer: Any = None,
+            passive_events: Mapping[tuple[int, int, int], int] | None = None,
+            min_events: int | None = None) -> Analysis:
     """`offloaded`: the offloaded arm's samples; the table then carries both arms (`arms.join_arms`),
     and decision.json the two-arm verdict's models; `transfer` a given `arms.TransferModel` (the
-    measured one, fitted on the offloaded arm, wins)."""
+    measured one, fitted on the offloaded arm, wins). `min_events` (passive tables): add the event
+    counts, the too-few mark and the bootstrap intervals (`analysis.passive`); `passive_events`
+    counts events whose values were lost."""
     if not samples:
         raise RecordError(f"{source or 'input'}: nothing to analyse")
     if offloaded is not None:
@@ -130,6 +134,10 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
             raise RecordError(f"--offloaded {offloaded_source}: expected records of the offloaded arm "
                               "(config.arm = offloaded: DecodeBenchConnector or a P/D pair's decode instance)")
     table = build_table(samples)
+    if min_events is not None:
+        from pdexporter.analysis.passive import passive_columns
+
+        table = passive_columns(table, samples, min_events=min_events, events=passive_events)
     if tick:
         tick("table")
     notes: list[str] = []

@@ -20,7 +20,11 @@ values exist anywhere, so it is kept and the loss is counted and reported (use a
 than the scrape interval, and scrape more often than windows happen).
 
 Each rebuilt window becomes one "repetition" of its grid point (`table.ConfigSamples`), so the
-table, fits and criteria are the same code as for records.
+table, fits and criteria are the same code as for records. Windows carry a `mode` label: `pull`
+takes one mode, `active` (injected prefills, and series from before the label existed) by default,
+or `passive` (production prefills of `run --passive`, whose D and P labels are bins); for passive
+tables every rise of the counter counts as an event (`window_counts`), also where two windows fell
+into one step and only the second one's values survive (`analysis.passive`).
 
 The HTTP part is a thin edge (`PrometheusAPI`, urllib, injectable `fetch`); the reconstruction
 (`windows_from_series`) and the time parsing (`parse_time`) are pure.
@@ -196,9 +200,15 @@ def _reason(reason: object) -> str:
 
 @dataclass(frozen=True)
 class Window:
-    labels: tuple[tuple[str, str], ...]  # every label of the series (grid labels, instance, job)
+    labels: tuple[tuple[str, str], ...]  # every label of the series (grid labels, mode, instance, job)
     time: float
     values: dict[str, float | int | None]
+    count: int = 1  # windows in this step: the increment (only the last one's values exist)
+
+    @property
+    def mode(self) -> str:
+        """"active" or "passive" (series written before the label existed are active)."""
+        return dict(self.labels).get("mode", "active")
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -259,7 +269,7 @@ def windows_from_series(
                     values[column] = int(round(raw))
                 else:
                     values[column] = raw * factor
-            windows.append(Window(labels, ts, values))
+            windows.append(Window(labels, ts, values, count=max(1, int(round(increase)))))
     windows.sort(key=lambda w: (w.time, w.labels))
     return Reconstruction(windows, missed, skipped)
 
@@ -301,8 +311,17 @@ def samples_from_windows(windows: Iterable[Window], engines: Mapping[int, Mappin
             reps=tuple(_rep(w) for w in grouped[key]),
             modelled=str(info.get("modelled", "false")).lower() == "true",
             engine=info.get("engine", "unknown"), model=info.get("model"), source=source,
+            passive=grouped[key][0].mode == "passive",
         ))
     return out
+
+
+def window_counts(windows: Iterable[Window]) -> dict[tuple[int, int, int], int]:
+    """Windows per grid point, those lost between two scrapes included (the counter's rises)."""
+    counts: dict[tuple[int, int, int], int] = {}
+    for w in windows:
+        counts[w.key] = counts.get(w.key, 0) + w.count
+    return counts
 
 
 def engines_from_series(series_list: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, str]]:
@@ -332,21 +351,31 @@ class PullResult:
     start: float
     end: float
     step: float
+    counts: dict[tuple[int, int, int], int] = field(default_factory=dict)  # windows per grid point, lost ones too
+    other_mode: int = 0  # windows of the other mode, left out
 
 
-def pull(api: PrometheusAPI, start: float, end: float, step: float = 1.0) -> PullResult:
+def pull(api: PrometheusAPI, start: float, end: float, step: float = 1.0, mode: str = "active") -> PullResult:
+    """The windows of one mode ("active": injected, the default; "passive": production prefills)."""
     if end <= start:
         raise ConfigError(f"--from {_iso(start)} is not before --to {_iso(end)}")
     if step < 0.001:
         raise ConfigError(f"--step {step:g}: must be at least 1 ms")
     increments = api.query_range(increments_query(step), start, end, step)
     gauges = {name: api.query_range(at_increments_query(name, step), start, end, step) for name in WINDOW_GAUGES}
+    if mode not in m.MODES:
+        raise ConfigError(f"--mode {mode!r}: expected one of {', '.join(m.MODES)}")
     rebuilt = windows_from_series(increments, gauges)
-    if not rebuilt.windows:
-        raise PrometheusError(f"Prometheus at {api.base_url} shows no new {m.WINDOWS} between {_iso(start)} and "
-                              f"{_iso(end)}: no exporter windows in that range to tabulate")
+    chosen = [w for w in rebuilt.windows if w.mode == mode]
+    other = len(rebuilt.windows) - len(chosen)
+    if not chosen:
+        hint = f" ({other} {'passive' if mode == 'active' else 'active'} ones: add --mode " \
+               f"{'passive' if mode == 'active' else 'active'})" if other else ""
+        raise PrometheusError(f"Prometheus at {api.base_url} shows no new {m.WINDOWS} (mode {mode}) between "
+                              f"{_iso(start)} and {_iso(end)}: no exporter windows in that range to tabulate{hint}")
+    missed = sum(w.count - 1 for w in chosen)
     # Only the labels matter here; a step within the 5-minute lookback still sees every series.
     info_step = min(max(step, (end - start) / 1000), 300.0)
     engines = engines_from_series(api.query_range(m.ENGINE_INFO, start, end, info_step))
-    samples = samples_from_windows(rebuilt.windows, engines, source=f"prometheus {api.base_url}")
-    return PullResult(samples, len(rebuilt.windows), rebuilt.missed, start, end, step)
+    samples = samples_from_windows(chosen, engines, source=f"prometheus {api.base_url}")
+    return PullResult(samples, len(chosen), missed, start, end, step, window_counts(chosen), other)

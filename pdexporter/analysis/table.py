@@ -87,6 +87,7 @@ class ConfigSamples:
     source: str = ""
     arm: str = "colocated"  # "offloaded": a P/D pair's decode instance (records' config.arm)
     kv_connector: str | None = None
+    passive: bool = False  # production prefills (`run --passive`): the key is a bin (analysis.passive)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -128,6 +129,7 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
         model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector,
+        passive=c.mode == "passive",
     )
 
 

@@ -46,11 +46,11 @@ def _root(
 
 def _register() -> None:
     from pdexporter.cli import (
-        compare, dashboards, decide, doctor, export_table, measure, reanalyse, report, run, sim, sweep, thresholds,
+        compare, dashboards, decide, doctor, export_table, load, measure, reanalyse, report, run, sim, sweep, thresholds,
         validate_pd,
     )
 
-    for module in (run, measure, sweep, sim, export_table, compare, report, decide, reanalyse, dashboards, doctor):
+    for module in (run, measure, sweep, sim, export_table, compare, report, decide, reanalyse, dashboards, doctor, load):
         module.register(app)
     for module in (thresholds, validate_pd):  # both arms of the offload decision (docs/disaggregation.md)
         module.register(app)

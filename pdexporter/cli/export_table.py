@@ -63,6 +63,13 @@ def export_table(
     offloaded: Annotated[Path | None, typer.Option(
         "--offloaded", help="Records of the offloaded arm (DecodeBench or a P/D pair's decode instance): the table "
                             "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md).")] = None,
+    mode: Annotated[str, typer.Option("--mode", help="Which windows: 'active' (injected prefills) or 'passive' "
+                                      "(production prefills of `run --passive`, with event counts and bootstrap "
+                                      "intervals).")] = "active",
+    grid: Annotated[Path | None, typer.Option("--grid", help="--mode passive: re-bin the cells to this sweep "
+                                              "file's D and P values (e.g. sweeps/seed.yaml).")] = None,
+    min_events: Annotated[int, typer.Option("--min-events", min=1, help="--mode passive: cells with fewer events "
+                                            "are marked too_few_events.")] = 5,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import (
@@ -76,8 +83,13 @@ def export_table(
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
     if offloaded is not None and results_dir is None:
         raise ConfigError("--offloaded: only with a RESULTS_DIR of the colocated arm")
+    if mode not in ("active", "passive"):
+        raise ConfigError(f"--mode {mode!r}: expected 'active' or 'passive'")
+    if grid is not None and mode != "passive":
+        raise ConfigError(f"--grid {grid}: only with --mode passive (active windows sit on their grid already)")
     if prometheus is not None:
-        analysis, out_dir, extra = _from_prometheus(prometheus, from_, to, step, transfer_ms, out)
+        analysis, out_dir, extra = _from_prometheus(prometheus, from_, to, step, transfer_ms, out, mode, grid,
+                                                    min_events)
         total = progress_steps(0, plots) - 3  # no record ticks; table/fits/criteria done before the bar
         with progress_bar(total, "export-table") as tick:
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
@@ -87,22 +99,26 @@ def export_table(
         paths = [path for directory in results_dir for path in record_paths(directory)]
         off_paths = record_paths(offloaded) if offloaded is not None else []
         with progress_bar(progress_steps(len(paths) + len(off_paths), plots), "export-table") as tick:
-            samples = load_joined(results_dir, tick)
-            off_samples = load_results(offloaded, tick) if offloaded is not None else None
             source = " + ".join(str(d) for d in results_dir)
+            samples, counts, extra = _of_mode(load_joined(results_dir, tick), None, mode, grid, source)
+            off_samples = load_results(offloaded, tick) if offloaded is not None else None
             analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
-                               offloaded_source=str(offloaded) if offloaded is not None else "")
+                               offloaded_source=str(offloaded) if offloaded is not None else "",
+                               passive_events=counts, min_events=min_events if mode == "passive" else None)
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
-        extra = []
     if parquet and not parquet_available():
         extra.append("no Parquet written: pyarrow cannot be imported (pip install pyarrow); the CSV has the same table")
+    if mode == "passive":
+        few = int(analysis.table["too_few_events"].sum())
+        extra.append(f"passive: {int(analysis.table['events'].sum())} events in {len(analysis.table)} cells, {few} "
+                     f"with fewer than {min_events} events (marked too_few_events)")
     print_summary(analysis, extra)
     console.print(f"wrote {len(written)} files to {out_dir} in {time.perf_counter() - started:.2f} s")
     print(Path(out_dir) / "interference_table.csv")
 
 
-def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: float,
-                     out: Path | None) -> tuple[Analysis, Path, list[str]]:
+def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: float, out: Path | None, mode: str,
+                     grid: Path | None, min_events: int) -> tuple[Analysis, Path, list[str]]:
     from pdexporter.analysis.job import analyse
     from pdexporter.analysis.prometheus import PrometheusAPI, parse_duration, parse_time, pull
 
@@ -110,13 +126,43 @@ def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: floa
     start, end = parse_time(from_, now, "--from"), parse_time(to, now, "--to")
     step_s = parse_duration(step, "--step")
     with console.status(f"querying {url} ..."):
-        result = pull(PrometheusAPI(url), start, end, step_s)
-    extra = [f"{result.windows} windows rebuilt from Prometheus"]
+        result = pull(PrometheusAPI(url), start, end, step_s, mode=mode)
+    extra = [f"{result.windows} {mode} windows rebuilt from Prometheus"]
     if result.missed:
-        extra.append(f"{result.missed} windows fell between two scrapes of the same grid point and are lost "
-                     "(scrape more often than windows happen)")
-    analysis = analyse(result.samples, transfer_ms, source=f"prometheus {url}")
-    return analysis, out or Path("results"), extra
+        extra.append(f"{result.missed} windows fell between two scrapes of the same grid point and their values are "
+                     "lost (scrape more often than windows happen)" + ("; they still count as events" if mode ==
+                                                                       "passive" else ""))
+    samples, counts, notes = _of_mode(result.samples, result.counts, mode, grid, f"prometheus {url}")
+    analysis = analyse(samples, transfer_ms, source=f"prometheus {url}", passive_events=counts,
+                       min_events=min_events if mode == "passive" else None)
+    return analysis, out or Path("results"), extra + notes
+
+
+def _of_mode(samples: list, counts: dict | None, mode: str, grid: Path | None,  # type: ignore[type-arg]
+             source: str) -> tuple[list, dict | None, list[str]]:  # type: ignore[type-arg]
+    """The samples of one mode, re-binned to --grid when given (analysis.passive)."""
+    from pdexporter.errors import RecordError
+
+    chosen = [s for s in samples if s.passive == (mode == "passive")]
+    if not chosen:
+        other = len(samples) - len(chosen)
+        hint = f" ({other} {'passive' if mode == 'active' else 'active'} grid points: use --mode " \
+               f"{'passive' if mode == 'active' else 'active'})" if other else ""
+        raise RecordError(f"{source}: no {mode} windows to tabulate{hint}")
+    notes: list[str] = []
+    if grid is not None:
+        from pdexporter.analysis.passive import rebin
+        from pdexporter.sweep.spec import load_sweep
+
+        spec = load_sweep(grid)
+        rebinned = rebin(chosen, spec.grid.decode_batch_sizes, spec.grid.new_prefill_tokens, counts)
+        if rebinned.dropped_cells:
+            notes.append(f"{rebinned.dropped_cells} passive cells ({rebinned.dropped_events} events) lie outside "
+                         f"every bin of {grid}'s grid and are left out")
+        if not rebinned.samples:
+            raise RecordError(f"{source}: no passive cell falls in a bin of {grid}'s grid")
+        return rebinned.samples, rebinned.events, notes
+    return chosen, counts, notes
 
 
 def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:

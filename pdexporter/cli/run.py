@@ -73,13 +73,19 @@ def run(
     scrape_interval: Annotated[str, typer.Option("--scrape-interval", help="Engine /metrics scrape period.")] = "5s",
     decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length.")] = 4096,
     decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe stream decodes before restarting.")] = 256,
+    passive: Annotated[bool, typer.Option(
+        "--passive", help="Inject nothing: measure the production prefills the probes see (docs/exporter.md, "
+        "'Passive mode'); the engine's request traces can be sent to POST /v1/traces.")] = False,
+    attribution_wait: Annotated[str, typer.Option(
+        "--attribution-wait", help="Passive mode: longest wait for a request's trace (it comes when the request "
+        "finishes).")] = "30s",
 ) -> None:
     """Keep N probe decode streams on an engine, perturb them with prefills, export what they see."""
     config = parse_run_options(
         probe_decode=probe_decode, target=target, chunk_size=chunk_size, inject_every=inject_every,
         prefill_tokens=prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
         scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
-        decode_output_tokens=decode_output_tokens,
+        decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
     )
     token = api_key(api_key_file)
     asyncio.run(_serve(config, token))
@@ -100,6 +106,8 @@ def parse_run_options(
     scrape_interval: str,
     decode_context_tokens: int,
     decode_output_tokens: int,
+    passive: bool = False,
+    attribution_wait: str = "30s",
 ) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
     if probe_decode < 1:
@@ -115,8 +123,11 @@ def parse_run_options(
         # it against the probes' cadence (the runner says which sizes fit when it does not).
         chunk_size = adapter(None).default_chunk_size if target is not None else DEFAULT_CHUNK_SIZE
         chunk_size_source = "assumed" if target is not None else "given"
+    if passive and inject_every is not None and inject_every.strip().lower() not in ("off", "0", "none"):
+        raise ConfigError(f"--inject-every {inject_every}: --passive injects nothing; leave --inject-every out "
+                          "(or set it to off)")
     if inject_every is None:
-        inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if target is None else None
+        inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if target is None and not passive else None
     elif inject_every.strip().lower() in ("off", "0", "none"):
         inject_every_s = None
     else:
@@ -147,6 +158,8 @@ def parse_run_options(
         duration_s=duration_s,
         scrape_interval_s=parse_duration(scrape_interval, "--scrape-interval"),
         protocol=protocol,
+        passive=passive,
+        attribution_wait_s=parse_duration(attribution_wait, "--attribution-wait"),
     )
 
 
@@ -190,7 +203,8 @@ async def _serve(config: ExporterConfig, token: str | None) -> None:
     injection = (
         f"a {config.prefill_tokens}-token prefill every {config.inject_every_s:g} s"
         if config.inject_every_s
-        else "no prefill injection"
+        else "passive mode: the production prefills the probes see, traces on POST /v1/traces"
+        if config.passive else "no prefill injection"
     )
     console.print(f"pdexporter run: {config.probe_streams} probe streams on {mode}, {injection}", highlight=False,
                   soft_wrap=True)

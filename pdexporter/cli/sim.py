@@ -50,6 +50,9 @@ def serve(
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0 picks a free port.")] = 8000,
     ready_file: Annotated[Path | None, typer.Option(
         "--ready-file", help="Write {url, gpu, version, cuda_graphs, pid} here (atomically) once listening.")] = None,
+    otlp_traces_endpoint: Annotated[str | None, typer.Option(
+        "--otlp-traces-endpoint", help="Send one vLLM-shaped `llm_request` span per finished request here "
+        "(OTLP/HTTP protobuf), as vLLM's flag does.")] = None,
 ) -> None:
     """Serve vLLM's OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     from pdexporter._internal.atomic import atomic_write_json
@@ -63,7 +66,8 @@ def serve(
         raise ConfigError(f"--kv-role {kv_role!r}: expected none, {', '.join(KV_ROLES)}")
     prof = load_profile(profile)
     options = ServeOptions(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, host, port,
-                           None if kv_role == "none" else kv_role)
+                           None if kv_role == "none" else kv_role,
+                           otlp_traces_endpoint=otlp_traces_endpoint)
 
     def ready(info: dict[str, object]) -> None:
         role = f", KV role {kv_role}" if kv_role != "none" else ""

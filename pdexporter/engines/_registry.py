@@ -51,6 +51,9 @@ class EngineAdapter(Protocol):
     candidate_chunk_sizes: tuple[int, ...]
     # canonical metric name -> (kind, the engine's own names, newest first)
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]]
+    # its OTLP per-request span: name, and canonical attribute -> the engine's attribute name
+    request_span_name: str
+    request_span_attributes: Mapping[str, str]
     # the /metrics info series whose labels carry the KV-cache settings (prefix caching), if any
     cache_config_metric: str | None
     # the arm, KV connector and pair role of this engine setup (COLOCATED for a plain engine)

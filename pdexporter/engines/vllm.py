@@ -75,6 +75,24 @@ ITERATION_RE = re.compile(
 
 
 
+# vLLM's OTLP request trace (vllm/tracing, `--otlp-traces-endpoint`; 0.22): one span per finished
+# request, started at its arrival, ended when it finishes, with these attributes (seconds, tokens).
+# canonical name -> vLLM's attribute (`engine.traces` decodes them). No per-step events in 0.22.
+REQUEST_SPAN_NAME = "llm_request"
+REQUEST_SPAN_ATTRIBUTES: dict[str, str] = {
+    "request_id": "gen_ai.request.id",
+    "prompt_tokens": "gen_ai.usage.prompt_tokens",
+    "completion_tokens": "gen_ai.usage.completion_tokens",
+    "ttft_s": "gen_ai.latency.time_to_first_token",
+    "e2e_s": "gen_ai.latency.e2e",
+    "queue_s": "gen_ai.latency.time_in_queue",
+    "prefill_s": "gen_ai.latency.time_in_model_prefill",
+    "decode_s": "gen_ai.latency.time_in_model_decode",
+    "inference_s": "gen_ai.latency.time_in_model_inference",
+    "max_tokens": "gen_ai.request.max_tokens",
+}
+
+
 def parse_step_log(lines: Iterable[str]) -> list[IterationStep]:
     steps = []
     for line in lines:
@@ -104,6 +122,8 @@ class VllmAdapter:
     default_chunk_size = DEFAULT_CHUNK_SIZE
     candidate_chunk_sizes = CANDIDATE_CHUNK_SIZES
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = METRIC_ALIASES
+    request_span_name = REQUEST_SPAN_NAME
+    request_span_attributes: Mapping[str, str] = REQUEST_SPAN_ATTRIBUTES
     cache_config_metric: str | None = "vllm:cache_config_info"  # labels: enable_prefix_caching, block_size, ...
     kv: KvSetup = COLOCATED
 

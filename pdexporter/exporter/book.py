@@ -38,6 +38,8 @@ class ProbeBook:
         self.stopping = False
         self.quiet_from: float = -math.inf  # the previous window's recovery end
         self.hold_from: float = math.inf  # intervals ending after this wait for the open window
+        # passive mode: the label of an interval ending at t (exporter.passive.PassiveTracker.phase_of)
+        self.phase_of: Callable[[float], str] | None = None
         self._last_token_s = time.monotonic()
 
     def healthy(self) -> bool:
@@ -99,8 +101,12 @@ class ProbeBook:
         k = max(state.next_interval, self.params.warmup_tokens + 1)  # both ends past warm-up
         times = state.times
         observe = self.metrics.probe_tpot.labels(phase=timeline.BASELINE).observe
+        phase_of = self.phase_of
         while k < len(times) and times[k] <= hold:
-            observe((times[k] - times[k - 1]) / 1e9)
+            if phase_of is None:
+                observe((times[k] - times[k - 1]) / 1e9)
+            else:
+                self.metrics.probe_tpot.labels(phase=phase_of(times[k])).observe((times[k] - times[k - 1]) / 1e9)
             k += 1
         state.next_interval = k
 

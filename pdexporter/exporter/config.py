@@ -56,9 +56,17 @@ class ExporterConfig(BaseModel):
     # the wake-up stamp where the kernel or https refuses it; "wakeup": when the probe loop's
     # selector returned (probes.StampingSelector); "read": when the reading task resumed.
     arrival_stamp: Literal["kernel-rx", "wakeup", "read"] = "kernel-rx"
+    # Passive mode (`--passive`): no injection; windows come from the production prefills the
+    # probes see (exporter.passive). A run's attribution waits at most this long for the engine's
+    # request traces, which arrive when a request finishes.
+    passive: bool = False
+    attribution_wait_s: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> ExporterConfig:
+        if self.passive and self.injecting:
+            raise ValueError(f"--passive injects nothing, but --inject-every {self.inject_every_s:g}s asks for "
+                             "injection: leave --inject-every out (or set it to off) with --passive")
         problem = adapter(None).budget_problem(self.chunk_size, self.probe_streams)
         if problem:
             raise ValueError(f"--probe-decode {self.probe_streams} with --chunk-size {self.chunk_size}: {problem}")
@@ -103,5 +111,6 @@ OPTION_NAMES = {
     "listen_port": "--listen",
     "duration_s": "--duration",
     "scrape_interval_s": "--scrape-interval",
+    "attribution_wait_s": "--attribution-wait",
 }
 

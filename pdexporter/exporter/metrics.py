@@ -15,6 +15,11 @@ from pdexporter.measure.records import RepRecord
 
 PREFIX = "pdexporter"
 GRID_LABELS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
+# Window series carry the grid point and how the window came about: "active" (an injected
+# prefill: `run`, `sweep --listen`) or "passive" (a production prefill, `run --passive`, whose D
+# and P labels are bins: measure.passive).
+MODES = ("active", "passive")
+WINDOW_LABELS = GRID_LABELS + ("mode",)
 PHASES = ("baseline", "prefill_window", "after_prefill")  # exporter.timeline labels
 ERROR_KINDS = ("connect", "http", "timeout", "protocol", "measurement")
 DEFAULT_PORT = 18742
@@ -56,6 +61,12 @@ ENGINE_WAITING = f"{PREFIX}_engine_requests_waiting"
 ENGINE_KV = f"{PREFIX}_engine_kv_cache_usage_ratio"
 ENGINE_SCRAPE_OK = f"{PREFIX}_engine_scrape_success"
 ENGINE_SCRAPE_SECONDS = f"{PREFIX}_engine_scrape_duration_seconds"
+PASSIVE_EVENTS = f"{PREFIX}_passive_events_total"
+REQUEST_TRACES = f"{PREFIX}_request_traces_total"
+TRACE_EXPORTS = f"{PREFIX}_trace_exports_total"
+PASSIVE_OUTCOMES = ("published", "merged", "unattributed", "ambiguous", "own-probe", "no-baseline", "out-of-bins",
+                    "no-budget")
+PASSIVE_SOURCES = ("otlp", "metrics", "cadence", "none")
 
 
 class ExporterMetrics:
@@ -84,15 +95,15 @@ class ExporterMetrics:
             PROBE_TPOT, "Probe inter-token intervals by window phase.", ["phase"], buckets=TPOT_BUCKETS, registry=r
         )
         self.injections = Counter(INJECTIONS.removesuffix("_total"), "Prefill perturbations sent.", ["outcome"], registry=r)
-        self.windows = Counter(WINDOWS.removesuffix("_total"), "Prefill windows analysed.", GRID_LABELS, registry=r)
+        self.windows = Counter(WINDOWS.removesuffix("_total"), "Prefill windows analysed.", WINDOW_LABELS, registry=r)
         # name -> Gauge, one per declared window quantity with a gauge (help: its meaning).
         self.window_gauges: dict[str, Gauge] = {
             name: Gauge(name, f"Last window: {q.meaning}" + (" (seconds)" if q.unit == "ms" else ""),
-                        GRID_LABELS, registry=r)
+                        WINDOW_LABELS, registry=r)
             for name, q in WINDOW_GAUGES.items()
         }
         self.prefill_duration = Histogram(
-            PREFILL_DURATION, "Prefill submission to first token.", GRID_LABELS, buckets=PREFILL_BUCKETS, registry=r
+            PREFILL_DURATION, "Prefill submission to first token.", WINDOW_LABELS, buckets=PREFILL_BUCKETS, registry=r
         )
         self.probe_timestamp_delay = Histogram(
             PROBE_TIMESTAMP_DELAY,
@@ -108,6 +119,17 @@ class ExporterMetrics:
         self.engine_kv = Gauge(ENGINE_KV, "Engine: KV-cache usage (0-1).", registry=r)
         self.engine_scrape_ok = Gauge(ENGINE_SCRAPE_OK, "1 if the last engine /metrics scrape worked.", registry=r)
         self.engine_scrape_seconds = Gauge(ENGINE_SCRAPE_SECONDS, "Duration of the last engine scrape.", registry=r)
+        self.passive_events = Counter(
+            PASSIVE_EVENTS.removesuffix("_total"),
+            "Passive mode: runs of slow steps the probes saw, by what became of them and the source of their P.",
+            ["outcome", "source"], registry=r)
+        self.request_traces = Counter(
+            REQUEST_TRACES.removesuffix("_total"),
+            "Engine request spans received on /v1/traces, by whose requests they were.", ["kind"], registry=r)
+        self.trace_exports = Counter(
+            TRACE_EXPORTS.removesuffix("_total"), "OTLP export requests received on /v1/traces.", ["result"], registry=r)
+        for result in ("ok", "rejected"):
+            self.trace_exports.labels(result=result)
 
 
 def set_engine_info(metrics: ExporterMetrics, engine: str, model: str, chunk_size: int | None, modelled: bool,
@@ -144,11 +166,16 @@ def all_series_names() -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
-def grid_labels(chunk_size: int | None, decode_batch_size: int, new_prefill_tokens: int) -> dict[str, str]:
+def grid_labels(chunk_size: int | None, decode_batch_size: int, new_prefill_tokens: int,
+                mode: str = "active") -> dict[str, str]:
+    """The labels of a window's series (`WINDOW_LABELS`)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: expected one of {MODES}")
     return {
         "chunk_size": str(chunk_size) if chunk_size is not None else "unknown",
         "decode_batch_size": str(decode_batch_size),
         "new_prefill_tokens": str(new_prefill_tokens),
+        "mode": mode,
     }
 
 

@@ -154,8 +154,12 @@ class ProbeLoop:
         stamp_at_wakeup: bool = True,
         rx_stamps: bool | None = None,
         configure_client: Callable[[EngineClient], None] | None = None,
+        stagger: bool = False,
     ) -> None:
         self.handle = handle
+        # Passive mode: slot i's first stream decodes (i + 1) / N of the usual tokens, so the slots
+        # restart (and sit in their warm-up) at different times, never all at once.
+        self.stagger = stagger
         self.n_probes = n_probes
         self.settings = settings
         self.model = model
@@ -250,7 +254,8 @@ class ProbeLoop:
                 await run_single(driver, prompt, 1, "warm-shape", s.window_timeout_s)
             probe = driver.prepare(prefix, s.decode_output_tokens, "probe")
             self.sensor.attach(self.loop)
-            slots = [asyncio.create_task(self._slot(i, driver, probe), name=f"probe-{i}") for i in range(self.n_probes)]
+            slots = [asyncio.create_task(self._slot(i, driver, probe, self._first(i, driver, prefix)),
+                                         name=f"probe-{i}") for i in range(self.n_probes)]
             self._ready.set_result(driver.info)
             try:
                 await self._stop.wait()
@@ -261,16 +266,26 @@ class ProbeLoop:
                 await driver.cancel_all()
                 self.sensor.detach(self.loop)
 
-    async def _slot(self, slot: int, driver: HttpDriver, probe: PreparedRequest) -> None:
+    def _first(self, slot: int, driver: HttpDriver, prefix: tuple[int, ...]) -> PreparedRequest | None:
+        """The slot's first request when staggering (see `stagger`), else None."""
+        if not self.stagger or self.n_probes < 2:
+            return None
+        s = self.settings
+        tokens = max(s.warmup_tokens + 2, round(s.decode_output_tokens * (slot + 1) / self.n_probes))
+        return driver.prepare(prefix, tokens, "probe")
+
+    async def _slot(self, slot: int, driver: HttpDriver, probe: PreparedRequest,
+                    first: PreparedRequest | None = None) -> None:
         """One probe position: a stream, and a fresh one (same prefix) each time it ends."""
         backoff = self.restart_backoff_s[0]
         serial = 0
         while not self._stopping:
             stream = TokenStream(f"probe{slot}-{serial}", "probe")
+            request = first if serial == 0 and first is not None else probe
             serial += 1
             self.events.put(Lifecycle(STARTED, slot, stream))
             try:
-                await driver.client.stream_into(probe.path, probe.body, stream, retry_connect=True)
+                await driver.client.stream_into(request.path, request.body, stream, retry_connect=True)
             except asyncio.CancelledError:
                 self.events.put(Lifecycle(FINISHED, slot, stream))
                 raise

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter.engine.client import EngineClient
-from pdexporter.launch import EngineHandle, Launcher
+from pdexporter.engine.traces import RequestTrace
+from pdexporter.launch import EngineHandle, Launcher, TraceDirected
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.engines import chunk_size_advice
 from pdexporter.exporter.book import ProbeBook
@@ -38,6 +39,8 @@ from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.server import metrics_app, start_metrics_server
+from pdexporter.exporter.passive import PassiveEvent
+from pdexporter.exporter.passive_live import LivePassive
 from pdexporter.exporter.tracing import NoTracing, Tracing, make_tracing
 from pdexporter.exporter.tracing import preload as tracing_preload
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
@@ -67,6 +70,8 @@ class WindowResult:
     run: InterferenceRun
     rep: RepRecord
     record_path: str | None
+    mode: str = "active"  # "passive": a production prefill (`event` says how it was attributed)
+    event: PassiveEvent | None = None
 
 
 class Runner:
@@ -100,6 +105,7 @@ class Runner:
         self._next_prefill: tuple[str, PreparedRequest] | None = None
         self._ready_event = asyncio.Event()
         self._in_flight = False
+        self.passive: LivePassive | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -124,23 +130,30 @@ class Runner:
         server = None
         try:
             self._check_out_dir()
-            app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy)
+            app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy,
+                              traces_sink=self._on_traces, on_export=self._on_export)
             try:
                 server, self.bound_port = await start_metrics_server(app, cfg.listen_host, cfg.listen_port)
             except OSError as exc:
                 raise ConfigError(f"--listen {cfg.listen_host}:{cfg.listen_port}: {exc.strerror or exc}") from exc
             self.log(f"metrics on http://{cfg.listen_host}:{self.bound_port}/metrics")
+            if cfg.passive and isinstance(self.launcher, TraceDirected):
+                host = "127.0.0.1" if cfg.listen_host in ("0.0.0.0", "", "::") else cfg.listen_host
+                self.launcher.send_traces_to(f"http://{host}:{self.bound_port}/v1/traces")
             tracing_preload()  # before the probes: see tracing.preload
             self.handle = await self.launcher.start(cfg.chunk_size)
             self.probes = ProbeLoop(self.handle, cfg.probe_streams, cfg.protocol, model=cfg.model, api_key=self.api_key,
                                     warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
                                     stamp_at_wakeup=cfg.arrival_stamp != "read",
-                                    rx_stamps=None if cfg.arrival_stamp == "kernel-rx" else False)
+                                    rx_stamps=None if cfg.arrival_stamp == "kernel-rx" else False, stagger=cfg.passive)
             self.book.probes = self.probes
             self.info = await self.probes.wait_started(timeout_s=cfg.protocol.window_timeout_s)
             self.log(f"probe timestamps: {self.probes.stamping}")
+            if cfg.passive:
+                self.passive = LivePassive(cfg, self.info, self.metrics, self.book, self.store)
             self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
-                                         cfg.scrape_interval_s, lambda: not self.book.stopping)
+                                         cfg.scrape_interval_s, lambda: not self.book.stopping,
+                                         on_snapshot=self.passive.tracker.add_scrape if self.passive else None)
             self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
             set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
                             cfg.chunk_size_source)
@@ -166,6 +179,8 @@ class Runner:
                 stop.set()
             if self.probes is not None and self.probes.fatal is not None:
                 raise self.probes.fatal
+            if self.passive is not None:
+                self._passive_tick()
             self.book.refresh()
             if stop.is_set():
                 break  # _shutdown finishes the window in flight (bounded by drain_timeout_s)
@@ -204,6 +219,25 @@ class Runner:
         if server is not None:
             await server.cleanup()
         await self.launcher.stop()
+
+    # --- passive mode (exporter.passive_live) ----------------------------------------------------
+
+    def _on_export(self, ok: bool) -> None:
+        self.metrics.trace_exports.labels(result="ok" if ok else "rejected").inc()
+
+    def _on_traces(self, traces: list[RequestTrace]) -> None:
+        if self.passive is None:
+            self.metrics.request_traces.labels(kind="ignored").inc(len(traces))
+        else:
+            self.passive.add_traces(traces)
+
+    def _passive_tick(self) -> None:
+        assert self.passive is not None
+        for event, rep, record_path in self.passive.tick(self.scraper, len(self.windows)):
+            result = WindowResult(event.run, rep, record_path, mode="passive", event=event)  # type: ignore[arg-type]
+            self.windows.append(result)
+            if self.on_window is not None:
+                self.on_window(result)
 
     # --- windows -----------------------------------------------------------------------------
 
@@ -282,7 +316,7 @@ class Runner:
 
     def _check_out_dir(self) -> None:
         """Fail before anything starts if --out holds a record measured another way."""
-        if self.store is not None:
+        if self.store is not None and not self.config.passive:
             key = self.spec.key
             check_resumable(self.store.load_record(*key), {"mode": "live", **self.config.protocol.record_fields()},
                             str(self.store.record_path(*key)))

@@ -15,8 +15,10 @@ from pdexporter.exporter.metrics import ExporterMetrics, error_kind
 
 class EngineScraper:
     def __init__(self, client: EngineClient, metrics: ExporterMetrics, interval_s: float,
-                 count_errors: Callable[[], bool]) -> None:
+                 count_errors: Callable[[], bool],
+                 on_snapshot: Callable[[MetricsSnapshot, int, int], None] | None = None) -> None:
         self.client = client
+        self.on_snapshot = on_snapshot  # (snapshot, perf_counter_ns before, after): passive mode's brackets
         self.metrics = metrics
         self.interval_s = interval_s
         self.count_errors = count_errors  # False while shutting down
@@ -29,7 +31,13 @@ class EngineScraper:
             self._next = now + self.interval_s
             self._task = asyncio.create_task(self.scrape())
 
+    def trigger(self) -> None:
+        """Scrape now unless a scrape is running (passive mode asks for one around a slow run)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.scrape())
+
     async def scrape(self) -> MetricsSnapshot | None:
+        t0_ns = time.perf_counter_ns()
         t0 = time.perf_counter()
         try:
             snapshot = await self.client.scrape_metrics(retry=False)
@@ -41,6 +49,8 @@ class EngineScraper:
             return None
         self.metrics.engine_scrape_seconds.set(time.perf_counter() - t0)
         self.metrics.engine_scrape_ok.set(1)
+        if self.on_snapshot is not None:
+            self.on_snapshot(snapshot, t0_ns, time.perf_counter_ns())
         for gauge, name in ((self.metrics.engine_running, "num_requests_running"),
                             (self.metrics.engine_waiting, "num_requests_waiting"),
                             (self.metrics.engine_kv, "kv_cache_usage_perc")):

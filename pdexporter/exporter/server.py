@@ -9,18 +9,29 @@ a small landing page at `/`. Used by `pdexporter run` and by `pdexporter sweep -
   not. It stays 200 while the engine is down, so Prometheus keeps scraping `pdexporter_up 0`.
 - `/healthz`: the caller's `healthy()` (for `pdexporter run`: the probe thread is alive); 503 when
   it says no.
+- `POST /v1/traces` (when the caller takes traces: `pdexporter run`): an OTLP/HTTP trace receiver
+  for the engine's per-request spans (vLLM: `--otlp-traces-endpoint http://pdexporter:18742/v1/traces`
+  with `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, or a collector forwarding to it). The
+  body is decoded by `engine.traces.decode_traces` and handed to `traces_sink`; the answer is an
+  empty `ExportTraceServiceResponse` (200), or 400 / 415 with the reason, as a collector answers.
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from pdexporter import __version__
+
+if TYPE_CHECKING:
+    from pdexporter.engine.traces import RequestTrace
+
+_EMPTY_EXPORT_RESPONSE = b""  # ExportTraceServiceResponse() serialises to no bytes: full success
 
 
 def metrics_app(
@@ -29,6 +40,9 @@ def metrics_app(
     title: str = "pdexporter",
     healthy: Callable[[], bool] = lambda: True,
     links: dict[str, str] | None = None,
+    traces_sink: Callable[[list[RequestTrace]], None] | None = None,
+    on_export: Callable[[bool], None] | None = None,
+    engine: str | None = None,
 ) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
@@ -64,7 +78,31 @@ def metrics_app(
         )
         return web.Response(text=page, content_type="text/html")
 
-    app = web.Application()
+    async def traces(request: web.Request) -> web.Response:
+        from pdexporter.engine.traces import PROTOBUF, TraceDecodeError, decode_traces
+
+        content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if content_type != PROTOBUF:
+            if on_export is not None:
+                on_export(False)
+            return web.Response(status=415, text=f"expected Content-Type {PROTOBUF} (OTLP/HTTP protobuf), "
+                                                 f"got {content_type or 'none'}\n")
+        try:
+            # aiohttp has already undone a gzip/deflate Content-Encoding (auto_decompress)
+            decoded = decode_traces(await request.read(), engine=engine)
+        except TraceDecodeError as exc:
+            if on_export is not None:
+                on_export(False)
+            return web.Response(status=400, text=f"{exc}\n")
+        if on_export is not None:
+            on_export(True)
+        assert traces_sink is not None
+        traces_sink(decoded)
+        return web.Response(body=_EMPTY_EXPORT_RESPONSE, content_type=PROTOBUF)
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    if traces_sink is not None:
+        app.router.add_post("/v1/traces", traces)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/livez", livez)

@@ -1,9 +1,14 @@
-"""The interference map: the seed's heatmap of penalty over P x D, one chunk size at a time.
+"""The interference map: the seed's heatmap of penalty over P x D, one chunk size at a time,
+injected (active) and from production prefills (passive) side by side.
 
-It reads the `pdexporter_window_*` gauges that `pdexporter sweep --listen` (and `pdexporter run`)
-export per grid point. A gauge holds only the last window, and a sweep moves on, so every grid
-query takes `last_over_time(...[$__range])`: each point keeps the last value seen within the
-dashboard's time range even after the sweep has moved past it (or finished).
+It reads the `pdexporter_window_*` gauges that `pdexporter sweep --listen` and `pdexporter run`
+export per grid point, with `mode="active"` (an injected prefill) or `mode="passive"` (a
+production prefill, `run --passive`, whose D and P labels are bins). A gauge holds only the last
+window, and a sweep moves on, so every active grid query takes `last_over_time(...[$__range])`:
+each point keeps the last value seen within the dashboard's time range even after the sweep has
+moved past it. A passive cell sees a stream of production prefills, so its query takes the median
+of the values scraped in the range (`quantile_over_time(0.5, ...)`), and a matrix beside it counts
+the events each cell holds (the increase of `pdexporter_windows_total`): few events, little trust.
 """
 
 from __future__ import annotations
@@ -28,11 +33,27 @@ TAG = "pdexporter"
 ROW, COLUMN = "decode_batch_size", "new_prefill_tokens"
 CORNER = "D (decode streams) \\ P (prefill tokens)"
 SEL = 'chunk_size="$chunk_size", instance=~"$instance"'
+MODE_TITLE = {"active": "injected", "passive": "production (passive)"}
 
 
-def grid(series: str) -> str:
-    """One value per (D, P) at the selected chunk size: the last seen in the time range."""
-    return f"max by ({ROW}, {COLUMN}) (last_over_time({series}{{{SEL}}}[$__range]))"
+def grid(series: str, mode: str = "active") -> str:
+    """One value per (D, P) at the selected chunk size: the last seen in the time range (active),
+    the median of those scraped in it (passive: a stream of production prefills)."""
+    selector = f'{series}{{{SEL}, mode="{mode}"}}'
+    if mode == "passive":
+        return f"max by ({ROW}, {COLUMN}) (quantile_over_time(0.5, {selector}[$__range]))"
+    return f"max by ({ROW}, {COLUMN}) (last_over_time({selector}[$__range]))"
+
+
+def _side_by_side(d: Dashboard, title: str, description: str, series: str, **style: object) -> None:
+    """The same matrix for injected and for production prefills, next to each other."""
+    for mode in ("active", "passive"):
+        d.add(
+            label_matrix(f"{title}: {MODE_TITLE[mode]}", description, grid(series, mode), row_label=ROW,
+                         column_label=COLUMN, corner=CORNER, **style),  # type: ignore[arg-type]
+            w=12,
+            h=10,
+        )
 
 
 def build() -> Json:
@@ -41,8 +62,8 @@ def build() -> Json:
         title="pdexporter: interference map (P x D)",
         description=(
             "TPOT penalty over new_prefill_tokens (P, columns) x decode_batch_size (D, rows) at one chunk size "
-            "(max_num_batched_tokens), from the window gauges a sweep exports. Each cell is the last window "
-            "seen in the time range."
+            "(max_num_batched_tokens), from the window gauges a sweep or the exporter exports: injected prefills "
+            "(last window in range) beside production prefills seen in passive mode (median in range)."
         ),
         tags=[TAG, "vllm", "sweep"],
         variables=[
@@ -63,32 +84,36 @@ def build() -> Json:
         links=[dashboard_link("pdexporter dashboards", TAG)],
     )
 
-    d.row("Penalty over P x D at B = $chunk_size")
-    d.add(
-        label_matrix(
-            "Penalty ratio (TPOT penalty / baseline)",
-            "The seed's heatmap: colour = tpot_penalty_ratio. Rows are D, columns are P. The seed expects it "
-            "to grow with D and with the number of chunks, and counts the study a success if the ratio exceeds "
-            "1.1 for D >= 4 and P >= 4096. Empty cells: no window at that point in the time range.",
-            grid(m.WINDOW_RATIO),
-            row_label=ROW,
-            column_label=COLUMN,
-            corner=CORNER,
-            minimum=0,
-        ),
-        w=24,
-        h=10,
+    d.row("Penalty over P x D at B = $chunk_size: injected | production (passive)")
+    _side_by_side(
+        d, "Penalty ratio (TPOT penalty / baseline)",
+        "The seed's heatmap: colour = tpot_penalty_ratio. Rows are D, columns are P. The seed expects it "
+        "to grow with D and with the number of chunks, and counts the study a success if the ratio exceeds "
+        "1.1 for D >= 4 and P >= 4096. Left: injected prefills (last window in range); right: production "
+        "prefills seen in passive mode (median in range; D and P are bins). Empty cells: no window there.",
+        m.WINDOW_RATIO, minimum=0,
+    )
+    _side_by_side(
+        d, "TPOT penalty p50",
+        "TPOT during the prefill minus the baseline (p50s), per grid point; left injected, right production "
+        "prefills (passive mode).",
+        m.WINDOW_PENALTY, unit="s", decimals=1, minimum=0,
+    )
+    _side_by_side(
+        d, "Total interference per decode stream",
+        "Extra time one decode stream lost to the prefill; times D it is the cost the offload rule "
+        "compares with a KV transfer time. Left injected, right production prefills (passive mode).",
+        m.WINDOW_TOTAL, unit="s", decimals=1, minimum=0,
     )
     d.add(
         label_matrix(
-            "TPOT penalty p50",
-            "TPOT during the prefill minus the baseline (p50s), per grid point.",
-            grid(m.WINDOW_PENALTY),
-            row_label=ROW,
-            column_label=COLUMN,
-            corner=CORNER,
-            unit="s",
-            decimals=1,
+            "Production prefills per cell (passive)",
+            "How many production prefills each passive cell holds: pdexporter_windows_total{mode=\"passive\"} "
+            "at its highest in the time range, i.e. since each exporter started, summed over exporters. "
+            "export-table --mode passive counts a time range exactly, marks cells with fewer than 5 events and "
+            "gives bootstrap intervals.",
+            f'sum by ({ROW}, {COLUMN}) (max_over_time({m.WINDOWS}{{{SEL}, mode="passive"}}[$__range]))',
+            row_label=ROW, column_label=COLUMN, corner=CORNER, decimals=0, color_scheme="continuous-blues",
             minimum=0,
         ),
         w=12,
@@ -96,22 +121,19 @@ def build() -> Json:
     )
     d.add(
         label_matrix(
-            "Total interference per decode stream",
-            "Extra time one decode stream lost to the prefill; times D it is the cost the offload rule "
-            "compares with a KV transfer time.",
-            grid(m.WINDOW_TOTAL),
-            row_label=ROW,
-            column_label=COLUMN,
-            corner=CORNER,
-            unit="s",
-            decimals=1,
-            minimum=0,
+            "Passive minus injected penalty",
+            "Production (passive) penalty p50 minus the injected one, per cell both fill. Near 0: the passive "
+            "map agrees with injection; a cell whose P bin straddles a step-time cliff (vLLM's CUDA-graph capture "
+            "size, a second chunk) differs by construction (docs/exporter.md, 'Passive mode').",
+            f"{grid(m.WINDOW_PENALTY, 'passive')} - {grid(m.WINDOW_PENALTY, 'active')}",
+            row_label=ROW, column_label=COLUMN, corner=CORNER, unit="s", decimals=1,
+            color_scheme="continuous-BlYlRd",
         ),
         w=12,
         h=10,
     )
 
-    d.row("Chunking and timing at B = $chunk_size")
+    d.row("Chunking and timing at B = $chunk_size (injected)")
     d.add(
         label_matrix(
             "Slow steps minus expected chunks",
@@ -164,9 +186,10 @@ def build() -> Json:
     d.add(
         stat(
             "Windows analysed in range",
-            "Prefill windows recorded at this chunk size within the time range (all grid points).",
+            "Prefill windows recorded at this chunk size within the time range (all grid points), injected "
+            "(active) and production (passive).",
             targets(
-                (f'sum(increase({m.WINDOWS}{{{SEL}}}[$__range]))', "windows"),
+                (f'sum by (mode) (increase({m.WINDOWS}{{{SEL}}}[$__range]))', "{{mode}}"),
             ),
             decimals=0,
             steps=thresholds((None, "blue")),

@@ -26,7 +26,7 @@ TAG = "pdexporter"
 
 SEL = 'instance=~"$instance"'
 RATE = "$__rate_interval"
-GRID_LEGEND = "B={{chunk_size}} D={{decode_batch_size}} P={{new_prefill_tokens}}"
+GRID_LEGEND = "{{mode}} B={{chunk_size}} D={{decode_batch_size}} P={{new_prefill_tokens}}"
 
 
 def _quantile(q: float, histogram: str, by: str) -> str:
@@ -131,7 +131,7 @@ def build() -> Json:
             "Every window quantity pdexporter declares (pdexporter/measure/quantities.py; docs/metrics.md), "
             "for the last window of each grid point.",
             [(f"{q.gauge_name}{{{SEL}}}", q.field, "s" if q.unit == "ms" else "none") for q in gauged()],
-            ["chunk_size", "decode_batch_size", "new_prefill_tokens", "instance"],
+            ["mode", "chunk_size", "decode_batch_size", "new_prefill_tokens", "instance"],
         ),
         w=24,
         h=8,
@@ -141,10 +141,11 @@ def build() -> Json:
     d.add(
         timeseries(
             "Prefill duration (submission to first token)",
-            "Quantiles over every injected prefill, by prefill size, and the last window's duration.",
+            "Quantiles over every prefill, injected (active) or production (passive: the slow run's length), by "
+            "prefill size, and the last window's duration.",
             targets(
-                (_quantile(0.5, m.PREFILL_DURATION, "new_prefill_tokens"), "p50 P={{new_prefill_tokens}}"),
-                (_quantile(0.9, m.PREFILL_DURATION, "new_prefill_tokens"), "p90 P={{new_prefill_tokens}}"),
+                (_quantile(0.5, m.PREFILL_DURATION, "mode, new_prefill_tokens"), "p50 {{mode}} P={{new_prefill_tokens}}"),
+                (_quantile(0.9, m.PREFILL_DURATION, "mode, new_prefill_tokens"), "p90 {{mode}} P={{new_prefill_tokens}}"),
                 (f"{m.WINDOW_PREFILL}{{{SEL}}}", "last " + GRID_LEGEND),
             ),
             unit="s",
@@ -183,16 +184,59 @@ def build() -> Json:
     d.add(
         timeseries(
             "Injections and windows",
-            "Prefill perturbations sent per second by outcome, and windows analysed per second.",
+            "Prefill perturbations sent per second by outcome, and windows analysed per second: injected "
+            "(active) and production prefills (passive).",
             targets(
                 (f"sum by (outcome) (rate({m.INJECTIONS}{{{SEL}}}[{RATE}]))", "injections {{outcome}}"),
-                (f"sum(rate({m.WINDOWS}{{{SEL}}}[{RATE}]))", "windows analysed"),
+                (f"sum by (mode) (rate({m.WINDOWS}{{{SEL}}}[{RATE}]))", "windows analysed {{mode}}"),
             ),
             unit="ops",
             minimum=0,
         ),
         w=24,
         h=6,
+    )
+
+    d.row("Passive mode (production prefills, run --passive)")
+    d.add(
+        timeseries(
+            "Slow runs by outcome",
+            "Runs of slow steps the probes saw per second, by what became of them: published (one production "
+            "prefill, a passive window), merged (several prefills in one run), unattributed (no production "
+            "prefill ended there: an engine stall), ambiguous (only /metrics, and no pair of scrapes isolated "
+            "it), own-probe (the exporter's own probe restart), no-baseline, out-of-bins, no-budget.",
+            targets((f"sum by (outcome) (rate({m.PASSIVE_EVENTS}{{{SEL}}}[{RATE}]))", "{{outcome}}")),
+            unit="ops",
+            minimum=0,
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Where P came from",
+            "Published passive windows per second by the source of their prompt size: otlp (the engine's "
+            "request traces), metrics (/metrics counters bracketing the run), cadence (the probes alone).",
+            targets((f'sum by (source) (rate({m.PASSIVE_EVENTS}{{{SEL}, outcome="published"}}[{RATE}]))',
+                     "{{source}}")),
+            unit="ops",
+            minimum=0,
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Request traces received",
+            "Engine request spans received on POST /v1/traces per second, by whose requests they were, and OTLP "
+            "export requests by result. No production spans: point vLLM's --otlp-traces-endpoint here (with "
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf).",
+            targets(
+                (f"sum by (kind) (rate({m.REQUEST_TRACES}{{{SEL}}}[{RATE}]))", "spans {{kind}}"),
+                (f"sum by (result) (rate({m.TRACE_EXPORTS}{{{SEL}}}[{RATE}]))", "exports {{result}}"),
+            ),
+            unit="ops",
+            minimum=0,
+        ),
+        w=8,
     )
 
     d.row("Engine")

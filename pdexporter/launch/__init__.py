@@ -9,6 +9,7 @@ from pdexporter.launch.base import (
     LogDirected,
     Prestarting,
     Releasing,
+    TraceDirected,
     terminate_group,
 )
 from pdexporter.launch.external import ExternalLauncher
@@ -16,5 +17,5 @@ from pdexporter.launch.sim import SimLauncher
 
 __all__ = [
     "Adopting", "DeadlineReached", "EngineHandle", "ExternalLauncher", "Launcher", "LogDirected", "Prestarting",
-    "Releasing", "SimLauncher", "terminate_group",
+    "Releasing", "SimLauncher", "TraceDirected", "terminate_group",
 ]

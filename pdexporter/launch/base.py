@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = [
     "Adopting", "DeadlineReached", "EngineHandle", "Launcher", "LogDirected", "Prestarting", "Releasing",
-    "pid_alive", "process_start_ticks", "terminate_group",
+    "TraceDirected", "pid_alive", "process_start_ticks", "terminate_group",
 ]
 
 
@@ -69,6 +69,14 @@ class Adopting(Protocol):
     def can_adopt(self, chunk_size: int) -> bool:
         """Would `start(chunk_size)` adopt a live engine instead of starting one?"""
         ...
+
+
+@runtime_checkable
+class TraceDirected(Protocol):
+    """A launcher whose engine can be told where to send its per-request traces (OTLP/HTTP),
+    before it starts: `pdexporter run --passive` points the embedded engine at its own /v1/traces."""
+
+    def send_traces_to(self, endpoint: str) -> None: ...
 
 
 @runtime_checkable

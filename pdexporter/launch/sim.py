@@ -37,6 +37,14 @@ class SimLauncher:
     def can_set_chunk_size(self) -> bool:
         return True
 
+    def send_traces_to(self, endpoint: str) -> None:
+        """The engine started next sends vLLM-shaped request spans to `endpoint` (`sim serve --otlp-traces-endpoint`)."""
+        args = list(self.extra_args)
+        if "--otlp-traces-endpoint" in args:
+            i = args.index("--otlp-traces-endpoint")
+            del args[i : i + 2]
+        self.extra_args = (*args, "--otlp-traces-endpoint", endpoint)
+
     async def start(self, chunk_size: int) -> EngineHandle:
         if self._proc is not None and self._proc.poll() is None and self._chunk == chunk_size and self._handle:
             return self._handle

@@ -198,18 +198,19 @@ def token_times(event_times_ns: Sequence[int], event_tokens: Sequence[int]) -> n
     """Per-token arrival times; an n-token event is spread evenly over the gap before it."""
     if len(event_times_ns) != len(event_tokens):
         raise ValueError("event_times_ns and event_tokens differ in length")
-    out: list[float] = []
-    previous: float | None = None
-    for t, n in zip(event_times_ns, event_tokens):
-        if n <= 0:
-            continue
-        if previous is None:
-            out.extend([float(t)] * n)
-        else:
-            gap = (t - previous) / n
-            out.extend(previous + gap * k for k in range(1, n + 1))
-        previous = float(t)
-    return np.asarray(out, dtype=np.float64)
+    n = np.asarray(event_tokens, dtype=np.int64)
+    keep = n > 0
+    t = np.asarray(event_times_ns, dtype=np.float64)[keep] if len(event_times_ns) else np.empty(0)
+    n = n[keep]
+    if t.size == 0:
+        return np.empty(0, dtype=np.float64)
+    previous = np.r_[t[0], t[:-1]]
+    gap = (t - previous) / n  # each event's n tokens spread over the gap before it
+    event = np.repeat(np.arange(t.size), n)
+    k = (np.arange(event.size) - np.repeat(np.cumsum(n) - n, n) + 1).astype(np.float64)
+    out = previous[event] + gap[event] * k
+    out[: n[0]] = t[0]  # the first event starts the stream
+    return out
 
 
 def token_event_index(event_tokens: Sequence[int]) -> np.ndarray:

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pdexporter.engine.iterlog import IterationStep
+from pdexporter.engine.traces import RequestTrace
 from pdexporter.engines.vllm import format_step
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import (
@@ -193,6 +194,8 @@ class _Tracked:
     first_token: float | None = None
     last_token: float | None = None
     prompt_tokens: int = 0
+    request_id: str = ""
+    max_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +430,8 @@ class EngineCore:
         self._landing_factor = landing_factor(profile)
         if self.kv_role == "decode" and metrics is not None:
             metrics.enable_kv_transfer()
+        # Called with each finished request's trace (vLLM's `llm_request` span: `request_trace`).
+        self.on_request_finished: Callable[[RequestTrace], None] | None = None
 
     # -- input ----------------------------------------------------------------------------
 
@@ -450,7 +455,8 @@ class EngineCore:
             raise ValueError(f"max_tokens={max_tokens} must be >= 1")
         now = self.clock.now()
         self._tracked[request_id] = _Tracked(None, sink, arrival if arrival is not None else now, now,
-                                             prompt_tokens=len(prompt_token_ids))
+                                             prompt_tokens=len(prompt_token_ids), request_id=request_id,
+                                             max_tokens=max_tokens)
         if self.metrics is not None:
             self.metrics.on_new_request(max_tokens)
         costs = self.costs
@@ -736,6 +742,8 @@ class EngineCore:
             self._delivery_timer = self.clock.call_at(self._deliveries[0][0], self._on_delivery)
 
     def _record_finish(self, tracked: _Tracked, reason: str, now: float) -> None:
+        if self.on_request_finished is not None:
+            self.on_request_finished(self.request_trace(tracked, now))
         if self.metrics is None:
             return
         r = tracked.request
@@ -753,6 +761,31 @@ class EngineCore:
             prompt_tokens=prompt,
             generation_tokens=r.num_output_tokens if r is not None else 0,
             computed_prompt_tokens=prompt - max(r.num_cached_tokens, 0) if r is not None else 0,
+        )
+
+    def request_trace(self, tracked: _Tracked, now: float) -> RequestTrace:
+        """What vLLM's per-request span says about a finished request (`engine.traces`): arrival
+        and finish on the Unix clock, its latencies as vLLM computes them (queue = scheduled -
+        queued, prefill = first token - scheduled, decode = last token - first token)."""
+        epoch = self.clock.wall() - now
+        r = tracked.request
+
+        def span(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else b - a
+
+        return RequestTrace(
+            request_id=tracked.request_id,
+            start_ns=round((epoch + tracked.arrival) * 1e9),
+            end_ns=round((epoch + now) * 1e9),
+            prompt_tokens=r.num_prompt_tokens if r is not None else tracked.prompt_tokens,
+            completion_tokens=r.num_output_tokens if r is not None else 0,
+            ttft_s=span(tracked.arrival, tracked.first_token),
+            e2e_s=now - tracked.arrival,
+            queue_s=span(tracked.queued, tracked.scheduled),
+            prefill_s=span(tracked.scheduled, tracked.first_token),
+            decode_s=span(tracked.first_token, tracked.last_token),
+            inference_s=span(tracked.scheduled, tracked.last_token),
+            max_tokens=tracked.max_tokens or None,
         )
 
     # -- what the model says, without running it -----------------------------------------

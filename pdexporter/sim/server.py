@@ -514,6 +514,7 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     kv_role: str | None = None  # "decode-bench" | "decode" | "prefill" (docs/disaggregation.md)
+    otlp_traces_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint (sim.otlp)
 
 
 async def run_server(
@@ -549,6 +550,12 @@ async def run_server(
                                          port=int(side_port) if side_port.isdigit() else 5600)
     engine = EngineCore(profile, LoopClock(loop), config=config, metrics=metrics, log=log, kv_role=options.kv_role,
                         connector=connector)
+    spans = None
+    if options.otlp_traces_endpoint:
+        from pdexporter.sim.otlp import RequestSpans
+
+        spans = RequestSpans(options.otlp_traces_endpoint)
+        engine.on_request_finished = spans
     server = SimServer(engine, profile, metrics)
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -588,6 +595,8 @@ async def run_server(
     finally:
         engine.shutdown()
         await runner.cleanup()
+        if spans is not None:
+            await asyncio.to_thread(spans.shutdown)
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 loop.remove_signal_handler(sig)

@@ -169,7 +169,8 @@ def test_prometheus_scrapes_probe_tpot_close_to_the_modelled_step(session: Sessi
     assert 0 < p["tokens_rate"] <= D / modelled * 1.1
     assert p["created"] == []  # disable_created_metrics()
     assert p["labels"] == {"chunk_size": str(B), "decode_batch_size": str(D), "new_prefill_tokens": str(P),
-                           "instance": p["labels"]["instance"], "job": "pdexporter", "__name__": p["labels"]["__name__"]}
+                           "mode": "active", "instance": p["labels"]["instance"], "job": "pdexporter",
+                           "__name__": p["labels"]["__name__"]}
 
 
 def test_baseline_tpot_equals_the_modelled_decode_step_within_2_percent(session: Session) -> None:

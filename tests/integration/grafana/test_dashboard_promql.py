@@ -120,10 +120,45 @@ def live_exporter() -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(live_exporter: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+def passive_exporter() -> Iterator[str | None]:
+    """host:port of `pdexporter run --passive` beside the embedded engine (`sim serve`, sending its
+    request traces to the exporter) and `pdexporter load`: the production (passive) half of the
+    interference map. None where this checkout cannot run it."""
+    if _missing_for_run():
+        yield None
+        return
+    engine_port, port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "pdexporter", "sim", "serve", "--port", str(engine_port), "-B", "8192",
+             "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        _wait_http(f"{engine}/health", procs[0])
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "pdexporter", "run", "--passive", "--probe-decode", "2", "--target", engine,
+             "--chunk-size", "8192", "--listen", f"127.0.0.1:{port}", "--attribution-wait", "10s"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        _wait_http(f"http://127.0.0.1:{port}/metrics", procs[1])
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "pdexporter", "load", "--target", engine, "--rate", "2", "--duration", "120s"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        yield f"127.0.0.1:{port}"
+    finally:
+        for proc in reversed(procs):
+            stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def prometheus(live_exporter: tuple[str, str], passive_exporter: str | None,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
     address, _ = live_exporter
-    with PrometheusServer(tmp_path_factory.mktemp("prometheus"), [address]) as prom:
+    targets = [address] + ([passive_exporter] if passive_exporter else [])
+    with PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets) as prom:
         prom.wait_for("pdexporter_up", timeout=30)
+        if passive_exporter:  # a production prefill's window reached Prometheus
+            prom.wait_for(f'{WINDOW_RATIO}{{mode="passive"}}', timeout=120)
         yield prom
 
 
@@ -185,10 +220,17 @@ def test_interference_map_queries_return_a_p_by_d_grid(live_exporter: tuple[str,
     prometheus.wait_for(WINDOW_RATIO, timeout=90)
     chunk = prometheus.api("label/chunk_size/values", **{"match[]": WINDOW_RATIO})[0]
     board = build_all()["pdexporter-interference-map.json"]
+    cells = {mode: {(r["metric"]["decode_batch_size"], r["metric"]["new_prefill_tokens"])
+                    for r in prometheus.query(f'{WINDOW_RATIO}{{chunk_size="{chunk}", mode="{mode}"}}')}
+             for mode in ("active", "passive")}
     for query in panel_queries(board):
         if not query.instant:
             continue
         result = prometheus.query(substitute(query.expr, {"instance": ".*", "chunk_size": chunk}))
+        if "minus injected" in query.where:  # only the cells both modes fill
+            assert {(r["metric"]["decode_batch_size"], r["metric"]["new_prefill_tokens"]) for r in result} == \
+                cells["active"] & cells["passive"], query.where
+            continue
         assert result, f"{query.where}: empty at chunk_size={chunk}"
         for series in result:
             assert set(series["metric"]) == {"decode_batch_size", "new_prefill_tokens"}, (query.where, series)

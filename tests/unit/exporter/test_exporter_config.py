@@ -93,3 +93,26 @@ def test_reserve_covers_window_and_recovery() -> None:
     assert config.expected_chunks == 17
     assert config.reserve_tokens == 8 + 17 * 2 + 32 + 8 == config.protocol.window_tokens("vllm", 32768, 2048, 4)
     assert config.reserve_tokens <= config.protocol.decode_output_tokens - config.protocol.inject_at_tokens
+
+
+def test_passive_injects_nothing_even_on_the_embedded_engine() -> None:
+    config = parse_run_options(**_options(passive=True, attribution_wait="45s"))  # type: ignore[arg-type]
+    assert config.passive and config.inject_every_s is None and not config.injecting
+    assert config.attribution_wait_s == 45.0
+    off = parse_run_options(**_options(passive=True, inject_every="off", target="http://vllm:8000"))  # type: ignore[arg-type]
+    assert off.passive and not off.injecting
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"passive": True, "inject_every": "10s"}, r"^--inject-every 10s: --passive injects nothing"),
+    ({"passive": True, "attribution_wait": "soon"}, r"^--attribution-wait 'soon'"),
+])
+def test_passive_option_errors_are_one_line(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_run_options(**_options(**overrides))  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+def test_passive_and_injection_are_refused_together_by_the_schema_too() -> None:
+    with pytest.raises(ConfigError, match="--passive injects nothing"):
+        build_config(probe_streams=4, chunk_size=8192, passive=True, inject_every_s=30.0)

@@ -1,0 +1,102 @@
+"""Passive mode on the embedded engine in virtual time (`sim.passive`): the exporter's own tracker
+beside a synthetic production load, checked against what the engine knows (every request's own
+trace) and against the injected windows of the same engine (`sim.predict`).
+
+Three sessions over the same load: with the engine's request traces (and /metrics), with /metrics
+alone, with the cadence alone. Virtual time: timing is the engine's model, not this machine's.
+The comparison with its figures over 30 minutes of traffic is tests/benchmarks/bench_passive.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from pdexporter._internal.vloop import run_virtual
+from pdexporter.load.mix import LoadSpec
+from pdexporter.sim.passive import PassiveSession, passive_session
+from pdexporter.sim.predict import predict_records
+from pdexporter.sim.profile import load_profile
+
+pytestmark = pytest.mark.integration
+
+PROFILE = "h200-qwen3-coder-30b-a3b"
+B, PROBES = 8192, 4
+LOAD = LoadSpec(rate=1.0, duration_s=150, seed=5)
+
+
+def _session(*sources: str) -> PassiveSession:
+    return run_virtual(passive_session(PROFILE, B, LOAD, probes=PROBES, sources=sources))
+
+
+@pytest.fixture(scope="module")
+def sessions() -> dict[str, PassiveSession]:
+    return {"otlp": _session("otlp", "metrics", "cadence"), "metrics": _session("metrics", "cadence"),
+            "cadence": _session("cadence")}
+
+
+def _truth(session: PassiveSession, event) -> list:  # type: ignore[no-untyped-def]
+    """The production requests whose first token fell in the event's run, by the engine's own
+    record of every request (the exporter's probes, 4096-token prompts, left out)."""
+    step = event.run.baseline.p50_ms * 1e6 if event.run else 7e6
+    lo, hi = event.slow_run.start_ns - step / 2, event.slow_run.end_ns + 1.5 * step
+    return [r for r in session.requests.values() if r.first_token_ns is not None and r.prompt_tokens != 4096
+            and lo < r.first_token_ns - session.trace_offset_ns <= hi]
+
+
+def test_traces_attribute_each_event_to_the_request_that_ran_then(sessions) -> None:
+    s = sessions["otlp"]
+    published = s.published
+    assert len(published) >= 40, s.outcomes
+    assert s.outcomes["own-probe"] > 0  # the exporter's own probe restarts are recognised, not published
+    assert {e.source for e in published} <= {"otlp", "metrics"}
+    assert sum(e.source == "otlp" for e in published) >= 0.9 * len(published)
+    for e in published:
+        assert e.decode_batch_size >= len(e.run.probes) >= PROBES - 1 and e.d_source.startswith("metrics")
+        truth = _truth(s, e)
+        if e.source == "otlp":
+            assert [r.request_id for r in truth] == list(e.attribution.request_ids)
+            assert e.attribution.prompt_tokens == truth[0].prompt_tokens
+    long = [e for e in published if e.attribution.prompt_tokens >= 1024]
+    confirmed = sum(e.run.window.chunk_schedule_check == "confirmed" for e in long)
+    assert confirmed >= 0.8 * len(long), [e.run.window.chunk_schedule_check for e in long]
+
+
+def test_passive_penalties_match_the_injected_ones_of_the_same_engine(sessions) -> None:
+    """Cells where the prompt bin holds no step-time cliff (512 - D tokens: vLLM's CUDA-graph
+    capture size; B - D: a second chunk): within 10 % of the injected windows' penalty."""
+    cells: dict[tuple[int, int, int], list[float]] = {}
+    for e in sessions["otlp"].published:
+        if e.key[2] in (1024, 2048, 4096):
+            cells.setdefault(e.key, []).append(e.rep.derived.tpot_penalty_p50_ms)
+    cells = {k: v for k, v in cells.items() if len(v) >= 3}
+    assert len(cells) >= 3, cells
+    injected = predict_records(load_profile(PROFILE), list(cells), reps=2, mode="fast")
+    for key, penalties in cells.items():
+        want = injected[key].derived.tpot_penalty_p50_ms
+        assert statistics.median(penalties) == pytest.approx(want, rel=0.10), (key, penalties, want)
+
+
+def test_metrics_alone_size_the_prefills_as_the_engine_ran_them(sessions) -> None:
+    """With no traces, the /metrics counters bracketing a run give the prompt the engine ran."""
+    s = sessions["metrics"]
+    assert {e.source for e in s.published} == {"metrics"}
+    checked = [(e, _truth(s, e)) for e in s.published]
+    single = [(e, truth) for e, truth in checked if len(truth) == 1]
+    assert len(single) >= 15
+    right = sum(e.attribution.prompt_tokens == truth[0].prompt_tokens for e, truth in single)
+    assert right >= 0.9 * len(single), [(e.attribution.prompt_tokens, t[0].prompt_tokens) for e, t in single]
+    assert s.outcomes["ambiguous"] > 0  # runs no pair of scrapes isolates: said so, not guessed
+
+
+def test_the_cadence_alone_sizes_multi_chunk_prefills(sessions) -> None:
+    """The probes alone: a prefill of several chunks within 25 %; a launch-bound one only roughly."""
+    s = sessions["cadence"]
+    assert {e.source for e in s.published} == {"cadence"}
+    pairs = [(e.attribution.prompt_tokens, truth[0].prompt_tokens) for e in s.events if e.attribution is not None
+             for truth in [_truth(s, e)] if len(truth) == 1]
+    big = [(got, want) for got, want in pairs if want >= 6000]
+    assert len(big) >= 3
+    close = sum(got == pytest.approx(want, rel=0.25) for got, want in big)
+    assert close >= 0.8 * len(big), big
