@@ -447,7 +447,8 @@ def analyse_window(
         decode_tokens_delayed=int(sum(slow_counts)),
         zero_intervals=zero,
         min_interval_ms=float(window.min()) if window.size else None,
-        chunk_step_times_ms=tuple(float(x) for x in during_all[median_stream]) if chunks and during_all else (),
+        chunk_step_times_ms=(tuple(float(x) for x in during_all[median_stream])
+                             if during_all and (chunks or sizes is not None) else ()),
     )
 
 

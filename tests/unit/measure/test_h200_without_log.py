@@ -17,7 +17,12 @@ from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.reanalyse import SourceComparison, compare_sources
 from pdexporter.measure.store import ResultsStore, load_record_file
 
-RESULTS = sorted(p for p in (Path(__file__).parents[3] / "results").glob("h200-*") if (p / "8192").is_dir())
+# Every committed H200 results directory with records: the seed's sweep, and the later ones (a chunk
+# size and decode batches in no grid, the offloaded arm, the two-GPU sweeps) that the estimator was
+# not chosen on.
+RESULTS = sorted(p for p in (Path(__file__).parents[3] / "results").glob("h200*")
+                 if any(p.glob("*/D*_P*.json")))
+SEED_SWEEP = Path(__file__).parents[3] / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b"
 
 
 @pytest.fixture(scope="module", params=RESULTS, ids=[p.name for p in RESULTS])
@@ -38,11 +43,11 @@ def comparisons(request: pytest.FixtureRequest) -> list[SourceComparison]:
 
 
 def test_there_are_h200_results_to_check() -> None:
-    assert RESULTS, "no results/h200-* directory with records"
+    assert SEED_SWEEP in RESULTS and len(RESULTS) >= 2, RESULTS
 
 
 def test_penalty_without_the_engine_log_matches_the_log(comparisons: list[SourceComparison]) -> None:
-    assert len(comparisons) >= 100
+    assert comparisons
     agree = [r for r in comparisons if r.penalty_agrees(rel=0.05, abs_ms=2.0, small_ms=40.0)]
     worst = sorted(comparisons, key=lambda r: -abs(r.relative_difference or 0))[:3]
     assert len(agree) >= 0.95 * len(comparisons), [(r.key, r.penalty_log_ms, r.penalty_cadence_ms) for r in worst]
@@ -64,7 +69,7 @@ def test_a_tail_the_cadence_cannot_see_is_reported_unseen() -> None:
     With the log the record says 2 chunks; without it, the 1 the probes saw, never the schedule's 2."""
     from pdexporter.measure.reanalyse import reanalyse_record
 
-    store = ResultsStore(RESULTS[0])
+    store = ResultsStore(SEED_SWEEP)
     record = load_record_file(store.record_path(2048, 1, 2048))
     logged = reanalyse_record(store, record, ProtocolSettings()).record
     blind = reanalyse_record(store, record, ProtocolSettings(), use_engine_log=False).record
@@ -85,11 +90,11 @@ def test_committed_records_reanalyse_to_the_committed_table() -> None:
     from pdexporter.analysis.table import SEED_COLUMNS, build_table, samples_from_record
     from pdexporter.measure.reanalyse import reanalyse_record
 
-    store = ResultsStore(RESULTS[0])
+    store = ResultsStore(SEED_SWEEP)
     settings = ProtocolSettings()
     records = [reanalyse_record(store, load_record_file(p), settings).record for p in store.iter_record_paths()]
     table = build_table(samples_from_record(r) for r in records)
-    committed = pd.read_csv(RESULTS[0] / "interference_table.csv")
+    committed = pd.read_csv(SEED_SWEEP / "interference_table.csv")
     assert len(table) == len(committed) == 196
     merged = committed.merge(table, on=list(SEED_COLUMNS[:3]), suffixes=("_committed", "_now"))
     for column in SEED_COLUMNS[3:]:
