@@ -128,6 +128,13 @@ def _decision(analysis: Analysis) -> str:
     return "\n".join(parts)
 
 
+def _present(value: Any) -> bool:
+    """A table value that is there: not None, NaN or pandas' NA (integer columns)."""
+    import pandas as pd
+
+    return value is not None and not pd.isna(value)
+
+
 def _arms(analysis: Analysis) -> str:
     """Both arms (docs/disaggregation.md): the measured points side by side, the transfer model,
     the break-even (smallest prefill offloading wins at) and the figure."""
@@ -159,7 +166,7 @@ def _arms(analysis: Analysis) -> str:
     body = []
     for r in rows_.itertuples():
         saved = r.aggregate_interference_ms - r.offloaded_aggregate_interference_ms
-        cost = (r.offloaded_ttft_ms - r.colocated_ttft_ms) if r.offloaded_ttft_ms == r.offloaded_ttft_ms else None
+        cost = (r.offloaded_ttft_ms - r.colocated_ttft_ms) if _present(r.offloaded_ttft_ms) else None
         verdict = ""
         if doc.get("two_arm") and r.decode_batch_size < r.chunk_size:
             from pdexporter.analysis.decision_eval import evaluate_decision
@@ -169,8 +176,8 @@ def _arms(analysis: Analysis) -> str:
         body.append([_num(int(r.chunk_size)), _num(int(r.decode_batch_size)), _num(int(r.new_prefill_tokens)),
                      _num(r.aggregate_interference_ms), _num(r.offloaded_aggregate_interference_ms), _num(saved),
                      _num(r.colocated_ttft_ms), _num(r.offloaded_ttft_ms if cost is not None else None), _num(cost),
-                     _num(r.kv_transfer_ms if r.kv_transfer_ms == r.kv_transfer_ms else None),
-                     _num(r.kv_bytes / 2**20 if r.kv_bytes == r.kv_bytes and r.kv_bytes is not None else None),
+                     _num(r.kv_transfer_ms if _present(r.kv_transfer_ms) else None),
+                     _num(r.kv_bytes / 2**20 if _present(r.kv_bytes) else None),
                      _e(verdict)])
     parts.append('<div class="scroll" id="arms-table">' + _table(headers, body, frozenset({11})) + "</div>")
     if arms.thresholds:

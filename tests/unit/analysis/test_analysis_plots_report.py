@@ -123,3 +123,19 @@ def test_report_table_ends_with_the_bootstrap_intervals(modelled_analysis):
     assert data == list(modelled_analysis.table.columns) and tuple(data[-len(CI_COLUMNS):]) == CI_COLUMNS
     row = modelled_analysis.table.dropna(subset=["tpot_penalty_ms_ci95_low"]).iloc[0]
     assert row["tpot_penalty_ms_ci95_low"] <= row["tpot_penalty_ms"] <= row["tpot_penalty_ms_ci95_high"]
+
+
+def test_report_renders_both_arms_of_the_committed_h200_data() -> None:
+    """The DecodeBench arm measured no KV transfer (its integer columns hold pandas' NA): the
+    report's both-arms section must still render (it once raised on NA)."""
+    from pathlib import Path
+
+    from pdexporter.analysis.job import analyse, load_results
+    from pdexporter.analysis.report import render_report
+
+    root = Path(__file__).parents[3] / "results"
+    colocated, offloaded = root / "h200-vllm0.22-qwen3-coder-30b-a3b", root / "h200-vllm0.22-qwen3-coder-30b-a3b-decodebench"
+    analysis = analyse(load_results(colocated), source=str(colocated), offloaded=load_results(offloaded),
+                       offloaded_source=str(offloaded))
+    html_text = render_report(analysis, plots=[])
+    assert 'id="arms-table"' in html_text and "DecodeBench" in html_text
