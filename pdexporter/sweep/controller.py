@@ -192,6 +192,7 @@ class SweepController:
         temporary directory needs none)."""
         self.spec = spec
         self.points = list(points) if points is not None else list(spec.points())
+        self._warmed_mixed: set[Key] = set()  # (B, D, P) warmed beside D decodes on the engine in use
         self.write_state = write_state
         self.store = store.cached()  # the sweep is its results directory's only writer while it runs
         self.providers: list[EngineProvider] = list(provider) if isinstance(provider, (list, tuple)) else [provider]
@@ -416,12 +417,29 @@ class SweepController:
             self.reports[chunk].probe_sets += pool.sets_started
             self.reports[chunk].probe_sets_cancelled += pool.sets_cancelled
 
+    async def _warm_mixed(self, driver: EngineDriver, chunk: int, d: int, ps: list[int], baseline: BaselineRun,
+                          pool: PooledProbes | None) -> None:
+        """`warmup.mixed`: one window of each (D, P) not warmed yet in this engine, not recorded."""
+        if not self.spec.warmup.mixed or d == 0:
+            return
+        todo = [p for p in ps if (chunk, d, p) not in self._warmed_mixed]
+        if not todo:
+            return
+        self.observer.on_phase("warmup", chunk, d)
+        with self._phase("warmup", chunk):
+            for p in todo:
+                probes = pool if pool is not None else FreshProbes(self.spec.protocol)
+                await run_window(driver, d, p, self.spec.protocol, probes, FixedBaseline(baseline.stats),
+                                 chunk_size=chunk)
+                self._warmed_mixed.add((chunk, d, p))
+
     async def _run_d(self, driver: EngineDriver, chunk: int, d: int, keys: list[Key]) -> None:
         baseline = await self._baseline(driver, chunk, d)
         pool = self._pool(driver, chunk, d)
         try:
             if pool is not None:
                 pool.plan([p for key in keys for p in [key[2]] * self.status(key).reps_to_run])
+            await self._warm_mixed(driver, chunk, d, [key[2] for key in keys], baseline, pool)
             for key in keys:
                 await self._run_config(driver, key, baseline, pool)
             await self._retire(pool, chunk)
@@ -549,6 +567,7 @@ class SweepController:
                 try:
                     if pool is not None:
                         pool.plan(ps)
+                    await self._warm_mixed(driver, chunk, d, ps, baselines[d], pool)
                     for p in ps:
                         key = (chunk, d, p)
                         status = statuses[key]

@@ -196,3 +196,31 @@ async def test_a_config_that_keeps_failing_is_skipped_not_fatal(tmp_path: Path, 
     assert report.status == "incomplete" and "B=2048 D=4 P=512" in (report.message or "")
     assert report.chunks[2048].failed == [(2048, 4, 512)] and report.chunks[2048].retries == 1
     assert set(record_set(tmp_path)) == {(2048, 4, 8192)}
+
+
+@pytest.mark.parametrize("order", ["blocked", "interleaved"])
+async def test_mixed_shape_warm_up_runs_one_unrecorded_window_per_d_and_p(tmp_path: Path, order: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """warmup.mixed: before the first repetition of each (D > 0, P), one window that is not
+    recorded (its batch shape, a chunk beside D decodes, then no longer meets vLLM's JIT in a
+    measured window)."""
+    import collections
+
+    import pdexporter.sweep.controller as controller_mod
+
+    calls: collections.Counter[tuple[int, int]] = collections.Counter()
+    original = controller_mod.run_window
+
+    async def spy(driver, d, p, *args, **kw):  # type: ignore[no-untyped-def]
+        calls[(d, p)] += 1
+        return await original(driver, d, p, *args, **kw)
+
+    monkeypatch.setattr(controller_mod, "run_window", spy)
+    spec = parse_sweep({"grid": {"chunk_sizes": [2048], "decode_batch_sizes": [0, 4], "new_prefill_tokens": [512, 8192]},
+                        "reps": 2, "mode": "fast", "order": {"kind": order, "seed": 1},
+                        "warmup": {"shapes": False, "mixed": True}})
+    report = await SweepController(spec, ResultsStore(tmp_path), DoubleProvider()).run()
+    assert report.complete
+    assert calls == {(0, 512): 2, (0, 8192): 2, (4, 512): 3, (4, 8192): 3}
+    for p in (512, 8192):
+        assert len(ResultsStore(tmp_path).load_record(2048, 4, p).reps) == 2  # type: ignore[union-attr]
