@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+from pdexporter.cli._vocab import Group, use_commands
 from pdexporter.errors import Interrupted, PdexporterError
 
 try:  # typer >= 0.25 carries its own copy of click
@@ -24,6 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 
@@ -54,6 +56,7 @@ def _register() -> None:
         module.register(app)
     for module in (thresholds, validate_pd):  # both arms of the offload decision (docs/disaggregation.md)
         module.register(app)
+    use_commands(app)
 
 
 _register()

@@ -11,8 +11,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from pdexporter._internal.durations import parse_duration
+from pdexporter.cli._vocab import DURATION, DURATION_SYNTAX
 from pdexporter.engine.client import resolve_api_key
-from pdexporter.errors import Interrupted
+from pdexporter.errors import ConfigError, Interrupted
 from pdexporter.launch import ExternalLauncher, Launcher, SimLauncher
 
 T = TypeVar("T")
@@ -35,6 +37,21 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="Embedded engine's GPU/model profile (when no --target)."),
 ]
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU name to record for an external engine.")]
+
+
+def duration_option(flag: str, help: str) -> Any:
+    """A duration option: a string in the one duration syntax (read it with `seconds`); the help
+    says the syntax. `help` is the option's own words, without a final full stop."""
+    return typer.Option(flag, metavar=DURATION, help=f"{help} ({DURATION_SYNTAX}).")
+
+
+def seconds(text: str, flag: str, *, positive: bool = False) -> float:
+    """A duration option's value in seconds; one line naming `flag` if it is not one (or is 0
+    where `positive`)."""
+    value = parse_duration(text, flag)
+    if positive and value <= 0:
+        raise ConfigError(f"{flag} {text!r}: must be > 0")
+    return value
 
 
 def run_async(coro: Coroutine[Any, Any, T], *, interrupted: Callable[[], str] | None = None) -> T:

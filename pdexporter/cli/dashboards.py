@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pdexporter.cli._common import console
+from pdexporter.cli._common import console, duration_option, seconds
 from pdexporter.errors import ConfigError
 
 DEFAULT_OUT = Path("dashboards")
@@ -78,13 +78,14 @@ def push(
     ] = None,
     folder: Annotated[str, typer.Option("--folder", help="Folder to put the dashboards in (created if missing; "
                                                          "'General' for the root).")] = "pdexporter",
-    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait for each API call.")] = 10.0,
+    timeout: Annotated[str, duration_option("--timeout", "Longest wait for each API call")] = "10s",
 ) -> None:
     """Create or overwrite the dashboards in a Grafana, matched by their stable uids."""
     from pdexporter.grafana import build_all
     from pdexporter.grafana.push import push_dashboards, read_token, redact
 
+    timeout_s = seconds(timeout, "--timeout", positive=True)
     token = read_token(token_file)
     base = redact(grafana_url).rstrip("/")
-    for pushed in push_dashboards(grafana_url, build_all(), token=token, folder=folder, timeout=timeout):
+    for pushed in push_dashboards(grafana_url, build_all(), token=token, folder=folder, timeout=timeout_s):
         console.print(f"pushed {pushed.uid} (version {pushed.version}) {base}{pushed.url}", soft_wrap=True)

@@ -11,6 +11,7 @@ import typer
 from pdexporter._internal.text import plural
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
 from pdexporter.cli._common import console
+from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter.errors import ConfigError
 
 
@@ -34,10 +35,12 @@ def load_decision(path: Path) -> dict[str, Any]:
 
 
 def decide(
-    decode_batch_size: Annotated[int, typer.Option("--decode-batch-size", "-D", min=0, help="Decodes running now.")],
-    new_prefill_tokens: Annotated[int, typer.Option("--new-prefill-tokens", "-P", min=1, help="Prefill tokens to compute.")],
-    chunk_size: Annotated[int, typer.Option("--chunk-size", "-B", min=1, help="The engine's max_num_batched_tokens.")] = 8192,
-    transfer_ms: Annotated[float | None, typer.Option("--transfer-ms", min=0.0, help="Transfer time of an offload (default: the model's, 50 ms).")] = None,
+    decode_batch_size: Annotated[int, typer.Option(*D_FLAGS, min=0, help="Decodes running now (D, requests).")],
+    new_prefill_tokens: Annotated[int, typer.Option(*P_FLAGS, min=1, help="Prefill tokens to compute (P).")],
+    chunk_size: Annotated[int, typer.Option(
+        *B_FLAGS, min=1, help="The engine's max_num_batched_tokens (tokens per step).")] = 8192,
+    transfer_ms: Annotated[float | None, typer.Option(
+        "--transfer-ms", min=0.0, help="Transfer time of an offload, ms (default: the model's, 50 ms).")] = None,
     model: Annotated[Path | None, typer.Option("--model", help=f"A {DECISION_JSON} written by export-table.")] = None,
     results: Annotated[Path | None, typer.Option("--results", help="Fit from this results directory instead.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON.")] = False,
@@ -45,9 +48,10 @@ def decide(
         "--offloaded", help="With --results: the offloaded arm's records (DecodeBench or a P/D pair), for the "
                             "two-arm verdict (docs/disaggregation.md).")] = None,
     tpot_slo_ms: Annotated[float | None, typer.Option(
-        "--tpot-slo-ms", min=0.0, help="Two-arm: the running decodes' TPOT while the prefill runs must stay under this.")] = None,
+        "--tpot-slo-ms", min=0.0, help="Two-arm: the running decodes' TPOT while the prefill runs must stay under "
+        "this, ms.")] = None,
     ttft_slo_ms: Annotated[float | None, typer.Option(
-        "--ttft-slo-ms", min=0.0, help="Two-arm: the prefill request's TTFT must stay under this.")] = None,
+        "--ttft-slo-ms", min=0.0, help="Two-arm: the prefill request's TTFT must stay under this, ms.")] = None,
     mode: Annotated[str | None, typer.Option(
         "--mode", help="two-arm (default when both arms were measured) | seed (the seed's constant-budget rule).")] = None,
 ) -> None:
@@ -59,7 +63,8 @@ def decide(
     if mode not in (None, "two-arm", "seed"):
         raise ConfigError(f"--mode {mode!r}: expected two-arm or seed")
     if decode_batch_size >= chunk_size:
-        raise ConfigError(f"-D {decode_batch_size} with --chunk-size {chunk_size}: no room for a prefill chunk")
+        raise ConfigError(f"--decode-batch-size {decode_batch_size} with --chunk-size {chunk_size}: no room for a "
+                          "prefill chunk")
     measured: dict[str, Any] | None = None
     if results is not None:
         doc, measured = _fit_from(results, decode_batch_size, new_prefill_tokens, chunk_size, offloaded)

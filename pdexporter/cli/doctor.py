@@ -19,6 +19,7 @@ from pdexporter.cli._common import (
     make_launcher,
     run_async,
 )
+from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.doctor import Check, EndpointFacts, EngineFacts, evaluate, failed
 from pdexporter.errors import ConfigError
 
@@ -33,8 +34,8 @@ def register(app: typer.Typer) -> None:
 def doctor(
     target: TargetOpt = None,
     chunk_size: Annotated[int | None, typer.Option(
-        "--chunk-size", "-B", min=1, help="The engine's max_num_batched_tokens, if you know it (vLLM does not "
-        "publish it).")] = None,
+        *B_FLAGS, min=1, help="The engine's max_num_batched_tokens (tokens per step), if you know it (vLLM "
+        "does not publish it).")] = None,
     prometheus: Annotated[str | None, typer.Option(
         "--prometheus", help="Prometheus base URL to check (reachable, and whether it holds pdexporter series).")
     ] = None,

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from pdexporter._internal.text import plural
 from pdexporter.analysis import DEFAULT_TRANSFER_MS
-from pdexporter.cli._common import console
+from pdexporter.cli._common import console, duration_option
 from pdexporter.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -52,9 +52,9 @@ def export_table(
         help="Results directory of records (results/{chunk}/D{d}_P{p}.json); several are joined into one "
              "table (e.g. one per chunk size from a Kubernetes Indexed Job).")] = None,
     prometheus: Annotated[str | None, typer.Option("--prometheus", help="Prometheus base URL to pull the exporter's windows from instead.")] = None,
-    from_: Annotated[str, typer.Option("--from", help="Start: RFC3339, unix seconds, 'now' or relative (-1h).")] = "-1h",
-    to: Annotated[str, typer.Option("--to", help="End: RFC3339, unix seconds, 'now' or relative.")] = "now",
-    step: Annotated[str, typer.Option("--step", help="query_range resolution; at most the scrape interval.")] = "1s",
+    from_: Annotated[str, typer.Option("--from", help="Start: RFC3339, unix seconds, 'now' or a duration before now (-1h, -30m).")] = "-1h",
+    to: Annotated[str, typer.Option("--to", help="End: RFC3339, unix seconds, 'now' or a duration before now (-5m).")] = "now",
+    step: Annotated[str, duration_option("--step", "query_range resolution; at most the scrape interval")] = "1s",
     out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: RESULTS_DIR, the common parent of "
                                                              "several, or ./results).")] = None,
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,

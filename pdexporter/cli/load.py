@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from pdexporter.cli._common import ApiKeyFileOpt, ModelOpt, api_key, console
+from pdexporter.cli._common import ApiKeyFileOpt, ModelOpt, api_key, console, duration_option
 from pdexporter.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
 def load(
     target: Annotated[str | None, typer.Option("--target", help="Base URL of the engine (required).")] = None,
     rate: Annotated[float, typer.Option("--rate", help="Requests per second (Poisson arrivals).")] = 1.0,
-    duration: Annotated[str, typer.Option("--duration", help="How long to send, e.g. 5m.")] = "5m",
+    duration: Annotated[str, duration_option("--duration", "How long to send")] = "5m",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the schedule and the prompts.")] = 0,
     model: ModelOpt = None,
     api_key_file: ApiKeyFileOpt = None,

@@ -21,6 +21,7 @@ from pdexporter.cli._common import (
     make_launcher,
     run_async,
 )
+from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter._internal.text import plural
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.driver import http_driver
@@ -35,9 +36,10 @@ def register(app: typer.Typer) -> None:
 
 
 def measure(
-    chunk_size: Annotated[int, typer.Option("--chunk-size", "-B", help="The engine's max_num_batched_tokens.")] = 8192,
-    decode_batch_size: Annotated[int, typer.Option("--decode-batch-size", "-D", help="Decode probe streams.")] = 4,
-    new_prefill_tokens: Annotated[int, typer.Option("--new-prefill-tokens", "-P", help="Cold prefill length.")] = 8192,
+    chunk_size: Annotated[int, typer.Option(
+        *B_FLAGS, help="The engine's max_num_batched_tokens (tokens per step).")] = 8192,
+    decode_batch_size: Annotated[int, typer.Option(*D_FLAGS, help="Probe decode streams (D, requests).")] = 4,
+    new_prefill_tokens: Annotated[int, typer.Option(*P_FLAGS, help="Tokens of the cold prefill (P).")] = 8192,
     reps: Annotated[int, typer.Option("--reps", min=1, help="Phase 2 repetitions.")] = 5,
     out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("results"),
     target: TargetOpt = None,
@@ -45,7 +47,7 @@ def measure(
     gpu: GpuOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     profile: ProfileOpt = DEFAULT_PROFILE,
-    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length.")] = 4096,
+    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length (tokens).")] = 4096,
     decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe decodes.")] = 256,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm the prefill shape first.")] = True,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Keep repetitions already recorded.")] = True,

@@ -19,8 +19,10 @@ from pdexporter.cli._common import (
     TargetOpt,
     api_key,
     console,
+    duration_option,
     make_launcher,
 )
+from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
@@ -43,47 +45,49 @@ def register(app: typer.Typer) -> None:
 
 
 def run(
-    probe_decode: Annotated[
-        int, typer.Option("--probe-decode", "-D", help="Probe decode streams kept running (N >= 1).")
+    decode_batch_size: Annotated[
+        int, typer.Option(*D_FLAGS, help="Probe decode streams kept running (D, requests; >= 1).")
     ] = 4,
     target: TargetOpt = None,
     chunk_size: Annotated[
         int | None,
-        typer.Option("--chunk-size", "-B", help="The engine's max_num_batched_tokens (required with --target; "
-                     f"embedded engine default {DEFAULT_CHUNK_SIZE})."),
+        typer.Option(*B_FLAGS, help="The engine's max_num_batched_tokens (tokens per step). With --target, "
+                     "if not given, vLLM's default is assumed and checked against every window; embedded "
+                     f"engine default {DEFAULT_CHUNK_SIZE}."),
     ] = None,
     inject_every: Annotated[
         str | None,
-        typer.Option("--inject-every", help="Prefill perturbation period, e.g. 30s; 'off' for none. Default: "
-                     f"{DEFAULT_INJECT_EVERY_S:g}s on the embedded engine, off with --target."),
+        duration_option("--inject-every", "Prefill perturbation period, or 'off' for none; default: "
+                        f"{DEFAULT_INJECT_EVERY_S:g}s on the embedded engine, off with --target"),
     ] = None,
-    prefill_tokens: Annotated[
-        int, typer.Option("--prefill-tokens", "-P", help="Cold prompt length of each perturbation.")
+    new_prefill_tokens: Annotated[
+        int, typer.Option(*P_FLAGS, help="Tokens of each injected cold prefill (P).")
     ] = DEFAULT_PREFILL_TOKENS,
     listen: Annotated[str, typer.Option("--listen", help="Where /metrics is served, HOST:PORT.")] = DEFAULT_LISTEN,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Write each window as a repetition of DIR/{chunk}/D{N}_P{P}.json.")
+        Path | None, typer.Option("--out", help="Write each window as a repetition of DIR/{B}/D{D}_P{P}.json.")
     ] = None,
     model: ModelOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     profile: ProfileOpt = DEFAULT_PROFILE,
     duration: Annotated[
-        str | None, typer.Option("--duration", help="Stop after this long (e.g. 60s); default: until SIGTERM/SIGINT.")
+        str | None, duration_option("--duration", "Stop after this long; default: until SIGTERM/SIGINT")
     ] = None,
-    scrape_interval: Annotated[str, typer.Option("--scrape-interval", help="Engine /metrics scrape period.")] = "5s",
-    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length.")] = 4096,
-    decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe stream decodes before restarting.")] = 256,
+    scrape_interval: Annotated[str, duration_option("--scrape-interval", "Engine /metrics scrape period")] = "5s",
+    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length (tokens).")] = 4096,
+    decode_output_tokens: Annotated[int, typer.Option(
+        help="Tokens each probe stream decodes before restarting.")] = 256,
     passive: Annotated[bool, typer.Option(
         "--passive", help="Inject nothing: measure the production prefills the probes see (docs/exporter.md, "
         "'Passive mode'); the engine's request traces can be sent to POST /v1/traces.")] = False,
-    attribution_wait: Annotated[str, typer.Option(
-        "--attribution-wait", help="Passive mode: longest wait for a request's trace (it comes when the request "
-        "finishes).")] = "30s",
+    attribution_wait: Annotated[str, duration_option(
+        "--attribution-wait", "Passive mode: longest wait for a request's trace (it comes when the request "
+        "finishes)")] = "30s",
 ) -> None:
-    """Keep N probe decode streams on an engine, perturb them with prefills, export what they see."""
+    """Keep D probe decode streams on an engine, perturb them with prefills, export what they see."""
     config = parse_run_options(
-        probe_decode=probe_decode, target=target, chunk_size=chunk_size, inject_every=inject_every,
-        prefill_tokens=prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
+        decode_batch_size=decode_batch_size, target=target, chunk_size=chunk_size, inject_every=inject_every,
+        new_prefill_tokens=new_prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
         scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
         decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
     )
@@ -93,11 +97,11 @@ def run(
 
 def parse_run_options(
     *,
-    probe_decode: int,
+    decode_batch_size: int,
     target: str | None,
     chunk_size: int | None,
     inject_every: str | None,
-    prefill_tokens: int,
+    new_prefill_tokens: int,
     listen: str,
     out: Path | None,
     model: str | None,
@@ -110,10 +114,10 @@ def parse_run_options(
     attribution_wait: str = "30s",
 ) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
-    if probe_decode < 1:
-        raise ConfigError(f"--probe-decode {probe_decode}: must be >= 1")
-    if prefill_tokens < 1:
-        raise ConfigError(f"--prefill-tokens {prefill_tokens}: must be >= 1")
+    if decode_batch_size < 1:
+        raise ConfigError(f"--decode-batch-size {decode_batch_size}: must be >= 1")
+    if new_prefill_tokens < 1:
+        raise ConfigError(f"--new-prefill-tokens {new_prefill_tokens}: must be >= 1")
     if target is not None and not target.startswith(("http://", "https://")):
         raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
     chunk_size_source = "given"
@@ -144,12 +148,12 @@ def parse_run_options(
     if duration_s is not None and duration_s <= 0:
         raise ConfigError(f"--duration {duration!r}: must be > 0")
     return build_config(
-        probe_streams=probe_decode,
+        probe_streams=decode_batch_size,
         chunk_size=chunk_size,
         chunk_size_source=chunk_size_source,
         target=target,
         inject_every_s=inject_every_s,
-        prefill_tokens=prefill_tokens,
+        prefill_tokens=new_prefill_tokens,
         listen_host=host,
         listen_port=port,
         out=out,

@@ -38,15 +38,17 @@ def _line(text: str) -> None:
 @sim_app.command("serve")
 def serve(
     profile: Annotated[str, typer.Option("--profile", help="Profile name or YAML path.")] = DEFAULT_PROFILE,
-    max_num_batched_tokens: Annotated[int | None, typer.Option(
-        "--max-num-batched-tokens", "-B", min=1, help="Token budget per step (the chunk size).")] = None,
-    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="Most requests running.")] = None,
+    chunk_size: Annotated[int | None, typer.Option(
+        "--chunk-size", "--max-num-batched-tokens", "-B", min=1,
+        help="Token budget per step (tokens; vLLM's --max-num-batched-tokens, which is accepted too: this "
+             "command stands in for `vllm serve`).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="Most requests running at once (vLLM's --max-num-seqs).")] = None,
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
-        "--long-prefill-token-threshold", min=0, help="Cap on one request's tokens per step (0: none).")] = None,
+        "--long-prefill-token-threshold", min=0, help="Cap on one request's tokens per step (tokens; 0: none).")] = None,
     kv_role: Annotated[str, typer.Option(
         "--kv-role", help="none | decode-bench (every new request's KV filled, 1-token admission) | prefill (answers "
                           "kv_transfer_params) | decode (waits for a modelled KV transfer). docs/disaggregation.md")] = "none",
-    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0 picks a free port.")] = 8000,
     ready_file: Annotated[Path | None, typer.Option(
         "--ready-file", help="Write {url, gpu, version, cuda_graphs, pid} here (atomically) once listening.")] = None,
@@ -65,7 +67,7 @@ def serve(
     if kv_role not in ("none", *KV_ROLES):
         raise ConfigError(f"--kv-role {kv_role!r}: expected none, {', '.join(KV_ROLES)}")
     prof = load_profile(profile)
-    options = ServeOptions(max_num_batched_tokens, max_num_seqs, long_prefill_token_threshold, host, port,
+    options = ServeOptions(chunk_size, max_num_seqs, long_prefill_token_threshold, host, port,
                            None if kv_role == "none" else kv_role,
                            otlp_traces_endpoint=otlp_traces_endpoint)
 

@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich import box
 from rich.table import Table
 
-from pdexporter.cli._common import DEFAULT_PROFILE, ApiKeyFileOpt, api_key, console
+from pdexporter.cli._common import DEFAULT_PROFILE, ApiKeyFileOpt, api_key, console, duration_option, seconds
+from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.errors import ConfigError
 from pdexporter.measure.records import RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
@@ -36,12 +37,12 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="Results directory (d
 ModeOpt = Annotated[str | None, typer.Option("--mode", help="faithful | fast (default: the file's `mode`).")]
 RepsOpt = Annotated[int | None, typer.Option("--reps", min=1, help="Repetitions per configuration.")]
 DeadlineOpt = Annotated[
-    float | None,
-    typer.Option("--deadline", min=1, help="Seconds from now: stop cleanly between runs before this (exit 5)."),
+    str | None,
+    duration_option("--deadline", "How long from now: stop cleanly between runs before then (exit 5)"),
 ]
 CooldownOpt = Annotated[
-    float | None,
-    typer.Option("--cooldown", min=0, help="Faithful mode's wait after each run, seconds (default: the file's)."),
+    str | None,
+    duration_option("--cooldown", "Faithful mode's wait after each run (default: the file's cooldown.seconds)"),
 ]
 ListenOpt = Annotated[
     str | None, typer.Option("--listen", help="HOST:PORT: export each window's gauges on /metrics while sweeping.")
@@ -82,29 +83,34 @@ def sweep(
     ] = None,
     chunk_size: Annotated[
         int | None,
-        typer.Option("--chunk-size", min=1, help="With --target: the engine's max_num_batched_tokens "
-                                                  "(default: the grid's chunk size, when it has one)."),
+        typer.Option(*B_FLAGS, min=1, help="With --target: the engine's max_num_batched_tokens (tokens per step); "
+                                            "the grid runs at this chunk size only (default: the grid's, when it "
+                                            "has one)."),
     ] = None,
     api_key_file: ApiKeyFileOpt = None,
     chunk_index: ChunkIndexOpt = None,
 ) -> None:
     """Run the grid of a sweep file: engine per chunk size, warm-up, Phase 1, Phase 2 x reps; resumable."""
+    started = time.monotonic()
+    deadline_s = None if deadline is None else seconds(deadline, "--deadline", positive=True)
     overrides: dict[str, Any] = {}
+    flags = {"launcher.clock": "--clock", "cooldown.seconds": "--cooldown"}
     if cooldown is not None:
-        overrides["cooldown.seconds"] = cooldown
+        overrides["cooldown.seconds"] = seconds(cooldown, "--cooldown")
     if clock is not None:
         overrides["launcher.clock"] = clock
+    if target is None and chunk_size is not None:
+        raise ConfigError(f"--chunk-size {chunk_size}: only with --target (the file's launcher sets the chunk "
+                          "sizes it starts its engines with)")
     if target is not None:
         # The file's launcher is replaced: an external engine cannot be restarted per chunk size, so
-        # the grid must hold only the chunk size it runs with (checked by the sweep file's schema).
-        overrides["launcher"] = {"kind": "external", "url": target, "chunk_size": chunk_size}
-    elif chunk_size is not None:
-        raise ConfigError("--chunk-size: only meaningful with --target")
-    spec = _load(sweep_file, mode, reps, listen, overrides, chunk_index)
-    started = time.monotonic()
+        # the grid runs at the one chunk size it has (spec.external_engine).
+        flags.update({"launcher.url": "--target", "launcher.chunk_size": "--chunk-size", "launcher": "--target"})
+    spec = _load(sweep_file, mode, reps, listen, overrides, chunk_index, flags,
+                 external=None if target is None else (target, chunk_size))
     store = ResultsStore(out or Path(spec.output))
-    report = _run(spec, store, deadline=None if deadline is None else started + deadline, keep_engine=keep_engine,
-                  token=api_key(api_key_file))
+    report = _run(spec, store, deadline=None if deadline_s is None else started + deadline_s,
+                  keep_engine=keep_engine, token=api_key(api_key_file))
     _finish(spec, store, report)
 
 
@@ -126,7 +132,8 @@ def sim_sweep(
     file_spec = load_sweep(sweep_file, chunk_index=chunk_index)
     role, engines = sim_role_for(file_spec.launcher), file_spec.slots
     spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual",
-                                                             "kv_role": role, "engines": engines}}, chunk_index)
+                                                             "kv_role": role, "engines": engines}}, chunk_index,
+                 {"launcher.profile": "--profile"})
     name = spec.name or sweep_file.stem
     store = ResultsStore(out or Path("results") / "sim" / profile / name)
     report = _run(spec, store, deadline=None, keep_engine=False, token=None)
@@ -134,14 +141,19 @@ def sim_sweep(
 
 
 def _load(path: Path, mode: str | None, reps: int | None, listen: str | None, overrides: dict[str, Any],
-          chunk_index: int | None = None) -> SweepSpec:
+          chunk_index: int | None = None, flags: dict[str, str] | None = None,
+          external: tuple[str, int | None] | None = None) -> SweepSpec:
+    """The sweep file with the command line's settings; a bad setting is blamed on its flag."""
+    flags = {**(flags or {}), "mode": "--mode", "reps": "--reps", "listen": "--listen"}
     if mode is not None:
         overrides["mode"] = mode
     if reps is not None:
         overrides["reps"] = reps
     if listen is not None:
         overrides["listen"] = listen
-    return load_sweep(path, overrides, chunk_index=chunk_index)
+    return load_sweep(path, overrides, chunk_index=chunk_index, external=external,
+                      flags={k: v for k, v in flags.items() if k in overrides or k.split(".")[0] in overrides
+                             or (external is not None and k.startswith("launcher"))})
 
 
 def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_engine: bool, token: str | None) -> SweepReport:

@@ -10,6 +10,7 @@ import typer
 
 from pdexporter.analysis import DECISION_JSON
 from pdexporter.cli._common import console
+from pdexporter.cli._vocab import B_FLAGS, D_FLAGS
 from pdexporter.errors import ConfigError
 
 
@@ -20,15 +21,19 @@ def register(app: typer.Typer) -> None:
 def thresholds(
     model: Annotated[Path, typer.Option("--model", help=f"A {DECISION_JSON} written by export-table.")] = Path("results")
     / DECISION_JSON,
-    tpot_slo_ms: Annotated[float | None, typer.Option("--tpot-slo-ms", min=0.0, help="Two-arm: the decodes' TPOT SLO.")] = None,
-    ttft_slo_ms: Annotated[float | None, typer.Option("--ttft-slo-ms", min=0.0, help="Two-arm: the request's TTFT SLO.")] = None,
+    tpot_slo_ms: Annotated[float | None, typer.Option(
+        "--tpot-slo-ms", min=0.0, help="Two-arm: the decodes' TPOT SLO, ms.")] = None,
+    ttft_slo_ms: Annotated[float | None, typer.Option(
+        "--ttft-slo-ms", min=0.0, help="Two-arm: the request's TTFT SLO, ms.")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="two-arm | seed (default: two-arm when both arms were measured).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Directory for offload_thresholds.json and the llm-d snippet "
                                                            "(default: beside --model).")] = None,
-    decodes: Annotated[int | None, typer.Option(
-        "--for-decodes", min=1, help="D the llm-d snippet's single threshold is for (default: the largest D fitted).")] = None,
+    decode_batch_size: Annotated[int | None, typer.Option(
+        *D_FLAGS, min=1, help="D (decodes running, requests) the llm-d snippet's single threshold is for (default: "
+        "the largest D fitted).")] = None,
     chunk_size: Annotated[int | None, typer.Option(
-        "--chunk-size", min=1, help="B the llm-d snippet is for (default: the largest fitted).")] = None,
+        *B_FLAGS, min=1, help="B (max_num_batched_tokens, tokens per step) the llm-d snippet is for (default: the "
+        "largest fitted).")] = None,
     p_max: Annotated[int, typer.Option("--p-max", min=64, help="Longest prefill scanned (tokens).")] = 131072,
 ) -> None:
     """Export, per (B, D), the prefill length above which offloading wins, for a P/D router."""
@@ -53,9 +58,9 @@ def thresholds(
     b = chunk_size if chunk_size is not None else max(int(k) for k in per_b)
     if str(b) not in per_b:
         raise ConfigError(f"--chunk-size {b}: {model} has thresholds for B = {', '.join(per_b)}")
-    d = decodes if decodes is not None else max(int(k) for k in per_b[str(b)])
+    d = decode_batch_size if decode_batch_size is not None else max(int(k) for k in per_b[str(b)])
     if str(d) not in per_b[str(b)]:
-        raise ConfigError(f"--for-decodes {d}: {model} has thresholds for D = {', '.join(per_b[str(b)])}")
+        raise ConfigError(f"--decode-batch-size {d}: {model} has thresholds for D = {', '.join(per_b[str(b)])}")
     target = out or model.parent
     atomic_write_json(target / THRESHOLDS_JSON, result)
     atomic_write_text(target / LLMD_SNIPPET, llmd_snippet(result, b, d))

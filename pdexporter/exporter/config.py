@@ -69,12 +69,12 @@ class ExporterConfig(BaseModel):
                              "injection: leave --inject-every out (or set it to off) with --passive")
         problem = adapter(None).budget_problem(self.chunk_size, self.probe_streams)
         if problem:
-            raise ValueError(f"--probe-decode {self.probe_streams} with --chunk-size {self.chunk_size}: {problem}")
+            raise ValueError(f"--decode-batch-size {self.probe_streams} with --chunk-size {self.chunk_size}: {problem}")
         if self.injecting:
             room = self.protocol.decode_output_tokens - self.protocol.inject_at_tokens
             if self.reserve_tokens > room:
                 raise ValueError(
-                    f"--prefill-tokens {self.prefill_tokens}: a window needs about {self.reserve_tokens} probe "
+                    f"--new-prefill-tokens {self.prefill_tokens}: a window needs about {self.reserve_tokens} probe "
                     f"tokens after the injection, the probes have {room} (raise --decode-output-tokens)"
                 )
         return self
@@ -104,10 +104,10 @@ def build_config(**fields: object) -> ExporterConfig:
 
 
 OPTION_NAMES = {
-    "probe_streams": "--probe-decode",
+    "probe_streams": "--decode-batch-size",
     "chunk_size": "--chunk-size",
     "inject_every_s": "--inject-every",
-    "prefill_tokens": "--prefill-tokens",
+    "prefill_tokens": "--new-prefill-tokens",
     "listen_port": "--listen",
     "duration_s": "--duration",
     "scrape_interval_s": "--scrape-interval",

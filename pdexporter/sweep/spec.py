@@ -10,14 +10,14 @@ The reference for every field is docs/sweep.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pdexporter._internal.validation import format_validation_error
+from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter._internal.redact import redact_argv, redact_env
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
@@ -445,10 +445,16 @@ class SweepSpec(_Strict):
 
 
 def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
-               chunk_index: int | None = None) -> SweepSpec:
+               chunk_index: int | None = None, flags: Mapping[str, str] | None = None,
+               external: tuple[str, int | None] | None = None) -> SweepSpec:
     """Read a sweep file; `overrides` are dotted keys (`mode`, `launcher.clock`) from the CLI.
+
     `chunk_index`: keep only the I-th chunk size of the file's grid, in file order (`--chunk-index`,
-    a Kubernetes Indexed Job's completion index), before anything is checked against it."""
+    a Kubernetes Indexed Job's completion index), before anything is checked against it.
+    `external`: (URL, chunk size or None) of an engine already running (`--target`, `--chunk-size`):
+    the file's launcher is replaced, and its grid narrowed to that chunk size (`external_engine`).
+    `flags`: dotted field -> the flag that set it, so a bad override is blamed on the flag
+    (`--mode 'turbo': ...`), not on the file."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -465,9 +471,24 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
         raise ConfigError(f"{path}: expected a mapping of sweep settings at the top level")
     if chunk_index is not None:
         data = {**data, "grid": narrow_grid(data.get("grid"), chunk_index, str(path))}
+    if external is not None:
+        data = {**data, **external_engine(data.get("grid"), *external, str(path))}
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, value)
-    return parse_sweep(data, str(path))
+    return parse_sweep(data, str(path), flags)
+
+
+def _grid_sizes(grid: Any) -> list[int]:
+    sizes = grid.get("chunk_sizes") if isinstance(grid, dict) else None
+    return [s for s in sizes if isinstance(s, int)] if isinstance(sizes, list) else []
+
+
+def _grid_at(grid: dict[str, Any], chunk_size: int) -> dict[str, Any]:
+    """The grid at one chunk size: its `only` points of other chunk sizes dropped too."""
+    out = {**grid, "chunk_sizes": [chunk_size]}
+    if isinstance(grid.get("only"), list):
+        out["only"] = [k for k in grid["only"] if not isinstance(k, list | tuple) or not k or k[0] == chunk_size]
+    return out
 
 
 def narrow_grid(grid: Any, index: int, source: str) -> dict[str, Any]:
@@ -478,14 +499,42 @@ def narrow_grid(grid: Any, index: int, source: str) -> dict[str, Any]:
     if not 0 <= index < len(sizes):
         raise ConfigError(f"--chunk-index {index}: out of range, {source} lists {len(sizes)} chunk size(s) "
                           f"(indices 0..{len(sizes) - 1})")
-    return {**grid, "chunk_sizes": [sizes[index]]}
+    return _grid_at(grid, sizes[index])
 
 
-def parse_sweep(data: dict[str, Any], source: str = "<sweep>") -> SweepSpec:
+def external_engine(grid: Any, url: str, chunk_size: int | None, source: str) -> dict[str, Any]:
+    """Settings for an engine already running at `url` (`--target`) with `chunk_size`
+    (`--chunk-size`, None if not given): an external launcher, and the grid at that one chunk size.
+    Without `--chunk-size`, a grid of one chunk size says it; a grid of several cannot, since that
+    engine runs with one of them and pdexporter cannot tell which (vLLM does not publish it)."""
+    sizes = _grid_sizes(grid)
+    out: dict[str, Any] = {"launcher": {"kind": "external", "url": url, "chunk_size": chunk_size}}
+    shown = ", ".join(map(str, sizes))
+    if chunk_size is None:
+        if len(set(sizes)) > 1:
+            raise ConfigError(
+                f"--target {url}: {source} has chunk sizes {shown} and an engine already running has one; pass "
+                "--chunk-size B, the max_num_batched_tokens it was started with (the grid runs at B only), or "
+                "--chunk-index I")
+    elif sizes and chunk_size not in sizes:
+        raise ConfigError(f"--chunk-size {chunk_size}: not in {source}'s grid.chunk_sizes ({shown})")
+    elif isinstance(grid, dict) and len(sizes) > 1:
+        out["grid"] = _grid_at(grid, chunk_size)
+    return out
+
+
+def parse_sweep(data: dict[str, Any], source: str = "<sweep>", flags: Mapping[str, str] | None = None) -> SweepSpec:
+    """`SweepSpec` from a file's data; a problem is one line naming the file and the field, or the
+    flag (`flags`: dotted field -> flag) where a command-line option set the field."""
     try:
         return SweepSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {format_validation_error(exc, SweepSpec, {'launcher': LAUNCHERS})}") from None
+        unions = {"launcher": LAUNCHERS}
+        if flags:
+            line = flag_error(exc, SweepSpec, flags, unions)
+            if line is not None:
+                raise ConfigError(line) from None
+        raise ConfigError(f"{source}: {format_validation_error(exc, SweepSpec, unions)}") from None
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
