@@ -8,7 +8,8 @@ import re
 
 from pdexporter.errors import ConfigError
 
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d|w|y)")
+_NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+_PART = re.compile(rf"({_NUMBER.pattern})(ms|s|m|h|d|w|y)")
 UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
 HINT = "expected a duration like 500ms, 30s, 5m, 1h or 1h30m (or seconds)"
 
@@ -16,9 +17,9 @@ HINT = "expected a duration like 500ms, 30s, 5m, 1h or 1h30m (or seconds)"
 def parse_duration(text: str, option: str = "duration") -> float:
     """Seconds; a bad value raises `ConfigError` naming `option` and the value."""
     t = re.sub(r"\s+", "", str(text))  # "10 s" reads as "10s"
-    try:
+    if _NUMBER.fullmatch(t):  # bare seconds (digits and a point: no sign, exponent, inf or nan)
         seconds = float(t)
-    except ValueError:
+    else:
         pos, seconds = 0, 0.0
         for match in _PART.finditer(t):
             if match.start() != pos:

@@ -70,8 +70,8 @@ def test_bare_command_prints_help_and_succeeds() -> None:
         (["measure", "--reps", "0"], "pdexporter: error: --reps 0: must be >= 1 (see pdexporter measure --help)"),
         (["decide", "-D", "-1", "-P", "100"],
          "pdexporter: error: --decode-batch-size -1: must be >= 0 (see pdexporter decide --help)"),
-        (["run", "--probe-decode", "four"],
-         "pdexporter: error: --probe-decode four: must be an integer (see pdexporter run --help)"),
+        (["run", "--decode-batch-size", "four"],
+         "pdexporter: error: --decode-batch-size four: must be an integer (see pdexporter run --help)"),
         (["measure", "--no-such-flag"], "pdexporter: error: No such option: --no-such-flag"),
     ],
 )

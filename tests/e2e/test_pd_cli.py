@@ -136,7 +136,7 @@ def test_thresholds_give_a_router_its_number(arms, tmp_path, capsys) -> None:
                           "--out", str(tmp_path), "--no-plots")
     assert code == 0, err
     code, _out, err = _cli(capsys, "thresholds", "--model", str(tmp_path / "decision.json"), "--tpot-slo-ms", "40",
-                          "--for-decodes", "4")
+                          "--decode-batch-size", "4")
     assert code == 0, err
     doc = json.loads((tmp_path / "offload_thresholds.json").read_text())
     assert doc["mode"] == "two-arm" and doc["tpot_slo_ms"] == 40.0 and doc["modelled"] is True

@@ -32,8 +32,8 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     [
         (["--listen", "localhost"], "pdexporter: error: --listen 'localhost': expected HOST:PORT"),
         (["--listen", "127.0.0.1:99999"], "pdexporter: error: --listen '127.0.0.1:99999': port out of range"),
-        (["--probe-decode", "0"], "pdexporter: error: --probe-decode 0: must be >= 1"),
-        (["--prefill-tokens", "0"], "pdexporter: error: --prefill-tokens 0: must be >= 1"),
+        (["--decode-batch-size", "0"], "pdexporter: error: --decode-batch-size 0: must be >= 1"),
+        (["--new-prefill-tokens", "0"], "pdexporter: error: --new-prefill-tokens 0: must be >= 1"),
         (["--inject-every", "often"], "pdexporter: error: --inject-every 'often': expected a duration"),
         (["--target", "http://127.0.0.1:9/", "--chunk-size", "8192", "--listen", "127.0.0.1:0"],
          "pdexporter: error: cannot connect to http://127.0.0.1:9/health"),
@@ -67,8 +67,8 @@ def test_sigterm_stops_cleanly_with_windows_recorded(tmp_path: Path) -> None:
     port = free_port()
     out = tmp_path / "results"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pdexporter", "run", "--probe-decode", "2", "--chunk-size", "2048",
-         "--prefill-tokens", "3000", "--inject-every", "500ms", "--decode-output-tokens", "96",
+        [sys.executable, "-m", "pdexporter", "run", "--decode-batch-size", "2", "--chunk-size", "2048",
+         "--new-prefill-tokens", "3000", "--inject-every", "500ms", "--decode-output-tokens", "96",
          "--listen", f"127.0.0.1:{port}", "--out", str(out), "--scrape-interval", "1s"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "COLUMNS": "200"},

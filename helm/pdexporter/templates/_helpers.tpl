@@ -143,6 +143,16 @@ vllm.enabled, else exporter.target ("" = the embedded engine, whose numbers are 
 {{- if .Values.vllm.enabled }}{{ int .Values.vllm.chunkSize }}{{ else }}{{ int .Values.exporter.chunkSize }}{{ end }}
 {{- end }}
 
+{{/* D and P of the exporter: exporter.decodeBatchSize / newPrefillTokens, or their names before
+0.2 (exporter.probeDecode / prefillTokens), still read for one release (NOTES.txt says so). */}}
+{{- define "pdexporter.decodeBatchSize" -}}
+{{- if hasKey .Values.exporter "probeDecode" }}{{ index .Values.exporter "probeDecode" }}{{ else }}{{ .Values.exporter.decodeBatchSize }}{{ end }}
+{{- end }}
+
+{{- define "pdexporter.newPrefillTokens" -}}
+{{- if hasKey .Values.exporter "prefillTokens" }}{{ index .Values.exporter "prefillTokens" }}{{ else }}{{ .Values.exporter.newPrefillTokens }}{{ end }}
+{{- end }}
+
 {{- define "pdexporter.target" -}}
 {{- if .Values.vllm.enabled }}
 {{- printf "http://%s:%d" (include "pdexporter.vllmName" .) (int .Values.vllm.port) }}
@@ -184,8 +194,8 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     {{- if .Values.exporter.passive }}
     - --passive
     {{- end }}
-    - --probe-decode
-    - {{ .Values.exporter.probeDecode | quote }}
+    - --decode-batch-size
+    - {{ include "pdexporter.decodeBatchSize" . | quote }}
     - --listen
     - {{ printf "0.0.0.0:%d" (int .Values.exporter.port) | quote }}
     {{- with $target }}
@@ -202,8 +212,8 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     - --inject-every
     - {{ .Values.exporter.injectEvery | default "off" | quote }}
     {{- end }}
-    - --prefill-tokens
-    - {{ .Values.exporter.prefillTokens | quote }}
+    - --new-prefill-tokens
+    - {{ include "pdexporter.newPrefillTokens" . | quote }}
     {{- range .Values.exporter.extraArgs }}
     - {{ . | quote }}
     {{- end }}

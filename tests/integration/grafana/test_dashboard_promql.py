@@ -92,18 +92,18 @@ def live_exporter() -> Iterator[tuple[str, str]]:
     `pdexporter run` on the embedded engine; else `pdexporter run` against ScriptedEngine (a test
     double engine) while `sim serve` is missing; else the registry stand-in while `run` is missing."""
     port = free_port()
-    listen = ["--listen", f"127.0.0.1:{port}", "--inject-every", "2s", "--prefill-tokens", "512"]
+    listen = ["--listen", f"127.0.0.1:{port}", "--inject-every", "2s", "--new-prefill-tokens", "512"]
     missing = _missing_for_run()
     with ExitStack() as stack:
         if not missing:
             source = "pdexporter run (embedded engine)"
-            cmd = [sys.executable, "-m", "pdexporter", "run", "--probe-decode", "2", *listen]
+            cmd = [sys.executable, "-m", "pdexporter", "run", "--decode-batch-size", "2", *listen]
         elif missing == ["`pdexporter sim serve`"]:
             source = "pdexporter run --target ScriptedEngine"
             warnings.warn("`pdexporter sim serve` is not on this branch yet: `pdexporter run` probes ScriptedEngine "
                           "(a test double engine) instead of the embedded engine", stacklevel=1)
             engine_url = stack.enter_context(scripted_engine_thread())
-            cmd = [sys.executable, "-m", "pdexporter", "run", "--probe-decode", "2", "--target", engine_url,
+            cmd = [sys.executable, "-m", "pdexporter", "run", "--decode-batch-size", "2", "--target", engine_url,
                    "--chunk-size", "8192", *listen]
         else:
             source = "registry stand-in"
@@ -137,7 +137,7 @@ def passive_exporter() -> Iterator[str | None]:
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         _wait_http(f"{engine}/health", procs[0])
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "pdexporter", "run", "--passive", "--probe-decode", "2", "--target", engine,
+            [sys.executable, "-m", "pdexporter", "run", "--passive", "--decode-batch-size", "2", "--target", engine,
              "--chunk-size", "8192", "--listen", f"127.0.0.1:{port}", "--attribution-wait", "10s"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         _wait_http(f"http://127.0.0.1:{port}/metrics", procs[1])

@@ -157,8 +157,9 @@ def test_default_install_is_one_exporter_beside_a_vllm_service(engine: HelmEngin
     args = _exporter(docs)["args"]
     assert args[0] == "run"
     assert _arg(args, "--target") == "http://vllm:8000"
-    assert _arg(args, "--probe-decode") == "4"
-    assert _arg(args, "--inject-every") == "30s" and _arg(args, "--prefill-tokens") == "4096"
+    assert _arg(args, "--decode-batch-size") == "4"
+    assert _arg(args, "--inject-every") == "30s" and _arg(args, "--new-prefill-tokens") == "4096"
+    assert "--probe-decode" not in args and "--prefill-tokens" not in args  # the old names: no warning in the log
     assert _arg(args, "--listen") == "0.0.0.0:18742" and _arg(args, "--chunk-size") == "8192"
     assert "--passive" not in args
     assert _exporter(docs)["image"] == "pdexporter:0.1.0"
@@ -225,6 +226,23 @@ def test_image_digests_pin_every_image(engine: HelmEngine, tmp_path: Path) -> No
                       "curl-metrics": "curlimages/curl:8.11.1"}
     (exporter_image,) = {_exporter(render(engine, CHART / "ci" / "deployment-values.yaml"))["image"]}
     assert re.fullmatch(r"registry\.example\.com/pdexporter@sha256:[a-f0-9]{64}", exporter_image)
+
+
+def test_exporter_values_keep_their_names_before_0_2_for_one_release(engine: HelmEngine, tmp_path: Path) -> None:
+    """exporter.probeDecode / prefillTokens (the names before the one vocabulary) still set D and P,
+    as --decode-batch-size / --new-prefill-tokens, and NOTES.txt says what they are now called."""
+    new = _exporter(render(engine, _values(tmp_path, {"exporter": {"decodeBatchSize": 6, "newPrefillTokens": 2048}})))
+    assert _arg(new["args"], "--decode-batch-size") == "6" and _arg(new["args"], "--new-prefill-tokens") == "2048"
+    values = _values(tmp_path, {"exporter": {"probeDecode": 7, "prefillTokens": 1024}}, "old.yaml")
+    args = _exporter(render(engine, values))["args"]
+    assert _arg(args, "--decode-batch-size") == "7" and _arg(args, "--new-prefill-tokens") == "1024"
+    assert "--probe-decode" not in args and "--prefill-tokens" not in args
+    if isinstance(engine, HelmGoSdk):
+        notes = engine.notes(CHART, values, RELEASE, NAMESPACE)
+        assert "WARNING: exporter.probeDecode is now exporter.decodeBatchSize" in notes
+        assert "WARNING: exporter.prefillTokens is now exporter.newPrefillTokens" in notes
+        assert "with 7 decode probe streams" in notes and "1024-token prefill" in notes
+        assert "WARNING: exporter." not in engine.notes(CHART, None, RELEASE, NAMESPACE)
 
 
 def test_embedded_engine_has_no_target_and_no_injection(engine: HelmEngine) -> None:

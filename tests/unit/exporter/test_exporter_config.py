@@ -26,7 +26,7 @@ def test_bad_durations_name_the_option(text: str) -> None:
 
 def _options(**overrides: object) -> dict[str, object]:
     options: dict[str, object] = dict(
-        probe_decode=4, target=None, chunk_size=None, inject_every=None, prefill_tokens=8192,
+        decode_batch_size=4, target=None, chunk_size=None, inject_every=None, new_prefill_tokens=8192,
         listen="0.0.0.0:18742", out=None, model=None, profile="h200-qwen3-coder-30b-a3b", duration=None,
         scrape_interval="5s", decode_context_tokens=4096, decode_output_tokens=256,
     )
@@ -68,15 +68,15 @@ def test_advice_names_the_chunk_sizes_the_slow_steps_fit() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"probe_decode": 0}, r"^--probe-decode 0: must be >= 1$"),
-        ({"prefill_tokens": 0}, r"^--prefill-tokens 0: must be >= 1$"),
+        ({"decode_batch_size": 0}, r"^--decode-batch-size 0: must be >= 1$"),
+        ({"new_prefill_tokens": 0}, r"^--new-prefill-tokens 0: must be >= 1$"),
         ({"listen": "nowhere"}, r"^--listen 'nowhere': expected HOST:PORT$"),
         ({"listen": "0.0.0.0:70000"}, r"^--listen '0.0.0.0:70000': port out of range$"),
         ({"target": "vllm:8000", "chunk_size": 8192}, r"^--target 'vllm:8000': expected an http"),
         ({"inject_every": "soon"}, r"^--inject-every 'soon'"),
         ({"duration": "0s"}, r"^--duration '0s': must be > 0$"),
-        ({"probe_decode": 8192}, r"--probe-decode 8192 with --chunk-size 8192"),
-        ({"prefill_tokens": 1_000_000, "chunk_size": 512}, r"^--prefill-tokens .*raise --decode-output-tokens"),
+        ({"decode_batch_size": 8192}, r"--decode-batch-size 8192 with --chunk-size 8192"),
+        ({"new_prefill_tokens": 1_000_000, "chunk_size": 512}, r"^--new-prefill-tokens .*raise --decode-output-tokens"),
         ({"decode_output_tokens": 40}, r"^--decode-output-tokens 40: "),
     ],
 )

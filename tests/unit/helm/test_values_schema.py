@@ -39,7 +39,9 @@ def test_values_file_validates(path: Path) -> None:
     ("override", "where"),
     [
         ({"exporter": {"mode": "daemonset"}}, "exporter.mode"),
-        ({"exporter": {"probeDecode": -1}}, "exporter.probeDecode"),
+        ({"exporter": {"decodeBatchSize": -1}}, "exporter.decodeBatchSize"),
+        ({"exporter": {"probeDecode": -1}}, "exporter.probeDecode"),  # the name before 0.2, read for one release
+        ({"exporter": {"newPrefillTokens": 0}}, "exporter.newPrefillTokens"),
         ({"exporter": {"injectEvery": "30 seconds"}}, "exporter.injectEvery"),
         ({"exporter": {"target": "vllm:8000"}}, "exporter.target"),
         ({"exporter": {"port": 70000}}, "exporter.port"),
@@ -148,9 +150,12 @@ def test_every_schema_property_has_a_default() -> None:
     chart_values = defaults()
     values = _value_paths(chart_values)
     empty = {p for p in values if _get(chart_values, p) == {}}  # e.g. resources: {} (its keys are optional)
-    for path in _schema_paths(schema()):
+    for path, entry in _schema_paths(schema()).items():
         if path.endswith(OPTIONAL_KUBERNETES_FIELDS):
             continue
+        if entry.get("description", "").startswith("Deprecated"):
+            assert path not in values, f"{path} is deprecated: values.yaml sets its new name only"
+            continue  # an old name, read when a user sets it (exporter.probeDecode -> decodeBatchSize)
         if path != "global" and path.rpartition(".")[0] not in empty:
             assert path in values, f"schema property {path} is missing from values.yaml"
 
@@ -227,3 +232,21 @@ def test_other_defaults() -> None:
 
 def test_values_yaml_is_the_file_helm_reads() -> None:
     assert (CHART / "values.yaml").is_file() and (CHART / "values.schema.json").is_file()
+
+
+@pytest.mark.parametrize("text", ["500ms", "30s", "5m", "1h30m", "2d", "1.5s", ".5s", "45", "2.5", "1h0.5m",
+                                  "30 seconds", "ten", "-1s", "1x", "s", "", "off", "1e3"])
+def test_inject_every_pattern_is_the_exporters_duration_syntax(text: str) -> None:
+    """exporter.injectEvery is passed to `run --inject-every`: the schema accepts exactly what
+    pdexporter's one duration syntax reads ("" and "off" are the schema's other branch)."""
+    from pdexporter._internal.durations import parse_duration
+    from pdexporter.errors import ConfigError
+
+    pattern = next(branch["pattern"] for branch in schema()["properties"]["exporter"]["properties"]["injectEvery"]["anyOf"]
+                   if "pattern" in branch)
+    try:
+        parse_duration(text)
+        parsed = True
+    except ConfigError:
+        parsed = False
+    assert bool(re.fullmatch(pattern, text)) == parsed, (text, parsed)
