@@ -172,6 +172,9 @@ def flag_error(exc: ValidationError, model: type[BaseModel], flags: Mapping[str,
             if what.startswith(flags[path] + " "):  # the check named the flag itself
                 return what
             shown = f" {value!r}" if value is not None and not isinstance(value, Mapping) else ""
+            if error.get("type") == "extra_forbidden":  # e.g. --clock with a file whose launcher has none
+                parent, _, name = where.rpartition(".")
+                return f"{flags[path]}{shown}: the file's {parent or 'settings'} has no {name}"
             return f"{flags[path]}{shown}: {what}"
     return None
 

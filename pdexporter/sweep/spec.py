@@ -473,6 +473,8 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
         data = {**data, "grid": narrow_grid(data.get("grid"), chunk_index, str(path))}
     if external is not None:
         data = {**data, **external_engine(data.get("grid"), *external, str(path))}
+    if "launcher" not in data and any(key.startswith("launcher.") for key in overrides or {}):
+        data = {**data, "launcher": {"kind": DEFAULT_LAUNCHER.kind}}  # `--clock` on a file without one
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, value)
     return parse_sweep(data, str(path), flags)
@@ -548,6 +550,8 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         node = child
     node[last] = value
 
+
+DEFAULT_LAUNCHER = SweepSpec.model_fields["launcher"].default  # a file without `launcher`: the embedded engine
 
 LAUNCHERS: dict[str, type[BaseModel]] = {
     "local": LocalLauncherSpec,

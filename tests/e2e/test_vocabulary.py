@@ -189,6 +189,8 @@ def test_deadline_and_cooldown_take_units(tmp_path: Path) -> None:
         (["sweep", "sweeps/quick.yaml", "--target", "http://127.0.0.1:9", "--chunk-size", "4096"],
          "pdexporter: error: --chunk-size 4096: not in sweeps/quick.yaml's grid.chunk_sizes (2048, 8192)"),
         (["sweep", "sweeps/quick.yaml", "-B", "2048"], "pdexporter: error: --chunk-size 2048: only with --target"),
+        (["sweep", "sweeps/h200.yaml", "--clock", "real"],
+         "pdexporter: error: --clock 'real': the file's launcher has no clock"),
     ],
 )
 def test_a_flag_error_names_the_flag_not_the_file(args: list[str], expected: str) -> None:

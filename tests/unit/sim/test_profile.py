@@ -50,7 +50,12 @@ def test_a_wrong_field_is_one_line_naming_file_and_field(tmp_path: Path):
 
 def test_an_unknown_field_is_refused(tmp_path: Path):
     path = _write(tmp_path, lambda d: d["engine"].update(max_num_batch_tokens=8192))
-    with pytest.raises(ConfigError, match=r"engine\.max_num_batch_tokens: unknown field \(expected one of: .*max_num_batched_tokens"):
+    with pytest.raises(ConfigError, match=r"engine\.max_num_batch_tokens: unknown field \(did you mean "
+                                          r"max_num_batched_tokens\?\)$"):
+        load_profile(path)
+    # nothing close: the allowed names
+    path = _write(tmp_path, lambda d: d["engine"].update(zzz=1))
+    with pytest.raises(ConfigError, match=r"engine\.zzz: unknown field \(expected one of: .*max_num_batched_tokens"):
         load_profile(path)
 
 

@@ -96,13 +96,16 @@ def test_the_briefs_example_error() -> None:
 @pytest.mark.parametrize(
     ("patch", "expected"),
     [
-        ({"modee": "fast"}, "sweeps/x.yaml: modee: unknown field (expected one of: name,"),
+        ({"modee": "fast"}, "sweeps/x.yaml: modee: unknown field (did you mean mode?)"),
+        ({"zzz": "fast"}, "sweeps/x.yaml: zzz: unknown field (expected one of: name,"),
+        ({"grid": {"chunk_sizes": [8192], "decode_batch_size": [4], "new_prefill_tokens": [512]}},
+         "sweeps/x.yaml: grid.decode_batch_size: unknown field (did you mean decode_batch_sizes?)"),
         ({"mode": "quick"}, "sweeps/x.yaml: mode: must be one of 'faithful' or 'fast' (got 'quick')"),
         ({"reps": 0}, "sweeps/x.yaml: reps: must be >= 1 (got 0)"),
         ({"launcher": {"kind": "docker"}}, "sweeps/x.yaml: launcher.kind: must be one of"),
         ({"launcher": {"kind": "local", "command": "vllm serve"}}, "sweeps/x.yaml: launcher.command: must contain {chunk}"),
         ({"launcher": {"kind": "local", "command": "x {chunk}", "health_timeout": 1}},
-         "sweeps/x.yaml: launcher.health_timeout: unknown field (expected one of: kind, command,"),
+         "sweeps/x.yaml: launcher.health_timeout: unknown field (did you mean health_timeout_s?)"),
         ({"launcher": {"kind": "external", "url": "http://e:8000"}, "grid": {**GRID, "chunk_sizes": [8192, 2048]}},
          "sweeps/x.yaml: launcher.chunk_size: required"),
         ({"launcher": {"kind": "external", "url": "http://e:8000", "chunk_size": 2048}},
@@ -157,6 +160,42 @@ def test_overrides_are_validated_like_the_file(tmp_path: Path) -> None:
     assert load_sweep(path, {"mode": "fast", "reps": 2}).mode == "fast"
     with pytest.raises(ConfigError, match="s.yaml: mode: must be one of"):
         load_sweep(path, {"mode": "turbo"})
+    # set by a flag: the flag is to blame, not the file
+    with pytest.raises(ConfigError, match=r"^--mode 'turbo': must be one of 'faithful' or 'fast'$"):
+        load_sweep(path, {"mode": "turbo"}, flags={"mode": "--mode"})
+    with pytest.raises(ConfigError, match=r"^--clock 'wall': must be one of"):
+        load_sweep(path, {"launcher.clock": "wall"}, flags={"launcher.clock": "--clock", "mode": "--mode"})
+    assert load_sweep(path, {"launcher.clock": "real"}).launcher.clock == "real"  # the file's default launcher
+    local = tmp_path / "local.yaml"
+    local.write_text(path.read_text() + "launcher:\n  kind: local\n  command: serve {chunk}\n")
+    with pytest.raises(ConfigError, match=r"^--clock 'real': the file's launcher has no clock$"):
+        load_sweep(local, {"launcher.clock": "real"}, flags={"launcher.clock": "--clock"})
+    # a flag that set something else does not take the blame for the file's own mistake
+    path.write_text("grid:\n  chunk_sizes: [2048]\n  decode_batch_sizes: [1]\n  new_prefill_tokens: [512]\n"
+                    "reps: 0\n")
+    with pytest.raises(ConfigError, match=r"s.yaml: reps: must be >= 1 \(got 0\)$"):
+        load_sweep(path, {"mode": "fast"}, flags={"mode": "--mode"})
+
+
+def test_an_engine_already_running_runs_the_grid_at_its_chunk_size(tmp_path: Path) -> None:
+    from pdexporter.sweep.spec import external_engine
+
+    grid = {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [0, 4], "new_prefill_tokens": [512],
+            "only": [[2048, 4, 512], [8192, 0, 512]]}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({"grid": grid}))
+    spec = load_sweep(path, external=("http://e:8000", 8192))
+    assert spec.grid.chunk_sizes == [8192] and spec.grid.only == [(8192, 0, 512)]
+    assert (spec.launcher.kind, spec.launcher.url, spec.launcher.chunk_size) == ("external", "http://e:8000", 8192)
+    with pytest.raises(ConfigError, match=r"^--target http://e:8000: .*two.yaml has chunk sizes 2048, 8192 .*pass "
+                                          r"--chunk-size B"):
+        load_sweep(path, external=("http://e:8000", None))
+    with pytest.raises(ConfigError, match=r"^--chunk-size 4096: not in .*two.yaml's grid.chunk_sizes \(2048, 8192\)$"):
+        load_sweep(path, external=("http://e:8000", 4096))
+    # one chunk size in the grid: it is the engine's, --chunk-size or not
+    assert external_engine({"chunk_sizes": [2048]}, "http://e:8000", None, "f") == {
+        "launcher": {"kind": "external", "url": "http://e:8000", "chunk_size": None}}
+    assert load_sweep(path, chunk_index=0, external=("http://e:8000", None)).launcher.chunk_size == 2048
 
 
 def test_fast_probes_have_room_for_the_largest_window() -> None:
