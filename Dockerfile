@@ -1,4 +1,4 @@
-# The pdexporter image: `docker build -t pdexporter:0.1.0 .`, then `docker run pdexporter:0.1.0 run --probe-decode 4 --target http://vllm:8000`.
+# The pdexporter image: `docker build -t pdexporter:0.1.0 .`, then `docker run pdexporter:0.1.0 run --decode-batch-size 4 --target http://vllm:8000`.
 # Reproducible builds pin the base image by digest, so a re-pushed python:3.11-slim tag cannot
 # change what is built: `docker build --build-arg BASE_DIGEST=sha256:<64 hex> ...` (the digest
 # from `docker buildx imagetools inspect python:3.11-slim`). Empty: the tag as it is today.
@@ -27,4 +27,4 @@ WORKDIR /results
 
 EXPOSE 18742
 ENTRYPOINT ["pdexporter"]
-CMD ["run", "--probe-decode", "4", "--listen", "0.0.0.0:18742"]
+CMD ["run", "--decode-batch-size", "4", "--listen", "0.0.0.0:18742"]

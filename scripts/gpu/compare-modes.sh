@@ -38,7 +38,7 @@ step() {
   done
   echo "[$name] start $(date +%T), ${l}s left; mono_ns $(python3 -c 'import time;print(time.monotonic_ns())')" | tee -a "$W/steps.log"
   local t=$(date +%s)
-  ${PIN_CLIENT:-} python3 -m pdexporter sweep "$file" --out "$W/$name" --keep-engine --deadline $(( l - 15 )) "$@" 2>&1 \
+  ${PIN_CLIENT:-} python3 -m pdexporter sweep "$file" --out "$W/$name" --keep-engine --deadline $(( l - 15 ))s "$@" 2>&1 \
     | tee -a "$W/$name.console.log" | grep -v "^\s*$" | tail -25
   local rc=${PIPESTATUS[0]}
   echo "[$name] rc $rc after $(( $(date +%s) - t ))s" | tee -a "$W/steps.log"

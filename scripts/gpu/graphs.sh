@@ -17,5 +17,5 @@ pack() {
   ls -la "$OUT"
 }
 trap pack EXIT
-python3 -m pdexporter sweep "$SWEEP" --out "$W/out" --deadline $(( BUDGET - 20 )) 2>&1 \
+python3 -m pdexporter sweep "$SWEEP" --out "$W/out" --deadline $(( BUDGET - 20 ))s 2>&1 \
   | tee "$W/console.log" | grep -v "^\s*$" | tail -30

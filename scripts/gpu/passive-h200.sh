@@ -85,7 +85,7 @@ if [ ! -f "$W/passive.done" ]; then
   if [ "$(left)" -lt $(( PASSIVE_S + 60 )) ]; then log "passive run needs $(( PASSIVE_S + 60 )) s: next call"; exit 0; fi
   rm -rf "$W/passive"
   log "passive: run --passive for $PASSIVE_S s beside $RATE req/s"
-  python3 -m pdexporter run --passive --target "$URL" --chunk-size $B --probe-decode 4 \
+  python3 -m pdexporter run --passive --target "$URL" --chunk-size $B --decode-batch-size 4 \
     --listen 127.0.0.1:$EXPORTER --out "$W/passive" --duration "${PASSIVE_S}s" --attribution-wait 20s \
     > "$W/exporter.log" 2>&1 &
   RUN=$!

@@ -48,22 +48,22 @@ case "$step" in
   arms)
     unpack
     ( CUDA_VISIBLE_DEVICES=0 timeout 560 python3 -m pdexporter sweep sweeps/h200-decodebench.yaml \
-        --out $R/decodebench --deadline 520 > $R/decodebench.log 2>&1; echo "decodebench rc=$?" >> $R/decodebench.log ) &
+        --out $R/decodebench --deadline 520s > $R/decodebench.log 2>&1; echo "decodebench rc=$?" >> $R/decodebench.log ) &
     ( CUDA_VISIBLE_DEVICES=1 timeout 560 python3 -m pdexporter sweep sweeps/h200-generalise.yaml \
-        --out $R/generalise --deadline 520 > $R/generalise.log 2>&1; echo "generalise rc=$?" >> $R/generalise.log ) &
+        --out $R/generalise --deadline 520s > $R/generalise.log 2>&1; echo "generalise rc=$?" >> $R/generalise.log ) &
     wait
     cp $R/decodebench.log $R/generalise.log "$OUT/"
     tail -n 25 $R/decodebench.log $R/generalise.log
     pack arms $R/decodebench $R/generalise ;;
   pair)
     unpack
-    timeout 570 python3 -m pdexporter sweep sweeps/h200x2-pd.yaml --out $R/pd --deadline 530 > $R/pair.log 2>&1
+    timeout 570 python3 -m pdexporter sweep sweeps/h200x2-pd.yaml --out $R/pd --deadline 530s > $R/pair.log 2>&1
     echo "pair rc=$?" >> $R/pair.log
     cp $R/pair.log "$OUT/"; tail -n 40 $R/pair.log
     pack pair $R/pd ;;
   rerun)
     unpack
-    timeout 575 python3 -m pdexporter sweep sweeps/h200x2-cv-rerun.yaml --out $R/rerun --deadline 540 > $R/rerun.log 2>&1
+    timeout 575 python3 -m pdexporter sweep sweeps/h200x2-cv-rerun.yaml --out $R/rerun --deadline 540s > $R/rerun.log 2>&1
     echo "rerun rc=$?" >> $R/rerun.log
     cp $R/rerun.log "$OUT/"; tail -n 40 $R/rerun.log
     pack rerun $R/rerun ;;

@@ -103,7 +103,7 @@ def test_old_names_are_hidden_from_help_and_measure_the_same() -> None:
 
 
 def test_an_old_name_runs_the_exporter_like_the_new_one(tmp_path: Path) -> None:
-    """`run --probe-decode 2 --prefill-tokens 1024` (the README's before 0.2) still measures windows."""
+    """`run --probe-decode 2 --prefill-tokens 1024` (the README's old names) still measures windows."""
     out = tmp_path / "results"
     result = _pdx("run", "--probe-decode", "2", "--prefill-tokens", "1024", "-B", "2048", "--inject-every", "500ms",
                   "--decode-output-tokens", "96", "--duration", "8s", "--listen", "127.0.0.1:0", "--out", str(out),

@@ -143,8 +143,8 @@ vllm.enabled, else exporter.target ("" = the embedded engine, whose numbers are 
 {{- if .Values.vllm.enabled }}{{ int .Values.vllm.chunkSize }}{{ else }}{{ int .Values.exporter.chunkSize }}{{ end }}
 {{- end }}
 
-{{/* D and P of the exporter: exporter.decodeBatchSize / newPrefillTokens, or their names before
-0.2 (exporter.probeDecode / prefillTokens), still read for one release (NOTES.txt says so). */}}
+{{/* D and P of the exporter: exporter.decodeBatchSize / newPrefillTokens, or their old names
+(exporter.probeDecode / prefillTokens), still read for one release (NOTES.txt says so). */}}
 {{- define "pdexporter.decodeBatchSize" -}}
 {{- if hasKey .Values.exporter "probeDecode" }}{{ index .Values.exporter "probeDecode" }}{{ else }}{{ .Values.exporter.decodeBatchSize }}{{ end }}
 {{- end }}

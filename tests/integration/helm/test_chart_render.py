@@ -228,7 +228,7 @@ def test_image_digests_pin_every_image(engine: HelmEngine, tmp_path: Path) -> No
     assert re.fullmatch(r"registry\.example\.com/pdexporter@sha256:[a-f0-9]{64}", exporter_image)
 
 
-def test_exporter_values_keep_their_names_before_0_2_for_one_release(engine: HelmEngine, tmp_path: Path) -> None:
+def test_exporter_values_keep_their_old_names_for_one_release(engine: HelmEngine, tmp_path: Path) -> None:
     """exporter.probeDecode / prefillTokens (the names before the one vocabulary) still set D and P,
     as --decode-batch-size / --new-prefill-tokens, and NOTES.txt says what they are now called."""
     new = _exporter(render(engine, _values(tmp_path, {"exporter": {"decodeBatchSize": 6, "newPrefillTokens": 2048}})))

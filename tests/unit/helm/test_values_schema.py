@@ -40,7 +40,7 @@ def test_values_file_validates(path: Path) -> None:
     [
         ({"exporter": {"mode": "daemonset"}}, "exporter.mode"),
         ({"exporter": {"decodeBatchSize": -1}}, "exporter.decodeBatchSize"),
-        ({"exporter": {"probeDecode": -1}}, "exporter.probeDecode"),  # the name before 0.2, read for one release
+        ({"exporter": {"probeDecode": -1}}, "exporter.probeDecode"),  # the old name, read for one release
         ({"exporter": {"newPrefillTokens": 0}}, "exporter.newPrefillTokens"),
         ({"exporter": {"injectEvery": "30 seconds"}}, "exporter.injectEvery"),
         ({"exporter": {"target": "vllm:8000"}}, "exporter.target"),
