@@ -86,19 +86,25 @@ def _usage(param: Any) -> str:
     return name + ("..." if param.nargs != 1 else "")
 
 
-class Command(TyperCommand):
-    """A pdexporter command: pdexporter's help rendering and the deprecated names."""
+class _Tidy:
+    """Flags without `<bool>` or `{arg}`: every parameter and the help option tidied."""
+
+    params: list[Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         for param in self.params:
             _tidy(param)
 
     def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
+        option = super().get_help_option(ctx)  # type: ignore[misc]
         if option is not None:
             _tidy(option)
         return option
+
+
+class Command(_Tidy, TyperCommand):
+    """A pdexporter command: pdexporter's help rendering and the deprecated names."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -111,19 +117,8 @@ class Command(TyperCommand):
         return super().parse_args(ctx, rewrite_deprecated(args, known))
 
 
-class Group(TyperGroup):
+class Group(_Tidy, TyperGroup):
     """A pdexporter command group (`pdexporter`, `pdexporter sim`): flags without `<bool>`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        for param in self.params:
-            _tidy(param)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            _tidy(option)
-        return option
 
 
 def use_commands(app: Any) -> None:

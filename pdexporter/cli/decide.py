@@ -98,13 +98,20 @@ def decide(
              else f"held-out R^2 {r2:.4f}, {fit.get('scheme', '?')}")
     print(f"  D={decode_batch_size} P={new_prefill_tokens} B={chunk_size}: {plural(verdict['chunks'], 'chunk')} of "
           f"<= {chunk_size - decode_batch_size} tokens; model {verdict['model']} ({score})")
+    _print_footer(doc, measured, verdict["in_fitted_range"], decode_batch_size, new_prefill_tokens, chunk_size,
+                  seed_note=bool(doc.get("two_arm")))
+
+
+def _print_footer(doc: dict[str, Any], measured: dict[str, Any] | None, in_range: bool, d: int, p: int, b: int,
+                  seed_note: bool = False) -> None:
+    """The lines both verdicts end with: the point as measured, the fitted range, what the model was fitted on."""
     if measured is not None:
         seen = "modelled" if doc.get("modelled") else "measured"
         print(f"  {seen} at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
               f"({plural(measured['reps'], 'rep')})")
-    if not verdict["in_fitted_range"]:
-        _print_outside(doc, decode_batch_size, new_prefill_tokens, chunk_size)
-    if doc.get("two_arm"):
+    if not in_range:
+        _print_outside(doc, d, p, b)
+    if seed_note:
         console.print("the seed's rule (--mode seed); the two-arm verdict is the default with both arms measured")
     if doc.get("modelled"):
         console.print("[yellow]MODELLED: the model was fitted on data from a model, not a GPU[/]")
@@ -153,14 +160,7 @@ def _print_two_arm(doc: dict[str, Any], v: dict[str, Any], d: int, p: int, b: in
               "given": "given transfer model", "seed-constant": "seed's constant transfer (nothing measured)"}
     print(f"  D={d} P={p} B={b}; offloaded arm: {arms.get('offloaded_setup')}; transfer {v['transfer_ms']:.1f} ms from "
           f"the {source.get(v['transfer_source'], v['transfer_source'])}; rule: {v['reason']}")
-    if measured is not None:
-        seen = "modelled" if doc.get("modelled") else "measured"
-        print(f"  {seen} at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
-              f"({plural(measured['reps'], 'rep')})")
-    if not v["in_fitted_range"]:
-        _print_outside(doc, d, p, b)
-    if doc.get("modelled"):
-        console.print("[yellow]MODELLED: the model was fitted on data from a model, not a GPU[/]")
+    _print_footer(doc, measured, v["in_fitted_range"], d, p, b)
 
 
 def _fit_from(results: Path, d: int, p: int, b: int,
