@@ -12,7 +12,7 @@ Timing rules learnt on a real vLLM (docs/vllm-facts.md):
   records which clock its stamps came from (`TokenStream.stamp_clock`);
 - request bodies are encoded by `encode_body` *before* a measured window opens; `stream_into`
   only sends bytes;
-- retries (tenacity) only where repeating is harmless: GETs, and stream starts outside a window
+- retries only where repeating is harmless: GETs (tenacity), and stream starts outside a window
   that failed before a single byte came back. A request inside a window is never retried.
 """
 
@@ -45,6 +45,8 @@ from pdexporter.errors import (
     SSEProtocolError,
 )
 
+# Stream starts outside a window that failed before any event came back: retried after these.
+RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S = 0.25, 4.0
 API_KEY_ENV_VARS = ("PDEXPORTER_API_KEY", "OPENAI_API_KEY")
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
@@ -336,23 +338,34 @@ class EngineClient:
         """
         if not retry_connect:
             return await self._stream_once(path, body, stream, headers)
-        async for state in AsyncRetrying(
-            stop=stop_after_attempt(self.retries),
-            wait=wait_exponential(multiplier=0.25, max=4.0),
-            retry=retry_if_exception(lambda exc: _retryable(exc) and not stream.event_times_ns),
-            reraise=True,
-        ):
-            with state:
-                stream.reopen()
-                return await self._stream_once(path, body, stream, headers)
+        # A failed attempt is not recorded on the stream until no retry follows: whoever watches
+        # the stream (a window waiting on its probes) must not see a failure that is retried.
+        delay_s = RETRY_FIRST_DELAY_S
+        for attempt in range(1, max(1, self.retries) + 1):
+            stream.reopen()
+            try:
+                return await self._stream_once(path, body, stream, headers, record_failure=False)
+            except EngineError as exc:
+                if attempt >= self.retries or stream.event_times_ns or not _retryable(exc):
+                    stream.fail(self.clock(), exc)
+                    raise
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RETRY_MAX_DELAY_S)
         raise AssertionError("unreachable")
 
     async def _stream_once(self, path: str, body: bytes, stream: TokenStream,
-                           headers: Mapping[str, str] | None = None) -> TokenStream:
+                           headers: Mapping[str, str] | None = None, *, record_failure: bool = True) -> TokenStream:
+        """One exchange. A failure raises; with `record_failure` it is also recorded on the stream
+        (`TokenStream.fail`), else the caller records it once it decided not to retry."""
         rx = self._rx_transport()
-        if rx is not None:
-            return await self._stream_once_rx(rx, path, body, stream, headers)
-        return await self._stream_once_aiohttp(path, body, stream, headers)
+        try:
+            if rx is not None:
+                return await self._stream_once_rx(rx, path, body, stream, headers)
+            return await self._stream_once_aiohttp(path, body, stream, headers)
+        except EngineError as exc:
+            if record_failure:
+                stream.fail(self.clock(), exc)
+            raise
 
     async def _stream_once_rx(self, rx: RxTransport, path: str, body: bytes, stream: TokenStream,
                               headers: Mapping[str, str] | None = None) -> TokenStream:
@@ -376,27 +389,21 @@ class EngineClient:
                                     self._headers(json_body=True, extra=headers), body)
         except ValueError as exc:
             raise ConfigError(f"request headers for {url}: {exc}") from exc
-        try:
-            await rx.stream(
-                target, request, on_body,
-                arrival_clock=self.arrival_clock,
-                on_sent=lambda: stream.mark_sent(self.clock()),
-                connect_s=self.timeouts.connect_s,
-                read_s=self.timeouts.read_s,
-            )
-            if not decoder.done:
-                events = parser.close()
-                if events:
-                    stream.note_stamp_clock("read")
-                for event in events:
-                    self._apply(decoder, event, stream, self.clock())
-        except EngineError as exc:
-            stream.fail(self.clock(), exc)
-            raise
+        await rx.stream(
+            target, request, on_body,
+            arrival_clock=self.arrival_clock,
+            on_sent=lambda: stream.mark_sent(self.clock()),
+            connect_s=self.timeouts.connect_s,
+            read_s=self.timeouts.read_s,
+        )
         if not decoder.done:
-            error = SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
-            stream.fail(self.clock(), error)
-            raise error
+            events = parser.close()
+            if events:
+                stream.note_stamp_clock("read")
+            for event in events:
+                self._apply(decoder, event, stream, self.clock())
+        if not decoder.done:
+            raise SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
         stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
         return stream
 
@@ -433,25 +440,14 @@ class EngineClient:
                 for event in tail:
                     self._apply(decoder, event, stream, self.clock())
         except aiohttp.ClientConnectorError as exc:
-            error: EngineError = EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}")
-            stream.fail(self.clock(), error)
-            raise error from exc
+            raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             where = "mid-stream" if got_bytes else "before the first byte"
-            error = EngineUnreachable(f"{url}: connection lost {where} ({_reason(exc)})")
-            stream.fail(self.clock(), error)
-            raise error from exc
+            raise EngineUnreachable(f"{url}: connection lost {where} ({_reason(exc)})") from exc
         except TimeoutError as exc:
-            error = EngineTimeout(f"{url}: no event for {self.timeouts.read_s:g} s")
-            stream.fail(self.clock(), error)
-            raise error from exc
-        except EngineError as exc:
-            stream.fail(self.clock(), exc)
-            raise
+            raise EngineTimeout(f"{url}: no event for {self.timeouts.read_s:g} s") from exc
         if not decoder.done:
-            error = SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
-            stream.fail(self.clock(), error)
-            raise error
+            raise SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
         stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
         return stream
 
