@@ -35,6 +35,10 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="Embedded engine's GPU/model profile (when no --target)."),
 ]
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU name to record for an external engine.")]
+ReadTimeoutOpt = Annotated[
+    str | None,
+    typer.Option("--read-timeout", help="Longest silence allowed inside an engine stream, e.g. 60s (default 300s)."),
+]
 
 
 def run_async(coro: Coroutine[Any, Any, T], *, interrupted: Callable[[], str] | None = None) -> T:

@@ -16,6 +16,7 @@ from pdexporter.cli._common import (
     ApiKeyFileOpt,
     ModelOpt,
     ProfileOpt,
+    ReadTimeoutOpt,
     TargetOpt,
     api_key,
     console,
@@ -33,7 +34,9 @@ from pdexporter.exporter.config import (
     build_config,
     parse_duration,
 )
+from pdexporter.engine.client import read_timeout_seconds
 from pdexporter.exporter.server import parse_listen
+from pdexporter.exporter.startup import parse_engine_wait
 from pdexporter.exporter.runner import Runner
 from pdexporter.measure.protocol import ProtocolSettings
 
@@ -73,13 +76,18 @@ def run(
     scrape_interval: Annotated[str, typer.Option("--scrape-interval", help="Engine /metrics scrape period.")] = "5s",
     decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length.")] = 4096,
     decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe stream decodes before restarting.")] = 256,
+    engine_wait: Annotated[
+        str, typer.Option("--engine-wait", help="How long to wait for the engine at start-up, exporting "
+                          "pdexporter_up 0 meanwhile: 'forever' or a duration (e.g. 20m).")
+    ] = "forever",
+    read_timeout: ReadTimeoutOpt = None,
 ) -> None:
     """Keep N probe decode streams on an engine, perturb them with prefills, export what they see."""
     config = parse_run_options(
         probe_decode=probe_decode, target=target, chunk_size=chunk_size, inject_every=inject_every,
         prefill_tokens=prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
         scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
-        decode_output_tokens=decode_output_tokens,
+        decode_output_tokens=decode_output_tokens, engine_wait=engine_wait, read_timeout=read_timeout,
     )
     token = api_key(api_key_file)
     asyncio.run(_serve(config, token))
@@ -100,6 +108,8 @@ def parse_run_options(
     scrape_interval: str,
     decode_context_tokens: int,
     decode_output_tokens: int,
+    engine_wait: str = "forever",
+    read_timeout: str | None = None,
 ) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
     if probe_decode < 1:
@@ -129,6 +139,7 @@ def parse_run_options(
     except ValidationError as exc:
         raise ConfigError(f"--decode-output-tokens {decode_output_tokens}: "
                           f"{format_validation_error(exc, ProtocolSettings)}") from exc
+    read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
     duration_s = None if duration is None else parse_duration(duration, "--duration")
     if duration_s is not None and duration_s <= 0:
         raise ConfigError(f"--duration {duration!r}: must be > 0")
@@ -146,7 +157,9 @@ def parse_run_options(
         profile=profile,
         duration_s=duration_s,
         scrape_interval_s=parse_duration(scrape_interval, "--scrape-interval"),
-        protocol=protocol,
+        protocol=protocol.with_read_timeout(read_timeout_s),
+        engine_wait_s=parse_engine_wait(engine_wait),
+        read_timeout_s=read_timeout_s,
     )
 
 

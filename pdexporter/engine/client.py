@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from pdexporter._internal.bounds import MAX_SECONDS
+from pdexporter._internal.durations import parse_duration
 from pdexporter._internal.text import body_reason
 from pdexporter.engine.http1 import request_bytes
 from pdexporter.engine.kstamp import RxTransport, Target
@@ -40,6 +42,7 @@ from pdexporter.errors import (
     ConfigError,
     EngineError,
     EngineHTTPError,
+    EngineRefused,
     EngineTimeout,
     EngineUnreachable,
     SSEProtocolError,
@@ -123,6 +126,14 @@ class ClientTimeouts:
     connect_s: float = 10.0
     read_s: float = 300.0  # longest silence allowed inside a stream (a 32K prefill on a slow GPU)
     request_s: float = 30.0  # whole non-streaming request (health, models, metrics)
+
+
+def read_timeout_seconds(text: str, option: str = "--read-timeout") -> float:
+    """`ClientTimeouts.read_s` from a duration (`_internal.durations`), within (0, one week]."""
+    seconds = parse_duration(text, option)
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ConfigError(f"{option} {text!r}: must be > 0 and at most {MAX_SECONDS:g} s (one week)")
+    return seconds
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -253,7 +264,7 @@ class EngineClient:
                         raise EngineHTTPError(url, resp.status, error_message_from_body(body))
                     return body.decode("utf-8", "replace")
             except aiohttp.ClientConnectorError as exc:
-                raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+                raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
             except TimeoutError as exc:
@@ -276,23 +287,33 @@ class EngineClient:
             await asyncio.sleep(poll_s)
         raise EngineTimeout(f"{self.url('/health')}: engine not healthy within {timeout_s:g} s")
 
-    async def models(self) -> list[str]:
-        text = await self.get_text("/v1/models")
+    async def model_entries(self, *, retry: bool = True) -> list[dict[str, Any]]:
+        """The entries of `/v1/models` (id, and vLLM's `max_model_len`), one line if it is not a list."""
+        text = await self.get_text("/v1/models", retry=retry)
         try:
-            data = json.loads(text)
-            return [str(item["id"]) for item in data["data"]]
+            data = json.loads(text)["data"]
+            return [dict(m) for m in data if isinstance(m, Mapping) and "id" in m]
         except (ValueError, KeyError, TypeError) as exc:
             raise EngineError(f"{self.url('/v1/models')}: not an OpenAI model list: {body_reason(text, 120)}") from exc
 
-    async def resolve_model(self, model: str | None) -> str:
-        served = await self.models()
+    async def models(self) -> list[str]:
+        return [str(m["id"]) for m in await self.model_entries()]
+
+    async def served_model(self, model: str | None) -> tuple[str, int | None]:
+        """The model to use (`model`, or the engine's first) and its max_model_len, if published."""
+        entries = await self.model_entries()
+        served = [str(m["id"]) for m in entries]
         if model is None:
             if not served:
                 raise EngineError(f"{self.url('/v1/models')}: the engine serves no model")
-            return served[0]
-        if model not in served:
+            model = served[0]
+        elif model not in served:
             raise ConfigError(f"--model {model!r}: the engine serves {', '.join(served) or 'nothing'}")
-        return model
+        length = entries[served.index(model)].get("max_model_len")
+        return model, length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+    async def resolve_model(self, model: str | None) -> str:
+        return (await self.served_model(model))[0]
 
     async def scrape_metrics(self, *, retry: bool = True) -> MetricsSnapshot:
         t_ns = self.clock()
@@ -314,7 +335,7 @@ class EngineClient:
                 if resp.status >= 400:
                     raise EngineHTTPError(url, resp.status, error_message_from_body(raw))
         except aiohttp.ClientConnectorError as exc:
-            raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+            raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
         except TimeoutError as exc:
@@ -440,7 +461,7 @@ class EngineClient:
                 for event in tail:
                     self._apply(decoder, event, stream, self.clock())
         except aiohttp.ClientConnectorError as exc:
-            raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+            raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             where = "mid-stream" if got_bytes else "before the first byte"
             raise EngineUnreachable(f"{url}: connection lost {where} ({_reason(exc)})") from exc

@@ -154,6 +154,8 @@ class ProbeLoop:
         stamp_at_wakeup: bool = True,
         rx_stamps: bool | None = None,
         configure_client: Callable[[EngineClient], None] | None = None,
+        read_timeout_s: float | None = None,
+        check: Callable[[EngineInfo], None] | None = None,
     ) -> None:
         self.handle = handle
         self.n_probes = n_probes
@@ -166,6 +168,8 @@ class ProbeLoop:
         # Kernel receive stamps (engine.kstamp); None: on unless PDEXPORTER_KERNEL_STAMPS=0.
         self.rx_stamps = kernel_stamps_default() if rx_stamps is None else rx_stamps
         self.configure_client = configure_client  # called on the probe thread before any request
+        self.read_timeout_s = read_timeout_s  # the client's read timeout (`--read-timeout`)
+        self.check = check  # called with the engine's info before the warm-ups (e.g. max_model_len)
         self.stamping: str | None = None  # how the probes are stamped, in one line, once started
         self.events: queue.SimpleQueue[Lifecycle] = queue.SimpleQueue()
         self.sensor = WakeupSensor(sensor_period_s)
@@ -232,7 +236,10 @@ class ProbeLoop:
     async def _main(self, selector: StampingSelector | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with http_driver(self.handle, model=self.model, api_key=self.api_key) as driver:
+        async with http_driver(self.handle, model=self.model, api_key=self.api_key,
+                               read_timeout_s=self.read_timeout_s) as driver:
+            if self.check is not None:
+                self.check(driver.info)
             self.driver = driver
             client = driver.client
             client.rx_stamps = client.rx_stamps and self.rx_stamps

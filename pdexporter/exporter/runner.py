@@ -35,25 +35,19 @@ from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window, set_engine_info
+from pdexporter.exporter.metrics import set_up
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.server import metrics_app, start_metrics_server
 from pdexporter.exporter.tracing import NoTracing, Tracing, make_tracing
 from pdexporter.exporter.tracing import preload as tracing_preload
+from pdexporter.exporter.records import LiveRecords
+from pdexporter.exporter.startup import EngineWait, start_probes
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
-from pdexporter.measure.point import (
-    PointSpec,
-    append_rep,
-    check_resumable,
-    now_iso,
-    record_config,
-    rep_record,
-    resumable_reps,
-)
+from pdexporter.measure.point import PointSpec, now_iso
 from pdexporter.measure.prompts import cold_prompt
 from pdexporter.measure.protocol import InterferenceRun, run_window
-from pdexporter.measure.records import RepRecord, aggregate
-from pdexporter.measure.store import ResultsStore
+from pdexporter.measure.records import RepRecord
 
 __all__ = ["ProbeState", "Runner", "WindowResult"]
 
@@ -85,8 +79,8 @@ class Runner:
         self.on_window, self.on_inject = on_window, on_inject
         self.book = ProbeBook(config, self.metrics, on_stream)
         self.injections_sent = 0
-        self.store = ResultsStore(config.out) if config.out else None
         self.spec = PointSpec(config.chunk_size, config.probe_streams, config.prefill_tokens).validate()
+        self.records = LiveRecords(config, self.spec)
         self.handle: EngineHandle | None = None
         self.info: EngineInfo | None = None
         self.probes: ProbeLoop | None = None
@@ -100,6 +94,7 @@ class Runner:
         self._next_prefill: tuple[str, PreparedRequest] | None = None
         self._ready_event = asyncio.Event()
         self._in_flight = False
+        self._wait_reason: str | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -117,13 +112,14 @@ class Runner:
         return self.book.healthy()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set (or `duration_s` passed), then shut down in order."""
+        """Serve until `stop` is set (or `duration_s` passed), then shut down in order. The
+        metrics server listens first; the engine is then waited for (`exporter.startup`)."""
         cfg = self.config
         previous_switch = sys.getswitchinterval()
         sys.setswitchinterval(cfg.switch_interval_s)
         server = None
         try:
-            self._check_out_dir()
+            self.records.check_out_dir()
             app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy)
             try:
                 server, self.bound_port = await start_metrics_server(app, cfg.listen_host, cfg.listen_port)
@@ -132,31 +128,54 @@ class Runner:
             self.log(f"metrics on http://{cfg.listen_host}:{self.bound_port}/metrics")
             tracing_preload()  # before the probes: see tracing.preload
             self.handle = await self.launcher.start(cfg.chunk_size)
-            self.probes = ProbeLoop(self.handle, cfg.probe_streams, cfg.protocol, model=cfg.model, api_key=self.api_key,
-                                    warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
-                                    stamp_at_wakeup=cfg.arrival_stamp != "read",
-                                    rx_stamps=None if cfg.arrival_stamp == "kernel-rx" else False)
+            started = await start_probes(self._probe_loop, EngineWait(cfg.engine_wait_s), stop=stop,
+                                         on_wait=self._waiting, started_timeout_s=cfg.protocol.window_timeout_s)
+            if started is None:
+                return  # stopped while waiting for the engine
+            self.probes, self.info = started
             self.book.probes = self.probes
-            self.info = await self.probes.wait_started(timeout_s=cfg.protocol.window_timeout_s)
-            self.log(f"probe timestamps: {self.probes.stamping}")
-            self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
-                                         cfg.scrape_interval_s, lambda: not self.book.stopping)
-            self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
-            set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
-                            cfg.chunk_size_source)
-            if cfg.chunk_size_source == "assumed":
-                self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
-                         "/metrics); every window checks it against the probes' cadence")
-            self.tracing = self.book.tracing = self._tracing_factory(self.info)
-            now = time.monotonic()
-            self._next_injection = now + (cfg.inject_every_s or 0.0)
-            self._ready_event.set()
-            if self.info.modelled and self.info.note:
-                self.log(self.info.note)
-            await self._loop(stop, deadline=None if cfg.duration_s is None else now + cfg.duration_s)
+            self._started()
+            await self._loop(stop, deadline=None if cfg.duration_s is None else time.monotonic() + cfg.duration_s)
         finally:
             await self._shutdown(server)
             sys.setswitchinterval(previous_switch)
+
+    def _probe_loop(self) -> ProbeLoop:
+        cfg = self.config
+        assert self.handle is not None
+        return ProbeLoop(self.handle, cfg.probe_streams, cfg.protocol, model=cfg.model, api_key=self.api_key,
+                         warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
+                         stamp_at_wakeup=cfg.arrival_stamp != "read",
+                         rx_stamps=None if cfg.arrival_stamp == "kernel-rx" else False,
+                         read_timeout_s=cfg.read_timeout_s,
+                         check=lambda info: info.check_fits(self.spec, cfg.protocol, "--prefill-tokens"))
+
+    def _waiting(self, reason: str, error: BaseException) -> None:
+        """The engine is not there yet (or broke during start-up): up 0 with the reason, one log
+        line per change of reason."""
+        set_up(self.metrics, reason)
+        self.metrics.errors.labels(kind=error_kind(error)).inc()
+        if reason != self._wait_reason:
+            self.log(f"waiting for the engine ({reason}): {error}")
+            self._wait_reason = reason
+
+    def _started(self) -> None:
+        cfg = self.config
+        assert self.probes is not None and self.handle is not None and self.info is not None
+        self.log(f"probe timestamps: {self.probes.stamping}")
+        self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
+                                     cfg.scrape_interval_s, lambda: not self.book.stopping)
+        self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
+        set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
+                        cfg.chunk_size_source)
+        if cfg.chunk_size_source == "assumed":
+            self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
+                     "/metrics); every window checks it against the probes' cadence")
+        self.tracing = self.book.tracing = self._tracing_factory(self.info)
+        self._next_injection = time.monotonic() + (cfg.inject_every_s or 0.0)
+        self._ready_event.set()
+        if self.info.modelled and self.info.note:
+            self.log(self.info.note)
 
     async def _loop(self, stop: asyncio.Event, deadline: float | None) -> None:
         cfg = self.config
@@ -263,11 +282,7 @@ class Runner:
 
     def _publish(self, run: InterferenceRun, started_at: str) -> None:
         key = self.spec.key
-        record_path = None
-        if self.store is not None:
-            record_path, rep = self._save(run, started_at)
-        else:
-            rep = rep_record(len(self.windows), run, self.spec, raw=None, started_at=started_at)
+        record_path, rep = self.records.save(run, started_at, len(self.windows), self.info)
         publish_window(self.metrics, grid_labels(*key), rep)
         self.metrics.injections.labels(outcome="ok").inc()
         ids = {t.request_id for t in run.probes}
@@ -278,21 +293,3 @@ class Runner:
         if self.on_window is not None:
             self.on_window(result)
 
-    # --- records -----------------------------------------------------------------------------
-
-    def _check_out_dir(self) -> None:
-        """Fail before anything starts if --out holds a record measured another way."""
-        if self.store is not None:
-            key = self.spec.key
-            check_resumable(self.store.load_record(*key), {"mode": "live", **self.config.protocol.record_fields()},
-                            str(self.store.record_path(*key)))
-
-    def _save(self, run: InterferenceRun, started_at: str) -> tuple[str, RepRecord]:
-        assert self.store is not None and self.info is not None
-        key = self.spec.key
-        config = record_config(self.spec, self.info, self.config.protocol, reps=1, mode="live",
-                               chunk_size_source=self.config.chunk_size_source)
-        done = resumable_reps(self.store.load_record(*key), config, str(self.store.record_path(*key)))
-        append_rep(self.store, self.spec, config, done, run, started_at,
-                   lambda c, reps: aggregate(c.model_copy(update={"reps_planned": len(reps)}), reps))
-        return str(self.store.record_path(*key)), done[-1]

@@ -55,6 +55,7 @@ class LauncherProvider:
     gpu: str | None = None
     description: str = ""
     log_dir_for: Callable[[int], Path] | None = None  # where a launcher with a `log_dir` logs
+    read_timeout_s: float | None = None  # the client's read timeout (`--read-timeout`)
     _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
@@ -64,7 +65,8 @@ class LauncherProvider:
         handle = await self.launcher.start(chunk_size)
         stack = contextlib.AsyncExitStack()
         try:
-            driver = await stack.enter_async_context(http_driver(handle, model=self.model, api_key=self.api_key, gpu=self.gpu))
+            driver = await stack.enter_async_context(http_driver(handle, model=self.model, api_key=self.api_key,
+                                                                 gpu=self.gpu, read_timeout_s=self.read_timeout_s))
         except BaseException:
             await stack.aclose()
             raise
@@ -96,6 +98,7 @@ class PairProvider:
     p2p_addresses: tuple[str, str] | None = None
     description: str = ""
     log_dir_for: Callable[[int], Path] | None = None  # real-time embedded engines log under {chunk}/engine/{role}
+    read_timeout_s: float | None = None
     _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
@@ -112,7 +115,7 @@ class PairProvider:
         try:
             driver = await stack.enter_async_context(pd_driver(
                 self.launcher.prefill_handle, handle, model=self.model, api_key=self.api_key, gpu=self.gpu,
-                connector=self.connector, p2p_addresses=self.p2p_addresses))
+                connector=self.connector, p2p_addresses=self.p2p_addresses, read_timeout_s=self.read_timeout_s))
         except BaseException:
             await stack.aclose()
             raise
@@ -203,10 +206,12 @@ def make_provider(
             pair = PairLauncher(SimLauncher(profile=launcher_spec.profile, kv_role="prefill"),
                                 SimLauncher(profile=launcher_spec.profile, kv_role="decode"))
             return PairProvider(pair, model=spec.model, api_key=api_key, log_dir_for=store.engine_dir,
+                                read_timeout_s=spec.read_timeout_s,
                                 description=f"embedded engines {launcher_spec.profile} (prefill + decode), real time "
                                             f"over HTTP{arm}")
         sim = SimLauncher(profile=launcher_spec.profile, kv_role=None if role == "none" else role)
         return LauncherProvider(sim, model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
+                                read_timeout_s=spec.read_timeout_s,
                                 description=f"embedded engine {launcher_spec.profile}, real time over HTTP{arm}")
     if isinstance(launcher_spec, PairLauncherSpec):
         connector, addresses = pair_connector(launcher_spec)
@@ -219,7 +224,7 @@ def make_provider(
                 deadline=deadline, on_message=on_message, role=role,
             ))
         return PairProvider(PairLauncher(instances[0], instances[1]), model=spec.model, api_key=api_key, gpu=spec.gpu,
-                            connector=connector, p2p_addresses=addresses,
+                            connector=connector, p2p_addresses=addresses, read_timeout_s=spec.read_timeout_s,
                             description=f"P/D pair ({connector}): prefill at {launcher_spec.prefill.url}, decode at "
                                         f"{launcher_spec.decode.url}")
     launcher: Launcher
@@ -239,4 +244,5 @@ def make_provider(
         what = f"Kubernetes ({launcher_spec.tool}) engine at {launcher_spec.url}"
     else:  # pragma: no cover - the schema admits no other kind
         raise ConfigError(f"launcher.kind: {launcher_spec!r}")
-    return LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, description=what)
+    return LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, description=what,
+                            read_timeout_s=spec.read_timeout_s)

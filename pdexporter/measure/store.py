@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, read_json_gz
+from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, clean_stale, read_json_gz
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
 from pdexporter.measure.records import RunRecord
@@ -31,6 +31,10 @@ RECORD_RE = re.compile(r"^D(?P<d>\d+)_P(?P<p>\d+)\.json$")
 class ResultsStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+
+    def clean_stale(self) -> list[Path]:
+        """Remove temporary files that killed writers left (`_internal.atomic.clean_stale`)."""
+        return clean_stale(self.root)
 
     def chunk_dir(self, chunk_size: int) -> Path:
         return self.root / str(chunk_size)

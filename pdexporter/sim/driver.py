@@ -81,6 +81,7 @@ class SimDriver:
             profile=prof.name,
             modelled=True,
             clock="virtual" if is_virtual(clock.loop) else "monotonic",
+            max_model_len=prof.engine.max_model_len,
             command=("pdexporter-sim", "--profile", prof.name, "--max-num-batched-tokens",
                      str(config.max_num_batched_tokens), *(("--kv-role", role) if role else ())),
         )
