@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["pid_alive", "process_start_ticks", "same_process"]
+__all__ = ["die_with_parent", "pid_alive", "process_start_ticks", "same_process"]
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child receive `sig` when its parent dies, SIGKILL included
+    (Linux: prctl(PR_SET_PDEATHSIG); None elsewhere). libc is loaded here, in the parent: the
+    child only calls prctl. The kernel sends the signal when the *thread* that forked the child
+    ends, so fork from a thread that lives as long as the owner (pdexporter's launchers run on
+    the main thread's event loop). A parent that died before prctl ran is caught by the getppid()
+    check."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def process_start_ticks(pid: int) -> int | None:
