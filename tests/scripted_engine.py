@@ -14,7 +14,8 @@ Two ways to make it misbehave:
   requests, `times` of them (None: all). Kinds: `http-500`, `html-404` (a proxy's HTML error page),
   `reset` (connection closed before any byte), `close-mid-stream`, `malformed-sse`, `stall` (that
   stream goes silent, connection open), `freeze` (the whole engine stops emitting on every stream,
-  as a hung engine loop would), `wrong-prompt-tokens` (usage.prompt_tokens off by one).
+  as a hung engine loop would), `wrong-prompt-tokens` (usage.prompt_tokens off by one), `restart`
+  (the request arrives, then the engine restarts: `restart()` below).
 
 And for the other endpoints: `metrics` = ok | garbage | html-404, `health_delay_s` (a slow
 /health), `fail_gets` (the first GETs answer 503), `max_model_len` (in /v1/models), and
@@ -40,7 +41,7 @@ HTML_404 = ("<!DOCTYPE html><html><head><title>404 Not Found</title></head><body
             "<p>The requested URL was not found on this server.</p><hr><address>nginx</address></body></html>")
 GARBAGE_METRICS = "<<<this is not a Prometheus exposition>>>\n\x00\x01 vllm:num_requests_running{{{ 1 2 3\n"
 FAULT_KINDS = ("http-500", "html-404", "reset", "close-mid-stream", "malformed-sse", "stall", "freeze",
-               "wrong-prompt-tokens")
+               "wrong-prompt-tokens", "restart")
 # The fixture's series the double keeps live: its own counters (they restart from 0 on restart()).
 _LIVE_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
                 "vllm:generation_tokens_total")
@@ -55,6 +56,7 @@ class Fault:
     skip: int = 0
     times: int | None = 1
     at_token: int = 3  # mid-stream kinds: after this many tokens
+    seconds: float = 3600.0  # stall / freeze: how long
     seen: int = 0  # matching requests so far
     hits: int = 0  # requests it hit
 
@@ -93,6 +95,7 @@ class ScriptedEngine:
     _open: dict[int, web.Request] = field(default_factory=dict)  # id -> open streaming request
     _frozen_until: float = 0.0
     _counters: dict[str, float] = field(default_factory=dict)
+    _restarting: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> ScriptedEngine:
         self.port = self.port or free_port()
@@ -101,6 +104,8 @@ class ScriptedEngine:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._restarting is not None:
+            await self._restarting
         await self._stop()
 
     async def _serve(self) -> None:
@@ -219,7 +224,9 @@ class ScriptedEngine:
         if kind == "wrong-prompt-tokens":
             prompt_tokens += 1
         if kind == "freeze":
-            self.freeze(3600.0)
+            self.freeze(fault.seconds)  # type: ignore[union-attr]
+        if kind == "restart":
+            self._restarting = asyncio.get_running_loop().create_task(self.restart())
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         self._open[id(request)] = request
@@ -252,7 +259,7 @@ class ScriptedEngine:
                     await resp.write(b"data: {\"choices\": [{\"text\": \n\n")
                     return resp
                 if kind == "stall":
-                    await asyncio.sleep(3600)
+                    await asyncio.sleep(fault.seconds)
             if self.behaviour == "disconnect" and k == 3:
                 request.transport.close()  # type: ignore[union-attr]
                 return resp

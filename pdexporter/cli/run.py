@@ -177,7 +177,7 @@ async def _progress(runner: Runner, duration_s: float) -> None:
         while True:
             tokens = runner.metrics.probe_tokens._value.get()  # type: ignore[attr-defined]
             bar.update(task, completed=min(duration_s, asyncio.get_running_loop().time() - start),
-                       status=f"{len(runner.windows)} window(s), {tokens:.0f} probe tokens")
+                       status=f"{runner.windows_seen} window(s), {tokens:.0f} probe tokens")
             await asyncio.sleep(0.5)
 
 
@@ -216,5 +216,5 @@ async def _serve(config: ExporterConfig, token: str | None) -> None:
             await asyncio.gather(bar, return_exceptions=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    console.print(f"stopped after {len(runner.windows)} window(s)", highlight=False)
+    console.print(f"stopped after {runner.windows_seen} window(s)", highlight=False)
     sys.stdout.flush()

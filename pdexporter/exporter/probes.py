@@ -4,7 +4,8 @@ docs/vllm-facts.md: work on the loop that reads the probes delays their timestam
 body encoded on it showed up as bursts of 0 ms intervals). So this thread's loop only
 
 - keeps N probe streams open on the shared cached prefix, restarting each as it finishes
-  (a fresh stream, same prefix, same pre-encoded body);
+  (a fresh stream, same prefix, the pre-encoded body with the max_tokens that ends it with the
+  other probes: `timeline.aligned_max_tokens`, why in `exporter.timeline`);
 - sends a prefill whose body the caller already encoded (`inject`);
 - runs a wake-up sensor (below).
 
@@ -55,9 +56,11 @@ from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import EngineError, PdexporterError
 from pdexporter.measure.driver import EngineInfo, HttpDriver, PreparedRequest, http_driver
 from pdexporter.measure.prompts import cold_prompt, shared_prefix
+from pdexporter.exporter.timeline import aligned_max_tokens
 from pdexporter.measure.protocol import ProtocolSettings, run_single
 
 STARTED, FINISHED = "started", "finished"
+ALIGN_WAIT_S, ALIGN_POLL_S = 5.0, 0.002  # a probe waits this long at most for the others to end
 KERNEL_STAMPS_ENV = "PDEXPORTER_KERNEL_STAMPS"  # "0", "off" or "false": the aiohttp path, wake-up stamps
 
 
@@ -180,6 +183,7 @@ class ProbeLoop:
         self._stop: asyncio.Event | None = None
         self._stopping = False
         self.fatal: BaseException | None = None
+        self._current: dict[int, TokenStream] = {}  # each slot's stream (probe thread only)
 
     # --- called from the runner's thread ---------------------------------------------------
 
@@ -272,12 +276,16 @@ class ProbeLoop:
         """One probe position: a stream, and a fresh one (same prefix) each time it ends."""
         backoff = self.restart_backoff_s[0]
         serial = 0
+        full = probe.max_tokens
         while not self._stopping:
-            stream = TokenStream(f"probe{slot}-{serial}", "probe")
+            n = await self._in_phase(slot, full)  # ends with the other probes (exporter.timeline)
+            request = probe.with_max_tokens(n)
+            stream = TokenStream(f"probe{slot}-{serial}", "probe", max_tokens=n)
+            self._current[slot] = stream
             serial += 1
             self.events.put(Lifecycle(STARTED, slot, stream))
             try:
-                await driver.client.stream_into(probe.path, probe.body, stream, retry_connect=True)
+                await driver.client.stream_into(request.path, request.body, stream, retry_connect=True)
             except asyncio.CancelledError:
                 self.events.put(Lifecycle(FINISHED, slot, stream))
                 raise
@@ -293,6 +301,20 @@ class ProbeLoop:
                 backoff = min(backoff * 2, self.restart_backoff_s[1])
             else:
                 backoff = self.restart_backoff_s[0]
+
+
+    async def _in_phase(self, slot: int, full: int) -> int:
+        """max_tokens for this slot's next stream, after waiting (at most `ALIGN_WAIT_S`) for the
+        other probes that are about to end, so that all restart together."""
+        deadline = time.monotonic() + ALIGN_WAIT_S
+        while True:
+            left = [s.tokens_left for i, s in self._current.items() if i != slot and not s.done]
+            n = aligned_max_tokens(full, left, self.settings.inject_at_tokens)
+            if n is not None:
+                return n
+            if time.monotonic() > deadline or self._stopping:
+                return full
+            await asyncio.sleep(ALIGN_POLL_S)
 
 
 def _seen(future: concurrent.futures.Future[TokenStream]) -> None:

@@ -20,6 +20,8 @@ the same object), published as gauges and spans.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import sys
 import time
 import uuid
@@ -52,6 +54,7 @@ from pdexporter.measure.records import RepRecord
 __all__ = ["ProbeState", "Runner", "WindowResult"]
 
 TICK_S = 0.05  # bookkeeping cadence on the runner's loop
+KEEP_WINDOWS = 64  # `Runner.windows` keeps the last ones (each holds its probes' traces)
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,9 @@ class Runner:
         self.probes: ProbeLoop | None = None
         self.driver: LoopDriver | None = None
         self.bound_port: int | None = None
-        self.windows: list[WindowResult] = []
+        # The last windows, for tests and callers; bounded, so a long run's memory stays flat.
+        self.windows: collections.deque[WindowResult] = collections.deque(maxlen=KEEP_WINDOWS)
+        self.windows_seen = 0
         self._slow_seen: list[tuple[int, int, int]] = []  # (P, D, slow steps) of contradicted windows
         self.scraper: EngineScraper | None = None
         self._window_task: asyncio.Task[None] | None = None
@@ -151,8 +156,7 @@ class Runner:
                          check=lambda info: info.check_fits(self.spec, cfg.protocol, "--prefill-tokens"))
 
     def _waiting(self, reason: str, error: BaseException) -> None:
-        """The engine is not there yet (or broke during start-up): up 0 with the reason, one log
-        line per change of reason."""
+        """No engine yet (or it broke during start-up): up 0 with the reason, logged when it changes."""
         set_up(self.metrics, reason)
         self.metrics.errors.labels(kind=error_kind(error)).inc()
         if reason != self._wait_reason:
@@ -198,10 +202,8 @@ class Runner:
                 self.scraper.tick(now)
             if self._window_task is None and self._next_prefill is None and cfg.injecting:
                 self._next_prefill = self._encode_prefill()  # between windows: touches nothing measured
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), TICK_S)
-            except TimeoutError:
-                pass
 
     async def _shutdown(self, server: Any) -> None:
         """Finish the window in flight, stop probes, end and flush spans, stop the engine."""
@@ -282,14 +284,15 @@ class Runner:
 
     def _publish(self, run: InterferenceRun, started_at: str) -> None:
         key = self.spec.key
-        record_path, rep = self.records.save(run, started_at, len(self.windows), self.info)
+        record_path, rep = self.records.save(run, started_at, self.windows_seen, self.info)
         publish_window(self.metrics, grid_labels(*key), rep)
         self.metrics.injections.labels(outcome="ok").inc()
         ids = {t.request_id for t in run.probes}
         self.tracing.window(run, rep, self.config.chunk_size, self.book.spans_of(ids))
         result = WindowResult(run, rep, record_path)
         self.windows.append(result)
-        self.log(f"window {len(self.windows)}: B={key[0]} D={key[1]} P={key[2]} {rep.summary_line()}")
+        self.windows_seen += 1
+        self.log(f"window {self.windows_seen}: B={key[0]} D={key[1]} P={key[2]} {rep.summary_line()}")
         if self.on_window is not None:
             self.on_window(result)
 

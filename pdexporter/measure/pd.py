@@ -308,7 +308,8 @@ class PdDriver:
         return _Hop(timing, decode_request)
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
-        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
+        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify,
+                             max_tokens=prepared.max_tokens)
         if isinstance(prepared, RoutedRequest):
             work = self._routed(prepared, stream)
         else:

@@ -103,7 +103,8 @@ class SimDriver:
         return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens)
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
-        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
+        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify,
+                             max_tokens=prepared.max_tokens)
         self._start_into(prepared, stream)
         return stream
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
 from pdexporter._internal.validation import format_validation_error
@@ -37,8 +37,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]  # prompt lengths, chunk sizes (`_internal.bounds`)
-DecodeBatch = Annotated[int, Field(ge=0, le=MAX_DECODE_BATCH)]
+def _whole(value: Any) -> Any:
+    """A whole float (YAML's `1.0e+26`) as an int, so that its bound, not its size, is what a
+    one-line error names."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+TokenCount = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=MAX_TOKENS)]  # P, chunk sizes (`_internal.bounds`)
+DecodeBatch = Annotated[int, BeforeValidator(_whole), Field(ge=0, le=MAX_DECODE_BATCH)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
 
 
@@ -249,9 +255,9 @@ class SweepSpec(_Strict):
     model: str | None = None  # served model name; default: the engine's first
     gpu: str | None = None  # recorded in every record's config.gpu
     grid: GridSpec
-    reps: int = Field(5, ge=1, le=MAX_REPS)
+    reps: Annotated[int, BeforeValidator(_whole)] = Field(5, ge=1, le=MAX_REPS)
     mode: Mode = "faithful"
-    retries: int = Field(2, ge=0, le=MAX_RETRIES)  # per repetition, after a MeasurementError (e.g. no steady state)
+    retries: Annotated[int, BeforeValidator(_whole)] = Field(2, ge=0, le=MAX_RETRIES)  # per repetition, after a MeasurementError (e.g. no steady state)
     protocol: ProtocolSettings = ProtocolSettings()
     warmup: WarmupSpec = WarmupSpec()
     cooldown: CooldownSpec = CooldownSpec()
