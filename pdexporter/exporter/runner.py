@@ -54,7 +54,7 @@ from pdexporter.measure.records import RepRecord
 __all__ = ["ProbeState", "Runner", "WindowResult"]
 
 TICK_S = 0.05  # bookkeeping cadence on the runner's loop
-KEEP_WINDOWS = 64  # `Runner.windows` keeps the last ones (each holds its probes' traces)
+KEEP_WINDOWS = 8  # `Runner.windows` keeps the last ones (each holds its probes' traces: ~0.2 MB at D = 12)
 
 
 @dataclass(frozen=True)

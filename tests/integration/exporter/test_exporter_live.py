@@ -80,10 +80,11 @@ async def _session(tmp_path: Path, receiver: OtlpReceiver, prometheus_port: int,
         protocol={"decode_output_tokens": PROBE_TOKENS, "after_intervals": 32},
     )
     streams: list[ProbeState] = []
+    windows: list[WindowResult] = []  # every window (`Runner.windows` keeps only the last few)
     launcher = SimLauncher(profile=PROFILE)
-    runner = Runner(config, launcher, on_stream=streams.append)
+    runner = Runner(config, launcher, on_stream=streams.append, on_window=windows.append)
     stop = asyncio.Event()
-    session = Session(runner, runner.windows, streams, 0, receiver, prom, out=config.out)
+    session = Session(runner, windows, streams, 0, receiver, prom, out=config.out)
 
     def on_inject(n: int) -> None:
         # Once Prometheus has seen enough, stop while the next window is in flight: it must
@@ -255,7 +256,8 @@ def test_otlp_receiver_gets_probe_spans_with_the_recorded_token_times(session: S
         assert [e.time_unix_nano for e in events] == [t + session.offset_ns for t in state.stream.event_times_ns]
         assert span.start_time_unix_nano == state.stream.t_sent_ns + session.offset_ns
         assert a["gen_ai.operation.name"] == "text_completion"
-        assert a["gen_ai.request.max_tokens"] == PROBE_TOKENS
+        # the probes' own max_tokens: PROBE_TOKENS, or fewer for one restarted to end with the others
+        assert a["gen_ai.request.max_tokens"] == state.stream.max_tokens and 0 < state.stream.max_tokens <= PROBE_TOKENS
         assert a["gen_ai.usage.input_tokens"] == 4096
         assert a["gen_ai.usage.output_tokens"] == state.stream.n_tokens
         assert span.parent_span_id == b""  # its own trace

@@ -144,3 +144,23 @@ def _check_bounded_labels(runner) -> None:  # type: ignore[no-untyped-def]
                 if allowed[label] is not None:
                     assert val in allowed[label], (sample.name, label, val)
     assert set(GRID_LABELS) <= set(allowed)
+
+
+async def test_a_probe_silent_past_the_read_timeout_is_counted_and_restarted() -> None:
+    fault = Fault("stall", on="probe", skip=4, at_token=20)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine, \
+            live(engine.url, read_timeout_s=1.0) as (runner, task):
+        await until(lambda: value(runner, "pdexporter_errors_total", kind="timeout") >= 1, 60, "a read timeout")
+        windows = runner.windows_seen
+        await until(lambda: runner.windows_seen > windows, 60, "windows after the stalled probe")
+        assert fault.hits == 1 and not task.done()
+
+
+async def test_a_prefill_longer_than_max_model_len_is_a_setting_error_not_a_wait() -> None:
+    from pdexporter.errors import ConfigError
+
+    async with ScriptedEngine(cadence_s=CADENCE, max_model_len=60) as engine:
+        with pytest.raises(ConfigError, match="--prefill-tokens 64: 64 prompt tokens .* max_model_len 60"):
+            async with live(engine.url) as (_, task):
+                await asyncio.wait_for(asyncio.shield(task), 30)
+        assert engine.completion_calls == 0
