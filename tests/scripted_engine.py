@@ -31,6 +31,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from aiohttp import web
 
@@ -97,7 +98,7 @@ class ScriptedEngine:
     _counters: dict[str, float] = field(default_factory=dict)
     _restarting: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> ScriptedEngine:
+    async def __aenter__(self) -> Self:
         self.port = self.port or free_port()
         await self._serve()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -189,7 +190,7 @@ class ScriptedEngine:
             return f"{match.group(1)} {live[name]}"
 
         pattern = r"^((" + "|".join(re.escape(n) for n in _LIVE_SERIES) + r")\{[^}]*\}) (\S+)$"
-        return re.sub(pattern, sub, METRICS, flags=re.M)
+        return re.sub(pattern, sub, METRICS, flags=re.MULTILINE)
 
     # --- completions ---------------------------------------------------------------------------
 

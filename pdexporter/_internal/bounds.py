@@ -28,11 +28,11 @@ __all__ = ["MAX_DECODE_BATCH", "MAX_REPS", "MAX_RETRIES", "MAX_SECONDS", "MAX_TO
            "prompt_fit_problem"]
 
 
-def out_of_bounds(value: int | float, low: int | float, high: int | float) -> str | None:
+def out_of_bounds(value: float, low: float, high: float) -> str | None:
     """`must be between low and high` when `value` is not (None when it is)."""
     if low <= value <= high:
         return None
-    def show(x: int | float) -> str:
+    def show(x: float) -> str:
         return str(x) if isinstance(x, int) else f"{x:g}"
 
     return f"must be between {show(low)} and {show(high)}"

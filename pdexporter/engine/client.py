@@ -68,6 +68,8 @@ def resolve_api_key(api_key_file: str | os.PathLike[str] | None = None) -> str |
             token = path.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"--api-key-file {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError:
+            raise ConfigError(f"--api-key-file {path}: not UTF-8 text") from None
         if not token:
             raise ConfigError(f"--api-key-file {path}: file is empty")
         return token

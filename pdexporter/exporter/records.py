@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.measure.driver import EngineInfo
-from pdexporter.measure.point import PointSpec, append_rep, check_resumable, record_config, rep_record, resumable_reps
+from pdexporter.measure.point import (
+    PointSpec,
+    append_rep,
+    check_resumable,
+    record_config,
+    rep_record,
+    resumable_reps,
+)
 from pdexporter.measure.protocol import InterferenceRun
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore

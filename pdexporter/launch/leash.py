@@ -40,7 +40,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run by path (`python -I`): the package is found beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pdexporter._internal.procs import die_with_parent  # noqa: E402 - the standard library only
+from pdexporter._internal.procs import die_with_parent  # the standard library only
 
 
 def _stop_group(pid: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
@@ -139,8 +139,9 @@ def main(argv: list[str]) -> int:
         argv = argv[1:]
     channel = socket.socket(fileno=0)
     try:
-        engine = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,  # noqa: PLW1509
-                                  preexec_fn=die_with_parent(signal.SIGTERM))  # only prctl in the child
+        # preexec_fn only calls prctl in the child (die_with_parent); the leash has no other thread
+        engine = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                  preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509
     except OSError as exc:
         channel.sendall(f"error {exc.strerror or exc}\n".encode())
         return 127

@@ -69,9 +69,10 @@ class SimLauncher:
             *self.extra_args,
         ]
         with log_path.open("ab") as log:
-            self._proc = subprocess.Popen(  # noqa: PLW1509 - preexec_fn only calls prctl (die_with_parent)
+            # preexec_fn only calls prctl in the child (die_with_parent): nothing a thread could hold
+            self._proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=die_with_parent(signal.SIGTERM),
+                preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
             )
         deadline = time.monotonic() + self.start_timeout_s
         while not ready.exists():

@@ -24,6 +24,7 @@ Exit code 0 when both hold, 1 otherwise (the figures are printed either way).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
@@ -37,8 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pdexporter._internal.durations import parse_duration  # noqa: E402
-from tests.helpers import free_port  # noqa: E402
+import itertools
+
+from pdexporter._internal.durations import parse_duration
+from tests.helpers import free_port
 
 
 @dataclass
@@ -69,8 +72,8 @@ def proc_sample(pid: int) -> ProcSample | None:
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    rss = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
-    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
+    rss = int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE).group(1)) / 1024  # type: ignore[union-attr]
+    threads = int(re.search(r"^Threads:\s+(\d+)", status, re.MULTILINE).group(1))  # type: ignore[union-attr]
     ticks = os.sysconf("SC_CLK_TCK")
     return ProcSample(rss, fds, threads, (int(stat[11]) + int(stat[12])) / ticks)
 
@@ -89,7 +92,7 @@ def children(pid: int) -> list[int]:
 def scrape(url: str) -> dict[str, float]:
     """Sums of the series this benchmark reads (over their labels), and the current up reason."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+        with urllib.request.urlopen(url, timeout=5) as resp:
             text = resp.read().decode()
     except OSError:
         return {}
@@ -198,12 +201,12 @@ def verdicts(samples: list[Sample], args: argparse.Namespace) -> bool:
         second = [(s.t_s, getattr(s, who).rss_mb) for s in half if getattr(s, who)]
         a, b = slope_mb_per_min(first), slope_mb_per_min(second)
         rss = [getattr(s, who).rss_mb for s in samples if getattr(s, who)]
-        level = b <= max(0.25, 0.25 * a) if a == a and b == b else False
+        level = b <= max(0.25, 0.25 * a) if not (math.isnan(a) or math.isnan(b)) else False
         ok &= level
         print(f"{who}: RSS {rss[0]:.1f} -> {rss[-1]:.1f} MB (max {max(rss):.1f}); growth {a:+.2f} MB/min in the "
               f"first half, {b:+.2f} MB/min in the second: {'levels off' if level else 'STILL GROWING'}")
     needed = args.sample_every / (2 * period_s)
-    starved = [(s.t_s / 60, s.windows - p.windows) for p, s in zip(samples[1:], samples[2:])
+    starved = [(s.t_s / 60, s.windows - p.windows) for p, s in itertools.pairwise(samples)
                if s.windows - p.windows < needed]
     total_min = (samples[-1].t_s - samples[1].t_s) / 60 if len(samples) > 2 else 0
     rate = (samples[-1].windows - samples[1].windows) / total_min if total_min else float("nan")

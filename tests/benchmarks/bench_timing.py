@@ -30,19 +30,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pdexporter.engine.client import EngineClient  # noqa: E402
-from pdexporter.engine.sse import SSEEvent  # noqa: E402
-from pdexporter.engine.stream import TokenStream  # noqa: E402
-from pdexporter.launch import SimLauncher  # noqa: E402
-from pdexporter.measure.driver import EngineInfo, HttpDriver  # noqa: E402
-from pdexporter.measure.point import PointSpec, measure_point  # noqa: E402
-from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes  # noqa: E402
-from pdexporter.measure.store import ResultsStore  # noqa: E402
-from pdexporter.sim.profile import load_profile  # noqa: E402
-from pdexporter.sim.server import SEND_STAMPS_HEADER, sent_ns  # noqa: E402
-from pdexporter.sim.steptime import StepTimeModel  # noqa: E402
-from pdexporter.engine.iterlog import IterationLogTail  # noqa: E402
-from pdexporter.engines import adapter  # noqa: E402
+import itertools
+
+from pdexporter.engine.client import EngineClient
+from pdexporter.engine.iterlog import IterationLogTail
+from pdexporter.engine.sse import SSEEvent
+from pdexporter.engine.stream import TokenStream
+from pdexporter.engines import adapter
+from pdexporter.launch import SimLauncher
+from pdexporter.measure.driver import EngineInfo, HttpDriver
+from pdexporter.measure.point import PointSpec, measure_point
+from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes
+from pdexporter.measure.store import ResultsStore
+from pdexporter.sim.profile import load_profile
+from pdexporter.sim.server import SEND_STAMPS_HEADER, sent_ns
+from pdexporter.sim.steptime import StepTimeModel
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 B, D, P = 8192, 4, 32768
@@ -90,7 +92,7 @@ async def run(out: Path, reps: int) -> None:
     half_step_ns = modelled * 1e6 / 2
     engine_made = client_made = pairs = 0
     for events in stamps.by_stream.values():
-        for (t0, s0), (t1, s1) in zip(events, events[1:]):
+        for (t0, s0), (t1, s1) in itertools.pairwise(events):
             if s0 is None or s1 is None:
                 continue
             pairs += 1

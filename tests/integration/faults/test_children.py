@@ -159,7 +159,7 @@ def test_a_released_engine_is_adopted_and_then_goes_with_its_new_owner(tmp_path:
     it, and when that one is killed with SIGKILL the engine goes with it."""
     port = free_port()
     sweep = _local_sweep(tmp_path, port)
-    first = subprocess.run([sys.executable, "-m", "pdexporter", "sweep", str(sweep), "--deadline", "25",
+    first = subprocess.run([sys.executable, "-m", "pdexporter", "sweep", str(sweep), "--deadline", "25",  # noqa: PLW1510
                             "--reps", "200"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=180)
     assert first.returncode == 5, first.stderr  # stopped at the deadline
     state = _state(tmp_path)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
 from tests.integration.faults.faultkit import B, D, P, error_line, record, sweep
 from tests.scripted_engine import Fault, ScriptedEngine
-from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -61,10 +61,11 @@ async def test_sim_sweep_never_writes_outside_results(tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text(GRID + "name: small\nreps: 1\n")
     before = set(os.listdir(tmp_path))
-    from tests.integration.faults.faultkit import ROOT
-    from tests.helpers import cli_env
     import asyncio
     import sys
+
+    from tests.helpers import cli_env
+    from tests.integration.faults.faultkit import ROOT
 
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "pdexporter", "sim", "sweep", str(good),
                                                 cwd=work, env=cli_env(), stdout=asyncio.subprocess.PIPE,
@@ -96,3 +97,23 @@ async def test_a_record_out_of_bounds_is_one_line_naming_it_in_export_table_and_
         assert code == 2, err
         line = error_line(err)
         assert line == f"pdexporter: error: {bad}: config.chunk_size: must be <= 10000000 (got 99999999999999999999)"
+
+
+async def test_a_record_that_is_not_utf8_is_one_line_naming_it(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    (results / "2048").mkdir(parents=True)
+    bad = results / "2048" / "D1_P64.json"
+    bad.write_bytes(b'{"config": "caf\xe9"}')
+    code, _, err, _ = await run_cli("export-table", str(results))
+    assert code == 2
+    assert error_line(err) == f"pdexporter: error: {bad}: not UTF-8 text (byte 0xe9 at offset 15)"
+
+
+async def test_read_timeout_options_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    path = tmp_path / "ok.yaml"
+    path.write_text(GRID)
+    code, _, err, _ = await run_cli("sweep", str(path), "--read-timeout", "soon", "--out", str(tmp_path / "out"))
+    assert code == 2 and "--read-timeout 'soon': expected a duration" in error_line(err)
+    code, _, err, _ = await run_cli("run", "--read-timeout", "0s", "--listen", "127.0.0.1:0")
+    assert code == 2 and "--read-timeout '0s': must be > 0" in error_line(err)
+    assert not (tmp_path / "out").exists()
