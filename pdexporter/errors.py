@@ -36,6 +36,10 @@ class EngineUnreachable(EngineError):
     """Connection refused, DNS failure, or the engine went away."""
 
 
+class EngineRefused(EngineUnreachable):
+    """No connection could be made at all (refused, no such host): the engine is not there."""
+
+
 class EngineTimeout(EngineError):
     """No answer (or no next token) within the allowed time."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -32,3 +33,42 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 def seed_record_example() -> dict[str, Any]:
     """The seed's "Per-Run Record" example, verbatim (a fresh copy each call)."""
     return json.loads((FIXTURES / "seed" / "per-run-record.json").read_text())
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of a process (Linux: /proc/PID/task/*/children)."""
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as handle:
+                out += [int(c) for c in handle.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(predicate, timeout_s: float, step_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+    """Poll `predicate` until it holds (True) or `timeout_s` passed (False)."""
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return bool(predicate())
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for `python -m pdexporter` children: this checkout first on the path."""
+    root = str(Path(__file__).resolve().parents[1])
+    return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}

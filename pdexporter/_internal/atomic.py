@@ -2,6 +2,12 @@
 
 Results are the product; a sweep killed mid-write must not leave a truncated record behind.
 Write to a temporary file in the same directory, fsync, then `os.replace` (atomic on POSIX).
+
+A writer killed between the two leaves its temporary file. They are named so that they can be
+recognised and told apart: `.{target name}.pdx-{writer pid}-{its start time}-{random}.tmp`, and
+`clean_stale` (called by every command that writes results, before it does) removes those whose
+writer is no longer running, and the nameless ones (`.{target}.{8 random}.tmp`) that pdexporter
+wrote before it named them, once they are an hour old.
 """
 
 from __future__ import annotations
@@ -9,9 +15,28 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+from pdexporter._internal.procs import process_start_ticks, same_process
+
+TMP_RE = re.compile(r"^\..+\.pdx-(?P<pid>\d+)-(?P<start>\d+|x)-[a-z0-9_]+\.tmp$")
+LEGACY_TMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")  # mkstemp's names, before they carried the writer
+LEGACY_TMP_AGE_S = 3600.0
+_writer: tuple[int, str] | None = None  # (pid, "pid-start") of this process, once asked
+
+
+def _writer_tag() -> str:
+    """`{pid}-{start ticks}` of this process (recomputed after a fork)."""
+    global _writer
+    pid = os.getpid()
+    if _writer is None or _writer[0] != pid:
+        start = process_start_ticks(pid)
+        _writer = (pid, f"{pid}-{'x' if start is None else start}")
+    return _writer[1]
 
 
 def _umask() -> int:
@@ -26,7 +51,7 @@ _FILE_MODE = 0o666 & ~_umask()  # what open() would give; mkstemp's 0600 would h
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.pdx-{_writer_tag()}-", suffix=".tmp", dir=target.parent)
     try:
         os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
@@ -60,3 +85,37 @@ def atomic_write_json_gz(path: str | os.PathLike[str], obj: Any) -> Path:
 def read_json_gz(path: str | os.PathLike[str]) -> Any:
     with gzip.open(path, "rb") as handle:
         return json.loads(handle.read())
+
+
+def is_stale_tmp(path: Path, now_s: float | None = None) -> bool:
+    """A temporary file of `atomic_write_bytes` whose writer is gone (module docs)."""
+    match = TMP_RE.match(path.name)
+    if match:
+        start = match.group("start")
+        return not same_process(int(match.group("pid")), None if start == "x" else int(start))
+    if LEGACY_TMP_RE.match(path.name):
+        try:
+            age = (time.time() if now_s is None else now_s) - path.stat().st_mtime
+        except OSError:
+            return False
+        return age > LEGACY_TMP_AGE_S
+    return False
+
+
+def clean_stale(root: str | os.PathLike[str]) -> list[Path]:
+    """Remove the stale temporary files under `root` (module docs); returns what was removed."""
+    removed: list[Path] = []
+    base = Path(root)
+    if not base.is_dir():
+        return removed
+    for dirpath, _, files in os.walk(base):
+        for name in files:
+            if name.startswith(".") and name.endswith(".tmp"):
+                path = Path(dirpath) / name
+                if is_stale_tmp(path):
+                    try:
+                        path.unlink()
+                        removed.append(path)
+                    except FileNotFoundError:
+                        pass
+    return removed

@@ -74,6 +74,7 @@ def _first(errors: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
 _WHAT = {
     "missing": "required field is missing",
     "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "int_parsing_size": "is far too large",
     "float_type": "must be a number", "float_parsing": "must be a number",
     "bool_type": "must be true or false", "bool_parsing": "must be true or false",
     "string_type": "must be a string", "list_type": "must be a list", "dict_type": "must be a mapping",

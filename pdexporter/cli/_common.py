@@ -45,6 +45,11 @@ def duration_option(flag: str, help: str) -> Any:
     return typer.Option(flag, metavar=DURATION, help=f"{help} ({DURATION_SYNTAX}).")
 
 
+ReadTimeoutOpt = Annotated[
+    str | None, duration_option("--read-timeout", "Longest silence allowed inside an engine stream (default 300s)"),
+]
+
+
 def seconds(text: str, flag: str, *, positive: bool = False) -> float:
     """A duration option's value in seconds; one line naming `flag` if it is not one (or is 0
     where `positive`)."""

@@ -15,6 +15,7 @@ from pdexporter.cli._common import (
     GpuOpt,
     ModelOpt,
     ProfileOpt,
+    ReadTimeoutOpt,
     TargetOpt,
     api_key,
     console,
@@ -25,8 +26,9 @@ from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter._internal.text import plural
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.driver import http_driver
-from pdexporter.measure.point import PointSpec, measure_point
-from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes
+from pdexporter.engine.client import read_timeout_seconds
+from pdexporter.measure.point import PointSpec, check_reps, measure_point
+from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
 
@@ -47,6 +49,7 @@ def measure(
     gpu: GpuOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     profile: ProfileOpt = DEFAULT_PROFILE,
+    read_timeout: ReadTimeoutOpt = None,
     decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length (tokens).")] = 4096,
     decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe decodes.")] = 256,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm the prefill shape first.")] = True,
@@ -54,10 +57,14 @@ def measure(
 ) -> None:
     """Measure one interference point and write results/{chunk}/D{d}_P{p}.json."""
     spec = PointSpec(chunk_size, decode_batch_size, new_prefill_tokens).validate()
-    settings = ProtocolSettings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
+    check_reps(reps)
+    settings = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
+    read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
+    settings = settings.with_read_timeout(read_timeout_s)
     token = api_key(api_key_file)
     store = ResultsStore(out)
-    record = run_async(_measure(spec, settings, reps, store, target, model, gpu, token, profile, warmup, resume),
+    record = run_async(_measure(spec, settings, reps, store, target, model, gpu, token, profile, warmup, resume,
+                                read_timeout_s),
                        interrupted=lambda: _interrupted(store, spec))
     _print_record(record, store.record_path(*record.key))
 
@@ -76,12 +83,14 @@ def _interrupted(store: ResultsStore, spec: PointSpec) -> str:
 
 async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store: ResultsStore, target: str | None,
                    model: str | None, gpu: str | None, token: str | None, profile: str, warmup: bool,
-                   resume: bool) -> RunRecord:
+                   resume: bool, read_timeout_s: float | None) -> RunRecord:
+    store.clean_stale()  # temporary files of a killed earlier run
     launcher = make_launcher(target, chunk_size=spec.chunk_size, profile=profile, gpu=gpu,
                              log_dir=store.engine_dir(spec.chunk_size) if not target else None)
     try:
         handle = await launcher.start(spec.chunk_size)
-        async with http_driver(handle, model=model, api_key=token, gpu=gpu) as driver:
+        async with http_driver(handle, model=model, api_key=token, gpu=gpu, read_timeout_s=read_timeout_s) as driver:
+            driver.info.check_fits(spec, settings)
             if driver.info.modelled:
                 console.print(f"[yellow]{driver.info.note}[/]")
             with Progress(

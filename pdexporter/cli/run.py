@@ -16,6 +16,7 @@ from pdexporter.cli._common import (
     ApiKeyFileOpt,
     ModelOpt,
     ProfileOpt,
+    ReadTimeoutOpt,
     TargetOpt,
     api_key,
     console,
@@ -35,7 +36,9 @@ from pdexporter.exporter.config import (
     build_config,
     parse_duration,
 )
+from pdexporter.engine.client import read_timeout_seconds
 from pdexporter.exporter.server import parse_listen
+from pdexporter.exporter.startup import parse_engine_wait
 from pdexporter.exporter.runner import Runner
 from pdexporter.measure.protocol import ProtocolSettings
 
@@ -83,6 +86,10 @@ def run(
     attribution_wait: Annotated[str, duration_option(
         "--attribution-wait", "Passive mode: longest wait for a request's trace (it comes when the request "
         "finishes)")] = "30s",
+    engine_wait: Annotated[str, duration_option(
+        "--engine-wait", "How long to wait for the engine at start-up, exporting pdexporter_up 0 meanwhile: "
+        "'forever' or a duration")] = "forever",
+    read_timeout: ReadTimeoutOpt = None,
 ) -> None:
     """Keep D probe decode streams on an engine, perturb them with prefills, export what they see."""
     config = parse_run_options(
@@ -90,6 +97,7 @@ def run(
         new_prefill_tokens=new_prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
         scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
         decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
+        engine_wait=engine_wait, read_timeout=read_timeout,
     )
     token = api_key(api_key_file)
     asyncio.run(_serve(config, token))
@@ -112,6 +120,8 @@ def parse_run_options(
     decode_output_tokens: int,
     passive: bool = False,
     attribution_wait: str = "30s",
+    engine_wait: str = "forever",
+    read_timeout: str | None = None,
 ) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
     if decode_batch_size < 1:
@@ -144,6 +154,7 @@ def parse_run_options(
     except ValidationError as exc:
         raise ConfigError(f"--decode-output-tokens {decode_output_tokens}: "
                           f"{format_validation_error(exc, ProtocolSettings)}") from exc
+    read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
     duration_s = None if duration is None else parse_duration(duration, "--duration")
     if duration_s is not None and duration_s <= 0:
         raise ConfigError(f"--duration {duration!r}: must be > 0")
@@ -161,9 +172,11 @@ def parse_run_options(
         profile=profile,
         duration_s=duration_s,
         scrape_interval_s=parse_duration(scrape_interval, "--scrape-interval"),
-        protocol=protocol,
+        protocol=protocol.with_read_timeout(read_timeout_s),
         passive=passive,
         attribution_wait_s=parse_duration(attribution_wait, "--attribution-wait"),
+        engine_wait_s=parse_engine_wait(engine_wait),
+        read_timeout_s=read_timeout_s,
     )
 
 
@@ -181,7 +194,7 @@ async def _progress(runner: Runner, duration_s: float) -> None:
         while True:
             tokens = runner.metrics.probe_tokens._value.get()  # type: ignore[attr-defined]
             bar.update(task, completed=min(duration_s, asyncio.get_running_loop().time() - start),
-                       status=f"{len(runner.windows)} window(s), {tokens:.0f} probe tokens")
+                       status=f"{runner.windows_seen} window(s), {tokens:.0f} probe tokens")
             await asyncio.sleep(0.5)
 
 
@@ -221,5 +234,5 @@ async def _serve(config: ExporterConfig, token: str | None) -> None:
             await asyncio.gather(bar, return_exceptions=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-    console.print(f"stopped after {len(runner.windows)} window(s)", highlight=False)
+    console.print(f"stopped after {runner.windows_seen} window(s)", highlight=False)
     sys.stdout.flush()

@@ -19,15 +19,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich import box
 from rich.table import Table
 
-from pdexporter.cli._common import DEFAULT_PROFILE, ApiKeyFileOpt, api_key, console, duration_option, seconds
+from pdexporter.cli._common import (
+    DEFAULT_PROFILE,
+    ApiKeyFileOpt,
+    ReadTimeoutOpt,
+    api_key,
+    console,
+    duration_option,
+    seconds,
+)
 from pdexporter.cli._vocab import B_FLAGS
+from pdexporter.engine.client import read_timeout_seconds
 from pdexporter.errors import ConfigError
 from pdexporter.measure.records import RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import PHASES, Deadline, Key, SweepController, SweepObserver, SweepReport
 from pdexporter.launch.providers import make_providers
 from pdexporter.sweep.plan import ConfigStatus
-from pdexporter.sweep.spec import SimLauncherSpec, SweepSpec, load_sweep
+from pdexporter.sweep.spec import SimLauncherSpec, SweepSpec, load_sweep, prediction_root
 
 EXIT_DEADLINE = 5
 EXIT_INCOMPLETE = 4  # as a MeasurementError: some configurations could not be measured
@@ -89,14 +98,17 @@ def sweep(
     ] = None,
     api_key_file: ApiKeyFileOpt = None,
     chunk_index: ChunkIndexOpt = None,
+    read_timeout: ReadTimeoutOpt = None,
 ) -> None:
     """Run the grid of a sweep file: engine per chunk size, warm-up, Phase 1, Phase 2 x reps; resumable."""
     started = time.monotonic()
     deadline_s = None if deadline is None else seconds(deadline, "--deadline", positive=True)
     overrides: dict[str, Any] = {}
-    flags = {"launcher.clock": "--clock", "cooldown.seconds": "--cooldown"}
+    flags = {"launcher.clock": "--clock", "cooldown.seconds": "--cooldown", "read_timeout_s": "--read-timeout"}
     if cooldown is not None:
         overrides["cooldown.seconds"] = seconds(cooldown, "--cooldown")
+    if read_timeout is not None:
+        overrides["read_timeout_s"] = read_timeout_seconds(read_timeout)
     if clock is not None:
         overrides["launcher.clock"] = clock
     if target is None and chunk_size is not None:
@@ -134,8 +146,7 @@ def sim_sweep(
     spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual",
                                                              "kv_role": role, "engines": engines}}, chunk_index,
                  {"launcher.profile": "--profile"})
-    name = spec.name or sweep_file.stem
-    store = ResultsStore(out or Path("results") / "sim" / profile / name)
+    store = ResultsStore(out or prediction_root(profile, spec.name or sweep_file.stem))
     report = _run(spec, store, deadline=None, keep_engine=False, token=None)
     _finish(spec, store, report)
 
@@ -300,12 +311,12 @@ class ProgressObserver(SweepObserver):
         self.progress.stop()
 
     async def start_exporter(self, listen: str) -> Any:
-        from pdexporter.exporter.metrics import ExporterMetrics
+        from pdexporter.exporter.metrics import ExporterMetrics, set_up
         from pdexporter.exporter.server import metrics_app, parse_listen, start_metrics_server
 
         host, port = parse_listen(listen)
         self.metrics = ExporterMetrics()
-        self.metrics.up.set(1)
+        set_up(self.metrics, "ok")
         runner, bound = await start_metrics_server(metrics_app(self.metrics.registry, title="pdexporter sweep"), host, port)
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.exporter_url = f"http://{shown}:{bound}/metrics"

@@ -69,12 +69,7 @@ async def engine_facts(handle: EngineHandle, *, embedded: bool, model: str | Non
 
 
 async def _models(client: EngineClient) -> list[dict[str, Any]]:
-    text = await client.get_text("/v1/models", retry=False)
-    try:
-        data = json.loads(text)["data"]
-        return [dict(m) for m in data if isinstance(m, Mapping)]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise EngineError(f"not an OpenAI model list: {body_reason(text, 120)}") from exc
+    return await client.model_entries(retry=False)
 
 
 async def _stream(client: EngineClient, model: str) -> dict[str, Any]:

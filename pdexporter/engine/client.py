@@ -12,7 +12,7 @@ Timing rules learnt on a real vLLM (docs/vllm-facts.md):
   records which clock its stamps came from (`TokenStream.stamp_clock`);
 - request bodies are encoded by `encode_body` *before* a measured window opens; `stream_into`
   only sends bytes;
-- retries (tenacity) only where repeating is harmless: GETs, and stream starts outside a window
+- retries only where repeating is harmless: GETs (tenacity), and stream starts outside a window
   that failed before a single byte came back. A request inside a window is never retried.
 """
 
@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from pdexporter._internal.bounds import MAX_SECONDS
+from pdexporter._internal.durations import parse_duration
 from pdexporter._internal.text import body_reason
 from pdexporter.engine.http1 import request_bytes
 from pdexporter.engine.kstamp import RxTransport, Target
@@ -40,11 +42,14 @@ from pdexporter.errors import (
     ConfigError,
     EngineError,
     EngineHTTPError,
+    EngineRefused,
     EngineTimeout,
     EngineUnreachable,
     SSEProtocolError,
 )
 
+# Stream starts outside a window that failed before any event came back: retried after these.
+RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S = 0.25, 4.0
 API_KEY_ENV_VARS = ("PDEXPORTER_API_KEY", "OPENAI_API_KEY")
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
@@ -63,6 +68,8 @@ def resolve_api_key(api_key_file: str | os.PathLike[str] | None = None) -> str |
             token = path.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ConfigError(f"--api-key-file {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError:
+            raise ConfigError(f"--api-key-file {path}: not UTF-8 text") from None
         if not token:
             raise ConfigError(f"--api-key-file {path}: file is empty")
         return token
@@ -121,6 +128,14 @@ class ClientTimeouts:
     connect_s: float = 10.0
     read_s: float = 300.0  # longest silence allowed inside a stream (a 32K prefill on a slow GPU)
     request_s: float = 30.0  # whole non-streaming request (health, models, metrics)
+
+
+def read_timeout_seconds(text: str, option: str = "--read-timeout") -> float:
+    """`ClientTimeouts.read_s` from a duration (`_internal.durations`), within (0, one week]."""
+    seconds = parse_duration(text, option)
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ConfigError(f"{option} {text!r}: must be > 0 and at most {MAX_SECONDS:g} s (one week)")
+    return seconds
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -251,7 +266,7 @@ class EngineClient:
                         raise EngineHTTPError(url, resp.status, error_message_from_body(body))
                     return body.decode("utf-8", "replace")
             except aiohttp.ClientConnectorError as exc:
-                raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+                raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                 raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
             except TimeoutError as exc:
@@ -274,23 +289,33 @@ class EngineClient:
             await asyncio.sleep(poll_s)
         raise EngineTimeout(f"{self.url('/health')}: engine not healthy within {timeout_s:g} s")
 
-    async def models(self) -> list[str]:
-        text = await self.get_text("/v1/models")
+    async def model_entries(self, *, retry: bool = True) -> list[dict[str, Any]]:
+        """The entries of `/v1/models` (id, and vLLM's `max_model_len`), one line if it is not a list."""
+        text = await self.get_text("/v1/models", retry=retry)
         try:
-            data = json.loads(text)
-            return [str(item["id"]) for item in data["data"]]
+            data = json.loads(text)["data"]
+            return [dict(m) for m in data if isinstance(m, Mapping) and "id" in m]
         except (ValueError, KeyError, TypeError) as exc:
             raise EngineError(f"{self.url('/v1/models')}: not an OpenAI model list: {body_reason(text, 120)}") from exc
 
-    async def resolve_model(self, model: str | None) -> str:
-        served = await self.models()
+    async def models(self) -> list[str]:
+        return [str(m["id"]) for m in await self.model_entries()]
+
+    async def served_model(self, model: str | None) -> tuple[str, int | None]:
+        """The model to use (`model`, or the engine's first) and its max_model_len, if published."""
+        entries = await self.model_entries()
+        served = [str(m["id"]) for m in entries]
         if model is None:
             if not served:
                 raise EngineError(f"{self.url('/v1/models')}: the engine serves no model")
-            return served[0]
-        if model not in served:
+            model = served[0]
+        elif model not in served:
             raise ConfigError(f"--model {model!r}: the engine serves {', '.join(served) or 'nothing'}")
-        return model
+        length = entries[served.index(model)].get("max_model_len")
+        return model, length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+    async def resolve_model(self, model: str | None) -> str:
+        return (await self.served_model(model))[0]
 
     async def scrape_metrics(self, *, retry: bool = True) -> MetricsSnapshot:
         t_ns = self.clock()
@@ -312,7 +337,7 @@ class EngineClient:
                 if resp.status >= 400:
                     raise EngineHTTPError(url, resp.status, error_message_from_body(raw))
         except aiohttp.ClientConnectorError as exc:
-            raise EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}") from exc
+            raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
         except TimeoutError as exc:
@@ -336,23 +361,34 @@ class EngineClient:
         """
         if not retry_connect:
             return await self._stream_once(path, body, stream, headers)
-        async for state in AsyncRetrying(
-            stop=stop_after_attempt(self.retries),
-            wait=wait_exponential(multiplier=0.25, max=4.0),
-            retry=retry_if_exception(lambda exc: _retryable(exc) and not stream.event_times_ns),
-            reraise=True,
-        ):
-            with state:
-                stream.reopen()
-                return await self._stream_once(path, body, stream, headers)
+        # A failed attempt is not recorded on the stream until no retry follows: whoever watches
+        # the stream (a window waiting on its probes) must not see a failure that is retried.
+        delay_s = RETRY_FIRST_DELAY_S
+        for attempt in range(1, max(1, self.retries) + 1):
+            stream.reopen()
+            try:
+                return await self._stream_once(path, body, stream, headers, record_failure=False)
+            except EngineError as exc:
+                if attempt >= self.retries or stream.event_times_ns or not _retryable(exc):
+                    stream.fail(self.clock(), exc)
+                    raise
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, RETRY_MAX_DELAY_S)
         raise AssertionError("unreachable")
 
     async def _stream_once(self, path: str, body: bytes, stream: TokenStream,
-                           headers: Mapping[str, str] | None = None) -> TokenStream:
+                           headers: Mapping[str, str] | None = None, *, record_failure: bool = True) -> TokenStream:
+        """One exchange. A failure raises; with `record_failure` it is also recorded on the stream
+        (`TokenStream.fail`), else the caller records it once it decided not to retry."""
         rx = self._rx_transport()
-        if rx is not None:
-            return await self._stream_once_rx(rx, path, body, stream, headers)
-        return await self._stream_once_aiohttp(path, body, stream, headers)
+        try:
+            if rx is not None:
+                return await self._stream_once_rx(rx, path, body, stream, headers)
+            return await self._stream_once_aiohttp(path, body, stream, headers)
+        except EngineError as exc:
+            if record_failure:
+                stream.fail(self.clock(), exc)
+            raise
 
     async def _stream_once_rx(self, rx: RxTransport, path: str, body: bytes, stream: TokenStream,
                               headers: Mapping[str, str] | None = None) -> TokenStream:
@@ -376,27 +412,21 @@ class EngineClient:
                                     self._headers(json_body=True, extra=headers), body)
         except ValueError as exc:
             raise ConfigError(f"request headers for {url}: {exc}") from exc
-        try:
-            await rx.stream(
-                target, request, on_body,
-                arrival_clock=self.arrival_clock,
-                on_sent=lambda: stream.mark_sent(self.clock()),
-                connect_s=self.timeouts.connect_s,
-                read_s=self.timeouts.read_s,
-            )
-            if not decoder.done:
-                events = parser.close()
-                if events:
-                    stream.note_stamp_clock("read")
-                for event in events:
-                    self._apply(decoder, event, stream, self.clock())
-        except EngineError as exc:
-            stream.fail(self.clock(), exc)
-            raise
+        await rx.stream(
+            target, request, on_body,
+            arrival_clock=self.arrival_clock,
+            on_sent=lambda: stream.mark_sent(self.clock()),
+            connect_s=self.timeouts.connect_s,
+            read_s=self.timeouts.read_s,
+        )
         if not decoder.done:
-            error = SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
-            stream.fail(self.clock(), error)
-            raise error
+            events = parser.close()
+            if events:
+                stream.note_stamp_clock("read")
+            for event in events:
+                self._apply(decoder, event, stream, self.clock())
+        if not decoder.done:
+            raise SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
         stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
         return stream
 
@@ -433,25 +463,14 @@ class EngineClient:
                 for event in tail:
                     self._apply(decoder, event, stream, self.clock())
         except aiohttp.ClientConnectorError as exc:
-            error: EngineError = EngineUnreachable(f"cannot connect to {url}: {_reason(exc)}")
-            stream.fail(self.clock(), error)
-            raise error from exc
+            raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             where = "mid-stream" if got_bytes else "before the first byte"
-            error = EngineUnreachable(f"{url}: connection lost {where} ({_reason(exc)})")
-            stream.fail(self.clock(), error)
-            raise error from exc
+            raise EngineUnreachable(f"{url}: connection lost {where} ({_reason(exc)})") from exc
         except TimeoutError as exc:
-            error = EngineTimeout(f"{url}: no event for {self.timeouts.read_s:g} s")
-            stream.fail(self.clock(), error)
-            raise error from exc
-        except EngineError as exc:
-            stream.fail(self.clock(), exc)
-            raise
+            raise EngineTimeout(f"{url}: no event for {self.timeouts.read_s:g} s") from exc
         if not decoder.done:
-            error = SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
-            stream.fail(self.clock(), error)
-            raise error
+            raise SSEProtocolError(f"{url}: stream ended without 'data: [DONE]'")
         stream.finish(self.clock(), decoder.finish_reason, decoder.prompt_tokens)
         return stream
 

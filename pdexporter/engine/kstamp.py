@@ -49,7 +49,7 @@ from urllib.parse import urlsplit
 
 from pdexporter.engine.http1 import HttpFramingError, ResponseHead, ResponseReader
 from pdexporter.engine.sse import error_message_from_body
-from pdexporter.errors import EngineError, EngineHTTPError, EngineTimeout, EngineUnreachable
+from pdexporter.errors import EngineError, EngineHTTPError, EngineRefused, EngineTimeout, EngineUnreachable
 
 Clock = Callable[[], int]
 # (body bytes of one read, that read's stamp in perf_counter_ns, stamped by the kernel?) -> ended?
@@ -296,10 +296,10 @@ class RxTransport:
             self._addresses.pop(key, None)
             raise EngineTimeout(f"cannot connect to {target.url}: no answer within {connect_s:g} s") from exc
         except socket.gaierror as exc:
-            raise EngineUnreachable(f"cannot connect to {target.url}: {_reason(exc)}") from exc
+            raise EngineRefused(f"cannot connect to {target.url}: {_reason(exc)}") from exc
         self._addresses.pop(key, None)
         reason = _reason(last) if last is not None else "no address"
-        raise EngineUnreachable(f"cannot connect to {target.url}: {reason}") from last
+        raise EngineRefused(f"cannot connect to {target.url}: {reason}") from last
 
 
 class _Exchange:

@@ -74,8 +74,12 @@ def known_lines(text: str) -> str:
 
 
 def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:
-    """Parse Prometheus text exposition into canonical values; unknown series are ignored."""
-    return snapshot_from_families(text_string_to_metric_families(known_lines(text)), t_ns=t_ns, source=source)
+    """Parse Prometheus text exposition into canonical values; unknown series are ignored. A text
+    without one line of the known families is parsed whole, so that one that is not an exposition
+    at all (garbage, an HTML page) fails as it should, and not as an empty snapshot."""
+    known = known_lines(text)
+    families = text_string_to_metric_families(known if known.strip() or not text.strip() else text)
+    return snapshot_from_families(families, t_ns=t_ns, source=source)
 
 
 def snapshot_from_families(

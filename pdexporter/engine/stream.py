@@ -94,6 +94,12 @@ class TokenStream:
     error: BaseException | None = None
     t_finished_ns: int | None = None
     stamp_clock: StampClock | None = None
+    max_tokens: int | None = None  # what the request asked for, when the sender says
+
+    @property
+    def tokens_left(self) -> int | None:
+        """Tokens still to come (None when `max_tokens` is not known)."""
+        return None if self.max_tokens is None else self.max_tokens - self.n_tokens
 
     def note_stamp_clock(self, clock: StampClock) -> None:
         """Some of this stream's stamps come from `clock`: keep the least precise clock seen."""

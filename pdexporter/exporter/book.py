@@ -15,13 +15,12 @@ from typing import Any
 from pdexporter.exporter import timeline
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ProbeState
-from pdexporter.exporter.metrics import ExporterMetrics, error_kind
+from pdexporter.exporter.metrics import ExporterMetrics, error_kind, set_up
 from pdexporter.exporter.probes import FINISHED, STARTED, Lifecycle, ProbeLoop, drain
+from pdexporter.exporter.status import up_reason
 from pdexporter.exporter.tracing import NoTracing, Tracing
 from pdexporter.measure.protocol import InterferenceRun
 from pdexporter.measure.window import stream_phases, window_end_ns
-
-STALL_S = 10.0  # `pdexporter_up` drops when no probe token arrived for this long
 
 
 class ProbeBook:
@@ -41,6 +40,7 @@ class ProbeBook:
         # passive mode: the label of an interval ending at t (exporter.passive.PassiveTracker.phase_of)
         self.phase_of: Callable[[float], str] | None = None
         self._last_token_s = time.monotonic()
+        self.last_error: BaseException | None = None  # of the last probe that failed, until a token comes
 
     def healthy(self) -> bool:
         return self.probes is not None and self.probes.alive and self.probes.fatal is None
@@ -72,8 +72,12 @@ class ProbeBook:
             self.metrics.probe_timestamp_delay.observe(samples.popleft() / 1e9)
         open_probes = sum(1 for s in self.live.values() if s.stream.t_sent_ns is not None and not s.stream.done)
         self.metrics.probe_streams.set(open_probes)
-        fresh = time.monotonic() - self._last_token_s < STALL_S
-        self.metrics.up.set(1 if open_probes == self.config.probe_streams and fresh and self.healthy() else 0)
+        # A probe being (re)connected counts for `up`: it is there, just between two requests.
+        going = sum(1 for s in self.live.values() if not s.stream.done)
+        set_up(self.metrics, "stopping" if self.stopping else up_reason(
+            open_probes=going, wanted=self.config.probe_streams,
+            seconds_since_token=time.monotonic() - self._last_token_s, probe_thread_ok=self.healthy(),
+            last_error=self.last_error))
 
     # --- labels ----------------------------------------------------------------------------
 
@@ -88,6 +92,7 @@ class ProbeBook:
             self._absorb(state, self.hold_from)
             if item.stream.error is not None and not self.stopping:
                 self.metrics.errors.labels(kind=error_kind(item.stream.error)).inc()
+                self.last_error = item.stream.error
             self.end_stream(state, cancelled=not item.stream.done)
             del self.live[item.slot]
             self.finished.append(state)
@@ -97,6 +102,7 @@ class ProbeBook:
         if new_tokens:
             self.metrics.probe_tokens.inc(new_tokens)
             self._last_token_s = time.monotonic()
+            self.last_error = None
         # Intervals that end before any open window are decode-only: `baseline`.
         k = max(state.next_interval, self.params.warmup_tokens + 1)  # both ends past warm-up
         times = state.times
@@ -158,7 +164,7 @@ class ProbeBook:
             self.end_stream(state, cancelled=True)
         self.live.clear()
         self.metrics.probe_streams.set(0)
-        self.metrics.up.set(0)
+        set_up(self.metrics, "stopping")
 
     def _prune_finished(self) -> None:
         """Keep finished streams while their intervals can still enter a baseline or a window."""

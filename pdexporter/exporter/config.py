@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_SECONDS, MAX_TOKENS
 from pdexporter._internal.validation import format_option_error
 from pdexporter._internal.durations import parse_duration  # noqa: F401  (re-exported for the CLI)
 from pdexporter.errors import ConfigError
@@ -28,21 +29,26 @@ class ExporterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    probe_streams: int = Field(ge=1)
-    chunk_size: int = Field(ge=1)
+    probe_streams: int = Field(ge=1, le=MAX_DECODE_BATCH)
+    chunk_size: int = Field(ge=1, le=MAX_TOKENS)
     # "given" (--chunk-size, or the embedded engine's own), or "assumed": the engine adapter's
     # default for an engine whose max_num_batched_tokens nobody gave (vLLM does not publish it)
     chunk_size_source: Literal["given", "assumed"] = "given"
     target: str | None = None
-    inject_every_s: float | None = Field(default=None, gt=0)
-    prefill_tokens: int = Field(default=DEFAULT_PREFILL_TOKENS, ge=1)
+    inject_every_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    prefill_tokens: int = Field(default=DEFAULT_PREFILL_TOKENS, ge=1, le=MAX_TOKENS)
     listen_host: str = "0.0.0.0"
     listen_port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     out: Path | None = None
     model: str | None = None
     profile: str = "h200-qwen3-coder-30b-a3b"
-    duration_s: float | None = Field(default=None, gt=0)
-    scrape_interval_s: float = Field(default=5.0, gt=0)
+    duration_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    scrape_interval_s: float = Field(default=5.0, gt=0, le=MAX_SECONDS)
+    # How long to wait for the engine at start-up (`exporter.startup`); None: forever (a sidecar
+    # beside a vLLM that loads for 20 minutes must not crash-loop).
+    engine_wait_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    # The longest silence allowed inside an engine stream (`--read-timeout`); None: the client's 300 s.
+    read_timeout_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     # The baseline of a window: probe intervals of the last `baseline_span_s` of quiet time
     # before the injection; at least `min_baseline_intervals` of them, else the injection waits.
     baseline_span_s: float = Field(default=10.0, gt=0)
@@ -112,5 +118,7 @@ OPTION_NAMES = {
     "duration_s": "--duration",
     "scrape_interval_s": "--scrape-interval",
     "attribution_wait_s": "--attribution-wait",
+    "engine_wait_s": "--engine-wait",
+    "read_timeout_s": "--read-timeout",
 }
 

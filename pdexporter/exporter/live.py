@@ -214,7 +214,7 @@ class LoopDriver:
         return self.probes.prepare(tuple(prompt_token_ids), max_tokens, tag)
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
-        stream = TokenStream(f"{prepared.tag}-live-{next(self._ids)}", prepared.tag)
+        stream = TokenStream(f"{prepared.tag}-live-{next(self._ids)}", prepared.tag, max_tokens=prepared.max_tokens)
         self.probes.send(prepared, stream, retry_connect=retry_connect)
         self.sent += 1
         if self.on_send is not None:

@@ -32,6 +32,10 @@ DELAY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0
 PREFILL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
 
 UP = f"{PREFIX}_up"
+UP_REASON = f"{PREFIX}_up_reason"
+# Why `pdexporter_up` is what it is (exporter.status): one of these is 1, the others 0.
+UP_REASONS = ("ok", "starting", "engine-unreachable", "engine-timeout", "engine-http-error", "engine-protocol-error",
+              "probes-stalled", "probes-restarting", "stopping")
 BUILD_INFO = f"{PREFIX}_build_info"
 ENGINE_INFO = f"{PREFIX}_engine_info"
 PROBE_STREAMS = f"{PREFIX}_probe_streams"
@@ -67,6 +71,8 @@ TRACE_EXPORTS = f"{PREFIX}_trace_exports_total"
 PASSIVE_OUTCOMES = ("published", "merged", "unattributed", "ambiguous", "own-probe", "no-baseline", "out-of-bins",
                     "no-budget")
 PASSIVE_SOURCES = ("otlp", "metrics", "cadence", "none")
+TRACE_KINDS = ("production", "probe", "unusable", "ignored")  # REQUEST_TRACES{kind}
+TRACE_RESULTS = ("ok", "rejected")  # TRACE_EXPORTS{result}
 
 
 class ExporterMetrics:
@@ -80,6 +86,8 @@ class ExporterMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.up = Gauge(UP, "1 while the engine answers and probe streams are running.", registry=r)
+        self.up_reason = Gauge(UP_REASON, "Why pdexporter_up is 0 (or ok): 1 for the current reason, 0 for the "
+                               "others.", ["reason"], registry=r)
         self.build_info = Gauge(BUILD_INFO, "pdexporter build; always 1.", ["version"], registry=r)
         self.build_info.labels(version=__version__).set(1)
         self.engine_info = Gauge(
@@ -128,8 +136,19 @@ class ExporterMetrics:
             "Engine request spans received on /v1/traces, by whose requests they were.", ["kind"], registry=r)
         self.trace_exports = Counter(
             TRACE_EXPORTS.removesuffix("_total"), "OTLP export requests received on /v1/traces.", ["result"], registry=r)
-        for result in ("ok", "rejected"):
+        for result in TRACE_RESULTS:
             self.trace_exports.labels(result=result)
+        set_up(self, "starting")
+
+
+def set_up(metrics: ExporterMetrics, reason: str) -> None:
+    """`pdexporter_up` (1 only for "ok") and `pdexporter_up_reason`: every reason of `UP_REASONS`
+    present, the current one 1 (bounded label values: a dashboard can list them all)."""
+    if reason not in UP_REASONS:
+        raise ValueError(f"unknown up reason {reason!r}")
+    metrics.up.set(1 if reason == "ok" else 0)
+    for r in UP_REASONS:
+        metrics.up_reason.labels(reason=r).set(1 if r == reason else 0)
 
 
 def set_engine_info(metrics: ExporterMetrics, engine: str, model: str, chunk_size: int | None, modelled: bool,

@@ -87,4 +87,22 @@ class LivePassive:
         return path
 
 
-__all__ = ["LivePassive"]
+__all__ = ["LivePassive", "TraceIntake"]
+
+
+class TraceIntake:
+    """What the exporter's `POST /v1/traces` receives: every export counted, the spans handed to
+    passive mode (`passive`, set once it runs) or counted as ignored."""
+
+    def __init__(self, metrics: ExporterMetrics) -> None:
+        self.metrics = metrics
+        self.passive: LivePassive | None = None
+
+    def exported(self, ok: bool) -> None:
+        self.metrics.trace_exports.labels(result="ok" if ok else "rejected").inc()
+
+    def sink(self, traces: list[RequestTrace]) -> None:
+        if self.passive is None:
+            self.metrics.request_traces.labels(kind="ignored").inc(len(traces))
+        else:
+            self.passive.add_traces(traces)

@@ -4,7 +4,8 @@ docs/vllm-facts.md: work on the loop that reads the probes delays their timestam
 body encoded on it showed up as bursts of 0 ms intervals). So this thread's loop only
 
 - keeps N probe streams open on the shared cached prefix, restarting each as it finishes
-  (a fresh stream, same prefix, same pre-encoded body);
+  (a fresh stream, same prefix, the pre-encoded body with the max_tokens that ends it with the
+  other probes: `timeline.aligned_max_tokens`, why in `exporter.timeline`);
 - sends a prefill whose body the caller already encoded (`inject`);
 - runs a wake-up sensor (below).
 
@@ -55,9 +56,11 @@ from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import EngineError, PdexporterError
 from pdexporter.measure.driver import EngineInfo, HttpDriver, PreparedRequest, http_driver
 from pdexporter.measure.prompts import cold_prompt, shared_prefix
+from pdexporter.exporter.timeline import aligned_max_tokens
 from pdexporter.measure.protocol import ProtocolSettings, run_single
 
 STARTED, FINISHED = "started", "finished"
+ALIGN_WAIT_S, ALIGN_POLL_S = 5.0, 0.002  # a probe waits this long at most for the others to end
 KERNEL_STAMPS_ENV = "PDEXPORTER_KERNEL_STAMPS"  # "0", "off" or "false": the aiohttp path, wake-up stamps
 
 
@@ -155,6 +158,8 @@ class ProbeLoop:
         rx_stamps: bool | None = None,
         configure_client: Callable[[EngineClient], None] | None = None,
         stagger: bool = False,
+        read_timeout_s: float | None = None,
+        check: Callable[[EngineInfo], None] | None = None,
     ) -> None:
         self.handle = handle
         # Passive mode: slot i's first stream decodes (i + 1) / N of the usual tokens, so the slots
@@ -170,6 +175,8 @@ class ProbeLoop:
         # Kernel receive stamps (engine.kstamp); None: on unless PDEXPORTER_KERNEL_STAMPS=0.
         self.rx_stamps = kernel_stamps_default() if rx_stamps is None else rx_stamps
         self.configure_client = configure_client  # called on the probe thread before any request
+        self.read_timeout_s = read_timeout_s  # the client's read timeout (`--read-timeout`)
+        self.check = check  # called with the engine's info before the warm-ups (e.g. max_model_len)
         self.stamping: str | None = None  # how the probes are stamped, in one line, once started
         self.events: queue.SimpleQueue[Lifecycle] = queue.SimpleQueue()
         self.sensor = WakeupSensor(sensor_period_s)
@@ -180,6 +187,7 @@ class ProbeLoop:
         self._stop: asyncio.Event | None = None
         self._stopping = False
         self.fatal: BaseException | None = None
+        self._current: dict[int, TokenStream] = {}  # each slot's stream (probe thread only)
 
     # --- called from the runner's thread ---------------------------------------------------
 
@@ -236,7 +244,10 @@ class ProbeLoop:
     async def _main(self, selector: StampingSelector | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with http_driver(self.handle, model=self.model, api_key=self.api_key) as driver:
+        async with http_driver(self.handle, model=self.model, api_key=self.api_key,
+                               read_timeout_s=self.read_timeout_s) as driver:
+            if self.check is not None:
+                self.check(driver.info)
             self.driver = driver
             client = driver.client
             client.rx_stamps = client.rx_stamps and self.rx_stamps
@@ -254,7 +265,7 @@ class ProbeLoop:
                 await run_single(driver, prompt, 1, "warm-shape", s.window_timeout_s)
             probe = driver.prepare(prefix, s.decode_output_tokens, "probe")
             self.sensor.attach(self.loop)
-            slots = [asyncio.create_task(self._slot(i, driver, probe, self._first(i, driver, prefix)),
+            slots = [asyncio.create_task(self._slot(i, driver, probe, self._first(i)),
                                          name=f"probe-{i}") for i in range(self.n_probes)]
             self._ready.set_result(driver.info)
             try:
@@ -266,22 +277,24 @@ class ProbeLoop:
                 await driver.cancel_all()
                 self.sensor.detach(self.loop)
 
-    def _first(self, slot: int, driver: HttpDriver, prefix: tuple[int, ...]) -> PreparedRequest | None:
-        """The slot's first request when staggering (see `stagger`), else None."""
-        if not self.stagger or self.n_probes < 2:
+    def _first(self, slot: int) -> int | None:
+        """max_tokens of the slot's first stream when staggering (see `stagger`), else None."""
+        if not self.stagger:
             return None
         s = self.settings
-        tokens = max(s.warmup_tokens + 2, round(s.decode_output_tokens * (slot + 1) / self.n_probes))
-        return driver.prepare(prefix, tokens, "probe")
+        return max(s.warmup_tokens + 2, round(s.decode_output_tokens * (slot + 1) / self.n_probes))
 
-    async def _slot(self, slot: int, driver: HttpDriver, probe: PreparedRequest,
-                    first: PreparedRequest | None = None) -> None:
+    async def _slot(self, slot: int, driver: HttpDriver, probe: PreparedRequest, first: int | None = None) -> None:
         """One probe position: a stream, and a fresh one (same prefix) each time it ends."""
         backoff = self.restart_backoff_s[0]
         serial = 0
+        full = probe.max_tokens
         while not self._stopping:
-            stream = TokenStream(f"probe{slot}-{serial}", "probe")
-            request = first if serial == 0 and first is not None else probe
+            # Passive mode staggers the slots (first stream only); a window wants them in phase.
+            n = (first if serial == 0 else full) if first is not None else await self._in_phase(slot, full)
+            request = probe.with_max_tokens(n)
+            stream = TokenStream(f"probe{slot}-{serial}", "probe", max_tokens=n)
+            self._current[slot] = stream
             serial += 1
             self.events.put(Lifecycle(STARTED, slot, stream))
             try:
@@ -301,6 +314,20 @@ class ProbeLoop:
                 backoff = min(backoff * 2, self.restart_backoff_s[1])
             else:
                 backoff = self.restart_backoff_s[0]
+
+
+    async def _in_phase(self, slot: int, full: int) -> int:
+        """max_tokens for this slot's next stream, after waiting (at most `ALIGN_WAIT_S`) for the
+        other probes that are about to end, so that all restart together."""
+        deadline = time.monotonic() + ALIGN_WAIT_S
+        while True:
+            left = [s.tokens_left for i, s in self._current.items() if i != slot and not s.done]
+            n = aligned_max_tokens(full, left, self.settings.inject_at_tokens)
+            if n is not None:
+                return n
+            if time.monotonic() > deadline or self._stopping:
+                return full
+            await asyncio.sleep(ALIGN_POLL_S)
 
 
 def _seen(future: concurrent.futures.Future[TokenStream]) -> None:

@@ -1,25 +1,21 @@
 """The live exporter: its lifecycle, the labelling of every probe interval, and publishing.
 
-Two threads (docs/exporter.md draws them):
+Two threads (docs/exporter.md draws them): the probe thread (`probes.ProbeLoop`) owns the engine
+connections of the probes and of the injected prefills and stamps every token; this module runs
+on the caller's loop: it labels every interval with the window maths, decides when to inject,
+publishes series and spans, scrapes the engine and writes records (`sys.setswitchinterval` keeps
+its GIL holds within ~0.5 ms).
 
-- the probe thread (`probes.ProbeLoop`) owns the engine connections of the probes and of the
-  injected prefills, and stamps every token; nothing else runs on its loop;
-- this module runs on the caller's loop: it reads the streams' timestamps, labels every interval
-  with the window maths (`timeline`, `measure.window`), decides when to inject, publishes
-  Prometheus series, builds spans, scrapes the engine's /metrics and writes records. Its work can
-  only delay the probe thread through the GIL, which `sys.setswitchinterval` makes hand over
-  within ~0.5 ms.
-
-A window is `measure.protocol.run_window`, the same coroutine `measure` and `sweep` run, given
-the exporter's continuous probes, its quiet-period baseline and a driver that sends from the
-probe thread (`exporter.live`). Here it is scheduled, its failures counted, and its result
-labelled, recorded (`measure.point.rep_record`: a window seen live and a `measure` repetition are
-the same object), published as gauges and spans.
+A window is `measure.protocol.run_window`, the coroutine `measure` and `sweep` run, given the
+exporter's continuous probes, its quiet-period baseline and a driver that sends from the probe
+thread (`exporter.live`); its record is `measure.point.rep_record`'s (`exporter.records`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import sys
 import time
 import uuid
@@ -28,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter.engine.client import EngineClient
-from pdexporter.engine.traces import RequestTrace
 from pdexporter.launch import EngineHandle, Launcher, TraceDirected
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.engines import chunk_size_advice
@@ -40,27 +35,21 @@ from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.server import metrics_app, start_metrics_server
 from pdexporter.exporter.passive import PassiveEvent
-from pdexporter.exporter.passive_live import LivePassive
+from pdexporter.exporter.passive_live import LivePassive, TraceIntake
 from pdexporter.exporter.tracing import NoTracing, Tracing, make_tracing
 from pdexporter.exporter.tracing import preload as tracing_preload
+from pdexporter.exporter.records import LiveRecords
+from pdexporter.exporter.startup import EngineWait, WaitReport, exporter_probes, start_probes
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
-from pdexporter.measure.point import (
-    PointSpec,
-    append_rep,
-    check_resumable,
-    now_iso,
-    record_config,
-    rep_record,
-    resumable_reps,
-)
+from pdexporter.measure.point import PointSpec, now_iso
 from pdexporter.measure.prompts import cold_prompt
 from pdexporter.measure.protocol import InterferenceRun, run_window
-from pdexporter.measure.records import RepRecord, aggregate
-from pdexporter.measure.store import ResultsStore
+from pdexporter.measure.records import RepRecord
 
 __all__ = ["ProbeState", "Runner", "WindowResult"]
 
 TICK_S = 0.05  # bookkeeping cadence on the runner's loop
+KEEP_WINDOWS = 8  # `Runner.windows` keeps the last ones (each holds its probes' traces: ~0.2 MB at D = 12)
 
 
 @dataclass(frozen=True)
@@ -90,14 +79,16 @@ class Runner:
         self.on_window, self.on_inject = on_window, on_inject
         self.book = ProbeBook(config, self.metrics, on_stream)
         self.injections_sent = 0
-        self.store = ResultsStore(config.out) if config.out else None
         self.spec = PointSpec(config.chunk_size, config.probe_streams, config.prefill_tokens).validate()
+        self.records = LiveRecords(config, self.spec)
         self.handle: EngineHandle | None = None
         self.info: EngineInfo | None = None
         self.probes: ProbeLoop | None = None
         self.driver: LoopDriver | None = None
         self.bound_port: int | None = None
-        self.windows: list[WindowResult] = []
+        # The last windows, for tests and callers; bounded, so a long run's memory stays flat.
+        self.windows: collections.deque[WindowResult] = collections.deque(maxlen=KEEP_WINDOWS)
+        self.windows_seen = 0
         self._slow_seen: list[tuple[int, int, int]] = []  # (P, D, slow steps) of contradicted windows
         self.scraper: EngineScraper | None = None
         self._window_task: asyncio.Task[None] | None = None
@@ -106,6 +97,7 @@ class Runner:
         self._ready_event = asyncio.Event()
         self._in_flight = False
         self.passive: LivePassive | None = None
+        self.traces = TraceIntake(self.metrics)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -123,15 +115,16 @@ class Runner:
         return self.book.healthy()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve until `stop` is set (or `duration_s` passed), then shut down in order."""
+        """Serve until `stop` is set (or `duration_s` passed), then shut down in order. The
+        metrics server listens first; the engine is then waited for (`exporter.startup`)."""
         cfg = self.config
         previous_switch = sys.getswitchinterval()
         sys.setswitchinterval(cfg.switch_interval_s)
         server = None
         try:
-            self._check_out_dir()
+            self.records.check_out_dir()
             app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy,
-                              traces_sink=self._on_traces, on_export=self._on_export)
+                              traces_sink=self.traces.sink, on_export=self.traces.exported)
             try:
                 server, self.bound_port = await start_metrics_server(app, cfg.listen_host, cfg.listen_port)
             except OSError as exc:
@@ -142,34 +135,39 @@ class Runner:
                 self.launcher.send_traces_to(f"http://{host}:{self.bound_port}/v1/traces")
             tracing_preload()  # before the probes: see tracing.preload
             self.handle = await self.launcher.start(cfg.chunk_size)
-            self.probes = ProbeLoop(self.handle, cfg.probe_streams, cfg.protocol, model=cfg.model, api_key=self.api_key,
-                                    warm_prefill_tokens=cfg.prefill_tokens if cfg.injecting else None,
-                                    stamp_at_wakeup=cfg.arrival_stamp != "read",
-                                    rx_stamps=None if cfg.arrival_stamp == "kernel-rx" else False, stagger=cfg.passive)
+            started = await start_probes(lambda: exporter_probes(cfg, self.handle, self.api_key, self.spec), EngineWait(cfg.engine_wait_s), stop=stop,
+                                         on_wait=WaitReport(self.metrics, self.log), started_timeout_s=cfg.protocol.window_timeout_s)
+            if started is None:
+                return  # stopped while waiting for the engine
+            self.probes, self.info = started
             self.book.probes = self.probes
-            self.info = await self.probes.wait_started(timeout_s=cfg.protocol.window_timeout_s)
-            self.log(f"probe timestamps: {self.probes.stamping}")
-            if cfg.passive:
-                self.passive = LivePassive(cfg, self.info, self.metrics, self.book, self.store)
-            self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
-                                         cfg.scrape_interval_s, lambda: not self.book.stopping,
-                                         on_snapshot=self.passive.tracker.add_scrape if self.passive else None)
-            self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
-            set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
-                            cfg.chunk_size_source)
-            if cfg.chunk_size_source == "assumed":
-                self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
-                         "/metrics); every window checks it against the probes' cadence")
-            self.tracing = self.book.tracing = self._tracing_factory(self.info)
-            now = time.monotonic()
-            self._next_injection = now + (cfg.inject_every_s or 0.0)
-            self._ready_event.set()
-            if self.info.modelled and self.info.note:
-                self.log(self.info.note)
-            await self._loop(stop, deadline=None if cfg.duration_s is None else now + cfg.duration_s)
+            self._started()
+            await self._loop(stop, deadline=None if cfg.duration_s is None else time.monotonic() + cfg.duration_s)
         finally:
             await self._shutdown(server)
             sys.setswitchinterval(previous_switch)
+
+    def _started(self) -> None:
+        cfg = self.config
+        assert self.probes is not None and self.handle is not None and self.info is not None
+        self.log(f"probe timestamps: {self.probes.stamping}")
+        if cfg.passive:
+            self.passive = self.traces.passive = LivePassive(cfg, self.info, self.metrics, self.book,
+                                                             self.records.store)
+        self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
+                                     cfg.scrape_interval_s, lambda: not self.book.stopping,
+                                     on_snapshot=self.passive.tracker.add_scrape if self.passive else None)
+        self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
+        set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
+                        cfg.chunk_size_source)
+        if cfg.chunk_size_source == "assumed":
+            self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
+                     "/metrics); every window checks it against the probes' cadence")
+        self.tracing = self.book.tracing = self._tracing_factory(self.info)
+        self._next_injection = time.monotonic() + (cfg.inject_every_s or 0.0)
+        self._ready_event.set()
+        if self.info.modelled and self.info.note:
+            self.log(self.info.note)
 
     async def _loop(self, stop: asyncio.Event, deadline: float | None) -> None:
         cfg = self.config
@@ -194,10 +192,8 @@ class Runner:
                 self.scraper.tick(now)
             if self._window_task is None and self._next_prefill is None and cfg.injecting:
                 self._next_prefill = self._encode_prefill()  # between windows: touches nothing measured
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), TICK_S)
-            except TimeoutError:
-                pass
 
     async def _shutdown(self, server: Any) -> None:
         """Finish the window in flight, stop probes, end and flush spans, stop the engine."""
@@ -220,26 +216,19 @@ class Runner:
             await server.cleanup()
         await self.launcher.stop()
 
-    # --- passive mode (exporter.passive_live) ----------------------------------------------------
-
-    def _on_export(self, ok: bool) -> None:
-        self.metrics.trace_exports.labels(result="ok" if ok else "rejected").inc()
-
-    def _on_traces(self, traces: list[RequestTrace]) -> None:
-        if self.passive is None:
-            self.metrics.request_traces.labels(kind="ignored").inc(len(traces))
-        else:
-            self.passive.add_traces(traces)
+    # --- windows -----------------------------------------------------------------------------
 
     def _passive_tick(self) -> None:
+        """Passive mode (`exporter.passive_live`): the production prefills the probes saw."""
         assert self.passive is not None
-        for event, rep, record_path in self.passive.tick(self.scraper, len(self.windows)):
-            result = WindowResult(event.run, rep, record_path, mode="passive", event=event)  # type: ignore[arg-type]
-            self.windows.append(result)
-            if self.on_window is not None:
-                self.on_window(result)
+        for event, rep, record_path in self.passive.tick(self.scraper, self.windows_seen):
+            self._emit(WindowResult(event.run, rep, record_path, mode="passive", event=event))  # type: ignore[arg-type]
 
-    # --- windows -----------------------------------------------------------------------------
+    def _emit(self, result: WindowResult) -> None:
+        self.windows.append(result)
+        self.windows_seen += 1
+        if self.on_window is not None:
+            self.on_window(result)
 
     def _encode_prefill(self) -> tuple[str, PreparedRequest]:
         assert self.probes is not None
@@ -297,36 +286,11 @@ class Runner:
 
     def _publish(self, run: InterferenceRun, started_at: str) -> None:
         key = self.spec.key
-        record_path = None
-        if self.store is not None:
-            record_path, rep = self._save(run, started_at)
-        else:
-            rep = rep_record(len(self.windows), run, self.spec, raw=None, started_at=started_at)
+        record_path, rep = self.records.save(run, started_at, self.windows_seen, self.info)
         publish_window(self.metrics, grid_labels(*key), rep)
         self.metrics.injections.labels(outcome="ok").inc()
         ids = {t.request_id for t in run.probes}
         self.tracing.window(run, rep, self.config.chunk_size, self.book.spans_of(ids))
-        result = WindowResult(run, rep, record_path)
-        self.windows.append(result)
-        self.log(f"window {len(self.windows)}: B={key[0]} D={key[1]} P={key[2]} {rep.summary_line()}")
-        if self.on_window is not None:
-            self.on_window(result)
+        self.log(f"window {self.windows_seen + 1}: B={key[0]} D={key[1]} P={key[2]} {rep.summary_line()}")
+        self._emit(WindowResult(run, rep, record_path))
 
-    # --- records -----------------------------------------------------------------------------
-
-    def _check_out_dir(self) -> None:
-        """Fail before anything starts if --out holds a record measured another way."""
-        if self.store is not None and not self.config.passive:
-            key = self.spec.key
-            check_resumable(self.store.load_record(*key), {"mode": "live", **self.config.protocol.record_fields()},
-                            str(self.store.record_path(*key)))
-
-    def _save(self, run: InterferenceRun, started_at: str) -> tuple[str, RepRecord]:
-        assert self.store is not None and self.info is not None
-        key = self.spec.key
-        config = record_config(self.spec, self.info, self.config.protocol, reps=1, mode="live",
-                               chunk_size_source=self.config.chunk_size_source)
-        done = resumable_reps(self.store.load_record(*key), config, str(self.store.record_path(*key)))
-        append_rep(self.store, self.spec, config, done, run, started_at,
-                   lambda c, reps: aggregate(c.model_copy(update={"reps_planned": len(reps)}), reps))
-        return str(self.store.record_path(*key)), done[-1]

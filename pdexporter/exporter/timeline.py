@@ -22,6 +22,19 @@ Injection readiness. A prefill goes in only when every probe is in the seed's st
 (>= inject_at tokens, last 8 intervals within 2x: `protocol.steady`), still has `reserve`
 tokens to decode (so no probe ends inside the window and gets restarted there), and the quiet
 period holds at least `min_baseline_intervals` intervals.
+
+Probes in phase. Those conditions hold for all N probes at once only while their cycles line up.
+Restarting a probe costs the engine a stall (vLLM's admission and retirement of a 4096-token
+prompt: ~13 ms and ~5 ms on the H200, modelled by the embedded engine), so a probe restarted
+a step apart from the others stalls them just before their own ends, they end later, and the
+next cycle they stall it: the split grows every cycle (measured: 12 probes sent within 0.1 ms
+ended 66 ms apart after one cycle, 150 ms after four), until the probes' 256-token cycles cover
+every phase and no moment has all of them steady with room for a window: windows stop (issue
+13's soak, faster under CPU contention, where restarts straddle a step more often). So a probe
+that ends waits (a few steps at most) for the others that are about to end, and they restart
+together; one that ends while the others are far from their end (it failed and was restarted,
+say) restarts with the tokens that make it end with them (`aligned_max_tokens`). A split closes
+at the next cycle instead of growing.
 """
 
 from __future__ import annotations
@@ -109,7 +122,9 @@ def ready_to_inject(
         return Readiness(False, f"{len(open_probes)}/{expected_probes} probe streams open")
     if not steady(open_probes, settings):
         return Readiness(False, "probe streams not in steady state")
-    short = [p for p in open_probes if settings.decode_output_tokens - p.n_tokens < reserve_tokens]
+    short = [p for p in open_probes
+             if (p.tokens_left if p.tokens_left is not None else settings.decode_output_tokens - p.n_tokens)
+             < reserve_tokens]
     if short:
         return Readiness(False, f"{len(short)} probe stream(s) have fewer than {reserve_tokens} tokens left")
     if baseline_intervals is not None and baseline_intervals < min_baseline_intervals:
@@ -133,3 +148,17 @@ def step_spreads_ns(streams: Sequence[np.ndarray], step_ns: float, min_streams: 
     groups = np.split(merged, breaks)
     need = len(streams) if min_streams is None else min_streams
     return np.asarray([g[-1] - g[0] for g in groups if g.size >= need], dtype=np.float64)
+
+
+def aligned_max_tokens(full: int, others_left: Iterable[int | None], min_tokens: int) -> int | None:
+    """max_tokens of a probe (re)starting now, so that it ends with the others (module docs,
+    "Probes in phase"), or None: wait, the others end within `min_tokens` tokens, and all restart
+    together (the same admission step, so the same start and the same end). Others with more
+    left than that: end with the one that has the most left (it is a restarted one, or the
+    others are far behind); none open: a full cycle."""
+    left = [n for n in others_left if n is not None and n > 0]
+    if not left:
+        return full
+    if max(left) < min_tokens:
+        return None
+    return min(full, max(left))

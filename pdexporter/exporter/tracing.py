@@ -193,7 +193,7 @@ class OtlpTracing:
             start_time=self.clock.epoch(stream.t_sent_ns),
             attributes={
                 **self._base,
-                "gen_ai.request.max_tokens": self.max_tokens,
+                "gen_ai.request.max_tokens": stream.max_tokens or self.max_tokens,  # probes end in phase
                 "pdexporter.stream.role": "probe",
                 "pdexporter.probe.slot": slot,
                 "pdexporter.request_id": stream.request_id,

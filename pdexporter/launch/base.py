@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from pdexporter._internal.procs import pid_alive, process_start_ticks
+
 __all__ = [
     "Adopting", "DeadlineReached", "EngineHandle", "Launcher", "LogDirected", "Prestarting", "Releasing",
     "TraceDirected", "pid_alive", "process_start_ticks", "terminate_group",
@@ -98,31 +100,6 @@ class LogDirected(Protocol):
     """A launcher whose engine log goes where it is told (a sweep: `{chunk}/engine/`)."""
 
     log_dir: Path | None
-
-
-def process_start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: with the pid, it names one process (pids get reused; this
-    does not change when a process renames itself, as some engines' workers do)."""
-    try:
-        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return int(rest[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not reaped) still answers kill(0); /proc says which it is.
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
-        return status != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 async def terminate_group(pid: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:

@@ -13,16 +13,29 @@ launcher has its own url (port), and the other engines' urls are its `siblings`.
 adopts or stops the engines of its own url (and those of no current engine, left by an earlier
 run with other GPUs); a sibling's engine it leaves alone unless it is about to start that
 engine's chunk size itself.
+
+Engines die with their owner (Linux). The engine is started through a *leash*
+(`launch.leash`), a small process that holds the engine (its own session, and a parent-death
+signal: if the leash dies, the kernel stops the engine) and a channel to the pdexporter that owns
+it. When the owner exits or is killed (SIGKILL included) without *releasing* the engine, the
+leash stops it at once. A release (`release()`: a sweep stopping at `--deadline`, `--keep-engine`,
+`prestart`) keeps it running, unowned; the next invocation takes it over through the leash's
+socket (named in the state file) and adopts or stops it as above. An engine owned by another live
+pdexporter (two sweeps on one results directory) is refused in one line. Elsewhere than Linux, and
+for an engine an older pdexporter started without a leash, the state file is all there is: a
+later invocation adopts or stops what it finds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -37,11 +50,14 @@ from pdexporter.engines import adapter
 from pdexporter.engines.disagg import setup_for_command
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
 from pdexporter._internal.redact import redact_argv
+from pdexporter._internal.procs import same_process
 from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
 from pdexporter.measure.store import ResultsStore
 
 STATE_FILE = "engine.json"
 LOG_FILE = "engine.log"
+LEASH = Path(__file__).with_name("leash.py")
+LEASHED = sys.platform.startswith("linux")  # abstract unix sockets and PR_SET_PDEATHSIG
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,21 +119,28 @@ class EngineState:
     host: str
     started_at: str
     proc_start: int | None  # the process's start time in clock ticks since boot (/proc/PID/stat)
+    leash_pid: int | None = None  # the leash holding the engine (`launch.leash`), and its start time
+    leash_start: int | None = None
+    leash_socket: str | None = None  # the leash's abstract unix socket, for a later owner
 
     def to_json(self) -> dict[str, Any]:
         return {
             "pid": self.pid, "argv": list(self.argv), "url": self.url, "chunk_size": self.chunk_size,
             "log": self.log, "host": self.host, "started_at": self.started_at, "proc_start": self.proc_start,
+            "leash_pid": self.leash_pid, "leash_start": self.leash_start, "leash_socket": self.leash_socket,
         }
 
     @classmethod
     def read(cls, path: Path) -> EngineState | None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            start = data.get("proc_start")
+            def opt_int(key: str) -> int | None:
+                return None if data.get(key) is None else int(data[key])
+
             return cls(int(data["pid"]), tuple(data["argv"]), str(data["url"]), int(data["chunk_size"]),
-                       str(data["log"]), str(data["host"]), str(data["started_at"]),
-                       None if start is None else int(start))
+                       str(data["log"]), str(data["host"]), str(data["started_at"]), opt_int("proc_start"),
+                       opt_int("leash_pid"), opt_int("leash_start"),
+                       None if data.get("leash_socket") is None else str(data["leash_socket"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -167,6 +190,7 @@ class LocalLauncher:
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _state: EngineState | None = field(default=None, init=False, repr=False)
     _handle: EngineHandle | None = field(default=None, init=False, repr=False)
+    _control: socket.socket | None = field(default=None, init=False, repr=False)  # the leash's owner channel
 
     @property
     def can_set_chunk_size(self) -> bool:
@@ -230,17 +254,20 @@ class LocalLauncher:
                 continue
             if self._sibling_keeps(state, chunk_size):
                 continue
+            control = await self._take_over(state, path)
             wanted = render_command(self.command, chunk_size, self.variables, self.env)
             if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.redacted:
                 if log_contradicts_chunk(Path(state.log), chunk_size):
                     self.on_message(f"engine pid {state.pid}: its log shows steps above {chunk_size} tokens; restarting")
                 else:
                     self.on_message(f"adopting the engine started earlier (pid {state.pid}, chunk {chunk_size})")
-                    self._state = state
+                    self._state, self._control = state, control
                     self.adopted = True
                     return
             self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size}, {state.url})")
             await terminate_group(state.pid, self.stop_timeout_s)
+            if control is not None:
+                control.close()
             path.unlink(missing_ok=True)
         if await _answers_health(self.url):
             raise EngineError(
@@ -253,24 +280,95 @@ class LocalLauncher:
         with log.open("ab") as out:
             out.write(f"\n# pdexporter sweep: starting {rendered.text}\n".encode())
             out.flush()
-            try:
-                # Unbuffered, so the iteration lines are in the log by the time a window is read.
-                self._proc = subprocess.Popen(
-                    list(rendered.argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}, cwd=self.cwd,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise ConfigError(f"launcher.command: cannot run {rendered.argv[0]!r} ({exc.strerror or exc})") from None
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}  # iteration lines in the log at once
+            if LEASHED:
+                engine_pid, leash = await self._start_leashed(rendered, out, env)
+            else:
+                engine_pid, leash = self._popen(list(rendered.argv), rendered, out, env).pid, None
         self._state = EngineState(
-            pid=self._proc.pid, argv=rendered.redacted, url=self.url, chunk_size=chunk_size, log=str(log),
+            pid=engine_pid, argv=rendered.redacted, url=self.url, chunk_size=chunk_size, log=str(log),
             host=platform.node(), started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            proc_start=process_start_ticks(self._proc.pid),
+            proc_start=process_start_ticks(engine_pid),
+            leash_pid=leash[0] if leash else None, leash_start=process_start_ticks(leash[0]) if leash else None,
+            leash_socket=leash[1] if leash else None,
         )
         atomic_write_json(self.state_path(chunk_size), self._state.to_json())
         self.adopted = False
 
+    def _popen(self, argv: list[str], rendered: RenderedCommand, out: Any, env: dict[str, str],
+               stdin: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+        try:
+            self._proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=stdin, env=env,
+                                          cwd=self.cwd, start_new_session=True)
+        except OSError as exc:
+            raise ConfigError(f"launcher.command: cannot run {rendered.argv[0]!r} ({exc.strerror or exc})") from None
+        return self._proc
+
+    async def _start_leashed(self, rendered: RenderedCommand, out: Any,
+                             env: dict[str, str]) -> tuple[int, tuple[int, str]]:
+        """The engine under a leash (`launch.leash`): its pid, and the leash's pid and socket."""
+        ours, theirs = socket.socketpair()
+        try:
+            leash = self._popen([sys.executable, "-I", str(LEASH), "--stop-timeout", f"{self.stop_timeout_s:g}", "--",
+                                 *rendered.argv], rendered, out, env, stdin=theirs)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._control = ours
+        said: dict[str, str] = {}
+        buffer = b""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30.0
+        while not ({"engine", "socket"} <= said.keys() or "error" in said):
+            try:
+                chunk = await asyncio.wait_for(loop.sock_recv(ours, 4096), max(0.1, deadline - loop.time()))
+            except TimeoutError:
+                chunk = b""
+            if not chunk:
+                await self._drop_control()
+                raise EngineError(f"the engine's leash did not start it (exit code {leash.poll()}; log {out.name})")
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                key, _, value = line.decode(errors="replace").partition(" ")
+                said[key] = value
+        if "error" in said:
+            await self._drop_control()
+            raise ConfigError(f"launcher.command: cannot run {rendered.argv[0]!r} ({said['error']})")
+        return int(said["engine"]), (leash.pid, said["socket"])
+
+    async def _take_over(self, state: EngineState, path: Path) -> socket.socket | None:
+        """Become the owner of a live engine an earlier invocation started: its leash's channel,
+        or None for an engine without a (live) leash. Refused when a live owner holds it."""
+        if not (state.leash_socket and state.leash_pid and same_process(state.leash_pid, state.leash_start)):
+            return None
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(loop.sock_connect(conn, "\0" + state.leash_socket), 5.0)
+            await loop.sock_sendall(conn, b"own\n")
+            reply = (await asyncio.wait_for(loop.sock_recv(conn, 64), 5.0)).decode(errors="replace")
+        except (OSError, TimeoutError):
+            conn.close()
+            return None
+        if reply.startswith("ok"):
+            return conn
+        conn.close()
+        raise EngineError(f"engine pid {state.pid} ({path}) belongs to another running pdexporter: wait for it to "
+                          "finish, or stop it")
+
+    async def _drop_control(self) -> None:
+        control, self._control = self._control, None
+        if control is not None:
+            control.close()
+
     def _alive(self) -> bool:
+        if self._state is not None and self._state.leash_pid is not None:
+            return same_process(self._state.pid, self._state.proc_start)
         if self._proc is not None:
             return self._proc.poll() is None
         return self._state is not None and pid_alive(self._state.pid)
@@ -304,17 +402,31 @@ class LocalLauncher:
 
     def _forget(self, chunk_size: int) -> None:
         self.state_path(chunk_size).unlink(missing_ok=True)
-        self._proc, self._state, self._handle = None, None, None
+        leash, self._proc, self._state, self._handle = self._proc, None, None, None
+        if self._control is not None:
+            self._control.close()  # the leash stops what is left and exits
+            self._control = None
+        if leash is not None and leash.args[:2] == [sys.executable, "-I"]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                leash.wait(timeout=5.0)  # it exits once its engine is gone: reap it
 
     async def stop(self) -> None:
         state, proc = self._state, self._proc
         if state is None:
             return
-        await terminate_group(state.pid, self.stop_timeout_s, proc)
+        leashed = state.leash_pid is not None
+        await terminate_group(state.pid, self.stop_timeout_s, None if leashed else proc)
         self._forget(state.chunk_size)
 
     def release(self) -> None:
-        """Leave the engine running for a later invocation to adopt (its state file stays)."""
+        """Leave the engine running for a later invocation to adopt (its state file stays): the
+        leash is told, so that this process's exit does not stop it."""
+        if self._control is not None:
+            with contextlib.suppress(OSError):
+                self._control.setblocking(True)
+                self._control.sendall(b"release\n")
+            self._control.close()
+            self._control = None
         self._proc, self._state, self._handle = None, None, None
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.errors import ConfigError
-from pdexporter.launch.base import Launcher, LogDirected, Releasing
+from pdexporter.launch.base import EngineHandle, Launcher, LogDirected, Releasing
 from pdexporter.launch.external import ExternalLauncher
 from pdexporter.launch.kubernetes import KubernetesLauncher
 from pdexporter.launch.local import LocalLauncher
@@ -58,27 +58,34 @@ def slot_label(provider: EngineProvider) -> str:
     return provider.slot if isinstance(provider, SlotLabelled) else ""
 
 
-@dataclass
-class LauncherProvider:
-    """HTTP drivers on engines from a `Launcher` (local, external, sim real-time, kubernetes)."""
+@dataclass(kw_only=True)
+class _LaunchedProvider:
+    """An engine launched per chunk size (`launcher`, a subclass's field) and a driver on it, held
+    open until the next `open` or `close`."""
 
-    launcher: Launcher
     model: str | None = None
     api_key: str | None = None
     gpu: str | None = None
     description: str = ""
     log_dir_for: Callable[[int], Path] | None = None  # where a launcher with a `log_dir` logs
     slot: str = ""
+    read_timeout_s: float | None = None  # the client's read timeout (`--read-timeout`)
     _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
+
+    def _direct_logs(self, log_dir: Path) -> None:
+        raise NotImplementedError
+
+    def _driver(self, handle: EngineHandle) -> contextlib.AbstractAsyncContextManager[EngineDriver]:
+        raise NotImplementedError
 
     async def open(self, chunk_size: int) -> EngineDriver:
         await self._close_driver()
-        if self.log_dir_for is not None and isinstance(self.launcher, LogDirected):
-            self.launcher.log_dir = self.log_dir_for(chunk_size)
-        handle = await self.launcher.start(chunk_size)
+        if self.log_dir_for is not None:
+            self._direct_logs(self.log_dir_for(chunk_size))
+        handle = await self.launcher.start(chunk_size)  # type: ignore[attr-defined]
         stack = contextlib.AsyncExitStack()
         try:
-            driver = await stack.enter_async_context(http_driver(handle, model=self.model, api_key=self.api_key, gpu=self.gpu))
+            driver = await stack.enter_async_context(self._driver(handle))
         except BaseException:
             await stack.aclose()
             raise
@@ -92,59 +99,48 @@ class LauncherProvider:
 
     async def close(self, *, stop_engine: bool) -> None:
         await self._close_driver()
-        if not stop_engine and isinstance(self.launcher, Releasing):
-            self.launcher.release()
+        launcher = self.launcher  # type: ignore[attr-defined]
+        if not stop_engine and isinstance(launcher, Releasing):
+            launcher.release()
         else:
-            await self.launcher.stop()
+            await launcher.stop()
 
 
 @dataclass
-class PairProvider:
-    """`measure.pd.PdDriver`s on a P/D pair from a `PairLauncher` (docs/disaggregation.md)."""
+class LauncherProvider(_LaunchedProvider):
+    """HTTP drivers on engines from a `Launcher` (local, external, sim real-time, kubernetes)."""
+
+    launcher: Launcher
+
+    def _direct_logs(self, log_dir: Path) -> None:
+        if isinstance(self.launcher, LogDirected):
+            self.launcher.log_dir = log_dir
+
+    def _driver(self, handle: EngineHandle) -> contextlib.AbstractAsyncContextManager[EngineDriver]:
+        return http_driver(handle, model=self.model, api_key=self.api_key, gpu=self.gpu,
+                           read_timeout_s=self.read_timeout_s)
+
+
+@dataclass
+class PairProvider(_LaunchedProvider):
+    """`measure.pd.PdDriver`s on a P/D pair from a `PairLauncher` (docs/disaggregation.md); the
+    real-time embedded engines log under {chunk}/engine/{role}."""
 
     launcher: PairLauncher
-    model: str | None = None
-    api_key: str | None = None
-    gpu: str | None = None
     connector: str = "NixlConnector"
     p2p_addresses: tuple[str, str] | None = None
-    description: str = ""
-    log_dir_for: Callable[[int], Path] | None = None  # real-time embedded engines log under {chunk}/engine/{role}
-    slot: str = ""
-    _stack: contextlib.AsyncExitStack | None = field(default=None, init=False, repr=False)
 
-    async def open(self, chunk_size: int) -> EngineDriver:
+    def _direct_logs(self, log_dir: Path) -> None:
+        for role, launcher in (("prefill", self.launcher.prefill), ("decode", self.launcher.decode)):
+            if isinstance(launcher, LogDirected):
+                launcher.log_dir = log_dir / role
+
+    def _driver(self, handle: EngineHandle) -> contextlib.AbstractAsyncContextManager[EngineDriver]:
         from pdexporter.measure.pd import pd_driver
 
-        await self._close_driver()
-        if self.log_dir_for is not None:
-            for role, launcher in (("prefill", self.launcher.prefill), ("decode", self.launcher.decode)):
-                if isinstance(launcher, LogDirected):
-                    launcher.log_dir = self.log_dir_for(chunk_size) / role
-        handle = await self.launcher.start(chunk_size)
         assert self.launcher.prefill_handle is not None
-        stack = contextlib.AsyncExitStack()
-        try:
-            driver = await stack.enter_async_context(pd_driver(
-                self.launcher.prefill_handle, handle, model=self.model, api_key=self.api_key, gpu=self.gpu,
-                connector=self.connector, p2p_addresses=self.p2p_addresses))
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack = stack
-        return driver
-
-    async def _close_driver(self) -> None:
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            await stack.aclose()
-
-    async def close(self, *, stop_engine: bool) -> None:
-        await self._close_driver()
-        if not stop_engine:
-            self.launcher.release()
-        else:
-            await self.launcher.stop()
+        return pd_driver(self.launcher.prefill_handle, handle, model=self.model, api_key=self.api_key, gpu=self.gpu,
+                         connector=self.connector, p2p_addresses=self.p2p_addresses, read_timeout_s=self.read_timeout_s)
 
 
 @dataclass
@@ -241,12 +237,13 @@ def make_providers(
             return [PairProvider(PairLauncher(SimLauncher(profile=launcher_spec.profile, kv_role="prefill"),
                                               SimLauncher(profile=launcher_spec.profile, kv_role="decode")),
                                  model=spec.model, api_key=api_key, log_dir_for=store.engine_dir, slot=slot(i),
+                                 read_timeout_s=spec.read_timeout_s,
                                  description=f"embedded engines {launcher_spec.profile} (prefill + decode), real "
                                              f"time over HTTP{arm}")
                     for i in range(launcher_spec.engines)]
         return [LauncherProvider(SimLauncher(profile=launcher_spec.profile, kv_role=None if role == "none" else role),
                                  model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
-                                 slot=slot(i),
+                                 slot=slot(i), read_timeout_s=spec.read_timeout_s,
                                  description=f"embedded engine {launcher_spec.profile}, real time over HTTP{arm}")
                 for i in range(launcher_spec.engines)]
     if isinstance(launcher_spec, PairLauncherSpec):
@@ -260,7 +257,7 @@ def make_providers(
                 deadline=deadline, on_message=on_message, role=role,
             ))
         return [PairProvider(PairLauncher(instances[0], instances[1]), model=spec.model, api_key=api_key, gpu=spec.gpu,
-                             connector=connector, p2p_addresses=addresses,
+                             connector=connector, p2p_addresses=addresses, read_timeout_s=spec.read_timeout_s,
                              description=f"P/D pair ({connector}): prefill at {launcher_spec.prefill.url}, decode at "
                                          f"{launcher_spec.decode.url}")]
     if isinstance(launcher_spec, LocalLauncherSpec):
@@ -287,4 +284,5 @@ def make_providers(
         what = f"Kubernetes ({launcher_spec.tool}) engine at {launcher_spec.url}"
     else:  # pragma: no cover - the schema admits no other kind
         raise ConfigError(f"launcher.kind: {launcher_spec!r}")
-    return [LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, description=what)]
+    return [LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, description=what,
+                             read_timeout_s=spec.read_timeout_s)]

@@ -1,10 +1,16 @@
 """The embedded engine (`pdexporter sim serve`) in a child process, in real time, so probe timing
-goes through real HTTP exactly as against vLLM."""
+goes through real HTTP exactly as against vLLM.
+
+The child is pdexporter's alone: it runs in its own process group (stopped as a group) and gets
+SIGTERM from the kernel when its parent dies, SIGKILL included (`_internal.procs.die_with_parent`),
+so a killed `measure`, `run` or real-clock `sweep` never leaves it listening.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdexporter._internal.procs import die_with_parent
 from pdexporter._internal.redact import redact_argv
 from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.launch.base import EngineHandle, terminate_group
@@ -70,8 +77,10 @@ class SimLauncher:
             *self.extra_args,
         ]
         with log_path.open("ab") as log:
+            # preexec_fn only calls prctl in the child (die_with_parent): nothing a thread could hold
             self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
             )
         deadline = time.monotonic() + self.start_timeout_s
         while not ready.exists():

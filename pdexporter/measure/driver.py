@@ -9,6 +9,7 @@ virtual clock, so a 196-config sweep is predicted in seconds with the same proto
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import time
@@ -17,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pdexporter.engine.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
+from pdexporter.engine.client import COMPLETIONS_PATH, ClientTimeouts, EngineClient, completion_request, encode_body
 from pdexporter.engine.iterlog import IterationLogTail, IterationStep
 from pdexporter.launch import EngineHandle
 from pdexporter.engine.metrics import MetricsSnapshot
@@ -47,6 +48,12 @@ class EngineInfo:
     clock: str = "perf_counter_ns"
     command: tuple[str, ...] | None = None  # how the engine was started, secrets redacted
     prefill_engine: EngineInfo | None = None  # a P/D pair's prefill instance (`measure.pd`); this is its decode one
+    max_model_len: int | None = None  # the engine's context limit (`/v1/models`), when it publishes it
+
+    def check_fits(self, spec: Any, settings: Any, field: str = "-P") -> None:
+        """Refuse, in one line, a point (`measure.point.PointSpec`) whose requests exceed this
+        engine's max_model_len: before any warm-up, not as a request that never finishes."""
+        spec.check_fits(settings, self.max_model_len, field)
 
     @property
     def note(self) -> str | None:
@@ -69,6 +76,16 @@ class PreparedRequest:
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    def with_max_tokens(self, max_tokens: int) -> PreparedRequest:
+        """The same request asking for `max_tokens`: the body's one `"max_tokens":N` rewritten
+        (microseconds on a 4096-id body, where encoding it again takes milliseconds)."""
+        if max_tokens == self.max_tokens:
+            return self
+        old, new = f'"max_tokens":{self.max_tokens},'.encode(), f'"max_tokens":{max_tokens},'.encode()
+        if self.body.count(old) != 1:
+            raise ValueError(f"{self.tag}: the encoded body does not hold max_tokens={self.max_tokens} once")
+        return dataclasses.replace(self, max_tokens=max_tokens, body=self.body.replace(old, new))
 
 
 @runtime_checkable
@@ -127,7 +144,8 @@ class HttpDriver:
         return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens, body=body)
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
-        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
+        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify,
+                             max_tokens=prepared.max_tokens)
         task = asyncio.get_running_loop().create_task(self.send_into(prepared, stream, retry_connect=retry_connect))
         self._tasks.add(task)
         self._by_stream[stream.request_id] = task
@@ -211,12 +229,15 @@ async def http_driver(
     model: str | None = None,
     api_key: str | None = None,
     gpu: str | None = None,
+    read_timeout_s: float | None = None,
 ) -> AsyncIterator[HttpDriver]:
-    """An `HttpDriver` for a launched (or external) engine, its model resolved from /v1/models."""
-    client = EngineClient(handle.url, api_key=api_key)
+    """An `HttpDriver` for a launched (or external) engine, its model and max_model_len resolved
+    from /v1/models. `read_timeout_s`: the longest silence allowed inside a stream (`--read-timeout`)."""
+    timeouts = ClientTimeouts() if read_timeout_s is None else ClientTimeouts(read_s=read_timeout_s)
+    client = EngineClient(handle.url, api_key=api_key, timeouts=timeouts)
     try:
         await client.get_text("/health")  # retried briefly; a dead target fails here with one line
-        served_model = await client.resolve_model(model)
+        served_model, max_model_len = await client.served_model(model)
         version = handle.version
         kind = handle.kind
         modelled, profile, engine_gpu = handle.modelled, handle.profile, handle.gpu
@@ -245,6 +266,7 @@ async def http_driver(
             profile=profile,
             modelled=modelled,
             command=handle.command,
+            max_model_len=max_model_len,
         )
         log = IterationLogTail(handle.iteration_log, adapter(kind).parse_step_log) if handle.iteration_log else None
         driver = HttpDriver(client, info, log)

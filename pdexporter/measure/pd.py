@@ -254,7 +254,9 @@ class PdDriver:
             raise ConfigError(f"P/D connector {self.connector!r}: expected {NIXL} or {P2P_NCCL}")
         if self.connector == P2P_NCCL and self.p2p_addresses is None:
             raise ConfigError(f"{P2P_NCCL} needs both instances' zmq addresses (kv_ip:kv_port) for X-Request-Id")
-        self.info = dataclasses.replace(self.decode.info, prefill_engine=self.prefill.info)
+        limits = [i.max_model_len for i in (self.decode.info, self.prefill.info) if i.max_model_len is not None]
+        self.info = dataclasses.replace(self.decode.info, prefill_engine=self.prefill.info,
+                                        max_model_len=min(limits) if limits else None)
 
     # -- EngineDriver ---------------------------------------------------------------------
 
@@ -306,7 +308,8 @@ class PdDriver:
         return _Hop(timing, decode_request)
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
-        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
+        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify,
+                             max_tokens=prepared.max_tokens)
         if isinstance(prepared, RoutedRequest):
             work = self._routed(prepared, stream)
         else:
@@ -365,15 +368,18 @@ def prefill_metric_deltas(route: RouteTiming) -> dict[str, float]:
 @asynccontextmanager
 async def pd_driver(prefill_handle: Any, decode_handle: Any, *, model: str | None = None, api_key: str | None = None,
                     gpu: str | None = None, connector: str = NIXL,
-                    p2p_addresses: tuple[str, str] | None = None) -> AsyncIterator[PdDriver]:
+                    p2p_addresses: tuple[str, str] | None = None,
+                    read_timeout_s: float | None = None) -> AsyncIterator[PdDriver]:
     """A `PdDriver` over two launched engines (`launch.EngineHandle`s), each through `http_driver`."""
     from contextlib import AsyncExitStack
 
     from pdexporter.measure.driver import http_driver
 
     async with AsyncExitStack() as stack:
-        decode = await stack.enter_async_context(http_driver(decode_handle, model=model, api_key=api_key, gpu=gpu))
-        prefill = await stack.enter_async_context(http_driver(prefill_handle, model=model, api_key=api_key, gpu=gpu))
+        decode = await stack.enter_async_context(http_driver(decode_handle, model=model, api_key=api_key, gpu=gpu,
+                                                             read_timeout_s=read_timeout_s))
+        prefill = await stack.enter_async_context(http_driver(prefill_handle, model=model, api_key=api_key, gpu=gpu,
+                                                              read_timeout_s=read_timeout_s))
         driver = PdDriver(prefill, decode, connector=connector, p2p_addresses=p2p_addresses)
         try:
             yield driver

@@ -13,10 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter.errors import ConfigError
+from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_TOKENS, out_of_bounds, prompt_fit_problem
 from pdexporter.measure.driver import EngineDriver, EngineInfo
 from pdexporter.measure.pd import offload_numbers
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes
-from pdexporter.measure.protocol import BaselineRun, InterferenceRun, ProtocolSettings, run_baseline, run_window
+from pdexporter.measure.protocol import (
+    BaselineRun,
+    InterferenceRun,
+    ProtocolSettings,
+    prompt_tokens_check,
+    run_baseline,
+    run_window,
+)
 from pdexporter.measure.records import (
     RecordConfig,
     RepRecord,
@@ -39,12 +47,19 @@ class PointSpec:
     new_prefill_tokens: int
 
     def validate(self) -> PointSpec:
+        """Each number within its bound (`_internal.bounds`), one line naming the option."""
         if self.new_prefill_tokens < 1:
             raise ConfigError(f"-P/--new-prefill-tokens {self.new_prefill_tokens}: must be >= 1")
         if self.decode_batch_size < 0:
             raise ConfigError(f"-D/--decode-batch-size {self.decode_batch_size}: must be >= 0")
         if self.chunk_size < 1:
             raise ConfigError(f"--chunk-size {self.chunk_size}: must be >= 1")
+        for name, value, low, high in (("-P/--new-prefill-tokens", self.new_prefill_tokens, 1, MAX_TOKENS),
+                                       ("-D/--decode-batch-size", self.decode_batch_size, 0, MAX_DECODE_BATCH),
+                                       ("--chunk-size", self.chunk_size, 1, MAX_TOKENS)):
+            problem = out_of_bounds(value, low, high)
+            if problem:
+                raise ConfigError(f"{name} {value}: {problem}")
         problem = adapter(None).budget_problem(self.chunk_size, self.decode_batch_size)
         if problem:
             raise ConfigError(f"-D {self.decode_batch_size} with --chunk-size {self.chunk_size}: {problem}")
@@ -53,6 +68,21 @@ class PointSpec:
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.chunk_size, self.decode_batch_size, self.new_prefill_tokens)
+
+    def check_fits(self, settings: ProtocolSettings, max_model_len: int | None, field: str = "-P") -> None:
+        """Refuse, in one line, a point whose requests exceed the engine's max_model_len."""
+        problem = prompt_fit_problem(self.new_prefill_tokens, settings.prefill_max_tokens,
+                                     settings.decode_context_tokens, settings.decode_output_tokens, max_model_len)
+        if problem:
+            raise ConfigError(f"{field} {self.new_prefill_tokens}: {problem}")
+
+
+def check_reps(reps: int, name: str = "--reps") -> int:
+    """Repetitions within `bounds.MAX_REPS` (one line naming the option)."""
+    problem = out_of_bounds(reps, 1, MAX_REPS)
+    if problem:
+        raise ConfigError(f"{name} {reps}: {problem}")
+    return reps
 
     @property
     def num_chunks_expected(self) -> int:
@@ -114,6 +144,7 @@ def rep_record(
             engine_chunks=run.engine_chunks,
             prefill_prompt_tokens=run.prefill.prompt_tokens,
             offload=offload_numbers(run.offload, deltas),
+            prompt_tokens_check=prompt_tokens_check(run.prefill.prompt_tokens, spec.new_prefill_tokens),
         ),
         derived=derived_block(derive(baseline, run.window, spec.decode_batch_size)),
         raw=raw,

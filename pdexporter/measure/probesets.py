@@ -89,14 +89,14 @@ class FixedBaseline:
         return self.stats, {}
 
 
-async def _fresh_token(driver: EngineDriver, streams: Sequence[TokenStream], after_ns: int, timeout_s: float,
-                       tokens: int = 1) -> tuple[int, list[TokenStream]]:
+async def _fresh_token(driver: EngineDriver, streams: Sequence[TokenStream], after_ns: int,
+                       settings: ProtocolSettings, tokens: int = 1) -> tuple[int, list[TokenStream]]:
     """Wait until every stream received `tokens` events after `after_ns` (or finished)."""
     def moved(s: TokenStream) -> bool:
         return s.finished or sum(1 for t in s.event_times_ns[-tokens:] if t > after_ns) >= tokens
 
-    await wait_for(driver, streams, lambda: all(moved(s) for s in streams), timeout_s,
-                   "probe streams stalled after the metrics scrape")
+    await wait_for(driver, streams, lambda: all(moved(s) for s in streams), settings.steady_timeout_s,
+                   "probe streams stalled after the metrics scrape", stall_s=settings.stall_timeout_s)
     return driver.now_ns(), list(streams)
 
 
@@ -111,7 +111,7 @@ async def wait_steady(driver: EngineDriver, streams: Sequence[TokenStream], sett
         return any(s.finished for s in streams)
 
     await wait_for(driver, streams, steady_or_ended, settings.steady_timeout_s,
-                   f"{len(streams)} probe streams did not reach steady state")
+                   f"{len(streams)} probe streams did not reach steady state", stall_s=settings.stall_timeout_s)
     if not reached:
         raise MeasurementError(
             f"probe streams ended before steady state ({settings.inject_at_tokens} tokens, last "
@@ -133,12 +133,12 @@ class FreshProbes:
 
     async def settle(self, driver: EngineDriver, streams: Sequence[TokenStream],
                      after_ns: int) -> tuple[int, list[TokenStream]]:
-        return await _fresh_token(driver, streams, after_ns, self.settings.steady_timeout_s)
+        return await _fresh_token(driver, streams, after_ns, self.settings)
 
     async def release(self, driver: EngineDriver, streams: Sequence[TokenStream]) -> None:
         if self.wait_for_end:
             await wait_for(driver, streams, lambda: all(s.done for s in streams), self.settings.window_timeout_s,
-                           "probe streams did not finish")
+                           "probe streams did not finish", stall_s=self.settings.stall_timeout_s)
 
     def traces(self, streams: Sequence[TokenStream], t_inject_ns: int) -> list[StreamTrace]:
         return [StreamTrace.of(s) for s in streams]
@@ -223,7 +223,7 @@ class PooledProbes:
 
     async def settle(self, driver: EngineDriver, streams: Sequence[TokenStream],
                      after_ns: int) -> tuple[int, list[TokenStream]]:
-        return await _fresh_token(driver, streams, after_ns, self.settings.steady_timeout_s)
+        return await _fresh_token(driver, streams, after_ns, self.settings)
 
     async def release(self, driver: EngineDriver, streams: Sequence[TokenStream]) -> None:
         return None  # the streams go on to the next window

@@ -22,6 +22,7 @@ route's clock (`InterferenceRun.offload`) goes into the record and the raw file 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from pdexporter.engine.iterlog import IterationStep, summarise_chunks
 from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
+from pdexporter._internal.bounds import MAX_SECONDS, MAX_TOKENS
 from pdexporter.measure.driver import EngineDriver, PreparedRequest
 from pdexporter.measure.pd import RouteTiming, Routing
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
@@ -60,20 +62,24 @@ class ProtocolSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    decode_context_tokens: int = Field(4096, ge=1)
-    decode_output_tokens: int = Field(256, ge=2)
-    warmup_tokens: int = Field(16, ge=0)
-    inject_at_tokens: int = Field(32, ge=2)
-    steady_last_intervals: int = Field(8, ge=1)
-    steady_max_ratio: float = Field(2.0, gt=1.0)
-    after_intervals: int = Field(32, ge=1)
-    prefill_max_tokens: int = Field(1, ge=1)
-    slow_rel: float = Field(0.20, gt=0)
-    slow_mad_k: float = Field(5.0, gt=0)
-    token_low: int = Field(1000, ge=0)
-    token_high: int = Field(100_000, ge=1)
-    steady_timeout_s: float = Field(120.0, gt=0)
-    window_timeout_s: float = Field(900.0, gt=0)
+    decode_context_tokens: int = Field(4096, ge=1, le=MAX_TOKENS)
+    decode_output_tokens: int = Field(256, ge=2, le=MAX_TOKENS)
+    warmup_tokens: int = Field(16, ge=0, le=MAX_TOKENS)
+    inject_at_tokens: int = Field(32, ge=2, le=MAX_TOKENS)
+    steady_last_intervals: int = Field(8, ge=1, le=MAX_TOKENS)
+    steady_max_ratio: float = Field(2.0, gt=1.0, le=1e6)
+    after_intervals: int = Field(32, ge=1, le=MAX_TOKENS)
+    prefill_max_tokens: int = Field(1, ge=1, le=MAX_TOKENS)
+    slow_rel: float = Field(0.20, gt=0, le=1e6)
+    slow_mad_k: float = Field(5.0, gt=0, le=1e6)
+    token_low: int = Field(1000, ge=0, le=2**31 - 1)
+    token_high: int = Field(100_000, ge=1, le=2**31 - 1)
+    steady_timeout_s: float = Field(120.0, gt=0, le=MAX_SECONDS)
+    window_timeout_s: float = Field(900.0, gt=0, le=MAX_SECONDS)
+    # Inside a window every open probe gets a token per engine step (a chunk step included): one
+    # silent this long means the engine (or its connection) stalled, and the window fails at once
+    # instead of waiting for the read timeout (`--read-timeout`, 300 s by default).
+    stall_timeout_s: float = Field(30.0, gt=0, le=MAX_SECONDS)
 
     @model_validator(mode="after")
     def _check(self) -> ProtocolSettings:
@@ -85,6 +91,13 @@ class ProtocolSettings(BaseModel):
         if self.token_low >= self.token_high:
             raise ValueError(f"token_low={self.token_low} must be below token_high={self.token_high}")
         return self
+
+    def with_read_timeout(self, read_timeout_s: float | None) -> ProtocolSettings:
+        """These settings under a client read timeout: a window also fails once a probe was silent
+        that long, when it is shorter than `stall_timeout_s`."""
+        if read_timeout_s is None or read_timeout_s >= self.stall_timeout_s:
+            return self
+        return self.model_copy(update={"stall_timeout_s": read_timeout_s})
 
     @property
     def window(self) -> WindowParams:
@@ -110,6 +123,23 @@ class ProtocolSettings(BaseModel):
         around it), the recovery intervals and a margin."""
         chunks = len(adapter(engine).chunk_schedule(p, chunk_size, d)) if d < chunk_size else 1
         return self.steady_last_intervals + 2 * chunks + self.after_intervals + 8
+
+
+# The options of measure and run that set protocol fields (sweep files name the fields themselves).
+OPTION_NAMES = {"decode_context_tokens": "--decode-context-tokens", "decode_output_tokens": "--decode-output-tokens"}
+
+
+def protocol_settings(**fields: Any) -> ProtocolSettings:
+    """`ProtocolSettings(**fields)` with a validation failure as one line naming the option."""
+    from pydantic import ValidationError
+
+    from pdexporter._internal.validation import format_option_error
+    from pdexporter.errors import ConfigError
+
+    try:
+        return ProtocolSettings(**fields)
+    except ValidationError as exc:
+        raise ConfigError(format_option_error(exc, ProtocolSettings, OPTION_NAMES)) from exc
 
 
 @dataclass
@@ -289,21 +319,61 @@ def analyse_traces(
     )
 
 
+def prompt_tokens_check(reported: int | None, sent: int) -> str:
+    """What the engine's `usage.prompt_tokens` says about a prefill of `sent` token ids: "exact",
+    "differs" or "unreported" (an engine without usage in its stream). The seed needs exactly P
+    cold tokens, so a window whose prefill differs is not recorded (`prompt_tokens_problem`)."""
+    if reported is None:
+        return "unreported"
+    return "exact" if reported == sent else "differs"
+
+
+def prompt_tokens_problem(reported: int | None, sent: int) -> str | None:
+    if prompt_tokens_check(reported, sent) != "differs":
+        return None
+    return (f"the engine counted usage.prompt_tokens={reported} for the {sent} token ids sent; the seed needs "
+            f"exactly {sent} cold tokens (a tokenizer or template added or dropped some)")
+
+
 def _raise_failures(streams: Iterable[TokenStream]) -> None:
     for stream in streams:
         stream.raise_if_failed()
 
 
 async def wait_for(
-    driver: EngineDriver, streams: Sequence[TokenStream], predicate: Callable[[], bool], timeout_s: float, what: str
+    driver: EngineDriver, streams: Sequence[TokenStream], predicate: Callable[[], bool], timeout_s: float, what: str,
+    *, stall_s: float | None = None,
 ) -> None:
-    """Wait for `predicate`; a failed stream raises its error, a timeout a one-line MeasurementError."""
-    ok = await driver.progress.wait_until(
-        lambda: predicate() or any(s.error is not None for s in streams), timeout_s
-    )
-    _raise_failures(streams)
-    if not ok:
-        raise MeasurementError(f"{what} within {timeout_s:g} s")
+    """Wait for `predicate`; a failed stream raises its error, a timeout a one-line MeasurementError.
+    With `stall_s`, an open stream that has had tokens and then none for `stall_s` raises a
+    one-line MeasurementError at once (`stalled`): every probe gets a token per engine step."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while True:
+        left = max(0.0, end - loop.time())
+        slice_s = left if stall_s is None else min(left, max(stall_s / 4, 0.01))
+        ok = await driver.progress.wait_until(
+            lambda: predicate() or any(s.error is not None for s in streams), slice_s
+        )
+        _raise_failures(streams)
+        if ok:
+            return
+        if stall_s is not None:
+            silent = stalled(streams, driver.now_ns(), stall_s)
+            if silent:
+                raise MeasurementError(
+                    f"the engine stalled: {len(silent)} of {len(streams)} stream(s) got no token for {stall_s:g} s "
+                    f"(protocol.stall_timeout_s) while waiting: {what}"
+                )
+        if loop.time() >= end:
+            raise MeasurementError(f"{what} within {timeout_s:g} s")
+
+
+def stalled(streams: Sequence[TokenStream], now_ns: int, stall_s: float) -> list[TokenStream]:
+    """Open streams that received tokens and then none for `stall_s` (a prefill before its first
+    token is silent by nature: it has none yet and is not counted)."""
+    limit = stall_s * 1e9
+    return [s for s in streams if not s.done and s.event_times_ns and now_ns - s.event_times_ns[-1] > limit]
 
 
 async def run_single(driver: EngineDriver, prompt: Sequence[int], max_tokens: int, tag: str, timeout_s: float) -> TokenStream:
@@ -338,14 +408,33 @@ def start_probes(driver: EngineDriver, d: int, settings: ProtocolSettings, max_t
 
 
 def steady(streams: Sequence[TokenStream], settings: ProtocolSettings) -> bool:
-    """The seed's rule on event times: >= inject_at tokens, last 8 intervals within 2x."""
+    """The seed's rule on event times: >= inject_at tokens, last 8 intervals within 2x.
+
+    Events that share a stamp arrived in one read (the client was a step late and read two of the
+    engine's writes at once: `engine.kstamp` says why no stamp can split them); they count as one
+    interval of their tokens together, as the client saw them, not as a 0 ms interval that would
+    break the rule for a reason that is not the engine's cadence. Under CPU contention this
+    happens every few hundred events, and with 12 probes x 8 intervals one of them was nearly
+    always in view (issue 13's soak: "not in steady state" for minutes)."""
+    k = settings.steady_last_intervals
     for s in streams:
-        if s.n_tokens < settings.inject_at_tokens or len(s.event_times_ns) <= settings.steady_last_intervals:
+        if s.n_tokens < settings.inject_at_tokens:
             return False
-        tail = s.event_times_ns[-(settings.steady_last_intervals + 1) :]
-        gaps = [(b - a) / n for a, b, n in zip(tail, tail[1:], s.event_tokens[-settings.steady_last_intervals :])]
-        low, high = min(gaps), max(gaps)
-        if low <= 0 or high / low > settings.steady_max_ratio:
+        times, tokens = s.event_times_ns, s.event_tokens
+        gaps: list[float] = []  # ns per token between consecutive reads, newest first
+        i = min(len(times), len(tokens)) - 1
+        while i > 0 and len(gaps) < k:
+            t, n = times[i], tokens[i]
+            while i - 1 > 0 and times[i - 1] == t:  # same read
+                i -= 1
+                n += tokens[i]
+            if times[i - 1] >= t:
+                return False
+            gaps.append((t - times[i - 1]) / n)
+            i -= 1
+        if len(gaps) < k:
+            return False
+        if max(gaps) / min(gaps) > settings.steady_max_ratio:
             return False
     return True
 
@@ -356,7 +445,7 @@ async def run_baseline(driver: EngineDriver, d: int, settings: ProtocolSettings)
         return BaselineRun(0, [], None)
     probes = start_probes(driver, d, settings)
     await wait_for(driver, probes, lambda: all(p.done for p in probes), settings.window_timeout_s,
-                f"{d} baseline decode streams did not finish")
+                   f"{d} baseline decode streams did not finish", stall_s=settings.stall_timeout_s)
     traces = [StreamTrace.of(p) for p in probes]
     stats = baseline_stats([t.token_times() for t in traces], settings.window)
     if stats is None:
@@ -408,7 +497,8 @@ async def run_window(
     prefill = driver.start(prepared)  # inside the window: never retried
     everything = [*streams, prefill]
     await wait_for(driver, everything, lambda: prefill.t_first_ns is not None or prefill.done,
-                   settings.window_timeout_s, f"the {p}-token prefill produced no token")
+                   settings.window_timeout_s, f"the {p}-token prefill produced no token",
+                   stall_s=settings.stall_timeout_s)
     if prefill.t_first_ns is None or prefill.t_sent_ns is None:
         raise MeasurementError(f"the {p}-token prefill finished without a token ({prefill.finish_reason})")
     t_inject, t_first = prefill.t_sent_ns, prefill.t_first_ns
@@ -424,7 +514,11 @@ async def run_window(
         lambda: prefill.done and all(s.done or _tokens_after(s, window_end) > settings.after_intervals
                                      for s in streams),
         settings.window_timeout_s, "probe streams did not recover after the prefill",
+        stall_s=settings.stall_timeout_s,
     )
+    problem = prompt_tokens_problem(prefill.prompt_tokens, prepared.prompt_tokens)
+    if problem:
+        raise MeasurementError(f"the {p}-token prefill: {problem}")
     after = await driver.scrape_metrics()
     await probes.release(driver, streams)
     steps = driver.steps_since(mark)

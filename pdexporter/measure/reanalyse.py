@@ -15,7 +15,13 @@ from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines
 from pdexporter.errors import RecordError
 from pdexporter.measure.pd import RouteTiming, offload_numbers
 from pdexporter.measure.point import PointSpec
-from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, analyse_traces, expected_schedule
+from pdexporter.measure.protocol import (
+    ProtocolSettings,
+    StreamTrace,
+    analyse_traces,
+    expected_schedule,
+    prompt_tokens_check,
+)
 from pdexporter.measure.records import (
     RecordConfig,
     RepRecord,
@@ -69,6 +75,7 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
             window, num_chunks_expected=len(schedule) if schedule else spec.num_chunks_expected,
             engine_chunks=chunks or None, prefill_prompt_tokens=prefill.prompt_tokens,
             offload=offload_numbers(route, rep.engine_metrics),
+            prompt_tokens_check=prompt_tokens_check(prefill.prompt_tokens, c.new_prefill_tokens),
         ),
         "derived": derived_block(derive(baseline, window, c.decode_batch_size)),
     })

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from pdexporter import __version__
+from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
 from pdexporter.measure.quantities import Block, block_values, in_block
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
@@ -28,9 +29,11 @@ class _Model(BaseModel):
 
 
 class RecordConfig(_Model):
-    decode_batch_size: int = Field(ge=0)
-    new_prefill_tokens: int = Field(ge=1)
-    chunk_size: int = Field(ge=1)
+    # Bounded as the options and sweep files are (`_internal.bounds`): a record outside them is
+    # one line naming its file (`store.load_record_file`), never a crash of the table built on it.
+    decode_batch_size: int = Field(ge=0, le=MAX_DECODE_BATCH)
+    new_prefill_tokens: int = Field(ge=1, le=MAX_TOKENS)
+    chunk_size: int = Field(ge=1, le=MAX_TOKENS)
     model: str
     gpu: str
     engine: str = "vllm"
@@ -91,6 +94,9 @@ InterferenceBlock = _block_model(
     chunk_schedule_check=(str | None, None),  # "confirmed" | "contradicted"
     chunk_tokens_engine_log=(list[int] | None, None),
     chunk_step_times_ms=(list[float], Field(default_factory=list)),
+    # usage.prompt_tokens of the prefill against the P token ids sent: "exact" | "unreported"
+    # ("differs" fails the window: measure.protocol.prompt_tokens_check)
+    prompt_tokens_check=(str | None, None),
 )
 DerivedBlock = _block_model("DerivedBlock", "derived")
 
@@ -156,6 +162,7 @@ def interference_block(
     engine_chunks: Sequence[int] | None,
     prefill_prompt_tokens: int | None,
     offload: object | None = None,
+    prompt_tokens_check: str | None = None,
 ) -> InterferenceBlock:
     """`offload`: the offloaded arm's numbers of this repetition (`measure.pd.OffloadNumbers`)."""
     context = SimpleNamespace(
@@ -169,6 +176,7 @@ def interference_block(
         chunk_schedule_check=window.chunk_schedule_check,
         chunk_tokens_engine_log=list(engine_chunks) if engine_chunks is not None else None,
         chunk_step_times_ms=[round(x, 3) for x in window.chunk_step_times_ms],
+        prompt_tokens_check=prompt_tokens_check,
     )
 
 

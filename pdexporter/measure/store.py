@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, read_json_gz
+from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, clean_stale, read_json_gz
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
 from pdexporter.measure.records import RunRecord
@@ -39,6 +39,10 @@ class ResultsStore:
     def cached(self) -> ResultsStore:
         """This store with `cache_records` on (itself when it already has it)."""
         return self if self._records is not None else ResultsStore(self.root, cache_records=True)
+
+    def clean_stale(self) -> list[Path]:
+        """Remove temporary files that killed writers left (`_internal.atomic.clean_stale`)."""
+        return clean_stale(self.root)
 
     def chunk_dir(self, chunk_size: int) -> Path:
         return self.root / str(chunk_size)
@@ -108,6 +112,8 @@ def load_record_file(path: str | Path) -> RunRecord:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
     try:

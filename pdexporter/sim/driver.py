@@ -81,6 +81,7 @@ class SimDriver:
             profile=prof.name,
             modelled=True,
             clock="virtual" if is_virtual(clock.loop) else "monotonic",
+            max_model_len=prof.engine.max_model_len,
             command=("pdexporter-sim", "--profile", prof.name, "--max-num-batched-tokens",
                      str(config.max_num_batched_tokens), *(("--kv-role", role) if role else ())),
         )
@@ -102,7 +103,8 @@ class SimDriver:
         return PreparedRequest(tag=tag, prompt_token_ids=ids, max_tokens=max_tokens)
 
     def start(self, prepared: PreparedRequest, *, retry_connect: bool = False) -> TokenStream:
-        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify)
+        stream = TokenStream(f"{prepared.tag}-{next(self._ids)}", prepared.tag, on_update=self.progress.notify,
+                             max_tokens=prepared.max_tokens)
         self._start_into(prepared, stream)
         return stream
 

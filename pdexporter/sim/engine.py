@@ -57,7 +57,9 @@ NixlConnector's kv_transfer_params. All of it is a model (MODELLED).
 
 The engine keeps vLLM's metrics (`vllm_metrics.VllmMetrics`), logs one vLLM iteration-detail line
 per step (`engines.vllm.format_step`, with vLLM's `(EngineCore_DP0 pid=N) INFO`
-prefix) and keeps the step history in memory. The line's "iteration elapsed time" is the modelled
+prefix) and keeps the last `history_limit` steps in memory (`StepHistory`: the in-process driver reads
+a window's steps from it; a served engine's clients read the log, so `sim serve` keeps only a few
+thousand, and its memory stays flat however long it runs). The line's "iteration elapsed time" is the modelled
 GPU span of the step (vLLM's own number measures CPU-side waiting and is unreliable under async
 scheduling, docs/vllm-facts.md).
 """

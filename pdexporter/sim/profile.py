@@ -328,6 +328,8 @@ def load_profile(name_or_path: str | Path) -> Profile:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from exc
     return parse_profile(data, source=str(path))

@@ -60,6 +60,7 @@ from pdexporter.sim.vllm_metrics import VllmMetrics
 MODELLED_HEADER = "x-pdexporter-modelled"
 SEND_STAMPS_HEADER = "x-pdexporter-send-stamps"
 SENT_KEY, PREV_WRITTEN_KEY = "pdexporter-sent-ns", "pdexporter-prev-written-ns"
+SERVED_HISTORY_STEPS = 4096  # `EngineCore.history` of a served engine (run_server)
 
 
 def send_stamps(comment: str | None) -> dict[str, int]:
@@ -548,8 +549,10 @@ async def run_server(
         side_port = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600")
         connector = NixlPrefillConnector(host=os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost"),
                                          port=int(side_port) if side_port.isdigit() else 5600)
+    # Clients of a served engine read its steps from the log; in memory it keeps a few thousand
+    # (the default 200,000 were ~50 MB reached after ~40 min at D = 12: issue 13's 2.7 MB/min).
     engine = EngineCore(profile, LoopClock(loop), config=config, metrics=metrics, log=log, kv_role=options.kv_role,
-                        connector=connector)
+                        connector=connector, history_limit=SERVED_HISTORY_STEPS)
     spans = None
     if options.otlp_traces_endpoint:
         from pdexporter.sim.otlp import RequestSpans

@@ -40,7 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdexporter._internal.atomic import atomic_write_json
-from pdexporter.errors import MeasurementError, PdexporterError
+from pdexporter.errors import (
+    EngineError,
+    EngineHTTPError,
+    EngineRefused,
+    MeasurementError,
+    PdexporterError,
+)
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes, PooledProbes
@@ -63,6 +69,20 @@ from pdexporter.sweep.spec import SweepSpec
 
 PHASES = ("engine_start", "warmup", "phase1", "phase2", "cooldown")
 Key = tuple[int, int, int]
+
+
+def window_retryable(exc: BaseException) -> bool:
+    """Whether a failed repetition is run again (and, retries used up, its configuration skipped):
+    measurement errors, and engine errors of one window (a 5xx, a stall, a connection lost, a
+    broken stream). Not an engine that refuses connections (it is gone: the sweep stops, and its
+    rerun resumes) nor one that rejects the request (4xx: every window would)."""
+    if isinstance(exc, MeasurementError):
+        return True
+    if isinstance(exc, EngineRefused):
+        return False
+    if isinstance(exc, EngineHTTPError):
+        return exc.status >= 500 or exc.status == 429
+    return isinstance(exc, EngineError)
 
 
 class SweepObserver:
@@ -246,6 +266,9 @@ class SweepController:
     async def run(self) -> SweepReport:
         loop = asyncio.get_running_loop()
         t0_loop, t0_wall = loop.time(), time.monotonic()
+        removed = self.store.clean_stale()
+        if removed:
+            self.observer.on_message(f"removed {len(removed)} temporary file(s) a killed run left in {self.store.root}")
         statuses = {key: self.status(key) for key in self.points}
         for (b, _, _), st in statuses.items():
             self.reports[b].configs += 1
@@ -347,6 +370,8 @@ class SweepController:
                 driver = await provider.open(chunk)
             self.times.observe("engine_start", (chunk,), time.monotonic() - t_wall)
             report.engine_adopted = isinstance(launcher, Adopting) and launcher.adopted
+            for p in sorted({p for _, _, p in todo}):  # before any warm-up: one line, not a request that hangs
+                driver.info.check_fits(PointSpec(chunk, 0, p), spec.protocol, "grid.new_prefill_tokens")
             if driver.info.modelled and driver.info.note and not self._noted:
                 self.observer.on_message(driver.info.note)
                 self._noted = True
@@ -461,10 +486,11 @@ class SweepController:
                     probes = pool if pool is not None else FreshProbes(spec.protocol)
                     run = await run_window(driver, d, p, spec.protocol, probes, FixedBaseline(base.stats),
                                            chunk_size=chunk)
-            except MeasurementError as exc:
-                # No steady state, a probe that ended early, no recovery: nothing was
-                # recorded; the run is repeated with fresh probes (fast mode starts a new set).
-                if attempt == spec.retries:
+            except (MeasurementError, EngineError) as exc:
+                # No steady state, a probe that ended early, no recovery, a stall, an engine
+                # error inside the window: nothing was recorded; the run is repeated with fresh
+                # probes (fast mode starts a new set). An engine that is not there is not.
+                if not window_retryable(exc) or attempt == spec.retries:
                     raise
                 report.retries += 1
                 self.observer.on_message(f"B={chunk} D={d} P={p} rep {rep}: {exc}; retrying")
@@ -506,7 +532,9 @@ class SweepController:
                     self.observer.on_phase("cooldown", chunk, d, p)
                     with self._phase("cooldown", chunk):
                         await asyncio.sleep(spec.cooldown_s)
-        except MeasurementError as exc:
+        except (MeasurementError, EngineError) as exc:
+            if not window_retryable(exc):
+                raise
             report.failed.append(key)
             self.observer.on_message(f"B={chunk} D={d} P={p}: {exc}; skipped after {spec.retries} "
                                      "retries (rerun the sweep to try it again)")

@@ -10,13 +10,15 @@ The reference for every field is docs/sweep.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
 from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter._internal.redact import redact_argv, redact_env
 from pdexporter.engines import adapter
@@ -24,6 +26,7 @@ from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
 
 Mode = Literal["faithful", "fast"]
+SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 # The seed's 5 s "wait for KV eviction" between runs: kept in faithful mode, which follows the
 # seed step by step; fast mode needs none (docs/sweep.md, "Cooldown").
@@ -34,12 +37,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+def _whole(value: Any) -> Any:
+    """A whole float (YAML's `1.0e+26`) as an int, so that its bound, not its size, is what a
+    one-line error names."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _unique(values: list[int]) -> list[int]:
-    seen: set[int] = set()
+TokenCount = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=MAX_TOKENS)]  # P, chunk sizes (`_internal.bounds`)
+DecodeBatch = Annotated[int, BeforeValidator(_whole), Field(ge=0, le=MAX_DECODE_BATCH)]
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
+
+
+H = TypeVar("H", bound=Hashable)
+
+
+def _unique(values: list[H]) -> list[H]:
+    seen: set[H] = set()
     for i, value in enumerate(values):
         if value in seen:
             raise ValueError(f"[{i}] = {value} appears twice")
@@ -50,12 +63,12 @@ def _unique(values: list[int]) -> list[int]:
 class GridSpec(_Strict):
     """The seed's independent variables; lists run in the order written."""
 
-    chunk_sizes: list[PositiveInt] = Field(min_length=1)
-    decode_batch_sizes: list[NonNegativeInt] = Field(min_length=1)
-    new_prefill_tokens: list[PositiveInt] = Field(min_length=1)
+    chunk_sizes: list[TokenCount] = Field(min_length=1)
+    decode_batch_sizes: list[DecodeBatch] = Field(min_length=1)
+    new_prefill_tokens: list[TokenCount] = Field(min_length=1)
     # Only these [B, D, P] configurations of the product (e.g. the points of an earlier sweep that
     # failed the CV criterion, re-run); None: the whole product.
-    only: list[tuple[PositiveInt, NonNegativeInt, PositiveInt]] | None = None
+    only: list[tuple[TokenCount, DecodeBatch, TokenCount]] | None = None
 
     _check_unique = field_validator("chunk_sizes", "decode_batch_sizes", "new_prefill_tokens")(_unique)
 
@@ -101,7 +114,7 @@ class CooldownSpec(_Strict):
     """Faithful mode's idle wait after each Phase 2 run (None: the seed's 5 s). Fast mode never
     idles: its probes keep decoding between injections, and the engine needs no wait (docs/sweep.md)."""
 
-    seconds: float | None = Field(None, ge=0)
+    seconds: float | None = Field(None, ge=0, le=MAX_SECONDS)
 
 
 class OrderSpec(_Strict):
@@ -119,15 +132,15 @@ class OrderSpec(_Strict):
 class CvSpec(_Strict):
     """The seed's reproducibility criterion: CV of the penalty over one attempt's reps."""
 
-    threshold: float = Field(0.15, gt=0)
-    max_reruns: int = Field(1, ge=0)
+    threshold: float = Field(0.15, gt=0, le=1e6)
+    max_reruns: int = Field(1, ge=0, le=MAX_RETRIES)
 
 
 class FastSpec(_Strict):
     """Fast mode: probe streams live across injections until their context has grown by this much
     beyond decode_context_tokens (then a fresh set starts), keeping context near the seed's 4096."""
 
-    max_context_drift_tokens: int = Field(512, ge=1)
+    max_context_drift_tokens: int = Field(512, ge=1, le=MAX_TOKENS)
 
 
 # Set in every engine's environment when a sweep runs one engine per GPU (`launcher.gpus`): NVLink
@@ -154,8 +167,8 @@ class LocalLauncherSpec(_Strict):
     vars: dict[str, str] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
-    health_timeout_s: float = Field(600.0, gt=0)
-    stop_timeout_s: float = Field(60.0, gt=0)
+    health_timeout_s: Seconds = 600.0
+    stop_timeout_s: Seconds = 60.0
     adopt: bool = True
     gpus: list[Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9,:_-]+$")]] | None = Field(None, min_length=1)
     base_port: int = Field(8000, ge=1, le=65535)
@@ -171,13 +184,7 @@ class LocalLauncherSpec(_Strict):
     @field_validator("gpus")
     @classmethod
     def _unique_gpus(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            seen: set[str] = set()
-            for i, gpu in enumerate(value):
-                if gpu in seen:
-                    raise ValueError(f"[{i}] = {gpu} appears twice")
-                seen.add(gpu)
-        return value
+        return None if value is None else _unique(value)
 
     @field_validator("command")
     @classmethod
@@ -233,7 +240,7 @@ class ExternalLauncherSpec(_Strict):
 
     kind: Literal["external"]
     url: str
-    chunk_size: int | None = Field(None, ge=1)
+    chunk_size: int | None = Field(None, ge=1, le=MAX_TOKENS)
 
     @field_validator("url")
     @classmethod
@@ -287,8 +294,8 @@ class PairLauncherSpec(_Strict):
     decode: PairInstanceSpec
     vars: dict[str, str] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    health_timeout_s: float = Field(600.0, gt=0)
-    stop_timeout_s: float = Field(60.0, gt=0)
+    health_timeout_s: Seconds = 600.0
+    stop_timeout_s: Seconds = 60.0
     adopt: bool = True
 
     @model_validator(mode="after")
@@ -317,10 +324,10 @@ class KubernetesLauncherSpec(_Strict):
     chart: str | None = None
     value_key: str = "vllm.chunkSize"
     deployment: str | None = None
-    container: int = Field(0, ge=0)
+    container: int = Field(0, ge=0, le=1000)
     arg_name: str = "--max-num-batched-tokens"
-    rollout_timeout_s: float = Field(900.0, gt=0)
-    health_timeout_s: float = Field(600.0, gt=0)
+    rollout_timeout_s: Seconds = 900.0
+    health_timeout_s: Seconds = 600.0
 
     @field_validator("url")
     @classmethod
@@ -353,9 +360,9 @@ class SweepSpec(_Strict):
     model: str | None = None  # served model name; default: the engine's first
     gpu: str | None = None  # recorded in every record's config.gpu
     grid: GridSpec
-    reps: int = Field(5, ge=1)
+    reps: Annotated[int, BeforeValidator(_whole)] = Field(5, ge=1, le=MAX_REPS)
     mode: Mode = "faithful"
-    retries: int = Field(2, ge=0)  # per repetition, after a MeasurementError (e.g. no steady state)
+    retries: Annotated[int, BeforeValidator(_whole)] = Field(2, ge=0, le=MAX_RETRIES)  # per repetition, after a MeasurementError (e.g. no steady state)
     protocol: ProtocolSettings = ProtocolSettings()
     warmup: WarmupSpec = WarmupSpec()
     cooldown: CooldownSpec = CooldownSpec()
@@ -365,6 +372,26 @@ class SweepSpec(_Strict):
     launcher: LauncherSpec = SimLauncherSpec(kind="sim")
     output: str = "results"
     listen: str | None = None
+    # The longest silence allowed inside an engine stream (the client's read timeout; `--read-timeout`).
+    read_timeout_s: Seconds = 300.0
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        # `sim sweep` writes to results/sim/{profile}/{name}: a name is one directory, never a path
+        if value is not None and not SAFE_NAME.fullmatch(value):
+            raise ValueError("must be one directory name: letters, digits, '.', '_' or '-', not starting with "
+                             f"'.' (got {value!r})")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _output(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        if ".." in Path(value).parts:
+            raise ValueError(f"must not contain '..': results stay under the directory it names (got {value!r})")
+        return value
 
     @model_validator(mode="after")
     def _cross(self) -> SweepSpec:
@@ -386,6 +413,8 @@ class SweepSpec(_Strict):
                     f"chunk size {launcher.chunk_size}; use a launcher that owns the engine "
                     "(local, sim, kubernetes)"
                 )
+        # a stall inside a window is noticed within the read timeout too (ProtocolSettings.with_read_timeout)
+        object.__setattr__(self, "protocol", self.protocol.with_read_timeout(self.read_timeout_s))
         if self.listen is not None:
             from pdexporter.exporter.server import parse_listen
 
@@ -440,6 +469,16 @@ class SweepSpec(_Strict):
         return s.inject_at_tokens + max(self.fast.max_context_drift_tokens, largest)
 
 
+def prediction_root(profile: str, name: str, base: str | Path = "results") -> Path:
+    """Where `sim sweep` writes by default: `results/sim/{profile}/{name}`, each part one directory
+    (a profile given as a file path is named by its file's stem), so nothing lands outside `base`."""
+    profile_dir = Path(profile).stem if ("/" in profile or profile.endswith((".yaml", ".yml"))) else profile
+    for what, part in (("--profile", profile_dir), ("name", name)):
+        if not SAFE_NAME.fullmatch(part):
+            raise ConfigError(f"{what} {part!r}: cannot name a results directory (letters, digits, '.', '_', '-')")
+    return Path(base) / "sim" / profile_dir / name
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading and one-line errors
 
@@ -460,6 +499,10 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                          f"{exc.start}); save the sweep file as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -115,7 +115,8 @@ def html_404(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.mark.parametrize(
     "args",
     [
-        ["run", "--target", "{url}", "--listen", "127.0.0.1:0"],
+        # run waits for an engine that answers an error (a vLLM still loading): --engine-wait ends it
+        ["run", "--target", "{url}", "--listen", "127.0.0.1:0", "--engine-wait", "2s"],
         ["measure", "--target", "{url}", "--out", "{tmp}"],
         ["dashboards", "push", "--grafana-url", "{url}"],
     ],
@@ -127,6 +128,7 @@ def test_an_html_404_page_becomes_one_short_line(html_404: str, tmp_path: Path, 
     assert "404" in line and "an HTML page (Error response" in line, line
     assert "<" not in line and "DOCTYPE" not in line, line
     assert len(line) < 400, line
+    assert "DOCTYPE" not in result.stderr and "<html" not in result.stderr.lower(), result.stderr
 
 
 def test_dashboards_generate_outside_a_checkout_needs_out(tmp_path: Path) -> None:

@@ -39,7 +39,15 @@ def _one_error_line(stderr: str) -> str:
     [
         (["-P", "0"], "-P/--new-prefill-tokens 0: must be >= 1"),
         (["-D", "-1"], "-D/--decode-batch-size -1: must be >= 0"),
-        (["-D", "8192", "--chunk-size", "8192"], "take the whole step budget"),
+        (["-D", "1024", "--chunk-size", "1024"], "take the whole step budget"),
+        # Issue 13: numbers out of any sane range were tracebacks or runs that could not end
+        (["-P", "99999999999999999999"], "-P/--new-prefill-tokens 99999999999999999999: must be between 1 and 10000000"),
+        (["-D", "100000", "--chunk-size", "200000"], "-D/--decode-batch-size 100000: must be between 0 and 1024"),
+        (["--chunk-size", "99999999999999999999"], "--chunk-size 99999999999999999999: must be between 1 and"),
+        (["--reps", "1000000000"], "--reps 1000000000: must be between 1 and 1000"),
+        (["--read-timeout", "0s"], "--read-timeout '0s': must be > 0"),
+        (["--read-timeout", "soon"], "--read-timeout 'soon': expected a duration"),
+        (["--decode-output-tokens", "99999999999"], "--decode-output-tokens 99999999999: must be <= 10000000"),
     ],
 )
 async def test_bad_point_is_rejected_before_anything_runs(args: list[str], fragment: str, tmp_path: Path) -> None:

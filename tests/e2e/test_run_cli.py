@@ -35,8 +35,9 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         (["--decode-batch-size", "0"], "pdexporter: error: --decode-batch-size 0: must be >= 1"),
         (["--new-prefill-tokens", "0"], "pdexporter: error: --new-prefill-tokens 0: must be >= 1"),
         (["--inject-every", "often"], "pdexporter: error: --inject-every 'often': expected a duration"),
-        (["--target", "http://127.0.0.1:9/", "--chunk-size", "8192", "--listen", "127.0.0.1:0"],
-         "pdexporter: error: cannot connect to http://127.0.0.1:9/health"),
+        # run waits for its engine (forever by default, issue 13); --engine-wait bounds the wait
+        (["--target", "http://127.0.0.1:9/", "--chunk-size", "8192", "--listen", "127.0.0.1:0", "--engine-wait", "2s"],
+         "pdexporter: error: engine not ready after 2 s (--engine-wait): cannot connect to http://127.0.0.1:9/health"),
     ],
 )
 def test_bad_input_is_one_line_and_a_non_zero_exit(args: list[str], message: str) -> None:

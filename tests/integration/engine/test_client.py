@@ -6,6 +6,7 @@ for http://) and aiohttp (`rx_stamps=False`); errors must read the same on both.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -189,3 +190,37 @@ async def test_unknown_model_is_a_config_error() -> None:
         assert await client.resolve_model(None) == engine.model
         with pytest.raises(ConfigError, match="serves scripted-model"):
             await client.resolve_model("other")
+
+
+@pytest.mark.parametrize("kind", ["http-500", "reset"])
+async def test_a_stream_start_failing_before_any_byte_is_retried_unseen(kind: str, rx: bool) -> None:
+    """Issue 13: one HTTP 500 on a probe start aborted `measure`: the failure was recorded on the
+    stream (and seen by the window waiting on it) before the coded retry could send again."""
+    from pdexporter.engine.stream import Progress
+    from tests.scripted_engine import Fault
+
+    progress = Progress()
+    seen_errors: list[BaseException] = []
+    async with ScriptedEngine(faults=[Fault(kind, times=1)]) as engine, \
+            EngineClient(engine.url, rx_stamps=rx) as client:
+        stream = TokenStream("s", on_update=progress.notify)
+        task = asyncio.create_task(client.stream_into(COMPLETIONS_PATH, encode_body(completion_request(
+            engine.model, [1, 2, 3], 5)), stream, retry_connect=True))
+        await progress.wait_until(lambda: seen_errors.append(stream.error) or stream.done  # type: ignore[func-returns-value]
+                                  , timeout_s=20)
+        await task
+    assert engine.completion_calls == 2  # the engine saw a second POST
+    assert stream.error is None and stream.n_tokens == 5
+    assert not any(seen_errors), "a watcher saw the failure that was retried"
+
+
+async def test_a_stream_failing_after_its_first_token_is_not_retried(rx: bool) -> None:
+    from tests.scripted_engine import Fault
+
+    async with ScriptedEngine(faults=[Fault("close-mid-stream", at_token=2)]) as engine, \
+            EngineClient(engine.url, rx_stamps=rx) as client:
+        stream = TokenStream("s")
+        with pytest.raises(EngineUnreachable, match="mid-stream"):
+            await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request(engine.model, [1, 2], 5)),
+                                     stream, retry_connect=True)
+    assert engine.completion_calls == 1 and stream.n_tokens == 2 and stream.error is not None

@@ -57,7 +57,7 @@ async def test_engine_errors_are_counted_and_the_exporter_recovers() -> None:
         task = asyncio.create_task(runner.run(stop))
         try:
             await asyncio.wait_for(runner.ready.wait(), 20)
-            await _until(lambda: len(runner.windows) >= 1, 20)
+            await _until(lambda: runner.windows_seen >= 1, 20)
             assert _value(runner, "pdexporter_up") == 1
             assert _value(runner, "pdexporter_engine_scrape_success") == 1
 
@@ -73,10 +73,10 @@ async def test_engine_errors_are_counted_and_the_exporter_recovers() -> None:
             await _until(lambda: _value(runner, "pdexporter_errors_total", kind="http") > http_errors + 1, 20)
             assert _value(runner, "pdexporter_errors_total", kind="connect") == 0
 
-            windows = len(runner.windows)
+            windows = runner.windows_seen
             engine.behaviour = "ok"
             await _until(lambda: _value(runner, "pdexporter_up") == 1, 20)
-            await _until(lambda: len(runner.windows) > windows, 20)
+            await _until(lambda: runner.windows_seen > windows, 20)
             assert not task.done()
         finally:
             stop.set()

@@ -111,6 +111,11 @@ async def test_runner_stays_live_and_ready_when_the_engine_goes_away() -> None:
                     break
                 assert time.monotonic() < deadline, "pdexporter_up never went to 0 with the engine gone"
                 await asyncio.sleep(0.2)
+            while 'pdexporter_up_reason{reason="engine-unreachable"} 1.0' not in body:  # why up is 0
+                # (first maybe "engine-protocol-error": a stream closed before [DONE]; then refused)
+                assert time.monotonic() < deadline, "up_reason never said engine-unreachable"
+                await asyncio.sleep(0.2)
+                status, body = await _status(session, f"{base}/metrics")
             assert await _status(session, f"{base}/livez") == (200, "ok\n")
             assert await _status(session, f"{base}/readyz") == (200, "ready\n")
             assert not task.done()

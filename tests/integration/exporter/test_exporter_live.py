@@ -7,9 +7,10 @@ a stop requested while a prefill window is in flight, as SIGTERM does.
 
 Timing assertions are about this machine's real time: on a shared 2-core box another process can
 starve the engine or the probes for a few ms, which shows as one extra slow interval in a window
-now and then, or to most windows while another test's processes wind down. So the slow-step count
-must be exact in the quietest window and at most one above it in the median one, and every
-window's chunks are checked exactly against the engine's own step log.
+now and then, or to most windows while another test's processes wind down; a client starved long
+enough reads several tokens at once, which can join two slow intervals into one. So the slow-step
+count must be exact in some window and at most one above it in the median one, and every window's
+chunks are checked exactly against the engine's own step log.
 """
 
 from __future__ import annotations
@@ -80,10 +81,11 @@ async def _session(tmp_path: Path, receiver: OtlpReceiver, prometheus_port: int,
         protocol={"decode_output_tokens": PROBE_TOKENS, "after_intervals": 32},
     )
     streams: list[ProbeState] = []
+    windows: list[WindowResult] = []  # every window (`Runner.windows` keeps only the last few)
     launcher = SimLauncher(profile=PROFILE)
-    runner = Runner(config, launcher, on_stream=streams.append)
+    runner = Runner(config, launcher, on_stream=streams.append, on_window=windows.append)
     stop = asyncio.Event()
-    session = Session(runner, runner.windows, streams, 0, receiver, prom, out=config.out)
+    session = Session(runner, windows, streams, 0, receiver, prom, out=config.out)
 
     def on_inject(n: int) -> None:
         # Once Prometheus has seen enough, stop while the next window is in flight: it must
@@ -210,9 +212,9 @@ def test_window_shows_the_expected_slow_steps(session: Session) -> None:
         assert i.num_chunks_actual == 3 and i.num_chunks_source == "engine-log"
         slow.append(i.slow_steps)  # the cadence, independent of the log
         sums.append(sum(i.chunk_step_times_ms))
-    # The quietest window shows exactly the chunks; load on this machine adds at most one slow
-    # interval to a typical window (see the module docs).
-    assert min(slow) == 3 and sorted(slow)[len(slow) // 2] <= 4, slow
+    # A quiet window shows exactly the chunks; load on this machine adds at most one slow interval
+    # to a typical window, or (a burst of merged reads) joins two (see the module docs).
+    assert 3 in slow and 3 <= sorted(slow)[len(slow) // 2] <= 4, slow
     # The probes' slow intervals add up to the modelled mixed steps (a late token's error cancels
     # in the sum of the two intervals it splits).
     assert float(np.median(sums)) == pytest.approx(sum(_modelled_mixed_steps_ms()), rel=0.10), sums
@@ -256,7 +258,8 @@ def test_otlp_receiver_gets_probe_spans_with_the_recorded_token_times(session: S
         assert [e.time_unix_nano for e in events] == [t + session.offset_ns for t in state.stream.event_times_ns]
         assert span.start_time_unix_nano == state.stream.t_sent_ns + session.offset_ns
         assert a["gen_ai.operation.name"] == "text_completion"
-        assert a["gen_ai.request.max_tokens"] == PROBE_TOKENS
+        # the probes' own max_tokens: PROBE_TOKENS, or fewer for one restarted to end with the others
+        assert a["gen_ai.request.max_tokens"] == state.stream.max_tokens and 0 < state.stream.max_tokens <= PROBE_TOKENS
         assert a["gen_ai.usage.input_tokens"] == 4096
         assert a["gen_ai.usage.output_tokens"] == state.stream.n_tokens
         assert span.parent_span_id == b""  # its own trace

@@ -45,15 +45,16 @@ def _live(url: str, windows: int) -> list:  # type: ignore[type-arg]
     async def main():  # type: ignore[no-untyped-def]
         config = build_config(probe_streams=D, chunk_size=B, target=url, inject_every_s=0.5, prefill_tokens=P,
                               listen_host="127.0.0.1", listen_port=0)
-        runner = Runner(config, ExternalLauncher(url, B))
+        seen: list = []  # type: ignore[type-arg]
+        runner = Runner(config, ExternalLauncher(url, B), on_window=seen.append)
         stop = asyncio.Event()
         task = asyncio.create_task(runner.run(stop))
         deadline = time.monotonic() + 240
-        while len(runner.windows) < windows and not task.done() and time.monotonic() < deadline:
+        while len(seen) < windows and not task.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         stop.set()
         await task
-        return runner.windows
+        return seen
 
     return asyncio.run(main())
 

@@ -75,7 +75,9 @@ async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None
     assert penalty and {s.labels["new_prefill_tokens"] for s in penalty} <= {str(2**k) for k in range(7, 18)}
     traces = {s.labels["kind"]: s.value for s in samples[m.REQUEST_TRACES]}
     assert traces["production"] > 0 and traces["probe"] > 0  # the engine's spans came in, ours set aside
-    outcomes = {s.labels["outcome"]: s.value for s in samples[m.PASSIVE_EVENTS] if s.value}
+    outcomes: dict[str, float] = {}  # summed over the sources (otlp, metrics, ...)
+    for sample in samples[m.PASSIVE_EVENTS]:
+        outcomes[sample.labels["outcome"]] = outcomes.get(sample.labels["outcome"], 0.0) + sample.value
     assert outcomes.get("published", 0) >= len(windows)
     windowed = [s for s in samples[f"{m.PROBE_TPOT}_count"] if s.labels["phase"] == "prefill_window"]
     assert windowed and windowed[0].value > 0  # probe intervals in the runs are labelled as such

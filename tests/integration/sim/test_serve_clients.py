@@ -173,7 +173,7 @@ def test_a_client_that_disconnects_aborts_its_request(tmp_path: Path):
                         if got == 5:
                             break
                 resp.close()  # the client goes away mid-stream
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + 30  # how long the abort may take to show, not a figure
                 while True:
                     async with s.get(f"{engine.url}/metrics") as r:
                         text = await r.text()
@@ -187,5 +187,5 @@ def test_a_client_that_disconnects_aborts_its_request(tmp_path: Path):
         assert 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="qwen3-coder-30b-a3b"} 1.0' \
             in out["text"]
     finally:
-        assert engine.stop() == 0  # SIGTERM: a clean exit
+        assert engine.stop(timeout=30) == 0  # SIGTERM: a clean exit
     assert "embedded engine stopped" in engine.log.read_text()

@@ -126,17 +126,26 @@ def test_a_known_blind_spot_a_one_token_tail_runs_as_a_decode_batch(tmp_path: Pa
 
 def test_the_same_driver_runs_in_real_time_on_a_normal_loop():
     import asyncio
+    import time
 
     async def main():
         async with SimDriver.create(chunk_size=8192) as driver:
             stream = driver.start(driver.prepare(list(range(1000, 1064)), 3, "probe"))
             await driver.progress.wait_until(lambda: stream.done, 10)
-            return driver.info.clock, stream
+            return driver.info.clock, stream, [s for s in driver.engine.history if s.num_tokens > 0]
 
-    clock, stream = asyncio.run(main())
+    t0 = time.perf_counter_ns()
+    clock, stream, steps = asyncio.run(main())
+    wall_ns = time.perf_counter_ns() - t0
     assert clock == "monotonic" and stream.n_tokens == 3 and stream.finish_reason == "length"
-    gaps = [(b - a) / 1e6 for a, b in zip(stream.event_times_ns, stream.event_times_ns[1:])]
-    assert all(2.0 < g < 50.0 for g in gaps)  # real milliseconds, the modelled ~4 ms steps
+    # Real time: each token reaches the stream on the wall clock no earlier than the modelled end of
+    # the step that produced it (the prefill, then two decode steps of real milliseconds). A loaded
+    # machine can only deliver later; single gaps between tokens say nothing (a late delivery makes
+    # the next gap short), so they are not asserted.
+    assert len(steps) == 3 and all(s.duration_s > 1e-3 for s in steps)
+    for event_ns, step in zip(stream.event_times_ns, steps):
+        assert event_ns >= step.t_end * 1e9 - 1e3, (event_ns, step)
+    assert stream.event_times_ns[-1] - stream.event_times_ns[0] <= wall_ns
 
 
 def test_create_outside_a_loop_says_what_to_do():

@@ -76,6 +76,15 @@ def test_garbage_is_a_one_line_error() -> None:
     assert "\n" not in str(excinfo.value)
 
 
+@pytest.mark.parametrize("text", ["<<<this is not a Prometheus exposition>>>\n\x00 vllm:x{{{ 1 2\n",
+                                  "<!DOCTYPE html><html><body>Not Found</body></html>\n"])
+def test_garbage_without_one_known_line_is_an_error_not_an_empty_snapshot(text: str) -> None:
+    """Cutting the text to the known families must not turn garbage into 'no series'."""
+    with pytest.raises(EngineError, match="not a Prometheus text exposition"):
+        parse_exposition(text)
+    assert parse_exposition("# HELP other_total x\n# TYPE other_total counter\nother_total 1\n").values == {}
+
+
 def test_parsing_only_the_known_families_gives_the_same_snapshot(vllm_metrics_text: str) -> None:
     """parse_exposition cuts the text to the families it reads before parsing (a sweep parses
     /metrics twice per window); the snapshot is the one the whole text gives."""

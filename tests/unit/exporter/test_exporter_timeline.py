@@ -145,3 +145,61 @@ def test_probe_state_absorbs_like_token_times() -> None:
     state.absorb()
     assert np.allclose(state.array(), token_times([t * MS for t, _ in events], [n for _, n in events]))
     assert intervals(state.array()).length_ns.size == sum(n for _, n in events) - 1
+
+
+def test_a_shortened_probe_counts_its_own_tokens_left() -> None:
+    settings = ProtocolSettings()
+    ready = [_stream(40) for _ in range(4)]
+    ready[0].max_tokens = 80  # restarted in phase with the others: 40 tokens left, not 216
+    r = timeline.ready_to_inject(ready, 4, settings, reserve_tokens=50)
+    assert not r.ready and "1 probe stream(s) have fewer than 50 tokens left" in r.reason
+    ready[0].max_tokens = 100
+    assert timeline.ready_to_inject(ready, 4, settings, reserve_tokens=50).ready
+
+
+def test_reads_that_carried_two_events_do_not_break_the_steady_state() -> None:
+    """Issue 13's soak under CPU contention: a read that held two of a probe's events (same stamp)
+    made a 0 ms interval, so one of 12 x 8 intervals nearly always broke the 2x rule."""
+    from pdexporter.measure.protocol import steady
+
+    settings = ProtocolSettings()
+    merged = _stream(40)
+    t = merged.event_times_ns[-1]
+    merged.record(t + 16 * MS, 1)
+    merged.record(t + 16 * MS, 1)  # the same read: 2 tokens in 16 ms, 8 ms a token
+    merged.record(t + 24 * MS, 1)
+    assert steady([merged], settings)
+    slow = _stream(40)
+    slow.record(slow.event_times_ns[-1] + 40 * MS, 1)  # a real 5x step: not steady
+    assert not steady([slow], settings)
+    slow_pair = _stream(40)
+    t = slow_pair.event_times_ns[-1]
+    slow_pair.record(t + 80 * MS, 1)
+    slow_pair.record(t + 80 * MS, 1)  # 2 tokens in 80 ms: 40 ms a token, still 5x
+    assert not steady([slow_pair], settings)
+
+
+@pytest.mark.parametrize(("others", "expected"), [
+    ([], 256),  # the first probe: a full cycle
+    ([None, 0], 256),  # the others are done (or not known)
+    ([256, 256], 256),  # they just restarted: the same
+    ([120, 118], 120),  # far from their end (this one failed and came back): end with them
+    ([5, 3], None),  # about to end: wait and restart together
+    ([300], 256),  # never more than a full cycle
+])
+def test_a_restarting_probe_ends_with_the_others(others: list[int | None], expected: int | None) -> None:
+    assert timeline.aligned_max_tokens(256, others, 32) == expected
+
+
+def test_with_max_tokens_rewrites_only_max_tokens() -> None:
+    from pdexporter.engine.client import completion_request, encode_body
+    from pdexporter.measure.driver import PreparedRequest
+
+    ids = tuple(range(1000, 1100))
+    body = encode_body(completion_request("m", ids, 256))
+    prepared = PreparedRequest("probe", ids, 256, body)
+    short = prepared.with_max_tokens(57)
+    import json
+
+    assert json.loads(short.body) == {**json.loads(body), "max_tokens": 57} and short.max_tokens == 57
+    assert prepared.with_max_tokens(256) is prepared

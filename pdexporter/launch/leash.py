@@ -1,0 +1,180 @@
+"""The leash: a small process between a local engine and the pdexporter that owns it (Linux).
+
+Run by path with the interpreter isolated (`python -I leash.py --stop-timeout S -- ENGINE ARGV`;
+it imports only the standard library and `pdexporter._internal.procs`, so an engine's environment
+cannot break it), with a connected socket as its stdin: the *owner's channel*. It starts the
+engine in its own session, with a parent-death signal (`prctl(PR_SET_PDEATHSIG, SIGTERM)`: if
+the leash dies, even by SIGKILL, the kernel stops the engine), says `engine PID` and `socket NAME`
+on the channel, and then:
+
+- the owner's channel reaches EOF (the owner exited, was killed with SIGKILL, crashed) without
+  `release` having been said on it: the engine's process group gets SIGTERM, then SIGKILL after
+  the stop timeout, and the leash exits. So a sweep killed at any moment takes its engine with it;
+- `release` was said first (a sweep stopping at `--deadline`, `--keep-engine`, or starting the
+  next chunk size's engine for the next run): the leash keeps the engine, unowned, for a later
+  invocation to adopt;
+- a later invocation connects to `socket NAME` (an abstract unix socket, named in the engine's
+  state file) and says `own`: answered `ok PID`, that connection is the owner's channel from now
+  on, with the same rules; `busy` when a live owner holds the engine (two sweeps on one results
+  directory);
+- the engine exits (or is stopped by its owner, `terminate_group`): the leash exits with it;
+- SIGTERM, SIGINT or SIGHUP to the leash: the engine is stopped first.
+
+`pdexporter.launch.local` starts it and speaks this protocol; docs/sweep.md ("Engines die with
+their sweep") says what a user sees.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+if __name__ == "__main__":  # run by path (`python -I`): the package is found beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pdexporter._internal.procs import die_with_parent  # the standard library only
+
+
+def _stop_group(pid: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            break
+    try:
+        os.killpg(pid, signal.SIGKILL)  # workers the engine left in its group
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class Leash:
+    """The leash's state: the engine, its owner's channel (None: unowned), whether it was released."""
+
+    def __init__(self, engine: subprocess.Popen[bytes], channel: socket.socket, stop_timeout_s: float,
+                 say: Callable[[str], None]) -> None:
+        self.engine, self.owner, self.stop_timeout_s, self.say = engine, channel, stop_timeout_s, say
+        self.released = False
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(channel, selectors.EVENT_READ, "owner")
+
+    def owner_says(self, wait_s: float = 0.0) -> str:
+        """Read what the owner sent: "" (nothing that matters) or "gone" (EOF: it exited)."""
+        owner = self.owner
+        assert owner is not None
+        owner.settimeout(wait_s)
+        try:
+            data = owner.recv(4096)
+        except (TimeoutError, BlockingIOError):
+            return ""
+        except OSError:
+            data = b""
+        if b"release" in data:
+            self.released = True
+        if data:
+            return ""
+        self.selector.unregister(owner)
+        owner.close()
+        self.owner = None
+        return "gone"
+
+    def owner_gone(self) -> bool:
+        """The owner's channel ended: keep a released engine (True), else stop it (False: exit)."""
+        if self.released:
+            self.say(f"engine pid {self.engine.pid} released: kept running for a later run to adopt")
+            return True
+        self.say(f"its owner is gone without releasing engine pid {self.engine.pid}: stopping it")
+        _stop_group(self.engine.pid, self.stop_timeout_s, self.engine)
+        return False
+
+    def request(self, conn: socket.socket) -> bool:
+        """A later invocation on the socket; False when the leash is to exit."""
+        conn.settimeout(5.0)
+        try:
+            request = conn.recv(64).decode(errors="replace").strip()
+            # A release and the EOF its owner sent just before may still wait to be read.
+            if self.owner is not None and self.owner_says(0.5) == "gone" and not self.owner_gone():
+                conn.close()
+                return False
+            if request != "own":
+                conn.sendall(b"what?\n")
+            elif self.owner is not None:
+                conn.sendall(b"busy\n")
+            else:
+                conn.sendall(f"ok {self.engine.pid}\n".encode())
+                conn.settimeout(None)
+                self.owner, self.released = conn, False
+                self.selector.register(conn, selectors.EVENT_READ, "owner")
+                self.say(f"engine pid {self.engine.pid} adopted by a new owner")
+                return True
+        except OSError:
+            pass
+        conn.close()
+        return True
+
+
+def main(argv: list[str]) -> int:
+    stop_timeout_s = 60.0
+    if argv[:1] == ["--stop-timeout"]:
+        stop_timeout_s, argv = float(argv[1]), argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    channel = socket.socket(fileno=0)
+    try:
+        # preexec_fn only calls prctl in the child (die_with_parent); the leash has no other thread
+        engine = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                  preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509
+    except OSError as exc:
+        channel.sendall(f"error {exc.strerror or exc}\n".encode())
+        return 127
+    name = f"pdexporter-leash-{os.getpid()}-{secrets.token_hex(6)}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(4)
+    channel.sendall(f"engine {engine.pid}\nsocket {name}\n".encode())
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"# pdexporter leash (pid {os.getpid()}): {text}\n")
+        sys.stderr.flush()
+
+    stopping: list[str] = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: stopping.append(signal.Signals(signum).name))
+    leash = Leash(engine, channel, stop_timeout_s, say)
+    leash.selector.register(listener, selectors.EVENT_READ, "listener")
+    while True:
+        if engine.poll() is not None:
+            return 0
+        if stopping:
+            say(f"{stopping[0]}: stopping engine pid {engine.pid}")
+            _stop_group(engine.pid, stop_timeout_s, engine)
+            return 0
+        for key, _ in leash.selector.select(timeout=0.5):
+            if key.data == "listener":
+                conn, _ = listener.accept()
+                if not leash.request(conn):
+                    return 0
+            elif leash.owner is not None and leash.owner_says() == "gone" and not leash.owner_gone():
+                return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

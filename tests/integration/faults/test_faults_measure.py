@@ -1,0 +1,137 @@
+"""`pdexporter measure` against a misbehaving engine (ScriptedEngine, a TEST DOUBLE): each fault of
+docs/reliability.md, and what measure must do about it: retry what is safe to retry, fail anything
+else with one line and the right exit code, quickly, and never write a record a fault spoiled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.faults.faultkit import P, error_line, measure, posts, record
+from tests.scripted_engine import Fault, ScriptedEngine
+
+pytestmark = pytest.mark.integration
+
+CADENCE = 0.01
+# Prefill-role requests (max_tokens 1) of a measure run: the prefix warm-up, the shape warm-up,
+# then the window's prefill. Probe requests: D baseline streams, then D window streams.
+WINDOW_PREFILL = 2
+WINDOW_PROBES = 2
+
+
+async def test_http_500_on_a_probe_start_is_retried(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[Fault("http-500", on="probe")]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0, err
+    assert posts(engine, "probe") == 2 * 2 + 1  # one retried POST beside the 2 + 2 probes
+    assert record(tmp_path)["interference"]["prompt_tokens_check"] == "exact"
+
+
+async def test_a_reset_before_the_first_byte_is_retried(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[Fault("reset", on="probe", skip=WINDOW_PROBES)]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0, err
+    assert posts(engine, "probe") == 2 * 2 + 1
+
+
+async def test_http_500_on_the_warm_up_is_retried(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[Fault("http-500", on="prefill", times=2)]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0, err
+
+
+async def test_http_500_on_the_injected_prefill_is_not_retried(tmp_path: Path) -> None:
+    fault = Fault("http-500", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 3
+    assert "answered HTTP 500" in error_line(err)
+    assert posts(engine, "prefill") == WINDOW_PREFILL + 1  # the prefill inside the window was sent once
+    assert not (tmp_path / "2048" / "D2_P64.json").exists()
+
+
+@pytest.mark.parametrize(("kind", "fragment"), [
+    ("close-mid-stream", "connection lost mid-stream"),
+    ("malformed-sse", "not JSON"),
+])
+async def test_a_probe_broken_inside_the_window_fails_it_in_one_line(kind: str, fragment: str, tmp_path: Path) -> None:
+    fault = Fault(kind, on="probe", skip=WINDOW_PROBES, at_token=40)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 3
+    assert fragment in error_line(err)
+    assert fault.hits == 1 and not (tmp_path / "2048" / "D2_P64.json").exists()
+
+
+async def test_an_engine_that_stalls_inside_the_window_fails_it_quickly(tmp_path: Path) -> None:
+    """Issue 13: a stalled stream hung `measure` for 300 s (the read timeout, without a flag)."""
+    fault = Fault("freeze", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, took = await measure(engine, tmp_path, "--read-timeout", "2s")
+    # The window's stall check (the read timeout, when shorter than protocol.stall_timeout_s) or
+    # the probe's read timeout itself, whichever looks first: one line either way.
+    line = error_line(err)
+    assert (code == 4 and "the engine stalled" in line) or ("no event for 2 s" in line and code == 3), line
+    assert took < 60  # 2 s of silence, not 300
+
+
+async def test_a_stalled_probe_before_the_window_times_out_at_the_read_timeout(tmp_path: Path) -> None:
+    fault = Fault("stall", on="probe", at_token=5)  # a baseline stream goes silent after 5 tokens
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, took = await measure(engine, tmp_path, "--read-timeout", "2s")
+    assert code in (3, 4)  # the read timeout or the stall check, whichever looks first
+    line = error_line(err)
+    assert "no event for 2 s" in line or "the engine stalled" in line
+    assert took < 60
+
+
+async def test_wrong_usage_prompt_tokens_is_flagged(tmp_path: Path) -> None:
+    fault = Fault("wrong-prompt-tokens", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 4
+    line = error_line(err)
+    assert f"usage.prompt_tokens={P + 1}" in line and f"the {P} token ids sent" in line
+    assert not (tmp_path / "2048" / "D2_P64.json").exists()
+
+
+@pytest.mark.parametrize("metrics", ["garbage", "html-404"])
+async def test_a_broken_engine_metrics_endpoint_does_not_stop_the_measurement(metrics: str, tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, metrics=metrics) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0, err
+    rep = record(tmp_path)["reps"][0]
+    assert rep["engine_metrics"] == {}  # nothing invented from an unreadable /metrics
+
+
+async def test_an_engine_restart_inside_the_window_fails_it_in_one_line(tmp_path: Path) -> None:
+    fault = Fault("restart", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert engine.restarts == 1 and code == 3
+    assert "connection lost" in error_line(err)
+
+
+async def test_a_slow_health_endpoint_only_slows_the_start(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, health_delay_s=2.0) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0, err
+
+
+async def test_an_html_404_page_is_one_short_line(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[Fault("html-404", times=None)]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 3
+    line = error_line(err)
+    assert "HTTP 404" in line and "Not Found" in line and "<html" not in line.lower()
+    assert engine.completion_calls == 1  # a 4xx is not retried
+
+
+async def test_a_prefill_longer_than_max_model_len_is_refused_before_any_request(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, max_model_len=60) as engine:
+        code, err, took = await measure(engine, tmp_path)
+    assert code == 2
+    line = error_line(err)
+    assert f"-P {P}: {P} prompt tokens + 1 output token(s) exceed the engine's max_model_len 60" in line
+    assert engine.completion_calls == 0 and took < 30

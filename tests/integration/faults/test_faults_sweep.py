@@ -1,0 +1,107 @@
+"""`pdexporter sweep` against a misbehaving engine (ScriptedEngine, a TEST DOUBLE): a window spoiled
+by the engine is run again with fresh probes (and, retries used up, its configuration skipped while
+the others go on); an engine that is not there or rejects the requests stops the sweep in one line;
+nothing a fault spoiled is recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import free_port
+from tests.integration.faults.faultkit import B, D, P, error_line, record, sweep
+from tests.scripted_engine import Fault, ScriptedEngine
+
+pytestmark = pytest.mark.integration
+
+CADENCE = 0.01
+WINDOW_PREFILL = 2  # prefill-role requests before the first window's: the prefix and shape warm-ups
+WINDOW_PROBES = 2  # probe requests before the first window's: Phase 1's D streams
+
+
+def _results(tmp_path: Path) -> Path:
+    return tmp_path / "results"
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("http-500", on="prefill", skip=WINDOW_PREFILL),
+    Fault("close-mid-stream", on="probe", skip=WINDOW_PROBES, at_token=40),
+    Fault("malformed-sse", on="probe", skip=WINDOW_PROBES, at_token=40),
+    Fault("restart", on="prefill", skip=WINDOW_PREFILL),
+], ids=lambda f: f.kind)
+async def test_a_window_the_engine_spoiled_once_is_run_again(fault: Fault, tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await sweep(engine, tmp_path)
+    assert code == 0, err[-3000:]
+    assert fault.hits == 1 and "retrying" in err
+    rec = record(_results(tmp_path))
+    assert len(rec["reps"]) == 1 and rec["reps"][0].get("retries") is None  # the record is the clean attempt
+    raw_retries = json.loads((_results(tmp_path) / "sweep.json").read_text())["invocations"][-1]
+    assert raw_retries["chunks"][str(B)]["retries"] == 1
+    # counters that went down across a restart give no (negative) deltas
+    assert all(v >= 0 for k, v in rec["reps"][0]["engine_metrics"].items() if k.endswith("_delta"))
+
+
+async def test_a_stall_inside_the_window_fails_it_quickly_and_it_is_run_again(tmp_path: Path) -> None:
+    fault = Fault("freeze", on="prefill", skip=WINDOW_PREFILL, seconds=4.0)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, took = await sweep(engine, tmp_path, protocol={
+            "decode_context_tokens": 64, "decode_output_tokens": 160, "stall_timeout_s": 1.5})
+    assert code == 0, err[-3000:]
+    assert "the engine stalled" in err and "no token for 1.5 s" in err and "retrying" in err
+    assert took < 90
+
+
+async def test_a_persistent_fault_skips_the_configuration_after_its_retries(tmp_path: Path) -> None:
+    fault = Fault("wrong-prompt-tokens", on="prefill", skip=WINDOW_PREFILL, times=None)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await sweep(engine, tmp_path, retries=1)
+    assert code == 4  # incomplete: rerun to try again
+    assert f"usage.prompt_tokens={P + 1}" in err and f"the {P} token ids sent" in err
+    assert f"B={B} D={D} P={P}" in err and "skipped after 1 retries" in err
+    assert fault.hits == 2  # one attempt and one retry, nothing more
+    assert not (_results(tmp_path) / str(B) / f"D{D}_P{P}.json").exists()
+
+
+@pytest.mark.parametrize("metrics", ["garbage", "html-404"])
+async def test_a_broken_engine_metrics_endpoint_does_not_stop_the_sweep(metrics: str, tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, metrics=metrics) as engine:
+        code, err, _ = await sweep(engine, tmp_path)
+    assert code == 0, err[-3000:]
+    assert record(_results(tmp_path))["reps"][0]["engine_metrics"] == {}
+
+
+async def test_a_slow_health_endpoint_only_slows_the_start(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, health_delay_s=2.0) as engine:
+        code, err, _ = await sweep(engine, tmp_path)
+    assert code == 0, err[-3000:]
+
+
+async def test_requests_the_engine_rejects_stop_the_sweep_in_one_line(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[Fault("html-404", times=None)]) as engine:
+        code, err, _ = await sweep(engine, tmp_path)
+    assert code == 3
+    line = error_line(err)
+    assert "HTTP 404" in line and "<html" not in line.lower()
+    assert engine.completion_calls == 1  # 4xx: not retried, not repeated for every configuration
+
+
+async def test_an_engine_that_is_not_there_stops_the_sweep_in_one_line(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    engine = ScriptedEngine()
+    engine.url = url
+    code, err, took = await sweep(engine, tmp_path)
+    assert code == 3
+    assert f"cannot connect to {url}" in error_line(err)
+    assert took < 60
+
+
+async def test_a_prefill_longer_than_max_model_len_is_refused_before_the_warm_up(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=CADENCE, max_model_len=60) as engine:
+        code, err, _ = await sweep(engine, tmp_path)
+    assert code == 2
+    assert (f"grid.new_prefill_tokens {P}: {P} prompt tokens + 1 output token(s) exceed the engine's max_model_len 60"
+            in error_line(err))
+    assert engine.completion_calls == 0
