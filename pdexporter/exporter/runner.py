@@ -134,9 +134,11 @@ class Runner:
                 host = "127.0.0.1" if cfg.listen_host in ("0.0.0.0", "", "::") else cfg.listen_host
                 self.launcher.send_traces_to(f"http://{host}:{self.bound_port}/v1/traces")
             tracing_preload()  # before the probes: see tracing.preload
-            self.handle = await self.launcher.start(cfg.chunk_size)
-            started = await start_probes(lambda: exporter_probes(cfg, self.handle, self.api_key, self.spec), EngineWait(cfg.engine_wait_s), stop=stop,
-                                         on_wait=WaitReport(self.metrics, self.log), started_timeout_s=cfg.protocol.window_timeout_s)
+            self.handle = handle = await self.launcher.start(cfg.chunk_size)
+            started = await start_probes(lambda: exporter_probes(cfg, handle, self.api_key, self.spec),
+                                         EngineWait(cfg.engine_wait_s), stop=stop,
+                                         on_wait=WaitReport(self.metrics, self.log),
+                                         started_timeout_s=cfg.protocol.window_timeout_s)
             if started is None:
                 return  # stopped while waiting for the engine
             self.probes, self.info = started
