@@ -45,12 +45,15 @@ def test_openai_streaming_completion_with_token_ids(client: openai.OpenAI):
     )
     chunks = list(stream)
     texts = [c.choices[0].text for c in chunks if c.choices]
-    assert len(texts) == 12 and all(t.startswith(" t") for t in texts)
+    # One event per token, unless this client fell behind (a loaded machine): then the tokens that
+    # waited come merged in one event, as vLLM's output collector merges them.
+    assert len("".join(texts).split()) == 12 and all(t.startswith(" t") for t in texts)
     finals = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finals[-1] == "length" and set(finals[:-1]) == {None}
     usage = chunks[-1].usage
     assert chunks[-1].choices == [] and (usage.prompt_tokens, usage.completion_tokens) == (300, 12)
-    assert [c.usage.completion_tokens for c in chunks if c.choices] == list(range(1, 13))
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts[-1] == 12 and [len(t.split()) for t in texts] == [b - a for a, b in zip([0, *counts], counts)]
     assert "pdexporter-sim" in (chunks[-1].system_fingerprint or "")
 
 
