@@ -560,7 +560,9 @@ async def run_server(
         spans = RequestSpans(options.otlp_traces_endpoint)
         engine.on_request_finished = spans
     server = SimServer(engine, profile, metrics)
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    # On SIGTERM the streams in flight are cut after a second (vLLM aborts its requests), not
+    # waited for: aiohttp's default (60 s) kept a stopping engine alive for two minutes.
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
     try:

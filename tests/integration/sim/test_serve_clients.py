@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -191,4 +192,39 @@ def test_a_client_that_disconnects_aborts_its_request(tmp_path: Path):
             in out["text"]
     finally:
         assert engine.stop(timeout=30) == 0  # SIGTERM: a clean exit
+    assert "embedded engine stopped" in engine.log.read_text()
+
+
+def test_sigterm_with_a_stream_in_flight_stops_the_engine_at_once(tmp_path: Path):
+    """A stopping engine cuts its open streams (vLLM aborts its requests); aiohttp's default
+    graceful wait (60 s, twice) kept it alive for two minutes, past every launcher's stop timeout."""
+    engine = start_sim_serve(tmp_path, "--max-num-batched-tokens", "8192")
+    got: list[bytes] = []
+
+    async def read_forever() -> None:
+        async with aiohttp.ClientSession() as s:
+            body = {"model": MODEL, "prompt": [9] * 32, "max_tokens": 100_000, "stream": True}
+            async with s.post(f"{engine.url}/v1/completions", json=body) as resp:
+                async for line in resp.content:
+                    got.append(line)
+
+    async def main() -> float:
+        reader = asyncio.create_task(read_forever())
+        while len(got) < 5:
+            assert not reader.done(), reader
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        engine.proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(engine.proc.wait, 60)
+        took = time.monotonic() - t0
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        return took
+
+    try:
+        took = asyncio.run(main())
+    finally:
+        if engine.proc.poll() is None:
+            engine.proc.kill()
+    assert engine.proc.returncode == 0 and took < 20, took  # 120 s before; ~1-2 s here (a bound, not a figure)
     assert "embedded engine stopped" in engine.log.read_text()
