@@ -87,9 +87,6 @@ class LivePassive:
         return path
 
 
-__all__ = ["LivePassive", "TraceIntake"]
-
-
 class TraceIntake:
     """What the exporter's `POST /v1/traces` receives: every export counted, the spans handed to
     passive mode (`passive`, set once it runs) or counted as ignored."""
@@ -106,3 +103,6 @@ class TraceIntake:
             self.metrics.request_traces.labels(kind="ignored").inc(len(traces))
         else:
             self.passive.add_traces(traces)
+
+
+__all__ = ["LivePassive", "TraceIntake"]

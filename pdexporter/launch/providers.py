@@ -60,9 +60,10 @@ def slot_label(provider: EngineProvider) -> str:
 
 @dataclass(kw_only=True)
 class _LaunchedProvider:
-    """An engine launched per chunk size (`launcher`, a subclass's field) and a driver on it, held
-    open until the next `open` or `close`."""
+    """An engine launched per chunk size and a driver on it, held open until the next `open` or
+    `close`. A subclass declares `launcher` (positional) and makes the driver."""
 
+    launcher: Any
     model: str | None = None
     api_key: str | None = None
     gpu: str | None = None
@@ -82,7 +83,7 @@ class _LaunchedProvider:
         await self._close_driver()
         if self.log_dir_for is not None:
             self._direct_logs(self.log_dir_for(chunk_size))
-        handle = await self.launcher.start(chunk_size)  # type: ignore[attr-defined]
+        handle = await self.launcher.start(chunk_size)
         stack = contextlib.AsyncExitStack()
         try:
             driver = await stack.enter_async_context(self._driver(handle))
@@ -99,11 +100,10 @@ class _LaunchedProvider:
 
     async def close(self, *, stop_engine: bool) -> None:
         await self._close_driver()
-        launcher = self.launcher  # type: ignore[attr-defined]
-        if not stop_engine and isinstance(launcher, Releasing):
-            launcher.release()
+        if not stop_engine and isinstance(self.launcher, Releasing):
+            self.launcher.release()
         else:
-            await launcher.stop()
+            await self.launcher.stop()
 
 
 @dataclass
