@@ -38,6 +38,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[3]
+ACTIVE_WINDOW = f'{WINDOW_RATIO}{{mode="active"}}'  # a window of the injecting exporter, not the passive one
 
 
 def _missing_for_run() -> list[str]:
@@ -183,10 +184,11 @@ def test_every_dashboard_expression_runs_on_prometheus_and_names_live_series(
 ) -> None:
     address, source = live_exporter
     # The interference map needs a window; `run` injects every 2 s, the stand-in published two already.
-    prometheus.wait_for(WINDOW_RATIO, timeout=90)  # a window from the exporter (`source`) reached Prometheus
+    # An injected one: the passive exporter's windows (mode="passive") may arrive first.
+    prometheus.wait_for(ACTIVE_WINDOW, timeout=120)  # a window from the exporter (`source`) reached Prometheus
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
         with_samples, declared = scraped_names(resp.read().decode())
-    chunk_sizes = prometheus.api("label/chunk_size/values", **{"match[]": WINDOW_RATIO})
+    chunk_sizes = prometheus.api("label/chunk_size/values", **{"match[]": ACTIVE_WINDOW})
     assert chunk_sizes, "no chunk_size label values"
     values = {"instance": ".*", "chunk_size": chunk_sizes[0], "datasource": "unused"}
     known = set(all_series_names())
@@ -211,14 +213,14 @@ def test_every_dashboard_expression_runs_on_prometheus_and_names_live_series(
     assert checked >= 30
     # Names that the live scrape shows with samples are really ingested and selectable.
     used = {name for board in build_all().values() for q in panel_queries(board) for name in series_names(q.expr)}
-    for name in sorted(used & with_samples):
-        assert prometheus.query(f"count({name})"), f"Prometheus has no samples of {name}"
+    for name in sorted(used & with_samples):  # the live scrape above may be ahead of Prometheus's (1 s)
+        prometheus.wait_for(f"count({name})", timeout=10)
 
 
 def test_interference_map_queries_return_a_p_by_d_grid(live_exporter: tuple[str, str], prometheus: PrometheusServer) -> None:
     """The table panel pivots on exactly two labels; the query must hand it those and nothing else."""
-    prometheus.wait_for(WINDOW_RATIO, timeout=90)
-    chunk = prometheus.api("label/chunk_size/values", **{"match[]": WINDOW_RATIO})[0]
+    prometheus.wait_for(ACTIVE_WINDOW, timeout=120)
+    chunk = prometheus.api("label/chunk_size/values", **{"match[]": ACTIVE_WINDOW})[0]
     board = build_all()["pdexporter-interference-map.json"]
     cells = {mode: {(r["metric"]["decode_batch_size"], r["metric"]["new_prefill_tokens"])
                     for r in prometheus.query(f'{WINDOW_RATIO}{{chunk_size="{chunk}", mode="{mode}"}}')}
