@@ -222,16 +222,26 @@ def test_interference_map_queries_return_a_p_by_d_grid(live_exporter: tuple[str,
     prometheus.wait_for(ACTIVE_WINDOW, timeout=120)
     chunk = prometheus.api("label/chunk_size/values", **{"match[]": ACTIVE_WINDOW})[0]
     board = build_all()["pdexporter-interference-map.json"]
-    cells = {mode: {(r["metric"]["decode_batch_size"], r["metric"]["new_prefill_tokens"])
-                    for r in prometheus.query(f'{WINDOW_RATIO}{{chunk_size="{chunk}", mode="{mode}"}}')}
-             for mode in ("active", "passive")}
+
+    def cells(result: list[dict]) -> set[tuple[str, str]]:
+        return {(r["metric"]["decode_batch_size"], r["metric"]["new_prefill_tokens"]) for r in result}
+
+    def both_modes() -> set[tuple[str, str]]:
+        return set.intersection(*(cells(prometheus.query(f'{WINDOW_RATIO}{{chunk_size="{chunk}", mode="{mode}"}}'))
+                                  for mode in ("active", "passive")))
+
     for query in panel_queries(board):
         if not query.instant:
             continue
-        result = prometheus.query(substitute(query.expr, {"instance": ".*", "chunk_size": chunk}))
+        expr = substitute(query.expr, {"instance": ".*", "chunk_size": chunk})
+        result = prometheus.query(expr)
         if "minus injected" in query.where:  # only the cells both modes fill
-            assert {(r["metric"]["decode_batch_size"], r["metric"]["new_prefill_tokens"]) for r in result} == \
-                cells["active"] & cells["passive"], query.where
+            for _ in range(5):  # the exporters keep adding cells: compare at a moment none arrived
+                before = both_modes()
+                found = cells(prometheus.query(expr))
+                if both_modes() == before:
+                    break
+            assert found == before, query.where
             continue
         assert result, f"{query.where}: empty at chunk_size={chunk}"
         for series in result:
