@@ -7,6 +7,11 @@ that line and exits non-zero; anything else escaping is a bug and keeps its trac
 
 from __future__ import annotations
 
+__all__ = [
+    "ConfigError", "EngineError", "EngineHTTPError", "EngineRefused", "EngineTimeout", "EngineUnreachable",
+    "Interrupted", "MeasurementError", "PdexporterError", "RecordError", "SSEProtocolError",
+]
+
 
 class PdexporterError(Exception):
     """Base of all user-facing errors; `str()` is a single line."""

@@ -23,6 +23,11 @@ from typing import Any
 
 from pdexporter._internal.procs import process_start_ticks, same_process
 
+__all__ = [
+    "LEGACY_TMP_AGE_S", "LEGACY_TMP_RE", "TMP_RE", "atomic_write_bytes", "atomic_write_json",
+    "atomic_write_json_gz", "atomic_write_text", "clean_stale", "is_stale_tmp", "read_json_gz",
+]
+
 TMP_RE = re.compile(r"^\..+\.pdx-(?P<pid>\d+)-(?P<start>\d+|x)-[a-z0-9_]+\.tmp$")
 LEGACY_TMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")  # mkstemp's names, before they carried the writer
 LEGACY_TMP_AGE_S = 3600.0

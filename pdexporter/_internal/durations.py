@@ -8,6 +8,10 @@ import re
 
 from pdexporter.errors import ConfigError
 
+__all__ = [
+    "HINT", "UNIT_S", "parse_duration",
+]
+
 _NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 _PART = re.compile(rf"({_NUMBER.pattern})(ms|s|m|h|d|w|y)")
 UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}

@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+__all__ = [
+    "REDACTED", "engine_flags", "redact_argv", "redact_env", "redact_text", "secret_name",
+]
+
 REDACTED = "***"
 # Words of a name (split at `-`, `_`, and camel case) that make it secret; "tokens" (a count, as in
 # --max-num-batched-tokens) is not "token".

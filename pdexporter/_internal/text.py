@@ -5,6 +5,10 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+__all__ = [
+    "REASON_LIMIT", "body_reason", "looks_like_html", "plural", "shorten",
+]
+
 
 def plural(n: int, word: str, many: str | None = None) -> str:
     """`1 chunk`, `3 chunks`, `0 repetitions`."""

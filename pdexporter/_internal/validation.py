@@ -18,6 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+__all__ = [
+    "Unions", "close_match", "describe_error", "flag_error", "format_option_error", "format_validation_error",
+]
+
 Unions = Mapping[str, Mapping[str, type[BaseModel]]]  # field name -> tag -> model
 
 

@@ -20,6 +20,10 @@ import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+__all__ = [
+    "T", "VirtualEventLoop", "is_virtual", "run_virtual",
+]
+
 T = TypeVar("T")
 
 

@@ -9,6 +9,10 @@ This module stays import-light (no pandas, numpy or matplotlib) so the CLI start
 the submodules for the work.
 """
 
+__all__ = [
+    "DECISION_JSON", "DECISION_SCHEMA", "DEFAULT_TRANSFER_MS",
+]
+
 DEFAULT_TRANSFER_MS = 50.0  # the seed's layer-wise transfer budget
 DECISION_SCHEMA = "pdexporter.decision/v1"
 DECISION_JSON = "decision.json"

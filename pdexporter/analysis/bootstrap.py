@@ -18,6 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+__all__ = [
+    "LEVEL", "RESAMPLES", "SEED", "bootstrap_ci", "point_seed",
+]
+
 LEVEL = 0.95
 RESAMPLES = 2000
 SEED = 20240  # the table's bootstrap seed; a point's own draws derive from it and its key

@@ -29,6 +29,10 @@ from pdexporter.analysis.models import CostModel, FitReport, num_chunks
 
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
 
+__all__ = [
+    "Region", "break_even_frame", "decision_document", "min_offload_prefill", "model_decision", "offload_region",
+]
+
 
 def break_even_frame(table: pd.DataFrame, model: CostModel, transfer_ms: float = DEFAULT_TRANSFER_MS) -> pd.DataFrame:
     """Per grid point with D >= 1: measured and modelled break-even transfer time, and the verdicts."""

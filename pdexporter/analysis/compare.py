@@ -16,6 +16,10 @@ import pandas as pd
 from pdexporter.analysis.table import KEY_COLUMNS
 from pdexporter.errors import RecordError
 
+__all__ = [
+    "COMPARED", "compare_tables", "summarise",
+]
+
 COMPARED = ("tpot_penalty_ms", "prefill_duration_ms", "aggregate_interference_ms", "tpot_baseline_ms")
 
 

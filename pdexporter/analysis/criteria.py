@@ -23,6 +23,11 @@ import pandas as pd
 
 from pdexporter.analysis.models import FitReport
 
+__all__ = [
+    "CRITERIA_JSON", "Criterion", "break_even_exists", "criteria_document", "evaluate_criteria", "measurable",
+    "model_fits", "reproducible",
+]
+
 CRITERIA_JSON = "criteria.json"
 
 

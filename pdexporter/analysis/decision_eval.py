@@ -26,6 +26,10 @@ one is a dot product.
 
 import math
 
+__all__ = [
+    "SEED_RULE", "TWO_ARM_RULE", "evaluate_decision", "feature", "linear", "offload_threshold", "transfer_time",
+]
+
 SEED_RULE = "the seed's rule: offload iff the prefill's aggregate interference exceeds the transfer time"
 TWO_ARM_RULE = ("offload iff the decode time it saves (colocated - offloaded aggregate interference) exceeds what "
                 "the request pays in TTFT (offloaded - colocated TTFT); an arm that alone holds every SLO given wins")

@@ -22,6 +22,11 @@ from pdexporter.analysis.table import ConfigSamples, build_table, samples_from_r
 from pdexporter.errors import RecordError
 from pdexporter.measure.store import ResultsStore, load_record_file
 
+__all__ = [
+    "Analysis", "Arms", "FITS_JSON", "PLOTS_DIR", "Tick", "analyse", "joined_out_dir", "load_joined",
+    "load_results", "progress_steps", "record_paths", "write_outputs",
+]
+
 FITS_JSON = "fits.json"
 PLOTS_DIR = "plots"
 

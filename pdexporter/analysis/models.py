@@ -58,6 +58,14 @@ from pdexporter._internal.text import plural
 from pdexporter.analysis.table import ConfigSamples
 from pdexporter.engines import adapter
 
+__all__ = [
+    "CONTEXT_IF_NEGATIVE", "CONTEXT_MEANINGS", "CONTEXT_MODEL", "CONTEXT_NAMES", "CONTEXT_UNITS", "Coefficient",
+    "ContextAwareModel", "CostModel", "Design", "FITTERS", "FitData", "FitReport", "HUBER_K", "HeldOut", "KFOLD",
+    "LEAVE_B_OUT", "LEAVE_D_OUT", "LEAVE_P_OUT", "ModelFit", "NO_HELD_OUT", "SCHEMES", "SEED_MODEL", "SeedModel",
+    "attention_pairs", "chunk_schedule", "cross_validate", "fit_context_model", "fit_data", "fit_models",
+    "fit_seed_model", "folds_for", "num_chunks", "r_squared",
+]
+
 SEED_MODEL = "seed_per_chunk"
 CONTEXT_MODEL = "context_aware"
 LEAVE_P_OUT = "leave-one-P-out"

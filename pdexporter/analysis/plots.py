@@ -22,6 +22,11 @@ from pathlib import Path
 
 import matplotlib
 
+__all__ = [
+    "DPI", "FORMATS", "MODELLED_TAG", "PLOTS_WITH_MODEL", "Plot", "all_plots", "arms_plot", "breakeven",
+    "breakeven_chunk", "chunk_sensitivity", "grid_heatmap", "heatmap", "sensitivity_decode", "write_plots",
+]
+
 matplotlib.use("Agg")  # harmless when already Agg; we never touch pyplot
 
 import numpy as np

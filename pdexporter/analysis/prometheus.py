@@ -48,6 +48,12 @@ from pdexporter._internal.durations import parse_duration
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter import metrics as m
 
+__all__ = [
+    "Fetch", "GRID", "MAX_POINTS", "PrometheusAPI", "PrometheusError", "PullResult", "Reconstruction",
+    "WINDOW_GAUGES", "Window", "at_increments_query", "engines_from_series", "increments_query", "parse_time",
+    "pull", "samples_from_windows", "urllib_fetch", "window_counts", "windows_from_series",
+]
+
 MAX_POINTS = 11_000
 GRID = m.GRID_LABELS
 

@@ -22,6 +22,10 @@ from pdexporter._internal.atomic import atomic_write_text
 from pdexporter.analysis.job import Analysis
 from pdexporter.analysis.plots import Plot, all_plots
 
+__all__ = [
+    "REPORT_HTML", "render_report", "write_report",
+]
+
 REPORT_HTML = "report.html"
 
 

@@ -33,6 +33,13 @@ from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
 from pdexporter.measure.quantities import seed_columns, tabulated
 from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, cv
 
+__all__ = [
+    "ARM_COLUMNS", "ARM_VALUES", "CI_COLUMNS", "CI_VALUES", "COLUMNS", "ChunkSteps", "ConfigSamples", "DIGITS",
+    "EXTRA_COLUMNS", "EXTRA_REP_VALUES", "IDENTITY_COLUMNS", "INT_VALUES", "KEY_COLUMNS", "OFFLOADED_COLUMNS",
+    "REP_VALUES", "SEED_COLUMNS", "TABLE_CSV", "TABLE_PARQUET", "aggregate_reps", "any_modelled", "build_table",
+    "parquet_available", "rep_values", "samples_from_record", "table_row", "top_level_mismatches", "write_table",
+]
+
 KEY_COLUMNS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
 SEED_COLUMNS = KEY_COLUMNS + seed_columns()
 # Per-repetition values medianed into the table (the seed's value columns first): every quantity

@@ -18,6 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdexporter._internal.text import plural
 from pdexporter.engines import adapter, identify
 
+__all__ = [
+    "Check", "ENGINE_CHECKS", "EndpointFacts", "EngineFacts", "LARGEST_GRID_PROMPT", "Status", "cache_config",
+    "endpoint_check", "engine_checks", "evaluate", "failed",
+]
+
 Status = Literal["ok", "warn", "fail", "skip"]
 
 # The spec's grid goes up to P = 32768 (docs/spec.md, sweeps/seed.yaml); a prompt must leave room

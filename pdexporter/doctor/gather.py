@@ -22,6 +22,11 @@ from pdexporter.errors import EngineError, PdexporterError
 from pdexporter.exporter.tracing import ENDPOINT_VARS
 from pdexporter.launch import EngineHandle
 
+__all__ = [
+    "STEP_LOG_WAIT_S", "TEST_PROMPT", "TEST_TOKENS", "TIMEOUTS", "engine_facts", "otlp_facts", "otlp_url",
+    "prometheus_facts",
+]
+
 TIMEOUTS = ClientTimeouts(connect_s=3.0, read_s=60.0, request_s=10.0)
 TEST_PROMPT = tuple(range(1000, 1016))  # 16 token ids: any vocabulary has them
 TEST_TOKENS = 4

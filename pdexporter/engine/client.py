@@ -48,6 +48,11 @@ from pdexporter.errors import (
     SSEProtocolError,
 )
 
+__all__ = [
+    "API_KEY_ENV_VARS", "CHAT_PATH", "COMPLETIONS_PATH", "ClientTimeouts", "Clock", "EngineClient", "EventTap",
+    "chat_request", "completion_request", "encode_body", "read_timeout_seconds", "resolve_api_key",
+]
+
 # Stream starts outside a window that failed before any event came back: retried after these.
 RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S = 0.25, 4.0
 API_KEY_ENV_VARS = ("PDEXPORTER_API_KEY", "OPENAI_API_KEY")

@@ -13,6 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+__all__ = [
+    "HttpFramingError", "MAX_HEAD_BYTES", "MAX_LINE_BYTES", "ResponseHead", "ResponseReader", "parse_head",
+    "request_bytes",
+]
+
 MAX_HEAD_BYTES = 64 * 1024
 MAX_LINE_BYTES = 8 * 1024
 

@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "ChunkSummary", "IterationLogTail", "IterationStep", "summarise_chunks",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class IterationStep:

@@ -51,6 +51,12 @@ from pdexporter.engine.http1 import HttpFramingError, ResponseHead, ResponseRead
 from pdexporter.engine.sse import error_message_from_body
 from pdexporter.errors import EngineError, EngineHTTPError, EngineRefused, EngineTimeout, EngineUnreachable
 
+__all__ = [
+    "ANC_BYTES", "BodySink", "Clock", "RECV_BYTES", "RX_STAMP_OPTIONS", "RealtimeToPerf", "RxStampOption",
+    "RxStampsRefused", "RxTransport", "TAIL_GRACE_S", "Target", "enable_rx_stamps", "rx_stamp_realtime_ns",
+    "rx_stamp_support",
+]
+
 Clock = Callable[[], int]
 # (body bytes of one read, that read's stamp in perf_counter_ns, stamped by the kernel?) -> ended?
 BodySink = Callable[[bytes, int, bool], bool]

@@ -27,6 +27,11 @@ from pdexporter.engines.vllm import METRIC_ALIASES as VLLM_METRIC_ALIASES
 from pdexporter.engines.vllm import OPTIONAL_METRICS
 from pdexporter.errors import EngineError
 
+__all__ = [
+    "ALIASES", "GAUGES", "MetricsSnapshot", "known_lines", "metric_deltas", "parse_exposition",
+    "snapshot_from_families",
+]
+
 # canonical name -> (kind, the engine's names): vLLM's table lives in its adapter (engines.vllm).
 ALIASES: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = VLLM_METRIC_ALIASES
 

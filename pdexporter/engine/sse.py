@@ -22,6 +22,10 @@ from typing import Any
 from pdexporter._internal.text import body_reason, shorten
 from pdexporter.errors import EngineError, SSEProtocolError
 
+__all__ = [
+    "ERROR_LIMIT", "SSEEvent", "SSEParser", "StreamDecoder", "StreamDelta", "error_message_from_body",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class SSEEvent:

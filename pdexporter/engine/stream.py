@@ -23,6 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+__all__ = [
+    "PollingProgress", "Progress", "STAMP_CLOCKS", "StampClock", "TokenStream",
+]
+
 StampClock = Literal["kernel-rx", "wakeup", "read"]
 STAMP_CLOCKS: tuple[StampClock, ...] = ("kernel-rx", "wakeup", "read")  # most precise first
 

@@ -17,6 +17,11 @@ from typing import Literal, Protocol, TypeVar, runtime_checkable
 
 from pdexporter.engine.iterlog import IterationStep
 
+__all__ = [
+    "Arm", "COLOCATED", "EngineAdapter", "KvRole", "KvSetup", "MetricKind", "adapter", "budget_problem",
+    "budget_schedule", "chunk_size_advice", "identify", "infer_chunk_size", "register", "registered",
+]
+
 MetricKind = Literal["gauge", "counter", "histogram"]
 Arm = Literal["colocated", "offloaded"]
 KvRole = Literal["decode-bench", "decode", "prefill"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from pdexporter.engines._registry import KvSetup, budget_problem, register
 from pdexporter.engines.sim import SIM_ENGINE, SimAdapter
@@ -88,6 +88,123 @@ def connector_of(argv: Sequence[str] | str) -> str | None:
     config = transfer_config_of(argv)
     connector = config.get("kv_connector") if config else None
     return str(connector) if connector else None
+
+
+SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+
+
+class PairSide(Protocol):
+    """One instance of a P/D pair as the sweep file gives it (`sweep.spec.PairInstanceSpec`)."""
+
+    @property
+    def command(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+
+class PairEntry(Protocol):
+    """A P/D pair's sweep-file entry (`sweep.spec.PairLauncherSpec`): what `check_pair` reads."""
+
+    @property
+    def prefill(self) -> PairSide: ...
+
+    @property
+    def decode(self) -> PairSide: ...
+
+    @property
+    def vars(self) -> Mapping[str, str]: ...
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+
+def _words(instance: PairSide, variables: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The instance's command as words and its environment (leading NAME=value words included),
+    with {chunk} at a placeholder value: what the checks below read."""
+    text = instance.command.replace("{chunk}", "8192")
+    try:
+        text = text.format_map({"python": "python", **variables})
+    except (KeyError, ValueError, IndexError):
+        pass  # render_command reports template errors when the engine starts
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return [], dict(instance.env)
+    env = dict(instance.env)
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return words, env
+
+
+def _sim_role(words: list[str]) -> str | None:
+    if "sim" in words and "serve" in words:
+        if "--kv-role" in words and words.index("--kv-role") + 1 < len(words):
+            return words[words.index("--kv-role") + 1]
+        return "none"
+    return None
+
+
+def instance_connector(words: list[str]) -> str | None:
+    """NixlConnector / P2pNcclConnector from --kv-transfer-config, or NixlConnector for the
+    embedded engine in a pair role (it models NIXL); None when neither."""
+    role = _sim_role(words)
+    if role in ("decode", "prefill"):
+        return NIXL
+    return connector_of(words)
+
+
+def zmq_address(words: list[str]) -> str | None:
+    """P2pNcclConnector's address of one side: kv_ip:kv_port of its --kv-transfer-config."""
+    config = transfer_config_of(words) or {}
+    port = config.get("kv_port")
+    return None if port is None else f"{config.get('kv_ip', '127.0.0.1')}:{port}"
+
+
+def check_pair(spec: PairEntry) -> str | None:
+    """What is wrong with a pair's sweep-file entry, in one line, or None."""
+    if "{chunk}" not in spec.decode.command:
+        return "decode.command: must contain {chunk} (where --max-num-batched-tokens goes)"
+    if spec.prefill.url == spec.decode.url:
+        return f"prefill.url and decode.url are both {spec.decode.url}: each engine needs its own port"
+    p_words, p_env = _words(spec.prefill, spec.vars)
+    d_words, d_env = _words(spec.decode, spec.vars)
+    roles = {"prefill": _sim_role(p_words), "decode": _sim_role(d_words)}
+    for side, role in roles.items():
+        if role is not None and role != side:
+            return f"{side}.command: the embedded engine needs --kv-role {side} (has {role})"
+    p_conn, d_conn = instance_connector(p_words), instance_connector(d_words)
+    for side, conn in (("prefill", p_conn), ("decode", d_conn)):
+        if conn not in PAIR_CONNECTORS:
+            return (f"{side}.command: needs --kv-transfer-config naming {' or '.join(PAIR_CONNECTORS)} "
+                    f"(found {conn or 'none'})")
+    if p_conn != d_conn:
+        return f"the two instances use different KV connectors ({p_conn} and {d_conn})"
+    if d_conn == P2P_NCCL and (zmq_address(p_words) is None or zmq_address(d_words) is None):
+        return f"{P2P_NCCL}: both --kv-transfer-config need kv_port (and kv_ip) for the X-Request-Id addresses"
+    envs = ({**spec.env, **p_env}, {**spec.env, **d_env})
+    for name, what in ((SIDE_CHANNEL_PORT, "NIXL side-channel port"), ("CUDA_VISIBLE_DEVICES", "GPU")):
+        a, b = envs[0].get(name), envs[1].get(name)
+        if a is not None and a == b:
+            return f"prefill and decode share {name}={a}: each instance needs its own {what}"
+    return None
+
+
+def pair_connector(spec: PairEntry) -> tuple[str, tuple[str, str] | None]:
+    """The pair's connector, and for P2pNcclConnector the (prefill, decode) zmq addresses."""
+    p_words, _ = _words(spec.prefill, spec.vars)
+    d_words, _ = _words(spec.decode, spec.vars)
+    connector = instance_connector(d_words) or NIXL
+    if connector == P2P_NCCL:
+        p_addr, d_addr = zmq_address(p_words), zmq_address(d_words)
+        assert p_addr is not None and d_addr is not None  # check_pair saw to it
+        return connector, (p_addr, d_addr)
+    return connector, None
+
 
 
 class _Offloaded(VllmAdapter):
@@ -191,6 +308,8 @@ def setup_for_command(argv: Sequence[str] | str, kind: str = "vllm", role: str |
 
 
 __all__ = [
-    "DECODE_BENCH", "KV_TRANSFER_FLAG", "NIXL", "P2P_NCCL", "PAIR_CONNECTORS", "SIM_KINDS", "admission_schedule",
-    "connector_of", "kv_transfer_config", "kv_transfer_flags", "setup_for_command", "transfer_config_of",
+    "DECODE_BENCH", "KV_TRANSFER_FLAG", "NIXL", "P2P_NCCL", "PAIR_CONNECTORS", "SIDE_CHANNEL_PORT", "SIM_KINDS",
+    "PairEntry", "PairSide", "admission_schedule", "check_pair", "connector_of", "instance_connector",
+    "kv_transfer_config", "kv_transfer_flags", "pair_connector", "setup_for_command", "transfer_config_of",
+    "zmq_address",
 ]

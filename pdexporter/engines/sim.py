@@ -9,6 +9,10 @@ from collections.abc import Mapping
 from pdexporter.engines._registry import register
 from pdexporter.engines.vllm import VllmAdapter
 
+__all__ = [
+    "SIM_ENGINE", "SimAdapter",
+]
+
 SIM_ENGINE = "pdexporter-sim"
 
 

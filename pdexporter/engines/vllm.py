@@ -18,6 +18,11 @@ import re
 from pdexporter.engine.iterlog import IterationStep
 from pdexporter.engines._registry import COLOCATED, KvSetup, MetricKind, budget_problem, budget_schedule, register
 
+__all__ = [
+    "CANDIDATE_CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "METRIC_ALIASES", "OPTIONAL_METRICS",
+    "REQUEST_SPAN_ATTRIBUTES", "REQUEST_SPAN_NAME", "VllmAdapter", "format_step", "parse_step_log",
+]
+
 # vLLM's own defaults for `vllm serve` (arg_utils): 8192 on GPUs with >= 70 GB, 2048 below.
 DEFAULT_CHUNK_SIZE = 8192
 # Chunk sizes a deployment plausibly runs with, tried when inferring B from the cadence.

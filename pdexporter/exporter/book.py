@@ -22,6 +22,10 @@ from pdexporter.exporter.tracing import NoTracing, Tracing
 from pdexporter.measure.protocol import InterferenceRun
 from pdexporter.measure.window import stream_phases, window_end_ns
 
+__all__ = [
+    "ProbeBook",
+]
+
 
 class ProbeBook:
     def __init__(self, config: ExporterConfig, metrics: ExporterMetrics,

@@ -19,6 +19,11 @@ from pdexporter.exporter.metrics import DEFAULT_PORT
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.engines import adapter
 
+__all__ = [
+    "DEFAULT_CHUNK_SIZE", "DEFAULT_INJECT_EVERY_S", "DEFAULT_LISTEN", "DEFAULT_PREFILL_TOKENS", "ExporterConfig",
+    "OPTION_NAMES", "build_config",
+]
+
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
 DEFAULT_CHUNK_SIZE = 8192  # the embedded engine's default; an external engine's must be given
 DEFAULT_PREFILL_TOKENS = 8192

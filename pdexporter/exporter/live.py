@@ -38,6 +38,11 @@ from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.measure.protocol import StreamTrace
 from pdexporter.measure.window import BaselineStats, token_times
 
+__all__ = [
+    "ContinuousProbes", "LiveView", "LoopDriver", "POLL_S", "ProbeState", "QuietBaseline", "SETTLE_TOKENS",
+    "Stopping",
+]
+
 SETTLE_TOKENS = 4  # tokens every probe receives between the engine scrape and the injection
 POLL_S = 0.01  # while a window is open: how often its state is looked at (timestamps are not affected)
 

@@ -13,6 +13,18 @@ from pdexporter import __version__
 from pdexporter.measure.quantities import BY_FIELD, Quantity, gauged
 from pdexporter.measure.records import RepRecord
 
+__all__ = [
+    "BUILD_INFO", "DEFAULT_PORT", "DELAY_BUCKETS", "ENGINE_INFO", "ENGINE_KV", "ENGINE_RUNNING", "ENGINE_SCRAPE_OK",
+    "ENGINE_SCRAPE_SECONDS", "ENGINE_WAITING", "ERRORS", "ERROR_KINDS", "ExporterMetrics", "GRID_LABELS",
+    "INJECTIONS", "MODES", "PASSIVE_EVENTS", "PASSIVE_OUTCOMES", "PASSIVE_SOURCES", "PHASES", "PREFILL_BUCKETS",
+    "PREFILL_DURATION", "PREFIX", "PROBE_STREAMS", "PROBE_STREAMS_STARTED", "PROBE_TIMESTAMP_DELAY", "PROBE_TOKENS",
+    "PROBE_TPOT", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_RESULTS", "UP",
+    "UP_REASON", "UP_REASONS", "WINDOWS", "WINDOW_AFTER", "WINDOW_AGGREGATE", "WINDOW_BASELINE", "WINDOW_CHUNKS",
+    "WINDOW_DURING", "WINDOW_EXPECTED", "WINDOW_GAUGES", "WINDOW_LABELS", "WINDOW_PENALTY", "WINDOW_PREFILL",
+    "WINDOW_RATIO", "WINDOW_SLOW_STEPS", "WINDOW_TOTAL", "all_series_names", "count_trace_export", "count_traces",
+    "error_kind", "grid_labels", "publish_window", "set_engine_info", "set_up",
+]
+
 PREFIX = "pdexporter"
 GRID_LABELS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
 # Window series carry the grid point and how the window came about: "active" (an injected
@@ -138,7 +150,21 @@ class ExporterMetrics:
             TRACE_EXPORTS.removesuffix("_total"), "OTLP export requests received on /v1/traces.", ["result"], registry=r)
         for result in TRACE_RESULTS:
             self.trace_exports.labels(result=result)
+        for kind in TRACE_KINDS:
+            self.request_traces.labels(kind=kind)
         set_up(self, "starting")
+
+
+def count_traces(metrics: ExporterMetrics, kind: str, n: int = 1) -> None:
+    """`pdexporter_request_traces_total{kind}` += n, for a kind of `TRACE_KINDS` only."""
+    if kind not in TRACE_KINDS:
+        raise ValueError(f"unknown trace kind {kind!r}: expected one of {TRACE_KINDS}")
+    metrics.request_traces.labels(kind=kind).inc(n)
+
+
+def count_trace_export(metrics: ExporterMetrics, ok: bool) -> None:
+    """`pdexporter_trace_exports_total{result}` += 1: "ok" or "rejected" (`TRACE_RESULTS`)."""
+    metrics.trace_exports.labels(result=TRACE_RESULTS[0] if ok else TRACE_RESULTS[1]).inc()
 
 
 def set_up(metrics: ExporterMetrics, reason: str) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pdexporter.engine.traces import RequestTrace
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
-from pdexporter.exporter.metrics import ExporterMetrics, grid_labels, publish_window
+from pdexporter.exporter.metrics import ExporterMetrics, count_trace_export, count_traces, grid_labels, publish_window
 from pdexporter.exporter.passive import PassiveEvent, PassiveSettings, PassiveTracker, step_model_cadence
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.tracing import ClockOffset
@@ -47,9 +47,9 @@ class LivePassive:
         own = self.tracker.own_traces_seen
         production = self.tracker.add_traces(traces)
         probes = self.tracker.own_traces_seen - own
-        self.metrics.request_traces.labels(kind="production").inc(production)
-        self.metrics.request_traces.labels(kind="probe").inc(probes)
-        self.metrics.request_traces.labels(kind="unusable").inc(len(traces) - production - probes)
+        count_traces(self.metrics, "production", production)
+        count_traces(self.metrics, "probe", probes)
+        count_traces(self.metrics, "unusable", len(traces) - production - probes)
 
     def tick(self, scraper: EngineScraper | None, windows_so_far: int) -> Iterator[tuple[PassiveEvent, RepRecord, str | None]]:
         """Advance the tracker; scrape when it asks; count every finished event and publish the
@@ -96,11 +96,11 @@ class TraceIntake:
         self.passive: LivePassive | None = None
 
     def exported(self, ok: bool) -> None:
-        self.metrics.trace_exports.labels(result="ok" if ok else "rejected").inc()
+        count_trace_export(self.metrics, ok)
 
     def sink(self, traces: list[RequestTrace]) -> None:
         if self.passive is None:
-            self.metrics.request_traces.labels(kind="ignored").inc(len(traces))
+            count_traces(self.metrics, "ignored", len(traces))
         else:
             self.passive.add_traces(traces)
 

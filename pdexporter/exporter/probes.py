@@ -59,6 +59,11 @@ from pdexporter.measure.prompts import cold_prompt, shared_prefix
 from pdexporter.exporter.timeline import aligned_max_tokens
 from pdexporter.measure.protocol import ProtocolSettings, run_single
 
+__all__ = [
+    "KERNEL_STAMPS_ENV", "Lifecycle", "ProbeLoop", "StampingSelector", "WakeupSensor", "drain",
+    "kernel_stamps_default",
+]
+
 STARTED, FINISHED = "started", "finished"
 ALIGN_WAIT_S, ALIGN_POLL_S = 5.0, 0.002  # a probe waits this long at most for the others to end
 KERNEL_STAMPS_ENV = "PDEXPORTER_KERNEL_STAMPS"  # "0", "off" or "false": the aiohttp path, wake-up stamps

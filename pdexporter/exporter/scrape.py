@@ -12,6 +12,10 @@ from pdexporter.engine.metrics import MetricsSnapshot
 from pdexporter.errors import EngineError
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind
 
+__all__ = [
+    "EngineScraper",
+]
+
 
 class EngineScraper:
     def __init__(self, client: EngineClient, metrics: ExporterMetrics, interval_s: float,

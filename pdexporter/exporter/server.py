@@ -31,6 +31,10 @@ from pdexporter import __version__
 if TYPE_CHECKING:
     from pdexporter.engine.traces import RequestTrace
 
+__all__ = [
+    "metrics_app", "parse_listen", "start_metrics_server",
+]
+
 _EMPTY_EXPORT_RESPONSE = b""  # ExportTraceServiceResponse() serialises to no bytes: full success
 
 

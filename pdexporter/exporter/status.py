@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from pdexporter.exporter.metrics import error_kind
 
+__all__ = [
+    "STALL_S", "reason_of", "up_reason",
+]
+
 STALL_S = 10.0  # `pdexporter_up` drops when no probe token arrived for this long
 
 _BY_KIND = {"connect": "engine-unreachable", "timeout": "engine-timeout", "http": "engine-http-error",

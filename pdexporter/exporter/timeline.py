@@ -54,6 +54,11 @@ from pdexporter.measure.window import (
     intervals,
 )
 
+__all__ = [
+    "Readiness", "aligned_max_tokens", "phase_labels", "quiet_baseline", "quiet_intervals_ns", "ready_to_inject",
+    "recovered", "recovery_end_ns", "step_spreads_ns",
+]
+
 BASELINE, WINDOW, AFTER = "baseline", "prefill_window", "after_prefill"
 
 

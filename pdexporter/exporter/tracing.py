@@ -38,6 +38,11 @@ if TYPE_CHECKING:
     from pdexporter.measure.protocol import InterferenceRun
     from pdexporter.measure.records import RepRecord
 
+__all__ = [
+    "ClockOffset", "ENDPOINT_VARS", "EXPORT_BATCH_SPANS", "NoTracing", "OtlpTracing", "PROBE_EVENT", "Tracing",
+    "WINDOW_SPAN", "make_tracing", "preload", "tracing_enabled",
+]
+
 ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 PROBE_EVENT = "pdexporter.token"
 WINDOW_SPAN = "pdexporter.prefill_window"

@@ -10,6 +10,10 @@ from typing import Any
 from pdexporter._internal.atomic import atomic_write_text
 from pdexporter.grafana import interference_map, live
 
+__all__ = [
+    "DASHBOARDS", "build_all", "generate", "render", "stale_files",
+]
+
 # file name -> builder. The file name is the dashboard uid plus ".json".
 DASHBOARDS: dict[str, Callable[[], dict[str, Any]]] = {
     live.FILE_NAME: live.build,

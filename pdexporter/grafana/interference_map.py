@@ -26,6 +26,10 @@ from pdexporter.grafana.panels import (
     thresholds,
 )
 
+__all__ = [
+    "CORNER", "FILE_NAME", "MODE_TITLE", "SEL", "TAG", "UID", "build", "grid",
+]
+
 UID = "pdexporter-interference-map"
 FILE_NAME = f"{UID}.json"
 TAG = "pdexporter"

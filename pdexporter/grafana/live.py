@@ -20,6 +20,10 @@ from pdexporter.grafana.panels import (
 )
 from pdexporter.measure.quantities import gauged
 
+__all__ = [
+    "FILE_NAME", "GRID_LEGEND", "RATE", "SEL", "TAG", "UID", "build",
+]
+
 UID = "pdexporter-live"
 FILE_NAME = f"{UID}.json"
 TAG = "pdexporter"

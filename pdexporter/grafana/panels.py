@@ -14,6 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = [
+    "DATASOURCE", "Dashboard", "GRID_WIDTH", "Json", "SCHEMA_VERSION", "dashboard_link", "datasource_variable",
+    "info_table", "label_matrix", "query_variable", "row", "stat", "target", "targets", "thresholds", "timeseries",
+    "up_down_mappings", "values_table",
+]
+
 SCHEMA_VERSION = 39
 GRID_WIDTH = 24
 

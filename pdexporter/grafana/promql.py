@@ -11,6 +11,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "BUILTIN_VALUES", "Query", "VariableQuery", "panel_queries", "series_names", "substitute", "variable_queries",
+]
+
 # Grafana's built-in interval variables, with values a test (or `promtool`) can use.
 BUILTIN_VALUES: dict[str, str] = {
     "__rate_interval": "1m",

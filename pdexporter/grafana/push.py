@@ -17,6 +17,11 @@ from pdexporter import __version__
 from pdexporter._internal.text import body_reason, shorten
 from pdexporter.errors import ConfigError, PdexporterError
 
+__all__ = [
+    "DEFAULT_FOLDER", "GrafanaAuthError", "GrafanaError", "GrafanaUnreachable", "PushedDashboard", "ROOT_FOLDERS",
+    "push_dashboards", "read_token", "redact",
+]
+
 DEFAULT_FOLDER = "pdexporter"
 ROOT_FOLDERS = ("", "General")  # Grafana's root: no folderUid
 

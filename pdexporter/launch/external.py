@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from pdexporter.errors import ConfigError
 from pdexporter.launch.base import EngineHandle
 
+__all__ = [
+    "ExternalLauncher",
+]
+
 @dataclass
 class ExternalLauncher:
     """An engine already running. `chunk_size` is what the operator says it was started with."""

@@ -17,6 +17,11 @@ from pdexporter.errors import ConfigError, EngineError
 from pdexporter.launch.base import EngineHandle
 from pdexporter.sweep.spec import KubernetesLauncherSpec
 
+__all__ = [
+    "CommandRunner", "KubernetesLauncher", "helm_upgrade_argv", "kubectl_patch_argv", "kubectl_rollout_argv",
+    "run_command", "with_chunk_arg",
+]
+
 # ---------------------------------------------------------------------------------------------
 # Kubernetes launcher
 

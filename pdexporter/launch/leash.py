@@ -37,6 +37,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+__all__ = [
+    "Leash", "main",
+]
+
 if __name__ == "__main__":  # run by path (`python -I`): the package is found beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 

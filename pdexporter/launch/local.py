@@ -54,6 +54,11 @@ from pdexporter._internal.procs import same_process
 from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
 from pdexporter.measure.store import ResultsStore
 
+__all__ = [
+    "EngineState", "LEASH", "LEASHED", "LOG_FILE", "LocalLauncher", "RenderedCommand", "STATE_FILE",
+    "log_contradicts_chunk", "render_command", "state_is_live",
+]
+
 STATE_FILE = "engine.json"
 LOG_FILE = "engine.log"
 LEASH = Path(__file__).with_name("leash.py")

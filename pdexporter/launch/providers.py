@@ -20,7 +20,8 @@ from pdexporter.launch.local import LocalLauncher
 from pdexporter.launch.sim import SimLauncher
 from pdexporter.measure.driver import EngineDriver, http_driver
 from pdexporter.measure.store import ResultsStore
-from pdexporter.launch.pair import PairLauncher, pair_connector
+from pdexporter.engines.disagg import pair_connector
+from pdexporter.launch.pair import PairLauncher
 from pdexporter.sweep.spec import (
     ExternalLauncherSpec,
     KubernetesLauncherSpec,
@@ -29,6 +30,11 @@ from pdexporter.sweep.spec import (
     SimLauncherSpec,
     SweepSpec,
 )
+
+__all__ = [
+    "EngineProvider", "LauncherProvider", "PairProvider", "SlotLabelled", "VirtualSimProvider", "make_provider",
+    "make_providers", "sim_role_for", "slot_label",
+]
 
 # ---------------------------------------------------------------------------------------------
 # Providers: a driver per chunk size

@@ -23,6 +23,10 @@ from pdexporter._internal.redact import redact_argv
 from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.launch.base import EngineHandle, terminate_group
 
+__all__ = [
+    "SimLauncher",
+]
+
 @dataclass
 class SimLauncher:
     """The embedded engine in a child process, on real time, serving vLLM's HTTP API."""

@@ -26,6 +26,10 @@ from pdexporter.engines import adapter, identify
 from pdexporter.engine.stream import Progress, TokenStream
 from pdexporter.errors import EngineError
 
+__all__ = [
+    "Cancelling", "EngineDriver", "EngineInfo", "HttpDriver", "MODELLED_NOTE", "PreparedRequest", "http_driver",
+]
+
 MODELLED_NOTE = (
     "MODELLED: produced by pdexporter's embedded engine (vLLM v1 scheduling + a step-time model), "
     "not measured on a GPU; real numbers come from a real vLLM"

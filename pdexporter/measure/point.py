@@ -39,6 +39,11 @@ from pdexporter._internal.redact import engine_flags
 from pdexporter.engines import adapter
 from pdexporter.measure.window import derive
 
+__all__ = [
+    "PointSpec", "append_rep", "check_reps", "check_resumable", "flag_mismatch", "measure_point", "now_iso",
+    "record_config", "rep_record", "resumable_reps",
+]
+
 
 @dataclass(frozen=True)
 class PointSpec:

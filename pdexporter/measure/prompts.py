@@ -15,6 +15,10 @@ import random
 import numpy as np
 from dataclasses import dataclass
 
+__all__ = [
+    "SHARED_PREFIX_SEED", "TokenRange", "cold_prompt", "shared_prefix",
+]
+
 
 @dataclass(frozen=True)
 class TokenRange:

@@ -56,6 +56,13 @@ from pdexporter.measure.window import (
     window_end_ns,
 )
 
+__all__ = [
+    "BaselineRun", "InterferenceRun", "OPTION_NAMES", "ProtocolSettings", "StreamTrace", "analyse_traces",
+    "chunk_plan", "chunks_from_steps", "expected_schedule", "prompt_tokens_check", "prompt_tokens_problem",
+    "protocol_settings", "run_baseline", "run_single", "run_window", "stalled", "start_probes", "steady",
+    "wait_for", "warm_prefix", "warm_shapes",
+]
+
 
 class ProtocolSettings(BaseModel):
     """The seed's control variables; defaults are the seed's values."""

@@ -33,6 +33,11 @@ from pdexporter.measure.records import (
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import BaselineStats, baseline_stats, derive
 
+__all__ = [
+    "Aggregate", "Reanalysed", "SourceComparison", "compare_sources", "keep_shape", "phase1_stats",
+    "reanalyse_record", "reanalyse_rep",
+]
+
 Aggregate = Callable[[RecordConfig, list[RepRecord], RunRecord], RunRecord]
 
 

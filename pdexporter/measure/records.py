@@ -23,6 +23,11 @@ from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
 from pdexporter.measure.quantities import Block, block_values, in_block
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
+__all__ = [
+    "BaselineBlock", "DerivedBlock", "InterferenceBlock", "RecordConfig", "RepRecord", "RunRecord", "SEED_KEYS",
+    "Summary", "aggregate", "baseline_block", "cv", "derived_block", "interference_block", "provenance",
+]
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)

@@ -25,6 +25,10 @@ from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
 from pdexporter.measure.records import RunRecord
 
+__all__ = [
+    "RECORD_RE", "ResultsStore", "load_record_file",
+]
+
 RECORD_RE = re.compile(r"^D(?P<d>\d+)_P(?P<p>\d+)\.json$")
 
 

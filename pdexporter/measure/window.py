@@ -107,6 +107,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+__all__ = [
+    "BaselineStats", "ChunkPlan", "Derived", "Intervals", "StreamPhases", "WindowParams", "WindowStats",
+    "analyse_window", "baseline_from_lengths", "baseline_stats", "chunk_weights", "derive", "intervals",
+    "schedule_confirmed", "slow_step_count", "stream_phases", "token_event_index", "token_times",
+    "weighted_percentile", "window_end_ns",
+]
+
 
 @dataclass(frozen=True)
 class WindowParams:

@@ -22,6 +22,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pdexporter.sim.profile import Profile
 
+__all__ = [
+    "ENGINE_KIND", "engine_version",
+]
+
 ENGINE_KIND = "pdexporter-sim"
 
 

@@ -75,6 +75,18 @@ if TYPE_CHECKING:
 
     from pdexporter.measure.protocol import ProtocolSettings
 
+__all__ = [
+    "BETWEEN_GRID_D", "BOUNDS", "Calibration", "DEFAULT_FREE", "FitResult", "FitWorseThanBase", "GPU_PARAMS",
+    "Generalisation", "Group", "GroupResult", "HEADLINE", "HoldoutReport", "KINDS", "KNOWN_DECODE_MS", "Key",
+    "LOOP_FREE", "LOOP_PARAMS", "LoopFitResult", "METRICS", "METRIC_FIELDS", "METRIC_LABELS", "ObservationSet",
+    "PointError", "PointFigures", "Progress", "RecordSimulator", "STAGE1_UNITS", "STEP_FREE", "STEP_PARAMS",
+    "Simulator", "StepData", "StepObservation", "calibrate", "chunk_sizes", "compare_records", "decode_table",
+    "figures_of", "fit_loop_params", "fit_step_params", "generalisation", "kind_of", "label_worse",
+    "last_chunk_step_ms", "mixed_composition", "observations_from_record", "observations_from_records",
+    "profile_fingerprint", "record_residuals", "residual_keys", "simulate_group", "split_holdout", "step_errors",
+    "step_summary", "vllm_facts_observations", "with_values", "worse_than_base",
+]
+
 Key = tuple[int, int, int]  # (chunk_size, decode_batch_size, new_prefill_tokens)
 
 # matmul_efficiency is not free by default: the profile takes it from a measured large GEMM

@@ -33,6 +33,10 @@ from pdexporter.sim.profile import Profile, load_profile
 from pdexporter.sim.scheduler import RequestOutput
 from pdexporter.sim.vllm_metrics import VllmMetrics
 
+__all__ = [
+    "DEFAULT_PROFILE", "SimDriver",
+]
+
 DEFAULT_PROFILE = "h200-qwen3-coder-30b-a3b"
 _READ_SERIES = tuple(name for _, names in ALIASES.values() for name in names)
 

@@ -74,7 +74,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pdexporter.engine.iterlog import IterationStep
 from pdexporter.engine.traces import RequestTrace
@@ -90,6 +90,11 @@ from pdexporter.sim.scheduler import (
 )
 from pdexporter.sim.steptime import StepComposition, StepTimeModel, landing_factor
 from pdexporter.sim.vllm_metrics import VllmMetrics, observe_many
+
+__all__ = [
+    "BATCH_QUEUE_SIZE", "Cancellable", "Clock", "EngineConfig", "EngineCore", "LoopClock", "LoopCosts",
+    "ManualClock", "NO_LOOP_COSTS", "OutputSink", "StepHistory", "StepRecord", "StepTiming", "vllm_log_prefix",
+]
 
 BATCH_QUEUE_SIZE = 2  # vLLM: 2 with async scheduling (one step running, one scheduled)
 
@@ -318,6 +323,7 @@ class EngineConfig:
         )
 
 
+@runtime_checkable
 class StepTiming(Protocol):
     """What the engine needs of a step-time model: GPU and CPU seconds of a step."""
 
@@ -402,9 +408,7 @@ class EngineCore:
         if step_model is None:  # the captured CUDA-graph sizes depend on this engine's token budget
             step_model = StepTimeModel(profile, max_num_batched_tokens=self.config.max_num_batched_tokens,
                                        max_num_seqs=self.config.max_num_seqs)
-        elif not (hasattr(step_model, "gpu_s") and hasattr(step_model, "cpu_s")):
-            step_model = _GpuOnly(step_model)  # type: ignore[arg-type]
-        self.step_model: StepTiming = step_model  # type: ignore[assignment]
+        self.step_model: StepTiming = step_model if isinstance(step_model, StepTiming) else _GpuOnly(step_model)
         self.costs = LoopCosts.of(profile) if loop_costs is None else loop_costs
         self.metrics = metrics
         self.log = log

@@ -39,7 +39,8 @@ class RequestSpans:
         resource = Resource.create({"vllm.instrumenting_module_name": SCOPE,
                                     "vllm.process_id": process_id if process_id is not None else os.getpid()})
         self.provider = TracerProvider(resource=resource)
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        self._exporter = OTLPSpanExporter(endpoint=endpoint)
+        self.provider.add_span_processor(BatchSpanProcessor(self._exporter))
         self.tracer = self.provider.get_tracer(SCOPE)
         rules = adapter(None)
         self._name, self._attributes = rules.request_span_name, rules.request_span_attributes
@@ -53,9 +54,19 @@ class RequestSpans:
                                       attributes=attributes)
         span.end(end_time=trace.end_ns)
 
-    def shutdown(self) -> None:
-        self.provider.force_flush(5000)
-        self.provider.shutdown()
+    def shutdown(self, flush_s: float = 1.0) -> None:
+        """Send what is queued, for at most `flush_s`: a receiver that is gone (it often stops
+        first) must not hold the engine's exit for the exporter's retries (~7 s measured; the
+        SDK's force_flush does not keep to its timeout, so a timer ends the retries)."""
+        import threading
+
+        give_up = threading.Timer(flush_s, self._exporter.shutdown)  # queued spans are then dropped
+        give_up.daemon = True
+        give_up.start()
+        try:
+            self.provider.shutdown()  # the batch processor's last export, then the exporter's shutdown
+        finally:
+            give_up.cancel()
 
 
 __all__ = ["RequestSpans"]

@@ -26,6 +26,10 @@ from pdexporter.launch.providers import VirtualSimProvider
 from pdexporter.sweep.plan import ConfigStatus
 from pdexporter.sweep.spec import CvSpec, GridSpec, SimLauncherSpec, SweepSpec, WarmupSpec
 
+__all__ = [
+    "Key", "predict_records", "predict_records_async",
+]
+
 Key = tuple[int, int, int]  # (chunk_size, decode_batch_size, new_prefill_tokens)
 
 

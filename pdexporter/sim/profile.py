@@ -29,6 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 
+__all__ = [
+    "Calibration", "EngineLoopParams", "EngineSpec", "GpuSpec", "KvTransferParams", "ModelSpec", "PROFILES_DIR",
+    "Profile", "StepTimeParams", "available_profiles", "cudagraph_sizes", "load_profile", "parse_profile",
+    "profile_path",
+]
+
 PROFILES_DIR = Path(__file__).with_name("profiles")
 
 Calibration = Literal["projected", "projected-from-facts", "calibrated", "calibrated-worse-than-base"]

@@ -67,6 +67,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+__all__ = [
+    "KVCacheManager", "NULL_HASH", "PrefixCacheStats", "Request", "RequestOutput", "RequestStatus",
+    "ScheduledRequest", "Scheduler", "SchedulerConfig", "SchedulerConnector", "SchedulerOutput", "TokenSampler",
+    "block_hashes", "default_sampler", "extend_hashes",
+]
+
 
 class RequestStatus(enum.IntEnum):
     WAITING_FOR_REMOTE_KVS = -1  # below WAITING: `finished` is `>= FINISHED_STOPPED`

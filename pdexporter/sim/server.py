@@ -57,6 +57,11 @@ from pdexporter.sim.scheduler import RequestOutput
 from pdexporter.sim.tokenizer import WordTokenizer
 from pdexporter.sim.vllm_metrics import VllmMetrics
 
+__all__ = [
+    "ApiError", "MODELLED_HEADER", "SEND_STAMPS_HEADER", "SERVED_HISTORY_STEPS", "ServeOptions", "SimServer",
+    "cache_config_labels", "precise_event_loop", "run_server", "send_stamps", "sent_ns",
+]
+
 MODELLED_HEADER = "x-pdexporter-modelled"
 SEND_STAMPS_HEADER = "x-pdexporter-send-stamps"
 SENT_KEY, PREV_WRITTEN_KEY = "pdexporter-sent-ns", "pdexporter-prev-written-ns"

@@ -73,6 +73,10 @@ import numpy as np
 from pdexporter.errors import ConfigError
 from pdexporter.sim.profile import Profile, StepTimeParams
 
+__all__ = [
+    "StepArrays", "StepComposition", "StepTimeBreakdown", "StepTimeModel", "landing_factor", "padded_size",
+]
+
 FULL, PIECEWISE, EAGER = "full", "piecewise", "eager"
 _MODE_CODE = {FULL: 0, PIECEWISE: 1, EAGER: 2}
 

@@ -12,6 +12,10 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+__all__ = [
+    "WordTokenizer",
+]
+
 
 class WordTokenizer:
     def __init__(self, vocab_size: int) -> None:

@@ -20,6 +20,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
+__all__ = [
+    "FINISH_REASONS", "ITERATION_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "NIXL_BYTES_BUCKETS",
+    "NIXL_TIME_BUCKETS", "N_BUCKETS", "TOKEN_BUCKETS", "TTFT_BUCKETS", "VllmMetrics", "observe_many",
+]
+
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -67,6 +67,11 @@ from pdexporter.launch.providers import EngineProvider, slot_label
 from pdexporter.sweep.plan import ConfigStatus, RunTimes, block_order, config_status, median, summarise_attempts
 from pdexporter.sweep.spec import SweepSpec
 
+__all__ = [
+    "ChunkReport", "Deadline", "Key", "PHASES", "SweepController", "SweepObserver", "SweepReport",
+    "window_retryable",
+]
+
 PHASES = ("engine_start", "warmup", "phase1", "phase2", "cooldown")
 Key = tuple[int, int, int]
 

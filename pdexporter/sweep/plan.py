@@ -20,6 +20,11 @@ from dataclasses import dataclass, field
 from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord, Summary, aggregate, cv
 from pdexporter.sweep.spec import CvSpec
 
+__all__ = [
+    "ConfigStatus", "RunTimes", "attempt_cv", "block_order", "config_status", "cv_metric_name", "median",
+    "split_attempts", "summarise_attempts",
+]
+
 
 def _metric(rep: RepRecord) -> float | None:
     """The CV's quantity: the penalty; at D = 0 (no penalty exists) the prefill duration."""

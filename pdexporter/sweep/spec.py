@@ -22,8 +22,17 @@ from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES,
 from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter._internal.redact import redact_argv, redact_env
 from pdexporter.engines import adapter
+from pdexporter.engines.disagg import check_pair
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
+
+__all__ = [
+    "CooldownSpec", "CvSpec", "DEFAULT_LAUNCHER", "DecodeBatch", "ExternalLauncherSpec", "FAITHFUL_COOLDOWN_S",
+    "FastSpec", "GridSpec", "H", "KubernetesLauncherSpec", "LAUNCHERS", "LauncherSpec", "LocalLauncherSpec",
+    "MULTI_GPU_ENV", "Mode", "OrderSpec", "PairInstanceSpec", "PairLauncherSpec", "SAFE_NAME", "SLOT_PLACEHOLDERS",
+    "Seconds", "SimLauncherSpec", "SweepSpec", "TokenCount", "WarmupSpec", "external_engine", "load_sweep",
+    "narrow_grid", "parse_sweep", "prediction_root",
+]
 
 Mode = Literal["faithful", "fast"]
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
@@ -300,8 +309,6 @@ class PairLauncherSpec(_Strict):
 
     @model_validator(mode="after")
     def _pair(self) -> PairLauncherSpec:
-        from pdexporter.launch.pair import check_pair
-
         problem = check_pair(self)
         if problem:
             raise ValueError(problem)

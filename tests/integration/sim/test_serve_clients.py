@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -13,6 +14,7 @@ import openai
 import pytest
 
 from pdexporter.engine.metrics import parse_exposition
+from tests.helpers import free_port
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 
 pytestmark = pytest.mark.integration
@@ -227,4 +229,28 @@ def test_sigterm_with_a_stream_in_flight_stops_the_engine_at_once(tmp_path: Path
         if engine.proc.poll() is None:
             engine.proc.kill()
     assert engine.proc.returncode == 0 and took < 20, took  # 120 s before; ~1-2 s here (a bound, not a figure)
+    assert "embedded engine stopped" in engine.log.read_text()
+
+
+def test_sigterm_with_its_trace_receiver_gone_stops_the_engine_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The OTLP receiver often stops before the engine (`run --passive` beside `sim serve`): the
+    spans still queued must not hold the exit for the exporter's retries (~7 s at the SDK's 10 s
+    timeout, a teardown of the dashboard test measured 10 s; here the timeout is 30 s)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "30")
+    nobody = f"http://127.0.0.1:{free_port()}/v1/traces"
+    engine = start_sim_serve(tmp_path, "--max-num-batched-tokens", "2048", "--otlp-traces-endpoint", nobody)
+    try:
+        body = {"model": MODEL, "prompt": [9] * 32, "max_tokens": 4}
+        for _ in range(3):  # three finished requests: three spans for nobody
+            with urllib.request.urlopen(urllib.request.Request(
+                    f"{engine.url}/v1/completions", data=json.dumps(body).encode(),
+                    headers={"Content-Type": "application/json"}), timeout=30) as resp:
+                assert resp.status == 200
+        t0 = time.monotonic()
+        assert engine.stop(timeout=60) == 0
+        took = time.monotonic() - t0
+    finally:
+        if engine.proc.poll() is None:
+            engine.proc.kill()
+    assert took < 10, took  # ~1 s here; 15.6 s with the unbounded flush before
     assert "embedded engine stopped" in engine.log.read_text()
