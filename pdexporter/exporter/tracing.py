@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from pdexporter._internal.otel import shutdown_within
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineInfo
@@ -101,7 +102,7 @@ class Tracing(Protocol):
 
     def window(self, run: InterferenceRun, rep: RepRecord, chunk_size: int, probe_spans: Sequence[Any]) -> None: ...
 
-    def shutdown(self, timeout_s: float = 10.0) -> None: ...
+    def shutdown(self, timeout_s: float = 5.0) -> None: ...
 
 
 class NoTracing:
@@ -116,7 +117,7 @@ class NoTracing:
     def window(self, run: InterferenceRun, rep: RepRecord, chunk_size: int, probe_spans: Sequence[Any]) -> None:
         return None
 
-    def shutdown(self, timeout_s: float = 10.0) -> None:
+    def shutdown(self, timeout_s: float = 5.0) -> None:
         return None
 
 
@@ -170,6 +171,7 @@ class OtlpTracing:
         # of 256 events on this machine's CPUs, ~5 ms for the SDK's default 512): small batches keep
         # the probe thread's timestamps clear of it. OTEL_BSP_MAX_EXPORT_BATCH_SIZE still wins.
         batch = None if os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") else EXPORT_BATCH_SPANS
+        self._exporter = exporter
         self.provider.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=batch))
         self.tracer = self.provider.get_tracer("pdexporter.exporter", __version__)
         self.clock = clock or ClockOffset.measure()
@@ -277,9 +279,10 @@ class OtlpTracing:
         request.end(end_time=self.clock.epoch(last))
         window_span.end(end_time=self.clock.epoch(max(end_window, last)))
 
-    def shutdown(self, timeout_s: float = 10.0) -> None:
-        self.provider.force_flush(int(timeout_s * 1000))
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """The queued spans sent, for at most `timeout_s` (a collector that is down does not hold
+        the exit for the exporter's retries)."""
+        shutdown_within(self.provider, self._exporter, timeout_s)
 
 
 def preload(env: Mapping[str, str] = os.environ) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from pdexporter._internal.otel import shutdown_within
 from pdexporter.engine.traces import RequestTrace
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
@@ -56,17 +57,8 @@ class RequestSpans:
 
     def shutdown(self, flush_s: float = 1.0) -> None:
         """Send what is queued, for at most `flush_s`: a receiver that is gone (it often stops
-        first) must not hold the engine's exit for the exporter's retries (~7 s measured; the
-        SDK's force_flush does not keep to its timeout, so a timer ends the retries)."""
-        import threading
-
-        give_up = threading.Timer(flush_s, self._exporter.shutdown)  # queued spans are then dropped
-        give_up.daemon = True
-        give_up.start()
-        try:
-            self.provider.shutdown()  # the batch processor's last export, then the exporter's shutdown
-        finally:
-            give_up.cancel()
+        first) must not hold the engine's exit for the exporter's retries."""
+        shutdown_within(self.provider, self._exporter, flush_s)
 
 
 __all__ = ["RequestSpans"]

@@ -105,3 +105,32 @@ def test_sigterm_stops_cleanly_with_windows_recorded(tmp_path: Path) -> None:
     record = json.loads((out / "2048" / "D2_P3000.json").read_text())
     assert len(record["reps"]) == len(windows)
     assert record["config"]["modelled"] is True and record["config"]["mode"] == "live"
+
+
+def test_sigterm_with_the_otlp_collector_down_stops_within_the_flush_limit(tmp_path: Path) -> None:
+    """Spans queued for a collector that is down: the exit waits 5 s for them, not the OTLP
+    exporter's retries (its timeout is 30 s here; the SDK's force_flush ignores its own)."""
+    env = {**os.environ, "COLUMNS": "200", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "30",
+           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_port()}/v1/traces"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdexporter", "run", "-D", "2", "-B", "2048", "-P", "512", "--inject-every", "500ms",
+         "--decode-output-tokens", "96", "--listen", f"127.0.0.1:{free_port()}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    assert proc.stderr is not None
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not any(line.startswith("window 2:") for line in lines):  # spans queued, an export retrying
+            assert proc.poll() is None, "".join(lines) + proc.stderr.read()
+            assert time.monotonic() < deadline, "".join(lines)
+            lines.append(proc.stderr.readline())
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=90)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, "".join(lines)
+    assert took < 20, took  # the window in flight + 5 s (~6 s here); ~30 s before
