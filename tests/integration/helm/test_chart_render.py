@@ -163,6 +163,8 @@ def test_default_install_is_one_exporter_beside_a_vllm_service(engine: HelmEngin
     assert _arg(args, "--listen") == "0.0.0.0:18742" and _arg(args, "--chunk-size") == "8192"
     assert "--passive" not in args
     assert _exporter(docs)["image"] == "pdexporter:0.1.0"
+    # SIGTERM: the window in flight (<= 30 s) and the span flush (<= 5 s) before Kubernetes kills it
+    assert pod_spec(by_kind(docs, "Deployment")[0])["terminationGracePeriodSeconds"] == 45
 
 
 def _probe_paths(container: dict[str, Any]) -> tuple[str, str]:
