@@ -1,6 +1,6 @@
 """The two things a Phase 2 window can be run with: which decode streams it perturbs (a probe
 set) and what it compares them with (a baseline source). `protocol.run_window` is written once
-against these protocols; `measure`, `sweep` (both modes), `sim sweep`/`calibrate` and the live
+against the protocols `ProbeSet` and `BaselineSource` (declared beside it, re-exported here); `measure`, `sweep` (both modes), `sim sweep`/`calibrate` and the live
 exporter (`pdexporter run`) differ only in the implementations they pass:
 
     probe set     FreshProbes (faithful: D new 256-token streams per window, as the seed says)
@@ -26,56 +26,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
 from pdexporter.measure.driver import Cancelling, EngineDriver
-from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, start_probes, steady, wait_for
+from pdexporter.measure.protocol import (
+    BaselineSource,
+    ProbeSet,
+    ProtocolSettings,
+    StreamTrace,
+    start_probes,
+    steady,
+    wait_for,
+)
 from pdexporter.measure.window import BaselineStats
 
 __all__ = [
     "BaselineSource", "FixedBaseline", "FreshProbes", "PooledProbes", "ProbeSet", "trim_trace",
 ]
-
-
-@runtime_checkable
-class ProbeSet(Protocol):
-    """The D decode streams a window perturbs."""
-
-    async def ready(self, driver: EngineDriver, d: int, p: int) -> list[TokenStream]:
-        """Streams in the seed's steady state, able to carry a window of a P-token prefill."""
-        ...
-
-    async def settle(self, driver: EngineDriver, streams: Sequence[TokenStream],
-                     after_ns: int) -> tuple[int, list[TokenStream]]:
-        """Wait until the streams moved on after `after_ns` (the engine scrape just before the
-        injection held up their reads); returns t_decide, the moment the injection is decided,
-        and the streams the window perturbs (a continuous set may have replaced some meanwhile)."""
-        ...
-
-    async def release(self, driver: EngineDriver, streams: Sequence[TokenStream]) -> None:
-        """After the window's recovery intervals: what the set does with its streams."""
-        ...
-
-    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int) -> list[StreamTrace]:
-        """The streams as the window maths and the raw file see them."""
-        ...
-
-    def raw_extra(self) -> dict[str, Any]:
-        """Keys the raw file gets to say how its probes were run."""
-        ...
-
-
-@runtime_checkable
-class BaselineSource(Protocol):
-    """What the window is compared with, and what the record says about it."""
-
-    rule: str  # "phase1" | "live-quiet": the record's baseline.source
-
-    def at(self, t_decide_ns: int) -> tuple[BaselineStats | None, dict[str, Any]]:
-        """The baseline for a window decided at t_decide, and extra keys for the raw file."""
-        ...
 
 
 @dataclasses.dataclass(frozen=True)

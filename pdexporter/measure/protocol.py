@@ -26,7 +26,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -42,8 +42,6 @@ from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
 from pdexporter.engines import adapter
 from pdexporter.engines.vllm import format_step  # raw files keep steps as vLLM's log lines
 
-if TYPE_CHECKING:
-    from pdexporter.measure.probesets import BaselineSource, ProbeSet
 from pdexporter.measure.window import (
     BaselineStats,
     ChunkPlan,
@@ -57,8 +55,8 @@ from pdexporter.measure.window import (
 )
 
 __all__ = [
-    "BaselineRun", "InterferenceRun", "OPTION_NAMES", "ProtocolSettings", "StreamTrace", "analyse_traces",
-    "chunk_plan", "chunks_from_steps", "expected_schedule", "prompt_tokens_check", "prompt_tokens_problem",
+    "BaselineRun", "BaselineSource", "InterferenceRun", "OPTION_NAMES", "ProbeSet", "ProtocolSettings", "StreamTrace",
+    "analyse_traces", "chunk_plan", "chunks_from_steps", "expected_schedule", "prompt_tokens_check", "prompt_tokens_problem",
     "protocol_settings", "run_baseline", "run_single", "run_window", "stalled", "start_probes", "steady",
     "wait_for", "warm_prefix", "warm_shapes",
 ]
@@ -469,6 +467,45 @@ def _tokens_after(stream: TokenStream, t_ns: float) -> int:
             break
         total += n
     return total
+
+
+@runtime_checkable
+class ProbeSet(Protocol):
+    """The D decode streams a window perturbs."""
+
+    async def ready(self, driver: EngineDriver, d: int, p: int) -> list[TokenStream]:
+        """Streams in the seed's steady state, able to carry a window of a P-token prefill."""
+        ...
+
+    async def settle(self, driver: EngineDriver, streams: Sequence[TokenStream],
+                     after_ns: int) -> tuple[int, list[TokenStream]]:
+        """Wait until the streams moved on after `after_ns` (the engine scrape just before the
+        injection held up their reads); returns t_decide, the moment the injection is decided,
+        and the streams the window perturbs (a continuous set may have replaced some meanwhile)."""
+        ...
+
+    async def release(self, driver: EngineDriver, streams: Sequence[TokenStream]) -> None:
+        """After the window's recovery intervals: what the set does with its streams."""
+        ...
+
+    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int) -> list[StreamTrace]:
+        """The streams as the window maths and the raw file see them."""
+        ...
+
+    def raw_extra(self) -> dict[str, Any]:
+        """Keys the raw file gets to say how its probes were run."""
+        ...
+
+
+@runtime_checkable
+class BaselineSource(Protocol):
+    """What the window is compared with, and what the record says about it."""
+
+    rule: str  # "phase1" | "live-quiet": the record's baseline.source
+
+    def at(self, t_decide_ns: int) -> tuple[BaselineStats | None, dict[str, Any]]:
+        """The baseline for a window decided at t_decide, and extra keys for the raw file."""
+        ...
 
 
 async def run_window(
