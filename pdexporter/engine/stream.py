@@ -50,8 +50,9 @@ class Progress:
                     return
                 await self._event.wait()
 
-        try:
-            await asyncio.wait_for(_loop(), timeout_s)
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel that meets a done wait
+            async with asyncio.timeout(timeout_s):
+                await _loop()
         except TimeoutError:
             return predicate()
         return True

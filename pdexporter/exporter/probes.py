@@ -201,7 +201,8 @@ class ProbeLoop:
         were sent. A dead target or a bad model fails here, with the engine's one-line error."""
         self._thread = threading.Thread(target=self._run, name="pdexporter-probes", daemon=True)
         self._thread.start()
-        return await asyncio.wait_for(asyncio.wrap_future(self._ready), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.wrap_future(self._ready)
 
     @property
     def alive(self) -> bool:

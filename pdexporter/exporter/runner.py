@@ -195,14 +195,16 @@ class Runner:
             if self._window_task is None and self._next_prefill is None and cfg.injecting:
                 self._next_prefill = self._encode_prefill()  # between windows: touches nothing measured
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), TICK_S)
+                async with asyncio.timeout(TICK_S):
+                    await stop.wait()
 
     async def _shutdown(self, server: Any) -> None:
         """Finish the window in flight, stop probes, end and flush spans, stop the engine."""
         self.book.stopping = True
         if self._window_task is not None and not self._window_task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(self._window_task), self.config.drain_timeout_s)
+                async with asyncio.timeout(self.config.drain_timeout_s):
+                    await asyncio.shield(self._window_task)
             except (TimeoutError, asyncio.CancelledError):
                 self._window_task.cancel()
             except Exception:  # noqa: BLE001 - already counted; shutdown goes on

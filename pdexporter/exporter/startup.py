@@ -119,6 +119,7 @@ async def start_probes(
             raise EngineError(f"engine not ready after {wait.limit_s:g} s (--engine-wait): {error}") from error
         on_wait(reason_of(error), error)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
+            async with asyncio.timeout(delay):
+                await stop.wait()
         if stop.is_set():
             return None

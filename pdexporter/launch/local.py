@@ -329,7 +329,8 @@ class LocalLauncher:
         deadline = loop.time() + 30.0
         while not ({"engine", "socket"} <= said.keys() or "error" in said):
             try:
-                chunk = await asyncio.wait_for(loop.sock_recv(ours, 4096), max(0.1, deadline - loop.time()))
+                async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                    chunk = await loop.sock_recv(ours, 4096)
             except TimeoutError:
                 chunk = b""
             if not chunk:
@@ -354,9 +355,11 @@ class LocalLauncher:
         conn.setblocking(False)
         loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(loop.sock_connect(conn, "\0" + state.leash_socket), 5.0)
+            async with asyncio.timeout(5.0):
+                await loop.sock_connect(conn, "\0" + state.leash_socket)
             await loop.sock_sendall(conn, b"own\n")
-            reply = (await asyncio.wait_for(loop.sock_recv(conn, 64), 5.0)).decode(errors="replace")
+            async with asyncio.timeout(5.0):
+                reply = (await loop.sock_recv(conn, 64)).decode(errors="replace")
         except (OSError, TimeoutError):
             conn.close()
             return None

@@ -59,7 +59,8 @@ async def drive(
                 await asyncio.sleep(delay)
             else:
                 try:
-                    await asyncio.wait_for(stop.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await stop.wait()
                     break
                 except TimeoutError:
                     pass
