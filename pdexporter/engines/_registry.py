@@ -18,7 +18,7 @@ from typing import Literal, Protocol, TypeVar, runtime_checkable
 from pdexporter.engine.iterlog import IterationStep
 
 __all__ = [
-    "Arm", "COLOCATED", "EngineAdapter", "KvRole", "KvSetup", "MetricKind", "adapter", "budget_problem",
+    "Arm", "BUDGET_RULE", "COLOCATED", "ChunkRule", "EngineAdapter", "KvRole", "KvSetup", "MetricKind", "adapter", "budget_problem",
     "budget_schedule", "chunk_size_advice", "identify", "infer_chunk_size", "register", "registered",
 ]
 
@@ -46,6 +46,32 @@ class KvSetup:
 COLOCATED = KvSetup()
 
 
+@dataclass(frozen=True)
+class ChunkRule:
+    """How an engine interleaves a prefill's chunks with the running decodes, in the two numbers the
+    cost maths needs (written into decision.json, so the standard-library evaluator needs no
+    engine knowledge):
+
+    - `decodes_take_budget`: each running decode takes one token of the step budget B first, so a
+      chunk is B - D tokens (vLLM; SGLang with --enable-mixed-chunk); False: a chunk is B tokens.
+    - `decodes_in_chunk_step`: the running decodes advance in the step that carries a chunk (vLLM,
+      SGLang mixed); False: they pause while the chunk's step runs (SGLang's default), so every
+      chunk step costs each decode the whole step."""
+
+    decodes_take_budget: bool = True
+    decodes_in_chunk_step: bool = True
+
+    def budget(self, chunk_size: int, running_decodes: int) -> int:
+        """Prefill tokens per step beside `running_decodes` decodes."""
+        return chunk_size - running_decodes if self.decodes_take_budget else chunk_size
+
+    def to_dict(self) -> dict[str, bool]:
+        return {"decodes_take_budget": self.decodes_take_budget, "decodes_in_chunk_step": self.decodes_in_chunk_step}
+
+
+BUDGET_RULE = ChunkRule()  # vLLM's
+
+
 @runtime_checkable
 class EngineAdapter(Protocol):
     """What pdexporter needs to know about one engine."""
@@ -63,6 +89,8 @@ class EngineAdapter(Protocol):
     cache_config_metric: str | None
     # the arm, KV connector and pair role of this engine setup (COLOCATED for a plain engine)
     kv: KvSetup
+    # how its steps interleave a prefill's chunks with the running decodes
+    chunk_rule: ChunkRule
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it."""

@@ -16,7 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import re
 
 from pdexporter.engine.iterlog import IterationStep
-from pdexporter.engines._registry import COLOCATED, KvSetup, MetricKind, budget_problem, budget_schedule, register
+from pdexporter.engines._registry import (
+    BUDGET_RULE, COLOCATED, ChunkRule, KvSetup, MetricKind, budget_problem, budget_schedule, register,
+)
 
 __all__ = [
     "CANDIDATE_CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "METRIC_ALIASES", "OPTIONAL_METRICS",
@@ -131,6 +133,7 @@ class VllmAdapter:
     request_span_attributes: Mapping[str, str] = REQUEST_SPAN_ATTRIBUTES
     cache_config_metric: str | None = "vllm:cache_config_info"  # labels: enable_prefix_caching, block_size, ...
     kv: KvSetup = COLOCATED
+    chunk_rule: ChunkRule = BUDGET_RULE  # decodes take their token of B first, and run in the chunk's step
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         return budget_schedule(prompt_tokens, chunk_size, running_decodes)
