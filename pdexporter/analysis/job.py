@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from pdexporter._internal.atomic import atomic_write_json
+from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
 from pdexporter.analysis.breakeven import DECISION_JSON, DEFAULT_TRANSFER_MS, decision_document
 from pdexporter.analysis.criteria import CRITERIA_JSON, Criterion, criteria_document, evaluate_criteria
 from pdexporter.analysis.models import FitReport, fit_data, fit_models
@@ -23,8 +23,21 @@ from pdexporter.errors import RecordError
 from pdexporter.measure.store import ResultsStore, load_record_file
 
 __all__ = [
-    "Analysis", "Arms", "FITS_JSON", "PLOTS_DIR", "Tick", "analyse", "joined_out_dir", "load_joined",
-    "load_results", "progress_steps", "record_paths", "write_outputs",
+    "FITS_JSON",
+    "PLOTS_DIR",
+    "Analysis",
+    "Arms",
+    "Tick",
+    "analyse",
+    "analyse_passive",
+    "injected_values",
+    "joined_out_dir",
+    "load_joined",
+    "load_passive_events",
+    "load_results",
+    "progress_steps",
+    "record_paths",
+    "write_outputs",
 ]
 
 FITS_JSON = "fits.json"
@@ -56,6 +69,7 @@ class Analysis:
     source: str
     notes: list[str] = field(default_factory=list)
     arms: Arms | None = None  # with an offloaded arm: `table` is the colocated table joined with it
+    passive: Any = None  # passive_model.PassiveAnswer: the event-fitted model (export-table --mode passive)
 
     @property
     def modelled(self) -> bool:
@@ -195,18 +209,67 @@ def write_outputs(analysis: Analysis, out_dir: str | Path, *, plots: bool = True
 
         written.append(atomic_write_json(out / THRESHOLDS_JSON, analysis.arms.thresholds))
     written.append(atomic_write_json(out / CRITERIA_JSON, criteria_document(analysis.criteria)))
+    if analysis.passive is not None:
+        from pdexporter.analysis.passive_model import PASSIVE_MODEL_JSON, PASSIVE_TABLE_CSV
+
+        written.append(atomic_write_text(out / PASSIVE_TABLE_CSV, analysis.passive.table().to_csv(index=False)))
+        written.append(atomic_write_json(out / PASSIVE_MODEL_JSON, analysis.passive.to_dict()))
     if tick:
         tick("tables")
     if plots:
-        from pdexporter.analysis.plots import FORMATS, all_plots, write_plots
+        from pdexporter.analysis.plots import FORMATS, all_plots, passive_convergence, write_plots
 
         model = analysis.fits.best.model if analysis.fits else None
-        for plot in all_plots(analysis.table, model, analysis.transfer_ms):
+        extra = [passive_convergence(analysis.passive.convergence, analysis.modelled)] if analysis.passive else []
+        for plot in all_plots(analysis.table, model, analysis.transfer_ms) + extra:
             written += write_plots([plot], out / PLOTS_DIR, FORMATS)
             plot.figure.clear()
             if tick:
                 tick(plot.name)
     return written
+
+
+def load_passive_events(results_dirs: Sequence[str | Path]) -> list[Any]:
+    """The published events of the passive records under these directories, each at its exact
+    (D, P) (`analysis.passive_model.events_from_records`)."""
+    from pdexporter.analysis.passive_model import events_from_records
+
+    records = (load_record_file(path) for directory in results_dirs for path in record_paths(directory))
+    return events_from_records(records)
+
+
+def injected_values(results_dir: str | Path) -> dict[tuple[int, int, int], float]:
+    """The injected table's aggregate interference per grid point (the passive model's reference)."""
+    table = build_table([s for s in load_results(results_dir) if not s.passive])
+    if not len(table):
+        raise RecordError(f"{results_dir}: no injected (active) records to compare the passive model with")
+    rows = table[table["aggregate_interference_ms"].notna()]
+    return {(int(b), int(d), int(p)): float(v) for b, d, p, v in
+            zip(rows["chunk_size"], rows["decode_batch_size"], rows["new_prefill_tokens"],
+                rows["aggregate_interference_ms"])}
+
+
+def analyse_passive(analysis: Analysis, events: Sequence[Any], *, decode_batch_sizes: Sequence[int] | None = None,
+                    prefill_tokens: Sequence[int] | None = None,
+                    injected: Mapping[tuple[int, int, int], float] | None = None) -> Analysis:
+    """Passive records: the model fitted on their events (`analysis.passive_model`), its table and
+    convergence, and decision.json from it (`mode: passive`). Without a usable event the analysis
+    is returned as it was, with a note."""
+    from pdexporter.analysis.passive_model import DEFAULT_D, DEFAULT_P, Grid, answer, passive_decision
+
+    chunks = tuple(sorted({e.chunk_size for e in events}))
+    grid = Grid(chunks, tuple(d for d in (decode_batch_sizes or DEFAULT_D) if d >= 1),
+                tuple(prefill_tokens or DEFAULT_P))
+    result = answer(events, grid, injected=injected) if chunks else None
+    if result is None:
+        analysis.notes.append(f"passive: {len(events)} published events with their exact D and P, too few inside "
+                              "the grid's prompt span to fit the event model; decision.json is the cells' fit")
+        return analysis
+    analysis.passive = result
+    engines = sorted({s.engine for s in analysis.samples}) or ["vllm"]
+    analysis.decision = passive_decision(result, analysis.transfer_ms, modelled=analysis.modelled,
+                                         engine=engines[0], source=analysis.source)
+    return analysis
 
 
 def progress_steps(analysis_records: int, plots: bool = True) -> int:

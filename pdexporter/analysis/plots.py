@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 __all__ = [
     "DPI", "FORMATS", "MODELLED_TAG", "PLOTS_WITH_MODEL", "Plot", "all_plots", "arms_plot", "breakeven",
-    "breakeven_chunk", "chunk_sensitivity", "grid_heatmap", "heatmap", "sensitivity_decode", "write_plots",
+    "breakeven_chunk", "chunk_sensitivity", "grid_heatmap", "heatmap", "passive_convergence", "sensitivity_decode",
+    "write_plots",
 ]
 
 matplotlib.use("Agg")  # harmless when already Agg; we never touch pyplot
@@ -339,3 +341,47 @@ def arms_plot(joined: pd.DataFrame, doc: dict | None = None) -> Plot | None:
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, which="both", alpha=0.3)
     return Plot("arms_saved_vs_ttft", ax.get_title(), fig)
+
+
+def passive_convergence(series: Sequence[Any], modelled: bool = False, goal: float = 0.15) -> Plot:
+    """Passive mode's answer as traffic comes (`analysis.passive_model.Convergence` per refit):
+    left, the error of the predicted aggregate interference against the injected table of the same
+    engine over the reached cells (mean and median |relative error|, the goal dashed), when an
+    injected table was given; right, the median relative half-width of the 95 % intervals and the
+    events behind the fit."""
+    minutes = [c.minutes for c in series]
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
+    errors = [(c.minutes, c.errors) for c in series if c.errors is not None and c.errors.mape is not None]
+    if errors:
+        left.plot([m for m, _ in errors], [e.mape * 100 for _, e in errors], "o-", label="mean |error| (MAPE)")
+        left.plot([m for m, _ in errors], [e.median * 100 for _, e in errors], "s--", label="median |error|")
+        left.axhline(goal * 100, color="grey", ls=":", label=f"goal {goal:.0%}")
+        left.set_ylim(bottom=0)
+        left.legend(fontsize=8)
+    else:
+        left.text(0.5, 0.5, "no injected table given\n(export-table --injected DIR)", ha="center", va="center",
+                  transform=left.transAxes)
+    left.set_xlabel("minutes of traffic")
+    left.set_ylabel("% vs injected, reached cells")
+    left.set_title("prediction error vs injection", fontsize=9)
+    widths = [(c.minutes, c.halfwidth) for c in series if c.halfwidth is not None]
+    right.plot([m for m, _ in widths], [w * 100 for _, w in widths], "o-", color="tab:purple",
+               label="95 % interval half-width (median over reached cells)")
+    right.set_ylim(bottom=0)
+    right.set_xlabel("minutes of traffic")
+    right.set_ylabel("% of the prediction")
+    events = right.twinx()
+    events.plot(minutes, [c.events for c in series], "^:", color="tab:green", label="events used")
+    events.set_ylabel("events")
+    events.set_ylim(bottom=0)
+    right.set_title("how sure the passive answer is", fontsize=9)
+    handles = right.get_legend_handles_labels()[0] + events.get_legend_handles_labels()[0]
+    labels = right.get_legend_handles_labels()[1] + events.get_legend_handles_labels()[1]
+    right.legend(handles, labels, fontsize=8, loc="upper right")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    title = _title("Passive mode: the event-fitted model as traffic comes", modelled)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return Plot("passive_convergence", title, fig)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -70,6 +70,10 @@ def export_table(
                                               "file's D and P values (e.g. sweeps/seed.yaml).")] = None,
     min_events: Annotated[int, typer.Option("--min-events", min=1, help="--mode passive: cells with fewer events "
                                             "are marked too_few_events.")] = 5,
+    injected: Annotated[Path | None, typer.Option(
+        "--injected", help="--mode passive: injected records of the same engine; the event-fitted model's "
+                           "predictions are compared with them as traffic comes (passive_model.json, "
+                           "plots/passive_convergence).")] = None,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import (
@@ -87,6 +91,8 @@ def export_table(
         raise ConfigError(f"--mode {mode!r}: expected 'active' or 'passive'")
     if grid is not None and mode != "passive":
         raise ConfigError(f"--grid {grid}: only with --mode passive (active windows sit on their grid already)")
+    if injected is not None and (mode != "passive" or results_dir is None):
+        raise ConfigError(f"--injected {injected}: only with --mode passive and a RESULTS_DIR of passive records")
     if prometheus is not None:
         analysis, out_dir, extra = _from_prometheus(prometheus, from_, to, step, transfer_ms, out, mode, grid,
                                                     min_events)
@@ -98,16 +104,22 @@ def export_table(
         out_dir = out or joined_out_dir(results_dir)
         paths = [path for directory in results_dir for path in record_paths(directory)]
         off_paths = record_paths(offloaded) if offloaded is not None else []
-        with progress_bar(progress_steps(len(paths) + len(off_paths), plots), "export-table") as tick:
+        passive_steps = 2 if mode == "passive" else 0  # the event model, its convergence plot
+        with progress_bar(progress_steps(len(paths) + len(off_paths), plots) + passive_steps, "export-table") as tick:
             source = " + ".join(str(d) for d in results_dir)
             samples, counts, extra = _of_mode(load_joined(results_dir, tick), None, mode, grid, source)
             off_samples = load_results(offloaded, tick) if offloaded is not None else None
             analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
                                offloaded_source=str(offloaded) if offloaded is not None else "",
                                passive_events=counts, min_events=min_events if mode == "passive" else None)
+            if mode == "passive":
+                analysis = _event_model(analysis, results_dir, grid, injected)
+                tick("event model")
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
     if parquet and not parquet_available():
         extra.append("no Parquet written: pyarrow cannot be imported (pip install pyarrow); the CSV has the same table")
+    if analysis.passive is not None:
+        extra += _passive_lines(analysis.passive)
     if mode == "passive":
         few = int(analysis.table["too_few_events"].sum())
         extra.append(f"passive: {int(analysis.table['events'].sum())} events in {len(analysis.table)} cells, {few} "
@@ -136,6 +148,40 @@ def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: floa
     analysis = analyse(samples, transfer_ms, source=f"prometheus {url}", passive_events=counts,
                        min_events=min_events if mode == "passive" else None)
     return analysis, out or Path("results"), extra + notes
+
+
+def _event_model(analysis: Analysis, results_dir: list[Path], grid: Path | None, injected: Path | None) -> Analysis:
+    """--mode passive from records: the model fitted on the events (analysis.passive_model)."""
+    from pdexporter.analysis.job import analyse_passive, injected_values, load_passive_events
+
+    d_values = p_values = None
+    if grid is not None:
+        from pdexporter.sweep.spec import load_sweep
+
+        spec = load_sweep(grid)
+        d_values, p_values = spec.grid.decode_batch_sizes, spec.grid.new_prefill_tokens
+    reference = injected_values(injected) if injected is not None else None
+    return analyse_passive(analysis, load_passive_events(results_dir), decode_batch_sizes=d_values,
+                           prefill_tokens=p_values, injected=reference)
+
+
+def _passive_lines(result: Any) -> list[str]:
+    """The event model in a few lines: events, how sure, reach, error against injection."""
+    s = result.summary()
+    width = s["median_relative_halfwidth"]
+    lines = [f"passive event model: {s['events_used']} events over {s['traffic_minutes']:.1f} min of traffic "
+             f"({s['events_left_out']} outside the grid's prompt span), {s['cells_reached']} of {s['cells']} cells "
+             f"reached, 95 % intervals ± {'n/a' if width is None else f'{width:.1%}'} (median)"]
+    for why, keys in result.not_reached.items():
+        lines.append(f"  not reached ({len(keys)} cells): {why}")
+    if s["vs_injected"] is not None and s["vs_injected"]["mape"] is not None:
+        v = s["vs_injected"]
+        lines.append(f"  vs injected: mean |error| {v['mape']:.1%}, median {v['median_abs_error']:.1%}, max "
+                     f"{v['max_abs_error']:.1%} over {v['cells']} reached cells")
+    steps = [c for c in result.convergence if c.errors is not None and c.errors.mape is not None]
+    if steps:
+        lines.append("  error vs minutes: " + ", ".join(f"{c.minutes:g} min {c.errors.mape:.1%}" for c in steps))
+    return lines
 
 
 def _of_mode(samples: list, counts: dict | None, mode: str, grid: Path | None,  # type: ignore[type-arg]

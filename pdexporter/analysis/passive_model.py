@@ -1,0 +1,568 @@
+"""Passive mode's answer: the cost model fitted on production prefills, event by event. Pure.
+
+A passive cell's median needs many events in that one cell (hours of traffic); the cost model
+does not. Every published passive event (`exporter.passive`) holds what the injected model's fit
+uses from a repetition: the engine's running decodes D and the prefill's exact prompt P (not
+their bins), the chunk size B, the chunk steps the window maths located with their times and the
+baseline they are compared to, and the interference per decode stream. So each event is one
+"grid point" of `analysis.models.FitData` at its own exact (B, D, P), and
+`analysis.models.fit_context_model` (the injected table's fitter, unchanged: Huber fit of
+pi_k = alpha0 + alpha1 D + gamma c_k + beta q_k on every mixed step, standard errors clustered
+on the event, then the stalls sigma0 + sigma1 P on what the steps leave of each event's total)
+fits it. The table, the verdict (decision.json) and the dashboards are derived from that model.
+
+Which events: single-prefill events (`published`) with D >= 1 and P inside the span of the
+prediction grid's P bins (`measure.passive.log_bin`: for the seed's 512 .. 32768, 362 .. 46341
+tokens). The linear step cost describes one regime: a prefill far below the grid's smallest P
+runs its chunk as a CUDA-graph step (vLLM captures steps up to 512 tokens: ~5 ms where a chunk
+above costs ~50 ms on the H200), and fitting those would bend the model for the cells it is
+asked about. They are counted (`left_out`), not used.
+
+Intervals: a percentile bootstrap over events (`BOOTSTRAP`, seeded): the events are resampled
+with replacement, the same fitter refits each sample, and every prediction's 95 % interval is
+taken over the refits. The events of one run are independent draws of production traffic, so
+the interval narrows roughly as 1 / sqrt(events) as traffic comes.
+
+Reach: a cell the traffic reaches is one the events surround. With the grid's log-scale bins,
+the D bins (and the P bins) holding at least `min_events` events span a range; a cell whose D and
+P both lie in those ranges is reached (the model interpolates there). Cells outside say why: D
+below the decodes the engine ran (the exporter's probes alone decode N streams), D beyond the
+concurrency the traffic reached, P beyond the load's prompt lengths (or below them). Their
+predictions are extrapolations and are marked so.
+
+Convergence: `convergence` refits on the events of the first m minutes of traffic, for several
+m, and says how many events each fit had, how wide its intervals were and, given the injected
+table of the same engine, how far its predictions were from it on the reached cells (mean and
+median absolute relative error of the aggregate interference).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pdexporter.analysis.models import (
+    CONTEXT_MODEL,
+    ContextAwareModel,
+    Design,
+    FitData,
+    FitReport,
+    HeldOut,
+    ModelFit,
+    fit_context_model,
+    r_squared,
+)
+from pdexporter.measure.passive import log_bin
+
+__all__ = [
+    "BOOTSTRAP",
+    "CONVERGENCE_MINUTES",
+    "DEFAULT_D",
+    "DEFAULT_P",
+    "LEVEL",
+    "MIN_EVENTS",
+    "PASSIVE_MODEL_JSON",
+    "PASSIVE_TABLE_CSV",
+    "TABLE_COLUMNS",
+    "Cell",
+    "Convergence",
+    "Errors",
+    "FitEvent",
+    "Grid",
+    "PassiveAnswer",
+    "PassiveModel",
+    "answer",
+    "cell_table",
+    "cells",
+    "convergence",
+    "decision_inputs",
+    "event_fit_data",
+    "events_from_records",
+    "fit_passive_model",
+    "halfwidth",
+    "injected_errors",
+    "passive_decision",
+    "reach",
+]
+
+BOOTSTRAP = 200  # refits per interval
+LEVEL = 0.95
+MIN_EVENTS = 5  # a D or P bin with fewer events does not extend the reach
+CONVERGENCE_MINUTES = (1.0, 2.0, 5.0, 10.0, 30.0)
+# The seed's grid without D = 0 (which costs nothing): the default prediction grid.
+DEFAULT_D = (1, 2, 4, 6, 8, 12)
+DEFAULT_P = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+PASSIVE_MODEL_JSON = "passive_model.json"
+PASSIVE_TABLE_CSV = "passive_table.csv"
+TABLE_COLUMNS = (
+    "chunk_size", "decode_batch_size", "new_prefill_tokens", "aggregate_interference_ms",
+    "aggregate_interference_ms_ci95_low", "aggregate_interference_ms_ci95_high", "total_interference_ms",
+    "relative_halfwidth", "events", "reached", "why_not_reached",
+)
+
+Key = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class FitEvent:
+    """What the fit needs of one published passive event."""
+
+    chunk_size: int
+    decode: int  # the engine's running decodes (exact)
+    prompt: int  # the prefill's prompt tokens (exact)
+    total_ms: float  # interference per decode stream
+    baseline_ms: float | None
+    chunk_steps_ms: tuple[float, ...]  # the located chunk steps' times, in order
+    at_s: float = 0.0  # traffic time: seconds since the run's first event
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The cells to predict: chunk sizes x D x P."""
+
+    chunk_sizes: tuple[int, ...]
+    decode_batch_sizes: tuple[int, ...] = DEFAULT_D
+    prefill_tokens: tuple[int, ...] = DEFAULT_P
+
+    def cells(self) -> list[Key]:
+        return [(b, d, p) for b in self.chunk_sizes for d in self.decode_batch_sizes if d >= 1
+                for p in self.prefill_tokens]
+
+    def fits_prompt(self, p: float) -> bool:
+        """From the grid's smallest P to the top of its largest P's bin (module docs)."""
+        return p >= min(self.prefill_tokens) and log_bin(p, self.prefill_tokens) is not None
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+def _time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def events_from_records(records: Iterable[Any]) -> list[FitEvent]:
+    """The published events of passive records (`run --passive --out`: one repetition per event,
+    its `passive` block holding the exact D and P); traffic time from the repetitions' `started_at`."""
+    rows: list[tuple[float | None, FitEvent]] = []
+    for record in records:
+        if getattr(record.config, "mode", None) != "passive":
+            continue
+        for rep in record.reps:
+            info = (rep.model_extra or {}).get("passive") or {}
+            d, p, total = info.get("decode_batch_size"), info.get("prompt_tokens"), rep.derived.total_interference_ms
+            if d is None or p is None or total is None or (info.get("prefills") or 1) != 1:
+                continue
+            rows.append((_time(rep.started_at), FitEvent(
+                int(record.config.chunk_size), int(d), int(p), float(total), rep.baseline.tpot_p50_ms,
+                tuple(rep.interference.chunk_step_times_ms or ()), 0.0, info.get("source"))))
+    times = [t for t, _ in rows if t is not None]
+    t0 = min(times) if times else 0.0
+    out = [FitEvent(**{**e.__dict__, "at_s": (t - t0) if t is not None else 0.0}) for t, e in rows]
+    return sorted(out, key=lambda e: e.at_s)
+
+
+def event_fit_data(events: Sequence[FitEvent]) -> FitData:
+    """The events as `FitData` points, each at its own exact (B, D, P); its chunk steps are the
+    fit's step rows when they line up with the engine's schedule (`analysis.models`)."""
+    return FitData(
+        chunk_size=np.array([e.chunk_size for e in events], np.float64),
+        decode=np.array([e.decode for e in events], np.float64),
+        prefill=np.array([e.prompt for e in events], np.float64),
+        cost_ms=np.array([e.decode * e.total_ms for e in events], np.float64),
+        total_ms=np.array([e.total_ms for e in events], np.float64),
+        steps=tuple(((e.baseline_ms, e.chunk_steps_ms),) if e.baseline_ms is not None and e.chunk_steps_ms else ()
+                    for e in events),
+    )
+
+
+def _resample(data: FitData, rows: list[np.ndarray], index: np.ndarray) -> FitData:
+    """The points `index` (repeats allowed: a bootstrap sample) with their design rows, each drawn
+    point a point and a cluster of its own."""
+    design = data.design
+    assert design is not None
+    picked = [rows[i] for i in index]
+    take = np.concatenate(picked) if picked else np.empty(0, np.int64)
+    lengths = np.array([r.size for r in picked], np.int64)
+    renumber = np.repeat(np.arange(index.size), lengths)
+    sub = Design(design.x[take], design.y[take], renumber, renumber, design.is_step[take])
+    return FitData(data.chunk_size[index], data.decode[index], data.prefill[index], data.cost_ms[index],
+                   data.total_ms[index], tuple(data.steps[i] for i in index), sub)
+
+
+# --- the model ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassiveModel:
+    """The context-aware model fitted on events, with its bootstrap refits."""
+
+    model: ContextAwareModel
+    events: int  # events the fit used
+    left_out: int  # events outside the grid's P span
+    draws: tuple[ContextAwareModel, ...] = field(repr=False, default=())
+    d_range: tuple[int, int] = (0, 0)  # of the events used
+    p_range: tuple[int, int] = (0, 0)
+    minutes: float = 0.0  # traffic the events came from
+    in_sample_r2: float | None = None
+
+    def predict(self, d: Any, p: Any, b: Any) -> np.ndarray:
+        return self.model.predict(d, p, b)
+
+    def interval(self, d: Any, p: Any, b: Any, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+        """Percentile bootstrap interval of the prediction (NaN without refits)."""
+        shape = np.broadcast(np.asarray(d), np.asarray(p), np.asarray(b)).shape
+        if len(self.draws) < 2:
+            return np.full(shape, np.nan), np.full(shape, np.nan)
+        values = np.stack([m.predict(d, p, b) for m in self.draws])
+        tail = (1 - level) / 2 * 100
+        return np.percentile(values, tail, axis=0), np.percentile(values, 100 - tail, axis=0)
+
+    def coefficients(self) -> list[dict[str, Any]]:
+        out = []
+        for k, c in enumerate(self.model.coefficients()):
+            values = [m.coefficients()[k].value for m in self.draws]
+            low, high = (np.percentile(values, [2.5, 97.5]).tolist() if len(values) >= 2 else (None, None))
+            out.append({**c.to_dict(), "ci95_low": low, "ci95_high": high})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model.to_dict(), "coefficients": self.coefficients(), "events_used": self.events,
+                "events_left_out": self.left_out, "bootstrap_refits": len(self.draws),
+                "decode_batch_size_range": list(self.d_range), "new_prefill_tokens_range": list(self.p_range),
+                "traffic_minutes": round(self.minutes, 3), "in_sample_r2": self.in_sample_r2,
+                "fit": "analysis.models.fit_context_model on one point per event (exact D, P); "
+                       "intervals: percentile bootstrap over events"}
+
+
+def fit_passive_model(events: Sequence[FitEvent], grid: Grid, *, bootstrap: int = BOOTSTRAP,
+                      seed: int = 0) -> PassiveModel | None:
+    """Fit on the events inside the grid's P span (module docs); None when none is usable."""
+    chunk = set(grid.chunk_sizes)
+    usable = [e for e in events if e.decode >= 1 and e.chunk_size in chunk and math.isfinite(e.total_ms)
+              and grid.fits_prompt(e.prompt)]
+    left_out = len(events) - len(usable)
+    if len(usable) < 4:
+        return None
+    data = event_fit_data(usable).with_design()
+    try:
+        model = fit_context_model(data)
+    except (ValueError, np.linalg.LinAlgError):
+        return None
+    assert data.design is not None
+    order = np.argsort(data.design.point, kind="stable")
+    bounds = np.searchsorted(data.design.point[order], np.arange(len(data) + 1))
+    rows = [order[bounds[i]:bounds[i + 1]] for i in range(len(data))]
+    rng = np.random.default_rng([seed, len(usable)])
+    draws = []
+    for _ in range(bootstrap):
+        index = rng.integers(0, len(usable), size=len(usable))
+        try:
+            draws.append(fit_context_model(_resample(data, rows, index)))
+        except (ValueError, np.linalg.LinAlgError):
+            continue
+    r2 = r_squared(data.cost_ms, model.predict(data.decode, data.prefill, data.chunk_size))
+    return PassiveModel(model, len(usable), left_out, tuple(draws),
+                        (int(data.decode.min()), int(data.decode.max())),
+                        (int(data.prefill.min()), int(data.prefill.max())),
+                        max(e.at_s for e in usable) / 60.0, r2)
+
+
+# --- reach and the table -----------------------------------------------------------------------
+
+
+def _span(values: Iterable[float], grid: Sequence[int], min_events: int) -> tuple[int, int] | None:
+    counts: dict[int, int] = {}
+    for v in values:
+        g = log_bin(v, grid)
+        if g is not None:
+            counts[int(g)] = counts.get(int(g), 0) + 1
+    full = [g for g, n in counts.items() if n >= min_events]
+    return (min(full), max(full)) if full else None
+
+
+def reach(events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS) -> dict[Key, str | None]:
+    """Per cell: None when the traffic reaches it, else why not (module docs)."""
+    ds = [e.decode for e in events if e.decode >= 1]
+    ps = [e.prompt for e in events]
+    d_span = _span(ds, grid.decode_batch_sizes, min_events)
+    p_span = _span(ps, grid.prefill_tokens, min_events)
+    seen = {e.chunk_size for e in events}
+    out: dict[Key, str | None] = {}
+    d_text = f"{min(ds)}-{max(ds)}" if ds else "none"
+    for b, d, p in grid.cells():
+        why: list[str] = []
+        if b not in seen:
+            why.append(f"no event at B = {b} (the engine runs B = {', '.join(map(str, sorted(seen))) or 'none'})")
+        if d_span is None or d < d_span[0]:
+            why.append(f"D = {d} below the decodes the engine ran (D {d_text} in the events; the exporter's probes "
+                       "decode beside every prefill)")
+        elif d > d_span[1]:
+            why.append(f"D = {d} beyond the concurrency the traffic reached (D {d_text} in the events, bins with "
+                       f">= {min_events} events up to {d_span[1]})")
+        if p_span is None or p > p_span[1]:
+            longest = max(ps) if ps else 0
+            why.append(f"P = {p} beyond the load's prompt lengths (fewer than {min_events} events in its bin and "
+                       f"above; longest prompt {longest})")
+        elif p < p_span[0]:
+            why.append(f"P = {p} below the load's prompt lengths (fewer than {min_events} events in its bin and below)")
+        out[(b, d, p)] = "; ".join(why) if why else None
+    return out
+
+
+@dataclass(frozen=True)
+class Cell:
+    key: Key
+    aggregate_ms: float
+    low_ms: float | None
+    high_ms: float | None
+    events: int
+    why_not: str | None
+
+    @property
+    def reached(self) -> bool:
+        return self.why_not is None
+
+    @property
+    def relative_halfwidth(self) -> float | None:
+        if self.low_ms is None or self.high_ms is None or not self.aggregate_ms:
+            return None
+        return (self.high_ms - self.low_ms) / 2 / abs(self.aggregate_ms)
+
+
+def _events_per_cell(events: Sequence[FitEvent], grid: Grid) -> dict[Key, int]:
+    counts: dict[Key, int] = {}
+    for e in events:
+        d, p = log_bin(e.decode, grid.decode_batch_sizes), log_bin(e.prompt, grid.prefill_tokens)
+        if d is not None and p is not None:
+            key = (e.chunk_size, int(d), int(p))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def cells(model: PassiveModel, events: Sequence[FitEvent], grid: Grid,
+          min_events: int = MIN_EVENTS) -> list[Cell]:
+    """Every cell of the grid, predicted, with its interval, its events (binned) and its reach."""
+    keys = grid.cells()
+    if not keys:
+        return []
+    b, d, p = (np.array(col, np.float64) for col in zip(*keys))
+    point = model.predict(d, p, b)
+    low, high = model.interval(d, p, b)
+    counts = _events_per_cell(events, grid)
+    reasons = reach(events, grid, min_events)
+    return [Cell(k, float(point[i]), None if math.isnan(low[i]) else float(low[i]),
+                 None if math.isnan(high[i]) else float(high[i]), counts.get(k, 0), reasons[k])
+            for i, k in enumerate(keys)]
+
+
+def cell_table(rows: Sequence[Cell]) -> pd.DataFrame:
+    """The passive table: one row per grid cell (`TABLE_COLUMNS`)."""
+    records = []
+    for c in rows:
+        b, d, p = c.key
+        records.append({
+            "chunk_size": b, "decode_batch_size": d, "new_prefill_tokens": p,
+            "aggregate_interference_ms": round(c.aggregate_ms, 4),
+            "aggregate_interference_ms_ci95_low": None if c.low_ms is None else round(c.low_ms, 4),
+            "aggregate_interference_ms_ci95_high": None if c.high_ms is None else round(c.high_ms, 4),
+            "total_interference_ms": round(c.aggregate_ms / d, 4),
+            "relative_halfwidth": None if c.relative_halfwidth is None else round(c.relative_halfwidth, 4),
+            "events": c.events, "reached": c.reached, "why_not_reached": c.why_not or "",
+        })
+    return pd.DataFrame(records, columns=list(TABLE_COLUMNS))
+
+
+def halfwidth(rows: Sequence[Cell]) -> float | None:
+    """How sure the answer is: the median relative half-width of the 95 % intervals over the
+    reached cells (None when no cell is reached)."""
+    values = [c.relative_halfwidth for c in rows if c.reached and c.relative_halfwidth is not None]
+    return float(np.median(values)) if values else None
+
+
+# --- against the injected table ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Errors:
+    cells: int
+    mape: float | None
+    median: float | None
+    worst: float | None
+    by_cell: dict[Key, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cells": self.cells, "mape": _r(self.mape), "median_abs_error": _r(self.median),
+                "max_abs_error": _r(self.worst)}
+
+
+def injected_errors(rows: Sequence[Cell], injected: Mapping[Key, float]) -> Errors:
+    """Relative error of the predicted aggregate interference against the injected table, over the
+    reached cells it holds."""
+    errs = {c.key: (c.aggregate_ms - injected[c.key]) / abs(injected[c.key]) for c in rows
+            if c.reached and c.key in injected and injected[c.key]}
+    a = np.abs(list(errs.values()))
+    if not a.size:
+        return Errors(0, None, None, None, {})
+    return Errors(int(a.size), float(a.mean()), float(np.median(a)), float(a.max()), errs)
+
+
+# --- convergence -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Convergence:
+    minutes: float
+    events: int
+    reached: int
+    halfwidth: float | None
+    errors: Errors | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"minutes": self.minutes, "events_used": self.events, "cells_reached": self.reached,
+                "median_relative_halfwidth": _r(self.halfwidth),
+                "vs_injected": self.errors.to_dict() if self.errors is not None else None}
+
+
+def convergence(events: Sequence[FitEvent], grid: Grid, minutes: Sequence[float] = CONVERGENCE_MINUTES, *,
+                injected: Mapping[Key, float] | None = None, bootstrap: int = BOOTSTRAP,
+                min_events: int = MIN_EVENTS, seed: int = 0) -> list[Convergence]:
+    """The model refitted on the first m minutes of traffic, for each m the events cover."""
+    out = []
+    end = max((e.at_s for e in events), default=0.0) / 60.0
+    for m in sorted(minutes):
+        if m > end + 0.5:
+            break
+        first = [e for e in events if e.at_s <= m * 60.0]
+        model = fit_passive_model(first, grid, bootstrap=bootstrap, seed=seed)
+        if model is None:
+            out.append(Convergence(m, 0, 0, None, None))
+            continue
+        rows = cells(model, first, grid, min_events)
+        out.append(Convergence(m, model.events, sum(c.reached for c in rows), halfwidth(rows),
+                               injected_errors(rows, injected) if injected is not None else None))
+    return out
+
+
+# --- the verdict -------------------------------------------------------------------------------
+
+
+def decision_inputs(model: PassiveModel, rows: Sequence[Cell], modelled: bool, engine: str) -> tuple[FitReport, pd.DataFrame]:
+    """What `breakeven.decision_document` takes: a report whose chosen model is the event fit, and a
+    table of the reached cells (their range is the verdict's valid range)."""
+    reached = [c for c in rows if c.reached] or list(rows)
+    table = pd.DataFrame({
+        "chunk_size": [c.key[0] for c in reached], "decode_batch_size": [c.key[1] for c in reached],
+        "new_prefill_tokens": [c.key[2] for c in reached], "aggregate_interference_ms": [c.aggregate_ms for c in reached],
+        "modelled": [modelled] * len(reached), "engine": [engine] * len(reached),
+    })
+    scheme = "bootstrap over events"
+    fit = ModelFit(model.model, model.in_sample_r2, {scheme: HeldOut(scheme, len(model.draws), None, None, None,
+                                                                      np.empty(0))})
+    reason = (f"passive mode: fitted on {model.events} production prefills event by event (exact D and P), "
+              f"95 % intervals from {len(model.draws)} bootstrap refits over events")
+    return FitReport({CONTEXT_MODEL: fit}, CONTEXT_MODEL, scheme, reason,
+                     model.events), table
+
+
+def _r(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), digits)
+
+
+# --- the whole answer --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassiveAnswer:
+    """The event model, the table derived from it, and how it converged."""
+
+    model: PassiveModel
+    grid: Grid
+    cells: tuple[Cell, ...]
+    convergence: tuple[Convergence, ...]
+    errors: Errors | None  # the full fit against the injected table, when one was given
+    min_events: int = MIN_EVENTS
+
+    @property
+    def halfwidth(self) -> float | None:
+        return halfwidth(self.cells)
+
+    @property
+    def not_reached(self) -> dict[str, list[str]]:
+        """Why cells are not reached, each reason with the cells it holds for."""
+        out: dict[str, list[str]] = {}
+        for c in self.cells:
+            for why in (c.why_not or "").split("; "):
+                if why:
+                    out.setdefault(_reason_kind(why), []).append(f"D={c.key[1]} P={c.key[2]}")
+        return out
+
+    def table(self) -> pd.DataFrame:
+        return cell_table(self.cells)
+
+    def summary(self) -> dict[str, Any]:
+        """What decision.json's `passive` block and the exporter's gauges say about the answer."""
+        return {"events_used": self.model.events, "events_left_out": self.model.left_out,
+                "traffic_minutes": round(self.model.minutes, 3), "cells": len(self.cells),
+                "cells_reached": sum(c.reached for c in self.cells),
+                "median_relative_halfwidth": _r(self.halfwidth), "min_events_per_bin": self.min_events,
+                "not_reached": {k: len(v) for k, v in self.not_reached.items()},
+                "vs_injected": self.errors.to_dict() if self.errors is not None else None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary(), "fit": self.model.to_dict(),
+                "grid": {"chunk_sizes": list(self.grid.chunk_sizes),
+                         "decode_batch_sizes": list(self.grid.decode_batch_sizes),
+                         "new_prefill_tokens": list(self.grid.prefill_tokens)},
+                "not_reached": self.not_reached,
+                "convergence": [c.to_dict() for c in self.convergence],
+                "vs_injected_by_cell": ([{"chunk_size": k[0], "decode_batch_size": k[1], "new_prefill_tokens": k[2],
+                                          "error": _r(v)} for k, v in sorted(self.errors.by_cell.items())]
+                                        if self.errors is not None else None)}
+
+
+def _reason_kind(why: str) -> str:
+    head = why.split(" (")[0]
+    return head.split(" ", 3)[-1] if head.startswith(("D = ", "P = ")) else head
+
+
+def answer(events: Sequence[FitEvent], grid: Grid, *, injected: Mapping[Key, float] | None = None,
+           minutes: Sequence[float] = CONVERGENCE_MINUTES, bootstrap: int = BOOTSTRAP,
+           min_events: int = MIN_EVENTS, seed: int = 0) -> PassiveAnswer | None:
+    """The model on every event, its table, and its convergence over the first minutes of traffic
+    (each of `minutes` the traffic covers, and all of it)."""
+    model = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed)
+    if model is None:
+        return None
+    rows = tuple(cells(model, events, grid, min_events))
+    end = max((e.at_s for e in events), default=0.0) / 60.0
+    steps = sorted({m for m in minutes if m < end} | {round(end, 2)})
+    series = convergence(events, grid, [m for m in steps if m < end], injected=injected, bootstrap=bootstrap,
+                         min_events=min_events, seed=seed)
+    errors = injected_errors(rows, injected) if injected is not None else None
+    series.append(Convergence(round(end, 2), model.events, sum(c.reached for c in rows), halfwidth(rows), errors))
+    return PassiveAnswer(model, grid, rows, tuple(series), errors, min_events)
+
+
+def passive_decision(result: PassiveAnswer, transfer_ms: float, *, modelled: bool, engine: str,
+                     source: str = "") -> dict[str, Any]:
+    """decision.json from the event model, in the schema `export-table` writes, marked `mode: passive`
+    (its valid range: the reached cells)."""
+    from pdexporter.analysis.breakeven import decision_document
+
+    report, table = decision_inputs(result.model, result.cells, modelled, engine)
+    doc = decision_document(report, table, transfer_ms, source=source)
+    doc["mode"] = "passive"
+    doc["passive"] = result.summary()
+    return doc
