@@ -16,7 +16,9 @@ from pdexporter.measure.records import RepRecord
 __all__ = [
     "BUILD_INFO", "DEFAULT_PORT", "DELAY_BUCKETS", "ENGINE_INFO", "ENGINE_KV", "ENGINE_RUNNING", "ENGINE_SCRAPE_OK",
     "ENGINE_SCRAPE_SECONDS", "ENGINE_WAITING", "ERRORS", "ERROR_KINDS", "ExporterMetrics", "GRID_LABELS",
-    "INJECTIONS", "MODES", "PASSIVE_EVENTS", "PASSIVE_OUTCOMES", "PASSIVE_SOURCES", "PHASES", "PREFILL_BUCKETS",
+    "INJECTIONS", "MODES", "PASSIVE_EVENTS", "PASSIVE_MODEL_BOUNDS", "PASSIVE_MODEL_CELLS", "PASSIVE_MODEL_EVENTS",
+    "PASSIVE_MODEL_HALFWIDTH", "PASSIVE_MODEL_PREDICTION", "PASSIVE_MODEL_REACHED", "PASSIVE_OUTCOMES",
+    "PASSIVE_SOURCES", "PHASES", "PREFILL_BUCKETS",
     "PREFILL_DURATION", "PREFIX", "PROBE_STREAMS", "PROBE_STREAMS_STARTED", "PROBE_TIMESTAMP_DELAY", "PROBE_TOKENS",
     "PROBE_TPOT", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_RESULTS", "UP",
     "UP_REASON", "UP_REASONS", "WINDOWS", "WINDOW_AFTER", "WINDOW_AGGREGATE", "WINDOW_BASELINE", "WINDOW_CHUNKS",
@@ -78,6 +80,14 @@ ENGINE_KV = f"{PREFIX}_engine_kv_cache_usage_ratio"
 ENGINE_SCRAPE_OK = f"{PREFIX}_engine_scrape_success"
 ENGINE_SCRAPE_SECONDS = f"{PREFIX}_engine_scrape_duration_seconds"
 PASSIVE_EVENTS = f"{PREFIX}_passive_events_total"
+# Passive mode's event-fitted model (analysis.passive_model), refitted as events come: how sure it
+# is, and its prediction of every cell of the grid with the 95 % interval's ends.
+PASSIVE_MODEL_EVENTS = f"{PREFIX}_passive_model_events"
+PASSIVE_MODEL_HALFWIDTH = f"{PREFIX}_passive_model_interval_halfwidth_ratio"
+PASSIVE_MODEL_CELLS = f"{PREFIX}_passive_model_cells_reached"
+PASSIVE_MODEL_PREDICTION = f"{PREFIX}_passive_model_aggregate_interference_seconds"
+PASSIVE_MODEL_REACHED = f"{PREFIX}_passive_model_cell_reached"
+PASSIVE_MODEL_BOUNDS = ("estimate", "low", "high")  # PASSIVE_MODEL_PREDICTION{bound}
 REQUEST_TRACES = f"{PREFIX}_request_traces_total"
 TRACE_EXPORTS = f"{PREFIX}_trace_exports_total"
 PASSIVE_OUTCOMES = ("published", "merged", "unattributed", "ambiguous", "own-probe", "no-baseline", "out-of-bins",
@@ -143,6 +153,21 @@ class ExporterMetrics:
             PASSIVE_EVENTS.removesuffix("_total"),
             "Passive mode: runs of slow steps the probes saw, by what became of them and the source of their P.",
             ["outcome", "source"], registry=r)
+        self.passive_model_events = Gauge(
+            PASSIVE_MODEL_EVENTS, "Passive mode: production prefills the event-fitted cost model was last fitted on.",
+            registry=r)
+        self.passive_model_halfwidth = Gauge(
+            PASSIVE_MODEL_HALFWIDTH, "Passive mode: how sure the answer is: half the width of the model's 95 % "
+            "interval over its prediction, median over the cells the traffic reaches (0.1 = +-10 %).", registry=r)
+        self.passive_model_cells = Gauge(
+            PASSIVE_MODEL_CELLS, "Passive mode: grid cells the traffic reaches (their D and P surrounded by events).",
+            registry=r)
+        self.passive_model_prediction = Gauge(
+            PASSIVE_MODEL_PREDICTION, "Passive mode: the event-fitted model's aggregate interference per grid cell "
+            "(seconds): the estimate and its 95 % interval's ends.", GRID_LABELS + ("bound",), registry=r)
+        self.passive_model_reached = Gauge(
+            PASSIVE_MODEL_REACHED, "Passive mode: 1 for a grid cell the traffic reaches, 0 for an extrapolation.",
+            GRID_LABELS, registry=r)
         self.request_traces = Counter(
             REQUEST_TRACES.removesuffix("_total"),
             "Engine request spans received on /v1/traces, by whose requests they were.", ["kind"], registry=r)

@@ -1,18 +1,33 @@
 """Passive mode inside the live runner (`pdexporter run --passive`): the tracker
 (`exporter.passive`) fed with the probe streams the book holds, the engine scrapes and the spans
 posted to `/v1/traces`; its finished events counted, published as `mode="passive"` window series
-and, with `--out`, written as repetitions of their cell's record (`config.mode: "passive"`)."""
+and, with `--out`, written as repetitions of their cell's record (`config.mode: "passive"`).
+
+The published events also feed the event-fitted cost model (`analysis.passive_model`), refitted
+in a worker thread every `MODEL_EVERY_S` (or ten times as long as the last fit took, whichever
+is longer) once new events came: its events, how sure it is and its prediction of every cell of
+the seed's grid at the exporter's B go out as the `pdexporter_passive_model_*` gauges."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import concurrent.futures
+import math
 import time
 from collections.abc import Iterator
 
+from pdexporter.analysis.passive_model import FitEvent, Grid, PassiveAnswer, answer
 from pdexporter.engine.traces import RequestTrace
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
-from pdexporter.exporter.metrics import ExporterMetrics, count_trace_export, count_traces, grid_labels, publish_window
+from pdexporter.exporter.metrics import (
+    ExporterMetrics,
+    count_trace_export,
+    count_traces,
+    grid_labels,
+    publish_window,
+)
 from pdexporter.exporter.passive import PassiveEvent, PassiveSettings, PassiveTracker, step_model_cadence
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.tracing import ClockOffset
@@ -20,6 +35,75 @@ from pdexporter.measure.driver import EngineInfo
 from pdexporter.measure.point import PointSpec, now_iso, record_config, resumable_reps
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore
+
+MODEL_EVERY_S = 30.0
+MODEL_EVENTS = 20000  # the most recent events the live model keeps
+MODEL_BOOTSTRAP = 50  # refits behind the live intervals (export-table uses more)
+
+
+def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
+    """What the event model needs of a published event (None for one it cannot use)."""
+    rep, a = event.rep, event.attribution
+    if rep is None or a is None or event.decode_batch_size is None or rep.derived.total_interference_ms is None:
+        return None
+    chunk = event.key[0] if event.key is not None else 0
+    return FitEvent(chunk, event.decode_batch_size, a.prompt_tokens, rep.derived.total_interference_ms,
+                    rep.baseline.tpot_p50_ms, tuple(rep.interference.chunk_step_times_ms or ()), at_s, a.source)
+
+
+class LiveModel:
+    """The event-fitted model of a live passive run (module docs)."""
+
+    def __init__(self, metrics: ExporterMetrics, chunk_size: int) -> None:
+        self.metrics, self.grid = metrics, Grid((chunk_size,))
+        self.events: collections.deque[FitEvent] = collections.deque(maxlen=MODEL_EVENTS)
+        self.started_ns: float | None = None
+        self.fitted = 0  # events added when the last fit started
+        self.added = 0
+        self.next_s = 0.0
+        self.last: PassiveAnswer | None = None
+        self._future: concurrent.futures.Future[tuple[PassiveAnswer | None, float]] | None = None
+
+    def add(self, event: PassiveEvent, now_ns: float) -> None:
+        self.started_ns = now_ns if self.started_ns is None else self.started_ns
+        row = fit_event(event, (now_ns - self.started_ns) / 1e9)
+        if row is not None:
+            self.events.append(row)
+            self.added += 1
+
+    def tick(self, now_s: float) -> None:
+        """Publish a finished fit; start the next one when it is due."""
+        if self._future is not None and self._future.done():
+            future, self._future = self._future, None
+            result, took = future.result()
+            self.next_s = now_s + max(MODEL_EVERY_S, 10 * took)
+            if result is not None:
+                self.last = result
+                self.publish(result)
+        if self._future is None and self.added > self.fitted and now_s >= self.next_s:
+            self.fitted = self.added
+            events, grid = list(self.events), self.grid
+            self._future = asyncio.get_running_loop().run_in_executor(None, _fit, events, grid)  # type: ignore[assignment]
+
+    def publish(self, result: PassiveAnswer) -> None:
+        m = self.metrics
+        m.passive_model_events.set(result.model.events)
+        width = result.halfwidth
+        m.passive_model_halfwidth.set(math.nan if width is None else width)
+        m.passive_model_cells.set(sum(c.reached for c in result.cells))
+        for c in result.cells:
+            labels = {"chunk_size": str(c.key[0]), "decode_batch_size": str(c.key[1]),
+                      "new_prefill_tokens": str(c.key[2])}
+            for bound, value in (("estimate", c.aggregate_ms), ("low", c.low_ms), ("high", c.high_ms)):
+                m.passive_model_prediction.labels(**labels, bound=bound).set(
+                    math.nan if value is None else value / 1e3)
+            m.passive_model_reached.labels(**labels).set(1 if c.reached else 0)
+
+
+def _fit(events: list[FitEvent], grid: Grid) -> tuple[PassiveAnswer | None, float]:
+    started = time.perf_counter()
+    result = answer(events, grid, minutes=(), bootstrap=MODEL_BOOTSTRAP)
+    return result, time.perf_counter() - started
 
 
 class LivePassive:
@@ -41,6 +125,7 @@ class LivePassive:
             cadence=step_model_cadence(info.profile or config.profile, config.protocol.decode_context_tokens + 128),
         )
         self.outcomes: collections.Counter[str] = collections.Counter()
+        self.model = LiveModel(metrics, config.chunk_size)
         book.phase_of = self.tracker.phase_of
 
     def add_traces(self, traces: list[RequestTrace]) -> None:
@@ -59,6 +144,10 @@ class LivePassive:
         if scraper is not None and not self.book.stopping and self.tracker.wants_scrape(now_ns):
             scraper.trigger()
         self.book.hold_from = self.tracker.label_frontier(now_ns)
+        for event in events:
+            if event.published:
+                self.model.add(event, now_ns)
+        self.model.tick(time.monotonic())
         for event in events:
             self.outcomes[event.outcome] += 1
             self.metrics.passive_events.labels(outcome=event.outcome, source=event.source or "none").inc()
@@ -105,4 +194,4 @@ class TraceIntake:
             self.passive.add_traces(traces)
 
 
-__all__ = ["LivePassive", "TraceIntake"]
+__all__ = ["MODEL_BOOTSTRAP", "MODEL_EVENTS", "MODEL_EVERY_S", "LiveModel", "LivePassive", "TraceIntake", "fit_event"]

@@ -137,6 +137,37 @@ def build() -> Json:
         h=10,
     )
 
+    d.add(
+        label_matrix(
+            "Passive model: aggregate interference per cell",
+            "Passive mode's answer for every cell: the cost model fitted on the production prefills event by "
+            "event (exact D and P), refitted as they come; its estimate of D x total interference, the cost "
+            "the offload rule compares with a KV transfer time. Its 95 % interval is the bound=\"low\" / "
+            "\"high\" series; cells the traffic does not reach are extrapolations "
+            "(pdexporter_passive_model_cell_reached = 0).",
+            f'max by ({ROW}, {COLUMN}) ({m.PASSIVE_MODEL_PREDICTION}{{{SEL}, '
+            'bound="estimate"})',
+            row_label=ROW, column_label=COLUMN, corner=CORNER, unit="s", decimals=2, minimum=0,
+        ),
+        w=12,
+        h=10,
+    )
+    d.add(
+        label_matrix(
+            "Passive model: 95 % interval half-width per cell",
+            "How sure each cell's passive answer is: (high - low) / 2 over the estimate. Wide cells need more "
+            "traffic; a cell the traffic does not reach stays wide or is an extrapolation.",
+            f'max by ({ROW}, {COLUMN}) (({m.PASSIVE_MODEL_PREDICTION}{{{SEL}, '
+            f'bound="high"}} - ignoring(bound) {m.PASSIVE_MODEL_PREDICTION}{{{SEL}, '
+            f'bound="low"}}) / 2 / ignoring(bound) {m.PASSIVE_MODEL_PREDICTION}{{{SEL}, '
+            'bound="estimate"})',
+            row_label=ROW, column_label=COLUMN, corner=CORNER, unit="percentunit", decimals=0, minimum=0,
+            color_scheme="continuous-GrYlRd",
+        ),
+        w=12,
+        h=10,
+    )
+
     d.row("Chunking and timing at B = $chunk_size (injected)")
     d.add(
         label_matrix(

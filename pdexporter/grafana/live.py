@@ -243,6 +243,37 @@ def build() -> Json:
         w=8,
     )
 
+    d.add(
+        timeseries(
+            "How sure the passive answer is",
+            "Passive mode's cost model is fitted on the production prefills event by event (exact D and P; "
+            "analysis.passive_model) and refitted as they come. Half-width: half its 95 % bootstrap interval "
+            "over its prediction, median over the grid cells the traffic reaches (0.1 = +-10 %); it narrows "
+            "about as 1 / sqrt(events). It measures the events' scatter, not a model form that misses the "
+            "engine: compare with injection on the same engine once (export-table --mode passive --injected).",
+            [target(f"{m.PASSIVE_MODEL_HALFWIDTH}{{{SEL}}}", "95 % half-width {{instance}}")],
+            unit="percentunit",
+            minimum=0,
+        ),
+        w=12,
+    )
+    d.add(
+        timeseries(
+            "Events behind the passive answer",
+            "Production prefills the last fit used, and the cells of the seed's grid (D 1..12, P 512..32768) "
+            "the traffic reaches: D and P surrounded by bins of >= 5 events. Cells outside are extrapolations "
+            "(pdexporter_passive_model_cell_reached = 0): D below the probes' own decodes, beyond the "
+            "concurrency reached, or P beyond the load's prompts.",
+            targets(
+                (f"{m.PASSIVE_MODEL_EVENTS}{{{SEL}}}", "events {{instance}}"),
+                (f"{m.PASSIVE_MODEL_CELLS}{{{SEL}}}", "cells reached {{instance}}"),
+            ),
+            minimum=0,
+            decimals=0,
+        ),
+        w=12,
+    )
+
     d.row("Engine")
     d.add(
         timeseries(
