@@ -21,7 +21,11 @@ from pdexporter.cli._common import (
 )
 from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.doctor import Check, EndpointFacts, EngineFacts, evaluate, failed
+from pdexporter.doctor.checks import TraceArrival
 from pdexporter.errors import ConfigError
+from pdexporter.exporter.metrics import DEFAULT_PORT
+from pdexporter.exporter.server import parse_listen
+from pdexporter.launch import TraceDirected
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 EMBEDDED_CHUNK_SIZE = 8192
@@ -45,31 +49,66 @@ def doctor(
     model: ModelOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     profile: ProfileOpt = DEFAULT_PROFILE,
+    engine_python: Annotated[str | None, typer.Option(
+        "--engine-python", help="The Python the engine runs in (on this host): doctor imports there exactly what "
+        "vLLM 0.22's tracing imports, before you turn on --otlp-traces-endpoint.")] = None,
+    engine_command: Annotated[str | None, typer.Option(
+        "--engine-command", help="The command that starts the engine (e.g. a sweep file's launcher command, "
+        "'vllm serve ...'): its Python is checked as --engine-python.")] = None,
+    traces: Annotated[bool, typer.Option(
+        "--traces", help="Send one short request and wait for its span at --traces-receiver (the address the "
+        "engine's --otlp-traces-endpoint points at; doctor listens there, or reads the exporter already there).")
+    ] = False,
+    traces_receiver: Annotated[str, typer.Option(
+        "--traces-receiver", help="HOST:PORT the engine sends its spans to (with --traces and --target).")
+    ] = f"0.0.0.0:{DEFAULT_PORT}",
+    traces_wait: Annotated[float, typer.Option(
+        "--traces-wait", min=1.0, help="Seconds to wait for the span (vLLM batches its spans every 5 s).")] = 15.0,
 ) -> None:
     """Check the engine (reachable, version, model, max_model_len, chunk size, step log, prefix
-    caching, CUDA graphs) and the Prometheus and OTLP endpoints; exit 1 if a check fails."""
+    caching, CUDA graphs, its tracing imports, that its spans arrive) and the Prometheus and OTLP
+    endpoints; exit 1 if a check fails."""
     if target is not None and not target.startswith(("http://", "https://")):
         raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
     if prometheus is not None and not prometheus.startswith(("http://", "https://")):
         raise ConfigError(f"--prometheus {prometheus!r}: expected an http:// or https:// URL")
     token = api_key(api_key_file)
+    try:
+        receiver = parse_listen(traces_receiver) if traces else None
+    except ConfigError:
+        raise ConfigError(f"--traces-receiver {traces_receiver!r}: expected HOST:PORT") from None
     with console.status("starting the embedded engine ..." if target is None else f"asking {target} ..."):
-        engine = run_async(_engine(target, chunk_size, model, token, profile))
-    with console.status("checking the endpoints ..."):
-        from pdexporter.doctor.gather import otlp_facts, prometheus_facts
+        engine, arrival = run_async(_engine(target, chunk_size, model, token, profile, receiver, traces_wait))
+    with console.status("checking the endpoints and the engine's tracing imports ..."):
+        from pdexporter.doctor.gather import engine_python as python_of
+        from pdexporter.doctor.gather import otlp_facts, prometheus_facts, tracing_imports
 
         endpoints: list[EndpointFacts] = [prometheus_facts(prometheus), otlp_facts(otlp)]
-    checks = evaluate(engine, endpoints)
+        python, source = engine_python, "--engine-python"
+        if python is None and engine_command is not None:
+            python, source = python_of(engine_command), "--engine-command"
+            if python is None:
+                raise ConfigError(f"--engine-command {engine_command!r}: cannot tell which Python it runs in (its "
+                                  "first word is neither a Python nor a script with a #! line); give --engine-python")
+        imports = tracing_imports(python, source, embedded=target is None)
+    checks = evaluate(engine, endpoints, imports, arrival)
     print_checks(checks, engine)
     if failed(checks):
         raise typer.Exit(1)
 
 
 async def _engine(target: str | None, chunk_size: int | None, model: str | None, token: str | None,
-                  profile: str) -> EngineFacts:
-    from pdexporter.doctor.gather import engine_facts
+                  profile: str, receiver: tuple[str, int] | None,
+                  traces_wait: float) -> tuple[EngineFacts, TraceArrival | None]:
+    from pdexporter.doctor.gather import engine_facts, listen_for_traces, trace_arrival
 
     launcher = make_launcher(target, chunk_size=chunk_size, profile=profile)
+    listener = None
+    if receiver is not None and target is None and isinstance(launcher, TraceDirected):
+        # the embedded engine is told where to send: doctor's own receiver on a free local port
+        listener = await listen_for_traces("127.0.0.1", 0)
+        receiver = ("127.0.0.1", listener.port)
+        launcher.send_traces_to(f"http://127.0.0.1:{listener.port}/v1/traces")
     capture = None
     if target is None:
         from pdexporter.sim.profile import load_profile
@@ -79,9 +118,22 @@ async def _engine(target: str | None, chunk_size: int | None, model: str | None,
         capture = max(sizes) if sizes else None
     try:
         handle = await launcher.start(chunk_size or EMBEDDED_CHUNK_SIZE)
-        return await engine_facts(handle, embedded=target is None, model=model, api_key=token,
-                                  chunk_size=chunk_size, cudagraph_max_tokens=capture)
+        facts = await engine_facts(handle, embedded=target is None, model=model, api_key=token,
+                                   chunk_size=chunk_size, cudagraph_max_tokens=capture)
+        arrival = None
+        if receiver is not None:
+            served = [str(m.get("id")) for m in facts.models or ()]
+            chosen = model if model in served else (served[0] if served else None)
+            if facts.health_error is not None or chosen is None:
+                arrival = TraceArrival(f"http://{receiver[0]}:{receiver[1]}/v1/traces",
+                                       error="no request could be sent (see the engine checks)")
+            else:
+                arrival = await trace_arrival(handle.url, chosen, receiver, api_key=token, wait_s=traces_wait,
+                                              listener=listener)
+        return facts, arrival
     finally:
+        if listener is not None:
+            await listener.stop()
         await launcher.stop()
 
 

@@ -19,8 +19,23 @@ from pdexporter._internal.text import plural
 from pdexporter.engines import adapter, identify
 
 __all__ = [
-    "Check", "ENGINE_CHECKS", "EndpointFacts", "EngineFacts", "LARGEST_GRID_PROMPT", "Status", "cache_config",
-    "endpoint_check", "engine_checks", "evaluate", "failed",
+    "ENGINE_CHECKS",
+    "LARGEST_GRID_PROMPT",
+    "OTEL_WHEELS",
+    "Check",
+    "EndpointFacts",
+    "EngineFacts",
+    "Status",
+    "TraceArrival",
+    "TracingImports",
+    "cache_config",
+    "endpoint_check",
+    "engine_checks",
+    "evaluate",
+    "failed",
+    "trace_arrival_check",
+    "tracing_imports_check",
+    "wheel_for",
 ]
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -74,6 +89,98 @@ class EndpointFacts:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# module prefix -> the wheel that brings it (longest prefix wins): the fix a missing import names.
+OTEL_WHEELS: dict[str, str] = {
+    "opentelemetry.exporter.otlp.proto.grpc": "opentelemetry-exporter-otlp-proto-grpc",
+    "opentelemetry.exporter.otlp.proto.http": "opentelemetry-exporter-otlp-proto-http",
+    "opentelemetry.exporter.otlp.proto.common": "opentelemetry-exporter-otlp-proto-common",
+    "opentelemetry.exporter.otlp.common": "opentelemetry-exporter-otlp-common",
+    "opentelemetry.exporter.http.transport": "opentelemetry-exporter-http-transport",
+    "opentelemetry.proto": "opentelemetry-proto",
+    "opentelemetry.semconv": "opentelemetry-semantic-conventions",
+    "opentelemetry.sdk": "opentelemetry-sdk",
+    "opentelemetry": "opentelemetry-api",
+    "grpc": "grpcio",
+    "google.rpc": "googleapis-common-protos",
+    "google.protobuf": "protobuf",
+    "requests": "requests",
+    "urllib3": "urllib3",
+}
+
+
+def wheel_for(module: str) -> str:
+    """The wheel that provides `module` (OpenTelemetry's split packages), else the module's top name."""
+    for prefix in sorted(OTEL_WHEELS, key=len, reverse=True):
+        if module == prefix or module.startswith(prefix + "."):
+            return OTEL_WHEELS[prefix]
+    return module.split(".")[0]
+
+
+@dataclass(frozen=True)
+class TracingImports:
+    """The engine's OpenTelemetry imports, tried in its own Python (`gather.tracing_imports`)."""
+
+    python: str | None  # the interpreter; None: the engine runs elsewhere (or is the embedded one)
+    source: str = ""  # where the interpreter came from (--engine-python, --engine-command)
+    embedded: bool = False
+    ok: bool = False
+    failed_import: str | None = None  # the import statement's module that failed
+    missing: str | None = None  # the module Python could not find (ModuleNotFoundError.name)
+    error: str | None = None
+    api_version: str | None = None  # opentelemetry-api in that Python, to match the other wheels to
+    run_error: str | None = None  # the interpreter could not be run
+    check_command: str = ""  # what to run on the engine's host instead
+
+
+@dataclass(frozen=True)
+class TraceArrival:
+    """One short request's span, awaited at an OTLP receiver (`gather.trace_arrival`)."""
+
+    receiver: str | None  # where the engine's --otlp-traces-endpoint points; None: not asked
+    how: str = ""  # "listened" (doctor's own receiver) or "exporter" (a running exporter's counters)
+    delay_s: float | None = None  # request end -> its span at the receiver
+    waited_s: float = 0.0
+    error: str | None = None  # the request or the receiver failed
+
+
+def tracing_imports_check(f: TracingImports) -> Check:
+    name = "tracing imports"
+    if f.embedded and f.python is None:
+        return Check(name, "ok", "the embedded engine exports its spans with pdexporter's own OpenTelemetry SDK")
+    if f.python is None:
+        return Check(name, "warn", "cannot check from here (the engine runs elsewhere): before turning on "
+                                   "--otlp-traces-endpoint, run in the engine's Python on its host: "
+                                   f"{f.check_command} (or pass --engine-python / --engine-command)")
+    if f.run_error is not None:
+        return Check(name, "fail", f"{f.source} {f.python}: {f.run_error}")
+    if f.ok:
+        version = f" (opentelemetry-api {f.api_version})" if f.api_version else ""
+        return Check(name, "ok", f"{f.python} imports everything vLLM 0.22's tracing needs, both OTLP exporters"
+                                 f"{version}: --otlp-traces-endpoint is safe")
+    wheel = wheel_for(f.missing or f.failed_import or "opentelemetry")
+    every = f"opentelemetry-exporter-otlp{'==' + f.api_version if f.api_version else ''}"
+    return Check(name, "fail", f"{f.python} cannot import {f.failed_import} ({f.error}): missing {wheel}. With "
+                               "--otlp-traces-endpoint vLLM 0.22 would start healthy, then answer every request "
+                               f"with HTTP 500 and shut down. Fix: pip install {wheel} (or every OTLP exporter "
+                               f"with its dependencies, matching opentelemetry-api: pip install {every})")
+
+
+def trace_arrival_check(f: TraceArrival) -> Check:
+    name = "traces arrive"
+    if f.receiver is None:
+        return Check(name, "skip", "not asked (--traces: send one request and wait for its span)")
+    if f.error is not None:
+        return Check(name, "fail", f"{f.receiver}: {f.error}")
+    if f.delay_s is None:
+        return Check(name, "fail", f"no span of the test request reached {f.receiver} within {f.waited_s:.0f} s: "
+                                   "is the engine's --otlp-traces-endpoint this receiver's /v1/traces, with "
+                                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf in its environment (vLLM "
+                                   "defaults to gRPC, which pdexporter does not speak)?")
+    at = "pdexporter's receiver" if f.how == "listened" else "the running exporter"
+    return Check(name, "ok", f"the test request's span reached {at} at {f.receiver} {f.delay_s:.1f} s after the "
+                             "request ended (the engine batches spans: passive attribution waits for them)")
+
+
 def cache_config(metrics_text: str, metric: str | None) -> dict[str, str] | None:
     """The labels of the engine's cache-config info series (vLLM: `vllm:cache_config_info`)."""
     if not metric:
@@ -88,9 +195,14 @@ def cache_config(metrics_text: str, metric: str | None) -> dict[str, str] | None
     return None
 
 
-def evaluate(engine: EngineFacts, endpoints: Sequence[EndpointFacts] = ()) -> list[Check]:
+def evaluate(engine: EngineFacts, endpoints: Sequence[EndpointFacts] = (),
+             tracing: TracingImports | None = None, arrival: TraceArrival | None = None) -> list[Check]:
     """One check per thing the numbers rest on, in the order a user would fix them."""
     checks = engine_checks(engine)
+    if tracing is not None:
+        checks.append(tracing_imports_check(tracing))
+    if arrival is not None:
+        checks.append(trace_arrival_check(arrival))
     checks += [endpoint_check(e) for e in endpoints]
     return checks
 

@@ -4,17 +4,24 @@ down what they answered (`checks.EngineFacts`, `checks.EndpointFacts`); `checks`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pdexporter._internal.text import body_reason
-from pdexporter.doctor.checks import EndpointFacts, EngineFacts
-from pdexporter.engine.client import COMPLETIONS_PATH, ClientTimeouts, EngineClient, completion_request, encode_body
+from pdexporter.doctor.checks import EndpointFacts, EngineFacts, TraceArrival, TracingImports
+from pdexporter.engine.client import (
+    COMPLETIONS_PATH,
+    ClientTimeouts,
+    EngineClient,
+    completion_request,
+    encode_body,
+)
 from pdexporter.engine.iterlog import IterationLogTail
 from pdexporter.engine.stream import TokenStream
 from pdexporter.engines import adapter, identify
@@ -23,8 +30,9 @@ from pdexporter.exporter.tracing import ENDPOINT_VARS
 from pdexporter.launch import EngineHandle
 
 __all__ = [
-    "STEP_LOG_WAIT_S", "TEST_PROMPT", "TEST_TOKENS", "TIMEOUTS", "engine_facts", "otlp_facts", "otlp_url",
-    "prometheus_facts",
+    "STEP_LOG_WAIT_S", "TEST_PROMPT", "TEST_TOKENS", "TIMEOUTS", "TraceListener", "check_command", "engine_facts",
+    "engine_python", "listen_for_traces", "otlp_facts", "otlp_url", "prometheus_facts", "trace_arrival",
+    "tracing_imports",
 ]
 
 TIMEOUTS = ClientTimeouts(connect_s=3.0, read_s=60.0, request_s=10.0)
@@ -158,3 +166,182 @@ def _os_reason(reason: object) -> str:
     if isinstance(reason, OSError) and reason.strerror:
         return reason.strerror.lower()
     return " ".join(str(reason).split()) or type(reason).__name__
+
+
+# --- tracing: the engine's OpenTelemetry imports, and one span awaited at a receiver -------------
+
+# Run in the engine's Python: vLLM 0.22's tracing imports (engines.vllm.TRACING_IMPORTS), in
+# order, stopping at the first failure; one JSON line out.
+_PROBE = """
+import importlib, json, sys
+out = {"ok": True}
+for module, names in json.loads(sys.argv[1]):
+    try:
+        loaded = importlib.import_module(module)
+        for name in names:
+            getattr(loaded, name)
+    except Exception as exc:
+        out = {"ok": False, "failed_import": module, "missing": getattr(exc, "name", None),
+               "error": type(exc).__name__ + ": " + str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+        break
+try:
+    from importlib import metadata
+    out["api_version"] = metadata.version("opentelemetry-api")
+except Exception:
+    out["api_version"] = None
+print(json.dumps(out))
+"""
+
+
+def check_command() -> str:
+    """The one line to run in the engine's Python on its host (what the import check runs)."""
+    from pdexporter.engines.vllm import TRACING_IMPORTS
+
+    modules = ", ".join(module for module, _ in TRACING_IMPORTS)
+    return f'python3 -c "import {modules}"'
+
+
+def engine_python(command: str) -> str | None:
+    """The interpreter an engine command runs in: its first word when that is a Python, else the
+    shebang of the script it names (`vllm serve ...` -> the Python `vllm` was installed for)."""
+    import shlex
+    import shutil
+
+    words = [w for w in shlex.split(command) if "=" not in w.split("/")[0]]  # skip VAR=value prefixes
+    if not words:
+        return None
+    first = words[0]
+    if os.path.basename(first).startswith("python"):
+        return shutil.which(first) or first
+    path = shutil.which(first)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as script:
+            line = script.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not line.startswith("#!"):
+        return None
+    parts = line[2:].split()
+    if parts and os.path.basename(parts[0]) == "env" and len(parts) > 1:
+        return shutil.which(parts[1]) or parts[1]
+    return parts[0] if parts else None
+
+
+def tracing_imports(python: str | None, source: str = "", *, embedded: bool = False,
+                    timeout_s: float = 60.0) -> TracingImports:
+    """vLLM 0.22's tracing imports, tried in `python` (None: cannot be checked from here)."""
+    import subprocess
+
+    from pdexporter.engines.vllm import TRACING_IMPORTS
+
+    if python is None:
+        return TracingImports(None, source, embedded=embedded, check_command=check_command())
+    spec = json.dumps([[m, list(n)] for m, n in TRACING_IMPORTS])
+    try:
+        done = subprocess.run([python, "-c", _PROBE, spec], capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        return TracingImports(python, source, embedded=embedded, run_error=f"cannot run it ({reason})")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return TracingImports(python, source, embedded=embedded,
+                              run_error=f"not a Python that runs the check (exit {done.returncode}: {tail})")
+    got = json.loads(lines[-1])
+    return TracingImports(python, source, embedded=embedded, ok=bool(got.get("ok")),
+                          failed_import=got.get("failed_import"), missing=got.get("missing"),
+                          error=got.get("error"), api_version=got.get("api_version"))
+
+
+async def trace_arrival(url: str, model: str, receiver: tuple[str, int], *, api_key: str | None = None,
+                        wait_s: float = 15.0, listener: TraceListener | None = None) -> TraceArrival:
+    """Send one short request to the engine at `url` and wait for its span at `receiver` (host,
+    port): pdexporter's own OTLP receiver (`exporter.server`, the exporter's code) listening there
+    (`listener`, when the caller had to listen before the engine started), or, when something
+    already listens there, the request-trace counters on that exporter's /metrics."""
+    from pdexporter.engine.traces import RequestTrace
+
+    host, port = receiver
+    spans: list[tuple[float, RequestTrace]] = []
+    own = None
+    if listener is None:
+        with contextlib.suppress(OSError):
+            own = listener = await listen_for_traces(host, port)
+    if listener is not None:
+        port = listener.port
+        listener.sink = lambda traces: spans.extend((time.perf_counter(), t) for t in traces)
+    where = f"http://{host}:{port}/v1/traces"
+    how = "listened" if listener is not None else "exporter"
+    before = _exporter_spans(host, port) if listener is None else None
+    if listener is None and before is None:
+        return TraceArrival(where, how, error="the port is taken by something that is not a pdexporter exporter")
+    try:
+        async with EngineClient(url, api_key=api_key, timeouts=TIMEOUTS, retries=1) as client:
+            result = await _stream(client, model)
+        if "stream_error" in result:
+            return TraceArrival(where, how, error=f"the test request failed: {result['stream_error']}")
+        ended = time.perf_counter()
+        while time.perf_counter() < ended + wait_s:
+            if listener is not None:
+                hit = [t for t, span in spans if span.prompt_tokens == len(TEST_PROMPT)
+                       and span.max_tokens in (None, TEST_TOKENS)]
+                if hit:
+                    return TraceArrival(where, how, delay_s=max(0.0, hit[0] - ended), waited_s=wait_s)
+            else:
+                now = await asyncio.to_thread(_exporter_spans, host, port)
+                if now is not None and before is not None and now > before:
+                    return TraceArrival(where, how, delay_s=time.perf_counter() - ended, waited_s=wait_s)
+            await asyncio.sleep(0.1 if listener is not None else 0.5)
+        return TraceArrival(where, how, waited_s=wait_s)
+    finally:
+        if own is not None:
+            await own.stop()
+
+
+class TraceListener:
+    """pdexporter's OTLP/HTTP receiver (`exporter.server.metrics_app`, the exporter's own code) on
+    a port of its own, handing decoded spans to `sink`."""
+
+    def __init__(self, runner: Any, port: int) -> None:
+        self.runner, self.port = runner, port
+        self.sink: Callable[[list[Any]], None] = lambda traces: None
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def listen_for_traces(host: str, port: int) -> TraceListener:
+    from prometheus_client import CollectorRegistry
+
+    from pdexporter.exporter.server import metrics_app, start_metrics_server
+
+    holder: list[TraceListener] = []
+    app = metrics_app(CollectorRegistry(), title="pdexporter doctor", traces_sink=lambda t: holder[0].sink(t))
+    runner, bound = await start_metrics_server(app, host, port)
+    listener = TraceListener(runner, bound)
+    holder.append(listener)
+    return listener
+
+
+def _exporter_spans(host: str, port: int) -> float | None:
+    """All request spans a running exporter at host:port counted (None: not an exporter there)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pdexporter.exporter.metrics import REQUEST_TRACES
+
+    name = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    try:
+        with urllib.request.urlopen(f"http://{name}:{port}/metrics", timeout=3.0) as response:  # noqa: S310
+            text = response.read().decode("utf-8", "replace")
+    except (OSError, urllib.error.URLError):
+        return None
+    total, seen = 0.0, False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == REQUEST_TRACES:
+                total += sample.value
+                seen = True
+    return total if seen else None

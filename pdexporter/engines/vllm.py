@@ -22,7 +22,8 @@ from pdexporter.engines._registry import (
 
 __all__ = [
     "CANDIDATE_CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "METRIC_ALIASES", "OPTIONAL_METRICS",
-    "REQUEST_SPAN_ATTRIBUTES", "REQUEST_SPAN_NAME", "VllmAdapter", "format_step", "parse_step_log",
+    "REQUEST_SPAN_ATTRIBUTES", "REQUEST_SPAN_NAME", "TRACING_IMPORTS", "VllmAdapter", "format_step",
+    "parse_step_log",
 ]
 
 # vLLM's own defaults for `vllm serve` (arg_utils): 8192 on GPUs with >= 70 GB, 2048 below.
@@ -98,6 +99,22 @@ REQUEST_SPAN_ATTRIBUTES: dict[str, str] = {
     "inference_s": "gen_ai.latency.time_in_model_inference",
     "max_tokens": "gen_ai.request.max_tokens",
 }
+# What vLLM 0.22's tracing imports (vllm/tracing/otel.py, in one try block): if any of it fails,
+# tracing is off, yet with --otlp-traces-endpoint the output processor still traces, with
+# `SpanKind` left as `Any`, and every request then fails with HTTP 500 and the API server shuts
+# down (docs/vllm-facts.md). `pdexporter doctor` imports exactly these in the engine's Python.
+TRACING_IMPORTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("opentelemetry.trace", ("SpanKind", "Tracer", "set_tracer_provider")),
+    ("opentelemetry.context.context", ("Context",)),
+    ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter", ("OTLPSpanExporter",)),
+    ("opentelemetry.exporter.otlp.proto.http.trace_exporter", ("OTLPSpanExporter",)),
+    ("opentelemetry.propagate", ("inject",)),
+    ("opentelemetry.sdk.environment_variables", ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",)),
+    ("opentelemetry.sdk.resources", ("Resource",)),
+    ("opentelemetry.sdk.trace", ("TracerProvider",)),
+    ("opentelemetry.sdk.trace.export", ("BatchSpanProcessor",)),
+    ("opentelemetry.trace.propagation.tracecontext", ("TraceContextTextMapPropagator",)),
+)
 
 
 def parse_step_log(lines: Iterable[str]) -> list[IterationStep]:
