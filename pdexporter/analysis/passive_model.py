@@ -62,6 +62,7 @@ from pdexporter.measure.passive import log_bin
 
 __all__ = [
     "BOOTSTRAP",
+    "CONVERGENCE_BOOTSTRAP",
     "CONVERGENCE_MINUTES",
     "DEFAULT_D",
     "DEFAULT_P",
@@ -92,6 +93,7 @@ __all__ = [
 ]
 
 BOOTSTRAP = 200  # refits per interval
+CONVERGENCE_BOOTSTRAP = 50  # per refit on the first minutes (only its median half-width is kept)
 LEVEL = 0.95
 MIN_EVENTS = 5  # a D or P bin with fewer events does not extend the reach
 CONVERGENCE_MINUTES = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -306,7 +308,7 @@ def reach(events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS) 
         if b not in seen:
             why.append(f"no event at B = {b} (the engine runs B = {', '.join(map(str, sorted(seen))) or 'none'})")
         if d_span is None or d < d_span[0]:
-            why.append(f"D = {d} below the decodes the engine ran (D {d_text} in the events; the exporter's probes "
+            why.append(f"D = {d} below the decodes the engine ran (D {d_text} in the events: the exporter's probes "
                        "decode beside every prefill)")
         elif d > d_span[1]:
             why.append(f"D = {d} beyond the concurrency the traffic reached (D {d_text} in the events, bins with "
@@ -314,7 +316,7 @@ def reach(events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS) 
         if p_span is None or p > p_span[1]:
             longest = max(ps) if ps else 0
             why.append(f"P = {p} beyond the load's prompt lengths (fewer than {min_events} events in its bin and "
-                       f"above; longest prompt {longest})")
+                       f"above, longest prompt {longest})")
         elif p < p_span[0]:
             why.append(f"P = {p} below the load's prompt lengths (fewer than {min_events} events in its bin and below)")
         out[(b, d, p)] = "; ".join(why) if why else None
@@ -547,8 +549,8 @@ def answer(events: Sequence[FitEvent], grid: Grid, *, injected: Mapping[Key, flo
         return None
     rows = tuple(cells(model, events, grid, min_events))
     end = max((e.at_s for e in events), default=0.0) / 60.0
-    steps = sorted({m for m in minutes if m < end} | {round(end, 2)})
-    series = convergence(events, grid, [m for m in steps if m < end], injected=injected, bootstrap=bootstrap,
+    earlier = sorted({m for m in minutes if m < end - 0.05})  # every cut-off the traffic covers, then all of it
+    series = convergence(events, grid, earlier, injected=injected, bootstrap=min(bootstrap, CONVERGENCE_BOOTSTRAP),
                          min_events=min_events, seed=seed)
     errors = injected_errors(rows, injected) if injected is not None else None
     series.append(Convergence(round(end, 2), model.events, sum(c.reached for c in rows), halfwidth(rows), errors))

@@ -4,8 +4,8 @@ posted to `/v1/traces`; its finished events counted, published as `mode="passive
 and, with `--out`, written as repetitions of their cell's record (`config.mode: "passive"`).
 
 The published events also feed the event-fitted cost model (`analysis.passive_model`), refitted
-in a worker thread every `MODEL_EVERY_S` (or ten times as long as the last fit took, whichever
-is longer) once new events came: its events, how sure it is and its prediction of every cell of
+in a worker thread every `MODEL_EVERY_S` (or 20 times as long as the last fit took, whichever
+is longer: at most 5 % of a core) once new events came: its events, how sure it is and its prediction of every cell of
 the seed's grid at the exporter's B go out as the `pdexporter_passive_model_*` gauges."""
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.tracing import ClockOffset
 from pdexporter.measure.driver import EngineInfo
 from pdexporter.measure.point import PointSpec, now_iso, record_config, resumable_reps
+from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore
 
 MODEL_EVERY_S = 30.0
-MODEL_EVENTS = 20000  # the most recent events the live model keeps
-MODEL_BOOTSTRAP = 50  # refits behind the live intervals (export-table uses more)
+MODEL_EVENTS = 2000  # the most recent events the live model keeps (about an hour at 1.5 requests/s)
+MODEL_BOOTSTRAP = 40  # refits behind the live intervals (export-table uses more)
+MODEL_SHARE = 20  # a refit starts at most every 20x the last one's time: <= 5 % of a core
 
 
 def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
@@ -76,7 +78,7 @@ class LiveModel:
         if self._future is not None and self._future.done():
             future, self._future = self._future, None
             result, took = future.result()
-            self.next_s = now_s + max(MODEL_EVERY_S, 10 * took)
+            self.next_s = now_s + max(MODEL_EVERY_S, MODEL_SHARE * took)
             if result is not None:
                 self.last = result
                 self.publish(result)
@@ -161,19 +163,25 @@ class LivePassive:
                 yield event, rep, record_path
 
     def _save(self, event: PassiveEvent, rep: RepRecord) -> str:
-        """The event as the next repetition of its cell's passive record (raw file first)."""
-        assert self.store is not None and event.key is not None and event.run is not None
-        spec = PointSpec(*event.key)
-        config = record_config(spec, self.info, self.config.protocol, reps=1, mode="passive",
-                               chunk_size_source=self.config.chunk_size_source)
-        path = str(self.store.record_path(*event.key))
-        done = resumable_reps(self.store.load_record(*event.key), config, path)
-        raw_path = self.store.raw_path(*event.key, len(done))
-        self.store.save_raw(raw_path, event.run.to_raw())
-        done.append(rep.model_copy(update={"rep": len(done), "raw": self.store.relative(event.key[0], raw_path),
-                                           "passive": event.info()}))
-        self.store.save_record(aggregate(config.model_copy(update={"reps_planned": len(done)}), done))
-        return path
+        assert self.store is not None
+        return save_event(self.store, event, rep, self.info, self.config.protocol, self.config.chunk_size_source)
+
+
+def save_event(store: ResultsStore, event: PassiveEvent, rep: RepRecord, info: EngineInfo, protocol: ProtocolSettings,
+               chunk_size_source: str = "given") -> str:
+    """A published event as the next repetition of its cell's passive record (raw file first);
+    returns the record's path. `rep.started_at` is kept: it is the event's traffic time."""
+    assert event.key is not None and event.run is not None
+    spec = PointSpec(*event.key)
+    config = record_config(spec, info, protocol, reps=1, mode="passive", chunk_size_source=chunk_size_source)
+    path = str(store.record_path(*event.key))
+    done = resumable_reps(store.load_record(*event.key), config, path)
+    raw_path = store.raw_path(*event.key, len(done))
+    store.save_raw(raw_path, event.run.to_raw())
+    done.append(rep.model_copy(update={"rep": len(done), "raw": store.relative(event.key[0], raw_path),
+                                       "passive": event.info()}))
+    store.save_record(aggregate(config.model_copy(update={"reps_planned": len(done)}), done))
+    return path
 
 
 class TraceIntake:
@@ -194,4 +202,5 @@ class TraceIntake:
             self.passive.add_traces(traces)
 
 
-__all__ = ["MODEL_BOOTSTRAP", "MODEL_EVENTS", "MODEL_EVERY_S", "LiveModel", "LivePassive", "TraceIntake", "fit_event"]
+__all__ = ["MODEL_BOOTSTRAP", "MODEL_EVENTS", "MODEL_EVERY_S",
+    "MODEL_SHARE", "LiveModel", "LivePassive", "TraceIntake", "fit_event", "save_event"]

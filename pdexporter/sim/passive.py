@@ -25,6 +25,7 @@ from pdexporter.engine.traces import RequestTrace, decode_traces, encode_traces
 from pdexporter.exporter.passive import PassiveEvent, PassiveSettings, PassiveTracker, step_model_cadence
 from pdexporter.load.drive import LoadResult, drive
 from pdexporter.load.mix import LoadSpec, schedule
+from pdexporter.measure.driver import EngineInfo
 from pdexporter.measure.passive import SOURCES
 from pdexporter.measure.protocol import ProtocolSettings, start_probes, warm_prefix
 from pdexporter.sim.driver import SimDriver
@@ -47,6 +48,7 @@ class PassiveSession:
     modelled: bool = True
     requests: dict[str, RequestTrace] = field(default_factory=dict)  # every finished request's trace (ground truth)
     trace_offset_ns: int = 0  # engine Unix clock - probe clock
+    info: EngineInfo | None = None  # the engine, as a record's config names it
 
     @property
     def published(self) -> list[PassiveEvent]:
@@ -71,7 +73,8 @@ async def passive_session(
     settings = settings or ProtocolSettings()
     started = time.perf_counter()
     driver = SimDriver.create(profile, chunk_size)
-    session = PassiveSession(chunk_size=driver.info.chunk_size or chunk_size, modelled=driver.info.modelled)
+    session = PassiveSession(chunk_size=driver.info.chunk_size or chunk_size, modelled=driver.info.modelled,
+                             info=driver.info)
     engine = driver.engine
     offset_ns = round((engine.clock.wall() - engine.clock.now()) * 1e9)
     tracker = PassiveTracker(

@@ -1,0 +1,149 @@
+"""The event-fitted passive model (analysis.passive_model) on events drawn from a known cost model:
+the fit finds it, its intervals narrow as events come, reach says why a cell is out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdexporter.analysis.models import ContextAwareModel, attention_pairs, chunk_schedule
+from pdexporter.analysis.passive_model import (
+    FitEvent,
+    Grid,
+    answer,
+    cells,
+    decision_inputs,
+    event_fit_data,
+    events_from_records,
+    fit_passive_model,
+    halfwidth,
+    injected_errors,
+    passive_decision,
+    reach,
+)
+
+B = 8192
+TRUE = ContextAwareModel(45.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
+GRID = Grid((B,))
+
+
+def _events(n: int, seed: int = 0, noise: float = 0.05, d_range: tuple[int, int] = (3, 13),
+            p_max: int = 20000) -> list[FitEvent]:
+    """Events whose chunk steps cost what TRUE says (each step: baseline + pi_k, with multiplicative
+    noise), arriving one every 1.5 s, prompts log-uniform from 600 tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        d = int(rng.integers(d_range[0], d_range[1] + 1))
+        p = int(np.exp(rng.uniform(np.log(600), np.log(p_max))))
+        chunks = np.asarray(chunk_schedule(p, B, d), np.float64)
+        prefix = np.concatenate([[0.0], np.cumsum(chunks)[:-1]])
+        pi = TRUE.chunk_penalty_ms(d, chunks, prefix) * rng.normal(1.0, noise, chunks.size)
+        base = 6.0
+        total = float(pi.sum() + TRUE.sigma0_ms + TRUE.sigma1_ms_per_token * p) * rng.normal(1.0, noise / 2)
+        out.append(FitEvent(B, d, p, total, base, tuple(float(x) for x in base + pi), 1.5 * i, "otlp"))
+    return out
+
+
+def test_event_points_carry_exact_d_and_p_and_their_steps() -> None:
+    events = _events(5)
+    data = event_fit_data(events)
+    assert data.decode.tolist() == [e.decode for e in events]
+    assert data.prefill.tolist() == [e.prompt for e in events]
+    assert np.allclose(data.cost_ms, [e.decode * e.total_ms for e in events])
+    assert data.steps[0] == ((6.0, events[0].chunk_steps_ms),)
+    assert attention_pairs(1, 0) == 1.0  # the q_k the fit's rows use
+
+
+def test_the_fit_finds_the_cost_model_the_events_came_from() -> None:
+    events = _events(300, noise=0.03)
+    model = fit_passive_model(events, GRID, bootstrap=20)
+    assert model is not None and model.events == 300 and model.left_out == 0
+    m = model.model
+    assert m.alpha0_ms == pytest.approx(TRUE.alpha0_ms, rel=0.05)
+    assert m.beta_ms_per_token_pair == pytest.approx(TRUE.beta_ms_per_token_pair, rel=0.05)
+    for d, p in ((4, 1024), (8, 8192), (12, 16384)):
+        truth = float(TRUE.predict(d, p, B))
+        assert float(model.predict(d, p, B)) == pytest.approx(truth, rel=0.05)
+        low, high = model.interval(d, p, B)
+        assert low <= float(model.predict(d, p, B)) <= high
+
+
+def test_intervals_narrow_as_events_come() -> None:
+    events = _events(640, seed=3, noise=0.15)
+    widths = []
+    for n in (40, 160, 640):
+        model = fit_passive_model(events[:n], GRID, bootstrap=25)
+        assert model is not None
+        widths.append(halfwidth(cells(model, events[:n], GRID)))
+    assert widths[0] > widths[1] > widths[2], widths
+    assert widths[2] < widths[0] / 2  # 16x the events: about a quarter of the width
+
+
+def test_events_below_the_grid_prompt_span_are_left_out() -> None:
+    small = [FitEvent(B, 4, 200, 4.0, 6.0, (10.0,), 0.0)] * 7
+    model = fit_passive_model(_events(60) + small, GRID, bootstrap=5)
+    assert model is not None and model.events == 60 and model.left_out == 7
+
+
+def test_reach_says_why_a_cell_is_out() -> None:
+    events = _events(300, d_range=(4, 9), p_max=12000)
+    why = reach(events, GRID)
+    assert why[(B, 4, 2048)] is None and why[(B, 8, 8192)] is None
+    assert "below the decodes the engine ran" in why[(B, 1, 2048)]
+    assert "beyond the concurrency" in why[(B, 12, 2048)]
+    assert "beyond the load's prompt lengths" in why[(B, 6, 32768)]
+    assert "D = 1" in why[(B, 1, 32768)] and "P = 32768" in why[(B, 1, 32768)]
+    assert "no event at B = 2048" in reach(events, Grid((2048,)))[(2048, 4, 2048)]
+
+
+def test_errors_against_the_injected_table_use_the_reached_cells_only() -> None:
+    events = _events(300, d_range=(4, 9), p_max=12000)
+    model = fit_passive_model(events, GRID, bootstrap=20)
+    assert model is not None
+    rows = cells(model, events, GRID)
+    truth = {c.key: float(TRUE.predict(c.key[1], c.key[2], B)) for c in rows}
+    errors = injected_errors(rows, truth)
+    assert errors.cells == sum(c.reached for c in rows) and errors.mape is not None and errors.mape < 0.05
+    off = {k: v * 1.3 for k, v in truth.items()}
+    assert injected_errors(rows, off).mape == pytest.approx(1 - 1 / 1.3, abs=0.05)
+
+
+def test_answer_converges_and_gives_a_passive_decision() -> None:
+    events = _events(600, noise=0.1)  # 15 minutes at one event per 1.5 s
+    truth = {k: float(TRUE.predict(k[1], k[2], B)) for k in GRID.cells()}
+    result = answer(events, GRID, injected=truth, minutes=(1.0, 5.0), bootstrap=20)
+    assert result is not None
+    assert [c.minutes for c in result.convergence] == [1.0, 5.0, 14.97]
+    assert [c.events for c in result.convergence] == [41, 201, 600]
+    assert result.convergence[-1].errors is not None and result.convergence[-1].errors.mape < 0.05
+    assert "below the decodes the engine ran" in result.not_reached
+    doc = passive_decision(result, 50.0, modelled=True, engine="pdexporter-sim")
+    assert doc["mode"] == "passive" and doc["passive"]["events_used"] == 600
+    assert doc["valid_range"]["decode_batch_size"][0] == 4  # D = 1, 2 are not reached
+    assert doc["thresholds_min_prefill_tokens"][str(B)]
+    report, table = decision_inputs(result.model, result.cells, True, "pdexporter-sim")
+    assert report.best.model is result.model.model and len(table) == sum(c.reached for c in result.cells)
+
+
+def test_too_few_events_give_no_model() -> None:
+    assert fit_passive_model(_events(3), GRID) is None
+    assert answer([], GRID) is None
+
+
+def test_events_from_records_take_the_exact_d_and_p_and_traffic_time() -> None:
+    from types import SimpleNamespace as NS
+
+    def rep(at: str, d: int, p: int, prefills: int = 1) -> NS:
+        return NS(model_extra={"passive": {"decode_batch_size": d, "prompt_tokens": p, "prefills": prefills,
+                                           "source": "otlp"}},
+                  derived=NS(total_interference_ms=50.0), baseline=NS(tpot_p50_ms=6.0),
+                  interference=NS(chunk_step_times_ms=[56.0]), started_at=at)
+
+    record = NS(config=NS(mode="passive", chunk_size=B),
+                reps=[rep("2026-01-01T00:01:00+00:00", 7, 900), rep("2026-01-01T00:00:00+00:00", 5, 1500),
+                      rep("2026-01-01T00:02:00+00:00", 5, 1500, prefills=2)])
+    active = NS(config=NS(mode="active", chunk_size=B), reps=[rep("2026-01-01T00:00:00+00:00", 4, 512)])
+    events = events_from_records([record, active])
+    assert [(e.decode, e.prompt, e.at_s) for e in events] == [(5, 1500, 0.0), (7, 900, 60.0)]
+    assert events[0].chunk_steps_ms == (56.0,) and events[0].source == "otlp"
