@@ -42,7 +42,7 @@ import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -50,6 +50,7 @@ import pandas as pd
 from pdexporter.analysis.models import (
     CONTEXT_MODEL,
     ContextAwareModel,
+    CostModel,
     Design,
     FitData,
     FitReport,
@@ -123,6 +124,7 @@ class FitEvent:
     chunk_steps_ms: tuple[float, ...]  # the located chunk steps' times, in order
     at_s: float = 0.0  # traffic time: seconds since the run's first event
     source: str | None = None
+    cadence_prompt: int | None = None  # the P the probes' cadence alone gave (trace-based vs cadence-based)
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,8 @@ def events_from_records(records: Iterable[Any]) -> list[FitEvent]:
                 continue
             rows.append((_time(rep.started_at), FitEvent(
                 int(record.config.chunk_size), int(d), int(p), float(total), rep.baseline.tpot_p50_ms,
-                tuple(rep.interference.chunk_step_times_ms or ()), 0.0, info.get("source"))))
+                tuple(rep.interference.chunk_step_times_ms or ()), 0.0, info.get("source"),
+                info.get("cadence_prompt_tokens"))))
     times = [t for t, _ in rows if t is not None]
     t0 = min(times) if times else 0.0
     out = [FitEvent(**{**e.__dict__, "at_s": (t - t0) if t is not None else 0.0}) for t, e in rows]
@@ -470,7 +473,7 @@ def decision_inputs(model: PassiveModel, rows: Sequence[Cell], modelled: bool, e
         "modelled": [modelled] * len(reached), "engine": [engine] * len(reached),
     })
     scheme = "bootstrap over events"
-    fit = ModelFit(model.model, model.in_sample_r2, {scheme: HeldOut(scheme, len(model.draws), None, None, None,
+    fit = ModelFit(cast("CostModel", model.model), model.in_sample_r2, {scheme: HeldOut(scheme, len(model.draws), None, None, None,
                                                                       np.empty(0))})
     reason = (f"passive mode: fitted on {model.events} production prefills event by event (exact D and P), "
               f"95 % intervals from {len(model.draws)} bootstrap refits over events")

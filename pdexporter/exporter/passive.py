@@ -137,6 +137,7 @@ class PassiveEvent:
     rep: RepRecord | None = None
     detected_ns: float = 0.0
     finalised_ns: float = 0.0
+    cadence_prompt_tokens: int | None = None  # what the probes' cadence alone would have said P was
 
     @property
     def source(self) -> str | None:
@@ -168,6 +169,7 @@ class PassiveEvent:
             "slow_steps": self.slow_run.slow_steps,
             "run_steps_ms": [round(s, 3) for s in self.slow_run.steps_ms],
             "attribution_delay_s": round((self.finalised_ns - self.detected_ns) / 1e9, 3),
+            "cadence_prompt_tokens": self.cadence_prompt_tokens,
         }
 
 
@@ -541,6 +543,9 @@ class PassiveTracker:
         if d >= s.chunk_size:
             event.outcome = "no-budget"
             return event
+        if attribution.source != "cadence":  # the cadence's answer beside the better source's (the comparison)
+            shadow = self._cadence(pending)
+            event.cadence_prompt_tokens = shadow.prompt_tokens if shadow is not None else None
         self._learn(pending, attribution, d)
         p = attribution.prompt_tokens
         event.d_bin, event.p_bin = bin_int(d, s.d_bins), bin_int(p, s.p_bins)

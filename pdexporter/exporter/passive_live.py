@@ -50,7 +50,8 @@ def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
         return None
     chunk = event.key[0] if event.key is not None else 0
     return FitEvent(chunk, event.decode_batch_size, a.prompt_tokens, rep.derived.total_interference_ms,
-                    rep.baseline.tpot_p50_ms, tuple(rep.interference.chunk_step_times_ms or ()), at_s, a.source)
+                    rep.baseline.tpot_p50_ms, tuple(rep.interference.chunk_step_times_ms or ()), at_s, a.source,
+                    event.cadence_prompt_tokens)
 
 
 class LiveModel:

@@ -1,104 +1,175 @@
 #!/usr/bin/env bash
-# Passive mode against injection on one H200 with vLLM 0.22 (issue 17): a synthetic production load
-# beside `pdexporter run --passive` for PASSIVE_S seconds, vLLM sending its request traces to the
-# exporter; then the cells the passive run filled, measured by injection on the same engine, and the
-# comparison. About 10 minutes of device time after the engine is up, over two or three calls: every
-# call runs this same script; a step that finished is not run again, and the engine (started in its
-# own session) is adopted by the next call.
+# Passive mode with vLLM's request traces on one H200 (issue 23), against injection on the same engine:
+#   1. the engine's OpenTelemetry imports checked (doctor's code) before tracing is turned on: an
+#      incomplete install takes vLLM 0.22 down with --otlp-traces-endpoint (every request HTTP 500);
+#   2. vLLM 0.22 at B = 8192 sending its request spans to `pdexporter run --passive`'s receiver;
+#   3. `pdexporter load --rate RATE` for PASSIVE_S seconds beside the exporter (4 probes), and
+#      `doctor --traces` once during it (do spans arrive, with what delay);
+#   4. the injected sweep on the same engine once the load stopped (sweeps/passive-h200.yaml);
+#   5. export-table --mode passive --injected (the event model, its error vs minutes of traffic) and
+#      scripts/gpu/passive_compare.py (trace-based vs cadence-based attribution, same events).
 #
-#   bash scripts/gpu/passive-h200.sh SECONDS_FOR_THIS_CALL [PASSIVE_S=300] [RATE=2]
+#   bash scripts/gpu/passive-h200.sh BUDGET_S [PASSIVE_S=600] [RATE=1.5]
 #
-# Needs the vLLM bundle in /root/stage (../shared/gpu/README.md), built with what vLLM's tracing and
-# pdexporter need beside vLLM (vLLM 0.22 imports both OTLP exporters, gRPC and HTTP, or traces nothing):
-#   bash ../shared/gpu/build-vllm-bundle.sh .gpu-stage opentelemetry-sdk==1.45.2 \
-#     opentelemetry-semantic-conventions==0.66b2 opentelemetry-exporter-otlp==1.45.2 \
-#     opentelemetry-exporter-otlp-proto-http==1.45.2 opentelemetry-exporter-otlp-proto-grpc==1.45.2 \
-#     opentelemetry-exporter-otlp-proto-common==1.45.2 opentelemetry-proto==1.45.2 \
-#     googleapis-common-protos==1.70.0 grpcio==1.74.0 tenacity==9.2.1
-# (versions: whatever matches the bundle's opentelemetry-api; the script checks the imports first and
-# says which one is missing). Without them the passive run still works from /metrics alone, and the
-# comparison says so (events by source).
+# Every call runs this same script within BUDGET_S (<= 590 for a 600 s device call); a step that
+# finished is not run again, and the engine, the exporter and the load (each in its own session)
+# go on between calls and are adopted by the next. Two calls back to back: about 14 minutes of
+# wall time for PASSIVE_S = 600 (unpack ~1 min if /tmp/site is not there yet, vLLM start ~2.5 min,
+# exporter + 10 min of traffic + 40 s, sweep ~1.5 min, analysis ~0.5 min); PASSIVE_S = 1800 for the
+# 30-minute model takes a third call.
 #
-# Results (packed into $OUT at the end of every call): passive-h200.tar.gz with passive/ (records, raw
-# windows), passive-table/ (export-table --mode passive), injected/ (records), comparison.md/.json,
-# load.json, exporter and engine logs, steps.log; and comparison.md beside it.
+# Needs on the machine: the vLLM bundle in /root/stage (../shared/gpu/README.md) and the
+# OpenTelemetry wheels vLLM's tracing imports, carried as .gpu-stage-otel/otel-site.tar.gz (built by
+# scripts/gpu/build-otel-stage.sh; the bundle has opentelemetry-api only).
+# Dry run on the embedded engine (no GPU, real time):  OUT=/tmp/out ENGINE=sim bash scripts/gpu/passive-h200.sh 590 60
+#
+# Results in $OUT (5 files): passive-h200.tar.gz (records, tables, comparison, logs), SUMMARY.md
+# (RUN.md-ready), comparison.json, passive_convergence.png, steps.log.
 set -u
-BUDGET=${1:-540}
-PASSIVE_S=${2:-300}
-RATE=${3:-2}
+BUDGET=${1:-590}
+PASSIVE_S=${2:-600}
+RATE=${3:-1.5}
+ENGINE=${ENGINE:-vllm}
 T0=$(date +%s)
 W=${PASSIVE_WORK:-/root/passive}
 B=8192
-PORT=8000
-EXPORTER=18742
+PORT=${ENGINE_PORT:-8000}
+EXPORTER=${EXPORTER_PORT:-18742}
 URL=http://127.0.0.1:$PORT
-mkdir -p "$W"
-source scripts/gpu/unpack-bundle.sh
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+REFERENCE=results/h200-vllm0.22-qwen3-coder-30b-a3b
+OUT=${OUT:?set OUT}
+mkdir -p "$W" "$OUT"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 log() { echo "[$(date +%T)] $*" | tee -a "$W/steps.log"; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 pack() {
   (cd "$W" && tar czf "$OUT/passive-h200.tar.gz" --ignore-failed-read passive passive-table injected comparison.md \
-     comparison.json load.json steps.log exporter.log load.log vllm.log imports.txt 2>/dev/null)
-  cp "$W/comparison.md" "$OUT/" 2>/dev/null
-  cp "$W/steps.log" "$OUT/" 2>/dev/null
+     comparison.json SUMMARY.md load.json steps.log exporter.log load.log engine.log sweep.log imports.txt \
+     doctor-traces.txt export-table.log 2>/dev/null)
+  for f in SUMMARY.md comparison.json steps.log; do cp "$W/$f" "$OUT/" 2>/dev/null; done
+  cp "$W/passive-table/plots/passive_convergence.png" "$OUT/" 2>/dev/null
+  true
 }
 trap pack EXIT
 
-# 0. What this machine has: vLLM's tracing needs both OTLP exporters; pdexporter needs its own deps.
-if [ ! -f "$W/imports.txt" ]; then
-  python3 - > "$W/imports.txt" 2>&1 <<'EOF'
-import importlib
-for name in ("vllm", "opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
-             "opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
-             "pdexporter.exporter.runner"):
-    try:
-        importlib.import_module(name)
-        print("ok     ", name)
-    except Exception as exc:  # noqa: BLE001
-        print("MISSING", name, type(exc).__name__, exc)
-EOF
-  cat "$W/imports.txt"
+# 0. The parts: the vLLM bundle, then the OpenTelemetry wheels into the same site directory.
+if [ "$ENGINE" = vllm ]; then
+  source scripts/gpu/unpack-bundle.sh
+  if [ -f .gpu-stage-otel/otel-site.tar.gz ] && [ ! -f /tmp/site/.otel-stage ]; then
+    tar -C /tmp/site -xzf .gpu-stage-otel/otel-site.tar.gz && touch /tmp/site/.otel-stage && log "OpenTelemetry wheels unpacked"
+  fi
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
 fi
-grep -q "MISSING pdexporter" "$W/imports.txt" && { log "pdexporter cannot run here (see imports.txt)"; exit 1; }
-grep -q "MISSING opentelemetry.exporter.otlp.proto.grpc" "$W/imports.txt" \
-  && log "vLLM will send no traces (an OTLP exporter is missing): passive runs from /metrics alone"
+export PYTHONUNBUFFERED=1 COLUMNS=200  # the CLIs' tables and summaries unwrapped in the logs
 
-# 1. vLLM 0.22 at B = 8192, sending one llm_request span per finished request to the exporter.
+# 1. Before tracing is turned on: does the engine's Python import what vLLM 0.22's tracing imports?
+if [ ! -f "$W/imports.txt" ]; then
+  ENGINE=$ENGINE python3 - > "$W/imports.txt" 2>&1 <<'EOF'
+import os
+from pdexporter.doctor.checks import tracing_imports_check
+from pdexporter.doctor.gather import tracing_imports
+embedded = os.environ["ENGINE"] == "sim"  # the embedded engine exports with pdexporter's own SDK
+check = tracing_imports_check(tracing_imports(None if embedded else "python3", "the engine's python", embedded=embedded))
+print(check.status, check.why)
+EOF
+  log "tracing imports: $(cat "$W/imports.txt")"
+fi
+TRACES=()
+TRACING=off
+if grep -q "^ok" "$W/imports.txt"; then
+  TRACES=(--otlp-traces-endpoint "http://127.0.0.1:$EXPORTER/v1/traces")
+  TRACING=on
+else
+  log "tracing stays off (it would take vLLM down): passive runs from /metrics and the cadence alone"
+fi
+
+# 2. The engine at B, sending one llm_request span per finished request to the exporter.
 if ! curl -sf "$URL/health" > /dev/null; then
-  log "starting vLLM (B=$B, traces to http://127.0.0.1:$EXPORTER/v1/traces)"
-  OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf VLLM_USE_FLASHINFER_SAMPLER=0 setsid python3 -m vllm.entrypoints.cli.main \
-    serve /tmp/model/qwen3-coder-30b-a3b --served-model-name qwen3-coder-30b-a3b --load-format dummy \
-    --max-model-len 200000 --max-num-batched-tokens $B --enable-chunked-prefill --enable-prefix-caching \
-    --gpu-memory-utilization 0.9 --host 127.0.0.1 --port $PORT \
-    --otlp-traces-endpoint "http://127.0.0.1:$EXPORTER/v1/traces" >> "$W/vllm.log" 2>&1 < /dev/null &
+  log "starting $ENGINE (B=$B, traces $TRACING)"
+  if [ "$ENGINE" = vllm ]; then
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf VLLM_USE_FLASHINFER_SAMPLER=0 setsid python3 -m vllm.entrypoints.cli.main \
+      serve /tmp/model/qwen3-coder-30b-a3b --served-model-name qwen3-coder-30b-a3b --load-format dummy \
+      --max-model-len 200000 --max-num-batched-tokens $B --enable-chunked-prefill --enable-prefix-caching \
+      --gpu-memory-utilization 0.9 --host 127.0.0.1 --port $PORT "${TRACES[@]}" >> "$W/engine.log" 2>&1 < /dev/null &
+  else
+    setsid python3 -m pdexporter sim serve --profile h200-qwen3-coder-30b-a3b --chunk-size $B --host 127.0.0.1 \
+      --port $PORT "${TRACES[@]}" >> "$W/engine.log" 2>&1 < /dev/null &
+  fi
+  echo $! > "$W/engine.pid"
   until curl -sf "$URL/health" > /dev/null; do
-    [ "$(left)" -lt 30 ] && { log "vLLM not up yet; the next call adopts it"; exit 0; }
+    [ "$(left)" -lt 30 ] && { log "engine not up yet; the next call adopts it"; exit 0; }
+    alive "$W/engine.pid" || { log "the engine exited (engine.log)"; tail -5 "$W/engine.log"; exit 1; }
     sleep 2
   done
-  log "vLLM healthy after $(( $(date +%s) - T0 )) s of this call"
+  log "engine healthy after $(( $(date +%s) - T0 )) s of this call"
 fi
 
-# 2. The passive run beside the load (needs PASSIVE_S + 60 s of this call).
-if [ ! -f "$W/passive.done" ]; then
-  if [ "$(left)" -lt $(( PASSIVE_S + 60 )) ]; then log "passive run needs $(( PASSIVE_S + 60 )) s: next call"; exit 0; fi
+# 3. run --passive beside the load (both in their own sessions: they outlive this call).
+if [ ! -f "$W/passive.started" ]; then
   rm -rf "$W/passive"
-  log "passive: run --passive for $PASSIVE_S s beside $RATE req/s"
-  python3 -m pdexporter run --passive --target "$URL" --chunk-size $B --decode-batch-size 4 \
-    --listen 127.0.0.1:$EXPORTER --out "$W/passive" --duration "${PASSIVE_S}s" --attribution-wait 20s \
-    > "$W/exporter.log" 2>&1 &
-  RUN=$!
-  sleep 15  # the exporter's warm-up and probes first
-  python3 -m pdexporter load --target "$URL" --rate "$RATE" --duration "$(( PASSIVE_S - 40 ))s" --seed 17 \
-    --out "$W/load.json" > "$W/load.log" 2>&1
-  wait $RUN && touch "$W/passive.done"
-  log "passive: $(ls "$W"/passive/$B/*.json 2>/dev/null | wc -l) cells; exporter rc $?"
-  python3 -m pdexporter export-table "$W/passive" --mode passive --out "$W/passive-table" --no-plots \
-    > "$W/passive-table.log" 2>&1
+  setsid python3 -m pdexporter run --passive --target "$URL" --chunk-size $B --decode-batch-size 4 \
+    --listen 127.0.0.1:$EXPORTER --out "$W/passive" --duration "$(( PASSIVE_S + 60 ))s" --attribution-wait 20s \
+    > "$W/exporter.log" 2>&1 < /dev/null &
+  echo $! > "$W/exporter.pid"
+  for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$EXPORTER/metrics" 2>/dev/null | grep -q '^pdexporter_up 1' && break
+    sleep 1
+  done
+  setsid python3 -m pdexporter load --target "$URL" --rate "$RATE" --duration "${PASSIVE_S}s" --seed 17 \
+    --out "$W/load.json" > "$W/load.log" 2>&1 < /dev/null &
+  echo $! > "$W/load.pid"
+  date +%s > "$W/passive.started"
+  log "passive: run --passive + load at $RATE req/s for $PASSIVE_S s started"
+  # do the engine's spans reach the exporter, and how late? (reads the running exporter's counters)
+  (sleep 20; python3 -m pdexporter doctor --target "$URL" --chunk-size $B --traces \
+     --traces-receiver "127.0.0.1:$EXPORTER" --traces-wait 20 > "$W/doctor-traces.txt" 2>&1) &
+fi
+if [ ! -f "$W/passive.done" ]; then
+  while alive "$W/exporter.pid" || alive "$W/load.pid"; do
+    [ "$(left)" -lt 25 ] && { log "passive run still going ($(( $(date +%s) - $(cat "$W/passive.started") )) s in): the next call waits for it"; exit 0; }
+    sleep 5
+  done
+  touch "$W/passive.done"
+  log "passive: $(ls "$W"/passive/$B/*.json 2>/dev/null | wc -l) cells; $(grep -h "traces arrive" "$W/doctor-traces.txt" 2>/dev/null | head -1)"
 fi
 
-# 3. The same cells by injection on the same engine (no load), then the comparison.
-[ -f "$W/passive.done" ] || exit 0
-python3 scripts/gpu/passive_vs_injected.py "$W/passive" --target "$URL" --out "$W/injected" --report "$W" \
-  --min-events 5 --cells 12 --reps 3 --deadline "$(( $(left) - 20 ))" 2>&1 | tee -a "$W/steps.log" | tail -40
+# 4. The injected table of the same engine, its load gone (resumes across calls: complete records are skipped).
+if [ ! -f "$W/injected.done" ]; then
+  budget=$(( $(left) - 75 ))
+  if [ "$budget" -gt 60 ]; then
+    log "injected sweep on the same engine (deadline ${budget}s)"
+    python3 -m pdexporter sweep sweeps/passive-h200.yaml --target "$URL" --chunk-size $B --out "$W/injected" \
+      --deadline "${budget}s" >> "$W/sweep.log" 2>&1 && touch "$W/injected.done"
+    log "injected: $(ls "$W"/injected/$B/*.json 2>/dev/null | wc -l) cells"
+  else
+    log "no time left for the injected sweep in this call: the next call runs it"; exit 0
+  fi
+fi
+
+# 5. The event model and its convergence; trace-based vs cadence-based attribution.
+python3 -m pdexporter export-table "$W/passive" --mode passive --injected "$W/injected" --out "$W/passive-table" \
+  --no-parquet > "$W/export-table.log" 2>&1 || log "export-table failed (export-table.log)"
+REF=()
+[ "$ENGINE" = vllm ] && REF=(--reference "$REFERENCE")
+python3 scripts/gpu/passive_compare.py "$W/passive" --injected "$W/injected" "${REF[@]}" --out "$W" \
+  > /dev/null 2>> "$W/steps.log" || log "passive_compare failed"
+{
+  echo "# Passive mode on $ENGINE (traces $TRACING), against injection on the same engine (issue 23)"
+  echo
+  echo "- engine: $ENGINE at B = $B; \`pdexporter load --rate $RATE --seed 17\` for $PASSIVE_S s beside"
+  echo "  \`run --passive\` (4 probes); versions: $(python3 -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null || echo "embedded engine (MODELLED)")"
+  echo "- tracing imports (checked before tracing was turned on): $(cat "$W/imports.txt")"
+  echo "- spans arriving (doctor --traces during the load): $(grep -h "traces arrive" "$W/doctor-traces.txt" 2>/dev/null | tr -s ' │' ' ' | head -c 400)"
+  echo "- exporter: $(tail -3 "$W/exporter.log" 2>/dev/null | tr '\n' ' ' | head -c 600)"
+  echo "- load: $(tail -1 "$W/load.log" 2>/dev/null)"
+  echo
+  echo '```'
+  grep -h -A12 "passive event model" "$W/export-table.log" 2>/dev/null | grep -v "^$" | head -12
+  echo '```'
+  echo
+  cat "$W/comparison.md" 2>/dev/null
+} > "$W/SUMMARY.md"
+log "done in this call after $(( $(date +%s) - T0 )) s"

@@ -44,7 +44,8 @@ ENGINE_CHECKS = ["engine reachable", "version", "model", "max_model_len", "strea
 def test_embedded_engine() -> None:
     code, rows, out = doctor()
     assert code == 0, out
-    assert list(rows) == [*ENGINE_CHECKS, "Prometheus", "OTLP"], out
+    assert list(rows) == [*ENGINE_CHECKS, "tracing imports", "Prometheus", "OTLP"], out
+    assert rows["tracing imports"][0] == "ok" and "pdexporter's own OpenTelemetry SDK" in rows["tracing imports"][1]
     assert rows["engine reachable"][0] == "ok"
     assert rows["version"][0] == "warn" and "MODELLED" in rows["version"][1]
     assert rows["chunk size"] == ("ok", "8192 (the embedded engine was started with it)")
@@ -84,7 +85,10 @@ def sim_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_external_engine_without_chunk_size_is_assumed_and_estimated(sim_serve: str) -> None:
     code, rows, out = doctor("--target", sim_serve)
     assert code == 0, out
-    assert list(rows) == [*ENGINE_CHECKS, "Prometheus", "OTLP"], out
+    assert list(rows) == [*ENGINE_CHECKS, "tracing imports", "Prometheus", "OTLP"], out
+    status, why = rows["tracing imports"]  # the engine's Python is elsewhere: what to run there
+    assert status == "warn" and "cannot check from here" in why
+    assert 'python3 -c "import opentelemetry.trace' in why and "otlp.proto.grpc.trace_exporter" in why
     status, why = rows["chunk size"]
     assert status == "warn" and "assumed 8192" in why and "checked by the cadence" in why
     status, why = rows["step log"]
@@ -156,3 +160,52 @@ def test_real_prometheus_and_otlp_receiver(tmp_path: Path) -> None:
         receiver.stop()
     code, rows, out = doctor("--otlp", receiver.endpoint)  # stopped now
     assert code == 1 and rows["OTLP"][0] == "fail" and "cannot connect" in rows["OTLP"][1], out
+
+
+def _imports_ok(python: str) -> tuple[bool, str]:
+    """What vLLM 0.22's tracing imports, tried directly in `python` (the test's own reference)."""
+    from pdexporter.engines.vllm import TRACING_IMPORTS
+
+    code = "; ".join(f"from {m} import {', '.join(names)}" for m, names in TRACING_IMPORTS)
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    return done.returncode == 0, done.stderr
+
+
+def test_engine_python_is_checked_with_exactly_vllms_tracing_imports(sim_serve: str, tmp_path: Path) -> None:
+    ok, error = _imports_ok(sys.executable)
+    code, rows, out = doctor("--target", sim_serve, "--engine-python", sys.executable)
+    status, why = rows["tracing imports"]
+    if ok:
+        assert code == 0 and status == "ok" and "both OTLP exporters" in why, out
+    else:  # e.g. this machine has the HTTP exporter but not the gRPC one vLLM 0.22 imports as well
+        missing = error.strip().splitlines()[-1].split("'")[1]
+        assert code == 1 and status == "fail", out
+        flat = " ".join(out.replace("│", " ").split())  # the verdict's whole line, however the table wrapped it
+        assert f"No module named '{missing}'" in flat and "HTTP 500" in flat and "Fix: pip install opentelemetry-" in flat
+    # a launcher command: its first word is the Python, or the #! of the script it names
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\nprint('a vllm entry point')\n")
+    script.chmod(0o755)
+    env = ENV | {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    code, rows2, out = doctor("--target", sim_serve, "--engine-command", "vllm serve m --port 8000", env=env)
+    assert rows2["tracing imports"][0] == status and sys.executable in rows2["tracing imports"][1], out
+    code, rows3, out = doctor("--target", sim_serve, "--engine-python", str(tmp_path / "missing-python"))
+    assert code == 1 and rows3["tracing imports"][0] == "fail" and "cannot run it" in rows3["tracing imports"][1]
+
+
+def test_traces_arrive_from_the_embedded_engine() -> None:
+    code, rows, out = doctor("--traces")
+    assert code == 0, out
+    status, why = rows["traces arrive"]
+    assert status == "ok" and "pdexporter's receiver" in why and "s after the request ended" in why, out
+
+
+def test_no_span_at_the_receiver_fails_with_what_to_check(sim_serve: str) -> None:
+    port = free_port()  # doctor listens there; the engine sends its spans nowhere
+    code, rows, out = doctor("--target", sim_serve, "--traces", "--traces-receiver", f"127.0.0.1:{port}",
+                             "--traces-wait", "2")
+    assert code == 1, out
+    status, why = rows["traces arrive"]
+    assert status == "fail" and f"127.0.0.1:{port}/v1/traces" in why and "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" in why
+    code, rows, out = doctor("--target", sim_serve, "--traces", "--traces-receiver", "nonsense")
+    assert code != 0 and "--traces-receiver 'nonsense': expected HOST:PORT" in out

@@ -81,3 +81,56 @@ def test_endpoints() -> None:
                                                                              "--otlp", error="cannot connect"))
     assert v["Prometheus"][0] == "skip"
     assert v["OTLP"] == ("fail", "--otlp: http://c:4318/v1/traces: cannot connect")
+
+
+def test_tracing_imports_verdicts_name_the_missing_wheel() -> None:
+    from pdexporter.doctor.checks import TracingImports, tracing_imports_check, wheel_for
+
+    assert wheel_for("opentelemetry.exporter.otlp.common") == "opentelemetry-exporter-otlp-common"
+    assert wheel_for("opentelemetry.exporter.otlp.proto.grpc.trace_exporter") == "opentelemetry-exporter-otlp-proto-grpc"
+    assert wheel_for("opentelemetry.exporter.http.transport._requests") == "opentelemetry-exporter-http-transport"
+    assert wheel_for("opentelemetry.trace") == "opentelemetry-api" and wheel_for("grpc") == "grpcio"
+    assert wheel_for("google.rpc.status_pb2") == "googleapis-common-protos" and wheel_for("yaml") == "yaml"
+    # the failure seen on the H200 (docs/vllm-facts.md): the HTTP exporter without its new dependency
+    seen = TracingImports("/usr/bin/python3", "--engine-python", failed_import="opentelemetry.exporter.otlp.proto."
+                          "http.trace_exporter", missing="opentelemetry.exporter.otlp.common",
+                          error="ModuleNotFoundError: No module named 'opentelemetry.exporter.otlp.common'",
+                          api_version="1.45.2")
+    check = tracing_imports_check(seen)
+    assert check.status == "fail" and "missing opentelemetry-exporter-otlp-common" in check.why
+    assert "HTTP 500" in check.why and "pip install opentelemetry-exporter-otlp==1.45.2" in check.why
+    ok = tracing_imports_check(TracingImports("/usr/bin/python3", ok=True, api_version="1.45.2"))
+    assert ok.status == "ok" and "1.45.2" in ok.why
+    remote = tracing_imports_check(TracingImports(None, check_command='python3 -c "import x"'))
+    assert remote.status == "warn" and 'python3 -c "import x"' in remote.why
+    assert tracing_imports_check(TracingImports(None, embedded=True)).status == "ok"
+    broken = tracing_imports_check(TracingImports("/nope", "--engine-python", run_error="cannot run it (No such file)"))
+    assert broken.status == "fail" and "/nope" in broken.why
+
+
+def test_trace_arrival_verdicts() -> None:
+    from pdexporter.doctor.checks import TraceArrival, trace_arrival_check
+
+    assert trace_arrival_check(TraceArrival(None)).status == "skip"
+    ok = trace_arrival_check(TraceArrival("http://h:1/v1/traces", "exporter", delay_s=4.2, waited_s=15))
+    assert ok.status == "ok" and "4.2 s" in ok.why and "the running exporter" in ok.why
+    late = trace_arrival_check(TraceArrival("http://h:1/v1/traces", "listened", waited_s=15))
+    assert late.status == "fail" and "within 15 s" in late.why and "http/protobuf" in late.why
+    assert trace_arrival_check(TraceArrival("u", error="the test request failed: x")).status == "fail"
+
+
+def test_engine_python_of_a_command(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from pdexporter.doctor.gather import check_command, engine_python
+
+    assert engine_python(f"{sys.executable} -m vllm.entrypoints.cli.main serve m") == sys.executable
+    script = tmp_path / "vllm"
+    script.write_text("#!/usr/bin/env python3\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert engine_python("VLLM_X=1 vllm serve m").endswith("python3")
+    (tmp_path / "binary").write_bytes(b"\x7fELF")
+    (tmp_path / "binary").chmod(0o755)
+    assert engine_python("binary --flag") is None and engine_python("no-such-command") is None
+    assert check_command().startswith('python3 -c "import opentelemetry.trace, ')
