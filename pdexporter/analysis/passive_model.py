@@ -104,9 +104,17 @@ DEFAULT_P = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 PASSIVE_MODEL_JSON = "passive_model.json"
 PASSIVE_TABLE_CSV = "passive_table.csv"
 TABLE_COLUMNS = (
-    "chunk_size", "decode_batch_size", "new_prefill_tokens", "aggregate_interference_ms",
-    "aggregate_interference_ms_ci95_low", "aggregate_interference_ms_ci95_high", "total_interference_ms",
-    "relative_halfwidth", "events", "reached", "why_not_reached",
+    "chunk_size",
+    "decode_batch_size",
+    "new_prefill_tokens",
+    "aggregate_interference_ms",
+    "aggregate_interference_ms_ci95_low",
+    "aggregate_interference_ms_ci95_high",
+    "total_interference_ms",
+    "relative_halfwidth",
+    "events",
+    "reached",
+    "why_not_reached",
 )
 
 Key = tuple[int, int, int]
@@ -136,8 +144,13 @@ class Grid:
     prefill_tokens: tuple[int, ...] = DEFAULT_P
 
     def cells(self) -> list[Key]:
-        return [(b, d, p) for b in self.chunk_sizes for d in self.decode_batch_sizes if d >= 1
-                for p in self.prefill_tokens]
+        return [
+            (b, d, p)
+            for b in self.chunk_sizes
+            for d in self.decode_batch_sizes
+            if d >= 1
+            for p in self.prefill_tokens
+        ]
 
     def fits_prompt(self, p: float) -> bool:
         """From the grid's smallest P to the top of its largest P's bin (module docs)."""
@@ -165,13 +178,29 @@ def events_from_records(records: Iterable[Any]) -> list[FitEvent]:
             continue
         for rep in record.reps:
             info = (rep.model_extra or {}).get("passive") or {}
-            d, p, total = info.get("decode_batch_size"), info.get("prompt_tokens"), rep.derived.total_interference_ms
+            d, p, total = (
+                info.get("decode_batch_size"),
+                info.get("prompt_tokens"),
+                rep.derived.total_interference_ms,
+            )
             if d is None or p is None or total is None or (info.get("prefills") or 1) != 1:
                 continue
-            rows.append((_time(rep.started_at), FitEvent(
-                int(record.config.chunk_size), int(d), int(p), float(total), rep.baseline.tpot_p50_ms,
-                tuple(rep.interference.chunk_step_times_ms or ()), 0.0, info.get("source"),
-                info.get("cadence_prompt_tokens"))))
+            rows.append(
+                (
+                    _time(rep.started_at),
+                    FitEvent(
+                        int(record.config.chunk_size),
+                        int(d),
+                        int(p),
+                        float(total),
+                        rep.baseline.tpot_p50_ms,
+                        tuple(rep.interference.chunk_step_times_ms or ()),
+                        0.0,
+                        info.get("source"),
+                        info.get("cadence_prompt_tokens"),
+                    ),
+                )
+            )
     times = [t for t, _ in rows if t is not None]
     t0 = min(times) if times else 0.0
     out = [FitEvent(**{**e.__dict__, "at_s": (t - t0) if t is not None else 0.0}) for t, e in rows]
@@ -187,8 +216,10 @@ def event_fit_data(events: Sequence[FitEvent]) -> FitData:
         prefill=np.array([e.prompt for e in events], np.float64),
         cost_ms=np.array([e.decode * e.total_ms for e in events], np.float64),
         total_ms=np.array([e.total_ms for e in events], np.float64),
-        steps=tuple(((e.baseline_ms, e.chunk_steps_ms),) if e.baseline_ms is not None and e.chunk_steps_ms else ()
-                    for e in events),
+        steps=tuple(
+            ((e.baseline_ms, e.chunk_steps_ms),) if e.baseline_ms is not None and e.chunk_steps_ms else ()
+            for e in events
+        ),
     )
 
 
@@ -202,8 +233,15 @@ def _resample(data: FitData, rows: list[np.ndarray], index: np.ndarray) -> FitDa
     lengths = np.array([r.size for r in picked], np.int64)
     renumber = np.repeat(np.arange(index.size), lengths)
     sub = Design(design.x[take], design.y[take], renumber, renumber, design.is_step[take])
-    return FitData(data.chunk_size[index], data.decode[index], data.prefill[index], data.cost_ms[index],
-                   data.total_ms[index], tuple(data.steps[i] for i in index), sub)
+    return FitData(
+        data.chunk_size[index],
+        data.decode[index],
+        data.prefill[index],
+        data.cost_ms[index],
+        data.total_ms[index],
+        tuple(data.steps[i] for i in index),
+        sub,
+    )
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -238,25 +276,39 @@ class PassiveModel:
         out = []
         for k, c in enumerate(self.model.coefficients()):
             values = [m.coefficients()[k].value for m in self.draws]
-            low, high = (np.percentile(values, [2.5, 97.5]).tolist() if len(values) >= 2 else (None, None))
+            low, high = np.percentile(values, [2.5, 97.5]).tolist() if len(values) >= 2 else (None, None)
             out.append({**c.to_dict(), "ci95_low": low, "ci95_high": high})
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model.to_dict(), "coefficients": self.coefficients(), "events_used": self.events,
-                "events_left_out": self.left_out, "bootstrap_refits": len(self.draws),
-                "decode_batch_size_range": list(self.d_range), "new_prefill_tokens_range": list(self.p_range),
-                "traffic_minutes": round(self.minutes, 3), "in_sample_r2": self.in_sample_r2,
-                "fit": "analysis.models.fit_context_model on one point per event (exact D, P); "
-                       "intervals: percentile bootstrap over events"}
+        return {
+            "model": self.model.to_dict(),
+            "coefficients": self.coefficients(),
+            "events_used": self.events,
+            "events_left_out": self.left_out,
+            "bootstrap_refits": len(self.draws),
+            "decode_batch_size_range": list(self.d_range),
+            "new_prefill_tokens_range": list(self.p_range),
+            "traffic_minutes": round(self.minutes, 3),
+            "in_sample_r2": self.in_sample_r2,
+            "fit": "analysis.models.fit_context_model on one point per event (exact D, P); "
+            "intervals: percentile bootstrap over events",
+        }
 
 
-def fit_passive_model(events: Sequence[FitEvent], grid: Grid, *, bootstrap: int = BOOTSTRAP,
-                      seed: int = 0) -> PassiveModel | None:
+def fit_passive_model(
+    events: Sequence[FitEvent], grid: Grid, *, bootstrap: int = BOOTSTRAP, seed: int = 0
+) -> PassiveModel | None:
     """Fit on the events inside the grid's P span (module docs); None when none is usable."""
     chunk = set(grid.chunk_sizes)
-    usable = [e for e in events if e.decode >= 1 and e.chunk_size in chunk and math.isfinite(e.total_ms)
-              and grid.fits_prompt(e.prompt)]
+    usable = [
+        e
+        for e in events
+        if e.decode >= 1
+        and e.chunk_size in chunk
+        and math.isfinite(e.total_ms)
+        and grid.fits_prompt(e.prompt)
+    ]
     left_out = len(events) - len(usable)
     if len(usable) < 4:
         return None
@@ -268,7 +320,7 @@ def fit_passive_model(events: Sequence[FitEvent], grid: Grid, *, bootstrap: int 
     assert data.design is not None
     order = np.argsort(data.design.point, kind="stable")
     bounds = np.searchsorted(data.design.point[order], np.arange(len(data) + 1))
-    rows = [order[bounds[i]:bounds[i + 1]] for i in range(len(data))]
+    rows = [order[bounds[i] : bounds[i + 1]] for i in range(len(data))]
     rng = np.random.default_rng([seed, len(usable)])
     draws = []
     for _ in range(bootstrap):
@@ -278,10 +330,16 @@ def fit_passive_model(events: Sequence[FitEvent], grid: Grid, *, bootstrap: int 
         except (ValueError, np.linalg.LinAlgError):
             continue
     r2 = r_squared(data.cost_ms, model.predict(data.decode, data.prefill, data.chunk_size))
-    return PassiveModel(model, len(usable), left_out, tuple(draws),
-                        (int(data.decode.min()), int(data.decode.max())),
-                        (int(data.prefill.min()), int(data.prefill.max())),
-                        max(e.at_s for e in usable) / 60.0, r2)
+    return PassiveModel(
+        model,
+        len(usable),
+        left_out,
+        tuple(draws),
+        (int(data.decode.min()), int(data.decode.max())),
+        (int(data.prefill.min()), int(data.prefill.max())),
+        max(e.at_s for e in usable) / 60.0,
+        r2,
+    )
 
 
 # --- reach and the table -----------------------------------------------------------------------
@@ -309,19 +367,29 @@ def reach(events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS) 
     for b, d, p in grid.cells():
         why: list[str] = []
         if b not in seen:
-            why.append(f"no event at B = {b} (the engine runs B = {', '.join(map(str, sorted(seen))) or 'none'})")
+            why.append(
+                f"no event at B = {b} (the engine runs B = {', '.join(map(str, sorted(seen))) or 'none'})"
+            )
         if d_span is None or d < d_span[0]:
-            why.append(f"D = {d} below the decodes the engine ran (D {d_text} in the events: the exporter's probes "
-                       "decode beside every prefill)")
+            why.append(
+                f"D = {d} below the decodes the engine ran (D {d_text} in the events: the exporter's probes "
+                "decode beside every prefill)"
+            )
         elif d > d_span[1]:
-            why.append(f"D = {d} beyond the concurrency the traffic reached (D {d_text} in the events, bins with "
-                       f">= {min_events} events up to {d_span[1]})")
+            why.append(
+                f"D = {d} beyond the concurrency the traffic reached (D {d_text} in the events, bins with "
+                f">= {min_events} events up to {d_span[1]})"
+            )
         if p_span is None or p > p_span[1]:
             longest = max(ps) if ps else 0
-            why.append(f"P = {p} beyond the load's prompt lengths (fewer than {min_events} events in its bin and "
-                       f"above, longest prompt {longest})")
+            why.append(
+                f"P = {p} beyond the load's prompt lengths (fewer than {min_events} events in its bin and "
+                f"above, longest prompt {longest})"
+            )
         elif p < p_span[0]:
-            why.append(f"P = {p} below the load's prompt lengths (fewer than {min_events} events in its bin and below)")
+            why.append(
+                f"P = {p} below the load's prompt lengths (fewer than {min_events} events in its bin and below)"
+            )
         out[(b, d, p)] = "; ".join(why) if why else None
     return out
 
@@ -356,8 +424,9 @@ def _events_per_cell(events: Sequence[FitEvent], grid: Grid) -> dict[Key, int]:
     return counts
 
 
-def cells(model: PassiveModel, events: Sequence[FitEvent], grid: Grid,
-          min_events: int = MIN_EVENTS) -> list[Cell]:
+def cells(
+    model: PassiveModel, events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS
+) -> list[Cell]:
     """Every cell of the grid, predicted, with its interval, its events (binned) and its reach."""
     keys = grid.cells()
     if not keys:
@@ -367,9 +436,17 @@ def cells(model: PassiveModel, events: Sequence[FitEvent], grid: Grid,
     low, high = model.interval(d, p, b)
     counts = _events_per_cell(events, grid)
     reasons = reach(events, grid, min_events)
-    return [Cell(k, float(point[i]), None if math.isnan(low[i]) else float(low[i]),
-                 None if math.isnan(high[i]) else float(high[i]), counts.get(k, 0), reasons[k])
-            for i, k in enumerate(keys)]
+    return [
+        Cell(
+            k,
+            float(point[i]),
+            None if math.isnan(low[i]) else float(low[i]),
+            None if math.isnan(high[i]) else float(high[i]),
+            counts.get(k, 0),
+            reasons[k],
+        )
+        for i, k in enumerate(keys)
+    ]
 
 
 def cell_table(rows: Sequence[Cell]) -> pd.DataFrame:
@@ -377,15 +454,23 @@ def cell_table(rows: Sequence[Cell]) -> pd.DataFrame:
     records = []
     for c in rows:
         b, d, p = c.key
-        records.append({
-            "chunk_size": b, "decode_batch_size": d, "new_prefill_tokens": p,
-            "aggregate_interference_ms": round(c.aggregate_ms, 4),
-            "aggregate_interference_ms_ci95_low": None if c.low_ms is None else round(c.low_ms, 4),
-            "aggregate_interference_ms_ci95_high": None if c.high_ms is None else round(c.high_ms, 4),
-            "total_interference_ms": round(c.aggregate_ms / d, 4),
-            "relative_halfwidth": None if c.relative_halfwidth is None else round(c.relative_halfwidth, 4),
-            "events": c.events, "reached": c.reached, "why_not_reached": c.why_not or "",
-        })
+        records.append(
+            {
+                "chunk_size": b,
+                "decode_batch_size": d,
+                "new_prefill_tokens": p,
+                "aggregate_interference_ms": round(c.aggregate_ms, 4),
+                "aggregate_interference_ms_ci95_low": None if c.low_ms is None else round(c.low_ms, 4),
+                "aggregate_interference_ms_ci95_high": None if c.high_ms is None else round(c.high_ms, 4),
+                "total_interference_ms": round(c.aggregate_ms / d, 4),
+                "relative_halfwidth": None
+                if c.relative_halfwidth is None
+                else round(c.relative_halfwidth, 4),
+                "events": c.events,
+                "reached": c.reached,
+                "why_not_reached": c.why_not or "",
+            }
+        )
     return pd.DataFrame(records, columns=list(TABLE_COLUMNS))
 
 
@@ -408,15 +493,22 @@ class Errors:
     by_cell: dict[Key, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cells": self.cells, "mape": _r(self.mape), "median_abs_error": _r(self.median),
-                "max_abs_error": _r(self.worst)}
+        return {
+            "cells": self.cells,
+            "mape": _r(self.mape),
+            "median_abs_error": _r(self.median),
+            "max_abs_error": _r(self.worst),
+        }
 
 
 def injected_errors(rows: Sequence[Cell], injected: Mapping[Key, float]) -> Errors:
     """Relative error of the predicted aggregate interference against the injected table, over the
     reached cells it holds."""
-    errs = {c.key: (c.aggregate_ms - injected[c.key]) / abs(injected[c.key]) for c in rows
-            if c.reached and c.key in injected and injected[c.key]}
+    errs = {
+        c.key: (c.aggregate_ms - injected[c.key]) / abs(injected[c.key])
+        for c in rows
+        if c.reached and c.key in injected and injected[c.key]
+    }
     a = np.abs(list(errs.values()))
     if not a.size:
         return Errors(0, None, None, None, {})
@@ -435,14 +527,25 @@ class Convergence:
     errors: Errors | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"minutes": self.minutes, "events_used": self.events, "cells_reached": self.reached,
-                "median_relative_halfwidth": _r(self.halfwidth),
-                "vs_injected": self.errors.to_dict() if self.errors is not None else None}
+        return {
+            "minutes": self.minutes,
+            "events_used": self.events,
+            "cells_reached": self.reached,
+            "median_relative_halfwidth": _r(self.halfwidth),
+            "vs_injected": self.errors.to_dict() if self.errors is not None else None,
+        }
 
 
-def convergence(events: Sequence[FitEvent], grid: Grid, minutes: Sequence[float] = CONVERGENCE_MINUTES, *,
-                injected: Mapping[Key, float] | None = None, bootstrap: int = BOOTSTRAP,
-                min_events: int = MIN_EVENTS, seed: int = 0) -> list[Convergence]:
+def convergence(
+    events: Sequence[FitEvent],
+    grid: Grid,
+    minutes: Sequence[float] = CONVERGENCE_MINUTES,
+    *,
+    injected: Mapping[Key, float] | None = None,
+    bootstrap: int = BOOTSTRAP,
+    min_events: int = MIN_EVENTS,
+    seed: int = 0,
+) -> list[Convergence]:
     """The model refitted on the first m minutes of traffic, for each m the events cover."""
     out = []
     end = max((e.at_s for e in events), default=0.0) / 60.0
@@ -455,30 +558,48 @@ def convergence(events: Sequence[FitEvent], grid: Grid, minutes: Sequence[float]
             out.append(Convergence(m, 0, 0, None, None))
             continue
         rows = cells(model, first, grid, min_events)
-        out.append(Convergence(m, model.events, sum(c.reached for c in rows), halfwidth(rows),
-                               injected_errors(rows, injected) if injected is not None else None))
+        out.append(
+            Convergence(
+                m,
+                model.events,
+                sum(c.reached for c in rows),
+                halfwidth(rows),
+                injected_errors(rows, injected) if injected is not None else None,
+            )
+        )
     return out
 
 
 # --- the verdict -------------------------------------------------------------------------------
 
 
-def decision_inputs(model: PassiveModel, rows: Sequence[Cell], modelled: bool, engine: str) -> tuple[FitReport, pd.DataFrame]:
+def decision_inputs(
+    model: PassiveModel, rows: Sequence[Cell], modelled: bool, engine: str
+) -> tuple[FitReport, pd.DataFrame]:
     """What `breakeven.decision_document` takes: a report whose chosen model is the event fit, and a
     table of the reached cells (their range is the verdict's valid range)."""
     reached = [c for c in rows if c.reached] or list(rows)
-    table = pd.DataFrame({
-        "chunk_size": [c.key[0] for c in reached], "decode_batch_size": [c.key[1] for c in reached],
-        "new_prefill_tokens": [c.key[2] for c in reached], "aggregate_interference_ms": [c.aggregate_ms for c in reached],
-        "modelled": [modelled] * len(reached), "engine": [engine] * len(reached),
-    })
+    table = pd.DataFrame(
+        {
+            "chunk_size": [c.key[0] for c in reached],
+            "decode_batch_size": [c.key[1] for c in reached],
+            "new_prefill_tokens": [c.key[2] for c in reached],
+            "aggregate_interference_ms": [c.aggregate_ms for c in reached],
+            "modelled": [modelled] * len(reached),
+            "engine": [engine] * len(reached),
+        }
+    )
     scheme = "bootstrap over events"
-    fit = ModelFit(cast("CostModel", model.model), model.in_sample_r2, {scheme: HeldOut(scheme, len(model.draws), None, None, None,
-                                                                      np.empty(0))})
-    reason = (f"passive mode: fitted on {model.events} production prefills event by event (exact D and P), "
-              f"95 % intervals from {len(model.draws)} bootstrap refits over events")
-    return FitReport({CONTEXT_MODEL: fit}, CONTEXT_MODEL, scheme, reason,
-                     model.events), table
+    fit = ModelFit(
+        cast("CostModel", model.model),
+        model.in_sample_r2,
+        {scheme: HeldOut(scheme, len(model.draws), None, None, None, np.empty(0))},
+    )
+    reason = (
+        f"passive mode: fitted on {model.events} production prefills event by event (exact D and P), "
+        f"95 % intervals from {len(model.draws)} bootstrap refits over events"
+    )
+    return FitReport({CONTEXT_MODEL: fit}, CONTEXT_MODEL, scheme, reason, model.events), table
 
 
 def _r(x: float | None, digits: int = 6) -> float | None:
@@ -518,23 +639,43 @@ class PassiveAnswer:
 
     def summary(self) -> dict[str, Any]:
         """What decision.json's `passive` block and the exporter's gauges say about the answer."""
-        return {"events_used": self.model.events, "events_left_out": self.model.left_out,
-                "traffic_minutes": round(self.model.minutes, 3), "cells": len(self.cells),
-                "cells_reached": sum(c.reached for c in self.cells),
-                "median_relative_halfwidth": _r(self.halfwidth), "min_events_per_bin": self.min_events,
-                "not_reached": {k: len(v) for k, v in self.not_reached.items()},
-                "vs_injected": self.errors.to_dict() if self.errors is not None else None}
+        return {
+            "events_used": self.model.events,
+            "events_left_out": self.model.left_out,
+            "traffic_minutes": round(self.model.minutes, 3),
+            "cells": len(self.cells),
+            "cells_reached": sum(c.reached for c in self.cells),
+            "median_relative_halfwidth": _r(self.halfwidth),
+            "min_events_per_bin": self.min_events,
+            "not_reached": {k: len(v) for k, v in self.not_reached.items()},
+            "vs_injected": self.errors.to_dict() if self.errors is not None else None,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary(), "fit": self.model.to_dict(),
-                "grid": {"chunk_sizes": list(self.grid.chunk_sizes),
-                         "decode_batch_sizes": list(self.grid.decode_batch_sizes),
-                         "new_prefill_tokens": list(self.grid.prefill_tokens)},
-                "not_reached": self.not_reached,
-                "convergence": [c.to_dict() for c in self.convergence],
-                "vs_injected_by_cell": ([{"chunk_size": k[0], "decode_batch_size": k[1], "new_prefill_tokens": k[2],
-                                          "error": _r(v)} for k, v in sorted(self.errors.by_cell.items())]
-                                        if self.errors is not None else None)}
+        return {
+            "summary": self.summary(),
+            "fit": self.model.to_dict(),
+            "grid": {
+                "chunk_sizes": list(self.grid.chunk_sizes),
+                "decode_batch_sizes": list(self.grid.decode_batch_sizes),
+                "new_prefill_tokens": list(self.grid.prefill_tokens),
+            },
+            "not_reached": self.not_reached,
+            "convergence": [c.to_dict() for c in self.convergence],
+            "vs_injected_by_cell": (
+                [
+                    {
+                        "chunk_size": k[0],
+                        "decode_batch_size": k[1],
+                        "new_prefill_tokens": k[2],
+                        "error": _r(v),
+                    }
+                    for k, v in sorted(self.errors.by_cell.items())
+                ]
+                if self.errors is not None
+                else None
+            ),
+        }
 
 
 def _reason_kind(why: str) -> str:
@@ -542,9 +683,16 @@ def _reason_kind(why: str) -> str:
     return head.split(" ", 3)[-1] if head.startswith(("D = ", "P = ")) else head
 
 
-def answer(events: Sequence[FitEvent], grid: Grid, *, injected: Mapping[Key, float] | None = None,
-           minutes: Sequence[float] = CONVERGENCE_MINUTES, bootstrap: int = BOOTSTRAP,
-           min_events: int = MIN_EVENTS, seed: int = 0) -> PassiveAnswer | None:
+def answer(
+    events: Sequence[FitEvent],
+    grid: Grid,
+    *,
+    injected: Mapping[Key, float] | None = None,
+    minutes: Sequence[float] = CONVERGENCE_MINUTES,
+    bootstrap: int = BOOTSTRAP,
+    min_events: int = MIN_EVENTS,
+    seed: int = 0,
+) -> PassiveAnswer | None:
     """The model on every event, its table, and its convergence over the first minutes of traffic
     (each of `minutes` the traffic covers, and all of it)."""
     model = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed)
@@ -552,16 +700,28 @@ def answer(events: Sequence[FitEvent], grid: Grid, *, injected: Mapping[Key, flo
         return None
     rows = tuple(cells(model, events, grid, min_events))
     end = max((e.at_s for e in events), default=0.0) / 60.0
-    earlier = sorted({m for m in minutes if m < end - 0.05})  # every cut-off the traffic covers, then all of it
-    series = convergence(events, grid, earlier, injected=injected, bootstrap=min(bootstrap, CONVERGENCE_BOOTSTRAP),
-                         min_events=min_events, seed=seed)
+    earlier = sorted(
+        {m for m in minutes if m < end - 0.05}
+    )  # every cut-off the traffic covers, then all of it
+    series = convergence(
+        events,
+        grid,
+        earlier,
+        injected=injected,
+        bootstrap=min(bootstrap, CONVERGENCE_BOOTSTRAP),
+        min_events=min_events,
+        seed=seed,
+    )
     errors = injected_errors(rows, injected) if injected is not None else None
-    series.append(Convergence(round(end, 2), model.events, sum(c.reached for c in rows), halfwidth(rows), errors))
+    series.append(
+        Convergence(round(end, 2), model.events, sum(c.reached for c in rows), halfwidth(rows), errors)
+    )
     return PassiveAnswer(model, grid, rows, tuple(series), errors, min_events)
 
 
-def passive_decision(result: PassiveAnswer, transfer_ms: float, *, modelled: bool, engine: str,
-                     source: str = "") -> dict[str, Any]:
+def passive_decision(
+    result: PassiveAnswer, transfer_ms: float, *, modelled: bool, engine: str, source: str = ""
+) -> dict[str, Any]:
     """decision.json from the event model, in the schema `export-table` writes, marked `mode: passive`
     (its valid range: the reached cells)."""
     from pdexporter.analysis.breakeven import decision_document

@@ -13,10 +13,11 @@
 #
 # Every call runs this same script within BUDGET_S (<= 590 for a 600 s device call); a step that
 # finished is not run again, and the engine, the exporter and the load (each in its own session)
-# go on between calls and are adopted by the next. Two calls back to back: about 14 minutes of
-# wall time for PASSIVE_S = 600 (unpack ~1 min if /tmp/site is not there yet, vLLM start ~2.5 min,
-# exporter + 10 min of traffic + 40 s, sweep ~1.5 min, analysis ~0.5 min); PASSIVE_S = 1800 for the
-# 30-minute model takes a third call.
+# go on between calls and are adopted by the next. Two calls back to back, ~14.5 minutes of wall
+# time for PASSIVE_S = 600: vLLM start ~2-2.5 min, exporter up ~15 s, 10 min of traffic + 20 s of
+# attribution, the sweep ~1 min (D 4-12; D 1, 2 if the call has time), the analysis ~0.5 min; plus
+# ~1 min to unpack the bundle when /tmp/site is not there yet. PASSIVE_S = 1800 for the 30-minute
+# model takes a third call (~35 minutes in all).
 #
 # Needs on the machine: the vLLM bundle in /root/stage (../shared/gpu/README.md) and the
 # OpenTelemetry wheels vLLM's tracing imports, carried as .gpu-stage-otel/otel-site.tar.gz (built by
@@ -111,7 +112,7 @@ fi
 if [ ! -f "$W/passive.started" ]; then
   rm -rf "$W/passive"
   setsid python3 -m pdexporter run --passive --target "$URL" --chunk-size $B --decode-batch-size 4 \
-    --listen 127.0.0.1:$EXPORTER --out "$W/passive" --duration "$(( PASSIVE_S + 60 ))s" --attribution-wait 20s \
+    --listen 127.0.0.1:$EXPORTER --out "$W/passive" --duration "$(( PASSIVE_S + 35 ))s" --attribution-wait 20s \
     > "$W/exporter.log" 2>&1 < /dev/null &
   echo $! > "$W/exporter.pid"
   for _ in $(seq 120); do
@@ -138,7 +139,7 @@ fi
 
 # 4. The injected table of the same engine, its load gone (resumes across calls: complete records are skipped).
 if [ ! -f "$W/injected.done" ]; then
-  budget=$(( $(left) - 75 ))
+  budget=$(( $(left) - 50 ))
   if [ "$budget" -gt 60 ]; then
     log "injected sweep on the same engine (deadline ${budget}s)"
     python3 -m pdexporter sweep sweeps/passive-h200.yaml --target "$URL" --chunk-size $B --out "$W/injected" \
@@ -151,11 +152,13 @@ fi
 
 # 5. The event model and its convergence; trace-based vs cadence-based attribution.
 python3 -m pdexporter export-table "$W/passive" --mode passive --injected "$W/injected" --out "$W/passive-table" \
-  --no-parquet > "$W/export-table.log" 2>&1 || log "export-table failed (export-table.log)"
+  --no-parquet > "$W/export-table.log" 2>&1 &
+TABLE=$!
 REF=()
 [ "$ENGINE" = vllm ] && REF=(--reference "$REFERENCE")
 python3 scripts/gpu/passive_compare.py "$W/passive" --injected "$W/injected" "${REF[@]}" --out "$W" \
   > /dev/null 2>> "$W/steps.log" || log "passive_compare failed"
+wait $TABLE || log "export-table failed (export-table.log)"
 {
   echo "# Passive mode on $ENGINE (traces $TRACING), against injection on the same engine (issue 23)"
   echo

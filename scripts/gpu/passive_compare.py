@@ -47,7 +47,9 @@ def _fmt(x: float | None, pct: bool = True) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("passive_dir", type=Path)
     parser.add_argument("--injected", type=Path, required=True)
     parser.add_argument("--reference", type=Path, default=None)
@@ -60,45 +62,70 @@ def main() -> None:
     events = events_from_records(records)
     chunks = sorted({e.chunk_size for e in events})
     grid = Grid(tuple(chunks))
-    fresh = injected_values(args.injected) if args.injected.is_dir() and any(
-        ResultsStore(args.injected).iter_record_paths()) else {}
+    fresh = (
+        injected_values(args.injected)
+        if args.injected.is_dir() and any(ResultsStore(args.injected).iter_record_paths())
+        else {}
+    )
     reference = injected_values(args.reference) if args.reference is not None else {}
     table = {**{k: v for k, v in reference.items() if k[0] in chunks}, **fresh}
     origin = {k: ("this run" if k in fresh else "reference") for k in table}
 
     lines = [f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))})", ""]
     sources = collections.Counter(e.source for e in events)
-    lines.append(f"{len(events)} published events over {max((e.at_s for e in events), default=0) / 60:.1f} min of "
-                 f"traffic, P from: {dict(sources)}. Injected cells: {sum(v == 'this run' for v in origin.values())} "
-                 f"measured in this run, {sum(v == 'reference' for v in origin.values())} from "
-                 f"{args.reference or 'no reference'}.")
-    doc: dict = {"events": len(events), "sources": dict(sources), "injected_origin": {
-        f"B={k[0]} D={k[1]} P={k[2]}": v for k, v in sorted(origin.items())}}
+    lines.append(
+        f"{len(events)} published events over {max((e.at_s for e in events), default=0) / 60:.1f} min of "
+        f"traffic, P from: {dict(sources)}. Injected cells: {sum(v == 'this run' for v in origin.values())} "
+        f"measured in this run, {sum(v == 'reference' for v in origin.values())} from "
+        f"{args.reference or 'no reference'}."
+    )
+    doc: dict = {
+        "events": len(events),
+        "sources": dict(sources),
+        "injected_origin": {f"B={k[0]} D={k[1]} P={k[2]}": v for k, v in sorted(origin.items())},
+    }
 
     def model_block(title: str, evs: list[FitEvent]) -> dict:  # type: ignore[type-arg]
         result = answer(evs, grid, injected=table, minutes=args.minutes, bootstrap=args.bootstrap)
         if result is None:
             lines.extend(["", f"### {title}", "", "too few events inside the grid's prompt span for a model"])
             return {"model": None}
-        lines.extend(["", f"### {title}", "",
-                      "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max |",
-                      "|---|---|---|---|---|---|---|"])
+        lines.extend(
+            [
+                "",
+                f"### {title}",
+                "",
+                "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max |",
+                "|---|---|---|---|---|---|---|",
+            ]
+        )
         for c in result.convergence:
             e = c.errors
-            lines.append(f"| {c.minutes:g} | {c.events} | {c.reached} | {_fmt(c.halfwidth)} | "
-                         f"{_fmt(e.mape if e else None)} | {_fmt(e.median if e else None)} | "
-                         f"{_fmt(e.worst if e else None)} |")
+            lines.append(
+                f"| {c.minutes:g} | {c.events} | {c.reached} | {_fmt(c.halfwidth)} | "
+                f"{_fmt(e.mape if e else None)} | {_fmt(e.median if e else None)} | "
+                f"{_fmt(e.worst if e else None)} |"
+            )
         for why, keys in result.not_reached.items():
-            lines.append(f"- not reached, {why}: {len(keys)} cells ({', '.join(keys[:8])}"
-                         f"{', ...' if len(keys) > 8 else ''})")
+            lines.append(
+                f"- not reached, {why}: {len(keys)} cells ({', '.join(keys[:8])}"
+                f"{', ...' if len(keys) > 8 else ''})"
+            )
         if result.errors is not None and result.errors.by_cell:
-            lines.extend(["", "| D | P | events in bin | predicted ms [95 % CI] | injected ms (from) | error |",
-                          "|---|---|---|---|---|---|"])
+            lines.extend(
+                [
+                    "",
+                    "| D | P | events in bin | predicted ms [95 % CI] | injected ms (from) | error |",
+                    "|---|---|---|---|---|---|",
+                ]
+            )
             for c in result.cells:
                 if c.key in result.errors.by_cell:
                     ci = "" if c.low_ms is None else f" [{c.low_ms:.0f}-{c.high_ms:.0f}]"
-                    lines.append(f"| {c.key[1]} | {c.key[2]} | {c.events} | {c.aggregate_ms:.0f}{ci} | "
-                                 f"{table[c.key]:.0f} ({origin[c.key]}) | {result.errors.by_cell[c.key] * 100:+.1f} % |")
+                    lines.append(
+                        f"| {c.key[1]} | {c.key[2]} | {c.events} | {c.aggregate_ms:.0f}{ci} | "
+                        f"{table[c.key]:.0f} ({origin[c.key]}) | {result.errors.by_cell[c.key] * 100:+.1f} % |"
+                    )
         return result.to_dict()
 
     doc["traces"] = model_block("Event model, P from the engine's traces (the run's attribution)", events)
@@ -108,21 +135,32 @@ def main() -> None:
     lines.extend(["", "### Trace-based against cadence-based attribution (same events)", ""])
     if both:
         rel = [abs(p - e.prompt) / e.prompt for e, p in both]
-        same_bin = sum(bin_int(p, (512, 1024, 2048, 4096, 8192, 16384, 32768)) ==
-                       bin_int(e.prompt, (512, 1024, 2048, 4096, 8192, 16384, 32768)) for e, p in both)
+        same_bin = sum(
+            bin_int(p, (512, 1024, 2048, 4096, 8192, 16384, 32768))
+            == bin_int(e.prompt, (512, 1024, 2048, 4096, 8192, 16384, 32768))
+            for e, p in both
+        )
         big = [r for (e, _), r in zip(both, rel) if e.prompt >= 1024]
-        lines.append(f"{len(both)} events sized by traces and by the cadence: |P_cadence - P_traces| / P_traces "
-                     f"median {_fmt(statistics.median(rel))}, within 25 %: {sum(r <= 0.25 for r in rel)}/{len(rel)}; "
-                     f"same P bin of the seed's grid: {same_bin}/{len(both)}; prompts >= 1024 tokens: median "
-                     f"{_fmt(statistics.median(big) if big else None)}, within 25 %: "
-                     f"{sum(r <= 0.25 for r in big)}/{len(big)}.")
-        doc["attribution"] = {"events": len(both), "median_rel_error": statistics.median(rel),
-                              "within_25pct": sum(r <= 0.25 for r in rel), "same_bin": same_bin,
-                              "median_rel_error_ge_1024": statistics.median(big) if big else None}
+        lines.append(
+            f"{len(both)} events sized by traces and by the cadence: |P_cadence - P_traces| / P_traces "
+            f"median {_fmt(statistics.median(rel))}, within 25 %: {sum(r <= 0.25 for r in rel)}/{len(rel)}; "
+            f"same P bin of the seed's grid: {same_bin}/{len(both)}; prompts >= 1024 tokens: median "
+            f"{_fmt(statistics.median(big) if big else None)}, within 25 %: "
+            f"{sum(r <= 0.25 for r in big)}/{len(big)}."
+        )
+        doc["attribution"] = {
+            "events": len(both),
+            "median_rel_error": statistics.median(rel),
+            "within_25pct": sum(r <= 0.25 for r in rel),
+            "same_bin": same_bin,
+            "median_rel_error_ge_1024": statistics.median(big) if big else None,
+        }
         cadence_events = [dataclasses.replace(e, prompt=int(p), source="cadence") for e, p in both]
         doc["cadence"] = model_block("Event model, P from the cadence alone (same events)", cadence_events)
     else:
-        lines.append("no event carries both a trace-based and a cadence-based P (traces off, or no cadence model)")
+        lines.append(
+            "no event carries both a trace-based and a cadence-based P (traces off, or no cadence model)"
+        )
         doc["attribution"] = None
     text = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)

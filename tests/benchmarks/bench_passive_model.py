@@ -30,20 +30,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pdexporter._internal.vloop import run_virtual  # noqa: E402
-from pdexporter.analysis.passive_model import CONVERGENCE_MINUTES, Grid, answer  # noqa: E402
-from pdexporter.exporter.passive_live import fit_event  # noqa: E402
-from pdexporter.load.mix import LoadSpec  # noqa: E402
-from pdexporter.sim.passive import passive_session  # noqa: E402
-from pdexporter.sim.predict import predict_records  # noqa: E402
-from pdexporter.sim.profile import load_profile  # noqa: E402
+from pdexporter._internal.vloop import run_virtual
+from pdexporter.analysis.passive_model import CONVERGENCE_MINUTES, Grid, answer
+from pdexporter.exporter.passive_live import fit_event
+from pdexporter.load.mix import LoadSpec
+from pdexporter.sim.passive import passive_session
+from pdexporter.sim.predict import predict_records
+from pdexporter.sim.profile import load_profile
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 GOAL = 0.15
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--rate", type=float, default=1.5)
     parser.add_argument("--seed", type=int, default=0)
@@ -52,45 +54,65 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    print(f"bench_passive_model: profile {PROFILE}, B = {args.chunk}, {args.probes} probes, load {args.rate:g} req/s "
-          f"seed {args.seed}, {args.minutes:g} min (virtual time), machine load {os.getloadavg()[0]:.2f}")
+    print(
+        f"bench_passive_model: profile {PROFILE}, B = {args.chunk}, {args.probes} probes, load {args.rate:g} req/s "
+        f"seed {args.seed}, {args.minutes:g} min (virtual time), machine load {os.getloadavg()[0]:.2f}"
+    )
     started = time.perf_counter()
     load = LoadSpec(rate=args.rate, duration_s=args.minutes * 60, seed=args.seed)
     session = run_virtual(passive_session(PROFILE, args.chunk, load, probes=args.probes))
     assert session.load is not None
     published = session.published
     t0 = min((e.run.t_inject_ns for e in published if e.run is not None), default=0.0)
-    events = [row for e in published if e.run is not None
-              and (row := fit_event(e, (e.run.t_inject_ns - t0) / 1e9)) is not None]
-    print(f"session: {session.load.sent} requests, runs {dict(session.outcomes)}; published by source "
-          f"{dict(collections.Counter(e.source for e in published))}; {time.perf_counter() - started:.0f} s wall")
+    events = [
+        row
+        for e in published
+        if e.run is not None and (row := fit_event(e, (e.run.t_inject_ns - t0) / 1e9)) is not None
+    ]
+    print(
+        f"session: {session.load.sent} requests, runs {dict(session.outcomes)}; published by source "
+        f"{dict(collections.Counter(e.source for e in published))}; {time.perf_counter() - started:.0f} s wall"
+    )
 
     grid = Grid((args.chunk,))
     started = time.perf_counter()
     records = predict_records(load_profile(PROFILE), grid.cells(), reps=3, mode="fast")
-    injected = {k: r.derived.aggregate_interference_ms for k, r in records.items()
-                if r.derived.aggregate_interference_ms is not None}
-    print(f"injected table: {len(injected)} cells x 3 repetitions (fast mode) in {time.perf_counter() - started:.0f} s")
+    injected = {
+        k: r.derived.aggregate_interference_ms
+        for k, r in records.items()
+        if r.derived.aggregate_interference_ms is not None
+    }
+    print(
+        f"injected table: {len(injected)} cells x 3 repetitions (fast mode) in {time.perf_counter() - started:.0f} s"
+    )
 
     started = time.perf_counter()
     result = answer(events, grid, injected=injected, minutes=CONVERGENCE_MINUTES, bootstrap=args.bootstrap)
     if result is None:
         print("no event model: too few events inside the grid's prompt span")
         return
-    print(f"event model and its convergence ({args.bootstrap} bootstrap refits each) in "
-          f"{time.perf_counter() - started:.0f} s\n")
-    print("| minutes | events used | cells reached | 95 % half-width (median) | MAPE vs injected | median | max |")
+    print(
+        f"event model and its convergence ({args.bootstrap} bootstrap refits each) in "
+        f"{time.perf_counter() - started:.0f} s\n"
+    )
+    print(
+        "| minutes | events used | cells reached | 95 % half-width (median) | MAPE vs injected | median | max |"
+    )
     print("|---|---|---|---|---|---|---|")
     for c in result.convergence:
         e = c.errors
-        pct = (lambda x: "-" if x is None else f"{x * 100:.1f} %")  # noqa: E731
-        print(f"| {c.minutes:g} | {c.events} | {c.reached} | {pct(c.halfwidth)} | {pct(e.mape if e else None)} | "
-              f"{pct(e.median if e else None)} | {pct(e.worst if e else None)} |")
+        pct = lambda x: "-" if x is None else f"{x * 100:.1f} %"
+        print(
+            f"| {c.minutes:g} | {c.events} | {c.reached} | {pct(c.halfwidth)} | {pct(e.mape if e else None)} | "
+            f"{pct(e.median if e else None)} | {pct(e.worst if e else None)} |"
+        )
     ten = next((c for c in result.convergence if c.minutes == 10.0), None)
     if ten is not None and ten.errors is not None and ten.errors.mape is not None:
         verdict = "within" if ten.errors.mape <= GOAL else "NOT within"
-        print(f"\n10-minute goal: MAPE {ten.errors.mape:.1%} over {ten.errors.cells} reached cells: {verdict} "
-              f"{GOAL:.0%}")
+        print(
+            f"\n10-minute goal: MAPE {ten.errors.mape:.1%} over {ten.errors.cells} reached cells: {verdict} "
+            f"{GOAL:.0%}"
+        )
     print("\ncells not reached:")
     for why, keys in result.not_reached.items():
         print(f"- {why}: {len(keys)} cells ({', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})")
@@ -101,8 +123,10 @@ def main() -> None:
         for c in result.cells:
             if c.key in result.errors.by_cell:
                 ci = "-" if c.low_ms is None else f"{c.low_ms:.0f}-{c.high_ms:.0f}"
-                print(f"| {c.key[1]} | {c.key[2]} | {c.events} | {c.aggregate_ms:.0f} | {ci} | "
-                      f"{injected[c.key]:.0f} | {result.errors.by_cell[c.key] * 100:+.1f} % |")
+                print(
+                    f"| {c.key[1]} | {c.key[2]} | {c.events} | {c.aggregate_ms:.0f} | {ci} | "
+                    f"{injected[c.key]:.0f} | {result.errors.by_cell[c.key] * 100:+.1f} % |"
+                )
     coefficients = ", ".join(f"{c['name']} {c['value']:.4g}" for c in result.model.coefficients())
     print(f"\nmodel: {coefficients}")
     if args.out is not None:

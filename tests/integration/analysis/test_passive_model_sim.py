@@ -78,7 +78,9 @@ def test_the_event_model_predicts_the_injected_table_on_the_cells_it_reaches(ses
             assert c.low_ms is not None and c.high_ms is not None and c.low_ms <= c.high_ms
 
 
-def test_export_table_mode_passive_derives_table_and_verdict_from_the_events(session, injected, tmp_path) -> None:
+def test_export_table_mode_passive_derives_table_and_verdict_from_the_events(
+    session, injected, tmp_path
+) -> None:
     assert session.info is not None
     store = ResultsStore(tmp_path / "passive")
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -92,9 +94,26 @@ def test_export_table_mode_passive_derives_table_and_verdict_from_the_events(ses
         inj.save_record(record)
     out = tmp_path / "table"
     done = subprocess.run(
-        [sys.executable, "-m", "pdexporter", "export-table", str(tmp_path / "passive"), "--mode", "passive",
-         "--injected", str(tmp_path / "injected"), "--out", str(out), "--no-parquet"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pdexporter",
+            "export-table",
+            str(tmp_path / "passive"),
+            "--mode",
+            "passive",
+            "--injected",
+            str(tmp_path / "injected"),
+            "--out",
+            str(out),
+            "--no-parquet",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     said = " ".join((done.stdout + done.stderr).split())
     assert "passive event model:" in said and "vs injected" in said and "not reached" in said, said

@@ -27,8 +27,9 @@ TRUE = ContextAwareModel(45.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per
 GRID = Grid((B,))
 
 
-def _events(n: int, seed: int = 0, noise: float = 0.05, d_range: tuple[int, int] = (3, 13),
-            p_max: int = 20000) -> list[FitEvent]:
+def _events(
+    n: int, seed: int = 0, noise: float = 0.05, d_range: tuple[int, int] = (3, 13), p_max: int = 20000
+) -> list[FitEvent]:
     """Events whose chunk steps cost what TRUE says (each step: baseline + pi_k, with multiplicative
     noise), arriving one every 1.5 s, prompts log-uniform from 600 tokens."""
     rng = np.random.default_rng(seed)
@@ -135,14 +136,29 @@ def test_events_from_records_take_the_exact_d_and_p_and_traffic_time() -> None:
     from types import SimpleNamespace as NS
 
     def rep(at: str, d: int, p: int, prefills: int = 1) -> NS:
-        return NS(model_extra={"passive": {"decode_batch_size": d, "prompt_tokens": p, "prefills": prefills,
-                                           "source": "otlp"}},
-                  derived=NS(total_interference_ms=50.0), baseline=NS(tpot_p50_ms=6.0),
-                  interference=NS(chunk_step_times_ms=[56.0]), started_at=at)
+        return NS(
+            model_extra={
+                "passive": {
+                    "decode_batch_size": d,
+                    "prompt_tokens": p,
+                    "prefills": prefills,
+                    "source": "otlp",
+                }
+            },
+            derived=NS(total_interference_ms=50.0),
+            baseline=NS(tpot_p50_ms=6.0),
+            interference=NS(chunk_step_times_ms=[56.0]),
+            started_at=at,
+        )
 
-    record = NS(config=NS(mode="passive", chunk_size=B),
-                reps=[rep("2026-01-01T00:01:00+00:00", 7, 900), rep("2026-01-01T00:00:00+00:00", 5, 1500),
-                      rep("2026-01-01T00:02:00+00:00", 5, 1500, prefills=2)])
+    record = NS(
+        config=NS(mode="passive", chunk_size=B),
+        reps=[
+            rep("2026-01-01T00:01:00+00:00", 7, 900),
+            rep("2026-01-01T00:00:00+00:00", 5, 1500),
+            rep("2026-01-01T00:02:00+00:00", 5, 1500, prefills=2),
+        ],
+    )
     active = NS(config=NS(mode="active", chunk_size=B), reps=[rep("2026-01-01T00:00:00+00:00", 4, 512)])
     events = events_from_records([record, active])
     assert [(e.decode, e.prompt, e.at_s) for e in events] == [(5, 1500, 0.0), (7, 900, 60.0)]

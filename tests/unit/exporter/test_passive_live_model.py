@@ -1,0 +1,60 @@
+"""run --passive's live event model (exporter.passive_live.LiveModel): refitted off the loop as
+events come, published as the pdexporter_passive_model_* gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdexporter.exporter import metrics as m
+from pdexporter.exporter.metrics import ExporterMetrics
+from pdexporter.exporter.passive_live import MODEL_EVERY_S, LiveModel
+from tests.unit.analysis.test_passive_model import _events
+
+
+def _samples(metrics: ExporterMetrics) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append(sample)
+    return out
+
+
+async def test_the_live_model_refits_off_the_loop_and_publishes_how_sure_it_is() -> None:
+    metrics = ExporterMetrics()
+    model = LiveModel(metrics, 8192)
+    for e in _events(120, noise=0.1):
+        model.events.append(e)
+        model.added += 1
+    now = time.monotonic()
+    model.tick(now)  # starts the fit in a worker thread
+    assert model._future is not None
+    for _ in range(600):
+        if model._future is not None and model._future.done():
+            break
+        await asyncio.sleep(0.05)
+    model.tick(now + 1)
+    assert model.last is not None and model.next_s >= now + 1 + MODEL_EVERY_S
+    got = _samples(metrics)
+    assert got[m.PASSIVE_MODEL_EVENTS][0].value == 120
+    width = got[m.PASSIVE_MODEL_HALFWIDTH][0].value
+    assert 0 < width < 0.5 and not math.isnan(width)
+    reached = {
+        (s.labels["decode_batch_size"], s.labels["new_prefill_tokens"]): s.value
+        for s in got[m.PASSIVE_MODEL_REACHED]
+    }
+    assert len(reached) == 42 and reached[("1", "2048")] == 0 and reached[("8", "2048")] == 1
+    assert got[m.PASSIVE_MODEL_CELLS][0].value == sum(reached.values())
+    bounds = {
+        s.labels["bound"]: s.value
+        for s in got[m.PASSIVE_MODEL_PREDICTION]
+        if s.labels["decode_batch_size"] == "8" and s.labels["new_prefill_tokens"] == "2048"
+    }
+    assert set(bounds) == set(m.PASSIVE_MODEL_BOUNDS)
+    assert bounds["low"] <= bounds["estimate"] <= bounds["high"] and 0.1 < bounds["estimate"] < 1.0  # seconds
+    model.tick(now + 2)  # nothing new since: no refit
+    assert model._future is None
