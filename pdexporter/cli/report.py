@@ -23,6 +23,9 @@ def report(
     offloaded: Annotated[Path | None, typer.Option(
         "--offloaded", help="Records of the offloaded arm: adds both arms, the transfer model and the break-even "
                             "(docs/disaggregation.md).")] = None,
+    injected: Annotated[Path | None, typer.Option(
+        "--injected", help="Passive records (run --passive --out): injected records of the same engine, to draw "
+                           "the event-fitted model's error against them vs minutes of traffic.")] = None,
 ) -> None:
     """Write one HTML file (images embedded, no external assets) describing the results."""
     from pdexporter.analysis.job import analyse, load_results, record_paths
@@ -39,6 +42,14 @@ def report(
         analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick, offloaded=off,
                            offloaded_source=str(offloaded) if offloaded is not None else "")
         plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, transfer_ms)
+        if samples and all(s.passive for s in samples):  # the event-fitted model and its convergence
+            from pdexporter.analysis.job import analyse_passive, injected_values, load_passive_events
+            from pdexporter.analysis.plots import passive_convergence
+
+            reference = injected_values(injected) if injected is not None else None
+            analysis = analyse_passive(analysis, load_passive_events([results_dir]), injected=reference)
+            if analysis.passive is not None:
+                plots.append(passive_convergence(analysis.passive.convergence, analysis.modelled))
         tick("plots")
         write_report(analysis, target, plots)
         tick("html")
