@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdexporter.exporter.metrics import WINDOW_RATIO, all_series_names
+from pdexporter.exporter.metrics import PASSIVE_MODEL_PREDICTION, WINDOW_RATIO, all_series_names
 from pdexporter.grafana import build_all
 from pdexporter.grafana.promql import panel_queries, series_names, substitute, variable_queries
 from tests.helpers import free_port
@@ -158,8 +158,9 @@ def prometheus(live_exporter: tuple[str, str], passive_exporter: str | None,
     targets = [address] + ([passive_exporter] if passive_exporter else [])
     with PrometheusServer(tmp_path_factory.mktemp("prometheus"), targets) as prom:
         prom.wait_for("pdexporter_up", timeout=30)
-        if passive_exporter:  # a production prefill's window reached Prometheus
+        if passive_exporter:  # a production prefill's window reached Prometheus, and the event model's first fit
             prom.wait_for(f'{WINDOW_RATIO}{{mode="passive"}}', timeout=120)
+            prom.wait_for(PASSIVE_MODEL_PREDICTION, timeout=120)
         yield prom
 
 
