@@ -14,5 +14,5 @@ __all__ = [
 ]
 
 DEFAULT_TRANSFER_MS = 50.0  # the seed's layer-wise transfer budget
-DECISION_SCHEMA = "pdexporter.decision/v1"
+DECISION_SCHEMA = "pdexporter.decision/v2"  # = decision_eval.SCHEMA (a test holds them equal)
 DECISION_JSON = "decision.json"

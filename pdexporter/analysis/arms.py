@@ -1,49 +1,50 @@
 """Both arms of the offload decision: the colocated table joined with the offloaded one, the
-measured transfer model, the linear models the two-arm verdict evaluates, the thresholds a P/D
-router takes, and the check of a prediction from one GPU against a measured pair.
-Pure: tables in, tables and dicts out (docs/disaggregation.md).
+measured KV transfer, the physical terms the two-arm verdict evaluates (with their ranges,
+held-out R^2 and bootstrap replicates), the thresholds a P/D router takes, and the check of a
+prediction from one GPU against a measured pair. Pure: samples in, tables and dicts out
+(docs/disaggregation.md).
 
-The offloaded table comes from records of a P/D pair's decode instance (`config.arm` =
+The offloaded arm comes from records of a P/D pair's decode instance (`config.arm` =
 "offloaded"): DecodeBenchConnector on one GPU (a free transfer, no prefill instance) or a real
 1P1D pair (NixlConnector; the routed request's TTFT split and the connector-measured transfer).
 
-Models (each `{"features", "coefficients", "r2", "n", "target", "source"}`, linear in the
-features of `decision_eval.feature`, least squares over the grid points that have the number):
-
-- `offloaded_cost_per_stream`: the offloaded arm's total_interference_ms ~ 1 + D + P (x D gives
-  the aggregate the D decodes still lose on the decode instance);
-- `colocated_ttft`: the colocated prefill's TTFT ~ 1 + P + P^2 + chunks + D x chunks;
-- `offloaded_prefill`: the prefill instance's half, measured (offload_prefill_ms ~ 1 + P + P^2),
-  else the colocated TTFT model evaluated at D = 0 (the prefill alone on its GPU);
-- `offloaded_decode`: the decode instance's half, measured on a pair (offload_decode_ms ~ 1 + P
-  + D: transfer included), else DecodeBench's submission-to-first-token (the transfer is free
-  there, so the transfer model is added: `decode_side_excludes_transfer`);
-- `colocated_tpot` / `offloaded_tpot`: the decodes' TPOT during the prefill (the seed's
-  TPOT_interference) for the TPOT SLO;
-- `transfer`: kv_transfer_ms = fixed_ms + P x ms_per_token fitted on the pair's measured
-  transfers (bandwidth = measured bytes per token / ms_per_token), or given, or none (then the
-  seed's constant stands in, and says so).
+Terms (`TERM_FEATURES`; evaluated by `decision_eval`, which says what each means physically):
+each is fitted by non-negative least squares (Huber-weighted) on the repetitions themselves, over
+features that cannot be negative, so no term can give a negative time and each grows with what
+it should grow with. Each carries its range, its leave-one-P-out R^2 and 200 bootstrap replicates
+(grid points resampled with replacement). The KV transfer is latency + bytes / bandwidth, fitted
+on the windows of its nominal regime; windows that took more than 4x that model (a 1P1D pair on
+two H200s had a ~70 s stretch at ~4 GB/s where the rest ran at 50-280 GB/s) are its degraded
+regime, reported with their share and the stall they put on the decode instance, and left out of
+the nominal terms.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from pdexporter.analysis.decision_eval import evaluate_decision, feature, offload_threshold, transfer_time
-from pdexporter.analysis.table import KEY_COLUMNS
+from pdexporter.analysis.decision_eval import (
+    TWO_ARM_RULE,
+    chunk_context,
+    evaluate_decision,
+    extrapolation,
+    offload_thresholds,
+    transfer_time,
+)
+from pdexporter.analysis.table import KEY_COLUMNS, ConfigSamples
 
 JOIN_COLUMNS = (
     "offloaded_tpot_penalty_ms", "offloaded_aggregate_interference_ms", "kv_transfer_ms", "kv_bytes",
     "offloaded_ttft_ms", "offload_prefill_ms", "offloaded_decode_side_ms", "colocated_ttft_ms", "offloaded_engine",
 )
 THRESHOLDS_JSON = "offload_thresholds.json"
-THRESHOLDS_SCHEMA = "pdexporter.offload-thresholds/v1"
+THRESHOLDS_SCHEMA = "pdexporter.offload-thresholds/v2"
 LLMD_SNIPPET = "llm-d-pd-decider.yaml"
 LLMD_DOCS = "https://github.com/llm-d/llm-d-inference-scheduler/blob/main/docs/disaggregation.md"
 
@@ -65,187 +66,525 @@ def join_arms(colocated: pd.DataFrame, offloaded: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------------------------------
-# Fits
+# Terms: non-negative least squares on physical features, per repetition, with their ranges,
+# held-out R^2 and bootstrap replicates
+
+
+# term -> (features (decision_eval.chunk_context), what it is)
+TERM_FEATURES: dict[str, tuple[tuple[str, ...], str]] = {
+    "colocated_ttft": (("1", "p", "q", "eager_chunks", "chunks", "d_chunks", "graph_p"),
+                       ("the colocated prefill's TTFT: overheads + its chunk steps (eager launches, tokens, attention, "
+                        "the decodes riding in each step)")),
+    "prefill_offset": (("1", "p"), ("the pair's prefill instance over the prefill alone (the colocated TTFT at D = 0): "
+                                    "the producer's own work (registering and keeping the KV for the reader)")),
+    "decode_side": (("1", "d", "p"), ("the decode side of an offloaded request, the KV transfer left out: the router's "
+                                      "hop, admission and first step on the decode instance")),
+    "offloaded_loss": (("1", "d", "p"), ("per decode stream, what admitting the offloaded request stalls the running "
+                                         "decodes on the decode instance")),
+    "offloaded_tpot": (("1", "d", "p"), "the decodes' TPOT on the decode instance while the request is admitted"),
+}
+HELD_OUT = "leave-one-P-out"
+TERM_REPLICATES = 200
 
 
 @dataclass(frozen=True)
-class LinearFit:
+class Rows:
+    """Per-repetition observations of one term: features, target, the grid point each came from."""
+
+    x: np.ndarray
+    y: np.ndarray
+    key: list[tuple[int, int, int]]  # (B, D, P) of each row
+
+    def __len__(self) -> int:
+        return int(self.y.size)
+
+
+def _features(names: Sequence[str], rule: dict[str, Any], d: int, p: int, b: int) -> list[float]:
+    f = chunk_context({"chunk_rule": rule}, d, p, b)["f"]
+    return [f[n] for n in names]
+
+
+def _rows(samples: Sequence[ConfigSamples], names: Sequence[str], rule: dict[str, Any],
+          target: Callable[[Mapping[str, Any]], float | None], *, at_d: int | None = None,
+          keep: Callable[[ConfigSamples, Mapping[str, Any]], bool] | None = None) -> Rows:
+    xs, ys, keys = [], [], []
+    for s in samples:
+        b, d, p = s.key
+        for rep in s.reps:
+            if keep is not None and not keep(s, rep):
+                continue
+            value = target(rep)
+            if value is None or not math.isfinite(value):
+                continue
+            xs.append(_features(names, rule, d if at_d is None else at_d, p, b))
+            ys.append(float(value))
+            keys.append(s.key)
+    return Rows(np.asarray(xs, np.float64).reshape(-1, len(names)), np.asarray(ys, np.float64), keys)
+
+
+def _nnls_fit(rows: Rows, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative Huber fit of a term (coefficients, Huber weights); with `weights`, one weighted
+    NNLS. Constant columns beyond the first, and empty ones, get 0."""
+    from pdexporter.analysis.models import huber_nnls, nnls
+
+    scale = np.abs(rows.x).max(axis=0)
+    active = scale > 0
+    scale[~active] = 1.0
+    xs = rows.x[:, active] / scale[active]
+    if weights is None:
+        coef_scaled, weights = huber_nnls(xs, rows.y)
+    else:
+        root = np.sqrt(weights)
+        coef_scaled = nnls(xs * root[:, None], rows.y * root)
+    coef = np.zeros(rows.x.shape[1])
+    coef[active] = coef_scaled / scale[active]
+    return coef, weights
+
+
+def _r2(y: np.ndarray, y_hat: np.ndarray) -> float | None:
+    ok = np.isfinite(y) & np.isfinite(y_hat)
+    if ok.sum() < 2:
+        return None
+    ss = float(np.sum((y[ok] - y[ok].mean()) ** 2))
+    return None if ss == 0 else 1.0 - float(np.sum((y[ok] - y_hat[ok]) ** 2)) / ss
+
+
+def _held_out_r2(rows: Rows) -> float | None:
+    """Leave one prompt length out: refit without it, predict its points' means; R^2 pooled over
+    the grid points (None with fewer than three prompt lengths)."""
+    p_of = np.array([k[2] for k in rows.key])
+    if np.unique(p_of).size < 3:
+        return None
+    predicted = np.full(len(rows), np.nan)
+    for p in np.unique(p_of):
+        train = p_of != p
+        coef, _ = _nnls_fit(Rows(rows.x[train], rows.y[train], [k for k, t in zip(rows.key, train) if t]))
+        predicted[~train] = rows.x[~train] @ coef
+    means, preds = [], []
+    for key in sorted(set(rows.key)):
+        m = np.array([k == key for k in rows.key])
+        means.append(float(rows.y[m].mean()))
+        preds.append(float(predicted[m].mean()))
+    return _r2(np.asarray(means), np.asarray(preds))
+
+
+def _range(keys: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
+    bs = sorted({k[0] for k in keys})
+    ds = [k[1] for k in keys]
+    ps = [k[2] for k in keys]
+    return {"decode_batch_size": [min(ds), max(ds)], "new_prefill_tokens": [min(ps), max(ps)], "chunk_sizes": bs}
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
     features: tuple[str, ...]
-    coefficients: dict[str, float]
-    r2: float | None
-    n: int
-    target: str
+    coefficients: np.ndarray
+    rows: Rows
+    weights: np.ndarray
     source: str
+    held_out_r2: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"features": list(self.features), "coefficients": self.coefficients,
-                "r2": None if self.r2 is None else round(self.r2, 4), "n": self.n, "target": self.target,
-                "source": self.source}
+        return {"features": list(self.features),
+                "coefficients": {f: float(c) for f, c in zip(self.features, self.coefficients)},
+                "range": _range(self.rows.key), "n": len(self.rows),
+                "points": len(set(self.rows.key)), "held_out_r2": None if self.held_out_r2 is None
+                else round(self.held_out_r2, 4), "held_out": HELD_OUT, "source": self.source,
+                "meaning": TERM_FEATURES[self.name][1], "fit": "non-negative least squares, Huber-weighted, per repetition"}
 
-    def __call__(self, d: int, p: int, b: int) -> float:
-        return sum(self.coefficients[f] * feature(f, d, p, b) for f in self.features)
+    def replicate(self, drawn_keys: Sequence[tuple[int, int, int]]) -> dict[str, float]:
+        """The term refitted on the rows of a resample of its grid points (full-fit Huber weights)."""
+        by_key = self._by_key()
+        index = [i for key in drawn_keys for i in by_key.get(key, ())]
+        if not index:
+            return {f: float(c) for f, c in zip(self.features, self.coefficients)}
+        ix = np.asarray(index)
+        coef, _ = _nnls_fit(Rows(self.rows.x[ix], self.rows.y[ix], [self.rows.key[i] for i in ix]), self.weights[ix])
+        return {f: float(c) for f, c in zip(self.features, coef)}
+
+    def _by_key(self) -> dict[tuple[int, int, int], list[int]]:
+        cached = self.__dict__.get("_by_key_cache")
+        if cached is None:
+            cached = {}
+            for i, key in enumerate(self.rows.key):
+                cached.setdefault(key, []).append(i)
+            object.__setattr__(self, "_by_key_cache", cached)
+        return cached
 
 
-def fit_linear(frame: pd.DataFrame, target: str, features: Sequence[str], source: str,
-               rows: pd.Series | None = None) -> LinearFit | None:
-    """Least squares of `target` on `features` over the rows that have it; fewer features when
-    the rows cannot carry them all (never fewer than the constant); None without rows."""
-    if target not in frame:
+def fit_term(name: str, rows: Rows, source: str) -> Term | None:
+    if len(rows) == 0:
         return None
-    data = frame if rows is None else frame[rows]
-    data = data[data[target].notna()]
-    if not len(data):
-        return None
-    feats = list(features)
-    while len(feats) > 1 and len(data) < len(feats) + 1:
-        feats.pop()
-    x = np.array([[feature(f, int(r.decode_batch_size), int(r.new_prefill_tokens), int(r.chunk_size)) for f in feats]
-                  for r in data.itertuples()], dtype=np.float64)
-    y = data[target].to_numpy(np.float64)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    pred = x @ coef
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss_tot if ss_tot > 0 else None
-    return LinearFit(tuple(feats), {f: float(c) for f, c in zip(feats, coef)}, r2, len(data), target, source)
+    coef, weights = _nnls_fit(rows)
+    return Term(name, TERM_FEATURES[name][0], coef, rows, weights, source, _held_out_r2(rows))
+
+
+# ---------------------------------------------------------------------------------------------
+# The KV transfer: latency + bytes / bandwidth, its nominal regime and the slow episodes
 
 
 @dataclass(frozen=True)
 class TransferModel:
-    """kv_transfer_ms = fixed_ms + P x ms_per_token."""
+    """kv_transfer_ms = latency_ms + P x bytes_per_token / bandwidth (nominal regime), and, where
+    some windows ran far slower (`degraded`), that regime's bandwidth, its share of the windows and
+    how much of its duration the decode instance's running decodes stalled."""
 
-    fixed_ms: float
-    ms_per_token: float
-    bytes_per_token: float | None
+    latency_ms: float
+    gb_per_s: float
+    bytes_per_token: float
     source: str  # "measured" | "given"
     n: int = 0
     r2: float | None = None
+    degraded: dict[str, float] | None = None
+    p_range: tuple[int, int] | None = None
+    chunk_sizes: tuple[int, ...] = ()
 
     @property
-    def bandwidth_gb_s(self) -> float | None:
-        if self.bytes_per_token is None or self.ms_per_token <= 0:
-            return None
-        return self.bytes_per_token / (self.ms_per_token * 1e-3) / 1e9
+    def bandwidth_gb_s(self) -> float:
+        return self.gb_per_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "fixed_ms": round(self.fixed_ms, 4), "ms_per_token": self.ms_per_token,
-                "bytes_per_token": self.bytes_per_token,
-                "bandwidth_gb_s": None if self.bandwidth_gb_s is None else round(self.bandwidth_gb_s, 3),
-                "n": self.n, "r2": None if self.r2 is None else round(self.r2, 4),
-                "formula": "transfer_ms = fixed_ms + P x ms_per_token; bandwidth = bytes_per_token / ms_per_token"}
+        out: dict[str, Any] = {
+            "source": self.source, "latency_ms": round(self.latency_ms, 4), "gb_per_s": round(self.gb_per_s, 3),
+            "bytes_per_token": self.bytes_per_token, "n": self.n, "r2": None if self.r2 is None else round(self.r2, 4),
+            "formula": "transfer_ms = latency_ms + P x bytes_per_token / (gb_per_s x 1e9) x 1e3",
+            "degraded": self.degraded,
+        }
+        if self.p_range:
+            out["range"] = {"new_prefill_tokens": list(self.p_range), "chunk_sizes": list(self.chunk_sizes)}
+        return out
 
     def __call__(self, p: int) -> float:
         return transfer_time(self.to_dict(), p)
 
+    def describe(self) -> str:
+        """One line: the nominal model, and the degraded regime where there was one."""
+        text = (f"{self.source}: {self.latency_ms:.1f} ms + P x {self.bytes_per_token / 1024:.0f} KiB at "
+                f"{self.gb_per_s:.0f} GB/s" + (f" ({self.n} windows)" if self.n else ""))
+        if self.degraded:
+            text += (f"; {self.degraded['windows']} windows ({self.degraded['share_of_windows']:.0%}) ran degraded "
+                     f"at {self.degraded['gb_per_s']:.1f} GB/s, the decode instance's decodes stalled for "
+                     f"{self.degraded['stall_share']:.0%} of it")
+        return text
 
-def fit_transfer(offloaded: pd.DataFrame) -> TransferModel | None:
-    """The transfer model from the pair's measured transfers (kv_transfer_ms vs P), or None when
-    none was measured (DecodeBench, or a connector without metrics)."""
-    if "kv_transfer_ms" not in offloaded:
+    def replicate(self, drawn: np.ndarray, bytes_: np.ndarray, times: np.ndarray) -> dict[str, float]:
+        lat, bw = _transfer_fit(bytes_[drawn], times[drawn])
+        return {"latency_ms": lat, "gb_per_s": bw}
+
+
+DEGRADED_FACTOR = 4.0  # a window whose transfer took this many times the nominal model's is degraded
+
+
+def _transfer_fit(bytes_: np.ndarray, times: np.ndarray) -> tuple[float, float]:
+    """(latency ms, GB/s) of time = latency + bytes / bandwidth, both >= 0, Huber-weighted."""
+    from pdexporter.analysis.models import huber_nnls
+
+    x = np.column_stack([np.ones(bytes_.size), bytes_ / 1e9])  # ms per GB
+    scale = np.abs(x).max(axis=0)
+    coef, _ = huber_nnls(x / scale, times)
+    latency, ms_per_gb = coef / scale
+    return float(latency), float(1e3 / ms_per_gb) if ms_per_gb > 0 else math.inf
+
+
+def transfer_observations(offloaded: Sequence[ConfigSamples]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """Per repetition with a measured transfer: (bytes, ms, per-stream decodes' loss, grid keys)."""
+    b_, t_, loss, keys = [], [], [], []
+    for s in offloaded:
+        for rep in s.reps:
+            t, by = rep.get("kv_transfer_ms"), rep.get("kv_bytes")
+            if t is None or by is None or not (t > 0 and by > 0):
+                continue
+            b_.append(float(by))
+            t_.append(float(t))
+            total = rep.get("total_interference_ms")
+            loss.append(float(total) if total is not None else math.nan)
+            keys.append(s.key)
+    return np.asarray(b_), np.asarray(t_), np.asarray(loss), keys
+
+
+def fit_transfer(offloaded: Sequence[ConfigSamples] | pd.DataFrame) -> TransferModel | None:
+    """The transfer model from the pair's measured transfers (kv_transfer_ms and kv_bytes per
+    window): a first fit on each prompt size's fast windows (within 1.5x of its fastest: a slow
+    stretch can hold most of a run's windows, so a fit over all of them would be the stretch's),
+    then every window slower than DEGRADED_FACTOR x that model is set apart as the degraded regime
+    and the nominal one is refitted on the rest. None when no transfer was measured (DecodeBench,
+    or a connector without metrics)."""
+    if isinstance(offloaded, pd.DataFrame):
+        return None  # tables carry medians only; the regimes need the windows (analysis.job passes samples)
+    bytes_, times, loss, keys = transfer_observations(offloaded)
+    if bytes_.size == 0:
         return None
-    rows = offloaded[offloaded["kv_transfer_ms"].notna()]
-    if not len(rows):
-        return None
-    p = rows["new_prefill_tokens"].to_numpy(np.float64)
-    y = rows["kv_transfer_ms"].to_numpy(np.float64)
-    per_token = None
-    if "kv_bytes" in rows and rows["kv_bytes"].notna().any():
-        ok = rows["kv_bytes"].notna()
-        per_token = float(np.median(rows.loc[ok, "kv_bytes"].to_numpy(np.float64) / p[ok.to_numpy()]))
-    if len(set(p.tolist())) >= 2:
-        slope, fixed = np.polyfit(p, y, 1)
-        pred = fixed + slope * p
-        ss = float(((y - y.mean()) ** 2).sum())
-        r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else None
-    else:  # one prompt length: no intercept to be had
-        slope, fixed, r2 = float(np.mean(y / p)), 0.0, None
-    return TransferModel(float(fixed), float(slope), per_token, "measured", len(rows), r2)
+    per_token = float(np.median(bytes_ / np.array([k[2] for k in keys], np.float64)))
+    if np.unique(bytes_).size < 2:
+        lat, bw = 0.0, float(np.median(bytes_ / times / 1e6))
+        slow = np.zeros(bytes_.size, dtype=bool)
+    else:
+        fastest = {b: times[bytes_ == b].min() for b in np.unique(bytes_)}
+        fast = np.array([t <= 1.5 * fastest[b] for b, t in zip(bytes_, times)])
+        lat, bw = _transfer_fit(bytes_[fast], times[fast]) if np.unique(bytes_[fast]).size >= 2 \
+            else _transfer_fit(bytes_, times)
+        predicted = lat + bytes_ / (bw * 1e9) * 1e3
+        slow = times > DEGRADED_FACTOR * predicted
+        if slow.any() and (~slow).sum() >= 3 and np.unique(bytes_[~slow]).size >= 2:
+            lat, bw = _transfer_fit(bytes_[~slow], times[~slow])
+    predicted = lat + bytes_ / (bw * 1e9) * 1e3
+    degraded = None
+    if slow.any():
+        share = loss[slow] / times[slow]
+        degraded = {"gb_per_s": round(float(np.median(bytes_[slow] / times[slow] / 1e6)), 3),
+                    "share_of_windows": round(float(slow.mean()), 4), "windows": int(slow.sum()),
+                    "stall_share": round(float(np.nanmedian(share)) if np.isfinite(share).any() else 0.0, 4),
+                    "meaning": "windows whose transfer took more than 4x the nominal model: their bandwidth, how "
+                               "many, and the share of the transfer's duration the decode instance's running "
+                               "decodes stalled for"}
+    ok = ~slow
+    r2 = _r2(times[ok], predicted[ok]) if ok.sum() >= 2 else None
+    ps = [k[2] for k in keys]
+    return TransferModel(lat, bw, per_token, "measured", int(ok.sum()), r2, degraded, (min(ps), max(ps)),
+                         tuple(sorted({k[0] for k in keys})))
 
 
-def given_transfer(link_gb_s: float, bytes_per_token: float, fixed_ms: float = 0.0) -> TransferModel:
+def slow_windows(offloaded: Sequence[ConfigSamples], model: TransferModel | None) -> set[tuple[tuple[int, int, int], int]]:
+    """(grid key, repetition index) of the windows in the degraded regime (excluded from the nominal terms)."""
+    out = set()
+    if model is None or model.degraded is None:
+        return out
+    for s in offloaded:
+        for i, rep in enumerate(s.reps):
+            t, by = rep.get("kv_transfer_ms"), rep.get("kv_bytes")
+            if t and by and t > DEGRADED_FACTOR * (model.latency_ms + by / (model.gb_per_s * 1e9) * 1e3):
+                out.add((s.key, i))
+    return out
+
+
+def given_transfer(link_gb_s: float, bytes_per_token: float, latency_ms: float = 0.0) -> TransferModel:
     """A transfer model from a link bandwidth and the model's KV bytes per token (not measured)."""
-    return TransferModel(fixed_ms, bytes_per_token / (link_gb_s * 1e9) * 1e3, bytes_per_token, "given")
+    return TransferModel(latency_ms, link_gb_s, bytes_per_token, "given")
 
 
-def two_arm_section(colocated: pd.DataFrame, offloaded: pd.DataFrame, transfer: TransferModel | None,
-                    *, source: str = "") -> dict[str, Any] | None:
-    """decision.json's `two_arm` section (module docs); None when a needed model cannot be fitted."""
-    col_d = colocated["decode_batch_size"] >= 1
-    off_d = offloaded["decode_batch_size"] >= 1
-    off_engines = sorted(str(e) for e in offloaded["engine"].dropna().unique())
-    pair = "offload_prefill_ms" in offloaded and offloaded["offload_prefill_ms"].notna().any()
-    cost = fit_linear(offloaded, "total_interference_ms", ("1", "d", "p"), "offloaded arm", off_d)
-    col_ttft = fit_linear(colocated, "prefill_duration_ms", ("1", "p", "p2", "chunks", "d_chunks"), "colocated arm")
+# ---------------------------------------------------------------------------------------------
+# decision.json's two-arm section
+
+
+def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[ConfigSamples],
+                    transfer: TransferModel | None, doc: dict[str, Any], *, source: str = "",
+                    replicates: int = TERM_REPLICATES) -> dict[str, Any] | None:
+    """decision.json's `two_arm` section (decision_eval's module docs) and its replicates (set on
+    `doc["replicates"]["two_arm"]`, one per replicate of the colocated model); None when a needed
+    term has no data."""
+    rule = doc.get("chunk_rule") or {}
+    pair = any(rep.get("offload_prefill_ms") is not None for s in offloaded for rep in s.reps)
+    slow = slow_windows(offloaded, transfer)
+    col = [s for s in colocated if s.arm == "colocated"]
+    off_d = [s for s in offloaded if s.decode_batch_size >= 1]
+
+    def nominal(s: ConfigSamples, rep: Mapping[str, Any]) -> bool:
+        return (s.key, list(s.reps).index(rep)) not in slow
+
+    terms: dict[str, Term | None] = {
+        "colocated_ttft": fit_term("colocated_ttft", _rows(col, TERM_FEATURES["colocated_ttft"][0], rule,
+                                                           lambda r: r.get("prefill_duration_ms")), "colocated arm"),
+        "offloaded_loss": fit_term("offloaded_loss", _rows(off_d, TERM_FEATURES["offloaded_loss"][0], rule,
+                                                           lambda r: r.get("total_interference_ms"), keep=nominal),
+                                   "offloaded arm (nominal transfers)" if slow else "offloaded arm"),
+        "offloaded_tpot": fit_term("offloaded_tpot", _rows(off_d, TERM_FEATURES["offloaded_tpot"][0], rule,
+                                                           lambda r: r.get("tpot_interference_ms"), keep=nominal),
+                                   "offloaded arm"),
+    }
     if pair:
-        prefill = fit_linear(offloaded, "offload_prefill_ms", ("1", "p", "p2"), "measured: the pair's prefill instance")
-        decode = fit_linear(offloaded, "offload_decode_ms", ("1", "p", "d"),
-                            "measured: the pair's decode instance (transfer, admission, first decode)")
-    else:  # the prefill alone on its GPU: the colocated TTFT model at D = 0 (evaluate_decision passes D = 0)
-        prefill = None if col_ttft is None else LinearFit(
-            col_ttft.features, col_ttft.coefficients, col_ttft.r2, col_ttft.n, col_ttft.target,
-            "the colocated TTFT model at D = 0: the prefill alone on its GPU")
-        decode = fit_linear(offloaded, "prefill_duration_ms", ("1", "p", "d"),
-                            "DecodeBench admission (free transfer; the transfer model is added)")
-    if cost is None or col_ttft is None or prefill is None or decode is None:
+        def decode_side(r: Mapping[str, Any]) -> float | None:
+            ttft, pre, xfer = r.get("offload_ttft_ms"), r.get("offload_prefill_ms"), r.get("kv_transfer_ms")
+            return None if None in (ttft, pre) else float(ttft) - float(pre) - float(xfer or 0.0)
+
+        terms["decode_side"] = fit_term("decode_side", _rows(offloaded, TERM_FEATURES["decode_side"][0], rule,
+                                                             decode_side, keep=nominal),
+                                        "measured on the pair: routed TTFT - prefill instance - KV transfer")
+        col_ttft = terms["colocated_ttft"]
+        if col_ttft is not None:
+            alone = {f: c for f, c in zip(col_ttft.features, col_ttft.coefficients)}
+
+            def offset(r: Mapping[str, Any], key: tuple[int, int, int]) -> float | None:
+                pre = r.get("offload_prefill_ms")
+                if pre is None:
+                    return None
+                b, _, p = key
+                base = sum(alone[f] * v for f, v in zip(col_ttft.features,
+                                                       _features(col_ttft.features, rule, 0, p, b)))
+                return float(pre) - base
+
+            rows_x, rows_y, rows_k = [], [], []
+            for s in offloaded:
+                b, _, p = s.key
+                for rep in s.reps:
+                    value = offset(rep, s.key)
+                    if value is not None:
+                        rows_x.append(_features(TERM_FEATURES["prefill_offset"][0], rule, 0, p, b))
+                        rows_y.append(value)
+                        rows_k.append(s.key)
+            terms["prefill_offset"] = fit_term("prefill_offset", Rows(np.asarray(rows_x).reshape(-1, 2),
+                                                                      np.asarray(rows_y), rows_k),
+                                               "measured on the pair's prefill instance, over the colocated TTFT at D = 0")
+    else:
+        terms["decode_side"] = fit_term("decode_side", _rows(offloaded, TERM_FEATURES["decode_side"][0], rule,
+                                                             lambda r: r.get("prefill_duration_ms")),
+                                        "DecodeBench: submission to first token (a free transfer)")
+    if terms["colocated_ttft"] is None or terms["decode_side"] is None or terms["offloaded_loss"] is None:
         return None
-    col_tpot = fit_linear(colocated, "tpot_interference_ms", ("1", "d", "chunk", "chunk_p"), "colocated arm", col_d)
-    off_tpot = fit_linear(offloaded, "tpot_interference_ms", ("1", "d", "p"), "offloaded arm", off_d)
-    return {
-        "rule": "offload iff saved_ms > ttft_cost_ms, unless only one arm holds the SLOs given",
-        "saved_ms": "D x (colocated per-stream interference (cost model) - offloaded_cost_per_stream)",
-        "ttft_cost_ms": "offloaded_prefill(P) + [transfer(P)] + offloaded_decode(D, P) - colocated_ttft(D, P, B)",
-        "offloaded_engines": off_engines,
+    present = {name: t for name, t in terms.items() if t is not None}
+    transfer_doc = transfer.to_dict() if transfer else {"source": "seed-constant"}
+    section = {
+        "version": 2,
+        "rule": TWO_ARM_RULE,
+        "saved_ms": "colocated decodes' loss (the colocated cost model) - D x offloaded_loss",
+        "ttft_cost_ms": "colocated_ttft(D=0) + prefill_offset + transfer + decode_side - colocated_ttft",
+        "offloaded_engines": sorted({s.engine for s in offloaded}),
         "offloaded_setup": "1P1D pair" if pair else "DecodeBenchConnector (one GPU, free transfer)",
-        "decode_side_excludes_transfer": not pair,
-        "offloaded_cost_per_stream": cost.to_dict(),
-        "colocated_ttft": col_ttft.to_dict(),
-        "offloaded_prefill": prefill.to_dict(),
-        "offloaded_decode": decode.to_dict(),
-        "colocated_tpot": col_tpot.to_dict() if col_tpot else None,
-        "offloaded_tpot": off_tpot.to_dict() if off_tpot else None,
-        "transfer": transfer.to_dict() if transfer else {"source": "seed-constant"},
+        "measured_chunk_sizes": sorted({s.chunk_size for s in offloaded} & {s.chunk_size for s in col}),
+        "terms": {**{name: t.to_dict() for name, t in present.items()}, "transfer": transfer_doc},
         "source": source,
     }
+    n = len((doc.get("replicates") or {}).get("model") or []) or replicates
+    rng = np.random.default_rng(1)
+    bytes_, times, _, _ = transfer_observations(offloaded)
+    nominal_t = np.array([(k, i) not in slow for k, i in _rep_index(offloaded)], dtype=bool) if bytes_.size else None
+    reps_out = []
+    for _ in range(n):
+        one: dict[str, Any] = {}
+        for name, t in present.items():
+            keys = sorted(set(t.rows.key))
+            drawn = [keys[i] for i in rng.integers(0, len(keys), len(keys))]
+            one[name] = t.replicate(drawn)
+        if transfer is not None and transfer.source == "measured" and nominal_t is not None and nominal_t.sum() >= 3:
+            idx = np.nonzero(nominal_t)[0]
+            drawn_t = rng.choice(idx, idx.size)
+            if np.unique(bytes_[drawn_t]).size >= 2:
+                one["transfer"] = transfer.replicate(drawn_t, bytes_, times)
+        reps_out.append(one)
+    doc.setdefault("replicates", {})["two_arm"] = reps_out
+    return section
+
+
+def _rep_index(offloaded: Sequence[ConfigSamples]) -> list[tuple[tuple[int, int, int], int]]:
+    """(key, rep index) in transfer_observations' order."""
+    out = []
+    for s in offloaded:
+        for i, rep in enumerate(s.reps):
+            t, by = rep.get("kv_transfer_ms"), rep.get("kv_bytes")
+            if t is None or by is None or not (t > 0 and by > 0):
+                continue
+            out.append((s.key, i))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # For routers
 
+UNDECIDED_RATIO = 2.0  # a threshold whose 90 % interval spans more than this factor is "undecided"
+
 
 def thresholds(doc: dict[str, Any], *, tpot_slo_ms: float | None = None, ttft_slo_ms: float | None = None,
-               mode: str | None = None, p_max: int = 131072, step: int = 64) -> dict[str, Any]:
-    """Per (B, D) of the document's range: the prefill length from which offloading wins."""
+               mode: str | None = None, p_max: int = 131072, step: int = 64, replicates: int | None = 100,
+               regime: str = "nominal", chunk_sizes: Sequence[int] | None = None,
+               decode_batch_sizes: Sequence[int] | None = None) -> dict[str, Any]:
+    """Per (B, D): the prompt length from which offloading wins, with its 90 % interval over the
+    bootstrap replicates. Chunk sizes where both arms were measured come first; the colocated
+    model's other chunk sizes are marked modelled. A threshold whose interval spans more than a
+    factor UNDECIDED_RATIO says "undecided" and both ends."""
     rng = doc.get("valid_range") or {}
-    chunk_sizes = sorted({int(b) for b in (rng.get("chunk_size") or [])}) or [8192]
+    arms = doc.get("two_arm") or {}
+    measured = sorted(int(b) for b in (arms.get("measured_chunk_sizes") or []))
+    colocated_bs = sorted({int(b) for b in (rng.get("chunk_sizes") or [])}) or [8192]
+    sizes = list(chunk_sizes) if chunk_sizes else (sorted(set(measured) | set(colocated_bs)) if arms else colocated_bs)
     d_lo, d_hi = (rng.get("decode_batch_size") or [1, 1])
-    per: dict[str, dict[str, int | None]] = {}
-    for b in chunk_sizes:
-        per[str(b)] = {str(d): offload_threshold(doc, d, b, tpot_slo_ms=tpot_slo_ms, ttft_slo_ms=ttft_slo_ms,
-                                                 mode=mode, p_max=p_max, step=step)
-                       for d in range(max(1, d_lo), d_hi + 1) if d < b}
+    decodes = list(decode_batch_sizes) if decode_batch_sizes else list(range(max(1, d_lo), d_hi + 1))
+    n_reps = len((doc.get("replicates") or {}).get("model") or [])
+    use = range(min(n_reps, replicates)) if replicates else range(0)
+    per: dict[str, dict[str, Any]] = {}
+    for b in sizes:
+        per_d: dict[str, Any] = {}
+        for d in decodes:
+            if d >= b:
+                continue
+            kw: dict[str, Any] = {"tpot_slo_ms": tpot_slo_ms, "ttft_slo_ms": ttft_slo_ms, "mode": mode,
+                                  "p_max": p_max, "step": step, "regime": regime}
+            central, *values = offload_thresholds(doc, d, b, (None, *use), **kw)
+            per_d[str(d)] = _threshold_entry(central, values, p_max, doc, d, b)
+        per[str(b)] = {"modelled": bool(arms) and b not in measured, "by_decode_batch_size": per_d}
+    rising = _rising(per)
     return {
         "schema": THRESHOLDS_SCHEMA,
-        "meaning": "offload a prefill of at least this many (non-cached) tokens at that chunk size B and number of "
-                   "running decodes D; null: offloading never wins up to p_max",
-        "mode": mode or ("two-arm" if doc.get("two_arm") else "seed"),
+        "meaning": "offload a prefill of at least `threshold` (non-cached) tokens at chunk size B and D running "
+                   "decodes; `interval`: the 5th-95th percentile over the bootstrap resamples; status 'undecided' "
+                   "where that interval spans more than a factor 2 (the fits cannot place it closer), 'never' where "
+                   "offloading does not win up to p_max",
+        "mode": mode or ("two-arm" if arms else "seed"), "regime": regime,
         "tpot_slo_ms": tpot_slo_ms, "ttft_slo_ms": ttft_slo_ms, "p_max": p_max, "step_tokens": step,
-        "min_prefill_tokens": per,
+        "replicates": len(use), "chunk_sizes": per, "rises_with_d": rising,
         "modelled": bool(doc.get("modelled")),
     }
+
+
+def _threshold_entry(central: int | None, values: Sequence[int | None], p_max: int, doc: dict[str, Any], d: int,
+                     b: int) -> dict[str, Any]:
+    finite = [v if v is not None else p_max * 2 for v in values]
+    interval = None
+    if finite:
+        ordered = sorted(finite)
+        lo = ordered[round(0.05 * (len(ordered) - 1))]
+        hi = ordered[round(0.95 * (len(ordered) - 1))]
+        interval = [lo, None if hi > p_max else hi]
+    outside, _ = extrapolation(doc, d, central or p_max, b)
+    if central is None:
+        status = "never"
+    elif interval is not None and (interval[1] is None or interval[1] > UNDECIDED_RATIO * max(interval[0], 1)):
+        status = "undecided"
+    else:
+        status = "decided"
+    return {"threshold": central, "interval": interval, "status": status,
+            "extrapolated": [f"{name}: {what}" for name, what, _ in outside]}
+
+
+def _rising(per: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Where a decided threshold rises with D at a fixed B (more decodes lose more to a colocated
+    prefill, so it should fall or stay): listed, for the reader to look at."""
+    out = []
+    for b, entry in per.items():
+        last = None
+        for d, t in sorted(entry["by_decode_batch_size"].items(), key=lambda kv: int(kv[0])):
+            value = t["threshold"]
+            if value is not None and last is not None and value > last[1] and t["status"] == "decided":
+                out.append(f"B={b}: D={last[0]} {last[1]} -> D={d} {value}")
+            if value is not None:
+                last = (d, value)
+    return out
+
+
+def threshold_value(doc: Mapping[str, Any], b: int, d: int) -> dict[str, Any] | None:
+    return (doc.get("chunk_sizes", {}).get(str(b)) or {}).get("by_decode_batch_size", {}).get(str(d))
 
 
 def llmd_snippet(doc: dict[str, Any], b: int, d: int) -> str:
     """An llm-d EndpointPickerConfig fragment: the prefix-based PD decider with the threshold at
     (B, D). llm-d disaggregates when a prompt's non-cached suffix is longer than `nonCachedTokens`
-    (llm-d-inference-scheduler docs/disaggregation.md), so it gets the threshold minus one."""
-    per = doc["min_prefill_tokens"].get(str(b), {})
-    threshold = per.get(str(d))
-    others = ", ".join(f"D={k}: {v if v is not None else 'never'}" for k, v in per.items())
+    (llm-d-inference-scheduler docs/disaggregation.md), so it gets the threshold minus one. An
+    undecided threshold gives its upper end (offload only where it surely wins) and says so."""
+    per = (doc["chunk_sizes"].get(str(b)) or {}).get("by_decode_batch_size", {})
+    entry = per.get(str(d)) or {"threshold": None, "status": "never", "interval": None}
+    others = ", ".join(f"D={k}: {_entry_text(v)}" for k, v in per.items())
+    threshold = entry["threshold"]
+    if entry["status"] == "undecided" and entry["interval"] and entry["interval"][1] is not None:
+        threshold = entry["interval"][1]
     if threshold is None:
         value, note = 2 ** 31 - 1, f"offloading never wins at B={b}, D={d} up to {doc['p_max']} tokens: never disaggregate"
     else:
         value, note = threshold - 1, f"offload prompts of >= {threshold} non-cached tokens at B={b}, D={d}"
+        if entry["status"] == "undecided":
+            note += f" (undecided between {entry['interval'][0]} and {entry['interval'][1]}: its upper end)"
     slos = ", ".join(f"{k} {doc[k]:g} ms" for k in ("tpot_slo_ms", "ttft_slo_ms") if doc.get(k) is not None)
     modelled = "# MODELLED: from the embedded engine, not from a GPU\n" if doc.get("modelled") else ""
+    if (doc["chunk_sizes"].get(str(b)) or {}).get("modelled"):
+        modelled += f"# MODELLED: the offloaded arm was not measured at B={b}\n"
     return (
         f"# pdexporter: {note} ({doc['mode']} verdict{', SLOs ' + slos if slos else ''}).\n"
         f"# Thresholds at B={b} for the other D: {others}\n"
@@ -257,6 +596,14 @@ def llmd_snippet(doc: dict[str, Any], b: int, d: int) -> str:
         "- type: disagg-profile-handler\n  parameters:\n    prefillProfile: prefill\n    decodeProfile: decode\n"
         "    prefillDeciderPluginName: prefix-based-pd-decider\n"
     )
+
+
+def _entry_text(entry: Mapping[str, Any]) -> str:
+    if entry["threshold"] is None:
+        return "never"
+    iv = entry.get("interval")
+    span = "" if not iv else f" [{iv[0]}..{iv[1] if iv[1] is not None else 'never'}]"
+    return f"{'undecided ' if entry['status'] == 'undecided' else ''}{entry['threshold']}{span}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,20 +681,8 @@ def validation_summary(frame: pd.DataFrame, goal_pct: float = 15.0) -> dict[str,
 
 
 __all__ = [
-    "JOIN_COLUMNS",
-    "LLMD_DOCS",
-    "LLMD_SNIPPET",
-    "THRESHOLDS_JSON",
-    "THRESHOLDS_SCHEMA",
-    "LinearFit",
-    "TransferModel",
-    "fit_linear",
-    "fit_transfer",
-    "given_transfer",
-    "join_arms",
-    "llmd_snippet",
-    "predict_pair",
-    "thresholds",
-    "two_arm_section",
-    "validation_summary",
+    "DEGRADED_FACTOR", "HELD_OUT", "JOIN_COLUMNS", "LLMD_DOCS", "LLMD_SNIPPET", "TERM_FEATURES", "TERM_REPLICATES",
+    "THRESHOLDS_JSON", "THRESHOLDS_SCHEMA", "UNDECIDED_RATIO", "Rows", "Term", "TransferModel", "fit_term",
+    "fit_transfer", "given_transfer", "join_arms", "llmd_snippet", "predict_pair", "slow_windows", "threshold_value",
+    "thresholds", "transfer_observations", "two_arm_section", "validation_summary",
 ]

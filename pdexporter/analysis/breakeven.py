@@ -8,7 +8,8 @@ disaggregation); it wins when that transfer takes less than C: **offload iff C >
 The default transfer budget is the seed's 50 ms.
 
 `decision_document` exports the chosen fitted model as JSON a router can load (schema
-"pdexporter.decision/v1", documented in docs/analysis.md); `evaluate_decision` (module
+"pdexporter.decision/v2", documented in docs/analysis.md), with the engine's chunk rule and the
+model's bootstrap replicates (every answer's interval); `evaluate_decision` (module
 `decision_eval`, standard library only, meant to be copied into a router) is the whole evaluator,
 the seed's rule and, when the document carries both arms (`two_arm`, `analysis.arms`), the
 verdict in the user's terms (docs/disaggregation.md).
@@ -25,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from pdexporter import __version__
-from pdexporter.analysis.models import CostModel, FitReport, num_chunks
+from pdexporter.analysis.models import ContextAwareModel, CostModel, FitData, FitReport, bootstrap_context, num_chunks
+from pdexporter.engines import adapter
 
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
 
@@ -90,6 +92,9 @@ def min_offload_prefill(model: CostModel, d: int, chunk_size: int, transfer_ms: 
     return hi
 
 
+REPLICATES = 200  # bootstrap resamples behind every interval
+
+
 def decision_document(
     report: FitReport,
     table: pd.DataFrame,
@@ -97,8 +102,11 @@ def decision_document(
     *,
     source: str = "",
     now: dt.datetime | None = None,
+    data: FitData | None = None,
+    replicates: int = REPLICATES,
 ) -> dict[str, Any]:
-    """The chosen model as the router's decision function (schema in docs/analysis.md)."""
+    """The chosen model as the router's decision function (schema in docs/analysis.md). With the
+    fit's `data`, the context-aware model's bootstrap replicates ride along (`replicates`)."""
     fit = report.best
     model = fit.model
     fitted = table[(table["decode_batch_size"] >= 1) & table["aggregate_interference_ms"].notna()]
@@ -110,13 +118,21 @@ def decision_document(
     }
     modelled = bool(table["modelled"].any()) if len(table) else False
     engines = sorted(str(e) for e in table["engine"].dropna().unique())
+    engine = data.engine if data is not None else "vllm"
+    rule = model.rule if isinstance(model, ContextAwareModel) else adapter(engine).chunk_rule
+    reps: list[dict[str, float | None]] = []
+    if data is not None and isinstance(model, ContextAwareModel) and replicates:
+        reps = bootstrap_context(data, model, replicates)
     return {
         "schema": DECISION_SCHEMA,
         "rule": "offload when cost_ms > transfer_ms",
         "cost": "aggregate interference of the prefill over the running decode batch, ms (D x per-stream total)",
-        "chunks": "n = ceil(P / (B - D)), B = max_num_batched_tokens",
+        "chunks": ("n = ceil(P / budget), budget = B - D where the decodes take their tokens of the step budget "
+                   "first (chunk_rule.decodes_take_budget), else B; B = max_num_batched_tokens"),
+        "chunk_rule": {"engine": engine, **rule.to_dict()},
         "transfer_ms_default": float(transfer_ms),
         "model": model.to_dict(),
+        "replicates": {"model": reps} if reps else {},
         "fit": {
             "held_out_r2": report.held_out_r2(),
             "scheme": report.primary_scheme,
@@ -129,6 +145,7 @@ def decision_document(
             "new_prefill_tokens": ([int(fitted["new_prefill_tokens"].min()), int(fitted["new_prefill_tokens"].max())]
                                    if len(fitted) else None),
             "chunk_size": [chunk_sizes[0], chunk_sizes[-1]] if chunk_sizes else None,
+            "chunk_sizes": chunk_sizes,
         },
         "thresholds_min_prefill_tokens": thresholds,
         "modelled": modelled,

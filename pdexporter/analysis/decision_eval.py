@@ -1,185 +1,410 @@
 """The offload verdict from `decision.json`, in plain Python: this module imports nothing beyond
 the standard library (`math`), so a router can copy it whole (a test holds it to that).
 
-Two modes (docs/disaggregation.md):
+Everything the verdict needs is in the document (schema `pdexporter.decision/v2`, docs/analysis.md
+and docs/disaggregation.md): the engine's chunk rule (`chunk_rule`: how a prompt is cut beside D
+running decodes, and up to how many tokens a step runs as a CUDA graph), the colocated cost model
+(`model`), and with both arms measured the terms of the two-arm verdict (`two_arm.terms`), each
+with the range it was fitted on, its held-out R^2, and bootstrap replicates of its coefficients
+(`replicates`) from which every answer gets an interval.
 
-- **two-arm** (the default when the document has a `two_arm` section, i.e. both arms were
-  measured): offloading saves the D running decodes the time the prefill would cost them
-  colocated, minus what admitting the offloaded request still costs them on the decode instance,
+Physics, term by term (every term is a sum of non-negative coefficients times non-negative
+features, so no time it gives can be negative, and each grows where the physics says it grows):
 
-      saved_ms    = colocated aggregate interference - offloaded aggregate interference
+- **Chunks.** A P-token prompt runs in steps of `budget` prompt tokens: B - D when the running
+  decodes take one token each of the step budget first (vLLM; SGLang's mixed chunks), B when they
+  pause for the chunk's step (SGLang's default). A step of at most `graph_max_tokens` tokens (the
+  chunk, plus the decodes when they share the step) replays a CUDA graph; a longer one runs
+  eagerly, launch by launch (vLLM 0.22 captures up to 512 tokens by default: a one-chunk prefill of
+  1,024 tokens cost the decodes ~45 ms per step on the H200, one that fits a graph a few ms).
+- **Colocated decodes' loss** (the seed's aggregate interference), per decode stream: each chunk
+  step costs pi_k = max(alpha0 + alpha1 D, compute0 + gamma c_k + beta q_k) run eagerly (the
+  host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph
+  (q_k: the chunk's query x context pairs, attention over the prefix), plus the engine's stalls
+  around the prefill sigma0 + sigma1 P; times D for the batch.
+- **Colocated TTFT**: the chunk steps and the request's own overheads, a linear model in
+  non-negative features (`colocated_ttft`).
+- **Offloaded TTFT** = the prefill alone on its own instance (the colocated TTFT at D = 0, plus
+  the producer's overhead a pair measured, `prefill_offset`) + the KV transfer (latency + bytes /
+  bandwidth, `transfer`) + the decode side (the router's hop, admission and first step on the
+  decode instance, `decode_side`).
+- **Offloaded decodes' loss**: what admitting the request stalls the running decodes on the decode
+  instance (`offloaded_loss`, per stream, times D).
 
-  and the offloaded request pays the difference of its two TTFTs,
+    saved_ms     = colocated decodes' loss - offloaded decodes' loss      (decode time, all D)
+    ttft_cost_ms = offloaded TTFT - colocated TTFT                        (the request's)
+    offload iff saved_ms > ttft_cost_ms, unless SLOs (`tpot_slo_ms`, `ttft_slo_ms`) are given and
+    only one arm holds them all.
 
-      ttft_cost_ms = offloaded TTFT (prefill alone elsewhere + KV transfer + admission) - colocated TTFT.
+Uncertainty. Each number comes with a 90 % interval: the 5th and 95th percentiles over the
+bootstrap replicates, widened outside the range every term was fitted on (`extrapolation`); the
+verdict is "decided" when at least 90 % of the replicates agree with it, else "undecided". A term
+whose held-out R^2 is below 0.5 (it explains less than half of what varies between the
+configurations it was not fitted on) is named in the verdict as a weak fit.
 
-  With SLOs (`tpot_slo_ms` on the running decodes' TPOT while the prefill runs, `ttft_slo_ms` on
-  the request's TTFT), an arm that holds every SLO given beats one that does not; otherwise, or
-  when both (or neither) hold them, offload iff saved_ms > ttft_cost_ms: the total latency of the
-  D + 1 requests goes down.
-- **seed**: the seed's rule, offload iff the aggregate interference exceeds the transfer time (a
-  constant, the seed's 50 ms, unless a transfer model was measured or a time is given).
-
-Every model in the document is linear in named features of (D, P, B) (`feature`), so evaluating
-one is a dot product.
+The seed's rule (mode "seed") stays: offload iff the colocated aggregate interference exceeds a
+transfer time (the seed's constant 50 ms unless a transfer model was measured or a time is given).
 """
 
 import math
 
 __all__ = [
-    "SEED_RULE", "TWO_ARM_RULE", "evaluate_decision", "feature", "linear", "offload_threshold", "transfer_time",
+    "DECIDED_SHARE", "SCHEMA", "SEED_RULE", "TWO_ARM_RULE", "WEAK_R2", "chunk_context", "colocated_cost",
+    "decode_step", "evaluate_arms", "evaluate_decision", "extrapolation", "feature", "linear", "offload_threshold", "offload_thresholds", "transfer_time",
 ]
 
+SCHEMA = "pdexporter.decision/v2"
 SEED_RULE = "the seed's rule: offload iff the prefill's aggregate interference exceeds the transfer time"
-TWO_ARM_RULE = ("offload iff the decode time it saves (colocated - offloaded aggregate interference) exceeds what "
-                "the request pays in TTFT (offloaded - colocated TTFT); an arm that alone holds every SLO given wins")
+TWO_ARM_RULE = ("offload iff the decode time it saves (colocated - offloaded decodes' loss) exceeds what the request "
+                "pays in TTFT (offloaded - colocated TTFT); an arm that alone holds every SLO given wins")
+WEAK_R2 = 0.5  # held-out R^2 below this: the term is named as a weak fit
+DECIDED_SHARE = 0.9  # share of bootstrap replicates that must agree for a decided verdict
+_VLLM_RULE = {"decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 0}
 
 
-def feature(name, d, p, b):
-    """One regressor of the linear models, from D decodes, a P-token prefill, chunk size B.
-    Token counts enter in thousands so coefficients stay readable."""
-    budget = b - d
-    chunks = math.ceil(p / budget)
+def chunk_context(doc, d, p, b):
+    """The prompt's chunks beside D decodes at chunk size B, as the features the models read."""
+    rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
+    budget = b - d if rule["decodes_take_budget"] else b
+    if budget <= 0:
+        raise ValueError(f"chunk size {b} leaves no room for a prefill chunk beside {d} decodes")
+    if p < 1 or d < 0:
+        raise ValueError(f"need P >= 1 and D >= 0 (got P={p}, D={d})")
+    n = -(-p // budget)
+    full = n - 1
+    tail = p - budget * full
+    graph_max = rule.get("graph_max_tokens") or 0
+    beside = d if rule["decodes_in_chunk_step"] else 0
+    full_graph = graph_max > 0 and budget + beside <= graph_max
+    tail_graph = graph_max > 0 and tail + beside <= graph_max
+    q_all = p * (p + 1) / 2.0
+    q_tail = tail * (p - tail) + tail * (tail + 1) / 2.0
+    q_full = q_all - q_tail
+    eager_chunks = (0 if full_graph else full) + (0 if tail_graph else 1)
+    eager_tokens = (0 if full_graph else budget * full) + (0 if tail_graph else tail)
+    eager_q = (0.0 if full_graph else q_full) + (0.0 if tail_graph else q_tail)
+    largest = budget if n > 1 else tail
     kp = p / 1000.0
-    if name == "1":
-        return 1.0
-    if name == "d":
-        return float(d)
-    if name == "p":
-        return kp
-    if name == "p2":
-        return kp * kp
-    if name == "d_p":
-        return d * kp
-    if name == "chunks":
-        return float(chunks)
-    if name == "d_chunks":
-        return float(d * chunks)
-    if name == "chunk":
-        return min(p, budget) / 1000.0
-    if name == "chunk_p":
-        return min(p, budget) / 1000.0 * kp
-    raise ValueError(f"unknown feature {name!r} in decision document")
+    return {
+        "d": float(d), "p_tokens": p, "b": b, "budget": budget, "n": n, "full": full, "tail": tail,
+        "full_graph": full_graph, "tail_graph": tail_graph, "q_full": q_full, "q_tail": q_tail,
+        "eager_chunks": eager_chunks, "eager_tokens": eager_tokens, "eager_q": eager_q,
+        "graph_tokens": p - eager_tokens,
+        # the linear models' features (token counts in thousands, pairs in millions)
+        "f": {
+            "1": 1.0, "d": float(d), "p": kp, "p2": kp * kp, "d_p": d * kp, "chunks": float(n),
+            "d_chunks": float(d * n), "chunk": largest / 1000.0, "chunk_p": largest / 1000.0 * kp,
+            "eager_chunks": float(eager_chunks), "d_eager_chunks": float(d * eager_chunks),
+            "eager_p": eager_tokens / 1000.0, "graph_p": (p - eager_tokens) / 1000.0, "q": q_all / 1e6,
+            "eager_q": eager_q / 1e6,
+        },
+    }
 
 
-def linear(model, d, p, b):
+def feature(name, d, p, b, doc=None):
+    """One regressor of the linear models at (D, P, B) (`doc`'s chunk rule; vLLM's without one)."""
+    features = chunk_context(doc or {}, d, p, b)["f"]
+    if name not in features:
+        raise ValueError(f"unknown feature {name!r} in decision document")
+    return features[name]
+
+
+def linear(model, d, p, b, doc=None):
     """A `{"features": [...], "coefficients": {...}}` model at (D, P, B)."""
-    k = model["coefficients"]
-    return sum(k[name] * feature(name, d, p, b) for name in model["features"])
+    return _dot(model, chunk_context(doc or {}, d, p, b), None)
+
+
+def _dot(term, ctx, coefficients):
+    k = coefficients if coefficients is not None else term["coefficients"]
+    f = ctx["f"]
+    total = 0.0
+    for name in term["features"]:
+        if name not in f:
+            raise ValueError(f"unknown feature {name!r} in decision document")
+        total += k[name] * f[name]
+    return total
 
 
 def transfer_time(transfer, p):
-    """The transfer model: fixed_ms + P x ms_per_token (ms_per_token = bytes per token / bandwidth)."""
-    return transfer["fixed_ms"] + transfer["ms_per_token"] * p
+    """KV transfer of a P-token prompt: latency + P x bytes per token / bandwidth (ms)."""
+    if "gb_per_s" in transfer:
+        return transfer["latency_ms"] + p * transfer["bytes_per_token"] / (transfer["gb_per_s"] * 1e9) * 1e3
+    return transfer["fixed_ms"] + transfer["ms_per_token"] * p  # a v1 document's form
 
 
-def _cost(doc, d, p, b, n):
-    """The colocated aggregate interference from the fitted cost model (D x per-stream, ms)."""
-    model = doc["model"]
-    if model["name"] == "context_aware":
-        k = model["coefficients"]
-        per_stream = (n * (k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d) + k["gamma_ms_per_token"] * p
-                      + k["beta_ms_per_token_pair"] * p * (p + 1) / 2
-                      + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * p)
-    elif model["name"] == "seed_per_chunk":
-        table = model["penalty_per_chunk_ms"]
-        sizes = sorted(int(s) for s in table)
-        chosen = b if b in sizes else min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(b)), s))
-        ds, pis = table[str(chosen)]["decode_batch_size"], table[str(chosen)]["penalty_ms"]
-        if d <= ds[0]:
-            pi = pis[0]
-        elif d >= ds[-1]:
-            pi = pis[-1]
-        else:
-            i = max(j for j in range(len(ds)) if ds[j] <= d)
-            pi = pis[i] + (pis[i + 1] - pis[i]) * (d - ds[i]) / (ds[i + 1] - ds[i])
-        per_stream = n * pi
+def _eager_sum(launch, compute0, gamma, beta, budget, count):
+    """Sum over `count` full chunks of `budget` tokens (chunk k's prefix: k x budget) of their
+    eager step's extra, max(launch floor, compute0 + gamma c + beta q_k): q_k grows with k, so the
+    first chunks may wait on the launches and the later ones on the GPU."""
+    if count <= 0:
+        return 0.0
+    base = compute0 + gamma * budget + beta * budget * (budget + 1) / 2.0  # chunk 0's GPU-bound extra
+    slope = beta * budget * budget  # what each later chunk's prefix adds
+    if slope > 0:
+        launch_bound = min(count, max(0, math.ceil((launch - base) / slope)))
     else:
+        launch_bound = count if launch > base else 0
+    rest = count - launch_bound
+    # sum of base + slope k for k = launch_bound .. count - 1
+    return launch_bound * launch + rest * base + slope * (rest * (launch_bound + count - 1) / 2.0)
+
+
+def colocated_cost(doc, ctx, coefficients=None):
+    """(aggregate interference over the D decodes, token-weighted mean extra of a chunk step), ms.
+    A chunk step launched eagerly costs each decode max(alpha0 + alpha1 D, compute0 + gamma c +
+    beta q): the host's launches or the GPU's work, whichever takes longer; one replayed as a CUDA
+    graph kappa c (taken as an eager one where the document has no measured kappa)."""
+    model = doc["model"]
+    d = ctx["d"]
+    if model["name"] == "seed_per_chunk":
+        pi = _seed_penalty(model, d, ctx["b"])
+        return d * ctx["n"] * pi, pi
+    if model["name"] != "context_aware":
         raise ValueError(f"unknown model {model['name']!r} in decision document")
-    return d * per_stream
+    k = coefficients if coefficients is not None else model["coefficients"]
+    launch = max(0.0, k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d)
+    compute0, gamma, beta = k.get("compute0_ms", 0.0), k["gamma_ms_per_token"], k["beta_ms_per_token_pair"]
+    kappa = k.get("kappa_graph_ms_per_token")
+    budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]
+    if ctx["full_graph"] and kappa is not None:
+        full_sum = kappa * budget * full
+    else:
+        full_sum = _eager_sum(launch, compute0, gamma, beta, budget, full)
+    if ctx["tail_graph"] and kappa is not None:
+        tail_pi = kappa * tail
+    else:
+        tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
+    per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * ctx["p_tokens"]
+    if ctx["eager_chunks"] or kappa is None:  # after a long step the next was ready: the decodes catch up
+        per_stream -= k.get("catchup_steps", 0.0) * decode_step(k, d)
+    mean_extra = (full_sum * budget + tail_pi * tail) / ctx["p_tokens"]
+    return d * max(0.0, per_stream), max(0.0, mean_extra)
+
+
+def decode_step(k, d):
+    """The decode-only step at D decodes (the colocated model's decode0 + decode1 D), ms."""
+    return k.get("decode0_ms", 0.0) + k.get("decode1_ms_per_decode", 0.0) * d
+
+
+def _seed_penalty(model, d, b):
+    table = model["penalty_per_chunk_ms"]
+    sizes = sorted(int(s) for s in table)
+    chosen = b if b in sizes else min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(b)), s))
+    ds, pis = table[str(chosen)]["decode_batch_size"], table[str(chosen)]["penalty_ms"]
+    if d <= ds[0]:
+        return pis[0]
+    if d >= ds[-1]:
+        return pis[-1]
+    i = max(j for j in range(len(ds)) if ds[j] <= d)
+    return pis[i] + (pis[i + 1] - pis[i]) * (d - ds[i]) / (ds[i + 1] - ds[i])
+
+
+def _transfer_model(doc, regime):
+    transfer = ((doc.get("two_arm") or {}).get("terms") or {}).get("transfer") or {}
+    if regime == "degraded" and transfer.get("degraded"):
+        return dict(transfer, **transfer["degraded"])
+    return transfer
+
+
+def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nominal", contexts=None):
+    """Both arms' numbers at (D, P, B) from the central coefficients, or from bootstrap replicate
+    `replicate` (an index into `doc["replicates"]`). Every time is >= 0 by construction.
+    `contexts`: the (D, P, B) and (0, P, B) chunk contexts, when the caller has them already."""
+    reps = doc.get("replicates") or {}
+    model_k = None if replicate is None else reps["model"][replicate]
+    ctx = contexts[0] if contexts else chunk_context(doc, d, p, b)
+    col_cost, mean_extra = colocated_cost(doc, ctx, model_k)
+    out = {"colocated_cost_ms": col_cost, "chunks": ctx["n"], "chunk_tokens": ctx["budget"],
+           "graph_chunks": ctx["n"] - ctx["eager_chunks"]}
+    arms = doc.get("two_arm")
+    if not arms:
+        return out
+    terms = arms["terms"]
+    k = None if replicate is None else reps["two_arm"][replicate]
+
+    def term(name, context):
+        t = terms.get(name)
+        if not t:
+            return 0.0
+        return max(0.0, _dot(t, context, None if k is None else k.get(name)))
+
+    ctx0 = contexts[1] if contexts else chunk_context(doc, 0, p, b)
+    transfer = _transfer_model(doc, regime)
+    if transfer_ms is not None:
+        t_ms = float(transfer_ms)
+    elif transfer.get("source") in ("measured", "given"):
+        tk = transfer if k is None or not k.get("transfer") else dict(transfer, **k["transfer"])
+        if regime == "degraded" and transfer.get("degraded"):
+            tk = dict(tk, **transfer["degraded"])
+        t_ms = max(0.0, transfer_time(tk, p))
+    else:
+        t_ms = float(doc.get("transfer_ms_default", 50.0))
+    off_loss = d * term("offloaded_loss", ctx)
+    if regime == "degraded" and transfer.get("degraded"):
+        off_loss += d * transfer["degraded"].get("stall_share", 0.0) * t_ms  # the loop waits on the slow transfer
+    col_ttft = term("colocated_ttft", ctx)
+    prefill = term("colocated_ttft", ctx0) + term("prefill_offset", ctx0)
+    decode_side = term("decode_side", ctx)
+    off_ttft = prefill + t_ms + decode_side
+    model_k = model_k if model_k is not None else doc["model"].get("coefficients", {})
+    step = decode_step(model_k, d) if "decode0_ms" in model_k else None
+    out.update(
+        offloaded_cost_ms=off_loss, saved_ms=col_cost - off_loss, colocated_ttft_ms=col_ttft,
+        offloaded_ttft_ms=off_ttft, ttft_cost_ms=off_ttft - col_ttft, transfer_ms=t_ms,
+        offloaded_ttft_split_ms={"prefill": prefill, "transfer": t_ms, "decode_side": decode_side},
+        colocated_tpot_ms=(step + mean_extra) if step is not None and d > 0 else None,
+        offloaded_tpot_ms=term("offloaded_tpot", ctx) if terms.get("offloaded_tpot") and d > 0 else None,
+    )
+    return out
+
+
+def extrapolation(doc, d, p, b):
+    """Where (D, P, B) lies outside the ranges the models were fitted on: a list of
+    (model, "P=...", distance) and the factor the intervals are widened by (1 + the largest
+    distance: log2 of how far P lies beyond its range, D's relative distance, 1 for an unmeasured
+    chunk size or graph regime)."""
+    found = []
+    ranges = [("colocated cost model", doc.get("valid_range") or {})]
+    for name, t in ((doc.get("two_arm") or {}).get("terms") or {}).items():
+        if t and t.get("range"):
+            ranges.append((name.replace("_", " "), t["range"]))
+    for name, rng in ranges:
+        p_rng, d_rng, b_set = (rng.get("new_prefill_tokens"), rng.get("decode_batch_size"), rng.get("chunk_sizes"))
+        b_rng = rng.get("chunk_size")
+        if name == "colocated cost model":  # physical in B: any chunk size between the measured ones
+            b_set = None
+            if b_rng and not b_rng[0] <= b <= b_rng[1]:
+                found.append((name, f"B={b} (fitted {b_rng[0]}..{b_rng[1]})", 1.0))
+        if p_rng and not p_rng[0] <= p <= p_rng[1]:
+            edge = p_rng[0] if p < p_rng[0] else p_rng[1]
+            found.append((name, f"P={p} (fitted {p_rng[0]}..{p_rng[1]})", abs(math.log2(p / edge))))
+        if d_rng and name != "colocated ttft" and d >= 1 and not d_rng[0] <= d <= d_rng[1]:
+            edge = d_rng[0] if d < d_rng[0] else d_rng[1]
+            found.append((name, f"D={d} (fitted {d_rng[0]}..{d_rng[1]})", abs(d - edge) / max(edge, 1)))
+        if b_set and b not in b_set:
+            found.append((name, f"B={b} (measured {', '.join(map(str, b_set))})", 1.0))
+    model = doc.get("model") or {}
+    if model.get("name") == "context_aware" and model["coefficients"].get("kappa_graph_ms_per_token") is None:
+        ctx = chunk_context(doc, d, p, b)
+        if ctx["n"] > ctx["eager_chunks"]:
+            found.append(("colocated cost model", (f"a CUDA-graph step of <= {doc['chunk_rule']['graph_max_tokens']} "
+                                                   "tokens (never measured: taken as an eager step)"), 1.0))
+    factor = 1.0 + max((x[2] for x in found), default=0.0)
+    return found, factor
+
+
+def _interval(values, central, factor, duration=True):
+    """5th..95th percentile of the replicates' values, widened by `factor` around `central`; a
+    duration's interval stops at 0 (a time cannot be negative, a difference can)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def pct(q):
+        x = q / 100.0 * (len(ordered) - 1)
+        i = math.floor(x)
+        j = min(i + 1, len(ordered) - 1)
+        return ordered[i] + (ordered[j] - ordered[i]) * (x - i)
+
+    lo, hi = min(pct(5), central), max(pct(95), central)
+    lo, hi = central - (central - lo) * factor, central + (hi - central) * factor
+    return [max(lo, 0.0) if duration else lo, hi]
 
 
 def _ms(x):
-    """1234.5 -> '1.2 s', 40.2 -> '40 ms'."""
-    if abs(x) >= 1000:
+    """1234.5 -> '1.2 s', 40.2 -> '40 ms'; never signed (the caller says which way)."""
+    x = abs(x)
+    if x >= 1000:
         return f"{x / 1000:.1f} s"
-    return f"{x:.0f} ms" if abs(x) >= 10 else f"{x:.1f} ms"
+    return f"{x:.0f} ms" if x >= 10 else f"{x:.1f} ms"
 
 
-def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None):
+def _range_text(iv):
+    return f" [{_ms(iv[0]) if iv[0] >= 0 else '-' + _ms(iv[0])}..{_ms(iv[1]) if iv[1] >= 0 else '-' + _ms(iv[1])}]"
+
+
+def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None,
+                      regime="nominal", intervals=True):
     """Offload or not for D running decodes, a P-token prefill and chunk size B, from decision.json.
 
-    Returns a dict: `offload`, `verdict` (one line), `mode`, the seed's numbers (`cost_ms`,
-    `transfer_ms`, `margin_ms`, `chunks`, `model`, `in_fitted_range`) and, in two-arm mode, both
-    arms' numbers (`saved_ms`, `ttft_cost_ms`, TTFTs, TPOTs, `slos`)."""
-    if b - d <= 0:
-        raise ValueError(f"chunk size {b} leaves no room beside {d} decodes")
-    if p < 1 or d < 0:
-        raise ValueError(f"need P >= 1 and D >= 0 (got P={p}, D={d})")
+    Returns a dict: `offload`, `verdict` (one line), `mode`, `decided` (share of replicates that
+    agree >= DECIDED_SHARE), the seed's numbers (`cost_ms`, `transfer_ms`, `margin_ms`, `chunks`,
+    `model`, `in_fitted_range`, `extrapolated`), and in two-arm mode both arms' numbers with their
+    90 % intervals (`intervals`), the SLOs and the weak fits."""
     arms = doc.get("two_arm")
     mode = mode or ("two-arm" if arms else "seed")
     if mode not in ("two-arm", "seed"):
         raise ValueError(f"mode {mode!r}: expected two-arm or seed")
     if mode == "two-arm" and not arms:
         raise ValueError("two-arm mode needs a decision document with both arms (export-table --offloaded)")
-    n = math.ceil(p / (b - d))
-    cost = _cost(doc, d, p, b, n)
-    transfer_model = (arms or {}).get("transfer") or {}
+    central = evaluate_arms(doc, d, p, b, transfer_ms=transfer_ms, regime=regime)
+    outside, factor = extrapolation(doc, d, p, b)
+    n_reps = len((doc.get("replicates") or {}).get("model") or ()) if intervals else 0
+    replicates = [evaluate_arms(doc, d, p, b, replicate=i, transfer_ms=transfer_ms, regime=regime)
+                  for i in range(n_reps)]
+    cost = central["colocated_cost_ms"]
+    transfer_model = _transfer_model(doc, regime)
     if transfer_ms is not None:
         transfer, transfer_source = float(transfer_ms), "given"
     elif transfer_model.get("source") in ("measured", "given"):
-        transfer, transfer_source = transfer_time(transfer_model, p), transfer_model["source"]
+        transfer, transfer_source = central.get("transfer_ms", transfer_time(transfer_model, p)), transfer_model["source"]
     else:
-        transfer, transfer_source = float(doc["transfer_ms_default"]), "seed-constant"
-    rng = doc.get("valid_range") or {}
-
-    def inside(name, value):
-        bounds = rng.get(name)
-        return bounds is None or bounds[0] <= value <= bounds[1]
-
+        transfer, transfer_source = float(doc.get("transfer_ms_default", 50.0)), "seed-constant"
     out = {
-        "mode": mode,
-        "cost_ms": cost,
-        "transfer_ms": transfer,
-        "transfer_source": transfer_source,
-        "margin_ms": cost - transfer,
-        "chunks": n,
-        "model": doc["model"]["name"],
-        "in_fitted_range": inside("decode_batch_size", d) and inside("new_prefill_tokens", p)
-        and inside("chunk_size", b),
+        "mode": mode, "cost_ms": cost, "transfer_ms": transfer, "transfer_source": transfer_source,
+        "margin_ms": cost - transfer, "chunks": central["chunks"], "model": doc["model"]["name"],
+        "in_fitted_range": not outside, "extrapolated": [f"{name}: {what}" for name, what, _ in outside],
+        "interval_widening": factor, "regime": regime,
     }
+    ivs = {}
+    keys = ("colocated_cost_ms",) if mode == "seed" else (
+        "colocated_cost_ms", "offloaded_cost_ms", "saved_ms", "colocated_ttft_ms", "offloaded_ttft_ms",
+        "ttft_cost_ms", "transfer_ms")
+    for key in keys:
+        ivs[key] = _interval([r[key] for r in replicates], central[key], factor,
+                             duration=key not in ("saved_ms", "ttft_cost_ms"))
+    out["intervals"] = ivs
     if mode == "seed":
         offload = cost > transfer
+        agree = [r["colocated_cost_ms"] > transfer for r in replicates]
+        share = (sum(a == offload for a in agree) / len(agree)) if agree else None
         relation = ">" if offload else "<="
-        out.update(offload=offload, rule=SEED_RULE, verdict=(
-            f"{'offload' if offload else 'keep local'} (the seed's rule): interference {_ms(cost)} {relation} "
-            f"transfer {_ms(transfer)} ({transfer_source})"))
+        out.update(offload=offload, rule=SEED_RULE, agreement=share, decided=share is None or share >= DECIDED_SHARE,
+                   verdict=(f"{'offload' if offload else 'keep local'} (the seed's rule): interference {_ms(cost)} "
+                            f"{relation} transfer {_ms(transfer)} ({transfer_source})"))
         return out
 
-    off_cost = d * linear(arms["offloaded_cost_per_stream"], d, p, b)
-    saved = cost - off_cost
-    col_ttft = linear(arms["colocated_ttft"], d, p, b)
-    prefill_part = linear(arms["offloaded_prefill"], 0, p, b)
-    decode_part = linear(arms["offloaded_decode"], d, p, b)
-    transfer_in_ttft = transfer if arms.get("decode_side_excludes_transfer") else 0.0
-    off_ttft = prefill_part + transfer_in_ttft + decode_part
-    ttft_cost = off_ttft - col_ttft
-    tpot_col = linear(arms["colocated_tpot"], d, p, b) if arms.get("colocated_tpot") else None
-    tpot_off = linear(arms["offloaded_tpot"], d, p, b) if arms.get("offloaded_tpot") else None
+    saved, ttft_cost = central["saved_ms"], central["ttft_cost_ms"]
     slos = {}
-    if tpot_slo_ms is not None and d > 0 and tpot_col is not None and tpot_off is not None:
-        slos["TPOT"] = (tpot_col <= tpot_slo_ms, tpot_off <= tpot_slo_ms)
+    if tpot_slo_ms is not None and d > 0 and central["colocated_tpot_ms"] is not None \
+            and central["offloaded_tpot_ms"] is not None:
+        slos["TPOT"] = (central["colocated_tpot_ms"] <= tpot_slo_ms, central["offloaded_tpot_ms"] <= tpot_slo_ms)
     if ttft_slo_ms is not None:
-        slos["TTFT"] = (col_ttft <= ttft_slo_ms, off_ttft <= ttft_slo_ms)
-    held_col = all(v[0] for v in slos.values())
-    held_off = all(v[1] for v in slos.values())
-    if slos and held_off and not held_col:
-        offload, reason = True, "only offloading holds the SLOs"
-    elif slos and held_col and not held_off:
-        offload, reason = False, "only keeping it local holds the SLOs"
-    else:
-        offload = saved > ttft_cost
-        reason = "decode time saved vs TTFT paid"
+        slos["TTFT"] = (central["colocated_ttft_ms"] <= ttft_slo_ms, central["offloaded_ttft_ms"] <= ttft_slo_ms)
+
+    def choose(numbers, held):
+        held_col = all(v[0] for v in held.values())
+        held_off = all(v[1] for v in held.values())
+        if held and held_off and not held_col:
+            return True, "only offloading holds the SLOs"
+        if held and held_col and not held_off:
+            return False, "only keeping it local holds the SLOs"
+        return numbers["saved_ms"] > numbers["ttft_cost_ms"], "decode time saved vs TTFT paid"
+
+    offload, reason = choose(central, slos)
+    agree = [choose(r, slos)[0] == offload for r in replicates]
+    share = sum(agree) / len(agree) if agree else None
+    decided = share is None or share >= DECIDED_SHARE
+    weak = []
+    for name, t in sorted((arms.get("terms") or {}).items()):
+        r2 = (t or {}).get("held_out_r2")
+        if not any((t or {}).get("coefficients", {}).values()):
+            continue  # a term fitted to zero (e.g. no producer overhead): nothing for R^2 to explain
+        if r2 is not None and r2 < WEAK_R2:
+            weak.append(f"{name.replace('_', ' ')} (held-out R^2 {r2:.2f})")
+    fit_r2 = (doc.get("fit") or {}).get("held_out_r2")
+    if fit_r2 is not None and fit_r2 < WEAK_R2:
+        weak.append(f"colocated cost model (held-out R^2 {fit_r2:.2f})")
     arm = 1 if offload else 0
     if not slos:
         slo_text = ""
@@ -191,33 +416,117 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
         else:
             slo_text = f", no arm holds every SLO ({' and '.join(missed)} missed this way)"
     decodes = f"the {d} running decode{'s' if d != 1 else ''}"
-    sign = "+" if ttft_cost >= 0 else "-"
-    if offload:
-        verdict = (f"offload: saves {decodes} {_ms(saved)} in total, costs this request {sign}{_ms(abs(ttft_cost))} "
-                   f"TTFT{slo_text}")
+    save_text = (f"saves {decodes} {_ms(saved)}" if saved >= 0 else f"costs {decodes} {_ms(saved)} more")
+    pay_text = (f"costs this request {_ms(ttft_cost)} of TTFT" if ttft_cost >= 0
+                else f"also saves this request {_ms(ttft_cost)} of TTFT")
+    save_iv = _range_text(ivs["saved_ms"]) if ivs.get("saved_ms") else ""
+    pay_iv = _range_text(ivs["ttft_cost_ms"]) if ivs.get("ttft_cost_ms") else ""
+    if not decided:
+        head = (f"undecided (leaning {'offload' if offload else 'keep local'}, {share:.0%} of resamples agree): "
+                f"offloading {save_text}{save_iv} and {pay_text}{pay_iv}")
+    elif offload:
+        head = f"offload: {save_text}{save_iv}, {pay_text}{pay_iv}"
     else:
-        verdict = (f"keep local: offloading would save {decodes} {_ms(saved)} in total but cost this request "
-                   f"{sign}{_ms(abs(ttft_cost))} TTFT{slo_text}")
+        head = f"keep local: offloading {save_text}{save_iv} but {pay_text}{pay_iv}"
     out.update(
-        offload=offload, rule=TWO_ARM_RULE, reason=reason, verdict=verdict, saved_ms=saved, ttft_cost_ms=ttft_cost,
-        colocated_cost_ms=cost, offloaded_cost_ms=off_cost, colocated_ttft_ms=col_ttft, offloaded_ttft_ms=off_ttft,
-        offloaded_ttft_split_ms={"prefill": prefill_part, "transfer": transfer_in_ttft, "decode_side": decode_part},
-        colocated_tpot_ms=tpot_col, offloaded_tpot_ms=tpot_off,
+        offload=offload, decided=decided, agreement=share, rule=TWO_ARM_RULE, reason=reason,
+        verdict=head + slo_text, weak_fits=weak,
+        saved_ms=saved, ttft_cost_ms=ttft_cost, colocated_cost_ms=cost, offloaded_cost_ms=central["offloaded_cost_ms"],
+        colocated_ttft_ms=central["colocated_ttft_ms"], offloaded_ttft_ms=central["offloaded_ttft_ms"],
+        offloaded_ttft_split_ms=central["offloaded_ttft_split_ms"],
+        colocated_tpot_ms=central["colocated_tpot_ms"], offloaded_tpot_ms=central["offloaded_tpot_ms"],
         slos={name: {"colocated": v[0], "offloaded": v[1]} for name, v in slos.items()},
     )
     return out
 
 
-def offload_threshold(doc, d, b, *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None, p_max=131072, step=64):
-    """The prefill length above which offloading wins at D decodes and chunk size B: the smallest
-    P on a grid of `step` tokens from which the verdict is "offload" up to `p_max` (None: it never
-    is; `step` when it always is). Scanned, not solved: the verdict need not be monotone in P."""
-    if b - d <= 0:
-        return None
-    threshold = None
-    for p in range(p_max, 0, -step):
-        if evaluate_decision(doc, d, p, b, tpot_slo_ms=tpot_slo_ms, ttft_slo_ms=ttft_slo_ms, mode=mode)["offload"]:
-            threshold = p
-        else:
+def _wins(doc, d, p, b, replicate, kw, contexts):
+    if kw.get("mode") == "seed" or not doc.get("two_arm"):
+        numbers = evaluate_arms(doc, d, p, b, replicate=replicate, contexts=contexts)
+        transfer = kw.get("transfer_ms")
+        if transfer is None:
+            t = _transfer_model(doc, "nominal")
+            transfer = transfer_time(t, p) if t.get("source") in ("measured", "given") \
+                else float(doc.get("transfer_ms_default", 50.0))
+        return numbers["colocated_cost_ms"] > transfer
+    numbers = evaluate_arms(doc, d, p, b, replicate=replicate, regime=kw.get("regime", "nominal"),
+                            transfer_ms=kw.get("transfer_ms"), contexts=contexts)
+    slos = {}
+    if kw.get("tpot_slo_ms") is not None and numbers["colocated_tpot_ms"] is not None \
+            and numbers["offloaded_tpot_ms"] is not None:
+        slos["TPOT"] = (numbers["colocated_tpot_ms"] <= kw["tpot_slo_ms"], numbers["offloaded_tpot_ms"] <= kw["tpot_slo_ms"])
+    if kw.get("ttft_slo_ms") is not None:
+        slos["TTFT"] = (numbers["colocated_ttft_ms"] <= kw["ttft_slo_ms"], numbers["offloaded_ttft_ms"] <= kw["ttft_slo_ms"])
+    if slos:
+        col = all(v[0] for v in slos.values())
+        off = all(v[1] for v in slos.values())
+        if off and not col:
+            return True
+        if col and not off:
+            return False
+    return numbers["saved_ms"] > numbers["ttft_cost_ms"]
+
+
+def offload_thresholds(doc, d, b, replicates=(None,), *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None,
+                       p_max=131072, step=64, regime="nominal", transfer_ms=None):
+    """`offload_threshold` for several replicates at once (None: the central coefficients),
+    sharing the chunk arithmetic: one threshold (or None) per replicate, in order."""
+    budget_rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
+    if d < 0 or (budget_rule["decodes_take_budget"] and b - d <= 0):
+        return [None for _ in replicates]
+    kw = {"tpot_slo_ms": tpot_slo_ms, "ttft_slo_ms": ttft_slo_ms, "mode": mode, "regime": regime,
+          "transfer_ms": transfer_ms}
+    grid = []
+    x = float(step)
+    while x < p_max:
+        grid.append(round(x / step) * step)
+        x *= 1.1
+    grid = [*sorted({g for g in grid if step <= g < p_max}), p_max]
+    cache = {}
+
+    def contexts(p):
+        if p not in cache:
+            cache[p] = (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
+        return cache[p]
+
+    last_no = {}
+    open_ = list(range(len(replicates)))
+    for p in reversed(grid):
+        still = []
+        for i in open_:
+            if _wins(doc, d, p, b, replicates[i], kw, contexts(p)):
+                still.append(i)
+            else:
+                last_no[i] = p
+        open_ = still
+        if not open_:
             break
-    return threshold
+    out = []
+    for i, rep in enumerate(replicates):
+        if i not in last_no:
+            out.append(step)
+            continue
+        no = last_no[i]
+        if no == p_max:
+            out.append(None)
+            continue
+        yes = grid[grid.index(no) + 1]  # offloads from here up; find the first offload above `no`
+        lo, hi = no // step, yes // step  # multiples of step: lo does not offload, hi does
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _wins(doc, d, mid * step, b, rep, kw, contexts(mid * step)):
+                hi = mid
+            else:
+                lo = mid
+        out.append(hi * step)
+    return out
+
+
+def offload_threshold(doc, d, b, *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None, p_max=131072, step=64,
+                      replicate=None, regime="nominal", transfer_ms=None):
+    """The prompt length from which offloading wins at D decodes and chunk size B, up to `p_max`:
+    the smallest P (a multiple of `step`) from which every P' up to `p_max` is an offload, on a
+    geometric grid (10 % steps) refined by bisection at `step` resolution below the last P that
+    does not offload (None: P = p_max does not; `step` when every P does)."""
+    return offload_thresholds(doc, d, b, (replicate,), tpot_slo_ms=tpot_slo_ms, ttft_slo_ms=ttft_slo_ms, mode=mode,
+                              p_max=p_max, step=step, regime=regime, transfer_ms=transfer_ms)[0]

@@ -165,7 +165,7 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
     decision = None
     if len(data):
         fits = fit_models(data)
-        decision = decision_document(fits, table, transfer_ms, source=source)
+        decision = decision_document(fits, table, transfer_ms, source=source, data=data)
     else:
         notes.append("no grid point with D >= 1 and a measured cost: no cost model fitted, no decision.json")
     if tick:
@@ -178,18 +178,18 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
         from pdexporter.analysis.arms import fit_transfer, join_arms, thresholds, two_arm_section
 
         off_table = build_table(offloaded)
-        measured = fit_transfer(off_table)
+        measured = fit_transfer(offloaded)
         model = measured or transfer
         thresholds_doc = None
         if decision is not None:
-            section = two_arm_section(table, off_table, model, source=offloaded_source)
+            section = two_arm_section(samples, offloaded, model, decision, source=offloaded_source)
             if section is None:
                 notes.append("the offloaded arm has too few points for the two-arm models; decision.json keeps the "
                              "seed's rule only")
             else:
                 decision["two_arm"] = section
                 decision["rule"] = "two-arm (see two_arm.rule); the seed's: offload when cost_ms > transfer_ms"
-                thresholds_doc = thresholds(decision)
+                thresholds_doc = thresholds(decision, chunk_sizes=section["measured_chunk_sizes"] or None)
         table = join_arms(table, off_table)
         arms = Arms(list(offloaded), off_table, model, thresholds_doc, offloaded_source)
     return Analysis(list(samples), table, fits, decision, criteria, top_level_mismatches(samples), transfer_ms,

@@ -21,21 +21,33 @@ Seed model ("seed_per_chunk")
 Context-aware model ("context_aware")
     A mixed step k carries chunk c_k whose tokens start at prefix position p_k; its queries attend
     to the prefix and causally within the chunk, q_k = c_k * p_k + c_k * (c_k + 1) / 2
-    (query x context pairs). The extra time it costs each decode stream over a decode-only step:
+    (query x context pairs). The extra time it costs each decode stream over a decode-only step
+    depends on how the engine runs the step (its adapter's `ChunkRule.graph_step`):
 
-        pi_k = alpha0 + alpha1 * D + gamma * c_k + beta * q_k
+        launched eagerly (more tokens than the engine's largest CUDA graph):
+            pi_k = max(0, alpha0 + alpha1 * D) + gamma * c_k + beta * q_k
+        replayed as a CUDA graph (a small chunk, e.g. <= 512 tokens with the decodes on vLLM 0.22):
+            pi_k = kappa * c_k
 
-    alpha0 + alpha1 * D: the fixed extra of a mixed step (weights and MoE experts a large chunk
-    pulls in that D decode tokens alone would not; it shrinks as D grows); gamma: per prefill token
-    through the weights; beta: per query-context pair of attention. Summed over the chunks,
-    sum c_k = P and sum q_k = P (P + 1) / 2 whatever the chunking, so
+    alpha0 + alpha1 * D: the fixed extra of an eager step (its kernel launches, weights and MoE
+    experts a large chunk pulls in that D decode tokens alone would not; it shrinks as D grows);
+    gamma: per prefill token through the weights; beta: per query-context pair of attention;
+    kappa: per prefill token of a graph step (no launch cost). Summed over the chunks,
 
-        C = D x [ n (alpha0 + alpha1 D) + gamma P + beta P (P + 1) / 2 ]
+        C = D x [ sum_k pi_k + sigma0 + sigma1 P ]
 
-    Chunk size enters only through n: smaller chunks pay the fixed extra more often. Fitted by
-    ordinary least squares on (a) every mixed step of every repetition whose slow-step count
-    equals n (y = step_time - baseline, x = [1, D, c_k, q_k]) and (b) for grid points without such
-    steps, the mean chunk penalty T / n (x = [1, D, P / n, P (P + 1) / (2 n)]).
+    (sigma: the engine's stalls around the prefill, below). Chunk size enters through the chunks:
+    smaller chunks pay the fixed extra more often, and a chunk that fits a graph pays none of it.
+    Physics, not just a fit: every coefficient is held non-negative (non-negative least squares in
+    a Huber loop), the fixed extra at both ends of the fitted D range too (so alpha0 + alpha1 D >= 0
+    there; beyond it the evaluation clamps at 0), and kappa is fitted only on steps that ran as
+    graphs (None, "unmeasured", when no grid point had one: the evaluator then takes such a step as
+    an eager one and says so). Rows: (a) every mixed step of every repetition whose slow-step count
+    equals n (y = step_time - baseline) and (b) for grid points without such steps, the mean chunk
+    penalty T / n (x = the mean of the point's chunk rows). The evaluation is
+    `decision_eval.colocated_cost` (one implementation for the fits, decision.json and routers).
+    `bootstrap_context` refits it on grid points resampled with replacement (the full fit's
+    Huber weights kept): decision.json's replicates, from which every answer gets its interval.
 
 Held-out R^2: the models are refitted with folds of configurations left out and predict the left
 out ones; R^2 = 1 - sum (C - C_hat)^2 / sum (C - mean C)^2 over all held-out predictions pooled.
@@ -55,15 +67,50 @@ import numpy as np
 import pandas as pd
 
 from pdexporter._internal.text import plural
+from pdexporter.analysis.decision_eval import chunk_context, colocated_cost
 from pdexporter.analysis.table import ConfigSamples
-from pdexporter.engines import adapter
+from pdexporter.engines import BUDGET_RULE, ChunkRule, adapter
 
 __all__ = [
-    "CONTEXT_IF_NEGATIVE", "CONTEXT_MEANINGS", "CONTEXT_MODEL", "CONTEXT_NAMES", "CONTEXT_UNITS", "Coefficient",
-    "ContextAwareModel", "CostModel", "Design", "FITTERS", "FitData", "FitReport", "HUBER_K", "HeldOut", "KFOLD",
-    "LEAVE_B_OUT", "LEAVE_D_OUT", "LEAVE_P_OUT", "ModelFit", "NO_HELD_OUT", "SCHEMES", "SEED_MODEL", "SeedModel",
-    "attention_pairs", "chunk_schedule", "cross_validate", "fit_context_model", "fit_data", "fit_models",
-    "fit_seed_model", "folds_for", "num_chunks", "r_squared",
+    "CONTEXT_IF_NEGATIVE",
+    "CONTEXT_MEANINGS",
+    "CONTEXT_MODEL",
+    "CONTEXT_NAMES",
+    "CONTEXT_UNITS",
+    "DESIGN_COLUMNS",
+    "FITTERS",
+    "HUBER_K",
+    "KFOLD",
+    "LEAVE_B_OUT",
+    "LEAVE_D_OUT",
+    "LEAVE_P_OUT",
+    "NO_HELD_OUT",
+    "RAW_COLUMNS",
+    "SCHEMES",
+    "SEED_MODEL",
+    "UNMEASURED",
+    "Coefficient",
+    "ContextAwareModel",
+    "CostModel",
+    "Design",
+    "FitData",
+    "FitReport",
+    "HeldOut",
+    "ModelFit",
+    "SeedModel",
+    "attention_pairs",
+    "bootstrap_context",
+    "chunk_schedule",
+    "cross_validate",
+    "fit_context_model",
+    "fit_data",
+    "fit_models",
+    "fit_seed_model",
+    "folds_for",
+    "huber_nnls",
+    "nnls",
+    "num_chunks",
+    "r_squared",
 ]
 
 SEED_MODEL = "seed_per_chunk"
@@ -79,7 +126,7 @@ SCHEMES = (LEAVE_P_OUT, LEAVE_B_OUT, LEAVE_D_OUT, KFOLD)
 # The chunk arithmetic shared by the fits, the synthetic records and the decision function
 
 
-def num_chunks(p: Any, b: Any, d: Any, engine: str | None = None) -> np.ndarray:
+def num_chunks(p: Any, b: Any, d: Any, engine: str = "vllm") -> np.ndarray:
     """The engine's chunk count for each (P, B, D) (vLLM: ceil(P / (B - D))), element-wise."""
     p, b, d = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (p, b, d)))
     rule = adapter(engine)
@@ -89,9 +136,10 @@ def num_chunks(p: Any, b: Any, d: Any, engine: str | None = None) -> np.ndarray:
                       dtype=np.float64).reshape(p.shape)
 
 
-def chunk_schedule(new_prefill_tokens: int, chunk_size: int, decode_batch_size: int) -> list[int]:
-    """Chunk sizes in order (the engine adapter's rule: B - D tokens per step, the rest last)."""
-    return list(adapter(None).chunk_schedule(new_prefill_tokens, chunk_size, decode_batch_size))
+def chunk_schedule(new_prefill_tokens: int, chunk_size: int, decode_batch_size: int,
+                   engine: str = "vllm") -> list[int]:
+    """Chunk sizes in order (the engine adapter's rule; vLLM: B - D tokens per step, the rest last)."""
+    return list(adapter(engine).chunk_schedule(new_prefill_tokens, chunk_size, decode_batch_size))
 
 
 def attention_pairs(chunk: Any, prefix: Any) -> np.ndarray:
@@ -115,6 +163,8 @@ class FitData:
     total_ms: np.ndarray  # per stream
     steps: tuple[tuple[tuple[float, tuple[float, ...]], ...], ...]  # per point: (baseline, slow step times) per rep
     design: Design | None = field(default=None, repr=False, compare=False)  # context-aware rows, if built
+    engine: str = "vllm"  # whose chunk rule cut the prompts (engines.adapter)
+    baseline_ms: np.ndarray | None = None  # per point: its decode-only step (TPOT baseline p50)
 
     def __len__(self) -> int:
         return int(self.decode.size)
@@ -128,12 +178,17 @@ class FitData:
         return FitData(
             self.chunk_size[index], self.decode[index], self.prefill[index], self.cost_ms[index],
             self.total_ms[index], tuple(self.steps[i] for i in index),
-            self.design.rows_of(index) if self.design is not None else None,
+            self.design.rows_of(index) if self.design is not None else None, self.engine,
+            None if self.baseline_ms is None else self.baseline_ms[index],
         )
 
     @property
     def chunks(self) -> np.ndarray:
-        return num_chunks(self.prefill, self.chunk_size, self.decode)
+        return num_chunks(self.prefill, self.chunk_size, self.decode, self.engine)
+
+    @property
+    def rule(self) -> ChunkRule:
+        return adapter(self.engine).chunk_rule
 
 
 def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitData:
@@ -142,6 +197,7 @@ def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitD
     rows = table[(table["decode_batch_size"] >= 1) & table["aggregate_interference_ms"].notna()
                  & table["total_interference_ms"].notna()]
     keys = list(zip(rows["chunk_size"], rows["decode_batch_size"], rows["new_prefill_tokens"]))
+    engines = sorted(str(e) for e in table["engine"].dropna().unique()) if "engine" in table else []
     return FitData(
         chunk_size=rows["chunk_size"].to_numpy(np.float64),
         decode=rows["decode_batch_size"].to_numpy(np.float64),
@@ -149,7 +205,21 @@ def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitD
         cost_ms=rows["aggregate_interference_ms"].to_numpy(np.float64),
         total_ms=rows["total_interference_ms"].to_numpy(np.float64),
         steps=tuple(steps_by_key.get((int(b), int(d), int(p)), ()) for b, d, p in keys),
+        engine=_fit_engine(engines),
+        baseline_ms=(rows["tpot_baseline_ms"].to_numpy(np.float64) if "tpot_baseline_ms" in rows else None),
     )
+
+
+def _fit_engine(engines: Sequence[str]) -> str:
+    """The engine whose chunk rule the fit uses: the table's (records of several engines with
+    different rules cannot share one model; synthetic/modelled engines follow vLLM's rule)."""
+    from pdexporter.engines import registered
+
+    known = [e for e in engines if e in registered()]
+    rules = {adapter(e).chunk_rule for e in known}
+    if len(rules) > 1:
+        raise ValueError(f"records of engines with different chunk rules ({', '.join(known)}): fit them apart")
+    return known[0] if known else "vllm"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,8 +247,9 @@ class Coefficient:
                 "a model form that does not fit every point)")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "stderr": self.stderr, "unit": self.unit,
-                "meaning": self.meaning}
+        """As JSON: an unmeasured coefficient (NaN) is null."""
+        return {"name": self.name, "value": None if math.isnan(self.value) else self.value, "stderr": self.stderr,
+                "unit": self.unit, "meaning": self.meaning}
 
 
 class CostModel(Protocol):
@@ -194,27 +265,32 @@ class CostModel(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-CONTEXT_NAMES = ("alpha0_ms", "alpha1_ms_per_decode", "gamma_ms_per_token", "beta_ms_per_token_pair",
-                 "sigma0_ms", "sigma1_ms_per_token")
-CONTEXT_UNITS = ("ms per mixed step", "ms per mixed step per decode stream", "ms per prefill token",
-                 "ms per query-context token pair", "ms per prefill per decode stream",
-                 "ms per prefill token per decode stream")
+CONTEXT_NAMES = ("alpha0_ms", "alpha1_ms_per_decode", "compute0_ms", "gamma_ms_per_token", "beta_ms_per_token_pair",
+                 "kappa_graph_ms_per_token", "sigma0_ms", "sigma1_ms_per_token")
+CONTEXT_UNITS = ("ms per eager mixed step", "ms per eager mixed step per decode stream", "ms per eager mixed step",
+                 "ms per prefill token", "ms per query-context token pair", "ms per prefill token of a CUDA-graph step",
+                 "ms per prefill per decode stream", "ms per prefill token per decode stream")
 CONTEXT_MEANINGS = (
-    "fixed extra cost of a step that carries a prefill chunk",
-    "change of that fixed extra per running decode",
+    "the host's launch floor of an eagerly launched step that carries a prefill chunk, over a decode step",
+    "change of that launch floor per running decode",
+    "fixed part of the GPU's extra work in such a step",
     "cost of one prefill token through the weights",
     "attention cost of one query token over one context token",
+    "cost of one prefill token in a step small enough to replay a CUDA graph (no launch cost)",
     "the engine's stalls around a prefill (admission, retirement) outside its chunk steps: fixed part",
     "those stalls' growth with the prompt (hashing its blocks, freeing its KV)",
 )
 CONTEXT_IF_NEGATIVE = (
     "a step carrying a prefill chunk would cost less than the decode step it replaces",
     "larger decode batches shorten the mixed step",
+    "the GPU's work for a chunk would be less than for the decode step it replaces",
     "more prefill tokens would make a chunk cheaper",
     "a longer prefix would make attention cheaper",
+    "a graph step would get cheaper with more tokens",
     "the engine's loop would run faster around a prefill than without one",
     "longer prompts would stall the engine's loop less",
 )
+UNMEASURED = "unmeasured"
 
 
 @dataclass(frozen=True)
@@ -232,37 +308,86 @@ class ContextAwareModel:
     sigma0_ms: float = 0.0
     sigma1_ms_per_token: float = 0.0
     sigma_stderr: tuple[float | None, float | None] = (None, None)
+    # A chunk step that replays a CUDA graph: per prefill token (None: no grid point had one)
+    kappa_graph_ms_per_token: float | None = None
+    kappa_stderr: float | None = None
+    n_graph_rows: int = 0
+    # The GPU-bound side of an eager step: pi = max(launch floor, compute0 + gamma c + beta q)
+    compute0_ms: float = 0.0
+    compute0_stderr: float | None = None
+    n_launch_bound_rows: int = 0
+    n_eager_rows: int = 0
+    # The decode-only step T(D) = decode0 + decode1 D (the baseline), and the catch-up after a
+    # prefill that ran an eager step: the decodes get back `catchup_steps` x T(D) in the intervals
+    # after it (the next step was ready when the long one ended: async scheduling)
+    decode0_ms: float = 0.0
+    decode1_ms_per_decode: float = 0.0
+    catchup_steps: float = 0.0
+    rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
-    formula: str = ("C = D * (n * (alpha0 + alpha1 * D) + gamma * P + beta * P * (P + 1) / 2 + sigma0 + sigma1 * P), "
-                    "n = ceil(P / (B - D))")
+    formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * P); pi_k = max(alpha0 + alpha1 * D, "
+                    "compute0 + gamma * c_k + beta * q_k) for an eagerly launched step, kappa * c_k for a CUDA-graph "
+                    "step; chunks by the engine's rule (chunk_rule)")
 
     @property
     def values(self) -> tuple[float, float, float, float]:
         return (self.alpha0_ms, self.alpha1_ms_per_decode, self.gamma_ms_per_token, self.beta_ms_per_token_pair)
 
     def chunk_penalty_ms(self, d: Any, chunk: Any, prefix: Any) -> np.ndarray:
+        """One eager chunk step's extra per decode stream: the longer of the launch floor and the GPU's work."""
         a0, a1, g, be = self.values
-        return a0 + a1 * np.asarray(d, np.float64) + g * np.asarray(chunk, np.float64) + be * attention_pairs(chunk, prefix)
+        launch = np.maximum(0.0, a0 + a1 * np.asarray(d, np.float64))
+        return np.maximum(launch, self.compute0_ms + g * np.asarray(chunk, np.float64) + be * attention_pairs(chunk, prefix))
+
+    def document(self) -> dict[str, Any]:
+        """What `decision_eval.colocated_cost` reads: this model and its chunk rule."""
+        return {"model": self.to_dict(), "chunk_rule": self.rule.to_dict()}
 
     def per_stream_ms(self, d: Any, p: Any, b: Any) -> np.ndarray:
-        a0, a1, g, be = self.values
-        d, p = np.asarray(d, np.float64), np.asarray(p, np.float64)
-        n = num_chunks(p, b, d)
-        return n * (a0 + a1 * d) + g * p + be * p * (p + 1) / 2 + self.sigma0_ms + self.sigma1_ms_per_token * p
+        """Per decode stream (D >= 1)."""
+        return _per_point(self.document(), d, p, b, lambda doc, ctx: colocated_cost(doc, ctx)[0] / max(ctx["d"], 1.0))
 
     def predict(self, d: Any, p: Any, b: Any) -> np.ndarray:
-        return np.asarray(d, np.float64) * self.per_stream_ms(d, p, b)
+        return _per_point(self.document(), d, p, b, lambda doc, ctx: colocated_cost(doc, ctx)[0])
+
+    def mean_chunk_extra_ms(self, d: Any, p: Any, b: Any) -> np.ndarray:
+        """The token-weighted mean extra of the prefill's chunk steps (the penalty it predicts)."""
+        return _per_point(self.document(), d, p, b, lambda doc, ctx: colocated_cost(doc, ctx)[1])
 
     def coefficients(self) -> list[Coefficient]:
-        values = (*self.values, self.sigma0_ms, self.sigma1_ms_per_token)
-        errors = (*self.stderr, *self.sigma_stderr)
-        return [Coefficient(n, float(v), None if s is None else float(s), u, m, w)
+        a0, a1, g, be = self.values
+        values = (a0, a1, self.compute0_ms, g, be, self.kappa_graph_ms_per_token, self.sigma0_ms, self.sigma1_ms_per_token)
+        errors = (self.stderr[0], self.stderr[1], self.compute0_stderr, self.stderr[2], self.stderr[3], self.kappa_stderr,
+                  *self.sigma_stderr)
+        return [Coefficient(n, math.nan if v is None else float(v), None if s is None else float(s), u, m, w)
                 for n, v, s, u, m, w in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS,
                                             CONTEXT_IF_NEGATIVE)]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "formula": self.formula,
-                "coefficients": {c.name: c.value for c in self.coefficients()}}
+        k = {c.name: (None if math.isnan(c.value) else c.value) for c in self.coefficients()}
+        k.update(decode0_ms=self.decode0_ms, decode1_ms_per_decode=self.decode1_ms_per_decode,
+                 catchup_steps=self.catchup_steps)
+        return {"name": self.name, "formula": self.formula, "coefficients": k,
+                "graph_regime": "fitted" if self.kappa_graph_ms_per_token is not None else UNMEASURED}
+
+
+def _per_point(doc: dict[str, Any], d: Any, p: Any, b: Any,
+               value: Callable[[dict[str, Any], dict[str, Any]], float]) -> np.ndarray:
+    """`value` (a decision_eval evaluation) at each (D, P, B), element-wise; NaN where no chunk fits."""
+    d, p, b = np.broadcast_arrays(np.asarray(d, np.float64), np.asarray(p, np.float64), np.asarray(b, np.float64))
+    out = np.full(d.shape, np.nan)
+    cache: dict[tuple[int, int, int], float] = {}
+    for index in np.ndindex(d.shape):
+        key = (int(d[index]), int(p[index]), int(b[index]))
+        if key not in cache:
+            try:
+                ctx = chunk_context(doc, key[0], key[1], key[2])
+            except ValueError:
+                cache[key] = math.nan
+            else:
+                cache[key] = value(doc, ctx)
+        out[index] = cache[key]
+    return out
 
 
 def _interp_clamped(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -343,122 +468,370 @@ def fit_seed_model(data: FitData) -> SeedModel:
 
 @dataclass(frozen=True)
 class Design:
-    """Rows of the context-aware fit. `point` says which grid point each row comes from (so
-    cross-validation can drop a point's rows), `group` which repetition (rows of one repetition
-    share its noise: standard errors are clustered on it)."""
+    """Rows of the context-aware fit, kept per chunk step (`raw`, columns `RAW_COLUMNS`) with the
+    observation each belongs to: a located chunk step is an observation of its own, a grid point
+    whose steps were not located is one observation, the mean of its chunk rows (y = T / n).
+    `point` says which grid point each observation comes from (cross-validation drops a point's
+    rows), `group` which repetition (rows of one repetition share its noise: standard errors are
+    clustered on it)."""
 
-    x: np.ndarray
-    y: np.ndarray
+    raw: np.ndarray  # one row per chunk step: RAW_COLUMNS
+    obs: np.ndarray  # the observation each raw row belongs to
+    share: np.ndarray  # its weight in that observation (1, or 1/n for a point's mean)
+    y: np.ndarray  # per observation
     point: np.ndarray
     group: np.ndarray
     is_step: np.ndarray
+    d_range: tuple[float, float] = (1.0, 1.0)
 
     def rows_of(self, points: np.ndarray) -> Design:
-        """The rows of these points, renumbered as in `FitData.subset(points)`."""
+        """The observations of these points (each as often as it is listed), renumbered as in
+        `FitData.subset(points)`."""
         points = np.asarray(points, dtype=np.int64)
-        renumber = np.full(int(self.point.max(initial=-1)) + 1, -1, dtype=np.int64)
-        renumber[points] = np.arange(points.size)
-        keep = np.isin(self.point, points)
-        return Design(self.x[keep], self.y[keep], renumber[self.point[keep]], self.group[keep], self.is_step[keep])
+        obs_lists = [np.nonzero(self.point == p)[0] for p in points]
+        keep = np.concatenate(obs_lists) if obs_lists else np.empty(0, np.int64)
+        new_point = np.concatenate([np.full(o.size, i) for i, o in enumerate(obs_lists)]) if obs_lists else keep
+        return self._take(keep, new_point)
+
+    def _take(self, keep: np.ndarray, new_point: np.ndarray) -> Design:
+        order = np.argsort(self.obs, kind="stable")
+        starts = np.searchsorted(self.obs[order], np.arange(self.y.size))
+        ends = np.searchsorted(self.obs[order], np.arange(self.y.size), side="right")
+        rows = [order[starts[o]:ends[o]] for o in keep]
+        raw_index = np.concatenate(rows) if rows else np.empty(0, np.int64)
+        new_obs = np.concatenate([np.full(r.size, i) for i, r in enumerate(rows)]) if rows else raw_index
+        return Design(self.raw[raw_index], new_obs, self.share[raw_index], self.y[keep], new_point,
+                      self.group[keep], self.is_step[keep], self.d_range)
+
+    @property
+    def x(self) -> np.ndarray:
+        """The observations' design under each eager row's regime as last fitted (`_matrix`)."""
+        return _aggregate(self, _matrix(self.raw, self.raw[:, _R_LAUNCH] > 0))
+
+
+# Per chunk step: eager (launched kernel by kernel), D's place in the fitted D range (0..1), chunk
+# tokens, attention pairs, CUDA-graph step, last step of the prefill, prompt tokens, and the regime
+# an eager step was found in (1: bound by the host's launches, 0: by the GPU's work).
+RAW_COLUMNS = ("eager", "d_weight", "tokens", "pairs", "graph", "last", "prompt_tokens", "launch_bound")
+_R_EAGER, _R_W, _R_C, _R_Q, _R_GRAPH, _R_LAST, _R_P, _R_LAUNCH = range(len(RAW_COLUMNS))
+DESIGN_COLUMNS = ("launch_at_d_lo", "launch_at_d_hi", "compute_fixed", "compute_tokens", "compute_pairs",
+                  "graph_tokens", "last_step", "last_step_prompt_tokens")
+
+
+def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[float, float]) -> np.ndarray:
+    """One raw row per chunk step (RAW_COLUMNS). The last step carries the prompt's retirement too
+    (the request finishes with its first token: its KV blocks are freed, its prefix hashed), seen
+    on the H200 as ~1 ms per 1K prompt tokens in whichever step ran the last chunk, a one-token tail
+    as much as a full chunk: it is fitted as a term of its own, so it cannot pass for the cost of
+    the chunk that happens to run there."""
+    prefix = np.concatenate([[0.0], np.cumsum(chunks)[:-1]])
+    graph = np.array([rule.graph_step(int(c), d) for c in chunks], dtype=np.float64)
+    lo, hi = d_range
+    w = 0.0 if hi <= lo else (d - lo) / (hi - lo)
+    last = np.zeros(chunks.size)
+    last[-1] = 1.0
+    return np.column_stack([1.0 - graph, np.full(chunks.size, w), chunks, attention_pairs(chunks, prefix), graph,
+                            last, np.full(chunks.size, float(chunks.sum())), np.zeros(chunks.size)])
+
+
+def _matrix(raw: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """DESIGN_COLUMNS per raw row, an eager row in its regime: launch-bound rows carry the launch
+    floor at the two ends of the D range, compute-bound ones the GPU work's fixed part, tokens and
+    attention pairs."""
+    eager = raw[:, _R_EAGER]
+    lb = eager * launch
+    cb = eager * (~launch)
+    w = raw[:, _R_W]
+    return np.column_stack([lb * (1.0 - w), lb * w, cb, cb * raw[:, _R_C], cb * raw[:, _R_Q],
+                            raw[:, _R_GRAPH] * raw[:, _R_C], raw[:, _R_LAST], raw[:, _R_LAST] * raw[:, _R_P]])
+
+
+def _aggregate(design: Design, matrix: np.ndarray) -> np.ndarray:
+    out = np.zeros((design.y.size, matrix.shape[1]))
+    np.add.at(out, design.obs, matrix * design.share[:, None])
+    return out
 
 
 def _design(data: FitData) -> Design:
-    """Per mixed step where a repetition's slow steps line up with the chunk schedule (one row per
-    step), else one row per grid point with its mean chunk penalty."""
-    xs: list[np.ndarray] = []
-    ys: list[np.ndarray] = []
-    points: list[np.ndarray] = []
-    groups: list[np.ndarray] = []
-    steps: list[np.ndarray] = []
+    """Per mixed step where a repetition's slow steps line up with the chunk schedule (one
+    observation per step), else one observation per grid point with its mean chunk penalty."""
+    raws: list[np.ndarray] = []
+    obs: list[np.ndarray] = []
+    shares: list[np.ndarray] = []
+    ys: list[float] = []
+    points: list[int] = []
+    groups: list[int] = []
+    steps: list[bool] = []
     cluster = 0
     n_all = data.chunks
+    rule = data.rule
+    d_range = (float(data.decode.min()), float(data.decode.max())) if len(data) else (1.0, 1.0)
     for i in range(len(data)):
         b, d, p, n = int(data.chunk_size[i]), int(data.decode[i]), int(data.prefill[i]), int(n_all[i])
-        usable = [(base, times) for base, times in data.steps[i] if len(times) == n]
+        chunks = np.asarray(chunk_schedule(p, b, d, data.engine), np.float64)
+        block = _chunk_rows(rule, d, chunks, d_range)
+        # A repetition located every chunk step, or every one but a trailing tail that replayed a
+        # graph (it ran like a decode step, so the slow steps alone do not show it).
+        trailing = 0
+        for is_graph in (block[:, _R_GRAPH] > 0)[::-1]:
+            if not is_graph:
+                break
+            trailing += 1
+        seen = n - trailing if trailing < n else n
+        usable = [(base, times) for base, times in data.steps[i] if len(times) in (n, seen)]
         if usable:
-            chunks = np.asarray(chunk_schedule(p, b, d), np.float64)
-            prefix = np.concatenate([[0.0], np.cumsum(chunks)[:-1]])
-            block = np.column_stack([np.ones(n), np.full(n, float(d)), chunks, attention_pairs(chunks, prefix)])
-            k = len(usable)
-            xs.append(np.tile(block, (k, 1)))
-            ys.append(np.concatenate([np.asarray(times, np.float64) - base for base, times in usable]))
-            groups.append(np.repeat(np.arange(cluster, cluster + k), n))
-            cluster += k
-            points.append(np.full(n * k, i))
-            steps.append(np.ones(n * k, dtype=bool))
+            for base, times in usable:
+                for k, t in enumerate(times):
+                    raws.append(block[k : k + 1])
+                    obs.append(np.array([len(ys)]))
+                    shares.append(np.ones(1))
+                    ys.append(float(t) - base)
+                    points.append(i)
+                    groups.append(cluster)
+                    steps.append(True)
+                cluster += 1
         else:
-            xs.append(np.array([[1.0, d, p / n, p * (p + 1) / (2 * n)]]))
-            ys.append(np.array([data.total_ms[i] / n]))
-            groups.append(np.array([cluster]))
+            raws.append(block)
+            obs.append(np.full(n, len(ys)))
+            shares.append(np.full(n, 1.0 / n))
+            ys.append(float(data.total_ms[i]) / n)
+            points.append(i)
+            groups.append(cluster)
+            steps.append(False)
             cluster += 1
-            points.append(np.array([i]))
-            steps.append(np.zeros(1, dtype=bool))
-    if not xs:
+    if not raws:
         empty = np.empty(0, np.int64)
-        return Design(np.empty((0, 4)), np.empty(0), empty, empty, np.empty(0, dtype=bool))
-    return Design(np.vstack(xs), np.concatenate(ys), np.concatenate(points), np.concatenate(groups),
-                  np.concatenate(steps))
+        return Design(np.empty((0, len(RAW_COLUMNS))), empty, np.empty(0), np.empty(0), empty, empty,
+                      np.empty(0, dtype=bool), d_range)
+    return Design(np.vstack(raws), np.concatenate(obs), np.concatenate(shares), np.asarray(ys, np.float64),
+                  np.asarray(points, np.int64), np.asarray(groups, np.int64), np.asarray(steps, dtype=bool), d_range)
+
+
+def _active_columns(x: np.ndarray, d_range: tuple[float, float]) -> list[int]:
+    """The design columns the data carry (no D spread: no second launch end; no graph step: no kappa)."""
+    active = list(range(len(DESIGN_COLUMNS)))
+    if d_range[1] <= d_range[0]:
+        active.remove(1)
+    return [c for c in active if np.any(x[:, c] != 0)]
+
+
+def _fit_columns(x: np.ndarray, y: np.ndarray, d_range: tuple[float, float],
+                 weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
+    """Bounded (>= 0) Huber fit: (coefficients by DESIGN_COLUMNS, Huber weights, active columns,
+    the scaled active design). With `weights`, one weighted NNLS with them."""
+    active = _active_columns(x, d_range)
+    xa = x[:, active]
+    scale = np.abs(xa).max(axis=0) if active else np.ones(0)
+    scale[scale == 0] = 1.0
+    xs = xa / scale
+    if weights is None:
+        coef_scaled, weights = huber_nnls(xs, y)
+    else:
+        root = np.sqrt(weights)
+        coef_scaled = nnls(xs * root[:, None], y * root)
+    coef = np.zeros(x.shape[1])
+    coef[active] = coef_scaled / scale
+    return coef, weights, active, xs
+
+
+def _launch_bound(raw: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Each eager row's regime under these coefficients: the host's launches take longer than the
+    GPU's work (the step time is the longer of the two)."""
+    w = raw[:, _R_W]
+    launch = coef[0] * (1.0 - w) + coef[1] * w
+    compute = coef[2] + coef[3] * raw[:, _R_C] + coef[4] * raw[:, _R_Q]
+    return (raw[:, _R_EAGER] > 0) & (launch >= compute)
+
+
+def _solve(design: Design) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray]:
+    """The eager steps' regimes and the coefficients, alternated until the regimes hold still
+    (each row in the regime whose time is the longer, as max(launch, compute) says); returns
+    (coefficients, Huber weights, active columns, scaled design, launch-bound flag per raw row)."""
+    raw = design.raw
+    launch = (raw[:, _R_EAGER] > 0) & (raw[:, _R_C] < 4096)  # a start: small chunks wait on launches
+    best = None
+    for _ in range(30):
+        x = _aggregate(design, _matrix(raw, launch))
+        coef, weights, active, xs = _fit_columns(x, design.y, design.d_range)
+        loss = float(np.sum(weights * (design.y - x @ coef) ** 2))
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, coef, weights, active, xs, launch)
+        new = _launch_bound(raw, coef)
+        if np.array_equal(new, launch):
+            break
+        launch = new
+    assert best is not None
+    _, coef, weights, active, xs, launch = best
+    return coef, weights, active, xs, launch
+
+
+def _from_columns(coef: np.ndarray, d_range: tuple[float, float]) -> tuple[float, float]:
+    """(alpha0, alpha1) of the launch floor from its values at the two ends of the D range."""
+    lo, hi = d_range
+    if hi <= lo:
+        return float(coef[0]), 0.0
+    alpha1 = (coef[1] - coef[0]) / (hi - lo)
+    return float(coef[0] - alpha1 * lo), float(alpha1)
 
 
 def fit_context_model(data: FitData) -> ContextAwareModel:
     design = data.design if data.design is not None else _design(data)
-    x, y, groups = design.x, design.y, design.group
-    n_steps, n_points = int(design.is_step.sum()), int((~design.is_step).sum())
-    if y.size == 0:
+    if design.y.size == 0:
         raise ValueError("no grid point with D >= 1 and a measured cost to fit")
-    active = [0, 1, 2, 3]
-    if np.ptp(x[:, 1]) == 0:
-        active.remove(1)  # one D value only: alpha1 cannot be told from alpha0
-    xa = x[:, active]
-    scale = np.abs(xa).max(axis=0)
-    scale[scale == 0] = 1.0
-    xs = xa / scale
-    coef_scaled, weights, rank = _huber_irls(xs, y)
-    coef = coef_scaled / scale
-    stderr: list[float | None] = [None] * len(active)
-    if rank == len(active) and y.size > len(active):
-        raw = np.asarray(_clustered_stderr(xs, y - xs @ coef_scaled, groups, weights)) / scale
-        stderr = [float(v) for v in raw]
-    values = [0.0, 0.0, 0.0, 0.0]
-    errors: list[float | None] = [None, None, None, None]
-    for j, col in enumerate(active):
-        values[col] = float(coef[j])
-        errors[col] = stderr[j]
-    downweighted = int(np.sum(weights < 0.5))
-    stage1 = ContextAwareModel(*values, stderr=tuple(errors), n_step_rows=n_steps, n_point_rows=n_points,  # type: ignore[arg-type]
-                               n_downweighted=downweighted)
+    coef, weights, active, xs, launch = _solve(design)
+    n_steps, n_points = int(design.is_step.sum()), int((~design.is_step).sum())
+    k = len(DESIGN_COLUMNS)
+    se: list[float | None] = [None] * k
+    alpha_se: tuple[float | None, float | None] = (None, None)
+    x = _aggregate(design, _matrix(design.raw, launch))
+    if design.y.size > len(active) and active:
+        scale = np.abs(x[:, active]).max(axis=0)
+        scale[scale == 0] = 1.0
+        cov_scaled = _clustered_cov(xs, design.y - xs @ (coef[active] * scale), design.group, weights)
+        cov = np.zeros((k, k))
+        cov[np.ix_(active, active)] = cov_scaled / np.outer(scale, scale)
+        for j in active:
+            se[j] = math.sqrt(max(cov[j, j], 0.0))
+        lo, hi = design.d_range
+        if hi > lo:  # alpha1 = (c1 - c0) / (hi - lo), alpha0 = c0 - alpha1 lo
+            t = np.array([[1 + lo / (hi - lo), -lo / (hi - lo)], [-1 / (hi - lo), 1 / (hi - lo)]])
+            c2 = t @ cov[:2, :2] @ t.T
+            alpha_se = (math.sqrt(max(c2[0, 0], 0.0)), math.sqrt(max(c2[1, 1], 0.0)))
+        else:
+            alpha_se = (se[0], None)
+    alpha0, alpha1 = _from_columns(coef, design.d_range)
+    graph_rows = int(np.sum(design.raw[:, _R_GRAPH] > 0))
+    eager_rows = int(np.sum(design.raw[:, _R_EAGER] > 0))
+    stage1 = ContextAwareModel(
+        alpha0, alpha1, float(coef[3]), float(coef[4]), stderr=(alpha_se[0], alpha_se[1], se[3], se[4]),
+        n_step_rows=n_steps, n_point_rows=n_points, n_downweighted=int(np.sum(weights < 0.5)),
+        compute0_ms=float(coef[2]), compute0_stderr=se[2],
+        kappa_graph_ms_per_token=float(coef[5]) if 5 in active else None, kappa_stderr=se[5],
+        n_graph_rows=graph_rows, n_launch_bound_rows=int(np.sum(launch)), n_eager_rows=eager_rows,
+        rule=data.rule, sigma0_ms=float(coef[6]), sigma1_ms_per_token=float(coef[7]),
+    )
+    decode0, decode1 = _decode_step(data)
+    stage1 = replace(stage1, decode0_ms=decode0, decode1_ms_per_decode=decode1)
     return _with_stalls(stage1, data) if n_steps else stage1
 
 
-def _with_stalls(model: ContextAwareModel, data: FitData) -> ContextAwareModel:
-    """Second stage: what the chunk steps leave unexplained of each point's per-stream total
-    interference (the engine's admission and retirement stalls, seen on vLLM 0.22 as one to three
-    slow steps beside the chunks) as sigma0 + sigma1 * P, Huber-fitted over the grid points."""
-    residual = data.total_ms - model.per_stream_ms(data.decode, data.prefill, data.chunk_size)
+def _decode_step(data: FitData) -> tuple[float, float]:
+    """The decode-only step T(D) = decode0 + decode1 D (both >= 0) over the points' baselines."""
+    if data.baseline_ms is None:
+        return 0.0, 0.0
+    ok = np.isfinite(data.baseline_ms)
+    if not ok.any():
+        return 0.0, 0.0
+    x = np.column_stack([np.ones(int(ok.sum())), data.decode[ok]])
+    coef = nnls(x, data.baseline_ms[ok])
+    return float(coef[0]), float(coef[1])
+
+
+def _stall_fit(model: ContextAwareModel, data: FitData,
+               weights: np.ndarray | None = None) -> tuple[tuple[float, float, float], tuple[float | None, float | None],
+                                                          np.ndarray | None]:
+    """What the chunk steps leave unexplained of each point's per-stream total interference:
+    sigma0 + sigma1 P - catchup x T(D) (all three >= 0; the catch-up only after an eager step):
+    ((sigma0, sigma1, catchup), the sigmas' standard errors, the Huber weights)."""
+    bare = replace(model, catchup_steps=0.0)
+    residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size)
     ok = np.isfinite(residual)
     if ok.sum() < 3 or np.ptp(data.prefill[ok]) == 0:
-        return model
-    x = np.column_stack([np.ones(int(ok.sum())), data.prefill[ok]])
+        return (0.0, 0.0, 0.0), (None, None), None
+    eager_any = np.array([_any_eager(model, int(d), int(p), int(b)) for d, p, b in
+                          zip(data.decode[ok], data.prefill[ok], data.chunk_size[ok])], dtype=np.float64)
+    step = model.decode0_ms + model.decode1_ms_per_decode * data.decode[ok]
+    columns = [np.ones(int(ok.sum())), data.prefill[ok]]
+    catchup = bool(np.any(eager_any * step > 0))
+    if catchup:
+        columns.append(-eager_any * step)
+    x = np.column_stack(columns)
     scale = np.abs(x).max(axis=0)
-    coef_scaled, weights, rank = _huber_irls(x / scale, residual[ok])
+    scale[scale == 0] = 1.0
+    if weights is None:
+        coef_scaled, used = huber_nnls(x / scale, residual[ok])
+    else:
+        used = weights[ok]
+        root = np.sqrt(used)
+        coef_scaled = nnls(x / scale * root[:, None], residual[ok] * root)
     coef = coef_scaled / scale
     errors: tuple[float | None, float | None] = (None, None)
-    if rank == 2 and ok.sum() > 2:
-        raw = np.asarray(_clustered_stderr(x / scale, residual[ok] - (x / scale) @ coef_scaled,
-                                           np.arange(int(ok.sum())), weights)) / scale
+    if ok.sum() > x.shape[1]:
+        cov = _clustered_cov(x / scale, residual[ok] - (x / scale) @ coef_scaled, np.arange(int(ok.sum())), used)
+        raw = np.sqrt(np.maximum(np.diag(cov), 0.0)) / scale
         errors = (float(raw[0]), float(raw[1]))
-    return replace(model, sigma0_ms=float(coef[0]), sigma1_ms_per_token=float(coef[1]), sigma_stderr=errors)
+    full_weights = np.ones(ok.size)
+    full_weights[ok] = used
+    return (float(coef[0]), float(coef[1]), float(coef[2]) if catchup else 0.0), errors, full_weights
+
+
+def _any_eager(model: ContextAwareModel, d: int, p: int, b: int) -> bool:
+    ctx = chunk_context(model.document(), d, p, b)
+    return ctx["eager_chunks"] > 0
+
+
+def _with_stalls(model: ContextAwareModel, data: FitData) -> ContextAwareModel:
+    """Second stage: the engine's stalls around the prefill outside its chunk steps (admission,
+    seen on vLLM 0.22 as one to three slow steps beside the chunks), added to the last step's
+    retirement the first stage found, as sigma0 + sigma1 * P per decode stream (both >= 0)."""
+    (s0, s1, catchup), errors, _ = _stall_fit(model, data)
+    return replace(model, sigma0_ms=model.sigma0_ms + s0, sigma1_ms_per_token=model.sigma1_ms_per_token + s1,
+                   sigma_stderr=errors, catchup_steps=catchup)
+
+
+def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int = 200,
+                      seed: int = 0) -> list[dict[str, float | None]]:
+    """The context-aware model refitted on `replicates` resamples of the grid points (drawn with
+    replacement; each resampled point brings all its rows, with the full fit's regimes and Huber
+    weights): the coefficient sets decision.json carries, from which every verdict gets its interval."""
+    data = data.with_design()
+    design = data.design
+    assert design is not None
+    _, weights, _, _, launch = _solve(design)
+    matrix = _matrix(design.raw, launch)
+    x_all = _aggregate(design, matrix)
+    _, _, stall_weights = _stall_fit(model, data)
+    rng = np.random.default_rng(seed)
+    plain = replace(data, design=None)
+    rows_by_point = [np.nonzero(design.point == i)[0] for i in range(len(data))]
+    out: list[dict[str, float | None]] = []
+    for _ in range(replicates):
+        drawn = rng.integers(0, len(data), len(data))
+        rows = np.concatenate([rows_by_point[i] for i in drawn])
+        coef, _, _, _ = _fit_columns(x_all[rows], design.y[rows], design.d_range, weights[rows])
+        alpha0, alpha1 = _from_columns(coef, design.d_range)
+        stage1 = replace(model, alpha0_ms=alpha0, alpha1_ms_per_decode=alpha1, compute0_ms=float(coef[2]),
+                         gamma_ms_per_token=float(coef[3]), beta_ms_per_token_pair=float(coef[4]),
+                         kappa_graph_ms_per_token=(float(coef[5]) if model.kappa_graph_ms_per_token is not None
+                                                   else None), sigma0_ms=float(coef[6]), sigma1_ms_per_token=float(coef[7]),
+                         catchup_steps=0.0)
+        if model.n_step_rows:
+            (s0, s1, catchup), _, _ = _stall_fit(stage1, plain.subset(drawn),
+                                                 None if stall_weights is None else stall_weights[drawn])
+            stage1 = replace(stage1, sigma0_ms=stage1.sigma0_ms + s0, sigma1_ms_per_token=stage1.sigma1_ms_per_token + s1,
+                             catchup_steps=catchup)
+        out.append(stage1.to_dict()["coefficients"])
+    return out
 
 
 HUBER_K = 1.345  # 95 % efficiency of least squares when the errors are normal
 
 
-def _huber_irls(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, np.ndarray, int]:
-    """Huber regression by iteratively reweighted least squares, from the OLS solution; the scale is
-    re-estimated each round as 1.4826 x the median absolute residual. Rows the linear form cannot
-    describe (e.g. a tiny last chunk that runs under CUDA graphs, a stray hiccup) then weigh
-    k*s/|r| instead of 1 and cannot bend the coefficients of the rows that carry the cost."""
-    coef, _, rank, _ = np.linalg.lstsq(x, y, rcond=None)
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0 (scipy's NNLS)."""
+    from scipy.optimize import nnls as scipy_nnls
+
+    coef, _ = scipy_nnls(x, y, maxiter=50 * max(x.shape[1], 1))
+    return coef
+
+
+def huber_nnls(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, np.ndarray]:
+    """Huber regression with non-negative coefficients, by iteratively reweighted NNLS from the
+    NNLS solution; the scale is re-estimated each round as 1.4826 x the median absolute residual.
+    Rows the linear form cannot describe (a stray hiccup, a launch-bound step at the host's slow
+    speed) then weigh k*s/|r| instead of 1 and cannot bend the coefficients of the rows that carry
+    the cost."""
+    coef = nnls(x, y)
     weights = np.ones_like(y)
     floor = 1e-9 * max(float(np.mean(np.abs(y))), 1e-12)
     for _ in range(iterations):
@@ -467,28 +840,27 @@ def _huber_irls(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.
         k = HUBER_K * max(sigma, floor)
         new_weights = np.where(np.abs(residuals) <= k, 1.0, k / np.maximum(np.abs(residuals), 1e-300))
         root = np.sqrt(new_weights)
-        new_coef, _, rank, _ = np.linalg.lstsq(x * root[:, None], y * root, rcond=None)
-        converged = np.allclose(new_coef, coef, rtol=1e-10, atol=0.0)
+        new_coef = nnls(x * root[:, None], y * root)
+        converged = np.allclose(new_coef, coef, rtol=1e-10, atol=1e-12)
         coef, weights = new_coef, new_weights
         if converged:
             break
-    return coef, weights, int(rank)
+    return coef, weights
 
 
-def _clustered_stderr(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray,
-                      weights: np.ndarray | None = None) -> list[float]:
-    """Cluster-robust (sandwich) standard errors of a (weighted) least-squares fit, with the usual
+def _clustered_cov(x: np.ndarray, residuals: np.ndarray, groups: np.ndarray,
+                   weights: np.ndarray | None = None) -> np.ndarray:
+    """Cluster-robust (sandwich) covariance of a (weighted) least-squares fit, with the usual
     small-sample factor."""
     w = np.ones_like(residuals) if weights is None else weights
-    bread = np.linalg.inv(x.T @ (x * w[:, None]))
+    bread = np.linalg.pinv(x.T @ (x * w[:, None]))
     labels, index = np.unique(groups, return_inverse=True)
     scores = np.zeros((labels.size, x.shape[1]))
     np.add.at(scores, index, x * (w * residuals)[:, None])
     meat = scores.T @ scores
     m, n, k = labels.size, x.shape[0], x.shape[1]
     factor = (m / max(m - 1, 1)) * ((n - 1) / max(n - k, 1))
-    cov = factor * bread @ meat @ bread
-    return [float(math.sqrt(max(v, 0.0))) for v in np.diag(cov)]
+    return factor * bread @ meat @ bread
 
 
 FITTERS: dict[str, Callable[[FitData], CostModel]] = {

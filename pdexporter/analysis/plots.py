@@ -197,7 +197,7 @@ def chunk_sensitivity(table: pd.DataFrame, decode_batch_size: int | None = None)
     axes = fig.subplots(1, 3)
     panels = (
         ("prefill_duration_ms", "total prefill duration (ms)"),
-        ("tpot_penalty_ms", "per-step TPOT penalty p50 (ms)"),
+        ("tpot_penalty_ms", "TPOT penalty during the prefill (ms)"),
         ("aggregate_interference_ms", "aggregate interference (ms, D x per stream)"),
     )
     for ax, (column, label) in zip(axes, panels):
@@ -334,8 +334,8 @@ def arms_plot(joined: pd.DataFrame, doc: dict | None = None) -> Plot | None:
         ax.set_yscale("symlog", linthresh=10)
     ax.set_xlabel("new_prefill_tokens (P)")
     ax.set_ylabel("ms")
-    transfer = (doc or {}).get("two_arm", {}).get("transfer", {}) if doc else {}
-    note = (f"; transfer {transfer.get('fixed_ms')} ms + {transfer.get('bandwidth_gb_s')} GB/s (measured)"
+    transfer = ((doc or {}).get("two_arm", {}).get("terms") or {}).get("transfer", {}) if doc else {}
+    note = (f"; transfer {transfer.get('latency_ms')} ms + {transfer.get('gb_per_s')} GB/s (measured)"
             if transfer.get("source") == "measured" else "")
     ax.set_title(_title(f"Offloading: decode time saved vs TTFT paid, B={b}{note}", _modelled(joined)), fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -139,6 +139,14 @@ def _present(value: Any) -> bool:
     return value is not None and not pd.isna(value)
 
 
+def _threshold_cell(entry: dict | None) -> str:
+    if not entry or entry["threshold"] is None:
+        return "never"
+    iv = entry.get("interval")
+    span = f" ({iv[0]}..{iv[1] if iv[1] is not None else 'never'})" if iv else ""
+    return f"{'undecided: ' if entry['status'] == 'undecided' else ''}{entry['threshold']}{span}"
+
+
 def _arms(analysis: Analysis) -> str:
     """Both arms (docs/disaggregation.md): the measured points side by side, the transfer model,
     the break-even (smallest prefill offloading wins at) and the figure."""
@@ -158,10 +166,8 @@ def _arms(analysis: Analysis) -> str:
              "colocated TTFT (what the request pays).</p>"]
     t = arms.transfer
     if t is not None:
-        parts.append(f"<p id='transfer-model'>Transfer model ({_e(t.source)}, {t.n} windows): "
-                     f"{t.fixed_ms:.2f} ms + P &times; {t.ms_per_token * 1e3:.4f} ms per 1K tokens"
-                     + (f" = {t.bandwidth_gb_s:.1f} GB/s at {t.bytes_per_token:.0f} bytes per token" if t.bandwidth_gb_s
-                        else "") + ".</p>")
+        parts.append(f"<p id='transfer-model'>KV transfer model ({_e(t.describe())}): latency + the prompt's KV "
+                     "bytes at the bandwidth, fitted on the windows of its nominal regime.</p>")
     else:
         parts.append("<p class='warn' id='transfer-model'>No transfer was measured: the verdict uses the seed's "
                      f"constant {analysis.transfer_ms:g} ms in the offloaded TTFT.</p>")
@@ -185,14 +191,15 @@ def _arms(analysis: Analysis) -> str:
                      _e(verdict)])
     parts.append('<div class="scroll" id="arms-table">' + _table(headers, body, frozenset({11})) + "</div>")
     if arms.thresholds:
-        per = arms.thresholds["min_prefill_tokens"]
-        decodes = sorted({int(d) for v in per.values() for d in v})
-        rows = [[f"B={_e(b)}"] + [_num(v.get(str(d))) if v.get(str(d)) is not None else "never" for d in decodes]
+        per = arms.thresholds["chunk_sizes"]
+        decodes = sorted({int(d) for v in per.values() for d in v["by_decode_batch_size"]})
+        rows = [[f"B={_e(b)}" + (" (modelled)" if v["modelled"] else "")]
+                + [_e(_threshold_cell(v["by_decode_batch_size"].get(str(d)))) for d in decodes]
                 for b, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
         parts.append("<p id='break-even'>Break-even with the measured transfer: the smallest prefill (tokens) from "
-                     "which the two-arm verdict offloads, per chunk size and D (no SLO; "
-                     "<code>pdexporter thresholds --tpot-slo-ms .. --ttft-slo-ms ..</code> for yours, and the llm-d "
-                     "snippet):</p>")
+                     "which the two-arm verdict offloads, per chunk size and D, with its 90 % interval over the "
+                     "bootstrap resamples (no SLO; <code>pdexporter thresholds --tpot-slo-ms .. --ttft-slo-ms ..</code> "
+                     "for yours, and the llm-d snippet):</p>")
         parts.append(_table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0})))
     plot = arms_plot(table, doc if doc.get("two_arm") else None)
     if plot is not None:

@@ -9,8 +9,10 @@ against the coefficients that made the data.
 Step-time model (ms), the one `analysis.models.ContextAwareModel` fits:
 
     decode-only step with D decodes:      b(D)      = decode_fixed + decode_per_decode * D
-    mixed step k (chunk c_k at prefix p_k): b(D) + alpha0 + alpha1 * D + gamma * c_k
-                                              + beta * (c_k * p_k + c_k * (c_k + 1) / 2)
+    mixed step k (chunk c_k at prefix p_k): b(D) + max(alpha0 + alpha1 * D,
+                                                  compute0 + gamma * c_k + beta * (c_k * p_k + c_k * (c_k + 1) / 2))
+      ... or, when the step's tokens (chunk + D) fit a CUDA graph (<= graph_max_tokens):
+                                            b(D) + kappa * c_k
 
 with chunks of B - D tokens (the last one smaller), the first step after the injection
 decode-only (async scheduling: it was already scheduled), and relative noise per step and per
@@ -57,10 +59,13 @@ class SyntheticTruth:
 
     decode_fixed_ms: float = 4.0
     decode_per_decode_ms: float = 0.5
-    alpha0_ms: float = 8.0
-    alpha1_ms_per_decode: float = -0.2
-    gamma_ms_per_token: float = 0.004
+    alpha0_ms: float = 40.0  # the host's launch floor of an eager mixed step
+    alpha1_ms_per_decode: float = -0.5
+    compute0_ms: float = 3.0
+    gamma_ms_per_token: float = 0.006
     beta_ms_per_token_pair: float = 1.3e-6
+    kappa_graph_ms_per_token: float = 0.03
+    graph_max_tokens: int = 512  # vLLM 0.22's default largest CUDA graph
     step_noise: float = 0.01
     rep_noise: float = 0.03
     client_jitter_ms: float = 0.02
@@ -69,9 +74,11 @@ class SyntheticTruth:
         return self.decode_fixed_ms + self.decode_per_decode_ms * d
 
     def chunk_penalty_ms(self, d: int, chunk: float, prefix: float) -> float:
+        if chunk + d <= self.graph_max_tokens:
+            return self.kappa_graph_ms_per_token * chunk
         pairs = chunk * prefix + chunk * (chunk + 1) / 2
-        return (self.alpha0_ms + self.alpha1_ms_per_decode * d + self.gamma_ms_per_token * chunk
-                + self.beta_ms_per_token_pair * pairs)
+        return max(self.alpha0_ms + self.alpha1_ms_per_decode * d,
+                   self.compute0_ms + self.gamma_ms_per_token * chunk + self.beta_ms_per_token_pair * pairs)
 
 
 def _streams(step_ends_ms: np.ndarray, d: int, jitter_ms: float, rng: np.random.Generator) -> list[np.ndarray]:

@@ -110,6 +110,17 @@ def rep_values(
     total = values.get("total_interference_ms")
     if values.get("aggregate_interference_ms") is None and total is not None:
         values["aggregate_interference_ms"] = total * decode_batch_size  # records written before it existed
+    # Records written before the headline penalty was the token-weighted mean: the same definition
+    # from the mean they carry (measure.window, "Penalty"); a record with the seed's keys alone (its
+    # example) has the p50 only, which then stands in.
+    if values.get("tpot_interference_ms") is None and values.get("tpot_interference_p50_ms") is not None:
+        values["tpot_interference_ms"] = values["tpot_interference_p50_ms"]
+        values["tpot_penalty_ms"] = values.get("tpot_penalty_p50_ms")
+    mean, base = values.get("tpot_interference_ms"), values.get("tpot_baseline_ms")
+    if values.get("tpot_penalty_ms") is None and mean is not None and base is not None:
+        values["tpot_penalty_ms"] = mean - base
+        if base:
+            values["penalty_ratio"] = (mean - base) / base
     return values
 
 

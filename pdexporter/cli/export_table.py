@@ -233,7 +233,8 @@ def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
         for c in best.model.coefficients()[:8]:
             err = f" ± {c.stderr:.3g}" if c.stderr is not None else ""
             note = f" ({c.note})" if c.note else ""
-            console.print(f"  {c.name} = {c.value:.4g}{err} {c.unit}{note}", highlight=False)
+            value = "unmeasured (no step of the data ran in this regime)" if c.value != c.value else f"{c.value:.4g}"
+            console.print(f"  {c.name} = {value}{err} {c.unit}{note}", highlight=False)
         generalisation = [f"{scheme} MAPE {h.mape:.1%} ({h.predicted} points)" for scheme, h in best.held_out.items()
                           if h.mape is not None]
         if generalisation:
@@ -245,9 +246,8 @@ def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
         t = arms.transfer
         console.print(f"offloaded arm: {len(arms.samples)} grid points from {arms.source} "
                       f"({', '.join(sorted({s.engine for s in arms.samples}))}); transfer model: "
-                      + (f"{t.source}, {t.fixed_ms:.2f} ms + {t.ms_per_token * 1e3:.4f} ms per 1K tokens"
-                         + (f" ({t.bandwidth_gb_s:.1f} GB/s)" if t.bandwidth_gb_s else "") if t is not None
-                         else "none measured (the seed's constant stands in)"))
+                      + (t.describe() if t is not None else "none measured (the seed's constant stands in)"),
+                      highlight=False, soft_wrap=True)
     table = Table(title="Success criteria (seed)")
     table.add_column("#")
     table.add_column("criterion")

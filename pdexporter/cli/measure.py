@@ -126,6 +126,7 @@ def _print_record(record: RunRecord, path: Path) -> None:
         ("TPOT baseline p50", _fmt(b.tpot_p50_ms, " ms")),
         ("TPOT during prefill p50", _fmt(i.tpot_during_prefill_p50_ms, " ms")),
         ("TPOT after prefill p50", _fmt(i.tpot_after_prefill_p50_ms, " ms")),
+        ("TPOT penalty", _fmt(d.tpot_penalty_ms, " ms")),
         ("TPOT penalty p50", _fmt(d.tpot_penalty_p50_ms, " ms")),
         ("penalty ratio", _fmt(d.tpot_penalty_ratio)),
         ("prefill duration", _fmt(i.prefill_duration_ms, " ms")),

@@ -379,7 +379,7 @@ class ProgressObserver(SweepObserver):
         self.progress.update(self.task, configs=self._configs())
         if not self.interactive and record is not None:
             # Logs (CI, a remote GPU call) get one line per configuration instead of a bar.
-            pen = record.derived.tpot_penalty_p50_ms
+            pen = record.derived.tpot_penalty_ms
             cv = record.summary.cv_tpot_penalty if record.summary else None
             self.on_message(
                 f"{self._stamp()} {self._configs()} {self._where(key[0])}B={key[0]} D={key[1]} P={key[2]}: "

@@ -20,7 +20,8 @@ def validate_pd(
     colocated: Annotated[Path, typer.Argument(help="Records of the colocated arm (one GPU).")],
     decode_bench: Annotated[Path, typer.Option("--decode-bench", help="Records of the DecodeBench arm (one GPU).")],
     pair: Annotated[Path, typer.Option("--pair", help="Records of the measured 1P1D pair.")],
-    out: Annotated[Path | None, typer.Option("--out", help="Directory for pd_validation.csv/.json (default: --pair).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Write pd_validation.csv/.json into this directory (nothing is written without it).")] = None,
     goal_pct: Annotated[float, typer.Option("--goal-pct", min=0.0, help="Error goal for the saving (%).")] = 15.0,
 ) -> None:
     """Predicted vs measured saving (and TTFT cost) at the pair's points, with % errors."""
@@ -42,15 +43,15 @@ def validate_pd(
         if wrong:
             raise RecordError(f"{path}: records of the {', '.join(wrong)} arm, expected {arm}")
     col_t, db_t, pd_t = build_table(col), build_table(db), build_table(pd_)
-    transfer = fit_transfer(pd_t)
+    transfer = fit_transfer(pd_)
     if transfer is None:
         console.print("[yellow]the pair's records carry no measured transfer: the prediction has no transfer term "
                       "for the TTFT[/]")
     data = fit_data(col_t, col)
     doc = None
     if len(data):
-        doc = decision_document(fit_models(data), col_t)
-        section = two_arm_section(col_t, db_t, transfer, source=str(decode_bench))
+        doc = decision_document(fit_models(data), col_t, data=data)
+        section = two_arm_section(col, db, transfer, doc, source=str(decode_bench))
         if section is not None:
             doc["two_arm"] = section
     frame = predict_pair(col_t, db_t, pd_t, transfer, doc)
@@ -58,9 +59,9 @@ def validate_pd(
     summary.update(colocated=str(colocated), decode_bench=str(decode_bench), pair=str(pair),
                    transfer=transfer.to_dict() if transfer else None,
                    modelled=any(s.modelled for s in (*col, *db, *pd_)))
-    target = out or pair
-    atomic_write_text(target / "pd_validation.csv", frame.to_csv(index=False))
-    atomic_write_json(target / "pd_validation.json", {"summary": summary, "points": frame.to_dict(orient="records")})
+    if out is not None:
+        atomic_write_text(out / "pd_validation.csv", frame.to_csv(index=False))
+        atomic_write_json(out / "pd_validation.json", {"summary": summary, "points": frame.to_dict(orient="records")})
     table = Table(title="saving of offloading: predicted from one GPU (colocated - DecodeBench) vs measured on the pair")
     for name in ("B", "D", "P", "predicted saved ms", "measured saved ms", "error %", "pred. TTFT cost", "meas. TTFT cost",
                  "error %"):
@@ -78,4 +79,5 @@ def validate_pd(
                   f"{summary['saved_within_goal']}/{summary['points_compared']} within {goal_pct:g} %")
     if summary["modelled"]:
         console.print("[yellow]MODELLED: some records come from the embedded engine, not a GPU[/]")
-    print(target / "pd_validation.csv")
+    if out is not None:
+        print(out / "pd_validation.csv")

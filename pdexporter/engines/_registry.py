@@ -56,20 +56,31 @@ class ChunkRule:
       chunk is B - D tokens (vLLM; SGLang with --enable-mixed-chunk); False: a chunk is B tokens.
     - `decodes_in_chunk_step`: the running decodes advance in the step that carries a chunk (vLLM,
       SGLang mixed); False: they pause while the chunk's step runs (SGLang's default), so every
-      chunk step costs each decode the whole step."""
+      chunk step costs each decode the whole step.
+    - `graph_max_tokens`: the largest step (tokens, the decodes beside the chunk included when they
+      share its step) the engine runs as a CUDA graph by default; a longer step is launched kernel
+      by kernel, which on a MoE model costs tens of ms whatever the chunk (0: no graphs, or unknown).
+      vLLM 0.22 captures up to 512 tokens unless told otherwise (`--max-cudagraph-capture-size`)."""
 
     decodes_take_budget: bool = True
     decodes_in_chunk_step: bool = True
+    graph_max_tokens: int = 0
 
     def budget(self, chunk_size: int, running_decodes: int) -> int:
         """Prefill tokens per step beside `running_decodes` decodes."""
         return chunk_size - running_decodes if self.decodes_take_budget else chunk_size
 
-    def to_dict(self) -> dict[str, bool]:
-        return {"decodes_take_budget": self.decodes_take_budget, "decodes_in_chunk_step": self.decodes_in_chunk_step}
+    def graph_step(self, chunk: int, running_decodes: int) -> bool:
+        """Does a step carrying a chunk of `chunk` tokens beside the decodes replay a CUDA graph?"""
+        beside = running_decodes if self.decodes_in_chunk_step else 0
+        return self.graph_max_tokens > 0 and chunk + beside <= self.graph_max_tokens
+
+    def to_dict(self) -> dict[str, bool | int]:
+        return {"decodes_take_budget": self.decodes_take_budget, "decodes_in_chunk_step": self.decodes_in_chunk_step,
+                "graph_max_tokens": self.graph_max_tokens}
 
 
-BUDGET_RULE = ChunkRule()  # vLLM's
+BUDGET_RULE = ChunkRule(graph_max_tokens=512)  # vLLM's (0.22: CUDA graphs captured up to 512 tokens)
 
 
 @runtime_checkable

@@ -37,7 +37,9 @@ class Quantity:
     column: str | None = None
     gauge: str | None = None  # without the `pdexporter_` prefix
     span: str | None = None  # without the `pdexporter.window.` prefix
-    seed: Literal["table", "record"] | None = None  # the seed's table column (and record key), or record key
+    # "table": the seed's table column and record key; "column": the seed's table column only (the record
+    # keeps the seed's key for another statistic); "record": the seed's record key only
+    seed: Literal["table", "column", "record"] | None = None
     arm: Literal["offloaded"] | None = None  # a column only tables of that arm carry (docs/disaggregation.md)
 
     @property
@@ -73,13 +75,16 @@ QUANTITIES: tuple[Quantity, ...] = (
     _q("tpot_p50_ms", "baseline", "ms", "decode-only TPOT p50 (Phase 1, or the live quiet period)",
        "baseline.p50_ms", column="tpot_baseline_ms", gauge="window_tpot_baseline_seconds",
        span="tpot_baseline_ms", seed="table"),
-    _q("tpot_during_prefill_p50_ms", "interference", "ms",
-       "TPOT p50 over the chunk steps, each weighted by its chunk's tokens (the seed's TPOT_interference)",
-       "window.during_p50_ms", column="tpot_interference_ms", gauge="window_tpot_during_prefill_seconds",
-       span="tpot_during_prefill_p50_ms", seed="table"),
-    _q("tpot_penalty_p50_ms", "derived", "ms", "TPOT during the prefill minus the baseline (the seed's TPOT_penalty)",
-       "derived.tpot_penalty_p50_ms", column="tpot_penalty_ms", gauge="window_tpot_penalty_seconds",
-       span="tpot_penalty_ms", seed="table"),
+    _q("tpot_during_prefill_mean_ms", "interference", "ms",
+       "TPOT over the chunk steps, their mean with each step weighted by its chunk's tokens (the seed's "
+       "TPOT_interference; it moves with P within a chunk count)",
+       "window.during_mean_ms", column="tpot_interference_ms", gauge="window_tpot_during_prefill_seconds",
+       span="tpot_during_prefill_mean_ms", seed="column"),
+    _q("tpot_penalty_ms", "derived", "ms",
+       "TPOT during the prefill (token-weighted mean) minus the baseline: how much slower each decode token is "
+       "while the prefill runs (the seed's TPOT_penalty)",
+       "derived.tpot_penalty_ms", column="tpot_penalty_ms", gauge="window_tpot_penalty_seconds",
+       span="tpot_penalty_ms", seed="column"),
     _q("tpot_penalty_ratio", "derived", "ratio", "penalty / baseline (the seed's tpot_penalty_ratio)",
        "derived.tpot_penalty_ratio", column="penalty_ratio", gauge="window_tpot_penalty_ratio",
        span="tpot_penalty_ratio", seed="table"),
@@ -90,6 +95,14 @@ QUANTITIES: tuple[Quantity, ...] = (
        "window.prefill_duration_ms", column="prefill_duration_ms", gauge="window_prefill_duration_seconds",
        span="prefill_duration_ms", seed="table"),
     # --- the seed's other record keys ------------------------------------------------------------
+    _q("tpot_during_prefill_p50_ms", "interference", "ms",
+       "TPOT p50 over the chunk steps, each weighted by its chunk's tokens (the seed's record key)",
+       "window.during_p50_ms", column="tpot_interference_p50_ms", gauge="window_tpot_during_prefill_p50_seconds",
+       span="tpot_during_prefill_p50_ms", seed="record"),
+    _q("tpot_penalty_p50_ms", "derived", "ms", "TPOT during the prefill (token-weighted p50) minus the baseline "
+       "(the seed's record key; jumps between chunk steps as P grows within a chunk count)",
+       "derived.tpot_penalty_p50_ms", column="tpot_penalty_p50_ms", gauge="window_tpot_penalty_p50_seconds",
+       span="tpot_penalty_p50_ms", seed="record"),
     _q("tpot_p90_ms", "baseline", "ms", "decode-only TPOT p90", "baseline.p90_ms",
        column="tpot_baseline_p90_ms", seed="record"),
     _q("tpot_p99_ms", "baseline", "ms", "decode-only TPOT p99", "baseline.p99_ms", seed="record"),
@@ -115,8 +128,6 @@ QUANTITIES: tuple[Quantity, ...] = (
     _q("tpot_during_prefill_p99_ms", "interference", "ms", "TPOT p99 over the chunk steps (token-weighted)",
        "window.during_p99_ms", column="tpot_interference_p99_ms", gauge="window_tpot_during_prefill_p99_seconds",
        span="tpot_during_prefill_p99_ms"),
-    _q("tpot_during_prefill_mean_ms", "interference", "ms", "TPOT mean over the chunk steps (token-weighted)",
-       "window.during_mean_ms"),
     _q("tpot_window_p50_ms", "interference", "ms", "TPOT p50 over every interval of the window (stalls included)",
        "window.window_p50_ms"),
     _q("tpot_pre_injection_p50_ms", "interference", "ms", "TPOT p50 of the probes before the injection",
@@ -182,9 +193,14 @@ def tabulated(arm: str | None = None) -> tuple[Quantity, ...]:
     return tuple(q for q in QUANTITIES if q.column and (q.arm is None or q.arm == arm))
 
 
+def seed_record_keys(block: Block) -> tuple[str, ...]:
+    """The seed's record keys of a block (its example record)."""
+    return tuple(q.field for q in in_block(block) if q.seed in ("table", "record"))
+
+
 def seed_columns() -> tuple[str, ...]:
     """The seed's value columns of interference_table.csv, in its order."""
-    return tuple(q.column for q in QUANTITIES if q.seed == "table" and q.column)
+    return tuple(q.column for q in QUANTITIES if q.seed in ("table", "column") and q.column)
 
 
 def gauged() -> tuple[Quantity, ...]:
@@ -220,5 +236,5 @@ def markdown_table(quantities: Iterable[Quantity] = QUANTITIES) -> str:
 
 __all__ = [
     "BY_COLUMN", "BY_FIELD", "QUANTITIES", "Quantity", "block_values", "gauged", "in_block", "markdown_table",
-    "seed_columns", "spanned", "tabulated",
+    "seed_columns", "seed_record_keys", "spanned", "tabulated",
 ]

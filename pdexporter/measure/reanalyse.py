@@ -157,8 +157,8 @@ def compare_sources(store: ResultsStore, records: list[RunRecord], settings: Pro
         )
         out.append(SourceComparison(
             key=record.key,
-            penalty_log_ms=with_log.derived.tpot_penalty_p50_ms,
-            penalty_cadence_ms=without.derived.tpot_penalty_p50_ms,
+            penalty_log_ms=with_log.derived.tpot_penalty_ms,
+            penalty_cadence_ms=without.derived.tpot_penalty_ms,
             cv_log=with_log.summary.cv_tpot_penalty if with_log.summary else None,
             cv_cadence=without.summary.cv_tpot_penalty if without.summary else None,
             reps=len(with_log.reps),

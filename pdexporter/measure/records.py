@@ -120,8 +120,8 @@ class RepRecord(_Model):
 
     def summary_line(self) -> str:
         b, i, d = self.baseline, self.interference, self.derived
-        return (f"baseline {_ms(b.tpot_p50_ms)} during {_ms(i.tpot_during_prefill_p50_ms)} penalty "
-                f"{_ms(d.tpot_penalty_p50_ms)} prefill {_ms(i.prefill_duration_ms)} slow steps {i.slow_steps}, "
+        return (f"baseline {_ms(b.tpot_p50_ms)} during {_ms(i.tpot_during_prefill_mean_ms)} penalty "
+                f"{_ms(d.tpot_penalty_ms)} prefill {_ms(i.prefill_duration_ms)} slow steps {i.slow_steps}, "
                 f"chunks {i.num_chunks_actual}/{i.num_chunks_expected} ({i.num_chunks_source})")
 
 
@@ -231,7 +231,7 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
     ordered = sorted(reps, key=lambda r: r.rep)
     # Lists (chunk sizes, slow-step times) cannot be medianed; take them from the rep whose
     # penalty is the median one so the top level describes one real run.
-    penalties = [r.derived.tpot_penalty_p50_ms for r in ordered]
+    penalties = [r.derived.tpot_penalty_ms for r in ordered]
     present = [(p, i) for i, p in enumerate(penalties) if p is not None]
     pivot = ordered[sorted(present)[len(present) // 2][1]] if present else ordered[len(ordered) // 2]
     baseline = _median_block([r.baseline for r in ordered], BaselineBlock)
@@ -241,7 +241,7 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
         reps_done=len(ordered),
         cv_tpot_penalty=_r(cv(penalties)),
         cv_prefill_duration=_r(cv([r.interference.prefill_duration_ms for r in ordered])),
-        cv_tpot_interference=_r(cv([r.interference.tpot_during_prefill_p50_ms for r in ordered])),
+        cv_tpot_interference=_r(cv([r.interference.tpot_during_prefill_mean_ms for r in ordered])),
     )
     return RunRecord(
         config=config,

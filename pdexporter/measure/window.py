@@ -62,9 +62,14 @@ Re-analysed without the log, every committed H200 repetition located the log's c
 `chunk_step_times_ms` are the chunk steps of the median stream, in chunk order.
 
 During the prefill. "During" is the chunk steps (the steps that executed prefill chunks, as the
-seed defines TPOT_interference). Its p50/p90/mean pool them across streams with each step
+seed defines TPOT_interference). Its mean/p50/p90 pool them across streams with each step
 weighted by its chunk's tokens: the TPOT a decode sees while the prefill's work runs, taken per
-prefill token. Weighting keeps the seed's meaning and fixes two flaws of a plain median over
+prefill token. The headline (`tpot_interference_ms` in the table) is the token-weighted **mean**:
+it moves with P in proportion to the work within a chunk count, where the weighted median jumps
+from one chunk step to another as a growing last chunk's weight nears the first's (embedded
+engine, B = 6144, D = 10: the median read 57.7 ms at P = 11800 and 88.3 ms at P = 12200, both
+two chunks; the mean moves smoothly between them: `results/sim-fine-p/`). The p50/p90/p99 stay
+as the seed's record keys and table columns of their own. Weighting keeps the seed's meaning and fixes two flaws of a plain median over
 steps, both seen on the H200: with two or three chunks one step decided it (B = 16384, D = 6,
 P = 32768 ran 16378 + 16378 + 12 tokens in steps of ~280, ~726 and ~40 ms: the plain median was
 the 280 ms step, the weighted one is their middle, ~500 ms), and a tail of 1-16 tokens, which runs
@@ -76,8 +81,11 @@ and no chunks (nothing detectable), the whole window counts.
 
 After the prefill. Each stream's next `after_intervals` (32) intervals after the window; p50.
 
-Penalty. tpot_penalty = during_p50 - baseline_p50; tpot_penalty_ratio = penalty / baseline_p50
-(the seed's example: 46.9 / 42.3 = 1.11). slowdown = during_p50 / baseline_p50 is kept too.
+Penalty. tpot_penalty = during_mean - baseline_p50 (the table's `tpot_penalty_ms`, the record's
+`derived.tpot_penalty_ms`): how much slower each decode token is while the prefill runs, per
+prefill token; tpot_penalty_p50 = during_p50 - baseline_p50 (the seed's record key, kept);
+tpot_penalty_ratio = tpot_penalty / baseline_p50 (the seed's example: 46.9 / 42.3 = 1.11);
+slowdown = during_mean / baseline_p50.
 
 Totals. total_interference_ms = per stream, the sum over its window intervals of
 (interval - baseline_p50), averaged over streams: the extra time one decode request lost to this
@@ -193,7 +201,8 @@ class WindowStats:
 
 @dataclass(frozen=True)
 class Derived:
-    tpot_penalty_p50_ms: float | None
+    tpot_penalty_ms: float | None  # the headline: token-weighted mean TPOT of the chunk steps - baseline p50
+    tpot_penalty_p50_ms: float | None  # the same with the token-weighted median (the seed's record key)
     tpot_penalty_ratio: float | None
     slowdown: float | None
     total_interference_ms: float | None
@@ -514,14 +523,15 @@ def _median_index(counts: Sequence[int]) -> int:
 
 
 def derive(baseline: BaselineStats | None, window: WindowStats, decode_batch_size: int) -> Derived:
-    if baseline is None or window.during_p50_ms is None:
-        return Derived(None, None, None, None, None, window.decode_tokens_delayed)
-    penalty = window.during_p50_ms - baseline.p50_ms
+    if baseline is None or window.during_p50_ms is None or window.during_mean_ms is None:
+        return Derived(None, None, None, None, None, None, window.decode_tokens_delayed)
+    penalty = window.during_mean_ms - baseline.p50_ms
     total = window.total_interference_ms
     return Derived(
-        tpot_penalty_p50_ms=penalty,
+        tpot_penalty_ms=penalty,
+        tpot_penalty_p50_ms=window.during_p50_ms - baseline.p50_ms,
         tpot_penalty_ratio=penalty / baseline.p50_ms if baseline.p50_ms > 0 else None,
-        slowdown=window.during_p50_ms / baseline.p50_ms if baseline.p50_ms > 0 else None,
+        slowdown=window.during_mean_ms / baseline.p50_ms if baseline.p50_ms > 0 else None,
         total_interference_ms=total,
         aggregate_interference_ms=total * decode_batch_size if total is not None else None,
         decode_tokens_delayed=window.decode_tokens_delayed,

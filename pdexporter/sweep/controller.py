@@ -649,7 +649,7 @@ class SweepController:
                 report.reps_recorded += len(record.reps)
                 report.configs_complete += st.complete
                 complete += st.complete
-                penalties.append(record.derived.tpot_penalty_p50_ms)
+                penalties.append(record.derived.tpot_penalty_ms)
                 if st.flagged:
                     report.flagged.append(key)
                 if st.complete_attempts > 1:

@@ -28,13 +28,13 @@ __all__ = [
 
 def _metric(rep: RepRecord) -> float | None:
     """The CV's quantity: the penalty; at D = 0 (no penalty exists) the prefill duration."""
-    if rep.derived.tpot_penalty_p50_ms is not None:
-        return rep.derived.tpot_penalty_p50_ms
+    if rep.derived.tpot_penalty_ms is not None:
+        return rep.derived.tpot_penalty_ms
     return rep.interference.prefill_duration_ms
 
 
 def cv_metric_name(reps: Sequence[RepRecord]) -> str:
-    return "tpot_penalty_p50_ms" if any(r.derived.tpot_penalty_p50_ms is not None for r in reps) else "prefill_duration_ms"
+    return "tpot_penalty_ms" if any(r.derived.tpot_penalty_ms is not None for r in reps) else "prefill_duration_ms"
 
 
 def attempt_cv(reps: Sequence[RepRecord]) -> float | None:

@@ -6,6 +6,7 @@ SLOs, thresholds, validate-pd and report --offloaded (docs/disaggregation.md).""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -103,11 +104,14 @@ def test_export_table_joins_the_arms_after_the_seeds_columns(arms, tmp_path, cap
     assert row.offloaded_aggregate_interference_ms < 0.1 * row.aggregate_interference_ms
     assert row.offloaded_ttft_ms > row.colocated_ttft_ms  # the request pays: prefill elsewhere + transfer
     doc = json.loads((tmp_path / "decision.json").read_text())
-    transfer = doc["two_arm"]["transfer"]
-    assert transfer["source"] == "measured" and transfer["fixed_ms"] == pytest.approx(5.0, abs=1e-3)
-    assert transfer["bandwidth_gb_s"] == pytest.approx(225.0, rel=1e-3)  # the profile's link, recovered
+    transfer = doc["two_arm"]["terms"]["transfer"]
+    assert transfer["source"] == "measured" and transfer["latency_ms"] == pytest.approx(5.0, abs=1e-3)
+    assert transfer["gb_per_s"] == pytest.approx(225.0, rel=1e-3)  # the profile's link, recovered
+    assert transfer["degraded"] is None
     thresholds = json.loads((tmp_path / "offload_thresholds.json").read_text())
-    assert set(thresholds["min_prefill_tokens"]["8192"]) == {str(d) for d in range(1, 9)}
+    per = thresholds["chunk_sizes"]["8192"]
+    assert not per["modelled"] and set(per["by_decode_batch_size"]) == {str(d) for d in range(1, 9)}
+    assert all(v["interval"] is not None for v in per["by_decode_batch_size"].values() if v["threshold"] is not None)
     assert "offloaded arm: 9 grid points" in err
 
 
@@ -117,8 +121,9 @@ def test_decide_answers_in_the_users_terms_with_slos(arms, capsys) -> None:
     code, out, err = _cli(capsys, *base, "--tpot-slo-ms", "50", "--ttft-slo-ms", "5000")
     assert code == 0, err
     first = out.splitlines()[0]
-    assert first.startswith("offload: saves the 4 running decodes ") and "costs this request +" in first
+    assert first.startswith("OFFLOAD: saves the 4 running decodes ") and "costs this request " in first
     assert first.endswith("both SLOs held")
+    assert "bootstrap resamples agree" in out
     code, out, err = _cli(capsys, *base, "--tpot-slo-ms", "50", "--ttft-slo-ms", "100", "--json")
     verdict = json.loads(out)
     assert verdict["mode"] == "two-arm" and verdict["slos"]["TTFT"] == {"colocated": False, "offloaded": False}
@@ -135,14 +140,22 @@ def test_thresholds_give_a_router_its_number(arms, tmp_path, capsys) -> None:
     code, out, err = _cli(capsys, "export-table", str(arms["colocated"]), "--offloaded", str(arms["decodebench"]),
                           "--out", str(tmp_path), "--no-plots")
     assert code == 0, err
-    code, _out, err = _cli(capsys, "thresholds", "--model", str(tmp_path / "decision.json"), "--tpot-slo-ms", "40",
-                          "--decode-batch-size", "4")
+    written = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = _cli(capsys, "thresholds", "--model", str(tmp_path / "decision.json"), "-B", "8192",
+                          "--replicates", "20")
     assert code == 0, err
-    doc = json.loads((tmp_path / "offload_thresholds.json").read_text())
+    assert "B=8192 (measured):" in out and "prefix-based-pd-decider" in out  # printed, ...
+    assert sorted(p.name for p in tmp_path.iterdir()) == written  # ... nothing written beside the model
+    target = tmp_path / "router"
+    code, _out, err = _cli(capsys, "thresholds", "--model", str(tmp_path / "decision.json"), "--tpot-slo-ms", "40",
+                          "--decode-batch-size", "4", "-B", "8192", "--replicates", "20", "--out", str(target))
+    assert code == 0, err
+    doc = json.loads((target / "offload_thresholds.json").read_text())
     assert doc["mode"] == "two-arm" and doc["tpot_slo_ms"] == 40.0 and doc["modelled"] is True
-    snippet = yaml.safe_load((tmp_path / "llm-d-pd-decider.yaml").read_text())
+    snippet = yaml.safe_load((target / "llm-d-pd-decider.yaml").read_text())
     value = next(p for p in snippet["plugins"] if p["type"] == "prefix-based-pd-decider")["parameters"]["nonCachedTokens"]
-    threshold = doc["min_prefill_tokens"]["8192"]["4"]
+    entry = doc["chunk_sizes"]["8192"]["by_decode_batch_size"]["4"]
+    threshold = entry["interval"][1] if entry["status"] == "undecided" else entry["threshold"]
     assert value == (threshold - 1 if threshold is not None else 2**31 - 1)
 
 
@@ -168,7 +181,8 @@ def test_report_shows_both_arms(arms, tmp_path, capsys) -> None:
     for marker in ('id="arms"', 'id="arms-table"', "id='break-even'", "id='transfer-model'",
                    'id="figure-arms_saved_vs_ttft"', "MODELLED"):
         assert marker in html, marker
-    assert "Transfer model (measured, 9 windows)" in html
+    found = re.search(r"KV transfer model \(measured: ([0-9.]+) ms \+ P x \d+ KiB at (\d+) GB/s \((\d+) windows\)\)", html)
+    assert found and found.groups() == ("5.0", "225", "18"), found  # 9 points x 2 repetitions
 
 
 def test_pair_files_are_checked_with_one_line_errors(tmp_path, capsys) -> None:

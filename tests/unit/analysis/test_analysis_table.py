@@ -92,8 +92,10 @@ def test_table_recomputed_from_reps_agrees_with_record_top_levels():
     table = build_table(samples).set_index(list(KEY_COLUMNS))
     for record in records:
         row = table.loc[record.key]
-        for column, top in (("tpot_penalty_ms", record.derived.tpot_penalty_p50_ms),
-                            ("tpot_interference_ms", record.interference.tpot_during_prefill_p50_ms),
+        for column, top in (("tpot_penalty_ms", record.derived.tpot_penalty_ms),
+                            ("tpot_penalty_p50_ms", record.derived.tpot_penalty_p50_ms),
+                            ("tpot_interference_ms", record.interference.tpot_during_prefill_mean_ms),
+                            ("tpot_interference_p50_ms", record.interference.tpot_during_prefill_p50_ms),
                             ("num_chunks", record.interference.num_chunks_actual),
                             ("prefill_duration_ms", record.interference.prefill_duration_ms)):
             if top is None:
@@ -104,7 +106,7 @@ def test_table_recomputed_from_reps_agrees_with_record_top_levels():
 
 def test_a_tampered_top_level_is_reported():
     record = synthetic_record(SyntheticTruth(), 8192, 4, 8192, reps=3)
-    record.derived.tpot_penalty_p50_ms = (record.derived.tpot_penalty_p50_ms or 0) + 5.0
+    record.derived.tpot_penalty_ms = (record.derived.tpot_penalty_ms or 0) + 5.0
     problems = top_level_mismatches([samples_from_record(record)])
     assert len(problems) == 1 and "tpot_penalty_ms" in problems[0]
 

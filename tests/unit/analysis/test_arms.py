@@ -1,5 +1,6 @@
-"""Both arms in one table, the measured transfer model, the two-arm models, the pair prediction
-(`analysis.arms`), on tables whose numbers are known by construction."""
+"""Both arms in one table, the measured transfer with its regimes, the physical two-arm terms and
+their replicates, the pair prediction (`analysis.arms`), on samples whose numbers are known by
+construction."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 
 from pdexporter.analysis.arms import (
     JOIN_COLUMNS,
-    fit_linear,
+    TERM_FEATURES,
+    Rows,
+    fit_term,
     fit_transfer,
     given_transfer,
     join_arms,
@@ -17,52 +20,75 @@ from pdexporter.analysis.arms import (
     two_arm_section,
     validation_summary,
 )
-from pdexporter.analysis.table import COLUMNS, SEED_COLUMNS
+from pdexporter.analysis.table import COLUMNS, SEED_COLUMNS, ConfigSamples, build_table
 
 KEYS = [(8192, d, p) for d in (0, 1, 4, 8) for p in (2048, 8192, 32768)]
+RULE = {"decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 512}
+KV = 98304  # bytes per token (Qwen3-Coder-30B-A3B)
 
 
-def table(values: dict[str, callable], keys=KEYS) -> pd.DataFrame:  # type: ignore[valid-type]
-    rows = []
+def samples(values: dict, keys=KEYS, reps: int = 3, arm: str = "colocated", noise: float = 0.0,
+            slow: set | None = None) -> list[ConfigSamples]:
+    """One ConfigSamples per key, `reps` repetitions of `values` (name -> fn(b, d, p, rep))."""
+    rng = np.random.default_rng(0)
+    out = []
     for b, d, p in keys:
-        row = {"chunk_size": b, "decode_batch_size": d, "new_prefill_tokens": p, "engine": "x", "modelled": True}
-        row.update({name: fn(b, d, p) for name, fn in values.items()})
-        rows.append(row)
-    return pd.DataFrame(rows)
+        rows = []
+        for r in range(reps):
+            row = {name: fn(b, d, p, r) for name, fn in values.items()}
+            if noise:
+                row = {k: (v * (1 + noise * rng.standard_normal()) if isinstance(v, float) else v) for k, v in row.items()}
+            rows.append(row)
+        out.append(ConfigSamples(b, d, p, tuple(rows), engine="vllm", arm=arm))
+    return out
 
 
-def colocated() -> pd.DataFrame:
-    frame = table({
-        "prefill_duration_ms": lambda b, d, p: 50 + 0.03 * p + 2e-6 * p * p,
-        "aggregate_interference_ms": lambda b, d, p: np.nan if d == 0 else d * (40 + 0.03 * p),
-        "total_interference_ms": lambda b, d, p: np.nan if d == 0 else 40 + 0.03 * p,
-        "tpot_interference_ms": lambda b, d, p: np.nan if d == 0 else 50 + d,
-        "tpot_penalty_ms": lambda b, d, p: np.nan if d == 0 else 45.0,
-    })
-    return frame.reindex(columns=list(dict.fromkeys([*COLUMNS, *frame.columns])))
+def colocated(**kw) -> list[ConfigSamples]:
+    return samples({
+        "prefill_duration_ms": lambda b, d, p, r: 50 + 0.03 * p + 2e-6 * p * p,
+        "aggregate_interference_ms": lambda b, d, p, r: None if d == 0 else d * (40 + 0.03 * p),
+        "total_interference_ms": lambda b, d, p, r: None if d == 0 else 40 + 0.03 * p,
+        "tpot_interference_ms": lambda b, d, p, r: None if d == 0 else 50.0 + d,
+        "tpot_penalty_ms": lambda b, d, p, r: None if d == 0 else 45.0,
+        "tpot_baseline_ms": lambda b, d, p, r: None if d == 0 else 5.0,
+    }, **kw)
 
 
-def offloaded(pair: bool) -> pd.DataFrame:
+def transfer_ms(p: int, slow: bool = False) -> float:
+    return 4.0 + p * KV / ((4e9 if slow else 250e9)) * 1e3
+
+
+def offloaded(pair: bool, slow_d: int | None = None) -> list[ConfigSamples]:
+    """The offloaded arm; with `slow_d`, the pair's transfers at that D ran at 4 GB/s (a slow
+    stretch) and stalled the decode instance's decodes for 90 % of it."""
+    def slow(d: int) -> bool:
+        return slow_d is not None and d == slow_d
+
     values = {
-        "prefill_duration_ms": lambda b, d, p: 20 + 0.001 * p + (5 + 0.0004 * p if pair else 0),
-        "aggregate_interference_ms": lambda b, d, p: np.nan if d == 0 else d * (2 + 0.0001 * p),
-        "total_interference_ms": lambda b, d, p: np.nan if d == 0 else 2 + 0.0001 * p,
-        "tpot_interference_ms": lambda b, d, p: np.nan if d == 0 else 8 + d,
-        "tpot_penalty_ms": lambda b, d, p: np.nan if d == 0 else 2.0,
+        "prefill_duration_ms": lambda b, d, p, r: 20 + 0.001 * p,
+        "aggregate_interference_ms": lambda b, d, p, r: d * (2 + 0.0001 * p),
+        "total_interference_ms": lambda b, d, p, r: 2 + 0.0001 * p + (0.9 * transfer_ms(p, True) if slow(d) else 0.0),
+        "tpot_interference_ms": lambda b, d, p, r: 8.0 + d,
+        "tpot_penalty_ms": lambda b, d, p, r: 2.0,
     }
     if pair:
         values.update({
-            "offload_prefill_ms": lambda b, d, p: 55 + 0.03 * p + 2e-6 * p * p,
-            "offload_decode_ms": lambda b, d, p: 25 + 0.0014 * p,
-            "offload_ttft_ms": lambda b, d, p: 80 + 0.0314 * p + 2e-6 * p * p,
-            "kv_transfer_ms": lambda b, d, p: 5 + 0.0004 * p,  # 5 ms + 96 KiB / 0.4 us = 245.76 GB/s
-            "kv_bytes": lambda b, d, p: 98304 * p,
+            "offload_prefill_ms": lambda b, d, p, r: 55 + 0.03 * p + 2e-6 * p * p,
+            "offload_ttft_ms": lambda b, d, p, r: (55 + 0.03 * p + 2e-6 * p * p) + transfer_ms(p, slow(d)) + 25 + 0.0014 * p,
+            "offload_decode_ms": lambda b, d, p, r: transfer_ms(p, slow(d)) + 25 + 0.0014 * p,
+            "kv_transfer_ms": lambda b, d, p, r: transfer_ms(p, slow(d)),
+            "kv_bytes": lambda b, d, p, r: float(KV * p),
         })
-    return table(values, [k for k in KEYS if k[1] >= 1])
+    return samples(values, [k for k in KEYS if k[1] >= 1], arm="offloaded")
+
+
+def doc() -> dict:
+    return {"chunk_rule": dict(RULE), "replicates": {"model": [{}] * 20}}
 
 
 def test_join_keeps_the_colocated_table_first_and_appends_the_other_arm() -> None:
-    col, off = colocated(), offloaded(pair=True)
+    col, off = build_table(colocated()), build_table(offloaded(pair=True))
+    col = col.reindex(columns=list(dict.fromkeys([*COLUMNS, *col.columns])))
     joined = join_arms(col, off)
     assert list(joined.columns[: len(col.columns)]) == list(col.columns)
     assert list(joined.columns[: len(SEED_COLUMNS)]) == list(SEED_COLUMNS)
@@ -70,63 +96,81 @@ def test_join_keeps_the_colocated_table_first_and_appends_the_other_arm() -> Non
     pd.testing.assert_frame_equal(joined[list(col.columns)], col)
     row = joined[(joined.decode_batch_size == 4) & (joined.new_prefill_tokens == 8192)].iloc[0]
     assert row.offloaded_aggregate_interference_ms == pytest.approx(4 * (2 + 0.8192))
-    assert row.kv_transfer_ms == pytest.approx(5 + 0.0004 * 8192)
+    assert row.kv_transfer_ms == pytest.approx(transfer_ms(8192), abs=1e-3)
     assert row.colocated_ttft_ms == pytest.approx(row.prefill_duration_ms)
-    assert row.offloaded_ttft_ms == pytest.approx(80 + 0.0314 * 8192 + 2e-6 * 8192**2)
     assert joined[joined.decode_batch_size == 0]["offloaded_aggregate_interference_ms"].isna().all()
 
 
-def test_the_transfer_model_is_fitted_from_measured_transfers() -> None:
+def test_the_transfer_is_latency_plus_bytes_over_bandwidth() -> None:
     model = fit_transfer(offloaded(pair=True))
-    assert model is not None and model.source == "measured" and model.n == 9
-    assert model.fixed_ms == pytest.approx(5.0) and model.ms_per_token == pytest.approx(0.0004)
-    assert model.bytes_per_token == pytest.approx(98304) and model.bandwidth_gb_s == pytest.approx(245.76)
-    assert model(32768) == pytest.approx(5 + 0.0004 * 32768)
+    assert model is not None and model.source == "measured" and model.degraded is None
+    assert model.latency_ms == pytest.approx(4.0, abs=1e-6) and model.gb_per_s == pytest.approx(250.0, rel=1e-6)
+    assert model.bytes_per_token == pytest.approx(KV)
+    assert model(32768) == pytest.approx(transfer_ms(32768))
     assert fit_transfer(offloaded(pair=False)) is None  # DecodeBench: nothing transferred, nothing measured
-    given = given_transfer(225.0, 98304, 5.0)
-    assert given.source == "given" and given(32768) == pytest.approx(5 + 98304 * 32768 / 225e9 * 1e3)
+    given = given_transfer(225.0, KV, 5.0)
+    assert given.source == "given" and given(32768) == pytest.approx(5 + KV * 32768 / 225e9 * 1e3)
 
 
-def test_linear_fits_recover_known_coefficients_and_shrink_to_the_data() -> None:
-    fit = fit_linear(colocated(), "prefill_duration_ms", ("1", "p", "p2"), "test")
-    assert fit is not None and fit.r2 == pytest.approx(1.0)
-    assert fit.coefficients == pytest.approx({"1": 50.0, "p": 30.0, "p2": 2.0}, rel=1e-6)  # per 1K tokens
-    few = fit_linear(colocated().head(2), "prefill_duration_ms", ("1", "p", "p2"), "test")
-    assert few is not None and few.features == ("1",)  # two rows carry the constant only
-    assert fit_linear(colocated(), "absent", ("1",), "test") is None
+def test_a_slow_stretch_is_a_regime_of_its_own_not_part_of_the_bandwidth() -> None:
+    """Most of a run's windows in a 4 GB/s stretch (as on the H200 pair): the nominal model is the
+    fast windows', the stretch is reported with its share and its stall, and kept out of the terms."""
+    off = offloaded(pair=True, slow_d=8)
+    model = fit_transfer(off)
+    assert model is not None and model.gb_per_s == pytest.approx(250.0, rel=1e-6)
+    assert model.degraded is not None and model.degraded["gb_per_s"] == pytest.approx(4.0, rel=0.02)
+    assert model.degraded["windows"] == 9 and model.degraded["share_of_windows"] == pytest.approx(1 / 3, abs=1e-3)
+    assert model.degraded["stall_share"] == pytest.approx(0.9, abs=0.02)
+    section = two_arm_section(colocated(), off, model, doc())
+    assert section is not None
+    loss = section["terms"]["offloaded_loss"]
+    assert loss["range"]["decode_batch_size"] == [1, 4]  # the slow windows are not the nominal loss
+    assert loss["coefficients"] == pytest.approx({"1": 2.0, "d": 0.0, "p": 0.1}, abs=1e-6)
+
+
+def test_terms_recover_known_coefficients_and_never_go_negative() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.uniform(0, 10, size=(60, 3))
+    x[:, 0] = 1.0
+    keys = [(8192, int(d), int(p)) for d, p in zip(rng.integers(1, 12, 60), rng.choice([512, 2048, 8192], 60))]
+    term = fit_term("decode_side", Rows(x, x @ np.array([20.0, 1.5, 3.0]), keys), "test")
+    assert term is not None
+    assert term.to_dict()["coefficients"] == pytest.approx({"1": 20.0, "d": 1.5, "p": 3.0}, rel=1e-6)
+    falling = fit_term("decode_side", Rows(x, 100.0 - 5.0 * x[:, 2], keys), "test")  # would need a negative slope
+    assert falling is not None and min(falling.to_dict()["coefficients"].values()) >= 0.0
+    assert fit_term("decode_side", Rows(np.empty((0, 3)), np.empty(0), []), "test") is None
 
 
 def test_two_arm_section_uses_the_pairs_measurements_or_composes_from_decode_bench() -> None:
     col = colocated()
-    pair = two_arm_section(col, offloaded(pair=True), fit_transfer(offloaded(pair=True)))
-    assert pair is not None and pair["offloaded_setup"] == "1P1D pair" and not pair["decode_side_excludes_transfer"]
-    assert pair["offloaded_prefill"]["target"] == "offload_prefill_ms"
-    assert pair["transfer"]["source"] == "measured"
-    bench = two_arm_section(col, offloaded(pair=False), None)
-    assert bench is not None and bench["decode_side_excludes_transfer"]
-    assert bench["offloaded_prefill"]["target"] == "prefill_duration_ms"  # the colocated TTFT model at D = 0
-    assert bench["transfer"] == {"source": "seed-constant"}
-    assert bench["offloaded_cost_per_stream"]["coefficients"] == pytest.approx({"1": 2.0, "d": 0.0, "p": 0.1},
-                                                                                abs=1e-6)
+    d = doc()
+    pair = two_arm_section(col, offloaded(pair=True), fit_transfer(offloaded(pair=True)), d)
+    assert pair is not None and pair["offloaded_setup"] == "1P1D pair" and pair["measured_chunk_sizes"] == [8192]
+    terms = pair["terms"]
+    assert set(terms) == {"colocated_ttft", "offloaded_loss", "offloaded_tpot", "decode_side", "prefill_offset", "transfer"}
+    assert terms["transfer"]["source"] == "measured"
+    # the decode side is the routed TTFT less the prefill instance and the transfer: 25 + 1.4 per 1K tokens
+    assert terms["decode_side"]["coefficients"] == pytest.approx({"1": 25.0, "d": 0.0, "p": 1.4}, abs=1e-6)
+    assert all(set(t["range"]) >= {"decode_batch_size", "new_prefill_tokens", "chunk_sizes"}
+               for name, t in terms.items() if name != "transfer")
+    assert len(d["replicates"]["two_arm"]) == 20 and set(d["replicates"]["two_arm"][0]) >= {"decode_side", "transfer"}
+    bench = two_arm_section(col, offloaded(pair=False), None, doc())
+    assert bench is not None and bench["offloaded_setup"].startswith("DecodeBenchConnector")
+    assert "prefill_offset" not in bench["terms"] and bench["terms"]["transfer"] == {"source": "seed-constant"}
+    assert bench["terms"]["decode_side"]["coefficients"] == pytest.approx({"1": 20.0, "d": 0.0, "p": 1.0}, abs=1e-6)
+    assert TERM_FEATURES["offloaded_loss"][0] == tuple(bench["terms"]["offloaded_loss"]["features"])
 
 
 def test_predicting_the_pair_from_one_gpu_and_comparing() -> None:
-    col, pair = colocated(), offloaded(pair=True)
-    bench = offloaded(pair=False)
-    frame = predict_pair(col, bench, pair, fit_transfer(pair))
+    col_s, pair_s = colocated(), offloaded(pair=True)
+    col, pair, bench = build_table(col_s), build_table(pair_s), build_table(offloaded(pair=False))
+    frame = predict_pair(col, bench, pair, fit_transfer(pair_s))
     assert len(frame) == len(pair)
     # the DecodeBench arm's aggregate equals the pair's by construction: the saving is predicted exactly
     assert frame["saved_error_pct"].abs().max() == pytest.approx(0.0, abs=1e-6)
-    row = frame[(frame.decode_batch_size == 4) & (frame.new_prefill_tokens == 32768)].iloc[0]
-    alone = 50 + 0.03 * 32768 + 2e-6 * 32768**2
-    predicted = alone + (5 + 0.0004 * 32768) + (20 + 0.001 * 32768) - alone
-    measured = (80 + 0.0314 * 32768 + 2e-6 * 32768**2) - alone
-    assert row.predicted_ttft_cost_ms == pytest.approx(predicted)
-    assert row.measured_ttft_cost_ms == pytest.approx(measured)
-    assert row.ttft_cost_error_pct == pytest.approx(round(100 * (predicted - measured) / measured, 2))
     summary = validation_summary(frame)
     assert summary["points_compared"] == 9 and summary["saved_within_goal"] == 9
     off = pair.copy()
     off["aggregate_interference_ms"] *= 3  # the pair's decodes lose 3x what DecodeBench's did
-    worse = predict_pair(col, bench, off, fit_transfer(pair))
+    worse = predict_pair(col, bench, off, fit_transfer(pair_s))
     assert (worse["saved_error_pct"] > 0).all()  # the prediction overstates the saving, and says by how much

@@ -23,10 +23,11 @@ def rep(i: int, penalty: float | None, prefill_ms: float = 100.0) -> RepRecord:
         baseline=BaselineBlock(tpot_p50_ms=10.0, tpot_p90_ms=11.0, tpot_p99_ms=12.0, step_time_ms=10.0),
         interference=InterferenceBlock(
             tpot_during_prefill_p50_ms=None if penalty is None else 10 + penalty, tpot_during_prefill_p90_ms=None,
+            tpot_during_prefill_mean_ms=None if penalty is None else 10 + penalty,
             tpot_after_prefill_p50_ms=10.0, num_chunks_actual=1, prefill_duration_ms=prefill_ms,
             prefill_ttft_ms=prefill_ms,
         ),
-        derived=DerivedBlock(tpot_penalty_p50_ms=penalty, tpot_penalty_ratio=None if penalty is None else penalty / 10,
+        derived=DerivedBlock(tpot_penalty_ms=penalty, tpot_penalty_p50_ms=penalty, tpot_penalty_ratio=None if penalty is None else penalty / 10,
                              total_interference_ms=penalty, decode_tokens_delayed=4),
     )
 
@@ -79,7 +80,7 @@ def test_record_keeps_every_rep_and_aggregates_the_last_attempt() -> None:
     reps = [rep(i, p) for i, p in enumerate(NOISY)] + [rep(5 + i, p) for i, p in enumerate(STEADY)]
     record = summarise_attempts(CONFIG, reps, 5, CV)
     assert [r.rep for r in record.reps] == list(range(10))
-    assert record.derived.tpot_penalty_p50_ms == pytest.approx(20.0)  # median of STEADY
+    assert record.derived.tpot_penalty_ms == pytest.approx(20.0)  # median of STEADY
     s = record.summary.model_dump()
     assert s["aggregated_reps"] == [5, 6, 7, 8, 9] and s["attempts"] == 2 and s["rerun"] is True
     assert s["flagged"] is False and s["cv_threshold"] == 0.15 and len(s["cv_by_attempt"]) == 2

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Re-derive every committed results directory with the code as it is now: the records from their
+# raw timestamps (`reanalyse`), then tables, fits, decision.json, criteria, plots and reports, the
+# two-arm directories with their thresholds, and the pair validation. Run it after any change to
+# the window maths or the analysis, and commit what changed (tests compare the committed tables
+# with a fresh re-analysis).
+#   bash scripts/results.sh            # everything (about 3 minutes on 2 cores)
+#   bash scripts/results.sh --no-reanalyse   # derived files only (analysis changes)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pd() { python3 -m pdexporter "$@"; }
+R=results
+SEED=$R/h200-vllm0.22-qwen3-coder-30b-a3b
+DB=$R/h200-vllm0.22-qwen3-coder-30b-a3b-decodebench
+PAIR=$R/h200x2-vllm0.22-qwen3-coder-30b-a3b-pd
+
+# Record directories (a chunk-size folder of D*_P*.json below them), the experiments included.
+mapfile -t record_dirs < <(find "$R" -name 'D*_P*.json' -path '*/[0-9]*/*' | sed -E 's|/[0-9]+/[^/]+$||' | sort -u)
+if [ "${1:-}" != "--no-reanalyse" ]; then
+  for d in "${record_dirs[@]}"; do
+    echo "== reanalyse $d"
+    pd reanalyse "$d"
+  done
+fi
+# Directories with a table of their own (not the experiments: their RUN notes quote records only).
+for d in "${record_dirs[@]}"; do
+  [ -f "$d/interference_table.csv" ] || continue
+  echo "== export-table $d"
+  pd export-table "$d" --out "$d" >/dev/null
+  pd report "$d" --out "$d/report.html" >/dev/null
+done
+# The two arms: colocated (one H200) beside DecodeBench (one H200) and beside the 1P1D pair (two).
+for pair in "h200-arms-decodebench:$DB" "h200x2-arms:$PAIR"; do
+  out=$R/${pair%%:*}; off=${pair#*:}
+  echo "== two arms $out"
+  pd export-table "$SEED" --offloaded "$off" --out "$out" >/dev/null
+  pd report "$SEED" --offloaded "$off" --out "$out/report.html" >/dev/null
+  pd thresholds --model "$out/decision.json" --out "$out" >/dev/null
+done
+echo "== validate-pd"
+pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
+git status --short "$R" | wc -l | xargs echo "files changed under $R:"
