@@ -339,6 +339,17 @@ class ContextAwareModel:
         launch = np.maximum(0.0, a0 + a1 * np.asarray(d, np.float64))
         return np.maximum(launch, self.compute0_ms + g * np.asarray(chunk, np.float64) + be * attention_pairs(chunk, prefix))
 
+    def chunk_penalties_ms(self, d: int, chunks: Sequence[float]) -> np.ndarray:
+        """Each chunk step's extra per decode stream, in chunk order: kappa c as a CUDA graph (by the
+        engine's rule; the eager form where kappa was not measured), else the eager step's."""
+        c = np.asarray(chunks, np.float64)
+        prefix = np.concatenate([[0.0], np.cumsum(c)[:-1]])
+        eager = self.chunk_penalty_ms(d, c, prefix)
+        if self.kappa_graph_ms_per_token is None:
+            return eager
+        graph = np.array([self.rule.graph_step(int(x), d) for x in c], dtype=bool)
+        return np.where(graph, self.kappa_graph_ms_per_token * c, eager)
+
     def document(self) -> dict[str, Any]:
         """What `decision_eval.colocated_cost` reads: this model and its chunk rule."""
         return {"model": self.to_dict(), "chunk_rule": self.rule.to_dict()}

@@ -220,28 +220,14 @@ def event_fit_data(events: Sequence[FitEvent]) -> FitData:
             ((e.baseline_ms, e.chunk_steps_ms),) if e.baseline_ms is not None and e.chunk_steps_ms else ()
             for e in events
         ),
+        baseline_ms=np.array([np.nan if e.baseline_ms is None else e.baseline_ms for e in events], np.float64),
     )
 
 
 def _resample(data: FitData, rows: list[np.ndarray], index: np.ndarray) -> FitData:
-    """The points `index` (repeats allowed: a bootstrap sample) with their design rows, each drawn
-    point a point and a cluster of its own."""
-    design = data.design
-    assert design is not None
-    picked = [rows[i] for i in index]
-    take = np.concatenate(picked) if picked else np.empty(0, np.int64)
-    lengths = np.array([r.size for r in picked], np.int64)
-    renumber = np.repeat(np.arange(index.size), lengths)
-    sub = Design(design.x[take], design.y[take], renumber, renumber, design.is_step[take])
-    return FitData(
-        data.chunk_size[index],
-        data.decode[index],
-        data.prefill[index],
-        data.cost_ms[index],
-        data.total_ms[index],
-        tuple(data.steps[i] for i in index),
-        sub,
-    )
+    """The points `index` (repeats allowed: a bootstrap sample) with their design rows."""
+    assert data.design is not None
+    return data.subset(index)
 
 
 # --- the model ---------------------------------------------------------------------------------
@@ -276,6 +262,7 @@ class PassiveModel:
         out = []
         for k, c in enumerate(self.model.coefficients()):
             values = [m.coefficients()[k].value for m in self.draws]
+            values = [v for v in values if not math.isnan(v)]  # an unmeasured coefficient (kappa) has none
             low, high = np.percentile(values, [2.5, 97.5]).tolist() if len(values) >= 2 else (None, None)
             out.append({**c.to_dict(), "ci95_low": low, "ci95_high": high})
         return out

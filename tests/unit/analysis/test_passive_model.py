@@ -23,7 +23,8 @@ from pdexporter.analysis.passive_model import (
 )
 
 B = 8192
-TRUE = ContextAwareModel(45.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
+TRUE = ContextAwareModel(45.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004,
+                         kappa_graph_ms_per_token=0.03)
 GRID = Grid((B,))
 
 
@@ -38,8 +39,7 @@ def _events(
         d = int(rng.integers(d_range[0], d_range[1] + 1))
         p = int(np.exp(rng.uniform(np.log(600), np.log(p_max))))
         chunks = np.asarray(chunk_schedule(p, B, d), np.float64)
-        prefix = np.concatenate([[0.0], np.cumsum(chunks)[:-1]])
-        pi = TRUE.chunk_penalty_ms(d, chunks, prefix) * rng.normal(1.0, noise, chunks.size)
+        pi = TRUE.chunk_penalties_ms(d, chunks) * rng.normal(1.0, noise, chunks.size)
         base = 6.0
         total = float(pi.sum() + TRUE.sigma0_ms + TRUE.sigma1_ms_per_token * p) * rng.normal(1.0, noise / 2)
         out.append(FitEvent(B, d, p, total, base, tuple(float(x) for x in base + pi), 1.5 * i, "otlp"))
