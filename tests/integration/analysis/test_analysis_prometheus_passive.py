@@ -24,9 +24,10 @@ def _rep(penalty: float, d: int) -> RepRecord:
         "rep": 0,
         "baseline": {"tpot_p50_ms": base, "tpot_p90_ms": 7.0, "tpot_p99_ms": 8.0, "step_time_ms": base},
         "interference": {"tpot_during_prefill_p50_ms": base + penalty, "tpot_during_prefill_p90_ms": base + penalty,
+                         "tpot_during_prefill_mean_ms": base + penalty,
                          "tpot_after_prefill_p50_ms": base, "num_chunks_actual": 1, "num_chunks_expected": 1,
                          "prefill_duration_ms": penalty + base, "prefill_ttft_ms": penalty + base},
-        "derived": {"tpot_penalty_p50_ms": penalty, "tpot_penalty_ratio": penalty / base,
+        "derived": {"tpot_penalty_ms": penalty, "tpot_penalty_p50_ms": penalty, "tpot_penalty_ratio": penalty / base,
                     "total_interference_ms": penalty, "decode_tokens_delayed": d, "aggregate_interference_ms": penalty * d},
     })
 
