@@ -67,7 +67,7 @@ import numpy as np
 from pdexporter.engines import adapter
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.records import RunRecord
-from pdexporter.sim.profile import EngineLoopParams, Profile, StepTimeParams
+from pdexporter.sim.profile import EngineLoopParams, HostParams, Profile, StepTimeParams
 from pdexporter.sim.steptime import StepArrays, StepComposition, StepTimeModel
 
 if TYPE_CHECKING:
@@ -77,11 +77,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BETWEEN_GRID_D", "BOUNDS", "Calibration", "DEFAULT_FREE", "FitResult", "FitWorseThanBase", "GPU_PARAMS",
-    "Generalisation", "Group", "GroupResult", "HEADLINE", "HoldoutReport", "KINDS", "KNOWN_DECODE_MS", "Key",
-    "LOOP_FREE", "LOOP_PARAMS", "LoopFitResult", "METRICS", "METRIC_FIELDS", "METRIC_LABELS", "ObservationSet",
+    "Generalisation", "Group", "GroupResult", "HEADLINE", "HOST_PARAMS", "HoldoutReport", "KINDS", "KNOWN_DECODE_MS",
+    "Key", "LOOP_FREE", "LOOP_PARAMS", "LoopFitResult", "SLOW_FACTOR_START", "METRICS", "METRIC_FIELDS", "METRIC_LABELS", "ObservationSet",
     "PointError", "PointFigures", "Progress", "RecordSimulator", "STAGE1_UNITS", "STEP_FREE", "STEP_PARAMS",
     "Simulator", "StepData", "StepObservation", "calibrate", "chunk_sizes", "compare_records", "decode_table",
-    "figures_of", "fit_loop_params", "fit_step_params", "generalisation", "kind_of", "label_worse",
+    "classify_host", "figures_of", "fit_loop_params", "fit_step_params", "generalisation", "host_sensitive",
+    "host_states", "kind_of", "label_worse", "observations_on_host", "predict_on_hosts",
     "last_chunk_step_ms", "mixed_composition", "observations_from_record", "observations_from_records",
     "profile_fingerprint", "record_residuals", "residual_keys", "simulate_group", "split_holdout", "step_errors",
     "step_summary", "vllm_facts_observations", "with_values", "worse_than_base",
@@ -93,9 +94,11 @@ Key = tuple[int, int, int]  # (chunk_size, decode_batch_size, new_prefill_tokens
 # (gpu.measured_matmul_tflops), and big chunks see dense and expert GEMMs only together.
 STEP_FREE = ("fixed_ms", "moe_efficiency", "attention_efficiency", "bandwidth_efficiency", "moe_expert_pool")
 LOOP_FREE = ("launch_eager_ms", "launch_piecewise_ms", "cpu_us_per_token", "request_overhead_ms",
-             "admit_us_per_block", "retire_us_per_token", "idle_start_ms")
+             "admit_us_per_block", "retire_us_per_token", "idle_start_ms", "slow_factor")
 DEFAULT_FREE = STEP_FREE + LOOP_FREE
 LOOP_PARAMS = frozenset(EngineLoopParams.model_fields)
+HOST_PARAMS = frozenset({"slow_factor"})  # the host section's (`HostParams`): fitted with the loop
+SLOW_FACTOR_START = 1.6  # the H200 machine's slow episodes: ~80 ms launch-bound steps against ~50
 BOUNDS: dict[str, tuple[float, float]] = {
     "fixed_ms": (0.0, 50.0),
     "matmul_efficiency": (0.05, 1.0),
@@ -111,6 +114,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "admit_us_per_block": (0.0, 500.0),
     "retire_us_per_token": (0.0, 50.0),
     "idle_start_ms": (0.0, 100.0),
+    "slow_factor": (1.0, 3.0),
 }
 # Stage 1 fits the GPU's parameters on step times; stage 2 everything the CPU and the loop do.
 GPU_PARAMS = frozenset({"fixed_ms", "matmul_efficiency", "moe_efficiency", "attention_efficiency",
@@ -127,11 +131,12 @@ class StepObservation:
     label: str = ""
     weight: float = 1.0
     next_composition: StepComposition | None = None  # the step launched while this one runs
+    host_factor: float = 1.0  # its CPU ran this much slower (a slow-host episode, `HostParams`)
 
     def model_s(self, model: StepTimeModel) -> float:
         """The observed interval in a steady pipeline: max(this step's GPU, the next one's CPU)."""
         launched = self.next_composition if self.next_composition is not None else self.composition
-        return max(model.gpu_s(self.composition), model.cpu_s(launched))
+        return max(model.gpu_s(self.composition), self.host_factor * model.cpu_s(launched))
 
 
 @dataclass
@@ -213,21 +218,28 @@ def _check_free(free: Sequence[str], allowed: frozenset[str]) -> tuple[str, ...]
     return tuple(free)
 
 
+def _section(name: str) -> str:
+    return "engine_loop" if name in LOOP_PARAMS else "host" if name in HOST_PARAMS else "step_time"
+
+
 def _value(profile: Profile, name: str) -> float:
-    v = getattr(profile.engine_loop if name in LOOP_PARAMS else profile.step_time, name)
+    v = getattr(getattr(profile, _section(name)), name)
     if v is None:
         low, high = BOUNDS[name]
         v = profile.model.num_experts if name == "moe_expert_pool" else (low + high) / 2
+    if name == "slow_factor" and v <= 1.0:
+        v = SLOW_FACTOR_START  # no episode seen yet: start from the H200 machine's
     return float(v)
 
 
 def with_values(profile: Profile, values: Mapping[str, float]) -> Profile:
-    """The profile with these step_time / engine_loop parameters replaced."""
-    step = {k: v for k, v in values.items() if k not in LOOP_PARAMS}
-    loop = {k: v for k, v in values.items() if k in LOOP_PARAMS}
+    """The profile with these step_time / engine_loop / host parameters replaced."""
+    parts = {section: {k: v for k, v in values.items() if _section(k) == section}
+             for section in ("step_time", "engine_loop", "host")}
     return profile.model_copy(update={
-        "step_time": StepTimeParams(**{**profile.step_time.model_dump(), **step}),
-        "engine_loop": EngineLoopParams(**{**profile.engine_loop.model_dump(), **loop}),
+        "step_time": StepTimeParams(**{**profile.step_time.model_dump(), **parts["step_time"]}),
+        "engine_loop": EngineLoopParams(**{**profile.engine_loop.model_dump(), **parts["engine_loop"]}),
+        "host": HostParams(**{**profile.host.model_dump(), **parts["host"]}),
     })
 
 
@@ -265,6 +277,7 @@ class StepData:
         self.observations = list(observations)
         self.targets = np.array([o.seconds for o in self.observations], dtype=float)
         self.kinds = np.array([o.kind for o in self.observations])
+        self.host = np.array([o.host_factor for o in self.observations], dtype=float)
         by_chunk: dict[int | None, list[int]] = defaultdict(list)
         for i, o in enumerate(self.observations):
             by_chunk[o.key[0] if o.key is not None else None].append(i)
@@ -282,7 +295,7 @@ class StepData:
         out = np.empty(len(self.observations))
         for b, idx, steps, launched in self._groups:
             model = StepTimeModel(self.profile, params, max_num_batched_tokens=b)
-            out[idx] = np.maximum(model.gpu_s_array(steps), model.cpu_s_array(launched))
+            out[idx] = np.maximum(model.gpu_s_array(steps), self.host[idx] * model.cpu_s_array(launched))
         return out
 
 
@@ -393,13 +406,17 @@ class PointFigures:
     window_p50_ms: float | None
     baseline_p50_ms: float | None
     aggregate_interference_ms: float | None  # derived.aggregate_interference_ms
+    penalty_p50_ms: float | None = None  # derived.tpot_penalty_p50_ms: TPOT during (token-weighted p50) - baseline
+    penalty_mean_ms: float | None = None  # the same with the token-weighted mean of the chunk steps
 
     @classmethod
     def of(cls, record: RunRecord) -> PointFigures:
-        i = record.interference
-        return cls(i.prefill_duration_ms, i.tpot_during_prefill_p50_ms, i.tpot_during_prefill_mean_ms,
-                   last_chunk_step_ms(record), i.tpot_window_p50_ms, record.baseline.tpot_p50_ms,
-                   record.derived.aggregate_interference_ms)
+        i, base = record.interference, record.baseline.tpot_p50_ms
+        mean = i.tpot_during_prefill_mean_ms
+        return cls(i.prefill_duration_ms, i.tpot_during_prefill_p50_ms, mean,
+                   last_chunk_step_ms(record), i.tpot_window_p50_ms, base,
+                   record.derived.aggregate_interference_ms, record.derived.tpot_penalty_p50_ms,
+                   mean - base if mean is not None and base is not None and record.config.decode_batch_size else None)
 
 
 def last_chunk_step_ms(record: RunRecord) -> float | None:
@@ -430,21 +447,25 @@ class PointError:
 
 # metric -> PointFigures field
 METRIC_FIELDS = {
+    "baseline_tpot": "baseline_p50_ms",  # the decode step beside no prefill
+    "penalty": "penalty_p50_ms",  # derived.tpot_penalty_p50_ms, the table's headline
+    "penalty_mean": "penalty_mean_ms",  # the same with the token-weighted mean of the chunk steps
     "prefill_duration": "prefill_duration_ms",
     "during_tpot": "during_p50_ms",  # tpot_during_prefill_p50_ms: the chunk steps
     "aggregate_interference": "aggregate_interference_ms",
     "window_tpot": "window_p50_ms",  # tpot_window_p50_ms: every interval in the window
-    "baseline_tpot": "baseline_p50_ms",
 }
 METRICS = tuple(METRIC_FIELDS)
 # what a fit must not predict worse than its base on held-out configurations, and what generalisation reports
-HEADLINE = ("prefill_duration", "during_tpot", "aggregate_interference")
+HEADLINE = ("baseline_tpot", "penalty", "prefill_duration", "aggregate_interference")
 METRIC_LABELS = {
+    "baseline_tpot": "baseline TPOT",
+    "penalty": "TPOT penalty (p50)",
+    "penalty_mean": "TPOT penalty (mean)",
     "prefill_duration": "prefill_duration",
     "during_tpot": "TPOT during prefill (p50)",
     "aggregate_interference": "aggregate interference",
     "window_tpot": "TPOT over the window (p50)",
-    "baseline_tpot": "baseline TPOT",
 }
 KINDS = ("D = 0", "one small chunk (P <= 2048)", "one big chunk (P >= 4096)", "two chunks", "three or more chunks")
 
@@ -464,11 +485,13 @@ def kind_of(key: Key) -> str:
 class HoldoutReport:
     """Per metric (`METRICS`), each configuration's measured and predicted value."""
 
+    baseline_tpot: list[PointError] = field(default_factory=list)
+    penalty: list[PointError] = field(default_factory=list)
+    penalty_mean: list[PointError] = field(default_factory=list)
     prefill_duration: list[PointError] = field(default_factory=list)
     during_tpot: list[PointError] = field(default_factory=list)
     aggregate_interference: list[PointError] = field(default_factory=list)
     window_tpot: list[PointError] = field(default_factory=list)
-    baseline_tpot: list[PointError] = field(default_factory=list)
 
     def of(self, metric: str) -> list[PointError]:
         if metric not in METRIC_FIELDS:
@@ -520,13 +543,14 @@ def _figures(x: PointFigures | RunRecord) -> PointFigures:
     return x if isinstance(x, PointFigures) else PointFigures.of(x)
 
 
-def worse_than_base(base: HoldoutReport, fitted: HoldoutReport, metrics: Sequence[str] = HEADLINE
-                    ) -> list[tuple[str, float, float]]:
-    """(metric, fitted MAPE %, base MAPE %) for each headline metric the fit predicts worse."""
+def worse_than_base(base: HoldoutReport, fitted: HoldoutReport, metrics: Sequence[str] = HEADLINE, *,
+                    tolerance: float = 0.0) -> list[tuple[str, float, float]]:
+    """(metric, fitted MAPE %, base MAPE %) for each headline metric the fit predicts worse, by more
+    than `tolerance` points."""
     out = []
     for metric in metrics:
         b, f = base.metric_mape(metric), fitted.metric_mape(metric)
-        if b is not None and f is not None and f > b:
+        if b is not None and f is not None and f > b + tolerance:
             out.append((metric, f, b))
     return out
 
@@ -544,6 +568,10 @@ class Simulator(Protocol):
 
     def __call__(self, profiles: Sequence[Profile], keys: Collection[Key]) -> list[dict[Key, PointFigures]]:
         """One prediction of `keys` per profile, in order."""
+        ...
+
+    def batch(self, requests: Sequence[tuple[Profile, Collection[Key]]]) -> list[dict[Key, PointFigures]]:
+        """One prediction per (profile, keys) request, in order, run side by side."""
         ...
 
     def groups(self, keys: Collection[Key]) -> int:
@@ -640,10 +668,13 @@ class RecordSimulator:
         return self._simulated
 
     def __call__(self, profiles: Sequence[Profile], keys: Collection[Key]) -> list[dict[Key, PointFigures]]:
-        groups = self._groups_of(keys)
-        prints = [profile_fingerprint(p) for p in profiles]
+        return self.batch([(p, keys) for p in profiles])
+
+    def batch(self, requests: Sequence[tuple[Profile, Collection[Key]]]) -> list[dict[Key, PointFigures]]:
+        wanted_groups = [self._groups_of(keys) for _, keys in requests]
+        prints = [profile_fingerprint(p) for p, _ in requests]
         todo: dict[tuple[str, Group], Profile] = {}
-        for profile, fp in zip(profiles, prints):
+        for (profile, _), fp, groups in zip(requests, prints, wanted_groups):
             for g in groups:
                 if (fp, g) in self.cache:
                     if self.on_group is not None:
@@ -659,9 +690,9 @@ class RecordSimulator:
             self._simulated += 1
             if self.on_group is not None:
                 self.on_group(item[1])
-        wanted = set(keys)
         out = []
-        for fp in prints:
+        for (_, keys), fp, groups in zip(requests, prints, wanted_groups):
+            wanted = set(keys)
             merged: dict[Key, PointFigures] = {}
             for g in groups:
                 merged.update({k: v for k, v in self.cache[(fp, g)].items() if k in wanted})
@@ -750,6 +781,27 @@ def _fd_steps(x: np.ndarray, hi: np.ndarray, rel: float = 0.05) -> np.ndarray:
     return np.where(x + h > hi, -h, h)
 
 
+def predict_on_hosts(simulate: Simulator, profiles: Sequence[Profile], keys: Collection[Key],
+                     slow: Collection[Key] = ()) -> list[dict[Key, PointFigures]]:
+    """Each profile's prediction of `keys`, those in `slow` on the slow host (`Profile.on_slow_host`),
+    the others on the nominal one; all in one `simulate.batch`."""
+    slow_keys = sorted(set(slow) & set(keys))
+    nominal_keys = sorted(set(keys) - set(slow_keys))
+    requests: list[tuple[Profile, Collection[Key]]] = []
+    for prof in profiles:
+        requests += [(prof, nominal_keys)] if nominal_keys else []
+        requests += [(prof.on_slow_host(), slow_keys)] if slow_keys else []
+    answers = iter(simulate.batch(requests))
+    out = []
+    for _ in profiles:
+        merged: dict[Key, PointFigures] = {}
+        for part in (nominal_keys, slow_keys):
+            if part:
+                merged.update(next(answers))
+        out.append(merged)
+    return out
+
+
 def fit_loop_params(
     profile: Profile,
     measured: Mapping[Key, PointFigures],
@@ -760,9 +812,14 @@ def fit_loop_params(
     max_evaluations: int = 24,
     jacobian: np.ndarray | None = None,
     on_evaluation: Callable[[int, float], None] | None = None,
+    slow: Collection[Key] = (),
 ) -> LoopFitResult:
     """Fit the CPU-side and per-request costs so that the protocol, run on the embedded engine,
     reproduces the measured figures (`simulate([profile], keys)` runs it).
+
+    The configurations in `slow` were measured in a slow-host episode (`classify_host`): they are
+    simulated on the slow host (`Profile.on_slow_host`), so `slow_factor` is fitted on them and
+    the nominal CPU costs on the others.
 
     Trust-region least squares (`scipy.optimize.least_squares`) with a Jacobian taken once by
     finite differences (5 % of each parameter, at least 0.05 of its unit: wide enough to see the
@@ -795,7 +852,8 @@ def fit_loop_params(
     def run(xs: list[np.ndarray]) -> list[np.ndarray]:
         todo = [x for x in xs if x.tobytes() not in cache]
         if todo:
-            predicted = simulate([with_values(profile, dict(zip(free, map(float, x)))) for x in todo], keys)
+            profiles = [with_values(profile, dict(zip(free, map(float, x)))) for x in todo]
+            predicted = predict_on_hosts(simulate, profiles, keys, slow)
             for x, pred in zip(todo, predicted):
                 res = record_residuals(measured, pred)
                 cache[x.tobytes()] = res
@@ -830,6 +888,55 @@ def fit_loop_params(
     return LoopFitResult(dict(zip(free, map(float, solution.x))), free, len(keys), int(res.size),
                          float(np.sqrt(np.mean(res**2))) if res.size else math.nan, calls[0],
                          bool(solution.status > 0), str(solution.message), state.get("J"))
+
+
+# -- the host's two speeds --------------------------------------------------------------------
+
+def host_sensitive(nominal: Mapping[Key, PointFigures], slow: Mapping[Key, PointFigures], threshold: float = 0.05
+                   ) -> set[Key]:
+    """Configurations whose figures the host's speed moves by more than `threshold` (log ratio) on any
+    fitted figure: those a slow-host episode can show in."""
+    out = set()
+    for key in set(nominal) & set(slow):
+        pairs = list(_residual_pairs({key: nominal[key]}, {key: slow[key]}))
+        if any(pv and abs(math.log(pv / mv)) > threshold for _, mv, pv in pairs):
+            out.add(key)
+    return out
+
+
+def classify_host(measured: Mapping[Key, PointFigures], nominal: Mapping[Key, PointFigures],
+                  slow: Mapping[Key, PointFigures]) -> set[Key]:
+    """The configurations the slow-host prediction explains better than the nominal one (the sum of
+    squared log errors of the fitted figures, `record_residuals`'s): measured in a slow-host episode.
+    A configuration the host's speed does not move (`host_sensitive`) is never slow."""
+    out = set()
+    sensitive = host_sensitive(nominal, slow)
+    for key in sorted(set(measured) & sensitive):
+        err = {}
+        for label, pred in (("nominal", nominal), ("slow", slow)):
+            res = [math.log(max(pv or 0.0, 1e-6) / mv) for _, mv, pv in _residual_pairs({key: measured[key]},
+                                                                                        {key: pred[key]})]
+            err[label] = float(np.sum(np.square(res)))
+        if err["slow"] < err["nominal"]:
+            out.add(key)
+    return out
+
+
+def host_states(profile: Profile, measured: Mapping[Key, PointFigures], simulate: Simulator
+                ) -> tuple[set[Key], set[Key], dict[Key, PointFigures], dict[Key, PointFigures]]:
+    """(slow, sensitive, nominal prediction, slow prediction) of the measured configurations."""
+    keys = sorted(measured)
+    nominal, slow = simulate.batch([(profile, keys), (profile.on_slow_host(), keys)])
+    return classify_host(measured, nominal, slow), host_sensitive(nominal, slow), nominal, slow
+
+
+def observations_on_host(observations: Sequence[StepObservation], slow: Collection[Key], factor: float
+                         ) -> list[StepObservation]:
+    """The step observations, those of the `slow` configurations with their CPU `factor` times slower."""
+    from dataclasses import replace
+
+    slow = set(slow)
+    return [replace(o, host_factor=factor if o.key in slow else 1.0) for o in observations]
 
 
 # -- one calibration, end to end (pure apart from the simulator it is given) -----------------------
@@ -880,16 +987,27 @@ class Calibration:
     held_step_mape_before: float | None
     rounds: int = 1
     held_base: HoldoutReport | None = None  # the held-out configurations predicted with the base profile
-    held_fitted: HoldoutReport | None = None  # ... and with the fitted one
+    held_fitted: HoldoutReport | None = None  # ... and with the fitted one (nominal host: the prediction)
     simulations: int = 0  # simulated sweeps of stage 2 (Jacobian columns included)
     timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
     loop_start: Profile | None = None  # the profile the first stage 2 started from (`generalisation`)
+    slow_keys: set[Key] = field(default_factory=set)  # training configurations measured on a slow host
+    sensitive_keys: set[Key] = field(default_factory=set)  # training configurations the host's speed moves
+    held_slow: set[Key] = field(default_factory=set)  # held-out configurations measured on a slow host
+    held_fitted_host: HoldoutReport | None = None  # held-out, each predicted on the host it was measured on
 
-    def worse(self) -> list[tuple[str, float, float]]:
-        """Headline metrics the fit predicts worse than the base on the held-out configurations."""
+    def worse(self, tolerance: float = 0.0) -> list[tuple[str, float, float]]:
+        """Headline metrics the fit predicts worse than the base on the held-out configurations (by
+        more than `tolerance` points of MAPE)."""
         if self.held_base is None or self.held_fitted is None:
             return []
-        return worse_than_base(self.held_base, self.held_fitted)
+        return worse_than_base(self.held_base, self.held_fitted, tolerance=tolerance)
+
+    def nominal_mape(self, metric: str) -> float | None:
+        """The fitted profile's held-out MAPE on the configurations measured on a nominal host."""
+        if self.held_fitted is None:
+            return None
+        return self.held_fitted.metric_mape(metric, where=lambda k: k not in self.held_slow)
 
 
 def calibrate(
@@ -897,6 +1015,7 @@ def calibrate(
     records: Sequence[RunRecord],
     *,
     holdout: float = 0.0,
+    train_keys: Collection[Key] | None = None,
     free: Sequence[str] = DEFAULT_FREE,
     source: str | None = None,
     simulate: Simulator | None = None,
@@ -908,64 +1027,93 @@ def calibrate(
     """Fit `base` to the records outside the held-out configurations, then predict those with the
     base and the fitted profile.
 
-    `simulate` runs the protocol on the embedded engine for stage 2 and for the held-out predictions
-    (None: stage 1 only, the engine-loop costs stay as `base` has them, nothing is predicted).
-    `max_evaluations` bounds the simulated sweeps of each round's stage 2, its finite differences
-    included (each round takes them afresh: carrying the previous round's Jacobian on saves 7
-    sweeps but stopped in a worse point on the H200 sweep, rms log error 0.216 vs 0.213). `on_evaluation(round, evaluation,
-    rms)` reports stage 2's progress; `progress` gets the work planned and done."""
+    The held-out configurations are the records outside `train_keys` when given (e.g. those of a
+    short sweep, `sweeps/calibrate-short.yaml`), else a deterministic `holdout` fraction
+    (`split_holdout`). `simulate` runs the protocol on the embedded engine for stage 2 and for the
+    held-out predictions (None: stage 1 only, the engine-loop costs stay as `base` has them, nothing
+    is predicted). `max_evaluations` bounds the simulated sweeps of each round's stage 2, its finite
+    differences included (each round takes them afresh: carrying the previous round's Jacobian on
+    saves 7 sweeps but stopped in a worse point on the H200 sweep, rms log error 0.216 vs 0.213).
+    `on_evaluation(round, evaluation, rms)` reports stage 2's progress; `progress` gets the work
+    planned and done.
+
+    The host's two speeds (`HostParams`), when `slow_factor` is free: before each stage 2 every
+    training configuration is predicted on the nominal and on the slow host and labelled by the one
+    that explains it better (`classify_host`); stage 1 reads the slow ones' CPU times `slow_factor`
+    times longer and stage 2 simulates them on the slow host, so the nominal CPU costs come from the
+    nominal configurations and `slow_factor` from the slow ones (hard expectation-maximisation).
+    `host.slow_fraction` is the share of slow ones among those the host's speed moves."""
     if not records:
         raise ValueError("no records to calibrate on")
     prog = progress or _NoProgress()
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     keys = [r.key for r in records]
-    train_keys, held_keys = split_holdout(keys, holdout)
-    train = observations_from_records([r for r in records if r.key in train_keys])
-    held = observations_from_records([r for r in records if r.key in held_keys])
+    if train_keys is not None:
+        wanted = set(train_keys)
+        train_set = {k for k in keys if k in wanted}
+        held_set = set(keys) - train_set
+        if not train_set:
+            raise ValueError("none of the records is among the training configurations")
+    else:
+        train_set, held_set = split_holdout(keys, holdout)
+    train = observations_from_records([r for r in records if r.key in train_set])
+    held = observations_from_records([r for r in records if r.key in held_set])
     if not train.observations:
         raise ValueError("the training records hold no usable step times (no decode baseline, no middle chunk steps)")
     _check_free(free, frozenset(BOUNDS))
     step_free = tuple(n for n in free if n in GPU_PARAMS)
     loop_free = tuple(n for n in free if n not in GPU_PARAMS)
+    hosts = simulate is not None and "slow_factor" in loop_free
     figures = figures_of(records)
-    measured = {k: v for k, v in figures.items() if k in train_keys}
+    measured = {k: v for k, v in figures.items() if k in train_set}
     n_rounds = max(1, rounds if (simulate is not None and loop_free) else 1)
-    train_groups = simulate.groups(train_keys) if simulate is not None else 0
-    held_groups = simulate.groups(held_keys) if simulate is not None and held_keys else 0
+    train_groups = simulate.groups(train_set) if simulate is not None else 0
+    held_groups = simulate.groups(held_set) if simulate is not None and held_set else 0
     if step_free:
         prog.plan(STAGE1_UNITS * n_rounds)
     if simulate is not None and loop_free:
-        prog.plan(max_evaluations * train_groups * n_rounds)
-    if simulate is not None and held_keys:
-        prog.plan(2 * held_groups)
+        prog.plan((max_evaluations + (2 if hosts else 0)) * train_groups * n_rounds)
+    if simulate is not None and held_set:
+        prog.plan((4 if hosts else 2) * held_groups)
     timings["split"] = time.perf_counter() - t0
 
-    current = base
+    current = with_values(base, {"slow_factor": _value(base, "slow_factor")}) if hosts else base
     fit: FitResult | None = None
     loop: LoopFitResult | None = None
     simulations = 0
     loop_start: Profile | None = None
+    slow: set[Key] = set()
+    sensitive: set[Key] = set()
     for round_ in range(n_rounds):
         if step_free:
             t = time.perf_counter()
             prog.stage(f"round {round_ + 1}/{n_rounds}: stage 1 (GPU)")
-            fit = fit_step_params(current, train.observations, step_free)
+            observations = observations_on_host(train.observations, slow, current.host.slow_factor)
+            fit = fit_step_params(current, observations, step_free)
             current = current.model_copy(update={"step_time": fit.params})
             prog.advance(STAGE1_UNITS, f"step MAPE {fit.mape:.1f} %")
             timings["stage1"] = timings.get("stage1", 0.0) + time.perf_counter() - t
         if simulate is not None and loop_free:
             t = time.perf_counter()
             prog.stage(f"round {round_ + 1}/{n_rounds}: stage 2 (CPU, loop)")
+            if hosts:
+                slow, sensitive, _, _ = host_states(current, measured, simulate)
+                simulations += 2
             if loop_start is None:
                 loop_start = current
             loop = fit_loop_params(
-                current, measured, simulate, loop_free, max_evaluations=max_evaluations,
+                current, measured, simulate, loop_free, max_evaluations=max_evaluations, slow=slow,
                 on_evaluation=(lambda i, rms, r=round_: on_evaluation(r, i, rms)) if on_evaluation else None)
             simulations += loop.evaluations
             prog.plan(-(max_evaluations - loop.evaluations) * train_groups)
             current = with_values(current, loop.values)
             timings["stage2"] = timings.get("stage2", 0.0) + time.perf_counter() - t
+    if hosts:
+        assert simulate is not None
+        slow, sensitive, _, _ = host_states(current, measured, simulate)
+        fraction = len(slow) / len(sensitive) if sensitive else 0.0
+        current = current.model_copy(update={"host": current.host.model_copy(update={"slow_fraction": fraction})})
     if fit is None:
         mape, rms, worst, kinds = step_summary(current, current.step_time, train.observations)
         fit = FitResult(current.step_time, (), len(train.observations), mape, rms, worst, kinds, True, "not fitted")
@@ -974,27 +1122,36 @@ def calibrate(
     if held.observations:
         held_after = step_summary(current, current.step_time, held.observations)[0]
         held_before = step_summary(base, base.step_time, held.observations)[0]
-    held_base = held_fitted = None
-    if simulate is not None and held_keys:
+    held_base = held_fitted = held_host = None
+    held_slow: set[Key] = set()
+    if simulate is not None and held_set:
         t = time.perf_counter()
         prog.stage("held-out: base and fitted")
-        measured_held = {k: v for k, v in figures.items() if k in held_keys}
-        pred_base, pred_fitted = simulate([base, current], held_keys)
+        measured_held = {k: v for k, v in figures.items() if k in held_set}
+        pred_base, pred_fitted = simulate([base, current], held_set)
         held_base, held_fitted = compare_records(measured_held, pred_base), compare_records(measured_held, pred_fitted)
+        if hosts:
+            held_slow, _, nominal, on_slow = host_states(current, measured_held, simulate)
+            held_host = compare_records(measured_held, {k: on_slow[k] if k in held_slow else nominal[k]
+                                                        for k in nominal})
         timings["held_out"] = time.perf_counter() - t
     note = (
-        f"Fitted by pdexporter sim calibrate to {len(train_keys)} configuration(s) "
+        f"Fitted by pdexporter sim calibrate to {len(train_set)} configuration(s) "
         f"({fit.n} step times: {', '.join(f'{k} MAPE {v:.1f} %' for k, v in fit.by_kind.items())}"
         + (f"; engine loop by simulation, rms log error {loop.rms_log:.3f}" if loop is not None else "")
-        + f"); {len(held_keys)} configuration(s) held out. Free parameters: {', '.join((*step_free, *loop_free))}."
+        + f"); {len(held_set)} configuration(s) held out. Free parameters: {', '.join((*step_free, *loop_free))}."
     )
+    if hosts:
+        note += (f" Host: {len(slow)} of the {len(sensitive)} training configurations the host's speed moves were "
+                 f"measured in a slow-host episode (CPU x {current.host.slow_factor:.2f}).")
     if held_fitted is not None and held_base is not None:
         note += " Held-out MAPE fitted (base): " + ", ".join(
             f"{m} {_fmt(held_fitted.metric_mape(m))} ({_fmt(held_base.metric_mape(m))})" for m in HEADLINE) + "."
     profile = current.with_step_time(current.step_time, calibration="calibrated", note=note, source=source)
     timings["total"] = time.perf_counter() - t0
-    return Calibration(base, profile, fit, loop, before, train_keys, held_keys, train, held, held_after, held_before,
-                       n_rounds, held_base, held_fitted, simulations, timings, loop_start)
+    return Calibration(base, profile, fit, loop, before, train_set, held_set, train, held, held_after, held_before,
+                       n_rounds, held_base, held_fitted, simulations, timings, loop_start, slow, sensitive, held_slow,
+                       held_host)
 
 
 def _fmt(x: float | None) -> str:
@@ -1075,7 +1232,9 @@ def generalisation(
     prog.stage("leave-one-out: Jacobian")
     sims_before = simulate.simulated
     start = cal.loop_start or base
-    pred_base, pred_start = simulate([base, start], all_keys)
+    slow = cal.slow_keys | cal.held_slow  # each configuration on the host it was measured on
+    pred_base = simulate([base], all_keys)[0]
+    pred_start = predict_on_hosts(simulate, [start], all_keys, slow)[0]
     J0 = np.zeros((len(residual_keys(figures)), 0))
     if loop_free:
         x0, _, hi = _start(start, loop_free)
@@ -1083,7 +1242,7 @@ def generalisation(
         shifted = [with_values(start, dict(zip(loop_free, map(float, x0 + np.eye(len(loop_free))[i] * steps[i]))))
                    for i in range(len(loop_free))]
         r0 = record_residuals(figures, pred_start)
-        columns = [record_residuals(figures, pred) for pred in simulate(shifted, all_keys)]
+        columns = [record_residuals(figures, pred) for pred in predict_on_hosts(simulate, shifted, all_keys, slow)]
         J0 = np.stack([(c - r0) / h for c, h in zip(columns, steps)], axis=1)
     row_out = {g: np.array([member(*g)(k) for k in residual_keys(figures)]) for g in groups}
     out: list[GroupResult] = []
@@ -1091,15 +1250,16 @@ def generalisation(
         by, value = g
         left_out = member(by, value)
         prog.stage(f"leave-one-out: {by}={value}")
-        obs = observations_from_records([r for r in records if not left_out(r.key)]).observations
-        current = base
+        obs = observations_on_host(observations_from_records([r for r in records if not left_out(r.key)]).observations,
+                                   slow, start.host.slow_factor)
+        current = start.model_copy(update={"step_time": base.step_time, "engine_loop": base.engine_loop})
         if step_free and obs:
             current = current.model_copy(update={"step_time": fit_step_params(current, obs, step_free).params})
         prog.advance(STAGE1_UNITS, f"left out {by}={value}")
         if loop_free:
             train_measured = {k: v for k, v in figures.items() if not left_out(k)}
             loop = fit_loop_params(current, train_measured, simulate, loop_free, max_evaluations=budget,
-                                   jacobian=J0[~row_out[g]])
+                                   jacobian=J0[~row_out[g]], slow=slow)
             prog.plan(-(budget - loop.evaluations) * train_units[g])
             current = with_values(current, loop.values)
             if step_free and obs:
@@ -1117,9 +1277,9 @@ def generalisation(
 # -- decode steps between the grid's D --------------------------------------------------------------
 
 BETWEEN_GRID_D = (3, 5, 7, 9, 10, 11)
-# measured on the H200 with vLLM 0.22 at 4K context (reported with the brief of the padding work,
-# not among the committed records): a decode step of D = 10 took 10.2 ms, what D = 12 costs
-KNOWN_DECODE_MS = {10: 10.2}
+# measured on the H200 with vLLM 0.22 at 4K context, outside the seed grid: the baselines of the
+# generalisation run (results/h200-vllm0.22-qwen3-coder-30b-a3b-generalise, B = 6144, GPU session 3)
+KNOWN_DECODE_MS = {3: 6.35, 5: 8.01, 10: 10.37}
 
 
 def decode_table(profiles: Mapping[str, Profile], records: Sequence[RunRecord], ds: Iterable[int] | None = None

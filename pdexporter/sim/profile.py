@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -30,7 +30,7 @@ from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 
 __all__ = [
-    "Calibration", "EngineLoopParams", "EngineSpec", "GpuSpec", "KvTransferParams", "ModelSpec", "PROFILES_DIR",
+    "Calibration", "EngineLoopParams", "EngineSpec", "GpuSpec", "HostParams", "KvTransferParams", "ModelSpec", "PROFILES_DIR",
     "Profile", "StepTimeParams", "available_profiles", "cudagraph_sizes", "load_profile", "parse_profile",
     "profile_path",
 ]
@@ -48,12 +48,24 @@ class GpuSpec(_Strict):
     name: str
     memory_gib: float = Field(gt=0)
     peak_dense_bf16_tflops: float = Field(gt=0, description="datasheet dense BF16 tensor-core peak")
+    peak_dense_fp8_tflops: float | None = Field(
+        None, gt=0, description="datasheet dense FP8 tensor-core peak (None: no FP8 tensor cores, e.g. A100: FP8 "
+                                "weights then run as weight-only quantisation at the BF16 peak)")
     measured_matmul_tflops: float | None = Field(None, gt=0, description="a large GEMM measured on this GPU")
     hbm_bandwidth_tb_s: float = Field(gt=0)
+    source: str = Field("", description="where the figures come from (e.g. the vendor's datasheet)")
 
 
 class ModelSpec(_Strict):
-    """The transformer's shapes (a Qwen3MoeForCausalLM config, flattened)."""
+    """The transformer's shapes, flattened from its Hugging Face config.json (`sim.modelconfig`).
+
+    Dense (Llama, Qwen2, Qwen3: `num_experts` 0, the MLP `intermediate_size` wide) or mixture of
+    experts (Qwen3-MoE, Mixtral, DeepSeek: `num_experts` of `moe_intermediate_size`, top
+    `experts_per_token`, optionally `dense_layers` with a dense MLP and a shared expert always
+    active); attention GQA (`num_kv_heads` <= `num_q_heads`) or DeepSeek's MLA (`kv_lora_rank` > 0:
+    the cache holds the compressed latent and the rotary key, `kv_lora_rank + qk_rope_head_dim`
+    values a token a layer). `weight_bytes` is 1 for FP8 weights; `dtype_bytes` is the activations'
+    and the KV cache's."""
 
     name: str = Field(description="served model name, as in /v1/models")
     architecture: str = "Qwen3MoeForCausalLM"
@@ -61,29 +73,95 @@ class ModelSpec(_Strict):
     hidden_size: int = Field(gt=0)
     num_q_heads: int = Field(gt=0)
     num_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    num_experts: int = Field(gt=0)
-    experts_per_token: int = Field(gt=0)
-    moe_intermediate_size: int = Field(gt=0)
+    head_dim: int = Field(gt=0, description="query/key head dimension (MLA: qk_nope_head_dim + qk_rope_head_dim)")
+    num_experts: int = Field(0, ge=0, description="routed experts per MoE layer (0: a dense model)")
+    experts_per_token: int = Field(0, ge=0)
+    moe_intermediate_size: int = Field(0, ge=0, description="one routed expert's width")
+    intermediate_size: int = Field(0, ge=0, description="the dense MLP's width (a dense model, or the dense layers "
+                                                         "of an MoE model)")
+    dense_layers: int = Field(0, ge=0, description="layers of an MoE model with a dense MLP instead of experts "
+                                                   "(DeepSeek's first_k_dense_replace, Qwen's mlp_only_layers)")
+    shared_expert_intermediate_size: int = Field(
+        0, ge=0, description="width of the always-active shared expert(s) of each MoE layer, all of them together")
     vocab_size: int = Field(gt=0)
-    dtype_bytes: int = Field(2, gt=0)
+    dtype_bytes: int = Field(2, gt=0, description="bytes of an activation and of a KV-cache value")
+    weight_bytes: float | None = Field(None, gt=0, description="bytes of a weight (None: dtype_bytes; FP8: 1)")
+    tie_word_embeddings: bool = False
+    v_head_dim: int | None = Field(None, gt=0, description="value head dimension (None: head_dim)")
+    kv_lora_rank: int = Field(0, ge=0, description="MLA's compressed KV width (0: not MLA)")
+    q_lora_rank: int = Field(0, ge=0, description="MLA's compressed query width (0: a full query projection)")
+    qk_rope_head_dim: int = Field(0, ge=0, description="MLA's rotary part of head_dim")
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        if self.experts_per_token > self.num_experts:
-            raise ValueError(f"experts_per_token={self.experts_per_token} exceeds num_experts={self.num_experts}")
+        if self.num_experts:
+            if not 1 <= self.experts_per_token <= self.num_experts:
+                raise ValueError(f"experts_per_token={self.experts_per_token} must be in 1..num_experts="
+                                 f"{self.num_experts}")
+            if self.moe_intermediate_size <= 0:
+                raise ValueError("moe_intermediate_size must be > 0 for a model with experts")
+            if self.dense_layers >= self.num_layers:
+                raise ValueError(f"dense_layers={self.dense_layers} leaves no MoE layer of {self.num_layers}")
+            if self.dense_layers and self.intermediate_size <= 0:
+                raise ValueError("intermediate_size must be > 0 for the dense layers of an MoE model")
+        else:
+            if self.intermediate_size <= 0:
+                raise ValueError("a dense model (num_experts 0) needs intermediate_size > 0")
+            if self.experts_per_token:
+                raise ValueError(f"experts_per_token={self.experts_per_token} without experts (num_experts 0)")
+        if self.num_q_heads % self.num_kv_heads and not self.kv_lora_rank:
+            raise ValueError(f"num_q_heads={self.num_q_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.kv_lora_rank and self.qk_rope_head_dim >= self.head_dim:
+            raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be below head_dim={self.head_dim}")
         return self
 
     @property
-    def dense_params_per_layer(self) -> int:
-        """Attention projections (q, k, v, o) and the router: read by every step, whatever T."""
-        q = self.num_q_heads * self.head_dim
-        kv = self.num_kv_heads * self.head_dim
-        return self.hidden_size * q + 2 * self.hidden_size * kv + q * self.hidden_size + self.hidden_size * self.num_experts
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def dense_mlp_layers(self) -> int:
+        return self.num_layers - self.moe_layers
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def weight_dtype_bytes(self) -> float:
+        return self.weight_bytes if self.weight_bytes is not None else float(self.dtype_bytes)
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """q, k, v and o projections (MLA: the low-rank query, the KV latent and its up-projection)."""
+        h, hq, d, v = self.hidden_size, self.num_q_heads, self.head_dim, self.value_dim
+        if self.kv_lora_rank:
+            q = h * self.q_lora_rank + self.q_lora_rank * hq * d if self.q_lora_rank else h * hq * d
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * hq * (
+                d - self.qk_rope_head_dim + v)
+            return q + kv + hq * v * h
+        return h * hq * d + 2 * h * self.num_kv_heads * d + hq * v * h
+
+    @property
+    def dense_params(self) -> int:
+        """Weights every step reads and every token goes through, over all layers: attention, the
+        dense MLPs, the routers and the shared experts."""
+        h = self.hidden_size
+        per_moe_layer = h * self.num_experts + 3 * h * self.shared_expert_intermediate_size
+        return (self.num_layers * self.attention_params_per_layer + self.moe_layers * per_moe_layer
+                + self.dense_mlp_layers * 3 * h * self.intermediate_size)
+
+    @property
+    def dense_params_per_layer(self) -> float:
+        return self.dense_params / self.num_layers
 
     @property
     def expert_params(self) -> int:
-        """One expert's gate, up and down projections."""
+        """One routed expert's gate, up and down projections."""
         return 3 * self.hidden_size * self.moe_intermediate_size
 
     @property
@@ -92,17 +170,28 @@ class ModelSpec(_Strict):
 
     @property
     def kv_bytes_per_token(self) -> int:
+        if self.kv_lora_rank:
+            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * self.dtype_bytes
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def attention_flops_per_pair(self) -> int:
         """FLOPs of one (query, key) pair over all layers: QK^T and PV, 2 FLOPs per MAC."""
-        return 4 * self.num_layers * self.num_q_heads * self.head_dim
+        return 2 * self.num_layers * self.num_q_heads * (self.head_dim + self.value_dim)
 
     @property
     def total_params(self) -> int:
-        per_layer = self.dense_params_per_layer + self.num_experts * self.expert_params
-        return self.num_layers * per_layer + 2 * self.lm_head_params
+        embeddings = self.lm_head_params * (1 if self.tie_word_embeddings else 2)
+        return self.dense_params + self.moe_layers * self.num_experts * self.expert_params + embeddings
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token goes through: the dense part, its experts, the LM head."""
+        return self.dense_params + self.moe_layers * self.experts_per_token * self.expert_params + self.lm_head_params
+
+    @property
+    def weights_bytes(self) -> float:
+        return self.total_params * self.weight_dtype_bytes
 
 
 class EngineSpec(_Strict):
@@ -258,6 +347,31 @@ class EngineLoopParams(_Strict):
     idle_start_ms: float = Field(0.0, ge=0, description="extra start latency of a step on an idle engine (ms)")
 
 
+class HostParams(_Strict):
+    """How fast the engine core's host runs its CPU work: a distribution, not one number (MODELLED).
+
+    On the H200 machine the same launch-bound step (a lone small prefill chunk, its ~50 ms of Python
+    launching kernels) took ~47-50 ms in some stretches of a sweep and ~75-90 ms in others, in runs
+    of consecutive repetitions, whatever the configuration: the (virtual) host's core changed speed
+    (results/h200-vllm0.22-qwen3-coder-30b-a3b/experiments/EXPERIMENTS.md, section 2). No model of
+    (B, D, P) can say which episode a measurement falls in, so the profile describes the two
+    states: the step_time / engine_loop CPU figures are the nominal host's, and in a slow-host
+    episode every CPU cost of the engine core (launches, per-token work, admission, retirement)
+    runs `slow_factor` times slower; `slow_fraction` of the configurations of the calibration's
+    sweep were measured in one. The embedded engine runs the nominal host unless asked
+    (`Profile.on_slow_host`, `sim serve --host slow`): the nominal prediction is the likelier one
+    whenever `slow_fraction` < 0.5, and the slow one says how far an unlucky measurement lands."""
+
+    slow_factor: float = Field(1.0, ge=1.0, le=5.0, description="CPU work runs this much slower in a slow-host "
+                                                                  "episode (1: the host has no such episodes)")
+    slow_fraction: float = Field(0.0, ge=0.0, le=1.0, description="share of the calibration's configurations "
+                                                                   "measured in a slow-host episode")
+
+    # the CPU figures a slow host stretches: step_time's and engine_loop's
+    CPU_STEP: ClassVar[tuple[str, ...]] = ("launch_eager_ms", "launch_piecewise_ms", "cpu_us_per_token")
+    CPU_LOOP: ClassVar[tuple[str, ...]] = ("admit_us_per_block", "retire_us_per_token")
+
+
 class KvTransferParams(_Strict):
     """The KV transfer between the two instances of a P/D pair, as the embedded engine models it:
 
@@ -296,7 +410,19 @@ class Profile(_Strict):
     engine: EngineSpec
     step_time: StepTimeParams
     engine_loop: EngineLoopParams = Field(default_factory=EngineLoopParams)
+    host: HostParams = Field(default_factory=HostParams)
     kv_transfer: KvTransferParams = Field(default_factory=KvTransferParams)
+
+    def on_slow_host(self, factor: float | None = None) -> Profile:
+        """This profile in a slow-host episode: every CPU figure of the engine core x `factor`
+        (default `host.slow_factor`). The GPU, the model and the front end are unchanged."""
+        f = self.host.slow_factor if factor is None else factor
+        if f == 1.0:
+            return self
+        step = {n: getattr(self.step_time, n) * f for n in HostParams.CPU_STEP}
+        loop = {n: getattr(self.engine_loop, n) * f for n in HostParams.CPU_LOOP}
+        return self.model_copy(update={"step_time": self.step_time.model_copy(update=step),
+                                       "engine_loop": self.engine_loop.model_copy(update=loop)})
 
     def with_step_time(self, params: StepTimeParams, *, calibration: Calibration, note: str,
                        source: str | None = None, engine_loop: EngineLoopParams | None = None) -> Profile:

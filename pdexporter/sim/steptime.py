@@ -98,22 +98,32 @@ class StepComposition:
     attention_pairs: float
     kv_read_tokens: int
     kv_fill_tokens: int = 0  # tokens of KV a connector writes into the cache in this step (DecodeBench)
+    num_decode_tokens: int | None = None  # tokens of one-token requests (decodes); None: every token if uniform
 
     @classmethod
     def of(cls, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None,
            kv_fill_tokens: int = 0) -> StepComposition:
         """From (query_len, context_before) per request; every request samples unless told."""
-        tokens = requests = max_q = kv = 0
+        tokens = requests = max_q = kv = decodes = 0
         pairs = 0.0
         for c, s in chunks:
             tokens += c
             requests += 1
             if c > max_q:
                 max_q = c
+            if c == 1:
+                decodes += 1
             pairs += c * s + c * (c + 1) / 2
             kv += s + c
         return cls(tokens, requests, requests if num_sampled is None else num_sampled, max_q, pairs, kv,
-                   kv_fill_tokens)
+                   kv_fill_tokens, decodes)
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the model generated itself (one-token requests): they route like each other."""
+        if self.num_decode_tokens is not None:
+            return self.num_decode_tokens
+        return self.num_tokens if self.max_query_len <= 1 else 0
 
     @classmethod
     def decode_batch(cls, d: int, context: int) -> StepComposition:
@@ -175,6 +185,7 @@ class StepArrays:
     """Many step compositions as arrays, graph mode and padding resolved (`StepTimeModel.arrays`)."""
 
     tokens: np.ndarray  # T as run: padded to its captured size
+    decode_tokens: np.ndarray  # real one-token requests among them (the rest: prompt tokens and padding)
     sampled: np.ndarray
     pairs: np.ndarray
     kv_tokens: np.ndarray
@@ -196,7 +207,11 @@ class StepTimeModel:
         self.params = params or profile.step_time
         m, g, e, p = profile.model, profile.gpu, profile.engine, self.params
         peak = g.peak_dense_bf16_tflops * 1e12
+        # FP8 weights run FP8 GEMMs where the GPU has FP8 tensor cores (W8A8), else weight-only (BF16 maths)
+        gemm_peak = (g.peak_dense_fp8_tflops * 1e12 if m.weight_dtype_bytes <= 1 and g.peak_dense_fp8_tflops
+                     else peak)
         bw = g.hbm_bandwidth_tb_s * 1e12 * p.bandwidth_efficiency
+        wb = m.weight_dtype_bytes
         self._fixed = p.fixed_ms * 1e-3
         self._cpu_token = p.cpu_us_per_token * 1e-6
         self._piecewise = p.launch_piecewise_ms * 1e-3
@@ -215,27 +230,37 @@ class StepTimeModel:
         self._full_max = max((x for x in self.capture_sizes if x <= self.max_num_seqs), default=0)
         self._p = p.roofline_sharpness
         # seconds per token through the dense and the expert weights, per sampled logit row
-        self._dense_s_per_tok = 2.0 * m.num_layers * m.dense_params_per_layer / (peak * p.matmul_efficiency)
-        self._moe_s_per_tok = (
-            2.0 * m.num_layers * m.experts_per_token * m.expert_params / (peak * p.moe_efficiency)
-        )
+        self._dense_s_per_tok = 2.0 * m.dense_params / (gemm_peak * p.matmul_efficiency)
+        self._moe_s_per_tok = 2.0 * m.moe_layers * m.experts_per_token * m.expert_params / (gemm_peak * p.moe_efficiency)
         self._lm_s_per_row = 2.0 * m.lm_head_params / (peak * p.matmul_efficiency)
-        self._dense_bytes_s = m.num_layers * m.dense_params_per_layer * m.dtype_bytes / bw
-        self._lm_bytes_s = m.lm_head_params * m.dtype_bytes / bw
-        self._expert_bytes_s = m.num_layers * m.expert_params * m.dtype_bytes / bw
-        self._pool = float(p.moe_expert_pool or m.num_experts)
-        self._k = float(min(m.experts_per_token, self._pool))
-        self._miss = 1.0 - self._k / self._pool
+        self._dense_bytes_s = m.dense_params * wb / bw
+        self._lm_bytes_s = m.lm_head_params * wb / bw
+        self._expert_bytes_s = m.moe_layers * m.expert_params * wb / bw
+        # Routing: prompt tokens and CUDA-graph padding spread over all E experts (top-k each); the
+        # tokens the model generated itself (decodes) over `moe_expert_pool` of them (all: real weights;
+        # far fewer on dummy weights, whose greedy tokens are alike)
+        self._experts = float(m.num_experts)
+        self._pool = float(min(p.moe_expert_pool or m.num_experts, m.num_experts)) if m.is_moe else 0.0
+        self._k = float(min(m.experts_per_token, self._pool)) if m.is_moe else 0.0
+        self._miss = 1.0 - self._k / self._pool if m.is_moe else 1.0  # a pool expert a decode token misses
+        self._miss_all = 1.0 - m.experts_per_token / m.num_experts if m.is_moe else 1.0
         self._attn_s_per_pair = m.attention_flops_per_pair / (peak * p.attention_efficiency)
         self._kv_s_per_token = m.kv_bytes_per_token / bw
         self._fill_s_per_token = m.kv_bytes_per_token / (g.hbm_bandwidth_tb_s * 1e12 * p.kv_fill_bandwidth_efficiency)
         self.landing_factor = landing_factor(profile, p)
 
-    def experts_touched(self, num_tokens: int) -> float:
-        """Expected distinct experts per layer that `num_tokens` tokens route to."""
-        if num_tokens <= 0:
+    def experts_touched(self, num_tokens: int, decode_tokens: int | None = None) -> float:
+        """Expected distinct experts per layer that `num_tokens` tokens route to, `decode_tokens` of them
+        (default: all) generated tokens routing within `moe_expert_pool`, the others over all experts:
+
+            pool (1 - m_pool^n_dec m_all^n_other) + (E - pool) (1 - m_all^n_other)
+
+        with m = 1 - k / (experts routed over) the chance that one token misses a given expert."""
+        if num_tokens <= 0 or not self._pool:
             return 0.0
-        return self._pool * (1.0 - self._miss**num_tokens)
+        n_dec = num_tokens if decode_tokens is None else min(decode_tokens, num_tokens)
+        other = self._miss_all ** (num_tokens - n_dec)
+        return self._pool * (1.0 - self._miss**n_dec * other) + (self._experts - self._pool) * (1.0 - other)
 
     def graph(self, comp: StepComposition) -> tuple[str, int]:
         """(graph mode, tokens the step runs as): vLLM 0.22's FULL_AND_PIECEWISE dispatch with padding."""
@@ -258,7 +283,7 @@ class StepTimeModel:
         return self._launch[_MODE_CODE[self.graph(comp)[0]]]
 
     def _terms(self, comp: StepComposition, tokens: int) -> tuple[float, float, float, float, float]:
-        experts = self.experts_touched(tokens)
+        experts = self.experts_touched(tokens, comp.decode_tokens)
         w_compute = tokens * (self._dense_s_per_tok + self._moe_s_per_tok) + comp.num_sampled * self._lm_s_per_row
         w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + (self._lm_bytes_s if comp.num_sampled else 0.0)
         a_compute = comp.attention_pairs * self._attn_s_per_pair
@@ -306,6 +331,7 @@ class StepTimeModel:
         graphs = [self.graph(c) for c in comps]
         return StepArrays(
             tokens=np.array([t for _, t in graphs], dtype=float),
+            decode_tokens=np.array([c.decode_tokens for c in comps], dtype=float),
             sampled=np.array([c.num_sampled for c in comps], dtype=float),
             pairs=np.array([c.attention_pairs for c in comps], dtype=float),
             kv_tokens=np.array([c.kv_read_tokens for c in comps], dtype=float),
@@ -314,7 +340,9 @@ class StepTimeModel:
 
     def gpu_s_array(self, a: StepArrays) -> np.ndarray:
         """`gpu_s` of every composition in `a` (an empty step, T = 0, takes 0)."""
-        experts = self._pool * (1.0 - self._miss**a.tokens)
+        other = self._miss_all ** (a.tokens - np.minimum(a.decode_tokens, a.tokens))
+        experts = (self._pool * (1.0 - self._miss ** np.minimum(a.decode_tokens, a.tokens) * other)
+                   + (self._experts - self._pool) * (1.0 - other))
         w_compute = a.tokens * (self._dense_s_per_tok + self._moe_s_per_tok) + a.sampled * self._lm_s_per_row
         w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + np.where(a.sampled > 0, self._lm_bytes_s, 0.0)
         a_compute = a.pairs * self._attn_s_per_pair

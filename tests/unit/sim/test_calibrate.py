@@ -176,18 +176,21 @@ def test_vectorised_observations_time_like_the_scalar_model(base):
 def test_holdout_report_by_metric_kind_and_worse_than_base():
     keys = [(2048, 0, 4096), (2048, 4, 1024), (8192, 4, 4096), (4096, 4, 4096), (2048, 12, 32768)]
     assert [kind_of(k) for k in keys] == list(KINDS)
-    measured = {k: PointFigures(100.0, 50.0, 50.0, 40.0, 8.0, 5.0, 200.0) for k in keys}
-    close = {k: PointFigures(102.0, 51.0, 50.0, 40.0, 8.0, 5.0, 210.0) for k in keys}
-    far = {k: PointFigures(90.0, 55.0, 50.0, 40.0, 8.0, 5.0, 190.0) for k in keys}
+    measured = {k: PointFigures(100.0, 50.0, 50.0, 40.0, 8.0, 5.0, 200.0, 45.0, 45.0) for k in keys}
+    close = {k: PointFigures(102.0, 51.0, 50.0, 40.0, 8.0, 5.0, 210.0, 46.0, 45.0) for k in keys}
+    far = {k: PointFigures(90.0, 55.0, 50.0, 40.0, 8.0, 5.0, 190.0, 50.0, 45.0) for k in keys}
     good, bad = compare_records(measured, close), compare_records(measured, far)
     assert good.metric_mape("prefill_duration") == pytest.approx(2.0)
     assert good.metric_mape("aggregate_interference") == pytest.approx(5.0)
-    assert bad.by_kind()["D = 0"] == {"n": 1, "prefill_duration": pytest.approx(10.0),
-                                      "during_tpot": pytest.approx(10.0), "aggregate_interference": pytest.approx(5.0)}
+    assert good.metric_mape("penalty") == pytest.approx(100 / 45) and good.metric_mape("penalty_mean") == 0.0
+    assert bad.by_kind()["D = 0"] == {"n": 1, "baseline_tpot": 0.0, "penalty": pytest.approx(500 / 45),
+                                      "prefill_duration": pytest.approx(10.0), "aggregate_interference": pytest.approx(5.0)}
     worse = worse_than_base(good, bad)
-    assert [m for m, _, _ in worse] == ["prefill_duration", "during_tpot"]  # aggregate: 5 % each, not worse
-    assert worse[0][1:] == (pytest.approx(10.0), pytest.approx(2.0))
+    assert [m for m, _, _ in worse] == ["penalty", "prefill_duration"]  # aggregate: 5 % each, not worse
+    assert worse[1][1:] == (pytest.approx(10.0), pytest.approx(2.0))
     assert worse_than_base(bad, good) == []
+    # worse by more than the tolerance (points of MAPE) only: the penalty 11.1 vs 2.2, the prefill 10 vs 2
+    assert [m for m, _, _ in worse_than_base(good, bad, tolerance=8.5)] == ["penalty"]
 
 
 def test_a_fit_worse_than_its_base_is_labelled(base):
@@ -214,14 +217,20 @@ def test_between_grid_decode_table_against_the_h200_records(base):
     rows = {r["D"]: r for r in decode_table({"base": base}, records)}
     assert sorted(rows) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     assert [rows[d]["padded"] for d in (3, 5, 7, 9, 10, 11)] == [4, 8, 8, 16, 16, 16]
-    assert rows[10]["same_graph_D"] == 12 and rows[10]["known_ms"] == 10.2
+    assert rows[10]["same_graph_D"] == 12 and rows[10]["known_ms"] == 10.37
     assert rows[5]["same_graph_D"] == 8 and rows[3]["same_graph_D"] == 4 and rows[1]["same_graph_D"] is None
     d12 = [float(r.baseline.tpot_p50_ms) for r in records if r.config.decode_batch_size == 12]
     assert rows[12]["measured_ms"] == pytest.approx(float(np.median(d12)))
     assert rows[10]["same_graph_measured_ms"] == rows[12]["measured_ms"]
-    # the padding rule in the model: D=10 costs within 3 % of D=12 (only the KV reads of two requests differ)
-    assert rows[10]["base_ms"] == pytest.approx(rows[12]["base_ms"], rel=0.03)
-    assert rows[8]["base_ms"] < 0.93 * rows[9]["base_ms"]
+    # the padding rule in the model: D = 9...12 run the 16-token graph; on the dummy weights the generated
+    # tokens route within a small pool of experts and the padded slots over all of them, so within one graph
+    # the fewer real decodes, the slower the step (as measured: D=3 6.35 > D=4 5.84 ms, D=5 8.01 > D=6 7.49
+    # > D=8 6.03, D=10 10.37 > D=12 9.6)
+    assert rows[9]["base_ms"] > rows[10]["base_ms"] > rows[11]["base_ms"] > rows[12]["base_ms"]
+    assert rows[3]["base_ms"] > rows[4]["base_ms"] and rows[5]["base_ms"] > rows[6]["base_ms"] > rows[8]["base_ms"]
+    assert rows[8]["base_ms"] < 0.8 * rows[9]["base_ms"]
+    for d, known in ((3, 6.35), (5, 8.01), (10, 10.37)):  # B = 6144, GPU session 3: within 10 %
+        assert rows[d]["known_ms"] == known and rows[d]["base_ms"] == pytest.approx(known, rel=0.1)
 
 
 # -- simulating configurations -------------------------------------------------------------------

@@ -49,21 +49,52 @@ def test_padded_size_is_the_next_captured_size(n: int, padded: int | None, h200:
     assert h200.graph_mode(decode) == ("full" if padded else "eager")
 
 
-def test_d10_costs_what_d12_costs(h200: StepTimeModel):
-    """Both run the 16-token FULL graph: the same weights, the same (zero) launch; only the real
-    requests' KV reads differ (padded slots have sequence length 0)."""
-    d8, d10, d12 = (h200.breakdown(StepComposition.decode_batch(d, 4200)) for d in (8, 10, 12))
+def _uniform_routing() -> StepTimeModel:
+    """The H200 profile with real weights' routing: every token over all 128 experts."""
+    prof = load_profile(H200)
+    return StepTimeModel(prof.model_copy(update={"step_time": prof.step_time.model_copy(
+        update={"moe_expert_pool": None})}))
+
+
+def test_d10_costs_what_d12_costs_with_uniform_routing():
+    """Both run the 16-token FULL graph: the same weights, the same (zero) launch; with every token
+    (generated or padding) routing over all experts, only the real requests' KV reads differ (padded
+    slots have sequence length 0)."""
+    model = _uniform_routing()
+    d8, d10, d12 = (model.breakdown(StepComposition.decode_batch(d, 4200)) for d in (8, 10, 12))
     assert d10.padded_tokens == d12.padded_tokens == 16 and d8.padded_tokens == 8
     assert d10.weights_compute_s == pytest.approx(d12.weights_compute_s, rel=0.01)  # the LM head: real rows only
     assert d10.weights_memory_s == d12.weights_memory_s and d10.experts_touched == d12.experts_touched
     assert d10.cpu_s == d12.cpu_s
     kv_two_requests = 2 * 4201 * load_profile(H200).model.kv_bytes_per_token / (
-        4.8e12 * h200.params.bandwidth_efficiency)
+        4.8e12 * model.params.bandwidth_efficiency)
     assert d12.gpu_s - d10.gpu_s == pytest.approx(kv_two_requests, rel=0.05)
     assert abs(d12.gpu_s - d10.gpu_s) < 0.03 * d12.gpu_s  # within 3 %: what D=12 costs
     # the jump is the padding, 8 -> 16 tokens through the weights
     assert d10.weights_memory_s > d8.weights_memory_s
     assert d10.gpu_s - d8.gpu_s > 2 * (d12.gpu_s - d10.gpu_s)
+
+
+def test_padded_slots_route_over_all_experts_generated_tokens_within_the_pool(h200: StepTimeModel):
+    """The dummy-weight H200 profile: its generated tokens route within `moe_expert_pool` experts, the
+    padded slots (stale prompt tokens in vLLM's input buffer) over all 128. So within one captured
+    graph fewer real decodes cost more (measured: D=10 10.37 ms > D=12 9.6 ms, D=5 8.01 > D=8 6.03)."""
+    pool = h200.params.moe_expert_pool
+    assert pool is not None and pool < 128
+    d10, d12, d16 = (h200.breakdown(StepComposition.decode_batch(d, 4200)) for d in (10, 12, 16))
+    assert d10.padded_tokens == d12.padded_tokens == d16.padded_tokens == 16
+    assert d10.experts_touched > d12.experts_touched > d16.experts_touched
+    assert d10.gpu_s > d12.gpu_s > d16.gpu_s
+    # the expectation: pool (1 - m_pool^n_dec m_all^n_pad) + (E - pool)(1 - m_all^n_pad), m = 1 - k / experts
+    m_pool, m_all = 1 - 8 / pool, 1 - 8 / 128
+    expected = pool * (1 - m_pool**10 * m_all**6) + (128 - pool) * (1 - m_all**6)
+    assert d10.experts_touched == pytest.approx(expected, rel=1e-9)
+    assert h200.experts_touched(16, 16) == pytest.approx(pool * (1 - m_pool**16), rel=1e-9)
+    # a prefill chunk's prompt tokens route over all experts: 2048 of them touch every one
+    assert h200.experts_touched(2052, 4) == pytest.approx(128, rel=1e-6)
+    # with uniform routing the generated and the padded tokens are alike
+    uniform = _uniform_routing()
+    assert uniform.experts_touched(16, 10) == pytest.approx(uniform.experts_touched(16, 16), rel=1e-12)
 
 
 def test_a_300_token_mixed_batch_costs_what_304_does(h200: StepTimeModel):
