@@ -87,12 +87,99 @@ def serve(
 
 @sim_app.command("profiles")
 def profiles() -> None:
-    """List the shipped profiles and how their parameters were obtained."""
-    from pdexporter.sim.profile import available_profiles, load_profile
+    """List the profiles a --profile name finds (shipped, then the user's: $PDEXPORTER_PROFILES or
+    ~/.config/pdexporter/profiles) and how their parameters were obtained (projected or calibrated)."""
+    from rich.table import Table
 
-    for name in available_profiles():
-        prof = load_profile(name)
-        print(f"{name}\t{prof.gpu.name}\t{prof.calibration}")
+    from pdexporter.errors import ConfigError
+    from pdexporter.sim.profile import list_profiles, load_profile, user_profile_dirs
+
+    table = Table(title="embedded-engine profiles (calibrated: fitted to measurements; projected: from shapes "
+                        "and datasheets, never measured)")
+    for col in ("name", "origin", "GPU", "model", "calibration", "file"):
+        table.add_column(col, overflow="fold")
+    seen: set[str] = set()
+    for entry in list_profiles():
+        shadowed = entry.name in seen
+        seen.add(entry.name)
+        try:
+            prof = load_profile(entry.path)
+        except ConfigError as exc:
+            table.add_row(entry.name, entry.origin, "-", "-", f"[red]unreadable[/]: {exc}", str(entry.path))
+            continue
+        origin = entry.origin + (" (shadowed by the built-in)" if shadowed else "")
+        table.add_row(entry.name, origin, prof.gpu.name, prof.model.name, prof.calibration, str(entry.path))
+    console.print(table)
+    console.print("user profiles: " + ", ".join(str(d) for d in user_profile_dirs())
+                  + " (`pdexporter sim profile-from-config` writes there by default)")
+
+
+@sim_app.command("profile-from-config")
+def profile_from_config_cmd(
+    config: Annotated[str, typer.Argument(
+        help="A Hugging Face config.json (or the folder holding it), or a shipped one by name: "
+             "llama-3.1-8b-instruct, qwen3-8b, qwen3-coder-30b-a3b, mixtral-8x7b-instruct, deepseek-v2-lite-chat.")],
+    gpu: Annotated[str, typer.Option("--gpu", help="H200, H100, H20, A100 or L40S (datasheet figures).")] = "H200",
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Write the profile here (default: <user profile dir>/<name>.yaml, found by --profile NAME).")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Profile name (default: <gpu>-<model>).")] = None,
+    model_name: Annotated[str | None, typer.Option(
+        "--served-model-name", help="Model name the engine serves (default: the config's folder or file name).")] = None,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Tokens (default: the "
+                                                      "config's max_position_embeddings, at most the KV capacity).")] = None,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", "-B", min=1,
+                                            help="Default max_num_batched_tokens (tokens).")] = 8192,
+    dummy_weights: Annotated[bool, typer.Option(
+        "--dummy-weights", help="Route generated tokens as vLLM's --load-format dummy weights do (a few experts), "
+                                "for comparing with a dummy-weight sweep; default: real weights' routing.")] = False,
+    carry_from: Annotated[str, typer.Option(
+        "--from", help="Calibrated profile whose efficiencies and host costs are carried over.")] = DEFAULT_PROFILE,
+) -> None:
+    """Project a profile for a model on a GPU from its config.json: shapes from the config, peaks from the
+    datasheet, efficiencies and host costs carried over from a calibrated profile. Numbers are a projection."""
+    from rich.table import Table
+
+    from pdexporter._internal.atomic import atomic_write_text
+    from pdexporter.sim.modelconfig import load_config, profile_from_config
+    from pdexporter.sim.profile import user_profile_dirs
+    from pdexporter.sim.steptime import StepComposition, StepTimeModel
+
+    data, source = load_config(config)
+    src = Path(source)
+    served = model_name or (src.parent.name if src.name == "config.json" else src.stem)
+    prof = profile_from_config(data, gpu, name=name or (out.stem if out is not None else None), model_name=served,
+                               source=source, carry_from=carry_from,
+                               max_model_len=max_model_len, max_num_batched_tokens=chunk_size,
+                               dummy_weights=dummy_weights)
+    target = out or user_profile_dirs()[0] / f"{prof.name}.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target, prof.to_yaml())
+    m, e = prof.model, prof.engine
+    console.print(f"[bold]{prof.name}[/]: calibration [yellow]{prof.calibration.upper()}[/] (never measured) -> {target}")
+    console.print(f"  {m.architecture}: {m.num_layers} layers, {m.total_params / 1e9:.2f} B parameters "
+                  f"({m.active_params / 1e9:.2f} B active), {m.weights_bytes / 2**30:.1f} GiB of weights, "
+                  f"KV {m.kv_bytes_per_token / 1024:g} KiB a token, capacity {e.kv_capacity_tokens:,} tokens, "
+                  f"max_model_len {e.max_model_len:,}")
+    table = Table(title="where each part comes from")
+    table.add_column("part")
+    table.add_column("source")
+    for part, text in prof.provenance.items():
+        table.add_row(part, text)
+    console.print(table)
+    model = StepTimeModel(prof, max_num_batched_tokens=chunk_size)
+    ctx = 4096
+    steps = Table(title=f"projected step times at B={chunk_size} (MODELLED, ms)")
+    for col in ("step", "GPU", "CPU", "graph"):
+        steps.add_column(col, justify="right" if col != "step" else "left")
+    for label, comp in (
+        *((f"decode D={d} at {ctx} tokens", StepComposition.decode_batch(d, ctx)) for d in (1, 8, 32)),
+        (f"prefill chunk {chunk_size - 8} + 8 decodes", StepComposition.of([(chunk_size - 8, 0)] + [(1, ctx)] * 8)),
+    ):
+        b = model.breakdown(comp)
+        steps.add_row(label, f"{b.gpu_s * 1e3:.2f}", f"{b.cpu_s * 1e3:.2f}", f"{b.graph_mode} ({b.padded_tokens})")
+    console.print(steps)
+    console.print(f"use it: pdexporter sim serve --profile {prof.name if out is None else target}; calibrate it with "
+                  "a short sweep of the model on the GPU (docs/sim.md, 'Calibrating a new model')")
 
 
 @sim_app.command("calibrate")

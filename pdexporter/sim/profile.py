@@ -19,7 +19,9 @@ A wrong field is one line naming the file and the field (`ConfigError`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -30,9 +32,9 @@ from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 
 __all__ = [
-    "Calibration", "EngineLoopParams", "EngineSpec", "GpuSpec", "HostParams", "KvTransferParams", "ModelSpec", "PROFILES_DIR",
-    "Profile", "StepTimeParams", "available_profiles", "cudagraph_sizes", "load_profile", "parse_profile",
-    "profile_path",
+    "Calibration", "EngineLoopParams", "EngineSpec", "GpuSpec", "HostParams", "KvTransferParams", "ModelSpec",
+    "PROFILES_DIR", "PROFILES_ENV", "Profile", "ProfileEntry", "StepTimeParams", "available_profiles", "cudagraph_sizes",
+    "list_profiles", "load_profile", "parse_profile", "profile_path", "user_profile_dirs",
 ]
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
@@ -405,6 +407,9 @@ class Profile(_Strict):
     calibration: Calibration
     calibration_note: str = ""
     calibration_source: str | None = None
+    provenance: dict[str, str] = Field(
+        default_factory=dict, description="where each part came from: config.json, a datasheet, a measurement, a "
+                                          "calibration, or a projection (what `sim profile-from-config` writes)")
     gpu: GpuSpec
     model: ModelSpec
     engine: EngineSpec
@@ -437,21 +442,52 @@ class Profile(_Strict):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110)
 
 
+PROFILES_ENV = "PDEXPORTER_PROFILES"
+
+
+def user_profile_dirs() -> list[Path]:
+    """Where a user's own profiles live: the directories in $PDEXPORTER_PROFILES (os.pathsep-separated),
+    else $XDG_CONFIG_HOME/pdexporter/profiles (~/.config/pdexporter/profiles)."""
+    env = os.environ.get(PROFILES_ENV)
+    if env:
+        return [Path(part).expanduser() for part in env.split(os.pathsep) if part]
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return [Path(config) / "pdexporter" / "profiles"]
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    name: str
+    path: Path
+    origin: str  # "built-in" or "user"
+
+
+def list_profiles() -> list[ProfileEntry]:
+    """Every profile a name can refer to: the shipped ones, then the user's (a user file with a
+    shipped name is listed, but the name loads the shipped one)."""
+    out = [ProfileEntry(p.stem, p, "built-in") for p in sorted(PROFILES_DIR.glob("*.yaml"))]
+    for directory in user_profile_dirs():
+        if directory.is_dir():
+            out += [ProfileEntry(p.stem, p, "user") for p in sorted(directory.glob("*.yaml"))]
+    return out
+
+
 def available_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    return sorted({e.name for e in list_profiles()})
 
 
 def profile_path(name_or_path: str | Path) -> Path:
-    """A shipped profile by name, or a YAML file by path."""
+    """A profile by name (shipped first, then the user's directories), or a YAML file by path."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         if not candidate.is_file():
             raise ConfigError(f"--profile {name_or_path}: no such file")
         return candidate
-    shipped = PROFILES_DIR / f"{name_or_path}.yaml"
-    if not shipped.is_file():
-        raise ConfigError(f"--profile {name_or_path!r}: unknown profile; shipped: {', '.join(available_profiles())}")
-    return shipped
+    for entry in list_profiles():
+        if entry.name == str(name_or_path):
+            return entry.path
+    raise ConfigError(f"--profile {name_or_path!r}: unknown profile; known: {', '.join(available_profiles())} "
+                      f"(user profiles: {os.pathsep.join(map(str, user_profile_dirs()))})")
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
