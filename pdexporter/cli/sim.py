@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from pdexporter.measure.protocol import ProtocolSettings
     from pdexporter.measure.records import RunRecord
-    from pdexporter.sim.calibrate import Calibration, Generalisation
+    from pdexporter.sim.calibrate import Calibration, Generalisation, HoldoutReport
     from pdexporter.sim.profile import Profile
 
 sim_app = typer.Typer(help="The embedded vLLM-compatible engine (a model of vLLM on a GPU, no GPU needed).",
@@ -55,6 +55,9 @@ def serve(
     otlp_traces_endpoint: Annotated[str | None, typer.Option(
         "--otlp-traces-endpoint", help="Send one vLLM-shaped `llm_request` span per finished request here "
         "(OTLP/HTTP protobuf), as vLLM's flag does.")] = None,
+    host_speed: Annotated[str, typer.Option(
+        "--host-speed", help="nominal | slow: the engine core's CPU costs as the profile's nominal host, or x "
+                             "host.slow_factor (a slow-host episode, docs/sim.md)")] = "nominal",
 ) -> None:
     """Serve vLLM's OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     from pdexporter._internal.atomic import atomic_write_json
@@ -66,7 +69,11 @@ def serve(
 
     if kv_role not in ("none", *KV_ROLES):
         raise ConfigError(f"--kv-role {kv_role!r}: expected none, {', '.join(KV_ROLES)}")
+    if host_speed not in ("nominal", "slow"):
+        raise ConfigError(f"--host-speed {host_speed!r}: expected nominal or slow")
     prof = load_profile(profile)
+    if host_speed == "slow":
+        prof = prof.on_slow_host()
     options = ServeOptions(chunk_size, max_num_seqs, long_prefill_token_threshold, host, port,
                            None if kv_role == "none" else kv_role,
                            otlp_traces_endpoint=otlp_traces_endpoint)
@@ -89,10 +96,13 @@ def serve(
 def profiles() -> None:
     """List the profiles a --profile name finds (shipped, then the user's: $PDEXPORTER_PROFILES or
     ~/.config/pdexporter/profiles) and how their parameters were obtained (projected or calibrated)."""
+    from rich.console import Console
     from rich.table import Table
 
     from pdexporter.errors import ConfigError
     from pdexporter.sim.profile import list_profiles, load_profile, user_profile_dirs
+
+    out = Console(width=None if sys.stdout.isatty() else 160)
 
     table = Table(title="embedded-engine profiles (calibrated: fitted to measurements; projected: from shapes "
                         "and datasheets, never measured)")
@@ -109,8 +119,8 @@ def profiles() -> None:
             continue
         origin = entry.origin + (" (shadowed by the built-in)" if shadowed else "")
         table.add_row(entry.name, origin, prof.gpu.name, prof.model.name, prof.calibration, str(entry.path))
-    console.print(table)
-    console.print("user profiles: " + ", ".join(str(d) for d in user_profile_dirs())
+    out.print(table)
+    out.print("user profiles: " + ", ".join(str(d) for d in user_profile_dirs())
                   + " (`pdexporter sim profile-from-config` writes there by default)")
 
 
@@ -137,6 +147,7 @@ def profile_from_config_cmd(
 ) -> None:
     """Project a profile for a model on a GPU from its config.json: shapes from the config, peaks from the
     datasheet, efficiencies and host costs carried over from a calibrated profile. Numbers are a projection."""
+    from rich.console import Console
     from rich.table import Table
 
     from pdexporter._internal.atomic import atomic_write_text
@@ -155,6 +166,7 @@ def profile_from_config_cmd(
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(target, prof.to_yaml())
     m, e = prof.model, prof.engine
+    console = Console(width=None if sys.stdout.isatty() else 130)  # the result: stdout
     console.print(f"[bold]{prof.name}[/]: calibration [yellow]{prof.calibration.upper()}[/] (never measured) -> {target}")
     console.print(f"  {m.architecture}: {m.num_layers} layers, {m.total_params / 1e9:.2f} B parameters "
                   f"({m.active_params / 1e9:.2f} B active), {m.weights_bytes / 2**30:.1f} GiB of weights, "
@@ -189,6 +201,18 @@ def calibrate_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="Write the fitted profile (YAML) here.")] = None,
     holdout: Annotated[float, typer.Option("--holdout", min=0.0, max=0.9,
                                            help="Fraction of configurations kept out of the fit and predicted.")] = 0.2,
+    train_grid: Annotated[Path | None, typer.Option(
+        "--train-grid", help="Fit on the configurations of this sweep file's grid (e.g. sweeps/calibrate-short.yaml) "
+                             "and predict every other record (replaces --holdout).")] = None,
+    train_reps: Annotated[int | None, typer.Option(
+        "--train-reps", min=1, help="Fit on the first N repetitions of each training record only (what a shorter "
+                                    "sweep would have measured).")] = None,
+    also_predict: Annotated[list[Path] | None, typer.Option(
+        "--also-predict", help="Another results directory to predict with the fitted profile (configurations of "
+                               "another run; repeatable).")] = None,
+    tolerance: Annotated[float, typer.Option(
+        "--tolerance", min=0.0, help="A fit is refused when it predicts the held-out configurations worse than the "
+                                     "base by more than this (points of MAPE).")] = 0.5,
     free: Annotated[str | None, typer.Option(
         "--free", help="Comma-separated parameters to fit (default: the GPU's, then the CPU's and the loop's).")] = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=10,
@@ -215,16 +239,21 @@ def calibrate_cmd(
 
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
     from pdexporter.errors import ConfigError, RecordError
+    from pdexporter.measure.records import aggregate
     from pdexporter.measure.store import ResultsStore
     from pdexporter.sim.calibrate import (
         BOUNDS,
         DEFAULT_FREE,
         HEADLINE,
         METRIC_LABELS,
+        METRICS,
         FitWorseThanBase,
         RecordSimulator,
         calibrate,
+        compare_records,
         decode_table,
+        figures_of,
+        host_states,
         label_worse,
     )
     from pdexporter.sim.calibrate import generalisation as leave_one_out
@@ -242,6 +271,27 @@ def calibrate_cmd(
     records = list(ResultsStore(results_dir).iter_records())
     if not records:
         raise RecordError(f"{results_dir}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
+    train_keys = None
+    if train_grid is not None:
+        from pdexporter.sweep.spec import load_sweep
+
+        wanted = set(load_sweep(train_grid).points())
+        train_keys = {r.key for r in records if r.key in wanted}
+        if not train_keys:
+            raise ConfigError(f"--train-grid {train_grid}: none of its configurations is among the records of "
+                              f"{results_dir}")
+    if train_reps is not None:
+        fitted_keys = train_keys if train_keys is not None else {r.key for r in records}
+        records = [aggregate(r.config, r.reps[:train_reps]) if r.key in fitted_keys and len(r.reps) > train_reps
+                   else r for r in records]
+    extra: list[tuple[Path, list[RunRecord]]] = []
+    for directory in also_predict or []:
+        if not directory.is_dir():
+            raise ConfigError(f"--also-predict {directory}: not a directory")
+        more = list(ResultsStore(directory).iter_records())
+        if not more:
+            raise RecordError(f"--also-predict {directory}: no records")
+        extra.append((directory, more))
     bar = _CalibrationBar(console)
     with bar:
         modelled = sum(1 for r in records if r.config.modelled)
@@ -258,15 +308,27 @@ def calibrate_cmd(
                                     on_group=lambda g: bar.advance(1))
         try:
             with simulator:
-                result = calibrate(base, records, holdout=holdout, free=names, source=str(results_dir),
-                                   simulate=simulator, rounds=rounds, max_evaluations=max_evaluations, progress=bar,
+                result = calibrate(base, records, holdout=holdout, train_keys=train_keys, free=names,
+                                   source=str(results_dir), simulate=simulator, rounds=rounds,
+                                   max_evaluations=max_evaluations, progress=bar,
                                    on_evaluation=lambda r, i, rms: bar.info(f"sweep {i}: rms log {rms:.3f}"))
                 loo = leave_one_out(result, records, simulator, free=names, progress=bar) if generalisation else None
+            predicted_extra = []
+            for directory, more in extra:
+                bar.stage(f"predicting {directory}")
+                with RecordSimulator([r.key for r in more], _settings_of(more[0]), mode=mode, jobs=workers) as other:
+                    measured = figures_of(more)
+                    base_pred, fitted_pred = other([base, result.profile], list(measured))
+                    slow, _, _, _ = host_states(result.profile, measured, other)
+                predicted_extra.append((directory, compare_records(measured, base_pred),
+                                        compare_records(measured, fitted_pred), slow))
         except ValueError as exc:
             raise ConfigError(f"calibrate {results_dir}: {exc}") from exc
         bar.stage("done")
 
     _print_calibration(screen, base, result, names, mode)
+    for directory, rep_base, rep_fit, slow in predicted_extra:
+        _print_extra(screen, directory, rep_base, rep_fit, slow)
     decode_rows = decode_table({"base": base, "fitted": result.profile}, records)
     _print_decode_table(screen, decode_rows)
     if loo is not None:
@@ -277,13 +339,16 @@ def calibrate_cmd(
                  f"simulated, {simulator.cpu_s:.0f} s of simulation CPU): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("wall", "total", "split")))
 
-    worse = result.worse()
+    worse = result.worse(tolerance)
     payload: dict[str, object] = {
         "results_dir": str(results_dir), "base_profile": base.name, "holdout": holdout, "mode": mode,
+        "train_grid": str(train_grid) if train_grid is not None else None, "train_reps": train_reps,
+        "tolerance": tolerance, "host": result.profile.host.model_dump(),
+        "slow_host_train": sorted(map(list, result.slow_keys)), "slow_host_held_out": sorted(map(list, result.held_slow)),
         "free": names, "rounds": result.rounds, "max_evaluations": max_evaluations, "jobs": workers,
-        "parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop")
+        "parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop", "host")
                        for name, value in getattr(result.profile, section).model_dump().items()},
-        "base_parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop")
+        "base_parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop", "host")
                             for name, value in getattr(base, section).model_dump().items()},
         "train_configurations": sorted(map(list, result.train_keys)),
         "held_out_configurations": sorted(map(list, result.held_keys)),
@@ -298,7 +363,8 @@ def calibrate_cmd(
         "simulation_cpu_s": simulator.cpu_s,
         "worse_than_base": [{"metric": m, "fitted": f, "base": b} for m, f, b in worse],
     }
-    for label, held in (("base", result.held_base), ("fitted", result.held_fitted)):
+    for label, held in (("base", result.held_base), ("fitted", result.held_fitted),
+                        ("fitted_host_matched", result.held_fitted_host)):
         if held is not None:
             mapes = held.table()
             payload[f"held_out_{label}"] = {
@@ -306,6 +372,12 @@ def calibrate_cmd(
                 "points": {m: [{"key": list(e.key), "measured": e.measured, "predicted": e.predicted}
                                for e in held.of(m)] for m in mapes},
             }
+    if result.held_fitted is not None:
+        payload["held_out_fitted"]["mape_nominal_host"] = {m: result.nominal_mape(m) for m in METRICS}  # type: ignore[index]
+    payload["also_predicted"] = [
+        {"results_dir": str(d), "base": b.table(), "fitted": f.table(), "slow_host": sorted(map(list, slow)),
+         "fitted_nominal_host": {m: f.metric_mape(m, where=lambda k, s=slow: k not in s) for m in METRICS}}
+        for d, b, f, slow in predicted_extra]
     if loo is not None:
         payload["generalisation"] = {"groups": loo.table(), "simulated_groups": loo.simulations,
                                      "seconds": loo.seconds}
@@ -324,13 +396,15 @@ def calibrate_cmd(
     if not result.held_keys:
         screen.print("no configuration held out (--holdout 0): the errors above are in-sample and the fit was not "
                      "checked against the base profile")
+    screen.print(f"calibrated in {timings['wall']:.0f} s" + (f" -> {out}" if written else ""))
     if worse and not accept_worse:
         metric, f, b = worse[0]
         digits = 1 if round(f, 1) != round(b, 1) else 3
         more = f" (and {', '.join(m for m, _, _ in worse[1:])})" if len(worse) > 1 else ""
         raise FitWorseThanBase(
             f"the fit predicts the {len(result.held_keys)} held-out configurations worse than the base profile "
-            f"{base.name}: {metric} MAPE {f:.{digits}f} % vs {b:.{digits}f} %{more}; "
+            f"{base.name} (by more than --tolerance {tolerance:g} points): {metric} MAPE {f:.{digits}f} % vs "
+            f"{b:.{digits}f} %{more}; "
             + ("profile not written" if out is not None else "nothing to write")
             + " (--accept-worse writes it, labelled calibrated-worse-than-base)")
 
@@ -395,7 +469,7 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
     params.add_column("parameter")
     params.add_column("base", justify="right")
     params.add_column("fitted", justify="right")
-    for section in ("step_time", "engine_loop"):
+    for section in ("step_time", "engine_loop", "host"):
         old = getattr(base, section).model_dump()
         new = getattr(result.profile, section).model_dump()
         for name in new:
@@ -428,16 +502,24 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
         if held is None:
             continue
         table = Table(title=f"{label} profile: MAPE on the {len(result.held_keys)} held-out configurations "
-                            f"(predicted by running the protocol on the embedded engine, {mode} mode)")
+                            f"(predicted by running the protocol on the embedded engine, {mode} mode, nominal host)")
         table.add_column("metric")
         mapes = held.table()
         chunks = [k for k in mapes["prefill_duration"] if k != "all"]
         for c in chunks:
             table.add_column(f"B={c}", justify="right")
         table.add_column("all", justify="right")
+        host = label == "fitted" and bool(result.sensitive_keys or result.held_slow)
+        if host:
+            n_nominal = len(result.held_keys - result.held_slow)
+            table.add_column(f"nominal host ({n_nominal})", justify="right")
+            table.add_column("host-matched", justify="right")
         for metric in METRICS:
-            table.add_row(METRIC_LABELS[metric], *[_pct(mapes[metric].get(c)) for c in chunks],
-                          _pct(mapes[metric]["all"]))
+            row = [_pct(mapes[metric].get(c)) for c in chunks] + [_pct(mapes[metric]["all"])]
+            if host:
+                matched = result.held_fitted_host.metric_mape(metric) if result.held_fitted_host else None
+                row += [_pct(result.nominal_mape(metric)), _pct(matched)]
+            table.add_row(METRIC_LABELS[metric], *row)
         screen.print(table)
         kinds = Table(title=f"{label} profile: held-out MAPE by kind of configuration")
         kinds.add_column("configurations")
@@ -447,6 +529,26 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
         for kind, row in held.by_kind().items():
             kinds.add_row(kind, str(row["n"]), *[_pct(row[m]) for m in HEADLINE])
         screen.print(kinds)
+    if result.sensitive_keys or result.held_slow:
+        h = result.profile.host
+        screen.print(f"host: {len(result.slow_keys)} of the {len(result.sensitive_keys)} training configurations the "
+                     f"host's speed moves ran in a slow-host episode (CPU x {h.slow_factor:.2f}: slow_fraction "
+                     f"{h.slow_fraction:.2f}); held out: {len(result.held_slow)} of {len(result.held_keys)}. The "
+                     "prediction is the nominal host's; 'host-matched' predicts each configuration on the host it "
+                     "ran on (MODELLED distribution, docs/sim.md)")
+
+
+def _print_extra(screen: Console, directory: Path, base: HoldoutReport, fitted: HoldoutReport, slow: set) -> None:
+    from pdexporter.sim.calibrate import METRIC_LABELS, METRICS
+
+    n = len({e.key for m in METRICS for e in fitted.of(m)})
+    table = Table(title=f"{directory}: MAPE on its {n} configurations (none in the fit; nominal host)")
+    for col in ("metric", "base", "fitted", f"fitted, nominal host ({n - len(slow)})"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for metric in METRICS:
+        table.add_row(METRIC_LABELS[metric], _pct(base.metric_mape(metric)), _pct(fitted.metric_mape(metric)),
+                      _pct(fitted.metric_mape(metric, where=lambda k: k not in slow)))
+    screen.print(table)
 
 
 def _print_decode_table(screen: Console, rows: list[dict[str, object]]) -> None:

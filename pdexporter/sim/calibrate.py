@@ -78,11 +78,11 @@ if TYPE_CHECKING:
 __all__ = [
     "BETWEEN_GRID_D", "BOUNDS", "Calibration", "DEFAULT_FREE", "FitResult", "FitWorseThanBase", "GPU_PARAMS",
     "Generalisation", "Group", "GroupResult", "HEADLINE", "HOST_PARAMS", "HoldoutReport", "KINDS", "KNOWN_DECODE_MS",
-    "Key", "LOOP_FREE", "LOOP_PARAMS", "LoopFitResult", "SLOW_FACTOR_START", "METRICS", "METRIC_FIELDS", "METRIC_LABELS", "ObservationSet",
+    "Key", "LOOP_FREE", "LOOP_PARAMS", "LoopFitResult", "SLOW_FACTOR_START", "TAIL_AS_DECODE_MS", "METRICS", "METRIC_FIELDS", "METRIC_LABELS", "ObservationSet",
     "PointError", "PointFigures", "Progress", "RecordSimulator", "STAGE1_UNITS", "STEP_FREE", "STEP_PARAMS",
     "Simulator", "StepData", "StepObservation", "calibrate", "chunk_sizes", "compare_records", "decode_table",
     "classify_host", "figures_of", "fit_loop_params", "fit_step_params", "generalisation", "host_sensitive",
-    "host_states", "kind_of", "label_worse", "observations_on_host", "predict_on_hosts",
+    "host_states", "kind_of", "label_worse", "predict_on_hosts",
     "last_chunk_step_ms", "mixed_composition", "observations_from_record", "observations_from_records",
     "profile_fingerprint", "record_residuals", "residual_keys", "simulate_group", "split_holdout", "step_errors",
     "step_summary", "vllm_facts_observations", "with_values", "worse_than_base",
@@ -98,7 +98,10 @@ LOOP_FREE = ("launch_eager_ms", "launch_piecewise_ms", "cpu_us_per_token", "requ
 DEFAULT_FREE = STEP_FREE + LOOP_FREE
 LOOP_PARAMS = frozenset(EngineLoopParams.model_fields)
 HOST_PARAMS = frozenset({"slow_factor"})  # the host section's (`HostParams`): fitted with the loop
-SLOW_FACTOR_START = 1.6  # the H200 machine's slow episodes: ~80 ms launch-bound steps against ~50
+SLOW_FACTOR_START = 1.6
+# a last "chunk step" this short is a few-token tail that ran as a plain decode step: the cadence may not
+# see it (the engine then puts 0 ms there), so it is not fitted
+TAIL_AS_DECODE_MS = 5.0  # the H200 machine's slow episodes: ~80 ms launch-bound steps against ~50
 BOUNDS: dict[str, tuple[float, float]] = {
     "fixed_ms": (0.0, 50.0),
     "matmul_efficiency": (0.05, 1.0),
@@ -131,12 +134,11 @@ class StepObservation:
     label: str = ""
     weight: float = 1.0
     next_composition: StepComposition | None = None  # the step launched while this one runs
-    host_factor: float = 1.0  # its CPU ran this much slower (a slow-host episode, `HostParams`)
 
     def model_s(self, model: StepTimeModel) -> float:
         """The observed interval in a steady pipeline: max(this step's GPU, the next one's CPU)."""
         launched = self.next_composition if self.next_composition is not None else self.composition
-        return max(model.gpu_s(self.composition), self.host_factor * model.cpu_s(launched))
+        return max(model.gpu_s(self.composition), model.cpu_s(launched))
 
 
 @dataclass
@@ -277,7 +279,6 @@ class StepData:
         self.observations = list(observations)
         self.targets = np.array([o.seconds for o in self.observations], dtype=float)
         self.kinds = np.array([o.kind for o in self.observations])
-        self.host = np.array([o.host_factor for o in self.observations], dtype=float)
         by_chunk: dict[int | None, list[int]] = defaultdict(list)
         for i, o in enumerate(self.observations):
             by_chunk[o.key[0] if o.key is not None else None].append(i)
@@ -295,7 +296,7 @@ class StepData:
         out = np.empty(len(self.observations))
         for b, idx, steps, launched in self._groups:
             model = StepTimeModel(self.profile, params, max_num_batched_tokens=b)
-            out[idx] = np.maximum(model.gpu_s_array(steps), self.host[idx] * model.cpu_s_array(launched))
+            out[idx] = np.maximum(model.gpu_s_array(steps), model.cpu_s_array(launched))
         return out
 
 
@@ -746,7 +747,7 @@ def _residual_pairs(measured: Mapping[Key, PointFigures], predicted: Mapping[Key
             names += ["during_p50_ms", "during_mean_ms", "last_chunk_ms"]
         for name in names:
             mv = getattr(m, name)
-            if mv and mv > 0:
+            if mv and mv > 0 and not (name == "last_chunk_ms" and mv < TAIL_AS_DECODE_MS):
                 yield key, float(mv), (getattr(p, name) if p is not None else None)
 
 
@@ -894,30 +895,28 @@ def fit_loop_params(
 
 def host_sensitive(nominal: Mapping[Key, PointFigures], slow: Mapping[Key, PointFigures], threshold: float = 0.05
                    ) -> set[Key]:
-    """Configurations whose figures the host's speed moves by more than `threshold` (log ratio) on any
-    fitted figure: those a slow-host episode can show in."""
+    """Configurations whose prefill duration the host's speed moves by more than `threshold` (log
+    ratio): those a slow-host episode can show in."""
     out = set()
     for key in set(nominal) & set(slow):
-        pairs = list(_residual_pairs({key: nominal[key]}, {key: slow[key]}))
-        if any(pv and abs(math.log(pv / mv)) > threshold for _, mv, pv in pairs):
+        a, b = nominal[key].prefill_duration_ms, slow[key].prefill_duration_ms
+        if a and b and abs(math.log(b / a)) > threshold:
             out.add(key)
     return out
 
 
 def classify_host(measured: Mapping[Key, PointFigures], nominal: Mapping[Key, PointFigures],
                   slow: Mapping[Key, PointFigures]) -> set[Key]:
-    """The configurations the slow-host prediction explains better than the nominal one (the sum of
-    squared log errors of the fitted figures, `record_residuals`'s): measured in a slow-host episode.
+    """The configurations whose prefill duration the slow-host prediction explains better than the
+    nominal one: measured in a slow-host episode. The prefill duration, because every CPU cost of the
+    window adds to it, and no GPU-timing error of a chunk moves it much (the chunk steps' p50 moves with
+    the launch-bound-to-GPU-bound transition, which the engine places a few chunks late, docs/sim.md).
     A configuration the host's speed does not move (`host_sensitive`) is never slow."""
     out = set()
-    sensitive = host_sensitive(nominal, slow)
-    for key in sorted(set(measured) & sensitive):
-        err = {}
-        for label, pred in (("nominal", nominal), ("slow", slow)):
-            res = [math.log(max(pv or 0.0, 1e-6) / mv) for _, mv, pv in _residual_pairs({key: measured[key]},
-                                                                                        {key: pred[key]})]
-            err[label] = float(np.sum(np.square(res)))
-        if err["slow"] < err["nominal"]:
+    for key in sorted(set(measured) & host_sensitive(nominal, slow)):
+        m = measured[key].prefill_duration_ms
+        a, b = nominal[key].prefill_duration_ms, slow[key].prefill_duration_ms
+        if m and a and b and abs(math.log(b / m)) < abs(math.log(a / m)):
             out.add(key)
     return out
 
@@ -928,15 +927,6 @@ def host_states(profile: Profile, measured: Mapping[Key, PointFigures], simulate
     keys = sorted(measured)
     nominal, slow = simulate.batch([(profile, keys), (profile.on_slow_host(), keys)])
     return classify_host(measured, nominal, slow), host_sensitive(nominal, slow), nominal, slow
-
-
-def observations_on_host(observations: Sequence[StepObservation], slow: Collection[Key], factor: float
-                         ) -> list[StepObservation]:
-    """The step observations, those of the `slow` configurations with their CPU `factor` times slower."""
-    from dataclasses import replace
-
-    slow = set(slow)
-    return [replace(o, host_factor=factor if o.key in slow else 1.0) for o in observations]
 
 
 # -- one calibration, end to end (pure apart from the simulator it is given) -----------------------
@@ -1039,9 +1029,10 @@ def calibrate(
 
     The host's two speeds (`HostParams`), when `slow_factor` is free: before each stage 2 every
     training configuration is predicted on the nominal and on the slow host and labelled by the one
-    that explains it better (`classify_host`); stage 1 reads the slow ones' CPU times `slow_factor`
-    times longer and stage 2 simulates them on the slow host, so the nominal CPU costs come from the
-    nominal configurations and `slow_factor` from the slow ones (hard expectation-maximisation).
+    that explains its prefill duration better (`classify_host`); stage 2 simulates the slow ones on
+    the slow host, so the nominal CPU costs come from the nominal configurations and `slow_factor`
+    from the slow ones (hard expectation-maximisation). Stage 1 (the GPU) reads no label: its
+    robust loss treats a slow launch-bound chunk step as the outlier it is for the GPU's parameters.
     `host.slow_fraction` is the share of slow ones among those the host's speed moves."""
     if not records:
         raise ValueError("no records to calibrate on")
@@ -1089,8 +1080,7 @@ def calibrate(
         if step_free:
             t = time.perf_counter()
             prog.stage(f"round {round_ + 1}/{n_rounds}: stage 1 (GPU)")
-            observations = observations_on_host(train.observations, slow, current.host.slow_factor)
-            fit = fit_step_params(current, observations, step_free)
+            fit = fit_step_params(current, train.observations, step_free)
             current = current.model_copy(update={"step_time": fit.params})
             prog.advance(STAGE1_UNITS, f"step MAPE {fit.mape:.1f} %")
             timings["stage1"] = timings.get("stage1", 0.0) + time.perf_counter() - t
@@ -1250,8 +1240,7 @@ def generalisation(
         by, value = g
         left_out = member(by, value)
         prog.stage(f"leave-one-out: {by}={value}")
-        obs = observations_on_host(observations_from_records([r for r in records if not left_out(r.key)]).observations,
-                                   slow, start.host.slow_factor)
+        obs = observations_from_records([r for r in records if not left_out(r.key)]).observations
         current = start.model_copy(update={"step_time": base.step_time, "engine_loop": base.engine_loop})
         if step_free and obs:
             current = current.model_copy(update={"step_time": fit_step_params(current, obs, step_free).params})

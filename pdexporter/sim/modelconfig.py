@@ -73,6 +73,14 @@ _QUANT_BYTES = {
 }
 
 
+def _short(source: str) -> str:
+    """A shipped config by its path inside the package, another by the path given."""
+    path = Path(source)
+    if path.parent.resolve() == CONFIGS_DIR.resolve():
+        return f"pdexporter/sim/configs/{path.name}"
+    return source
+
+
 def shipped_configs() -> dict[str, Path]:
     """config.json files of models teams serve, written from their published shapes (no weights)."""
     return {p.stem: p for p in sorted(CONFIGS_DIR.glob("*.json"))}
@@ -262,9 +270,9 @@ def profile_from_config(
     step_time = StepTimeParams(
         **{
             **st.model_dump(),
-            "fixed_ms": round(st.fixed_ms * layers, 4),
-            "launch_eager_ms": round(st.launch_eager_ms * layers, 3),
-            "launch_piecewise_ms": round(st.launch_piecewise_ms * layers, 3),
+            "fixed_ms": st.fixed_ms * layers,
+            "launch_eager_ms": st.launch_eager_ms * layers,
+            "launch_piecewise_ms": st.launch_piecewise_ms * layers,
             "matmul_efficiency": (
                 min(1.0, sheet.matmul_tflops / sheet.bf16_tflops)
                 if sheet.matmul_tflops
@@ -291,7 +299,7 @@ def profile_from_config(
     )
     carried = f"carried over from {ref.name} (calibration: {ref.calibration})"
     provenance = {
-        "model": f"config.json ({source}): {model.architecture}, {model.num_layers} layers, "
+        "model": f"config.json ({_short(source)}): {model.architecture}, {model.num_layers} layers, "
         f"{model.total_params / 1e9:.2f} B parameters ({model.active_params / 1e9:.2f} B active), "
         f"{model.weight_dtype_bytes:g} byte(s) a weight, KV {model.kv_bytes_per_token / 1024:g} KiB a token",
         "gpu": sheet.describe(),

@@ -361,7 +361,7 @@ class HostParams(_Strict):
     episode every CPU cost of the engine core (launches, per-token work, admission, retirement)
     runs `slow_factor` times slower; `slow_fraction` of the configurations of the calibration's
     sweep were measured in one. The embedded engine runs the nominal host unless asked
-    (`Profile.on_slow_host`, `sim serve --host slow`): the nominal prediction is the likelier one
+    (`Profile.on_slow_host`, `sim serve --host-speed slow`): the nominal prediction is the likelier one
     whenever `slow_fraction` < 0.5, and the slow one says how far an unlucky measurement lands."""
 
     slow_factor: float = Field(1.0, ge=1.0, le=5.0, description="CPU work runs this much slower in a slow-host "

@@ -1,8 +1,15 @@
 """Benchmark: `pdexporter sim calibrate` on the committed H200 sweep, wall time and time per stage.
 
     python tests/benchmarks/bench_calibrate.py                    # as CALIBRATION.md runs it
+    python tests/benchmarks/bench_calibrate.py --short            # the short sweep: fit 32, predict 164 + 9
     python tests/benchmarks/bench_calibrate.py --generalisation   # plus leave-one-B-out / -D-out
     python tests/benchmarks/bench_calibrate.py --jobs 1 --base h200-qwen3-coder-30b-a3b
+
+`--short` calibrates on the configurations of sweeps/calibrate-short.yaml (2 chunk sizes x 4 D x 4 P,
+their first 3 repetitions: what ~5 GPU-minutes of a new model measure), predicts the other 164
+configurations of the grid and the 9 of the generalisation run (B = 6144, D = 3/5/10), and prints
+the held-out MAPE of the baseline, the penalty (p50 and mean), the prefill duration and the
+aggregate interference, over all configurations and over those measured on a nominal host.
 
 Runs the command as a user would (a subprocess, the default options unless given), from the
 starting profile of CALIBRATION.md (`git show d892ed3:pdexporter/sim/profiles/...`) unless
@@ -24,6 +31,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b"
+GENERALISE = REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-generalise"
+HEADLINE = ("baseline_tpot", "penalty", "penalty_mean", "prefill_duration", "aggregate_interference")
 START_COMMIT = "d892ed3"  # the profile CALIBRATION.md starts from
 PROFILE_PATH = "pdexporter/sim/profiles/h200-qwen3-coder-30b-a3b.yaml"
 
@@ -44,6 +53,7 @@ def main() -> int:
     ap.add_argument("--base", help="base profile (default: CALIBRATION.md's starting profile)")
     ap.add_argument("--jobs", type=int, default=0)
     ap.add_argument("--generalisation", action="store_true")
+    ap.add_argument("--short", action="store_true", help="fit the short sweep's configurations, predict the rest")
     ap.add_argument("--max-evaluations", type=int)
     ap.add_argument("--rounds", type=int)
     args = ap.parse_args()
@@ -55,6 +65,9 @@ def main() -> int:
                "--accept-worse"]
         if args.generalisation:
             cmd.append("--generalisation")
+        if args.short:
+            cmd += ["--train-grid", str(REPO / "sweeps" / "calibrate-short.yaml"), "--train-reps", "3",
+                    "--also-predict", str(GENERALISE)]
         if args.max_evaluations:
             cmd += ["--max-evaluations", str(args.max_evaluations)]
         if args.rounds:
@@ -72,7 +85,8 @@ def main() -> int:
         figures = json.loads(report.read_text())
     children_cpu = (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)
     print(f"sim calibrate {RESULTS.relative_to(REPO)} --profile {args.base or START_COMMIT + ' (CALIBRATION.md)'}"
-          f"{' --generalisation' if args.generalisation else ''}")
+          f"{' --generalisation' if args.generalisation else ''}"
+          f"{' --train-grid sweeps/calibrate-short.yaml --train-reps 3' if args.short else ''}")
     print(f"wall {wall:.1f} s, CPU {children_cpu:.1f} s (command and its workers), {figures['jobs']} worker(s), "
           f"load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after, {os.cpu_count()} CPUs")
     for stage, seconds in figures["timings_s"].items():
@@ -80,10 +94,20 @@ def main() -> int:
     print(f"  simulated (B, D) groups: {figures['simulated_groups']} ({figures['simulation_cpu_s']:.0f} s CPU), "
           f"stage-2 sweeps: {figures['stage2']['evaluations'] if figures['stage2'] else 0}")
     fitted = figures.get("held_out_fitted", {}).get("mape", {})
+    nominal = figures.get("held_out_fitted", {}).get("mape_nominal_host", {})
     base = figures.get("held_out_base", {}).get("mape", {})
-    for metric in ("prefill_duration", "during_tpot", "aggregate_interference"):
+    n_held, n_slow = len(figures["held_out_configurations"]), len(figures["slow_host_held_out"])
+    print(f"  host: slow_factor {figures['host']['slow_factor']:.2f}, slow_fraction {figures['host']['slow_fraction']:.2f};"
+          f" {n_slow} of the {n_held} held-out configurations ran on a slow host")
+    for metric in HEADLINE:
         if metric in fitted:
-            print(f"  held-out MAPE {metric}: fitted {fitted[metric]['all']:.1f} %, base {base[metric]['all']:.1f} %")
+            print(f"  held-out MAPE {metric:24s} fitted {fitted[metric]['all']:5.1f} %  (nominal host "
+                  f"{nominal.get(metric) or float('nan'):5.1f} %)  base {base[metric]['all']:5.1f} %")
+    for extra in figures.get("also_predicted", []):
+        print(f"  {Path(extra['results_dir']).name}:")
+        for metric in HEADLINE:
+            print(f"    MAPE {metric:24s} fitted {extra['fitted'][metric]['all']:5.1f} %  base "
+                  f"{extra['base'][metric]['all']:5.1f} %")
     if not args.generalisation:
         print(f"target: under 120 s on 2 cores: {'met' if wall < 120 else 'NOT met'}")
     return 0

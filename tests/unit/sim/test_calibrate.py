@@ -268,3 +268,41 @@ def test_record_simulator_in_worker_processes_agrees_with_the_inline_one(base):
     with RecordSimulator(SMALL, ProtocolSettings(), jobs=2) as pool:
         assert pool(profiles, SMALL) == expected
         assert pool.simulated == 4 and pool.cpu_s > 0
+
+
+# -- the host's two speeds ----------------------------------------------------------------------
+
+def _figures(prefill: float, during: float) -> PointFigures:
+    return PointFigures(prefill, during, during, during, during, 6.0, 10 * during, during - 6.0, during - 6.0)
+
+
+def test_classify_host_labels_the_configurations_the_slow_host_explains_better():
+    from pdexporter.sim.calibrate import classify_host, host_sensitive
+
+    lone, long, fast, late = (2048, 4, 1024), (8192, 4, 32768), (2048, 2, 512), (2048, 4, 32768)
+    measured = {lone: _figures(95.0, 80.0), long: _figures(1190.0, 275.0), fast: _figures(62.0, 52.0),
+                late: _figures(1356.0, 78.0)}
+    nominal = {lone: _figures(65.0, 50.0), long: _figures(1180.0, 276.0), fast: _figures(64.0, 50.0),
+               late: _figures(1330.0, 53.0)}
+    slow = {lone: _figures(93.0, 78.0), long: _figures(1200.0, 279.0), fast: _figures(92.0, 80.0),
+            late: _figures(1536.0, 81.0)}
+    # the host's speed moves the lone small chunks' prefill by far more than 5 %, a 32K prefill's not
+    assert host_sensitive(nominal, slow) == {lone, fast, late}
+    # by the prefill duration: the chunk steps' p50 of `late` sits nearer the slow host's (the engine's
+    # transition to GPU-bound chunks comes late), its prefill duration is the nominal host's
+    assert classify_host(measured, nominal, slow) == {lone}
+    # even a measurement the slow host would fit better is not slow where the host does not move it
+    assert classify_host({long: _figures(1200.0, 279.0)}, nominal, slow) == set()
+
+
+def test_calibrate_on_given_training_configurations_holds_out_the_rest(base):
+    from pdexporter.sim.calibrate import STEP_FREE, calibrate
+
+    records = list(ResultsStore(REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b").iter_records())
+    records = [r for r in records if r.key[0] == 8192 and r.key[1] in (1, 4, 12) and r.key[2] in (8192, 32768)]
+    train = {(8192, 1, 8192), (8192, 4, 32768), (8192, 12, 8192), (2048, 1, 512)}  # the last: not among the records
+    cal = calibrate(base, records, train_keys=train, free=STEP_FREE)
+    assert cal.train_keys == train - {(2048, 1, 512)}
+    assert cal.held_keys == {r.key for r in records} - cal.train_keys and cal.held_step_mape is not None
+    with pytest.raises(ValueError, match="none of the records is among the training configurations"):
+        calibrate(base, records, train_keys={(2048, 1, 512)}, free=STEP_FREE)

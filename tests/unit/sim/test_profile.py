@@ -69,3 +69,43 @@ def test_roundtrip_yaml(tmp_path: Path):
     path = tmp_path / "copy.yaml"
     path.write_text(p.to_yaml())
     assert load_profile(path) == p
+
+
+def test_user_profiles_are_listed_and_found_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from pdexporter.sim.profile import PROFILES_ENV, list_profiles, user_profile_dirs
+
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    monkeypatch.setenv(PROFILES_ENV, f"{mine}:{theirs}")
+    assert user_profile_dirs() == [mine, theirs]
+    p = load_profile("h20-qwen3-coder-30b-a3b")
+    (mine / "my-h20.yaml").write_text(p.model_copy(update={"name": "my-h20"}).to_yaml())
+    # a user file with a shipped name is listed, but the name keeps loading the shipped one
+    (theirs / "h200-qwen3-coder-30b-a3b.yaml").write_text(p.to_yaml())
+    entries = [(e.name, e.origin) for e in list_profiles()]
+    assert ("my-h20", "user") in entries and ("h200-qwen3-coder-30b-a3b", "user") in entries
+    assert entries.index(("h200-qwen3-coder-30b-a3b", "built-in")) < entries.index(("h200-qwen3-coder-30b-a3b", "user"))
+    assert load_profile("my-h20").name == "my-h20"
+    assert load_profile("h200-qwen3-coder-30b-a3b").calibration == "calibrated"
+    with pytest.raises(ConfigError, match=r"unknown profile; known: .*my-h20.*user profiles: "):
+        load_profile("nobody")
+    monkeypatch.delenv(PROFILES_ENV)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert user_profile_dirs() == [tmp_path / "xdg" / "pdexporter" / "profiles"]
+
+
+def test_a_slow_host_stretches_every_cpu_cost_of_the_engine_core_and_nothing_else():
+    p = load_profile("h200-qwen3-coder-30b-a3b")
+    assert p.host.slow_factor > 1.0 and 0 < p.host.slow_fraction < 0.5  # the H200 machine's episodes
+    slow = p.on_slow_host()
+    f = p.host.slow_factor
+    for name in ("launch_eager_ms", "launch_piecewise_ms", "cpu_us_per_token"):
+        assert getattr(slow.step_time, name) == pytest.approx(getattr(p.step_time, name) * f)
+    for name in ("admit_us_per_block", "retire_us_per_token"):
+        assert getattr(slow.engine_loop, name) == pytest.approx(getattr(p.engine_loop, name) * f)
+    # the GPU, the front end and the idle start are not the engine core's CPU
+    assert slow.step_time.fixed_ms == p.step_time.fixed_ms and slow.step_time.moe_efficiency == p.step_time.moe_efficiency
+    assert slow.engine_loop.request_overhead_ms == p.engine_loop.request_overhead_ms
+    assert slow.engine_loop.idle_start_ms == p.engine_loop.idle_start_ms
+    assert p.on_slow_host(1.0) is p and slow.gpu == p.gpu and slow.model == p.model

@@ -1,0 +1,63 @@
+"""What the dense model's GPU run is made of: the model folder it writes, the sweep it runs, the
+projection it will be compared with (scripts/gpu/dense-h200.sh, results/...-llama-3.1-8b-instruct/PLAN.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+from pdexporter.sim.modelconfig import load_config
+from pdexporter.sim.profile import load_profile
+from pdexporter.sweep.spec import load_sweep
+
+REPO = Path(__file__).resolve().parents[3]
+DENSE = REPO / "sweeps" / "h200-dense-llama-3.1-8b.yaml"
+
+
+def _make_model():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("make_model", REPO / "scripts" / "gpu" / "make_model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_model_writes_a_dummy_weight_folder_from_a_shipped_config(tmp_path: Path):
+    out = tmp_path / "llama-3.1-8b-instruct"
+    assert _make_model().main([str(out), "--config", "llama-3.1-8b-instruct"]) == 0
+    config, _ = load_config("llama-3.1-8b-instruct")
+    assert json.loads((out / "config.json").read_text()) == config
+    tok = json.loads((out / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    assert tok["model"]["type"] == "WordLevel" and tok["pre_tokenizer"] == {"type": "WhitespaceSplit"}
+    assert len(vocab) == 128256 and vocab["t0"] == 0 and vocab["t128255"] == 128255
+    tcfg = json.loads((out / "tokenizer_config.json").read_text())
+    assert tcfg["bos_token"] == "t128000" and tcfg["eos_token"] == "t128001"
+    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 128000, "eos_token_id": 128001}
+    assert _make_model().main([str(tmp_path / "x"), "--config", "no-such-model"]) == 2
+
+
+def test_the_dense_sweep_holds_the_short_grid_and_what_it_must_predict():
+    dense = load_sweep(DENSE)
+    points = set(dense.points())
+    short = set(load_sweep(REPO / "sweeps" / "calibrate-short.yaml").points())
+    assert len(points) == 126 and len(short) == 32 and short <= points
+    held = points - short
+    assert {b for b, _, _ in held} == {2048, 4096, 8192} and {d for _, d, _ in held} >= {0, 3, 8}
+    assert dense.grid.chunk_sizes[-1] == 4096  # the held-out chunk size runs last
+    assert dense.reps == 3 and dense.mode == "fast" and dense.model == "llama-3.1-8b-instruct"
+    command = " ".join(dense.launcher.command.split())  # type: ignore[union-attr]
+    assert "/tmp/model/llama-3.1-8b-instruct" in command and "--load-format dummy" in command
+    script = (REPO / "scripts" / "gpu" / "dense-h200.sh").read_text()
+    assert "MODEL=llama-3.1-8b-instruct" in script and "sweeps/h200-dense-llama-3.1-8b.yaml" in script
+
+
+def test_the_projection_is_committed_before_the_run():
+    prof = load_profile("h200-llama-3.1-8b-instruct")
+    assert prof.calibration == "projected" and prof.model.architecture == "LlamaForCausalLM"
+    doc = json.loads((REPO / "results" / "h200-vllm0.22-llama-3.1-8b-instruct" / "predictions.json").read_text())
+    assert doc["profile"] == prof.name and doc["calibration"] == "projected"
+    keys = {(p["chunk_size"], p["decode_batch_size"], p["new_prefill_tokens"]) for p in doc["points"]}
+    assert keys == set(load_sweep(DENSE).points())
+    assert all(p["prefill_duration"] > 0 for p in doc["points"])
