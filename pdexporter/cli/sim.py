@@ -15,6 +15,8 @@ from rich.table import Table
 from pdexporter.cli._common import DEFAULT_PROFILE, console
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from pdexporter.measure.protocol import ProtocolSettings
@@ -288,10 +290,10 @@ def calibrate_cmd(
     for directory in also_predict or []:
         if not directory.is_dir():
             raise ConfigError(f"--also-predict {directory}: not a directory")
-        more = list(ResultsStore(directory).iter_records())
-        if not more:
+        others = list(ResultsStore(directory).iter_records())
+        if not others:
             raise RecordError(f"--also-predict {directory}: no records")
-        extra.append((directory, more))
+        extra.append((directory, others))
     bar = _CalibrationBar(console)
     with bar:
         modelled = sum(1 for r in records if r.config.modelled)
@@ -314,10 +316,11 @@ def calibrate_cmd(
                                    on_evaluation=lambda r, i, rms: bar.info(f"sweep {i}: rms log {rms:.3f}"))
                 loo = leave_one_out(result, records, simulator, free=names, progress=bar) if generalisation else None
             predicted_extra = []
-            for directory, more in extra:
+            for directory, others in extra:
                 bar.stage(f"predicting {directory}")
-                with RecordSimulator([r.key for r in more], _settings_of(more[0]), mode=mode, jobs=workers) as other:
-                    measured = figures_of(more)
+                with RecordSimulator([r.key for r in others], _settings_of(others[0]), mode=mode,
+                                     jobs=workers) as other:
+                    measured = figures_of(others)
                     base_pred, fitted_pred = other([base, result.profile], list(measured))
                     slow, _, _, _ = host_states(result.profile, measured, other)
                 predicted_extra.append((directory, compare_records(measured, base_pred),
@@ -376,7 +379,7 @@ def calibrate_cmd(
         payload["held_out_fitted"]["mape_nominal_host"] = {m: result.nominal_mape(m) for m in METRICS}  # type: ignore[index]
     payload["also_predicted"] = [
         {"results_dir": str(d), "base": b.table(), "fitted": f.table(), "slow_host": sorted(map(list, slow)),
-         "fitted_nominal_host": {m: f.metric_mape(m, where=lambda k, s=slow: k not in s) for m in METRICS}}
+         "fitted_nominal_host": {m: f.metric_mape(m, where=_outside(slow)) for m in METRICS}}
         for d, b, f, slow in predicted_extra]
     if loo is not None:
         payload["generalisation"] = {"groups": loo.table(), "simulated_groups": loo.simulations,
@@ -515,11 +518,11 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
             table.add_column(f"nominal host ({n_nominal})", justify="right")
             table.add_column("host-matched", justify="right")
         for metric in METRICS:
-            row = [_pct(mapes[metric].get(c)) for c in chunks] + [_pct(mapes[metric]["all"])]
+            cells = [_pct(mapes[metric].get(c)) for c in chunks] + [_pct(mapes[metric]["all"])]
             if host:
                 matched = result.held_fitted_host.metric_mape(metric) if result.held_fitted_host else None
-                row += [_pct(result.nominal_mape(metric)), _pct(matched)]
-            table.add_row(METRIC_LABELS[metric], *row)
+                cells += [_pct(result.nominal_mape(metric)), _pct(matched)]
+            table.add_row(METRIC_LABELS[metric], *cells)
         screen.print(table)
         kinds = Table(title=f"{label} profile: held-out MAPE by kind of configuration")
         kinds.add_column("configurations")
@@ -538,6 +541,10 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
                      "ran on (MODELLED distribution, docs/sim.md)")
 
 
+def _outside(keys: set) -> Callable[[tuple[int, int, int]], bool]:
+    return lambda key: key not in keys
+
+
 def _print_extra(screen: Console, directory: Path, base: HoldoutReport, fitted: HoldoutReport, slow: set) -> None:
     from pdexporter.sim.calibrate import METRIC_LABELS, METRICS
 
@@ -547,7 +554,7 @@ def _print_extra(screen: Console, directory: Path, base: HoldoutReport, fitted: 
         table.add_column(col, justify="left" if col == "metric" else "right")
     for metric in METRICS:
         table.add_row(METRIC_LABELS[metric], _pct(base.metric_mape(metric)), _pct(fitted.metric_mape(metric)),
-                      _pct(fitted.metric_mape(metric, where=lambda k: k not in slow)))
+                      _pct(fitted.metric_mape(metric, where=_outside(slow))))
     screen.print(table)
 
 

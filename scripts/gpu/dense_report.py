@@ -56,7 +56,8 @@ def predict() -> None:
 def compare() -> None:
     doc = json.loads((OUT / "predictions.json").read_text())
     store = ResultsStore(OUT)
-    rows, errors = [], {q: [] for q in QUANTITIES}
+    rows: list[dict[str, object]] = []
+    errors: dict[str, list[float]] = {q: [] for q in QUANTITIES}
     for point in doc["points"]:
         key = (point["chunk_size"], point["decode_batch_size"], point["new_prefill_tokens"])
         record = store.load_record(*key)
