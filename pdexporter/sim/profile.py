@@ -486,8 +486,11 @@ def profile_path(name_or_path: str | Path) -> Path:
     for entry in list_profiles():
         if entry.name == str(name_or_path):
             return entry.path
-    raise ConfigError(f"--profile {name_or_path!r}: unknown profile; known: {', '.join(available_profiles())} "
-                      f"(user profiles: {os.pathsep.join(map(str, user_profile_dirs()))})")
+    entries = list_profiles()
+    shipped = [e.name for e in entries if e.origin == "built-in"]
+    yours = [e.name for e in entries if e.origin == "user"]
+    raise ConfigError(f"--profile {name_or_path!r}: unknown profile; shipped: {', '.join(shipped)}; yours "
+                      f"({os.pathsep.join(map(str, user_profile_dirs()))}): {', '.join(yours) or 'none'}")
 
 
 def load_profile(name_or_path: str | Path) -> Profile:

@@ -88,7 +88,7 @@ def test_user_profiles_are_listed_and_found_by_name(tmp_path: Path, monkeypatch:
     assert entries.index(("h200-qwen3-coder-30b-a3b", "built-in")) < entries.index(("h200-qwen3-coder-30b-a3b", "user"))
     assert load_profile("my-h20").name == "my-h20"
     assert load_profile("h200-qwen3-coder-30b-a3b").calibration == "calibrated"
-    with pytest.raises(ConfigError, match=r"unknown profile; known: .*my-h20.*user profiles: "):
+    with pytest.raises(ConfigError, match=r"unknown profile; shipped: .*h20-qwen3-coder-30b-a3b.*; yours \(.*\): .*my-h20"):
         load_profile("nobody")
     monkeypatch.delenv(PROFILES_ENV)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
