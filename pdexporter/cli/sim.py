@@ -214,7 +214,7 @@ def calibrate_cmd(
                                "another run; repeatable).")] = None,
     tolerance: Annotated[float, typer.Option(
         "--tolerance", min=0.0, help="A fit is refused when it predicts the held-out configurations worse than the "
-                                     "base by more than this (points of MAPE).")] = 0.5,
+                                     "base by more than this (points of MAPE).")] = 1.0,
     free: Annotated[str | None, typer.Option(
         "--free", help="Comma-separated parameters to fit (default: the GPU's, then the CPU's and the loop's).")] = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=10,
