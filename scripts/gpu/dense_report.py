@@ -33,7 +33,7 @@ from pdexporter.sweep.spec import load_sweep
 PROFILE = "h200-llama-3.1-8b-instruct"
 SWEEP = ROOT / "sweeps" / "h200-dense-llama-3.1-8b.yaml"
 OUT = ROOT / "results" / "h200-vllm0.22-llama-3.1-8b-instruct"
-QUANTITIES = ("baseline_tpot", "penalty", "penalty_mean", "prefill_duration", "aggregate_interference")
+QUANTITIES = ("baseline_tpot", "penalty", "penalty_p50", "prefill_duration", "aggregate_interference")
 
 
 def predict() -> None:

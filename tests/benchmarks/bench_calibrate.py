@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b"
 GENERALISE = REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-generalise"
-HEADLINE = ("baseline_tpot", "penalty", "penalty_mean", "prefill_duration", "aggregate_interference")
+HEADLINE = ("baseline_tpot", "penalty", "penalty_p50", "prefill_duration", "aggregate_interference")
 START_COMMIT = "d892ed3"  # the profile CALIBRATION.md starts from
 PROFILE_PATH = "pdexporter/sim/profiles/h200-qwen3-coder-30b-a3b.yaml"
 
