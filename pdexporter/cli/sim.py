@@ -82,6 +82,8 @@ def serve(
 
     def ready(info: dict[str, object]) -> None:
         role = f", KV role {kv_role}" if kv_role != "none" else ""
+        if host_speed == "slow":
+            role += f", slow host: CPU x {load_profile(profile).host.slow_factor:.2f}"
         _line(f"INFO pdexporter embedded engine (MODELLED, profile {prof.name}, calibration {prof.calibration}, "
               f"max_num_batched_tokens {info['max_num_batched_tokens']}{role}) serving {info['model']} on {info['url']}")
         _line("INFO Asynchronous scheduling is enabled." if prof.engine.async_scheduling else
