@@ -24,7 +24,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,6 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from pdexporter._internal.bounds import MAX_SECONDS
 from pdexporter._internal.durations import parse_duration
+from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.text import body_reason
 from pdexporter.engine.http1 import request_bytes
 from pdexporter.engine.kstamp import RxTransport, Target
@@ -66,21 +66,13 @@ EventTap = Callable[[TokenStream, SSEEvent, int, int], None]
 
 
 def resolve_api_key(api_key_file: str | os.PathLike[str] | None = None) -> str | None:
-    """Bearer token: from a file if given (Kubernetes secrets), else the first env var set."""
+    """Bearer token: from a file if given (Kubernetes secrets), else the first env var set; one
+    line of text either way (`_internal.secretfile`: bounded, a final line break dropped)."""
     if api_key_file is not None:
-        path = Path(api_key_file)
-        try:
-            token = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"--api-key-file {path}: {exc.strerror or exc}") from exc
-        except UnicodeDecodeError:
-            raise ConfigError(f"--api-key-file {path}: not UTF-8 text") from None
-        if not token:
-            raise ConfigError(f"--api-key-file {path}: file is empty")
-        return token
+        return read_secret_file(api_key_file, "--api-key-file")
     for name in API_KEY_ENV_VARS:
-        if os.environ.get(name):
-            return os.environ[name].strip()
+        if os.environ.get(name, "").strip():
+            return secret_text(os.environ[name], f"${name}")
     return None
 
 
