@@ -1,8 +1,10 @@
 """The leash: a small process between a local engine and the pdexporter that owns it (Linux).
 
-Run by path with the interpreter isolated (`python -I leash.py --stop-timeout S -- ENGINE ARGV`;
-it imports only the standard library and `pdexporter._internal.procs`, so an engine's environment
-cannot break it), with a connected socket as its stdin: the *owner's channel*. It starts the
+Run by path with the interpreter isolated (`python -I leash.py --stop-timeout S`; it imports only
+the standard library and `pdexporter._internal.procs`, so an engine's environment cannot break
+it), with a connected socket as its stdin: the *owner's channel*. The engine's command line comes
+on that channel (`argv JSON` on the first line), not on the leash's own: an API key on it would
+otherwise be readable in the leash's /proc/PID/cmdline by every user of the machine. It starts the
 engine in its own session, with a parent-death signal (`prctl(PR_SET_PDEATHSIG, SIGTERM)`: if
 the leash dies, even by SIGKILL, the kernel stops the engine), says `engine PID` and `socket NAME`
 on the channel, and then:
@@ -16,7 +18,9 @@ on the channel, and then:
 - a later invocation connects to `socket NAME` (an abstract unix socket, named in the engine's
   state file) and says `own`: answered `ok PID`, that connection is the owner's channel from now
   on, with the same rules; `busy` when a live owner holds the engine (two sweeps on one results
-  directory);
+  directory). Only a process of the leash's own user may: the kernel says who is at the other end
+  (`SO_PEERCRED`), and any other uid is answered `not yours` and hung up on. (An abstract socket
+  has no file whose mode could say so; it also leaves nothing behind when the leash is killed.);
 - the engine exits (or is stopped by its owner, `terminate_group`): the leash exits with it;
 - SIGTERM, SIGINT or SIGHUP to the leash: the engine is stopped first.
 
@@ -26,11 +30,14 @@ their sweep") says what a user sees.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -38,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
-    "Leash", "main",
+    "Leash", "main", "peer_uid",
 ]
 
 if __name__ == "__main__":  # run by path (`python -I`): the package is found beside this file
@@ -112,6 +119,14 @@ class Leash:
     def request(self, conn: socket.socket) -> bool:
         """A later invocation on the socket; False when the leash is to exit."""
         conn.settimeout(5.0)
+        uid = peer_uid(conn)
+        if uid != os.getuid():
+            self.say(f"refused a connection from uid {uid}: the engine belongs to uid {os.getuid()}")
+            with contextlib.suppress(OSError):
+                conn.recv(64)
+                conn.sendall(b"not yours\n")
+            conn.close()
+            return True
         try:
             request = conn.recv(64).decode(errors="replace").strip()
             # A release and the EOF its owner sent just before may still wait to be read.
@@ -135,6 +150,32 @@ class Leash:
         return True
 
 
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a unix socket (`SO_PEERCRED`: pid, uid, gid)."""
+    try:
+        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except OSError:
+        return None
+    return int(uid)
+
+
+def _read_argv(channel: socket.socket) -> list[str]:
+    """The engine's command line: `argv JSON` on the channel's first line (module docs)."""
+    data = b""
+    channel.settimeout(30.0)
+    while b"\n" not in data:
+        chunk = channel.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    channel.settimeout(None)
+    line = data.split(b"\n", 1)[0].decode(errors="replace")
+    if not line.startswith("argv "):
+        return []
+    argv = json.loads(line[5:])
+    return [str(word) for word in argv] if isinstance(argv, list) else []
+
+
 def main(argv: list[str]) -> int:
     stop_timeout_s = 60.0
     if argv[:1] == ["--stop-timeout"]:
@@ -142,6 +183,14 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     channel = socket.socket(fileno=0)
+    if not argv:  # the command line comes on the channel, not on ours
+        try:
+            argv = _read_argv(channel)
+        except (OSError, ValueError):
+            argv = []
+        if not argv:
+            channel.sendall(b"error no engine command line on the channel\n")
+            return 127
     try:
         # preexec_fn only calls prctl in the child (die_with_parent); the leash has no other thread
         engine = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,

@@ -314,8 +314,10 @@ class LocalLauncher:
         """The engine under a leash (`launch.leash`): its pid, and the leash's pid and socket."""
         ours, theirs = socket.socketpair()
         try:
-            leash = self._popen([sys.executable, "-I", str(LEASH), "--stop-timeout", f"{self.stop_timeout_s:g}", "--",
-                                 *rendered.argv], rendered, out, env, stdin=theirs)
+            # The engine's command line goes on the channel, not on the leash's own (launch.leash).
+            leash = self._popen([sys.executable, "-I", str(LEASH), "--stop-timeout", f"{self.stop_timeout_s:g}"],
+                                rendered, out, env, stdin=theirs)
+            ours.sendall(f"argv {json.dumps(list(rendered.argv))}\n".encode())
         except BaseException:
             ours.close()
             raise
@@ -366,6 +368,9 @@ class LocalLauncher:
         if reply.startswith("ok"):
             return conn
         conn.close()
+        if reply.startswith("not yours"):
+            raise EngineError(f"engine pid {state.pid} ({path}) was started by another user: only its owner may adopt "
+                              "or stop it")
         raise EngineError(f"engine pid {state.pid} ({path}) belongs to another running pdexporter: wait for it to "
                           "finish, or stop it")
 
