@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
-
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
@@ -24,7 +23,7 @@ from pdexporter.cli._common import (
     make_launcher,
 )
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
-from pdexporter._internal.validation import format_validation_error
+from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
@@ -37,10 +36,15 @@ from pdexporter.exporter.config import (
     parse_duration,
 )
 from pdexporter.engine.client import read_timeout_seconds
-from pdexporter.exporter.server import parse_listen
+from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
+from pdexporter.exporter.server import parse_listen, tls_context
 from pdexporter.exporter.startup import parse_engine_wait
 from pdexporter.exporter.runner import Runner
-from pdexporter.measure.protocol import ProtocolSettings
+from pdexporter.measure.protocol import protocol_settings
+
+
+METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
+TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"
 
 
 def register(app: typer.Typer) -> None:
@@ -90,6 +94,20 @@ def run(
         "--engine-wait", "How long to wait for the engine at start-up, exporting pdexporter_up 0 meanwhile: "
         "'forever' or a duration")] = "forever",
     read_timeout: ReadTimeoutOpt = None,
+    traces_listen: Annotated[str | None, typer.Option(
+        "--traces-listen", help=f"Where the OTLP trace receiver (POST /v1/traces) listens, HOST:PORT, or 'off'; "
+        f"default: the --listen host, port {DEFAULT_TRACES_PORT}, with --passive only (docs/security.md).")] = None,
+    traces_max_rate: Annotated[float, typer.Option(
+        "--traces-max-rate", help="Spans a second the trace receiver takes; more are answered 429.")] = 1000.0,
+    metrics_token_file: Annotated[Path | None, typer.Option(
+        "--metrics-token-file", help=f"Require this bearer token on /metrics (else ${METRICS_TOKEN_ENV}, if set); "
+        "the health paths stay open.")] = None,
+    traces_token_file: Annotated[Path | None, typer.Option(
+        "--traces-token-file", help=f"Require this bearer token on POST /v1/traces (else ${TRACES_TOKEN_ENV}, if "
+        "set).")] = None,
+    tls_cert_file: Annotated[Path | None, typer.Option(
+        "--tls-cert-file", help="Serve both ports over TLS with this PEM certificate (and --tls-key-file).")] = None,
+    tls_key_file: Annotated[Path | None, typer.Option("--tls-key-file", help="The certificate's PEM key.")] = None,
 ) -> None:
     """Keep D probe decode streams on an engine, perturb them with prefills, export what they see."""
     config = parse_run_options(
@@ -97,10 +115,22 @@ def run(
         new_prefill_tokens=new_prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
         scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
         decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
-        engine_wait=engine_wait, read_timeout=read_timeout,
+        engine_wait=engine_wait, read_timeout=read_timeout, traces_listen=traces_listen,
+        traces_max_rate=traces_max_rate, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
     )
     token = api_key(api_key_file)
-    asyncio.run(_serve(config, token))
+    metrics_token = bearer_token(metrics_token_file, "--metrics-token-file", METRICS_TOKEN_ENV)
+    traces_token = bearer_token(traces_token_file, "--traces-token-file", TRACES_TOKEN_ENV)
+    tls_context(*(None if f is None else str(f) for f in (tls_cert_file, tls_key_file)))  # a bad file: one line now
+    asyncio.run(_serve(config, token, metrics_token, traces_token))
+
+
+def bearer_token(path: Path | None, flag: str, env: str) -> str | None:
+    """A token of the exporter's own endpoints: from the file, else the environment variable."""
+    if path is not None:
+        return read_secret_file(path, flag)
+    value = os.environ.get(env, "")
+    return secret_text(value, f"${env}") if value.strip() else None
 
 
 def parse_run_options(
@@ -122,6 +152,10 @@ def parse_run_options(
     attribution_wait: str = "30s",
     engine_wait: str = "forever",
     read_timeout: str | None = None,
+    traces_listen: str | None = None,
+    traces_max_rate: float = 1000.0,
+    tls_cert_file: Path | None = None,
+    tls_key_file: Path | None = None,
 ) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
     if decode_batch_size < 1:
@@ -149,11 +183,21 @@ def parse_run_options(
         if inject_every_s <= 0:
             raise ConfigError(f"--inject-every {inject_every!r}: must be > 0 (or 'off')")
     host, port = parse_listen(listen)
-    try:
-        protocol = ProtocolSettings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
-    except ValidationError as exc:
-        raise ConfigError(f"--decode-output-tokens {decode_output_tokens}: "
-                          f"{format_validation_error(exc, ProtocolSettings)}") from exc
+    traces_receiver: bool | None = None  # None: with --passive only, which is what uses the spans
+    traces_host: str | None = None
+    traces_port = DEFAULT_TRACES_PORT
+    if traces_listen is not None and traces_listen.strip().lower() in ("off", "none", ""):
+        traces_receiver = False
+    elif traces_listen is not None:
+        traces_receiver = True
+        traces_host, traces_port = parse_listen(traces_listen, "--traces-listen")
+        if traces_port == port and traces_port != 0 and traces_host == host:
+            raise ConfigError(f"--traces-listen {traces_listen}: the same address as --listen; give it a port of its own")
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise ConfigError("--tls-cert-file and --tls-key-file go together")
+    # one line naming the option that is wrong (issue 24: --decode-context-tokens -1 was blamed on
+    # --decode-output-tokens)
+    protocol = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
     read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
     duration_s = None if duration is None else parse_duration(duration, "--duration")
     if duration_s is not None and duration_s <= 0:
@@ -177,6 +221,12 @@ def parse_run_options(
         attribution_wait_s=parse_duration(attribution_wait, "--attribution-wait"),
         engine_wait_s=parse_engine_wait(engine_wait),
         read_timeout_s=read_timeout_s,
+        traces_receiver=traces_receiver,
+        traces_listen_host=traces_host,
+        traces_listen_port=traces_port,
+        traces_max_rate=traces_max_rate,
+        tls_cert_file=tls_cert_file,
+        tls_key_file=tls_key_file,
     )
 
 
@@ -198,9 +248,11 @@ async def _progress(runner: Runner, duration_s: float) -> None:
             await asyncio.sleep(0.5)
 
 
-async def _serve(config: ExporterConfig, token: str | None) -> None:
+async def _serve(config: ExporterConfig, token: str | None, metrics_token: str | None = None,
+                 traces_token: str | None = None) -> None:
     launcher = make_launcher(config.target, chunk_size=config.chunk_size, profile=config.profile)
-    runner = Runner(config, launcher, api_key=token, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+    runner = Runner(config, launcher, api_key=token, metrics_token=metrics_token, traces_token=traces_token,
+                    log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals_seen = 0
@@ -220,7 +272,7 @@ async def _serve(config: ExporterConfig, token: str | None) -> None:
     injection = (
         f"a {config.prefill_tokens}-token prefill every {config.inject_every_s:g} s"
         if config.inject_every_s
-        else "passive mode: the production prefills the probes see, traces on POST /v1/traces"
+        else "passive mode: the production prefills the probes see"
         if config.passive else "no prefill injection"
     )
     console.print(f"pdexporter run: {config.probe_streams} probe streams on {mode}, {injection}", highlight=False,

@@ -16,6 +16,7 @@ from pdexporter._internal.validation import format_option_error
 from pdexporter._internal.durations import parse_duration  # noqa: F401  (re-exported for the CLI)
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.metrics import DEFAULT_PORT
+from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT, ReceiverLimits
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.engines import adapter
 
@@ -72,6 +73,16 @@ class ExporterConfig(BaseModel):
     # request traces, which arrive when a request finishes.
     passive: bool = False
     attribution_wait_s: float = Field(default=30.0, gt=0)
+    # The OTLP trace receiver (`exporter.receiver`), on a port of its own (`--traces-listen`):
+    # served when `traces_receiver` says so, by default (None) with --passive only, which is what
+    # uses the spans; its host None: --listen's.
+    traces_receiver: bool | None = None
+    traces_listen_host: str | None = None
+    traces_listen_port: int = Field(default=DEFAULT_TRACES_PORT, ge=0, le=65535)
+    traces_max_rate: float = Field(default=ReceiverLimits().spans_per_s, gt=0, le=1e6)  # spans a second
+    # TLS for both ports (PEM files); None: plain HTTP (docs/security.md: or terminate it in front)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ExporterConfig:
@@ -89,6 +100,23 @@ class ExporterConfig(BaseModel):
                     f"tokens after the injection, the probes have {room} (raise --decode-output-tokens)"
                 )
         return self
+
+    @property
+    def serves_traces(self) -> bool:
+        return self.passive if self.traces_receiver is None else self.traces_receiver
+
+    @property
+    def traces_host(self) -> str:
+        return self.listen_host if self.traces_listen_host is None else self.traces_listen_host
+
+    @property
+    def receiver_limits(self) -> ReceiverLimits:
+        return ReceiverLimits(spans_per_s=self.traces_max_rate, span_burst=max(1, round(10 * self.traces_max_rate)))
+
+    @property
+    def traces_max_age_s(self) -> float:
+        """How far back a span may end and still be attributed: as long as passive mode keeps requests."""
+        return self.attribution_wait_s + self.baseline_span_s + 30.0
 
     @property
     def injecting(self) -> bool:
@@ -125,5 +153,7 @@ OPTION_NAMES = {
     "attribution_wait_s": "--attribution-wait",
     "engine_wait_s": "--engine-wait",
     "read_timeout_s": "--read-timeout",
+    "traces_listen_port": "--traces-listen",
+    "traces_max_rate": "--traces-max-rate",
 }
 

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from pdexporter import __version__
 from pdexporter.measure.quantities import BY_FIELD, Quantity, gauged
+from pdexporter.exporter.receiver import REJECT_REASONS
 from pdexporter.measure.records import RepRecord
 
 __all__ = [
@@ -20,7 +21,8 @@ __all__ = [
     "PASSIVE_MODEL_HALFWIDTH", "PASSIVE_MODEL_PREDICTION", "PASSIVE_MODEL_REACHED", "PASSIVE_OUTCOMES",
     "PASSIVE_SOURCES", "PHASES", "PREFILL_BUCKETS",
     "PREFILL_DURATION", "PREFIX", "PROBE_STREAMS", "PROBE_STREAMS_STARTED", "PROBE_TIMESTAMP_DELAY", "PROBE_TOKENS",
-    "PROBE_TPOT", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_RESULTS", "UP",
+    "PROBE_TPOT", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_REJECTIONS",
+    "TRACE_RESULTS", "UP",
     "UP_REASON", "UP_REASONS", "WINDOWS", "WINDOW_AFTER", "WINDOW_AGGREGATE", "WINDOW_BASELINE", "WINDOW_CHUNKS",
     "WINDOW_DURING", "WINDOW_EXPECTED", "WINDOW_GAUGES", "WINDOW_LABELS", "WINDOW_PENALTY", "WINDOW_PREFILL",
     "WINDOW_RATIO", "WINDOW_SLOW_STEPS", "WINDOW_TOTAL", "all_series_names", "count_trace_export", "count_traces",
@@ -90,10 +92,13 @@ PASSIVE_MODEL_REACHED = f"{PREFIX}_passive_model_cell_reached"
 PASSIVE_MODEL_BOUNDS = ("estimate", "low", "high")  # PASSIVE_MODEL_PREDICTION{bound}
 REQUEST_TRACES = f"{PREFIX}_request_traces_total"
 TRACE_EXPORTS = f"{PREFIX}_trace_exports_total"
+TRACE_REJECTIONS = f"{PREFIX}_trace_rejections_total"
 PASSIVE_OUTCOMES = ("published", "merged", "unattributed", "ambiguous", "own-probe", "no-baseline", "out-of-bins",
                     "no-budget")
 PASSIVE_SOURCES = ("otlp", "metrics", "cadence", "none")
-TRACE_KINDS = ("production", "probe", "unusable", "ignored")  # REQUEST_TRACES{kind}
+# REQUEST_TRACES{kind}; "out-of-range": a span ending in the future or too far in the past to be
+# attributed (passive_live.TraceIntake), "duplicate": a request id already received
+TRACE_KINDS = ("production", "probe", "unusable", "ignored", "out-of-range", "duplicate")
 TRACE_RESULTS = ("ok", "rejected")  # TRACE_EXPORTS{result}
 
 
@@ -175,6 +180,11 @@ class ExporterMetrics:
             TRACE_EXPORTS.removesuffix("_total"), "OTLP export requests received on /v1/traces.", ["result"], registry=r)
         for result in TRACE_RESULTS:
             self.trace_exports.labels(result=result)
+        self.trace_rejections = Counter(
+            TRACE_REJECTIONS.removesuffix("_total"), "OTLP export requests refused on /v1/traces, by why "
+            "(exporter.receiver: 401, 413, 415, 429, 400).", ["reason"], registry=r)
+        for reason in REJECT_REASONS:
+            self.trace_rejections.labels(reason=reason)
         for kind in TRACE_KINDS:
             self.request_traces.labels(kind=kind)
         set_up(self, "starting")
@@ -187,9 +197,14 @@ def count_traces(metrics: ExporterMetrics, kind: str, n: int = 1) -> None:
     metrics.request_traces.labels(kind=kind).inc(n)
 
 
-def count_trace_export(metrics: ExporterMetrics, ok: bool) -> None:
-    """`pdexporter_trace_exports_total{result}` += 1: "ok" or "rejected" (`TRACE_RESULTS`)."""
-    metrics.trace_exports.labels(result=TRACE_RESULTS[0] if ok else TRACE_RESULTS[1]).inc()
+def count_trace_export(metrics: ExporterMetrics, rejected: str | None) -> None:
+    """`pdexporter_trace_exports_total{result}` += 1 ("ok" or "rejected", `TRACE_RESULTS`), and a
+    refusal's reason in `pdexporter_trace_rejections_total{reason}` (`receiver.REJECT_REASONS`)."""
+    metrics.trace_exports.labels(result=TRACE_RESULTS[0] if rejected is None else TRACE_RESULTS[1]).inc()
+    if rejected is not None:
+        if rejected not in REJECT_REASONS:
+            raise ValueError(f"unknown rejection reason {rejected!r}")
+        metrics.trace_rejections.labels(reason=rejected).inc()
 
 
 def set_up(metrics: ExporterMetrics, reason: str) -> None:

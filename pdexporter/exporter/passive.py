@@ -470,7 +470,10 @@ class PassiveTracker:
         if otlp is not None:
             if (expected is None or expected > otlp.prefills) and not deadline:
                 return None  # spans of requests still decoding may be on their way
-            choice = metrics if expected is not None and expected > otlp.prefills else otlp
+            # The engine's counters outrank spans, which anyone who reaches the receiver can post:
+            # spans claiming more prefills than the counters saw (a forged or replayed one) cannot
+            # turn a single prefill into "merged", nor an engine stall into a prefill.
+            choice = metrics if expected is not None and expected != otlp.prefills else otlp
         elif traces_on and not deadline and expected != 0:
             return None  # a span may still come (its request is still decoding)
         elif metrics is not None:

@@ -15,7 +15,7 @@ import collections
 import concurrent.futures
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pdexporter.analysis.passive_model import FitEvent, Grid, PassiveAnswer, answer
 from pdexporter.engine.traces import RequestTrace
@@ -186,17 +186,62 @@ def save_event(store: ResultsStore, event: PassiveEvent, rep: RepRecord, info: E
 
 
 class TraceIntake:
-    """What the exporter's `POST /v1/traces` receives: every export counted, the spans handed to
-    passive mode (`passive`, set once it runs) or counted as ignored."""
+    """What the exporter's trace receiver (`exporter.receiver`) takes: every export counted, each
+    span judged, the usable ones handed to passive mode (`passive`, set once it runs) or counted as
+    ignored.
 
-    def __init__(self, metrics: ExporterMetrics) -> None:
+    A span can claim any timestamps. One whose first token (else its end) lies more than
+    `MAX_AHEAD_S` ahead of this host's clock, or further back than passive mode keeps requests
+    (`max_age_s`: the attribution wait, the baseline span and 30 s, as `PassiveTracker` prunes),
+    could never be attributed and would never be pruned (the tracker prunes from the oldest):
+    it is counted `out-of-range` and dropped. A request id already taken is counted `duplicate`:
+    a replayed span cannot turn one prefill into two; one longer than `MAX_ID_CHARS` is `unusable`.
+    Both sets are bounded, and the receiver bounds the rate."""
+
+    MAX_AHEAD_S = 60.0  # clock skew between the engine's host and this one (NTP keeps it far smaller)
+    KEEP_IDS = 65_536
+    MAX_ID_CHARS = 256  # vLLM's ids are ~40; a longer one is not a request id (and would be kept in memory)
+
+    def __init__(self, metrics: ExporterMetrics, *, max_age_s: float = 70.0,
+                 now_unix_ns: Callable[[], int] = time.time_ns) -> None:
         self.metrics = metrics
         self.passive: LivePassive | None = None
+        self.max_age_s, self.now_unix_ns = max_age_s, now_unix_ns
+        self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
 
-    def exported(self, ok: bool) -> None:
-        count_trace_export(self.metrics, ok)
+    def exported(self, rejected: str | None) -> None:
+        count_trace_export(self.metrics, rejected)
+
+    def admit(self, traces: list[RequestTrace]) -> list[RequestTrace]:
+        """The spans worth keeping (class docs); the others counted by why."""
+        now = self.now_unix_ns()
+        ahead, oldest = now + self.MAX_AHEAD_S * 1e9, now - self.max_age_s * 1e9
+        kept: list[RequestTrace] = []
+        out_of_range = duplicate = unusable = 0
+        for t in traces:
+            if len(t.request_id) > self.MAX_ID_CHARS:
+                unusable += 1
+                continue
+            when = t.first_token_ns if t.first_token_ns is not None else t.end_ns
+            if not oldest <= when <= ahead or not oldest <= t.end_ns <= ahead or t.start_ns > t.end_ns:
+                out_of_range += 1
+            elif t.request_id in self._ids:
+                duplicate += 1
+            else:
+                self._ids[t.request_id] = None
+                kept.append(t)
+        while len(self._ids) > self.KEEP_IDS:
+            self._ids.popitem(last=False)
+        if unusable:
+            count_traces(self.metrics, "unusable", unusable)
+        if out_of_range:
+            count_traces(self.metrics, "out-of-range", out_of_range)
+        if duplicate:
+            count_traces(self.metrics, "duplicate", duplicate)
+        return kept
 
     def sink(self, traces: list[RequestTrace]) -> None:
+        traces = self.admit(traces)
         if self.passive is None:
             count_traces(self.metrics, "ignored", len(traces))
         else:

@@ -33,7 +33,8 @@ from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, Q
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window, set_engine_info
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.scrape import EngineScraper
-from pdexporter.exporter.server import metrics_app, start_metrics_server
+from pdexporter.exporter.receiver import traces_app
+from pdexporter.exporter.server import metrics_app, start_server, tls_context
 from pdexporter.exporter.passive import PassiveEvent
 from pdexporter.exporter.passive_live import LivePassive, TraceIntake
 from pdexporter.exporter.tracing import NoTracing, Tracing, make_tracing
@@ -67,11 +68,13 @@ class Runner:
     """Owns one exporter: engine (via the launcher), probe thread, metrics server, tracing."""
 
     def __init__(self, config: ExporterConfig, launcher: Launcher, *, api_key: str | None = None,
+                 metrics_token: str | None = None, traces_token: str | None = None,
                  metrics: ExporterMetrics | None = None, tracing_factory: Callable[[EngineInfo], Tracing] | None = None,
                  on_window: Callable[[WindowResult], None] | None = None,
                  on_stream: Callable[[ProbeState], None] | None = None, on_inject: Callable[[int], None] | None = None,
                  log: Callable[[str], None] = lambda line: None) -> None:
         self.config, self.launcher, self.api_key, self.log = config, launcher, api_key, log
+        self.metrics_token, self.traces_token = metrics_token, traces_token
         self.metrics = metrics or ExporterMetrics()
         self._tracing_factory = tracing_factory or (
             lambda info: make_tracing(info, max_tokens=config.protocol.decode_output_tokens))
@@ -86,6 +89,7 @@ class Runner:
         self.probes: ProbeLoop | None = None
         self.driver: LoopDriver | None = None
         self.bound_port: int | None = None
+        self.traces_port: int | None = None  # the trace receiver's, when it is served
         # The last windows, for tests and callers; bounded, so a long run's memory stays flat.
         self.windows: collections.deque[WindowResult] = collections.deque(maxlen=KEEP_WINDOWS)
         self.windows_seen = 0
@@ -97,7 +101,7 @@ class Runner:
         self._ready_event = asyncio.Event()
         self._in_flight = False
         self.passive: LivePassive | None = None
-        self.traces = TraceIntake(self.metrics)
+        self.traces = TraceIntake(self.metrics, max_age_s=config.traces_max_age_s)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -120,19 +124,10 @@ class Runner:
         cfg = self.config
         previous_switch = sys.getswitchinterval()
         sys.setswitchinterval(cfg.switch_interval_s)
-        server = None
+        servers: list[Any] = []
         try:
             self.records.check_out_dir()
-            app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy,
-                              traces_sink=self.traces.sink, on_export=self.traces.exported)
-            try:
-                server, self.bound_port = await start_metrics_server(app, cfg.listen_host, cfg.listen_port)
-            except OSError as exc:
-                raise ConfigError(f"--listen {cfg.listen_host}:{cfg.listen_port}: {exc.strerror or exc}") from exc
-            self.log(f"metrics on http://{cfg.listen_host}:{self.bound_port}/metrics")
-            if cfg.passive and isinstance(self.launcher, TraceDirected):
-                host = "127.0.0.1" if cfg.listen_host in ("0.0.0.0", "", "::") else cfg.listen_host
-                self.launcher.send_traces_to(f"http://{host}:{self.bound_port}/v1/traces")
+            await self._serve(servers)
             tracing_preload()  # before the probes: see tracing.preload
             self.handle = handle = await self.launcher.start(cfg.chunk_size)
             started = await start_probes(lambda: exporter_probes(cfg, handle, self.api_key, self.spec),
@@ -146,8 +141,46 @@ class Runner:
             self._started()
             await self._loop(stop, deadline=None if cfg.duration_s is None else time.monotonic() + cfg.duration_s)
         finally:
-            await self._shutdown(server)
+            await self._shutdown(servers)
             sys.setswitchinterval(previous_switch)
+
+    async def _serve(self, servers: list[Any]) -> None:
+        """/metrics, and the trace receiver on its own port when asked (docs/security.md)."""
+        cfg = self.config
+        tls = tls_context(None if cfg.tls_cert_file is None else str(cfg.tls_cert_file),
+                          None if cfg.tls_key_file is None else str(cfg.tls_key_file))
+        scheme = "https" if tls is not None else "http"
+        app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy, token=self.metrics_token)
+        try:
+            server, self.bound_port = await start_server(app, cfg.listen_host, cfg.listen_port, tls)
+        except OSError as exc:
+            raise ConfigError(f"--listen {cfg.listen_host}:{cfg.listen_port}: {exc.strerror or exc}") from exc
+        servers.append(server)
+        self.log(f"metrics on {scheme}://{cfg.listen_host}:{self.bound_port}/metrics"
+                 + (" (bearer token required)" if self.metrics_token else ""))
+        if not cfg.serves_traces:
+            return
+        host = cfg.traces_host
+        receiver = traces_app(self.traces.sink, on_result=self.traces.exported, token=self.traces_token,
+                              limits=cfg.receiver_limits)
+        try:
+            server, self.traces_port = await start_server(receiver, host, cfg.traces_listen_port, tls)
+        except OSError as exc:
+            raise ConfigError(f"--traces-listen {host}:{cfg.traces_listen_port}: {exc.strerror or exc}") from exc
+        servers.append(server)
+        self.log(f"OTLP trace receiver on {scheme}://{host}:{self.traces_port}/v1/traces"
+                 + (" (bearer token required)" if self.traces_token else ""))
+        if self.traces_token is None and not _loopback(host):
+            self.log(f"pdexporter: warning: the trace receiver on {host}:{self.traces_port} takes spans from anyone "
+                     "who reaches it: set --traces-token-file, or open the port to the engine alone (docs/security.md)")
+        if cfg.passive and isinstance(self.launcher, TraceDirected):
+            local = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+            env = {}
+            if self.traces_token is not None:
+                env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] = f"Authorization=Bearer%20{self.traces_token}"
+            if cfg.tls_cert_file is not None:
+                env["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"] = str(cfg.tls_cert_file)
+            self.launcher.send_traces_to(f"{scheme}://{local}:{self.traces_port}/v1/traces", env)
 
     def _started(self) -> None:
         cfg = self.config
@@ -198,7 +231,7 @@ class Runner:
                 async with asyncio.timeout(TICK_S):
                     await stop.wait()
 
-    async def _shutdown(self, server: Any) -> None:
+    async def _shutdown(self, servers: list[Any]) -> None:
         """Finish the window in flight, stop probes, end and flush spans, stop the engine."""
         self.book.stopping = True
         if self._window_task is not None and not self._window_task.done():
@@ -216,7 +249,7 @@ class Runner:
         await asyncio.to_thread(self.tracing.shutdown)
         if self.scraper is not None:
             await self.scraper.aclose()
-        if server is not None:
+        for server in servers:
             await server.cleanup()
         await self.launcher.stop()
 
@@ -298,3 +331,13 @@ class Runner:
         self.log(f"window {self.windows_seen + 1}: B={key[0]} D={key[1]} P={key[2]} {rep.summary_line()}")
         self._emit(WindowResult(run, rep, record_path))
 
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

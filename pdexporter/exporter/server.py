@@ -9,33 +9,33 @@ a small landing page at `/`. Used by `pdexporter run` and by `pdexporter sweep -
   not. It stays 200 while the engine is down, so Prometheus keeps scraping `pdexporter_up 0`.
 - `/healthz`: the caller's `healthy()` (for `pdexporter run`: the probe thread is alive); 503 when
   it says no.
-- `POST /v1/traces` (when the caller takes traces: `pdexporter run`): an OTLP/HTTP trace receiver
-  for the engine's per-request spans (vLLM: `--otlp-traces-endpoint http://pdexporter:18742/v1/traces`
-  with `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`, or a collector forwarding to it). The
-  body is decoded by `engine.traces.decode_traces` and handed to `traces_sink`; the answer is an
-  empty `ExportTraceServiceResponse` (200), or 400 / 415 with the reason, as a collector answers.
+- A bearer token (`token`, `run --metrics-token-file`) guards `/metrics` and `/`; the health
+  paths stay open (kubelet probes carry no token, and they say nothing but ok).
+
+`pdexporter run --passive` also serves the OTLP trace receiver, on a port of its own
+(`exporter.receiver`); `start_server` serves either app, over TLS when given a context
+(`tls_context`). docs/security.md is the exposure model.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import ssl
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from pdexporter import __version__
-
-if TYPE_CHECKING:
-    from pdexporter.engine.traces import RequestTrace
+from pdexporter.errors import ConfigError
+from pdexporter.exporter.receiver import bearer_ok
 
 __all__ = [
-    "metrics_app", "parse_listen", "start_metrics_server",
+    "OPEN_PATHS", "metrics_app", "parse_listen", "start_metrics_server", "start_server", "tls_context",
 ]
 
-_EMPTY_EXPORT_RESPONSE = b""  # ExportTraceServiceResponse() serialises to no bytes: full success
+OPEN_PATHS = frozenset({"/livez", "/readyz", "/healthz"})  # served without the token
 
 
 def metrics_app(
@@ -44,9 +44,7 @@ def metrics_app(
     title: str = "pdexporter",
     healthy: Callable[[], bool] = lambda: True,
     links: dict[str, str] | None = None,
-    traces_sink: Callable[[list[RequestTrace]], None] | None = None,
-    on_export: Callable[[bool], None] | None = None,
-    engine: str | None = None,
+    token: str | None = None,
 ) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
@@ -82,31 +80,15 @@ def metrics_app(
         )
         return web.Response(text=page, content_type="text/html")
 
-    async def traces(request: web.Request) -> web.Response:
-        from pdexporter.engine.traces import PROTOBUF, TraceDecodeError, decode_traces
+    @web.middleware
+    async def guard(request: web.Request,
+                    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS and not bearer_ok(request, token):
+            return web.Response(status=401, text="a bearer token is required (Authorization: Bearer ...)\n",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
 
-        content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if content_type != PROTOBUF:
-            if on_export is not None:
-                on_export(False)
-            return web.Response(status=415, text=f"expected Content-Type {PROTOBUF} (OTLP/HTTP protobuf), "
-                                                 f"got {content_type or 'none'}\n")
-        try:
-            # aiohttp has already undone a gzip/deflate Content-Encoding (auto_decompress)
-            decoded = decode_traces(await request.read(), engine=engine)
-        except TraceDecodeError as exc:
-            if on_export is not None:
-                on_export(False)
-            return web.Response(status=400, text=f"{exc}\n")
-        if on_export is not None:
-            on_export(True)
-        assert traces_sink is not None
-        traces_sink(decoded)
-        return web.Response(body=_EMPTY_EXPORT_RESPONSE, content_type=PROTOBUF)
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    if traces_sink is not None:
-        app.router.add_post("/v1/traces", traces)
+    app = web.Application(client_max_size=64 * 1024, middlewares=[guard] if token is not None else [])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/livez", livez)
@@ -115,26 +97,52 @@ def metrics_app(
     return app
 
 
-async def start_metrics_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving; returns the runner (call `cleanup()` to stop) and the bound port."""
-    runner = web.AppRunner(app, access_log=None)
+async def start_server(app: web.Application, host: str, port: int,
+                       tls: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (call `cleanup()` to stop) and the bound port. aiohttp's
+    own request decompression is off: the trace receiver inflates with a limit (`exporter.receiver`)."""
+    runner = web.AppRunner(app, access_log=None, auto_decompress=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     sockets = site._server.sockets if site._server else ()  # port 0 -> the port the OS chose
     bound = sockets[0].getsockname()[1] if sockets else port
     return runner, int(bound)
 
 
-def parse_listen(value: str) -> tuple[str, int]:
-    """`HOST:PORT` or `:PORT` or `PORT`."""
-    from pdexporter.errors import ConfigError
+start_metrics_server = start_server  # the name its callers know
 
+
+def tls_context(cert_file: str | None, key_file: str | None) -> ssl.SSLContext | None:
+    """A server TLS context from PEM files (`--tls-cert-file`, `--tls-key-file`), or None without them."""
+    if cert_file is None and key_file is None:
+        return None
+    if cert_file is None or key_file is None:
+        raise ConfigError("--tls-cert-file and --tls-key-file go together")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--tls-cert-file {cert_file} / --tls-key-file {key_file}: {exc.strerror} "
+                          f"({exc.filename or ''})") from None
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"--tls-cert-file {cert_file} / --tls-key-file {key_file}: not a PEM certificate "
+                          f"and its key ({getattr(exc, 'reason', None) or exc})") from None
+    return context
+
+
+def parse_listen(value: str, option: str = "--listen") -> tuple[str, int]:
+    """`HOST:PORT` or `:PORT` or `PORT`."""
     host, _, port = value.rpartition(":")
     try:
         number = int(port)
     except ValueError:
-        raise ConfigError(f"--listen {value!r}: expected HOST:PORT") from None
+        raise ConfigError(f"{option} {value!r}: expected HOST:PORT") from None
     if not 0 <= number <= 65535:
-        raise ConfigError(f"--listen {value!r}: port out of range")
+        raise ConfigError(f"{option} {value!r}: port out of range")
     return (host or "0.0.0.0").strip("[]"), number

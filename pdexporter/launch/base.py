@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -76,9 +77,11 @@ class Adopting(Protocol):
 @runtime_checkable
 class TraceDirected(Protocol):
     """A launcher whose engine can be told where to send its per-request traces (OTLP/HTTP),
-    before it starts: `pdexporter run --passive` points the embedded engine at its own /v1/traces."""
+    before it starts: `pdexporter run --passive` points the embedded engine at its own /v1/traces.
+    `env`: the OTLP exporter's settings besides the endpoint (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`
+    for the receiver's token, `..._CERTIFICATE` for its TLS certificate)."""
 
-    def send_traces_to(self, endpoint: str) -> None: ...
+    def send_traces_to(self, endpoint: str, env: Mapping[str, str] | None = None) -> None: ...
 
 
 @runtime_checkable

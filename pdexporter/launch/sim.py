@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +41,7 @@ class SimLauncher:
     start_timeout_s: float = 60.0
     name: str = "sim"
     kv_role: str | None = None  # one instance of a P/D pair, or the decode-bench arm (`sim serve --kv-role`)
+    env: dict[str, str] = field(default_factory=dict)  # added to the child's environment (never written down)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _chunk: int | None = field(default=None, repr=False)
     _handle: EngineHandle | None = field(default=None, repr=False)
@@ -48,8 +51,10 @@ class SimLauncher:
     def can_set_chunk_size(self) -> bool:
         return True
 
-    def send_traces_to(self, endpoint: str) -> None:
-        """The engine started next sends vLLM-shaped request spans to `endpoint` (`sim serve --otlp-traces-endpoint`)."""
+    def send_traces_to(self, endpoint: str, env: Mapping[str, str] | None = None) -> None:
+        """The engine started next sends vLLM-shaped request spans to `endpoint` (`sim serve
+        --otlp-traces-endpoint`), its OTLP exporter set up by `env` (a token, a certificate)."""
+        self.env = {**self.env, **(env or {})}
         args = list(self.extra_args)
         if "--otlp-traces-endpoint" in args:
             i = args.index("--otlp-traces-endpoint")
@@ -84,6 +89,7 @@ class SimLauncher:
             # preexec_fn only calls prctl in the child (die_with_parent): nothing a thread could hold
             self._proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
                 preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
             )
         deadline = time.monotonic() + self.start_timeout_s

@@ -144,7 +144,12 @@ def protocol_settings(**fields: Any) -> ProtocolSettings:
     try:
         return ProtocolSettings(**fields)
     except ValidationError as exc:
-        raise ConfigError(format_option_error(exc, ProtocolSettings, OPTION_NAMES)) from exc
+        text = format_option_error(exc, ProtocolSettings, OPTION_NAMES)
+        field, eq, rest = text.partition("=")  # a check of the whole model: "decode_output_tokens=40 leaves ..."
+        if eq and field in OPTION_NAMES:
+            value, _, what = rest.partition(" ")
+            text = f"{OPTION_NAMES[field]} {value}: {what}"
+        raise ConfigError(text) from exc
 
 
 @dataclass

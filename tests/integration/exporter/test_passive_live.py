@@ -1,5 +1,5 @@
 """`pdexporter run --passive` in real time on the embedded engine, beside `pdexporter load` in its
-own process: the embedded engine is pointed at the exporter's own `/v1/traces` (as a vLLM with
+own process: the embedded engine is pointed at the exporter's trace receiver (as a vLLM with
 `--otlp-traces-endpoint` would be), the production prefills become `mode="passive"` windows,
 records and labelled probe intervals; nothing is injected. Only what happened is checked here,
 not timing (that is the virtual-time test's and the benchmark's business)."""
@@ -40,6 +40,7 @@ def _samples(runner: Runner) -> dict[str, list]:
 
 async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None:
     config = build_config(probe_streams=4, chunk_size=8192, listen_host="127.0.0.1", listen_port=0, passive=True,
+                          traces_listen_port=0,
                           profile=PROFILE, out=tmp_path / "results", attribution_wait_s=15.0,
                           scrape_interval_s=1.0, protocol={"decode_output_tokens": 128})
     windows: list[WindowResult] = []

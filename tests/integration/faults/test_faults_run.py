@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from pdexporter.errors import EngineError
+from pdexporter.exporter.receiver import REJECT_REASONS
 from pdexporter.exporter.metrics import (
     ERROR_KINDS,
     GRID_LABELS,
@@ -144,7 +145,7 @@ async def test_faults_while_running_are_counted_and_the_exporter_goes_on() -> No
 def _check_bounded_labels(runner) -> None:  # type: ignore[no-untyped-def]
     """Every label value is one of a known, finite set: no URL, error text or request id."""
     allowed = {
-        "kind": {*ERROR_KINDS, *TRACE_KINDS}, "phase": set(PHASES), "reason": set(UP_REASONS),
+        "kind": {*ERROR_KINDS, *TRACE_KINDS}, "phase": set(PHASES), "reason": {*UP_REASONS, *REJECT_REASONS},
         "outcome": {"ok", "error", *PASSIVE_OUTCOMES}, "source": set(PASSIVE_SOURCES), "result": set(TRACE_RESULTS),
         "mode": set(MODES), "chunk_size": {"2048"}, "decode_batch_size": {"2"}, "new_prefill_tokens": {"64"},
         "engine": {"vllm", "openai-compatible"}, "model": {"scripted-model"}, "modelled": {"false"},

@@ -128,18 +128,19 @@ def passive_exporter() -> Iterator[str | None]:
     if _missing_for_run():
         yield None
         return
-    engine_port, port = free_port(), free_port()
+    engine_port, port, traces_port = free_port(), free_port(), free_port()
     engine = f"http://127.0.0.1:{engine_port}"
     procs = []
     try:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "pdexporter", "sim", "serve", "--port", str(engine_port), "-B", "8192",
-             "--otlp-traces-endpoint", f"http://127.0.0.1:{port}/v1/traces"],
+             "--otlp-traces-endpoint", f"http://127.0.0.1:{traces_port}/v1/traces"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         _wait_http(f"{engine}/health", procs[0])
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "pdexporter", "run", "--passive", "--decode-batch-size", "2", "--target", engine,
-             "--chunk-size", "8192", "--listen", f"127.0.0.1:{port}", "--attribution-wait", "10s"],
+             "--chunk-size", "8192", "--listen", f"127.0.0.1:{port}", "--traces-listen", f"127.0.0.1:{traces_port}",
+             "--attribution-wait", "10s"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         _wait_http(f"http://127.0.0.1:{port}/metrics", procs[1])
         procs.append(subprocess.Popen(

@@ -85,12 +85,30 @@ def test_advice_names_the_chunk_sizes_the_slow_steps_fit() -> None:
         ({"read_timeout": "0"}, r"^--read-timeout '0': must be > 0"),
         ({"new_prefill_tokens": 1_000_000, "chunk_size": 512}, r"^--new-prefill-tokens .*raise --decode-output-tokens"),
         ({"decode_output_tokens": 40}, r"^--decode-output-tokens 40: "),
+        # issue 24: was blamed on --decode-output-tokens
+        ({"decode_context_tokens": -1}, r"^--decode-context-tokens -1: must be >= 1$"),
+        ({"traces_listen": "0.0.0.0:18742"}, r"^--traces-listen 0.0.0.0:18742: the same address as --listen"),
+        ({"traces_listen": "x:y"}, r"^--traces-listen 'x:y': expected HOST:PORT$"),
+        ({"tls_cert_file": "cert.pem"}, r"^--tls-cert-file and --tls-key-file go together$"),
     ],
 )
 def test_bad_options_are_one_line(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
         parse_run_options(**_options(**overrides))  # type: ignore[arg-type]
     assert "\n" not in str(info.value)
+
+
+def test_the_trace_receiver_is_served_only_where_something_uses_it() -> None:
+    """Issue 24: every `run` served POST /v1/traces on 0.0.0.0. Now: off unless --passive (or
+    --traces-listen), on a port of its own, so a firewall can open it to the engine alone."""
+    active = parse_run_options(**_options(target="http://vllm:8000", inject_every="30s"))  # type: ignore[arg-type]
+    assert not active.serves_traces
+    passive = parse_run_options(**_options(passive=True, target="http://vllm:8000"))  # type: ignore[arg-type]
+    assert passive.serves_traces and (passive.traces_host, passive.traces_listen_port) == ("0.0.0.0", 18743)
+    asked = parse_run_options(**_options(traces_listen="127.0.0.1:4318"))  # type: ignore[arg-type]
+    assert asked.serves_traces and (asked.traces_host, asked.traces_listen_port) == ("127.0.0.1", 4318)
+    off = parse_run_options(**_options(passive=True, target="http://vllm:8000", traces_listen="off"))  # type: ignore[arg-type]
+    assert off.passive and not off.serves_traces
 
 
 def test_reserve_covers_window_and_recovery() -> None:

@@ -1,0 +1,281 @@
+"""The exporter's OTLP/HTTP trace receiver (`POST /v1/traces`), bounded for a port others can reach.
+
+`pdexporter run --passive` sizes production prefills from the engine's request spans (vLLM:
+`--otlp-traces-endpoint`, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`). The receiver
+listens on its own port (`--traces-listen`, default 18743 with `--passive`, off otherwise), so that
+a NetworkPolicy or firewall can open it to the engine alone while Prometheus scrapes /metrics on
+the other one. docs/security.md is the exposure model; what each request goes through, in order,
+each refusal answered as an OTLP collector answers it and counted in
+`pdexporter_trace_rejections_total{reason}` (`REJECT_REASONS`):
+
+1. the bearer token (`--traces-token-file`), when one is set: 401 `unauthorized`;
+2. the request rate (`ReceiverLimits.requests_per_s`, a token bucket): 429 `rate-limited`, with
+   `Retry-After` (the OpenTelemetry SDK and the collector retry on it);
+3. at most `max_concurrent` bodies read and decoded at once, `max_waiting` more waiting up to
+   `wait_s`: beyond, 429 `busy`. A waiting request has not been read: it costs a socket buffer;
+4. the body as sent (`max_wire_bytes`: `Content-Length` checked first, then counted as it
+   streams in): 413 `too-large`;
+5. `Content-Type` application/x-protobuf (415 `unsupported-media-type`) and `Content-Encoding`
+   gzip, deflate or none (415), decompressed as it streams, stopping at `max_decoded_bytes` (413
+   `too-large`: a 9 MB gzip bomb never becomes 2 GB); a corrupt or truncated stream is 400
+   `bad-encoding`, not read as an empty export;
+6. the protobuf (`engine.traces.decode_traces`): 400 `bad-body`;
+7. the spans' rate (`spans_per_s`): 429 `rate-limited`, nothing of the export kept.
+
+Then the spans go to the sink (passive mode's intake, which judges each span's timestamps:
+`passive_live.TraceIntake`). aiohttp's own decompression is off for this server
+(`start_server(..., auto_decompress=False)`): it inflates a whole chunk before any size check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import math
+import time
+import zlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from pdexporter.engine.traces import RequestTrace
+
+__all__ = [
+    "DEFAULT_TRACES_PORT",
+    "REJECT_REASONS",
+    "BoundedInflater",
+    "ReceiverLimits",
+    "TokenBucket",
+    "TooLarge",
+    "bearer_ok",
+    "traces_app",
+]
+
+DEFAULT_TRACES_PORT = 18743
+MIB = 1024 * 1024
+REJECT_REASONS = (
+    "unauthorized",
+    "rate-limited",
+    "busy",
+    "too-large",
+    "unsupported-media-type",
+    "bad-encoding",
+    "bad-body",
+)
+_STATUS = {
+    "unauthorized": 401,
+    "rate-limited": 429,
+    "busy": 429,
+    "too-large": 413,
+    "unsupported-media-type": 415,
+    "bad-encoding": 400,
+    "bad-body": 400,
+}
+
+
+@dataclass(frozen=True)
+class ReceiverLimits:
+    """What one receiver accepts (module docs). The defaults hold a busy vLLM's exports with room:
+    its BatchSpanProcessor sends at most 512 spans (~0.8 MB of protobuf) every 5 s."""
+
+    max_wire_bytes: int = 4 * MIB  # the body as sent (compressed or not)
+    max_decoded_bytes: int = 8 * MIB  # after decompression
+    max_concurrent: int = 2  # bodies read and decoded at once
+    max_waiting: int = 8  # requests queued behind them (not read yet)
+    wait_s: float = 5.0  # longest wait in that queue
+    requests_per_s: float = 50.0
+    request_burst: int = 100
+    spans_per_s: float = 1000.0  # vLLM finishes far fewer requests a second
+    span_burst: int = 10_000
+    read_chunk_bytes: int = 64 * 1024
+
+
+class TokenBucket:
+    """`rate` tokens a second, at most `burst` saved; `take(n)` spends n if there are n."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self.tokens = float(burst)
+        self.t = clock()
+
+    def take(self, n: float = 1.0) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+        self.t = now
+        if n > self.tokens:
+            return False
+        self.tokens -= n
+        return True
+
+    def wait_s(self, n: float = 1.0) -> float:
+        """Seconds until `n` tokens are there (for Retry-After)."""
+        return max(0.0, (n - self.tokens) / self.rate) if self.rate > 0 else math.inf
+
+
+class TooLarge(Exception):
+    """A body past its limit."""
+
+
+class BoundedInflater:
+    """Streaming gzip/deflate (or identity) decoding that never holds more than `limit` bytes of
+    output: each call inflates at most what is left of the limit, plus one byte to notice an excess.
+    `ValueError`: not valid data (or truncated, at `finish`); `TooLarge`: past the limit."""
+
+    def __init__(self, encoding: str, limit: int) -> None:
+        self.encoding, self.limit = encoding, limit
+        self.size = 0
+        self.parts: list[bytes] = []
+        self._d = self._new() if encoding != "identity" else None
+
+    def _new(self) -> zlib._Decompress:
+        # gzip: the gzip header (wbits 16 + 15); deflate: HTTP's "deflate" is zlib-wrapped (RFC 9110)
+        return zlib.decompressobj(31 if self.encoding == "gzip" else 15)
+
+    def _keep(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise TooLarge(f"more than {self.limit} bytes once decompressed")
+        if data:
+            self.parts.append(data)
+
+    def feed(self, chunk: bytes) -> None:
+        if self._d is None:
+            self._keep(chunk)
+            return
+        data = chunk
+        while data:
+            try:
+                out = self._d.decompress(data, self.limit - self.size + 1)
+            except zlib.error as exc:
+                raise ValueError(f"not valid {self.encoding} data ({exc})") from None
+            self._keep(out)
+            if self._d.eof:  # a gzip body may hold several members, one after the other
+                data = self._d.unused_data
+                if data and self.encoding == "gzip":
+                    self._d = self._new()
+                    continue
+                if data.strip(b"\0"):
+                    raise ValueError(f"bytes after the end of the {self.encoding} stream")
+                return
+            data = self._d.unconsumed_tail
+
+    def finish(self) -> bytes:
+        if self._d is not None and not self._d.eof:
+            raise ValueError(f"truncated {self.encoding} data")
+        return b"".join(self.parts)
+
+
+def bearer_ok(request: web.Request, token: str | None) -> bool:
+    """No token set, or the request carries `Authorization: Bearer <token>` (compared in constant time)."""
+    if token is None:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def traces_app(
+    sink: Callable[[list[RequestTrace]], None],
+    *,
+    on_result: Callable[[str | None], None] = lambda reason: None,
+    engine: str | None = None,
+    token: str | None = None,
+    limits: ReceiverLimits = ReceiverLimits(),
+    clock: Callable[[], float] = time.monotonic,
+) -> web.Application:
+    """The receiver as an aiohttp application (module docs). `on_result(None)` for every export
+    taken, `on_result(reason)` for every refusal."""
+    from pdexporter.engine.traces import PROTOBUF, TraceDecodeError, decode_traces
+
+    requests = TokenBucket(limits.requests_per_s, limits.request_burst, clock)
+    spans = TokenBucket(limits.spans_per_s, limits.span_burst, clock)
+    slots = asyncio.Semaphore(limits.max_concurrent)
+    waiting = 0
+
+    def refuse(reason: str, text: str, retry_after_s: float | None = None) -> web.Response:
+        on_result(reason)
+        headers = {} if retry_after_s is None else {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+        if reason == "unauthorized":
+            headers["WWW-Authenticate"] = "Bearer"
+        return web.Response(status=_STATUS[reason], text=f"{text}\n", headers=headers)
+
+    @contextlib.asynccontextmanager
+    async def slot() -> AsyncIterator[bool]:
+        nonlocal waiting
+        if slots.locked():
+            if waiting >= limits.max_waiting:
+                yield False
+                return
+            waiting += 1
+            try:
+                async with asyncio.timeout(limits.wait_s):
+                    await slots.acquire()
+            except TimeoutError:
+                yield False
+                return
+            finally:
+                waiting -= 1
+        else:
+            await slots.acquire()
+        try:
+            yield True
+        finally:
+            slots.release()
+
+    async def read_body(request: web.Request, inflater: BoundedInflater) -> bytes:
+        wire = 0
+        async for chunk in request.content.iter_chunked(limits.read_chunk_bytes):
+            wire += len(chunk)
+            if wire > limits.max_wire_bytes:
+                raise TooLarge(f"body larger than {limits.max_wire_bytes} bytes")
+            inflater.feed(chunk)
+        return inflater.finish()
+
+    async def traces(request: web.Request) -> web.StreamResponse:
+        if not bearer_ok(request, token):
+            return refuse("unauthorized", "a bearer token is required (Authorization: Bearer ...)")
+        if not requests.take():
+            return refuse("rate-limited", "too many export requests", requests.wait_s())
+        content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if content_type != PROTOBUF:
+            return refuse(
+                "unsupported-media-type",
+                f"expected Content-Type {PROTOBUF} (OTLP/HTTP protobuf), got {content_type or 'none'}",
+            )
+        encoding = request.headers.get("Content-Encoding", "").strip().lower() or "identity"
+        if encoding not in ("identity", "gzip", "deflate"):
+            return refuse(
+                "unsupported-media-type", f"Content-Encoding {encoding!r}: expected gzip, deflate or none"
+            )
+        if request.content_length is not None and request.content_length > limits.max_wire_bytes:
+            return refuse(
+                "too-large", f"body of {request.content_length} bytes, at most {limits.max_wire_bytes}"
+            )
+        async with slot() as admitted:
+            if not admitted:
+                return refuse("busy", "too many exports at once", limits.wait_s)
+            try:
+                body = await read_body(request, BoundedInflater(encoding, limits.max_decoded_bytes))
+            except TooLarge as exc:
+                return refuse("too-large", str(exc))
+            except ValueError as exc:
+                return refuse("bad-encoding", str(exc))
+            try:
+                decoded = decode_traces(body, engine=engine)
+            except TraceDecodeError as exc:
+                return refuse("bad-body", str(exc))
+            del body
+        if decoded and not spans.take(len(decoded)):
+            return refuse(
+                "rate-limited", f"more than {limits.spans_per_s:g} spans a second", spans.wait_s(len(decoded))
+            )
+        on_result(None)
+        sink(decoded)
+        return web.Response(body=b"", content_type=PROTOBUF)  # an empty ExportTraceServiceResponse: all taken
+
+    app = web.Application(client_max_size=limits.max_wire_bytes)
+    app.router.add_post("/v1/traces", traces)
+    return app
