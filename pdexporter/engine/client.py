@@ -369,6 +369,7 @@ class EngineClient:
                 if attempt >= self.retries or stream.event_times_ns or not _retryable(exc):
                     stream.fail(self.clock(), exc)
                     raise
+                stream.attempt_error = exc  # seen by the exporter's `up` while the retry waits
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, RETRY_MAX_DELAY_S)
         raise AssertionError("unreachable")

@@ -100,6 +100,9 @@ class TokenStream:
     t_finished_ns: int | None = None
     stamp_clock: StampClock | None = None
     max_tokens: int | None = None  # what the request asked for, when the sender says
+    # The failure of the last attempt of a stream start being retried (`EngineClient.stream_into`),
+    # until an event comes: the stream is not failed yet, but its engine is not answering.
+    attempt_error: BaseException | None = None
 
     @property
     def tokens_left(self) -> int | None:
@@ -120,6 +123,7 @@ class TokenStream:
         self.event_times_ns.append(t_ns)
         self.event_tokens.append(n_tokens)
         self.n_tokens += n_tokens
+        self.attempt_error = None
         if self.on_update is not None:
             self.on_update()
 

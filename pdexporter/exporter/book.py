@@ -17,7 +17,7 @@ from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ProbeState
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind, set_up
 from pdexporter.exporter.probes import FINISHED, STARTED, Lifecycle, ProbeLoop, drain
-from pdexporter.exporter.status import up_reason
+from pdexporter.exporter.status import STALL_S, up_reason
 from pdexporter.exporter.tracing import NoTracing, Tracing
 from pdexporter.measure.protocol import InterferenceRun
 from pdexporter.measure.window import stream_phases, window_end_ns
@@ -76,12 +76,20 @@ class ProbeBook:
             self.metrics.probe_timestamp_delay.observe(samples.popleft() / 1e9)
         open_probes = sum(1 for s in self.live.values() if s.stream.t_sent_ns is not None and not s.stream.done)
         self.metrics.probe_streams.set(open_probes)
-        # A probe being (re)connected counts for `up`: it is there, just between two requests.
+        # A probe being (re)connected counts for `up`: it is there, just between two requests;
+        # unless its last attempt failed (the retry hides it from the stream until it gives up).
+        for state in self.live.values():
+            attempt = state.stream.attempt_error
+            if attempt is not None and attempt is not state.attempt_seen:
+                state.attempt_seen = attempt
+                self.last_error = attempt  # cleared by the next token, from any probe
         going = sum(1 for s in self.live.values() if not s.stream.done)
+        now_ns = time.perf_counter_ns()
+        stalled = sum(1 for s in self.live.values() if _silent_ns(s, now_ns) >= STALL_S * 1e9)
         set_up(self.metrics, "stopping" if self.stopping else up_reason(
             open_probes=going, wanted=self.config.probe_streams,
             seconds_since_token=time.monotonic() - self._last_token_s, probe_thread_ok=self.healthy(),
-            last_error=self.last_error))
+            last_error=self.last_error, stalled_probes=stalled))
 
     # --- labels ----------------------------------------------------------------------------
 
@@ -180,3 +188,12 @@ class ProbeBook:
                 self.finished.popleft()
             else:
                 break
+
+
+def _silent_ns(state: ProbeState, now_ns: int) -> float:
+    """How long an open probe stream has gone without an event (0 when not open)."""
+    stream = state.stream
+    if stream.done or stream.t_sent_ns is None:
+        return 0.0
+    last = stream.event_times_ns[-1] if stream.event_times_ns else stream.t_sent_ns
+    return float(now_ns - last)

@@ -62,6 +62,7 @@ class ProbeState:
     next_interval: int = 0  # token index of the next interval to label
     span: Any = None
     ended: bool = False
+    attempt_seen: BaseException | None = None  # the stream's last failed attempt the book took note of
 
     def absorb(self) -> int:
         """Pull the events the probe thread appended since last time; returns new tokens.

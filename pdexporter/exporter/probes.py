@@ -41,30 +41,33 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import os
 import queue
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from pdexporter.engine.client import EngineClient
 from pdexporter.launch import EngineHandle
 from pdexporter.engine.stream import TokenStream
-from pdexporter.errors import EngineError, PdexporterError
+from pdexporter.errors import EngineError, EngineTimeout, PdexporterError
 from pdexporter.measure.driver import EngineInfo, HttpDriver, PreparedRequest, http_driver
 from pdexporter.measure.prompts import cold_prompt, shared_prefix
 from pdexporter.exporter.timeline import aligned_max_tokens
 from pdexporter.measure.protocol import ProtocolSettings, run_single
 
 __all__ = [
-    "KERNEL_STAMPS_ENV", "Lifecycle", "ProbeLoop", "StampingSelector", "WakeupSensor", "drain",
+    "KERNEL_STAMPS_ENV", "Lifecycle", "ProbeLoop", "STALL_CHECK_S", "StampingSelector", "WakeupSensor", "drain",
     "kernel_stamps_default",
 ]
 
 STARTED, FINISHED = "started", "finished"
+STALL_CHECK_S = 1.0  # how often a probe stream is looked at for a stall (`ProbeLoop._watched`)
 ALIGN_WAIT_S, ALIGN_POLL_S = 5.0, 0.002  # a probe waits this long at most for the others to end
 KERNEL_STAMPS_ENV = "PDEXPORTER_KERNEL_STAMPS"  # "0", "off" or "false": the aiohttp path, wake-up stamps
 
@@ -304,7 +307,8 @@ class ProbeLoop:
             serial += 1
             self.events.put(Lifecycle(STARTED, slot, stream))
             try:
-                await driver.client.stream_into(request.path, request.body, stream, retry_connect=True)
+                await self._watched(slot, driver.client.stream_into(request.path, request.body, stream,
+                                                                    retry_connect=True), stream)
             except asyncio.CancelledError:
                 self.events.put(Lifecycle(FINISHED, slot, stream))
                 raise
@@ -321,6 +325,51 @@ class ProbeLoop:
             else:
                 backoff = self.restart_backoff_s[0]
 
+
+    async def _watched(self, slot: int, streaming: Coroutine[Any, Any, TokenStream], stream: TokenStream) -> None:
+        """`streaming`, cut when the probe is stalled: no event for `settings.stall_timeout_s`
+        (30 s, or --read-timeout when shorter) while another probe received one within that time.
+        The engine steps and serves the others; this stream will not come back (a request the
+        engine lost, a proxy holding it), and every window would wait for it until the read
+        timeout (300 s). It fails with `EngineTimeout` (counted as a timeout) and is restarted.
+        An engine silent to every probe (a long unchunked prefill, a hang) is left to the read
+        timeout; `pdexporter_up` says `probes-stalled` meanwhile (`exporter.book`)."""
+        task = asyncio.ensure_future(streaming)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=STALL_CHECK_S)
+                if done:
+                    task.result()
+                    return
+                silent_s = self._stalled_for(slot, stream)
+                if silent_s is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, PdexporterError):
+                        await task
+                    if not stream.done:
+                        stream.fail(time.perf_counter_ns(), EngineTimeout(
+                            f"probe stream silent for {silent_s:.0f} s while the engine streamed to the other "
+                            "probes: cut and restarted"))
+                    return
+        except asyncio.CancelledError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, PdexporterError):
+                await task
+            raise
+
+    def _stalled_for(self, slot: int, stream: TokenStream) -> float | None:
+        """Seconds `stream` has been silent, when that makes it stalled (`_watched`); else None."""
+        last = stream.event_times_ns[-1] if stream.event_times_ns else stream.t_sent_ns
+        if last is None or stream.done:
+            return None
+        now = time.perf_counter_ns()
+        limit_ns = self.settings.stall_timeout_s * 1e9
+        if now - last < limit_ns:
+            return None
+        others = [s.event_times_ns[-1] for i, s in self._current.items() if i != slot and s.event_times_ns]
+        if not any(now - t < limit_ns for t in others):
+            return None  # the engine is silent to everyone: the read timeout's business
+        return (now - last) / 1e9
 
     async def _in_phase(self, slot: int, full: int) -> int:
         """max_tokens for this slot's next stream, after waiting (at most `ALIGN_WAIT_S`) for the

@@ -10,7 +10,7 @@ is 0, `pdexporter_up_reason{reason}` says why, with one of a fixed set of values
     engine-timeout         the engine accepted the connection but did not answer in time
     engine-http-error      the engine answered with an HTTP error (503 while loading, a proxy's 404)
     engine-protocol-error  the answer was not what vLLM sends (malformed SSE, not a model list)
-    probes-stalled         probe streams are open but no token came for `STALL_S`
+    probes-stalled         an open probe stream (or all of them) got no token for `STALL_S`
     probes-restarting      fewer than N probes decoding, no error: between a probe's end and its successor
     stopping               SIGTERM/SIGINT: the exporter is shutting down
 
@@ -38,16 +38,17 @@ def reason_of(exc: BaseException) -> str:
 
 
 def up_reason(*, open_probes: int, wanted: int, seconds_since_token: float, probe_thread_ok: bool,
-              last_error: BaseException | None) -> str:
+              last_error: BaseException | None, stalled_probes: int = 0) -> str:
     """The reason while the probes run. `last_error`: the failure of the last probe stream that
-    ended, if no token arrived since (a probe that fails is restarted with a back-off)."""
+    failed (or of the last attempt of one being retried), if no token arrived since: it wins over
+    "ok", so an engine that dies is `up 0` at the first broken stream and stays so, without
+    flapping, until tokens flow again. `stalled_probes`: open probes silent for `STALL_S`."""
     if not probe_thread_ok:
         return "engine-protocol-error" if last_error is None else reason_of(last_error)
-    fresh = seconds_since_token < STALL_S
-    if open_probes == wanted and fresh:
-        return "ok"
     if last_error is not None:
         return reason_of(last_error)
-    if not fresh:
+    if stalled_probes or seconds_since_token >= STALL_S:
         return "probes-stalled"
+    if open_probes == wanted:
+        return "ok"
     return "probes-restarting"

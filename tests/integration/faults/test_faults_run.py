@@ -178,3 +178,42 @@ async def test_a_prefill_longer_than_max_model_len_is_a_setting_error_not_a_wait
             async with live(engine.url) as (_, task):
                 await asyncio.wait_for(asyncio.shield(task), 30)
         assert engine.completion_calls == 0
+
+
+async def test_a_probe_stalling_while_the_others_decode_is_up_0_at_once_counted_and_cut() -> None:
+    """Issue 24: one probe whose stream goes silent (the engine streams to the others) held every
+    window for the read timeout (300 s) with `up` 1, reason "ok", and no error counted. Now: `up` 0
+    `probes-stalled` after `STALL_S` (10 s); the stream is cut after `stall_timeout_s` (here 15 s;
+    30 s by default), counted as a timeout, restarted; windows come again."""
+    fault = Fault("stall", on="probe", skip=4, at_token=20)
+    protocol = {"decode_context_tokens": 64, "decode_output_tokens": 160, "stall_timeout_s": 15.0}
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine, \
+            live(engine.url, protocol=protocol) as (runner, task):
+        await until(lambda: fault.hits == 1, 60, "the stalled probe")
+        t0 = time.monotonic()
+        await until(lambda: reason(runner) == "probes-stalled", 20, "up_reason probes-stalled")
+        assert value(runner, "pdexporter_up") == 0 and time.monotonic() - t0 < 13
+        await until(lambda: value(runner, "pdexporter_errors_total", kind="timeout") >= 1, 30, "the stall counted")
+        assert time.monotonic() - t0 < 25  # cut at stall_timeout_s, not at the read timeout
+        windows = runner.windows_seen
+        await until(lambda: runner.windows_seen > windows and reason(runner) == "ok", 60, "windows after the cut")
+        assert not task.done()
+
+
+async def test_up_drops_at_once_when_the_engine_dies_and_does_not_flap() -> None:
+    """Issue 24: after the engine died, `up` stayed 1 for ~5 s (the probes' restarts were being
+    retried, unseen) and then flapped for 8 s. Now it is 0 at the first broken stream and stays 0."""
+    async with ScriptedEngine(cadence_s=CADENCE) as engine, live(engine.url, inject_every_s=None) as (runner, task):
+        await until(lambda: value(runner, "pdexporter_up") == 1, 60, "up 1")
+        await asyncio.sleep(1.0)
+        await engine._stop()  # connections dropped, the port closed: the engine is gone
+        t0 = time.monotonic()
+        await until(lambda: value(runner, "pdexporter_up") == 0, 5, "up 0")
+        took = time.monotonic() - t0
+        seen = set()
+        end = time.monotonic() + 8.0
+        while time.monotonic() < end:
+            seen.add(reason(runner))
+            await asyncio.sleep(0.02)
+        assert took < 1.0 and seen == {"engine-unreachable"}, (took, seen)
+        assert not task.done()

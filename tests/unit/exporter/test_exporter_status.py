@@ -36,8 +36,14 @@ def test_up_reason_while_the_probes_run() -> None:
     assert up_reason(**{**ok, "open_probes": 3}) == "probes-restarting"
     assert up_reason(**{**ok, "seconds_since_token": STALL_S + 1}) == "probes-stalled"
     assert up_reason(**{**ok, "open_probes": 0, "last_error": EngineRefused("x")}) == "engine-unreachable"
-    # a failure whose probe came back: all open and tokens flowing is up, whatever failed before
-    assert up_reason(**{**ok, "last_error": EngineHTTPError("u", 500, "x")}) == "ok"
+    # A failure since the last token wins over "ok" (the book clears it at the next token): an
+    # engine that died was up 1 for ~5 s while its probes' restarts were retried, then flapped for
+    # 8 s as they came and went (issue 24).
+    assert up_reason(**{**ok, "last_error": EngineHTTPError("u", 500, "x")}) == "engine-http-error"
+    assert up_reason(**{**ok, "last_error": EngineRefused("x")}) == "engine-unreachable"
+    # one open probe silent for STALL_S is a stall, though the others' tokens flow (it held every
+    # window for the read timeout, 300 s, with up 1 "ok")
+    assert up_reason(**{**ok, "stalled_probes": 1}) == "probes-stalled"
 
 
 def test_set_up_exports_every_reason_and_one_of_them() -> None:
