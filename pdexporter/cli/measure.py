@@ -27,7 +27,7 @@ from pdexporter._internal.text import plural
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.driver import http_driver
 from pdexporter.engine.client import read_timeout_seconds
-from pdexporter.measure.point import PointSpec, check_reps, measure_point
+from pdexporter.measure.point import PointSpec, check_reps, check_retries, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
@@ -54,17 +54,21 @@ def measure(
     decode_output_tokens: Annotated[int, typer.Option(help="Tokens each probe decodes.")] = 256,
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm the prefill shape first.")] = True,
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Keep repetitions already recorded.")] = True,
+    retries: Annotated[int, typer.Option(
+        "--retries", help="Run Phase 1 or a repetition again this often after a transient failure (a 5xx, a "
+        "stall, a connection lost, no steady state), with fresh probes.")] = 2,
 ) -> None:
     """Measure one interference point and write results/{chunk}/D{d}_P{p}.json."""
     spec = PointSpec(chunk_size, decode_batch_size, new_prefill_tokens).validate()
     check_reps(reps)
+    check_retries(retries)
     settings = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
     read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
     settings = settings.with_read_timeout(read_timeout_s)
     token = api_key(api_key_file)
     store = ResultsStore(out)
     record = run_async(_measure(spec, settings, reps, store, target, model, gpu, token, profile, warmup, resume,
-                                read_timeout_s),
+                                read_timeout_s, retries),
                        interrupted=lambda: _interrupted(store, spec))
     _print_record(record, store.record_path(*record.key))
 
@@ -83,7 +87,7 @@ def _interrupted(store: ResultsStore, spec: PointSpec) -> str:
 
 async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store: ResultsStore, target: str | None,
                    model: str | None, gpu: str | None, token: str | None, profile: str, warmup: bool,
-                   resume: bool, read_timeout_s: float | None) -> RunRecord:
+                   resume: bool, read_timeout_s: float | None, retries: int = 2) -> RunRecord:
     store.clean_stale()  # temporary files of a killed earlier run
     launcher = make_launcher(target, chunk_size=spec.chunk_size, profile=profile, gpu=gpu,
                              log_dir=store.engine_dir(spec.chunk_size) if not target else None)
@@ -104,7 +108,9 @@ async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store
                     await warm_shapes(driver, [spec.new_prefill_tokens], settings)
                 return await measure_point(
                     driver, spec, settings, store, reps=reps, mode="faithful", resume=resume,
-                    on_rep=lambda rep: bar.update(task, completed=rep.rep + 1),
+                    on_rep=lambda rep: bar.update(task, completed=rep.rep + 1), retries=retries,
+                    on_retry=lambda what, exc: console.print(f"{what}: {exc}; running it again", highlight=False,
+                                                             soft_wrap=True),
                 )
     finally:
         await launcher.stop()

@@ -23,7 +23,7 @@ __all__ = [
     "PREFILL_DURATION", "PREFIX", "PROBE_STREAMS", "PROBE_STREAMS_STARTED", "PROBE_TIMESTAMP_DELAY", "PROBE_TOKENS",
     "PROBE_TPOT", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_REJECTIONS",
     "TRACE_RESULTS", "UP",
-    "UP_REASON", "UP_REASONS", "WINDOWS", "WINDOW_AFTER", "WINDOW_AGGREGATE", "WINDOW_BASELINE", "WINDOW_CHUNKS",
+    "UP_REASON", "UP_REASONS", "WINDOWS", "WINDOWS_SKIPPED", "WINDOW_AFTER", "WINDOW_AGGREGATE", "WINDOW_BASELINE", "WINDOW_CHUNKS",
     "WINDOW_DURING", "WINDOW_EXPECTED", "WINDOW_GAUGES", "WINDOW_LABELS", "WINDOW_PENALTY", "WINDOW_PREFILL",
     "WINDOW_RATIO", "WINDOW_SLOW_STEPS", "WINDOW_TOTAL", "all_series_names", "count_trace_export", "count_traces",
     "error_kind", "grid_labels", "publish_window", "set_engine_info", "set_up",
@@ -60,6 +60,7 @@ PROBE_TOKENS = f"{PREFIX}_probe_tokens_total"
 PROBE_TPOT = f"{PREFIX}_probe_tpot_seconds"
 INJECTIONS = f"{PREFIX}_injections_total"
 WINDOWS = f"{PREFIX}_windows_total"
+WINDOWS_SKIPPED = f"{PREFIX}_windows_skipped_total"
 PREFILL_DURATION = f"{PREFIX}_prefill_duration_seconds"
 # The last-window gauges, one per quantity declared with a gauge (measure.quantities).
 WINDOW_GAUGES: dict[str, Quantity] = {q.gauge_name: q for q in gauged() if q.gauge_name}
@@ -131,6 +132,11 @@ class ExporterMetrics:
         )
         self.injections = Counter(INJECTIONS.removesuffix("_total"), "Prefill perturbations sent.", ["outcome"], registry=r)
         self.windows = Counter(WINDOWS.removesuffix("_total"), "Prefill windows analysed.", WINDOW_LABELS, registry=r)
+        self.windows_skipped = Counter(
+            WINDOWS_SKIPPED.removesuffix("_total"), "Windows that failed (no window came), by the kind of failure.",
+            ["kind"], registry=r)
+        for kind in ERROR_KINDS:
+            self.windows_skipped.labels(kind=kind)
         # name -> Gauge, one per declared window quantity with a gauge (help: its meaning).
         self.window_gauges: dict[str, Gauge] = {
             name: Gauge(name, f"Last window: {q.meaning}" + (" (seconds)" if q.unit == "ms" else ""),

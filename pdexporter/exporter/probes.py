@@ -62,7 +62,7 @@ from pdexporter.exporter.timeline import aligned_max_tokens
 from pdexporter.measure.protocol import ProtocolSettings, run_single
 
 __all__ = [
-    "KERNEL_STAMPS_ENV", "Lifecycle", "ProbeLoop", "STALL_CHECK_S", "StampingSelector", "WakeupSensor", "drain",
+    "KERNEL_STAMPS_ENV", "STALL_CHECK_S", "Lifecycle", "ProbeLoop", "StampingSelector", "WakeupSensor", "drain",
     "kernel_stamps_default",
 ]
 

@@ -42,7 +42,7 @@ from pdexporter.exporter.tracing import preload as tracing_preload
 from pdexporter.exporter.records import LiveRecords
 from pdexporter.exporter.startup import EngineWait, WaitReport, exporter_probes, start_probes
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
-from pdexporter.measure.point import PointSpec, now_iso
+from pdexporter.measure.point import PointSpec, now_iso, window_retryable
 from pdexporter.measure.prompts import cold_prompt
 from pdexporter.measure.protocol import InterferenceRun, run_window
 from pdexporter.measure.records import RepRecord
@@ -51,6 +51,7 @@ __all__ = ["ProbeState", "Runner", "WindowResult"]
 
 TICK_S = 0.05  # bookkeeping cadence on the runner's loop
 KEEP_WINDOWS = 8  # `Runner.windows` keeps the last ones (each holds its probes' traces: ~0.2 MB at D = 12)
+WINDOW_RETRIES, RETRY_AFTER_S = 2, 2.0  # a spoiled window is tried again this often, this soon (`_window_failed`)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Runner:
         self._next_prefill: tuple[str, PreparedRequest] | None = None
         self._ready_event = asyncio.Event()
         self._in_flight = False
+        self._failed_in_row = 0  # windows skipped since the last one analysed
         self.passive: LivePassive | None = None
         self.traces = TraceIntake(self.metrics, max_age_s=config.traces_max_age_s)
 
@@ -297,6 +299,7 @@ class Runner:
             return
         finally:
             self._in_flight = False
+        self._failed_in_row = 0
         self.book.label_window(run)
         self._publish(run, started_at)
         self._check_chunk_size(run)
@@ -313,13 +316,24 @@ class Runner:
         self._next_injection = time.monotonic() + (self.config.inject_every_s or 0.0)
 
     def _window_failed(self, exc: BaseException, *, injected: bool) -> None:
-        """Count it; the held intervals are dropped (`ProbeBook.drop_held`)."""
-        self.metrics.errors.labels(kind=error_kind(exc)).inc()
+        """Count it (`pdexporter_windows_skipped_total{kind}`: why no window came); the held
+        intervals are dropped (`ProbeBook.drop_held`). A transient fault is given another window
+        soon (`RETRY_AFTER_S`), at most `WINDOW_RETRIES` times in a row, then the next period: one
+        spoiled window no longer costs a whole period (the audit's `run` made no window in 36 s)."""
+        kind = error_kind(exc)
+        self.metrics.errors.labels(kind=kind).inc()
+        self.metrics.windows_skipped.labels(kind=kind).inc()
         if injected:
             self.metrics.injections.labels(outcome="error").inc()
         self.book.drop_held(injected=injected)
-        self.log(f"window skipped: {exc}")
-        self._schedule_next()
+        self._failed_in_row += 1
+        if self._failed_in_row <= WINDOW_RETRIES and window_retryable(exc):
+            self.log(f"window skipped: {exc}; another in {RETRY_AFTER_S:g} s")
+            self._next_injection = time.monotonic() + min(RETRY_AFTER_S, self.config.inject_every_s or RETRY_AFTER_S)
+        else:
+            self.log(f"window skipped: {exc}")
+            self._failed_in_row = 0
+            self._schedule_next()
 
     def _publish(self, run: InterferenceRun, started_at: str) -> None:
         key = self.spec.key

@@ -10,10 +10,17 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pdexporter.errors import ConfigError
-from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_TOKENS, out_of_bounds, prompt_fit_problem
+from pdexporter.errors import ConfigError, EngineError, EngineHTTPError, EngineRefused, MeasurementError
+from pdexporter._internal.bounds import (
+    MAX_DECODE_BATCH,
+    MAX_REPS,
+    MAX_RETRIES,
+    MAX_TOKENS,
+    out_of_bounds,
+    prompt_fit_problem,
+)
 from pdexporter.measure.driver import EngineDriver, EngineInfo
 from pdexporter.measure.pd import offload_numbers
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes
@@ -37,12 +44,45 @@ from pdexporter.measure.records import (
 from pdexporter.measure.store import ResultsStore
 from pdexporter._internal.redact import engine_flags
 from pdexporter.engines import adapter
-from pdexporter.measure.window import derive
+from pdexporter.measure.window import BaselineStats, derive
 
 __all__ = [
-    "PointSpec", "append_rep", "check_reps", "check_resumable", "flag_mismatch", "measure_point", "now_iso",
-    "record_config", "rep_record", "resumable_reps",
+    "PointSpec", "append_rep", "check_reps", "check_resumable", "check_retries", "flag_mismatch", "measure_point",
+    "now_iso", "record_config", "rep_record", "resumable_reps", "retrying", "window_retryable",
 ]
+
+_T = TypeVar("_T")
+
+
+def window_retryable(exc: BaseException) -> bool:
+    """Whether a failed run (a Phase 1 baseline, a repetition) is run again: measurement errors,
+    and engine errors of one run (a 5xx, a stall, a connection lost, a broken stream). Not an
+    engine that refuses connections (it is gone: the command stops, and its rerun resumes) nor one
+    that rejects the request (4xx: every run would)."""
+    if isinstance(exc, MeasurementError):
+        return True
+    if isinstance(exc, EngineRefused):
+        return False
+    if isinstance(exc, EngineHTTPError):
+        return exc.status >= 500 or exc.status == 429
+    return isinstance(exc, EngineError)
+
+
+async def retrying(attempt: Callable[[int], Awaitable[_T]], retries: int,
+                   on_retry: Callable[[int, BaseException], Awaitable[None] | None] = lambda k, exc: None) -> _T:
+    """`attempt(k)` for k = 0, 1, ...: again after a `window_retryable` failure, at most `retries`
+    times more; the last failure (or one not worth repeating) is raised. Nothing a failed run
+    measured is kept: each attempt starts with fresh probes."""
+    for k in range(retries + 1):
+        try:
+            return await attempt(k)
+        except (MeasurementError, EngineError) as exc:
+            if not window_retryable(exc) or k == retries:
+                raise
+            waiting = on_retry(k, exc)
+            if waiting is not None:
+                await waiting
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -80,6 +120,14 @@ class PointSpec:
                                      settings.decode_context_tokens, settings.decode_output_tokens, max_model_len)
         if problem:
             raise ConfigError(f"{field} {self.new_prefill_tokens}: {problem}")
+
+
+def check_retries(retries: int, name: str = "--retries") -> int:
+    """Retries within `bounds.MAX_RETRIES` (one line naming the option)."""
+    problem = out_of_bounds(retries, 0, MAX_RETRIES)
+    if problem:
+        raise ConfigError(f"{name} {retries}: {problem}")
+    return retries
 
 
 def check_reps(reps: int, name: str = "--reps") -> int:
@@ -220,13 +268,18 @@ async def measure_point(
     interfere: Callable[[int, BaselineRun], Awaitable[InterferenceRun]] | None = None,
     summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate,
     rep_fields: Mapping[str, Any] | None = None,
+    retries: int = 0,
+    on_retry: Callable[[str, BaseException], None] = lambda what, exc: None,
 ) -> RunRecord:
     """Measure repetitions `len(recorded) .. reps - 1` of one point.
 
     `interfere(rep, baseline)` replaces the default Phase 2 run (fresh probe streams); the sweep
     uses it for its fast mode (long-lived probes) and to stop between repetitions at a deadline
-    (it may raise before sending anything: what was recorded stays). `summarise` turns the
-    repetitions into the record (default: medians over all of them).
+    (it may raise before sending anything: what was recorded stays), and retries it itself.
+    Otherwise Phase 1 and each repetition are run again after a transient failure (`retrying`),
+    at most `retries` times, `on_retry(what, error)` told each time; a repetition run again says
+    so in its record (`retries`). `summarise` turns the repetitions into the record (default:
+    medians over all of them).
     """
     spec.validate()
     config = record_config(spec, driver.info, settings, reps=reps, mode=mode)
@@ -235,7 +288,8 @@ async def measure_point(
     if len(done) >= reps:
         return summarise(config, done[:reps])
     if baseline is None:
-        baseline = await run_baseline(driver, spec.decode_batch_size, settings)
+        baseline = await retrying(lambda k: run_baseline(driver, spec.decode_batch_size, settings), retries,
+                                  lambda k, exc: on_retry("Phase 1", exc))
         if baseline.probes:
             store.save_raw(store.baseline_raw_path(spec.chunk_size, spec.decode_batch_size), baseline.to_raw())
     record: RunRecord | None = None
@@ -244,10 +298,18 @@ async def measure_point(
         if interfere is not None:
             run = await interfere(rep, baseline)
         else:
-            run = await run_window(
-                driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, FreshProbes(settings),
-                FixedBaseline(baseline.stats), chunk_size=spec.chunk_size,
-            )
+            stats = baseline.stats
+
+            async def window(k: int, stats: BaselineStats | None = stats) -> InterferenceRun:
+                run = await run_window(
+                    driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, FreshProbes(settings),
+                    FixedBaseline(stats), chunk_size=spec.chunk_size,
+                )
+                if k:
+                    run.extra["retries"] = k
+                return run
+
+            run = await retrying(window, retries, lambda k, exc, rep=rep: on_retry(f"repetition {rep}", exc))
         record = append_rep(store, spec, config, done, run, started, summarise, rep_fields)
         if on_rep is not None:
             on_rep(done[-1])

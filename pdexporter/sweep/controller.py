@@ -42,13 +42,11 @@ from typing import Any
 from pdexporter._internal.atomic import atomic_write_json
 from pdexporter.errors import (
     EngineError,
-    EngineHTTPError,
-    EngineRefused,
     MeasurementError,
     PdexporterError,
 )
 from pdexporter.measure.driver import EngineDriver
-from pdexporter.measure.point import PointSpec, measure_point
+from pdexporter.measure.point import PointSpec, measure_point, retrying, window_retryable
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes, PooledProbes
 from pdexporter.measure.protocol import (
     BaselineRun,
@@ -74,20 +72,6 @@ __all__ = [
 
 PHASES = ("engine_start", "warmup", "phase1", "phase2", "cooldown")
 Key = tuple[int, int, int]
-
-
-def window_retryable(exc: BaseException) -> bool:
-    """Whether a failed repetition is run again (and, retries used up, its configuration skipped):
-    measurement errors, and engine errors of one window (a 5xx, a stall, a connection lost, a
-    broken stream). Not an engine that refuses connections (it is gone: the sweep stops, and its
-    rerun resumes) nor one that rejects the request (4xx: every window would)."""
-    if isinstance(exc, MeasurementError):
-        return True
-    if isinstance(exc, EngineRefused):
-        return False
-    if isinstance(exc, EngineHTTPError):
-        return exc.status >= 500 or exc.status == 429
-    return isinstance(exc, EngineError)
 
 
 class SweepObserver:
@@ -423,8 +407,15 @@ class SweepController:
         self._check("phase1", (chunk, d), f"Phase 1 at chunk {chunk}, D={d}")
         self.observer.on_phase("phase1", chunk, d)
         t_wall = time.monotonic()
+
+        def again(k: int, exc: BaseException) -> None:
+            # A reset, a stall or a 5xx in Phase 1 used to end the sweep (exit 3/4) where Phase 2
+            # retried: the same bounded re-run with fresh probes now.
+            self.reports[chunk].retries += 1
+            self.observer.on_message(f"B={chunk} D={d} Phase 1: {exc}; retrying")
+
         with self._phase("phase1", chunk):
-            baseline = await run_baseline(driver, d, spec.protocol)
+            baseline = await retrying(lambda k: run_baseline(driver, d, spec.protocol), spec.retries, again)
         self.times.observe("phase1", (chunk, d), time.monotonic() - t_wall)
         self.store.save_raw(path, baseline.to_raw())
         return baseline

@@ -1,6 +1,9 @@
 """`pdexporter measure` against a misbehaving engine (ScriptedEngine, a TEST DOUBLE): each fault of
-docs/reliability.md, and what measure must do about it: retry what is safe to retry, fail anything
-else with one line and the right exit code, quickly, and never write a record a fault spoiled."""
+docs/reliability.md, and what measure must do about it: retry what is safe to retry, run Phase 1
+or a repetition that a transient fault spoiled again (`--retries`, 2; issue 24: one 500 on the
+injected prefill ended `measure`, and with one 500 in three requests it never finished), fail a
+persistent fault with one line and the right exit code, quickly, and never write a record a
+fault spoiled."""
 
 from __future__ import annotations
 
@@ -41,13 +44,43 @@ async def test_http_500_on_the_warm_up_is_retried(tmp_path: Path) -> None:
     assert code == 0, err
 
 
-async def test_http_500_on_the_injected_prefill_is_not_retried(tmp_path: Path) -> None:
+def _retries(out: Path) -> list[int]:
+    """Each recorded repetition's re-runs, from its raw file (`retries`, as the sweep writes it)."""
+    from pdexporter._internal.atomic import read_json_gz
+
+    return [read_json_gz(out / "2048" / rep["raw"]).get("retries", 0) for rep in record(out)["reps"]]
+
+
+async def test_http_500_on_the_injected_prefill_reruns_the_repetition(tmp_path: Path) -> None:
+    """The prefill inside a window is never re-sent (it may have run); the repetition is run again
+    with fresh probes. Before: exit 3, nothing recorded."""
     fault = Fault("http-500", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0, err
+    assert "repetition 0: " in err and "answered HTTP 500" in err and "running it again" in err
+    assert posts(engine, "prefill") == WINDOW_PREFILL + 2  # the spoiled window's prefill, and the re-run's
+    assert _retries(tmp_path) == [1]
+
+
+async def test_one_500_in_three_requests_still_finishes(tmp_path: Path) -> None:
+    """The audit: with one 500 in three requests `measure` never finished. Here every third prefill
+    request is answered 500 (the retried probe starts are the client's business)."""
+    faults = [Fault("http-500", on="prefill", skip=k, times=1) for k in range(2, 40, 3)]
+    async with ScriptedEngine(cadence_s=CADENCE, faults=faults) as engine:
+        code, err, _ = await measure(engine, tmp_path, "--reps", "3")
+    assert code == 0, err
+    assert len(record(tmp_path)["reps"]) == 3 and sum(f.hits for f in faults) >= 1
+    assert sum(_retries(tmp_path)) >= 1
+
+
+async def test_a_persistent_500_on_the_injected_prefill_ends_in_one_line(tmp_path: Path) -> None:
+    fault = Fault("http-500", on="prefill", skip=WINDOW_PREFILL, times=None)
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
         code, err, _ = await measure(engine, tmp_path)
     assert code == 3
     assert "answered HTTP 500" in error_line(err)
-    assert posts(engine, "prefill") == WINDOW_PREFILL + 1  # the prefill inside the window was sent once
+    assert posts(engine, "prefill") == WINDOW_PREFILL + 3  # the first run and its 2 re-runs, each sent once
     assert not (tmp_path / "2048" / "D2_P64.json").exists()
 
 
@@ -55,29 +88,45 @@ async def test_http_500_on_the_injected_prefill_is_not_retried(tmp_path: Path) -
     ("close-mid-stream", "connection lost mid-stream"),
     ("malformed-sse", "not JSON"),
 ])
-async def test_a_probe_broken_inside_the_window_fails_it_in_one_line(kind: str, fragment: str, tmp_path: Path) -> None:
-    fault = Fault(kind, on="probe", skip=WINDOW_PROBES, at_token=40)
-    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
-        code, err, _ = await measure(engine, tmp_path)
+async def test_a_probe_broken_inside_the_window_reruns_it_and_always_broken_is_one_line(
+        kind: str, fragment: str, tmp_path: Path) -> None:
+    once = Fault(kind, on="probe", skip=WINDOW_PROBES, at_token=40)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[once]) as engine:
+        code, err, _ = await measure(engine, tmp_path / "once")
+    assert code == 0 and once.hits == 1 and fragment in err, err
+    assert _retries(tmp_path / "once") == [1]
+    always = Fault(kind, on="probe", skip=WINDOW_PROBES, at_token=40, times=None)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[always]) as engine:
+        code, err, _ = await measure(engine, tmp_path / "always")
     assert code == 3
     assert fragment in error_line(err)
-    assert fault.hits == 1 and not (tmp_path / "2048" / "D2_P64.json").exists()
+    assert not (tmp_path / "always" / "2048" / "D2_P64.json").exists()
 
 
 async def test_an_engine_that_stalls_inside_the_window_fails_it_quickly(tmp_path: Path) -> None:
     """Issue 13: a stalled stream hung `measure` for 300 s (the read timeout, without a flag)."""
-    fault = Fault("freeze", on="prefill", skip=WINDOW_PREFILL)
+    fault = Fault("freeze", on="prefill", skip=WINDOW_PREFILL, times=None, seconds=3.0)
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
         code, err, took = await measure(engine, tmp_path, "--read-timeout", "2s")
     # The window's stall check (the read timeout, when shorter than protocol.stall_timeout_s) or
     # the probe's read timeout itself, whichever looks first: one line either way.
     line = error_line(err)
     assert (code == 4 and "the engine stalled" in line) or ("no event for 2 s" in line and code == 3), line
-    assert took < 60  # 2 s of silence, not 300
+    assert took < 90  # three windows of 2 s of silence each, not 300 s
+
+
+async def test_a_stalled_probe_in_phase_1_reruns_phase_1(tmp_path: Path) -> None:
+    """Issue 24: one stall (or reset) in Phase 1 ended the run where Phase 2 retried."""
+    fault = Fault("stall", on="probe", at_token=5)  # a baseline stream goes silent after 5 tokens
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, took = await measure(engine, tmp_path, "--read-timeout", "2s")
+    assert code == 0, err
+    assert "Phase 1: " in err and ("no event for 2 s" in err or "the engine stalled" in err)
+    assert took < 60
 
 
 async def test_a_stalled_probe_before_the_window_times_out_at_the_read_timeout(tmp_path: Path) -> None:
-    fault = Fault("stall", on="probe", at_token=5)  # a baseline stream goes silent after 5 tokens
+    fault = Fault("stall", on="probe", at_token=5, times=None)  # every stream goes silent after 5 tokens
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
         code, err, took = await measure(engine, tmp_path, "--read-timeout", "2s")
     assert code in (3, 4)  # the read timeout or the stall check, whichever looks first
@@ -87,7 +136,7 @@ async def test_a_stalled_probe_before_the_window_times_out_at_the_read_timeout(t
 
 
 async def test_wrong_usage_prompt_tokens_is_flagged(tmp_path: Path) -> None:
-    fault = Fault("wrong-prompt-tokens", on="prefill", skip=WINDOW_PREFILL)
+    fault = Fault("wrong-prompt-tokens", on="prefill", skip=WINDOW_PREFILL, times=None)
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
         code, err, _ = await measure(engine, tmp_path)
     assert code == 4
@@ -105,12 +154,12 @@ async def test_a_broken_engine_metrics_endpoint_does_not_stop_the_measurement(me
     assert rep["engine_metrics"] == {}  # nothing invented from an unreadable /metrics
 
 
-async def test_an_engine_restart_inside_the_window_fails_it_in_one_line(tmp_path: Path) -> None:
+async def test_an_engine_restart_inside_the_window_reruns_it(tmp_path: Path) -> None:
     fault = Fault("restart", on="prefill", skip=WINDOW_PREFILL)
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
         code, err, _ = await measure(engine, tmp_path)
-    assert engine.restarts == 1 and code == 3
-    assert "connection lost" in error_line(err)
+    assert engine.restarts == 1 and code == 0, err
+    assert "connection lost" in err and _retries(tmp_path) == [1]
 
 
 async def test_a_slow_health_endpoint_only_slows_the_start(tmp_path: Path) -> None:

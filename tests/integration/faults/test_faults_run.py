@@ -217,3 +217,18 @@ async def test_up_drops_at_once_when_the_engine_dies_and_does_not_flap() -> None
             await asyncio.sleep(0.02)
         assert took < 1.0 and seen == {"engine-unreachable"}, (took, seen)
         assert not task.done()
+
+
+async def test_a_window_spoiled_by_a_500_is_tried_again_soon_and_says_why() -> None:
+    """Issue 24: with a 500 on the injected prefill `run` made no window in 36 s, up 1: the next
+    try waited a whole period. Now the skip is counted by kind (`windows_skipped_total`) and the
+    window is tried again 2 s later."""
+    fault = Fault("http-500", on="prefill", skip=2)  # the two warm-ups pass, the first window's prefill fails
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine, \
+            live(engine.url, inject_every_s=12.0) as (runner, task):
+        await until(lambda: fault.hits == 1, 60, "the spoiled window")
+        assert runner.windows_seen == 0
+        await until(lambda: value(runner, "pdexporter_windows_skipped_total", kind="http") == 1, 5, "the skip counted")
+        t0 = time.monotonic()
+        await until(lambda: runner.windows_seen >= 1, 12, "a window well before the next period (12 s)")
+        assert time.monotonic() - t0 < 9 and not task.done()

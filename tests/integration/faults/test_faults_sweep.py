@@ -44,6 +44,22 @@ async def test_a_window_the_engine_spoiled_once_is_run_again(fault: Fault, tmp_p
     assert all(v >= 0 for k, v in rec["reps"][0]["engine_metrics"].items() if k.endswith("_delta"))
 
 
+@pytest.mark.parametrize("fault", [
+    Fault("close-mid-stream", on="probe", at_token=20),  # a reset of a Phase 1 stream
+    Fault("stall", on="probe", at_token=20),  # a Phase 1 stream goes silent
+], ids=lambda f: f.kind)
+async def test_a_fault_in_phase_1_runs_phase_1_again(fault: Fault, tmp_path: Path) -> None:
+    """Issue 24: one reset or stall in Phase 1 aborted the whole sweep (exit 3/4) where Phase 2
+    retried; now Phase 1 is run again with fresh probes, as often as `retries`."""
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, took = await sweep(engine, tmp_path, "--read-timeout", "2s")
+    assert code == 0, err[-3000:]
+    assert fault.hits == 1 and f"B={B} D={D} Phase 1: " in err and "retrying" in err
+    assert len(record(_results(tmp_path))["reps"]) == 1
+    state = json.loads((_results(tmp_path) / "sweep.json").read_text())["invocations"][-1]
+    assert state["chunks"][str(B)]["retries"] == 1 and took < 90
+
+
 async def test_a_stall_inside_the_window_fails_it_quickly_and_it_is_run_again(tmp_path: Path) -> None:
     fault = Fault("freeze", on="prefill", skip=WINDOW_PREFILL, seconds=4.0)
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:

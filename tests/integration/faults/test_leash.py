@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -103,9 +104,9 @@ def test_the_engine_command_line_is_not_on_the_leashs_own() -> None:
     leash, channel, said = _start_leash()
     engine = int(said["engine"])
     try:
-        leash_argv = open(f"/proc/{leash.pid}/cmdline", "rb").read().split(b"\0")
+        leash_argv = Path(f"/proc/{leash.pid}/cmdline").read_bytes().split(b"\0")
         assert SECRET.encode() not in b" ".join(leash_argv) and b"--api-key" not in leash_argv
-        assert b"time.sleep(120)" in open(f"/proc/{engine}/cmdline", "rb").read()
+        assert b"time.sleep(120)" in Path(f"/proc/{engine}/cmdline").read_bytes()
     finally:
         channel.close()  # the owner is gone without a release: the leash stops the engine
         assert wait_until(lambda: not alive(engine), 20)
