@@ -1,8 +1,9 @@
 """Errors a user can act on.
 
 Every error raised for bad input or an unhealthy engine derives from `PdexporterError` and
-renders as one line that names the thing that is wrong (file, field, value, URL). The CLI prints
-that line and exits non-zero; anything else escaping is a bug and keeps its traceback.
+renders as one line that names the thing that is wrong (file, field, value, URL; a URL's
+user:password shown as `***`). The CLI prints that line and exits non-zero; anything else escaping
+is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ class PdexporterError(Exception):
     exit_code: int = 2
 
     def __str__(self) -> str:
+        from pdexporter._internal.redact import redact_url
+
         text = super().__str__()
-        return " ".join(text.split())  # one line, whatever the engine sent us
+        return redact_url(" ".join(text.split()))  # one line, whatever the engine sent us; no URL password
 
 
 class ConfigError(PdexporterError):

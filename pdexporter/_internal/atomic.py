@@ -19,13 +19,13 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pdexporter._internal.procs import process_start_ticks, same_process
 
 __all__ = [
-    "LEGACY_TMP_AGE_S", "LEGACY_TMP_RE", "TMP_RE", "atomic_write_bytes", "atomic_write_json",
-    "atomic_write_json_gz", "atomic_write_text", "clean_stale", "is_stale_tmp", "read_json_gz",
+    "LEGACY_TMP_AGE_S", "LEGACY_TMP_RE", "PRIVATE_MODE", "TMP_RE", "atomic_write_bytes", "atomic_write_json",
+    "atomic_write_json_gz", "atomic_write_text", "clean_stale", "is_stale_tmp", "open_private_log", "read_json_gz",
 ]
 
 TMP_RE = re.compile(r"^\..+\.pdx-(?P<pid>\d+)-(?P<start>\d+|x)-[a-z0-9_]+\.tmp$")
@@ -50,7 +50,24 @@ def _umask() -> int:
     return mask
 
 
-_FILE_MODE = 0o666 & ~_umask()  # what open() would give; mkstemp's 0600 would hide results from others
+# Results are the product, shared with a team through the group; not with every user of the
+# machine (records name the engine's URL, host and command, secrets redacted): 0640 under the
+# usual umask 022, never more open than the umask allows. (mkstemp's 0600 hid them from the group.)
+_FILE_MODE = 0o640 & ~_umask()
+PRIVATE_MODE = 0o600  # an engine's log: vLLM prints its arguments, an API key among them
+
+
+def open_private_log(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` opened to append, created 0600 (and made 0600 if it was not): for engine logs."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), PRIVATE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_MODE)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

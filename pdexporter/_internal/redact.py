@@ -1,5 +1,8 @@
 """Secrets never reach a file or log pdexporter writes: values of environment variables and of
-`NAME=value` words or `--name value` flags whose name looks secret are replaced by `***`."""
+`NAME=value` words or `--name value` flags whose name looks secret are replaced by `***`; so is
+every later occurrence of such a value (`redact_text`: a secret variable substituted into a
+command, echoed by an engine), and the user:password of a URL (`redact_url`, in every error line:
+`errors.PdexporterError`)."""
 
 from __future__ import annotations
 
@@ -7,20 +10,60 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
-    "REDACTED", "engine_flags", "redact_argv", "redact_env", "redact_text", "secret_name",
+    "REDACTED", "engine_flags", "redact_argv", "redact_env", "redact_text", "redact_url", "secret_name",
+    "secret_values",
 ]
 
 REDACTED = "***"
-# Words of a name (split at `-`, `_`, and camel case) that make it secret; "tokens" (a count, as in
-# --max-num-batched-tokens) is not "token".
-_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "auth", "authorization",
-                           "credential", "credentials", "pat", "bearer"})
+# A name is secret when one of its words (split at `-`, `_`, `.` and camel case) is one of these,
+# or holds `cred`, `secret`, `passw`, or starts or ends with `key` or ends with `token` (DB_CREDS,
+# HFTOKEN, apiKeys, MY_SECRET_X). "tokens" (a count, as in --max-num-batched-tokens) and the
+# tokenizer are not tokens.
+_SECRET_WORDS = frozenset({"key", "keys", "apikey", "token", "secret", "password", "passwd", "pwd", "auth",
+                           "authorization", "credential", "credentials", "creds", "cred", "pat", "bearer",
+                           "passphrase", "sig", "signature"})
+_SECRET_PARTS = ("cred", "secret", "passw")
+_NOT_SECRET = frozenset({"tokens", "tokenizer", "tokenizers", "tokenization", "keyword", "keywords"})
 _ASSIGN = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$", re.S)
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#@\s]+)@")
 
 
 def secret_name(name: str) -> bool:
-    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower().replace("-", "_").split("_")
-    return any(w in _SECRET_WORDS for w in words)
+    words = [w for w in re.split(r"[-_.\s]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()) if w]
+    for w in words:
+        if w in _NOT_SECRET:
+            continue
+        if w in _SECRET_WORDS or any(part in w for part in _SECRET_PARTS):
+            return True
+        if w.startswith("key") or w.endswith(("key", "keys", "token")):
+            return True
+    return False
+
+
+def redact_url(text: str) -> str:
+    """`https://user:pass@host/...` -> `https://***@host/...`, wherever a URL appears in `text`."""
+    return _USERINFO.sub(rf"\1{REDACTED}@", text)
+
+
+def secret_values(*, variables: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                  argv: Iterable[str] = ()) -> list[str]:
+    """The values that came from a secret-looking name: variables, environment, `--flag value`,
+    `--flag=value` and `NAME=value` words."""
+    found = [str(v) for k, v in {**(variables or {}), **(env or {})}.items() if secret_name(k) and v]
+    words = list(argv)
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            if secret_name(name):
+                if eq and value:
+                    found.append(value)
+                elif not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+                    found.append(words[i + 1])
+        else:
+            match = _ASSIGN.match(word)
+            if match and secret_name(match["name"]) and match["value"]:
+                found.append(match["value"])
+    return found
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -56,11 +99,12 @@ def redact_argv(argv: Iterable[str]) -> list[str]:
 
 
 def redact_text(text: str, secrets: Sequence[str]) -> str:
-    """Remove known secret values (tokens the process holds) from free text."""
-    for secret in secrets:
+    """Remove known secret values (tokens the process holds) from free text, and URL userinfo.
+    Values shorter than 4 characters are left alone (they would hide ordinary words)."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
         if secret and len(secret) >= 4:
             text = text.replace(secret, REDACTED)
-    return text
+    return redact_url(text)
 
 
 def engine_flags(argv: Sequence[str]) -> dict[str, str]:

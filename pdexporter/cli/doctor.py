@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pdexporter._internal.redact import redact_url
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
@@ -77,7 +78,7 @@ def doctor(
         receiver = parse_listen(traces_receiver) if traces else None
     except ConfigError:
         raise ConfigError(f"--traces-receiver {traces_receiver!r}: expected HOST:PORT") from None
-    with console.status("starting the embedded engine ..." if target is None else f"asking {target} ..."):
+    with console.status("starting the embedded engine ..." if target is None else f"asking {redact_url(target)} ..."):
         engine, arrival = run_async(_engine(target, chunk_size, model, token, profile, receiver, traces_wait))
     with console.status("checking the endpoints and the engine's tracing imports ..."):
         from pdexporter.doctor.gather import engine_python as python_of

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from pdexporter._internal.redact import redact_url
 from pdexporter.cli._common import ApiKeyFileOpt, ModelOpt, api_key, console, duration_option
 from pdexporter.errors import ConfigError
 
@@ -40,10 +41,10 @@ def load(
     except ValueError as exc:
         raise ConfigError(f"--rate {rate:g} / --duration {duration}: {exc}") from None
     requests = schedule(spec)
-    console.print(f"pdexporter load: {len(requests)} requests over {seconds:g} s at {rate:g}/s to {target}",
+    console.print(f"pdexporter load: {len(requests)} requests over {seconds:g} s at {rate:g}/s to {redact_url(target)}",
                   highlight=False)
     summary = asyncio.run(_load(target, requests, seconds, model, api_key(api_key_file)))
-    summary.update(rate=rate, duration_s=seconds, seed=seed, target=target)
+    summary.update(rate=rate, duration_s=seconds, seed=seed, target=redact_url(target))
     console.print(f"sent {summary['sent']}, finished {summary['finished']}, failed {summary['failed']}, "
                   f"{summary['prompt_tokens']} prompt tokens, worst send lag {summary['late_s']:.3f} s", highlight=False)
     if out is not None:

@@ -23,6 +23,7 @@ from pdexporter.cli._common import (
     make_launcher,
 )
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
+from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
@@ -268,7 +269,7 @@ async def _serve(config: ExporterConfig, token: str | None, metrics_token: str |
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    mode = "embedded engine (modelled)" if config.target is None else config.target
+    mode = "embedded engine (modelled)" if config.target is None else redact_url(config.target)
     injection = (
         f"a {config.prefill_tokens}-token prefill every {config.inject_every_s:g} s"
         if config.inject_every_s

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pdexporter._internal.redact import redact_url
 from pdexporter._internal.text import body_reason
 from pdexporter.doctor.checks import EndpointFacts, EngineFacts, TraceArrival, TracingImports
 from pdexporter.engine.client import (
@@ -45,7 +46,7 @@ async def engine_facts(handle: EngineHandle, *, embedded: bool, model: str | Non
                        api_key: str | None = None, chunk_size: int | None = None,
                        cudagraph_max_tokens: int | None = None) -> EngineFacts:
     """Everything `checks.engine_checks` needs, asked of the engine at `handle.url`."""
-    facts: dict[str, Any] = {"url": handle.url, "embedded": embedded, "model_wanted": model,
+    facts: dict[str, Any] = {"url": redact_url(handle.url), "embedded": embedded, "model_wanted": model,
                              "chunk_size": chunk_size, "cuda_graphs": handle.cuda_graphs,
                              "cudagraph_max_tokens": cudagraph_max_tokens if handle.cuda_graphs else None}
     async with EngineClient(handle.url, api_key=api_key, timeouts=TIMEOUTS, retries=1) as client:

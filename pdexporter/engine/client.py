@@ -31,12 +31,13 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from pdexporter._internal.bounds import MAX_SECONDS
 from pdexporter._internal.durations import parse_duration
+from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.text import body_reason
 from pdexporter.engine.http1 import request_bytes
 from pdexporter.engine.kstamp import RxTransport, Target
 from pdexporter.engine.metrics import MetricsSnapshot, parse_exposition
-from pdexporter.engine.sse import SSEEvent, SSEParser, StreamDecoder, error_message_from_body
+from pdexporter.engine.sse import SSEEvent, SSEParser, StreamDecoder, http_error
 from pdexporter.engine.stream import StampClock, TokenStream
 from pdexporter.errors import (
     ConfigError,
@@ -159,8 +160,10 @@ class EngineClient:
         event_tap: EventTap | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"--target {base_url!r}: expected an http:// or https:// URL")
-        self.base_url = base_url.rstrip("/")
+            raise ConfigError(f"--target {redact_url(base_url)!r}: expected an http:// or https:// URL")
+        # A URL's user:password becomes an Authorization: Basic header (unless an API key is
+        # given), and leaves the URL every message and record is made from.
+        self.base_url, self._basic = _split_userinfo(base_url.rstrip("/"))
         self.api_key = api_key
         self.timeouts = timeouts
         self.clock = clock
@@ -232,6 +235,8 @@ class EngineClient:
             headers["Content-Type"] = "application/json"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        elif self._basic:
+            headers["Authorization"] = self._basic
         headers.update(self.extra_headers)
         if extra:
             headers.update(extra)
@@ -260,7 +265,7 @@ class EngineClient:
                 async with self.session.get(url, headers=self._headers(), timeout=timeout) as resp:
                     body = await resp.read()
                     if resp.status >= 400:
-                        raise EngineHTTPError(url, resp.status, error_message_from_body(body))
+                        raise http_error(url, resp.status, body)
                     return body.decode("utf-8", "replace")
             except aiohttp.ClientConnectorError as exc:
                 raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
@@ -332,7 +337,7 @@ class EngineClient:
                 raw = await resp.read()
                 t_done = self.clock()
                 if resp.status >= 400:
-                    raise EngineHTTPError(url, resp.status, error_message_from_body(raw))
+                    raise http_error(url, resp.status, raw)
         except aiohttp.ClientConnectorError as exc:
             raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
@@ -444,7 +449,7 @@ class EngineClient:
                 url, data=body, headers=self._headers(json_body=True, extra=headers), timeout=timeout
             ) as resp:
                 if resp.status >= 400:
-                    raise EngineHTTPError(url, resp.status, error_message_from_body(await resp.read()))
+                    raise http_error(url, resp.status, await resp.read())
                 while True:
                     chunk = await resp.content.readany()
                     t_ns = self.arrival_clock()  # stamp first, parse after
@@ -479,6 +484,20 @@ class EngineClient:
         stream.record(t_ns, delta.n_tokens)
         if self.event_tap is not None:
             self.event_tap(stream, event, t_ns, delta.n_tokens)
+
+
+def _split_userinfo(url: str) -> tuple[str, str | None]:
+    """(the URL without user:password@, an `Authorization: Basic` value or None)."""
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    basic = "Basic " + base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+    return urlunsplit(parts._replace(netloc=host)), basic
 
 
 def _reason(exc: BaseException) -> str:

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pdexporter.engine.http1 import HttpFramingError, ResponseHead, ResponseReader
-from pdexporter.engine.sse import error_message_from_body
-from pdexporter.errors import EngineError, EngineHTTPError, EngineRefused, EngineTimeout, EngineUnreachable
+from pdexporter.engine.sse import http_error
+from pdexporter.errors import EngineError, EngineRefused, EngineTimeout, EngineUnreachable
 
 __all__ = [
     "ANC_BYTES", "BodySink", "Clock", "RECV_BYTES", "RX_STAMP_OPTIONS", "RealtimeToPerf", "RxStampOption",
@@ -258,7 +258,7 @@ class RxTransport:
         head = exchange.reader.head
         assert head is not None
         if head.status >= 400:
-            raise EngineHTTPError(target.url, head.status, error_message_from_body(b"".join(exchange.error_body)))
+            raise http_error(target.url, head.status, b"".join(exchange.error_body))
         return head
 
     def _stamping(self, sock: socket.socket) -> bool:

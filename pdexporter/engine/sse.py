@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter._internal.text import body_reason, shorten
-from pdexporter.errors import EngineError, SSEProtocolError
+from pdexporter.errors import EngineError, EngineHTTPError, SSEProtocolError
 
 __all__ = [
-    "ERROR_LIMIT", "SSEEvent", "SSEParser", "StreamDecoder", "StreamDelta", "error_message_from_body",
+    "ERROR_LIMIT", "SSEEvent", "SSEParser", "StreamDecoder", "StreamDelta", "error_message_from_body", "http_error",
 ]
 
 
@@ -221,6 +221,15 @@ def _error_message(payload: dict[str, Any]) -> str:
 
 
 ERROR_LIMIT = 300  # characters of an engine's error message kept in ours (vLLM's are long sentences)
+
+
+def http_error(url: str, status: int, body: bytes) -> EngineHTTPError:
+    """The error for an engine's HTTP error answer. A 401 or 403 says what to check, not what the
+    server said: an auth proxy may echo the credentials it was given."""
+    if status in (401, 403):
+        return EngineHTTPError(url, status, "the engine refused the credentials: check --api-key-file "
+                               "(or $PDEXPORTER_API_KEY)")
+    return EngineHTTPError(url, status, error_message_from_body(body))
 
 
 def error_message_from_body(body: bytes | str) -> str:

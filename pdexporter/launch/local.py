@@ -44,12 +44,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdexporter._internal.atomic import atomic_write_json
+from pdexporter._internal.atomic import atomic_write_json, open_private_log
 from pdexporter.engine.client import EngineClient
 from pdexporter.engines import adapter
 from pdexporter.engines.disagg import setup_for_command
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
-from pdexporter._internal.redact import redact_argv
+from pdexporter._internal.redact import redact_argv, redact_text, secret_values
 from pdexporter._internal.procs import same_process
 from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
 from pdexporter.measure.store import ResultsStore
@@ -73,6 +73,9 @@ LEASHED = sys.platform.startswith("linux")  # abstract unix sockets and PR_SET_P
 class RenderedCommand:
     argv: tuple[str, ...]
     env: dict[str, str]
+    # values that came from a secret-looking variable, environment name or flag: hidden wherever
+    # they were substituted (`launcher.vars.DB_CREDS` in a positional argument, say)
+    secrets: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
@@ -82,7 +85,8 @@ class RenderedCommand:
     @property
     def redacted(self) -> tuple[str, ...]:
         """`NAME=value` words for the environment, then argv; secret values replaced by ***."""
-        return tuple(redact_argv([*(f"{k}={v}" for k, v in self.env.items()), *self.argv]))
+        words = redact_argv([*(f"{k}={v}" for k, v in self.env.items()), *self.argv])
+        return tuple(redact_text(w, self.secrets) for w in words)
 
 
 def render_command(template: str, chunk_size: int, variables: dict[str, str] | None = None,
@@ -107,7 +111,8 @@ def render_command(template: str, chunk_size: int, variables: dict[str, str] | N
         assigns[name] = value
     if not words:
         raise ConfigError("launcher.command: no program to run")
-    return RenderedCommand(tuple(words), assigns)
+    secrets = secret_values(variables=variables, env=assigns, argv=words)
+    return RenderedCommand(tuple(words), assigns, tuple(secrets))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,8 +286,7 @@ class LocalLauncher:
             )
         rendered = render_command(self.command, chunk_size, self.variables, self.env)
         log = self.log_path(chunk_size)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("ab") as out:
+        with open_private_log(log) as out:  # 0600: vLLM logs its arguments, an API key among them
             out.write(f"\n# pdexporter sweep: starting {rendered.text}\n".encode())
             out.flush()
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}  # iteration lines in the log at once

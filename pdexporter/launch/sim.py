@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdexporter._internal.atomic import open_private_log
 from pdexporter._internal.procs import die_with_parent
 from pdexporter._internal.redact import redact_argv
 from pdexporter.errors import EngineError, EngineTimeout
@@ -85,7 +86,7 @@ class SimLauncher:
             *role_args,
             *self.extra_args,
         ]
-        with log_path.open("ab") as log:
+        with open_private_log(log_path) as log:
             # preexec_fn only calls prctl in the child (die_with_parent): nothing a thread could hold
             self._proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,

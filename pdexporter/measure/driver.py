@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pdexporter._internal.redact import redact_url
 from pdexporter.engine.client import COMPLETIONS_PATH, ClientTimeouts, EngineClient, completion_request, encode_body
 from pdexporter.engine.iterlog import IterationLogTail, IterationStep
 from pdexporter.launch import EngineHandle
@@ -262,7 +263,7 @@ async def http_driver(
         info = EngineInfo(
             kind=kind,
             model=served_model,
-            url=handle.url,
+            url=redact_url(handle.url),  # what records and spans say: no user:password
             version=version,
             gpu=gpu or engine_gpu,
             chunk_size=handle.chunk_size,

@@ -24,7 +24,8 @@ from pdexporter.measure.quantities import Block, block_values, in_block
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
 __all__ = [
-    "BaselineBlock", "DerivedBlock", "InterferenceBlock", "RecordConfig", "RepRecord", "RunRecord", "SEED_KEYS",
+    "BaselineBlock", "DerivedBlock", "InterferenceBlock", "RECORD_SCHEMA", "RecordConfig", "RepRecord", "RunRecord",
+    "SEED_KEYS",
     "Summary", "aggregate", "baseline_block", "cv", "derived_block", "interference_block", "provenance",
 ]
 
@@ -137,6 +138,12 @@ class Summary(_Model):
     cv_tpot_interference: float | None = None
 
 
+# The record's layout version. A reader refuses a record of a later one (`store.load_record_file`):
+# it may hold keys this pdexporter does not know, which a rewrite (the next repetition) would drop.
+# 1: every record written before the field existed; 2: the field.
+RECORD_SCHEMA = 2
+
+
 class RunRecord(_Model):
     config: RecordConfig
     baseline: BaselineBlock
@@ -145,6 +152,7 @@ class RunRecord(_Model):
     reps: list[RepRecord] = Field(default_factory=list)
     summary: Summary | None = None
     provenance: dict[str, Any] = Field(default_factory=dict)
+    schema_version: int = 1
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -251,6 +259,7 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
         reps=list(ordered),
         summary=summary,
         provenance=provenance(),
+        schema_version=RECORD_SCHEMA,
     )
 
 

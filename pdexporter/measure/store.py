@@ -23,10 +23,11 @@ from pydantic import ValidationError
 from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, clean_stale, read_json_gz
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
-from pdexporter.measure.records import RunRecord
+from pdexporter import __version__
+from pdexporter.measure.records import RECORD_SCHEMA, RunRecord
 
 __all__ = [
-    "RECORD_RE", "ResultsStore", "load_record_file",
+    "RECORD_RE", "ResultsStore", "check_schema", "load_record_file",
 ]
 
 RECORD_RE = re.compile(r"^D(?P<d>\d+)_P(?P<p>\d+)\.json$")
@@ -120,7 +121,25 @@ def load_record_file(path: str | Path) -> RunRecord:
         raise RecordError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    check_schema(data, path)
     try:
         return RunRecord.model_validate(data)
     except ValidationError as exc:
         raise RecordError(f"{path}: {format_validation_error(exc, RunRecord)}") from exc
+
+
+def check_schema(data: Any, path: str | Path) -> None:
+    """Refuse a record written by a later pdexporter (`records.RECORD_SCHEMA`), in one line naming
+    the file and both versions: read, it would be rewritten without the keys this one does not
+    know (issue 24: such records were read silently and rewritten without them)."""
+    if not isinstance(data, dict):
+        return
+    version = data.get("schema_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise RecordError(f"{path}: schema_version: expected a whole number, got {version!r}")
+    if version > RECORD_SCHEMA:
+        written = (data.get("provenance") or {}).get("pdexporter_version") if isinstance(
+            data.get("provenance"), dict) else None
+        by = f" by pdexporter {written}" if written else ""
+        raise RecordError(f"{path}: written{by} with record schema {version}; pdexporter {__version__} reads schema "
+                          f"{RECORD_SCHEMA} and older: upgrade pdexporter to read or extend it")

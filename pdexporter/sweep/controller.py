@@ -33,6 +33,7 @@ import asyncio
 import datetime as dt
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdexporter._internal.atomic import atomic_write_json
+from pdexporter._internal.procs import process_start_ticks, same_process
 from pdexporter.errors import (
     EngineError,
     MeasurementError,
@@ -258,12 +260,17 @@ class SweepController:
         removed = self.store.clean_stale()
         if removed:
             self.observer.on_message(f"removed {len(removed)} temporary file(s) a killed run left in {self.store.root}")
+        if self.write_state:
+            self._write_state(None)  # this invocation, "running", until it ends (or a later one finds it killed)
         statuses = {key: self.status(key) for key in self.points}
         for (b, _, _), st in statuses.items():
             self.reports[b].configs += 1
             self.reports[b].configs_complete += st.complete
-        self.observer.on_plan(len(statuses), sum(st.complete for st in statuses.values()),
-                              sum(st.reps_to_run for st in statuses.values()))
+        done = sum(st.complete for st in statuses.values())
+        if done:
+            self.observer.on_message(f"resuming: {done} of {len(statuses)} configurations already recorded in "
+                                     f"{self.store.root}")
+        self.observer.on_plan(len(statuses), done, sum(st.reps_to_run for st in statuses.values()))
         todo = {chunk: [k for k in statuses if k[0] == chunk and not statuses[k].complete]
                 for chunk in self.spec.grid.chunk_sizes}
         self._queue = [chunk for chunk in self.spec.grid.chunk_sizes if todo[chunk]]
@@ -651,13 +658,32 @@ class SweepController:
         return SweepReport(self.reports, status, self.spec.mode, total, complete, wall_s, engine_s, message,
                            order=order)
 
-    def _write_state(self, report: SweepReport) -> None:
-        """`sweep.json` beside the chunk directories: the spec and one entry per invocation."""
+    def _write_state(self, report: SweepReport | None) -> None:
+        """`sweep.json` beside the chunk directories: the spec and one entry per invocation. An
+        invocation is written at its start (`status: "running"`, its pid and start time) and
+        rewritten when it ends; an entry still "running" whose process is gone was killed
+        (`kill -9`, a lost machine) and is marked so by the next invocation, with what it had
+        recorded by then left to the records themselves."""
         path = self.store.root / "sweep.json"
         previous: list[Any] = []
         try:
             previous = json.loads(path.read_text(encoding="utf-8")).get("invocations", [])
         except (OSError, ValueError, AttributeError):
             previous = []
-        entry = {"finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), **report.to_json()}
-        atomic_write_json(path, {"spec": self.spec.redacted_dump(), "invocations": [*previous, entry]})
+        if not isinstance(previous, list):
+            previous = []
+        me = {"pid": os.getpid(), "proc_start": process_start_ticks(os.getpid())}
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        kept: list[Any] = []
+        mine: dict[str, Any] = {"status": "running", "started_at": now, **me}
+        for entry in previous:
+            if isinstance(entry, dict) and entry.get("status") == "running":
+                if entry.get("pid") == me["pid"] and entry.get("proc_start") == me["proc_start"]:
+                    mine = entry  # written at this invocation's start: rewritten below
+                    continue
+                if not same_process(int(entry.get("pid") or 0), entry.get("proc_start")):
+                    entry = {**entry, "status": "killed",
+                             "message": "the invocation ended without finishing (killed, or its machine was lost)"}
+            kept.append(entry)
+        kept.append(mine if report is None else {**mine, "finished_at": now, **report.to_json()})
+        atomic_write_json(path, {"spec": self.spec.redacted_dump(), "invocations": self.spec.redact(kept)})

@@ -20,7 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
 from pdexporter._internal.validation import flag_error, format_validation_error
-from pdexporter._internal.redact import redact_argv, redact_env
+from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
 from pdexporter.engines import adapter
 from pdexporter.engines.disagg import check_pair
 from pdexporter.errors import ConfigError
@@ -446,17 +446,37 @@ class SweepSpec(_Strict):
 
     def redacted_dump(self) -> dict[str, Any]:
         """The spec as JSON for files pdexporter writes (`sweep.json`): secret values of the
-        launcher's `env` and `NAME=value` / `--secret value` words of its command replaced by ***."""
+        launcher's `vars` and `env` and `NAME=value` / `--secret value` words of its command
+        replaced by ***, then every other occurrence of those values, and URL passwords, anywhere."""
         data = self.model_dump(mode="json")
         launcher = data.get("launcher") or {}
+        found: list[str] = []
         for node in (launcher, launcher.get("prefill"), launcher.get("decode")):
             if not isinstance(node, dict):
                 continue
-            if isinstance(node.get("env"), dict):
-                node["env"] = redact_env(node["env"])
+            found += secret_values(variables=node.get("vars") if isinstance(node.get("vars"), dict) else None,
+                                   env=node.get("env") if isinstance(node.get("env"), dict) else None,
+                                   argv=node["command"].split() if isinstance(node.get("command"), str) else ())
+            for key in ("env", "vars"):
+                if isinstance(node.get(key), dict):
+                    node[key] = redact_env(node[key])
             if isinstance(node.get("command"), str):
                 node["command"] = " ".join(redact_argv(node["command"].split()))
-        return data
+        return _redact_leaves(data, found)
+
+    def redact(self, obj: Any) -> Any:
+        """`obj` (JSON-like) with the values of this spec's secret-looking vars, env and flags, and
+        URL passwords, replaced by *** (for sweep.json's invocation entries: an error message may
+        quote a command)."""
+        found: list[str] = []
+        launcher = self.launcher
+        for node in (launcher, getattr(launcher, "prefill", None), getattr(launcher, "decode", None)):
+            if node is None:
+                continue
+            command = getattr(node, "command", None)
+            found += secret_values(variables=getattr(node, "vars", None), env=getattr(node, "env", None),
+                                   argv=command.split() if isinstance(command, str) else ())
+        return _redact_leaves(obj, found)
 
     def points(self) -> Iterator[tuple[int, int, int]]:
         """(chunk size, D, P) in run order."""
@@ -474,6 +494,16 @@ class SweepSpec(_Strict):
             for d in self.grid.decode_batch_sizes
         )
         return s.inject_at_tokens + max(self.fast.max_context_drift_tokens, largest)
+
+
+def _redact_leaves(node: Any, secrets: list[str]) -> Any:
+    if isinstance(node, str):
+        return redact_text(node, secrets)
+    if isinstance(node, dict):
+        return {k: _redact_leaves(v, secrets) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_redact_leaves(v, secrets) for v in node]
+    return node
 
 
 def prediction_root(profile: str, name: str, base: str | Path = "results") -> Path:

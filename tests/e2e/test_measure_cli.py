@@ -96,3 +96,29 @@ async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_pat
     # The raw file places each window on the host's monotonic clock, so host-side samples line up.
     injected = [read_json_gz(tmp_path / "2048" / r["raw"])["t_inject_clock_ns"] for r in record["reps"]]
     assert 0 < injected[0] < injected[1] <= time.monotonic_ns()
+
+
+async def test_a_url_password_is_nowhere_in_records_or_output(tmp_path: Path) -> None:
+    """Issue 24: URL userinfo was recorded (`config.engine_url`) and printed in error lines."""
+    async with ScriptedEngine(cadence_s=0.002) as engine:
+        url = engine.url.replace("http://", "http://alice:pw-s3cret@")
+        code, out, err = await run_cli("measure", "--target", url, "--out", str(tmp_path), "-B", "2048", "-D", "1",
+                                       "-P", "64", "--reps", "1", "--decode-context-tokens", "64",
+                                       "--decode-output-tokens", "80")
+    assert code == 0, err
+    record = (tmp_path / "2048" / "D1_P64.json").read_text()
+    assert "pw-s3cret" not in record + out + err
+    assert json.loads(record)["config"]["engine_url"] == engine.url.replace("http://", "http://***@")
+    dead = f"http://alice:pw-s3cret@127.0.0.1:{free_port()}"
+    code, out, err = await run_cli("measure", "--target", dead, "--out", str(tmp_path / "x"), "-D", "1", "-P", "16")
+    assert code == 3 and "pw-s3cret" not in out + err and "cannot connect to http://127.0.0.1" in _one_error_line(err)
+
+
+async def test_a_401_is_one_line_that_says_what_to_check(tmp_path: Path) -> None:
+    async with ScriptedEngine(cadence_s=0.002, api_key="the-right-key") as engine:
+        key = tmp_path / "key"
+        key.write_text("sk-the-wrong-key\n")
+        code, out, err = await run_cli("measure", "--target", engine.url, "--api-key-file", str(key),
+                                       "--out", str(tmp_path), "-D", "1", "-P", "16")
+    assert code == 3 and "sk-the-wrong-key" not in out + err
+    assert "HTTP 401: the engine refused the credentials: check --api-key-file" in _one_error_line(err)

@@ -74,10 +74,49 @@ def test_unreadable_record_is_a_record_error(tmp_path: Path) -> None:
         load_record_file(path)
 
 
-def test_atomic_writes_get_the_usual_file_mode(tmp_path: Path) -> None:
+def test_results_are_group_readable_and_engine_logs_private(tmp_path: Path) -> None:
+    """Issue 24: results were 0644 (readable by every user of the machine), and so were engine logs,
+    in which vLLM prints its arguments, an API key among them. Results: 0640 (a team shares them
+    through the group); engine logs: 0600, an old one made so too."""
     import os
+
+    from pdexporter._internal.atomic import open_private_log
 
     target = atomic_write_json(tmp_path / "r.json", {"ok": 1})
     mask = os.umask(0)
     os.umask(mask)
-    assert target.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert target.stat().st_mode & 0o777 == 0o640 & ~mask
+    old = tmp_path / "engine" / "engine.log"
+    old.parent.mkdir()
+    old.write_text("an earlier engine's log\n")
+    old.chmod(0o644)
+    with open_private_log(old) as log:
+        log.write(b"more\n")
+    with open_private_log(tmp_path / "new" / "sim.log") as log:
+        log.write(b"x")
+    assert old.stat().st_mode & 0o777 == 0o600 and (tmp_path / "new" / "sim.log").stat().st_mode & 0o777 == 0o600
+    assert old.read_text() == "an earlier engine's log\nmore\n"
+
+
+def test_a_record_from_a_later_schema_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 24: a record written by a newer pdexporter was read silently, and the next repetition
+    rewrote it without the keys this one does not know."""
+    from pdexporter import __version__
+    from pdexporter.measure.records import RECORD_SCHEMA
+
+    store = ResultsStore(tmp_path)
+    path = store.save_record(aggregate(CONFIG, [_rep(0, 46.9, 91.0, [8188, 4])]))
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == RECORD_SCHEMA
+    data.update(schema_version=RECORD_SCHEMA + 1, future_block={"x": 1})
+    data["provenance"]["pdexporter_version"] = "9.0.0"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RecordError) as info:
+        load_record_file(path)
+    assert str(info.value) == (f"{path}: written by pdexporter 9.0.0 with record schema {RECORD_SCHEMA + 1}; "
+                               f"pdexporter {__version__} reads schema {RECORD_SCHEMA} and older: upgrade pdexporter "
+                               "to read or extend it")
+    data.pop("schema_version")  # records written before the field: schema 1, read as ever
+    data.pop("future_block")
+    path.write_text(json.dumps(data))
+    assert load_record_file(path).schema_version == 1

@@ -224,3 +224,46 @@ async def test_mixed_shape_warm_up_runs_one_unrecorded_window_per_d_and_p(tmp_pa
     assert calls == {(0, 512): 2, (0, 8192): 2, (4, 512): 3, (4, 8192): 3}
     for p in (512, 8192):
         assert len(ResultsStore(tmp_path).load_record(2048, 4, p).reps) == 2  # type: ignore[union-attr]
+
+
+class Messages(SweepObserver):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def on_message(self, text: str) -> None:
+        self.lines.append(text)
+
+
+async def test_a_killed_invocation_is_marked_killed_and_a_resume_says_so(tmp_path: Path) -> None:
+    """Issue 24: an invocation killed with SIGKILL left no entry in sweep.json; a resumed sweep said
+    nothing about what it found. Now each invocation is written "running" at its start; the next
+    one marks a dead one "killed" and prints "resuming: N of M configurations already recorded"."""
+    with pytest.raises(KeyboardInterrupt):  # a first run that records some configurations
+        await SweepController(make_spec(), ResultsStore(tmp_path), DoubleProvider(), observer=StopAfter(5)).run()
+    state = json.loads((tmp_path / "sweep.json").read_text())
+    # as a kill -9 leaves it: an entry still "running", of a process that is gone
+    state["invocations"].append({"status": "running", "started_at": "2026-01-01T00:00:00+00:00", "pid": 2**22 + 7,
+                                 "proc_start": 1})
+    (tmp_path / "sweep.json").write_text(json.dumps(state))
+    seen = Messages()
+    report = await SweepController(make_spec(), ResultsStore(tmp_path), DoubleProvider(), observer=seen).run()
+    assert report.complete
+    assert "resuming: 2 of 8 configurations already recorded in " + str(tmp_path) in seen.lines
+    statuses = [e["status"] for e in json.loads((tmp_path / "sweep.json").read_text())["invocations"]]
+    assert statuses == ["interrupted", "killed", "complete"]
+
+
+async def test_secret_launcher_values_never_reach_sweep_json(tmp_path: Path) -> None:
+    """Issue 24: `launcher.vars` values were written in clear; names like DB_CREDS were missed."""
+    spec = make_spec(launcher={"kind": "local", "command": "env DSN={db} vllm serve m --hf-auth {creds} "
+                                                          "--api-key sk-literal-123 --max-num-batched-tokens {chunk}",
+                               "vars": {"DB_CREDS": "hunter2-db", "creds": "pw-creds-456", "db": "pg://u:pw9@db:5432/x",
+                                        "model": "qwen"},
+                               "env": {"HF_TOKEN": "hf_abcdef"}, "url": "http://127.0.0.1:8000"})
+    await SweepController(spec, ResultsStore(tmp_path), DoubleProvider()).run()
+    text = (tmp_path / "sweep.json").read_text()
+    for secret in ("hunter2-db", "pw-creds-456", "sk-literal-123", "hf_abcdef", "pw9"):
+        assert secret not in text, secret
+    data = json.loads(text)["spec"]["launcher"]
+    assert data["vars"]["DB_CREDS"] == "***" and data["vars"]["model"] == "qwen"
+    assert data["vars"]["db"] == "pg://***@db:5432/x"

@@ -1,0 +1,65 @@
+"""What never reaches a file or a line pdexporter writes (`_internal.redact`; issue 24): values of
+secret-looking names (DB_CREDS and the like too), wherever they were substituted, URL passwords,
+and what an engine says with a 401."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdexporter._internal.redact import redact_text, redact_url, secret_name, secret_values
+from pdexporter.engine.client import EngineClient
+from pdexporter.engine.sse import http_error
+from pdexporter.errors import EngineError
+from pdexporter.launch.local import render_command
+
+
+@pytest.mark.parametrize("name", ["DB_CREDS", "GCP_CREDENTIALS", "MY_SECRET_X", "client-secret", "DB_PASSWORD",
+                                  "PGPASSWORD", "HF_TOKEN", "hfToken", "ACCESSTOKEN", "api-key", "API_KEYS",
+                                  "VLLM_API_KEY", "AWS_SECRET_ACCESS_KEY", "apikey", "PAT", "auth"])
+def test_secret_looking_names(name: str) -> None:
+    assert secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["max-num-batched-tokens", "max-tokens", "tokenizer", "tokenizer-mode", "model",
+                                  "CUDA_VISIBLE_DEVICES", "gpu-memory-utilization", "kv-cache-dtype", "port",
+                                  "enable-prefix-caching"])
+def test_ordinary_names(name: str) -> None:
+    assert not secret_name(name)
+
+
+def test_url_passwords_go_wherever_a_url_is() -> None:
+    assert redact_url("https://alice:s3cret@vllm:8000/v1") == "https://***@vllm:8000/v1"
+    assert redact_url("cannot connect to http://tok@h:1/x: refused") == "cannot connect to http://***@h:1/x: refused"
+    assert redact_url("http://vllm:8000 and pg://u:p@db/x") == "http://vllm:8000 and pg://***@db/x"
+    assert redact_text("key sk-abcdef and http://a:b@h", ["sk-abcdef", "ab"]) == "key *** and http://***@h"
+
+
+def test_a_secret_variable_is_hidden_wherever_it_was_substituted() -> None:
+    rendered = render_command("DSN={dsn} vllm serve {model} --hf-auth {DB_CREDS} x{DB_CREDS}y --max-num-batched-tokens "
+                              "{chunk}", 8192, {"DB_CREDS": "hunter2-db", "model": "qwen", "dsn": "pg://u:p@db/x"})
+    assert "hunter2-db" in rendered.argv  # the engine gets the value
+    text = " ".join(rendered.redacted)
+    assert "hunter2-db" not in text and "x***y" in text and "qwen" in text and "8192" in text
+    assert "DSN=pg://***@db/x" in text
+    assert secret_values(argv=["--api-key", "sk-1", "--token=t-2", "HF_TOKEN=h-3", "--port", "80"]) == [
+        "sk-1", "t-2", "h-3"]
+
+
+async def test_a_url_password_becomes_a_basic_header_and_leaves_the_url() -> None:
+    client = EngineClient("http://alice:p%40ss@127.0.0.1:1/")
+    try:
+        assert client.base_url == "http://127.0.0.1:1"
+        assert client._headers()["Authorization"] == "Basic YWxpY2U6cEBzcw=="  # alice:p@ss
+        with pytest.raises(EngineError) as info:
+            await client.get_text("/health", retry=False)
+        assert "alice" not in str(info.value) and "127.0.0.1:1" in str(info.value)
+    finally:
+        await client.aclose()
+    assert str(EngineError("cannot connect to http://u:pw@h:1/x")) == "cannot connect to http://***@h:1/x"
+
+
+def test_a_401_body_is_not_echoed() -> None:
+    """An auth proxy echoed the bearer token it was given in its 401 body (the audit)."""
+    error = http_error("http://vllm:8000/v1/models", 401, b'{"error": "invalid token sk-abc123"}')
+    assert "sk-abc123" not in str(error) and "--api-key-file" in str(error) and error.status == 401
+    assert "overloaded" in str(http_error("http://vllm:8000/x", 503, b'{"error": "overloaded"}'))
