@@ -24,7 +24,7 @@ from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.doctor import Check, EndpointFacts, EngineFacts, evaluate, failed
 from pdexporter.doctor.checks import TraceArrival
 from pdexporter.errors import ConfigError
-from pdexporter.exporter.metrics import DEFAULT_PORT
+from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
 from pdexporter.exporter.server import parse_listen
 from pdexporter.launch import TraceDirected
 
@@ -62,7 +62,7 @@ def doctor(
     ] = False,
     traces_receiver: Annotated[str, typer.Option(
         "--traces-receiver", help="HOST:PORT the engine sends its spans to (with --traces and --target).")
-    ] = f"0.0.0.0:{DEFAULT_PORT}",
+    ] = f"0.0.0.0:{DEFAULT_TRACES_PORT}",
     traces_wait: Annotated[float, typer.Option(
         "--traces-wait", min=1.0, help="Seconds to wait for the span (vLLM batches its spans every 5 s).")] = 15.0,
 ) -> None:

@@ -303,7 +303,7 @@ async def trace_arrival(url: str, model: str, receiver: tuple[str, int], *, api_
 
 
 class TraceListener:
-    """pdexporter's OTLP/HTTP receiver (`exporter.server.metrics_app`, the exporter's own code) on
+    """pdexporter's OTLP/HTTP receiver (`exporter.receiver.traces_app`, the exporter's own code) on
     a port of its own, handing decoded spans to `sink`."""
 
     def __init__(self, runner: Any, port: int) -> None:
@@ -315,20 +315,20 @@ class TraceListener:
 
 
 async def listen_for_traces(host: str, port: int) -> TraceListener:
-    from prometheus_client import CollectorRegistry
-
-    from pdexporter.exporter.server import metrics_app, start_metrics_server
+    from pdexporter.exporter.receiver import traces_app
+    from pdexporter.exporter.server import start_server
 
     holder: list[TraceListener] = []
-    app = metrics_app(CollectorRegistry(), title="pdexporter doctor", traces_sink=lambda t: holder[0].sink(t))
-    runner, bound = await start_metrics_server(app, host, port)
+    app = traces_app(lambda t: holder[0].sink(t))
+    runner, bound = await start_server(app, host, port)
     listener = TraceListener(runner, bound)
     holder.append(listener)
     return listener
 
 
 def _exporter_spans(host: str, port: int) -> float | None:
-    """All request spans a running exporter at host:port counted (None: not an exporter there)."""
+    """All request spans a running exporter's trace receiver at host:port counted (its own
+    /metrics: `exporter.receiver.RECEIVER_SERIES`; None: not an exporter there)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from pdexporter.exporter.metrics import REQUEST_TRACES

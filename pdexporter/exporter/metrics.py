@@ -11,7 +11,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from pdexporter import __version__
 from pdexporter.measure.quantities import BY_FIELD, Quantity, gauged
-from pdexporter.exporter.receiver import REJECT_REASONS
 from pdexporter.measure.records import RepRecord
 
 __all__ = [
@@ -21,7 +20,7 @@ __all__ = [
     "PASSIVE_MODEL_HALFWIDTH", "PASSIVE_MODEL_PREDICTION", "PASSIVE_MODEL_REACHED", "PASSIVE_OUTCOMES",
     "PASSIVE_SOURCES", "PHASES", "PREFILL_BUCKETS",
     "PREFILL_DURATION", "PREFIX", "PROBE_STREAMS", "PROBE_STREAMS_STARTED", "PROBE_TIMESTAMP_DELAY", "PROBE_TOKENS",
-    "PROBE_TPOT", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_REJECTIONS",
+    "PROBE_TPOT", "REJECT_REASONS", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_REJECTIONS",
     "TRACE_RESULTS", "UP",
     "UP_REASON", "UP_REASONS", "WINDOWS", "WINDOWS_SKIPPED", "WINDOW_AFTER", "WINDOW_AGGREGATE", "WINDOW_BASELINE", "WINDOW_CHUNKS",
     "WINDOW_DURING", "WINDOW_EXPECTED", "WINDOW_GAUGES", "WINDOW_LABELS", "WINDOW_PENALTY", "WINDOW_PREFILL",
@@ -101,6 +100,9 @@ PASSIVE_SOURCES = ("otlp", "metrics", "cadence", "none")
 # attributed (passive_live.TraceIntake), "duplicate": a request id already received
 TRACE_KINDS = ("production", "probe", "unusable", "ignored", "out-of-range", "duplicate")
 TRACE_RESULTS = ("ok", "rejected")  # TRACE_EXPORTS{result}
+# TRACE_REJECTIONS{reason}: why the trace receiver refused an export (exporter.receiver)
+REJECT_REASONS = ("unauthorized", "rate-limited", "busy", "too-large", "unsupported-media-type", "bad-encoding",
+                  "bad-body")
 
 
 class ExporterMetrics:

@@ -6,7 +6,7 @@ listens on its own port (`--traces-listen`, default 18743 with `--passive`, off 
 a NetworkPolicy or firewall can open it to the engine alone while Prometheus scrapes /metrics on
 the other one. docs/security.md is the exposure model; what each request goes through, in order,
 each refusal answered as an OTLP collector answers it and counted in
-`pdexporter_trace_rejections_total{reason}` (`REJECT_REASONS`):
+`pdexporter_trace_rejections_total{reason}` (`metrics.REJECT_REASONS`):
 
 1. the bearer token (`--traces-token-file`), when one is set: 401 `unauthorized`;
 2. the request rate (`ReceiverLimits.requests_per_s`, a token bucket): 429 `rate-limited`, with
@@ -40,13 +40,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from pdexporter.exporter.metrics import REQUEST_TRACES, TRACE_EXPORTS, TRACE_REJECTIONS
 
 if TYPE_CHECKING:
     from pdexporter.engine.traces import RequestTrace
 
 __all__ = [
     "DEFAULT_TRACES_PORT",
-    "REJECT_REASONS",
+    "RECEIVER_SERIES",
     "BoundedInflater",
     "ReceiverLimits",
     "TokenBucket",
@@ -56,16 +60,8 @@ __all__ = [
 ]
 
 DEFAULT_TRACES_PORT = 18743
+RECEIVER_SERIES = (REQUEST_TRACES, TRACE_EXPORTS, TRACE_REJECTIONS)  # what the receiver's own GET /metrics shows
 MIB = 1024 * 1024
-REJECT_REASONS = (
-    "unauthorized",
-    "rate-limited",
-    "busy",
-    "too-large",
-    "unsupported-media-type",
-    "bad-encoding",
-    "bad-body",
-)
 _STATUS = {
     "unauthorized": 401,
     "rate-limited": 429,
@@ -185,9 +181,12 @@ def traces_app(
     token: str | None = None,
     limits: ReceiverLimits = ReceiverLimits(),
     clock: Callable[[], float] = time.monotonic,
+    registry: CollectorRegistry | None = None,
 ) -> web.Application:
     """The receiver as an aiohttp application (module docs). `on_result(None)` for every export
-    taken, `on_result(reason)` for every refusal."""
+    taken, `on_result(reason)` for every refusal. With `registry`, `GET /metrics` serves the
+    receiver's own series from it (`RECEIVER_SERIES`: spans and exports counted, nothing else), so
+    a check (`doctor --traces`) can see spans arrive at the address an engine sends them to."""
     from pdexporter.engine.traces import PROTOBUF, TraceDecodeError, decode_traces
 
     requests = TokenBucket(limits.requests_per_s, limits.request_burst, clock)
@@ -276,6 +275,16 @@ def traces_app(
         sink(decoded)
         return web.Response(body=b"", content_type=PROTOBUF)  # an empty ExportTraceServiceResponse: all taken
 
+    async def counters(request: web.Request) -> web.StreamResponse:
+        if not bearer_ok(request, token):
+            return web.Response(status=401, text="a bearer token is required\n", headers={"WWW-Authenticate": "Bearer"})
+        assert registry is not None
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(registry.restricted_registry(RECEIVER_SERIES)),
+                            headers={"Content-Type": content_type})
+
     app = web.Application(client_max_size=limits.max_wire_bytes)
     app.router.add_post("/v1/traces", traces)
+    if registry is not None:
+        app.router.add_get("/metrics", counters)
     return app

@@ -164,7 +164,7 @@ class Runner:
             return
         host = cfg.traces_host
         receiver = traces_app(self.traces.sink, on_result=self.traces.exported, token=self.traces_token,
-                              limits=cfg.receiver_limits)
+                              limits=cfg.receiver_limits, registry=self.metrics.registry)
         try:
             server, self.traces_port = await start_server(receiver, host, cfg.traces_listen_port, tls)
         except OSError as exc:

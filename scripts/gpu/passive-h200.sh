@@ -36,6 +36,7 @@ W=${PASSIVE_WORK:-/root/passive}
 B=8192
 PORT=${ENGINE_PORT:-8000}
 EXPORTER=${EXPORTER_PORT:-18742}
+TRACES_PORT=${TRACES_PORT:-18743}  # the exporter's trace receiver: a port of its own (docs/security.md)
 URL=http://127.0.0.1:$PORT
 REFERENCE=results/h200-vllm0.22-qwen3-coder-30b-a3b
 OUT=${OUT:?set OUT}
@@ -81,7 +82,7 @@ fi
 TRACES=()
 TRACING=off
 if grep -q "^ok" "$W/imports.txt"; then
-  TRACES=(--otlp-traces-endpoint "http://127.0.0.1:$EXPORTER/v1/traces")
+  TRACES=(--otlp-traces-endpoint "http://127.0.0.1:$TRACES_PORT/v1/traces")
   TRACING=on
 else
   log "tracing stays off (it would take vLLM down): passive runs from /metrics and the cadence alone"
@@ -112,7 +113,7 @@ fi
 if [ ! -f "$W/passive.started" ]; then
   rm -rf "$W/passive"
   setsid python3 -m pdexporter run --passive --target "$URL" --chunk-size $B --decode-batch-size 4 \
-    --listen 127.0.0.1:$EXPORTER --out "$W/passive" --duration "$(( PASSIVE_S + 35 ))s" --attribution-wait 20s \
+    --listen 127.0.0.1:$EXPORTER --traces-listen 127.0.0.1:$TRACES_PORT --out "$W/passive" --duration "$(( PASSIVE_S + 35 ))s" --attribution-wait 20s \
     > "$W/exporter.log" 2>&1 < /dev/null &
   echo $! > "$W/exporter.pid"
   for _ in $(seq 120); do
@@ -126,7 +127,7 @@ if [ ! -f "$W/passive.started" ]; then
   log "passive: run --passive + load at $RATE req/s for $PASSIVE_S s started"
   # do the engine's spans reach the exporter, and how late? (reads the running exporter's counters)
   (sleep 20; python3 -m pdexporter doctor --target "$URL" --chunk-size $B --traces \
-     --traces-receiver "127.0.0.1:$EXPORTER" --traces-wait 20 > "$W/doctor-traces.txt" 2>&1) &
+     --traces-receiver "127.0.0.1:$TRACES_PORT" --traces-wait 20 > "$W/doctor-traces.txt" 2>&1) &
 fi
 if [ ! -f "$W/passive.done" ]; then
   while alive "$W/exporter.pid" || alive "$W/load.pid"; do

@@ -17,7 +17,6 @@ import aiohttp
 import pytest
 
 from pdexporter.errors import EngineError
-from pdexporter.exporter.receiver import REJECT_REASONS
 from pdexporter.exporter.metrics import (
     ERROR_KINDS,
     GRID_LABELS,
@@ -25,6 +24,7 @@ from pdexporter.exporter.metrics import (
     PASSIVE_OUTCOMES,
     PASSIVE_SOURCES,
     PHASES,
+    REJECT_REASONS,
     TRACE_KINDS,
     TRACE_RESULTS,
     UP_REASONS,
