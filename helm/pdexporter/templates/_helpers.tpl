@@ -193,6 +193,8 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     - run
     {{- if .Values.exporter.passive }}
     - --passive
+    - --traces-listen
+    - {{ printf "0.0.0.0:%d" (int .Values.exporter.tracesPort) | quote }}
     {{- end }}
     - --decode-batch-size
     - {{ include "pdexporter.decodeBatchSize" . | quote }}
@@ -221,11 +223,30 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     - name: metrics
       containerPort: {{ .Values.exporter.port }}
       protocol: TCP
+    {{- if .Values.exporter.passive }}
+    - name: traces
+      containerPort: {{ .Values.exporter.tracesPort }}
+      protocol: TCP
+    {{- end }}
   env:
     - name: HOME
       value: /tmp
     {{- with include "pdexporter.apiKeyEnv" . }}
     {{- . | nindent 4 }}
+    {{- end }}
+    {{- if .Values.exporter.metricsTokenSecret.name }}
+    - name: PDEXPORTER_METRICS_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.exporter.metricsTokenSecret.name | quote }}
+          key: {{ .Values.exporter.metricsTokenSecret.key | quote }}
+    {{- end }}
+    {{- if and .Values.exporter.passive .Values.exporter.tracesTokenSecret.name }}
+    - name: PDEXPORTER_TRACES_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ .Values.exporter.tracesTokenSecret.name | quote }}
+          key: {{ .Values.exporter.tracesTokenSecret.key | quote }}
     {{- end }}
     {{- with .Values.exporter.extraEnv }}
     {{- toYaml . | nindent 4 }}

@@ -158,7 +158,10 @@ def test_default_install_is_one_exporter_beside_a_vllm_service(engine: HelmEngin
     assert args[0] == "run"
     assert _arg(args, "--target") == "http://vllm:8000"
     assert _arg(args, "--decode-batch-size") == "4"
-    assert _arg(args, "--inject-every") == "30s" and _arg(args, "--new-prefill-tokens") == "4096"
+    # issue 24: the chart injected 4096-token prefills every 30 s into http://vllm:8000 by default,
+    # where the CLI makes injection against a real engine opt-in; no trace receiver without passive
+    assert _arg(args, "--inject-every") == "off" and _arg(args, "--new-prefill-tokens") == "4096"
+    assert "--traces-listen" not in args and [p["name"] for p in _exporter(docs)["ports"]] == ["metrics"]
     assert "--probe-decode" not in args and "--prefill-tokens" not in args  # the old names: no warning in the log
     assert _arg(args, "--listen") == "0.0.0.0:18742" and _arg(args, "--chunk-size") == "8192"
     assert "--passive" not in args
@@ -235,7 +238,7 @@ def test_exporter_values_keep_their_old_names_for_one_release(engine: HelmEngine
     as --decode-batch-size / --new-prefill-tokens, and NOTES.txt says what they are now called."""
     new = _exporter(render(engine, _values(tmp_path, {"exporter": {"decodeBatchSize": 6, "newPrefillTokens": 2048}})))
     assert _arg(new["args"], "--decode-batch-size") == "6" and _arg(new["args"], "--new-prefill-tokens") == "2048"
-    values = _values(tmp_path, {"exporter": {"probeDecode": 7, "prefillTokens": 1024}}, "old.yaml")
+    values = _values(tmp_path, {"exporter": {"probeDecode": 7, "prefillTokens": 1024, "injectEvery": "30s"}}, "old.yaml")
     args = _exporter(render(engine, values))["args"]
     assert _arg(args, "--decode-batch-size") == "7" and _arg(args, "--new-prefill-tokens") == "1024"
     assert "--probe-decode" not in args and "--prefill-tokens" not in args
@@ -263,12 +266,21 @@ def test_an_image_without_tag_or_digest_is_refused(engine: HelmEngine, tmp_path:
 
 
 def test_passive_mode_passes_passive_and_no_injection(engine: HelmEngine) -> None:
-    args = _exporter(render(engine, CHART / "ci" / "passive-values.yaml"))["args"]
+    docs = render(engine, CHART / "ci" / "passive-values.yaml")
+    exporter = _exporter(docs)
+    args = exporter["args"]
     assert "--passive" in args and "--inject-every" not in args
+    # the trace receiver: its own port, in the container and the Service, behind its token
+    assert _arg(args, "--traces-listen") == "0.0.0.0:18743"
+    assert {p["name"]: p["containerPort"] for p in exporter["ports"]} == {"metrics": 18742, "traces": 18743}
+    (service,) = by_kind(docs, "Service")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"metrics": 18742, "traces": 18743}
+    assert _secret_ref(_env(exporter), "PDEXPORTER_TRACES_TOKEN") == {"name": "vllm-otlp-token", "key": "token"}
     assert _arg(args, "--target") == "http://vllm.inference.svc.cluster.local:8000"
     if isinstance(engine, HelmGoSdk):
         notes = engine.notes(CHART, CHART / "ci" / "passive-values.yaml", RELEASE, NAMESPACE)
         assert "passive mode" in notes
+        assert f"--otlp-traces-endpoint http://{RELEASE}-pdexporter.{NAMESPACE}.svc:18743/v1/traces" in notes
 
 
 def _chart_without_schema(tmp_path: Path) -> Path:
@@ -523,7 +535,8 @@ def test_exporter_arguments_are_accepted_by_pdexporter_run(engine: HelmEngine, v
         if missing:
             args = [a for a in args if a != "--passive"]
         params = _cli_params("run", args[1:])
-        params.pop("api_key_file", None)
+        for secret in ("api_key_file", "metrics_token_file", "traces_token_file"):  # read from files by run()
+            params.pop(secret, None)
         config = parse_run_options(**params)
         assert config is not None
     if missing:
@@ -753,6 +766,45 @@ def test_network_policy_otlp_port_and_nothing_out(engine: HelmEngine, tmp_path: 
 def test_no_network_policy_on_a_pod_that_is_not_the_exporters(engine: HelmEngine, values_file: str) -> None:
     """Sidecar: the pod is vLLM's (a policy would cut its clients off); mode none: no exporter pod."""
     assert not by_kind(render(engine, CHART / "ci" / values_file), "NetworkPolicy")
+
+
+def test_network_policy_opens_the_trace_port_to_the_engine_alone(engine: HelmEngine, tmp_path: Path) -> None:
+    """Issue 24: the policy let every namespace reach the port the traces came in on. Now the
+    receiver's port is opened only in passive mode, to `tracesFrom`, else the chart's vLLM pods,
+    else the release namespace's pods: never `namespaceSelector: {}`."""
+    assert all((18743, "TCP") not in ports for ports, _ in _rules(_policy(render(engine, None)), "ingress"))
+    rules = dict(_rules(_policy(render(engine, CHART / "ci" / "passive-values.yaml")), "ingress"))  # type: ignore[arg-type]
+    assert rules[frozenset({(18743, "TCP")})] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "vllm"}}}]
+    plain = dict(_rules(_policy(render(engine, _values(tmp_path, {"exporter": {"passive": True}}))), "ingress"))  # type: ignore[arg-type]
+    assert plain[frozenset({(18743, "TCP")})] == [{"podSelector": {}}]  # this namespace's pods only
+    docs = render(engine, _values(tmp_path, {"exporter": {"passive": True}, "vllm": {"enabled": True}}, "own.yaml"))
+    own = dict(_rules(_policy(docs), "ingress"))  # type: ignore[arg-type]
+    (peer,) = own[frozenset({(18743, "TCP")})]  # type: ignore[misc]
+    vllm = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-vllm"))
+    assert _selects(peer["podSelector"], vllm["spec"]["template"]["metadata"]["labels"])
+
+
+def test_tokens_reach_the_exporter_the_service_monitor_and_the_helm_test(engine: HelmEngine, tmp_path: Path) -> None:
+    values = {"exporter": {"metricsTokenSecret": {"name": "pdx-metrics", "key": "t"}},
+              "serviceMonitor": {"enabled": True}}
+    docs = render(engine, _values(tmp_path, values))
+    assert _secret_ref(_env(_exporter(docs)), "PDEXPORTER_METRICS_TOKEN") == {"name": "pdx-metrics", "key": "t"}
+    (monitor,) = by_kind(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["authorization"] == {"type": "Bearer",
+                                                                "credentials": {"name": "pdx-metrics", "key": "t"}}
+    (test_pod,) = [d for d in by_kind(docs, "Pod") if d["metadata"]["name"].endswith("test-metrics")]
+    (container,) = test_pod["spec"]["containers"]
+    assert "Authorization: Bearer ${PDEXPORTER_METRICS_TOKEN}" in container["args"][0]
+    assert _secret_ref(_env(container), "PDEXPORTER_METRICS_TOKEN") == {"name": "pdx-metrics", "key": "t"}
+    # the traces token only where there is a receiver
+    values = {"exporter": {"tracesTokenSecret": {"name": "otlp", "key": "t"}}}
+    assert "PDEXPORTER_TRACES_TOKEN" not in _env(_exporter(render(engine, _values(tmp_path, values, "t.yaml"))))
+
+
+def test_the_trace_port_must_differ_from_the_metrics_port(engine: HelmEngine, tmp_path: Path) -> None:
+    values = _values(tmp_path, {"exporter": {"passive": True, "tracesPort": 18742}})
+    with pytest.raises(Exception, match=r"exporter\.tracesPort=18742 is exporter\.port"):
+        engine.template(CHART, values, RELEASE, NAMESPACE)
 
 
 def test_network_policy_can_be_turned_off(engine: HelmEngine, tmp_path: Path) -> None:

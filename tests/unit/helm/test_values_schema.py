@@ -87,7 +87,6 @@ def test_schema_rejects_bad_values(override: dict[str, Any], where: str) -> None
     [
         {"exporter": {"mode": "sidecar"}},  # sidecar needs the chart's vLLM
         {"sweep": {"enabled": True, "target": "http://vllm:8000"}},  # neither file nor existingConfigMap
-        {"exporter": {"passive": True}},  # passive with the default injectEvery 30s
         {"exporter": {"passive": True, "injectEvery": "10s"}},
         {"sweep": {"enabled": True, "existingConfigMap": "my-sweep"}},  # the chart cannot read its chunk sizes
     ],
@@ -202,6 +201,8 @@ def test_hardened_defaults() -> None:
     assert v["vllm"]["apiKeySecret"] == {"name": "", "key": "api-key"}
     assert v["networkPolicy"]["enabled"] is True
     assert v["exporter"]["passive"] is False
+    assert v["exporter"]["injectEvery"] == ""  # injection against a real engine is opt-in, as in the CLI
+    assert v["exporter"]["tracesPort"] != v["exporter"]["port"]
     assert v["sweep"]["parallelism"] == 1 and v["sweep"]["chunkSizes"] == []
     for image in (v["image"], v["vllm"]["image"], v["tests"]["image"]):
         assert image["digest"] == ""
