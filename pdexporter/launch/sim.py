@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,14 +24,56 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdexporter._internal.atomic import open_private_log
-from pdexporter._internal.procs import die_with_parent
+from pdexporter._internal.procs import die_with_parent, process_start_ticks, same_process
 from pdexporter._internal.redact import redact_argv
 from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.launch.base import EngineHandle, terminate_group
 
 __all__ = [
-    "SimLauncher",
+    "SCRATCH_PREFIX", "SimLauncher", "clean_stale_scratch",
 ]
+
+SCRATCH_PREFIX = "pdexporter-sim-"
+_SCRATCH_RE = re.compile(r"^pdexporter-sim-(?P<pid>\d+)-(?P<start>\d+|x)-[A-Za-z0-9_]+$")
+LEGACY_SCRATCH_AGE_S = 3600.0
+
+
+def _owner_tag() -> str:
+    start = process_start_ticks(os.getpid())
+    return f"{os.getpid()}-{'x' if start is None else start}"
+
+
+def clean_stale_scratch(base: str | os.PathLike[str] | None = None, now_s: float | None = None) -> list[Path]:
+    """Remove the scratch directories (`/tmp/pdexporter-sim-PID-START-XXXX`, the embedded engine's
+    ready file and log) of owners that are gone: `kill -9` of `run` or `measure` left them (its
+    TemporaryDirectory never got to clean up). Those of live owners stay, and so do other users';
+    unnamed ones from before the owner was in the name go once an hour old."""
+    root = Path(base or tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for path in entries:
+        if not path.name.startswith(SCRATCH_PREFIX):
+            continue
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        match = _SCRATCH_RE.match(path.name)
+        if match:
+            start = match.group("start")
+            stale = not same_process(int(match.group("pid")), None if start == "x" else int(start))
+        else:
+            stale = (time.time() if now_s is None else now_s) - st.st_mtime > LEGACY_SCRATCH_AGE_S
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
 
 @dataclass
 class SimLauncher:
@@ -67,7 +112,8 @@ class SimLauncher:
             return self._handle
         await self.stop()
         if self.log_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="pdexporter-sim-")
+            clean_stale_scratch()
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{_owner_tag()}-")
             log_dir = Path(self._tmp.name)
         else:
             log_dir = Path(self.log_dir)

@@ -96,3 +96,31 @@ async def test_measure_and_sweep_remove_them_when_they_resume(tmp_path: Path) ->
     assert code == 0, err
     assert "removed 1 temporary file(s) a killed run left" in err
     assert not stale.exists() and not list(results.rglob("*.tmp"))
+
+
+def test_scratch_directories_of_a_killed_run_are_removed_by_the_next(tmp_path: Path) -> None:
+    """Issue 24: `kill -9` of `run` left `/tmp/pdexporter-sim-*` (the embedded engine's log and
+    ready file) for ever. The directory now names its owner (pid and start time), and the next
+    embedded engine removes those whose owner is gone; a live owner's stays."""
+    from pdexporter.launch.sim import SCRATCH_PREFIX, clean_stale_scratch
+    from tests.helpers import free_port
+
+    env = {**cli_env(), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "pdexporter", "run", "-D", "1", "--inject-every", "off",
+                             "--listen", f"127.0.0.1:{free_port()}"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: any((p / "sim-8192.ready.json").exists() for p in tmp_path.glob(f"{SCRATCH_PREFIX}*")),
+                          90), "the embedded engine never got ready"
+        (scratch,) = tmp_path.glob(f"{SCRATCH_PREFIX}{proc.pid}-*")
+        assert clean_stale_scratch(tmp_path) == [] and scratch.is_dir()  # its owner is alive
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+    assert scratch.is_dir()  # what a kill -9 leaves
+    legacy = tmp_path / f"{SCRATCH_PREFIX}abc123"  # an older pdexporter's: no owner in the name
+    legacy.mkdir()
+    os.utime(legacy, (time.time() - 7200, time.time() - 7200))
+    assert sorted(clean_stale_scratch(tmp_path)) == sorted([scratch, legacy])
+    assert not scratch.exists() and not legacy.exists()
