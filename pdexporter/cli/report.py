@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
 
 def report(
     results_dir: Annotated[Path, typer.Argument(help="Results directory of records (results/{chunk}/D{d}_P{p}.json).")],
-    out: Annotated[Path | None, typer.Option("--out", help="HTML file to write (default: RESULTS_DIR/report.html).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="HTML file to write (default: results/reports/NAME.html, NAME the results directory's: "
+        "never inside the directory it reads).")] = None,
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
     offloaded: Annotated[Path | None, typer.Option(
         "--offloaded", help="Records of the offloaded arm: adds both arms, the transfer model and the break-even "
@@ -30,9 +32,11 @@ def report(
     """Write one HTML file (images embedded, no external assets) describing the results."""
     from pdexporter.analysis.job import analyse, load_results, record_paths
     from pdexporter.analysis.plots import all_plots
-    from pdexporter.analysis.report import REPORT_HTML, write_report
+    from pdexporter.analysis.report import write_report
 
-    target = out or results_dir / REPORT_HTML
+    # Not RESULTS_DIR/report.html: a command that reads a directory does not write into it unless
+    # asked (a committed results directory's report.html was rewritten by a first look at it).
+    target = out or default_report_path(results_dir)
     paths = record_paths(results_dir)
     off_paths = record_paths(offloaded) if offloaded is not None else []
     # one tick per record, then table, fits, criteria, plots, html
@@ -56,3 +60,8 @@ def report(
     print_summary(analysis)
     console.print(f"report written to {target}")
     print(target)
+
+
+def default_report_path(results_dir: Path) -> Path:
+    """Where `report` writes without --out: results/reports/NAME.html in the current directory."""
+    return Path("results") / "reports" / f"{results_dir.resolve().name or 'results'}.html"

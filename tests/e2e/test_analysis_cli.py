@@ -162,3 +162,16 @@ def test_compare_errors_are_one_line(capsys, tmp_path, results):
                         "--out", str(tmp_path / "o"))
     assert code != 0 and len(err.strip().splitlines()) == 1 and "share no" in err
     assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_report_writes_nothing_into_the_directory_it_reads(capsys, results: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24: `report RESULTS_DIR` rewrote RESULTS_DIR/report.html (a committed results
+    directory's, on a first look). Without --out it writes results/reports/NAME.html here."""
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.relative_to(results) for p in results.rglob("*"))
+    code, out, err = _cli(capsys, "report", str(results))
+    assert code == 0, err
+    written = tmp_path / "results" / "reports" / f"{results.name}.html"
+    assert out.strip() == str(Path("results") / "reports" / f"{results.name}.html") and written.stat().st_size > 10_000
+    assert sorted(p.relative_to(results) for p in results.rglob("*")) == before
