@@ -9,6 +9,7 @@ after and relative change in percent, only for the configurations both tables ho
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -17,7 +18,7 @@ from pdexporter.analysis.table import KEY_COLUMNS
 from pdexporter.errors import RecordError
 
 __all__ = [
-    "COMPARED", "compare_tables", "summarise",
+    "COMPARED", "compare_tables", "distinct_names", "summarise",
 ]
 
 COMPARED = ("tpot_penalty_ms", "prefill_duration_ms", "aggregate_interference_ms", "tpot_baseline_ms")
@@ -64,3 +65,15 @@ def summarise(comparison: pd.DataFrame, metrics: tuple[str, ...] = COMPARED) -> 
 
 def _key_at(comparison: pd.DataFrame, index: int) -> list[int]:
     return [int(comparison.loc[index, k]) for k in KEY_COLUMNS]
+
+
+def distinct_names(before: str | Path, after: str | Path) -> tuple[str, str]:
+    """Names for two results directories that tell them apart in a title: their last path parts,
+    as many as it takes (`results/sim/h200/quick` and `results/sim/h20/quick` are `h200/quick` and
+    `h20/quick`, not "from quick to quick"); the whole paths when even those agree."""
+    a, b = Path(before).resolve().parts, Path(after).resolve().parts
+    for n in range(1, max(len(a), len(b)) + 1):
+        left, right = "/".join(a[-n:]), "/".join(b[-n:])
+        if left != right:
+            return left, right
+    return str(before), str(after)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import matplotlib
 
 __all__ = [
-    "DPI", "FORMATS", "MODELLED_TAG", "PLOTS_WITH_MODEL", "Plot", "all_plots", "arms_plot", "breakeven",
+    "DPI", "FORMATS", "MODELLED_TAG", "PLOTS_WITH_MODEL", "EnoughLogTicks", "Plot", "all_plots", "arms_plot", "breakeven",
     "breakeven_chunk", "chunk_sensitivity", "grid_heatmap", "heatmap", "passive_convergence", "sensitivity_decode",
     "write_plots",
 ]
@@ -36,7 +37,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, Locator, MaxNLocator, NullFormatter
 
 from pdexporter._internal.atomic import atomic_write_bytes
 from pdexporter.analysis.breakeven import DEFAULT_TRANSFER_MS, offload_region
@@ -75,9 +76,35 @@ def _metadata(fmt: str) -> dict[str, str | None]:
 _PLAIN = FuncFormatter(lambda value, _pos: f"{value:g}")
 
 
+class EnoughLogTicks(Locator):
+    """Ticks of a logarithmic axis, at least `least` of them inside the view: 1-2-5 steps per
+    decade; within a decade (ratios 3.8 to 9 gave a colour bar with the single label 5), every
+    whole step (3, 4, ..., 9); within a step, evenly spaced round values."""
+
+    def __init__(self, least: int = 3) -> None:
+        self.least = least
+
+    def __call__(self) -> Sequence[float]:
+        vmin, vmax = self.axis.get_view_interval() if self.axis is not None else (1.0, 10.0)
+        return self.tick_values(vmin, vmax)
+
+    def tick_values(self, vmin: float, vmax: float) -> Sequence[float]:
+        lo, hi = sorted((float(vmin), float(vmax)))
+        if not (lo > 0 and math.isfinite(hi)):
+            return MaxNLocator(5).tick_values(lo, hi)
+        decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        ticks: list[float] = []
+        for subs in ((1.0, 2.0, 5.0), tuple(float(m) for m in range(1, 10))):
+            ticks = [m * 10.0**k for k in decades for m in subs if lo * (1 - 1e-9) <= m * 10.0**k <= hi * (1 + 1e-9)]
+            if len(ticks) >= self.least:
+                return ticks
+        steps = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10], min_n_ticks=self.least)
+        return [t for t in steps.tick_values(lo, hi) if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9) and t > 0] or ticks
+
+
 def _plain_log_axis(axis, decimal: bool = True) -> None:  # type: ignore[no-untyped-def]
-    if decimal:  # 1-2-5 steps: a range inside one decade still gets labels
-        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    if decimal:  # 1-2-5 steps, more where a decade holds fewer than three (EnoughLogTicks)
+        axis.set_major_locator(EnoughLogTicks())
     axis.set_major_formatter(_PLAIN)
     axis.set_minor_formatter(NullFormatter())
 
@@ -122,11 +149,15 @@ def grid_heatmap(table: pd.DataFrame, column: str, label: str, title: str, name:
     nrows = max(math.ceil(len(sizes) / ncols), 1)
     panel_w = 0.85 * max(len(prefills), 4) + 1.3
     panel_h = 0.48 * max(len(decodes), 4) + 1.2
-    height = nrows * panel_h + 1.2
-    fig = Figure(figsize=(ncols * panel_w + 1.4, height))
+    width = ncols * panel_w + 1.4
+    # A title wider than a small grid is wrapped, not cut at both edges (~8.5 characters an inch).
+    title = textwrap.fill(title, width=max(30, int(width * 8.5)))
+    lines = title.count("\n") + 1
+    height = nrows * panel_h + 1.2 + 0.25 * (lines - 1)
+    fig = Figure(figsize=(width, height))
     # Margins in inches, so a one-row grid keeps room for the title and the axis label.
-    fig.subplots_adjust(left=0.07, right=0.87, bottom=0.6 / height, top=1 - 0.75 / height, wspace=0.22,
-                        hspace=0.42 * 4 / max(nrows * panel_h, 4))
+    fig.subplots_adjust(left=0.07, right=0.87, bottom=0.6 / height, top=1 - (0.5 + 0.25 * lines) / height,
+                        wspace=0.22, hspace=0.42 * 4 / max(nrows * panel_h, 4))
     finite = values_of.to_numpy(np.float64)
     finite = finite[np.isfinite(finite)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -232,7 +263,8 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
     p_hi = float(fitted["new_prefill_tokens"].max()) if len(fitted) else 32768.0
     p_lo, p_hi = min(p_lo, p_hi / 2), max(p_hi, p_lo * 2)
     decodes = np.arange(1, d_max + 1)
-    prefills = np.unique(np.geomspace(p_lo, p_hi, 120).round())
+    # a quarter of an octave past the outer grid points, so their markers are not cut at the edges
+    prefills = np.unique(np.geomspace(p_lo / 2**0.25, p_hi * 2**0.25, 120).round())
     region = offload_region(model, chunk_size, decodes, prefills, transfer_ms)
     fig = Figure(figsize=(9, 5.6))
     fig.subplots_adjust(left=0.08, right=0.93, bottom=0.18, top=0.92)
@@ -249,9 +281,10 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
     loses = rows[~(rows["aggregate_interference_ms"] > transfer_ms)]
     seen = "modelled" if _modelled(rows if len(rows) else table) else "measured"
     ax.scatter(wins["new_prefill_tokens"], wins["decode_batch_size"], marker="o", s=50, c="red",
-               edgecolors="white", label=f"{seen}: offload wins (> {transfer_ms:g} ms)")
+               edgecolors="white", label=f"{seen}: offload wins (> {transfer_ms:g} ms)", clip_on=False, zorder=3)
     ax.scatter(loses["new_prefill_tokens"], loses["decode_batch_size"], marker="o", s=50, facecolors="none",
-               edgecolors="red", label=f"{seen}: keep local")
+               edgecolors="red", label=f"{seen}: keep local", clip_on=False, zorder=3)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # D is a count: no D = 1.5
     ax.set_xscale("log", base=2)
     _plain_log_axis(ax.xaxis, decimal=False)
     ticks = sorted(int(p) for p in fitted["new_prefill_tokens"].unique()) if len(fitted) else []

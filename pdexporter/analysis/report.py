@@ -23,7 +23,7 @@ from pdexporter.analysis.job import Analysis
 from pdexporter.analysis.plots import Plot, all_plots
 
 __all__ = [
-    "REPORT_HTML", "render_report", "write_report",
+    "MISSING", "REPORT_HTML", "render_report", "write_report",
 ]
 
 REPORT_HTML = "report.html"
@@ -38,9 +38,12 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
+MISSING = "n/a"  # the one mark of a value that is not there, whatever kind of empty it was
+
+
 def _num(value: Any, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "n/a"
+    if _isna(value) or (isinstance(value, float) and not math.isfinite(value)):
+        return MISSING  # None, NaN and pandas' NA alike (integer columns held <NA>, shown as such)
     if isinstance(value, float):
         if value == 0 or 1e-3 <= abs(value) < 1e3:
             return f"{value:.{digits}g}"
@@ -227,9 +230,12 @@ def _data_table(analysis: Analysis) -> str:
 
 
 def _isna(value: Any) -> bool:
+    """None, NaN, pandas' NA or NaT (a scalar; anything else is there)."""
+    import pandas as pd
+
     try:
-        return bool(value is None or value != value)
-    except (TypeError, ValueError):
+        return value is None or bool(pd.isna(value))
+    except (TypeError, ValueError):  # an array-like: not one missing value
         return False
 
 

@@ -32,7 +32,7 @@ def compare(
 ) -> None:
     """Per configuration: penalty, prefill duration, aggregate interference and baseline, before and after."""
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
-    from pdexporter.analysis.compare import compare_tables, summarise
+    from pdexporter.analysis.compare import compare_tables, distinct_names, summarise
     from pdexporter.analysis.job import load_results, record_paths
     from pdexporter.analysis.table import any_modelled, build_table
 
@@ -49,8 +49,9 @@ def compare(
         if plots:
             from pdexporter.analysis.plots import grid_heatmap, write_plots
 
+            names = distinct_names(before, after)  # two sweeps named quick: their paths tell them apart
             for metric in PLOTTED:
-                title = f"{metric}: change (%) from {before.name} to {after.name}"
+                title = f"{metric}: change (%) from {names[0]} to {names[1]}"
                 if any(modelled.values()):
                     title = f"MODELLED ({', '.join(k for k, v in modelled.items() if v)}): {title}"
                 plot = grid_heatmap(comparison, f"{metric}_change_pct", "change (%)", title, f"compare_{metric}",

@@ -139,3 +139,42 @@ def test_report_renders_both_arms_of_the_committed_h200_data() -> None:
                        offloaded_source=str(offloaded))
     html_text = render_report(analysis, plots=[])
     assert 'id="arms-table"' in html_text and "DecodeBench" in html_text
+    # issue 24: the table showed `n/a` for missing floats and `<NA>` for missing integers
+    assert "&lt;NA&gt;" not in html_text and "<NA>" not in html_text and ">n/a<" in html_text
+
+
+def _drawn(plot):  # type: ignore[no-untyped-def]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(plot.figure).draw()
+    return plot
+
+
+@pytest.mark.parametrize(("low", "high"), [(8.2, 11.9), (9.0, 11.5), (2.2, 19.0), (3.8, 9.0), (1.05, 1.3)])
+def test_a_narrow_log_colour_bar_has_at_least_three_labels(modelled_analysis, low: float, high: float) -> None:
+    """Issue 24: a ratio range inside one 1-2-5 step (8.2 to 11.9) got a colour bar with the one label 10."""
+    table = modelled_analysis.table.copy()
+    ratios = table["penalty_ratio"]
+    table["penalty_ratio"] = low + (ratios - ratios.min()) / (ratios.max() - ratios.min()) * (high - low)
+    bar = _drawn(heatmap(table)).figure.axes[-1]
+    shown = [t.get_text() for t, y in zip(bar.get_yticklabels(), bar.get_yticks())
+             if low * 0.999 <= y <= high * 1.001 and t.get_text()]
+    assert len(shown) >= 3, shown
+
+
+def test_breakeven_shows_whole_decodes_and_whole_markers(modelled_analysis) -> None:
+    """Issue 24: D axes read 1.5, 2.5 with few decode batch sizes; the outer points' markers were cut
+    in half at the plot's edges."""
+    from pdexporter.analysis.job import analyse
+    from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records
+
+    grid = list(seed_grid(chunks=(8192,), decodes=(0, 1, 2, 3), prefills=(2048, 4096, 8192)))
+    small = analyse([samples_from_record(r) for r in synthetic_records(SyntheticTruth(), grid, reps=2)], source="s")
+    ax = _drawn(breakeven(small.table, small.fits.best.model, 8192, 50.0)).figure.axes[0]
+    assert all(float(y).is_integer() for y in ax.get_yticks())
+    left, right = ax.get_xlim()
+    assert left < 2048 and right > 8192  # the outer points sit inside the axes, not on their edge
+    from matplotlib.collections import PathCollection
+
+    points = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(points) == 2 and all(not c.get_clip_on() for c in points)  # the markers are drawn whole

@@ -48,3 +48,13 @@ def test_disjoint_tables_and_missing_columns_are_one_line_errors() -> None:
     with pytest.raises(RecordError, match="tpot_penalty_ms missing"):
         compare_tables(table([(8192, 2, 512, 1.0, 1.0)]).drop(columns="tpot_penalty_ms"), table([(8192, 2, 512, 1.0, 1.0)]))
     assert COMPARED[0] == "tpot_penalty_ms"
+
+
+def test_two_sweeps_with_one_name_are_told_apart_by_their_paths(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 24: `compare` titled its plots "from quick to quick" for two sweeps named quick."""
+    from pdexporter.analysis.compare import distinct_names
+
+    a, b = tmp_path / "sim" / "h200" / "quick", tmp_path / "sim" / "h20" / "quick"
+    assert distinct_names(a, b) == ("h200/quick", "h20/quick")
+    assert distinct_names(tmp_path / "before", tmp_path / "after") == ("before", "after")
+    assert distinct_names(a, a) == (str(a), str(a))

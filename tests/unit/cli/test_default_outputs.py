@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _ignored(path: Path | str) -> bool:
-    result = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=ROOT, check=False)  # noqa: S607
+    result = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=ROOT, check=False)
     return result.returncode == 0
 
 
