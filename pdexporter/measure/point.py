@@ -309,7 +309,10 @@ async def measure_point(
                     run.extra["retries"] = k
                 return run
 
-            run = await retrying(window, retries, lambda k, exc, rep=rep: on_retry(f"repetition {rep}", exc))
+            def told(k: int, exc: BaseException, what: str = f"repetition {rep}") -> None:
+                on_retry(what, exc)
+
+            run = await retrying(window, retries, told)
         record = append_rep(store, spec, config, done, run, started, summarise, rep_fields)
         if on_rep is not None:
             on_rep(done[-1])
