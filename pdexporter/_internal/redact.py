@@ -41,8 +41,14 @@ def secret_name(name: str) -> bool:
 
 
 def redact_url(text: str) -> str:
-    """`https://user:pass@host/...` -> `https://***@host/...`, wherever a URL appears in `text`."""
-    return _USERINFO.sub(rf"\1{REDACTED}@", text)
+    """`https://user:pass@host/...` -> `https://user:***@host/...` (the user named, as Grafana's
+    messages do), and `https://token@host` -> `https://***@host` (a bare userinfo is often a
+    token), wherever a URL appears in `text`."""
+    def hide(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}:{REDACTED}@" if colon else f"{match.group(1)}{REDACTED}@"
+
+    return _USERINFO.sub(hide, text)
 
 
 def secret_values(*, variables: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,

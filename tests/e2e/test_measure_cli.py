@@ -108,7 +108,7 @@ async def test_a_url_password_is_nowhere_in_records_or_output(tmp_path: Path) ->
     assert code == 0, err
     record = (tmp_path / "2048" / "D1_P64.json").read_text()
     assert "pw-s3cret" not in record + out + err
-    assert json.loads(record)["config"]["engine_url"] == engine.url.replace("http://", "http://***@")
+    assert json.loads(record)["config"]["engine_url"] == engine.url.replace("http://", "http://alice:***@")
     dead = f"http://alice:pw-s3cret@127.0.0.1:{free_port()}"
     code, out, err = await run_cli("measure", "--target", dead, "--out", str(tmp_path / "x"), "-D", "1", "-P", "16")
     assert code == 3 and "pw-s3cret" not in out + err and "cannot connect to http://127.0.0.1" in _one_error_line(err)

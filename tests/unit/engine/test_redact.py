@@ -28,10 +28,11 @@ def test_ordinary_names(name: str) -> None:
 
 
 def test_url_passwords_go_wherever_a_url_is() -> None:
-    assert redact_url("https://alice:s3cret@vllm:8000/v1") == "https://***@vllm:8000/v1"
+    assert redact_url("https://alice:s3cret@vllm:8000/v1") == "https://alice:***@vllm:8000/v1"
     assert redact_url("cannot connect to http://tok@h:1/x: refused") == "cannot connect to http://***@h:1/x: refused"
-    assert redact_url("http://vllm:8000 and pg://u:p@db/x") == "http://vllm:8000 and pg://***@db/x"
-    assert redact_text("key sk-abcdef and http://a:b@h", ["sk-abcdef", "ab"]) == "key *** and http://***@h"
+    assert redact_url("http://vllm:8000 and pg://u:p@db/x") == "http://vllm:8000 and pg://u:***@db/x"
+    assert redact_url(redact_url("http://a:b@h")) == "http://a:***@h"  # Grafana's own redaction passes through
+    assert redact_text("key sk-abcdef and http://a:bcde@h", ["sk-abcdef", "ab"]) == "key *** and http://a:***@h"
 
 
 def test_a_secret_variable_is_hidden_wherever_it_was_substituted() -> None:
@@ -40,7 +41,7 @@ def test_a_secret_variable_is_hidden_wherever_it_was_substituted() -> None:
     assert "hunter2-db" in rendered.argv  # the engine gets the value
     text = " ".join(rendered.redacted)
     assert "hunter2-db" not in text and "x***y" in text and "qwen" in text and "8192" in text
-    assert "DSN=pg://***@db/x" in text
+    assert "DSN=pg://u:***@db/x" in text
     assert secret_values(argv=["--api-key", "sk-1", "--token=t-2", "HF_TOKEN=h-3", "--port", "80"]) == [
         "sk-1", "t-2", "h-3"]
 
@@ -55,7 +56,7 @@ async def test_a_url_password_becomes_a_basic_header_and_leaves_the_url() -> Non
         assert "alice" not in str(info.value) and "127.0.0.1:1" in str(info.value)
     finally:
         await client.aclose()
-    assert str(EngineError("cannot connect to http://u:pw@h:1/x")) == "cannot connect to http://***@h:1/x"
+    assert str(EngineError("cannot connect to http://u:pw@h:1/x")) == "cannot connect to http://u:***@h:1/x"
 
 
 def test_a_401_body_is_not_echoed() -> None:

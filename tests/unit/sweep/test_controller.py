@@ -266,4 +266,4 @@ async def test_secret_launcher_values_never_reach_sweep_json(tmp_path: Path) -> 
         assert secret not in text, secret
     data = json.loads(text)["spec"]["launcher"]
     assert data["vars"]["DB_CREDS"] == "***" and data["vars"]["model"] == "qwen"
-    assert data["vars"]["db"] == "pg://***@db:5432/x"
+    assert data["vars"]["db"] == "pg://u:***@db:5432/x"
