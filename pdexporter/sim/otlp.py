@@ -31,7 +31,7 @@ class RequestSpans:
                               "request traces over OTLP/HTTP only (http/protobuf)")
         if not endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"--otlp-traces-endpoint {endpoint!r}: expected an http:// or https:// URL "
-                              "(e.g. http://127.0.0.1:18742/v1/traces)")
+                              "(e.g. http://127.0.0.1:18743/v1/traces)")
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
