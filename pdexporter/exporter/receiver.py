@@ -60,7 +60,11 @@ __all__ = [
 ]
 
 DEFAULT_TRACES_PORT = 18743
-RECEIVER_SERIES = (REQUEST_TRACES, TRACE_EXPORTS, TRACE_REJECTIONS)  # what the receiver's own GET /metrics shows
+RECEIVER_SERIES = (
+    REQUEST_TRACES,
+    TRACE_EXPORTS,
+    TRACE_REJECTIONS,
+)  # what the receiver's own GET /metrics shows
 MIB = 1024 * 1024
 _STATUS = {
     "unauthorized": 401,
@@ -277,11 +281,15 @@ def traces_app(
 
     async def counters(request: web.Request) -> web.StreamResponse:
         if not bearer_ok(request, token):
-            return web.Response(status=401, text="a bearer token is required\n", headers={"WWW-Authenticate": "Bearer"})
+            return web.Response(
+                status=401, text="a bearer token is required\n", headers={"WWW-Authenticate": "Bearer"}
+            )
         assert registry is not None
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(body=encoder(registry.restricted_registry(RECEIVER_SERIES)),
-                            headers={"Content-Type": content_type})
+        return web.Response(
+            body=encoder(registry.restricted_registry(RECEIVER_SERIES)),
+            headers={"Content-Type": content_type},
+        )
 
     app = web.Application(client_max_size=limits.max_wire_bytes)
     app.router.add_post("/v1/traces", traces)

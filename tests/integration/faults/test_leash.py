@@ -30,8 +30,9 @@ SECRET = "sk-leash-test-0123456789"
 
 def _start_leash() -> tuple[subprocess.Popen[bytes], socket.socket, dict[str, str]]:
     ours, theirs = socket.socketpair()
-    leash = subprocess.Popen([sys.executable, "-I", str(LEASH), "--stop-timeout", "2"], stdin=theirs,
-                             stderr=subprocess.PIPE)
+    leash = subprocess.Popen(
+        [sys.executable, "-I", str(LEASH), "--stop-timeout", "2"], stdin=theirs, stderr=subprocess.PIPE
+    )
     theirs.close()
     engine = [sys.executable, "-c", "import time; time.sleep(120)", "--api-key", SECRET]
     ours.sendall(f"argv {json.dumps(engine)}\n".encode())

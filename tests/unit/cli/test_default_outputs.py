@@ -25,7 +25,9 @@ def _ignored(path: Path | str) -> bool:
 def test_every_default_output_is_ignored_and_committed_results_are_not() -> None:
     defaults = [
         "results/8192/D4_P8192.json",  # measure
-        "results/interference_table.csv", "results/decision.json", "results/plots/heatmap.png",  # export-table
+        "results/interference_table.csv",
+        "results/decision.json",
+        "results/plots/heatmap.png",  # export-table
         "results/comparison/comparison.csv",  # compare
         default_report_path(ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b"),  # report
         prediction_root("h200-qwen3-coder-30b-a3b", "quick") / "8192" / "D4_P512.json",  # sim sweep
@@ -34,6 +36,5 @@ def test_every_default_output_is_ignored_and_committed_results_are_not() -> None
         defaults.append(Path(load_sweep(ROOT / "sweeps" / f"{name}.yaml").output) / "sweep.json")
     for path in defaults:
         assert _ignored(path), f"{path} is not ignored"
-    for committed in ("results/h200-vllm0.22-qwen3-coder-30b-a3b/report.html",
-                      "results/h200x2-arms/RUN.md"):
+    for committed in ("results/h200-vllm0.22-qwen3-coder-30b-a3b/report.html", "results/h200x2-arms/RUN.md"):
         assert not _ignored(committed), committed

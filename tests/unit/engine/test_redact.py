@@ -13,37 +13,80 @@ from pdexporter.errors import EngineError
 from pdexporter.launch.local import render_command
 
 
-@pytest.mark.parametrize("name", ["DB_CREDS", "GCP_CREDENTIALS", "MY_SECRET_X", "client-secret", "DB_PASSWORD",
-                                  "PGPASSWORD", "HF_TOKEN", "hfToken", "ACCESSTOKEN", "api-key", "API_KEYS",
-                                  "VLLM_API_KEY", "AWS_SECRET_ACCESS_KEY", "apikey", "PAT", "auth"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DB_CREDS",
+        "GCP_CREDENTIALS",
+        "MY_SECRET_X",
+        "client-secret",
+        "DB_PASSWORD",
+        "PGPASSWORD",
+        "HF_TOKEN",
+        "hfToken",
+        "ACCESSTOKEN",
+        "api-key",
+        "API_KEYS",
+        "VLLM_API_KEY",
+        "AWS_SECRET_ACCESS_KEY",
+        "apikey",
+        "PAT",
+        "auth",
+    ],
+)
 def test_secret_looking_names(name: str) -> None:
     assert secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["max-num-batched-tokens", "max-tokens", "tokenizer", "tokenizer-mode", "model",
-                                  "CUDA_VISIBLE_DEVICES", "gpu-memory-utilization", "kv-cache-dtype", "port",
-                                  "enable-prefix-caching"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "max-num-batched-tokens",
+        "max-tokens",
+        "tokenizer",
+        "tokenizer-mode",
+        "model",
+        "CUDA_VISIBLE_DEVICES",
+        "gpu-memory-utilization",
+        "kv-cache-dtype",
+        "port",
+        "enable-prefix-caching",
+    ],
+)
 def test_ordinary_names(name: str) -> None:
     assert not secret_name(name)
 
 
 def test_url_passwords_go_wherever_a_url_is() -> None:
     assert redact_url("https://alice:s3cret@vllm:8000/v1") == "https://alice:***@vllm:8000/v1"
-    assert redact_url("cannot connect to http://tok@h:1/x: refused") == "cannot connect to http://***@h:1/x: refused"
+    assert (
+        redact_url("cannot connect to http://tok@h:1/x: refused")
+        == "cannot connect to http://***@h:1/x: refused"
+    )
     assert redact_url("http://vllm:8000 and pg://u:p@db/x") == "http://vllm:8000 and pg://u:***@db/x"
-    assert redact_url(redact_url("http://a:b@h")) == "http://a:***@h"  # Grafana's own redaction passes through
-    assert redact_text("key sk-abcdef and http://a:bcde@h", ["sk-abcdef", "ab"]) == "key *** and http://a:***@h"
+    assert (
+        redact_url(redact_url("http://a:b@h")) == "http://a:***@h"
+    )  # Grafana's own redaction passes through
+    assert (
+        redact_text("key sk-abcdef and http://a:bcde@h", ["sk-abcdef", "ab"]) == "key *** and http://a:***@h"
+    )
 
 
 def test_a_secret_variable_is_hidden_wherever_it_was_substituted() -> None:
-    rendered = render_command("DSN={dsn} vllm serve {model} --hf-auth {DB_CREDS} x{DB_CREDS}y --max-num-batched-tokens "
-                              "{chunk}", 8192, {"DB_CREDS": "hunter2-db", "model": "qwen", "dsn": "pg://u:p@db/x"})
+    rendered = render_command(
+        "DSN={dsn} vllm serve {model} --hf-auth {DB_CREDS} x{DB_CREDS}y --max-num-batched-tokens {chunk}",
+        8192,
+        {"DB_CREDS": "hunter2-db", "model": "qwen", "dsn": "pg://u:p@db/x"},
+    )
     assert "hunter2-db" in rendered.argv  # the engine gets the value
     text = " ".join(rendered.redacted)
     assert "hunter2-db" not in text and "x***y" in text and "qwen" in text and "8192" in text
     assert "DSN=pg://u:***@db/x" in text
     assert secret_values(argv=["--api-key", "sk-1", "--token=t-2", "HF_TOKEN=h-3", "--port", "80"]) == [
-        "sk-1", "t-2", "h-3"]
+        "sk-1",
+        "t-2",
+        "h-3",
+    ]
 
 
 async def test_a_url_password_becomes_a_basic_header_and_leaves_the_url() -> None:

@@ -43,8 +43,11 @@ def test_inflating_stops_at_the_limit_without_holding_more() -> None:
         _inflate(b"x" * 2000, "identity", 1000)
 
 
-@pytest.mark.parametrize("body", [b"\x1f\x8b not gzip", gzip.compress(b"abc" * 1000, mtime=0)[:40], b""],
-                         ids=["corrupt", "truncated", "empty"])
+@pytest.mark.parametrize(
+    "body",
+    [b"\x1f\x8b not gzip", gzip.compress(b"abc" * 1000, mtime=0)[:40], b""],
+    ids=["corrupt", "truncated", "empty"],
+)
 def test_corrupt_or_truncated_gzip_is_an_error_not_an_empty_body(body: bytes) -> None:
     with pytest.raises(ValueError):
         _inflate(body, "gzip", 10**6)
