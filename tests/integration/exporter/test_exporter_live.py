@@ -208,7 +208,7 @@ def test_window_shows_the_expected_slow_steps(session: Session) -> None:
         i = window.rep.interference
         assert i.num_chunks_expected == len(adapter('vllm').chunk_schedule(P, B, D)) == 3
         assert i.chunk_tokens_engine_log == CHUNKS  # the engine's own step log
-        assert window.rep.derived.tpot_penalty_p50_ms is not None and window.rep.derived.tpot_penalty_p50_ms > 0
+        assert window.rep.derived.tpot_penalty_ms is not None and window.rep.derived.tpot_penalty_ms > 0
         assert i.num_chunks_actual == 3 and i.num_chunks_source == "engine-log"
         slow.append(i.slow_steps)  # the cadence, independent of the log
         sums.append(sum(i.chunk_step_times_ms))
@@ -283,7 +283,7 @@ def test_otlp_receiver_gets_window_spans_with_the_windows_numbers(session: Sessi
         assert a["pdexporter.window.num_chunks"] == rep.interference.num_chunks_actual
         assert a["pdexporter.window.expected_chunks"] == 3
         assert a["pdexporter.window.tpot_baseline_ms"] == rep.baseline.tpot_p50_ms
-        assert a["pdexporter.window.tpot_penalty_ms"] == rep.derived.tpot_penalty_p50_ms
+        assert a["pdexporter.window.tpot_penalty_ms"] == rep.derived.tpot_penalty_ms
         assert a["pdexporter.window.prefill_duration_ms"] == rep.interference.prefill_duration_ms
         assert len(span.links) == D
         request = requests[span.span_id]

@@ -71,7 +71,7 @@ async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None
         assert w.rep.baseline.source == "passive-quiet"
         assert w.event.source in ("otlp", "metrics")
         assert w.run.new_prefill_tokens == w.event.attribution.prompt_tokens
-        assert w.rep.derived.tpot_penalty_p50_ms is not None
+        assert w.rep.derived.tpot_penalty_ms is not None
     samples = _samples(runner)
     penalty = [s for s in samples[m.WINDOW_PENALTY] if s.labels["mode"] == "passive"]
     assert penalty and {s.labels["new_prefill_tokens"] for s in penalty} <= {str(2**k) for k in range(7, 18)}

@@ -21,10 +21,11 @@ def _rep(d: int, p: int, baseline_ms: float, during_ms: float, chunks: int) -> R
         "baseline": {"tpot_p50_ms": baseline_ms, "tpot_p90_ms": baseline_ms * 1.1, "tpot_p99_ms": baseline_ms * 1.2,
                      "step_time_ms": baseline_ms},
         "interference": {"tpot_during_prefill_p50_ms": during_ms, "tpot_during_prefill_p90_ms": during_ms * 1.1,
+                         "tpot_during_prefill_mean_ms": during_ms,
                          "tpot_after_prefill_p50_ms": baseline_ms, "num_chunks_actual": chunks,
                          "num_chunks_expected": chunks, "prefill_duration_ms": during_ms * chunks,
                          "prefill_ttft_ms": during_ms * chunks},
-        "derived": {"tpot_penalty_p50_ms": during_ms - baseline_ms,
+        "derived": {"tpot_penalty_ms": during_ms - baseline_ms, "tpot_penalty_p50_ms": during_ms - baseline_ms,
                     "tpot_penalty_ratio": (during_ms - baseline_ms) / baseline_ms,
                     "total_interference_ms": (during_ms - baseline_ms) * chunks, "decode_tokens_delayed": d * chunks},
     })

@@ -81,7 +81,7 @@ def test_num_chunks_actual_is_ceil_p_over_b_minus_d(tmp_path: Path, b: int, d: i
         assert len(rep.interference.chunk_step_times_ms) == expected
         assert rep.interference.chunk_tokens_engine_log[:-1] == [b - d] * (expected - 1)
         assert sum(rep.interference.chunk_tokens_engine_log) == p
-    assert record.derived.tpot_penalty_p50_ms > 0
+    assert record.derived.tpot_penalty_ms > 0
     assert (tmp_path / str(b) / f"D{d}_P{p}.json").exists()
 
 

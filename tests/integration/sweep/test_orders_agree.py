@@ -37,6 +37,6 @@ def test_interleaved_and_blocked_agree(tmp_path: Path) -> None:
         assert b[key].interference.prefill_duration_ms == pytest.approx(a[key].interference.prefill_duration_ms,
                                                                          rel=0.01), key
         if key[1]:
-            assert b[key].derived.tpot_penalty_p50_ms == pytest.approx(a[key].derived.tpot_penalty_p50_ms, rel=0.01), key
+            assert b[key].derived.tpot_penalty_ms == pytest.approx(a[key].derived.tpot_penalty_ms, rel=0.01), key
     # one probe set per D and block: more sets than blocked, far fewer than repetitions
     assert sets["blocked"] < sets["interleaved"] <= 2 * 3 * 3
