@@ -217,6 +217,11 @@ class Window:
         return dict(self.labels).get("mode", "active")
 
     @property
+    def engine(self) -> str | None:
+        """The engine measured (series written before the label existed: None, see `engine_info`)."""
+        return dict(self.labels).get("engine")
+
+    @property
     def key(self) -> tuple[int, int, int]:
         labels = dict(self.labels)
         return (int(labels["chunk_size"]), int(labels["decode_batch_size"]), int(labels["new_prefill_tokens"]))
@@ -312,11 +317,12 @@ def samples_from_windows(windows: Iterable[Window], engines: Mapping[int, Mappin
     out = []
     for key in sorted(grouped):
         info = (engines or {}).get(key[0], {})
+        engine = grouped[key][0].engine or info.get("engine", "unknown")
         out.append(ConfigSamples(
             chunk_size=key[0], decode_batch_size=key[1], new_prefill_tokens=key[2],
             reps=tuple(_rep(w) for w in grouped[key]),
             modelled=str(info.get("modelled", "false")).lower() == "true",
-            engine=info.get("engine", "unknown"), model=info.get("model"), source=source,
+            engine=engine, model=info.get("model"), source=source,
             passive=grouped[key][0].mode == "passive",
         ))
     return out
@@ -361,8 +367,11 @@ class PullResult:
     other_mode: int = 0  # windows of the other mode, left out
 
 
-def pull(api: PrometheusAPI, start: float, end: float, step: float = 1.0, mode: str = "active") -> PullResult:
-    """The windows of one mode ("active": injected, the default; "passive": production prefills)."""
+def pull(api: PrometheusAPI, start: float, end: float, step: float = 1.0, mode: str = "active",
+         engine: str | None = None) -> PullResult:
+    """The windows of one mode ("active": injected, the default; "passive": production prefills)
+    and one engine (`engine`: needed when the range holds windows of several, e.g. vLLM's and
+    SGLang's exporters scraped by one Prometheus; one table is one engine's)."""
     if end <= start:
         raise ConfigError(f"--from {_iso(start)} is not before --to {_iso(end)}")
     if step < 0.001:
@@ -374,6 +383,15 @@ def pull(api: PrometheusAPI, start: float, end: float, step: float = 1.0, mode: 
     rebuilt = windows_from_series(increments, gauges)
     chosen = [w for w in rebuilt.windows if w.mode == mode]
     other = len(rebuilt.windows) - len(chosen)
+    seen = sorted({w.engine for w in chosen if w.engine is not None})
+    if engine is not None:
+        if engine not in seen:
+            raise PrometheusError(f"--engine {engine}: no {m.WINDOWS} of that engine (mode {mode}) between "
+                                  f"{_iso(start)} and {_iso(end)}; engines there: {', '.join(seen) or 'none labelled'}")
+        chosen = [w for w in chosen if w.engine == engine]
+    elif len(seen) > 1:
+        raise PrometheusError(f"Prometheus at {api.base_url} holds windows of {len(seen)} engines ({', '.join(seen)}) "
+                              "in that range: one table is one engine's, add --engine NAME")
     if not chosen:
         hint = f" ({other} {'passive' if mode == 'active' else 'active'} ones: add --mode " \
                f"{'passive' if mode == 'active' else 'active'})" if other else ""

@@ -25,7 +25,14 @@ console = Console(stderr=True)
 
 TargetOpt = Annotated[
     str | None,
-    typer.Option("--target", help="Base URL of an OpenAI-compatible engine (vLLM). Default: the embedded engine."),
+    typer.Option("--target", help="Base URL of an OpenAI-compatible engine (vLLM, SGLang). Default: the embedded "
+                                  "engine."),
+]
+EngineOpt = Annotated[
+    str | None,
+    typer.Option("--engine", help="With --target: the engine serving it, where it cannot say itself (vllm, sglang, "
+                                  "...; default: it says, through /version or /server_info). Without: the engine "
+                                  "the embedded one imitates (vllm, sglang, sglang-mixed; default vllm)."),
 ]
 ApiKeyFileOpt = Annotated[
     Path | None,
@@ -89,16 +96,29 @@ def run_async(coro: Coroutine[Any, Any, T], *, interrupted: Callable[[], str] | 
     return asyncio.run(guarded())
 
 
-def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, gpu: str | None = None,
-                  log_dir: Path | None = None) -> Launcher:
-    """`--target URL` means an external engine at that chunk size; none means the embedded one, whose
-    --profile is read here, before anything starts (a wrong name is one line, not a child's exit)."""
+def claimed_engine(target: str | None, engine: str | None) -> str | None:
+    """The engine (adapter name) a command measures, as far as it is known before anything
+    starts: --engine with --target (None: the engine will say), the embedded engine imitating
+    --engine without. A name nobody registered is one line."""
+    from pdexporter.engines import adapter, sim_engine
+
     if target:
-        return ExternalLauncher(url=target, chunk_size=chunk_size, gpu=gpu)
+        return None if engine is None else adapter(engine).name
+    return sim_engine(engine or "vllm")
+
+
+def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, gpu: str | None = None,
+                  log_dir: Path | None = None, engine: str | None = None) -> Launcher:
+    """`--target URL` means an external engine at that chunk size (`engine`: what it is, if it
+    cannot say); none means the embedded one imitating `engine` (vllm by default), whose --profile
+    is read here, before anything starts (a wrong name is one line, not a child's exit)."""
+    claimed = claimed_engine(target, engine)
+    if target:
+        return ExternalLauncher(url=target, chunk_size=chunk_size, gpu=gpu, engine=claimed)
     from pdexporter.sim.profile import load_profile
 
     load_profile(profile)
-    return SimLauncher(profile=profile, log_dir=log_dir)
+    return SimLauncher(profile=profile, log_dir=log_dir, engine=engine or "vllm")
 
 
 def api_key(api_key_file: Path | None) -> str | None:

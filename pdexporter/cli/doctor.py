@@ -12,6 +12,7 @@ from pdexporter._internal.redact import redact_url
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
+    EngineOpt,
     ModelOpt,
     ProfileOpt,
     TargetOpt,
@@ -23,6 +24,7 @@ from pdexporter.cli._common import (
 from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.doctor import Check, EndpointFacts, EngineFacts, evaluate, failed
 from pdexporter.doctor.checks import TraceArrival
+from pdexporter.engines import UNIDENTIFIED
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
 from pdexporter.exporter.server import parse_listen
@@ -38,9 +40,10 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     target: TargetOpt = None,
+    engine: EngineOpt = None,
     chunk_size: Annotated[int | None, typer.Option(
-        *B_FLAGS, min=1, help="The engine's max_num_batched_tokens (tokens per step), if you know it (vLLM "
-        "does not publish it).")] = None,
+        *B_FLAGS, min=1, help="The engine's chunk size (tokens per step), if you know it (vLLM does not publish its "
+        "max_num_batched_tokens; SGLang publishes its chunked_prefill_size).")] = None,
     prometheus: Annotated[str | None, typer.Option(
         "--prometheus", help="Prometheus base URL to check (reachable, and whether it holds pdexporter series).")
     ] = None,
@@ -66,9 +69,9 @@ def doctor(
     traces_wait: Annotated[float, typer.Option(
         "--traces-wait", min=1.0, help="Seconds to wait for the span (vLLM batches its spans every 5 s).")] = 15.0,
 ) -> None:
-    """Check the engine (reachable, version, model, max_model_len, chunk size, step log, prefix
-    caching, CUDA graphs, its tracing imports, that its spans arrive) and the Prometheus and OTLP
-    endpoints; exit 1 if a check fails."""
+    """Check the engine (reachable, which engine, its settings, model, max_model_len, metrics, chunk
+    size, step log, prefix caching, CUDA graphs, its tracing imports, that its spans arrive) and the
+    Prometheus and OTLP endpoints; exit 1 if a check fails."""
     if target is not None and not target.startswith(("http://", "https://")):
         raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
     if prometheus is not None and not prometheus.startswith(("http://", "https://")):
@@ -79,7 +82,7 @@ def doctor(
     except ConfigError:
         raise ConfigError(f"--traces-receiver {traces_receiver!r}: expected HOST:PORT") from None
     with console.status("starting the embedded engine ..." if target is None else f"asking {redact_url(target)} ..."):
-        engine, arrival = run_async(_engine(target, chunk_size, model, token, profile, receiver, traces_wait))
+        facts, arrival = run_async(_engine(target, chunk_size, model, token, profile, receiver, traces_wait, engine))
     with console.status("checking the endpoints and the engine's tracing imports ..."):
         from pdexporter.doctor.gather import engine_python as python_of
         from pdexporter.doctor.gather import otlp_facts, prometheus_facts, tracing_imports
@@ -91,19 +94,20 @@ def doctor(
             if python is None:
                 raise ConfigError(f"--engine-command {engine_command!r}: cannot tell which Python it runs in (its "
                                   "first word is neither a Python nor a script with a #! line); give --engine-python")
-        imports = tracing_imports(python, source, embedded=target is None)
-    checks = evaluate(engine, endpoints, imports, arrival)
-    print_checks(checks, engine)
+        imports = tracing_imports(python, source, facts.engine or facts.engine_claimed or UNIDENTIFIED,
+                                  embedded=target is None)
+    checks = evaluate(facts, endpoints, imports, arrival)
+    print_checks(checks, facts)
     if failed(checks):
         raise typer.Exit(1)
 
 
 async def _engine(target: str | None, chunk_size: int | None, model: str | None, token: str | None,
                   profile: str, receiver: tuple[str, int] | None,
-                  traces_wait: float) -> tuple[EngineFacts, TraceArrival | None]:
+                  traces_wait: float, engine: str | None = None) -> tuple[EngineFacts, TraceArrival | None]:
     from pdexporter.doctor.gather import engine_facts, listen_for_traces, trace_arrival
 
-    launcher = make_launcher(target, chunk_size=chunk_size, profile=profile)
+    launcher = make_launcher(target, chunk_size=chunk_size, profile=profile, engine=engine)
     listener = None
     if receiver is not None and target is None and isinstance(launcher, TraceDirected):
         # the embedded engine is told where to send: doctor's own receiver on a free local port

@@ -19,6 +19,7 @@ from pdexporter.errors import ConfigError
 
 if TYPE_CHECKING:
     from pdexporter.analysis.job import Analysis
+    from pdexporter.analysis.table import ConfigSamples
 
 TransferOpt = Annotated[
     float,
@@ -74,6 +75,9 @@ def export_table(
         "--injected", help="--mode passive: injected records of the same engine; the event-fitted model's "
                            "predictions are compared with them as traffic comes (passive_model.json, "
                            "plots/passive_convergence).")] = None,
+    engine: Annotated[str | None, typer.Option(
+        "--engine", help="Tabulate this engine's windows only (its adapter's name, e.g. vllm, sglang); needed when "
+                         "the records or Prometheus hold several engines' (one table is one engine's).")] = None,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import (
@@ -95,7 +99,7 @@ def export_table(
         raise ConfigError(f"--injected {injected}: only with --mode passive and a RESULTS_DIR of passive records")
     if prometheus is not None:
         analysis, out_dir, extra = _from_prometheus(prometheus, from_, to, step, transfer_ms, out, mode, grid,
-                                                    min_events)
+                                                    min_events, engine)
         total = progress_steps(0, plots) - 3  # no record ticks; table/fits/criteria done before the bar
         with progress_bar(total, "export-table") as tick:
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
@@ -107,7 +111,8 @@ def export_table(
         passive_steps = 2 if mode == "passive" else 0  # the event model, its convergence plot
         with progress_bar(progress_steps(len(paths) + len(off_paths), plots) + passive_steps, "export-table") as tick:
             source = " + ".join(str(d) for d in results_dir)
-            samples, counts, extra = _of_mode(load_joined(results_dir, tick), None, mode, grid, source)
+            samples, counts, extra = _of_mode(one_engine(load_joined(results_dir, tick), engine, source), None, mode,
+                                              grid, source)
             off_samples = load_results(offloaded, tick) if offloaded is not None else None
             analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
                                offloaded_source=str(offloaded) if offloaded is not None else "",
@@ -129,8 +134,23 @@ def export_table(
     print(Path(out_dir) / "interference_table.csv")
 
 
+def one_engine(samples: list[ConfigSamples], engine: str | None, source: str) -> list[ConfigSamples]:
+    """The samples of one engine: `engine`'s (--engine), or all of them when they are one engine's."""
+    engines = sorted({s.engine for s in samples})
+    if engine is not None:
+        chosen = [s for s in samples if s.engine == engine]
+        if not chosen:
+            raise ConfigError(f"--engine {engine}: {source} holds no records of that engine (engines: "
+                              f"{', '.join(engines)})")
+        return chosen
+    if len(engines) > 1:
+        raise ConfigError(f"{source} holds records of {len(engines)} engines ({', '.join(engines)}): one table is one "
+                          "engine's, add --engine NAME")
+    return samples
+
+
 def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: float, out: Path | None, mode: str,
-                     grid: Path | None, min_events: int) -> tuple[Analysis, Path, list[str]]:
+                     grid: Path | None, min_events: int, engine: str | None = None) -> tuple[Analysis, Path, list[str]]:
     from pdexporter.analysis.job import analyse
     from pdexporter.analysis.prometheus import PrometheusAPI, parse_duration, parse_time, pull
 
@@ -138,7 +158,7 @@ def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: floa
     start, end = parse_time(from_, now, "--from"), parse_time(to, now, "--to")
     step_s = parse_duration(step, "--step")
     with console.status(f"querying {url} ..."):
-        result = pull(PrometheusAPI(url), start, end, step_s, mode=mode)
+        result = pull(PrometheusAPI(url), start, end, step_s, mode=mode, engine=engine)
     extra = [f"{result.windows} {mode} windows rebuilt from Prometheus"]
     if result.missed:
         extra.append(f"{result.missed} windows fell between two scrapes of the same grid point and their values are "

@@ -12,6 +12,7 @@ from rich.table import Table
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
+    EngineOpt,
     GpuOpt,
     ModelOpt,
     ProfileOpt,
@@ -19,6 +20,7 @@ from pdexporter.cli._common import (
     TargetOpt,
     api_key,
     console,
+    claimed_engine,
     make_launcher,
     run_async,
 )
@@ -31,6 +33,9 @@ from pdexporter.measure.point import PointSpec, check_reps, check_retries, measu
 from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
+from pdexporter.engines import adapter
+
+DEFAULT_CHUNK_SIZE = 8192  # the embedded engine's, when no -B is given
 
 
 def register(app: typer.Typer) -> None:
@@ -38,13 +43,16 @@ def register(app: typer.Typer) -> None:
 
 
 def measure(
-    chunk_size: Annotated[int, typer.Option(
-        *B_FLAGS, help="The engine's max_num_batched_tokens (tokens per step).")] = 8192,
+    chunk_size: Annotated[int | None, typer.Option(
+        *B_FLAGS, help="The engine's chunk size (tokens per step: vLLM's max_num_batched_tokens, SGLang's "
+                       "chunked_prefill_size). Default: what the engine publishes (SGLang), else the engine's "
+                       "default (8192), checked against every window.")] = None,
     decode_batch_size: Annotated[int, typer.Option(*D_FLAGS, help="Probe decode streams (D, requests).")] = 4,
     new_prefill_tokens: Annotated[int, typer.Option(*P_FLAGS, help="Tokens of the cold prefill (P).")] = 8192,
     reps: Annotated[int, typer.Option("--reps", min=1, help="Phase 2 repetitions.")] = 5,
     out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("results"),
     target: TargetOpt = None,
+    engine: EngineOpt = None,
     model: ModelOpt = None,
     gpu: GpuOpt = None,
     api_key_file: ApiKeyFileOpt = None,
@@ -59,7 +67,13 @@ def measure(
         "stall, a connection lost, no steady state), with fresh probes.")] = 2,
 ) -> None:
     """Measure one interference point and write results/{chunk}/D{d}_P{p}.json."""
-    spec = PointSpec(chunk_size, decode_batch_size, new_prefill_tokens).validate()
+    claimed = claimed_engine(target, engine)
+    given = chunk_size is not None
+    b = chunk_size if chunk_size is not None else (
+        adapter(claimed).default_chunk_size if claimed is not None else DEFAULT_CHUNK_SIZE)
+    spec = PointSpec(b, decode_batch_size, new_prefill_tokens).validate()
+    if claimed is not None:
+        spec.check_budget(claimed)
     check_reps(reps)
     check_retries(retries)
     settings = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
@@ -68,7 +82,7 @@ def measure(
     token = api_key(api_key_file)
     store = ResultsStore(out)
     record = run_async(_measure(spec, settings, reps, store, target, model, gpu, token, profile, warmup, resume,
-                                read_timeout_s, retries),
+                                read_timeout_s, retries, engine, given),
                        interrupted=lambda: _interrupted(store, spec))
     _print_record(record, store.record_path(*record.key))
 
@@ -87,14 +101,25 @@ def _interrupted(store: ResultsStore, spec: PointSpec) -> str:
 
 async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store: ResultsStore, target: str | None,
                    model: str | None, gpu: str | None, token: str | None, profile: str, warmup: bool,
-                   resume: bool, read_timeout_s: float | None, retries: int = 2) -> RunRecord:
+                   resume: bool, read_timeout_s: float | None, retries: int = 2, engine: str | None = None,
+                   given: bool = True) -> RunRecord:
     store.clean_stale()  # temporary files of a killed earlier run
-    launcher = make_launcher(target, chunk_size=spec.chunk_size, profile=profile, gpu=gpu,
-                             log_dir=store.engine_dir(spec.chunk_size) if not target else None)
+    launcher = make_launcher(target, chunk_size=spec.chunk_size if given or not target else None, profile=profile,
+                             gpu=gpu, log_dir=store.engine_dir(spec.chunk_size) if not target else None, engine=engine)
     try:
         handle = await launcher.start(spec.chunk_size)
         async with http_driver(handle, model=model, api_key=token, gpu=gpu, read_timeout_s=read_timeout_s) as driver:
+            source = "given" if given or not target else "assumed"
+            if driver.info.chunk_size_published:
+                source = "published"
+            if driver.info.chunk_size is not None and driver.info.chunk_size != spec.chunk_size:
+                # the engine says its chunk size (SGLang's /server_info) and nobody gave one
+                spec = PointSpec(driver.info.chunk_size, spec.decode_batch_size, spec.new_prefill_tokens).validate()
+            spec.check_budget(driver.info.kind)
             driver.info.check_fits(spec, settings)
+            if source == "assumed":
+                console.print(f"--chunk-size not given: assuming {spec.chunk_size}, the {driver.info.kind} default (it "
+                              "does not publish its own); every window checks it against the probes' cadence")
             if driver.info.modelled:
                 console.print(f"[yellow]{driver.info.note}[/]")
             with Progress(
@@ -111,6 +136,7 @@ async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store
                     on_rep=lambda rep: bar.update(task, completed=rep.rep + 1), retries=retries,
                     on_retry=lambda what, exc: console.print(f"{what}: {exc}; running it again", highlight=False,
                                                              soft_wrap=True),
+                    chunk_size_source=source,
                 )
     finally:
         await launcher.stop()

@@ -13,11 +13,13 @@ import typer
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
+    EngineOpt,
     ModelOpt,
     ProfileOpt,
     ReadTimeoutOpt,
     TargetOpt,
     api_key,
+    claimed_engine,
     console,
     duration_option,
     make_launcher,
@@ -25,7 +27,7 @@ from pdexporter.cli._common import (
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
-from pdexporter.engines import adapter
+from pdexporter.engines import UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
@@ -57,11 +59,13 @@ def run(
         int, typer.Option(*D_FLAGS, help="Probe decode streams kept running (D, requests; >= 1).")
     ] = 4,
     target: TargetOpt = None,
+    engine: EngineOpt = None,
     chunk_size: Annotated[
         int | None,
-        typer.Option(*B_FLAGS, help="The engine's max_num_batched_tokens (tokens per step). With --target, "
-                     "if not given, vLLM's default is assumed and checked against every window; embedded "
-                     f"engine default {DEFAULT_CHUNK_SIZE}."),
+        typer.Option(*B_FLAGS, help="The engine's chunk size (tokens per step: vLLM's max_num_batched_tokens, "
+                     "SGLang's chunked_prefill_size). With --target, if not given: what the engine publishes "
+                     "(SGLang), else its default, assumed and checked against every window; embedded engine "
+                     f"default {DEFAULT_CHUNK_SIZE}."),
     ] = None,
     inject_every: Annotated[
         str | None,
@@ -117,7 +121,7 @@ def run(
         scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
         decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
         engine_wait=engine_wait, read_timeout=read_timeout, traces_listen=traces_listen,
-        traces_max_rate=traces_max_rate, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
+        traces_max_rate=traces_max_rate, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, engine=engine,
     )
     token = api_key(api_key_file)
     metrics_token = bearer_token(metrics_token_file, "--metrics-token-file", METRICS_TOKEN_ENV)
@@ -157,6 +161,7 @@ def parse_run_options(
     traces_max_rate: float = 1000.0,
     tls_cert_file: Path | None = None,
     tls_key_file: Path | None = None,
+    engine: str | None = None,
 ) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
     if decode_batch_size < 1:
@@ -165,12 +170,14 @@ def parse_run_options(
         raise ConfigError(f"--new-prefill-tokens {new_prefill_tokens}: must be >= 1")
     if target is not None and not target.startswith(("http://", "https://")):
         raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
+    claimed = claimed_engine(target, engine)
     chunk_size_source = "given"
     if chunk_size is None:
         # vLLM does not publish max_num_batched_tokens; against an engine someone else runs we
-        # assume vLLM's default for its OpenAI server on a >= 70 GB GPU, and every window checks
-        # it against the probes' cadence (the runner says which sizes fit when it does not).
-        chunk_size = adapter(None).default_chunk_size if target is not None else DEFAULT_CHUNK_SIZE
+        # assume the engine's default (vLLM's for its OpenAI server on a >= 70 GB GPU), and every
+        # window checks it against the probes' cadence (the runner says which sizes fit when it
+        # does not). An engine that publishes its own (SGLang) replaces it once it answers.
+        chunk_size = adapter(claimed or UNIDENTIFIED).default_chunk_size if target is not None else DEFAULT_CHUNK_SIZE
         chunk_size_source = "assumed" if target is not None else "given"
     if passive and inject_every is not None and inject_every.strip().lower() not in ("off", "0", "none"):
         raise ConfigError(f"--inject-every {inject_every}: --passive injects nothing; leave --inject-every out "
@@ -228,6 +235,7 @@ def parse_run_options(
         traces_max_rate=traces_max_rate,
         tls_cert_file=tls_cert_file,
         tls_key_file=tls_key_file,
+        engine=claimed,
     )
 
 
@@ -249,9 +257,20 @@ async def _progress(runner: Runner, duration_s: float) -> None:
             await asyncio.sleep(0.5)
 
 
+def engine_option(config: ExporterConfig) -> str | None:
+    """The --engine the launcher gets back from the config: the claimed adapter with --target, the
+    imitated engine of the embedded one."""
+    if config.target or config.engine is None:
+        return config.engine
+    from pdexporter.engines import IMITATED
+
+    return next((name for name, kind in IMITATED.items() if kind == config.engine), "vllm")
+
+
 async def _serve(config: ExporterConfig, token: str | None, metrics_token: str | None = None,
                  traces_token: str | None = None) -> None:
-    launcher = make_launcher(config.target, chunk_size=config.chunk_size, profile=config.profile)
+    launcher = make_launcher(config.target, profile=config.profile, engine=engine_option(config),
+                             chunk_size=None if config.target and config.chunk_size_source != "given" else config.chunk_size)
     runner = Runner(config, launcher, api_key=token, metrics_token=metrics_token, traces_token=traces_token,
                     log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     stop = asyncio.Event()

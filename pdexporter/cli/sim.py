@@ -1,4 +1,4 @@
-"""`pdexporter sim`: the embedded engine. `serve` speaks vLLM's HTTP API in real time; `calibrate`
+"""`pdexporter sim`: the embedded engine. `serve` speaks vLLM's (or SGLang's) HTTP API in real time; `calibrate`
 fits a profile's step-time parameters to measured records. Thin: the work is in `pdexporter.sim`."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pdexporter.sim.calibrate import Calibration, Generalisation, HoldoutReport
     from pdexporter.sim.profile import Profile
 
-sim_app = typer.Typer(help="The embedded vLLM-compatible engine (a model of vLLM on a GPU, no GPU needed).",
+sim_app = typer.Typer(help="The embedded engine (a model of vLLM, or SGLang, on a GPU; no GPU needed).",
                       no_args_is_help=True)
 
 
@@ -41,9 +41,21 @@ def _line(text: str) -> None:
 def serve(
     profile: Annotated[str, typer.Option("--profile", help="Profile name or YAML path.")] = DEFAULT_PROFILE,
     chunk_size: Annotated[int | None, typer.Option(
-        "--chunk-size", "--max-num-batched-tokens", "-B", min=1,
-        help="Token budget per step (tokens; vLLM's --max-num-batched-tokens, which is accepted too: this "
-             "command stands in for `vllm serve`).")] = None,
+        "--chunk-size", "--max-num-batched-tokens", "--chunked-prefill-size", "-B", min=1,
+        help="Token budget per step (tokens; vLLM's --max-num-batched-tokens and SGLang's --chunked-prefill-size "
+             "are accepted too: this command stands in for `vllm serve` and SGLang's launch_server).")] = None,
+    engine: Annotated[str, typer.Option(
+        "--engine", help="The engine it imitates: vllm (API, metrics, step log, scheduling) or sglang (SGLang "
+                         "0.5.15's: /server_info, sglang:* metrics, Prefill/Decode batch lines, a chunk before the "
+                         "paused decodes). docs/engines.md")] = "vllm",
+    enable_mixed_chunk: Annotated[bool, typer.Option(
+        "--enable-mixed-chunk", help="With --engine sglang: the decodes join each chunk's step and the chunk "
+                                     "shrinks by their number (SGLang's flag).")] = False,
+    decode_log_interval: Annotated[int, typer.Option(
+        "--decode-log-interval", min=1, help="With --engine sglang: log every N-th decode step (SGLang's flag; "
+                                             "its default 40; pdexporter needs 1).")] = 40,
+    enable_metrics: Annotated[bool, typer.Option(
+        "--enable-metrics", help="With --engine sglang: serve /metrics (SGLang's flag; vLLM always does).")] = False,
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="Most requests running at once (vLLM's --max-num-seqs).")] = None,
     long_prefill_token_threshold: Annotated[int | None, typer.Option(
         "--long-prefill-token-threshold", min=0, help="Cap on one request's tokens per step (tokens; 0: none).")] = None,
@@ -61,7 +73,7 @@ def serve(
         "--host-speed", help="nominal | slow: the engine core's CPU costs as the profile's nominal host, or x "
                              "host.slow_factor (a slow-host episode, docs/sim.md)")] = "nominal",
 ) -> None:
-    """Serve vLLM's OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
+    """Serve vLLM's (or SGLang's) OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     from pdexporter._internal.atomic import atomic_write_json
     from pdexporter.sim.profile import load_profile
     from pdexporter.sim.server import ServeOptions, precise_event_loop, run_server
@@ -73,17 +85,27 @@ def serve(
         raise ConfigError(f"--kv-role {kv_role!r}: expected none, {', '.join(KV_ROLES)}")
     if host_speed not in ("nominal", "slow"):
         raise ConfigError(f"--host-speed {host_speed!r}: expected nominal or slow")
+    if engine not in ("vllm", "sglang"):
+        raise ConfigError(f"--engine {engine!r}: the embedded engine imitates vllm or sglang")
+    if engine == "vllm" and enable_mixed_chunk:
+        raise ConfigError("--enable-mixed-chunk: an SGLang flag; add --engine sglang")
+    if engine != "vllm" and kv_role != "none":
+        raise ConfigError(f"--kv-role {kv_role}: the embedded engine models P/D roles imitating vllm only")
+    imitates = "sglang-mixed" if enable_mixed_chunk else engine
     prof = load_profile(profile)
     if host_speed == "slow":
         prof = prof.on_slow_host()
     options = ServeOptions(chunk_size, max_num_seqs, long_prefill_token_threshold, host, port,
                            None if kv_role == "none" else kv_role,
-                           otlp_traces_endpoint=otlp_traces_endpoint)
+                           otlp_traces_endpoint=otlp_traces_endpoint, imitates=imitates,
+                           decode_log_interval=decode_log_interval if engine != "vllm" else 1,
+                           enable_metrics=enable_metrics or engine == "vllm")
 
     def ready(info: dict[str, object]) -> None:
         role = f", KV role {kv_role}" if kv_role != "none" else ""
         if host_speed == "slow":
             role += f", slow host: CPU x {load_profile(profile).host.slow_factor:.2f}"
+        role += f", imitating {imitates}" if imitates != "vllm" else ""
         _line(f"INFO pdexporter embedded engine (MODELLED, profile {prof.name}, calibration {prof.calibration}, "
               f"max_num_batched_tokens {info['max_num_batched_tokens']}{role}) serving {info['model']} on {info['url']}")
         _line("INFO Asynchronous scheduling is enabled." if prof.engine.async_scheduling else

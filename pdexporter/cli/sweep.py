@@ -137,14 +137,17 @@ def sim_sweep(
     chunk_index: ChunkIndexOpt = None,
 ) -> None:
     """Predict a sweep's whole table with the embedded engine on a virtual clock (records say modelled)."""
-    from pdexporter.launch.providers import sim_role_for
+    from pdexporter.launch.providers import sim_imitation_for, sim_role_for
 
     # The file's engine setup decides which arm is modelled (a pair or DecodeBench: the offloaded
-    # one), and as many embedded engines side by side as the file has GPUs (its wall time too).
+    # one) and which engine the embedded one imitates (SGLang, in its mode, for an SGLang command),
+    # and as many embedded engines side by side as the file has GPUs (its wall time too).
     file_spec = load_sweep(sweep_file, chunk_index=chunk_index)
     role, engines = sim_role_for(file_spec.launcher), file_spec.slots
     spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual",
-                                                             "kv_role": role, "engines": engines}}, chunk_index,
+                                                             "kv_role": role, "engines": engines,
+                                                             "engine": sim_imitation_for(file_spec.launcher)}},
+                 chunk_index,
                  {"launcher.profile": "--profile"})
     store = ResultsStore(out or prediction_root(profile, spec.name or sweep_file.stem))
     report = _run(spec, store, deadline=None, keep_engine=False, token=None)
@@ -368,7 +371,7 @@ class ProgressObserver(SweepObserver):
         if self.metrics is not None:
             from pdexporter.exporter.metrics import grid_labels, publish_window, set_engine_info
 
-            publish_window(self.metrics, grid_labels(*key), rep)
+            publish_window(self.metrics, grid_labels(*key, engine=info.kind), rep)
             set_engine_info(self.metrics, info.kind, info.model, key[0], info.modelled)
 
     def _stamp(self) -> str:

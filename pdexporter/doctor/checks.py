@@ -16,7 +16,9 @@ from typing import Any, Literal
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter._internal.text import plural
-from pdexporter.engines import adapter, identify
+from pdexporter.engine.metrics import parse_exposition
+from pdexporter.engines import UNIDENTIFIED, EngineAdapter, adapter
+from pdexporter.errors import EngineError
 
 __all__ = [
     "ENGINE_CHECKS",
@@ -28,7 +30,6 @@ __all__ = [
     "Status",
     "TraceArrival",
     "TracingImports",
-    "cache_config",
     "endpoint_check",
     "engine_checks",
     "evaluate",
@@ -60,8 +61,13 @@ class EngineFacts:
     embedded: bool  # pdexporter started its embedded engine for this
     health_error: str | None = None
     health_ms: float | None = None
-    version: Mapping[str, Any] | None = None
-    version_error: str | None = None
+    # who it is: the adapter that recognised its identity answer (None: none did), the answer and
+    # where it came from (vLLM's /version, SGLang's /server_info), or why none answered
+    engine: str | None = None
+    identity: Mapping[str, Any] | None = None
+    identity_path: str | None = None
+    identity_error: str | None = None
+    engine_claimed: str | None = None  # --engine, or the launcher's engine
     models: Sequence[Mapping[str, Any]] | None = None
     models_error: str | None = None
     model_wanted: str | None = None  # --model
@@ -181,20 +187,6 @@ def trace_arrival_check(f: TraceArrival) -> Check:
                              "request ended (the engine batches spans: passive attribution waits for them)")
 
 
-def cache_config(metrics_text: str, metric: str | None) -> dict[str, str] | None:
-    """The labels of the engine's cache-config info series (vLLM: `vllm:cache_config_info`)."""
-    if not metric:
-        return None
-    try:
-        for family in text_string_to_metric_families(metrics_text):
-            for sample in family.samples:
-                if sample.name == metric:
-                    return dict(sample.labels)
-    except (ValueError, TypeError, IndexError):
-        return None
-    return None
-
-
 def evaluate(engine: EngineFacts, endpoints: Sequence[EndpointFacts] = (),
              tracing: TracingImports | None = None, arrival: TraceArrival | None = None) -> list[Check]:
     """One check per thing the numbers rest on, in the order a user would fix them."""
@@ -214,35 +206,64 @@ def engine_checks(f: EngineFacts) -> list[Check]:
                 Check("engine checks", "skip", f"not checked, the engine did not answer: {', '.join(ENGINE_CHECKS[1:])}")]
     checks = [Check("engine reachable", "ok", f"{where} answered /health"
                     + (f" in {f.health_ms:.0f} ms" if f.health_ms is not None else ""))]
-    rule = identify(f.version) if f.version is not None else None
-    checks.append(_version(f, rule.name if rule else None))
-    rule = rule or adapter(None)
+    rule = adapter(f.engine or f.engine_claimed or UNIDENTIFIED)
+    identity = f.identity or {}
+    checks.append(_version(f, rule))
+    checks.append(_settings(f, rule, identity))
     checks.append(_model(f))
     checks.append(_max_model_len(f))
     checks.append(_streaming(f))
-    checks.append(_chunk_size(f, rule.default_chunk_size))
-    checks.append(_step_log(f))
-    checks.append(_prefix_caching(f, rule.cache_config_metric))
+    checks.append(_metrics(f, rule))
+    checks.append(_chunk_size(f, rule, identity))
+    checks.append(_step_log(f, rule))
+    checks.append(_prefix_caching(f, rule, identity))
     checks.append(_cuda_graphs(f))
     return checks
 
 
-ENGINE_CHECKS = ("engine reachable", "version", "model", "max_model_len", "streaming", "chunk size", "step log",
-                 "prefix caching", "CUDA graphs")
+ENGINE_CHECKS = ("engine reachable", "version", "engine settings", "model", "max_model_len", "streaming", "metrics",
+                 "chunk size", "step log", "prefix caching", "CUDA graphs")
 
 
-def _version(f: EngineFacts, engine: str | None) -> Check:
-    if f.version is None:
-        return Check("version", "warn", f"no /version ({f.version_error or 'no answer'}): engine unknown, "
-                                        "vLLM's rules assumed")
-    version = f.version.get("version", "?")
-    if f.version.get("modelled") is True:
-        return Check("version", "warn", f"{engine or 'pdexporter-sim'} {version}, profile "
-                                        f"{f.version.get('profile', '?')}: its numbers are MODELLED, not measured")
-    if engine is None:
-        return Check("version", "warn", f"/version says {version!r}, which no engine adapter recognises: "
-                                        "vLLM's rules assumed")
-    return Check("version", "ok", f"{engine} {version}")
+def _version(f: EngineFacts, rule: EngineAdapter) -> Check:
+    identity = f.identity
+    if f.engine is None:
+        said = (f"{f.identity_path} says {identity.get('version', '?')!r}, which no engine adapter recognises"
+                if identity is not None else f"nothing says which engine it is ({f.identity_error or 'no answer'})")
+        if f.engine_claimed:
+            return Check("version", "warn", f"{said}: taken as {f.engine_claimed} (--engine)")
+        return Check("version", "warn", f"{said}: engine unknown, vLLM's rules assumed (recorded as {UNIDENTIFIED}; "
+                                        "--engine NAME says which)")
+    version = (identity or {}).get("version", "?")
+    if (identity or {}).get("modelled") is True:
+        return Check("version", "warn", f"{f.engine} {version}, profile "
+                                        f"{(identity or {}).get('profile', '?')}: its numbers are MODELLED, not measured")
+    return Check("version", "ok", f"{f.engine} {version}" + (f" ({f.identity_path})" if f.identity_path != "/version"
+                                                             else ""))
+
+
+def _settings(f: EngineFacts, rule: EngineAdapter, identity: Mapping[str, Any]) -> Check:
+    if not identity:
+        return Check("engine settings", "skip", "the engine publishes no settings")
+    problems = rule.setup_problems(identity)
+    if problems:
+        return Check("engine settings", "warn", "; ".join(problems))
+    return Check("engine settings", "ok", f"nothing in its {f.identity_path} stands in the way")
+
+
+def _metrics(f: EngineFacts, rule: EngineAdapter) -> Check:
+    if f.metrics_text is None:
+        return Check("metrics", "warn", f"/metrics {f.metrics_error or 'did not answer'}: windows are measured without "
+                                        "the engine's counters")
+    try:
+        snapshot = parse_exposition(f.metrics_text, rule)
+    except EngineError as exc:
+        return Check("metrics", "warn", str(exc))
+    found = len(snapshot.sources)
+    if snapshot.missing:
+        return Check("metrics", "warn", f"{found} of the {rule.name} series pdexporter reads; missing: "
+                                        f"{', '.join(snapshot.missing)}")
+    return Check("metrics", "ok", f"{plural(found, 'series', 'series')} pdexporter reads, under {rule.name}'s names")
 
 
 def _served(f: EngineFacts) -> list[str]:
@@ -289,38 +310,46 @@ def _streaming(f: EngineFacts) -> Check:
                                     f"{f.stream_ms:.0f} ms (token ids in, SSE out)")
 
 
-def _chunk_size(f: EngineFacts, default: int) -> Check:
+def _chunk_size(f: EngineFacts, rule: EngineAdapter, identity: Mapping[str, Any]) -> Check:
+    published = rule.served_chunk_size(identity)
     if f.chunk_size is not None:
         how = "the embedded engine was started with it" if f.embedded else "given with --chunk-size"
+        if published is not None and published != f.chunk_size and not f.embedded:
+            return Check("chunk size", "fail", f"{f.chunk_size} given with --chunk-size, but the engine says "
+                                               f"{published} ({f.identity_path})")
         return Check("chunk size", "ok", f"{f.chunk_size} ({how})")
-    return Check("chunk size", "warn", f"unknown (the engine does not publish max_num_batched_tokens): assumed "
-                                       f"{default}, the engine's default, checked by the cadence window by "
-                                       "window; pass --chunk-size")
+    if published is not None:
+        return Check("chunk size", "ok", f"{published} (the engine publishes it, {f.identity_path})")
+    return Check("chunk size", "warn", f"unknown (the engine does not publish it): assumed "
+                                       f"{rule.default_chunk_size}, the engine's default, checked by the cadence "
+                                       "window by window; pass --chunk-size")
 
 
-def _step_log(f: EngineFacts) -> Check:
+def _step_log(f: EngineFacts, rule: EngineAdapter) -> Check:
     if f.step_log is None:
         return Check("step log", "warn", "not readable (the engine runs elsewhere): chunk steps are estimated "
                                          "from the probes' cadence, not counted from the engine's log")
     log = "the embedded engine's log" if f.embedded else f.step_log
     if not f.step_log_steps:
-        return Check("step log", "warn", f"{log} logged no step for the test request: chunk steps will "
-                                         "be estimated (vLLM logs them with --enable-logging-iteration-details)")
+        flags = rule.chunk_size_flags(rule.default_chunk_size)[2:]  # past the chunk flag and its value
+        return Check("step log", "warn", f"{log} logged no step for the test request: chunk steps will be "
+                                         f"estimated ({rule.name} logs them when started with {' '.join(flags)})")
     return Check("step log", "ok", f"{log} logs every step ({plural(f.step_log_steps, 'step')} for the "
                                    "test request): chunk steps are exact")
 
 
-def _prefix_caching(f: EngineFacts, metric: str | None) -> Check:
-    if f.metrics_text is None:
-        return Check("prefix caching", "warn", f"cannot tell: /metrics {f.metrics_error or 'did not answer'}")
-    labels = cache_config(f.metrics_text, metric)
-    if labels is None or "enable_prefix_caching" not in labels:
-        return Check("prefix caching", "warn", f"cannot tell: /metrics has no {metric or 'cache-config series'}")
-    if labels["enable_prefix_caching"].lower() == "true":
+def _prefix_caching(f: EngineFacts, rule: EngineAdapter, identity: Mapping[str, Any]) -> Check:
+    cached = rule.prefix_caching(identity, f.metrics_text)
+    if cached is None:
+        if f.metrics_text is None and rule.cache_config_metric:
+            return Check("prefix caching", "warn", f"cannot tell: /metrics {f.metrics_error or 'did not answer'}")
+        where = f"/metrics has no {rule.cache_config_metric}" if rule.cache_config_metric else "its settings do not say"
+        return Check("prefix caching", "warn", f"cannot tell: {where}")
+    if cached:
         return Check("prefix caching", "ok", "on (probes share a cached prefix; every injected prompt is salted, "
                                              "so P is all new tokens)")
-    return Check("prefix caching", "warn", "off: each probe stream prefills its whole context, a load vLLM's "
-                                           "default (on) does not have; the numbers describe that setup")
+    return Check("prefix caching", "warn", "off: each probe stream prefills its whole context, a load the "
+                                           "engine's default (on) does not have; the numbers describe that setup")
 
 
 def _cuda_graphs(f: EngineFacts) -> Check:

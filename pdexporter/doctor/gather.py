@@ -23,9 +23,10 @@ from pdexporter.engine.client import (
     completion_request,
     encode_body,
 )
+from pdexporter.engine.identity import ask_identity, settle_engine
 from pdexporter.engine.iterlog import IterationLogTail
 from pdexporter.engine.stream import TokenStream
-from pdexporter.engines import adapter, identify
+from pdexporter.engines import adapter
 from pdexporter.errors import EngineError, PdexporterError
 from pdexporter.exporter.tracing import ENDPOINT_VARS
 from pdexporter.launch import EngineHandle
@@ -48,7 +49,8 @@ async def engine_facts(handle: EngineHandle, *, embedded: bool, model: str | Non
     """Everything `checks.engine_checks` needs, asked of the engine at `handle.url`."""
     facts: dict[str, Any] = {"url": redact_url(handle.url), "embedded": embedded, "model_wanted": model,
                              "chunk_size": chunk_size, "cuda_graphs": handle.cuda_graphs,
-                             "cudagraph_max_tokens": cudagraph_max_tokens if handle.cuda_graphs else None}
+                             "cudagraph_max_tokens": cudagraph_max_tokens if handle.cuda_graphs else None,
+                             "engine_claimed": handle.kind}
     async with EngineClient(handle.url, api_key=api_key, timeouts=TIMEOUTS, retries=1) as client:
         started = time.perf_counter()
         try:
@@ -56,29 +58,37 @@ async def engine_facts(handle: EngineHandle, *, embedded: bool, model: str | Non
         except EngineError as exc:
             return EngineFacts(**facts, health_error=str(exc))
         facts["health_ms"] = (time.perf_counter() - started) * 1e3
+        identity = await ask_identity(client)
+        facts.update(identity=dict(identity.payload) if identity.path else None, identity_path=identity.path,
+                     identity_error="; ".join(identity.errors) or None,
+                     engine=identity.found.name if identity.found else None)
         try:
-            payload = json.loads(await client.get_text("/version", retry=False))
-            facts["version"] = payload if isinstance(payload, dict) else {"version": str(payload)}
-        except (EngineError, ValueError) as exc:
-            facts["version_error"] = str(exc) if isinstance(exc, EngineError) else "not JSON"
+            settled = settle_engine(handle.kind, identity.found, handle.url)
+        except PdexporterError as exc:  # told one engine, answering as another: said by the version check
+            facts["identity_error"] = str(exc)
+            settled = (handle.kind or identity.found.name) if identity.found else handle.kind
+        if identity.found is not None and settled:
+            facts["engine"] = settled
         try:
             facts["models"] = await _models(client)
         except EngineError as exc:
             facts["models_error"] = str(exc)
-        try:
-            facts["metrics_text"] = await client.get_text("/metrics", retry=False)
-        except EngineError as exc:
-            facts["metrics_error"] = str(exc)
         served = [str(m.get("id")) for m in facts.get("models") or ()]
         chosen = model if model in served else (served[0] if served and model is None else None)
         if chosen is not None:
-            rule = identify(facts.get("version") or {}) or adapter(handle.kind)
-            log = IterationLogTail(handle.iteration_log, rule.parse_step_log) if handle.iteration_log else None
+            rule = adapter(settled) if settled else None
+            log = (IterationLogTail(handle.iteration_log, rule.parse_step_log)
+                   if handle.iteration_log and rule is not None else None)
             mark = log.mark() if log else 0
             facts.update(await _stream(client, chosen))
             if log is not None:
                 facts["step_log"] = str(handle.iteration_log)
                 facts["step_log_steps"] = await _steps_logged(log, mark)
+        # after the test request: an engine that creates its series on first use (SGLang) shows them now
+        try:
+            facts["metrics_text"] = await client.get_text("/metrics", retry=False)
+        except EngineError as exc:
+            facts["metrics_error"] = str(exc)
     return EngineFacts(**facts)
 
 
@@ -171,7 +181,7 @@ def _os_reason(reason: object) -> str:
 
 # --- tracing: the engine's OpenTelemetry imports, and one span awaited at a receiver -------------
 
-# Run in the engine's Python: vLLM 0.22's tracing imports (engines.vllm.TRACING_IMPORTS), in
+# Run in the engine's Python: its tracing imports (`EngineAdapter.tracing_imports`; vLLM 0.22's), in
 # order, stopping at the first failure; one JSON line out.
 _PROBE = """
 import importlib, json, sys
@@ -194,11 +204,9 @@ print(json.dumps(out))
 """
 
 
-def check_command() -> str:
+def check_command(engine: str) -> str:
     """The one line to run in the engine's Python on its host (what the import check runs)."""
-    from pdexporter.engines.vllm import TRACING_IMPORTS
-
-    modules = ", ".join(module for module, _ in TRACING_IMPORTS)
+    modules = ", ".join(module for module, _ in adapter(engine).tracing_imports)
     return f'python3 -c "import {modules}"'
 
 
@@ -230,16 +238,15 @@ def engine_python(command: str) -> str | None:
     return parts[0] if parts else None
 
 
-def tracing_imports(python: str | None, source: str = "", *, embedded: bool = False,
+def tracing_imports(python: str | None, source: str = "", engine: str = "vllm", *, embedded: bool = False,
                     timeout_s: float = 60.0) -> TracingImports:
-    """vLLM 0.22's tracing imports, tried in `python` (None: cannot be checked from here)."""
+    """The engine's tracing imports (its adapter's; vLLM 0.22's), tried in `python` (None: cannot be
+    checked from here)."""
     import subprocess
 
-    from pdexporter.engines.vllm import TRACING_IMPORTS
-
     if python is None:
-        return TracingImports(None, source, embedded=embedded, check_command=check_command())
-    spec = json.dumps([[m, list(n)] for m, n in TRACING_IMPORTS])
+        return TracingImports(None, source, embedded=embedded, check_command=check_command(engine))
+    spec = json.dumps([[m, list(n)] for m, n in adapter(engine).tracing_imports])
     try:
         done = subprocess.run([python, "-c", _PROBE, spec], capture_output=True, text=True, timeout=timeout_s,
                               check=False)

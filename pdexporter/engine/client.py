@@ -1,4 +1,4 @@
-"""HTTP client for an OpenAI-compatible engine (vLLM, or pdexporter's embedded one).
+"""HTTP client for an OpenAI-compatible engine (vLLM, SGLang, or pdexporter's embedded one).
 
 The aiohttp session is injectable (tests hand in their own connector), and the clock is a
 parameter so a stream's timestamps come from whatever clock the measurement uses.
@@ -36,7 +36,7 @@ from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.text import body_reason
 from pdexporter.engine.http1 import request_bytes
 from pdexporter.engine.kstamp import RxTransport, Target
-from pdexporter.engine.metrics import MetricsSnapshot, parse_exposition
+from pdexporter.engine.metrics import MetricRules, MetricsSnapshot, parse_exposition
 from pdexporter.engine.sse import SSEEvent, SSEParser, StreamDecoder, http_error
 from pdexporter.engine.stream import StampClock, TokenStream
 from pdexporter.errors import (
@@ -319,10 +319,11 @@ class EngineClient:
     async def resolve_model(self, model: str | None) -> str:
         return (await self.served_model(model))[0]
 
-    async def scrape_metrics(self, *, retry: bool = True) -> MetricsSnapshot:
+    async def scrape_metrics(self, rules: MetricRules, *, retry: bool = True) -> MetricsSnapshot:
+        """/metrics under canonical names, read by the engine's adapter (`rules`)."""
         t_ns = self.clock()
         text = await self.get_text("/metrics", retry=retry)
-        return parse_exposition(text, t_ns=t_ns, source=self.url("/metrics"))
+        return parse_exposition(text, rules, t_ns=t_ns, source=self.url("/metrics"))
 
     async def post_json(self, path: str, body: bytes, *, headers: Mapping[str, str] | None = None,
                         timeout_s: float | None = None) -> tuple[dict[str, Any], int, int]:

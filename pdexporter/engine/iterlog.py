@@ -1,13 +1,14 @@
 """An engine's per-step log, the ground truth for chunking: steps as data, and the tail of a log
 file read by offset.
 
-An engine that logs its steps (vLLM with `--enable-logging-iteration-details`; its line format
-and parser live in its adapter, `engines.vllm`) says per step how many prefill ("context")
-tokens it scheduled, so counting steps with context tokens inside a window verifies num_chunks
-and each chunk's size exactly. The elapsed time vLLM logs is *not* the step's GPU time under
-async scheduling (it measures the CPU side), so we keep it only for reference. Log lines carry
-second-resolution wall clocks, so windows are cut by file offset (`IterationLogTail.mark()`
-before, `read_since(mark)` after), not by time.
+An engine that logs its steps (vLLM with `--enable-logging-iteration-details`, SGLang with
+`--decode-log-interval 1`; each line format and parser live in the engine's adapter,
+`pdexporter.engines`) says per step how many prefill ("context") tokens it scheduled, so counting
+steps with context tokens inside a window verifies num_chunks and each chunk's size exactly. The
+elapsed time vLLM logs is *not* the step's GPU time under async scheduling (it measures the CPU
+side), so we keep it only for reference. Log lines carry second-resolution wall clocks, so
+windows are cut by file offset (`IterationLogTail.mark()` before, `read_since(mark)` after), not
+by time.
 """
 
 from __future__ import annotations
@@ -16,23 +17,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdexporter.engines import IterationStep
+
 __all__ = [
-    "ChunkSummary", "IterationLogTail", "IterationStep", "summarise_chunks",
+    "ChunkSummary", "IterationLogTail", "summarise_chunks",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class IterationStep:
-    iteration: int
-    context_requests: int
-    context_tokens: int
-    generation_requests: int
-    generation_tokens: int
-    elapsed_ms: float
-
-    @property
-    def is_mixed(self) -> bool:
-        return self.context_tokens > 0 and self.generation_requests > 0
 
 
 @dataclass(frozen=True)

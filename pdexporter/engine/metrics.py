@@ -1,11 +1,11 @@
-"""The engine's /metrics, parsed purely, under names that survive vLLM version changes.
+"""The engine's /metrics, parsed purely, under names that survive engines and their versions.
 
-vLLM renames series between releases (`gpu_cache_usage_perc` became `kv_cache_usage_perc`,
-`time_per_output_token_seconds` became `inter_token_latency_seconds`), so everything downstream
-reads *canonical* names, and the engine's adapter maps each to the names it has used, newest
-first (`engines.vllm.METRIC_ALIASES`; `ALIASES` here is that table, the default).
-Values are summed over label sets (engines, models, finish reasons), which is what a single-model
-deployment means by "the" value.
+Engines name the same quantity differently (`vllm:num_requests_running`, `sglang:num_running_reqs`)
+and rename series between releases (vLLM's `gpu_cache_usage_perc` became `kv_cache_usage_perc`),
+so everything downstream reads *canonical* names (`engines.METRIC_KINDS`), and the engine's
+adapter maps each to the names it has used, newest first (`EngineAdapter.metric_aliases`): every
+parse is told whose exposition it reads. Values are summed over label sets (engines, models,
+finish reasons), which is what a single-model deployment means by "the" value.
 
 What can and cannot be trusted (see docs/vllm-facts.md): `iteration_tokens` records a whole
 prompt in the step where its first token comes out, so it cannot verify chunking; the engine's
@@ -15,27 +15,35 @@ iteration-detail log can (`engine.iterlog`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from collections.abc import Mapping
+from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdexporter.engines._registry import MetricKind
-from pdexporter.engines.vllm import METRIC_ALIASES as VLLM_METRIC_ALIASES
-from pdexporter.engines.vllm import OPTIONAL_METRICS
+from pdexporter.engines import METRIC_KINDS, MetricKind
 from pdexporter.errors import EngineError
 
 __all__ = [
-    "ALIASES", "GAUGES", "MetricsSnapshot", "known_lines", "metric_deltas", "parse_exposition",
+    "MetricRules", "MetricsSnapshot", "engine_series", "known_lines", "metric_deltas", "parse_exposition",
     "snapshot_from_families",
 ]
 
-# canonical name -> (kind, the engine's names): vLLM's table lives in its adapter (engines.vllm).
-ALIASES: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = VLLM_METRIC_ALIASES
 
-GAUGES = tuple(name for name, (kind, _) in ALIASES.items() if kind == "gauge")
+class MetricRules(Protocol):
+    """The part of an engine adapter (`engines.EngineAdapter`) a /metrics parse needs."""
+
+    @property
+    def metric_aliases(self) -> Mapping[str, tuple[MetricKind, tuple[str, ...]]]: ...
+
+    @property
+    def optional_metrics(self) -> frozenset[str]: ...
+
+
+def engine_series(rules: MetricRules) -> tuple[str, ...]:
+    """Every engine-side name some canonical series may have: the only families a snapshot keeps."""
+    return tuple(sorted({name for _, names in rules.metric_aliases.values() for name in names}))
 
 
 @dataclass(frozen=True)
@@ -47,48 +55,49 @@ class MetricsSnapshot:
     sources: dict[str, str] = field(default_factory=dict)  # canonical -> engine's own name
     model_names: tuple[str, ...] = ()
     t_ns: int | None = None
+    expected: tuple[str, ...] = ()  # canonical series the engine always exports (its adapter's)
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
 
     @property
     def missing(self) -> tuple[str, ...]:
-        """Series every engine exports that this scrape lacks (connector-only ones excepted)."""
-        return tuple(name for name in ALIASES if name not in self.sources and name not in OPTIONAL_METRICS)
+        """Series the engine always exports that this scrape lacks."""
+        return tuple(name for name in self.expected if name not in self.sources)
 
 
-# Every engine-side name some canonical series may have: the only families a snapshot keeps.
-_KNOWN_PREFIXES = tuple(sorted({name for _, names in ALIASES.values() for name in names}))
-
-
-def known_lines(text: str) -> str:
-    """The exposition cut to the families `ALIASES` names (their samples and # HELP/# TYPE lines).
+def known_lines(text: str, rules: MetricRules) -> str:
+    """The exposition cut to the families the engine's adapter names (their samples and # HELP/
+    # TYPE lines).
 
     A snapshot ignores every other series, so it is the same from either text; parsing only these
     lines takes a tenth of the time on vLLM's ~55 KB /metrics (hundreds of histogram buckets
     pdexporter never reads), and a sweep parses it twice per window."""
+    prefixes = engine_series(rules)
     kept = []
     for line in text.splitlines():
         if line.startswith("#"):
             parts = line.split(" ", 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(_KNOWN_PREFIXES):
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") and parts[2].startswith(prefixes):
                 kept.append(line)
-        elif line.startswith(_KNOWN_PREFIXES):
+        elif line.startswith(prefixes):
             kept.append(line)
     return "\n".join(kept) + "\n"
 
 
-def parse_exposition(text: str, *, t_ns: int | None = None, source: str = "/metrics") -> MetricsSnapshot:
-    """Parse Prometheus text exposition into canonical values; unknown series are ignored. A text
-    without one line of the known families is parsed whole, so that one that is not an exposition
-    at all (garbage, an HTML page) fails as it should, and not as an empty snapshot."""
-    known = known_lines(text)
+def parse_exposition(text: str, rules: MetricRules, *, t_ns: int | None = None,
+                     source: str = "/metrics") -> MetricsSnapshot:
+    """Parse Prometheus text exposition into canonical values by the engine's adapter (`rules`);
+    unknown series are ignored. A text without one line of the known families is parsed whole, so
+    that one that is not an exposition at all (garbage, an HTML page) fails as it should, and not
+    as an empty snapshot."""
+    known = known_lines(text, rules)
     families = text_string_to_metric_families(known if known.strip() or not text.strip() else text)
-    return snapshot_from_families(families, t_ns=t_ns, source=source)
+    return snapshot_from_families(families, rules, t_ns=t_ns, source=source)
 
 
 def snapshot_from_families(
-    families: Iterable[Metric], *, t_ns: int | None = None, source: str = "/metrics"
+    families: Iterable[Metric], rules: MetricRules, *, t_ns: int | None = None, source: str = "/metrics"
 ) -> MetricsSnapshot:
     """Canonical values from metric families: parsed text, or a prometheus_client registry's
     `collect()` in-process (the embedded engine skips rendering and re-parsing its own text)."""
@@ -114,7 +123,8 @@ def snapshot_from_families(
     values: dict[str, float] = {}
     sources: dict[str, str] = {}
     buckets: dict[str, tuple[tuple[float, float], ...]] = {}
-    for canonical, (kind, names) in ALIASES.items():
+    aliases = rules.metric_aliases
+    for canonical, (kind, names) in aliases.items():
         for name in names:
             if kind == "histogram":
                 if f"{name}_count" in by_sample:
@@ -127,7 +137,8 @@ def snapshot_from_families(
                 values[canonical] = by_sample[name]
                 sources[canonical] = name
                 break
-    return MetricsSnapshot(values, buckets, sources, tuple(sorted(models)), t_ns)
+    expected = tuple(name for name in aliases if name not in rules.optional_metrics)
+    return MetricsSnapshot(values, buckets, sources, tuple(sorted(models)), t_ns, expected)
 
 
 def metric_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
@@ -139,7 +150,7 @@ def metric_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, 
     out: dict[str, float] = {}
     for key, value in after.values.items():
         base = key.removesuffix("_count").removesuffix("_sum")
-        kind = ALIASES.get(base, ALIASES.get(key, ("gauge", ())))[0]
+        kind = METRIC_KINDS.get(base, METRIC_KINDS.get(key, "gauge"))
         if kind == "gauge":
             out[key] = value
             continue

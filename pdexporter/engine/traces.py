@@ -1,9 +1,10 @@
-"""vLLM's OTLP request traces: what one `llm_request` span says about a finished request. Pure.
+"""An engine's OTLP request traces: what one per-request span says about a finished request. Pure.
 
 vLLM (0.22, `--otlp-traces-endpoint URL`, `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`)
 exports one span per request when it finishes: started at the request's arrival, ended at its
-finish, with the latencies and token counts named in its adapter (`engines.vllm.
-REQUEST_SPAN_ATTRIBUTES`). An OTLP/HTTP export is an `ExportTraceServiceRequest` protobuf
+finish, with the latencies and token counts its adapter names (`EngineAdapter.request_span_name`,
+`request_span_attributes`; an engine whose traces pdexporter cannot read has none, and decodes
+to no trace). An OTLP/HTTP export is an `ExportTraceServiceRequest` protobuf
 (opentelemetry-proto), possibly gzip-compressed. `decode_traces` turns one into `RequestTrace`s
 (other spans, e.g. vLLM's start-up spans, are skipped); `encode_traces` writes the same message,
 for the embedded engine's in-process runs and for tests.
@@ -58,7 +59,7 @@ def _value(any_value: object) -> object:
     return getattr(any_value, kind) if kind else None
 
 
-def decode_traces(body: bytes, *, content_encoding: str | None = None, engine: str | None = None) -> list[RequestTrace]:
+def decode_traces(body: bytes, *, engine: str, content_encoding: str | None = None) -> list[RequestTrace]:
     """The engine's per-request spans in one OTLP/HTTP protobuf export (module docs)."""
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -79,6 +80,8 @@ def decode_traces(body: bytes, *, content_encoding: str | None = None, engine: s
     except DecodeError as exc:
         raise TraceDecodeError(f"body is not an OTLP ExportTraceServiceRequest ({exc})") from exc
     rules = adapter(engine)
+    if not rules.request_span_name:
+        return []  # this engine's traces carry nothing pdexporter reads
     wanted: Mapping[str, str] = {name: key for key, name in rules.request_span_attributes.items()}
     out: list[RequestTrace] = []
     for resource_spans in message.resource_spans:
@@ -107,7 +110,7 @@ def decode_traces(body: bytes, *, content_encoding: str | None = None, engine: s
     return out
 
 
-def encode_traces(traces: Iterable[RequestTrace], *, service_name: str = "vllm", engine: str | None = None) -> bytes:
+def encode_traces(traces: Iterable[RequestTrace], *, engine: str, service_name: str = "vllm") -> bytes:
     """`traces` as one OTLP `ExportTraceServiceRequest`, spans shaped as the engine sends them."""
     import hashlib
 

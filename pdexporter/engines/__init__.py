@@ -1,20 +1,80 @@
-"""Engine adapters: one module per engine, registered by name (see `_registry`)."""
+"""Engine adapters: one module per engine, registered by name (see `_registry`).
 
-from pdexporter.engines import sim, vllm  # noqa: F401  (registration)
-from pdexporter.engines import disagg  # noqa: F401  (registration, after vllm and sim)
+This package's names below are the only way the rest of pdexporter reaches an engine's rules:
+nothing outside `pdexporter/engines/` imports one of its modules (tests/unit/engines/test_seam.py).
+"""
+
+# Registration, in this order: vLLM first (its /version is asked first), then the engines whose
+# adapters build on it, the embedded engine's and the P/D setups last.
+from pdexporter.engines import vllm  # noqa: F401, I001
+from pdexporter.engines import sglang  # noqa: F401
+from pdexporter.engines import sim  # noqa: F401
+from pdexporter.engines import disagg  # noqa: F401
 from pdexporter.engines._registry import (
     BUDGET_RULE,
     COLOCATED,
+    METRIC_KINDS,
     ChunkRule,
     EngineAdapter,
+    IterationStep,
     KvSetup,
+    MetricKind,
     adapter,
     budget_schedule,
     chunk_size_advice,
     identify,
+    identity_paths,
     infer_chunk_size,
+    info_labels,
     register,
     registered,
 )
+from pdexporter.engines.disagg import (
+    DECODE_BENCH,
+    NIXL,
+    P2P_NCCL,
+    SIM_KINDS,
+    PairEntry,
+    PairSide,
+    check_pair,
+    connector_of,
+    pair_connector,
+)
+from pdexporter.engines.sim import IMITATED, SIM_ENGINE, sim_engine
+from pdexporter.engines.vllm import OpenAICompatibleAdapter
 
-__all__ = ["BUDGET_RULE", "COLOCATED", "ChunkRule", "EngineAdapter", "KvSetup", "adapter", "budget_schedule", "chunk_size_advice", "identify", "infer_chunk_size", "register", "registered"]
+# The name an engine nobody identified is recorded under (vLLM's rules, as a stated assumption).
+UNIDENTIFIED = OpenAICompatibleAdapter.name
+
+__all__ = [
+    "BUDGET_RULE",
+    "COLOCATED",
+    "DECODE_BENCH",
+    "IMITATED",
+    "METRIC_KINDS",
+    "NIXL",
+    "P2P_NCCL",
+    "SIM_ENGINE",
+    "SIM_KINDS",
+    "UNIDENTIFIED",
+    "ChunkRule",
+    "EngineAdapter",
+    "IterationStep",
+    "KvSetup",
+    "MetricKind",
+    "PairEntry",
+    "PairSide",
+    "adapter",
+    "budget_schedule",
+    "check_pair",
+    "chunk_size_advice",
+    "connector_of",
+    "identify",
+    "identity_paths",
+    "infer_chunk_size",
+    "info_labels",
+    "pair_connector",
+    "register",
+    "registered",
+    "sim_engine",
+]

@@ -2,10 +2,16 @@
 
 An adapter holds every rule of one engine that pdexporter depends on, so that supporting a new
 engine (or a new version's renames) touches one module: how it splits a prefill into chunks
-beside running decodes, its step budget, the names of its /metrics series, the format of its
-per-step log, the flags that set the chunk size and turn that log on, and how to recognise it.
-Modelled on GuideLLM's `Backend.register`: a class registers itself under a name, and records
-name the engine that produced them (`config.engine`), so analysis finds the same rules again.
+beside running decodes (`ChunkRule`), its step budget, the names of its /metrics series, the
+format of its per-step log, the flags that set the chunk size and turn that log on, where it
+says who it is and how to recognise it. Modelled on GuideLLM's `Backend.register`: a class
+registers itself under a name, and records name the engine that produced them
+(`config.engine`), so analysis finds the same rules again.
+
+The registry is the only way in: `adapter(name)` needs a name and refuses one nobody registered
+(one line listing those that are), and nothing outside this package imports a concrete adapter
+module (tests/unit/engines/test_seam.py): the rest of pdexporter imports `pdexporter.engines`.
+docs/engines.md says how to add an engine.
 """
 
 from __future__ import annotations
@@ -15,14 +21,74 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, runtime_checkable
 
-from pdexporter.engine.iterlog import IterationStep
+from pdexporter.errors import ConfigError
 
 __all__ = [
-    "Arm", "BUDGET_RULE", "COLOCATED", "ChunkRule", "EngineAdapter", "KvRole", "KvSetup", "MetricKind", "adapter", "budget_problem",
-    "budget_schedule", "chunk_size_advice", "identify", "infer_chunk_size", "register", "registered",
+    "BUDGET_RULE",
+    "COLOCATED",
+    "METRIC_KINDS",
+    "Arm",
+    "ChunkRule",
+    "EngineAdapter",
+    "IterationStep",
+    "KvRole",
+    "KvSetup",
+    "MetricKind",
+    "adapter",
+    "budget_problem",
+    "budget_schedule",
+    "chunk_size_advice",
+    "identify",
+    "identity_paths",
+    "infer_chunk_size",
+    "info_labels",
+    "register",
+    "registered",
 ]
 
 MetricKind = Literal["gauge", "counter", "histogram"]
+
+# The canonical /metrics vocabulary everything downstream reads: name -> kind. Each adapter maps
+# (some of) these names to its engine's own series (`EngineAdapter.metric_aliases`).
+METRIC_KINDS: dict[str, MetricKind] = {
+    "num_requests_running": "gauge",
+    "num_requests_waiting": "gauge",
+    "kv_cache_usage_perc": "gauge",
+    "prompt_tokens_total": "counter",
+    "generation_tokens_total": "counter",
+    "prefix_cache_queries_total": "counter",
+    "prefix_cache_hits_total": "counter",
+    "num_preemptions_total": "counter",
+    "request_success_total": "counter",
+    "inter_token_latency_seconds": "histogram",
+    "time_to_first_token_seconds": "histogram",
+    "iteration_tokens": "histogram",
+    "request_prefill_time_seconds": "histogram",
+    "request_decode_time_seconds": "histogram",
+    "request_queue_time_seconds": "histogram",
+    "e2e_request_latency_seconds": "histogram",
+    "kv_transfer_time_seconds": "histogram",
+    "kv_transfer_bytes": "histogram",
+    "kv_transfer_failures_total": "counter",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStep:
+    """One engine step as its per-step log tells it (the adapter's `parse_step_log`): the new
+    prompt ("context") requests and tokens it computed, the decodes ("generation") it advanced,
+    and its time where the engine logs one (0.0 where it does not)."""
+
+    iteration: int
+    context_requests: int
+    context_tokens: int
+    generation_requests: int
+    generation_tokens: int
+    elapsed_ms: float
+
+    @property
+    def is_mixed(self) -> bool:
+        return self.context_tokens > 0 and self.generation_requests > 0
 Arm = Literal["colocated", "offloaded"]
 KvRole = Literal["decode-bench", "decode", "prefill"]
 
@@ -60,7 +126,12 @@ class ChunkRule:
     - `graph_max_tokens`: the largest step (tokens, the decodes beside the chunk included when they
       share its step) the engine runs as a CUDA graph by default; a longer step is launched kernel
       by kernel, which on a MoE model costs tens of ms whatever the chunk (0: no graphs, or unknown).
-      vLLM 0.22 captures up to 512 tokens unless told otherwise (`--max-cudagraph-capture-size`)."""
+      vLLM 0.22 captures up to 512 tokens unless told otherwise (`--max-cudagraph-capture-size`).
+
+    What follows from them, for the window maths (`decode_view`, `resume_lag_steps`): decodes that
+    pause see the prefill's chunk steps, which such an engine runs back to back (SGLang continues
+    a chunked request before anything else), as one stall, and take their next step only after
+    the step that produced the prefill's first token."""
 
     decodes_take_budget: bool = True
     decodes_in_chunk_step: bool = True
@@ -75,6 +146,37 @@ class ChunkRule:
         beside = running_decodes if self.decodes_in_chunk_step else 0
         return self.graph_max_tokens > 0 and chunk + beside <= self.graph_max_tokens
 
+    def problem(self, chunk_size: int, running_decodes: int) -> str | None:
+        """Why that many decodes leave a prefill no budget at that chunk size, or None."""
+        if self.budget(chunk_size, running_decodes) <= 0:
+            return "the decodes would take the whole step budget and the prefill would never run"
+        return None
+
+    def schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
+        """A cold P-token prefill's chunks in order: steps of `budget` tokens and a tail,
+        ceil(P / budget) in all (vLLM: ceil(P / (B - D)))."""
+        budget = self.budget(chunk_size, running_decodes)
+        if budget <= 0:
+            raise ValueError(f"chunk size {chunk_size} leaves no budget beside {running_decodes} decodes")
+        if prompt_tokens < 1:
+            raise ValueError(f"prompt of {prompt_tokens} tokens")
+        n = math.ceil(prompt_tokens / budget)
+        return (budget,) * (n - 1) + (prompt_tokens - budget * (n - 1),)
+
+    def decode_view(self, chunks: Sequence[int]) -> tuple[int, ...]:
+        """The chunk steps as the running decodes see them: one step per chunk where they run in
+        the chunk's step; one stall of all the chunks' tokens where they pause."""
+        if self.decodes_in_chunk_step or len(chunks) <= 1:
+            return tuple(chunks)
+        return (sum(chunks),)
+
+    @property
+    def resume_lag_steps(self) -> int:
+        """Decode steps between the prefill's first token and the running decodes' next token: 0
+        where they share the last chunk's step, 1 where they paused for it (their next step runs
+        after it, and its token is the one that ends their stall)."""
+        return 0 if self.decodes_in_chunk_step else 1
+
     def to_dict(self) -> dict[str, bool | int]:
         return {"decodes_take_budget": self.decodes_take_budget, "decodes_in_chunk_step": self.decodes_in_chunk_step,
                 "graph_max_tokens": self.graph_max_tokens}
@@ -88,23 +190,35 @@ class EngineAdapter(Protocol):
     """What pdexporter needs to know about one engine."""
 
     name: str
-    # the engine's max_num_batched_tokens when nobody says, and the sizes `infer_chunk_size` tries
+    # the engine's chunk size (vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size) when
+    # nobody says, and the sizes `infer_chunk_size` tries
     default_chunk_size: int
     candidate_chunk_sizes: tuple[int, ...]
-    # canonical metric name -> (kind, the engine's own names, newest first)
+    # the command-line flag that sets the chunk size (a launcher's template, a Kubernetes patch)
+    chunk_flag: str
+    # canonical metric name (`METRIC_KINDS`) -> (kind, the engine's own names, newest first)
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]]
+    # canonical names only some setups export (a KV connector's): their absence is no gap
+    optional_metrics: frozenset[str]
     # its OTLP per-request span: name, and canonical attribute -> the engine's attribute name
+    # ("" and {} for an engine whose traces pdexporter cannot read)
     request_span_name: str
     request_span_attributes: Mapping[str, str]
+    # (module, names) its own OTLP tracing imports, tried in the engine's Python before its trace
+    # export is turned on (`pdexporter doctor --engine-python`); () where pdexporter reads no traces
+    tracing_imports: tuple[tuple[str, tuple[str, ...]], ...]
     # the /metrics info series whose labels carry the KV-cache settings (prefix caching), if any
     cache_config_metric: str | None
     # the arm, KV connector and pair role of this engine setup (COLOCATED for a plain engine)
     kv: KvSetup
     # how its steps interleave a prefill's chunks with the running decodes
     chunk_rule: ChunkRule
+    # the GET path that says who the engine is (`recognise` reads its JSON answer)
+    identity_path: str
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
-        """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it."""
+        """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it (what
+        the engine's step log shows: one entry per step that computes prompt tokens)."""
         ...
 
     def budget_problem(self, chunk_size: int, running_decodes: int) -> str | None:
@@ -116,7 +230,8 @@ class EngineAdapter(Protocol):
         ...
 
     def format_step(self, step: IterationStep) -> str:
-        """One step as the engine logs it."""
+        """One step as the engine logs it (`parse_step_log` reads it back unchanged); raw files keep
+        a window's steps in this form."""
         ...
 
     def cuda_graphs(self, argv: Sequence[str]) -> bool | None:
@@ -124,11 +239,32 @@ class EngineAdapter(Protocol):
         ...
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
-        """Command-line flags that start the engine with this chunk size and its step log on."""
+        """Command-line flags that start the engine with this chunk size, its step log (one line
+        per step) and its /metrics on."""
         ...
 
-    def recognise(self, version_payload: Mapping[str, object]) -> bool:
-        """Does a `/version` answer come from this engine?"""
+    def for_command(self, argv: Sequence[str], role: str | None = None) -> str:
+        """The registered name of this engine's setup when started with `argv` (in a P/D pair's
+        `role`): e.g. vLLM with DecodeBenchConnector is "vllm-decode-bench", SGLang with
+        --enable-mixed-chunk "sglang-mixed"."""
+        ...
+
+    def recognise(self, identity: Mapping[str, object]) -> bool:
+        """Does this JSON answer of `identity_path` come from this engine (setup)?"""
+        ...
+
+    def served_chunk_size(self, identity: Mapping[str, object]) -> int | None:
+        """The chunk size the engine says it runs with, in its `identity_path` answer (None: it
+        does not publish it; vLLM 0.22 does not)."""
+        ...
+
+    def setup_problems(self, identity: Mapping[str, object]) -> tuple[str, ...]:
+        """What in the engine's published settings keeps pdexporter from exact numbers (a step
+        log that skips steps, /metrics off), each one line naming the flag that fixes it."""
+        ...
+
+    def prefix_caching(self, identity: Mapping[str, object], metrics_text: str | None) -> bool | None:
+        """Whether the engine caches prompt prefixes (None: cannot tell)."""
         ...
 
 
@@ -144,59 +280,81 @@ def register(*names: str) -> Callable[[type[_A]], type[_A]]:
         if not isinstance(instance, EngineAdapter):
             raise TypeError(f"{cls.__name__} does not implement EngineAdapter")
         for name in names:
+            if name in _ADAPTERS:
+                raise TypeError(f"engine {name!r} is registered twice ({cls.__name__})")
             _ADAPTERS[name] = instance
         return cls
 
     return wrap
 
 
-def adapter(name: str | None) -> EngineAdapter:
-    """The adapter registered under `name`; an unknown or missing name gets vLLM's (every engine
-    pdexporter measures speaks vLLM's API, and the embedded engine follows vLLM's rules)."""
-    return _ADAPTERS.get(name or "", _ADAPTERS["vllm"])
+def adapter(name: str) -> EngineAdapter:
+    """The adapter registered under `name`; one line naming the registered engines for any other
+    (a record, sweep file or flag with an engine nobody registered)."""
+    found = _ADAPTERS.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise ConfigError(f"engine {name!r}: not a registered engine (registered: {', '.join(registered())})")
+    return found
 
 
 def registered() -> tuple[str, ...]:
     return tuple(sorted(_ADAPTERS))
 
 
-def identify(version_payload: Mapping[str, object]) -> EngineAdapter | None:
-    """The engine that answered `/version` this way: the most specific adapter that recognises it
-    (the last registered: an engine that speaks vLLM's API registers after vLLM)."""
+def identity_paths() -> tuple[str, ...]:
+    """The GET paths the registered engines say who they are at, in registration order."""
+    return tuple(dict.fromkeys(a.identity_path for a in _ADAPTERS.values()))
+
+
+def identify(identity: Mapping[str, object], path: str = "/version") -> EngineAdapter | None:
+    """The engine that answered `path` this way: the most specific adapter that recognises it
+    (the last registered: an engine that speaks another's API registers after it)."""
     seen: list[EngineAdapter] = []
     for candidate in _ADAPTERS.values():
-        if candidate not in seen:
+        if candidate not in seen and candidate.identity_path == path:
             seen.append(candidate)
     for candidate in reversed(seen):
-        if candidate.recognise(version_payload):
+        if candidate.recognise(identity):
             return candidate
+    return None
+
+
+def info_labels(metrics_text: str | None, metric: str | None) -> dict[str, str] | None:
+    """The labels of an info series (e.g. vLLM's `vllm:cache_config_info`) in a /metrics text, if there."""
+    if not metrics_text or not metric:
+        return None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == metric:
+                    return dict(sample.labels)
+    except (ValueError, TypeError, IndexError):
+        return None
     return None
 
 
 def budget_schedule(prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
     """A step budget of `chunk_size` tokens, running decodes served first (one token each), the
     prefill given the rest: chunks of B - D tokens and a tail, ceil(P / (B - D)) in all."""
-    budget = chunk_size - running_decodes
-    if budget <= 0:
-        raise ValueError(f"chunk size {chunk_size} leaves no budget beside {running_decodes} decodes")
-    if prompt_tokens < 1:
-        raise ValueError(f"prompt of {prompt_tokens} tokens")
-    n = math.ceil(prompt_tokens / budget)
-    return (budget,) * (n - 1) + (prompt_tokens - budget * (n - 1),)
+    return BUDGET_RULE.schedule(prompt_tokens, chunk_size, running_decodes)
 
 
 def budget_problem(chunk_size: int, running_decodes: int) -> str | None:
-    if running_decodes >= chunk_size:
-        return "the decodes would take the whole step budget and the prefill would never run"
-    return None
+    return BUDGET_RULE.problem(chunk_size, running_decodes)
 
 
 def chunk_size_advice(windows: Sequence[tuple[int, int, int]], chunk_size: int, source: str,
-                      engine: str | None, candidates: Iterable[int] | None = None) -> str:
-    """One line for a user whose windows contradict the chunk size's schedule: the sizes that fit."""
+                      engine: str, candidates: Iterable[int] | None = None) -> str:
+    """One line for a user whose windows contradict the chunk size's schedule: the sizes that fit
+    (the schedule as the decodes see it: `ChunkRule.decode_view`)."""
     rule = adapter(engine)
-    best, fits = infer_chunk_size(windows, candidates or rule.candidate_chunk_sizes, rule.chunk_schedule,
-                                  rule.default_chunk_size)
+
+    def seen(p: int, b: int, d: int) -> tuple[int, ...]:
+        return rule.chunk_rule.decode_view(rule.chunk_schedule(p, b, d))
+
+    best, fits = infer_chunk_size(windows, candidates or rule.candidate_chunk_sizes, seen, rule.default_chunk_size)
     return (f"the probes' slow steps do not fit chunk size {chunk_size} ({source}); sizes that fit: "
             f"{', '.join(map(str, fits)) or 'none'}{f' (likely {best})' if best else ''}: pass --chunk-size")
 
@@ -212,10 +370,11 @@ def infer_chunk_size(
     for b in candidates:
         ok = True
         for p, d, slow in windows:
-            if b <= d:
+            try:
+                sizes = schedule(p, b, d)
+            except ValueError:  # no budget beside D decodes at this size
                 ok = False
                 break
-            sizes = schedule(p, b, d)
             full = sum(1 for s in sizes if s >= 0.25 * max(sizes))
             if not full <= slow <= len(sizes) + max_stall_steps:
                 ok = False

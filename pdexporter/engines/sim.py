@@ -1,19 +1,43 @@
-"""pdexporter's embedded engine: it follows vLLM's rules (its scheduler implements vLLM's chunking
-as code, and a test holds the two equal), serves vLLM's API and metric names, and logs vLLM's
-per-step lines; it differs in how it says who it is (`/version` carries `"modelled": true`)."""
+"""pdexporter's embedded engine, one adapter per engine it imitates. Imitating vLLM it follows
+vLLM's rules (its scheduler implements vLLM's chunking as code, and a test holds the two equal),
+serves vLLM's API and metric names and logs vLLM's per-step lines; imitating SGLang
+(`sim serve --engine sglang [--enable-mixed-chunk]`) it schedules, logs, names its metrics and
+says who it is (/server_info) as SGLang does. Either way it differs from the engine in how it
+says who it is: its identity answer carries `"modelled": true`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pdexporter.engines._registry import register
-from pdexporter.engines.vllm import VllmAdapter
+from pdexporter.engines.sglang import SglangAdapter, SglangMixedAdapter
+from pdexporter.engines.vllm import CHUNK_FLAG, VllmAdapter
 
 __all__ = [
-    "SIM_ENGINE", "SimAdapter",
+    "IMITATED",
+    "SIM_ENGINE",
+    "SIM_SGLANG",
+    "SIM_SGLANG_MIXED",
+    "SimAdapter",
+    "SimSglangAdapter",
+    "SimSglangMixedAdapter",
+    "sim_engine",
 ]
 
 SIM_ENGINE = "pdexporter-sim"
+SIM_SGLANG = "pdexporter-sim-sglang"
+SIM_SGLANG_MIXED = "pdexporter-sim-sglang-mixed"
+# The engine (setup) the embedded engine imitates -> the name its records carry.
+IMITATED: dict[str, str] = {"vllm": SIM_ENGINE, "sglang": SIM_SGLANG, "sglang-mixed": SIM_SGLANG_MIXED}
+
+
+def sim_engine(imitates: str) -> str:
+    """The embedded engine's adapter name when it imitates `imitates` ("vllm", "sglang", "sglang-mixed")."""
+    from pdexporter.errors import ConfigError
+
+    if imitates not in IMITATED:
+        raise ConfigError(f"--engine {imitates!r}: the embedded engine imitates {', '.join(IMITATED)}")
+    return IMITATED[imitates]
 
 
 @register(SIM_ENGINE)
@@ -21,7 +45,32 @@ class SimAdapter(VllmAdapter):
     name = SIM_ENGINE
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
-        return ("--max-num-batched-tokens", str(chunk_size))
+        return (CHUNK_FLAG, str(chunk_size))  # it logs every step and serves /metrics anyway
 
-    def recognise(self, version_payload: Mapping[str, object]) -> bool:
-        return version_payload.get("modelled") is True
+    def for_command(self, argv: Sequence[str], role: str | None = None) -> str:
+        return self.name
+
+    def recognise(self, identity: Mapping[str, object]) -> bool:
+        return identity.get("modelled") is True
+
+
+class _SimSglang(SglangAdapter):
+    def for_command(self, argv: Sequence[str], role: str | None = None) -> str:
+        return SIM_SGLANG_MIXED if "--enable-mixed-chunk" in argv else SIM_SGLANG
+
+    def recognise(self, identity: Mapping[str, object]) -> bool:
+        return (
+            identity.get("modelled") is True
+            and "chunked_prefill_size" in identity
+            and bool(identity.get("enable_mixed_chunk")) == self.mixed
+        )
+
+
+@register(SIM_SGLANG)
+class SimSglangAdapter(_SimSglang):
+    name = SIM_SGLANG
+
+
+@register(SIM_SGLANG_MIXED)
+class SimSglangMixedAdapter(_SimSglang, SglangMixedAdapter):
+    name = SIM_SGLANG_MIXED

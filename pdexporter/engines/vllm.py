@@ -11,25 +11,25 @@ window against the probes' cadence (`engines.infer_chunk_size`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
-import re
-
-from pdexporter.engine.iterlog import IterationStep
 from pdexporter.engines._registry import (
-    BUDGET_RULE, COLOCATED, ChunkRule, KvSetup, MetricKind, budget_problem, budget_schedule, register,
+    BUDGET_RULE, COLOCATED, ChunkRule, IterationStep, KvSetup, MetricKind, info_labels, register,
 )
 
 __all__ = [
-    "CANDIDATE_CHUNK_SIZES", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "METRIC_ALIASES", "OPTIONAL_METRICS",
-    "REQUEST_SPAN_ATTRIBUTES", "REQUEST_SPAN_NAME", "TRACING_IMPORTS", "VllmAdapter", "format_step",
-    "parse_step_log",
+    "CANDIDATE_CHUNK_SIZES", "CHUNK_FLAG", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "METRIC_ALIASES", "OPTIONAL_METRICS",
+    "OpenAICompatibleAdapter", "REQUEST_SPAN_ATTRIBUTES", "REQUEST_SPAN_NAME", "STEP_LOG_FLAG", "TRACING_IMPORTS",
+    "VllmAdapter", "format_step", "parse_step_log",
 ]
 
 # vLLM's own defaults for `vllm serve` (arg_utils): 8192 on GPUs with >= 70 GB, 2048 below.
 DEFAULT_CHUNK_SIZE = 8192
 # Chunk sizes a deployment plausibly runs with, tried when inferring B from the cadence.
 CANDIDATE_CHUNK_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+CHUNK_FLAG = "--max-num-batched-tokens"
+STEP_LOG_FLAG = "--enable-logging-iteration-details"  # one `Iteration(N): ...` line per engine step
 
 # canonical name -> (kind, sample base names used by engines, newest first)
 METRIC_ALIASES: dict[str, tuple[MetricKind, tuple[str, ...]]] = {
@@ -81,8 +81,6 @@ ITERATION_RE = re.compile(
 )
 
 
-
-
 # vLLM's OTLP request trace (vllm/tracing, `--otlp-traces-endpoint`; 0.22): one span per finished
 # request, started at its arrival, ended when it finishes, with these attributes (seconds, tokens).
 # canonical name -> vLLM's attribute (`engine.traces` decodes them). No per-step events in 0.22.
@@ -99,6 +97,8 @@ REQUEST_SPAN_ATTRIBUTES: dict[str, str] = {
     "inference_s": "gen_ai.latency.time_in_model_inference",
     "max_tokens": "gen_ai.request.max_tokens",
 }
+
+
 # What vLLM 0.22's tracing imports (vllm/tracing/otel.py, in one try block): if any of it fails,
 # tracing is off, yet with --otlp-traces-endpoint the output processor still traces, with
 # `SpanKind` left as `Any`, and every request then fails with HTTP 500 and the API server shuts
@@ -140,23 +140,27 @@ def format_step(step: IterationStep) -> str:
 
 
 
-@register("vllm", "openai-compatible")
+@register("vllm")
 class VllmAdapter:
     name = "vllm"
     default_chunk_size = DEFAULT_CHUNK_SIZE
     candidate_chunk_sizes = CANDIDATE_CHUNK_SIZES
+    chunk_flag = CHUNK_FLAG
     metric_aliases: Mapping[str, tuple[MetricKind, tuple[str, ...]]] = METRIC_ALIASES
+    optional_metrics: frozenset[str] = OPTIONAL_METRICS
     request_span_name = REQUEST_SPAN_NAME
     request_span_attributes: Mapping[str, str] = REQUEST_SPAN_ATTRIBUTES
+    tracing_imports: tuple[tuple[str, tuple[str, ...]], ...] = TRACING_IMPORTS
     cache_config_metric: str | None = "vllm:cache_config_info"  # labels: enable_prefix_caching, block_size, ...
     kv: KvSetup = COLOCATED
     chunk_rule: ChunkRule = BUDGET_RULE  # decodes take their token of B first, and run in the chunk's step
+    identity_path = "/version"
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
-        return budget_schedule(prompt_tokens, chunk_size, running_decodes)
+        return self.chunk_rule.schedule(prompt_tokens, chunk_size, running_decodes)
 
     def budget_problem(self, chunk_size: int, running_decodes: int) -> str | None:
-        return budget_problem(chunk_size, running_decodes)
+        return self.chunk_rule.problem(chunk_size, running_decodes)
 
     def parse_step_log(self, lines: Iterable[str]) -> list[IterationStep]:
         return parse_step_log(lines)
@@ -169,8 +173,41 @@ class VllmAdapter:
         return "--enforce-eager" not in argv
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
-        return ("--max-num-batched-tokens", str(chunk_size), "--enable-chunked-prefill",
-                "--enable-logging-iteration-details")
+        return (CHUNK_FLAG, str(chunk_size), "--enable-chunked-prefill", STEP_LOG_FLAG)
 
-    def recognise(self, version_payload: Mapping[str, object]) -> bool:
-        return "version" in version_payload and not version_payload.get("modelled")
+    def for_command(self, argv: Sequence[str], role: str | None = None) -> str:
+        """Its KV connector (`--kv-transfer-config`) and pair role make a vLLM the offloaded arm
+        (`engines.disagg`); a plain one is itself."""
+        from pdexporter.engines.disagg import setup_for_command
+
+        return setup_for_command(argv, "vllm", role)
+
+    def recognise(self, identity: Mapping[str, object]) -> bool:
+        return "version" in identity and not identity.get("modelled")
+
+    def served_chunk_size(self, identity: Mapping[str, object]) -> int | None:
+        return None  # vLLM 0.22 publishes max_num_batched_tokens nowhere (not in /version nor /metrics)
+
+    def setup_problems(self, identity: Mapping[str, object]) -> tuple[str, ...]:
+        return ()  # nothing in /version says how it was started
+
+    def prefix_caching(self, identity: Mapping[str, object], metrics_text: str | None) -> bool | None:
+        labels = info_labels(metrics_text, self.cache_config_metric)
+        if labels is None or "enable_prefix_caching" not in labels:
+            return None
+        return labels["enable_prefix_caching"].lower() == "true"
+
+
+@register("openai-compatible")
+class OpenAICompatibleAdapter(VllmAdapter):
+    """An OpenAI-compatible engine nobody identified (no /version an adapter recognises, no
+    --engine): measured with vLLM's rules as a stated assumption, and recorded under this name,
+    never as "vllm". The chunk schedule then has to survive the cadence check window by window."""
+
+    name = "openai-compatible"
+
+    def for_command(self, argv: Sequence[str], role: str | None = None) -> str:
+        return self.name
+
+    def recognise(self, identity: Mapping[str, object]) -> bool:
+        return False

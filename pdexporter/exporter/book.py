@@ -20,7 +20,7 @@ from pdexporter.exporter.probes import FINISHED, STARTED, Lifecycle, ProbeLoop, 
 from pdexporter.exporter.status import STALL_S, up_reason
 from pdexporter.exporter.tracing import NoTracing, Tracing
 from pdexporter.measure.protocol import InterferenceRun
-from pdexporter.measure.window import stream_phases, window_end_ns
+from pdexporter.measure.window import stream_phases
 
 __all__ = [
     "ProbeBook",
@@ -132,11 +132,12 @@ class ProbeBook:
         """Label every held interval with the window maths' phase; the next quiet period starts
         where the last stream recovered."""
         self.refresh()
-        w_end = window_end_ns(run.t_first_ns, run.baseline)
+        w_end = run.window_end_ns
+        anchor = run.anchor_ns if run.anchor_ns is not None else run.t_first_ns
         theta = run.baseline.slow_threshold_ms(self.params) if run.baseline else None
         all_phases = []
         for state in (s for s in self.all_states() if s.next_interval < len(s.times)):
-            phases = stream_phases(state.array(), run.t_inject_ns, run.t_first_ns, w_end, theta, self.params,
+            phases = stream_phases(state.array(), run.t_inject_ns, anchor, w_end, theta, self.params,
                                    run.located_chunks)
             labels = timeline.phase_labels(phases)
             for idx, label, length in zip(phases.intervals.token_index, labels, phases.intervals.length_ns):

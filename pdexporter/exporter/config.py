@@ -18,7 +18,7 @@ from pdexporter.errors import ConfigError
 from pdexporter.exporter.metrics import DEFAULT_PORT
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT, ReceiverLimits
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.engines import adapter
+from pdexporter.engines import UNIDENTIFIED, adapter
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "DEFAULT_INJECT_EVERY_S", "DEFAULT_LISTEN", "DEFAULT_PREFILL_TOKENS", "ExporterConfig",
@@ -37,10 +37,14 @@ class ExporterConfig(BaseModel):
 
     probe_streams: int = Field(ge=1, le=MAX_DECODE_BATCH)
     chunk_size: int = Field(ge=1, le=MAX_TOKENS)
-    # "given" (--chunk-size, or the embedded engine's own), or "assumed": the engine adapter's
-    # default for an engine whose max_num_batched_tokens nobody gave (vLLM does not publish it)
-    chunk_size_source: Literal["given", "assumed"] = "given"
+    # "given" (--chunk-size, or the embedded engine's own), "published" (the engine said it: SGLang's
+    # /server_info), or "assumed": the engine adapter's default for an engine whose chunk size nobody
+    # gave and it does not publish (vLLM)
+    chunk_size_source: Literal["given", "published", "assumed"] = "given"
     target: str | None = None
+    # The engine adapter's name as far as known before the engine starts (--engine; the embedded
+    # engine's); None: the engine at --target says who it is (`engine.identity`)
+    engine: str | None = None
     inject_every_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     prefill_tokens: int = Field(default=DEFAULT_PREFILL_TOKENS, ge=1, le=MAX_TOKENS)
     listen_host: str = "0.0.0.0"
@@ -89,7 +93,7 @@ class ExporterConfig(BaseModel):
         if self.passive and self.injecting:
             raise ValueError(f"--passive injects nothing, but --inject-every {self.inject_every_s:g}s asks for "
                              "injection: leave --inject-every out (or set it to off) with --passive")
-        problem = adapter(None).budget_problem(self.chunk_size, self.probe_streams)
+        problem = adapter(self.engine).budget_problem(self.chunk_size, self.probe_streams) if self.engine else None
         if problem:
             raise ValueError(f"--decode-batch-size {self.probe_streams} with --chunk-size {self.chunk_size}: {problem}")
         if self.injecting:
@@ -123,13 +127,11 @@ class ExporterConfig(BaseModel):
         return self.inject_every_s is not None
 
     @property
-    def expected_chunks(self) -> int:
-        return len(adapter(None).chunk_schedule(self.prefill_tokens, self.chunk_size, self.probe_streams))
-
-    @property
     def reserve_tokens(self) -> int:
-        """Tokens every probe must still have to decode when a prefill goes in (one window's)."""
-        return self.protocol.window_tokens(None, self.prefill_tokens, self.chunk_size, self.probe_streams)
+        """Tokens every probe must still have to decode when a prefill goes in (one window's; for an
+        engine not yet known, by vLLM's rule, which gives the most chunks)."""
+        return self.protocol.window_tokens(self.engine or UNIDENTIFIED, self.prefill_tokens, self.chunk_size,
+                                           self.probe_streams)
 
 
 def build_config(**fields: object) -> ExporterConfig:

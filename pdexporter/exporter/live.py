@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pdexporter.engine.iterlog import IterationStep
+from pdexporter.engines import IterationStep
 from pdexporter.engine.metrics import MetricsSnapshot
 from pdexporter.engine.stream import PollingProgress, TokenStream
 from pdexporter.errors import MeasurementError

@@ -30,11 +30,12 @@ __all__ = [
 
 PREFIX = "pdexporter"
 GRID_LABELS = ("chunk_size", "decode_batch_size", "new_prefill_tokens")
-# Window series carry the grid point and how the window came about: "active" (an injected
+# Window series carry the grid point, how the window came about: "active" (an injected
 # prefill: `run`, `sweep --listen`) or "passive" (a production prefill, `run --passive`, whose D
-# and P labels are bins: measure.passive).
+# and P labels are bins: measure.passive), and the engine measured (its adapter's name: two
+# engines' maps side by side in one Prometheus).
 MODES = ("active", "passive")
-WINDOW_LABELS = GRID_LABELS + ("mode",)
+WINDOW_LABELS = GRID_LABELS + ("mode", "engine")
 PHASES = ("baseline", "prefill_window", "after_prefill")  # exporter.timeline labels
 ERROR_KINDS = ("connect", "http", "timeout", "protocol", "measurement")
 DEFAULT_PORT = 18742
@@ -102,7 +103,7 @@ TRACE_KINDS = ("production", "probe", "unusable", "ignored", "out-of-range", "du
 TRACE_RESULTS = ("ok", "rejected")  # TRACE_EXPORTS{result}
 # TRACE_REJECTIONS{reason}: why the trace receiver refused an export (exporter.receiver)
 REJECT_REASONS = ("unauthorized", "rate-limited", "busy", "too-large", "unsupported-media-type", "bad-encoding",
-                  "bad-body")
+                  "bad-body", "engine-unknown")
 
 
 class ExporterMetrics:
@@ -260,8 +261,8 @@ def all_series_names() -> tuple[str, ...]:
 
 
 def grid_labels(chunk_size: int | None, decode_batch_size: int, new_prefill_tokens: int,
-                mode: str = "active") -> dict[str, str]:
-    """The labels of a window's series (`WINDOW_LABELS`)."""
+                mode: str = "active", *, engine: str) -> dict[str, str]:
+    """The labels of a window's series (`WINDOW_LABELS`); `engine`: the engine adapter's name."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: expected one of {MODES}")
     return {
@@ -269,6 +270,7 @@ def grid_labels(chunk_size: int | None, decode_batch_size: int, new_prefill_toke
         "decode_batch_size": str(decode_batch_size),
         "new_prefill_tokens": str(new_prefill_tokens),
         "mode": mode,
+        "engine": engine,
     }
 
 

@@ -55,6 +55,7 @@ import numpy as np
 from pdexporter.engine.metrics import MetricsSnapshot
 from pdexporter.engine.stream import TokenStream
 from pdexporter.engine.traces import RequestTrace
+from pdexporter.engines import adapter
 from pdexporter.exporter import timeline
 from pdexporter.exporter.metrics import PASSIVE_OUTCOMES
 from pdexporter.measure.passive import (
@@ -75,7 +76,13 @@ from pdexporter.measure.passive import (
 )
 from pdexporter.measure.point import PointSpec, rep_record
 from pdexporter.measure.probesets import trim_trace
-from pdexporter.measure.protocol import InterferenceRun, StreamTrace, analyse_traces, expected_schedule
+from pdexporter.measure.protocol import (
+    InterferenceRun,
+    StreamTrace,
+    analyse_traces,
+    expected_schedule,
+    window_anchor_ns,
+)
 from pdexporter.measure.records import RepRecord
 from pdexporter.measure.window import BaselineStats, WindowParams, baseline_from_lengths, token_times
 
@@ -92,7 +99,7 @@ CadenceModel = Callable[[int, int, int], Sequence[float]]
 @dataclass(frozen=True)
 class PassiveSettings:
     chunk_size: int
-    engine: str | None = None
+    engine: str  # the engine adapter's name (its chunking, its budget)
     window: WindowParams = WindowParams()
     probe_prompt_tokens: int = 4096  # the probes' shared prefix: how to tell our own requests
     probe_max_tokens: int = 256
@@ -543,7 +550,7 @@ class PassiveTracker:
         if pending.baseline(s.window) is None or pending.baseline(s.window).n_intervals < s.min_baseline_intervals:
             event.outcome = "no-baseline"
             return event
-        if d >= s.chunk_size:
+        if adapter(s.engine).budget_problem(s.chunk_size, d):
             event.outcome = "no-budget"
             return event
         if attribution.source != "cadence":  # the cadence's answer beside the better source's (the comparison)
@@ -556,14 +563,15 @@ class PassiveTracker:
         schedule = expected_schedule(s.engine, p, s.chunk_size, d)
         assert pending.traces is not None
         baseline = pending.baseline(s.window)
-        window = analyse_traces(pending.traces, t_inject, t_first, baseline, s.window, None, schedule)
+        window = analyse_traces(pending.traces, t_inject, t_first, baseline, s.window, None, schedule, engine=s.engine)
         self._seq += 1
         rid = attribution.request_ids[0] if attribution.request_ids else f"passive-{self._seq}"
         prefill = StreamTrace(rid, PRODUCTION_TAG, t_inject, [t_first], [1], p, None)
         interference = InterferenceRun(
             decode_batch_size=d, new_prefill_tokens=p, probes=pending.traces, prefill=prefill,
             t_inject_ns=t_inject, t_first_ns=t_first, window=window, baseline=baseline,
-            baseline_rule=PASSIVE_BASELINE_RULE, schedule=schedule, salt="",
+            baseline_rule=PASSIVE_BASELINE_RULE, schedule=schedule, salt="", engine=s.engine,
+            anchor_ns=window_anchor_ns(s.engine, t_first, baseline),
         )
         event.run = interference
         event.finalised_ns = now_ns
@@ -624,23 +632,23 @@ def _pool_baseline(pending: _Pending, params: WindowParams) -> BaselineStats | N
     return baseline_from_lengths(np.concatenate(pooled)) if pooled else None
 
 
-def step_model_cadence(profile: str, decode_context_tokens: int) -> CadenceModel:
+def step_model_cadence(profile: str, decode_context_tokens: int, engine: str) -> CadenceModel:
     """The embedded engine's step-time model (`sim.steptime`, profile `profile`) as the cadence
     source's prediction: the extra time, over a decode-only step of D decodes, of each step that
     runs a chunk of a P-token prefill (the engine's schedule) beside D decodes at
-    `decode_context_tokens`."""
-    from pdexporter.engines import adapter
+    `decode_context_tokens` (where the engine's decodes pause for a chunk, the whole chunk step)."""
     from pdexporter.sim.profile import load_profile
     from pdexporter.sim.steptime import StepComposition, StepTimeModel
 
     model = StepTimeModel(load_profile(profile))
-    schedule = adapter(None).chunk_schedule
+    rules = adapter(engine)
+    beside = rules.chunk_rule.decodes_in_chunk_step
 
     def predict(p: int, b: int, d: int) -> list[float]:
-        decode = model(StepComposition.decode_batch(d, decode_context_tokens)) if d else 0.0
+        decode = model(StepComposition.decode_batch(d, decode_context_tokens)) if d and beside else 0.0
         out, context = [], 0
-        for c in schedule(p, b, d):
-            comp = StepComposition.of([(c, context)] + [(1, decode_context_tokens)] * d)
+        for c in rules.chunk_schedule(p, b, d):
+            comp = StepComposition.of([(c, context)] + ([(1, decode_context_tokens)] * d if beside else []))
             out.append((model(comp) - decode) * 1e3)
             context += c
         return out

@@ -125,7 +125,8 @@ class LivePassive:
         # traces and /metrics teach it (exporter.passive).
         self.tracker = PassiveTracker(
             settings, trace_offset_ns=ClockOffset.measure().offset_ns,
-            cadence=step_model_cadence(info.profile or config.profile, config.protocol.decode_context_tokens + 128),
+            cadence=step_model_cadence(info.profile or config.profile, config.protocol.decode_context_tokens + 128,
+                                       info.kind),
         )
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.model = LiveModel(metrics, config.chunk_size)
@@ -160,7 +161,7 @@ class LivePassive:
                 rep = event.rep.model_copy(update={"rep": windows_so_far, "started_at": now_iso()})
                 windows_so_far += 1
                 record_path = self._save(event, rep) if self.store is not None else None
-                publish_window(self.metrics, grid_labels(chunk, d_bin, p_bin, mode="passive"), rep)
+                publish_window(self.metrics, grid_labels(chunk, d_bin, p_bin, mode="passive", engine=self.info.kind), rep)
                 yield event, rep, record_path
 
     def _save(self, event: PassiveEvent, rep: RepRecord) -> str:

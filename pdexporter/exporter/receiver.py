@@ -19,7 +19,8 @@ each refusal answered as an OTLP collector answers it and counted in
    gzip, deflate or none (415), decompressed as it streams, stopping at `max_decoded_bytes` (413
    `too-large`: a 9 MB gzip bomb never becomes 2 GB); a corrupt or truncated stream is 400
    `bad-encoding`, not read as an empty export;
-6. the protobuf (`engine.traces.decode_traces`): 400 `bad-body`;
+6. the protobuf, decoded as the engine's spans (`engine.traces.decode_traces` with its adapter):
+   400 `bad-body`; before the engine has said who it is, 503 `engine-unknown` with `Retry-After`;
 7. the spans' rate (`spans_per_s`): 429 `rate-limited`, nothing of the export kept.
 
 Then the spans go to the sink (passive mode's intake, which judges each span's timestamps:
@@ -74,6 +75,7 @@ _STATUS = {
     "unsupported-media-type": 415,
     "bad-encoding": 400,
     "bad-body": 400,
+    "engine-unknown": 503,
 }
 
 
@@ -181,7 +183,7 @@ def traces_app(
     sink: Callable[[list[RequestTrace]], None],
     *,
     on_result: Callable[[str | None], None] = lambda reason: None,
-    engine: str | None = None,
+    engine: str | Callable[[], str | None] | None = None,
     token: str | None = None,
     limits: ReceiverLimits = ReceiverLimits(),
     clock: Callable[[], float] = time.monotonic,
@@ -257,6 +259,9 @@ def traces_app(
             return refuse(
                 "too-large", f"body of {request.content_length} bytes, at most {limits.max_wire_bytes}"
             )
+        kind = engine() if callable(engine) else engine  # whose spans these are: its adapter decodes them
+        if kind is None:
+            return refuse("engine-unknown", "the engine has not said who it is yet: retry", 1.0)
         async with slot() as admitted:
             if not admitted:
                 return refuse("busy", "too many exports at once", limits.wait_s)
@@ -267,7 +272,7 @@ def traces_app(
             except ValueError as exc:
                 return refuse("bad-encoding", str(exc))
             try:
-                decoded = decode_traces(body, engine=engine)
+                decoded = decode_traces(body, engine=kind)
             except TraceDecodeError as exc:
                 return refuse("bad-body", str(exc))
             del body

@@ -26,7 +26,7 @@ from typing import Any
 from pdexporter.engine.client import EngineClient
 from pdexporter.launch import EngineHandle, Launcher, TraceDirected
 from pdexporter.errors import ConfigError, PdexporterError
-from pdexporter.engines import chunk_size_advice
+from pdexporter.engines import adapter, chunk_size_advice
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
@@ -164,6 +164,7 @@ class Runner:
             return
         host = cfg.traces_host
         receiver = traces_app(self.traces.sink, on_result=self.traces.exported, token=self.traces_token,
+                              engine=lambda: self.info.kind if self.info is not None else None,
                               limits=cfg.receiver_limits, registry=self.metrics.registry)
         try:
             server, self.traces_port = await start_server(receiver, host, cfg.traces_listen_port, tls)
@@ -184,22 +185,41 @@ class Runner:
                 env["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"] = str(cfg.tls_cert_file)
             self.launcher.send_traces_to(f"{scheme}://{local}:{self.traces_port}/v1/traces", env)
 
-    def _started(self) -> None:
+    def _settle_engine(self) -> None:
+        """Once the engine answered: the chunk size it publishes replaces an assumed one (SGLang's
+        /server_info), and D is checked against its budget rule (its adapter, now known)."""
+        assert self.info is not None
         cfg = self.config
+        if self.info.chunk_size_published and self.info.chunk_size and cfg.chunk_size_source == "assumed":
+            cfg = self.config = cfg.model_copy(update={"chunk_size": self.info.chunk_size,
+                                                       "chunk_size_source": "published"})
+            self.spec = PointSpec(cfg.chunk_size, cfg.probe_streams, cfg.prefill_tokens).validate()
+            self.records = LiveRecords(cfg, self.spec)
+            self.records.check_out_dir()
+        if cfg.engine != self.info.kind:
+            self.config = cfg.model_copy(update={"engine": self.info.kind})
+        self.spec.check_budget(self.info.kind)
+
+    def _started(self) -> None:
         assert self.probes is not None and self.handle is not None and self.info is not None
+        self._settle_engine()
+        cfg = self.config
         self.log(f"probe timestamps: {self.probes.stamping}")
         if cfg.passive:
             self.passive = self.traces.passive = LivePassive(cfg, self.info, self.metrics, self.book,
                                                              self.records.store)
-        self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), self.metrics,
+        self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), adapter(self.info.kind),
+                                     self.metrics,
                                      cfg.scrape_interval_s, lambda: not self.book.stopping,
                                      on_snapshot=self.passive.tracker.add_scrape if self.passive else None)
         self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
         set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
                         cfg.chunk_size_source)
         if cfg.chunk_size_source == "assumed":
-            self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the engine's default (not in its "
-                     "/metrics); every window checks it against the probes' cadence")
+            self.log(f"--chunk-size not given: assuming {cfg.chunk_size}, the {self.info.kind} default (it does not "
+                     "publish its own); every window checks it against the probes' cadence")
+        elif cfg.chunk_size_source == "published":
+            self.log(f"chunk size {cfg.chunk_size}: as the engine publishes it")
         self.tracing = self.book.tracing = self._tracing_factory(self.info)
         self._next_injection = time.monotonic() + (cfg.inject_every_s or 0.0)
         self._ready_event.set()
@@ -309,8 +329,9 @@ class Runner:
         """The cadence contradicted the chunk size's schedule: say which sizes the windows fit."""
         if run.window.chunk_schedule_check == "contradicted" and run.window.slow_steps is not None:
             self._slow_seen.append((run.new_prefill_tokens, run.decode_batch_size, run.window.slow_steps))
-            self.log(chunk_size_advice(self._slow_seen, self.config.chunk_size, self.config.chunk_size_source,
-                                       self.info.kind if self.info else None))
+            if self.info is not None:
+                self.log(chunk_size_advice(self._slow_seen, self.config.chunk_size, self.config.chunk_size_source,
+                                           self.info.kind))
 
     def _schedule_next(self) -> None:
         self._next_injection = time.monotonic() + (self.config.inject_every_s or 0.0)
@@ -338,7 +359,7 @@ class Runner:
     def _publish(self, run: InterferenceRun, started_at: str) -> None:
         key = self.spec.key
         record_path, rep = self.records.save(run, started_at, self.windows_seen, self.info)
-        publish_window(self.metrics, grid_labels(*key), rep)
+        publish_window(self.metrics, grid_labels(*key, engine=self.info.kind if self.info else "unknown"), rep)
         self.metrics.injections.labels(outcome="ok").inc()
         ids = {t.request_id for t in run.probes}
         self.tracing.window(run, rep, self.config.chunk_size, self.book.spans_of(ids))

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from pdexporter.engine.client import EngineClient
-from pdexporter.engine.metrics import MetricsSnapshot
+from pdexporter.engine.metrics import MetricRules, MetricsSnapshot
 from pdexporter.errors import EngineError
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind
 
@@ -18,10 +18,11 @@ __all__ = [
 
 
 class EngineScraper:
-    def __init__(self, client: EngineClient, metrics: ExporterMetrics, interval_s: float,
+    def __init__(self, client: EngineClient, rules: MetricRules, metrics: ExporterMetrics, interval_s: float,
                  count_errors: Callable[[], bool],
                  on_snapshot: Callable[[MetricsSnapshot, int, int], None] | None = None) -> None:
         self.client = client
+        self.rules = rules  # the engine's adapter: its /metrics names
         self.on_snapshot = on_snapshot  # (snapshot, perf_counter_ns before, after): passive mode's brackets
         self.metrics = metrics
         self.interval_s = interval_s
@@ -44,7 +45,7 @@ class EngineScraper:
         t0_ns = time.perf_counter_ns()
         t0 = time.perf_counter()
         try:
-            snapshot = await self.client.scrape_metrics(retry=False)
+            snapshot = await self.client.scrape_metrics(self.rules, retry=False)
         except EngineError as exc:
             self.metrics.engine_scrape_ok.set(0)
             self.metrics.engine_scrape_seconds.set(time.perf_counter() - t0)

@@ -46,6 +46,8 @@ def metrics_app(
     links: dict[str, str] | None = None,
     token: str | None = None,
 ) -> web.Application:
+    """`engine()`: the engine adapter's name whose spans /v1/traces decodes (None until the engine
+    said who it is: an export then gets 503, which OTLP exporters retry)."""
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         body = encoder(registry)

@@ -241,7 +241,6 @@ class OtlpTracing:
         from opentelemetry import trace
         from opentelemetry.trace import Link, SpanKind
 
-        b = rep.baseline
         blocks = {"baseline": rep.baseline, "interference": rep.interference, "derived": rep.derived}
         numbers = {
             "pdexporter.window.chunk_size": chunk_size,
@@ -252,8 +251,9 @@ class OtlpTracing:
         }
         attributes = {k: v for k, v in numbers.items() if v is not None}
         attributes["pdexporter.engine.modelled"] = self.info.modelled
+        attributes["gen_ai.provider.name"] = self.info.kind  # the engine adapter's name, as on the probe spans
         links = [Link(s.get_span_context()) for s in probe_spans if s is not None]
-        end_window = run.window.t_first_ns + (b.tpot_p50_ms or 0.0) * 1e6 / 2
+        end_window = run.window_end_ns
         window_span = self.tracer.start_span(
             WINDOW_SPAN, start_time=self.clock.epoch(run.t_inject_ns), attributes=attributes, links=links
         )

@@ -3,10 +3,13 @@
 controller checks with isinstance, not getattr), and the one way pdexporter stops a process
 group it started.
 
-A sweep changes the engine's `max_num_batched_tokens` (the chunk size) between blocks of the
-grid, which on vLLM means a restart. `EngineHandle.iteration_log` is the engine's log file when
-the launcher owns it; with `--enable-logging-iteration-details` (vLLM) or always (embedded
-engine) it carries one line per step, which the engine adapter turns into exact chunk sizes.
+A sweep changes the engine's chunk size (vLLM's `--max-num-batched-tokens`, SGLang's
+`--chunked-prefill-size`: the adapter's `chunk_flag`) between blocks of the grid, which means a
+restart. `EngineHandle.iteration_log` is the engine's log file when the launcher owns it; with the
+adapter's step-log flags (`chunk_size_flags`) or always (embedded engine) it carries one line per
+step, which the engine adapter turns into exact chunk sizes. `EngineHandle.kind` is the engine
+adapter's name when the launcher knows it (from its engine and command line), None when only the
+engine can say (`engine.identity`).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class DeadlineReached(Exception):
 class EngineHandle:
     url: str
     chunk_size: int | None
-    kind: str = "openai-compatible"
+    kind: str | None = None  # the engine adapter's name; None: ask the engine (`engine.identity`)
     modelled: bool = False
     gpu: str | None = None
     version: str | None = None

@@ -13,11 +13,13 @@ __all__ = [
 
 @dataclass
 class ExternalLauncher:
-    """An engine already running. `chunk_size` is what the operator says it was started with."""
+    """An engine already running. `chunk_size` is what the operator says it was started with
+    (None: not said; an engine that publishes it, SGLang, says it through `engine.identity`)."""
 
     url: str
     chunk_size: int | None = None
     gpu: str | None = None
+    engine: str | None = None  # the user's --engine (or launcher.engine); None: the engine says who it is
     name: str = "external"
 
     @property
@@ -28,10 +30,10 @@ class ExternalLauncher:
         if self.chunk_size is not None and chunk_size != self.chunk_size:
             raise ConfigError(
                 f"chunk size {chunk_size}: the external engine at {self.url} runs with "
-                f"max_num_batched_tokens={self.chunk_size} and pdexporter cannot restart it; "
+                f"chunk size {self.chunk_size} and pdexporter cannot restart it; "
                 "use a launcher that owns the engine (local, sim, kubernetes)"
             )
-        return EngineHandle(url=self.url, chunk_size=self.chunk_size or chunk_size, kind="vllm", gpu=self.gpu)
+        return EngineHandle(url=self.url, chunk_size=self.chunk_size, kind=self.engine, gpu=self.gpu)
 
     async def stop(self) -> None:
         return None

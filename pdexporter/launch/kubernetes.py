@@ -80,7 +80,7 @@ def kubectl_patch_argv(kubectl: str, spec: KubernetesLauncherSpec, current_args:
                        chunk_size: int) -> list[str]:
     path = f"/spec/template/spec/containers/{spec.container}/args"
     op = {"op": "replace" if current_args is not None else "add", "path": path,
-          "value": with_chunk_arg(current_args or [], spec.arg_name, chunk_size)}
+          "value": with_chunk_arg(current_args or [], spec.chunk_arg, chunk_size)}
     return [kubectl, "patch", "deployment", str(spec.deployment), "--type=json", "-p",
             json.dumps([op], separators=(",", ":")), *_scope(spec)]
 
@@ -138,7 +138,7 @@ class KubernetesLauncher:
             await self._run(kubectl_rollout_argv(tool, self.spec))
         async with EngineClient(self.spec.url) as client:
             await client.wait_healthy(self.spec.health_timeout_s)
-        self._handle = EngineHandle(url=self.spec.url, chunk_size=chunk_size, kind="vllm", gpu=self.gpu)
+        self._handle = EngineHandle(url=self.spec.url, chunk_size=chunk_size, kind=self.spec.engine, gpu=self.gpu)
         return self._handle
 
     async def stop(self) -> None:

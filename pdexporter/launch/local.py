@@ -1,7 +1,8 @@
 """The `local` launcher: the engine from a command template, in its own process session.
 
 Its log goes to `results/{chunk}/engine/engine.log` (exposed as `EngineHandle.iteration_log`, so
-chunk sizes come from vLLM's `--enable-logging-iteration-details` lines), with a state file
+chunk sizes come from the engine's step lines: vLLM's `--enable-logging-iteration-details`,
+SGLang's `--decode-log-interval 1`; `launcher.engine` names the adapter), with a state file
 beside it (`engine.json`: pid, command, url, chunk size). A later invocation *adopts* a live
 engine that file describes when it has the chunk size wanted (same process and command line,
 /health answers, no logged step larger than the chunk), so a sweep stopped by a time limit and
@@ -47,7 +48,6 @@ from typing import Any
 from pdexporter._internal.atomic import atomic_write_json, open_private_log
 from pdexporter.engine.client import EngineClient
 from pdexporter.engines import adapter
-from pdexporter.engines.disagg import setup_for_command
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
 from pdexporter._internal.redact import redact_argv, redact_text, secret_values
 from pdexporter._internal.procs import same_process
@@ -163,8 +163,8 @@ def state_is_live(state: EngineState) -> bool:
     return start is None or state.proc_start is None or start == state.proc_start
 
 
-def log_contradicts_chunk(log: Path, chunk_size: int, tail_bytes: int = 4 << 20, kind: str = "vllm") -> bool:
-    """True if the engine's own step log shows a step larger than the chunk size."""
+def log_contradicts_chunk(log: Path, chunk_size: int, kind: str, tail_bytes: int = 4 << 20) -> bool:
+    """True if the engine's own step log (read by adapter `kind`) shows a step larger than the chunk size."""
     try:
         with log.open("rb") as handle:
             handle.seek(max(0, log.stat().st_size - tail_bytes))
@@ -187,7 +187,7 @@ class LocalLauncher:
     stop_timeout_s: float = 60.0
     adopt: bool = True
     health_poll_s: float = 0.1
-    kind: str = "vllm"
+    engine: str = "vllm"  # the adapter of the engine the command starts (`launcher.engine`)
     gpu: str | None = None
     deadline: Callable[[], float | None] = lambda: None  # seconds left, or None
     on_message: Callable[[str], None] = lambda text: None
@@ -249,7 +249,7 @@ class LocalLauncher:
         wanted = render_command(self.command, chunk_size, self.variables, self.env)
         return any(
             state_is_live(state) and state.chunk_size == chunk_size and state.argv == wanted.redacted
-            and not log_contradicts_chunk(Path(state.log), chunk_size)
+            and not log_contradicts_chunk(Path(state.log), chunk_size, self._setup(wanted.argv))
             for _, state in self._known_states()
         )
 
@@ -267,7 +267,7 @@ class LocalLauncher:
             control = await self._take_over(state, path)
             wanted = render_command(self.command, chunk_size, self.variables, self.env)
             if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.redacted:
-                if log_contradicts_chunk(Path(state.log), chunk_size):
+                if log_contradicts_chunk(Path(state.log), chunk_size, self._setup(wanted.argv)):
                     self.on_message(f"engine pid {state.pid}: its log shows steps above {chunk_size} tokens; restarting")
                 else:
                     self.on_message(f"adopting the engine started earlier (pid {state.pid}, chunk {chunk_size})")
@@ -410,12 +410,16 @@ class LocalLauncher:
                     raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")
                 await asyncio.sleep(self.health_poll_s)
         argv = self._state.argv if self._state is not None else ()
-        kind = setup_for_command(argv, self.kind, self.role)  # e.g. DecodeBenchConnector: the offloaded arm
+        kind = self._setup(argv)  # e.g. SGLang's --enable-mixed-chunk, vLLM's DecodeBenchConnector
         self._handle = EngineHandle(
             url=self.url, chunk_size=chunk_size, kind=kind, gpu=self.gpu, iteration_log=log, log_path=log,
             cuda_graphs=adapter(kind).cuda_graphs(argv), command=argv,
         )
         return self._handle
+
+    def _setup(self, argv: tuple[str, ...]) -> str:
+        """The engine setup (adapter name) this command line starts, in this launcher's pair role."""
+        return adapter(self.engine).for_command(argv, self.role)
 
     def _forget(self, chunk_size: int) -> None:
         self.state_path(chunk_size).unlink(missing_ok=True)

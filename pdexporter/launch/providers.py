@@ -20,7 +20,7 @@ from pdexporter.launch.local import LocalLauncher
 from pdexporter.launch.sim import SimLauncher
 from pdexporter.measure.driver import EngineDriver, http_driver
 from pdexporter.measure.store import ResultsStore
-from pdexporter.engines.disagg import pair_connector
+from pdexporter.engines import DECODE_BENCH, connector_of, pair_connector
 from pdexporter.launch.pair import PairLauncher
 from pdexporter.sweep.spec import (
     ExternalLauncherSpec,
@@ -33,7 +33,7 @@ from pdexporter.sweep.spec import (
 
 __all__ = [
     "EngineProvider", "LauncherProvider", "PairProvider", "SlotLabelled", "VirtualSimProvider", "make_provider",
-    "make_providers", "sim_role_for", "slot_label",
+    "make_providers", "sim_imitation_for", "sim_role_for", "slot_label",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -162,6 +162,7 @@ class VirtualSimProvider:
     launcher: Launcher | None = None  # in-process: nothing to launch
     kv_role: str = "none"
     slot: str = ""
+    imitates: str = "vllm"  # the engine (setup) it imitates: "vllm", "sglang", "sglang-mixed"
     _driver: Any = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
@@ -174,7 +175,8 @@ class VirtualSimProvider:
             self._driver = PdDriver(SimDriver.create(profile=self.profile, chunk_size=chunk_size, kv_role="prefill"),
                                     SimDriver.create(profile=self.profile, chunk_size=chunk_size, kv_role="decode"))
         else:
-            self._driver = SimDriver.create(profile=self.profile, chunk_size=chunk_size, kv_role=self.kv_role)
+            self._driver = SimDriver.create(profile=self.profile, chunk_size=chunk_size, kv_role=self.kv_role,
+                                            imitates=self.imitates)
         return self._driver
 
     async def close(self, *, stop_engine: bool) -> None:
@@ -186,7 +188,6 @@ class VirtualSimProvider:
 def sim_role_for(launcher_spec: Any) -> str:
     """The embedded engine's `kv_role` that models a sweep file's engine setup: "pd" for a pair,
     "decode-bench" for a command with DecodeBenchConnector, the sim launcher's own, else "none"."""
-    from pdexporter.engines.disagg import DECODE_BENCH, connector_of
     from pdexporter.launch.local import render_command
 
     if isinstance(launcher_spec, PairLauncherSpec):
@@ -200,6 +201,15 @@ def sim_role_for(launcher_spec: Any) -> str:
             return "none"
         return "decode-bench" if connector_of(argv) == DECODE_BENCH else "none"
     return "none"
+
+
+def sim_imitation_for(launcher_spec: Any) -> str:
+    """The engine (setup) the embedded engine imitates to model a sweep file's engine: the sim
+    launcher's own, SGLang's mode for a local SGLang command, else vLLM."""
+    if isinstance(launcher_spec, SimLauncherSpec):
+        return launcher_spec.engine
+    engine = launcher_spec.setup if isinstance(launcher_spec, LocalLauncherSpec) else getattr(launcher_spec, "engine", None)
+    return engine if engine in ("sglang", "sglang-mixed") else "vllm"
 
 
 def make_provider(
@@ -230,6 +240,7 @@ def make_providers(
     if isinstance(launcher_spec, SimLauncherSpec):
         role = launcher_spec.kv_role
         arm = "" if role == "none" else f", offloaded arm ({role})"
+        arm += "" if launcher_spec.engine == "vllm" else f", imitating {launcher_spec.engine}"
         several = launcher_spec.engines > 1
 
         def slot(i: int) -> str:
@@ -237,6 +248,7 @@ def make_providers(
 
         if launcher_spec.clock == "virtual":
             return [VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu, kv_role=role, slot=slot(i),
+                                       imitates=launcher_spec.engine,
                                        description=f"embedded engine {launcher_spec.profile}, virtual clock{arm}")
                     for i in range(launcher_spec.engines)]
         if role == "pd":
@@ -247,7 +259,8 @@ def make_providers(
                                  description=f"embedded engines {launcher_spec.profile} (prefill + decode), real "
                                              f"time over HTTP{arm}")
                     for i in range(launcher_spec.engines)]
-        return [LauncherProvider(SimLauncher(profile=launcher_spec.profile, kv_role=None if role == "none" else role),
+        return [LauncherProvider(SimLauncher(profile=launcher_spec.profile, kv_role=None if role == "none" else role,
+                                             engine=launcher_spec.engine),
                                  model=spec.model, api_key=api_key, gpu=None, log_dir_for=store.engine_dir,
                                  slot=slot(i), read_timeout_s=spec.read_timeout_s,
                                  description=f"embedded engine {launcher_spec.profile}, real time over HTTP{arm}")
@@ -276,6 +289,7 @@ def make_providers(
                 env=launcher_spec.slot_env(i), cwd=launcher_spec.cwd, health_timeout_s=launcher_spec.health_timeout_s,
                 stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu,
                 deadline=deadline, on_message=on_message, siblings=frozenset(urls) - {url},
+                engine=launcher_spec.engine,
             )
             slot = f"GPU {launcher_spec.gpus[i]}" if launcher_spec.gpus else ""
             out.append(LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, slot=slot,
@@ -283,7 +297,8 @@ def make_providers(
         return out
     launcher: Launcher
     if isinstance(launcher_spec, ExternalLauncherSpec):
-        launcher = ExternalLauncher(url=launcher_spec.url, chunk_size=launcher_spec.chunk_size, gpu=spec.gpu)
+        launcher = ExternalLauncher(url=launcher_spec.url, chunk_size=launcher_spec.chunk_size, gpu=spec.gpu,
+                                    engine=launcher_spec.engine)
         what = f"external engine at {launcher_spec.url}"
     elif isinstance(launcher_spec, KubernetesLauncherSpec):
         launcher = KubernetesLauncher(launcher_spec, gpu=spec.gpu, on_message=on_message)

@@ -26,6 +26,7 @@ from pathlib import Path
 from pdexporter._internal.atomic import open_private_log
 from pdexporter._internal.procs import die_with_parent, process_start_ticks, same_process
 from pdexporter._internal.redact import redact_argv
+from pdexporter.engines import SIM_KINDS, adapter, sim_engine
 from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.launch.base import EngineHandle, terminate_group
 
@@ -77,7 +78,8 @@ def clean_stale_scratch(base: str | os.PathLike[str] | None = None, now_s: float
 
 @dataclass
 class SimLauncher:
-    """The embedded engine in a child process, on real time, serving vLLM's HTTP API."""
+    """The embedded engine in a child process, on real time, serving the HTTP API of the engine it
+    imitates (`engine`: "vllm", "sglang", "sglang-mixed"), started with that engine's chunk flags."""
 
     profile: str = "h200-qwen3-coder-30b-a3b"
     host: str = "127.0.0.1"
@@ -88,6 +90,7 @@ class SimLauncher:
     name: str = "sim"
     kv_role: str | None = None  # one instance of a P/D pair, or the decode-bench arm (`sim serve --kv-role`)
     env: dict[str, str] = field(default_factory=dict)  # added to the child's environment (never written down)
+    engine: str = "vllm"  # the engine it imitates (`sim serve --engine`)
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _chunk: int | None = field(default=None, repr=False)
     _handle: EngineHandle | None = field(default=None, repr=False)
@@ -122,14 +125,17 @@ class SimLauncher:
         ready = log_dir / f"{stem}.ready.json"
         ready.unlink(missing_ok=True)
         log_path = log_dir / f"{stem}.log"
-        role_args = ["--kv-role", self.kv_role] if self.kv_role else []
-        cmd = [
-            sys.executable, "-m", "pdexporter", "sim", "serve",
+        kind = SIM_KINDS[self.kv_role] if self.kv_role else sim_engine(self.engine)
+        engine_args = [
             "--profile", self.profile,
-            "--max-num-batched-tokens", str(chunk_size),
+            *(("--engine", self.engine.removesuffix("-mixed")) if self.engine != "vllm" else ()),
+            *adapter(kind).chunk_size_flags(chunk_size),
+            *(["--kv-role", self.kv_role] if self.kv_role else []),
+        ]
+        cmd = [
+            sys.executable, "-m", "pdexporter", "sim", "serve", *engine_args,
             "--host", self.host, "--port", str(self.port),
             "--ready-file", str(ready),
-            *role_args,
             *self.extra_args,
         ]
         with open_private_log(log_path) as log:
@@ -151,12 +157,10 @@ class SimLauncher:
             await asyncio.sleep(0.05)
         info = json.loads(ready.read_text())
         self._chunk = chunk_size
-        from pdexporter.engines.disagg import SIM_KINDS
-
         self._handle = EngineHandle(
             url=info["url"],
             chunk_size=chunk_size,
-            kind=SIM_KINDS[self.kv_role] if self.kv_role else "pdexporter-sim",
+            kind=kind,
             modelled=True,
             gpu=info.get("gpu"),
             version=info.get("version"),
@@ -164,7 +168,7 @@ class SimLauncher:
             cuda_graphs=info.get("cuda_graphs"),
             iteration_log=log_path,
             log_path=log_path,
-            command=tuple(redact_argv(["pdexporter", "sim", "serve", *cmd[5:9], *role_args, *self.extra_args])),
+            command=tuple(redact_argv(["pdexporter", "sim", "serve", *engine_args, *self.extra_args])),
         )
         return self._handle
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -20,20 +19,22 @@ from typing import Any, Protocol, runtime_checkable
 
 from pdexporter._internal.redact import redact_url
 from pdexporter.engine.client import COMPLETIONS_PATH, ClientTimeouts, EngineClient, completion_request, encode_body
-from pdexporter.engine.iterlog import IterationLogTail, IterationStep
+from pdexporter.engine.iterlog import IterationLogTail
+from pdexporter.engines import IterationStep
 from pdexporter.launch import EngineHandle
 from pdexporter.engine.metrics import MetricsSnapshot
-from pdexporter.engines import adapter, identify
+from pdexporter.engine.identity import ask_identity, settle_engine
+from pdexporter.engines import adapter
 from pdexporter.engine.stream import Progress, TokenStream
-from pdexporter.errors import EngineError
+from pdexporter.errors import ConfigError, EngineError
 
 __all__ = [
     "Cancelling", "EngineDriver", "EngineInfo", "HttpDriver", "MODELLED_NOTE", "PreparedRequest", "http_driver",
 ]
 
 MODELLED_NOTE = (
-    "MODELLED: produced by pdexporter's embedded engine (vLLM v1 scheduling + a step-time model), "
-    "not measured on a GPU; real numbers come from a real vLLM"
+    "MODELLED: produced by pdexporter's embedded engine (the imitated engine's scheduling + a step-time model), "
+    "not measured on a GPU; real numbers come from a real engine"
 )
 
 
@@ -41,7 +42,7 @@ MODELLED_NOTE = (
 class EngineInfo:
     """What a record needs to say about the engine that produced it."""
 
-    kind: str  # "vllm", "pdexporter-sim", or "openai-compatible" when unknown
+    kind: str  # the engine adapter's name ("vllm", "sglang", "pdexporter-sim", ...; "openai-compatible": unknown)
     model: str
     url: str | None = None
     version: str | None = None
@@ -54,6 +55,7 @@ class EngineInfo:
     command: tuple[str, ...] | None = None  # how the engine was started, secrets redacted
     prefill_engine: EngineInfo | None = None  # a P/D pair's prefill instance (`measure.pd`); this is its decode one
     max_model_len: int | None = None  # the engine's context limit (`/v1/models`), when it publishes it
+    chunk_size_published: bool = False  # the engine said its chunk size itself (SGLang's /server_info)
 
     def check_fits(self, spec: Any, settings: Any, field: str = "-P") -> None:
         """Refuse, in one line, a point (`measure.point.PointSpec`) whose requests exceed this
@@ -192,7 +194,7 @@ class HttpDriver:
 
     async def scrape_metrics(self) -> MetricsSnapshot | None:
         try:
-            return await self.client.scrape_metrics(retry=False)
+            return await self.client.scrape_metrics(adapter(self.info.kind), retry=False)
         except EngineError:
             return None  # an engine without /metrics still gets measured; the record says so
 
@@ -243,37 +245,36 @@ async def http_driver(
     try:
         await client.get_text("/health")  # retried briefly; a dead target fails here with one line
         served_model, max_model_len = await client.served_model(model)
-        version = handle.version
-        kind = handle.kind
-        modelled, profile, engine_gpu = handle.modelled, handle.profile, handle.gpu
-        if version is None:
-            try:
-                payload = json.loads(await client.get_text("/version", retry=False))
-                version = str(payload.get("version"))
-                engine = identify(payload)
-                if engine is not None and engine.name != "vllm":
-                    # e.g. pdexporter's embedded engine behind a URL: its numbers are a model, say so
-                    kind, modelled = engine.name, bool(payload.get("modelled"))
-                    profile = profile or payload.get("profile")
-                    engine_gpu = engine_gpu or payload.get("gpu")
-                elif engine is not None:
-                    kind = "vllm" if kind in ("vllm", "openai-compatible") else kind
-            except (EngineError, ValueError, AttributeError):
-                version = None
+        identity = await ask_identity(client)
+        kind = settle_engine(handle.kind, identity.found, redact_url(handle.url))
+        rules = adapter(kind)
+        payload = identity.payload
+        modelled = handle.modelled or payload.get("modelled") is True
+        profile, engine_gpu = handle.profile, handle.gpu
+        if identity.found is not None and modelled:
+            # e.g. pdexporter's embedded engine behind a URL: its numbers are a model, say so
+            profile = profile or payload.get("profile")
+            engine_gpu = engine_gpu or payload.get("gpu")
+        published = rules.served_chunk_size(payload)
+        if handle.chunk_size is not None and published is not None and published != handle.chunk_size:
+            raise ConfigError(f"{redact_url(handle.url)}: chunk size {handle.chunk_size} was given, but the engine "
+                              f"says it runs "
+                              f"with {published} ({identity.path})")
         info = EngineInfo(
             kind=kind,
             model=served_model,
             url=redact_url(handle.url),  # what records and spans say: no user:password
-            version=version,
+            version=handle.version or identity.version,
             gpu=gpu or engine_gpu,
-            chunk_size=handle.chunk_size,
+            chunk_size=handle.chunk_size or published,
             cuda_graphs=handle.cuda_graphs,
             profile=profile,
             modelled=modelled,
             command=handle.command,
             max_model_len=max_model_len,
+            chunk_size_published=published is not None,
         )
-        log = IterationLogTail(handle.iteration_log, adapter(kind).parse_step_log) if handle.iteration_log else None
+        log = IterationLogTail(handle.iteration_log, rules.parse_step_log) if handle.iteration_log else None
         driver = HttpDriver(client, info, log)
     except BaseException:
         await client.aclose()

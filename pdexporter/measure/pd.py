@@ -51,10 +51,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pdexporter.engine.iterlog import IterationStep
+from pdexporter.engines import IterationStep
 from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.engine.stream import Progress, TokenStream
-from pdexporter.engines.disagg import NIXL, P2P_NCCL
+from pdexporter.engines import NIXL, P2P_NCCL
 from pdexporter.errors import ConfigError, EngineError
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 

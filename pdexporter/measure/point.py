@@ -28,6 +28,7 @@ from pdexporter.measure.protocol import (
     BaselineRun,
     InterferenceRun,
     ProtocolSettings,
+    chunks_expected,
     prompt_tokens_check,
     run_baseline,
     run_window,
@@ -105,9 +106,13 @@ class PointSpec:
             problem = out_of_bounds(value, low, high)
             if problem:
                 raise ConfigError(f"{name} {value}: {problem}")
-        problem = adapter(None).budget_problem(self.chunk_size, self.decode_batch_size)
+        return self
+
+    def check_budget(self, engine: str) -> PointSpec:
+        """Refuse, in one line, a point whose D leaves the engine's prefill no budget at this B."""
+        problem = adapter(engine).budget_problem(self.chunk_size, self.decode_batch_size)
         if problem:
-            raise ConfigError(f"-D {self.decode_batch_size} with --chunk-size {self.chunk_size}: {problem}")
+            raise ConfigError(f"-D {self.decode_batch_size} with --chunk-size {self.chunk_size}: {problem} ({engine})")
         return self
 
     @property
@@ -136,10 +141,6 @@ def check_reps(reps: int, name: str = "--reps") -> int:
     if problem:
         raise ConfigError(f"{name} {reps}: {problem}")
     return reps
-
-    @property
-    def num_chunks_expected(self) -> int:
-        return len(adapter(None).chunk_schedule(self.new_prefill_tokens, self.chunk_size, self.decode_batch_size))
 
 
 def record_config(spec: PointSpec, info: EngineInfo, settings: ProtocolSettings, *, reps: int, mode: str,
@@ -193,7 +194,7 @@ def rep_record(
         baseline=baseline_block(baseline, run.baseline_rule),
         interference=interference_block(
             run.window,
-            num_chunks_expected=len(run.schedule) if run.schedule else spec.num_chunks_expected,
+            num_chunks_expected=chunks_expected(run.engine or "", run.schedule),
             engine_chunks=run.engine_chunks,
             prefill_prompt_tokens=run.prefill.prompt_tokens,
             offload=offload_numbers(run.offload, deltas),
@@ -270,6 +271,7 @@ async def measure_point(
     rep_fields: Mapping[str, Any] | None = None,
     retries: int = 0,
     on_retry: Callable[[str, BaseException], None] = lambda what, exc: None,
+    chunk_size_source: str = "given",
 ) -> RunRecord:
     """Measure repetitions `len(recorded) .. reps - 1` of one point.
 
@@ -281,8 +283,8 @@ async def measure_point(
     so in its record (`retries`). `summarise` turns the repetitions into the record (default:
     medians over all of them).
     """
-    spec.validate()
-    config = record_config(spec, driver.info, settings, reps=reps, mode=mode)
+    spec.validate().check_budget(driver.info.kind)
+    config = record_config(spec, driver.info, settings, reps=reps, mode=mode, chunk_size_source=chunk_size_source)
     path = store.record_path(spec.chunk_size, spec.decode_batch_size, spec.new_prefill_tokens)
     done = resumable_reps(store.load_record(*_key(spec)) if resume else None, config, str(path))
     if len(done) >= reps:

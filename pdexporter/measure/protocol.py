@@ -13,7 +13,12 @@ engine's step log, when the driver can see it, gives the real chunk sizes. Which
 pooled, the exporter's continuous ones) and which baseline (Phase 1, the live quiet period) are
 the caller's choice (`measure.probesets`).
 
-All numbers are computed afterwards by the pure functions in `measure.window`.
+All numbers are computed afterwards by the pure functions in `measure.window`, told the engine's
+chunking by its adapter (`analyse_traces`): the chunk steps as the running decodes see them
+(`ChunkRule.decode_view`: one step per chunk where the decodes run beside it, one stall of all the
+chunks where they pause for them, SGLang's default) and where those steps end (`window_anchor_ns`:
+at the prefill's first token, or one decode step later where the decodes paused, since their next
+token comes from the step after the one that produced the prefill's first).
 
 A driver that routes the prefill through a P/D pair's prefill instance first (`measure.pd.Routing`)
 runs that first half before the window opens; the window is the decode instance's half, and the
@@ -23,6 +28,7 @@ route's clock (`InterferenceRun.offload`) goes into the record and the raw file 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +37,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pdexporter.engine.iterlog import IterationStep, summarise_chunks
+from pdexporter.engine.iterlog import summarise_chunks
+from pdexporter.engines import IterationStep
 from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.engine.stream import TokenStream
 from pdexporter.errors import MeasurementError
@@ -40,7 +47,6 @@ from pdexporter.measure.driver import EngineDriver, PreparedRequest
 from pdexporter.measure.pd import RouteTiming, Routing
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
 from pdexporter.engines import adapter
-from pdexporter.engines.vllm import format_step  # raw files keep steps as vLLM's log lines
 
 from pdexporter.measure.window import (
     BaselineStats,
@@ -56,9 +62,9 @@ from pdexporter.measure.window import (
 
 __all__ = [
     "BaselineRun", "BaselineSource", "InterferenceRun", "OPTION_NAMES", "ProbeSet", "ProtocolSettings", "StreamTrace",
-    "analyse_traces", "chunk_plan", "chunks_from_steps", "expected_schedule", "prompt_tokens_check", "prompt_tokens_problem",
+    "analyse_traces", "chunk_plan", "chunks_expected", "chunks_from_steps", "expected_schedule", "prompt_tokens_check", "prompt_tokens_problem",
     "protocol_settings", "run_baseline", "run_single", "run_window", "stalled", "start_probes", "steady",
-    "wait_for", "warm_prefix", "warm_shapes",
+    "wait_for", "warm_prefix", "warm_shapes", "window_anchor_ns",
 ]
 
 
@@ -122,11 +128,12 @@ class ProtocolSettings(BaseModel):
         return {"decode_context_tokens": self.decode_context_tokens, "decode_output_tokens": self.decode_output_tokens,
                 "prefill_max_tokens": self.prefill_max_tokens}
 
-    def window_tokens(self, engine: str | None, p: int, chunk_size: int, d: int) -> int:
+    def window_tokens(self, engine: str, p: int, chunk_size: int, d: int) -> int:
         """Tokens one probe stream spends on one window of a P-token prefill: the steady check,
         two steps per expected chunk (its step, and the admission/retirement stalls and async lag
         around it), the recovery intervals and a margin."""
-        chunks = len(adapter(engine).chunk_schedule(p, chunk_size, d)) if d < chunk_size else 1
+        rules = adapter(engine)
+        chunks = 1 if rules.budget_problem(chunk_size, d) else len(rules.chunk_schedule(p, chunk_size, d))
         return self.steady_last_intervals + 2 * chunks + self.after_intervals + 8
 
 
@@ -248,6 +255,14 @@ class InterferenceRun:
     salt: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     offload: RouteTiming | None = None  # the routed prefill's clock (a P/D pair, measure.pd)
+    engine: str | None = None  # the engine adapter's name: the format `to_raw` keeps its steps in
+    plan: ChunkPlan | None = None  # the chunk steps the window maths was told (`chunk_plan`)
+    anchor_ns: int | None = None  # where the chunk steps end (`window_anchor_ns`); None: t_first_ns
+
+    @property
+    def window_end_ns(self) -> float:
+        """The end of the window: the anchor plus half a baseline step (`measure.window`)."""
+        return window_end_ns(self.anchor_ns if self.anchor_ns is not None else self.t_first_ns, self.baseline)
 
     @property
     def engine_metric_deltas(self) -> dict[str, float]:
@@ -261,10 +276,10 @@ class InterferenceRun:
 
     @property
     def located_chunks(self) -> tuple[int, ...] | None:
-        """The chunk sizes the window maths located its chunk steps with (log, or confirmed schedule)."""
-        if self.window.num_chunks_source == "engine-log":
-            return self.engine_chunks
-        return self.schedule if self.window.num_chunks_source == "cadence" else None
+        """The chunk steps the window maths located (log, or confirmed schedule), as the decodes saw them."""
+        if self.plan is not None and self.window.num_chunks_source in ("engine-log", "cadence"):
+            return self.plan.sizes
+        return None
 
     def to_raw(self) -> dict[str, Any]:
         t0 = self.t_inject_ns
@@ -279,7 +294,9 @@ class InterferenceRun:
             "t_first_ns": self.t_first_ns - t0,
             "probes": [p.to_raw(t0) for p in self.probes],
             "prefill": self.prefill.to_raw(t0),
-            "engine_steps": [format_step(s) for s in self.engine_steps] if self.engine_steps else None,
+            # in the engine's own log format (its adapter's), read back by `reanalyse`
+            "engine_steps": ([adapter(self.engine or "").format_step(s) for s in self.engine_steps]
+                             if self.engine_steps else None),
             "metrics_before": self.metrics_before.values if self.metrics_before else None,
             "metrics_after": self.metrics_after.values if self.metrics_after else None,
             **({"offload": self.offload.to_raw(t0)} if self.offload is not None else {}),
@@ -295,21 +312,41 @@ def chunks_from_steps(steps: Sequence[IterationStep] | None) -> tuple[int, ...] 
     return summarise_chunks(steps).chunk_tokens or None
 
 
-def expected_schedule(engine: str | None, p: int, chunk_size: int | None, d: int) -> tuple[int, ...] | None:
-    """The chunks the engine's scheduling rule gives a P-token prefill beside D decodes, or None
-    when the chunk size is unknown (or leaves no budget)."""
-    if chunk_size is None or d >= chunk_size or p < 1:
+def expected_schedule(engine: str, p: int, chunk_size: int | None, d: int) -> tuple[int, ...] | None:
+    """The chunks the engine's scheduling rule gives a P-token prefill beside D decodes (what its
+    step log would show), or None when the chunk size is unknown (or leaves no budget)."""
+    rules = adapter(engine)
+    if chunk_size is None or p < 1 or rules.budget_problem(chunk_size, d):
         return None
-    return adapter(engine).chunk_schedule(p, chunk_size, d)
+    return rules.chunk_schedule(p, chunk_size, d)
 
 
-def chunk_plan(engine_steps: Sequence[IterationStep] | None, schedule: Sequence[int] | None) -> ChunkPlan | None:
+def chunks_expected(engine: str, schedule: Sequence[int] | None) -> int | None:
+    """`num_chunks_expected`: the chunk steps the decodes should see by the engine's rule (vLLM:
+    ceil(P / (B - D)); SGLang's default: one stall however many chunks), None without a schedule."""
+    return len(adapter(engine).chunk_rule.decode_view(schedule)) if schedule else None
+
+
+def chunk_plan(engine: str, engine_steps: Sequence[IterationStep] | None,
+               schedule: Sequence[int] | None) -> ChunkPlan | None:
     """The engine's own log when it shows the chunks (exact), else its schedule (to be confirmed
-    by the cadence), else nothing."""
+    by the cadence), else nothing; either as the running decodes see the chunk steps (the
+    engine's `ChunkRule.decode_view`)."""
+    view = adapter(engine).chunk_rule.decode_view
     logged = chunks_from_steps(engine_steps)
     if logged:
-        return ChunkPlan(tuple(logged), exact=True)
-    return ChunkPlan(tuple(schedule), exact=False) if schedule else None
+        return ChunkPlan(view(logged), exact=True)
+    return ChunkPlan(view(schedule), exact=False) if schedule else None
+
+
+def window_anchor_ns(engine: str, t_first_ns: int, baseline: BaselineStats | None) -> int:
+    """Where the decodes' step that carries the prefill's last chunk ends: at the prefill's first
+    token where they share that step (vLLM; SGLang mixed), one baseline decode step later where they
+    paused for the chunks (SGLang's default: their next token comes from the step after it)."""
+    lag = adapter(engine).chunk_rule.resume_lag_steps
+    if not lag or baseline is None:
+        return t_first_ns
+    return t_first_ns + round(lag * baseline.p50_ms * 1e6)
 
 
 def analyse_traces(
@@ -320,13 +357,21 @@ def analyse_traces(
     params: WindowParams,
     engine_steps: Sequence[IterationStep] | None = None,
     schedule: Sequence[int] | None = None,
+    *,
+    engine: str,
 ) -> WindowStats:
-    """The window maths on recorded traces, told the chunks by the engine log or its schedule."""
-    return analyse_window(
-        [t.token_times() for t in probes], t_inject_ns, t_first_ns, baseline, params,
-        plan=chunk_plan(engine_steps, schedule),
+    """The window maths on recorded traces, told the chunks by the engine log or its schedule, as
+    the engine's adapter says its decodes see them (`chunk_plan`, `window_anchor_ns`)."""
+    anchor = window_anchor_ns(engine, t_first_ns, baseline)
+    window = analyse_window(
+        [t.token_times() for t in probes], t_inject_ns, anchor, baseline, params,
+        plan=chunk_plan(engine, engine_steps, schedule),
         token_events=[token_event_index(t.event_tokens) for t in probes],
     )
+    if anchor != t_first_ns:  # the window was anchored later; the prefill's own clock is unchanged
+        window = dataclasses.replace(window, t_first_ns=int(t_first_ns),
+                                     prefill_duration_ms=(t_first_ns - t_inject_ns) / 1e6)
+    return window
 
 
 def prompt_tokens_check(reported: int | None, sent: int) -> str:
@@ -557,7 +602,8 @@ async def run_window(
             f"{len(ended_early)} probe stream(s) ended before the prefill's first token: raise "
             f"decode_output_tokens above {settings.decode_output_tokens}"
         )
-    window_end = window_end_ns(t_first, base)
+    kind = driver.info.kind
+    window_end = window_end_ns(window_anchor_ns(kind, t_first, base), base)
     await wait_for(
         driver, everything,
         lambda: prefill.done and all(s.done or _tokens_after(s, window_end) > settings.after_intervals
@@ -575,8 +621,8 @@ async def run_window(
         steps = [s for s in steps if s.context_tokens > 0 or s.generation_requests > 0]
 
     traces = probes.traces(streams, t_inject)
-    schedule = expected_schedule(driver.info.kind, p, chunk_size or driver.info.chunk_size, d)
-    window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule)
+    schedule = expected_schedule(kind, p, chunk_size or driver.info.chunk_size, d)
+    window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule, engine=kind)
     return InterferenceRun(
         decode_batch_size=d,
         new_prefill_tokens=p,
@@ -594,4 +640,7 @@ async def run_window(
         salt=salt,
         extra={**baseline_extra, **probes.raw_extra()} if d else dict(baseline_extra),
         offload=driver.route_of(prefill) if isinstance(driver, Routing) else None,
+        engine=kind,
+        plan=chunk_plan(kind, steps, schedule),
+        anchor_ns=window_anchor_ns(kind, t_first, base),
     )

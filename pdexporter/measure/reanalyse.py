@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines
+from pdexporter.engines import adapter
 from pdexporter.errors import RecordError
 from pdexporter.measure.pd import RouteTiming, offload_numbers
 from pdexporter.measure.point import PointSpec
@@ -19,6 +19,7 @@ from pdexporter.measure.protocol import (
     ProtocolSettings,
     StreamTrace,
     analyse_traces,
+    chunks_expected,
     expected_schedule,
     prompt_tokens_check,
 )
@@ -68,16 +69,16 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     raw = store.load_raw(store.chunk_dir(c.chunk_size) / rep.raw)
     probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
     prefill = StreamTrace.from_raw(raw["prefill"])
-    steps = parse_iteration_lines(raw["engine_steps"]) if raw.get("engine_steps") and use_engine_log else None
-    spec = PointSpec(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)
+    # the raw file keeps the engine's step lines in its own format: its adapter reads them back
+    steps = adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") and use_engine_log else None
     schedule = expected_schedule(c.engine, c.new_prefill_tokens, c.chunk_size, c.decode_batch_size)
     window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], baseline, settings.window, steps,
-                            schedule)
+                            schedule, engine=c.engine)
     chunks = tuple(s.context_tokens for s in steps if s.context_tokens > 0) if steps else None
     route = RouteTiming.from_raw(raw["offload"], raw.get("t_inject_clock_ns", 0)) if raw.get("offload") else None
     return rep.model_copy(update={
         "interference": interference_block(
-            window, num_chunks_expected=len(schedule) if schedule else spec.num_chunks_expected,
+            window, num_chunks_expected=chunks_expected(c.engine, schedule),
             engine_chunks=chunks or None, prefill_prompt_tokens=prefill.prompt_tokens,
             offload=offload_numbers(route, rep.engine_metrics),
             prompt_tokens_check=prompt_tokens_check(prefill.prompt_tokens, c.new_prefill_tokens),

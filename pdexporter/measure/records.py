@@ -56,7 +56,9 @@ class RecordConfig(_Model):
     reps_planned: int = 1
     # how the engine was started (secrets redacted); None where pdexporter did not start it
     engine_command: list[str] | None = None
-    chunk_size_source: str = "given"  # "assumed": the engine's default, nobody said (see window.py)
+    # "given" (a flag, a sweep file, the embedded engine's own), "published" (the engine said it:
+    # SGLang's /server_info) or "assumed": the engine's default, nobody said (see window.py)
+    chunk_size_source: str = "given"
     # Which side of the offload decision (docs/disaggregation.md): "colocated" (the prefill beside
     # the decodes) or "offloaded" (this engine is a P/D pair's decode instance), and its KV connector.
     arm: str = "colocated"

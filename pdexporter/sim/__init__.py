@@ -1,14 +1,15 @@
-"""pdexporter's embedded engine: vLLM v1's scheduling and a step-time model of a GPU, no GPU needed.
+"""pdexporter's embedded engine: vLLM v1's scheduling (or SGLang's) and a step-time model of a GPU, no GPU needed.
 
 Its numbers are a model, never a measurement; everything it serves says so (`modelled`).
 
-- `scheduler` (pure): vLLM 0.22's scheduler, KV blocks and prefix cache.
+- `scheduler` (pure): vLLM 0.22's scheduler, KV blocks and prefix cache; `sglang_scheduler` (pure):
+  SGLang 0.5.15's batch policy on the same blocks (`sim serve --engine sglang [--enable-mixed-chunk]`).
 - `steptime` (pure): a step's GPU time and engine-core CPU time from its composition and a
   profile (`profiles/*.yaml`).
 - `engine`: the two on a clock (real, virtual or manual), as vLLM's busy loop runs them (launch of
-  step N+1 beside step N on the GPU, per-request admission and retirement), with vLLM's metrics
-  and step log.
-- `server`: vLLM's OpenAI-compatible HTTP API on top (`pdexporter sim serve`).
+  step N+1 beside step N on the GPU, per-request admission and retirement), with the imitated
+  engine's metrics (`vllm_metrics`, `sglang_metrics`) and step log.
+- `server`: the imitated engine's OpenAI-compatible HTTP API on top (`pdexporter sim serve`).
 - `driver`: `SimDriver`, the measurement protocol's driver without HTTP, for virtual-time sweeps.
 - `calibrate`: fit a profile to measured records (the GPU on step times, the CPU and the loop by
   running the protocol on the engine) and report the error on held-out configurations.
@@ -23,15 +24,17 @@ if TYPE_CHECKING:
     from pdexporter.sim.profile import Profile
 
 __all__ = [
-    "ENGINE_KIND", "engine_version",
+    "ENGINE_KIND", "SGLANG_VERSION", "engine_version",
 ]
 
 ENGINE_KIND = "pdexporter-sim"
+SGLANG_VERSION = "0.5.15.post1"  # the SGLang release whose scheduling, metrics and log it imitates
 
 
-def engine_version(profile: Profile) -> str:
-    """vLLM's version it reproduces, with a local label naming the embedded engine (PEP 440)."""
-    return f"{profile.engine.vllm_version}+pdexporter.sim"
+def engine_version(profile: Profile, imitates: str = "vllm") -> str:
+    """The version of the engine it imitates, with a local label naming the embedded engine (PEP 440)."""
+    base = profile.engine.vllm_version if imitates == "vllm" else SGLANG_VERSION
+    return f"{base}+pdexporter.sim"
 
 
 def __getattr__(name: str) -> object:

@@ -10,7 +10,8 @@ time is its step's deadline, exactly (there is no network in between).
         record = await measure_point(driver, spec, settings, store)
 
 Everything it produces says it is modelled: `info.modelled` is True, `info.kind` is
-"pdexporter-sim", and records made through it carry `config.modelled` and the note.
+"pdexporter-sim" (or, imitating SGLang, "pdexporter-sim-sglang[-mixed]"), and records made
+through it carry `config.modelled` and the note.
 """
 
 from __future__ import annotations
@@ -23,29 +24,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdexporter._internal.vloop import is_virtual
-from pdexporter.engine.iterlog import IterationStep
-from pdexporter.engine.metrics import ALIASES, MetricsSnapshot, snapshot_from_families
+from pdexporter.engines import IterationStep
+from pdexporter.engine.metrics import MetricsSnapshot, engine_series, snapshot_from_families
 from pdexporter.engine.stream import Progress, TokenStream
+from pdexporter.engines import SIM_KINDS, adapter, sim_engine
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
-from pdexporter.sim import ENGINE_KIND, engine_version
-from pdexporter.sim.engine import EngineConfig, EngineCore, LoopClock
+from pdexporter.sim import engine_version
+from pdexporter.sim.engine import EngineConfig, EngineCore, EngineMetrics, LoopClock
 from pdexporter.sim.profile import Profile, load_profile
 from pdexporter.sim.scheduler import RequestOutput
-from pdexporter.sim.vllm_metrics import VllmMetrics
 
 __all__ = [
-    "DEFAULT_PROFILE", "SimDriver",
+    "DEFAULT_PROFILE", "SimDriver", "sim_metrics",
 ]
 
 DEFAULT_PROFILE = "h200-qwen3-coder-30b-a3b"
-_READ_SERIES = tuple(name for _, names in ALIASES.values() for name in names)
+
+
+def sim_metrics(profile: Profile, imitates: str, *, max_num_batched_tokens: int,
+                cache_config: dict[str, str] | None = None, decode_log_interval: int = 1) -> Any:
+    """The imitated engine's series for an embedded engine (`VllmMetrics` or `SglangMetrics`)."""
+    if imitates == "vllm":
+        from pdexporter.sim.vllm_metrics import VllmMetrics
+
+        return VllmMetrics(profile.model.name, max_model_len=profile.engine.max_model_len, cache_config=cache_config)
+    from pdexporter.sim.sglang_metrics import SglangMetrics
+
+    return SglangMetrics(profile.model.name, decode_log_interval=decode_log_interval,
+                         max_total_tokens=profile.engine.kv_capacity_tokens)
 
 
 @dataclass
 class SimDriver:
     engine: EngineCore
     info: EngineInfo
-    metrics: VllmMetrics | None = None
+    metrics: Any = None  # the imitated engine's series (`sim_metrics`), or None
     progress: Progress = field(default_factory=Progress)
     _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
     _live: dict[str, TokenStream] = field(default_factory=dict, repr=False)
@@ -59,26 +72,30 @@ class SimDriver:
         max_num_seqs: int | None = None,
         metrics: bool = True,
         kv_role: str | None = None,
+        imitates: str = "vllm",
     ) -> SimDriver:
         """An engine on the running loop's clock (virtual on `vloop`, real otherwise); `kv_role`
-        makes it one instance of a P/D pair (`pdexporter.sim.kvconnector`, docs/disaggregation.md)."""
-        from pdexporter.engines.disagg import SIM_KINDS
-
+        makes it one instance of a P/D pair (`pdexporter.sim.kvconnector`, docs/disaggregation.md);
+        `imitates` the engine (setup) whose scheduling, metrics and step log it follows ("vllm",
+        "sglang", "sglang-mixed")."""
         prof = profile if isinstance(profile, Profile) else load_profile(profile)
         try:
             clock = LoopClock()
         except RuntimeError as exc:
             raise RuntimeError("SimDriver.create() needs a running event loop: call it inside a coroutine run by "
                                "pdexporter._internal.vloop.run_virtual (virtual time) or asyncio.run (real time)") from exc
-        config = EngineConfig.from_profile(prof, max_num_batched_tokens=chunk_size, max_num_seqs=max_num_seqs)
-        vmetrics = VllmMetrics(prof.model.name, max_model_len=prof.engine.max_model_len) if metrics else None
+        config = EngineConfig.from_profile(prof, max_num_batched_tokens=chunk_size, max_num_seqs=max_num_seqs,
+                                           imitates=imitates)
+        vmetrics: EngineMetrics | None = (
+            sim_metrics(prof, imitates, max_num_batched_tokens=config.max_num_batched_tokens) if metrics else None)
         role = None if kv_role in (None, "none") else kv_role
         engine = EngineCore(prof, clock, config=config, metrics=vmetrics, kv_role=role)
+        kind = SIM_KINDS[role] if role else sim_engine(imitates)
         info = EngineInfo(
-            kind=SIM_KINDS[role] if role else ENGINE_KIND,
+            kind=kind,
             model=prof.model.name,
             url=None,
-            version=engine_version(prof),
+            version=engine_version(prof, imitates),
             gpu=prof.gpu.name,
             chunk_size=config.max_num_batched_tokens,
             cuda_graphs=prof.engine.cuda_graphs,
@@ -86,8 +103,10 @@ class SimDriver:
             modelled=True,
             clock="virtual" if is_virtual(clock.loop) else "monotonic",
             max_model_len=prof.engine.max_model_len,
-            command=("pdexporter-sim", "--profile", prof.name, "--max-num-batched-tokens",
-                     str(config.max_num_batched_tokens), *(("--kv-role", role) if role else ())),
+            command=("pdexporter-sim", "--profile", prof.name,
+                     *(("--engine", imitates.removesuffix("-mixed")) if imitates != "vllm" else ()),
+                     *adapter(kind).chunk_size_flags(config.max_num_batched_tokens),
+                     *(("--kv-role", role) if role else ())),
         )
         return cls(engine, info, vmetrics)
 
@@ -187,7 +206,9 @@ class SimDriver:
             return None
         # The families pdexporter reads, straight from the registry: what parse_exposition would make
         # of the rendered text, without rendering and re-parsing it (a sweep scrapes ~2000 times).
-        return snapshot_from_families(self.metrics.collect(_READ_SERIES), t_ns=self.now_ns(), source="embedded engine")
+        rules = adapter(self.info.kind)
+        return snapshot_from_families(self.metrics.collect(engine_series(rules)), rules, t_ns=self.now_ns(),
+                                      source="embedded engine")
 
     def step_mark(self) -> object | None:
         return self.engine.history.mark()

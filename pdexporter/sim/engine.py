@@ -1,4 +1,5 @@
-"""The embedded engine's core: vLLM's scheduler + the step-time model, run on an injectable clock.
+"""The embedded engine's core: a scheduler (vLLM's, or SGLang's policy) + the step-time model, run
+on an injectable clock.
 
 Timing mirrors vLLM 0.22's engine core with async scheduling (`EngineCoreProc.run_busy_loop` and
 `EngineCore.step_with_batch_queue`, vllm/v1/engine/core.py; batch queue of 2) on two timelines,
@@ -55,9 +56,16 @@ poll does), records vLLM's NixlConnector series (`vllm:nixl_xfer_time_seconds`,
 `StepTimeModel.landing_factor`. `prefill`: finished `do_remote_decode` requests answer with
 NixlConnector's kv_transfer_params. All of it is a model (MODELLED).
 
-The engine keeps vLLM's metrics (`vllm_metrics.VllmMetrics`), logs one vLLM iteration-detail line
-per step (`engines.vllm.format_step`, with vLLM's `(EngineCore_DP0 pid=N) INFO`
-prefix) and keeps the last `history_limit` steps in memory (`StepHistory`: the in-process driver reads
+Imitating SGLang (`EngineConfig.imitates`, `sim serve --engine sglang [--enable-mixed-chunk]`) the
+scheduler is `sglang_scheduler.SglangScheduler` (a step is a prefill batch whenever one can be
+formed; the decodes pause for it, or join it with mixed chunking); the busy loop above stands in
+for SGLang's overlap scheduler (step N+1 prepared while step N runs, step N's outputs sent after
+step N+1 is launched), and the step-time model is the same physics.
+
+The engine keeps the imitated engine's metrics (`vllm_metrics.VllmMetrics`,
+`sglang_metrics.SglangMetrics`: `EngineMetrics`), logs one line per step in that engine's format
+(`StepLines`: its adapter's `format_step` behind its log prefix, e.g. vLLM's
+`(EngineCore_DP0 pid=N) INFO`) and keeps the last `history_limit` steps in memory (`StepHistory`: the in-process driver reads
 a window's steps from it; a served engine's clients read the log, so `sim serve` keeps only a few
 thousand, and its memory stays flat however long it runs). The line's "iteration elapsed time" is the modelled
 GPU span of the step (vLLM's own number measures CPU-side waiting and is unreliable under async
@@ -74,11 +82,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from pdexporter.engine.iterlog import IterationStep
+from pdexporter.engines import IterationStep
 from pdexporter.engine.traces import RequestTrace
-from pdexporter.engines.vllm import format_step
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import (
     Request,
@@ -89,12 +96,15 @@ from pdexporter.sim.scheduler import (
     SchedulerOutput,
 )
 from pdexporter.sim.steptime import StepComposition, StepTimeModel, landing_factor
-from pdexporter.sim.vllm_metrics import VllmMetrics, observe_many
+from pdexporter.sim.vllm_metrics import observe_many
 
 __all__ = [
-    "BATCH_QUEUE_SIZE", "Cancellable", "Clock", "EngineConfig", "EngineCore", "LoopClock", "LoopCosts",
-    "ManualClock", "NO_LOOP_COSTS", "OutputSink", "StepHistory", "StepRecord", "StepTiming", "vllm_log_prefix",
+    "BATCH_QUEUE_SIZE", "Cancellable", "Clock", "EngineConfig", "EngineCore", "EngineMetrics", "IMITATIONS",
+    "LoopClock", "LoopCosts", "ManualClock", "NO_LOOP_COSTS", "OutputSink", "StepHistory", "StepLines", "StepRecord",
+    "StepTiming", "sglang_log_prefix", "vllm_log_prefix",
 ]
+
+IMITATIONS = ("vllm", "sglang", "sglang-mixed")  # the engines (setups) the embedded engine schedules like
 
 BATCH_QUEUE_SIZE = 2  # vLLM: 2 with async scheduling (one step running, one scheduled)
 
@@ -281,6 +291,61 @@ def vllm_log_prefix(wall: float, pid: int) -> str:
     return f"(EngineCore_DP0 pid={pid}) INFO {time.strftime('%m-%d %H:%M:%S', time.localtime(wall))} [core.py:1132] "
 
 
+def sglang_log_prefix(wall: float, pid: int) -> str:
+    """`[YYYY-MM-DD HH:MM:SS] ` as SGLang's one-GPU scheduler prints."""
+    return f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(wall))}] "
+
+
+@dataclass
+class StepLines:
+    """The per-step log of the engine imitated: its adapter's `format_step` behind its prefix; a
+    decode step (no prompt tokens) is written every `decode_every`-th time (SGLang's
+    `--decode-log-interval`)."""
+
+    format: Callable[[IterationStep], str]
+    prefix: Callable[[float, int], str] = vllm_log_prefix
+    decode_every: int = 1
+    _decodes: int = 0
+
+    @classmethod
+    def of(cls, imitates: str, decode_every: int = 1) -> StepLines:
+        """The log of the engine (setup) imitated, in its adapter's format (`engines.IMITATED`)."""
+        from pdexporter.engines import adapter, sim_engine
+
+        return cls(adapter(sim_engine(imitates)).format_step,
+                   vllm_log_prefix if imitates == "vllm" else sglang_log_prefix, decode_every)
+
+    def line(self, step: IterationStep, wall: float, pid: int) -> str | None:
+        if step.context_tokens == 0 and self.decode_every > 1:
+            self._decodes += 1
+            if self._decodes % self.decode_every:
+                return None
+        return self.prefix(wall, pid) + self.format(step)
+
+
+class EngineMetrics(Protocol):
+    """What the engine core updates: the imitated engine's series (`VllmMetrics`, `SglangMetrics`)."""
+
+    time_to_first_token: Any
+    inter_token_latency: Any
+
+    def on_new_request(self, max_tokens: int) -> None: ...
+
+    def on_step(self, *, prompt_tokens: int, generation_tokens: int, running: int, waiting: int,
+                kv_usage: float, prefix_queries: int, prefix_hits: int, preemptions: int,
+                context_tokens: int = 0, decode_tokens: int = 0) -> None: ...
+
+    def on_queue(self, running: int, waiting: int) -> None: ...
+
+    def on_finished(self, *, reason: str, e2e_s: float, queue_s: float | None, prefill_s: float | None,
+                    decode_s: float | None, inference_s: float | None, prompt_tokens: int,
+                    generation_tokens: int, computed_prompt_tokens: int) -> None: ...
+
+    def enable_kv_transfer(self) -> None: ...
+
+    def on_kv_transfer(self, seconds: float, nbytes: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     max_num_batched_tokens: int
@@ -291,11 +356,16 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
     async_scheduling: bool = True
+    imitates: str = "vllm"  # IMITATIONS: whose scheduling policy the steps follow
+
+    def __post_init__(self) -> None:
+        if self.imitates not in IMITATIONS:
+            raise ValueError(f"imitates={self.imitates!r}: expected one of {', '.join(IMITATIONS)}")
 
     @classmethod
     def from_profile(cls, profile: Profile, *, max_num_batched_tokens: int | None = None,
                      max_num_seqs: int | None = None, long_prefill_token_threshold: int | None = None,
-                     ) -> EngineConfig:
+                     imitates: str = "vllm") -> EngineConfig:
         e = profile.engine
         return cls(
             max_num_batched_tokens=max_num_batched_tokens or e.max_num_batched_tokens,
@@ -308,6 +378,7 @@ class EngineConfig:
             ),
             enable_prefix_caching=e.enable_prefix_caching,
             async_scheduling=e.async_scheduling,
+            imitates=imitates,
         )
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -389,14 +460,16 @@ class EngineCore:
         config: EngineConfig | None = None,
         step_model: StepTiming | Callable[[StepComposition], float] | None = None,
         loop_costs: LoopCosts | None = None,
-        metrics: VllmMetrics | None = None,
+        metrics: EngineMetrics | None = None,
         log: Callable[[str], None] | None = None,
+        step_lines: StepLines | None = None,
         history_limit: int = 200_000,
         kv_role: str | None = None,
         connector: object | None = None,
     ) -> None:
         """`kv_role`: None, or "decode-bench" | "decode" | "prefill" (module docs); `connector`
-        replaces the role's default connector (e.g. a prefill side naming its host and port)."""
+        replaces the role's default connector (e.g. a prefill side naming its host and port).
+        `log` gets one line per step, written by `step_lines` (the imitated engine's format)."""
         from pdexporter.sim.kvconnector import connector_for
 
         self.profile = profile
@@ -404,7 +477,16 @@ class EngineCore:
         self.config = config or EngineConfig.from_profile(profile)
         self.kv_role = None if kv_role in (None, "none") else kv_role
         self.connector = connector if connector is not None else connector_for(self.kv_role)
-        self.scheduler = Scheduler(self.config.scheduler_config(), connector=self.connector)  # type: ignore[arg-type]
+        if self.config.imitates == "vllm":
+            self.scheduler = Scheduler(self.config.scheduler_config(), connector=self.connector)  # type: ignore[arg-type]
+        elif self.connector is not None:
+            raise ValueError(f"the embedded engine models KV roles imitating vllm only (imitates {self.config.imitates})")
+        else:
+            from pdexporter.sim.sglang_scheduler import SglangScheduler
+
+            self.scheduler = SglangScheduler(self.config.scheduler_config(),
+                                             mixed_chunk=self.config.imitates == "sglang-mixed")
+        self.step_lines = step_lines or StepLines.of(self.config.imitates)
         if step_model is None:  # the captured CUDA-graph sizes depend on this engine's token budget
             step_model = StepTimeModel(profile, max_num_batched_tokens=self.config.max_num_batched_tokens,
                                        max_num_seqs=self.config.max_num_seqs)
@@ -664,8 +746,10 @@ class EngineCore:
             preempted=len(out.preempted_request_ids),
         )
         self.history.append(record)
-        if self.log is not None:
-            self.log(vllm_log_prefix(self.clock.wall(), self._pid) + format_step(record.to_iteration_step()))
+        if self.log is not None and self.step_lines is not None:
+            line = self.step_lines.line(record.to_iteration_step(), self.clock.wall(), self._pid)
+            if line is not None:
+                self.log(line)
 
         prompt_tokens = 0
         retired_prompt_tokens = 0
@@ -702,7 +786,8 @@ class EngineCore:
             metrics.on_step(
                 prompt_tokens=prompt_tokens, generation_tokens=len(outputs), running=sched.num_running,
                 waiting=sched.num_waiting + len(self._arrivals), kv_usage=sched.kv.usage, prefix_queries=queries,
-                prefix_hits=hits, preemptions=preemptions,
+                prefix_hits=hits, preemptions=preemptions, context_tokens=out.num_context_tokens,
+                decode_tokens=out.num_generation_tokens,
             )
         self._deliver(batch, now, retired_prompt_tokens)
 

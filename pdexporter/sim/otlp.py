@@ -24,7 +24,13 @@ SCOPE = "vllm.llm_engine"
 class RequestSpans:
     """`engine.on_request_finished = RequestSpans(endpoint)`: one span per finished request."""
 
-    def __init__(self, endpoint: str, *, env: Mapping[str, str] = os.environ, process_id: int | None = None) -> None:
+    def __init__(self, endpoint: str, *, engine: str, env: Mapping[str, str] = os.environ,
+                 process_id: int | None = None) -> None:
+        """`engine`: the embedded engine's adapter name, whose request span it sends (vLLM's)."""
+        rules = adapter(engine)
+        if not rules.request_span_name:
+            raise ConfigError(f"--otlp-traces-endpoint: the embedded engine imitating {engine} sends no request traces "
+                              "pdexporter reads (only vLLM's `llm_request` spans are modelled)")
         protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or "http/protobuf").strip()
         if protocol != "http/protobuf":
             raise ConfigError(f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL={protocol!r}: the embedded engine sends its "
@@ -43,7 +49,6 @@ class RequestSpans:
         self._exporter = OTLPSpanExporter(endpoint=endpoint)
         self.provider.add_span_processor(BatchSpanProcessor(self._exporter))
         self.tracer = self.provider.get_tracer(SCOPE)
-        rules = adapter(None)
         self._name, self._attributes = rules.request_span_name, rules.request_span_attributes
 
     def __call__(self, trace: RequestTrace) -> None:

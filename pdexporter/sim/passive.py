@@ -84,7 +84,8 @@ async def passive_session(
             baseline_span_s=baseline_span_s, attribution_wait_s=attribution_wait_s, sources=tuple(sources),
         ),
         trace_offset_ns=offset_ns,
-        cadence=step_model_cadence(driver.info.profile or str(profile), settings.decode_context_tokens + 128),
+        cadence=step_model_cadence(driver.info.profile or str(profile), settings.decode_context_tokens + 128,
+                                   driver.info.kind),
     )
     spans: list[RequestTrace] = []
     session.trace_offset_ns = offset_ns
@@ -142,7 +143,8 @@ async def passive_session(
                 next_spans = now + span_delay_s
                 if spans:
                     batch, spans[:] = list(spans), []
-                    session.traces += tracker.add_traces(decode_traces(encode_traces(batch)))
+                    kind = driver.info.kind
+                    session.traces += tracker.add_traces(decode_traces(encode_traces(batch, engine=kind), engine=kind))
             if now >= next_scrape or tracker.wants_scrape(driver.now_ns()):
                 if now >= next_scrape:
                     next_scrape = now + scrape_interval_s

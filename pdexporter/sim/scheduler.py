@@ -578,6 +578,12 @@ class Scheduler:
                 scheduled.append(self._entry(request, n, hit_tokens))
                 budget -= n
 
+        return self._output(scheduled, cfg.max_num_batched_tokens - budget, preempted, fill, started_loads)
+
+    def _output(self, scheduled: list[ScheduledRequest], total_tokens: int, preempted: Sequence[Request] = (),
+                fill: int = 0, started_loads: Sequence[Request] = ()) -> SchedulerOutput:
+        """The step's `SchedulerOutput` (vLLM's iteration-detail classes counted), its requests
+        advanced (`_update_after_schedule`)."""
         self._step += 1
         ctx_requests = ctx_tokens = sampled = 0
         for entry in scheduled:
@@ -589,7 +595,7 @@ class Scheduler:
         output = SchedulerOutput(
             step_id=self._step,
             scheduled=tuple(scheduled),
-            total_num_scheduled_tokens=cfg.max_num_batched_tokens - budget,
+            total_num_scheduled_tokens=total_tokens,
             preempted_request_ids=tuple(r.request_id for r in preempted),
             num_context_requests=ctx_requests,
             num_context_tokens=ctx_tokens,

@@ -23,6 +23,14 @@ previous write returned: together they bracket each write. They are CLOCK_MONOTO
 with a client's `perf_counter_ns` on the same host. SSE clients ignore comments; without the header
 the stream is byte for byte what vLLM sends.
 
+Imitating SGLang (`sim serve --engine sglang [--enable-mixed-chunk]`): no /version (SGLang has
+none); `GET /server_info` (and the deprecated `/get_server_info`) answers SGLang's server
+arguments that pdexporter reads (`chunked_prefill_size`, `enable_mixed_chunk`,
+`decode_log_interval`, `enable_metrics`, `disable_radix_cache`, ...) with its version and
+`"modelled": true`; /metrics serves `sglang:*` series, and only with `--enable-metrics`, as SGLang
+does; the step log is SGLang's `Prefill batch` / `Decode batch` lines, a decode step every
+`--decode-log-interval` (default 40, as SGLang's).
+
 P/D disaggregation (`--kv-role`, docs/disaggregation.md): a request's `kv_transfer_params` reach
 the engine's connector; a non-streaming answer carries the connector's `kv_transfer_params` at
 the top level (`CompletionResponse.kv_transfer_params`; streaming chunks have no such field, as
@@ -49,13 +57,13 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from pdexporter import __version__
+from pdexporter.engines import SIM_KINDS, sim_engine
 from pdexporter.errors import EngineError
 from pdexporter.sim import ENGINE_KIND, engine_version
-from pdexporter.sim.engine import EngineCore
+from pdexporter.sim.engine import EngineCore, StepLines
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import RequestOutput
 from pdexporter.sim.tokenizer import WordTokenizer
-from pdexporter.sim.vllm_metrics import VllmMetrics
 
 __all__ = [
     "ApiError", "MODELLED_HEADER", "SEND_STAMPS_HEADER", "SERVED_HISTORY_STEPS", "ServeOptions", "SimServer",
@@ -137,15 +145,18 @@ class _Params:
 class SimServer:
     """The aiohttp application around one `EngineCore`."""
 
-    def __init__(self, engine: EngineCore, profile: Profile, metrics: VllmMetrics) -> None:
+    def __init__(self, engine: EngineCore, profile: Profile, metrics: Any, options: ServeOptions | None = None) -> None:
         self.engine = engine
         self.profile = profile
         self.metrics = metrics
+        self.options = options or ServeOptions()
+        self.imitates = engine.config.imitates
         self.model_name = profile.model.name
         self.max_model_len = profile.engine.max_model_len
         self.tokenizer = WordTokenizer(profile.model.vocab_size)
         self.fingerprint = f"{ENGINE_KIND}-{__version__}-{profile.name}"
-        self.version = engine_version(profile)
+        self.version = engine_version(profile, self.imitates)
+        self.kind = SIM_KINDS[engine.kv_role] if engine.kv_role else sim_engine(self.imitates)
         self.created = int(time.time())
         for collector in (ProcessCollector, PlatformCollector, GCCollector):
             try:
@@ -161,8 +172,13 @@ class SimServer:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/health", self.health)
-        app.router.add_get("/version", self.version_info)
-        app.router.add_get("/metrics", self.metrics_text)
+        if self.imitates == "vllm":
+            app.router.add_get("/version", self.version_info)
+        else:  # SGLang: no /version; its server arguments say who it is
+            app.router.add_get("/server_info", self.server_info)
+            app.router.add_get("/get_server_info", self.server_info)
+        if self.imitates == "vllm" or self.options.enable_metrics:
+            app.router.add_get("/metrics", self.metrics_text)
         return app
 
     @web.middleware
@@ -199,12 +215,38 @@ class SimServer:
             "pdexporter_version": __version__,
         })
 
+    async def server_info(self, request: web.Request) -> web.Response:
+        """SGLang's /server_info: the server arguments pdexporter reads (engines.sglang), its version."""
+        e = self.profile.engine
+        config = self.engine.config
+        return _json_response({
+            "model_path": self.model_name,
+            "served_model_name": self.model_name,
+            "chunked_prefill_size": config.max_num_batched_tokens,
+            "enable_mixed_chunk": self.imitates == "sglang-mixed",
+            "decode_log_interval": self.options.decode_log_interval,
+            "enable_metrics": self.options.enable_metrics,
+            "disable_radix_cache": not e.enable_prefix_caching,
+            "max_running_requests": config.max_num_seqs,
+            "context_length": self.max_model_len,
+            "page_size": 1,
+            "disable_overlap_schedule": False,
+            "max_total_num_tokens": e.kv_capacity_tokens,
+            "version": self.version,
+            "engine": self.kind,
+            "modelled": True,
+            "profile": self.profile.name,
+            "gpu": self.profile.gpu.name,
+            "calibration": self.profile.calibration,
+            "pdexporter_version": __version__,
+        })
+
     async def models(self, request: web.Request) -> web.Response:
         return _json_response({"object": "list", "data": [{
             "id": self.model_name,
             "object": "model",
             "created": self.created,
-            "owned_by": "vllm",
+            "owned_by": "vllm" if self.imitates == "vllm" else "sglang",
             "root": self.model_name,
             "parent": None,
             "max_model_len": self.max_model_len,
@@ -521,6 +563,9 @@ class ServeOptions:
     port: int = 8000
     kv_role: str | None = None  # "decode-bench" | "decode" | "prefill" (docs/disaggregation.md)
     otlp_traces_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint (sim.otlp)
+    imitates: str = "vllm"  # "vllm" | "sglang" | "sglang-mixed" (`sim serve --engine [--enable-mixed-chunk]`)
+    decode_log_interval: int = 1  # SGLang's --decode-log-interval: a Decode batch line every N decode steps
+    enable_metrics: bool = True  # SGLang's --enable-metrics (vLLM always serves /metrics)
 
 
 async def run_server(
@@ -541,12 +586,14 @@ async def run_server(
     # Worker threads (request parsing, /metrics) must hand the GIL back quickly when a step's
     # deadline fires on the loop thread: 0.2 ms instead of CPython's default 5 ms.
     sys.setswitchinterval(2e-4)
+    from pdexporter.sim.driver import sim_metrics
+
     config = EngineConfig.from_profile(
         profile, max_num_batched_tokens=options.max_num_batched_tokens, max_num_seqs=options.max_num_seqs,
-        long_prefill_token_threshold=options.long_prefill_token_threshold,
+        long_prefill_token_threshold=options.long_prefill_token_threshold, imitates=options.imitates,
     )
-    metrics = VllmMetrics(profile.model.name, max_model_len=profile.engine.max_model_len,
-                          cache_config=cache_config_labels(profile))
+    metrics = sim_metrics(profile, options.imitates, max_num_batched_tokens=config.max_num_batched_tokens,
+                          cache_config=cache_config_labels(profile), decode_log_interval=options.decode_log_interval)
     connector = None
     if options.kv_role == "prefill":
         from pdexporter.sim.kvconnector import NixlPrefillConnector
@@ -557,14 +604,15 @@ async def run_server(
     # Clients of a served engine read its steps from the log; in memory it keeps a few thousand
     # (the default 200,000 were ~50 MB reached after ~40 min at D = 12: issue 13's 2.7 MB/min).
     engine = EngineCore(profile, LoopClock(loop), config=config, metrics=metrics, log=log, kv_role=options.kv_role,
-                        connector=connector, history_limit=SERVED_HISTORY_STEPS)
+                        connector=connector, history_limit=SERVED_HISTORY_STEPS,
+                        step_lines=StepLines.of(options.imitates, options.decode_log_interval))
     spans = None
     if options.otlp_traces_endpoint:
         from pdexporter.sim.otlp import RequestSpans
 
-        spans = RequestSpans(options.otlp_traces_endpoint)
+        spans = RequestSpans(options.otlp_traces_endpoint, engine=sim_engine(options.imitates))
         engine.on_request_finished = spans
-    server = SimServer(engine, profile, metrics)
+    server = SimServer(engine, profile, metrics, options)
     # On SIGTERM the streams in flight are cut after a second (vLLM aborts its requests), not
     # waited for: aiohttp's default (60 s) kept a stopping engine alive for two minutes.
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
@@ -591,7 +639,7 @@ async def run_server(
             "version": server.version,
             "cuda_graphs": profile.engine.cuda_graphs,
             "pid": os.getpid(),
-            "engine": ENGINE_KIND,
+            "engine": server.kind,
             "modelled": True,
             "profile": profile.name,
             "model": profile.model.name,

@@ -177,7 +177,8 @@ class VllmMetrics:
         self.request_max_num_generation_tokens.observe(max_tokens)
 
     def on_step(self, *, prompt_tokens: int, generation_tokens: int, running: int, waiting: int,
-                kv_usage: float, prefix_queries: int, prefix_hits: int, preemptions: int) -> None:
+                kv_usage: float, prefix_queries: int, prefix_hits: int, preemptions: int,
+                context_tokens: int = 0, decode_tokens: int = 0) -> None:
         if prompt_tokens:
             self.prompt_tokens.inc(prompt_tokens)
         if generation_tokens:

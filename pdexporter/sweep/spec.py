@@ -11,25 +11,34 @@ The reference for every field is docs/sweep.md.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
 from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
-from pdexporter.engines import adapter
-from pdexporter.engines.disagg import check_pair
+from pdexporter.engines import UNIDENTIFIED, adapter, check_pair, registered, sim_engine
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
 
 __all__ = [
     "CooldownSpec", "CvSpec", "DEFAULT_LAUNCHER", "DecodeBatch", "ExternalLauncherSpec", "FAITHFUL_COOLDOWN_S",
     "FastSpec", "GridSpec", "H", "KubernetesLauncherSpec", "LAUNCHERS", "LauncherSpec", "LocalLauncherSpec",
-    "MULTI_GPU_ENV", "Mode", "OrderSpec", "PairInstanceSpec", "PairLauncherSpec", "SAFE_NAME", "SLOT_PLACEHOLDERS",
+    "EngineName", "MULTI_GPU_ENV", "Mode", "OrderSpec", "PairInstanceSpec", "PairLauncherSpec", "SAFE_NAME", "SLOT_PLACEHOLDERS",
     "Seconds", "SimLauncherSpec", "SweepSpec", "TokenCount", "WarmupSpec", "external_engine", "load_sweep",
     "narrow_grid", "parse_sweep", "prediction_root",
 ]
@@ -91,14 +100,15 @@ class GridSpec(_Strict):
     def includes(self, key: tuple[int, int, int]) -> bool:
         return self.only is None or tuple(key) in {tuple(k) for k in self.only}
 
-    @model_validator(mode="after")
-    def _budget(self) -> GridSpec:
+    def budget_problem(self, engine: str) -> str | None:
+        """The first (B, D) of the grid that leaves the engine's prefill no budget, in one line."""
+        rules = adapter(engine)
         for b in self.chunk_sizes:
             for d in self.decode_batch_sizes:
-                problem = adapter(None).budget_problem(b, d)
+                problem = rules.budget_problem(b, d)
                 if problem:
-                    raise ValueError(f"D={d} with chunk size {b}: {problem}")
-        return self
+                    return f"D={d} with chunk size {b}: {problem}"
+        return None
 
     @property
     def size(self) -> int:
@@ -163,8 +173,19 @@ MULTI_GPU_ENV: dict[str, str] = {
 SLOT_PLACEHOLDERS = ("gpu", "port")
 
 
+def _engine_name(value: str) -> str:
+    if value not in registered():
+        raise ValueError(f"{value!r} is not a registered engine (registered: {', '.join(registered())})")
+    return value
+
+
+EngineName = Annotated[str, AfterValidator(_engine_name)]
+
+
 class LocalLauncherSpec(_Strict):
     """Start the engine from a command template; {chunk} and every key of `vars` are filled in.
+    `engine` names the engine the command starts (its adapter: chunk flag, step log, metrics);
+    its setup follows from the command (SGLang's --enable-mixed-chunk, vLLM's KV connector).
 
     With `gpus`, one engine per GPU: the engine on `gpus[i]` gets `CUDA_VISIBLE_DEVICES=gpus[i]`,
     {gpu} = gpus[i] and {port} = base_port + i (in `command` and `url`), and chunk sizes run in
@@ -172,6 +193,7 @@ class LocalLauncherSpec(_Strict):
 
     kind: Literal["local"]
     command: str = Field(min_length=1)
+    engine: EngineName = "vllm"
     url: str = "http://127.0.0.1:8000"
     vars: dict[str, str] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
@@ -195,12 +217,21 @@ class LocalLauncherSpec(_Strict):
     def _unique_gpus(cls, value: list[str] | None) -> list[str] | None:
         return None if value is None else _unique(value)
 
-    @field_validator("command")
-    @classmethod
-    def _has_chunk(cls, value: str) -> str:
-        if "{chunk}" not in value:
-            raise ValueError("must contain {chunk} (where --max-num-batched-tokens goes)")
-        return value
+    @model_validator(mode="after")
+    def _has_chunk(self) -> LocalLauncherSpec:
+        if "{chunk}" not in self.command:
+            raise ValueError(f"launcher.command: must contain {{chunk}} (where {adapter(self.engine).chunk_flag} goes)")
+        return self
+
+    @property
+    def setup(self) -> str:
+        """The engine setup the command starts (`EngineAdapter.for_command`): "sglang-mixed" for
+        SGLang with --enable-mixed-chunk, "vllm-decode-bench" for vLLM with DecodeBenchConnector."""
+        try:
+            words = shlex.split(self.command.format_map(_Blank(self.vars)))
+        except ValueError:
+            words = self.command.split()
+        return adapter(self.engine).for_command(words)
 
     @field_validator("url")
     @classmethod
@@ -245,11 +276,14 @@ class LocalLauncherSpec(_Strict):
 
 
 class ExternalLauncherSpec(_Strict):
-    """An engine someone else runs; `chunk_size` is its --max-num-batched-tokens."""
+    """An engine someone else runs; `chunk_size` is the chunk size it was started with (vLLM's
+    --max-num-batched-tokens; SGLang says its own), `engine` its adapter when it cannot say who
+    it is (None: it says, through /version or /server_info)."""
 
     kind: Literal["external"]
     url: str
     chunk_size: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    engine: EngineName | None = None
 
     @field_validator("url")
     @classmethod
@@ -268,10 +302,24 @@ class SimLauncherSpec(_Strict):
     clock: Literal["virtual", "real"] = "virtual"
     kv_role: Literal["none", "decode-bench", "pd"] = "none"
     engines: int = Field(1, ge=1)  # embedded engines side by side, as `gpus` gives a local launcher
+    # the engine (setup) it imitates: its scheduling, metric names, step log (engines.IMITATED)
+    engine: Literal["vllm", "sglang", "sglang-mixed"] = "vllm"
+
+    @model_validator(mode="after")
+    def _role(self) -> SimLauncherSpec:
+        if self.kv_role != "none" and self.engine != "vllm":
+            raise ValueError(f"launcher.kv_role {self.kv_role}: the embedded engine models P/D roles imitating vllm "
+                             f"only (engine: {self.engine})")
+        return self
 
     @property
     def slots(self) -> int:
         return self.engines
+
+    @property
+    def setup(self) -> str:
+        """The adapter name its records carry (`engines.IMITATED`)."""
+        return sim_engine(self.engine)
 
 
 class PairInstanceSpec(_Strict):
@@ -319,10 +367,12 @@ class KubernetesLauncherSpec(_Strict):
     """Change the chunk size of an engine deployed on Kubernetes, then wait for the rollout.
 
     `helm`: `helm upgrade RELEASE CHART --reuse-values --set VALUE_KEY=CHUNK --wait`.
-    `kubectl`: patch DEPLOYMENT's container args (`--max-num-batched-tokens=CHUNK`), then
+    `kubectl`: patch DEPLOYMENT's container args (`arg_name=CHUNK`; default: the engine's chunk
+    flag, `--max-num-batched-tokens` for vLLM, `--chunked-prefill-size` for SGLang), then
     `kubectl rollout status`. Either way the engine must answer at `url` afterwards."""
 
     kind: Literal["kubernetes"]
+    engine: EngineName = "vllm"
     tool: Literal["helm", "kubectl"] = "helm"
     url: str
     namespace: str | None = None
@@ -332,7 +382,7 @@ class KubernetesLauncherSpec(_Strict):
     value_key: str = "vllm.chunkSize"
     deployment: str | None = None
     container: int = Field(0, ge=0, le=1000)
-    arg_name: str = "--max-num-batched-tokens"
+    arg_name: str | None = None
     rollout_timeout_s: Seconds = 900.0
     health_timeout_s: Seconds = 600.0
 
@@ -340,6 +390,11 @@ class KubernetesLauncherSpec(_Strict):
     @classmethod
     def _http(cls, value: str) -> str:
         return _check_url(value)
+
+    @property
+    def chunk_arg(self) -> str:
+        """The container argument that carries the chunk size."""
+        return self.arg_name or adapter(self.engine).chunk_flag
 
     @model_validator(mode="after")
     def _tool_fields(self) -> KubernetesLauncherSpec:
@@ -354,6 +409,14 @@ LauncherSpec = Annotated[
     LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec | PairLauncherSpec,
     Field(discriminator="kind"),
 ]
+
+
+class _Blank(dict[str, str]):
+    """`format_map` values for a command template read before it is rendered: placeholders the
+    file does not define become empty."""
+
+    def __missing__(self, key: str) -> str:
+        return ""
 
 
 def _check_url(value: str) -> str:
@@ -420,6 +483,11 @@ class SweepSpec(_Strict):
                     f"chunk size {launcher.chunk_size}; use a launcher that owns the engine "
                     "(local, sim, kubernetes)"
                 )
+        engine = self.engine
+        if engine is not None:
+            problem = self.grid.budget_problem(engine)
+            if problem:
+                raise ValueError(f"grid: {problem} ({engine})")
         # a stall inside a window is noticed within the read timeout too (ProtocolSettings.with_read_timeout)
         object.__setattr__(self, "protocol", self.protocol.with_read_timeout(self.read_timeout_s))
         if self.listen is not None:
@@ -430,6 +498,19 @@ class SweepSpec(_Strict):
             except ConfigError as exc:
                 raise ValueError(f"listen: {exc}") from None
         return self
+
+    @property
+    def engine(self) -> str | None:
+        """The engine (setup) the launcher runs, by its adapter's name; None: an external engine
+        that will say who it is (`engine.identity`)."""
+        launcher = self.launcher
+        if isinstance(launcher, (LocalLauncherSpec, SimLauncherSpec)):
+            return launcher.setup
+        if isinstance(launcher, ExternalLauncherSpec):
+            return launcher.engine
+        if isinstance(launcher, KubernetesLauncherSpec):
+            return launcher.engine
+        return "vllm-pd-decode"  # a pair: vLLM instances (launch/pair.py)
 
     @property
     def slots(self) -> int:
@@ -490,7 +571,7 @@ class SweepSpec(_Strict):
         """max_tokens of a fast-mode probe: room for the drift, and for the largest window."""
         s = self.protocol
         largest = max(
-            s.window_tokens(None, max(self.grid.new_prefill_tokens), chunk_size, d)
+            s.window_tokens(self.engine or UNIDENTIFIED, max(self.grid.new_prefill_tokens), chunk_size, d)
             for d in self.grid.decode_batch_sizes
         )
         return s.inject_at_tokens + max(self.fast.max_context_drift_tokens, largest)

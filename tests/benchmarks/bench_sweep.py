@@ -168,17 +168,20 @@ def client_costs(tmp: Path) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from pdexporter.engine.metrics import parse_exposition, snapshot_from_families
+    from pdexporter.engines import adapter
+
+    vllm = adapter("vllm")
     from pdexporter.measure.store import load_record_file
 
     text = (ROOT / "tests" / "fixtures" / "vllm-0.22" / "metrics.txt").read_text()
     n = 40
     t = time.perf_counter()
     for _ in range(n):
-        snapshot_from_families(text_string_to_metric_families(text))
+        snapshot_from_families(text_string_to_metric_families(text), vllm)
     whole = (time.perf_counter() - t) / n
     t = time.perf_counter()
     for _ in range(n):
-        parse_exposition(text)
+        parse_exposition(text, vllm)
     known = (time.perf_counter() - t) / n
     record = load_record_file(H200 / "8192" / "D4_P8192.json")
     plain, cached = ResultsStore(tmp / "plain"), ResultsStore(tmp / "cached", cache_records=True)

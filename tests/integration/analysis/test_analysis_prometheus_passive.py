@@ -42,9 +42,9 @@ def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path
                          modelled="true").set(1)
     prom = prometheus_for([exporter_double.target])
     start = time.time() - 1.0
-    cell = grid_labels(8192, 4, 2048, mode="passive")
-    few = grid_labels(8192, 3, 16384, mode="passive")  # D = 3 joins the seed grid's D = 4 under --grid
-    outside = grid_labels(8192, 4, 128, mode="passive")  # below the seed grid's smallest P bin
+    cell = grid_labels(8192, 4, 2048, mode="passive", engine="vllm")
+    few = grid_labels(8192, 3, 16384, mode="passive", engine="vllm")  # D = 3 joins the seed grid's D = 4 under --grid
+    outside = grid_labels(8192, 4, 128, mode="passive", engine="vllm")  # below the seed grid's smallest P bin
     penalties = [46.0, 48.0, 47.0, 49.0, 48.5, 47.5]
     for k, penalty in enumerate(penalties):
         publish_window(m, cell, _rep(penalty, 4))
@@ -52,7 +52,7 @@ def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path
             publish_window(m, cell, _rep(47.2, 4))  # two in one scrape: the first one's values are lost
             publish_window(m, few, _rep(150.0, 3))
             publish_window(m, outside, _rep(4.0, 4))
-            publish_window(m, grid_labels(8192, 4, 2048), _rep(10.0, 4))  # an injected window: not passive
+            publish_window(m, grid_labels(8192, 4, 2048, engine="vllm"), _rep(10.0, 4))  # an injected window: not passive
         prom.wait_for("pdexporter_windows_total", lambda result, k=k: any(
             r["metric"].get("mode") == "passive" and r["metric"]["new_prefill_tokens"] == "2048"
             and float(r["value"][1]) == k + 1 + (k >= 2) for r in result))

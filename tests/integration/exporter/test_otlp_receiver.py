@@ -24,10 +24,10 @@ TRACES = [RequestTrace(f"cmpl-{k}", 1_700_000_000_000_000_000 + k * 10**9, 1_700
                        prefill_s=0.15, decode_s=2.8, inference_s=2.95, max_tokens=100) for k in range(5)]
 
 
-async def _server(**kwargs):  # type: ignore[no-untyped-def]
+async def _server(engine: str | None = "vllm", **kwargs):  # type: ignore[no-untyped-def]
     got: list[RequestTrace] = []
     results: list[str | None] = []
-    app = traces_app(got.extend, on_result=results.append, **kwargs)
+    app = traces_app(got.extend, on_result=results.append, engine=lambda: engine, **kwargs)
     runner, port = await start_server(app, "127.0.0.1", 0)
     return runner, port, got, results
 
@@ -35,7 +35,7 @@ async def _server(**kwargs):  # type: ignore[no-untyped-def]
 async def test_the_sdks_otlp_http_exporter_is_decoded() -> None:
     runner, port, got, results = await _server()
     try:
-        spans = RequestSpans(f"http://127.0.0.1:{port}/v1/traces", env={})
+        spans = RequestSpans(f"http://127.0.0.1:{port}/v1/traces", engine="pdexporter-sim", env={})
         for t in TRACES:
             spans(t)
         await asyncio.to_thread(spans.shutdown)  # flushes the batch over real HTTP
@@ -50,7 +50,7 @@ async def test_gzip_bodies_and_refusals() -> None:
     url = f"http://127.0.0.1:{port}/v1/traces"
     try:
         async with aiohttp.ClientSession() as session:
-            body = gzip.compress(encode_traces(TRACES[:2]))
+            body = gzip.compress(encode_traces(TRACES[:2], engine="vllm"))
             async with session.post(url, data=body, headers={"Content-Type": PROTOBUF,
                                                              "Content-Encoding": "gzip"}) as resp:
                 assert resp.status == 200 and resp.content_type == PROTOBUF
@@ -199,5 +199,22 @@ def test_grpc_is_refused_by_the_embedded_engine_with_one_line() -> None:
     from pdexporter.errors import ConfigError
 
     with pytest.raises(ConfigError, match="OTLP/HTTP only") as info:
-        RequestSpans("http://127.0.0.1:1/v1/traces", env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
+        RequestSpans("http://127.0.0.1:1/v1/traces", engine="pdexporter-sim",
+                     env={"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"})
     assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="sends no request traces"):
+        RequestSpans("http://127.0.0.1:1/v1/traces", engine="pdexporter-sim-sglang", env={})
+
+
+async def test_traces_wait_until_the_engine_said_who_it_is() -> None:
+    """Before the engine is identified the receiver cannot know whose spans it reads: 503, which
+    OTLP exporters retry."""
+    runner, port, got, results = await _server(engine=None)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{port}/v1/traces", data=encode_traces(TRACES[:1], engine="vllm"),
+                                    headers={"Content-Type": PROTOBUF}) as resp:
+                assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+        assert got == [] and results == ["engine-unknown"]
+    finally:
+        await runner.cleanup()

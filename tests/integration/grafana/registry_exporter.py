@@ -37,7 +37,7 @@ async def serve(port: int) -> None:
     metrics.probe_streams.set(2)
     set_engine_info(metrics, "vllm", "stand-in", 8192, True)
     for (d, p, chunks) in ((2, 4096, 1), (4, 8192, 2)):
-        publish_window(metrics, grid_labels(8192, d, p), _rep(d, p, 6.0, 40.0, chunks))
+        publish_window(metrics, grid_labels(8192, d, p, engine="vllm"), _rep(d, p, 6.0, 40.0, chunks))
     for phase, value in (("baseline", 0.006), ("prefill_window", 0.04), ("after_prefill", 0.0065)):
         metrics.probe_tpot.labels(phase=phase).observe(value)
     runner, _ = await start_metrics_server(metrics_app(metrics.registry), "127.0.0.1", port)

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from pdexporter._internal.vloop import run_virtual
+from pdexporter.engines import adapter
 from pdexporter.engine.metrics import metric_deltas, parse_exposition
 from pdexporter.launch.sim import SimLauncher
 from pdexporter.measure.pd import PdDriver, pd_driver
@@ -73,7 +74,7 @@ def test_a_router_routes_a_request_through_the_pair(pair) -> None:
     assert params["remote_num_tokens"] == 8192 and params["remote_port"] == 5600  # VLLM_NIXL_SIDE_CHANNEL_PORT default
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) and len(events) >= 4
     assert version["kv_role"] == "decode" and version["modelled"] is True
-    deltas = metric_deltas(parse_exposition(before), parse_exposition(after))
+    deltas = metric_deltas(parse_exposition(before, adapter("pdexporter-sim")), parse_exposition(after, adapter("pdexporter-sim")))
     assert deltas["kv_transfer_bytes_sum_delta"] == 8192 * PROFILE.model.kv_bytes_per_token
     assert deltas["kv_transfer_time_seconds_sum_delta"] == pytest.approx(
         PROFILE.kv_transfer.seconds(8192, PROFILE.model.kv_bytes_per_token), rel=1e-6)

@@ -13,6 +13,7 @@ import aiohttp
 import openai
 import pytest
 
+from pdexporter.engines import adapter
 from pdexporter.engine.metrics import parse_exposition
 from tests.helpers import free_port
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
@@ -158,7 +159,7 @@ def test_health_version_tokenize_metrics(served: ServedEngine):
     assert out["version"]["modelled"] is True and out["version"]["engine"] == "pdexporter-sim"
     assert out["tokenize"]["count"] == 3 and out["tokenize"]["tokens"][:2] == [3, 4]
     assert out["tokenize"]["max_model_len"] == 200_000
-    snap = parse_exposition(out["metrics"])
+    snap = parse_exposition(out["metrics"], adapter("pdexporter-sim"))
     assert snap.model_names == (MODEL,) and snap.get("prompt_tokens_total") > 0
     assert "vllm:cache_config_info" in out["metrics"] and "python_gc_objects_collected_total" in out["metrics"]
     assert out["metrics_type"].startswith("text/plain")
@@ -183,7 +184,7 @@ def test_a_client_that_disconnects_aborts_its_request(tmp_path: Path):
                 while True:
                     async with s.get(f"{engine.url}/metrics") as r:
                         text = await r.text()
-                    snap = parse_exposition(text)
+                    snap = parse_exposition(text, adapter("pdexporter-sim"))
                     if snap.get("num_requests_running") == 0 or time.monotonic() > deadline:
                         return {"snap": snap, "text": text}
                     await asyncio.sleep(0.1)

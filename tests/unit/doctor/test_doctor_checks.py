@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from pdexporter.doctor.checks import EndpointFacts, EngineFacts, cache_config, evaluate, failed
+from pdexporter.doctor.checks import EndpointFacts, EngineFacts, evaluate, failed
+from pdexporter.engines import info_labels
 from tests.conftest import VLLM_FIXTURES
 
 VLLM_METRICS = (VLLM_FIXTURES / "metrics.txt").read_text()  # a real vLLM 0.22's /metrics
 
 REAL_VLLM = EngineFacts(
-    url="http://vllm:8000", embedded=False, health_ms=3.0, version={"version": "0.22.0"},
+    url="http://vllm:8000", embedded=False, health_ms=3.0, engine="vllm", identity={"version": "0.22.0"},
+    identity_path="/version",
     models=[{"id": "Qwen/Qwen3-Coder-30B-A3B-Instruct", "max_model_len": 40960}], metrics_text=VLLM_METRICS,
     stream_tokens=4, stream_ms=80.0,
 )
@@ -33,10 +35,10 @@ def test_a_real_vllm_without_chunk_size_or_log() -> None:
 
 
 def test_cache_config_labels_come_from_the_info_series() -> None:
-    labels = cache_config(VLLM_METRICS, "vllm:cache_config_info")
+    labels = info_labels(VLLM_METRICS, "vllm:cache_config_info")
     assert labels is not None and labels["enable_prefix_caching"] == "True" and labels["num_gpu_blocks"] == "44597"
-    assert cache_config(VLLM_METRICS, "vllm:no_such_info") is None
-    assert cache_config("not an exposition {{{", "vllm:cache_config_info") is None
+    assert info_labels(VLLM_METRICS, "vllm:no_such_info") is None
+    assert info_labels("not an exposition {{{", "vllm:cache_config_info") is None
 
 
 def test_prefix_caching_off_and_unknown() -> None:
@@ -69,11 +71,41 @@ def test_failures() -> None:
 
 
 def test_unknown_engine_and_modelled_engine() -> None:
-    odd = verdicts(dataclasses.replace(REAL_VLLM, version=None, version_error="answered HTTP 404"))
+    odd = verdicts(dataclasses.replace(REAL_VLLM, engine=None, identity=None, identity_path=None,
+                                       identity_error="/version: answered HTTP 404"))
     assert odd["version"][0] == "warn" and "vLLM's rules assumed" in odd["version"][1]
-    sim = verdicts(dataclasses.replace(REAL_VLLM, version={"version": "0.22.0+pdexporter.sim", "modelled": True,
-                                                           "profile": "h200-qwen3-coder-30b-a3b"}))
+    assert "--engine" in odd["version"][1] and "openai-compatible" in odd["version"][1]
+    told = verdicts(dataclasses.replace(REAL_VLLM, engine=None, identity=None, identity_path=None,
+                                        engine_claimed="sglang", identity_error="/server_info: answered HTTP 404"))
+    assert told["version"] == ("warn", "nothing says which engine it is (/server_info: answered HTTP 404): taken as "
+                                       "sglang (--engine)")
+    sim = verdicts(dataclasses.replace(REAL_VLLM, engine="pdexporter-sim",
+                                       identity={"version": "0.22.0+pdexporter.sim", "modelled": True,
+                                                 "profile": "h200-qwen3-coder-30b-a3b"}))
     assert sim["version"][0] == "warn" and "MODELLED" in sim["version"][1]
+
+
+SGLANG_INFO = {"version": "0.5.15.post1", "chunked_prefill_size": 8192, "enable_mixed_chunk": False,
+               "decode_log_interval": 40, "enable_metrics": True, "disable_radix_cache": False}
+
+
+def test_an_sglang_server() -> None:
+    """SGLang says who it is and its chunk size at /server_info; its settings are checked for what
+    keeps the numbers from being exact (a decode step logged every 40)."""
+    facts = dataclasses.replace(REAL_VLLM, engine="sglang", identity=SGLANG_INFO, identity_path="/server_info",
+                                metrics_text=None, metrics_error="answered HTTP 404")
+    v = verdicts(facts)
+    assert v["version"] == ("ok", "sglang 0.5.15.post1 (/server_info)")
+    assert v["chunk size"] == ("ok", "8192 (the engine publishes it, /server_info)")
+    assert v["engine settings"][0] == "warn" and "--decode-log-interval 1" in v["engine settings"][1]
+    assert v["prefix caching"][0] == "ok"  # disable_radix_cache false
+    assert v["metrics"][0] == "warn" and "HTTP 404" in v["metrics"][1]
+    silent = verdicts(dataclasses.replace(facts, step_log="/tmp/sglang.log", step_log_steps=0))
+    assert "--decode-log-interval 1" in silent["step log"][1]
+    wrong = verdicts(dataclasses.replace(facts, chunk_size=4096))
+    assert wrong["chunk size"][0] == "fail" and "says 8192" in wrong["chunk size"][1]
+    good = verdicts(dataclasses.replace(facts, identity={**SGLANG_INFO, "decode_log_interval": 1}))
+    assert good["engine settings"][0] == "ok"
 
 
 def test_endpoints() -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdexporter.engine.iterlog import IterationLogTail, IterationStep, summarise_chunks
-from pdexporter.engines.vllm import format_step, parse_step_log as parse_iteration_lines
+from pdexporter.engine.iterlog import IterationLogTail, summarise_chunks
+from pdexporter.engines import IterationStep, adapter
+
+parse_iteration_lines, format_step = adapter("vllm").parse_step_log, adapter("vllm").format_step
 
 # As vLLM 0.22 prints them (format seen in the engine's log; values from docs/vllm-facts.md).
 LINES = [

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from pdexporter.engine.metrics import ALIASES, metric_deltas, parse_exposition
+from pdexporter.engine.metrics import metric_deltas, parse_exposition
+from pdexporter.engines import adapter
 from pdexporter.errors import EngineError
+
+VLLM = adapter("vllm")
 
 
 def test_real_exposition_has_every_series_pdexporter_reads(vllm_metrics_text: str) -> None:
-    snap = parse_exposition(vllm_metrics_text)
+    snap = parse_exposition(vllm_metrics_text, VLLM)
     assert snap.missing == ()
     assert snap.model_names == ("qwen3-coder-30b-a3b",)
     assert snap.values["prompt_tokens_total"] == 1548800.0
@@ -33,20 +36,20 @@ def test_older_vllm_names_resolve_through_aliases() -> None:
         'vllm:time_per_output_token_seconds_count{model_name="m"} 4\n'
         'vllm:time_per_output_token_seconds_sum{model_name="m"} 0.05\n'
     )
-    snap = parse_exposition(text)
+    snap = parse_exposition(text, VLLM)
     assert snap.values["kv_cache_usage_perc"] == 0.25
     assert snap.sources["inter_token_latency_seconds"] == "vllm:time_per_output_token_seconds"
     assert snap.values["inter_token_latency_seconds_count"] == 4
 
 
 def test_every_alias_is_tried_newest_first() -> None:
-    for canonical, (_, names) in ALIASES.items():
+    for canonical, (_, names) in VLLM.metric_aliases.items():
         assert names, canonical
         assert all(name.startswith("vllm:") for name in names)
 
 
 def test_deltas_cover_counters_and_histograms_and_keep_gauges(vllm_metrics_text: str) -> None:
-    before = parse_exposition(vllm_metrics_text)
+    before = parse_exposition(vllm_metrics_text, VLLM)
     after_text = vllm_metrics_text.replace(
         'vllm:prompt_tokens_total{engine="0",model_name="qwen3-coder-30b-a3b"} 1.5488e+06',
         'vllm:prompt_tokens_total{engine="0",model_name="qwen3-coder-30b-a3b"} 1.5570e+06',
@@ -54,7 +57,7 @@ def test_deltas_cover_counters_and_histograms_and_keep_gauges(vllm_metrics_text:
         'vllm:num_requests_running{engine="0",model_name="qwen3-coder-30b-a3b"} 0.0',
         'vllm:num_requests_running{engine="0",model_name="qwen3-coder-30b-a3b"} 5.0',
     )
-    deltas = metric_deltas(before, parse_exposition(after_text))
+    deltas = metric_deltas(before, parse_exposition(after_text, VLLM))
     assert deltas["prompt_tokens_total_delta"] == pytest.approx(8200.0)
     assert deltas["generation_tokens_total_delta"] == 0.0
     assert deltas["num_requests_running"] == 5.0
@@ -62,8 +65,8 @@ def test_deltas_cover_counters_and_histograms_and_keep_gauges(vllm_metrics_text:
 
 
 def test_a_counter_reset_drops_the_delta_instead_of_going_negative(vllm_metrics_text: str) -> None:
-    before = parse_exposition(vllm_metrics_text)
-    after = parse_exposition(vllm_metrics_text.replace("} 1.5488e+06", "} 10.0"))
+    before = parse_exposition(vllm_metrics_text, VLLM)
+    after = parse_exposition(vllm_metrics_text.replace("} 1.5488e+06", "} 10.0"), VLLM)
     deltas = metric_deltas(before, after)
     assert "prompt_tokens_total_delta" not in deltas
     assert all(v >= 0 for k, v in deltas.items() if k.endswith("_delta"))
@@ -71,7 +74,7 @@ def test_a_counter_reset_drops_the_delta_instead_of_going_negative(vllm_metrics_
 
 def test_garbage_is_a_one_line_error() -> None:
     with pytest.raises(EngineError) as excinfo:
-        parse_exposition("vllm:num_requests_running{oops 1 2 3\n", source="http://x/metrics")
+        parse_exposition("vllm:num_requests_running{oops 1 2 3\n", VLLM, source="http://x/metrics")
     assert "http://x/metrics" in str(excinfo.value)
     assert "\n" not in str(excinfo.value)
 
@@ -81,8 +84,8 @@ def test_garbage_is_a_one_line_error() -> None:
 def test_garbage_without_one_known_line_is_an_error_not_an_empty_snapshot(text: str) -> None:
     """Cutting the text to the known families must not turn garbage into 'no series'."""
     with pytest.raises(EngineError, match="not a Prometheus text exposition"):
-        parse_exposition(text)
-    assert parse_exposition("# HELP other_total x\n# TYPE other_total counter\nother_total 1\n").values == {}
+        parse_exposition(text, VLLM)
+    assert parse_exposition("# HELP other_total x\n# TYPE other_total counter\nother_total 1\n", VLLM).values == {}
 
 
 def test_parsing_only_the_known_families_gives_the_same_snapshot(vllm_metrics_text: str) -> None:
@@ -92,6 +95,6 @@ def test_parsing_only_the_known_families_gives_the_same_snapshot(vllm_metrics_te
 
     from pdexporter.engine.metrics import known_lines, snapshot_from_families
 
-    whole = snapshot_from_families(text_string_to_metric_families(vllm_metrics_text))
-    assert parse_exposition(vllm_metrics_text) == whole and whole.missing == ()
-    assert len(known_lines(vllm_metrics_text)) < len(vllm_metrics_text) / 2
+    whole = snapshot_from_families(text_string_to_metric_families(vllm_metrics_text), VLLM)
+    assert parse_exposition(vllm_metrics_text, VLLM) == whole and whole.missing == ()
+    assert len(known_lines(vllm_metrics_text, VLLM)) < len(vllm_metrics_text) / 2

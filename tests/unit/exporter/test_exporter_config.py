@@ -40,24 +40,25 @@ def test_defaults_embedded_engine_injects_every_30s() -> None:
     assert config.inject_every_s == 30.0
     assert config.listen_port == DEFAULT_PORT == 18742
     assert config.listen_host == "0.0.0.0"
-    assert config.expected_chunks == 2  # ceil(8192 / (8192 - 4))
+    assert config.engine == "pdexporter-sim"  # the embedded engine, imitating vLLM unless --engine says
 
 
 def test_external_target_injection_is_opt_in_and_its_chunk_size_assumed_when_not_given() -> None:
     assumed = parse_run_options(**_options(target="http://vllm:8000"))  # type: ignore[arg-type]
     assert assumed.chunk_size == 8192 and assumed.chunk_size_source == "assumed"  # vLLM's default
+    assert assumed.engine is None  # the engine will say who it is
     config = parse_run_options(**_options(target="http://vllm:8000", chunk_size=2048))  # type: ignore[arg-type]
     assert config.chunk_size_source == "given"
     assert config.inject_every_s is None and not config.injecting
 
 
 def test_advice_names_the_chunk_sizes_the_slow_steps_fit() -> None:
-    from pdexporter.engines import chunk_size_advice, infer_chunk_size
-    from pdexporter.engines.vllm import CANDIDATE_CHUNK_SIZES, VllmAdapter
+    from pdexporter.engines import adapter, chunk_size_advice, infer_chunk_size
 
     # 32K-token prefills beside 4 decodes on an engine at B=2048 slow ~17-19 steps (17 chunks + stalls)
     windows = [(32768, 4, 18), (32768, 4, 19), (8192, 4, 5)]
-    best, fits = infer_chunk_size(windows, CANDIDATE_CHUNK_SIZES, VllmAdapter().chunk_schedule, 8192)
+    vllm = adapter("vllm")
+    best, fits = infer_chunk_size(windows, vllm.candidate_chunk_sizes, vllm.chunk_schedule, 8192)
     assert best == 2048 and fits == (2048,)
     line = chunk_size_advice(windows, 8192, "assumed", "vllm")
     assert "do not fit chunk size 8192 (assumed)" in line and "likely 2048" in line and "\n" not in line
@@ -115,7 +116,9 @@ def test_reserve_covers_window_and_recovery() -> None:
     config = build_config(probe_streams=4, chunk_size=2048, prefill_tokens=32768, inject_every_s=30.0)
     # 17 chunks at B=2048, D=4 (docs/vllm-facts.md): the steady check (8), two steps each at most,
     # 32 recovery intervals and a margin: one window's tokens, as a fast-mode sweep sizes its probes.
-    assert config.expected_chunks == 17
+    from pdexporter.engines import adapter
+
+    assert len(adapter("vllm").chunk_schedule(32768, 2048, 4)) == 17
     assert config.reserve_tokens == 8 + 17 * 2 + 32 + 8 == config.protocol.window_tokens("vllm", 32768, 2048, 4)
     assert config.reserve_tokens <= config.protocol.decode_output_tokens - config.protocol.inject_at_tokens
 

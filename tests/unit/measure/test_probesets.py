@@ -47,7 +47,7 @@ def test_an_earlier_window_does_not_leak_into_pre_injection_numbers() -> None:
     stream = TokenStream("probe-0", "probe", t_sent_ns=0, event_times_ns=list(tr.event_times_ns),
                          event_tokens=list(tr.event_tokens), n_tokens=len(tr.event_tokens))
     traces = PooledProbes(settings, 8192, 1, 600).traces([stream], t_inject)
-    trimmed = analyse_traces(traces, t_inject, t_first, base, settings.window)
+    trimmed = analyse_traces(traces, t_inject, t_first, base, settings.window, engine="vllm")
     assert trimmed.pre_p50_ms == 10.0
     assert trimmed.during_p50_ms == window_full.during_p50_ms
     assert trimmed.num_chunks_actual == window_full.num_chunks_actual == 4

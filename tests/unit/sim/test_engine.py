@@ -7,7 +7,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.engine.iterlog import summarise_chunks
-from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines
+from pdexporter.engines import adapter
 from pdexporter.engine.metrics import parse_exposition
 from pdexporter.sim.engine import NO_LOOP_COSTS, EngineConfig, EngineCore, ManualClock
 from pdexporter.sim.profile import load_profile
@@ -112,7 +112,7 @@ def test_metrics_use_vllm_022_names_types_and_labels(profile, vllm_metrics_text:
 
 def test_metric_values_follow_vllm_accounting(profile):
     metrics = served_three_on_a_warm_prefix(profile)
-    snap = parse_exposition(generate_latest(metrics.registry).decode())
+    snap = parse_exposition(generate_latest(metrics.registry).decode(), adapter("pdexporter-sim"))
     assert snap.model_names == (profile.model.name,)
     assert snap.get("prompt_tokens_total") == 4 * 4096  # whole prompts, cached tokens included
     assert snap.get("generation_tokens_total") == 1 + 3 * 20
@@ -137,7 +137,7 @@ def test_iteration_log_lines_parse_and_give_the_chunks(profile):
     clock.advance_to(1.0)
     assert all(line.startswith("(EngineCore_DP0 pid=") and " INFO " in line and "[core.py:" in line
                for line in lines)
-    steps = parse_iteration_lines(lines[mark:])
+    steps = adapter("pdexporter-sim").parse_step_log(lines[mark:])
     chunks = summarise_chunks(steps)
     assert chunks.chunk_tokens == (2044, 2044, 2044, 2044, 16)
     assert set(chunks.decode_requests_beside) == {4}
@@ -153,7 +153,7 @@ def test_abort_frees_the_request_and_counts_it(profile):
     assert not engine.abort_request("a")
     clock.run()
     assert engine.idle and engine.scheduler.kv.usage == 0.0
-    snap = parse_exposition(generate_latest(metrics.registry).decode())
+    snap = parse_exposition(generate_latest(metrics.registry).decode(), adapter("pdexporter-sim"))
     assert snap.get("request_success_total") == 1  # finished_reason="abort"
     n = len(got)
     clock.advance_to(10)
@@ -166,7 +166,7 @@ def test_preemptions_reach_the_metric(profile):
     engine.add_request("r1", cold(64, 1), 40)
     engine.add_request("r2", cold(64, 2), 40)
     clock.run()
-    snap = parse_exposition(generate_latest(metrics.registry).decode())
+    snap = parse_exposition(generate_latest(metrics.registry).decode(), adapter("pdexporter-sim"))
     assert snap.get("num_preemptions_total") >= 1
     assert snap.get("generation_tokens_total") == 80
 

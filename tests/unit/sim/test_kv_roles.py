@@ -8,8 +8,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from pdexporter.engine.metrics import metric_deltas, parse_exposition
-from pdexporter.engines import identify
-from pdexporter.engines.disagg import setup_for_command
+from pdexporter.engines import adapter, identify
 from pdexporter.sim.engine import NO_LOOP_COSTS, EngineConfig, EngineCore, ManualClock
 from pdexporter.sim.kvconnector import KvParamsError, check_decode_params
 from pdexporter.sim.profile import load_profile
@@ -87,7 +86,7 @@ def test_decode_bench_fills_only_what_the_prefix_cache_lacks(profile):
 
 def test_the_decode_instance_waits_for_the_modelled_transfer_then_runs_one_token(profile):
     clock, engine, metrics, comps = make(profile, "decode")
-    before = parse_exposition(generate_latest(metrics.registry).decode())
+    before = parse_exposition(generate_latest(metrics.registry).decode(), adapter("pdexporter-sim"))
     out, t0 = run_decodes_then(clock, engine, cold(32768), REMOTE)
     transfer = profile.kv_transfer.seconds(32768, profile.model.kv_bytes_per_token)
     assert transfer == pytest.approx(0.005 + 32768 * 98304 / (450e9 * 0.5))
@@ -98,7 +97,7 @@ def test_the_decode_instance_waits_for_the_modelled_transfer_then_runs_one_token
     step = [s for s in engine.history if s.context_tokens > 0][-1]
     assert (step.context_requests, step.context_tokens) == (1, 1)
     assert not any(c.kv_fill_tokens for c in comps)  # the KV arrived by transfer, no fill in a step
-    after = parse_exposition(generate_latest(metrics.registry).decode())
+    after = parse_exposition(generate_latest(metrics.registry).decode(), adapter("pdexporter-sim"))
     deltas = metric_deltas(before, after)
     assert deltas["kv_transfer_time_seconds_sum_delta"] == pytest.approx(transfer)
     assert deltas["kv_transfer_bytes_sum_delta"] == 32768 * 98304
@@ -153,6 +152,7 @@ def test_engines_are_recognised_by_their_setup() -> None:
     assert identify({"version": "0.22.0"}).name == "vllm"
     bench = ["vllm", "serve", "m", "--kv-transfer-config",
              '{"kv_connector":"DecodeBenchConnector","kv_role":"kv_both"}']
+    setup_for_command = adapter("vllm").for_command
     assert setup_for_command(bench) == "vllm-decode-bench"
     nixl = ["vllm", "serve", "m", '--kv-transfer-config={"kv_connector":"NixlConnector","kv_role":"kv_both"}']
     assert setup_for_command(nixl, role="decode") == "vllm-pd-decode"
