@@ -571,7 +571,7 @@ class PassiveTracker:
             decode_batch_size=d, new_prefill_tokens=p, probes=pending.traces, prefill=prefill,
             t_inject_ns=t_inject, t_first_ns=t_first, window=window, baseline=baseline,
             baseline_rule=PASSIVE_BASELINE_RULE, schedule=schedule, salt="", engine=s.engine,
-            anchor_ns=window_anchor_ns(s.engine, t_first, baseline),
+            anchor_ns=window_anchor_ns(s.engine, t_first, baseline, pending.traces),
         )
         event.run = interference
         event.finalised_ns = now_ns

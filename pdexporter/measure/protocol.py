@@ -17,8 +17,8 @@ All numbers are computed afterwards by the pure functions in `measure.window`, t
 chunking by its adapter (`analyse_traces`): the chunk steps as the running decodes see them
 (`ChunkRule.decode_view`: one step per chunk where the decodes run beside it, one stall of all the
 chunks where they pause for them, SGLang's default) and where those steps end (`window_anchor_ns`:
-at the prefill's first token, or one decode step later where the decodes paused, since their next
-token comes from the step after the one that produced the prefill's first).
+at the prefill's first token; where the decodes paused, at the end of their stall, which their next
+step ends up to about one decode step after the prefill's first token).
 
 A driver that routes the prefill through a P/D pair's prefill instance first (`measure.pd.Routing`)
 runs that first half before the window opens; the window is the decode instance's half, and the
@@ -64,7 +64,7 @@ __all__ = [
     "BaselineRun", "BaselineSource", "InterferenceRun", "OPTION_NAMES", "ProbeSet", "ProtocolSettings", "StreamTrace",
     "analyse_traces", "chunk_plan", "chunks_expected", "chunks_from_steps", "expected_schedule", "prompt_tokens_check", "prompt_tokens_problem",
     "protocol_settings", "run_baseline", "run_single", "run_window", "stalled", "start_probes", "steady",
-    "wait_for", "warm_prefix", "warm_shapes", "window_anchor_ns",
+    "recovery_end_ns", "wait_for", "warm_prefix", "warm_shapes", "window_anchor_ns",
 ]
 
 
@@ -339,14 +339,39 @@ def chunk_plan(engine: str, engine_steps: Sequence[IterationStep] | None,
     return ChunkPlan(view(schedule), exact=False) if schedule else None
 
 
-def window_anchor_ns(engine: str, t_first_ns: int, baseline: BaselineStats | None) -> int:
-    """Where the decodes' step that carries the prefill's last chunk ends: at the prefill's first
-    token where they share that step (vLLM; SGLang mixed), one baseline decode step later where they
-    paused for the chunks (SGLang's default: their next token comes from the step after it)."""
+def window_anchor_ns(engine: str, t_first_ns: int, baseline: BaselineStats | None,
+                     probes: Sequence[StreamTrace] = ()) -> int:
+    """Where the decodes' step that carries the prefill's last chunk ends (the window maths' anchor).
+
+    Where they share that step (vLLM; SGLang mixed: `resume_lag_steps` 0): the prefill's first
+    token, which leaves with their tokens of that step. Where they paused for the chunks (SGLang's
+    default): the end of their stall, the longest gap between two emissions of a probe that ends
+    from a baseline step before the first token to `resume_lag_steps` + 1 steps after it (their
+    next step runs after the last chunk's, and the engine may hand out its token a moment after the
+    first token or up to a step later); the median over the probes, the first token where none has
+    such a gap (or no baseline says how long a step is)."""
     lag = adapter(engine).chunk_rule.resume_lag_steps
-    if not lag or baseline is None:
+    if not lag or baseline is None or not probes:
         return t_first_ns
-    return t_first_ns + round(lag * baseline.p50_ms * 1e6)
+    step = baseline.p50_ms * 1e6
+    lo, hi = t_first_ns - step, t_first_ns + (lag + 1) * step
+    ends = []
+    for trace in probes:
+        times = [t for t, n in zip(trace.event_times_ns, trace.event_tokens) if n > 0]
+        best, end = 0.0, None
+        for a, b in zip(times, times[1:]):
+            if lo <= b <= hi and b - a > best:
+                best, end = b - a, b
+        if end is not None:
+            ends.append(end)
+    return int(np.median(ends)) if ends else t_first_ns
+
+
+def recovery_end_ns(engine: str, t_first_ns: int, baseline: BaselineStats | None) -> float:
+    """The latest the window can end (`window_anchor_ns` is found afterwards, in the traces): the
+    recovery intervals are counted from here."""
+    lag = adapter(engine).chunk_rule.resume_lag_steps
+    return window_end_ns(t_first_ns, baseline) + (lag + 1) * (baseline.p50_ms * 1e6 if baseline and lag else 0.0)
 
 
 def analyse_traces(
@@ -362,7 +387,7 @@ def analyse_traces(
 ) -> WindowStats:
     """The window maths on recorded traces, told the chunks by the engine log or its schedule, as
     the engine's adapter says its decodes see them (`chunk_plan`, `window_anchor_ns`)."""
-    anchor = window_anchor_ns(engine, t_first_ns, baseline)
+    anchor = window_anchor_ns(engine, t_first_ns, baseline, probes)
     window = analyse_window(
         [t.token_times() for t in probes], t_inject_ns, anchor, baseline, params,
         plan=chunk_plan(engine, engine_steps, schedule),
@@ -603,7 +628,7 @@ async def run_window(
             f"decode_output_tokens above {settings.decode_output_tokens}"
         )
     kind = driver.info.kind
-    window_end = window_end_ns(window_anchor_ns(kind, t_first, base), base)
+    window_end = recovery_end_ns(kind, t_first, base)
     await wait_for(
         driver, everything,
         lambda: prefill.done and all(s.done or _tokens_after(s, window_end) > settings.after_intervals
@@ -642,5 +667,5 @@ async def run_window(
         offload=driver.route_of(prefill) if isinstance(driver, Routing) else None,
         engine=kind,
         plan=chunk_plan(kind, steps, schedule),
-        anchor_ns=window_anchor_ns(kind, t_first, base),
+        anchor_ns=window_anchor_ns(kind, t_first, base, traces),
     )
