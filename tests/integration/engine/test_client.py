@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pdexporter.engines import adapter
 from pdexporter.engine.client import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -183,7 +184,7 @@ def test_target_must_be_an_http_url() -> None:
 
 async def test_metrics_scrape_parses_the_engine_exposition() -> None:
     async with ScriptedEngine() as engine, EngineClient(engine.url) as client:
-        snap = await client.scrape_metrics()
+        snap = await client.scrape_metrics(adapter("vllm"))
     assert snap.values["prompt_tokens_total"] == 1548800.0 and snap.t_ns is not None
 
 

@@ -171,7 +171,8 @@ def test_prometheus_scrapes_probe_tpot_close_to_the_modelled_step(session: Sessi
     assert 0 < p["tokens_rate"] <= D / modelled * 1.1
     assert p["created"] == []  # disable_created_metrics()
     assert p["labels"] == {"chunk_size": str(B), "decode_batch_size": str(D), "new_prefill_tokens": str(P),
-                           "mode": "active", "instance": p["labels"]["instance"], "job": "pdexporter",
+                           "mode": "active", "engine": "pdexporter-sim", "instance": p["labels"]["instance"],
+                           "job": "pdexporter",
                            "__name__": p["labels"]["__name__"]}
 
 

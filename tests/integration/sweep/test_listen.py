@@ -48,7 +48,8 @@ def test_windows_are_exported_while_sweeping(tmp_path: Path) -> None:
     }
     for record in store.iter_records():
         labels = (("chunk_size", "2048"), ("decode_batch_size", str(record.config.decode_batch_size)),
-                  ("mode", "active"), ("new_prefill_tokens", str(record.config.new_prefill_tokens)))
+                  ("engine", record.config.engine), ("mode", "active"),
+                  ("new_prefill_tokens", str(record.config.new_prefill_tokens)))
         assert samples[(WINDOWS, labels)] == 2  # one window per repetition
         last = record.reps[-1].derived.tpot_penalty_ms
         if last is not None:
