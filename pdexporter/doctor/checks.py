@@ -243,7 +243,7 @@ def _version(f: EngineFacts, rule: EngineAdapter) -> Check:
 
 
 def _settings(f: EngineFacts, rule: EngineAdapter, identity: Mapping[str, Any]) -> Check:
-    if not identity:
+    if set(identity) <= {"version"}:
         return Check("engine settings", "skip", "the engine publishes no settings")
     problems = rule.setup_problems(identity)
     if problems:

@@ -37,8 +37,8 @@ def doctor(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str
     return done.returncode, rows, done.stdout + done.stderr
 
 
-ENGINE_CHECKS = ["engine reachable", "version", "model", "max_model_len", "streaming", "chunk size", "step log",
-                 "prefix caching", "CUDA graphs"]
+ENGINE_CHECKS = ["engine reachable", "version", "engine settings", "model", "max_model_len", "streaming", "metrics",
+                 "chunk size", "step log", "prefix caching", "CUDA graphs"]
 
 
 def test_embedded_engine() -> None:
@@ -99,6 +99,49 @@ def test_external_engine_without_chunk_size_is_assumed_and_estimated(sim_serve: 
 
     code, rows, out = doctor("--target", sim_serve, "--chunk-size", "4096")
     assert code == 0 and rows["chunk size"] == ("ok", "4096 (given with --chunk-size)"), out
+
+
+def test_embedded_engine_imitating_sglang() -> None:
+    """`--engine sglang`: the embedded engine started as SGLang would be for pdexporter (its chunk
+    flag, a step line per decode step, /metrics on): every check the numbers rest on passes."""
+    code, rows, out = doctor("--engine", "sglang")
+    assert code == 0, out
+    assert rows["version"][0] == "warn" and "pdexporter-sim-sglang 0.5.15.post1" in rows["version"][1], out
+    assert rows["engine settings"][0] == "ok", out
+    assert rows["metrics"][0] == "ok" and "pdexporter-sim-sglang's names" in rows["metrics"][1], out
+    assert rows["step log"][0] == "ok" and "chunk steps are exact" in rows["step log"][1], out
+    assert rows["chunk size"] == ("ok", "8192 (the embedded engine was started with it)"), out
+
+
+def test_an_sglang_at_a_url_says_its_chunk_size_and_what_it_lacks() -> None:
+    """SGLang's defaults, as a user starts it: /server_info gives the chunk size; its decode steps
+    are logged every 40th and /metrics is off, and doctor says which flags fix that."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pdexporter", "sim", "serve", "--engine", "sglang", "--port",
+                             str(port), "--chunked-prefill-size", "4096"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                import urllib.request
+
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    break
+            except OSError:
+                assert proc.poll() is None, "sim serve exited"
+                time.sleep(0.2)
+        code, rows, out = doctor("--target", url)
+        assert code == 0, out
+        assert rows["chunk size"] == ("ok", "4096 (the engine publishes it, /server_info)"), out
+        assert rows["engine settings"][0] == "warn" and "--decode-log-interval 1" in rows["engine settings"][1]
+        assert "--enable-metrics" in rows["engine settings"][1], out
+        assert rows["metrics"][0] == "warn" and "HTTP 404" in rows["metrics"][1], out
+        code, rows, out = doctor("--target", url, "--chunk-size", "8192")
+        assert code == 1 and rows["chunk size"][0] == "fail" and "says 4096" in rows["chunk size"][1], out
+    finally:
+        stop_process(proc)
 
 
 def test_unserved_model_fails(sim_serve: str) -> None:
