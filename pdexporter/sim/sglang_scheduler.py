@@ -24,6 +24,8 @@ decode tokens in it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pdexporter.sim.scheduler import (
     Request,
     RequestStatus,
@@ -102,6 +104,32 @@ class SglangScheduler(Scheduler):
                 if entry is not None:
                     scheduled.append(entry)
         return self._output(scheduled, sum(e.num_new_tokens for e in scheduled))
+
+    def _output(
+        self,
+        scheduled: list[ScheduledRequest],
+        total_tokens: int,
+        preempted: Sequence[Request] = (),
+        fill: int = 0,
+        started_loads: Sequence[Request] = (),
+    ) -> SchedulerOutput:
+        """SGLang's classes for its step log: a request's prompt tokens make a prefill batch
+        ("context"), anything else is a decode, also the first decode of a request whose first
+        token is not out yet (vLLM counts that one as context)."""
+        entries = [
+            e
+            if e.is_context == (e.num_computed_before < e.request.num_prompt_tokens)
+            else ScheduledRequest(
+                e.request,
+                e.num_new_tokens,
+                e.num_computed_before,
+                e.num_computed_before < e.request.num_prompt_tokens,
+                e.samples,
+                e.num_external_tokens,
+            )
+            for e in scheduled
+        ]
+        return super()._output(entries, total_tokens, preempted, fill, started_loads)
 
     def _decode_entry(self, request: Request) -> ScheduledRequest | None:
         """A running decode's one token in a mixed step (None: it has nothing to compute now)."""
