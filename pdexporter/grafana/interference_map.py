@@ -1,5 +1,6 @@
 """The interference map: the seed's heatmap of penalty over P x D, one chunk size at a time,
-injected (active) and from production prefills (passive) side by side.
+injected (active) and from production prefills (passive) side by side, and the engines side by
+side (every window series carries its `engine`: vLLM's map beside SGLang's, in each mode).
 
 It reads the `pdexporter_window_*` gauges that `pdexporter sweep --listen` and `pdexporter run`
 export per grid point, with `mode="active"` (an injected prefill) or `mode="passive"` (a
@@ -36,13 +37,14 @@ TAG = "pdexporter"
 
 ROW, COLUMN = "decode_batch_size", "new_prefill_tokens"
 CORNER = "D (decode streams) \\ P (prefill tokens)"
-SEL = 'chunk_size="$chunk_size", instance=~"$instance"'
+SEL = 'chunk_size="$chunk_size", engine=~"$engine", instance=~"$instance"'
 MODE_TITLE = {"active": "injected", "passive": "production (passive)"}
 
 
 def grid(series: str, mode: str = "active") -> str:
-    """One value per (D, P) at the selected chunk size: the last seen in the time range (active),
-    the median of those scraped in it (passive: a stream of production prefills)."""
+    """One value per (D, P) at the selected chunk size and engines: the last seen in the time range
+    (active), the median of those scraped in it (passive: a stream of production prefills). A
+    panel repeated per engine gets one engine as `$engine`."""
     selector = f'{series}{{{SEL}, mode="{mode}"}}'
     if mode == "passive":
         return f"max by ({ROW}, {COLUMN}) (quantile_over_time(0.5, {selector}[$__range]))"
@@ -69,16 +71,23 @@ def build() -> Json:
             "(max_num_batched_tokens), from the window gauges a sweep or the exporter exports: injected prefills "
             "(last window in range) beside production prefills seen in passive mode (median in range)."
         ),
-        tags=[TAG, "vllm", "sweep"],
+        tags=[TAG, "vllm", "sglang", "sweep"],
         variables=[
             datasource_variable(),
             query_variable(
                 "chunk_size", "Chunk size (B)", f"label_values({m.WINDOW_RATIO}, chunk_size)", numeric_sort=True
             ),
             query_variable(
+                "engine",
+                "Engine",
+                f'label_values({m.WINDOW_RATIO}{{chunk_size="$chunk_size"}}, engine)',
+                multi=True,
+                include_all=True,
+            ),
+            query_variable(
                 "instance",
                 "Exporter",
-                f'label_values({m.WINDOW_RATIO}{{chunk_size="$chunk_size"}}, instance)',
+                f'label_values({m.WINDOW_RATIO}{{chunk_size="$chunk_size", engine=~"$engine"}}, instance)',
                 multi=True,
                 include_all=True,
             ),
@@ -168,13 +177,31 @@ def build() -> Json:
         h=10,
     )
 
+    d.row("Engines side by side at B = $chunk_size (injected): one map per engine selected")
+    for title, description, series, style in (
+        ("Penalty ratio on $engine",
+         "tpot_penalty_ratio per (D, P), one panel per engine selected (the Engine variable), side by side: e.g. "
+         "vLLM beside SGLang, whose default mode pauses the decodes for a prefill's chunks (one long stall per "
+         "prefill) where vLLM and SGLang's --enable-mixed-chunk run them beside each chunk (docs/engines.md).",
+         m.WINDOW_RATIO, {"minimum": 0}),
+        ("Total interference per decode stream on $engine",
+         "Extra time one decode stream lost to the prefill, per (D, P), one panel per engine selected: the cost "
+         "the engines compare on, however their steps interleave.",
+         m.WINDOW_TOTAL, {"unit": "s", "decimals": 1, "minimum": 0}),
+    ):
+        panel = label_matrix(title, description, grid(series), row_label=ROW, column_label=COLUMN, corner=CORNER,
+                             **style)  # type: ignore[arg-type]
+        panel.update(repeat="engine", repeatDirection="h", maxPerRow=3)
+        d.add(panel, w=12, h=10)
+
     d.row("Chunking and timing at B = $chunk_size (injected)")
     d.add(
         label_matrix(
             "Slow steps minus expected chunks",
-            "Decode steps the prefill slowed minus ceil(P / (B - D)). 0 means one slow step per predicted "
-            "chunk; on vLLM 0.22 long prompts show +1 or +2 (the engine loop stalls admitting and retiring "
-            "them); negative means chunks the cadence cannot see (a tiny last chunk).",
+            "Decode steps the prefill slowed minus the chunk steps the engine's rule predicts (vLLM: "
+            "ceil(P / (B - D)); SGLang's default: one stall, its chunks run back to back). 0 means one slow step "
+            "per predicted chunk step; on vLLM 0.22 long prompts show +1 or +2 (the engine loop stalls admitting "
+            "and retiring them); negative means chunks the cadence cannot see (a tiny last chunk).",
             f"{grid(m.WINDOW_SLOW_STEPS)} - {grid(m.WINDOW_EXPECTED)}",
             row_label=ROW,
             column_label=COLUMN,

@@ -192,7 +192,7 @@ def test_every_dashboard_expression_runs_on_prometheus_and_names_live_series(
         with_samples, declared = scraped_names(resp.read().decode())
     chunk_sizes = prometheus.api("label/chunk_size/values", **{"match[]": ACTIVE_WINDOW})
     assert chunk_sizes, "no chunk_size label values"
-    values = {"instance": ".*", "chunk_size": chunk_sizes[0], "datasource": "unused"}
+    values = {"instance": ".*", "engine": ".*", "chunk_size": chunk_sizes[0], "datasource": "unused"}
     known = set(all_series_names())
     checked = 0
     for file_name, board in build_all().items():
@@ -235,7 +235,7 @@ def test_interference_map_queries_return_a_p_by_d_grid(live_exporter: tuple[str,
     for query in panel_queries(board):
         if not query.instant:
             continue
-        expr = substitute(query.expr, {"instance": ".*", "chunk_size": chunk})
+        expr = substitute(query.expr, {"instance": ".*", "engine": ".*", "chunk_size": chunk})
         result = prometheus.query(expr)
         if "minus injected" in query.where:  # only the cells both modes fill
             for _ in range(5):  # the exporters keep adding cells: compare at a moment none arrived
