@@ -24,7 +24,7 @@ from pdexporter.cli._common import (
 from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.doctor import Check, EndpointFacts, EngineFacts, evaluate, failed
 from pdexporter.doctor.checks import TraceArrival
-from pdexporter.engines import UNIDENTIFIED
+from pdexporter.engines import UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
 from pdexporter.exporter.server import parse_listen
@@ -94,8 +94,10 @@ def doctor(
             if python is None:
                 raise ConfigError(f"--engine-command {engine_command!r}: cannot tell which Python it runs in (its "
                                   "first word is neither a Python nor a script with a #! line); give --engine-python")
-        imports = tracing_imports(python, source, facts.engine or facts.engine_claimed or UNIDENTIFIED,
-                                  embedded=target is None)
+        kind = facts.engine or facts.engine_claimed or UNIDENTIFIED
+        # an engine whose traces pdexporter does not read (SGLang) has no imports to check
+        imports = (tracing_imports(python, source, kind, embedded=target is None)
+                   if adapter(kind).tracing_imports else None)
     checks = evaluate(facts, endpoints, imports, arrival)
     print_checks(checks, facts)
     if failed(checks):
@@ -133,8 +135,9 @@ async def _engine(target: str | None, chunk_size: int | None, model: str | None,
                 arrival = TraceArrival(f"http://{receiver[0]}:{receiver[1]}/v1/traces",
                                        error="no request could be sent (see the engine checks)")
             else:
-                arrival = await trace_arrival(handle.url, chosen, receiver, api_key=token, wait_s=traces_wait,
-                                              listener=listener)
+                kind = facts.engine or facts.engine_claimed or UNIDENTIFIED
+                arrival = await trace_arrival(handle.url, chosen, receiver, kind, api_key=token,
+                                              wait_s=traces_wait, listener=listener)
         return facts, arrival
     finally:
         if listener is not None:

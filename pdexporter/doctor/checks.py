@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter._internal.text import plural
 from pdexporter.engine.metrics import parse_exposition

@@ -264,7 +264,7 @@ def tracing_imports(python: str | None, source: str = "", engine: str = "vllm", 
                           error=got.get("error"), api_version=got.get("api_version"))
 
 
-async def trace_arrival(url: str, model: str, receiver: tuple[str, int], *, api_key: str | None = None,
+async def trace_arrival(url: str, model: str, receiver: tuple[str, int], engine: str, *, api_key: str | None = None,
                         wait_s: float = 15.0, listener: TraceListener | None = None) -> TraceArrival:
     """Send one short request to the engine at `url` and wait for its span at `receiver` (host,
     port): pdexporter's own OTLP receiver (`exporter.server`, the exporter's code) listening there
@@ -279,6 +279,7 @@ async def trace_arrival(url: str, model: str, receiver: tuple[str, int], *, api_
         with contextlib.suppress(OSError):
             own = listener = await listen_for_traces(host, port)
     if listener is not None:
+        listener.engine = engine  # whose spans it decodes
         port = listener.port
         listener.sink = lambda traces: spans.extend((time.perf_counter(), t) for t in traces)
     where = f"http://{host}:{port}/v1/traces"
@@ -311,24 +312,25 @@ async def trace_arrival(url: str, model: str, receiver: tuple[str, int], *, api_
 
 class TraceListener:
     """pdexporter's OTLP/HTTP receiver (`exporter.receiver.traces_app`, the exporter's own code) on
-    a port of its own, handing decoded spans to `sink`."""
+    a port of its own, handing decoded spans to `sink`; it decodes them as `engine`'s (its adapter's
+    span names; an export before the engine is known is answered 503, which exporters retry)."""
 
-    def __init__(self, runner: Any, port: int) -> None:
-        self.runner, self.port = runner, port
+    def __init__(self, runner: Any, port: int, engine: str | None = None) -> None:
+        self.runner, self.port, self.engine = runner, port, engine
         self.sink: Callable[[list[Any]], None] = lambda traces: None
 
     async def stop(self) -> None:
         await self.runner.cleanup()
 
 
-async def listen_for_traces(host: str, port: int) -> TraceListener:
+async def listen_for_traces(host: str, port: int, engine: str | None = None) -> TraceListener:
     from pdexporter.exporter.receiver import traces_app
     from pdexporter.exporter.server import start_server
 
     holder: list[TraceListener] = []
-    app = traces_app(lambda t: holder[0].sink(t))
+    app = traces_app(lambda t: holder[0].sink(t), engine=lambda: holder[0].engine if holder else None)
     runner, bound = await start_server(app, host, port)
-    listener = TraceListener(runner, bound)
+    listener = TraceListener(runner, bound, engine)
     holder.append(listener)
     return listener
 

@@ -178,10 +178,10 @@ class ExporterMetrics:
             registry=r)
         self.passive_model_prediction = Gauge(
             PASSIVE_MODEL_PREDICTION, "Passive mode: the event-fitted model's aggregate interference per grid cell "
-            "(seconds): the estimate and its 95 % interval's ends.", GRID_LABELS + ("bound",), registry=r)
+            "(seconds): the estimate and its 95 % interval's ends.", GRID_LABELS + ("engine", "bound"), registry=r)
         self.passive_model_reached = Gauge(
             PASSIVE_MODEL_REACHED, "Passive mode: 1 for a grid cell the traffic reaches, 0 for an extrapolation.",
-            GRID_LABELS, registry=r)
+            GRID_LABELS + ("engine",), registry=r)
         self.request_traces = Counter(
             REQUEST_TRACES.removesuffix("_total"),
             "Engine request spans received on /v1/traces, by whose requests they were.", ["kind"], registry=r)

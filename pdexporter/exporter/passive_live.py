@@ -57,8 +57,8 @@ def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
 class LiveModel:
     """The event-fitted model of a live passive run (module docs)."""
 
-    def __init__(self, metrics: ExporterMetrics, chunk_size: int) -> None:
-        self.metrics, self.grid = metrics, Grid((chunk_size,))
+    def __init__(self, metrics: ExporterMetrics, chunk_size: int, engine: str) -> None:
+        self.metrics, self.grid, self.engine = metrics, Grid((chunk_size,)), engine  # engine: its series' label
         self.events: collections.deque[FitEvent] = collections.deque(maxlen=MODEL_EVENTS)
         self.started_ns: float | None = None
         self.fitted = 0  # events added when the last fit started
@@ -96,7 +96,7 @@ class LiveModel:
         m.passive_model_cells.set(sum(c.reached for c in result.cells))
         for c in result.cells:
             labels = {"chunk_size": str(c.key[0]), "decode_batch_size": str(c.key[1]),
-                      "new_prefill_tokens": str(c.key[2])}
+                      "new_prefill_tokens": str(c.key[2]), "engine": self.engine}
             for bound, value in (("estimate", c.aggregate_ms), ("low", c.low_ms), ("high", c.high_ms)):
                 m.passive_model_prediction.labels(**labels, bound=bound).set(
                     math.nan if value is None else value / 1e3)
@@ -129,7 +129,7 @@ class LivePassive:
                                        info.kind),
         )
         self.outcomes: collections.Counter[str] = collections.Counter()
-        self.model = LiveModel(metrics, config.chunk_size)
+        self.model = LiveModel(metrics, config.chunk_size, info.kind)
         book.phase_of = self.tracker.phase_of
 
     def add_traces(self, traces: list[RequestTrace]) -> None:

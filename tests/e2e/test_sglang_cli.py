@@ -33,7 +33,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 
 def test_measure_on_sglang_default_mode(tmp_path: Path) -> None:
     done = cli("measure", "--engine", "sglang", "-B", "2048", "-D", "2", "-P", "3000", "--reps", "2",
-               "--decode-output-tokens", "128", "--out", str(tmp_path))
+               "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     record = json.loads((tmp_path / "2048" / "D2_P3000.json").read_text())
     config, i = record["config"], record["reps"][-1]["interference"]

@@ -165,4 +165,4 @@ def test_engine_python_of_a_command(tmp_path, monkeypatch) -> None:
     (tmp_path / "binary").write_bytes(b"\x7fELF")
     (tmp_path / "binary").chmod(0o755)
     assert engine_python("binary --flag") is None and engine_python("no-such-command") is None
-    assert check_command().startswith('python3 -c "import opentelemetry.trace, ')
+    assert check_command("vllm").startswith('python3 -c "import opentelemetry.trace, ')

@@ -26,7 +26,7 @@ def _samples(metrics: ExporterMetrics) -> dict[str, list]:
 
 async def test_the_live_model_refits_off_the_loop_and_publishes_how_sure_it_is() -> None:
     metrics = ExporterMetrics()
-    model = LiveModel(metrics, 8192)
+    model = LiveModel(metrics, 8192, "pdexporter-sim")
     for e in _events(120, noise=0.1):
         model.events.append(e)
         model.added += 1
