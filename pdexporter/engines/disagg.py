@@ -30,18 +30,21 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pdexporter.engines._registry import KvSetup, budget_problem, register
 from pdexporter.engines.sim import SIM_ENGINE, SimAdapter
-from pdexporter.engines.vllm import VllmAdapter
-
-DECODE_BENCH = "DecodeBenchConnector"
-NIXL = "NixlConnector"
-P2P_NCCL = "P2pNcclConnector"
-PAIR_CONNECTORS = (NIXL, P2P_NCCL)
-KV_TRANSFER_FLAG = "--kv-transfer-config"
+from pdexporter.engines.vllm import (
+    DECODE_BENCH,
+    KV_TRANSFER_FLAG,
+    NIXL,
+    P2P_NCCL,
+    PAIR_CONNECTORS,
+    VllmAdapter,
+    connector_of,
+    transfer_config_of,
+)
 
 
 def admission_schedule(prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
@@ -64,30 +67,6 @@ def kv_transfer_config(connector: str, extra: Mapping[str, Any] | None = None, *
 
 def kv_transfer_flags(config: Mapping[str, Any]) -> tuple[str, ...]:
     return (KV_TRANSFER_FLAG, json.dumps(dict(config), separators=(",", ":")))
-
-
-def transfer_config_of(argv: Sequence[str] | str) -> dict[str, Any] | None:
-    """The `--kv-transfer-config` an engine command line carries (None: none, or not JSON)."""
-    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
-    for i, word in enumerate(words):
-        value: str | None = None
-        if word == KV_TRANSFER_FLAG and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith(KV_TRANSFER_FLAG + "="):
-            value = word.split("=", 1)[1]
-        if value is not None:
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                return None
-            return parsed if isinstance(parsed, dict) else None
-    return None
-
-
-def connector_of(argv: Sequence[str] | str) -> str | None:
-    config = transfer_config_of(argv)
-    connector = config.get("kv_connector") if config else None
-    return str(connector) if connector else None
 
 
 SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
@@ -293,23 +272,9 @@ class SimPdPrefillAdapter(_SimRole):
     kv = KvSetup("offloaded", NIXL, "prefill")
 
 
-def setup_for_command(argv: Sequence[str] | str, kind: str = "vllm", role: str | None = None) -> str:
-    """The adapter name for a vLLM started with this command line in this pair role (None: a
-    single engine): DecodeBenchConnector makes it the decode-bench arm; NixlConnector or
-    P2pNcclConnector in a pair make it that pair's decode or prefill instance."""
-    connector = connector_of(argv)
-    if connector == DECODE_BENCH:
-        return "vllm-decode-bench"
-    if connector in PAIR_CONNECTORS and role == "decode":
-        return "vllm-pd-decode" if connector == NIXL else "vllm-pd-decode-p2p"
-    if connector in PAIR_CONNECTORS and role == "prefill":
-        return "vllm-pd-prefill"
-    return kind
-
-
 __all__ = [
     "DECODE_BENCH", "KV_TRANSFER_FLAG", "NIXL", "P2P_NCCL", "PAIR_CONNECTORS", "SIDE_CHANNEL_PORT", "SIM_KINDS",
     "PairEntry", "PairSide", "admission_schedule", "check_pair", "connector_of", "instance_connector",
-    "kv_transfer_config", "kv_transfer_flags", "pair_connector", "setup_for_command", "transfer_config_of",
+    "kv_transfer_config", "kv_transfer_flags", "pair_connector", "transfer_config_of",
     "zmq_address",
 ]

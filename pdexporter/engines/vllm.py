@@ -11,18 +11,37 @@ window against the probes' cadence (`engines.infer_chunk_size`).
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from pdexporter.engines._registry import (
-    BUDGET_RULE, COLOCATED, ChunkRule, IterationStep, KvSetup, MetricKind, info_labels, register,
+    BUDGET_RULE,
+    COLOCATED,
+    ChunkRule,
+    IterationStep,
+    KvSetup,
+    MetricKind,
+    info_labels,
+    register,
 )
 
 __all__ = [
-    "CANDIDATE_CHUNK_SIZES", "CHUNK_FLAG", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "METRIC_ALIASES", "OPTIONAL_METRICS",
+    "CANDIDATE_CHUNK_SIZES", "CHUNK_FLAG", "DECODE_BENCH", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "KV_TRANSFER_FLAG",
+    "METRIC_ALIASES", "NIXL", "OPTIONAL_METRICS", "P2P_NCCL", "PAIR_CONNECTORS",
     "OpenAICompatibleAdapter", "REQUEST_SPAN_ATTRIBUTES", "REQUEST_SPAN_NAME", "STEP_LOG_FLAG", "TRACING_IMPORTS",
-    "VllmAdapter", "format_step", "parse_step_log",
+    "VllmAdapter", "connector_of", "format_step", "parse_step_log", "transfer_config_of",
 ]
+
+# vLLM's KV connectors (`--kv-transfer-config`): what makes a vLLM one side of the offload decision
+# (the adapters of `engines.disagg`).
+DECODE_BENCH = "DecodeBenchConnector"
+NIXL = "NixlConnector"
+P2P_NCCL = "P2pNcclConnector"
+PAIR_CONNECTORS = (NIXL, P2P_NCCL)
+KV_TRANSFER_FLAG = "--kv-transfer-config"
 
 # vLLM's own defaults for `vllm serve` (arg_utils): 8192 on GPUs with >= 70 GB, 2048 below.
 DEFAULT_CHUNK_SIZE = 8192
@@ -140,6 +159,30 @@ def format_step(step: IterationStep) -> str:
 
 
 
+def transfer_config_of(argv: Sequence[str] | str) -> dict[str, Any] | None:
+    """The `--kv-transfer-config` an engine command line carries (None: none, or not JSON)."""
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    for i, word in enumerate(words):
+        value: str | None = None
+        if word == KV_TRANSFER_FLAG and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(KV_TRANSFER_FLAG + "="):
+            value = word.split("=", 1)[1]
+        if value is not None:
+            try:
+                parsed = json.loads(value)
+            except ValueError:
+                return None
+            return parsed if isinstance(parsed, dict) else None
+    return None
+
+
+def connector_of(argv: Sequence[str] | str) -> str | None:
+    config = transfer_config_of(argv)
+    connector = config.get("kv_connector") if config else None
+    return str(connector) if connector else None
+
+
 @register("vllm")
 class VllmAdapter:
     name = "vllm"
@@ -177,10 +220,16 @@ class VllmAdapter:
 
     def for_command(self, argv: Sequence[str], role: str | None = None) -> str:
         """Its KV connector (`--kv-transfer-config`) and pair role make a vLLM the offloaded arm
-        (`engines.disagg`); a plain one is itself."""
-        from pdexporter.engines.disagg import setup_for_command
-
-        return setup_for_command(argv, "vllm", role)
+        (the adapters of `engines.disagg`): DecodeBenchConnector the decode-bench arm, NixlConnector
+        or P2pNcclConnector in a pair that pair's decode or prefill instance; a plain one is itself."""
+        connector = connector_of(argv)
+        if connector == DECODE_BENCH:
+            return "vllm-decode-bench"
+        if connector in PAIR_CONNECTORS and role == "decode":
+            return "vllm-pd-decode" if connector == NIXL else "vllm-pd-decode-p2p"
+        if connector in PAIR_CONNECTORS and role == "prefill":
+            return "vllm-pd-prefill"
+        return "vllm"
 
     def recognise(self, identity: Mapping[str, object]) -> bool:
         return "version" in identity and not identity.get("modelled")

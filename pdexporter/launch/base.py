@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 from pdexporter._internal.procs import pid_alive, process_start_ticks
 
 __all__ = [
-    "Adopting", "DeadlineReached", "EngineHandle", "Launcher", "LogDirected", "Prestarting", "Releasing",
+    "Adopting", "DeadlineReached", "EngineDirs", "EngineHandle", "Launcher", "LogDirected", "Prestarting", "Releasing",
     "TraceDirected", "pid_alive", "process_start_ticks", "terminate_group",
 ]
 
@@ -50,6 +50,16 @@ class EngineHandle:
     iteration_log: Path | None = None
     log_path: Path | None = None
     command: tuple[str, ...] | None = None  # how the engine was started, secrets redacted (None: unknown)
+
+
+class EngineDirs(Protocol):
+    """Where a launcher keeps its engines' logs and state files: a results directory's layout
+    (`measure.store.ResultsStore` is one: `{root}/{chunk}/engine/`)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    def engine_dir(self, chunk_size: int) -> Path: ...
 
 
 @runtime_checkable

@@ -51,8 +51,14 @@ from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
 from pdexporter._internal.redact import redact_argv, redact_text, secret_values
 from pdexporter._internal.procs import same_process
-from pdexporter.launch.base import DeadlineReached, EngineHandle, pid_alive, process_start_ticks, terminate_group
-from pdexporter.measure.store import ResultsStore
+from pdexporter.launch.base import (
+    DeadlineReached,
+    EngineDirs,
+    EngineHandle,
+    pid_alive,
+    process_start_ticks,
+    terminate_group,
+)
 
 __all__ = [
     "EngineState", "LEASH", "LEASHED", "LOG_FILE", "LocalLauncher", "RenderedCommand", "STATE_FILE",
@@ -178,7 +184,7 @@ def log_contradicts_chunk(log: Path, chunk_size: int, kind: str, tail_bytes: int
 @dataclass
 class LocalLauncher:
     command: str
-    store: ResultsStore
+    store: EngineDirs  # the results directory (`measure.store.ResultsStore`)
     url: str = "http://127.0.0.1:8000"
     variables: dict[str, str] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)

@@ -35,16 +35,3 @@ def engine_version(profile: Profile, imitates: str = "vllm") -> str:
     """The version of the engine it imitates, with a local label naming the embedded engine (PEP 440)."""
     base = profile.engine.vllm_version if imitates == "vllm" else SGLANG_VERSION
     return f"{base}+pdexporter.sim"
-
-
-def __getattr__(name: str) -> object:
-    # Lazy public surface: `from pdexporter.sim import SimDriver` without importing aiohttp & co. eagerly.
-    if name == "SimDriver":
-        from pdexporter.sim.driver import SimDriver
-
-        return SimDriver
-    if name == "load_profile":
-        from pdexporter.sim.profile import load_profile
-
-        return load_profile
-    raise AttributeError(name)

@@ -31,27 +31,15 @@ from pdexporter.engines import SIM_KINDS, adapter, sim_engine
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.sim import engine_version
 from pdexporter.sim.engine import EngineConfig, EngineCore, EngineMetrics, LoopClock
+from pdexporter.sim.metrics import sim_metrics
 from pdexporter.sim.profile import Profile, load_profile
 from pdexporter.sim.scheduler import RequestOutput
 
 __all__ = [
-    "DEFAULT_PROFILE", "SimDriver", "sim_metrics",
+    "DEFAULT_PROFILE", "SimDriver",
 ]
 
 DEFAULT_PROFILE = "h200-qwen3-coder-30b-a3b"
-
-
-def sim_metrics(profile: Profile, imitates: str, *, max_num_batched_tokens: int,
-                cache_config: dict[str, str] | None = None, decode_log_interval: int = 1) -> Any:
-    """The imitated engine's series for an embedded engine (`VllmMetrics` or `SglangMetrics`)."""
-    if imitates == "vllm":
-        from pdexporter.sim.vllm_metrics import VllmMetrics
-
-        return VllmMetrics(profile.model.name, max_model_len=profile.engine.max_model_len, cache_config=cache_config)
-    from pdexporter.sim.sglang_metrics import SglangMetrics
-
-    return SglangMetrics(profile.model.name, decode_log_interval=decode_log_interval,
-                         max_total_tokens=profile.engine.kv_capacity_tokens)
 
 
 @dataclass

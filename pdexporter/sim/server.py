@@ -586,7 +586,7 @@ async def run_server(
     # Worker threads (request parsing, /metrics) must hand the GIL back quickly when a step's
     # deadline fires on the loop thread: 0.2 ms instead of CPython's default 5 ms.
     sys.setswitchinterval(2e-4)
-    from pdexporter.sim.driver import sim_metrics
+    from pdexporter.sim.metrics import sim_metrics
 
     config = EngineConfig.from_profile(
         profile, max_num_batched_tokens=options.max_num_batched_tokens, max_num_seqs=options.max_num_seqs,
