@@ -72,6 +72,8 @@ DEFAULT_CHUNK_SIZE = 8192
 CANDIDATE_CHUNK_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CHUNK_FLAG = "--chunked-prefill-size"
 MIXED_CHUNK_FLAG = "--enable-mixed-chunk"
+# graph_max_tokens 0: the chunk steps launched eagerly, as with `--disable-prefill-cuda-graph` (the
+# H200 sweeps); SGLang's default captures "breakable" prefill graphs up to chunked_prefill_size.
 PAUSE_RULE = ChunkRule(decodes_take_budget=False, decodes_in_chunk_step=False)  # the default mode
 MIXED_RULE = ChunkRule(decodes_take_budget=True, decodes_in_chunk_step=True)  # --enable-mixed-chunk
 

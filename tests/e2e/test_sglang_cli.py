@@ -1,6 +1,6 @@
 """SGLang through every command a vLLM user has, end to end on the embedded engine imitating SGLang
 (`--engine sglang[-mixed]`, `launcher.engine`): measure, run, sweep (the H200 sweep files predicted
-by `sim sweep`), export-table, and the GPU script's dry run. Numbers are modelled; what is checked
+by `sim sweep`), export-table, decide, and the GPU script's dry run. Numbers are modelled; what is checked
 is the seam: the engine named in every record, row and series, its step log read as SGLang's, its
 chunk schedule in both modes."""
 
@@ -27,18 +27,41 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pdexporter", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "pdexporter", *args],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 def test_measure_on_sglang_default_mode(tmp_path: Path) -> None:
-    done = cli("measure", "--engine", "sglang", "-B", "2048", "-D", "2", "-P", "3000", "--reps", "2",
-               "--out", str(tmp_path))
+    done = cli(
+        "measure",
+        "--engine",
+        "sglang",
+        "-B",
+        "2048",
+        "-D",
+        "2",
+        "-P",
+        "3000",
+        "--reps",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr
     record = json.loads((tmp_path / "2048" / "D2_P3000.json").read_text())
     config, i = record["config"], record["reps"][-1]["interference"]
     assert config["engine"] == "pdexporter-sim-sglang" and config["modelled"] is True
-    assert "--chunked-prefill-size" in config["engine_command"] and "--decode-log-interval" in config["engine_command"]
+    assert (
+        "--chunked-prefill-size" in config["engine_command"]
+        and "--decode-log-interval" in config["engine_command"]
+    )
     # SGLang's log: two chunk steps of B and the rest; the decodes paused through both: one stall
     assert i["chunk_tokens_engine_log"] == [2048, 952] and i["num_chunks_source"] == "engine-log"
     assert i["num_chunks_actual"] == i["num_chunks_expected"] == 1 and len(i["chunk_step_times_ms"]) == 1
@@ -48,17 +71,48 @@ def test_measure_on_sglang_default_mode(tmp_path: Path) -> None:
 def test_unknown_engine_is_one_line() -> None:
     done = cli("measure", "--engine", "sglung", "--out", "/nonexistent")
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("pdexporter: error: --engine 'sglung': the embedded "
-                                                           "engine imitates vllm, sglang, sglang-mixed")
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "pdexporter: error: --engine 'sglung': the embedded engine imitates vllm, sglang, sglang-mixed"
+        )
+    )
 
 
 def test_run_on_sglang_mixed_exports_its_engine_label(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pdexporter", "run", "--engine", "sglang-mixed", "--decode-batch-size", "2",
-         "--chunk-size", "2048", "--new-prefill-tokens", "3000", "--inject-every", "500ms",
-         "--decode-output-tokens", "96", "--listen", f"127.0.0.1:{port}", "--out", str(tmp_path), "--duration", "60s"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV)
+        [
+            sys.executable,
+            "-m",
+            "pdexporter",
+            "run",
+            "--engine",
+            "sglang-mixed",
+            "--decode-batch-size",
+            "2",
+            "--chunk-size",
+            "2048",
+            "--new-prefill-tokens",
+            "3000",
+            "--inject-every",
+            "500ms",
+            "--decode-output-tokens",
+            "96",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--out",
+            str(tmp_path),
+            "--duration",
+            "60s",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         seen = ""
         deadline = time.monotonic() + 60
@@ -69,16 +123,25 @@ def test_run_on_sglang_mixed_exports_its_engine_label(tmp_path: Path) -> None:
                     seen = resp.read().decode()
             except OSError:
                 assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        windows = [line for line in seen.splitlines() if line.startswith("pdexporter_window_tpot_penalty_seconds{")]
-        assert windows and all('engine="pdexporter-sim-sglang-mixed"' in line for line in windows), seen[-2000:]
-        assert 'pdexporter_engine_info{chunk_size="2048",chunk_size_source="given",engine="pdexporter-sim-sglang-mixed"' \
+        windows = [
+            line for line in seen.splitlines() if line.startswith("pdexporter_window_tpot_penalty_seconds{")
+        ]
+        assert windows and all('engine="pdexporter-sim-sglang-mixed"' in line for line in windows), seen[
+            -2000:
+        ]
+        assert (
+            'pdexporter_engine_info{chunk_size="2048",chunk_size_source="given",engine="pdexporter-sim-sglang-mixed"'
             in seen
+        )
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     record = json.loads((tmp_path / "2048" / "D2_P3000.json").read_text())
     assert record["config"]["engine"] == "pdexporter-sim-sglang-mixed"
-    assert record["reps"][0]["interference"]["chunk_tokens_engine_log"] == [2046, 954]  # B - D: the decodes joined
+    assert record["reps"][0]["interference"]["chunk_tokens_engine_log"] == [
+        2046,
+        954,
+    ]  # B - D: the decodes joined
 
 
 def test_sweep_files_predicted_then_tabulated_one_engine_at_a_time(tmp_path: Path) -> None:
@@ -91,18 +154,51 @@ def test_sweep_files_predicted_then_tabulated_one_engine_at_a_time(tmp_path: Pat
         assert done.returncode == 0, done.stderr
     default = json.loads((out["h200-sglang"] / "8192" / "D4_P32768.json").read_text())
     mixed = json.loads((out["h200-sglang-mixed"] / "8192" / "D4_P32768.json").read_text())
-    assert default["config"]["engine"] == "pdexporter-sim-sglang" and mixed["config"]["engine"] == \
-        "pdexporter-sim-sglang-mixed"
+    assert (
+        default["config"]["engine"] == "pdexporter-sim-sglang"
+        and mixed["config"]["engine"] == "pdexporter-sim-sglang-mixed"
+    )
     assert default["reps"][0]["interference"]["chunk_tokens_engine_log"] == [8192] * 4
     assert mixed["reps"][0]["interference"]["chunk_tokens_engine_log"] == [8188] * 4 + [16]
-    table = cli("export-table", str(out["h200-sglang"]), "--out", str(tmp_path / "t"), "--no-plots", "--no-parquet")
+    table = cli(
+        "export-table", str(out["h200-sglang"]), "--out", str(tmp_path / "t"), "--no-plots", "--no-parquet"
+    )
     assert table.returncode == 0, table.stderr
     rows = list(csv.DictReader((tmp_path / "t" / "interference_table.csv").open()))
     assert len(rows) == 16 and {r["engine"] for r in rows} == {"pdexporter-sim-sglang"}
-    wrong = cli("export-table", str(out["h200-sglang"]), "--engine", "pdexporter-sim-sglang-mixed", "--out",
-                str(tmp_path / "t2"), "--no-plots", "--no-parquet")
-    assert wrong.returncode == 2 and "holds no records of that engine (engines: pdexporter-sim-sglang)" in \
-        wrong.stderr.strip().splitlines()[-1]
+    rule = json.loads((tmp_path / "t" / "decision.json").read_text())["chunk_rule"]
+    assert (rule["decodes_take_budget"], rule["decodes_in_chunk_step"]) == (False, False)
+    decide = cli(
+        "decide",
+        "-D",
+        "4",
+        "-P",
+        "16384",
+        "-B",
+        "8192",
+        "--model",
+        str(tmp_path / "t" / "decision.json"),
+        "--transfer-ms",
+        "50",
+        "--json",
+    )
+    assert decide.returncode == 0, decide.stderr
+    assert json.loads(decide.stdout)["chunks"] == 2  # chunks of B = 8192 (vLLM's rule: 3 of B - D = 8188)
+    wrong = cli(
+        "export-table",
+        str(out["h200-sglang"]),
+        "--engine",
+        "pdexporter-sim-sglang-mixed",
+        "--out",
+        str(tmp_path / "t2"),
+        "--no-plots",
+        "--no-parquet",
+    )
+    assert (
+        wrong.returncode == 2
+        and "holds no records of that engine (engines: pdexporter-sim-sglang)"
+        in wrong.stderr.strip().splitlines()[-1]
+    )
 
 
 def test_gpu_script_dry_run(tmp_path: Path) -> None:
@@ -111,8 +207,15 @@ def test_gpu_script_dry_run(tmp_path: Path) -> None:
     without the log, and everything comes back as one tar.gz."""
     work, out = tmp_path / "work", tmp_path / "out"
     env = {**ENV, "SGL_DRY": "1", "SGL_WORK": str(work), "OUT": str(out), "SGL_PORT": str(free_port())}
-    done = subprocess.run(["bash", "scripts/gpu/sglang-h200.sh", "300"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=420, env=env)
+    done = subprocess.run(
+        ["bash", "scripts/gpu/sglang-h200.sh", "300"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env=env,
+    )
     steps = (work / "steps.log").read_text()
     assert "default: sweep" in steps and "mixed: sweep" in steps, steps
     assert done.returncode in (0, 4, 5), done.stderr  # 4: a window failed on this loaded machine; 5: deadline
