@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pdexporter.engines import adapter
 from pdexporter.errors import RecordError
 from pdexporter.measure.pd import RouteTiming, offload_numbers
-from pdexporter.measure.point import PointSpec
 from pdexporter.measure.protocol import (
     ProtocolSettings,
     StreamTrace,

@@ -14,10 +14,13 @@ drives either (`engine.EngineMetrics`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 __all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "QUEUE_BUCKETS", "TTFT_BUCKETS", "SglangMetrics"]
 
@@ -141,7 +144,7 @@ class SglangMetrics:
         }
         tokenizer = {"model_name": model_name, "engine_type": "unified"}
 
-        def keep(metric: MetricWrapperBase) -> MetricWrapperBase:
+        def keep(metric: M) -> M:
             self.families[metric._name] = metric
             return metric
 
