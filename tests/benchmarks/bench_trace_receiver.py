@@ -165,7 +165,7 @@ async def attack(args: argparse.Namespace, pid: int, metrics_url: str, traces_ur
                             )
                         )
                     await _post(
-                        session, traces_url, encode_traces(spans), {"Content-Type": PROTOBUF}, answers
+                        session, traces_url, encode_traces(spans, engine="vllm"), {"Content-Type": PROTOBUF}, answers
                     )
                     sent += 1
                     i += 1

@@ -82,7 +82,7 @@ async def test_tokens_guard_metrics_and_traces_and_the_health_paths_stay_open(tm
     cert, key = _self_signed(tmp_path)
     tls = ssl.create_default_context(cafile=str(cert))
     traces_port = free_port()
-    body = encode_traces([RequestTrace("cmpl-1", 1, 2, prompt_tokens=10, ttft_s=0.0)])
+    body = encode_traces([RequestTrace("cmpl-1", 1, 2, prompt_tokens=10, ttft_s=0.0)], engine="vllm")
     async with ScriptedEngine(cadence_s=0.01) as engine:
         runner = Runner(
             _config(

@@ -86,7 +86,7 @@ async def test_a_gzip_bomb_is_refused_at_the_decompressed_limit_without_inflatin
 
 async def test_corrupt_and_truncated_gzip_is_400_not_an_empty_export() -> None:
     runner, port, got, results = await _server()
-    body = gzip.compress(encode_traces(TRACES[:2]))
+    body = gzip.compress(encode_traces(TRACES[:2], engine="vllm"))
     try:
         async with aiohttp.ClientSession() as session:
             assert await _post(session, port, b"\x1f\x8b not gzip at all", "gzip") == 400
@@ -119,7 +119,7 @@ async def test_bodies_over_the_wire_limit_are_413_before_or_while_they_are_read(
 
 async def test_a_bearer_token_is_required_when_set() -> None:
     runner, port, got, results = await _server(token="s3cret-token")
-    body = encode_traces(TRACES[:1])
+    body = encode_traces(TRACES[:1], engine="vllm")
     try:
         async with aiohttp.ClientSession() as session:
             assert await _post(session, port, body) == 401
@@ -135,7 +135,7 @@ async def test_floods_are_answered_429_with_retry_after() -> None:
     retry a 429); what was taken stays within the budget."""
     limits = ReceiverLimits(requests_per_s=1.0, request_burst=5, spans_per_s=1.0, span_burst=12)
     runner, port, got, results = await _server(limits=limits)
-    body = encode_traces(TRACES)  # 5 spans each
+    body = encode_traces(TRACES, engine="vllm")  # 5 spans each
     try:
         async with aiohttp.ClientSession() as session:
             statuses = [await _post(session, port, body) for _ in range(8)]
@@ -157,16 +157,16 @@ async def test_exports_beyond_the_concurrency_limit_wait_then_are_refused_busy()
             gate = asyncio.Event()
 
             async def slow():  # type: ignore[no-untyped-def]
-                yield encode_traces(TRACES[:1])[:5]
+                yield encode_traces(TRACES[:1], engine="vllm")[:5]
                 await gate.wait()
-                yield encode_traces(TRACES[:1])[5:]
+                yield encode_traces(TRACES[:1], engine="vllm")[5:]
 
             held = asyncio.create_task(session.post(f"http://127.0.0.1:{port}/v1/traces", data=slow(),
                                                     headers={"Content-Type": PROTOBUF}))
             await asyncio.sleep(0.3)  # the slow body holds the one slot
-            waiting = asyncio.create_task(_post(session, port, encode_traces(TRACES[1:2])))
+            waiting = asyncio.create_task(_post(session, port, encode_traces(TRACES[1:2], engine="vllm")))
             await asyncio.sleep(0.1)
-            assert await _post(session, port, encode_traces(TRACES[2:3])) == 429  # no room to wait
+            assert await _post(session, port, encode_traces(TRACES[2:3], engine="vllm")) == 429  # no room to wait
             assert await waiting == 429  # waited 0.5 s for the slot
             gate.set()
             resp = await held
