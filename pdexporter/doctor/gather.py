@@ -267,7 +267,7 @@ def tracing_imports(python: str | None, source: str = "", engine: str = "vllm", 
 async def trace_arrival(url: str, model: str, receiver: tuple[str, int], engine: str, *, api_key: str | None = None,
                         wait_s: float = 15.0, listener: TraceListener | None = None) -> TraceArrival:
     """Send one short request to the engine at `url` and wait for its span at `receiver` (host,
-    port): pdexporter's own OTLP receiver (`exporter.server`, the exporter's code) listening there
+    port): pdexporter's own OTLP receiver (`exporter.receiver`, the exporter's code) listening there
     (`listener`, when the caller had to listen before the engine started), or, when something
     already listens there, the request-trace counters on that exporter's /metrics."""
     from pdexporter.engine.traces import RequestTrace
