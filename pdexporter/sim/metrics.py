@@ -10,14 +10,25 @@ from pdexporter.sim.profile import Profile
 __all__ = ["sim_metrics"]
 
 
-def sim_metrics(profile: Profile, imitates: str, *, max_num_batched_tokens: int,
-                cache_config: dict[str, str] | None = None, decode_log_interval: int = 1) -> Any:
+def sim_metrics(
+    profile: Profile,
+    imitates: str,
+    *,
+    max_num_batched_tokens: int,
+    cache_config: dict[str, str] | None = None,
+    decode_log_interval: int = 1,
+) -> Any:
     """The imitated engine's series for an embedded engine (`VllmMetrics` or `SglangMetrics`)."""
     if imitates == "vllm":
         from pdexporter.sim.vllm_metrics import VllmMetrics
 
-        return VllmMetrics(profile.model.name, max_model_len=profile.engine.max_model_len, cache_config=cache_config)
+        return VllmMetrics(
+            profile.model.name, max_model_len=profile.engine.max_model_len, cache_config=cache_config
+        )
     from pdexporter.sim.sglang_metrics import SglangMetrics
 
-    return SglangMetrics(profile.model.name, decode_log_interval=decode_log_interval,
-                         max_total_tokens=profile.engine.kv_capacity_tokens)
+    return SglangMetrics(
+        profile.model.name,
+        decode_log_interval=decode_log_interval,
+        max_total_tokens=profile.engine.kv_capacity_tokens,
+    )

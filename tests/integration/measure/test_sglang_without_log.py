@@ -23,20 +23,32 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("engine", ["sglang", "sglang-mixed"])
 def test_penalties_without_the_sglang_log_equal_those_with_it(tmp_path: Path, engine: str) -> None:
-    spec = parse_sweep({
-        "grid": {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [0, 1, 8], "new_prefill_tokens": [512, 4096, 32768]},
-        "reps": 2, "mode": "fast", "warmup": {"mixed": True},
-        "launcher": {"kind": "sim", "clock": "virtual", "engine": engine},
-    })
+    spec = parse_sweep(
+        {
+            "grid": {
+                "chunk_sizes": [2048, 8192],
+                "decode_batch_sizes": [0, 1, 8],
+                "new_prefill_tokens": [512, 4096, 32768],
+            },
+            "reps": 2,
+            "mode": "fast",
+            "warmup": {"mixed": True},
+            "launcher": {"kind": "sim", "clock": "virtual", "engine": engine},
+        }
+    )
     store = ResultsStore(tmp_path)
     report = run_virtual(SweepController(spec, store, make_provider(spec, store)).run())
     assert report.complete
     records = list(store.iter_records())
-    assert {r.config.engine for r in records} == {f"pdexporter-sim-{engine}"} and all(r.config.modelled for r in records)
+    assert {r.config.engine for r in records} == {f"pdexporter-sim-{engine}"} and all(
+        r.config.modelled for r in records
+    )
     rows = compare_sources(store, records, ProtocolSettings())
     assert len(rows) == 2 * 2 * 3  # D >= 1
     for row in rows:
-        assert row.penalty_log_ms is not None and row.penalty_cadence_ms == pytest.approx(row.penalty_log_ms), row
+        assert row.penalty_log_ms is not None and row.penalty_cadence_ms == pytest.approx(
+            row.penalty_log_ms
+        ), row
         assert row.reps_same_steps == row.reps, row
     paused = engine == "sglang"
     for record in records:

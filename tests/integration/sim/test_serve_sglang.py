@@ -30,8 +30,12 @@ def get(url: str) -> tuple[int, bytes]:
 
 
 def complete(url: str, prompt: list[int], max_tokens: int) -> None:
-    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}).encode()
-    request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+    ).encode()
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as resp:
         assert resp.status == 200
 
@@ -48,9 +52,17 @@ def steps_logged(log: Path, name: str, wanted: int, timeout_s: float = 10.0) -> 
 @pytest.mark.parametrize("mixed", [False, True], ids=["default", "mixed-chunk"])
 def test_sglang_imitation_over_http(tmp_path: Path, mixed: bool) -> None:
     name = "pdexporter-sim-sglang-mixed" if mixed else "pdexporter-sim-sglang"
-    served = start_sim_serve(tmp_path, "--engine", "sglang", "--chunked-prefill-size", "2048",
-                             "--decode-log-interval", "1", "--enable-metrics",
-                             *(["--enable-mixed-chunk"] if mixed else []))
+    served = start_sim_serve(
+        tmp_path,
+        "--engine",
+        "sglang",
+        "--chunked-prefill-size",
+        "2048",
+        "--decode-log-interval",
+        "1",
+        "--enable-metrics",
+        *(["--enable-mixed-chunk"] if mixed else []),
+    )
     try:
         url = served.url
         assert served.info["engine"] == name
@@ -63,7 +75,10 @@ def test_sglang_imitation_over_http(tmp_path: Path, mixed: bool) -> None:
         # four decodes running, then a 5000-token prompt beside them
         import threading
 
-        decodes = [threading.Thread(target=complete, args=(url, list(range(100 + i, 116 + i)), 120)) for i in range(4)]
+        decodes = [
+            threading.Thread(target=complete, args=(url, list(range(100 + i, 116 + i)), 120))
+            for i in range(4)
+        ]
         for t in decodes:
             t.start()
         time.sleep(0.3)
@@ -73,16 +88,25 @@ def test_sglang_imitation_over_http(tmp_path: Path, mixed: bool) -> None:
         steps = steps_logged(served.log, name, 10)
         chunks = [s for s in steps if s.context_tokens > 1000]
         if mixed:
-            assert [s.context_tokens for s in chunks] == [2044, 2044] and all(s.generation_requests == 4 for s in chunks)
+            assert [s.context_tokens for s in chunks] == [2044, 2044] and all(
+                s.generation_requests == 4 for s in chunks
+            )
         else:
-            assert [s.context_tokens for s in chunks] == [2048, 2048] and all(s.generation_requests == 0 for s in chunks)
-        assert any(s.context_tokens == 0 and s.generation_requests == 4 for s in steps)  # a line per decode step
+            assert [s.context_tokens for s in chunks] == [2048, 2048] and all(
+                s.generation_requests == 0 for s in chunks
+            )
+        assert any(
+            s.context_tokens == 0 and s.generation_requests == 4 for s in steps
+        )  # a line per decode step
         lines = served.log.read_text()
         assert "] Prefill batch, #new-seq: " in lines and "] Decode batch, #running-req: " in lines
         status, text = get(f"{url}/metrics")
         snap = parse_exposition(text.decode(), adapter(name))
         assert status == 200 and snap.missing == ()
-        assert snap.values["request_success_total"] == 5.0 and snap.values["prompt_tokens_total"] == 5000 + 4 * 16
+        assert (
+            snap.values["request_success_total"] == 5.0
+            and snap.values["prompt_tokens_total"] == 5000 + 4 * 16
+        )
         assert snap.sources["num_requests_running"] == "sglang:num_running_reqs"
     finally:
         assert served.stop() == 0

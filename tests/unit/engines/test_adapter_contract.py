@@ -23,8 +23,15 @@ GRID = [(p, b, d) for b in (512, 2048, 8192) for d in (0, 1, 4, 12) for p in (1,
 
 
 def test_the_registry_holds_both_engines_in_both_modes() -> None:
-    assert {"vllm", "sglang", "sglang-mixed", "openai-compatible", "pdexporter-sim", "pdexporter-sim-sglang",
-            "pdexporter-sim-sglang-mixed"} <= set(NAMES)
+    assert {
+        "vllm",
+        "sglang",
+        "sglang-mixed",
+        "openai-compatible",
+        "pdexporter-sim",
+        "pdexporter-sim-sglang",
+        "pdexporter-sim-sglang-mixed",
+    } <= set(NAMES)
     assert identity_paths()[0] == "/version" and "/server_info" in identity_paths()
 
 
@@ -33,7 +40,9 @@ def test_an_unknown_engine_is_one_line_naming_the_registered_ones(bad: str) -> N
     with pytest.raises(ConfigError) as info:
         adapter(bad)
     text = str(info.value)
-    assert "\n" not in text and repr(bad) in text and "registered: " in text and "sglang, sglang-mixed" in text
+    assert (
+        "\n" not in text and repr(bad) in text and "registered: " in text and "sglang, sglang-mixed" in text
+    )
 
 
 def test_no_name_means_no_engine() -> None:
@@ -72,8 +81,11 @@ def test_contract(name: str) -> None:
     beside = 4 if a.chunk_rule.decodes_in_chunk_step else 0
     steps = [IterationStep(0, 1, 8188, beside, beside, 0.0), IterationStep(1, 0, 0, 5, 5, 0.0)]
     back = a.parse_step_log([a.format_step(s) for s in steps] + ["an unrelated log line"])
-    assert [(s.context_requests, s.context_tokens, s.generation_requests, s.generation_tokens) for s in back] == \
-        [(s.context_requests, s.context_tokens, s.generation_requests, s.generation_tokens) for s in steps], name
+    assert [
+        (s.context_requests, s.context_tokens, s.generation_requests, s.generation_tokens) for s in back
+    ] == [
+        (s.context_requests, s.context_tokens, s.generation_requests, s.generation_tokens) for s in steps
+    ], name
     # its launch flags: the chunk flag with the size, and a setup the registry knows
     flags = a.chunk_size_flags(4096)
     assert flags[flags.index(a.chunk_flag) + 1] == "4096"

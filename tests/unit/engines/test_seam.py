@@ -27,23 +27,32 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 def _concrete(module: str) -> bool:
     """`pdexporter.engines.X` where X is one of the package's modules (not a name it exports)."""
     parts = module.split(".")
-    return (len(parts) >= 3 and parts[:2] == ["pdexporter", "engines"]
-            and ((ENGINES / f"{parts[2]}.py").exists() or (ENGINES / parts[2]).is_dir()))
+    return (
+        len(parts) >= 3
+        and parts[:2] == ["pdexporter", "engines"]
+        and ((ENGINES / f"{parts[2]}.py").exists() or (ENGINES / parts[2]).is_dir())
+    )
 
 
 def test_nothing_outside_the_engines_package_imports_an_adapter_module() -> None:
     offenders = [
         f"{path.relative_to(PACKAGE.parent)}:{line}: {module}"
-        for path in sorted(PACKAGE.rglob("*.py")) if ENGINES not in path.parents
-        for line, module in _imports(path) if _concrete(module)
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if ENGINES not in path.parents
+        for line, module in _imports(path)
+        if _concrete(module)
     ]
     assert not offenders, "import pdexporter.engines instead:\n" + "\n".join(offenders)
 
 
 def test_the_check_sees_an_offender(tmp_path: Path) -> None:
     """The scan would catch each way of writing such an import."""
-    for text in ("from pdexporter.engines.vllm import format_step\n", "import pdexporter.engines.sglang\n",
-                 "from pdexporter.engines import vllm\n", "from pdexporter.engines._registry import adapter\n"):
+    for text in (
+        "from pdexporter.engines.vllm import format_step\n",
+        "import pdexporter.engines.sglang\n",
+        "from pdexporter.engines import vllm\n",
+        "from pdexporter.engines._registry import adapter\n",
+    ):
         path = tmp_path / "m.py"
         path.write_text(text)
         assert any(_concrete(module) for _, module in _imports(path)), text

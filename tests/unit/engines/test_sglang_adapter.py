@@ -14,17 +14,27 @@ DEFAULT, MIXED = adapter("sglang"), adapter("sglang-mixed")
 # "[%(asctime)s] %(message)s"): the prefill of a 20000-token prompt at B = 8192 beside 4 decodes,
 # a decode step, and lines that are no steps.
 LINES = [
-    "[2026-12-01 10:00:00] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.01, "
-    "#running-req: 4, #queue-req: 0, #pending-token: 11808, cuda graph: False, input throughput (token/s): 1234.56",
-    "[2026-12-01 10:00:00] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.02, "
-    "#running-req: 4, #queue-req: 0, #pending-token: 3616, cuda graph: False, input throughput (token/s): 40000.00",
-    "[2026-12-01 10:00:00] INFO:     127.0.0.1:50432 - \"POST /v1/completions HTTP/1.1\" 200 OK",
-    "[2026-12-01 10:00:01] Prefill batch, #new-seq: 1, #new-token: 3616, #cached-token: 0, token usage: 0.02, "
-    "#running-req: 4, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 30000.00",
-    "[2026-12-01 10:00:01] Decode batch, #running-req: 5, #token: 24900, token usage: 0.04, cuda graph: True, "
-    "gen throughput (token/s): 612.20, #queue-req: 0",
-    "[2026-12-01 10:00:01 TP0] Decode batch [1234], #running-req: 4, #token: 16500, token usage: 0.02, "
-    "cuda graph: True, gen throughput (token/s): 700.12, #queue-req: 0",
+    (
+        "[2026-12-01 10:00:00] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.01, "
+        "#running-req: 4, #queue-req: 0, #pending-token: 11808, cuda graph: False, input throughput (token/s): 1234.56"
+    ),
+    (
+        "[2026-12-01 10:00:00] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.02, "
+        "#running-req: 4, #queue-req: 0, #pending-token: 3616, cuda graph: False, input throughput (token/s): 40000.00"
+    ),
+    '[2026-12-01 10:00:00] INFO:     127.0.0.1:50432 - "POST /v1/completions HTTP/1.1" 200 OK',
+    (
+        "[2026-12-01 10:00:01] Prefill batch, #new-seq: 1, #new-token: 3616, #cached-token: 0, token usage: 0.02, "
+        "#running-req: 4, #queue-req: 0, #pending-token: 0, cuda graph: False, input throughput (token/s): 30000.00"
+    ),
+    (
+        "[2026-12-01 10:00:01] Decode batch, #running-req: 5, #token: 24900, token usage: 0.04, cuda graph: True, "
+        "gen throughput (token/s): 612.20, #queue-req: 0"
+    ),
+    (
+        "[2026-12-01 10:00:01 TP0] Decode batch [1234], #running-req: 4, #token: 16500, token usage: 0.02, "
+        "cuda graph: True, gen throughput (token/s): 700.12, #queue-req: 0"
+    ),
 ]
 
 
@@ -32,7 +42,12 @@ def test_default_mode_prefill_lines_carry_no_decodes() -> None:
     """Without mixed chunking the #running-req of a prefill line paused for it: no decode tokens."""
     steps = DEFAULT.parse_step_log(LINES)
     assert [(s.context_tokens, s.generation_requests) for s in steps] == [
-        (8192, 0), (8192, 0), (3616, 0), (0, 5), (0, 4)]
+        (8192, 0),
+        (8192, 0),
+        (3616, 0),
+        (0, 5),
+        (0, 4),
+    ]
     assert steps[-1].iteration == 1234  # SGLANG_LOG_FORWARD_ITERS=1
     assert all(s.elapsed_ms == 0.0 for s in steps)  # SGLang logs no step time
 
@@ -40,16 +55,22 @@ def test_default_mode_prefill_lines_carry_no_decodes() -> None:
 def test_mixed_mode_prefill_lines_carry_the_running_decodes() -> None:
     steps = MIXED.parse_step_log(LINES)
     assert [(s.context_tokens, s.generation_requests, s.generation_tokens) for s in steps[:3]] == [
-        (8192, 4, 4), (8192, 4, 4), (3616, 4, 4)]
+        (8192, 4, 4),
+        (8192, 4, 4),
+        (3616, 4, 4),
+    ]
     assert steps[0].is_mixed
 
 
-@pytest.mark.parametrize(("p", "b", "d", "default", "mixed"), [
-    (20000, 8192, 4, (8192, 8192, 3616), (8188, 8188, 3624)),
-    (32768, 8192, 12, (8192,) * 4, (8180,) * 4 + (48,)),
-    (512, 8192, 12, (512,), (512,)),
-    (4096, 2048, 0, (2048, 2048), (2048, 2048)),
-])
+@pytest.mark.parametrize(
+    ("p", "b", "d", "default", "mixed"),
+    [
+        (20000, 8192, 4, (8192, 8192, 3616), (8188, 8188, 3624)),
+        (32768, 8192, 12, (8192,) * 4, (8180,) * 4 + (48,)),
+        (512, 8192, 12, (512,), (512,)),
+        (4096, 2048, 0, (2048, 2048), (2048, 2048)),
+    ],
+)
 def test_chunk_schedules(p: int, b: int, d: int, default: tuple[int, ...], mixed: tuple[int, ...]) -> None:
     assert DEFAULT.chunk_schedule(p, b, d) == default and MIXED.chunk_schedule(p, b, d) == mixed
     # the decodes pause through the default mode's chunks: one stall; mixed: one step each
@@ -61,8 +82,14 @@ def test_budget_only_binds_mixed_chunking() -> None:
     assert MIXED.budget_problem(16, 16) is not None and MIXED.budget_problem(17, 16) is None
 
 
-SERVER_INFO = {"version": "0.5.15.post1", "chunked_prefill_size": 8192, "enable_mixed_chunk": False,
-               "decode_log_interval": 40, "enable_metrics": False, "disable_radix_cache": False}
+SERVER_INFO = {
+    "version": "0.5.15.post1",
+    "chunked_prefill_size": 8192,
+    "enable_mixed_chunk": False,
+    "decode_log_interval": 40,
+    "enable_metrics": False,
+    "disable_radix_cache": False,
+}
 
 
 def test_server_info_says_who_it_is_its_chunk_size_and_what_it_lacks() -> None:
@@ -72,19 +99,28 @@ def test_server_info_says_who_it_is_its_chunk_size_and_what_it_lacks() -> None:
     assert DEFAULT.served_chunk_size(SERVER_INFO) == 8192
     assert DEFAULT.served_chunk_size({**SERVER_INFO, "chunked_prefill_size": -1}) is None
     problems = DEFAULT.setup_problems(SERVER_INFO)
-    assert any("--decode-log-interval 1" in p for p in problems) and any("--enable-metrics" in p for p in problems)
+    assert any("--decode-log-interval 1" in p for p in problems) and any(
+        "--enable-metrics" in p for p in problems
+    )
     assert DEFAULT.setup_problems({**SERVER_INFO, "decode_log_interval": 1, "enable_metrics": True}) == ()
     assert DEFAULT.prefix_caching(SERVER_INFO, None) is True
     assert DEFAULT.prefix_caching({**SERVER_INFO, "disable_radix_cache": True}, None) is False
 
 
 def test_flags_and_modes_from_the_command_line() -> None:
-    assert DEFAULT.chunk_size_flags(8192) == ("--chunked-prefill-size", "8192", "--decode-log-interval", "1",
-                                              "--enable-metrics")
+    assert DEFAULT.chunk_size_flags(8192) == (
+        "--chunked-prefill-size",
+        "8192",
+        "--decode-log-interval",
+        "1",
+        "--enable-metrics",
+    )
     assert MIXED.chunk_size_flags(8192)[-1] == "--enable-mixed-chunk"
     launch = ["python", "-m", "sglang.launch_server", "--model-path", "/m", "--chunked-prefill-size", "8192"]
-    assert DEFAULT.for_command(launch) == "sglang" and DEFAULT.for_command([*launch, "--enable-mixed-chunk"]) == \
-        "sglang-mixed"
+    assert (
+        DEFAULT.for_command(launch) == "sglang"
+        and DEFAULT.for_command([*launch, "--enable-mixed-chunk"]) == "sglang-mixed"
+    )
     assert DEFAULT.cuda_graphs(launch) is True
     assert DEFAULT.cuda_graphs([*launch, "--disable-cuda-graph"]) is False
     assert DEFAULT.cuda_graphs([*launch, "--cuda-graph-backend-decode", "disabled"]) is False

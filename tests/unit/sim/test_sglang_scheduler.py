@@ -40,7 +40,9 @@ def step(s: SglangScheduler, queue: deque[SchedulerOutput]) -> SchedulerOutput:
 def prefill_steps(s: SglangScheduler, queue: deque[SchedulerOutput], p: int) -> list[SchedulerOutput]:
     s.add_request("prefill", cold(p), max_tokens=1)
     out = []
-    while "prefill" in s.requests or any(e.request.request_id == "prefill" for o in queue for e in o.scheduled):
+    while "prefill" in s.requests or any(
+        e.request.request_id == "prefill" for o in queue for e in o.scheduled
+    ):
         out.append(step(s, queue))
     return out
 
@@ -50,10 +52,12 @@ def test_default_mode_runs_the_chunks_back_to_back_while_the_decodes_pause() -> 
     steps = prefill_steps(s, queue, 20_000)
     chunks = [o for o in steps if o.num_context_tokens]
     assert [o.num_context_tokens for o in chunks] == [8192, 8192, 3616]
-    assert all(o.num_generation_requests == 0 and o.total_num_scheduled_tokens == o.num_context_tokens
-               for o in chunks)  # a prefill-only step: no decode token in it
+    assert all(
+        o.num_generation_requests == 0 and o.total_num_scheduled_tokens == o.num_context_tokens
+        for o in chunks
+    )  # a prefill-only step: no decode token in it
     first = steps.index(chunks[0])
-    assert steps[first:first + 3] == chunks  # back to back: no decode step in between
+    assert steps[first : first + 3] == chunks  # back to back: no decode step in between
     after = step(s, queue)  # then the decodes' next step (the prefill's request with them, scheduled ahead)
     assert after.num_context_tokens == 0 and after.num_generation_requests >= 4
 
@@ -71,6 +75,14 @@ def test_the_scheduler_chunks_as_the_sglang_adapters_say(b: int, d: int, p: int,
     name = "sglang-mixed" if mixed else "sglang"
     assume(adapter(name).budget_problem(b, d) is None)
     s, queue = decoding(d, b, mixed)
-    chunks = tuple(e.num_new_tokens for o in prefill_steps(s, queue, p) for e in o.scheduled
-                   if e.request.request_id == "prefill")
-    assert chunks == adapter(name).chunk_schedule(p, b, d) == adapter(f"pdexporter-sim-{name}").chunk_schedule(p, b, d)
+    chunks = tuple(
+        e.num_new_tokens
+        for o in prefill_steps(s, queue, p)
+        for e in o.scheduled
+        if e.request.request_id == "prefill"
+    )
+    assert (
+        chunks
+        == adapter(name).chunk_schedule(p, b, d)
+        == adapter(f"pdexporter-sim-{name}").chunk_schedule(p, b, d)
+    )
