@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdexporter.engine.stream import TokenStream
-from pdexporter.launch.providers import VirtualSimProvider
+from pdexporter.client.stream import TokenStream
 from pdexporter.measure.driver import EngineDriver
+from pdexporter.sweep.providers import VirtualSimProvider
 
 
 @dataclass

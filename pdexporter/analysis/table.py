@@ -6,7 +6,7 @@ record's `reps` rather than trusted from its top level (which `measure.records.a
 the same way; `top_level_mismatches` says where the two disagree). A record without `reps` (a
 hand-written seed-format file) contributes its top level as its single repetition.
 
-The same rows come from Prometheus (`analysis.prometheus`): there each analysed window is one
+The same rows come from Prometheus (`exporter.prometheus`): there each analysed window is one
 repetition. Both sources meet in `ConfigSamples`, so one function builds the table.
 
 Columns: the key columns, then every quantity `pdexporter.measure.quantities` declares with a

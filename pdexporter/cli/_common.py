@@ -13,7 +13,7 @@ from rich.console import Console
 
 from pdexporter._internal.durations import parse_duration
 from pdexporter.cli._vocab import DURATION, DURATION_SYNTAX
-from pdexporter.engine.client import resolve_api_key
+from pdexporter.client.client import resolve_api_key
 from pdexporter.errors import ConfigError, Interrupted
 from pdexporter.launch import ExternalLauncher, Launcher, SimLauncher
 

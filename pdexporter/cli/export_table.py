@@ -152,7 +152,7 @@ def one_engine(samples: list[ConfigSamples], engine: str | None, source: str) ->
 def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: float, out: Path | None, mode: str,
                      grid: Path | None, min_events: int, engine: str | None = None) -> tuple[Analysis, Path, list[str]]:
     from pdexporter.analysis.job import analyse
-    from pdexporter.analysis.prometheus import PrometheusAPI, parse_duration, parse_time, pull
+    from pdexporter.exporter.prometheus import PrometheusAPI, parse_duration, parse_time, pull
 
     now = time.time()
     start, end = parse_time(from_, now, "--from"), parse_time(to, now, "--to")

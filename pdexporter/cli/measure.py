@@ -28,7 +28,7 @@ from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter._internal.text import plural
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.driver import http_driver
-from pdexporter.engine.client import read_timeout_seconds
+from pdexporter.client.client import read_timeout_seconds
 from pdexporter.measure.point import PointSpec, check_reps, check_retries, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes
 from pdexporter.measure.records import RunRecord

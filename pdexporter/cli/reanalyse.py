@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.measure.reanalyse import reanalyse_record
 from pdexporter.measure.store import ResultsStore, load_record_file
+from pdexporter.sweep.reanalyse import reanalyse_record
 
 
 def register(app: typer.Typer) -> None:

@@ -38,7 +38,7 @@ from pdexporter.exporter.config import (
     build_config,
     parse_duration,
 )
-from pdexporter.engine.client import read_timeout_seconds
+from pdexporter.client.client import read_timeout_seconds
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
 from pdexporter.exporter.server import parse_listen, tls_context
 from pdexporter.exporter.startup import parse_engine_wait

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from pdexporter.measure.protocol import ProtocolSettings
     from pdexporter.measure.records import RunRecord
-    from pdexporter.sim.calibrate import Calibration, Generalisation, HoldoutReport
+    from pdexporter.predict.calibrate import Calibration, Generalisation, HoldoutReport
     from pdexporter.sim.profile import Profile
 
 sim_app = typer.Typer(help="The embedded engine (a model of vLLM, or SGLang, on a GPU; no GPU needed).",
@@ -267,7 +267,7 @@ def calibrate_cmd(
     from pdexporter.errors import ConfigError, RecordError
     from pdexporter.measure.records import aggregate
     from pdexporter.measure.store import ResultsStore
-    from pdexporter.sim.calibrate import (
+    from pdexporter.predict.calibrate import (
         BOUNDS,
         DEFAULT_FREE,
         HEADLINE,
@@ -282,7 +282,7 @@ def calibrate_cmd(
         host_states,
         label_worse,
     )
-    from pdexporter.sim.calibrate import generalisation as leave_one_out
+    from pdexporter.predict.calibrate import generalisation as leave_one_out
     from pdexporter.sim.profile import load_profile
 
     started = time.perf_counter()
@@ -437,7 +437,7 @@ def calibrate_cmd(
 
 
 class _CalibrationBar:
-    """One rich progress bar across every stage of `sim calibrate` (`pdexporter.sim.calibrate.Progress`):
+    """One rich progress bar across every stage of `sim calibrate` (`pdexporter.predict.calibrate.Progress`):
     its total grows as stages plan their work (simulated (B, D) groups) and shrinks when a stage
     ends under budget, so the ETA covers the whole run. Off a terminal, one line per stage."""
 
@@ -523,7 +523,7 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
         screen.print(f"stage 2 (engine loop, by simulation in {mode} mode): {loop.n_configs} configurations, "
                      f"{loop.n_residuals} residuals, rms log error {loop.rms_log:.3f} after "
                      f"{result.simulations} simulated sweeps ({loop.message})")
-    from pdexporter.sim.calibrate import HEADLINE, METRIC_LABELS, METRICS
+    from pdexporter.predict.calibrate import HEADLINE, METRIC_LABELS, METRICS
 
     for label, held in (("base", result.held_base), ("fitted", result.held_fitted)):
         if held is None:
@@ -570,7 +570,7 @@ def _outside(keys: set) -> Callable[[tuple[int, int, int]], bool]:
 
 
 def _print_extra(screen: Console, directory: Path, base: HoldoutReport, fitted: HoldoutReport, slow: set) -> None:
-    from pdexporter.sim.calibrate import METRIC_LABELS, METRICS
+    from pdexporter.predict.calibrate import METRIC_LABELS, METRICS
 
     n = len({e.key for m in METRICS for e in fitted.of(m)})
     table = Table(title=f"{directory}: MAPE on its {n} configurations (none in the fit; nominal host)")

@@ -29,14 +29,15 @@ from pdexporter.cli._common import (
     seconds,
 )
 from pdexporter.cli._vocab import B_FLAGS
-from pdexporter.engine.client import read_timeout_seconds
+from pdexporter.client.client import read_timeout_seconds
 from pdexporter.errors import ConfigError
 from pdexporter.measure.records import RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import PHASES, Deadline, Key, SweepController, SweepObserver, SweepReport
-from pdexporter.launch.providers import make_providers
+from pdexporter.sweep.providers import make_providers
 from pdexporter.sweep.plan import ConfigStatus
-from pdexporter.sweep.spec import SimLauncherSpec, SweepSpec, load_sweep, prediction_root
+from pdexporter.sweep.spec import SweepSpec, load_sweep, prediction_root
+from pdexporter.launch.specs import SimLauncherSpec
 
 EXIT_DEADLINE = 5
 EXIT_INCOMPLETE = 4  # as a MeasurementError: some configurations could not be measured
@@ -137,7 +138,7 @@ def sim_sweep(
     chunk_index: ChunkIndexOpt = None,
 ) -> None:
     """Predict a sweep's whole table with the embedded engine on a virtual clock (records say modelled)."""
-    from pdexporter.launch.providers import sim_imitation_for, sim_role_for
+    from pdexporter.sweep.providers import sim_imitation_for, sim_role_for
 
     # The file's engine setup decides which arm is modelled (a pair or DecodeBench: the offloaded
     # one) and which engine the embedded one imitates (SGLang, in its mode, for an SGLang command),

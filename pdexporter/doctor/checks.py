@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 
 from pdexporter._internal.text import plural
-from pdexporter.engine.metrics import parse_exposition
+from pdexporter.client.metrics import parse_exposition
 from pdexporter.engines import UNIDENTIFIED, EngineAdapter, adapter
 from pdexporter.errors import EngineError
 

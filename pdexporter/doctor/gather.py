@@ -15,17 +15,17 @@ from typing import Any
 
 from pdexporter._internal.redact import redact_url
 from pdexporter._internal.text import body_reason
-from pdexporter.doctor.checks import EndpointFacts, EngineFacts, TraceArrival, TracingImports
-from pdexporter.engine.client import (
+from pdexporter.client.client import (
     COMPLETIONS_PATH,
     ClientTimeouts,
     EngineClient,
     completion_request,
     encode_body,
 )
-from pdexporter.engine.identity import ask_identity, settle_engine
-from pdexporter.engine.iterlog import IterationLogTail
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.identity import ask_identity, settle_engine
+from pdexporter.client.iterlog import IterationLogTail
+from pdexporter.client.stream import TokenStream
+from pdexporter.doctor.checks import EndpointFacts, EngineFacts, TraceArrival, TracingImports
 from pdexporter.engines import adapter
 from pdexporter.errors import EngineError, PdexporterError
 from pdexporter.exporter.tracing import ENDPOINT_VARS
@@ -117,7 +117,7 @@ async def _steps_logged(log: IterationLogTail, mark: int) -> int:
 
 
 def prometheus_facts(url: str | None) -> EndpointFacts:
-    from pdexporter.analysis.prometheus import PrometheusAPI
+    from pdexporter.exporter.prometheus import PrometheusAPI
 
     if url is None:
         return EndpointFacts("prometheus", None)
@@ -270,7 +270,7 @@ async def trace_arrival(url: str, model: str, receiver: tuple[str, int], engine:
     port): pdexporter's own OTLP receiver (`exporter.receiver`, the exporter's code) listening there
     (`listener`, when the caller had to listen before the engine started), or, when something
     already listens there, the request-trace counters on that exporter's /metrics."""
-    from pdexporter.engine.traces import RequestTrace
+    from pdexporter.client.traces import RequestTrace
 
     host, port = receiver
     spans: list[tuple[float, RequestTrace]] = []

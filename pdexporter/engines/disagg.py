@@ -73,7 +73,7 @@ SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
 
 
 class PairSide(Protocol):
-    """One instance of a P/D pair as the sweep file gives it (`sweep.spec.PairInstanceSpec`)."""
+    """One instance of a P/D pair as the sweep file gives it (`launch.specs.PairInstanceSpec`)."""
 
     @property
     def command(self) -> str: ...
@@ -86,7 +86,7 @@ class PairSide(Protocol):
 
 
 class PairEntry(Protocol):
-    """A P/D pair's sweep-file entry (`sweep.spec.PairLauncherSpec`): what `check_pair` reads."""
+    """A P/D pair's sweep-file entry (`launch.specs.PairLauncherSpec`): what `check_pair` reads."""
 
     @property
     def prefill(self) -> PairSide: ...

@@ -102,7 +102,7 @@ ITERATION_RE = re.compile(
 
 # vLLM's OTLP request trace (vllm/tracing, `--otlp-traces-endpoint`; 0.22): one span per finished
 # request, started at its arrival, ended when it finishes, with these attributes (seconds, tokens).
-# canonical name -> vLLM's attribute (`engine.traces` decodes them). No per-step events in 0.22.
+# canonical name -> vLLM's attribute (`client.traces` decodes them). No per-step events in 0.22.
 REQUEST_SPAN_NAME = "llm_request"
 REQUEST_SPAN_ATTRIBUTES: dict[str, str] = {
     "request_id": "gen_ai.request.id",

@@ -43,7 +43,7 @@ class ExporterConfig(BaseModel):
     chunk_size_source: Literal["given", "published", "assumed"] = "given"
     target: str | None = None
     # The engine adapter's name as far as known before the engine starts (--engine; the embedded
-    # engine's); None: the engine at --target says who it is (`engine.identity`)
+    # engine's); None: the engine at --target says who it is (`client.identity`)
     engine: str | None = None
     inject_every_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     prefill_tokens: int = Field(default=DEFAULT_PREFILL_TOKENS, ge=1, le=MAX_TOKENS)

@@ -3,7 +3,7 @@
 `PassiveTracker` is the stateful edge around `measure.passive` (the pure definitions) and
 `measure.window` (the window maths, unchanged): it is fed the probe streams, the engine's
 request traces (the exporter's OTLP receiver) and its /metrics scrapes, and hands back finished
-events. The live runner drives it in real time; `sim.passive` drives the same object on the
+events. The live runner drives it in real time; `predict.passive` drives the same object on the
 embedded engine in virtual time, so the honest comparison measures this code.
 
 An event's life:
@@ -52,9 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from pdexporter.engine.metrics import MetricsSnapshot
-from pdexporter.engine.stream import TokenStream
-from pdexporter.engine.traces import RequestTrace
+from pdexporter.client.metrics import MetricsSnapshot
+from pdexporter.client.stream import TokenStream
+from pdexporter.client.traces import RequestTrace
 from pdexporter.engines import adapter
 from pdexporter.exporter import timeline
 from pdexporter.exporter.metrics import PASSIVE_OUTCOMES

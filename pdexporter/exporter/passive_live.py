@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from pdexporter.analysis.passive_model import FitEvent, Grid, PassiveAnswer, answer
-from pdexporter.engine.traces import RequestTrace
+from pdexporter.client.traces import RequestTrace
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.metrics import (

@@ -15,7 +15,7 @@ The GIL is still shared: the runner lowers `sys.setswitchinterval` so a busy mai
 it over within ~0.5 ms instead of 5 ms.
 
 Arrival stamps: on http:// targets the probes' client reads each stream on a plain socket that
-asks the kernel for receive timestamps (`engine.kstamp`), so a token's stamp is when its TCP
+asks the kernel for receive timestamps (`client.kstamp`), so a token's stamp is when its TCP
 segment reached this host, whatever this loop was doing then (`stamp_clock` "kernel-rx"). Where
 the kernel refuses the option, for https, or with `rx_stamps=False` (env
 `PDEXPORTER_KERNEL_STAMPS=0`), the stamp is the wake-up time below. With D streams readable at
@@ -52,9 +52,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from pdexporter.engine.client import EngineClient
+from pdexporter.client.client import EngineClient
 from pdexporter.launch import EngineHandle
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.errors import EngineError, EngineTimeout, PdexporterError
 from pdexporter.measure.driver import EngineInfo, HttpDriver, PreparedRequest, http_driver
 from pdexporter.measure.prompts import cold_prompt, shared_prefix

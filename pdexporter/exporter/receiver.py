@@ -19,7 +19,7 @@ each refusal answered as an OTLP collector answers it and counted in
    gzip, deflate or none (415), decompressed as it streams, stopping at `max_decoded_bytes` (413
    `too-large`: a 9 MB gzip bomb never becomes 2 GB); a corrupt or truncated stream is 400
    `bad-encoding`, not read as an empty export;
-6. the protobuf, decoded as the engine's spans (`engine.traces.decode_traces` with its adapter):
+6. the protobuf, decoded as the engine's spans (`client.traces.decode_traces` with its adapter):
    400 `bad-body`; before the engine has said who it is, 503 `engine-unknown` with `Retry-After`;
 7. the spans' rate (`spans_per_s`): 429 `rate-limited`, nothing of the export kept.
 
@@ -47,7 +47,7 @@ from prometheus_client.exposition import choose_encoder
 from pdexporter.exporter.metrics import REQUEST_TRACES, TRACE_EXPORTS, TRACE_REJECTIONS
 
 if TYPE_CHECKING:
-    from pdexporter.engine.traces import RequestTrace
+    from pdexporter.client.traces import RequestTrace
 
 __all__ = [
     "DEFAULT_TRACES_PORT",
@@ -193,7 +193,7 @@ def traces_app(
     taken, `on_result(reason)` for every refusal. With `registry`, `GET /metrics` serves the
     receiver's own series from it (`RECEIVER_SERIES`: spans and exports counted, nothing else), so
     a check (`doctor --traces`) can see spans arrive at the address an engine sends them to."""
-    from pdexporter.engine.traces import PROTOBUF, TraceDecodeError, decode_traces
+    from pdexporter.client.traces import PROTOBUF, TraceDecodeError, decode_traces
 
     requests = TokenBucket(limits.requests_per_s, limits.request_burst, clock)
     spans = TokenBucket(limits.spans_per_s, limits.span_burst, clock)

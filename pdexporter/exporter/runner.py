@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdexporter.engine.client import EngineClient
+from pdexporter.client.client import EngineClient
 from pdexporter.launch import EngineHandle, Launcher, TraceDirected
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.engines import adapter, chunk_size_advice

@@ -7,8 +7,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from pdexporter.engine.client import EngineClient
-from pdexporter.engine.metrics import MetricRules, MetricsSnapshot
+from pdexporter.client.client import EngineClient
+from pdexporter.client.metrics import MetricRules, MetricsSnapshot
 from pdexporter.errors import EngineError
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind
 

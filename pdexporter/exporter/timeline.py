@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.measure.protocol import ProtocolSettings, steady
 from pdexporter.measure.window import (
     BaselineStats,

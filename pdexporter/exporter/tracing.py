@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from pdexporter._internal.otel import shutdown_within
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineInfo
 from pdexporter.measure.quantities import spanned

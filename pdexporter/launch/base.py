@@ -9,7 +9,7 @@ restart. `EngineHandle.iteration_log` is the engine's log file when the launcher
 adapter's step-log flags (`chunk_size_flags`) or always (embedded engine) it carries one line per
 step, which the engine adapter turns into exact chunk sizes. `EngineHandle.kind` is the engine
 adapter's name when the launcher knows it (from its engine and command line), None when only the
-engine can say (`engine.identity`).
+engine can say (`client.identity`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class DeadlineReached(Exception):
 class EngineHandle:
     url: str
     chunk_size: int | None
-    kind: str | None = None  # the engine adapter's name; None: ask the engine (`engine.identity`)
+    kind: str | None = None  # the engine adapter's name; None: ask the engine (`client.identity`)
     modelled: bool = False
     gpu: str | None = None
     version: str | None = None

@@ -14,7 +14,7 @@ __all__ = [
 @dataclass
 class ExternalLauncher:
     """An engine already running. `chunk_size` is what the operator says it was started with
-    (None: not said; an engine that publishes it, SGLang, says it through `engine.identity`)."""
+    (None: not said; an engine that publishes it, SGLang, says it through `client.identity`)."""
 
     url: str
     chunk_size: int | None = None

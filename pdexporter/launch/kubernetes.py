@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdexporter.engine.client import EngineClient
+from pdexporter.client.client import EngineClient
 from pdexporter.errors import ConfigError, EngineError
 from pdexporter.launch.base import EngineHandle
-from pdexporter.sweep.spec import KubernetesLauncherSpec
+from pdexporter.launch.specs import KubernetesLauncherSpec
 
 __all__ = [
     "CommandRunner", "KubernetesLauncher", "helm_upgrade_argv", "kubectl_patch_argv", "kubectl_rollout_argv",

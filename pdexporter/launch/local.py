@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from pdexporter._internal.atomic import atomic_write_json, open_private_log
-from pdexporter.engine.client import EngineClient
+from pdexporter.client.client import EngineClient
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
 from pdexporter._internal.redact import redact_argv, redact_text, secret_values

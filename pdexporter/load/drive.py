@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.load.mix import LoadRequest
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.prompts import TokenRange, cold_prompt

@@ -2,7 +2,7 @@
 
 The protocol (`measure.protocol`) is written once against `EngineDriver`. `HttpDriver` speaks
 HTTP to any OpenAI-compatible engine (real vLLM, or the embedded engine served over HTTP); the
-embedded engine also offers an in-process driver (`pdexporter.sim.driver`) that runs on a
+embedded engine also offers an in-process driver (`pdexporter.measure.sim_driver`) that runs on a
 virtual clock, so a 196-config sweep is predicted in seconds with the same protocol code.
 """
 
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pdexporter._internal.redact import redact_url
-from pdexporter.engine.client import COMPLETIONS_PATH, ClientTimeouts, EngineClient, completion_request, encode_body
-from pdexporter.engine.iterlog import IterationLogTail
+from pdexporter.client.client import COMPLETIONS_PATH, ClientTimeouts, EngineClient, completion_request, encode_body
+from pdexporter.client.iterlog import IterationLogTail
 from pdexporter.engines import IterationStep
 from pdexporter.launch import EngineHandle
-from pdexporter.engine.metrics import MetricsSnapshot
-from pdexporter.engine.identity import ask_identity, settle_engine
+from pdexporter.client.metrics import MetricsSnapshot
+from pdexporter.client.identity import ask_identity, settle_engine
 from pdexporter.engines import adapter
-from pdexporter.engine.stream import Progress, TokenStream
+from pdexporter.client.stream import Progress, TokenStream
 from pdexporter.errors import ConfigError, EngineError
 
 __all__ = [

@@ -28,7 +28,7 @@ before it) is dropped: its start is not known.
 Attribution: which production prefills ended in a run, and their prompt tokens P. Sources, best
 first; each event says which one it used:
 
-- `otlp`: vLLM's request traces (one `llm_request` span per finished request, `engine.traces`):
+- `otlp`: vLLM's request traces (one `llm_request` span per finished request, `client.traces`):
   a request belongs to the run when its first token (arrival + TTFT, converted to the probes'
   clock) falls in (start_ns, end_ns + tolerance]. P is its prompt tokens (cached ones included:
   vLLM 0.22's span does not say how many were cached).
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdexporter.engine.metrics import MetricsSnapshot
+from pdexporter.client.metrics import MetricsSnapshot
 
 # The exporter's label bins for passive windows (bounded label values; `export-table --grid`
 # re-bins them to a sweep's grid). Both hold the seed's values.

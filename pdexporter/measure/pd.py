@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.engines import IterationStep
-from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
-from pdexporter.engine.stream import Progress, TokenStream
+from pdexporter.client.metrics import MetricsSnapshot, metric_deltas
+from pdexporter.client.stream import Progress, TokenStream
 from pdexporter.engines import NIXL, P2P_NCCL
 from pdexporter.errors import ConfigError, EngineError
 from pdexporter.measure.driver import EngineInfo, PreparedRequest

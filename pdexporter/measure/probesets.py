@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.errors import MeasurementError
 from pdexporter.measure.driver import Cancelling, EngineDriver
 from pdexporter.measure.protocol import (

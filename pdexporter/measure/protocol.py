@@ -37,10 +37,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pdexporter.engine.iterlog import summarise_chunks
+from pdexporter.client.iterlog import summarise_chunks
 from pdexporter.engines import IterationStep
-from pdexporter.engine.metrics import MetricsSnapshot, metric_deltas
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.metrics import MetricsSnapshot, metric_deltas
+from pdexporter.client.stream import TokenStream
 from pdexporter.errors import MeasurementError
 from pdexporter._internal.bounds import MAX_SECONDS, MAX_TOKENS
 from pdexporter.measure.driver import EngineDriver, PreparedRequest
@@ -491,7 +491,7 @@ def steady(streams: Sequence[TokenStream], settings: ProtocolSettings) -> bool:
     """The seed's rule on event times: >= inject_at tokens, last 8 intervals within 2x.
 
     Events that share a stamp arrived in one read (the client was a step late and read two of the
-    engine's writes at once: `engine.kstamp` says why no stamp can split them); they count as one
+    engine's writes at once: `client.kstamp` says why no stamp can split them); they count as one
     interval of their tokens together, as the client saw them, not as a 0 ms interval that would
     break the rule for a reason that is not the engine's cadence. Under CPU contention this
     happens every few hundred events, and with 12 probes x 8 intervals one of them was nearly

@@ -10,10 +10,9 @@ Its numbers are a model, never a measurement; everything it serves says so (`mod
   step N+1 beside step N on the GPU, per-request admission and retirement), with the imitated
   engine's metrics (`vllm_metrics`, `sglang_metrics`) and step log.
 - `server`: the imitated engine's OpenAI-compatible HTTP API on top (`pdexporter sim serve`).
-- `driver`: `SimDriver`, the measurement protocol's driver without HTTP, for virtual-time sweeps.
-- `calibrate`: fit a profile to measured records (the GPU on step times, the CPU and the loop by
-  running the protocol on the engine) and report the error on held-out configurations.
-- `predict`: the measurement protocol on the engine in virtual time, for any list of configurations.
+
+What runs a measurement on it lives above it: `measure.sim_driver` (the protocol's driver without
+HTTP) and `predict` (virtual-time grids, calibration to measured records, passive mode in process).
 """
 
 from __future__ import annotations

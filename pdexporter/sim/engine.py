@@ -85,7 +85,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.engines import IterationStep
-from pdexporter.engine.traces import RequestTrace
+from pdexporter.client.traces import RequestTrace
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import (
     Request,
@@ -855,7 +855,7 @@ class EngineCore:
         )
 
     def request_trace(self, tracked: _Tracked, now: float) -> RequestTrace:
-        """What vLLM's per-request span says about a finished request (`engine.traces`): arrival
+        """What vLLM's per-request span says about a finished request (`client.traces`): arrival
         and finish on the Unix clock, its latencies as vLLM computes them (queue = scheduled -
         queued, prefill = first token - scheduled, decode = last token - first token)."""
         epoch = self.clock.wall() - now

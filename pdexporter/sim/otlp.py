@@ -2,7 +2,7 @@
 
 vLLM's tracer (vllm/tracing: `init_tracer("vllm.llm_engine", endpoint)`, a BatchSpanProcessor and
 an OTLP exporter) ends one `llm_request` span per finished request, started at its arrival, with
-the attributes `engine.traces` reads. The embedded engine does the same with the OpenTelemetry
+the attributes `client.traces` reads. The embedded engine does the same with the OpenTelemetry
 SDK and its OTLP/HTTP exporter. vLLM defaults to OTLP/gRPC
 (`OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` unset); the embedded engine speaks http/protobuf only and
 refuses another protocol with one line.
@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 
 from pdexporter._internal.otel import shutdown_within
-from pdexporter.engine.traces import RequestTrace
+from pdexporter.client.traces import RequestTrace
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError
 

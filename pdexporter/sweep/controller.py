@@ -63,7 +63,7 @@ from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import baseline_stats
 from pdexporter.launch.base import Adopting, DeadlineReached, Prestarting
-from pdexporter.launch.providers import EngineProvider, slot_label
+from pdexporter.sweep.providers import EngineProvider, slot_label
 from pdexporter.sweep.plan import ConfigStatus, RunTimes, block_order, config_status, median, summarise_attempts
 from pdexporter.sweep.spec import SweepSpec
 
@@ -197,7 +197,7 @@ class SweepController:
         points: Sequence[Key] | None = None,
         write_state: bool = True,
     ) -> None:
-        """`provider`: one, or one per engine slot (`launch.providers.make_providers`: chunk sizes
+        """`provider`: one, or one per engine slot (`sweep.providers.make_providers`: chunk sizes
         run side by side, one per slot); `points`: only these configurations (default: the
         grid's); `write_state`: keep `sweep.json` beside the results (a prediction in a
         temporary directory needs none)."""

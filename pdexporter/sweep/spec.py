@@ -11,17 +11,13 @@ The reference for every field is docs/sweep.md.
 from __future__ import annotations
 
 import re
-import shlex
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    AfterValidator,
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -29,18 +25,42 @@ from pydantic import (
 )
 
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
-from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
-from pdexporter.engines import UNIDENTIFIED, adapter, check_pair, registered, sim_engine
+from pdexporter._internal.validation import flag_error, format_validation_error
+from pdexporter.engines import UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
+from pdexporter.launch.specs import (
+    LAUNCHERS,
+    ExternalLauncherSpec,
+    KubernetesLauncherSpec,
+    LauncherSpec,
+    LocalLauncherSpec,
+    Seconds,
+    SimLauncherSpec,
+    _Strict,
+    _unique,
+)
 from pdexporter.measure.protocol import ProtocolSettings
 
 __all__ = [
-    "CooldownSpec", "CvSpec", "DEFAULT_LAUNCHER", "DecodeBatch", "ExternalLauncherSpec", "FAITHFUL_COOLDOWN_S",
-    "FastSpec", "GridSpec", "H", "KubernetesLauncherSpec", "LAUNCHERS", "LauncherSpec", "LocalLauncherSpec",
-    "EngineName", "MULTI_GPU_ENV", "Mode", "OrderSpec", "PairInstanceSpec", "PairLauncherSpec", "SAFE_NAME", "SLOT_PLACEHOLDERS",
-    "Seconds", "SimLauncherSpec", "SweepSpec", "TokenCount", "WarmupSpec", "external_engine", "load_sweep",
-    "narrow_grid", "parse_sweep", "prediction_root",
+    "CooldownSpec",
+    "CvSpec",
+    "DEFAULT_LAUNCHER",
+    "DecodeBatch",
+    "FAITHFUL_COOLDOWN_S",
+    "FastSpec",
+    "GridSpec",
+    "Mode",
+    "OrderSpec",
+    "SAFE_NAME",
+    "SweepSpec",
+    "TokenCount",
+    "WarmupSpec",
+    "external_engine",
+    "load_sweep",
+    "narrow_grid",
+    "parse_sweep",
+    "prediction_root",
 ]
 
 Mode = Literal["faithful", "fast"]
@@ -51,10 +71,6 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 FAITHFUL_COOLDOWN_S = 5.0
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 def _whole(value: Any) -> Any:
     """A whole float (YAML's `1.0e+26`) as an int, so that its bound, not its size, is what a
     one-line error names."""
@@ -63,19 +79,6 @@ def _whole(value: Any) -> Any:
 
 TokenCount = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=MAX_TOKENS)]  # P, chunk sizes (`_internal.bounds`)
 DecodeBatch = Annotated[int, BeforeValidator(_whole), Field(ge=0, le=MAX_DECODE_BATCH)]
-Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS)]
-
-
-H = TypeVar("H", bound=Hashable)
-
-
-def _unique(values: list[H]) -> list[H]:
-    seen: set[H] = set()
-    for i, value in enumerate(values):
-        if value in seen:
-            raise ValueError(f"[{i}] = {value} appears twice")
-        seen.add(value)
-    return values
 
 
 class GridSpec(_Strict):
@@ -162,269 +165,6 @@ class FastSpec(_Strict):
     max_context_drift_tokens: int = Field(512, ge=1, le=MAX_TOKENS)
 
 
-# Set in every engine's environment when a sweep runs one engine per GPU (`launcher.gpus`): NVLink
-# multicast (NVLS) off, as the multi-GPU machines this runs on require (NCCL, torch symmetric
-# memory, NVSHMEM). `launcher.env` may override any of them.
-MULTI_GPU_ENV: dict[str, str] = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-SLOT_PLACEHOLDERS = ("gpu", "port")
-
-
-def _engine_name(value: str) -> str:
-    if value not in registered():
-        raise ValueError(f"{value!r} is not a registered engine (registered: {', '.join(registered())})")
-    return value
-
-
-EngineName = Annotated[str, AfterValidator(_engine_name)]
-
-
-class LocalLauncherSpec(_Strict):
-    """Start the engine from a command template; {chunk} and every key of `vars` are filled in.
-    `engine` names the engine the command starts (its adapter: chunk flag, step log, metrics);
-    its setup follows from the command (SGLang's --enable-mixed-chunk, vLLM's KV connector).
-
-    With `gpus`, one engine per GPU: the engine on `gpus[i]` gets `CUDA_VISIBLE_DEVICES=gpus[i]`,
-    {gpu} = gpus[i] and {port} = base_port + i (in `command` and `url`), and chunk sizes run in
-    parallel, one per engine (docs/sweep.md, "Several GPUs")."""
-
-    kind: Literal["local"]
-    command: str = Field(min_length=1)
-    engine: EngineName = "vllm"
-    url: str = "http://127.0.0.1:8000"
-    vars: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-    health_timeout_s: Seconds = 600.0
-    stop_timeout_s: Seconds = 60.0
-    adopt: bool = True
-    gpus: list[Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9,:_-]+$")]] | None = Field(None, min_length=1)
-    base_port: int = Field(8000, ge=1, le=65535)
-
-    @field_validator("gpus", mode="before")
-    @classmethod
-    def _gpu_names(cls, value: Any) -> Any:
-        # `gpus: [0, 1]` in YAML: device indices as CUDA_VISIBLE_DEVICES takes them
-        if isinstance(value, list):
-            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
-        return value
-
-    @field_validator("gpus")
-    @classmethod
-    def _unique_gpus(cls, value: list[str] | None) -> list[str] | None:
-        return None if value is None else _unique(value)
-
-    @model_validator(mode="after")
-    def _has_chunk(self) -> LocalLauncherSpec:
-        if "{chunk}" not in self.command:
-            raise ValueError(f"launcher.command: must contain {{chunk}} (where {adapter(self.engine).chunk_flag} goes)")
-        return self
-
-    @property
-    def setup(self) -> str:
-        """The engine setup the command starts (`EngineAdapter.for_command`): "sglang-mixed" for
-        SGLang with --enable-mixed-chunk, "vllm-decode-bench" for vLLM with DecodeBenchConnector."""
-        try:
-            words = shlex.split(self.command.format_map(_Blank(self.vars)))
-        except ValueError:
-            words = self.command.split()
-        return adapter(self.engine).for_command(words)
-
-    @field_validator("url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        return _check_url(value)
-
-    @model_validator(mode="after")
-    def _slots(self) -> LocalLauncherSpec:
-        if self.gpus is None:
-            return self
-        if self.base_port + len(self.gpus) - 1 > 65535:
-            raise ValueError(f"launcher.base_port: {self.base_port} + {len(self.gpus)} GPUs runs past port 65535")
-        taken = [name for name in SLOT_PLACEHOLDERS if name in self.vars]
-        if taken:
-            raise ValueError(f"launcher.vars.{taken[0]}: reserved with launcher.gpus (filled in per GPU)")
-        if "{port}" not in self.command:
-            raise ValueError("launcher.command: must contain {port} with launcher.gpus (each GPU's engine has its "
-                             "own port)")
-        if "{port}" not in self.url:
-            raise ValueError("launcher.url: must contain {port} with launcher.gpus, e.g. http://127.0.0.1:{port}")
-        return self
-
-    @property
-    def slots(self) -> int:
-        return len(self.gpus) if self.gpus else 1
-
-    def slot_values(self, slot: int) -> dict[str, str]:
-        """{gpu} and {port} of the engine on `gpus[slot]` (nothing without `gpus`)."""
-        if self.gpus is None:
-            return {}
-        return {"gpu": self.gpus[slot], "port": str(self.base_port + slot)}
-
-    def slot_url(self, slot: int) -> str:
-        values = self.slot_values(slot)
-        return self.url.replace("{port}", values["port"]) if values else self.url
-
-    def slot_env(self, slot: int) -> dict[str, str]:
-        """The engine's environment on `gpus[slot]`: the GPU, NVLS off, then `env`."""
-        if self.gpus is None:
-            return dict(self.env)
-        return {"CUDA_VISIBLE_DEVICES": self.gpus[slot], **MULTI_GPU_ENV, **self.env}
-
-
-class ExternalLauncherSpec(_Strict):
-    """An engine someone else runs; `chunk_size` is the chunk size it was started with (vLLM's
-    --max-num-batched-tokens; SGLang says its own), `engine` its adapter when it cannot say who
-    it is (None: it says, through /version or /server_info)."""
-
-    kind: Literal["external"]
-    url: str
-    chunk_size: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    engine: EngineName | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        return _check_url(value)
-
-
-class SimLauncherSpec(_Strict):
-    """The embedded engine: `virtual` clock in-process (seconds for a whole grid), or `real` time
-    over HTTP (a child `pdexporter sim serve`). `kv_role` measures the offloaded arm
-    (docs/disaggregation.md): "decode-bench" (every new request's KV filled, one engine) or "pd"
-    (a prefill and a decode instance with a modelled KV transfer, the routing step in front)."""
-
-    kind: Literal["sim"]
-    profile: str = "h200-qwen3-coder-30b-a3b"
-    clock: Literal["virtual", "real"] = "virtual"
-    kv_role: Literal["none", "decode-bench", "pd"] = "none"
-    engines: int = Field(1, ge=1)  # embedded engines side by side, as `gpus` gives a local launcher
-    # the engine (setup) it imitates: its scheduling, metric names, step log (engines.IMITATED)
-    engine: Literal["vllm", "sglang", "sglang-mixed"] = "vllm"
-
-    @model_validator(mode="after")
-    def _role(self) -> SimLauncherSpec:
-        if self.kv_role != "none" and self.engine != "vllm":
-            raise ValueError(f"launcher.kv_role {self.kv_role}: the embedded engine models P/D roles imitating vllm "
-                             f"only (engine: {self.engine})")
-        return self
-
-    @property
-    def slots(self) -> int:
-        return self.engines
-
-    @property
-    def setup(self) -> str:
-        """The adapter name its records carry (`engines.IMITATED`)."""
-        return sim_engine(self.engine)
-
-
-class PairInstanceSpec(_Strict):
-    """One engine of a P/D pair: its own command (leading NAME=value words are its environment),
-    URL and environment (e.g. CUDA_VISIBLE_DEVICES, VLLM_NIXL_SIDE_CHANNEL_PORT)."""
-
-    command: str = Field(min_length=1)
-    url: str
-    env: dict[str, str] = Field(default_factory=dict)
-    cwd: str | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        return _check_url(value)
-
-
-class PairLauncherSpec(_Strict):
-    """A 1P1D pair on one host (launch/pair.py): two engines started, health-waited and stopped
-    together, each from its own command; `vars` fill both templates, `env` goes to both (on a
-    multi-GPU host: NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1).
-    The probes run on the decode instance (its command needs {chunk}); the injected prefill is
-    routed through the prefill instance first (measure/pd.py). The connector is read from the
-    commands' --kv-transfer-config (NixlConnector or P2pNcclConnector), or the embedded engine's
-    --kv-role prefill/decode (a modelled NIXL)."""
-
-    kind: Literal["pair"]
-    prefill: PairInstanceSpec
-    decode: PairInstanceSpec
-    vars: dict[str, str] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
-    health_timeout_s: Seconds = 600.0
-    stop_timeout_s: Seconds = 60.0
-    adopt: bool = True
-
-    @model_validator(mode="after")
-    def _pair(self) -> PairLauncherSpec:
-        problem = check_pair(self)
-        if problem:
-            raise ValueError(problem)
-        return self
-
-
-class KubernetesLauncherSpec(_Strict):
-    """Change the chunk size of an engine deployed on Kubernetes, then wait for the rollout.
-
-    `helm`: `helm upgrade RELEASE CHART --reuse-values --set VALUE_KEY=CHUNK --wait`.
-    `kubectl`: patch DEPLOYMENT's container args (`arg_name=CHUNK`; default: the engine's chunk
-    flag, `--max-num-batched-tokens` for vLLM, `--chunked-prefill-size` for SGLang), then
-    `kubectl rollout status`. Either way the engine must answer at `url` afterwards."""
-
-    kind: Literal["kubernetes"]
-    engine: EngineName = "vllm"
-    tool: Literal["helm", "kubectl"] = "helm"
-    url: str
-    namespace: str | None = None
-    kube_context: str | None = None
-    release: str | None = None
-    chart: str | None = None
-    value_key: str = "vllm.chunkSize"
-    deployment: str | None = None
-    container: int = Field(0, ge=0, le=1000)
-    arg_name: str | None = None
-    rollout_timeout_s: Seconds = 900.0
-    health_timeout_s: Seconds = 600.0
-
-    @field_validator("url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        return _check_url(value)
-
-    @property
-    def chunk_arg(self) -> str:
-        """The container argument that carries the chunk size."""
-        return self.arg_name or adapter(self.engine).chunk_flag
-
-    @model_validator(mode="after")
-    def _tool_fields(self) -> KubernetesLauncherSpec:
-        if self.tool == "helm" and (not self.release or not self.chart):
-            raise ValueError("tool helm needs release and chart")
-        if self.tool == "kubectl" and not self.deployment:
-            raise ValueError("tool kubectl needs deployment")
-        return self
-
-
-LauncherSpec = Annotated[
-    LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec | PairLauncherSpec,
-    Field(discriminator="kind"),
-]
-
-
-class _Blank(dict[str, str]):
-    """`format_map` values for a command template read before it is rendered: placeholders the
-    file does not define become empty."""
-
-    def __missing__(self, key: str) -> str:
-        return ""
-
-
-def _check_url(value: str) -> str:
-    if not value.startswith(("http://", "https://")):
-        raise ValueError("must be an http:// or https:// URL")
-    return value.rstrip("/")
-
-
 class SweepSpec(_Strict):
     name: str | None = None
     model: str | None = None  # served model name; default: the engine's first
@@ -502,7 +242,7 @@ class SweepSpec(_Strict):
     @property
     def engine(self) -> str | None:
         """The engine (setup) the launcher runs, by its adapter's name; None: an external engine
-        that will say who it is (`engine.identity`)."""
+        that will say who it is (`client.identity`)."""
         launcher = self.launcher
         if isinstance(launcher, (LocalLauncherSpec, SimLauncherSpec)):
             return launcher.setup
@@ -714,10 +454,3 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 
 DEFAULT_LAUNCHER = SweepSpec.model_fields["launcher"].default  # a file without `launcher`: the embedded engine
 
-LAUNCHERS: dict[str, type[BaseModel]] = {
-    "local": LocalLauncherSpec,
-    "external": ExternalLauncherSpec,
-    "sim": SimLauncherSpec,
-    "kubernetes": KubernetesLauncherSpec,
-    "pair": PairLauncherSpec,
-}

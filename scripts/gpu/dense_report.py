@@ -5,7 +5,7 @@
 
 The projected profile `h200-llama-3.1-8b-instruct` (`calibration: projected`, written by
 `pdexporter sim profile-from-config llama-3.1-8b-instruct --gpu H200`) runs the sweep protocol on the
-embedded engine in virtual time (`sim.predict.predict_records`, fast mode as the GPU run) for every
+embedded engine in virtual time (`predict.grid.predict_records`, fast mode as the GPU run) for every
 configuration of sweeps/h200-dense-llama-3.1-8b.yaml. `compare` reads the GPU run's records
 (results/h200-vllm0.22-llama-3.1-8b-instruct, unpacked from dense.tgz) and writes the error of the
 projection per quantity: the baseline TPOT, the TPOT penalty (token-weighted p50 and mean of the
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.calibrate import METRIC_FIELDS, PointFigures
-from pdexporter.sim.predict import predict_records
+from pdexporter.predict.calibrate import METRIC_FIELDS, PointFigures
+from pdexporter.predict.grid import predict_records
 from pdexporter.sim.profile import load_profile
 from pdexporter.sweep.spec import load_sweep
 

@@ -11,7 +11,7 @@ Two predictors, both fitted only on the committed H200 sweep (results/h200-vllm0
   engine's chunk schedule; the prefill duration as the sum of the chunk steps (baseline step at D,
   interpolated between the grid's D, plus each chunk's penalty) plus the stalls (sigma0 + sigma1 P);
 - the embedded engine with the calibrated H200 profile, running the sweep protocol on a virtual
-  clock (`sim.predict.predict_records`, fast mode as the GPU run).
+  clock (`predict.grid.predict_records`, fast mode as the GPU run).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pdexporter.analysis.job import analyse, load_results  # noqa: E402
 from pdexporter.analysis.models import ContextAwareModel, chunk_schedule  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
 from pdexporter.measure.window import weighted_percentile  # noqa: E402
-from pdexporter.sim.predict import predict_records  # noqa: E402
+from pdexporter.predict.grid import predict_records  # noqa: E402
 from pdexporter.sim.profile import load_profile  # noqa: E402
 from pdexporter.sweep.spec import load_sweep  # noqa: E402
 

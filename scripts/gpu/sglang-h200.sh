@@ -150,7 +150,7 @@ import json, sys
 from pathlib import Path
 
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.measure.reanalyse import compare_sources
+from pdexporter.sweep.reanalyse import compare_sources
 from pdexporter.measure.store import ResultsStore, load_record_file
 
 out = {}

@@ -191,7 +191,7 @@ def span_costs(tokens: int = 256, streams: int = 64) -> dict[str, float]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from pdexporter.engine.stream import TokenStream
+    from pdexporter.client.stream import TokenStream
     from pdexporter.exporter.tracing import ClockOffset, OtlpTracing
     from pdexporter.measure.driver import EngineInfo
 

@@ -3,12 +3,12 @@
     python tests/benchmarks/bench_passive.py [--minutes 30] [--rate 1.0] [--probes 4] [--chunk 8192]
         [--sources otlp metrics cadence] [--exact 60] [--overhead-seconds 60] [--seed 0]
 
-1. Passive sessions (`sim.passive.passive_session`, the exporter's own tracker) on the embedded
+1. Passive sessions (`predict.passive.passive_session`, the exporter's own tracker) on the embedded
    engine in virtual time, beside a synthetic production load (`pdexporter.load`: Poisson arrivals
    at --rate, the ShareGPT-like mix), once per source setting:
    `otlp`: request traces + /metrics + cadence (what `run --passive` uses when vLLM sends traces);
    `metrics`: /metrics + cadence (no traces); `cadence`: the probes alone.
-2. The injected table for the same engine and cells (`sim.predict.predict_records`, fast mode, 3
+2. The injected table for the same engine and cells (`predict.grid.predict_records`, fast mode, 3
    repetitions: what `pdexporter sweep` measures there), and per cell with >= 5 events: the passive
    median, its bootstrap 95 % interval, the injected value, the error, and the minutes of traffic
    the cell needed until its running median stayed within 10 % of the injected value ("-": not
@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
 from pdexporter.analysis.passive import compare_cells  # noqa: E402
 from pdexporter.load.mix import LoadSpec  # noqa: E402
-from pdexporter.sim.passive import passive_session  # noqa: E402
-from pdexporter.sim.predict import predict_records  # noqa: E402
+from pdexporter.predict.grid import predict_records  # noqa: E402
+from pdexporter.predict.passive import passive_session  # noqa: E402
 from pdexporter.sim.profile import load_profile  # noqa: E402
 
 PROFILE = "h200-qwen3-coder-30b-a3b"

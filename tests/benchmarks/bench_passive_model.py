@@ -4,11 +4,11 @@ Prints figures.
     python tests/benchmarks/bench_passive_model.py [--minutes 30] [--rate 1.5] [--seed 0] [--probes 4]
         [--chunk 8192] [--bootstrap 200] [--out DIR]
 
-1. A passive session (`sim.passive.passive_session`: the exporter's own tracker, the engine's
+1. A passive session (`predict.passive.passive_session`: the exporter's own tracker, the engine's
    request traces and /metrics) on the embedded engine (profile `h200-qwen3-coder-30b-a3b`) in
    virtual time, beside `pdexporter load`'s traffic (Poisson at --rate, the ShareGPT-like mix).
 2. The injected table of the same engine at the same B over the seed's grid (D 1..12, P 512 ..
-   32768): `sim.predict.predict_records`, the sweep controller on the embedded engine in fast mode,
+   32768): `predict.grid.predict_records`, the sweep controller on the embedded engine in fast mode,
    3 repetitions (what `pdexporter sim sweep` measures).
 3. The event model (`analysis.passive_model`) refitted on the first 1, 2, 5, 10, 30 minutes of
    traffic: events used, cells reached, the median 95 % interval half-width, and the error of its
@@ -34,8 +34,8 @@ from pdexporter._internal.vloop import run_virtual
 from pdexporter.analysis.passive_model import CONVERGENCE_MINUTES, Grid, answer
 from pdexporter.exporter.passive_live import fit_event
 from pdexporter.load.mix import LoadSpec
-from pdexporter.sim.passive import passive_session
-from pdexporter.sim.predict import predict_records
+from pdexporter.predict.grid import predict_records
+from pdexporter.predict.passive import passive_session
 from pdexporter.sim.profile import load_profile
 
 PROFILE = "h200-qwen3-coder-30b-a3b"

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
 from pdexporter.measure.point import PointSpec, measure_point  # noqa: E402
 from pdexporter.measure.protocol import ProtocolSettings, run_baseline, warm_prefix  # noqa: E402
+from pdexporter.measure.sim_driver import SimDriver  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
-from pdexporter.sim.driver import SimDriver  # noqa: E402
 
 CHUNKS = (2048, 4096, 8192, 16384)
 # results/h200-vllm0.22-qwen3-coder-30b-a3b, 1,505 repetitions with D > 0: the launch of the first

@@ -51,10 +51,10 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
 
-from pdexporter.engine.client import EngineClient  # noqa: E402
+from pdexporter.client.client import EngineClient  # noqa: E402
 from pdexporter.launch import EngineHandle, SimLauncher  # noqa: E402
-from pdexporter.engine.sse import SSEEvent  # noqa: E402
-from pdexporter.engine.stream import TokenStream  # noqa: E402
+from pdexporter.client.sse import SSEEvent  # noqa: E402
+from pdexporter.client.stream import TokenStream  # noqa: E402
 from pdexporter.exporter.probes import ProbeLoop  # noqa: E402
 from pdexporter.measure.prompts import cold_prompt  # noqa: E402
 from pdexporter.measure.protocol import ProtocolSettings  # noqa: E402

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
-from pdexporter.launch.providers import make_providers  # noqa: E402
+from pdexporter.sweep.providers import make_providers  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
 from pdexporter.sweep.controller import PHASES, SweepController, SweepReport  # noqa: E402
 from pdexporter.sweep.spec import load_sweep  # noqa: E402
@@ -167,7 +167,7 @@ def raw_sizes(root: Path) -> tuple[int, int]:
 def client_costs(tmp: Path) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pdexporter.engine.metrics import parse_exposition, snapshot_from_families
+    from pdexporter.client.metrics import parse_exposition, snapshot_from_families
     from pdexporter.engines import adapter
 
     vllm = adapter("vllm")

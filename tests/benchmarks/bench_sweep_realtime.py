@@ -86,10 +86,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sweep-rt-") as tmp:
         store = ResultsStore(tmp)
         try:
-            from pdexporter.launch.providers import make_providers
+            from pdexporter.sweep.providers import make_providers
             providers = make_providers(spec, store)
         except ImportError:  # an older checkout: one engine only
-            from pdexporter.launch.providers import make_provider
+            from pdexporter.sweep.providers import make_provider
             providers = make_provider(spec, store)
         wall = time.perf_counter()
         with PhaseTimer().active() as timer:

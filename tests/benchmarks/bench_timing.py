@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 import itertools
 
-from pdexporter.engine.client import EngineClient
-from pdexporter.engine.iterlog import IterationLogTail
-from pdexporter.engine.sse import SSEEvent
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.client import EngineClient
+from pdexporter.client.iterlog import IterationLogTail
+from pdexporter.client.sse import SSEEvent
+from pdexporter.client.stream import TokenStream
 from pdexporter.engines import adapter
 from pdexporter.launch import SimLauncher
 from pdexporter.measure.driver import EngineInfo, HttpDriver

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp
 
-from pdexporter.engine.traces import PROTOBUF, RequestTrace, encode_traces
+from pdexporter.client.traces import PROTOBUF, RequestTrace, encode_traces
 from tests.helpers import free_port
 
 

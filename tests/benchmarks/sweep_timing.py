@@ -21,8 +21,8 @@ from typing import Any
 
 from pdexporter.measure import probesets, protocol
 from pdexporter.measure.driver import HttpDriver
+from pdexporter.measure.sim_driver import SimDriver
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.driver import SimDriver
 from pdexporter.sweep import controller
 
 STEPS = ("ready", "scrape", "settle", "analysis", "window", "io", "retire", "phase1")

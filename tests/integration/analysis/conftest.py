@@ -73,8 +73,8 @@ def sim_records(grid: list[tuple[int, int, int]], reps: int, out: Path,
     from pdexporter._internal.vloop import run_virtual
     from pdexporter.measure.point import PointSpec, measure_point
     from pdexporter.measure.protocol import ProtocolSettings, warm_prefix
+    from pdexporter.measure.sim_driver import SimDriver
     from pdexporter.measure.store import ResultsStore
-    from pdexporter.sim.driver import SimDriver
 
     settings = ProtocolSettings()
     store = ResultsStore(out)

@@ -16,7 +16,7 @@ import pytest
 
 from pdexporter.analysis import models as md
 from pdexporter.analysis.table import build_table, samples_from_record
-from pdexporter.sim.calibrate import with_values
+from pdexporter.predict.calibrate import with_values
 from pdexporter.sim.profile import Profile, load_profile
 from pdexporter.sim.steptime import StepComposition, StepTimeModel
 

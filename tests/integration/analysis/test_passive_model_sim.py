@@ -1,6 +1,6 @@
 """Passive mode's event-fitted model on the embedded engine in virtual time, against the injected
-table of the same engine (`sim.predict`, what `pdexporter sim sweep` measures), through the code
-paths a user has: the exporter's tracker (`sim.passive`), its records (`passive_live.save_event`,
+table of the same engine (`predict.grid`, what `pdexporter sim sweep` measures), through the code
+paths a user has: the exporter's tracker (`predict.passive`), its records (`passive_live.save_event`,
 as `run --passive --out` writes them) and `pdexporter export-table --mode passive --injected`.
 
 The issue's goal is 10 minutes of `pdexporter load --rate 1.5`; its figures over 1 to 30 minutes
@@ -26,8 +26,8 @@ from pdexporter.exporter.passive_live import fit_event, save_event
 from pdexporter.load.mix import LoadSpec
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.passive import PassiveSession, passive_session
-from pdexporter.sim.predict import predict_records
+from pdexporter.predict.grid import predict_records
+from pdexporter.predict.passive import PassiveSession, passive_session
 from pdexporter.sim.profile import load_profile
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pdexporter.engine.traces import PROTOBUF, RequestTrace, encode_traces
+from pdexporter.client.traces import PROTOBUF, RequestTrace, encode_traces
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
 from pdexporter.launch import ExternalLauncher

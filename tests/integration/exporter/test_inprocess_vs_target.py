@@ -21,8 +21,8 @@ from pdexporter.exporter.runner import Runner
 from pdexporter.launch import ExternalLauncher
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, warm_prefix
+from pdexporter.measure.sim_driver import SimDriver
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.driver import SimDriver
 from tests.helpers import free_port, stop_process
 
 pytestmark = pytest.mark.integration

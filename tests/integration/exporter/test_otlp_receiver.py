@@ -12,7 +12,7 @@ import gzip
 import aiohttp
 import pytest
 
-from pdexporter.engine.traces import PROTOBUF, RequestTrace, encode_traces
+from pdexporter.client.traces import PROTOBUF, RequestTrace, encode_traces
 from pdexporter.exporter.receiver import ReceiverLimits, traces_app
 from pdexporter.exporter.server import start_server
 from pdexporter.sim.otlp import RequestSpans

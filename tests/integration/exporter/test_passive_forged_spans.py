@@ -5,7 +5,7 @@ in any run the probes saw. In the audit, such spans turned 551 detected prefills
 (several prefills in one run: counted, never published). The engine's own /metrics counters now
 outrank the spans (`PassiveTracker._attribute`): where a pair of scrapes brackets the run and the
 counters say one production prefill ended in it, a second span is not believed. Here every batch
-of the embedded engine's real spans (virtual time, `sim.passive`) carries a forged twin of each
+of the embedded engine's real spans (virtual time, `predict.passive`) carries a forged twin of each
 production span, 2 ms later. Before: all 24 published events of the honest session became
 `merged`. Now the bracketed ones (16 of 24 at this scrape interval) are published as without
 forgery, and no published event is attributed to a forged request. Where no pair of scrapes
@@ -18,11 +18,11 @@ import dataclasses
 
 import pytest
 
-import pdexporter.sim.passive as sim_passive
+import pdexporter.predict.passive as sim_passive
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.engine.traces import RequestTrace, decode_traces
+from pdexporter.client.traces import RequestTrace, decode_traces
 from pdexporter.load.mix import LoadSpec
-from pdexporter.sim.passive import passive_session
+from pdexporter.predict.passive import passive_session
 
 pytestmark = pytest.mark.integration
 

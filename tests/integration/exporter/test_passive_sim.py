@@ -1,6 +1,6 @@
-"""Passive mode on the embedded engine in virtual time (`sim.passive`): the exporter's own tracker
+"""Passive mode on the embedded engine in virtual time (`predict.passive`): the exporter's own tracker
 beside a synthetic production load, checked against what the engine knows (every request's own
-trace) and against the injected windows of the same engine (`sim.predict`).
+trace) and against the injected windows of the same engine (`predict.grid`).
 
 Three sessions over the same load: with the engine's request traces (and /metrics), with /metrics
 alone, with the cadence alone. Virtual time: timing is the engine's model, not this machine's.
@@ -15,8 +15,8 @@ import pytest
 
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.load.mix import LoadSpec
-from pdexporter.sim.passive import PassiveSession, passive_session
-from pdexporter.sim.predict import predict_records
+from pdexporter.predict.grid import predict_records
+from pdexporter.predict.passive import PassiveSession, passive_session
 from pdexporter.sim.profile import load_profile
 
 pytestmark = pytest.mark.integration

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.launch.providers import make_provider
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.measure.reanalyse import compare_sources
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController
+from pdexporter.sweep.providers import make_provider
+from pdexporter.sweep.reanalyse import compare_sources
 from pdexporter.sweep.spec import parse_sweep
 
 pytestmark = pytest.mark.integration

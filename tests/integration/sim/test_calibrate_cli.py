@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pdexporter.sim.calibrate import split_holdout, with_values
-from pdexporter.sim.predict import predict_records
+from pdexporter.predict.calibrate import split_holdout, with_values
+from pdexporter.predict.grid import predict_records
 from pdexporter.sim.profile import load_profile
 
 pytestmark = pytest.mark.e2e

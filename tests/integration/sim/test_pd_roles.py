@@ -13,13 +13,13 @@ import pytest
 
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.engines import adapter
-from pdexporter.engine.metrics import metric_deltas, parse_exposition
+from pdexporter.client.metrics import metric_deltas, parse_exposition
 from pdexporter.launch.sim import SimLauncher
 from pdexporter.measure.pd import PdDriver, pd_driver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.driver import SimDriver
+from pdexporter.measure.sim_driver import SimDriver
 from pdexporter.sim.profile import load_profile
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 

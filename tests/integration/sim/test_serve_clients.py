@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from pdexporter.engines import adapter
-from pdexporter.engine.metrics import parse_exposition
+from pdexporter.client.metrics import parse_exposition
 from tests.helpers import free_port
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pdexporter.engine.metrics import parse_exposition
+from pdexporter.client.metrics import parse_exposition
 from pdexporter.engines import adapter, identify
 from tests.integration.sim.conftest import start_sim_serve
 

@@ -11,8 +11,8 @@ from pdexporter._internal.vloop import run_virtual
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, run_baseline, warm_prefix
+from pdexporter.measure.sim_driver import SimDriver
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.driver import SimDriver
 
 pytestmark = pytest.mark.integration
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.launch.providers import LauncherProvider, VirtualSimProvider
 from pdexporter.measure.driver import Cancelling
 from pdexporter.measure.quantities import tabulated
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController, SweepReport
+from pdexporter.sweep.providers import LauncherProvider, VirtualSimProvider
 from pdexporter.sweep.spec import parse_sweep
 from tests.no_cancel import NoCancelDriver, NoCancelProvider
 
@@ -78,7 +78,7 @@ def test_in_real_time_over_http_the_numbers_agree_within_noise(tmp_path: Path) -
     two real-time runs on this shared machine have (10 %)."""
     import asyncio
 
-    from pdexporter.launch.providers import make_providers
+    from pdexporter.sweep.providers import make_providers
     from tests.helpers import free_port
 
     medians = []

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from pdexporter.errors import ConfigError, EngineError
 from pdexporter.launch.kubernetes import KubernetesLauncher, with_chunk_arg
-from pdexporter.sweep.spec import KubernetesLauncherSpec
+from pdexporter.launch.specs import KubernetesLauncherSpec
 
 pytestmark = pytest.mark.integration
 

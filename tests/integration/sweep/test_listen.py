@@ -13,7 +13,7 @@ from pdexporter.cli.sweep import ProgressObserver
 from pdexporter.exporter.metrics import WINDOW_PENALTY, WINDOWS
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController
-from pdexporter.launch.providers import make_provider
+from pdexporter.sweep.providers import make_provider
 from pdexporter.sweep.spec import parse_sweep
 
 pytestmark = pytest.mark.integration

@@ -126,7 +126,7 @@ def test_render_command() -> None:
 
 async def test_no_time_to_wait_for_a_start_still_starts_the_engine_for_the_next_run(tmp_path: Path, served: Path) -> None:
     from pdexporter.sweep.controller import Deadline, SweepController
-    from pdexporter.launch.providers import LauncherProvider
+    from pdexporter.sweep.providers import LauncherProvider
     from pdexporter.sweep.spec import parse_sweep
 
     store, port = ResultsStore(tmp_path / "results"), free_port()

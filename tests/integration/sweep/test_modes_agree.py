@@ -11,7 +11,7 @@ import pytest
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController, SweepReport
-from pdexporter.launch.providers import make_provider
+from pdexporter.sweep.providers import make_provider
 from pdexporter.sweep.spec import parse_sweep
 
 pytestmark = pytest.mark.integration

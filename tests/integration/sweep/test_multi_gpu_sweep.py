@@ -23,10 +23,11 @@ import yaml
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.launch.base import pid_alive
 from pdexporter.launch.local import STATE_FILE, EngineState
-from pdexporter.launch.providers import make_providers
+from pdexporter.launch.specs import MULTI_GPU_ENV
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController
-from pdexporter.sweep.spec import MULTI_GPU_ENV, parse_sweep
+from pdexporter.sweep.providers import make_providers
+from pdexporter.sweep.spec import parse_sweep
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.launch.providers import make_providers
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController
+from pdexporter.sweep.providers import make_providers
 from pdexporter.sweep.spec import parse_sweep
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ import urllib.error
 
 import pytest
 
-from pdexporter.analysis import prometheus as pm
 from pdexporter.errors import ConfigError
 from pdexporter.exporter import metrics as m
+from pdexporter.exporter import prometheus as pm
 
 NOW = 1_700_000_000.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdexporter.engine.metrics import parse_exposition
+from pdexporter.client.metrics import parse_exposition
 from pdexporter.engines import adapter
 
 DEFAULT, MIXED = adapter("sglang"), adapter("sglang-mixed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.exporter import timeline
 from pdexporter.exporter.runner import ProbeState
 from pdexporter.measure.protocol import ProtocolSettings
@@ -192,7 +192,7 @@ def test_a_restarting_probe_ends_with_the_others(others: list[int | None], expec
 
 
 def test_with_max_tokens_rewrites_only_max_tokens() -> None:
-    from pdexporter.engine.client import completion_request, encode_body
+    from pdexporter.client.client import completion_request, encode_body
     from pdexporter.measure.driver import PreparedRequest
 
     ids = tuple(range(1000, 1100))

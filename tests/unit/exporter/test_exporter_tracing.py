@@ -8,7 +8,7 @@ import sys
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.tracing import PROBE_EVENT, ClockOffset, OtlpTracing, tracing_enabled
 from pdexporter.measure.driver import EngineInfo

@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from pdexporter.engine.traces import RequestTrace
+from pdexporter.client.traces import RequestTrace
 from pdexporter.exporter.metrics import ExporterMetrics
 from pdexporter.exporter.passive_live import TraceIntake
 from pdexporter.exporter.receiver import BoundedInflater, TokenBucket, TooLarge

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.measure.reanalyse import SourceComparison, compare_sources
 from pdexporter.measure.store import ResultsStore, load_record_file
+from pdexporter.sweep.reanalyse import SourceComparison, compare_sources
 
 # Every committed H200 results directory with records: the seed's sweep, and the later ones (a chunk
 # size and decode batches in no grid, the offloaded arm, the two-GPU sweeps) that the estimator was
@@ -67,7 +67,7 @@ def test_chunk_steps_located_without_the_log_are_the_logs(comparisons: list[Sour
 def test_a_tail_the_cadence_cannot_see_is_reported_unseen() -> None:
     """B=2048, D=1, P=2048: a 2047-token chunk and a 1-token tail that runs like a decode step.
     With the log the record says 2 chunks; without it, the 1 the probes saw, never the schedule's 2."""
-    from pdexporter.measure.reanalyse import reanalyse_record
+    from pdexporter.sweep.reanalyse import reanalyse_record
 
     store = ResultsStore(SEED_SWEEP)
     record = load_record_file(store.record_path(2048, 1, 2048))
@@ -88,7 +88,7 @@ def test_committed_records_reanalyse_to_the_committed_table() -> None:
     import pandas as pd
 
     from pdexporter.analysis.table import SEED_COLUMNS, build_table, samples_from_record
-    from pdexporter.measure.reanalyse import reanalyse_record
+    from pdexporter.sweep.reanalyse import reanalyse_record
 
     store = ResultsStore(SEED_SWEEP)
     settings = ProtocolSettings()

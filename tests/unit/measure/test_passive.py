@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdexporter.engine.metrics import MetricsSnapshot
+from pdexporter.client.metrics import MetricsSnapshot
 from pdexporter.measure.passive import (
     D_BINS,
     P_BINS,

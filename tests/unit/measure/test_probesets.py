@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.measure.probesets import PooledProbes, trim_trace
 from pdexporter.measure.protocol import ProtocolSettings, StreamTrace, analyse_traces
 from pdexporter.measure.window import analyse_window, baseline_from_lengths

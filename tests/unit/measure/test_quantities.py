@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pdexporter.analysis import prometheus as pull
+from pdexporter.exporter import prometheus as pull
 from pdexporter.analysis.table import COLUMNS, INT_VALUES, REP_VALUES, SEED_COLUMNS
 from pdexporter.exporter.metrics import WINDOW_GAUGES, ExporterMetrics
 from pdexporter.measure.quantities import QUANTITIES, gauged, in_block, markdown_table, seed_record_keys, tabulated

@@ -8,10 +8,10 @@ from pathlib import Path
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, warm_prefix
-from pdexporter.measure.reanalyse import reanalyse_record
 from pdexporter.measure.records import aggregate
+from pdexporter.measure.sim_driver import SimDriver
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.driver import SimDriver
+from pdexporter.sweep.reanalyse import reanalyse_record
 
 SETTINGS = ProtocolSettings()
 

@@ -18,7 +18,7 @@ from pdexporter.measure.records import (
     aggregate,
 )
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.calibrate import (
+from pdexporter.predict.calibrate import (
     KINDS,
     HoldoutReport,
     PointError,
@@ -278,7 +278,7 @@ def _figures(prefill: float, during: float) -> PointFigures:
 
 
 def test_classify_host_labels_the_configurations_the_slow_host_explains_better():
-    from pdexporter.sim.calibrate import classify_host, host_sensitive
+    from pdexporter.predict.calibrate import classify_host, host_sensitive
 
     lone, long, fast, late = (2048, 4, 1024), (8192, 4, 32768), (2048, 2, 512), (2048, 4, 32768)
     measured = {lone: _figures(95.0, 80.0), long: _figures(1190.0, 275.0), fast: _figures(62.0, 52.0),
@@ -297,7 +297,7 @@ def test_classify_host_labels_the_configurations_the_slow_host_explains_better()
 
 
 def test_calibrate_on_given_training_configurations_holds_out_the_rest(base):
-    from pdexporter.sim.calibrate import STEP_FREE, calibrate
+    from pdexporter.predict.calibrate import STEP_FREE, calibrate
 
     records = list(ResultsStore(REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b").iter_records())
     records = [r for r in records if r.key[0] == 8192 and r.key[1] in (1, 4, 12) and r.key[2] in (8192, 32768)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdexporter.errors import ConfigError
-from pdexporter.sim.calibrate import mixed_composition
+from pdexporter.predict.calibrate import mixed_composition
 from pdexporter.sim.engine import EngineConfig, EngineCore, ManualClock
 from pdexporter.sim.profile import cudagraph_sizes, load_profile
 from pdexporter.sim.steptime import StepComposition, StepTimeModel, padded_size

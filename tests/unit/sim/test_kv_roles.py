@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from pdexporter.engine.metrics import metric_deltas, parse_exposition
+from pdexporter.client.metrics import metric_deltas, parse_exposition
 from pdexporter.engines import adapter, identify
 from pdexporter.sim.engine import NO_LOOP_COSTS, EngineConfig, EngineCore, ManualClock
 from pdexporter.sim.kvconnector import KvParamsError, check_decode_params

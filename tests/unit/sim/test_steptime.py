@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sim.calibrate import (
+from pdexporter.predict.calibrate import (
     mixed_composition,
     observations_from_records,
     step_summary,

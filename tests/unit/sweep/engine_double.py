@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any
 
-from pdexporter.engine.stream import Progress, TokenStream
+from pdexporter.client.stream import Progress, TokenStream
 from pdexporter.engines import adapter, register
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 

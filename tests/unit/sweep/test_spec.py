@@ -10,13 +10,8 @@ import yaml
 
 from pdexporter.errors import ConfigError
 from pdexporter.launch.local import render_command
-from pdexporter.sweep.spec import (
-    ExternalLauncherSpec,
-    LocalLauncherSpec,
-    SimLauncherSpec,
-    load_sweep,
-    parse_sweep,
-)
+from pdexporter.launch.specs import ExternalLauncherSpec, LocalLauncherSpec, SimLauncherSpec
+from pdexporter.sweep.spec import load_sweep, parse_sweep
 
 ROOT = Path(__file__).resolve().parents[3]
 SEED_D = [0, 1, 2, 4, 6, 8, 12]
@@ -212,7 +207,7 @@ def test_an_external_engine_runs_the_single_chunk_size_of_its_grid(tmp_path: Pat
 
 
 def test_h200x2_file_runs_h200s_engine_on_two_gpus_interleaved() -> None:
-    from pdexporter.sweep.spec import MULTI_GPU_ENV
+    from pdexporter.launch.specs import MULTI_GPU_ENV
 
     spec = load_sweep(ROOT / "sweeps" / "h200x2.yaml")
     one = load_sweep(ROOT / "sweeps" / "h200.yaml")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pdexporter.engine.client import resolve_api_key
+from pdexporter.client.client import resolve_api_key
 from pdexporter.errors import ConfigError
 
 

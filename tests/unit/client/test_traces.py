@@ -1,4 +1,4 @@
-"""vLLM's request spans (`engine.traces`): decoded from OTLP protobuf as a collector would, what
+"""vLLM's request spans (`client.traces`): decoded from OTLP protobuf as a collector would, what
 vLLM 0.22 names its attributes, and bodies a receiver must refuse."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import zlib
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from pdexporter.engine.traces import RequestTrace, TraceDecodeError, decode_traces, encode_traces
+from pdexporter.client.traces import RequestTrace, TraceDecodeError, decode_traces, encode_traces
 from pdexporter.engines import adapter
 
 REQUEST_SPAN_NAME, REQUEST_SPAN_ATTRIBUTES = adapter("vllm").request_span_name, adapter("vllm").request_span_attributes

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdexporter.engine.client import EngineClient
+from pdexporter.client.client import EngineClient
 from pdexporter.engines import UNIDENTIFIED, EngineAdapter, adapter, identify, identity_paths
 from pdexporter.errors import ConfigError, EngineError
 

@@ -9,7 +9,7 @@ finish reasons), which is what a single-model deployment means by "the" value.
 
 What can and cannot be trusted (see docs/vllm-facts.md): `iteration_tokens` records a whole
 prompt in the step where its first token comes out, so it cannot verify chunking; the engine's
-iteration-detail log can (`engine.iterlog`).
+iteration-detail log can (`client.iterlog`).
 """
 
 from __future__ import annotations

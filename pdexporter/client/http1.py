@@ -1,6 +1,6 @@
 """The client side of one HTTP/1.1 exchange, pure: a request's bytes, and a response read incrementally.
 
-Just what the kernel-stamped stream path (`engine.kstamp`) needs to POST a streaming request on a
+Just what the kernel-stamped stream path (`client.kstamp`) needs to POST a streaming request on a
 plain socket: no keep-alive (`Connection: close`), no TLS, no redirects. `ResponseReader.feed`
 takes whatever bytes one read returned and gives back the body bytes they completed, whatever the
 split: a read can end inside the head, inside a chunk-size line, or inside a chunk; one read can

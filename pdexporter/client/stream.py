@@ -7,7 +7,7 @@ Drivers (HTTP against a real engine, or in-process against the embedded one) fil
 `stamp_clock` says where the stream's event times came from, most precise first:
 
 - "kernel-rx": the kernel's receive time of the TCP segment that completed the event
-  (SO_TIMESTAMPNS, `engine.kstamp`), converted to `perf_counter_ns`;
+  (SO_TIMESTAMPNS, `client.kstamp`), converted to `perf_counter_ns`;
 - "wakeup": when the reading loop's selector returned (`exporter.probes.StampingSelector`);
 - "read": when the reading code ran.
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdexporter.engine.sse import SSEParser, StreamDecoder, error_message_from_body
+from pdexporter.client.sse import SSEParser, StreamDecoder, error_message_from_body
 from pdexporter.errors import EngineError, SSEProtocolError
 from tests.conftest import VLLM_FIXTURES
 

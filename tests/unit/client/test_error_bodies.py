@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pdexporter._internal.text import body_reason
-from pdexporter.engine.sse import error_message_from_body
+from pdexporter.client.sse import error_message_from_body
 
 NGINX_404 = (b"<html>\r\n<head><title>404 Not Found</title></head>\r\n<body>\r\n<center><h1>404 Not Found</h1>"
              b"</center>\r\n<hr><center>nginx/1.25.3</center>\r\n</body>\r\n</html>\r\n")

@@ -22,9 +22,10 @@ from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sim.profile import Profile
 from pdexporter.sweep.controller import SweepController, SweepObserver
-from pdexporter.launch.providers import VirtualSimProvider
+from pdexporter.sweep.providers import VirtualSimProvider
 from pdexporter.sweep.plan import ConfigStatus
-from pdexporter.sweep.spec import CvSpec, GridSpec, SimLauncherSpec, SweepSpec, WarmupSpec
+from pdexporter.sweep.spec import CvSpec, GridSpec, SweepSpec, WarmupSpec
+from pdexporter.launch.specs import SimLauncherSpec
 
 __all__ = [
     "Key", "predict_records", "predict_records_async",

@@ -4,7 +4,7 @@ asyncio loop: virtual time under `run_virtual` (minutes of traffic in seconds, f
 comparison benchmark), real time under `asyncio.run`.
 
 What the live exporter gets over the network arrives here in process, through the same code
-paths: the engine's finished requests become vLLM-shaped OTLP spans (`engine.traces.encode_traces`
+paths: the engine's finished requests become vLLM-shaped OTLP spans (`client.traces.encode_traces`
 -> bytes -> `decode_traces`, the receiver's decoder), exported in batches every `span_delay_s`
 as vLLM's BatchSpanProcessor does (5 s by default); /metrics is read as a snapshot of the
 engine's own registry (`SimDriver.scrape_metrics`), periodically and whenever the tracker asks.
@@ -20,15 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdexporter.engine.stream import TokenStream
-from pdexporter.engine.traces import RequestTrace, decode_traces, encode_traces
+from pdexporter.client.stream import TokenStream
+from pdexporter.client.traces import RequestTrace, decode_traces, encode_traces
 from pdexporter.exporter.passive import PassiveEvent, PassiveSettings, PassiveTracker, step_model_cadence
 from pdexporter.load.drive import LoadResult, drive
 from pdexporter.load.mix import LoadSpec, schedule
 from pdexporter.measure.driver import EngineInfo
 from pdexporter.measure.passive import SOURCES
 from pdexporter.measure.protocol import ProtocolSettings, start_probes, warm_prefix
-from pdexporter.sim.driver import SimDriver
+from pdexporter.measure.sim_driver import SimDriver
 from pdexporter.sim.profile import Profile
 
 TICK_S = 0.05  # the tracker's cadence, as the live runner's

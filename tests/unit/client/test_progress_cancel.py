@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from pdexporter.engine.stream import Progress
+from pdexporter.client.stream import Progress
 
 
 @pytest.mark.parametrize("timeout_s", [None, 10.0])

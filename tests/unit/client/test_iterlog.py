@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdexporter.engine.iterlog import IterationLogTail, summarise_chunks
+from pdexporter.client.iterlog import IterationLogTail, summarise_chunks
 from pdexporter.engines import IterationStep, adapter
 
 parse_iteration_lines, format_step = adapter("vllm").parse_step_log, adapter("vllm").format_step

@@ -6,7 +6,7 @@ parameter so a stream's timestamps come from whatever clock the measurement uses
 Timing rules learnt on a real vLLM (docs/vllm-facts.md):
 - one `perf_counter_ns` stamp per network read, taken before any parsing, given to every event
   that read completed. On http:// targets streams are read on a plain socket that takes the
-  kernel's receive time of the read (`engine.kstamp`, `rx_stamps=True`, the default); where the
+  kernel's receive time of the read (`client.kstamp`, `rx_stamps=True`, the default); where the
   kernel refuses the option, for https, or with `rx_stamps=False`, aiohttp reads them and the
   stamp is `arrival_clock` (which may be a selector's wake-up time, see there). Each stream
   records which clock its stamps came from (`TokenStream.stamp_clock`);
@@ -34,11 +34,11 @@ from pdexporter._internal.durations import parse_duration
 from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.text import body_reason
-from pdexporter.engine.http1 import request_bytes
-from pdexporter.engine.kstamp import RxTransport, Target
-from pdexporter.engine.metrics import MetricRules, MetricsSnapshot, parse_exposition
-from pdexporter.engine.sse import SSEEvent, SSEParser, StreamDecoder, http_error
-from pdexporter.engine.stream import StampClock, TokenStream
+from pdexporter.client.http1 import request_bytes
+from pdexporter.client.kstamp import RxTransport, Target
+from pdexporter.client.metrics import MetricRules, MetricsSnapshot, parse_exposition
+from pdexporter.client.sse import SSEEvent, SSEParser, StreamDecoder, http_error
+from pdexporter.client.stream import StampClock, TokenStream
 from pdexporter.errors import (
     ConfigError,
     EngineError,
@@ -396,7 +396,7 @@ class EngineClient:
 
     async def _stream_once_rx(self, rx: RxTransport, path: str, body: bytes, stream: TokenStream,
                               headers: Mapping[str, str] | None = None) -> TokenStream:
-        """The kernel-stamped path: a plain socket read from a reader callback (`engine.kstamp`)."""
+        """The kernel-stamped path: a plain socket read from a reader callback (`client.kstamp`)."""
         url = self.url(path)
         target = Target.parse(url)
         parser = SSEParser()

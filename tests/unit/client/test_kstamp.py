@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from pdexporter.engine import kstamp
-from pdexporter.engine.kstamp import (
+from pdexporter.client import kstamp
+from pdexporter.client.kstamp import (
     SO_TIMESTAMPING_OLD,
     SO_TIMESTAMPNS_NEW,
     SO_TIMESTAMPNS_OLD,

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pdexporter.engine.http1 import HttpFramingError, ResponseReader, parse_head, request_bytes
-from pdexporter.engine.sse import SSEParser, StreamDecoder
+from pdexporter.client.http1 import HttpFramingError, ResponseReader, parse_head, request_bytes
+from pdexporter.client.sse import SSEParser, StreamDecoder
 
 
 def _chunked(pieces: list[bytes]) -> bytes:

@@ -9,7 +9,7 @@ before any wake-up, GIL hand-over or other stream's parsing: the error the wake-
 aiohttp cannot return control messages, so `RxTransport.stream` does one streamed exchange on
 its own non-blocking socket: connect, send the pre-encoded request, then read with `recvmsg` from
 a reader callback on the running loop (`loop.add_reader`, no task wake-up per read), framing
-with `engine.http1` and handing each read's body bytes to a sink with the read's stamp (in a
+with `client.http1` and handing each read's body bytes to a sink with the read's stamp (in a
 callback queued behind the loop iteration's other reads: `_Exchange._on_readable` says why). TLS,
 keep-alive and proxies are not supported on this path; `EngineClient` keeps aiohttp for https.
 
@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pdexporter.engine.http1 import HttpFramingError, ResponseHead, ResponseReader
-from pdexporter.engine.sse import http_error
+from pdexporter.client.http1 import HttpFramingError, ResponseHead, ResponseReader
+from pdexporter.client.sse import http_error
 from pdexporter.errors import EngineError, EngineRefused, EngineTimeout, EngineUnreachable
 
 __all__ = [

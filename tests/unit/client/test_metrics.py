@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdexporter.engine.metrics import metric_deltas, parse_exposition
+from pdexporter.client.metrics import metric_deltas, parse_exposition
 from pdexporter.engines import adapter
 from pdexporter.errors import EngineError
 
@@ -93,7 +93,7 @@ def test_parsing_only_the_known_families_gives_the_same_snapshot(vllm_metrics_te
     /metrics twice per window); the snapshot is the one the whole text gives."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from pdexporter.engine.metrics import known_lines, snapshot_from_families
+    from pdexporter.client.metrics import known_lines, snapshot_from_families
 
     whole = snapshot_from_families(text_string_to_metric_families(vllm_metrics_text), VLLM)
     assert parse_exposition(vllm_metrics_text, VLLM) == whole and whole.missing == ()

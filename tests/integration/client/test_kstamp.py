@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdexporter.engine import kstamp
-from pdexporter.engine.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
+from pdexporter.client import kstamp
+from pdexporter.client.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
 from pdexporter.launch import EngineHandle, SimLauncher
-from pdexporter.engine.sse import SSEEvent
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.sse import SSEEvent
+from pdexporter.client.stream import TokenStream
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.sim.server import PREV_WRITTEN_KEY, SEND_STAMPS_HEADER, send_stamps, sent_ns

@@ -22,13 +22,13 @@ from pdexporter.measure.driver import EngineDriver, http_driver
 from pdexporter.measure.store import ResultsStore
 from pdexporter.engines import DECODE_BENCH, connector_of, pair_connector
 from pdexporter.launch.pair import PairLauncher
-from pdexporter.sweep.spec import (
+from pdexporter.sweep.spec import SweepSpec
+from pdexporter.launch.specs import (
     ExternalLauncherSpec,
     KubernetesLauncherSpec,
     LocalLauncherSpec,
     PairLauncherSpec,
     SimLauncherSpec,
-    SweepSpec,
 )
 
 __all__ = [
@@ -166,7 +166,7 @@ class VirtualSimProvider:
     _driver: Any = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
-        from pdexporter.sim.driver import SimDriver  # the embedded engine (sim package)
+        from pdexporter.measure.sim_driver import SimDriver  # the embedded engine (sim package)
 
         await self.close(stop_engine=True)
         if self.kv_role == "pd":

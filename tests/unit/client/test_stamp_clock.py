@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.measure.protocol import StreamTrace
 
 

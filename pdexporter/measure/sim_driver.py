@@ -25,8 +25,8 @@ from pathlib import Path
 
 from pdexporter._internal.vloop import is_virtual
 from pdexporter.engines import IterationStep
-from pdexporter.engine.metrics import MetricsSnapshot, engine_series, snapshot_from_families
-from pdexporter.engine.stream import Progress, TokenStream
+from pdexporter.client.metrics import MetricsSnapshot, engine_series, snapshot_from_families
+from pdexporter.client.stream import Progress, TokenStream
 from pdexporter.engines import SIM_KINDS, adapter, sim_engine
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.sim import engine_version

@@ -26,7 +26,7 @@ Stage 2, the CPU and the engine loop (`fit_loop_params`, by simulation). The lau
 CPU per token and the per-request costs (admission, retirement, front-end latency) shape how the
 steps add up to the window, which no single step shows. They are fitted by running the
 measurement protocol on the embedded engine itself (a `Simulator`: `RecordSimulator` runs
-`pdexporter.sim.predict` in virtual time, in the records' own mode) and matching, per
+`pdexporter.predict.grid` in virtual time, in the records' own mode) and matching, per
 configuration, the record's prefill_duration and the chunk steps' p50 and mean (TPOT during the
 prefill) and the last chunk step (where the retirement shows): least squares on log ratios.
 A simulation is the expensive part (~2.5 s of CPU for the 196 H200 configurations), so: each
@@ -613,8 +613,8 @@ def _scratch_in_memory() -> Iterator[None]:
 
 def simulate_group(profile: Profile, settings: ProtocolSettings, mode: str, chunk_size: int, d: int,
                    prefills: Sequence[int]) -> tuple[dict[Key, PointFigures], float]:
-    """One (B, D) group predicted (`sim.predict.predict_records`), and the CPU seconds it took."""
-    from pdexporter.sim.predict import predict_records
+    """One (B, D) group predicted (`predict.grid.predict_records`), and the CPU seconds it took."""
+    from pdexporter.predict.grid import predict_records
 
     t0 = time.process_time()
     with _scratch_in_memory():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pdexporter._internal.redact import redact_text, redact_url, secret_name, secret_values
-from pdexporter.engine.client import EngineClient
-from pdexporter.engine.sse import http_error
+from pdexporter.client.client import EngineClient
+from pdexporter.client.sse import http_error
 from pdexporter.errors import EngineError
 from pdexporter.launch.local import render_command
 

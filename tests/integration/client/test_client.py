@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pdexporter.engines import adapter
-from pdexporter.engine.client import (
+from pdexporter.client.client import (
     CHAT_PATH,
     COMPLETIONS_PATH,
     ClientTimeouts,
@@ -23,7 +23,7 @@ from pdexporter.engine.client import (
     encode_body,
     resolve_api_key,
 )
-from pdexporter.engine.stream import TokenStream
+from pdexporter.client.stream import TokenStream
 from pdexporter.errors import (
     ConfigError,
     EngineError,
@@ -199,7 +199,7 @@ async def test_unknown_model_is_a_config_error() -> None:
 async def test_a_stream_start_failing_before_any_byte_is_retried_unseen(kind: str, rx: bool) -> None:
     """Issue 13: one HTTP 500 on a probe start aborted `measure`: the failure was recorded on the
     stream (and seen by the window waiting on it) before the coded retry could send again."""
-    from pdexporter.engine.stream import Progress
+    from pdexporter.client.stream import Progress
     from tests.scripted_engine import Fault
 
     progress = Progress()
