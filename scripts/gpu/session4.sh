@@ -20,7 +20,12 @@ mkdir -p "$R"
 
 unpack() {
   source scripts/gpu/unpack-bundle.sh || { echo "bundle incomplete: copy every part first"; exit 1; }
+  # pdexporter's own dependencies the GPU image lacks (tenacity, opentelemetry-sdk, ...): carry .gpu-stage-otel
+  if [ -f .gpu-stage-otel/otel-site.tar.gz ] && [ ! -f /tmp/site/.otel-stage ]; then
+    tar -C /tmp/site -xzf .gpu-stage-otel/otel-site.tar.gz && touch /tmp/site/.otel-stage
+  fi
   export PYTHONPATH=/tmp/site
+  python3 -c "import pdexporter.cli" || { echo "pdexporter does not import on this machine"; exit 1; }
 }
 
 pack() {  # pack NAME DIR...: results without the full engine logs, with a trimmed copy of each
