@@ -12,6 +12,10 @@ pd() { python3 -m pdexporter "$@"; }
 R=results
 SEED=$R/h200-vllm0.22-qwen3-coder-30b-a3b
 DB=$R/h200-vllm0.22-qwen3-coder-30b-a3b-decodebench
+# The small-P region (P 64..4096, issue 21) of each arm, measured in a later session: joined with
+# the seed grid, the repetitions of the points both measured pooled (--pool).
+COLOCATED=("$SEED" "$SEED-small-p")
+OFFLOADED_DB=(--offloaded "$DB" --offloaded "$DB-small-p")
 PAIR=$R/h200x2-vllm0.22-qwen3-coder-30b-a3b-pd
 
 # Record directories (a chunk-size folder of D*_P*.json below them), the experiments included.
@@ -30,11 +34,12 @@ for d in "${record_dirs[@]}"; do
   pd report "$d" --out "$d/report.html" >/dev/null
 done
 # The two arms: colocated (one H200) beside DecodeBench (one H200) and beside the 1P1D pair (two).
-for pair in "h200-arms-decodebench:$DB" "h200x2-arms:$PAIR"; do
-  out=$R/${pair%%:*}; off=${pair#*:}
+for arms in "h200-arms-decodebench" "h200x2-arms"; do
+  out=$R/$arms
+  if [ "$arms" = h200-arms-decodebench ]; then off=("${OFFLOADED_DB[@]}"); else off=(--offloaded "$PAIR"); fi
   echo "== two arms $out"
-  pd export-table "$SEED" --offloaded "$off" --out "$out" >/dev/null
-  pd report "$SEED" --offloaded "$off" --out "$out/report.html" >/dev/null
+  pd export-table "${COLOCATED[@]}" --pool "${off[@]}" --out "$out" >/dev/null
+  pd report "${COLOCATED[@]}" --pool "${off[@]}" --out "$out/report.html" >/dev/null
   pd thresholds --model "$out/decision.json" --out "$out" >/dev/null
 done
 echo "== validate-pd"

@@ -546,17 +546,21 @@ def _threshold_entry(central: int | None, values: Sequence[int | None], p_max: i
 
 
 def _rising(per: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Where a decided threshold rises with D at a fixed B (more decodes lose more to a colocated
-    prefill, so it should fall or stay): listed, for the reader to look at."""
+    """Where a decided threshold rises with D at a fixed B beyond both thresholds' 90 % intervals
+    (more decodes lose more to a colocated prefill, so it should fall or stay): listed, for the
+    reader to look at. A rise inside the intervals is the bootstrap's noise, not a finding."""
     out = []
     for b, entry in per.items():
         last = None
         for d, t in sorted(entry["by_decode_batch_size"].items(), key=lambda kv: int(kv[0])):
             value = t["threshold"]
-            if value is not None and last is not None and value > last[1] and t["status"] == "decided":
+            if value is None:
+                continue
+            low = (t.get("interval") or [value])[0]
+            if last is not None and value > last[1] and t["status"] == "decided" and low > last[2]:
                 out.append(f"B={b}: D={last[0]} {last[1]} -> D={d} {value}")
-            if value is not None:
-                last = (d, value)
+            high = (t.get("interval") or [None, value])[1]
+            last = (d, value, value if high is None else high)
     return out
 
 

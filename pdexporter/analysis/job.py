@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,22 +108,37 @@ def load_results(results_dir: str | Path, tick: Tick | None = None) -> list[Conf
     return samples
 
 
-def load_joined(results_dirs: Sequence[str | Path], tick: Tick | None = None) -> list[ConfigSamples]:
+def load_joined(results_dirs: Sequence[str | Path], tick: Tick | None = None, *,
+                pool: bool = False) -> list[ConfigSamples]:
     """Every record of several results directories as one grid (a sweep split over Kubernetes
     pods, one directory per chunk size). A grid point in two of them is refused: which of the
-    two measurements is the table's would be a guess."""
-    samples: list[ConfigSamples] = []
+    two measurements is the table's would be a guess. With `pool`, its repetitions are pooled
+    instead (the same point measured in two sessions of one engine, GPU and model: both are
+    measurements of it, and the spread between sessions belongs in its intervals)."""
+    samples: dict[tuple[int, int, int], ConfigSamples] = {}
     seen: dict[tuple[int, int, int], Path] = {}
     for directory in results_dirs:
         for sample in load_results(directory, tick):
             where = Path(directory)
+            b, d, p = sample.key
             if sample.key in seen:
-                b, d, p = sample.key
-                raise RecordError(f"B={b} D={d} P={p} is in both {seen[sample.key]} and {where}: "
-                                  "join results directories of different grid points")
+                first = samples[sample.key]
+                if not pool:
+                    raise RecordError(f"B={b} D={d} P={p} is in both {seen[sample.key]} and {where}: "
+                                      "join results directories of different grid points (or pool them)")
+                for field in ("engine", "gpu", "model", "arm", "kv_connector"):
+                    if getattr(first, field) != getattr(sample, field):
+                        raise RecordError(f"B={b} D={d} P={p}: {field} {getattr(first, field)!r} in "
+                                          f"{seen[sample.key]} but {getattr(sample, field)!r} in {where}: "
+                                          "only measurements of one setup pool")
+                steps = first.steps + sample.steps if len(first.steps) == len(first.reps) and \
+                    len(sample.steps) == len(sample.reps) else ()
+                samples[sample.key] = replace(first, reps=first.reps + sample.reps, steps=steps, top_level=None,
+                                              source=f"{first.source} + {sample.source}")
+                continue
             seen[sample.key] = where
-            samples.append(sample)
-    return samples
+            samples[sample.key] = sample
+    return list(samples.values())
 
 
 def joined_out_dir(results_dirs: Sequence[str | Path]) -> Path:

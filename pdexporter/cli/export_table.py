@@ -25,6 +25,12 @@ TransferOpt = Annotated[
     float,
     typer.Option("--transfer-ms", min=0.0, help="Transfer budget (ms) an offload must beat; the seed's 50 ms."),
 ]
+PoolOpt = Annotated[
+    bool,
+    typer.Option("--pool/--no-pool", help="A grid point in several RESULTS_DIRs (or --offloaded dirs): pool its "
+                                          "repetitions (one engine, GPU and model measured in two sessions) "
+                                          "instead of refusing the join."),
+]
 
 
 def register(app: typer.Typer) -> None:
@@ -61,9 +67,11 @@ def export_table(
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG/SVG plots.")] = True,
     parquet: Annotated[bool, typer.Option("--parquet/--no-parquet", help="Also write Parquet (needs pyarrow).")] = True,
-    offloaded: Annotated[Path | None, typer.Option(
+    offloaded: Annotated[list[Path] | None, typer.Option(
         "--offloaded", help="Records of the offloaded arm (DecodeBench or a P/D pair's decode instance): the table "
-                            "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md).")] = None,
+                            "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md); "
+                            "repeat it to join several directories.")] = None,
+    pool: PoolOpt = False,
     mode: Annotated[str, typer.Option("--mode", help="Which windows: 'active' (injected prefills) or 'passive' "
                                       "(production prefills of `run --passive`, with event counts and bootstrap "
                                       "intervals).")] = "active",
@@ -81,12 +89,13 @@ def export_table(
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import (
-        analyse, joined_out_dir, load_joined, load_results, progress_steps, record_paths, write_outputs,
+        analyse, joined_out_dir, load_joined, progress_steps, record_paths, write_outputs,
     )
     from pdexporter.analysis.table import parquet_available
 
     started = time.perf_counter()
     results_dir = results_dir or None  # typer gives [] for none
+    offloaded = offloaded or None
     if (results_dir is None) == (prometheus is None):
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
     if offloaded is not None and results_dir is None:
@@ -107,15 +116,15 @@ def export_table(
         assert results_dir is not None
         out_dir = out or joined_out_dir(results_dir)
         paths = [path for directory in results_dir for path in record_paths(directory)]
-        off_paths = record_paths(offloaded) if offloaded is not None else []
+        off_paths = [path for directory in offloaded or [] for path in record_paths(directory)]
         passive_steps = 2 if mode == "passive" else 0  # the event model, its convergence plot
         with progress_bar(progress_steps(len(paths) + len(off_paths), plots) + passive_steps, "export-table") as tick:
             source = " + ".join(str(d) for d in results_dir)
-            samples, counts, extra = _of_mode(one_engine(load_joined(results_dir, tick), engine, source), None, mode,
+            samples, counts, extra = _of_mode(one_engine(load_joined(results_dir, tick, pool=pool), engine, source), None, mode,
                                               grid, source)
-            off_samples = load_results(offloaded, tick) if offloaded is not None else None
+            off_samples = load_joined(offloaded, tick, pool=pool) if offloaded is not None else None
             analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
-                               offloaded_source=str(offloaded) if offloaded is not None else "",
+                               offloaded_source=" + ".join(map(str, offloaded or [])),
                                passive_events=counts, min_events=min_events if mode == "passive" else None)
             if mode == "passive":
                 analysis = _event_model(analysis, results_dir, grid, injected)

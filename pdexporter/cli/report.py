@@ -1,4 +1,4 @@
-"""`pdexporter report RESULTS_DIR`: one self-contained HTML file with the table, plots, fits, criteria."""
+"""`pdexporter report RESULTS_DIR...`: one self-contained HTML file with the table, plots, fits, criteria."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 from pdexporter.analysis import DEFAULT_TRANSFER_MS
 from pdexporter.cli._common import console
-from pdexporter.cli.export_table import TransferOpt, print_summary, progress_bar
+from pdexporter.cli.export_table import PoolOpt, TransferOpt, print_summary, progress_bar
 
 
 def register(app: typer.Typer) -> None:
@@ -17,34 +17,39 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    results_dir: Annotated[Path, typer.Argument(help="Results directory of records (results/{chunk}/D{d}_P{p}.json).")],
+    results_dirs: Annotated[list[Path], typer.Argument(
+        help="Results directory of records (results/{chunk}/D{d}_P{p}.json); several are joined as by "
+             "export-table.", metavar="RESULTS_DIR...")],
     out: Annotated[Path | None, typer.Option(
         "--out", help="HTML file to write (default: results/reports/NAME.html, NAME the results directory's: "
         "never inside the directory it reads).")] = None,
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
-    offloaded: Annotated[Path | None, typer.Option(
+    offloaded: Annotated[list[Path] | None, typer.Option(
         "--offloaded", help="Records of the offloaded arm: adds both arms, the transfer model and the break-even "
-                            "(docs/disaggregation.md).")] = None,
+                            "(docs/disaggregation.md); repeat it to join several directories.")] = None,
+    pool: PoolOpt = False,
     injected: Annotated[Path | None, typer.Option(
         "--injected", help="Passive records (run --passive --out): injected records of the same engine, to draw "
                            "the event-fitted model's error against them vs minutes of traffic.")] = None,
 ) -> None:
     """Write one HTML file (images embedded, no external assets) describing the results."""
-    from pdexporter.analysis.job import analyse, load_results, record_paths
+    from pdexporter.analysis.job import analyse, load_joined, record_paths
     from pdexporter.analysis.plots import all_plots
     from pdexporter.analysis.report import write_report
 
     # Not RESULTS_DIR/report.html: a command that reads a directory does not write into it unless
     # asked (a committed results directory's report.html was rewritten by a first look at it).
+    results_dir = results_dirs[0]
+    offloaded = offloaded or None
     target = out or default_report_path(results_dir)
-    paths = record_paths(results_dir)
-    off_paths = record_paths(offloaded) if offloaded is not None else []
+    paths = [path for directory in results_dirs for path in record_paths(directory)]
+    off_paths = [path for directory in offloaded or [] for path in record_paths(directory)]
     # one tick per record, then table, fits, criteria, plots, html
     with progress_bar(len(paths) + len(off_paths) + 5, "report") as tick:
-        samples = load_results(results_dir, tick)
-        off = load_results(offloaded, tick) if offloaded is not None else None
-        analysis = analyse(samples, transfer_ms, source=str(results_dir), tick=tick, offloaded=off,
-                           offloaded_source=str(offloaded) if offloaded is not None else "")
+        samples = load_joined(results_dirs, tick, pool=pool)
+        off = load_joined(offloaded, tick, pool=pool) if offloaded else None
+        analysis = analyse(samples, transfer_ms, source=" + ".join(map(str, results_dirs)), tick=tick,
+                           offloaded=off, offloaded_source=" + ".join(map(str, offloaded or [])))
         plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, transfer_ms)
         if samples and all(s.passive for s in samples):  # the event-fitted model and its convergence
             from pdexporter.analysis.job import analyse_passive, injected_values, load_passive_events

@@ -172,4 +172,16 @@ def test_chunk_index_runs_one_chunk_size_and_export_table_joins_them(tmp_path: P
     lines = [line for line in twice.stderr.splitlines() if line.strip()]
     assert twice.returncode != 0 and len(lines) == 1, twice.stderr
     assert lines[0] == (f"pdexporter: error: B=2048 D=0 P=512 is in both {dirs[0]} and {dirs[0]}: join results "
-                        "directories of different grid points")
+                        "directories of different grid points (or pool them)")
+
+    # --pool: a grid point measured in two sessions keeps both sessions' repetitions
+    from pdexporter.analysis.job import load_joined
+
+    single = {s.key: len(s.reps) for s in load_joined([dirs[0]])}
+    pooled = {s.key: s for s in load_joined([dirs[0], dirs[1], dirs[0]], pool=True)}
+    assert {k: len(s.reps) for k, s in pooled.items() if k[0] == 2048} == {k: 2 * n for k, n in single.items()}
+    assert all(s.top_level is None for k, s in pooled.items() if k[0] == 2048)
+    pooled_run = pdexporter("export-table", str(dirs[0]), str(dirs[1]), str(dirs[0]), "--pool", "--no-plots",
+                            "--out", str(tmp_path / "pooled"))
+    assert pooled_run.returncode == 0, pooled_run.stderr
+    assert len(pd.read_csv(tmp_path / "pooled" / "interference_table.csv")) == 8

@@ -4,6 +4,8 @@ construction."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -174,3 +176,35 @@ def test_predicting_the_pair_from_one_gpu_and_comparing() -> None:
     off["aggregate_interference_ms"] *= 3  # the pair's decodes lose 3x what DecodeBench's did
     worse = predict_pair(col, bench, off, fit_transfer(pair_s))
     assert (worse["saved_error_pct"] > 0).all()  # the prediction overstates the saving, and says by how much
+
+
+def test_a_threshold_rising_with_d_is_flagged_only_beyond_both_intervals() -> None:
+    from pdexporter.analysis.arms import _rising
+
+    def entry(t: int, lo: int, hi: int) -> dict[str, object]:
+        return {"threshold": t, "interval": [lo, hi], "status": "decided"}
+
+    noise = {"8192": {"by_decode_batch_size": {"8": entry(192, 128, 256), "9": entry(256, 128, 256)}}}
+    assert _rising(noise) == []  # D=9's 256 is inside D=8's interval: the bootstrap's noise
+    real = {"8192": {"by_decode_batch_size": {"7": entry(5376, 5000, 5600), "12": entry(12480, 12000, 13000)}}}
+    assert _rising(real) == ["B=8192: D=7 5376 -> D=12 12480"]
+
+
+def test_pooling_refuses_measurements_of_different_setups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import replace
+
+    from pdexporter.analysis import job
+    from pdexporter.errors import RecordError
+
+    base = ConfigSamples(8192, 4, 512, reps=({"tpot_penalty_ms": 40.0},), engine="vllm", gpu="H200", model="m")
+    other = replace(base, reps=({"tpot_penalty_ms": 36.0},))
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+    loads = {str(tmp_path / "a"): [base], str(tmp_path / "b"): [other], str(tmp_path / "c"): [replace(other, gpu="H100")]}
+    monkeypatch.setattr(job, "load_results", lambda directory, tick=None: loads[str(directory)])
+    pooled = job.load_joined([tmp_path / "a", tmp_path / "b"], pool=True)
+    assert len(pooled) == 1 and [r["tpot_penalty_ms"] for r in pooled[0].reps] == [40.0, 36.0]
+    with pytest.raises(RecordError, match=r"B=8192 D=4 P=512: gpu 'H200' in .*a but 'H100' in .*c"):
+        job.load_joined([tmp_path / "a", tmp_path / "c"], pool=True)
+    with pytest.raises(RecordError, match="is in both"):
+        job.load_joined([tmp_path / "a", tmp_path / "b"])
