@@ -359,6 +359,43 @@ def build() -> Json:
         h=6,
     )
     d.add(
+        stat(
+            "Why up is what it is",
+            "pdexporter_up_reason: the current reason (ok, starting, engine-unreachable, engine-timeout, "
+            "engine-http-error, engine-protocol-error, probes-stalled, probes-restarting, stopping). A stalled "
+            "probe reads probes-stalled here while up stays what the engine says (docs/reliability.md).",
+            targets((f"{m.UP_REASON}{{{SEL}}} == 1", "{{reason}} {{instance}}")),
+            graph=False,
+            text_mode="name",
+        ),
+        w=8,
+        h=6,
+    )
+    d.add(
+        timeseries(
+            "Windows skipped by kind",
+            "Windows that failed (no window came) per second, by the kind of failure: a silent exporter "
+            "(up = 1, no new windows) shows here.",
+            targets((f"sum by (kind) (rate({m.WINDOWS_SKIPPED}{{{SEL}}}[{RATE}]))", "{{kind}}")),
+            unit="ops",
+            minimum=0,
+        ),
+        w=8,
+        h=6,
+    )
+    d.add(
+        timeseries(
+            "Trace receiver rejections",
+            "OTLP requests the trace receiver refused per second, by reason (unauthorized, rate-limited, busy, "
+            "too-large, bad-encoding, ...): its bounds at work (docs/security.md).",
+            targets((f"sum by (reason) (rate({m.TRACE_REJECTIONS}{{{SEL}}}[{RATE}]))", "{{reason}}")),
+            unit="ops",
+            minimum=0,
+        ),
+        w=8,
+        h=6,
+    )
+    d.add(
         timeseries(
             "Probe streams",
             "Probe streams decoding now, streams started per second (they restart as they finish), and probe "
