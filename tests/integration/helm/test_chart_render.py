@@ -188,7 +188,7 @@ def test_exporter_liveness_and_readiness_probe_the_health_endpoints(engine: Helm
 def test_default_resources_on_every_pdexporter_container(engine: HelmEngine, tmp_path: Path) -> None:
     docs = render(engine, CHART / "ci" / "sweep-values.yaml")
     expected = {
-        "exporter": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
+        "exporter": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
         "sweep": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
         "curl-metrics": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
     }
@@ -197,7 +197,7 @@ def test_default_resources_on_every_pdexporter_container(engine: HelmEngine, tmp
     # a user's value merges into the defaults; null removes one
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"exporter": {"resources": {"requests": {"cpu": "200m"}, "limits": {"cpu": None}}}}))
-    assert _exporter(render(engine, values))["resources"] == {"requests": {"cpu": "200m", "memory": "128Mi"},
+    assert _exporter(render(engine, values))["resources"] == {"requests": {"cpu": "200m", "memory": "256Mi"},
                                                               "limits": {"memory": "512Mi"}}
 
 
