@@ -17,8 +17,8 @@ All numbers are computed afterwards by the pure functions in `measure.window`, t
 chunking by its adapter (`analyse_traces`): the chunk steps as the running decodes see them
 (`ChunkRule.decode_view`: one step per chunk where the decodes run beside it, one stall of all the
 chunks where they pause for them, SGLang's default) and where those steps end (`window_anchor_ns`:
-at the prefill's first token; where the decodes paused, at the end of their stall, which their next
-step ends up to about one decode step after the prefill's first token).
+at the prefill's first token; where the decodes paused, at the end of their stall, the probes' gap
+that spans the prefill's first token or ends a moment before it).
 
 A driver that routes the prefill through a P/D pair's prefill instance first (`measure.pd.Routing`)
 runs that first half before the window opens; the window is the decode instance's half, and the
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -345,22 +346,23 @@ def window_anchor_ns(engine: str, t_first_ns: int, baseline: BaselineStats | Non
 
     Where they share that step (vLLM; SGLang mixed: `resume_lag_steps` 0): the prefill's first
     token, which leaves with their tokens of that step. Where they paused for the chunks (SGLang's
-    default): the end of their stall, the longest gap between two emissions of a probe that ends
-    from a baseline step before the first token to `resume_lag_steps` + 1 steps after it (their
-    next step runs after the last chunk's, and the engine may hand out its token a moment after the
-    first token or up to a step later); the median over the probes, the first token where none has
-    such a gap (or no baseline says how long a step is)."""
+    default): the end of their stall, the longest gap between two emissions of a probe that begins
+    before the first token and ends no earlier than a baseline step before it; the median over the
+    probes, the first token where none has such a gap (or no baseline says how long a step is).
+    The stall spans the first token (the last chunk's step produced it) or ends a moment before it
+    (the engine streamed the decodes' next token first), and it may end several steps after it:
+    on SGLang 0.5.15 at P = 32768 the decodes' first step after the prefill came 21 to 24 ms (three
+    to four steps) after the first token, so the end is not bounded from above."""
     lag = adapter(engine).chunk_rule.resume_lag_steps
     if not lag or baseline is None or not probes:
         return t_first_ns
-    step = baseline.p50_ms * 1e6
-    lo, hi = t_first_ns - step, t_first_ns + (lag + 1) * step
+    lo = t_first_ns - baseline.p50_ms * 1e6
     ends = []
     for trace in probes:
         times = [t for t, n in zip(trace.event_times_ns, trace.event_tokens) if n > 0]
         best, end = 0.0, None
-        for a, b in zip(times, times[1:]):
-            if lo <= b <= hi and b - a > best:
+        for a, b in itertools.pairwise(times):
+            if a < t_first_ns and b >= lo and b - a > best:
                 best, end = b - a, b
         if end is not None:
             ends.append(end)
