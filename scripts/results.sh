@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Re-derive every committed results directory with the code as it is now: the records from their
 # raw timestamps (`reanalyse`), then tables, fits, decision.json, criteria, plots and reports, the
-# two-arm directories with their thresholds, and the pair validation. Run it after any change to
-# the window maths or the analysis, and commit what changed (tests compare the committed tables
-# with a fresh re-analysis).
+# two-arm directories with their thresholds, SGLang against vLLM (`compare`), and the pair
+# validation. Run it after any change to the window maths or the analysis, and commit what changed
+# (tests compare the committed tables with a fresh re-analysis).
 #   bash scripts/results.sh            # everything (about 3 minutes on 2 cores)
 #   bash scripts/results.sh --no-reanalyse   # derived files only (analysis changes)
 set -euo pipefail
@@ -42,6 +42,13 @@ for arms in "h200-arms-decodebench" "h200x2-arms"; do
   pd report "${COLOCATED[@]}" --pool "${off[@]}" --out "$out/report.html" >/dev/null
   pd thresholds --model "$out/decision.json" --out "$out" >/dev/null
 done
+# SGLang beside vLLM at the same points, and its two scheduling modes (docs/engines.md "The H200 run").
+SGL=$R/h200-sglang0.5.15-qwen3-coder-30b-a3b
+SGLM=$R/h200-sglang0.5.15-mixed-qwen3-coder-30b-a3b
+echo "== compare engines"
+pd compare "$SEED" "$SGL" --out "$SGL/vs-vllm0.22" >/dev/null
+pd compare "$SEED" "$SGLM" --out "$SGLM/vs-vllm0.22" >/dev/null
+pd compare "$SGL" "$SGLM" --out "$SGLM/vs-default" >/dev/null
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"
