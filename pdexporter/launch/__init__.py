@@ -3,6 +3,7 @@ groups), and the providers a sweep draws drivers from."""
 
 from pdexporter.launch.base import (
     Adopting,
+    Attaching,
     DeadlineReached,
     EngineHandle,
     Launcher,
@@ -16,6 +17,6 @@ from pdexporter.launch.external import ExternalLauncher
 from pdexporter.launch.sim import SimLauncher
 
 __all__ = [
-    "Adopting", "DeadlineReached", "EngineHandle", "ExternalLauncher", "Launcher", "LogDirected", "Prestarting",
-    "Releasing", "SimLauncher", "TraceDirected", "terminate_group",
+    "Adopting", "Attaching", "DeadlineReached", "EngineHandle", "ExternalLauncher", "Launcher", "LogDirected",
+    "Prestarting", "Releasing", "SimLauncher", "TraceDirected", "terminate_group",
 ]

@@ -28,8 +28,8 @@ from typing import Protocol, runtime_checkable
 from pdexporter._internal.procs import pid_alive, process_start_ticks
 
 __all__ = [
-    "Adopting", "DeadlineReached", "EngineDirs", "EngineHandle", "Launcher", "LogDirected", "Prestarting", "Releasing",
-    "TraceDirected", "pid_alive", "process_start_ticks", "terminate_group",
+    "Adopting", "Attaching", "DeadlineReached", "EngineDirs", "EngineHandle", "Launcher", "LogDirected", "Prestarting",
+    "Releasing", "TraceDirected", "pid_alive", "process_start_ticks", "terminate_group",
 ]
 
 
@@ -84,6 +84,16 @@ class Adopting(Protocol):
 
     def can_adopt(self, chunk_size: int) -> bool:
         """Would `start(chunk_size)` adopt a live engine instead of starting one?"""
+        ...
+
+
+@runtime_checkable
+class Attaching(Protocol):
+    """A launcher that starts no engine: `start()` only attaches to one already serving (someone
+    else's, `--target`), at once. A sweep's deadline budgets no start-up for it."""
+
+    def attaches(self, chunk_size: int) -> bool:
+        """Would `start(chunk_size)` attach to a running engine instead of starting one?"""
         ...
 
 

@@ -26,6 +26,10 @@ class ExternalLauncher:
     def can_set_chunk_size(self) -> bool:
         return False
 
+    def attaches(self, chunk_size: int) -> bool:
+        """Always: the engine runs already (`launch.base.Attaching`), there is nothing to start."""
+        return True
+
     async def start(self, chunk_size: int) -> EngineHandle:
         if self.chunk_size is not None and chunk_size != self.chunk_size:
             raise ConfigError(

@@ -1,7 +1,8 @@
 """The sweep loop: the seed's Phase 3 over a grid, resumable, in faithful or fast mode.
 
     for chunk in grid.chunk_sizes (only those with work left), on the next free engine slot:
-        engine start (or adopt) at that chunk size; warm-up: shared prefix + one prefill per P
+        engine start at that chunk size (or adopt one left running, or attach to an external
+        one: no start-up to budget for); warm-up: shared prefix + one prefill per P
         blocked order (the seed's):
             for D: Phase 1 once (or the baseline recorded earlier for this chunk and D)
                 for P: Phase 2 x reps (attempts re-run while the CV is above the threshold)
@@ -62,7 +63,7 @@ from pdexporter.measure.protocol import (
 from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import baseline_stats
-from pdexporter.launch.base import Adopting, DeadlineReached, Prestarting
+from pdexporter.launch.base import Adopting, Attaching, DeadlineReached, Prestarting
 from pdexporter.sweep.providers import EngineProvider, slot_label
 from pdexporter.sweep.plan import ConfigStatus, RunTimes, block_order, config_status, median, summarise_attempts
 from pdexporter.sweep.spec import SweepSpec
@@ -325,6 +326,14 @@ class SweepController:
         launcher = self.providers[slot].launcher
         return isinstance(launcher, Adopting) and launcher.can_adopt(chunk)
 
+    def _starts_engine(self, slot: int, chunk: int) -> bool:
+        """Does opening this slot's engine at `chunk` start one (start-up time to budget for)? Not
+        when it adopts one left running, nor when it attaches to an engine it does not run."""
+        launcher = self.providers[slot].launcher
+        if isinstance(launcher, Attaching) and launcher.attaches(chunk):
+            return False
+        return not self._adoptable(slot, chunk)
+
     def _take(self, slot: int) -> int | None:
         """The next chunk size for this slot: one whose engine it left running (adopting takes no
         start-up), else the first in file order that no other slot's engine is waiting for."""
@@ -347,7 +356,7 @@ class SweepController:
         launcher = provider.launcher
         report.slot = slot_label(provider)
         try:
-            if not (isinstance(launcher, Adopting) and launcher.can_adopt(chunk)):  # adopting takes no start-up time
+            if self._starts_engine(slot, chunk):
                 self._check("engine_start", (chunk,), f"starting the engine at chunk size {chunk}")
         except DeadlineReached as exc:
             # No time to wait for it, but time to set it going: the next invocation adopts it

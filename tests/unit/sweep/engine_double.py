@@ -20,6 +20,7 @@ from typing import Any
 
 from pdexporter.client.stream import Progress, TokenStream
 from pdexporter.engines import adapter, register
+from pdexporter.launch.base import Launcher
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 
 PREFIX_TOKENS_CACHED = 4096 - 16
@@ -163,7 +164,7 @@ class DoubleProvider:
 
     make: Callable[[int], StepEngineDouble] = lambda chunk: StepEngineDouble(chunk)
     description: str = "test double"
-    launcher: None = None
+    launcher: Launcher | None = None  # a real launcher where its capabilities are what a test checks
     opened: list[int] = field(default_factory=list)
     closed: list[bool] = field(default_factory=list)
     drivers: list[StepEngineDouble] = field(default_factory=list)

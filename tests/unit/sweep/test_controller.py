@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pdexporter.launch.external import ExternalLauncher
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import Deadline, SweepController, SweepObserver
 from pdexporter.sweep.spec import SweepSpec, parse_sweep
@@ -267,3 +268,19 @@ async def test_secret_launcher_values_never_reach_sweep_json(tmp_path: Path) -> 
     data = json.loads(text)["spec"]["launcher"]
     assert data["vars"]["DB_CREDS"] == "***" and data["vars"]["model"] == "qwen"
     assert data["vars"]["db"] == "pg://u:***@db:5432/x"
+
+
+async def test_an_external_engine_has_no_start_up_to_budget_for(tmp_path: Path) -> None:
+    """The H200 passive run: `sweep --target URL --deadline 75s` on an engine already serving
+    stopped at once, "75 s left, it may take 120 s" (the default start-up estimate), though
+    attaching to someone else's engine starts nothing."""
+    provider = DoubleProvider(launcher=ExternalLauncher(url="http://engine:8000"))
+    spec = parse_sweep({"grid": {**GRID, "chunk_sizes": [8192]}, "reps": 2, "mode": "fast", "cooldown": {"seconds": 0}})
+    controller = SweepController(spec, ResultsStore(tmp_path), provider,
+                                 deadline=Deadline(at=75.0, margin_s=5.0, clock=lambda: 0.0))
+    report = await controller.run()
+    assert report.status == "complete" and report.complete_configs == 4 and provider.opened == [8192]
+    # A launcher that starts its engine is still held to the start-up estimate.
+    stopped = await SweepController(spec, ResultsStore(tmp_path / "local"), DoubleProvider(),
+                                    deadline=Deadline(at=75.0, margin_s=5.0, clock=lambda: 0.0)).run()
+    assert stopped.status == "deadline" and "starting the engine" in (stopped.message or "")
