@@ -17,7 +17,11 @@
 # time for PASSIVE_S = 600: vLLM start ~2-2.5 min, exporter up ~15 s, 10 min of traffic + 20 s of
 # attribution, the sweep ~1 min (D 4-12; D 1, 2 if the call has time), the analysis ~0.5 min; plus
 # ~1 min to unpack the bundle when /tmp/site is not there yet. PASSIVE_S = 1800 for the 30-minute
-# model takes a third call (~35 minutes in all).
+# model takes a third call (~35 minutes in all). Measured on one H200 with PASSIVE_S = 180
+# (results/h200-vllm0.22-qwen3-coder-30b-a3b-passive/RUN.md): vLLM healthy 140 s into the first
+# call, the passive step 215 s (180 s of load + the exporter's 35 s tail), the injected sweep of
+# 42 configs x 2 repetitions 62 s; export-table and passive_compare.py (in parallel) ~25 s and ~40 s
+# on 2 CPU cores.
 #
 # Needs on the machine: the vLLM bundle in /root/stage (../shared/gpu/README.md) and the
 # OpenTelemetry wheels vLLM's tracing imports, carried as .gpu-stage-otel/otel-site.tar.gz (built by
@@ -47,8 +51,8 @@ alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 pack() {
   (cd "$W" && tar czf "$OUT/passive-h200.tar.gz" --ignore-failed-read passive passive-table injected comparison.md \
-     comparison.json SUMMARY.md load.json steps.log exporter.log load.log engine.log sweep.log imports.txt \
-     doctor-traces.txt export-table.log 2>/dev/null)
+     comparison.json SUMMARY.md load.json steps.log exporter.log exporter-metrics.txt load.log engine.log sweep.log \
+     imports.txt doctor-traces.txt export-table.log 2>/dev/null)
   for f in SUMMARY.md comparison.json steps.log; do cp "$W/$f" "$OUT/" 2>/dev/null; done
   cp "$W/passive-table/plots/passive_convergence.png" "$OUT/" 2>/dev/null
   true
@@ -132,6 +136,10 @@ fi
 if [ ! -f "$W/passive.done" ]; then
   while alive "$W/exporter.pid" || alive "$W/load.pid"; do
     [ "$(left)" -lt 25 ] && { log "passive run still going ($(( $(date +%s) - $(cat "$W/passive.started") )) s in): the next call waits for it"; exit 0; }
+    # the exporter's own counters (every run of slow steps by outcome and source, the live model's
+    # gauges): the last scrape before it stops is kept, the records hold the published events only
+    curl -sf "http://127.0.0.1:$EXPORTER/metrics" > "$W/exporter-metrics.tmp" 2>/dev/null \
+      && mv "$W/exporter-metrics.tmp" "$W/exporter-metrics.txt"
     sleep 5
   done
   touch "$W/passive.done"
@@ -152,11 +160,16 @@ if [ ! -f "$W/injected.done" ]; then
 fi
 
 # 5. The event model and its convergence; trace-based vs cadence-based attribution.
-python3 -m pdexporter export-table "$W/passive" --mode passive --injected "$W/injected" --out "$W/passive-table" \
+# The injected records of this run where there are any (a sweep cut short leaves some); the
+# committed injected table of the same engine only fills cells this run's sweep did not reach,
+# and only where this tree has it (a device tree may leave results/ out).
+INJ=()
+ls "$W"/injected/$B/D*_P*.json > /dev/null 2>&1 && INJ=(--injected "$W/injected")
+python3 -m pdexporter export-table "$W/passive" --mode passive "${INJ[@]}" --out "$W/passive-table" \
   --no-parquet > "$W/export-table.log" 2>&1 &
 TABLE=$!
 REF=()
-[ "$ENGINE" = vllm ] && REF=(--reference "$REFERENCE")
+[ "$ENGINE" = vllm ] && [ ! -f "$W/injected.done" ] && [ -d "$REFERENCE" ] && REF=(--reference "$REFERENCE")
 python3 scripts/gpu/passive_compare.py "$W/passive" --injected "$W/injected" "${REF[@]}" --out "$W" \
   > /dev/null 2>> "$W/steps.log" || log "passive_compare failed"
 wait $TABLE || log "export-table failed (export-table.log)"

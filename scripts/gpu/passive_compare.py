@@ -7,8 +7,10 @@ attribution (issue 23). Run by scripts/gpu/passive-h200.sh; works on any passive
 1. The passive records (`run --passive --out`): every published event with its exact D and P, and
    the P the probes' cadence alone gave for the same run (`passive.cadence_prompt_tokens`).
 2. The injected table: INJECTED_DIR (measured on this engine, this run), completed by --reference
-   (an earlier injected run of the same engine, e.g. results/h200-vllm0.22-qwen3-coder-30b-a3b) for
-   cells INJECTED_DIR lacks; the summary says which cells came from where.
+   (an earlier injected run of the same engine, e.g. results/h200-vllm0.22-qwen3-coder-30b-a3b) only
+   for grid cells INJECTED_DIR lacks: a complete injected sweep needs no reference, and a reference
+   that is not there is one line on stderr, not a failure; the summary says which cells came from
+   where. With neither, the model and the attribution are still compared, without an error column.
 3. The event-fitted model (`analysis.passive_model`) on the first 1, 2, 5, 10, 30 minutes of traffic
    against that table over the reached cells, with P from the engine's traces (the run's own
    attribution); and the same with P from the cadence alone, event for event: how far the two
@@ -31,13 +33,45 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from pdexporter.analysis.job import injected_values
-from pdexporter.analysis.passive_model import CONVERGENCE_MINUTES, FitEvent, Grid, answer, events_from_records
+from pdexporter.analysis.passive_model import (
+    CONVERGENCE_MINUTES,
+    FitEvent,
+    Grid,
+    answer,
+    events_from_records,
+)
+from pdexporter.errors import PdexporterError
 from pdexporter.measure.passive import bin_int
 from pdexporter.measure.store import ResultsStore, load_record_file
 
 
 def _records(root: Path) -> list:  # type: ignore[type-arg]
     return [load_record_file(p) for p in ResultsStore(root).iter_record_paths()]
+
+
+Key = tuple[int, int, int]
+
+
+def _note(text: str) -> None:
+    print(f"passive_compare: {text}", file=sys.stderr)
+
+
+def _injected(root: Path | None, flag: str) -> dict[Key, float]:
+    """An injected table's aggregate interference per cell; {} (and one line on stderr) where the
+    directory is absent, holds no records or no injected ones: the comparison goes on without it."""
+    if root is None:
+        return {}
+    if not root.is_dir():
+        _note(f"{flag} {root}: no such directory (not copied to this machine?); compared without it")
+        return {}
+    if not any(ResultsStore(root).iter_record_paths()):
+        _note(f"{flag} {root}: no records (expected {root}/<chunk_size>/D<d>_P<p>.json); compared without it")
+        return {}
+    try:
+        return injected_values(root)
+    except PdexporterError as exc:
+        _note(f"{flag} {root}: {exc}; compared without it")
+        return {}
 
 
 def _fmt(x: float | None, pct: bool = True) -> str:
@@ -58,26 +92,36 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=200)
     args = parser.parse_args()
 
-    records = [r for r in _records(args.passive_dir) if r.config.mode == "passive"]
+    records = (
+        [r for r in _records(args.passive_dir) if r.config.mode == "passive"]
+        if args.passive_dir.is_dir()
+        else []
+    )
     events = events_from_records(records)
+    if not events:
+        _note(f"{args.passive_dir}: no passive events (expected `run --passive --out` records there)")
+        sys.exit(2)
     chunks = sorted({e.chunk_size for e in events})
     grid = Grid(tuple(chunks))
-    fresh = (
-        injected_values(args.injected)
-        if args.injected.is_dir() and any(ResultsStore(args.injected).iter_record_paths())
-        else {}
-    )
-    reference = injected_values(args.reference) if args.reference is not None else {}
+    fresh = _injected(args.injected, "--injected")
+    missing = [k for k in grid.cells() if k not in fresh]
+    reference = _injected(args.reference, "--reference") if args.reference is not None and missing else {}
+    if args.reference is not None and not missing:
+        _note(f"--reference {args.reference} not read: {args.injected} holds every cell of the grid")
     table = {**{k: v for k, v in reference.items() if k[0] in chunks}, **fresh}
     origin = {k: ("this run" if k in fresh else "reference") for k in table}
 
     lines = [f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))})", ""]
     sources = collections.Counter(e.source for e in events)
+    injected_line = (
+        f"Injected cells: {sum(v == 'this run' for v in origin.values())} measured in this run, "
+        f"{sum(v == 'reference' for v in origin.values())} from {args.reference if reference else 'no reference'}."
+        if table
+        else "No injected table (no injected records, no reference): the model's error is not computed."
+    )
     lines.append(
         f"{len(events)} published events over {max((e.at_s for e in events), default=0) / 60:.1f} min of "
-        f"traffic, P from: {dict(sources)}. Injected cells: {sum(v == 'this run' for v in origin.values())} "
-        f"measured in this run, {sum(v == 'reference' for v in origin.values())} from "
-        f"{args.reference or 'no reference'}."
+        f"traffic, P from: {dict(sources)}. {injected_line}"
     )
     doc: dict = {
         "events": len(events),
@@ -86,7 +130,7 @@ def main() -> None:
     }
 
     def model_block(title: str, evs: list[FitEvent]) -> dict:  # type: ignore[type-arg]
-        result = answer(evs, grid, injected=table, minutes=args.minutes, bootstrap=args.bootstrap)
+        result = answer(evs, grid, injected=table or None, minutes=args.minutes, bootstrap=args.bootstrap)
         if result is None:
             lines.extend(["", f"### {title}", "", "too few events inside the grid's prompt span for a model"])
             return {"model": None}
@@ -119,12 +163,13 @@ def main() -> None:
                     "|---|---|---|---|---|---|",
                 ]
             )
-            for c in result.cells:
-                if c.key in result.errors.by_cell:
-                    ci = "" if c.low_ms is None else f" [{c.low_ms:.0f}-{c.high_ms:.0f}]"
+            for cell in result.cells:
+                if cell.key in result.errors.by_cell:
+                    ci = "" if cell.low_ms is None else f" [{cell.low_ms:.0f}-{cell.high_ms:.0f}]"
                     lines.append(
-                        f"| {c.key[1]} | {c.key[2]} | {c.events} | {c.aggregate_ms:.0f}{ci} | "
-                        f"{table[c.key]:.0f} ({origin[c.key]}) | {result.errors.by_cell[c.key] * 100:+.1f} % |"
+                        f"| {cell.key[1]} | {cell.key[2]} | {cell.events} | {cell.aggregate_ms:.0f}{ci} | "
+                        f"{table[cell.key]:.0f} ({origin[cell.key]}) | "
+                        f"{result.errors.by_cell[cell.key] * 100:+.1f} % |"
                     )
         return result.to_dict()
 

@@ -1,0 +1,78 @@
+"""scripts/gpu/passive_compare.py on the committed H200 passive run (issue 23): on the device its
+reference directory was not there and the script died with a traceback; a missing or empty
+injected table is one line each, and the comparison of the model and the attribution goes on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-passive"
+
+
+def _compare(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "scripts/gpu/passive_compare.py",
+            str(RUN / "passive"),
+            "--out",
+            str(tmp_path),
+            "--bootstrap",
+            "5",
+            "--minutes",
+            "1",
+            *args,
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_reference_that_is_not_there_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    empty = tmp_path / "injected"
+    empty.mkdir()
+    result = _compare(tmp_path, "--injected", str(empty), "--reference", str(tmp_path / "not-copied"))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and "no records" in lines[0] and "not-copied: no such directory" in lines[1]
+    doc = json.loads((tmp_path / "comparison.json").read_text())
+    assert doc["events"] == 139 and doc["attribution"]["events"] == 138  # the comparison went on
+    assert "No injected table" in (tmp_path / "comparison.md").read_text()
+
+
+def test_a_complete_injected_sweep_needs_no_reference(tmp_path: Path) -> None:
+    result = _compare(
+        tmp_path, "--injected", str(RUN / "injected"), "--reference", str(tmp_path / "not-copied")
+    )
+    assert result.returncode == 0, result.stderr
+    assert "not read" in result.stderr and "no such directory" not in result.stderr
+    doc = json.loads((tmp_path / "comparison.json").read_text())
+    assert set(doc["injected_origin"].values()) == {"this run"} and len(doc["injected_origin"]) == 42
+
+
+def test_no_passive_records_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/gpu/passive_compare.py",
+            str(tmp_path / "none"),
+            "--injected",
+            str(tmp_path),
+            "--out",
+            str(tmp_path),
+        ],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no passive events" in result.stderr
