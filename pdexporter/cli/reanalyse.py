@@ -23,18 +23,23 @@ def reanalyse(
     results: Annotated[Path, typer.Argument(help="Results directory ({chunk}/D{d}_P{p}.json + raw/).")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; write nothing.")] = False,
 ) -> None:
-    """Recompute every record's numbers from its raw timestamps with the current window maths."""
+    """Recompute every record's numbers from its raw timestamps with the current window maths
+    (records of `run --passive` are kept as measured)."""
     store = ResultsStore(results)
     paths = list(store.iter_record_paths())
     if not paths:
         raise ConfigError(f"{results}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
     settings = ProtocolSettings()
-    changed = reps = 0
+    changed = reps = kept = 0
     with Progress(TextColumn("[bold]reanalyse"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console) as bar:
         task = bar.add_task("records", total=len(paths))
         for path in paths:
             record = load_record_file(path)
+            if record.config.mode == "passive":  # the exporter's windows: see the note below
+                kept += 1
+                bar.advance(task)
+                continue
             result = reanalyse_record(store, record, settings)
             reps += result.reps
             changed += result.changed
@@ -42,4 +47,10 @@ def reanalyse(
                 store.save_record(result.record)
             bar.advance(task)
     verb = "would change" if dry_run else "changed"
-    console.print(f"{len(paths)} records, {reps} repetitions: {changed} {verb}")
+    console.print(f"{len(paths) - kept} records, {reps} repetitions: {changed} {verb}")
+    if kept:
+        console.print(
+            f"{kept} passive record(s) (run --passive) kept as measured: each event's baseline is the quiet "
+            "period before it and its D and P the engine's, which no Phase 1 file holds; "
+            "export-table --mode passive re-derives the table and the model from them"
+        )

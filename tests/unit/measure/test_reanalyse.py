@@ -50,3 +50,24 @@ def test_reanalyse_cli_rewrites_records_in_place(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "1 records, 1 repetitions: 1 changed" in result.output
     assert json.loads(path.read_text())["derived"]["tpot_penalty_p50_ms"] > 0
+
+
+def test_reanalyse_cli_keeps_passive_records_as_measured(tmp_path: Path) -> None:
+    """A `run --passive` record (the H200's) has no Phase 1 file: its events' baselines are their
+    quiet periods. `reanalyse` (and so scripts/results.sh) failed on it; it keeps it, and says so."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from pdexporter.cli import app
+
+    committed = Path(__file__).parents[3] / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-passive" / "passive"
+    record = committed / "8192" / "D4_P4096.json"
+    (tmp_path / "8192" / "raw").mkdir(parents=True)
+    shutil.copy(record, tmp_path / "8192" / record.name)
+    for rep in json.loads(record.read_text())["reps"]:
+        shutil.copy(committed / "8192" / rep["raw"], tmp_path / "8192" / rep["raw"])
+    result = CliRunner().invoke(app, ["reanalyse", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "1 passive record(s) (run --passive) kept as measured" in " ".join(result.output.split())
+    assert (tmp_path / "8192" / record.name).read_bytes() == record.read_bytes()
