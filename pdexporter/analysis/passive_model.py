@@ -27,8 +27,9 @@ Reach: a cell the traffic reaches is one the events surround. With the grid's lo
 the D bins (and the P bins) holding at least `min_events` events span a range; a cell whose D and
 P both lie in those ranges is reached (the model interpolates there). Cells outside say why: D
 below the decodes the engine ran (the exporter's probes alone decode N streams), D beyond the
-concurrency the traffic reached, P beyond the load's prompt lengths (or below them). Their
-predictions are extrapolations and are marked so.
+concurrency the traffic reached, P beyond the published events' prompts (or below them: a long
+prompt the load sent may still be missing, its slow steps shared with another prefill and not
+published). Their predictions are extrapolations and are marked so.
 
 Convergence: `convergence` refits on the events of the first m minutes of traffic, for several
 m, and says how many events each fit had, how wide its intervals were and, given the injected
@@ -370,12 +371,13 @@ def reach(events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS) 
         if p_span is None or p > p_span[1]:
             longest = max(ps) if ps else 0
             why.append(
-                f"P = {p} beyond the load's prompt lengths (fewer than {min_events} events in its bin and "
-                f"above, longest prompt {longest})"
+                f"P = {p} beyond the published events' prompts (fewer than {min_events} events in its bin "
+                f"and above, longest {longest} tokens)"
             )
         elif p < p_span[0]:
             why.append(
-                f"P = {p} below the load's prompt lengths (fewer than {min_events} events in its bin and below)"
+                f"P = {p} below the published events' prompts (fewer than {min_events} events in its bin "
+                "and below)"
             )
         out[(b, d, p)] = "; ".join(why) if why else None
     return out

@@ -93,7 +93,7 @@ def test_reach_says_why_a_cell_is_out() -> None:
     assert why[(B, 4, 2048)] is None and why[(B, 8, 8192)] is None
     assert "below the decodes the engine ran" in why[(B, 1, 2048)]
     assert "beyond the concurrency" in why[(B, 12, 2048)]
-    assert "beyond the load's prompt lengths" in why[(B, 6, 32768)]
+    assert "beyond the published events' prompts" in why[(B, 6, 32768)]
     assert "D = 1" in why[(B, 1, 32768)] and "P = 32768" in why[(B, 1, 32768)]
     assert "no event at B = 2048" in reach(events, Grid((2048,)))[(2048, 4, 2048)]
 
