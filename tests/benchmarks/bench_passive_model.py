@@ -2,7 +2,7 @@
 Prints figures.
 
     python tests/benchmarks/bench_passive_model.py [--minutes 30] [--rate 1.5] [--seed 0] [--probes 4]
-        [--chunk 8192] [--bootstrap 200] [--out DIR]
+        [--chunk 8192] [--bootstrap 200] [--at 1 2 5 10 30] [--out DIR]
 
 1. A passive session (`predict.passive.passive_session`: the exporter's own tracker, the engine's
    request traces and /metrics) on the embedded engine (profile `h200-qwen3-coder-30b-a3b`) in
@@ -11,7 +11,7 @@ Prints figures.
    32768): `predict.grid.predict_records`, the sweep controller on the embedded engine in fast mode,
    3 repetitions (what `pdexporter sim sweep` measures).
 3. The event model (`analysis.passive_model`) refitted on the first 1, 2, 5, 10, 30 minutes of
-   traffic: events used, cells reached, the median 95 % interval half-width, and the error of its
+   traffic (--at: other cut-offs, e.g. 3 to compare with a 3-minute run): events used, cells reached, the median 95 % interval half-width, and the error of its
    predicted aggregate interference against the injected table over the reached cells (mean,
    median, max |relative error|); then the cells it cannot reach and why, and the per-cell errors
    of the full fit. `--out DIR` also writes passive_model.json and the convergence plot there.
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=8192)
     parser.add_argument("--bootstrap", type=int, default=200)
+    parser.add_argument("--at", type=float, nargs="+", default=list(CONVERGENCE_MINUTES))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     print(
@@ -87,7 +88,7 @@ def main() -> None:
     )
 
     started = time.perf_counter()
-    result = answer(events, grid, injected=injected, minutes=CONVERGENCE_MINUTES, bootstrap=args.bootstrap)
+    result = answer(events, grid, injected=injected, minutes=args.at, bootstrap=args.bootstrap)
     if result is None:
         print("no event model: too few events inside the grid's prompt span")
         return
