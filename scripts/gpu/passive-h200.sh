@@ -50,7 +50,7 @@ log() { echo "[$(date +%T)] $*" | tee -a "$W/steps.log"; }
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 pack() {
-  (cd "$W" && tar czf "$OUT/passive-h200.tar.gz" --ignore-failed-read passive passive-table injected comparison.md \
+  (cd "$W" && tar czf "$OUT/passive-h200.tar.gz" --ignore-failed-read passive passive-table injected comparison.md plots \
      comparison.json SUMMARY.md load.json steps.log exporter.log exporter-metrics.txt load.log engine.log sweep.log \
      imports.txt doctor-traces.txt export-table.log 2>/dev/null)
   for f in SUMMARY.md comparison.json steps.log; do cp "$W/$f" "$OUT/" 2>/dev/null; done

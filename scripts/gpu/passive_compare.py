@@ -16,7 +16,8 @@ attribution (issue 23). Run by scripts/gpu/passive-h200.sh; works on any passive
    attribution); and the same with P from the cadence alone, event for event: how far the two
    sources' P are apart, and what the cadence's P does to the model.
 
-Writes OUT/comparison.md (RUN.md-ready) and OUT/comparison.json, and prints the markdown.
+Writes OUT/comparison.md (RUN.md-ready), OUT/comparison.json and OUT/plots/passive_attribution.png
+(and .svg: the two sources' P event for event, each model's error vs minutes), and prints the markdown.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -37,9 +40,11 @@ from pdexporter.analysis.passive_model import (
     CONVERGENCE_MINUTES,
     FitEvent,
     Grid,
+    PassiveAnswer,
     answer,
     events_from_records,
 )
+from pdexporter.analysis.plots import Plot, write_plots
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.passive import bin_int
 from pdexporter.measure.store import ResultsStore, load_record_file
@@ -78,6 +83,51 @@ def _fmt(x: float | None, pct: bool = True) -> str:
     if x is None:
         return "-"
     return f"{x * 100:.1f} %" if pct else f"{x:.1f}"
+
+
+def attribution_plot(both: list[tuple[FitEvent, int]], fits: dict[str, PassiveAnswer]) -> Plot:
+    """Left: P from the cadence against P from the traces, event for event (the diagonal and its
+    ±25 % band); right: each source's model, its mean |error| against injection vs minutes."""
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
+    if both:
+        xs = [e.prompt for e, _ in both]
+        ys = [max(p, 1) for _, p in both]
+        left.scatter(xs, ys, s=12, alpha=0.7)
+        lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
+        left.plot([lo, hi], [lo, hi], color="grey", lw=1, label="same P")
+        left.fill_between(
+            [lo, hi],
+            [lo * 0.75, hi * 0.75],
+            [lo * 1.25, hi * 1.25],
+            color="grey",
+            alpha=0.15,
+            label="within 25 %",
+        )
+        left.set_xscale("log")
+        left.set_yscale("log")
+        left.legend(fontsize=8)
+    left.set_xlabel("P from the engine's traces (tokens)")
+    left.set_ylabel("P from the probes' cadence (tokens)")
+    left.set_title(f"the same {len(both)} events, sized two ways", fontsize=9)
+    for label, result in fits.items():
+        points = [
+            (c.minutes, c.errors.mape) for c in result.convergence if c.errors and c.errors.mape is not None
+        ]
+        if points:
+            right.plot([m for m, _ in points], [e * 100 for _, e in points], "o-", label=label)
+    right.axhline(15, color="grey", ls=":", label="goal 15 %")
+    right.set_ylim(bottom=0)
+    right.set_xlabel("minutes of traffic")
+    right.set_ylabel("mean |error| vs injected, reached cells (%)")
+    right.set_title("the event model on each source's P", fontsize=9)
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    title = "Passive mode: trace-based against cadence-based attribution"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return Plot("passive_attribution", title, fig)
 
 
 def main() -> None:
@@ -129,8 +179,12 @@ def main() -> None:
         "injected_origin": {f"B={k[0]} D={k[1]} P={k[2]}": v for k, v in sorted(origin.items())},
     }
 
-    def model_block(title: str, evs: list[FitEvent]) -> dict:  # type: ignore[type-arg]
+    fits: dict[str, PassiveAnswer] = {}
+
+    def model_block(title: str, evs: list[FitEvent], label: str) -> dict:  # type: ignore[type-arg]
         result = answer(evs, grid, injected=table or None, minutes=args.minutes, bootstrap=args.bootstrap)
+        if result is not None:
+            fits[label] = result
         if result is None:
             lines.extend(["", f"### {title}", "", "too few events inside the grid's prompt span for a model"])
             return {"model": None}
@@ -173,7 +227,11 @@ def main() -> None:
                     )
         return result.to_dict()
 
-    doc["traces"] = model_block("Event model, P from the engine's traces (the run's attribution)", events)
+    doc["traces"] = model_block(
+        "Event model, P from the engine's traces (the run's attribution)",
+        events,
+        "P from the run's attribution",
+    )
 
     # trace-based against cadence-based attribution, event for event
     both = [(e, e.cadence_prompt) for e in events if e.source == "otlp" and e.cadence_prompt]
@@ -201,12 +259,21 @@ def main() -> None:
             "median_rel_error_ge_1024": statistics.median(big) if big else None,
         }
         cadence_events = [dataclasses.replace(e, prompt=int(p), source="cadence") for e, p in both]
-        doc["cadence"] = model_block("Event model, P from the cadence alone (same events)", cadence_events)
+        doc["cadence"] = model_block(
+            "Event model, P from the cadence alone (same events)", cadence_events, "P from the cadence alone"
+        )
     else:
         lines.append(
             "no event carries both a trace-based and a cadence-based P (traces off, or no cadence model)"
         )
         doc["attribution"] = None
+    write_plots([attribution_plot(both, fits)], args.out / "plots")
+    lines.extend(
+        [
+            "",
+            "`plots/passive_attribution.png`: the two sources' P event for event, each model's error vs minutes.",
+        ]
+    )
     text = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "comparison.md").write_text(text)
