@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Re-derive every committed results directory with the code as it is now: the records from their
 # raw timestamps (`reanalyse`), then tables, fits, decision.json, criteria, plots and reports, the
-# two-arm directories with their thresholds, SGLang against vLLM (`compare`), and the pair
-# validation. Run it after any change to the window maths or the analysis, and commit what changed
-# (tests compare the committed tables with a fresh re-analysis).
-#   bash scripts/results.sh            # everything (about 3 minutes on 2 cores)
+# two-arm directories with their thresholds, SGLang against vLLM (`compare`), passive mode against
+# injection, and the pair validation. Run it after any change to the window maths or the analysis,
+# and commit what changed (tests compare the committed tables with a fresh re-analysis).
+#   bash scripts/results.sh            # everything (about 4 minutes on 2 cores)
 #   bash scripts/results.sh --no-reanalyse   # derived files only (analysis changes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +17,10 @@ DB=$R/h200-vllm0.22-qwen3-coder-30b-a3b-decodebench
 COLOCATED=("$SEED" "$SEED-small-p")
 OFFLOADED_DB=(--offloaded "$DB" --offloaded "$DB-small-p")
 PAIR=$R/h200x2-vllm0.22-qwen3-coder-30b-a3b-pd
+PASSIVE=$R/h200-vllm0.22-qwen3-coder-30b-a3b-passive
 
-# Record directories (a chunk-size folder of D*_P*.json below them), the experiments included.
+# Record directories (a chunk-size folder of D*_P*.json below them), the experiments included
+# (`reanalyse` keeps the records of `run --passive` as measured: the passive block below re-derives).
 mapfile -t record_dirs < <(find "$R" -name 'D*_P*.json' -path '*/[0-9]*/*' | sed -E 's|/[0-9]+/[^/]+$||' | sort -u)
 if [ "${1:-}" != "--no-reanalyse" ]; then
   for d in "${record_dirs[@]}"; do
@@ -49,6 +51,13 @@ echo "== compare engines"
 pd compare "$SEED" "$SGL" --out "$SGL/vs-vllm0.22" >/dev/null
 pd compare "$SEED" "$SGLM" --out "$SGLM/vs-vllm0.22" >/dev/null
 pd compare "$SGL" "$SGLM" --out "$SGLM/vs-default" >/dev/null
+# Passive mode on the H200 beside the injected table of the same engine: the event model, its
+# convergence and trace- against cadence-based attribution (the injected table itself is above).
+echo "== passive $PASSIVE"
+pd export-table "$PASSIVE/passive" --mode passive --injected "$PASSIVE/injected" --out "$PASSIVE" >/dev/null
+pd report "$PASSIVE/passive" --injected "$PASSIVE/injected" --out "$PASSIVE/report.html" >/dev/null
+python3 scripts/gpu/passive_compare.py "$PASSIVE/passive" --injected "$PASSIVE/injected" --minutes 0.5 1 1.5 2 2.5 \
+  --out "$PASSIVE" >/dev/null
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"
