@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pdexporter.cli._common import console
 from pdexporter.errors import ConfigError
 from pdexporter.measure.protocol import ProtocolSettings
+from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore, load_record_file
 from pdexporter.sweep.reanalyse import reanalyse_record
 
@@ -30,7 +31,7 @@ def reanalyse(
     if not paths:
         raise ConfigError(f"{results}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
     settings = ProtocolSettings()
-    changed = reps = kept = 0
+    changed = reps = kept = written = 0
     with Progress(TextColumn("[bold]reanalyse"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=console) as bar:
         task = bar.add_task("records", total=len(paths))
@@ -43,14 +44,23 @@ def reanalyse(
             result = reanalyse_record(store, record, settings)
             reps += result.reps
             changed += result.changed
-            if not dry_run:
+            if not dry_run and _differs(record, result.record):
                 store.save_record(result.record)
+                written += 1
             bar.advance(task)
     verb = "would change" if dry_run else "changed"
-    console.print(f"{len(paths) - kept} records, {reps} repetitions: {changed} {verb}")
+    console.print(f"{len(paths) - kept} records, {reps} repetitions: {changed} {verb}"
+                  + ("" if dry_run else f"; {written} record files rewritten (the others are left as they were)"))
     if kept:
         console.print(
             f"{kept} passive record(s) (run --passive) kept as measured: each event's baseline is the quiet "
             "period before it and its D and P the engine's, which no Phase 1 file holds; "
             "export-table --mode passive re-derives the table and the model from them"
         )
+
+
+def _differs(old: RunRecord, new: RunRecord) -> bool:
+    """Whether re-analysis changed anything but the provenance (when and where it was written): a
+    record whose numbers are what they were is not rewritten, so a re-derivation of committed
+    results changes only what moved."""
+    return old.model_dump(exclude={"provenance"}) != new.model_dump(exclude={"provenance"})

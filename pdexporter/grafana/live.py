@@ -263,7 +263,7 @@ def build() -> Json:
             "Production prefills the last fit used, and the cells of the seed's grid (D 1..12, P 512..32768) "
             "the traffic reaches: D and P surrounded by bins of >= 5 events. Cells outside are extrapolations "
             "(pdexporter_passive_model_cell_reached = 0): D below the probes' own decodes, beyond the "
-            "concurrency reached, or P beyond the load's prompts.",
+            "concurrency reached, or P beyond the published events' prompts.",
             targets(
                 (f"{m.PASSIVE_MODEL_EVENTS}{{{SEL}}}", "events {{instance}}"),
                 (f"{m.PASSIVE_MODEL_CELLS}{{{SEL}}}", "cells reached {{instance}}"),

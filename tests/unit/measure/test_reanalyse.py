@@ -50,6 +50,12 @@ def test_reanalyse_cli_rewrites_records_in_place(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "1 records, 1 repetitions: 1 changed" in result.output
     assert json.loads(path.read_text())["derived"]["tpot_penalty_p50_ms"] > 0
+    # again: nothing moved, so the file is left byte for byte (its provenance included)
+    before = path.read_bytes()
+    again = CliRunner().invoke(app, ["reanalyse", str(tmp_path)])
+    assert again.exit_code == 0, again.output
+    assert "0 changed; 0 record files rewritten" in " ".join(again.output.split())
+    assert path.read_bytes() == before
 
 
 def test_reanalyse_cli_keeps_passive_records_as_measured(tmp_path: Path) -> None:
