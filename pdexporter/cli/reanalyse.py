@@ -60,7 +60,9 @@ def reanalyse(
 
 
 def _differs(old: RunRecord, new: RunRecord) -> bool:
-    """Whether re-analysis changed anything but the provenance (when and where it was written): a
+    """Whether re-analysis changed anything but the provenance (when and where it was written) and
+    the schema version it would be written with: a
     record whose numbers are what they were is not rewritten, so a re-derivation of committed
     results changes only what moved."""
-    return old.model_dump(exclude={"provenance"}) != new.model_dump(exclude={"provenance"})
+    keep = {"provenance", "schema_version"}  # an older record is read as it is; its numbers decide
+    return old.model_dump(exclude=keep) != new.model_dump(exclude=keep)

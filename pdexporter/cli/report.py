@@ -17,9 +17,9 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    results_dirs: Annotated[list[Path], typer.Argument(
+    results_dir: Annotated[list[Path], typer.Argument(
         help="Results directory of records (results/{chunk}/D{d}_P{p}.json); several are joined as by "
-             "export-table.", metavar="RESULTS_DIR...")],
+             "export-table.")],
     out: Annotated[Path | None, typer.Option(
         "--out", help="HTML file to write (default: results/reports/NAME.html, NAME the results directory's: "
         "never inside the directory it reads).")] = None,
@@ -39,7 +39,7 @@ def report(
 
     # Not RESULTS_DIR/report.html: a command that reads a directory does not write into it unless
     # asked (a committed results directory's report.html was rewritten by a first look at it).
-    results_dir = results_dirs[0]
+    results_dirs, results_dir = results_dir, results_dir[0]
     offloaded = offloaded or None
     target = out or default_report_path(results_dir)
     paths = [path for directory in results_dirs for path in record_paths(directory)]
