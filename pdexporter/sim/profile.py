@@ -311,6 +311,18 @@ class StepTimeParams(_Strict):
     matmul_efficiency: float = Field(gt=0, le=1, description="dense GEMMs, fraction of peak")
     moe_efficiency: float = Field(gt=0, le=1, description="fused-MoE grouped GEMMs, fraction of peak")
     attention_efficiency: float = Field(gt=0, le=1, description="flash-attention prefill, fraction of peak")
+    prefix_attention_efficiency: float | None = Field(
+        None, gt=0, le=1, description="a prompt chunk's attention to its cached prefix (the c s pairs of a chunk of c "
+                                      "tokens at position s), fraction of peak (None: attention_efficiency; SGLang's "
+                                      "triton extend kernel runs it apart from the causal part, and slower)")
+    mixed_decode_us_per_chunk_token: float = Field(
+        0.0, ge=0, description="GPU time each decode of a step that also carries prompt tokens adds per prompt token "
+                               "beyond mixed_decode_free_tokens (us); 0 for vLLM's FlashAttention, whose varlen kernel "
+                               "schedules each row by its own length; SGLang's triton extend kernel with "
+                               "--enable-mixed-chunk pays it")
+    mixed_decode_free_tokens: float = Field(
+        0.0, ge=0, description="prompt tokens of a mixed step that cost its decodes nothing (see "
+                               "mixed_decode_us_per_chunk_token)")
     bandwidth_efficiency: float = Field(gt=0, le=1, description="weight and KV streaming, fraction of HBM peak")
     moe_expert_pool: float | None = Field(
         None, gt=0, description="experts routing effectively spreads over (None: all, uniform routing)"

@@ -99,13 +99,14 @@ class StepComposition:
     kv_read_tokens: int
     kv_fill_tokens: int = 0  # tokens of KV a connector writes into the cache in this step (DecodeBench)
     num_decode_tokens: int | None = None  # tokens of one-token requests (decodes); None: every token if uniform
+    prefix_pairs: float = 0.0  # of attention_pairs: multi-token queries' pairs with their cached prefix (sum c s)
 
     @classmethod
     def of(cls, chunks: Iterable[tuple[int, int]], num_sampled: int | None = None,
            kv_fill_tokens: int = 0) -> StepComposition:
         """From (query_len, context_before) per request; every request samples unless told."""
         tokens = requests = max_q = kv = decodes = 0
-        pairs = 0.0
+        pairs = prefix = 0.0
         for c, s in chunks:
             tokens += c
             requests += 1
@@ -113,10 +114,12 @@ class StepComposition:
                 max_q = c
             if c == 1:
                 decodes += 1
+            else:
+                prefix += c * s
             pairs += c * s + c * (c + 1) / 2
             kv += s + c
         return cls(tokens, requests, requests if num_sampled is None else num_sampled, max_q, pairs, kv,
-                   kv_fill_tokens, decodes)
+                   kv_fill_tokens, decodes, prefix)
 
     @property
     def decode_tokens(self) -> int:
@@ -190,6 +193,7 @@ class StepArrays:
     pairs: np.ndarray
     kv_tokens: np.ndarray
     mode: np.ndarray  # 0 full, 1 piecewise, 2 eager
+    prefix_pairs: np.ndarray | None = None  # of pairs: multi-token queries' with their cached prefix (None: 0)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -245,6 +249,10 @@ class StepTimeModel:
         self._miss = 1.0 - self._k / self._pool if m.is_moe else 1.0  # a pool expert a decode token misses
         self._miss_all = 1.0 - m.experts_per_token / m.num_experts if m.is_moe else 1.0
         self._attn_s_per_pair = m.attention_flops_per_pair / (peak * p.attention_efficiency)
+        self._prefix_s_per_pair = m.attention_flops_per_pair / (
+            peak * (p.prefix_attention_efficiency or p.attention_efficiency))
+        self._mixed_s = p.mixed_decode_us_per_chunk_token * 1e-6
+        self._mixed_free = p.mixed_decode_free_tokens
         self._kv_s_per_token = m.kv_bytes_per_token / bw
         self._fill_s_per_token = m.kv_bytes_per_token / (g.hbm_bandwidth_tb_s * 1e12 * p.kv_fill_bandwidth_efficiency)
         self.landing_factor = landing_factor(profile, p)
@@ -286,17 +294,28 @@ class StepTimeModel:
         experts = self.experts_touched(tokens, comp.decode_tokens)
         w_compute = tokens * (self._dense_s_per_tok + self._moe_s_per_tok) + comp.num_sampled * self._lm_s_per_row
         w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + (self._lm_bytes_s if comp.num_sampled else 0.0)
-        a_compute = comp.attention_pairs * self._attn_s_per_pair
+        a_compute = ((comp.attention_pairs - comp.prefix_pairs) * self._attn_s_per_pair
+                     + comp.prefix_pairs * self._prefix_s_per_pair)
         a_memory = comp.kv_read_tokens * self._kv_s_per_token
         return w_compute, w_memory, a_compute, a_memory, experts
+
+    def mixed_s(self, comp: StepComposition, tokens: int | None = None) -> float:
+        """GPU time the decodes of a mixed step add for the prompt tokens beside them (a profile's
+        `mixed_decode_us_per_chunk_token`; 0 unless the engine's attention kernel pays it)."""
+        if not self._mixed_s:
+            return 0.0
+        decodes = comp.decode_tokens
+        prompt = (comp.num_tokens if tokens is None else tokens) - decodes
+        return self._mixed_s * decodes * max(0.0, prompt - self._mixed_free) if decodes and prompt > 0 else 0.0
 
     def gpu_s(self, comp: StepComposition) -> float:
         """Seconds the step keeps the GPU busy."""
         if comp.num_tokens <= 0:
             return 0.0
-        w_compute, w_memory, a_compute, a_memory, _ = self._terms(comp, self.graph(comp)[1])
+        tokens = self.graph(comp)[1]
+        w_compute, w_memory, a_compute, a_memory, _ = self._terms(comp, tokens)
         return (self._fixed + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
-                + comp.kv_fill_tokens * self._fill_s_per_token)
+                + comp.kv_fill_tokens * self._fill_s_per_token + self.mixed_s(comp, tokens))
 
     def kv_fill_s(self, comp: StepComposition) -> float:
         """The connector's KV fill inside the step (DecodeBenchConnector), seconds of GPU time."""
@@ -336,6 +355,7 @@ class StepTimeModel:
             pairs=np.array([c.attention_pairs for c in comps], dtype=float),
             kv_tokens=np.array([c.kv_read_tokens for c in comps], dtype=float),
             mode=np.array([_MODE_CODE[m] for m, _ in graphs], dtype=int),
+            prefix_pairs=np.array([c.prefix_pairs for c in comps], dtype=float),
         )
 
     def gpu_s_array(self, a: StepArrays) -> np.ndarray:
@@ -345,9 +365,14 @@ class StepTimeModel:
                    + (self._experts - self._pool) * (1.0 - other))
         w_compute = a.tokens * (self._dense_s_per_tok + self._moe_s_per_tok) + a.sampled * self._lm_s_per_row
         w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + np.where(a.sampled > 0, self._lm_bytes_s, 0.0)
-        a_compute = a.pairs * self._attn_s_per_pair
+        prefix = a.prefix_pairs if a.prefix_pairs is not None else np.zeros_like(a.pairs)
+        a_compute = (a.pairs - prefix) * self._attn_s_per_pair + prefix * self._prefix_s_per_pair
         a_memory = a.kv_tokens * self._kv_s_per_token
         gpu = self._fixed + _roof_array(w_compute, w_memory, self._p) + _roof_array(a_compute, a_memory, self._p)
+        if self._mixed_s:
+            decodes = np.minimum(a.decode_tokens, a.tokens)
+            prompt = a.tokens - decodes
+            gpu = gpu + np.where(prompt > 0, self._mixed_s * decodes * np.maximum(0.0, prompt - self._mixed_free), 0.0)
         return np.where(a.tokens > 0, gpu, 0.0)
 
     def cpu_s_array(self, a: StepArrays) -> np.ndarray:
