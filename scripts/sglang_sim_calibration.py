@@ -35,9 +35,9 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pdexporter.measure.store import load_record_file  # noqa: E402
-from pdexporter.predict.calibrate import PointFigures  # noqa: E402
-from pdexporter.sim.profile import load_profile  # noqa: E402
+from pdexporter.measure.store import load_record_file
+from pdexporter.predict.calibrate import PointFigures
+from pdexporter.sim.profile import load_profile
 
 MODES = {
     "default": ("sweeps/h200-sglang.yaml", "results/h200-sglang0.5.15-qwen3-coder-30b-a3b/8192"),
@@ -87,7 +87,7 @@ def predict(profile: str, work: Path) -> dict[str, dict[Key, PointFigures]]:
         sweep, _ = MODES[mode]
         out = work / mode
         cmd = [sys.executable, "-m", "pdexporter", "sim", "sweep", sweep, "--profile", profile, "--out", str(out)]
-        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{' '.join(cmd)}: exit {done.returncode}\n{done.stderr[-2000:]}")
         return figures(out / "8192")

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-
 from rich.table import Table
 
 from pdexporter.cli._common import DEFAULT_PROFILE, console
@@ -39,7 +38,9 @@ def _line(text: str) -> None:
 
 @sim_app.command("serve")
 def serve(
-    profile: Annotated[str, typer.Option("--profile", help="Profile name or YAML path.")] = DEFAULT_PROFILE,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="Profile name or YAML path (default: the imitated engine's: "
+                          f"h200-sglang0.5.15-qwen3-coder-30b-a3b with --engine sglang, else {DEFAULT_PROFILE}).")] = None,
     chunk_size: Annotated[int | None, typer.Option(
         "--chunk-size", "--max-num-batched-tokens", "--chunked-prefill-size", "-B", min=1,
         help="Token budget per step (tokens; vLLM's --max-num-batched-tokens and SGLang's --chunked-prefill-size "
@@ -75,11 +76,10 @@ def serve(
 ) -> None:
     """Serve vLLM's (or SGLang's) OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     from pdexporter._internal.atomic import atomic_write_json
-    from pdexporter.sim.profile import load_profile
-    from pdexporter.sim.server import ServeOptions, precise_event_loop, run_server
-
     from pdexporter.errors import ConfigError
     from pdexporter.sim.kvconnector import KV_ROLES
+    from pdexporter.sim.profile import load_profile
+    from pdexporter.sim.server import ServeOptions, precise_event_loop, run_server
 
     if kv_role not in ("none", *KV_ROLES):
         raise ConfigError(f"--kv-role {kv_role!r}: expected none, {', '.join(KV_ROLES)}")
@@ -92,6 +92,10 @@ def serve(
     if engine != "vllm" and kv_role != "none":
         raise ConfigError(f"--kv-role {kv_role}: the embedded engine models P/D roles imitating vllm only")
     imitates = "sglang-mixed" if enable_mixed_chunk else engine
+    if profile is None:
+        from pdexporter.engines import adapter
+
+        profile = adapter(imitates).sim_profile or DEFAULT_PROFILE
     prof = load_profile(profile)
     if host_speed == "slow":
         prof = prof.on_slow_host()

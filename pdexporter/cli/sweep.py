@@ -129,7 +129,10 @@ def sweep(
 
 def sim_sweep(
     sweep_file: SweepFileArg,
-    profile: Annotated[str, typer.Option("--profile", help="Embedded engine's GPU/model profile.")] = DEFAULT_PROFILE,
+    profile: Annotated[str | None, typer.Option(
+        "--profile", help="Embedded engine's GPU/model profile (default: the imitated engine's: SGLang's "
+                          "h200-sglang0.5.15-qwen3-coder-30b-a3b for an SGLang sweep, else "
+                          f"{DEFAULT_PROFILE}).")] = None,
     out: Annotated[
         Path | None, typer.Option("--out", help="Results directory (default: results/sim/{profile}/{sweep name}).")
     ] = None,
@@ -145,12 +148,13 @@ def sim_sweep(
     # and as many embedded engines side by side as the file has GPUs (its wall time too).
     file_spec = load_sweep(sweep_file, chunk_index=chunk_index)
     role, engines = sim_role_for(file_spec.launcher), file_spec.slots
-    spec = _load(sweep_file, mode, reps, None, {"launcher": {"kind": "sim", "profile": profile, "clock": "virtual",
-                                                             "kv_role": role, "engines": engines,
-                                                             "engine": sim_imitation_for(file_spec.launcher)}},
-                 chunk_index,
-                 {"launcher.profile": "--profile"})
-    store = ResultsStore(out or prediction_root(profile, spec.name or sweep_file.stem))
+    launcher: dict[str, Any] = {"kind": "sim", "clock": "virtual", "kv_role": role, "engines": engines,
+                                "engine": sim_imitation_for(file_spec.launcher)}
+    if profile is not None:  # else the imitated engine's (`SimLauncherSpec`)
+        launcher["profile"] = profile
+    spec = _load(sweep_file, mode, reps, None, {"launcher": launcher}, chunk_index, {"launcher.profile": "--profile"})
+    used = spec.launcher.profile if isinstance(spec.launcher, SimLauncherSpec) else (profile or DEFAULT_PROFILE)
+    store = ResultsStore(out or prediction_root(used, spec.name or sweep_file.stem))
     report = _run(spec, store, deadline=None, keep_engine=False, token=None)
     _finish(spec, store, report)
 

@@ -215,6 +215,9 @@ class EngineAdapter(Protocol):
     chunk_rule: ChunkRule
     # the GET path that says who the engine is (`recognise` reads its JSON answer)
     identity_path: str
+    # the embedded engine's profile when it imitates this engine and nobody names one (None: the
+    # house default, vLLM's H200 profile); a profile holds the engine's step times (its kernels)
+    sim_profile: str | None
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it (what

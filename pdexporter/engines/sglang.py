@@ -60,6 +60,7 @@ __all__ = [
     "MIXED_RULE",
     "PAUSE_RULE",
     "PREFILL_RE",
+    "SIM_PROFILE",
     "SglangAdapter",
     "SglangMixedAdapter",
     "format_step",
@@ -72,6 +73,8 @@ DEFAULT_CHUNK_SIZE = 8192
 CANDIDATE_CHUNK_SIZES = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 CHUNK_FLAG = "--chunked-prefill-size"
 MIXED_CHUNK_FLAG = "--enable-mixed-chunk"
+# The embedded engine's profile imitating SGLang (pdexporter/sim/profiles/, docs/engines.md)
+SIM_PROFILE = "h200-sglang0.5.15-qwen3-coder-30b-a3b"
 # graph_max_tokens 0: the chunk steps launched eagerly, as with `--disable-prefill-cuda-graph` (the
 # H200 sweeps); SGLang's default captures "breakable" prefill graphs up to chunked_prefill_size.
 PAUSE_RULE = ChunkRule(decodes_take_budget=False, decodes_in_chunk_step=False)  # the default mode
@@ -183,6 +186,8 @@ class SglangAdapter:
     kv: KvSetup = COLOCATED
     chunk_rule: ChunkRule = PAUSE_RULE
     identity_path = "/server_info"
+    # step times of SGLang 0.5.15 with triton attention and MoE on the H200, calibrated on both modes
+    sim_profile: str | None = SIM_PROFILE
     mixed = False
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:

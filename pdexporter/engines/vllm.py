@@ -198,6 +198,7 @@ class VllmAdapter:
     kv: KvSetup = COLOCATED
     chunk_rule: ChunkRule = BUDGET_RULE  # decodes take their token of B first, and run in the chunk's step
     identity_path = "/version"
+    sim_profile: str | None = None
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         return self.chunk_rule.schedule(prompt_tokens, chunk_size, running_decodes)

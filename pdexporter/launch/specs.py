@@ -21,6 +21,7 @@ from pdexporter._internal.bounds import MAX_SECONDS, MAX_TOKENS
 from pdexporter.engines import adapter, check_pair, registered, sim_engine
 
 __all__ = [
+    "DEFAULT_SIM_PROFILE",
     "LAUNCHERS",
     "MULTI_GPU_ENV",
     "SLOT_PLACEHOLDERS",
@@ -34,6 +35,9 @@ __all__ = [
     "Seconds",
     "SimLauncherSpec",
 ]
+
+# the embedded engine's profile when neither the file nor the imitated engine's adapter names one
+DEFAULT_SIM_PROFILE = "h200-qwen3-coder-30b-a3b"
 
 
 class _Strict(BaseModel):
@@ -203,12 +207,22 @@ class SimLauncherSpec(_Strict):
     (a prefill and a decode instance with a modelled KV transfer, the routing step in front)."""
 
     kind: Literal["sim"]
-    profile: str = "h200-qwen3-coder-30b-a3b"
+    profile: str = Field("", description="profile name or path ('': the imitated engine's, `sim_profile` of its "
+                                         "adapter, else h200-qwen3-coder-30b-a3b)")
     clock: Literal["virtual", "real"] = "virtual"
     kv_role: Literal["none", "decode-bench", "pd"] = "none"
     engines: int = Field(1, ge=1)  # embedded engines side by side, as `gpus` gives a local launcher
     # the engine (setup) it imitates: its scheduling, metric names, step log (engines.IMITATED)
     engine: Literal["vllm", "sglang", "sglang-mixed"] = "vllm"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("profile"):
+            engine = data.get("engine") or "vllm"
+            if isinstance(engine, str) and engine in ("vllm", "sglang", "sglang-mixed"):
+                data = {**data, "profile": adapter(engine).sim_profile or DEFAULT_SIM_PROFILE}
+        return data
 
     @model_validator(mode="after")
     def _role(self) -> SimLauncherSpec:
