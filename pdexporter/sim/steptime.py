@@ -20,6 +20,15 @@ Attention:
   late chunks cost more than its early ones (H200: 8188-token chunks at 8K, 16K, 24K took ~234,
   318, 422 ms);
 - A_memory = sum(s + c) KV bytes per token / (HBM * bandwidth_efficiency): decodes read their KV.
+  A profile may price a prompt chunk's pairs with its cached prefix (c s) at their own efficiency
+  (`prefix_attention_efficiency`; SGLang's triton extend kernel runs them apart from the causal
+  part, and on the H200 at ~0.12 of peak against ~0.4: its 32K prompt's 8K chunks took ~130, 540,
+  880 and 1,210 ms, vLLM's FlashAttention 3 90, 235, 317, 421).
+Mixed steps (a profile's `mixed_decode_us_per_chunk_token`, 0 unless set): every decode of a step
+that also carries prompt tokens adds M x max(0, prompt tokens - mixed_decode_free_tokens). SGLang
+with --enable-mixed-chunk and triton attention pays it (~0.019 ms per decode per chunk token on
+the H200: a decode beside an 8K chunk ~150 ms, the same for every chunk of a 32K prompt); vLLM's
+varlen FlashAttention schedules each row by its own length and does not.
 `roof(x, y) = (x^p + y^p)^(1/p)` is a smooth roofline (p = roofline_sharpness; p -> inf is max).
 KV fill (the decode instance of a P/D pair with DecodeBenchConnector, docs/disaggregation.md):
 - F = kv_fill_tokens x KV bytes per token / (HBM * kv_fill_bandwidth_efficiency): the connector
