@@ -86,7 +86,18 @@ def predict(profile: str, work: Path) -> dict[str, dict[Key, PointFigures]]:
     def one(mode: str) -> dict[Key, PointFigures]:
         sweep, _ = MODES[mode]
         out = work / mode
-        cmd = [sys.executable, "-m", "pdexporter", "sim", "sweep", sweep, "--profile", profile, "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pdexporter",
+            "sim",
+            "sweep",
+            sweep,
+            "--profile",
+            profile,
+            "--out",
+            str(out),
+        ]
         done = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"{' '.join(cmd)}: exit {done.returncode}\n{done.stderr[-2000:]}")
@@ -102,7 +113,8 @@ def errors(meas: dict[str, dict[Key, PointFigures]], pred: dict[str, dict[Key, P
     for mode in MODES:
         out[mode] = {}
         for q, field in QUANTITIES.items():
-            points, split = {}, {"train": [], "held_out": []}
+            points: dict[str, list[float]] = {}
+            split: dict[str, list[float]] = {"train": [], "held_out": []}
             for key in sorted(meas[mode]):
                 m, p = getattr(meas[mode][key], field), getattr(pred[mode].get(key), field, None)
                 if m is None or p is None or m <= 0:
@@ -119,7 +131,9 @@ def errors(meas: dict[str, dict[Key, PointFigures]], pred: dict[str, dict[Key, P
     return out
 
 
-def residuals(meas: dict[str, dict[Key, PointFigures]], pred: dict[str, dict[Key, PointFigures]]) -> np.ndarray:
+def residuals(
+    meas: dict[str, dict[Key, PointFigures]], pred: dict[str, dict[Key, PointFigures]]
+) -> np.ndarray:
     res = []
     for mode in MODES:
         for key in sorted(meas[mode]):
@@ -159,28 +173,40 @@ def fit(profile: str, out: Path, max_evals: int) -> None:
             path = work / f"p{evals}.yaml"
             write_profile(base, x, path)
             r = residuals(meas, predict(str(path), work / f"run{evals}"))
-            print(f"eval {evals}: rms log {float(np.sqrt(np.mean(r**2))):.4f} "
-                  + " ".join(f"{n}={v:.4g}" for (_, n, _, _), v in zip(FREE, x)), flush=True)
+            print(
+                f"eval {evals}: rms log {float(np.sqrt(np.mean(r**2))):.4f} "
+                + " ".join(f"{n}={v:.4g}" for (_, n, _, _), v in zip(FREE, x)),
+                flush=True,
+            )
             return r
 
-        sol = least_squares(fun, x0 / scale, bounds=(lo / scale, hi / scale), diff_step=0.03, max_nfev=max_evals,
-                            x_scale=1.0)
+        sol = least_squares(
+            fun, x0 / scale, bounds=(lo / scale, hi / scale), diff_step=0.03, max_nfev=max_evals, x_scale=1.0
+        )
         write_profile(base, np.clip(sol.x * scale, lo, hi), out)
     print(f"wrote {out} ({evals} evaluations, {sol.message})")
 
 
 def markdown(result: dict, label: str) -> str:
-    lines = [f"{label}: MAPE % (train / held out / all 16)", "",
-             "| mode | " + " | ".join(QUANTITIES) + " |", "|---|" + "---|" * len(QUANTITIES)]
+    lines = [
+        f"{label}: MAPE % (train / held out / all 16)",
+        "",
+        "| mode | " + " | ".join(QUANTITIES) + " |",
+        "|---|" + "---|" * len(QUANTITIES),
+    ]
     for mode in MODES:
-        cells = [f"{result[mode][q]['train']} / {result[mode][q]['held_out']} / {result[mode][q]['all']}"
-                 for q in QUANTITIES]
+        cells = [
+            f"{result[mode][q]['train']} / {result[mode][q]['held_out']} / {result[mode][q]['all']}"
+            for q in QUANTITIES
+        ]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--profile", default=SHIPPED)
     parser.add_argument("--fit", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("fitted.yaml"))
@@ -204,8 +230,10 @@ def main() -> None:
                 row.append(f"{'*' if held_out((8192, d, pp)) else ''}{k} {m:g}->{p:g}")
             print(f"  {q}: " + ", ".join(row))
     if args.json:
-        args.json.write_text(json.dumps({"profile": args.profile, "held_out": "D = 8 or P = 2048", **result},
-                                        indent=1), encoding="utf-8")
+        args.json.write_text(
+            json.dumps({"profile": args.profile, "held_out": "D = 8 or P = 2048", **result}, indent=1),
+            encoding="utf-8",
+        )
 
 
 if __name__ == "__main__":

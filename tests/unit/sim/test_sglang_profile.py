@@ -56,13 +56,18 @@ def test_each_decode_of_a_mixed_step_pays_per_prompt_token_beyond_the_free_ones(
         assert extra == pytest.approx(d * 20e-6 * (8192 - d - 200), rel=1e-9)
         assert model.mixed_s(comp) == pytest.approx(extra, rel=1e-9)
     # no decodes, no prompt tokens, or a chunk within the free tokens: nothing
-    for comp in (StepComposition.of([(8192, 0)]), StepComposition.decode_batch(12, 4096),
-                 StepComposition.of([(150, 0), (1, 4096)])):
+    for comp in (
+        StepComposition.of([(8192, 0)]),
+        StepComposition.decode_batch(12, 4096),
+        StepComposition.of([(150, 0), (1, 4096)]),
+    ):
         assert model.gpu_s(comp) == pytest.approx(vllm.gpu_s(comp), rel=1e-12)
 
 
 def test_array_form_agrees_with_the_scalar_one(sglang: StepTimeModel):
-    comps = [StepComposition.of([(8192 - d, s)] + [(1, 4096)] * d) for d in (0, 1, 4, 12) for s in (0, 8192, 24576)]
+    comps = [
+        StepComposition.of([(8192 - d, s)] + [(1, 4096)] * d) for d in (0, 1, 4, 12) for s in (0, 8192, 24576)
+    ]
     comps += [StepComposition.decode_batch(d, 4096) for d in (1, 4, 12)] + [StepComposition.of([(512, 0)])]
     got = sglang.gpu_s_array(sglang.arrays(comps))
     assert list(got) == pytest.approx([sglang.gpu_s(c) for c in comps], rel=1e-9)
@@ -76,7 +81,9 @@ def test_sglang_profile_has_sglang_shapes(sglang: StepTimeModel, vllm: StepTimeM
     assert max(decode) / min(decode) < 1.3 and 5.0 < min(decode) and max(decode) < 8.5
     chunks = [sglang(StepComposition.of([(8192, s)])) for s in (0, 8192, 16384, 24576)]
     vchunks = [vllm(StepComposition.of([(8192, s)])) for s in (0, 8192, 16384, 24576)]
-    assert all(a > b for a, b in zip(chunks, vchunks)) and chunks[3] - chunks[0] > 2 * (vchunks[3] - vchunks[0])
+    assert all(a > b for a, b in zip(chunks, vchunks)) and chunks[3] - chunks[0] > 2 * (
+        vchunks[3] - vchunks[0]
+    )
     step = [sglang(StepComposition.of([(8192 - d, 0)] + [(1, 4096)] * d)) for d in (1, 12)]
     assert 0.100 < (step[1] - step[0]) / 11 < 0.200
 
@@ -89,5 +96,7 @@ def test_the_embedded_engine_takes_the_imitated_engines_profile_unless_told():
     assert adapter("vllm").sim_profile is None
     for engine, expected in (("sglang", SGLANG), ("sglang-mixed", SGLANG), ("vllm", DEFAULT_SIM_PROFILE)):
         assert SimLauncherSpec.model_validate({"kind": "sim", "engine": engine}).profile == expected
-    told = SimLauncherSpec.model_validate({"kind": "sim", "engine": "sglang", "profile": "h20-qwen3-coder-30b-a3b"})
+    told = SimLauncherSpec.model_validate(
+        {"kind": "sim", "engine": "sglang", "profile": "h20-qwen3-coder-30b-a3b"}
+    )
     assert told.profile == "h20-qwen3-coder-30b-a3b"
