@@ -26,10 +26,9 @@ import numpy as np
 import pandas as pd
 
 from pdexporter import __version__
+from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
 from pdexporter.analysis.models import ContextAwareModel, CostModel, FitData, FitReport, bootstrap_context, num_chunks
 from pdexporter.engines import adapter
-
-from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
 
 __all__ = [
     "Region", "break_even_frame", "decision_document", "min_offload_prefill", "model_decision", "offload_region",
@@ -152,7 +151,7 @@ def decision_document(
         "engines": engines,
         "source": source,
         "generated_by": f"pdexporter {__version__}",
-        "generated_at": (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds"),
+        "generated_at": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
 
 

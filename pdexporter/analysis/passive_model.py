@@ -52,7 +52,6 @@ from pdexporter.analysis.models import (
     CONTEXT_MODEL,
     ContextAwareModel,
     CostModel,
-    Design,
     FitData,
     FitReport,
     HeldOut,

@@ -242,7 +242,7 @@ def _isna(value: Any) -> bool:
 def render_report(analysis: Analysis, plots: list[Plot] | None = None, now: dt.datetime | None = None) -> str:
     if plots is None:
         plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, analysis.transfer_ms)
-    when = (now or dt.datetime.now(dt.timezone.utc)).isoformat(timespec="seconds")
+    when = (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds")
     engines = sorted({s.engine for s in analysis.samples})
     reps = sum(len(s.reps) for s in analysis.samples)
     subtitle = (f"{len(analysis.samples)} grid points, {reps} repetitions, engine(s) {', '.join(engines)}; "

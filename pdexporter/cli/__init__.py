@@ -48,7 +48,19 @@ def _root(
 
 def _register() -> None:
     from pdexporter.cli import (
-        compare, dashboards, decide, doctor, export_table, load, measure, reanalyse, report, run, sim, sweep, thresholds,
+        compare,
+        dashboards,
+        decide,
+        doctor,
+        export_table,
+        load,
+        measure,
+        reanalyse,
+        report,
+        run,
+        sim,
+        sweep,
+        thresholds,
         validate_pd,
     )
 

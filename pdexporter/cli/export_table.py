@@ -89,7 +89,12 @@ def export_table(
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import (
-        analyse, joined_out_dir, load_joined, progress_steps, record_paths, write_outputs,
+        analyse,
+        joined_out_dir,
+        load_joined,
+        progress_steps,
+        record_paths,
+        write_outputs,
     )
     from pdexporter.analysis.table import parquet_available
 

@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pdexporter._internal.text import plural
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
@@ -19,21 +20,20 @@ from pdexporter.cli._common import (
     ReadTimeoutOpt,
     TargetOpt,
     api_key,
-    console,
     claimed_engine,
+    console,
     make_launcher,
     run_async,
 )
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
-from pdexporter._internal.text import plural
+from pdexporter.client.client import read_timeout_seconds
+from pdexporter.engines import adapter
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.driver import http_driver
-from pdexporter.client.client import read_timeout_seconds
 from pdexporter.measure.point import PointSpec, check_reps, check_retries, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
-from pdexporter.engines import adapter
 
 DEFAULT_CHUNK_SIZE = 8192  # the embedded engine's, when no -B is given
 

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from pdexporter._internal.redact import redact_url
+from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
@@ -25,8 +28,7 @@ from pdexporter.cli._common import (
     make_launcher,
 )
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
-from pdexporter._internal.redact import redact_url
-from pdexporter._internal.secretfile import read_secret_file, secret_text
+from pdexporter.client.client import read_timeout_seconds
 from pdexporter.engines import UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
@@ -38,13 +40,11 @@ from pdexporter.exporter.config import (
     build_config,
     parse_duration,
 )
-from pdexporter.client.client import read_timeout_seconds
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
+from pdexporter.exporter.runner import Runner
 from pdexporter.exporter.server import parse_listen, tls_context
 from pdexporter.exporter.startup import parse_engine_wait
-from pdexporter.exporter.runner import Runner
 from pdexporter.measure.protocol import protocol_settings
-
 
 METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
 TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"

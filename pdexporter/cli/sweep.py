@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich import box
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from pdexporter.cli._common import (
@@ -31,13 +31,13 @@ from pdexporter.cli._common import (
 from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.client.client import read_timeout_seconds
 from pdexporter.errors import ConfigError
+from pdexporter.launch.specs import SimLauncherSpec
 from pdexporter.measure.records import RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import PHASES, Deadline, Key, SweepController, SweepObserver, SweepReport
-from pdexporter.sweep.providers import make_providers
 from pdexporter.sweep.plan import ConfigStatus
+from pdexporter.sweep.providers import make_providers
 from pdexporter.sweep.spec import SweepSpec, load_sweep, prediction_root
-from pdexporter.launch.specs import SimLauncherSpec
 
 EXIT_DEADLINE = 5
 EXIT_INCOMPLETE = 4  # as a MeasurementError: some configurations could not be measured

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-
 from pdexporter._internal.text import plural
 from pdexporter.client.metrics import parse_exposition
 from pdexporter.engines import UNIDENTIFIED, EngineAdapter, adapter

@@ -12,13 +12,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_SECONDS, MAX_TOKENS
-from pdexporter._internal.validation import format_option_error
 from pdexporter._internal.durations import parse_duration  # noqa: F401  (re-exported for the CLI)
+from pdexporter._internal.validation import format_option_error
+from pdexporter.engines import UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.metrics import DEFAULT_PORT
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT, ReceiverLimits
 from pdexporter.measure.protocol import ProtocolSettings
-from pdexporter.engines import UNIDENTIFIED, adapter
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "DEFAULT_INJECT_EVERY_S", "DEFAULT_LISTEN", "DEFAULT_PREFILL_TOKENS", "ExporterConfig",

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pdexporter.engines import IterationStep
 from pdexporter.client.metrics import MetricsSnapshot
 from pdexporter.client.stream import PollingProgress, TokenStream
+from pdexporter.engines import IterationStep
 from pdexporter.errors import MeasurementError
 from pdexporter.exporter import timeline
 from pdexporter.exporter.config import ExporterConfig

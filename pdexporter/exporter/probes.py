@@ -53,12 +53,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter.client.client import EngineClient
-from pdexporter.launch import EngineHandle
 from pdexporter.client.stream import TokenStream
 from pdexporter.errors import EngineError, EngineTimeout, PdexporterError
+from pdexporter.exporter.timeline import aligned_max_tokens
+from pdexporter.launch import EngineHandle
 from pdexporter.measure.driver import EngineInfo, HttpDriver, PreparedRequest, http_driver
 from pdexporter.measure.prompts import cold_prompt, shared_prefix
-from pdexporter.exporter.timeline import aligned_max_tokens
 from pdexporter.measure.protocol import ProtocolSettings, run_single
 
 __all__ = [

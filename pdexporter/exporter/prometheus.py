@@ -35,7 +35,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import socket
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -43,8 +42,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdexporter.analysis.table import INT_VALUES, REP_VALUES, ConfigSamples
 from pdexporter._internal.durations import parse_duration
+from pdexporter.analysis.table import INT_VALUES, REP_VALUES, ConfigSamples
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter import metrics as m
 
@@ -99,12 +98,12 @@ def parse_time(text: str, now: float, option: str = "--from") -> float:
     except ValueError:
         raise ConfigError(f"{option} {text!r}: not a time ({hint})") from None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)  # documented: naive times are UTC
+        parsed = parsed.replace(tzinfo=dt.UTC)  # documented: naive times are UTC
     return parsed.timestamp()
 
 
 def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +145,7 @@ class PrometheusAPI:
                                   f"{': ' + detail if detail else ''}") from exc
         except urllib.error.URLError as exc:
             raise PrometheusError(f"cannot reach Prometheus at {self.base_url} ({_reason(exc.reason)})") from exc
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise PrometheusError(f"Prometheus at {self.base_url} did not answer within {self.timeout_s:g} s") from exc
         except OSError as exc:
             raise PrometheusError(f"cannot reach Prometheus at {self.base_url} ({_reason(exc)})") from exc

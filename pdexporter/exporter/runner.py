@@ -24,23 +24,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter.client.client import EngineClient
-from pdexporter.launch import EngineHandle, Launcher, TraceDirected
-from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.engines import adapter, chunk_size_advice
+from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window, set_engine_info
-from pdexporter.exporter.probes import ProbeLoop
-from pdexporter.exporter.scrape import EngineScraper
-from pdexporter.exporter.receiver import traces_app
-from pdexporter.exporter.server import metrics_app, start_server, tls_context
 from pdexporter.exporter.passive import PassiveEvent
 from pdexporter.exporter.passive_live import LivePassive, TraceIntake
+from pdexporter.exporter.probes import ProbeLoop
+from pdexporter.exporter.receiver import traces_app
+from pdexporter.exporter.records import LiveRecords
+from pdexporter.exporter.scrape import EngineScraper
+from pdexporter.exporter.server import metrics_app, start_server, tls_context
+from pdexporter.exporter.startup import EngineWait, WaitReport, exporter_probes, start_probes
 from pdexporter.exporter.tracing import NoTracing, Tracing, make_tracing
 from pdexporter.exporter.tracing import preload as tracing_preload
-from pdexporter.exporter.records import LiveRecords
-from pdexporter.exporter.startup import EngineWait, WaitReport, exporter_probes, start_probes
+from pdexporter.launch import EngineHandle, Launcher, TraceDirected
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.measure.point import PointSpec, now_iso, window_retryable
 from pdexporter.measure.prompts import cold_prompt

@@ -80,7 +80,12 @@ def push_dashboards(
 ) -> list[PushedDashboard]:
     """Create the folder if missing, then create or overwrite each dashboard by its uid."""
     from grafana_client import GrafanaApi
-    from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaTimeoutError, GrafanaUnauthorizedError
+    from grafana_client.client import (
+        GrafanaClientError,
+        GrafanaException,
+        GrafanaTimeoutError,
+        GrafanaUnauthorizedError,
+    )
 
     parts = urlsplit(grafana_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:

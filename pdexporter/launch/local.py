@@ -46,11 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from pdexporter._internal.atomic import atomic_write_json, open_private_log
+from pdexporter._internal.procs import same_process
+from pdexporter._internal.redact import redact_argv, redact_text, secret_values
 from pdexporter.client.client import EngineClient
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
-from pdexporter._internal.redact import redact_argv, redact_text, secret_values
-from pdexporter._internal.procs import same_process
 from pdexporter.launch.base import (
     DeadlineReached,
     EngineDirs,
@@ -302,7 +302,7 @@ class LocalLauncher:
                 engine_pid, leash = self._popen(list(rendered.argv), rendered, out, env).pid, None
         self._state = EngineState(
             pid=engine_pid, argv=rendered.redacted, url=self.url, chunk_size=chunk_size, log=str(log),
-            host=platform.node(), started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            host=platform.node(), started_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             proc_start=process_start_ticks(engine_pid),
             leash_pid=leash[0] if leash else None, leash_start=process_start_ticks(leash[0]) if leash else None,
             leash_socket=leash[1] if leash else None,

@@ -6,6 +6,6 @@ a ShareGPT-like mix, generated locally from a seed (nothing is downloaded).
 `pdexporter load` is the command.
 """
 
-from pdexporter.load.mix import LoadRequest, LoadSpec, MixComponent, SHAREGPT_LIKE, schedule
+from pdexporter.load.mix import SHAREGPT_LIKE, LoadRequest, LoadSpec, MixComponent, schedule
 
 __all__ = ["LoadRequest", "LoadSpec", "MixComponent", "SHAREGPT_LIKE", "schedule"]

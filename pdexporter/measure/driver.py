@@ -19,14 +19,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from pdexporter._internal.redact import redact_url
 from pdexporter.client.client import COMPLETIONS_PATH, ClientTimeouts, EngineClient, completion_request, encode_body
-from pdexporter.client.iterlog import IterationLogTail
-from pdexporter.engines import IterationStep
-from pdexporter.launch import EngineHandle
-from pdexporter.client.metrics import MetricsSnapshot
 from pdexporter.client.identity import ask_identity, settle_engine
-from pdexporter.engines import adapter
+from pdexporter.client.iterlog import IterationLogTail
+from pdexporter.client.metrics import MetricsSnapshot
 from pdexporter.client.stream import Progress, TokenStream
+from pdexporter.engines import IterationStep, adapter
 from pdexporter.errors import ConfigError, EngineError
+from pdexporter.launch import EngineHandle
 
 __all__ = [
     "Cancelling", "EngineDriver", "EngineInfo", "HttpDriver", "MODELLED_NOTE", "PreparedRequest", "http_driver",

@@ -51,10 +51,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pdexporter.engines import IterationStep
 from pdexporter.client.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.client.stream import Progress, TokenStream
-from pdexporter.engines import NIXL, P2P_NCCL
+from pdexporter.engines import NIXL, P2P_NCCL, IterationStep
 from pdexporter.errors import ConfigError, EngineError
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 

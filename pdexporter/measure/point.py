@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pdexporter.errors import ConfigError, EngineError, EngineHTTPError, EngineRefused, MeasurementError
 from pdexporter._internal.bounds import (
     MAX_DECODE_BATCH,
     MAX_REPS,
@@ -21,6 +20,9 @@ from pdexporter._internal.bounds import (
     out_of_bounds,
     prompt_fit_problem,
 )
+from pdexporter._internal.redact import engine_flags
+from pdexporter.engines import adapter
+from pdexporter.errors import ConfigError, EngineError, EngineHTTPError, EngineRefused, MeasurementError
 from pdexporter.measure.driver import EngineDriver, EngineInfo
 from pdexporter.measure.pd import offload_numbers
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes
@@ -43,8 +45,6 @@ from pdexporter.measure.records import (
     interference_block,
 )
 from pdexporter.measure.store import ResultsStore
-from pdexporter._internal.redact import engine_flags
-from pdexporter.engines import adapter
 from pdexporter.measure.window import BaselineStats, derive
 
 __all__ = [
@@ -323,7 +323,7 @@ async def measure_point(
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def append_rep(store: ResultsStore, spec: PointSpec, config: RecordConfig, done: list[RepRecord],

@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
+from dataclasses import dataclass
 
 import numpy as np
-from dataclasses import dataclass
 
 __all__ = [
     "SHARED_PREFIX_SEED", "TokenRange", "cold_prompt", "shared_prefix",

@@ -38,17 +38,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pdexporter._internal.bounds import MAX_SECONDS, MAX_TOKENS
 from pdexporter.client.iterlog import summarise_chunks
-from pdexporter.engines import IterationStep
 from pdexporter.client.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.client.stream import TokenStream
+from pdexporter.engines import IterationStep, adapter
 from pdexporter.errors import MeasurementError
-from pdexporter._internal.bounds import MAX_SECONDS, MAX_TOKENS
 from pdexporter.measure.driver import EngineDriver, PreparedRequest
 from pdexporter.measure.pd import RouteTiming, Routing
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
-from pdexporter.engines import adapter
-
 from pdexporter.measure.window import (
     BaselineStats,
     ChunkPlan,

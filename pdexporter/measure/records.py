@@ -268,7 +268,7 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
 def provenance() -> dict[str, Any]:
     return {
         "pdexporter_version": __version__,
-        "written_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
     }

@@ -19,15 +19,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pdexporter._internal.vloop import is_virtual
-from pdexporter.engines import IterationStep
 from pdexporter.client.metrics import MetricsSnapshot, engine_series, snapshot_from_families
 from pdexporter.client.stream import Progress, TokenStream
-from pdexporter.engines import SIM_KINDS, adapter, sim_engine
+from pdexporter.engines import SIM_KINDS, IterationStep, adapter, sim_engine
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.sim import engine_version
 from pdexporter.sim.engine import EngineConfig, EngineCore, EngineMetrics, LoopClock

@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pdexporter import __version__
 from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, clean_stale, read_json_gz
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
-from pdexporter import __version__
 from pdexporter.measure.records import RECORD_SCHEMA, RunRecord
 
 __all__ = [

@@ -17,15 +17,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pdexporter._internal.vloop import run_virtual
+from pdexporter.launch.specs import SimLauncherSpec
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sim.profile import Profile
 from pdexporter.sweep.controller import SweepController, SweepObserver
-from pdexporter.sweep.providers import VirtualSimProvider
 from pdexporter.sweep.plan import ConfigStatus
+from pdexporter.sweep.providers import VirtualSimProvider
 from pdexporter.sweep.spec import CvSpec, GridSpec, SweepSpec, WarmupSpec
-from pdexporter.launch.specs import SimLauncherSpec
 
 __all__ = [
     "Key", "predict_records", "predict_records_async",

@@ -84,8 +84,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pdexporter.engines import IterationStep
 from pdexporter.client.traces import RequestTrace
+from pdexporter.engines import IterationStep
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import (
     Request,

@@ -48,6 +48,7 @@ from pdexporter.errors import (
     MeasurementError,
     PdexporterError,
 )
+from pdexporter.launch.base import Adopting, Attaching, DeadlineReached, Prestarting
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.point import PointSpec, measure_point, retrying, window_retryable
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes, PooledProbes
@@ -63,9 +64,8 @@ from pdexporter.measure.protocol import (
 from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord
 from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import baseline_stats
-from pdexporter.launch.base import Adopting, Attaching, DeadlineReached, Prestarting
-from pdexporter.sweep.providers import EngineProvider, slot_label
 from pdexporter.sweep.plan import ConfigStatus, RunTimes, block_order, config_status, median, summarise_attempts
+from pdexporter.sweep.providers import EngineProvider, slot_label
 from pdexporter.sweep.spec import SweepSpec
 
 __all__ = [
@@ -682,7 +682,7 @@ class SweepController:
         if not isinstance(previous, list):
             previous = []
         me = {"pid": os.getpid(), "proc_start": process_start_ticks(os.getpid())}
-        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         kept: list[Any] = []
         mine: dict[str, Any] = {"status": "running", "started_at": now, **me}
         for entry in previous:

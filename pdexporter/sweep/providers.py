@@ -12,17 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from pdexporter.engines import DECODE_BENCH, connector_of, pair_connector
 from pdexporter.errors import ConfigError
 from pdexporter.launch.base import EngineHandle, Launcher, LogDirected, Releasing
 from pdexporter.launch.external import ExternalLauncher
 from pdexporter.launch.kubernetes import KubernetesLauncher
 from pdexporter.launch.local import LocalLauncher
-from pdexporter.launch.sim import SimLauncher
-from pdexporter.measure.driver import EngineDriver, http_driver
-from pdexporter.measure.store import ResultsStore
-from pdexporter.engines import DECODE_BENCH, connector_of, pair_connector
 from pdexporter.launch.pair import PairLauncher
-from pdexporter.sweep.spec import SweepSpec
+from pdexporter.launch.sim import SimLauncher
 from pdexporter.launch.specs import (
     ExternalLauncherSpec,
     KubernetesLauncherSpec,
@@ -30,6 +27,9 @@ from pdexporter.launch.specs import (
     PairLauncherSpec,
     SimLauncherSpec,
 )
+from pdexporter.measure.driver import EngineDriver, http_driver
+from pdexporter.measure.store import ResultsStore
+from pdexporter.sweep.spec import SweepSpec
 
 __all__ = [
     "EngineProvider", "LauncherProvider", "PairProvider", "SlotLabelled", "VirtualSimProvider", "make_provider",

@@ -44,10 +44,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from pdexporter.launch import SimLauncher  # noqa: E402
 from pdexporter.exporter import timeline  # noqa: E402
 from pdexporter.exporter.config import build_config  # noqa: E402
 from pdexporter.exporter.runner import ProbeState, Runner  # noqa: E402
+from pdexporter.launch import SimLauncher  # noqa: E402
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan

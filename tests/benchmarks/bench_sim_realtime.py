@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import numpy as np  # noqa: E402
 
 from pdexporter.client.client import EngineClient, completion_request, encode_body  # noqa: E402
-from pdexporter.launch import SimLauncher  # noqa: E402
 from pdexporter.client.stream import TokenStream  # noqa: E402
+from pdexporter.launch import SimLauncher  # noqa: E402
 from pdexporter.measure.prompts import shared_prefix  # noqa: E402
 from pdexporter.measure.window import intervals, token_times  # noqa: E402
 from pdexporter.sim.profile import load_profile  # noqa: E402

@@ -52,10 +52,10 @@ import numpy as np  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
 
 from pdexporter.client.client import EngineClient  # noqa: E402
-from pdexporter.launch import EngineHandle, SimLauncher  # noqa: E402
 from pdexporter.client.sse import SSEEvent  # noqa: E402
 from pdexporter.client.stream import TokenStream  # noqa: E402
 from pdexporter.exporter.probes import ProbeLoop  # noqa: E402
+from pdexporter.launch import EngineHandle, SimLauncher  # noqa: E402
 from pdexporter.measure.prompts import cold_prompt  # noqa: E402
 from pdexporter.measure.protocol import ProtocolSettings  # noqa: E402
 from pdexporter.sim.server import PREV_WRITTEN_KEY, SEND_STAMPS_HEADER, SENT_KEY, send_stamps  # noqa: E402

@@ -35,12 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
+from sweep_timing import PhaseTimer  # noqa: E402
+
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
-from pdexporter.sweep.providers import make_providers  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
 from pdexporter.sweep.controller import PHASES, SweepController, SweepReport  # noqa: E402
+from pdexporter.sweep.providers import make_providers  # noqa: E402
 from pdexporter.sweep.spec import load_sweep  # noqa: E402
-from sweep_timing import PhaseTimer  # noqa: E402
 from tests.no_cancel import NoCancelProvider  # noqa: E402
 
 H200 = ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b"

@@ -60,10 +60,11 @@ def main() -> None:
 
     import asyncio
 
+    from sweep_timing import PhaseTimer
+
     from pdexporter.measure.store import ResultsStore
     from pdexporter.sweep.controller import SweepController
     from pdexporter.sweep.spec import parse_sweep
-    from sweep_timing import PhaseTimer
 
     chunks = [int(c) for c in args.chunks.split(",")]
     port = free_port_block(args.engines)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from pdexporter._internal.atomic import read_json_gz
-
 from tests.helpers import free_port
 from tests.scripted_engine import ScriptedEngine
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pdexporter.engines import adapter
 from pdexporter.client.client import (
     CHAT_PATH,
     COMPLETIONS_PATH,
@@ -24,6 +23,7 @@ from pdexporter.client.client import (
     resolve_api_key,
 )
 from pdexporter.client.stream import TokenStream
+from pdexporter.engines import adapter
 from pdexporter.errors import (
     ConfigError,
     EngineError,

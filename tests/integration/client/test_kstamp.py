@@ -12,10 +12,10 @@ import pytest
 
 from pdexporter.client import kstamp
 from pdexporter.client.client import COMPLETIONS_PATH, EngineClient, completion_request, encode_body
-from pdexporter.launch import EngineHandle, SimLauncher
 from pdexporter.client.sse import SSEEvent
 from pdexporter.client.stream import TokenStream
 from pdexporter.exporter.probes import ProbeLoop
+from pdexporter.launch import EngineHandle, SimLauncher
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.sim.server import PREV_WRITTEN_KEY, SEND_STAMPS_HEADER, send_stamps, sent_ns
 

@@ -9,9 +9,9 @@ import time
 import pytest
 from aiohttp import web
 
-from pdexporter.launch import ExternalLauncher
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
+from pdexporter.launch import ExternalLauncher
 from tests.scripted_engine import ScriptedEngine
 
 pytestmark = pytest.mark.integration

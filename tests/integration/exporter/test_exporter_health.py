@@ -18,10 +18,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.registry import Collector
 
-from pdexporter.launch import ExternalLauncher
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
 from pdexporter.exporter.server import metrics_app
+from pdexporter.launch import ExternalLauncher
 from tests.scripted_engine import ScriptedEngine
 
 pytestmark = pytest.mark.integration

@@ -26,13 +26,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pdexporter.launch import SimLauncher
+from pdexporter.engines import adapter
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import ProbeState, Runner, WindowResult
 from pdexporter.exporter.tracing import PROBE_EVENT, WINDOW_SPAN
+from pdexporter.launch import SimLauncher
 from pdexporter.measure.store import load_record_file
-from pdexporter.engines import adapter
-
 from tests.helpers import free_port
 from tests.integration.exporter.exporter_realparts import OtlpReceiver, attributes
 from tests.prometheus_server import PrometheusServer

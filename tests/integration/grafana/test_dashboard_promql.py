@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import subprocess
-import threading
 import sys
+import threading
 import time
 import urllib.request
 import warnings
@@ -28,8 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdexporter.exporter.metrics import PASSIVE_MODEL_PREDICTION, WINDOW_RATIO, all_series_names
 from pdexporter.grafana import build_all
 from pdexporter.grafana.promql import panel_queries, series_names, substitute, variable_queries
-from tests.helpers import free_port
-from tests.helpers import stop_process
+from tests.helpers import free_port, stop_process
 from tests.prometheus_server import PrometheusServer
 from tests.scripted_engine import ScriptedEngine
 

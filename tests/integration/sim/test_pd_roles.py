@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.engines import adapter
 from pdexporter.client.metrics import metric_deltas, parse_exposition
+from pdexporter.engines import adapter
 from pdexporter.launch.sim import SimLauncher
 from pdexporter.measure.pd import PdDriver, pd_driver
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, warm_prefix, warm_shapes
-from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.sim_driver import SimDriver
+from pdexporter.measure.store import ResultsStore
 from pdexporter.sim.profile import load_profile
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 

@@ -13,8 +13,8 @@ import aiohttp
 import openai
 import pytest
 
-from pdexporter.engines import adapter
 from pdexporter.client.metrics import parse_exposition
+from pdexporter.engines import adapter
 from tests.helpers import free_port
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from pdexporter.errors import EngineError, EngineTimeout
-from pdexporter.measure.store import ResultsStore
 from pdexporter.launch.base import pid_alive
 from pdexporter.launch.local import LOG_FILE, STATE_FILE, EngineState, LocalLauncher, render_command
+from pdexporter.measure.store import ResultsStore
 
 pytestmark = pytest.mark.integration
 

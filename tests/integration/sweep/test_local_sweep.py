@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pdexporter.measure.store import ResultsStore
-from pdexporter.sweep.controller import Deadline, SweepController
 from pdexporter.launch.base import pid_alive
 from pdexporter.launch.local import STATE_FILE, EngineState, LocalLauncher
+from pdexporter.measure.store import ResultsStore
+from pdexporter.sweep.controller import Deadline, SweepController
 from pdexporter.sweep.providers import make_provider
 from pdexporter.sweep.spec import parse_sweep
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import socket
 import urllib.error
 
 import pytest
@@ -115,7 +114,7 @@ def _failing(exc: BaseException):
 
 @pytest.mark.parametrize("exc, words", [
     (urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")), "cannot reach Prometheus"),
-    (socket.timeout("timed out"), "did not answer within"),
+    (TimeoutError("timed out"), "did not answer within"),
 ])
 def test_transport_errors_become_one_line(exc, words):
     api = pm.PrometheusAPI("http://prom.example:9090", fetch=_failing(exc))
@@ -161,4 +160,4 @@ def test_pull_checks_the_range_before_asking():
 
 
 def test_iso_is_utc():
-    assert pm._iso(NOW) == dt.datetime.fromtimestamp(NOW, dt.timezone.utc).isoformat(timespec="seconds")
+    assert pm._iso(NOW) == dt.datetime.fromtimestamp(NOW, dt.UTC).isoformat(timespec="seconds")

@@ -57,7 +57,7 @@ def colocated(**kw) -> list[ConfigSamples]:
 
 
 def transfer_ms(p: int, slow: bool = False) -> float:
-    return 4.0 + p * KV / ((4e9 if slow else 250e9)) * 1e3
+    return 4.0 + p * KV / (4e9 if slow else 250e9) * 1e3
 
 
 def offloaded(pair: bool, slow_d: int | None = None) -> list[ConfigSamples]:

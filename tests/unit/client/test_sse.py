@@ -12,7 +12,6 @@ from pdexporter.client.sse import SSEParser, StreamDecoder, error_message_from_b
 from pdexporter.errors import EngineError, SSEProtocolError
 from tests.conftest import VLLM_FIXTURES
 
-
 REAL_STREAM = (VLLM_FIXTURES / "sse-completions.txt").read_bytes()
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pdexporter.exporter import prometheus as pull
 from pdexporter.analysis.table import COLUMNS, INT_VALUES, REP_VALUES, SEED_COLUMNS
+from pdexporter.exporter import prometheus as pull
 from pdexporter.exporter.metrics import WINDOW_GAUGES, ExporterMetrics
+from pdexporter.measure.pd import OffloadNumbers
 from pdexporter.measure.quantities import QUANTITIES, gauged, in_block, markdown_table, seed_record_keys, tabulated
 from pdexporter.measure.records import SEED_KEYS, BaselineBlock, DerivedBlock, InterferenceBlock
-from pdexporter.measure.pd import OffloadNumbers
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
 ROOT = Path(__file__).parents[3]

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
-from pdexporter.engines import adapter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdexporter.engines import adapter
 from pdexporter.measure.window import (
     WindowParams,
     analyse_window,
@@ -164,7 +163,7 @@ def test_slow_steps_and_total_interference_are_exact_on_clean_timelines(
 import gzip  # noqa: E402
 import json  # noqa: E402
 
-from pdexporter.client.iterlog import summarise_chunks
+from pdexporter.client.iterlog import summarise_chunks  # noqa: E402
 from pdexporter.engines.vllm import parse_step_log as parse_iteration_lines  # noqa: E402
 from pdexporter.measure.protocol import StreamTrace  # noqa: E402
 from pdexporter.measure.window import ChunkPlan, token_event_index  # noqa: E402

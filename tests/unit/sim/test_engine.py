@@ -7,8 +7,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.client.iterlog import summarise_chunks
-from pdexporter.engines import adapter
 from pdexporter.client.metrics import parse_exposition
+from pdexporter.engines import adapter
 from pdexporter.sim.engine import NO_LOOP_COSTS, EngineConfig, EngineCore, ManualClock
 from pdexporter.sim.profile import load_profile
 from pdexporter.sim.server import cache_config_labels

@@ -18,7 +18,6 @@ from pdexporter.predict.calibrate import (
 from pdexporter.sim.profile import load_profile
 from pdexporter.sim.steptime import StepComposition, StepTimeModel
 
-
 REPO = Path(__file__).resolve().parents[3]
 
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-from collections.abc import Mapping
 from typing import Any
 
 from pdexporter.client.stream import Progress, TokenStream

@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from engine_double import DoubleProvider, StepEngineDouble
 
 from pdexporter.launch.external import ExternalLauncher
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import Deadline, SweepController, SweepObserver
 from pdexporter.sweep.spec import SweepSpec, parse_sweep
-
-from engine_double import DoubleProvider, StepEngineDouble
 
 GRID = {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [0, 4], "new_prefill_tokens": [512, 8192]}
 

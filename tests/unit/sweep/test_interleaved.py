@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
+from engine_double import DoubleProvider, StepEngineDouble
 
 from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import Deadline, SweepController, SweepObserver
 from pdexporter.sweep.plan import block_order
 from pdexporter.sweep.spec import SweepSpec, parse_sweep
-
-from engine_double import DoubleProvider, StepEngineDouble
 
 GRID = {"chunk_sizes": [2048], "decode_batch_sizes": [0, 2, 4], "new_prefill_tokens": [512, 2048, 8192]}
 POINTS = [(d, p) for d in GRID["decode_batch_sizes"] for p in GRID["new_prefill_tokens"]]
