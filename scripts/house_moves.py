@@ -111,7 +111,7 @@ LAYOUT = """    pdexporter/
       grafana/    dashboard builders and push
       doctor/     checks before measuring: pure verdicts · the I/O that gathers what they judge
       cli/        one thin module per command
-"""
+"""  # noqa: E501 (verbatim data)
 PROSE: list[tuple[str, str, str]] = [
     (
         "README.md",

@@ -56,10 +56,19 @@ def predict(args: argparse.Namespace) -> None:
         if p_star is not None:
             for label, p in (("P*/2", _round_p(p_star / 2)), ("P*", p_star), ("2 P*", _round_p(2 * p_star))):
                 v = evaluate_decision(doc, d, p, args.chunk_size)
-                points.append({"at": label, "new_prefill_tokens": p, "offload": v["offload"], "decided": v["decided"],
-                               "saved_ms": v["saved_ms"], "saved_ms_interval": v["intervals"]["saved_ms"],
-                               "ttft_cost_ms": v["ttft_cost_ms"], "ttft_cost_ms_interval": v["intervals"]["ttft_cost_ms"],
-                               "extrapolated": v["extrapolated"]})
+                points.append(
+                    {
+                        "at": label,
+                        "new_prefill_tokens": p,
+                        "offload": v["offload"],
+                        "decided": v["decided"],
+                        "saved_ms": v["saved_ms"],
+                        "saved_ms_interval": v["intervals"]["saved_ms"],
+                        "ttft_cost_ms": v["ttft_cost_ms"],
+                        "ttft_cost_ms_interval": v["intervals"]["ttft_cost_ms"],
+                        "extrapolated": v["extrapolated"],
+                    }
+                )
         out["predictions"].append({"decode_batch_size": d, "threshold": p_star, "interval": entry["interval"],
                                    "status": entry["status"], "points": points})
     target = Path(args.out)

@@ -29,7 +29,9 @@ def require_prometheus() -> None:
 
 
 class PrometheusServer:
-    def __init__(self, workdir: Path, targets: list[str], scrape_interval: str = "1s", ready_timeout_s: float = 30) -> None:
+    def __init__(
+        self, workdir: Path, targets: list[str], scrape_interval: str = "1s", ready_timeout_s: float = 30
+    ) -> None:
         require_prometheus()
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()

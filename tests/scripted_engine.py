@@ -209,8 +209,14 @@ class ScriptedEngine:
         kind = fault.kind if fault else None
         if self.behaviour == "reject":
             return web.json_response(
-                {"error": {"message": f"This model's maximum context length is 4096 tokens. However, you requested "
-                                      f"{len(body.get('prompt', []))} tokens.", "type": "BadRequestError", "code": 400}},
+                {
+                    "error": {
+                        "message": f"This model's maximum context length is 4096 tokens. However, you requested "
+                        f"{len(body.get('prompt', []))} tokens.",
+                        "type": "BadRequestError",
+                        "code": 400,
+                    }
+                },
                 status=400,
             )
         if self.behaviour == "fail" or kind == "http-500":
@@ -271,7 +277,11 @@ class ScriptedEngine:
             event = {"id": "cmpl-scripted", "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": 0, "model": self.model, "choices": [choice]}
             if usage:
-                event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": k, "total_tokens": prompt_tokens + k}
+                event["usage"] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": k,
+                    "total_tokens": prompt_tokens + k,
+                }
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             self._counters["generation"] = self._counters.get("generation", 0.0) + 1
         final = {"id": "cmpl-scripted", "object": "text_completion", "created": 0, "model": self.model, "choices": [],

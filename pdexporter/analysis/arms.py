@@ -186,12 +186,18 @@ class Term:
     held_out_r2: float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"features": list(self.features),
-                "coefficients": {f: float(c) for f, c in zip(self.features, self.coefficients)},
-                "range": _range(self.rows.key), "n": len(self.rows),
-                "points": len(set(self.rows.key)), "held_out_r2": None if self.held_out_r2 is None
-                else round(self.held_out_r2, 4), "held_out": HELD_OUT, "source": self.source,
-                "meaning": TERM_FEATURES[self.name][1], "fit": "non-negative least squares, Huber-weighted, per repetition"}
+        return {
+            "features": list(self.features),
+            "coefficients": {f: float(c) for f, c in zip(self.features, self.coefficients)},
+            "range": _range(self.rows.key),
+            "n": len(self.rows),
+            "points": len(set(self.rows.key)),
+            "held_out_r2": None if self.held_out_r2 is None else round(self.held_out_r2, 4),
+            "held_out": HELD_OUT,
+            "source": self.source,
+            "meaning": TERM_FEATURES[self.name][1],
+            "fit": "non-negative least squares, Huber-weighted, per repetition",
+        }
 
     def replicate(self, drawn_keys: Sequence[tuple[int, int, int]]) -> dict[str, float]:
         """The term refitted on the rows of a resample of its grid points (full-fit Huber weights)."""
@@ -345,7 +351,9 @@ def fit_transfer(offloaded: Sequence[ConfigSamples] | pd.DataFrame) -> TransferM
                          tuple(sorted({k[0] for k in keys})))
 
 
-def slow_windows(offloaded: Sequence[ConfigSamples], model: TransferModel | None) -> set[tuple[tuple[int, int, int], int]]:
+def slow_windows(
+    offloaded: Sequence[ConfigSamples], model: TransferModel | None
+) -> set[tuple[tuple[int, int, int], int]]:
     """(grid key, repetition index) of the windows in the degraded regime (excluded from the nominal terms)."""
     out = set()
     if model is None or model.degraded is None:
@@ -422,9 +430,11 @@ def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[Conf
                         rows_x.append(_features(TERM_FEATURES["prefill_offset"][0], rule, 0, p, b))
                         rows_y.append(value)
                         rows_k.append(s.key)
-            terms["prefill_offset"] = fit_term("prefill_offset", Rows(np.asarray(rows_x).reshape(-1, 2),
-                                                                      np.asarray(rows_y), rows_k),
-                                               "measured on the pair's prefill instance, over the colocated TTFT at D = 0")
+            terms["prefill_offset"] = fit_term(
+                "prefill_offset",
+                Rows(np.asarray(rows_x).reshape(-1, 2), np.asarray(rows_y), rows_k),
+                "measured on the pair's prefill instance, over the colocated TTFT at D = 0",
+            )
     else:
         terms["decode_side"] = fit_term("decode_side", _rows(offloaded, TERM_FEATURES["decode_side"][0], rule,
                                                              lambda r: r.get("prefill_duration_ms")),
@@ -580,7 +590,10 @@ def llmd_snippet(doc: dict[str, Any], b: int, d: int) -> str:
     if entry["status"] == "undecided" and entry["interval"] and entry["interval"][1] is not None:
         threshold = entry["interval"][1]
     if threshold is None:
-        value, note = 2 ** 31 - 1, f"offloading never wins at B={b}, D={d} up to {doc['p_max']} tokens: never disaggregate"
+        value, note = (
+            2**31 - 1,
+            f"offloading never wins at B={b}, D={d} up to {doc['p_max']} tokens: never disaggregate",
+        )
     else:
         value, note = threshold - 1, f"offload prompts of >= {threshold} non-cached tokens at B={b}, D={d}"
         if entry["status"] == "undecided":

@@ -40,7 +40,9 @@ def break_even_frame(table: pd.DataFrame, model: CostModel, transfer_ms: float =
     rows = table[table["decode_batch_size"] >= 1]
     out = rows[["chunk_size", "decode_batch_size", "new_prefill_tokens"]].copy()
     out["break_even_measured_ms"] = rows["aggregate_interference_ms"].to_numpy(np.float64)
-    out["break_even_model_ms"] = model.predict(rows["decode_batch_size"], rows["new_prefill_tokens"], rows["chunk_size"])
+    out["break_even_model_ms"] = model.predict(
+        rows["decode_batch_size"], rows["new_prefill_tokens"], rows["chunk_size"]
+    )
     out["offload_measured"] = out["break_even_measured_ms"] > transfer_ms
     out["offload_model"] = out["break_even_model_ms"] > transfer_ms
     return out.reset_index(drop=True)

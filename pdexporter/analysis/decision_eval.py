@@ -49,8 +49,22 @@ transfer time (the seed's constant 50 ms unless a transfer model was measured or
 import math
 
 __all__ = [
-    "DECIDED_SHARE", "SCHEMA", "SEED_RULE", "TWO_ARM_RULE", "WEAK_R2", "chunk_context", "colocated_cost",
-    "decode_step", "evaluate_arms", "evaluate_decision", "extrapolation", "feature", "linear", "offload_threshold", "offload_thresholds", "transfer_time",
+    "DECIDED_SHARE",
+    "SCHEMA",
+    "SEED_RULE",
+    "TWO_ARM_RULE",
+    "WEAK_R2",
+    "chunk_context",
+    "colocated_cost",
+    "decode_step",
+    "evaluate_arms",
+    "evaluate_decision",
+    "extrapolation",
+    "feature",
+    "linear",
+    "offload_threshold",
+    "offload_thresholds",
+    "transfer_time",
 ]
 
 SCHEMA = "pdexporter.decision/v2"
@@ -347,7 +361,10 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
     if transfer_ms is not None:
         transfer, transfer_source = float(transfer_ms), "given"
     elif transfer_model.get("source") in ("measured", "given"):
-        transfer, transfer_source = central.get("transfer_ms", transfer_time(transfer_model, p)), transfer_model["source"]
+        transfer, transfer_source = (
+            central.get("transfer_ms", transfer_time(transfer_model, p)),
+            transfer_model["source"],
+        )
     else:
         transfer, transfer_source = float(doc.get("transfer_ms_default", 50.0)), "seed-constant"
     out = {
@@ -454,9 +471,15 @@ def _wins(doc, d, p, b, replicate, kw, contexts):
     slos = {}
     if kw.get("tpot_slo_ms") is not None and numbers["colocated_tpot_ms"] is not None \
             and numbers["offloaded_tpot_ms"] is not None:
-        slos["TPOT"] = (numbers["colocated_tpot_ms"] <= kw["tpot_slo_ms"], numbers["offloaded_tpot_ms"] <= kw["tpot_slo_ms"])
+        slos["TPOT"] = (
+            numbers["colocated_tpot_ms"] <= kw["tpot_slo_ms"],
+            numbers["offloaded_tpot_ms"] <= kw["tpot_slo_ms"],
+        )
     if kw.get("ttft_slo_ms") is not None:
-        slos["TTFT"] = (numbers["colocated_ttft_ms"] <= kw["ttft_slo_ms"], numbers["offloaded_ttft_ms"] <= kw["ttft_slo_ms"])
+        slos["TTFT"] = (
+            numbers["colocated_ttft_ms"] <= kw["ttft_slo_ms"],
+            numbers["offloaded_ttft_ms"] <= kw["ttft_slo_ms"],
+        )
     if slos:
         col = all(v[0] for v in slos.values())
         off = all(v[1] for v in slos.values())

@@ -337,7 +337,9 @@ class ContextAwareModel:
         """One eager chunk step's extra per decode stream: the longer of the launch floor and the GPU's work."""
         a0, a1, g, be = self.values
         launch = np.maximum(0.0, a0 + a1 * np.asarray(d, np.float64))
-        return np.maximum(launch, self.compute0_ms + g * np.asarray(chunk, np.float64) + be * attention_pairs(chunk, prefix))
+        return np.maximum(
+            launch, self.compute0_ms + g * np.asarray(chunk, np.float64) + be * attention_pairs(chunk, prefix)
+        )
 
     def chunk_penalties_ms(self, d: int, chunks: Sequence[float]) -> np.ndarray:
         """Each chunk step's extra per decode stream, in chunk order: kappa c as a CUDA graph (by the
@@ -367,9 +369,25 @@ class ContextAwareModel:
 
     def coefficients(self) -> list[Coefficient]:
         a0, a1, g, be = self.values
-        values = (a0, a1, self.compute0_ms, g, be, self.kappa_graph_ms_per_token, self.sigma0_ms, self.sigma1_ms_per_token)
-        errors = (self.stderr[0], self.stderr[1], self.compute0_stderr, self.stderr[2], self.stderr[3], self.kappa_stderr,
-                  *self.sigma_stderr)
+        values = (
+            a0,
+            a1,
+            self.compute0_ms,
+            g,
+            be,
+            self.kappa_graph_ms_per_token,
+            self.sigma0_ms,
+            self.sigma1_ms_per_token,
+        )
+        errors = (
+            self.stderr[0],
+            self.stderr[1],
+            self.compute0_stderr,
+            self.stderr[2],
+            self.stderr[3],
+            self.kappa_stderr,
+            *self.sigma_stderr,
+        )
         return [Coefficient(n, math.nan if v is None else float(v), None if s is None else float(s), u, m, w)
                 for n, v, s, u, m, w in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS,
                                             CONTEXT_IF_NEGATIVE)]
@@ -738,9 +756,9 @@ def _decode_step(data: FitData) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
-def _stall_fit(model: ContextAwareModel, data: FitData,
-               weights: np.ndarray | None = None) -> tuple[tuple[float, float, float], tuple[float | None, float | None],
-                                                          np.ndarray | None]:
+def _stall_fit(
+    model: ContextAwareModel, data: FitData, weights: np.ndarray | None = None
+) -> tuple[tuple[float, float, float], tuple[float | None, float | None], np.ndarray | None]:
     """What the chunk steps leave unexplained of each point's per-stream total interference:
     sigma0 + sigma1 P - catchup x T(D) (all three >= 0; the catch-up only after an eager step):
     ((sigma0, sigma1, catchup), the sigmas' standard errors, the Huber weights)."""
@@ -811,16 +829,27 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
         rows = np.concatenate([rows_by_point[i] for i in drawn])
         coef, _, _, _ = _fit_columns(x_all[rows], design.y[rows], design.d_range, weights[rows])
         alpha0, alpha1 = _from_columns(coef, design.d_range)
-        stage1 = replace(model, alpha0_ms=alpha0, alpha1_ms_per_decode=alpha1, compute0_ms=float(coef[2]),
-                         gamma_ms_per_token=float(coef[3]), beta_ms_per_token_pair=float(coef[4]),
-                         kappa_graph_ms_per_token=(float(coef[5]) if model.kappa_graph_ms_per_token is not None
-                                                   else None), sigma0_ms=float(coef[6]), sigma1_ms_per_token=float(coef[7]),
-                         catchup_steps=0.0)
+        stage1 = replace(
+            model,
+            alpha0_ms=alpha0,
+            alpha1_ms_per_decode=alpha1,
+            compute0_ms=float(coef[2]),
+            gamma_ms_per_token=float(coef[3]),
+            beta_ms_per_token_pair=float(coef[4]),
+            kappa_graph_ms_per_token=(float(coef[5]) if model.kappa_graph_ms_per_token is not None else None),
+            sigma0_ms=float(coef[6]),
+            sigma1_ms_per_token=float(coef[7]),
+            catchup_steps=0.0,
+        )
         if model.n_step_rows:
             (s0, s1, catchup), _, _ = _stall_fit(stage1, plain.subset(drawn),
                                                  None if stall_weights is None else stall_weights[drawn])
-            stage1 = replace(stage1, sigma0_ms=stage1.sigma0_ms + s0, sigma1_ms_per_token=stage1.sigma1_ms_per_token + s1,
-                             catchup_steps=catchup)
+            stage1 = replace(
+                stage1,
+                sigma0_ms=stage1.sigma0_ms + s0,
+                sigma1_ms_per_token=stage1.sigma1_ms_per_token + s1,
+                catchup_steps=catchup,
+            )
         out.append(stage1.to_dict()["coefficients"])
     return out
 

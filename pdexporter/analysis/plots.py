@@ -25,8 +25,21 @@ from typing import Any
 import matplotlib
 
 __all__ = [
-    "DPI", "FORMATS", "MODELLED_TAG", "PLOTS_WITH_MODEL", "EnoughLogTicks", "Plot", "all_plots", "arms_plot", "breakeven",
-    "breakeven_chunk", "chunk_sensitivity", "grid_heatmap", "heatmap", "passive_convergence", "sensitivity_decode",
+    "DPI",
+    "FORMATS",
+    "MODELLED_TAG",
+    "PLOTS_WITH_MODEL",
+    "EnoughLogTicks",
+    "Plot",
+    "all_plots",
+    "arms_plot",
+    "breakeven",
+    "breakeven_chunk",
+    "chunk_sensitivity",
+    "grid_heatmap",
+    "heatmap",
+    "passive_convergence",
+    "sensitivity_decode",
     "write_plots",
 ]
 

@@ -199,10 +199,12 @@ def _arms(analysis: Analysis) -> str:
         rows = [[f"B={_e(b)}" + (" (modelled)" if v["modelled"] else "")]
                 + [_e(_threshold_cell(v["by_decode_batch_size"].get(str(d)))) for d in decodes]
                 for b, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
-        parts.append("<p id='break-even'>Break-even with the measured transfer: the smallest prefill (tokens) from "
-                     "which the two-arm verdict offloads, per chunk size and D, with its 90 % interval over the "
-                     "bootstrap resamples (no SLO; <code>pdexporter thresholds --tpot-slo-ms .. --ttft-slo-ms ..</code> "
-                     "for yours, and the llm-d snippet):</p>")
+        parts.append(
+            "<p id='break-even'>Break-even with the measured transfer: the smallest prefill (tokens) from "
+            "which the two-arm verdict offloads, per chunk size and D, with its 90 % interval over the "
+            "bootstrap resamples (no SLO; <code>pdexporter thresholds --tpot-slo-ms .. --ttft-slo-ms ..</code> "
+            "for yours, and the llm-d snippet):</p>"
+        )
         parts.append(_table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0})))
     plot = arms_plot(table, doc if doc.get("two_arm") else None)
     if plot is not None:

@@ -64,7 +64,20 @@ def _register() -> None:
         validate_pd,
     )
 
-    for module in (run, measure, sweep, sim, export_table, compare, report, decide, reanalyse, dashboards, doctor, load):
+    for module in (
+        run,
+        measure,
+        sweep,
+        sim,
+        export_table,
+        compare,
+        report,
+        decide,
+        reanalyse,
+        dashboards,
+        doctor,
+        load,
+    ):
         module.register(app)
     for module in (thresholds, validate_pd):  # both arms of the offload decision (docs/disaggregation.md)
         module.register(app)

@@ -33,8 +33,12 @@ def in_checkout(directory: Path) -> bool:
 
 @dashboards_app.command("generate")
 def generate(
-    out: Annotated[Path | None, typer.Option(
-        "--out", help="Directory for the dashboard JSON files (default: dashboards/ of a pdexporter checkout).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Directory for the dashboard JSON files (default: dashboards/ of a pdexporter checkout)."
+        ),
+    ] = None,
     chart: Annotated[
         Path | None,
         typer.Option("--chart", help="Helm chart whose dashboards/ copies are rewritten too (skipped if absent)."),

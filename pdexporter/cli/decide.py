@@ -39,30 +39,57 @@ def load_decision(path: Path) -> dict[str, Any]:
 
 
 def decide(
-    decode_batch_size: Annotated[int, typer.Option(
-        *D_FLAGS, min=0, max=MAX_DECODE_BATCH, help="Decodes running now (D, requests).")],
-    new_prefill_tokens: Annotated[int, typer.Option(
-        *P_FLAGS, min=1, max=MAX_TOKENS, help="Prefill tokens to compute (P).")],
-    chunk_size: Annotated[int, typer.Option(
-        *B_FLAGS, min=1, max=MAX_TOKENS, help="The engine's max_num_batched_tokens (tokens per step).")] = 8192,
-    transfer_ms: Annotated[float | None, typer.Option(
-        "--transfer-ms", min=0.0, help="Transfer time of an offload, ms (default: the model's, 50 ms).")] = None,
+    decode_batch_size: Annotated[
+        int, typer.Option(*D_FLAGS, min=0, max=MAX_DECODE_BATCH, help="Decodes running now (D, requests).")
+    ],
+    new_prefill_tokens: Annotated[
+        int, typer.Option(*P_FLAGS, min=1, max=MAX_TOKENS, help="Prefill tokens to compute (P).")
+    ],
+    chunk_size: Annotated[
+        int,
+        typer.Option(*B_FLAGS, min=1, max=MAX_TOKENS, help="The engine's max_num_batched_tokens (tokens per step)."),
+    ] = 8192,
+    transfer_ms: Annotated[
+        float | None,
+        typer.Option("--transfer-ms", min=0.0, help="Transfer time of an offload, ms (default: the model's, 50 ms)."),
+    ] = None,
     model: Annotated[Path | None, typer.Option("--model", help=f"A {DECISION_JSON} written by export-table.")] = None,
     results: Annotated[Path | None, typer.Option("--results", help="Fit from this results directory instead.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the verdict as JSON.")] = False,
-    offloaded: Annotated[Path | None, typer.Option(
-        "--offloaded", help="With --results: the offloaded arm's records (DecodeBench or a P/D pair), for the "
-                            "two-arm verdict (docs/disaggregation.md).")] = None,
-    tpot_slo_ms: Annotated[float | None, typer.Option(
-        "--tpot-slo-ms", min=0.0, help="Two-arm: the running decodes' TPOT while the prefill runs must stay under "
-        "this, ms.")] = None,
-    ttft_slo_ms: Annotated[float | None, typer.Option(
-        "--ttft-slo-ms", min=0.0, help="Two-arm: the prefill request's TTFT must stay under this, ms.")] = None,
-    mode: Annotated[str | None, typer.Option(
-        "--mode", help="two-arm (default when both arms were measured) | seed (the seed's constant-budget rule).")] = None,
-    regime: Annotated[str, typer.Option(
-        "--transfer-regime", help="nominal | degraded: the KV transfer as it usually ran, or as in the slow episodes "
-        "the pair measured (docs/disaggregation.md).")] = "nominal",
+    offloaded: Annotated[
+        Path | None,
+        typer.Option(
+            "--offloaded",
+            help="With --results: the offloaded arm's records (DecodeBench or a P/D pair), for the "
+            "two-arm verdict (docs/disaggregation.md).",
+        ),
+    ] = None,
+    tpot_slo_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--tpot-slo-ms",
+            min=0.0,
+            help="Two-arm: the running decodes' TPOT while the prefill runs must stay under this, ms.",
+        ),
+    ] = None,
+    ttft_slo_ms: Annotated[
+        float | None,
+        typer.Option("--ttft-slo-ms", min=0.0, help="Two-arm: the prefill request's TTFT must stay under this, ms."),
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            "--mode", help="two-arm (default when both arms were measured) | seed (the seed's constant-budget rule)."
+        ),
+    ] = None,
+    regime: Annotated[
+        str,
+        typer.Option(
+            "--transfer-regime",
+            help="nominal | degraded: the KV transfer as it usually ran, or as in the slow episodes "
+            "the pair measured (docs/disaggregation.md).",
+        ),
+    ] = "nominal",
 ) -> None:
     """Answer offload or not, with the numbers behind it."""
     if model is not None and results is not None:

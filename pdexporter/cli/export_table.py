@@ -55,37 +55,80 @@ def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]
 
 
 def export_table(
-    results_dir: Annotated[list[Path] | None, typer.Argument(
-        help="Results directory of records (results/{chunk}/D{d}_P{p}.json); several are joined into one "
-             "table (e.g. one per chunk size from a Kubernetes Indexed Job).")] = None,
-    prometheus: Annotated[str | None, typer.Option("--prometheus", help="Prometheus base URL to pull the exporter's windows from instead.")] = None,
-    from_: Annotated[str, typer.Option("--from", help="Start: RFC3339, unix seconds, 'now' or a duration before now (-1h, -30m).")] = "-1h",
-    to: Annotated[str, typer.Option("--to", help="End: RFC3339, unix seconds, 'now' or a duration before now (-5m).")] = "now",
+    results_dir: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Results directory of records (results/{chunk}/D{d}_P{p}.json); several are joined into one "
+            "table (e.g. one per chunk size from a Kubernetes Indexed Job)."
+        ),
+    ] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Prometheus base URL to pull the exporter's windows from instead."),
+    ] = None,
+    from_: Annotated[
+        str, typer.Option("--from", help="Start: RFC3339, unix seconds, 'now' or a duration before now (-1h, -30m).")
+    ] = "-1h",
+    to: Annotated[
+        str, typer.Option("--to", help="End: RFC3339, unix seconds, 'now' or a duration before now (-5m).")
+    ] = "now",
     step: Annotated[str, duration_option("--step", "query_range resolution; at most the scrape interval")] = "1s",
-    out: Annotated[Path | None, typer.Option("--out", help="Output directory (default: RESULTS_DIR, the common parent of "
-                                                             "several, or ./results).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Output directory (default: RESULTS_DIR, the common parent of several, or ./results)."
+        ),
+    ] = None,
     transfer_ms: TransferOpt = DEFAULT_TRANSFER_MS,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the PNG/SVG plots.")] = True,
     parquet: Annotated[bool, typer.Option("--parquet/--no-parquet", help="Also write Parquet (needs pyarrow).")] = True,
-    offloaded: Annotated[list[Path] | None, typer.Option(
-        "--offloaded", help="Records of the offloaded arm (DecodeBench or a P/D pair's decode instance): the table "
-                            "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md); "
-                            "repeat it to join several directories.")] = None,
+    offloaded: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--offloaded",
+            help="Records of the offloaded arm (DecodeBench or a P/D pair's decode instance): the table "
+            "gains its columns, decision.json the two-arm verdict (docs/disaggregation.md); "
+            "repeat it to join several directories.",
+        ),
+    ] = None,
     pool: PoolOpt = False,
-    mode: Annotated[str, typer.Option("--mode", help="Which windows: 'active' (injected prefills) or 'passive' "
-                                      "(production prefills of `run --passive`, with event counts and bootstrap "
-                                      "intervals).")] = "active",
-    grid: Annotated[Path | None, typer.Option("--grid", help="--mode passive: re-bin the cells to this sweep "
-                                              "file's D and P values (e.g. sweeps/seed.yaml).")] = None,
-    min_events: Annotated[int, typer.Option("--min-events", min=1, help="--mode passive: cells with fewer events "
-                                            "are marked too_few_events.")] = 5,
-    injected: Annotated[Path | None, typer.Option(
-        "--injected", help="--mode passive: injected records of the same engine; the event-fitted model's "
-                           "predictions are compared with them as traffic comes (passive_model.json, "
-                           "plots/passive_convergence).")] = None,
-    engine: Annotated[str | None, typer.Option(
-        "--engine", help="Tabulate this engine's windows only (its adapter's name, e.g. vllm, sglang); needed when "
-                         "the records or Prometheus hold several engines' (one table is one engine's).")] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="Which windows: 'active' (injected prefills) or 'passive' "
+            "(production prefills of `run --passive`, with event counts and bootstrap "
+            "intervals).",
+        ),
+    ] = "active",
+    grid: Annotated[
+        Path | None,
+        typer.Option(
+            "--grid",
+            help="--mode passive: re-bin the cells to this sweep file's D and P values (e.g. sweeps/seed.yaml).",
+        ),
+    ] = None,
+    min_events: Annotated[
+        int,
+        typer.Option("--min-events", min=1, help="--mode passive: cells with fewer events are marked too_few_events."),
+    ] = 5,
+    injected: Annotated[
+        Path | None,
+        typer.Option(
+            "--injected",
+            help="--mode passive: injected records of the same engine; the event-fitted model's "
+            "predictions are compared with them as traffic comes (passive_model.json, "
+            "plots/passive_convergence).",
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="Tabulate this engine's windows only (its adapter's name, e.g. vllm, sglang); needed when "
+            "the records or Prometheus hold several engines' (one table is one engine's).",
+        ),
+    ] = None,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
     from pdexporter.analysis.job import (
@@ -125,8 +168,9 @@ def export_table(
         passive_steps = 2 if mode == "passive" else 0  # the event model, its convergence plot
         with progress_bar(progress_steps(len(paths) + len(off_paths), plots) + passive_steps, "export-table") as tick:
             source = " + ".join(str(d) for d in results_dir)
-            samples, counts, extra = _of_mode(one_engine(load_joined(results_dir, tick, pool=pool), engine, source), None, mode,
-                                              grid, source)
+            samples, counts, extra = _of_mode(
+                one_engine(load_joined(results_dir, tick, pool=pool), engine, source), None, mode, grid, source
+            )
             off_samples = load_joined(offloaded, tick, pool=pool) if offloaded is not None else None
             analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
                                offloaded_source=" + ".join(map(str, offloaded or [])),

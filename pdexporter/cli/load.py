@@ -45,8 +45,11 @@ def load(
                   highlight=False)
     summary = asyncio.run(_load(target, requests, seconds, model, api_key(api_key_file)))
     summary.update(rate=rate, duration_s=seconds, seed=seed, target=redact_url(target))
-    console.print(f"sent {summary['sent']}, finished {summary['finished']}, failed {summary['failed']}, "
-                  f"{summary['prompt_tokens']} prompt tokens, worst send lag {summary['late_s']:.3f} s", highlight=False)
+    console.print(
+        f"sent {summary['sent']}, finished {summary['finished']}, failed {summary['failed']}, "
+        f"{summary['prompt_tokens']} prompt tokens, worst send lag {summary['late_s']:.3f} s",
+        highlight=False,
+    )
     if out is not None:
         atomic_write_json(out, summary)
 

@@ -200,7 +200,9 @@ def parse_run_options(
         traces_receiver = True
         traces_host, traces_port = parse_listen(traces_listen, "--traces-listen")
         if traces_port == port and traces_port != 0 and traces_host == host:
-            raise ConfigError(f"--traces-listen {traces_listen}: the same address as --listen; give it a port of its own")
+            raise ConfigError(
+                f"--traces-listen {traces_listen}: the same address as --listen; give it a port of its own"
+            )
     if (tls_cert_file is None) != (tls_key_file is None):
         raise ConfigError("--tls-cert-file and --tls-key-file go together")
     # one line naming the option that is wrong (issue 24: --decode-context-tokens -1 was blamed on
@@ -269,8 +271,12 @@ def engine_option(config: ExporterConfig) -> str | None:
 
 async def _serve(config: ExporterConfig, token: str | None, metrics_token: str | None = None,
                  traces_token: str | None = None) -> None:
-    launcher = make_launcher(config.target, profile=config.profile, engine=engine_option(config),
-                             chunk_size=None if config.target and config.chunk_size_source != "given" else config.chunk_size)
+    launcher = make_launcher(
+        config.target,
+        profile=config.profile,
+        engine=engine_option(config),
+        chunk_size=None if config.target and config.chunk_size_source != "given" else config.chunk_size,
+    )
     runner = Runner(config, launcher, api_key=token, metrics_token=metrics_token, traces_token=traces_token,
                     log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     stop = asyncio.Event()

@@ -175,7 +175,9 @@ def _load(path: Path, mode: str | None, reps: int | None, listen: str | None, ov
                              or (external is not None and k.startswith("launcher"))})
 
 
-def _run(spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_engine: bool, token: str | None) -> SweepReport:
+def _run(
+    spec: SweepSpec, store: ResultsStore, *, deadline: float | None, keep_engine: bool, token: str | None
+) -> SweepReport:
     observer = ProgressObserver(spec)
     virtual = isinstance(spec.launcher, SimLauncherSpec) and spec.launcher.clock == "virtual"
     dl = Deadline(deadline)
@@ -325,7 +327,9 @@ class ProgressObserver(SweepObserver):
         host, port = parse_listen(listen)
         self.metrics = ExporterMetrics()
         set_up(self.metrics, "ok")
-        runner, bound = await start_metrics_server(metrics_app(self.metrics.registry, title="pdexporter sweep"), host, port)
+        runner, bound = await start_metrics_server(
+            metrics_app(self.metrics.registry, title="pdexporter sweep"), host, port
+        )
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.exporter_url = f"http://{shown}:{bound}/metrics"
         console.print(f"exporting window gauges on {self.exporter_url}")

@@ -38,7 +38,11 @@ def validate_pd(
     col = load_results(colocated)
     db = load_results(decode_bench)
     pd_ = load_results(pair)
-    for path, samples, arm in ((colocated, col, "colocated"), (decode_bench, db, "offloaded"), (pair, pd_, "offloaded")):
+    for path, samples, arm in (
+        (colocated, col, "colocated"),
+        (decode_bench, db, "offloaded"),
+        (pair, pd_, "offloaded"),
+    ):
         wrong = sorted({s.arm for s in samples if s.arm != arm})
         if wrong:
             raise RecordError(f"{path}: records of the {', '.join(wrong)} arm, expected {arm}")
@@ -62,9 +66,20 @@ def validate_pd(
     if out is not None:
         atomic_write_text(out / "pd_validation.csv", frame.to_csv(index=False))
         atomic_write_json(out / "pd_validation.json", {"summary": summary, "points": frame.to_dict(orient="records")})
-    table = Table(title="saving of offloading: predicted from one GPU (colocated - DecodeBench) vs measured on the pair")
-    for name in ("B", "D", "P", "predicted saved ms", "measured saved ms", "error %", "pred. TTFT cost", "meas. TTFT cost",
-                 "error %"):
+    table = Table(
+        title="saving of offloading: predicted from one GPU (colocated - DecodeBench) vs measured on the pair"
+    )
+    for name in (
+        "B",
+        "D",
+        "P",
+        "predicted saved ms",
+        "measured saved ms",
+        "error %",
+        "pred. TTFT cost",
+        "meas. TTFT cost",
+        "error %",
+    ):
         table.add_column(name, justify="right")
 
     def f(x: object) -> str:
@@ -75,8 +90,11 @@ def validate_pd(
                       f(r.measured_saved_ms), f(r.saved_error_pct), f(r.predicted_ttft_cost_ms),
                       f(r.measured_ttft_cost_ms), f(r.ttft_cost_error_pct))
     console.print(table)
-    console.print(f"saving: median |error| {summary['saved_median_abs_error_pct']} %, max {summary['saved_max_abs_error_pct']} %, "
-                  f"{summary['saved_within_goal']}/{summary['points_compared']} within {goal_pct:g} %")
+    console.print(
+        f"saving: median |error| {summary['saved_median_abs_error_pct']} %, "
+        f"max {summary['saved_max_abs_error_pct']} %, "
+        f"{summary['saved_within_goal']}/{summary['points_compared']} within {goal_pct:g} %"
+    )
     if summary["modelled"]:
         console.print("[yellow]MODELLED: some records come from the embedded engine, not a GPU[/]")
     if out is not None:

@@ -200,8 +200,10 @@ def evaluate(engine: EngineFacts, endpoints: Sequence[EndpointFacts] = (),
 def engine_checks(f: EngineFacts) -> list[Check]:
     where = "the embedded engine" if f.embedded else f.url
     if f.health_error is not None:
-        return [Check("engine reachable", "fail", f.health_error),
-                Check("engine checks", "skip", f"not checked, the engine did not answer: {', '.join(ENGINE_CHECKS[1:])}")]
+        return [
+            Check("engine reachable", "fail", f.health_error),
+            Check("engine checks", "skip", f"not checked, the engine did not answer: {', '.join(ENGINE_CHECKS[1:])}"),
+        ]
     checks = [Check("engine reachable", "ok", f"{where} answered /health"
                     + (f" in {f.health_ms:.0f} ms" if f.health_ms is not None else ""))]
     rule = adapter(f.engine or f.engine_claimed or UNIDENTIFIED)
@@ -234,8 +236,12 @@ def _version(f: EngineFacts, rule: EngineAdapter) -> Check:
                                         "--engine NAME says which)")
     version = (identity or {}).get("version", "?")
     if (identity or {}).get("modelled") is True:
-        return Check("version", "warn", f"{f.engine} {version}, profile "
-                                        f"{(identity or {}).get('profile', '?')}: its numbers are MODELLED, not measured")
+        return Check(
+            "version",
+            "warn",
+            f"{f.engine} {version}, profile "
+            f"{(identity or {}).get('profile', '?')}: its numbers are MODELLED, not measured",
+        )
     return Check("version", "ok", f"{f.engine} {version}" + (f" ({f.identity_path})" if f.identity_path != "/version"
                                                              else ""))
 
@@ -275,7 +281,9 @@ def _model(f: EngineFacts) -> Check:
     if not served:
         return Check("model", "fail", "/v1/models lists no model")
     if f.model_wanted is not None and f.model_wanted not in served:
-        return Check("model", "fail", f"--model {f.model_wanted!r} is not served; the engine serves {', '.join(served)}")
+        return Check(
+            "model", "fail", f"--model {f.model_wanted!r} is not served; the engine serves {', '.join(served)}"
+        )
     chosen = f.model_wanted or served[0]
     others = f" (of {plural(len(served), 'model')} served)" if len(served) > 1 else ""
     return Check("model", "ok", f"{chosen}{others}")

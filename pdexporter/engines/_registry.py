@@ -363,8 +363,11 @@ def chunk_size_advice(windows: Sequence[tuple[int, int, int]], chunk_size: int, 
 
 
 def infer_chunk_size(
-    windows: Sequence[tuple[int, int, int]], candidates: Iterable[int], schedule: Callable[[int, int, int], tuple[int, ...]],
-    default: int, max_stall_steps: int = 4,
+    windows: Sequence[tuple[int, int, int]],
+    candidates: Iterable[int],
+    schedule: Callable[[int, int, int], tuple[int, ...]],
+    default: int,
+    max_stall_steps: int = 4,
 ) -> tuple[int | None, tuple[int, ...]]:
     """Which chunk sizes fit the slow steps seen? `windows` are (P, D, median slow steps); a size
     fits when every window saw at least its full chunks and at most `max_stall_steps` more.

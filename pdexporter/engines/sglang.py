@@ -41,7 +41,7 @@ grow as tokens are computed), and there is no prefix-cache query counter.
 
 Its OTLP tracing (`--enable-trace`) exports a tree of per-stage spans, not one span per request:
 pdexporter reads no SGLang traces (`request_span_name` is empty).
-"""
+"""  # noqa: E501 (verbatim data)
 
 from __future__ import annotations
 

@@ -79,7 +79,9 @@ class ProbeState:
             self.times.extend(token_times(s.event_times_ns[:n], s.event_tokens[:n]).tolist())
         else:
             anchor = s.event_tokens[seen - 1]
-            self.times.extend(token_times(s.event_times_ns[seen - 1 : n], s.event_tokens[seen - 1 : n])[anchor:].tolist())
+            self.times.extend(
+                token_times(s.event_times_ns[seen - 1 : n], s.event_tokens[seen - 1 : n])[anchor:].tolist()
+            )
         self.events_seen = n
         return int(sum(s.event_tokens[seen:n]))
 

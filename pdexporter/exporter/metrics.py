@@ -14,18 +14,72 @@ from pdexporter.measure.quantities import BY_FIELD, Quantity, gauged
 from pdexporter.measure.records import RepRecord
 
 __all__ = [
-    "BUILD_INFO", "DEFAULT_PORT", "DELAY_BUCKETS", "ENGINE_INFO", "ENGINE_KV", "ENGINE_RUNNING", "ENGINE_SCRAPE_OK",
-    "ENGINE_SCRAPE_SECONDS", "ENGINE_WAITING", "ERRORS", "ERROR_KINDS", "ExporterMetrics", "GRID_LABELS",
-    "INJECTIONS", "MODES", "PASSIVE_EVENTS", "PASSIVE_MODEL_BOUNDS", "PASSIVE_MODEL_CELLS", "PASSIVE_MODEL_EVENTS",
-    "PASSIVE_MODEL_HALFWIDTH", "PASSIVE_MODEL_PREDICTION", "PASSIVE_MODEL_REACHED", "PASSIVE_OUTCOMES",
-    "PASSIVE_SOURCES", "PHASES", "PREFILL_BUCKETS",
-    "PREFILL_DURATION", "PREFIX", "PROBE_STREAMS", "PROBE_STREAMS_STARTED", "PROBE_TIMESTAMP_DELAY", "PROBE_TOKENS",
-    "PROBE_TPOT", "REJECT_REASONS", "REQUEST_TRACES", "TPOT_BUCKETS", "TRACE_EXPORTS", "TRACE_KINDS", "TRACE_REJECTIONS",
-    "TRACE_RESULTS", "UP",
-    "UP_REASON", "UP_REASONS", "WINDOWS", "WINDOWS_SKIPPED", "WINDOW_AFTER", "WINDOW_AGGREGATE", "WINDOW_BASELINE", "WINDOW_CHUNKS",
-    "WINDOW_DURING", "WINDOW_EXPECTED", "WINDOW_GAUGES", "WINDOW_LABELS", "WINDOW_PENALTY", "WINDOW_PREFILL",
-    "WINDOW_RATIO", "WINDOW_SLOW_STEPS", "WINDOW_TOTAL", "all_series_names", "count_trace_export", "count_traces",
-    "error_kind", "grid_labels", "publish_window", "set_engine_info", "set_up",
+    "BUILD_INFO",
+    "DEFAULT_PORT",
+    "DELAY_BUCKETS",
+    "ENGINE_INFO",
+    "ENGINE_KV",
+    "ENGINE_RUNNING",
+    "ENGINE_SCRAPE_OK",
+    "ENGINE_SCRAPE_SECONDS",
+    "ENGINE_WAITING",
+    "ERRORS",
+    "ERROR_KINDS",
+    "ExporterMetrics",
+    "GRID_LABELS",
+    "INJECTIONS",
+    "MODES",
+    "PASSIVE_EVENTS",
+    "PASSIVE_MODEL_BOUNDS",
+    "PASSIVE_MODEL_CELLS",
+    "PASSIVE_MODEL_EVENTS",
+    "PASSIVE_MODEL_HALFWIDTH",
+    "PASSIVE_MODEL_PREDICTION",
+    "PASSIVE_MODEL_REACHED",
+    "PASSIVE_OUTCOMES",
+    "PASSIVE_SOURCES",
+    "PHASES",
+    "PREFILL_BUCKETS",
+    "PREFILL_DURATION",
+    "PREFIX",
+    "PROBE_STREAMS",
+    "PROBE_STREAMS_STARTED",
+    "PROBE_TIMESTAMP_DELAY",
+    "PROBE_TOKENS",
+    "PROBE_TPOT",
+    "REJECT_REASONS",
+    "REQUEST_TRACES",
+    "TPOT_BUCKETS",
+    "TRACE_EXPORTS",
+    "TRACE_KINDS",
+    "TRACE_REJECTIONS",
+    "TRACE_RESULTS",
+    "UP",
+    "UP_REASON",
+    "UP_REASONS",
+    "WINDOWS",
+    "WINDOWS_SKIPPED",
+    "WINDOW_AFTER",
+    "WINDOW_AGGREGATE",
+    "WINDOW_BASELINE",
+    "WINDOW_CHUNKS",
+    "WINDOW_DURING",
+    "WINDOW_EXPECTED",
+    "WINDOW_GAUGES",
+    "WINDOW_LABELS",
+    "WINDOW_PENALTY",
+    "WINDOW_PREFILL",
+    "WINDOW_RATIO",
+    "WINDOW_SLOW_STEPS",
+    "WINDOW_TOTAL",
+    "all_series_names",
+    "count_trace_export",
+    "count_traces",
+    "error_kind",
+    "grid_labels",
+    "publish_window",
+    "set_engine_info",
+    "set_up",
 ]
 
 PREFIX = "pdexporter"
@@ -129,11 +183,15 @@ class ExporterMetrics:
         self.probe_streams_started = Counter(
             PROBE_STREAMS_STARTED.removesuffix("_total"), "Probe streams started.", registry=r
         )
-        self.probe_tokens = Counter(PROBE_TOKENS.removesuffix("_total"), "Tokens received on probe streams.", registry=r)
+        self.probe_tokens = Counter(
+            PROBE_TOKENS.removesuffix("_total"), "Tokens received on probe streams.", registry=r
+        )
         self.probe_tpot = Histogram(
             PROBE_TPOT, "Probe inter-token intervals by window phase.", ["phase"], buckets=TPOT_BUCKETS, registry=r
         )
-        self.injections = Counter(INJECTIONS.removesuffix("_total"), "Prefill perturbations sent.", ["outcome"], registry=r)
+        self.injections = Counter(
+            INJECTIONS.removesuffix("_total"), "Prefill perturbations sent.", ["outcome"], registry=r
+        )
         self.windows = Counter(WINDOWS.removesuffix("_total"), "Prefill windows analysed.", WINDOW_LABELS, registry=r)
         self.windows_skipped = Counter(
             WINDOWS_SKIPPED.removesuffix("_total"), "Windows that failed (no window came), by the kind of failure.",
@@ -186,7 +244,8 @@ class ExporterMetrics:
             REQUEST_TRACES.removesuffix("_total"),
             "Engine request spans received on /v1/traces, by whose requests they were.", ["kind"], registry=r)
         self.trace_exports = Counter(
-            TRACE_EXPORTS.removesuffix("_total"), "OTLP export requests received on /v1/traces.", ["result"], registry=r)
+            TRACE_EXPORTS.removesuffix("_total"), "OTLP export requests received on /v1/traces.", ["result"], registry=r
+        )
         for result in TRACE_RESULTS:
             self.trace_exports.labels(result=result)
         self.trace_rejections = Counter(

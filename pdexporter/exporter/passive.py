@@ -407,8 +407,11 @@ class PassiveTracker:
         run = pending.run
         start = run.start_ns - self.settings.baseline_span_s * 1e9
         i = bisect.bisect_left(self._run_ends, start)
-        pending.windows = [(r.start_ns, r.end_ns + pending.step_ms * 1e6 / 2) for r in itertools.islice(self._runs, i, None)
-                           if r.start_ns < run.start_ns]
+        pending.windows = [
+            (r.start_ns, r.end_ns + pending.step_ms * 1e6 / 2)
+            for r in itertools.islice(self._runs, i, None)
+            if r.start_ns < run.start_ns
+        ]
         pending.quiet = []
         for st in streams:
             n = min(len(st.event_times_ns), len(st.event_tokens))

@@ -140,7 +140,9 @@ class LivePassive:
         count_traces(self.metrics, "probe", probes)
         count_traces(self.metrics, "unusable", len(traces) - production - probes)
 
-    def tick(self, scraper: EngineScraper | None, windows_so_far: int) -> Iterator[tuple[PassiveEvent, RepRecord, str | None]]:
+    def tick(
+        self, scraper: EngineScraper | None, windows_so_far: int
+    ) -> Iterator[tuple[PassiveEvent, RepRecord, str | None]]:
         """Advance the tracker; scrape when it asks; count every finished event and publish the
         single-prefill ones. Yields (event, its repetition record, its record file)."""
         now_ns = time.perf_counter_ns()
@@ -161,7 +163,9 @@ class LivePassive:
                 rep = event.rep.model_copy(update={"rep": windows_so_far, "started_at": now_iso()})
                 windows_so_far += 1
                 record_path = self._save(event, rep) if self.store is not None else None
-                publish_window(self.metrics, grid_labels(chunk, d_bin, p_bin, mode="passive", engine=self.info.kind), rep)
+                publish_window(
+                    self.metrics, grid_labels(chunk, d_bin, p_bin, mode="passive", engine=self.info.kind), rep
+                )
                 yield event, rep, record_path
 
     def _save(self, event: PassiveEvent, rep: RepRecord) -> str:

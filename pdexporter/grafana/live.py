@@ -59,8 +59,9 @@ def build() -> Json:
         timeseries(
             "TPOT by phase: p50 / p90 / p99",
             "Quantiles of every probe inter-token interval, by the window phase the window maths put it in. "
-            "The gap between baseline and prefill_window (every interval from the injection to the prefill's first token: "
-            "chunk steps, engine stalls and decode-only steps) is the interference; after_prefill shows recovery.",
+            "The gap between baseline and prefill_window (every interval from the injection to the prefill's "
+            "first token: chunk steps, engine stalls and decode-only steps) is the interference; "
+            "after_prefill shows recovery.",
             [
                 target(_quantile(q, m.PROBE_TPOT, "phase"), f"{{{{phase}}}} p{round(q * 100)}", ref_id=ref)
                 for ref, q in (("A", 0.5), ("B", 0.9), ("C", 0.99))
@@ -148,8 +149,14 @@ def build() -> Json:
             "Quantiles over every prefill, injected (active) or production (passive: the slow run's length), by "
             "prefill size, and the last window's duration.",
             targets(
-                (_quantile(0.5, m.PREFILL_DURATION, "mode, new_prefill_tokens"), "p50 {{mode}} P={{new_prefill_tokens}}"),
-                (_quantile(0.9, m.PREFILL_DURATION, "mode, new_prefill_tokens"), "p90 {{mode}} P={{new_prefill_tokens}}"),
+                (
+                    _quantile(0.5, m.PREFILL_DURATION, "mode, new_prefill_tokens"),
+                    "p50 {{mode}} P={{new_prefill_tokens}}",
+                ),
+                (
+                    _quantile(0.9, m.PREFILL_DURATION, "mode, new_prefill_tokens"),
+                    "p90 {{mode}} P={{new_prefill_tokens}}",
+                ),
                 (f"{m.WINDOW_PREFILL}{{{SEL}}}", "last " + GRID_LEGEND),
             ),
             unit="s",
@@ -427,8 +434,11 @@ def build() -> Json:
             "How late the probe loop stamps a readable socket (p50 / p99): the error bar on every token "
             "timestamp, hence on every TPOT above. Compare it with the decode step time.",
             [
-                target(f"histogram_quantile({q}, sum by (le) (rate({m.PROBE_TIMESTAMP_DELAY}_bucket{{{SEL}}}[{RATE}])))",
-                       f"p{round(q * 100)}", ref_id=ref)
+                target(
+                    f"histogram_quantile({q}, sum by (le) (rate({m.PROBE_TIMESTAMP_DELAY}_bucket{{{SEL}}}[{RATE}])))",
+                    f"p{round(q * 100)}",
+                    ref_id=ref,
+                )
                 for ref, q in (("A", 0.5), ("B", 0.99))
             ],
             unit="s",

@@ -305,7 +305,12 @@ def label_matrix(
         {"id": "sortBy", "options": {"fields": {}, "sort": [{"field": row_label, "desc": False}]}},
         {
             "id": "groupingToMatrix",
-            "options": {"rowField": row_label, "columnField": column_label, "valueField": "Value", "emptyValue": "null"},
+            "options": {
+                "rowField": row_label,
+                "columnField": column_label,
+                "valueField": "Value",
+                "emptyValue": "null",
+            },
         },
         {
             "id": "organize",

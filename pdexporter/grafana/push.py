@@ -102,7 +102,9 @@ def push_dashboards(
                 "(a service-account token) or the user:password in the URL"
             ) from None
         except GrafanaTimeoutError as exc:
-            raise GrafanaUnreachable(f"Grafana at {shown} did not answer within {timeout:g} s while {what}: {exc}") from None
+            raise GrafanaUnreachable(
+                f"Grafana at {shown} did not answer within {timeout:g} s while {what}: {exc}"
+            ) from None
         except GrafanaClientError as exc:
             if exc.status_code == 403:
                 raise GrafanaAuthError(

@@ -126,7 +126,9 @@ class KubernetesLauncher:
         if self.spec.tool == "helm":
             await self._run(helm_upgrade_argv(tool, self.spec, chunk_size))
         else:
-            text = await self._run([tool, "get", "deployment", str(self.spec.deployment), "-o", "json", *_scope(self.spec)])
+            text = await self._run(
+                [tool, "get", "deployment", str(self.spec.deployment), "-o", "json", *_scope(self.spec)]
+            )
             try:
                 containers = json.loads(text)["spec"]["template"]["spec"]["containers"]
                 current = containers[self.spec.container].get("args")

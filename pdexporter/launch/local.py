@@ -274,7 +274,9 @@ class LocalLauncher:
             wanted = render_command(self.command, chunk_size, self.variables, self.env)
             if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.redacted:
                 if log_contradicts_chunk(Path(state.log), chunk_size, self._setup(wanted.argv)):
-                    self.on_message(f"engine pid {state.pid}: its log shows steps above {chunk_size} tokens; restarting")
+                    self.on_message(
+                        f"engine pid {state.pid}: its log shows steps above {chunk_size} tokens; restarting"
+                    )
                 else:
                     self.on_message(f"adopting the engine started earlier (pid {state.pid}, chunk {chunk_size})")
                     self._state, self._control = state, control
@@ -410,7 +412,9 @@ class LocalLauncher:
                     break
                 if time.monotonic() > deadline:
                     await self.stop()
-                    raise EngineTimeout(f"engine not healthy at {self.url} within {self.health_timeout_s:g} s (log {log})")
+                    raise EngineTimeout(
+                        f"engine not healthy at {self.url} within {self.health_timeout_s:g} s (log {log})"
+                    )
                 left = self.deadline()
                 if left is not None and left <= 0:
                     raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")

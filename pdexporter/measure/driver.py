@@ -179,7 +179,9 @@ class HttpDriver:
         """A non-streaming request: its answer, and when it was sent and answered (ns)."""
         return await self.client.post_json(prepared.path, prepared.body, headers=dict(prepared.headers))
 
-    async def send_into(self, prepared: PreparedRequest, stream: TokenStream, *, retry_connect: bool = False) -> TokenStream:
+    async def send_into(
+        self, prepared: PreparedRequest, stream: TokenStream, *, retry_connect: bool = False
+    ) -> TokenStream:
         """A streaming request filling `stream` until it ends."""
         return await self.client.stream_into(prepared.path, prepared.body, stream, retry_connect=retry_connect,
                                              headers=dict(prepared.headers) if prepared.headers else None)

@@ -237,8 +237,9 @@ def flag_mismatch(recorded: list[str] | None, now: list[str] | None) -> str | No
     old, new = engine_flags(recorded), engine_flags(now)
     for name in sorted((set(old) | set(new)) - _PLACEMENT_FLAGS):
         if old.get(name) != new.get(name):
-            def show(flags: dict[str, str]) -> str:
+            def show(flags: dict[str, str], name: str = name) -> str:
                 return f"--{name}={flags[name]}" if name in flags else f"no --{name}"
+
             return f"engine flag {show(old)}, this run has {show(new)}"
     return None
 

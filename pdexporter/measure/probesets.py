@@ -1,7 +1,8 @@
 """The two things a Phase 2 window can be run with: which decode streams it perturbs (a probe
 set) and what it compares them with (a baseline source). `protocol.run_window` is written once
-against the protocols `ProbeSet` and `BaselineSource` (declared beside it, re-exported here); `measure`, `sweep` (both modes), `sim sweep`/`calibrate` and the live
-exporter (`pdexporter run`) differ only in the implementations they pass:
+against the protocols `ProbeSet` and `BaselineSource` (declared beside it, re-exported here);
+`measure`, `sweep` (both modes), `sim sweep`/`calibrate` and the live exporter (`pdexporter run`)
+differ only in the implementations they pass:
 
     probe set     FreshProbes (faithful: D new 256-token streams per window, as the seed says)
                   PooledProbes (fast mode: long-lived streams perturbed one window after another)
@@ -16,8 +17,9 @@ state again. When a stream could not carry the next window to the end, or its co
 drift more than the allowance past the seed's 4096, the set is retired and a fresh set starts.
 Retiring cancels the set's streams where the driver can (`driver.Cancelling`: the engine aborts
 them, as when a client goes away) rather than letting them decode tokens no window will use;
-either way none of them runs when the next set, Phase 1 or a prefill starts. A set is sized for the injections planned next (`plan`), so the last set of a (chunk, D)
-ends soon after its last window. Before analysis each probe trace is cut to the
+either way none of them runs when the next set, Phase 1 or a prefill starts. A set is sized for
+the injections planned next (`plan`), so the last set of a (chunk, D) ends soon after its last
+window. Before analysis each probe trace is cut to the
 `warmup_tokens + inject_at_tokens` tokens before the injection and what follows: the shape of a
 faithful probe, so earlier windows cannot leak into this one's numbers and raw files stay small.
 """

@@ -60,10 +60,32 @@ from pdexporter.measure.window import (
 )
 
 __all__ = [
-    "BaselineRun", "BaselineSource", "InterferenceRun", "OPTION_NAMES", "ProbeSet", "ProtocolSettings", "StreamTrace",
-    "analyse_traces", "chunk_plan", "chunks_expected", "chunks_from_steps", "expected_schedule", "prompt_tokens_check", "prompt_tokens_problem",
-    "protocol_settings", "run_baseline", "run_single", "run_window", "stalled", "start_probes", "steady",
-    "recovery_end_ns", "wait_for", "warm_prefix", "warm_shapes", "window_anchor_ns",
+    "BaselineRun",
+    "BaselineSource",
+    "InterferenceRun",
+    "OPTION_NAMES",
+    "ProbeSet",
+    "ProtocolSettings",
+    "StreamTrace",
+    "analyse_traces",
+    "chunk_plan",
+    "chunks_expected",
+    "chunks_from_steps",
+    "expected_schedule",
+    "prompt_tokens_check",
+    "prompt_tokens_problem",
+    "protocol_settings",
+    "run_baseline",
+    "run_single",
+    "run_window",
+    "stalled",
+    "start_probes",
+    "steady",
+    "recovery_end_ns",
+    "wait_for",
+    "warm_prefix",
+    "warm_shapes",
+    "window_anchor_ns",
 ]
 
 
@@ -456,7 +478,9 @@ def stalled(streams: Sequence[TokenStream], now_ns: int, stall_s: float) -> list
     return [s for s in streams if not s.done and s.event_times_ns and now_ns - s.event_times_ns[-1] > limit]
 
 
-async def run_single(driver: EngineDriver, prompt: Sequence[int], max_tokens: int, tag: str, timeout_s: float) -> TokenStream:
+async def run_single(
+    driver: EngineDriver, prompt: Sequence[int], max_tokens: int, tag: str, timeout_s: float
+) -> TokenStream:
     """One request outside any window (warm-ups): retried if the connection fails before any byte."""
     stream = driver.start(driver.prepare(prompt, max_tokens, tag), retry_connect=True)
     await wait_for(driver, [stream], lambda: stream.done, timeout_s, f"{tag} request did not finish")
@@ -478,7 +502,9 @@ async def warm_shapes(driver: EngineDriver, prefill_tokens: Iterable[int], setti
         await run_single(driver, prompt, 1, "warm-shape", settings.window_timeout_s)
 
 
-def start_probes(driver: EngineDriver, d: int, settings: ProtocolSettings, max_tokens: int | None = None) -> list[TokenStream]:
+def start_probes(
+    driver: EngineDriver, d: int, settings: ProtocolSettings, max_tokens: int | None = None
+) -> list[TokenStream]:
     prepared = driver.prepare(
         shared_prefix(settings.decode_context_tokens, settings.token_range),
         max_tokens or settings.decode_output_tokens,

@@ -245,7 +245,9 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
     present = [(p, i) for i, p in enumerate(penalties) if p is not None]
     pivot = ordered[sorted(present)[len(present) // 2][1]] if present else ordered[len(ordered) // 2]
     baseline = _median_block([r.baseline for r in ordered], BaselineBlock)
-    interference = _median_block([pivot.interference] + [r.interference for r in ordered if r is not pivot], InterferenceBlock)
+    interference = _median_block(
+        [pivot.interference] + [r.interference for r in ordered if r is not pivot], InterferenceBlock
+    )
     derived = _median_block([r.derived for r in ordered], DerivedBlock)
     summary = Summary(
         reps_done=len(ordered),

@@ -69,8 +69,10 @@ class SimDriver:
         try:
             clock = LoopClock()
         except RuntimeError as exc:
-            raise RuntimeError("SimDriver.create() needs a running event loop: call it inside a coroutine run by "
-                               "pdexporter._internal.vloop.run_virtual (virtual time) or asyncio.run (real time)") from exc
+            raise RuntimeError(
+                "SimDriver.create() needs a running event loop: call it inside a coroutine run by "
+                "pdexporter._internal.vloop.run_virtual (virtual time) or asyncio.run (real time)"
+            ) from exc
         config = EngineConfig.from_profile(prof, max_num_batched_tokens=chunk_size, max_num_seqs=max_num_seqs,
                                            imitates=imitates)
         vmetrics: EngineMetrics | None = (

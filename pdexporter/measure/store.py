@@ -118,7 +118,9 @@ def load_record_file(path: str | Path) -> RunRecord:
     except OSError as exc:
         raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:
-        raise RecordError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+        raise RecordError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
     check_schema(data, path)

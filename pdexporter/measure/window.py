@@ -69,8 +69,9 @@ it moves with P in proportion to the work within a chunk count, where the weight
 from one chunk step to another as a growing last chunk's weight nears the first's (embedded
 engine, B = 6144, D = 10: the median read 57.7 ms at P = 11800 and 88.3 ms at P = 12200, both
 two chunks; the mean moves smoothly between them: `results/sim-fine-p/`). The p50/p90/p99 stay
-as the seed's record keys and table columns of their own. Weighting keeps the seed's meaning and fixes two flaws of a plain median over
-steps, both seen on the H200: with two or three chunks one step decided it (B = 16384, D = 6,
+as the seed's record keys and table columns of their own. Weighting keeps the seed's meaning and
+fixes two flaws of a plain median over steps, both seen on the H200: with two or three chunks one
+step decided it (B = 16384, D = 6,
 P = 32768 ran 16378 + 16378 + 12 tokens in steps of ~280, ~726 and ~40 ms: the plain median was
 the 280 ms step, the weighted one is their middle, ~500 ms), and a tail of 1-16 tokens, which runs
 as a plain decode step the cadence cannot always see, halved a one-chunk prefill's penalty

@@ -100,9 +100,14 @@ async def passive_session(
         await warm_prefix(driver, settings)
         # staggered first lengths, as the live exporter's probe slots in passive mode
         live: list[TokenStream] = [
-            start_probes(driver, 1, settings, max_tokens=max(settings.warmup_tokens + 2,
-                                                              round(settings.decode_output_tokens * (k + 1) / probes)))[0]
-            for k in range(probes)]
+            start_probes(
+                driver,
+                1,
+                settings,
+                max_tokens=max(settings.warmup_tokens + 2, round(settings.decode_output_tokens * (k + 1) / probes)),
+            )[0]
+            for k in range(probes)
+        ]
         finished: collections.deque[TokenStream] = collections.deque()
         load_task = asyncio.create_task(drive(driver, schedule(load)))
         t_start = loop.time()

@@ -65,11 +65,11 @@ step N+1 is launched), and the step-time model is the same physics.
 The engine keeps the imitated engine's metrics (`vllm_metrics.VllmMetrics`,
 `sglang_metrics.SglangMetrics`: `EngineMetrics`), logs one line per step in that engine's format
 (`StepLines`: its adapter's `format_step` behind its log prefix, e.g. vLLM's
-`(EngineCore_DP0 pid=N) INFO`) and keeps the last `history_limit` steps in memory (`StepHistory`: the in-process driver reads
-a window's steps from it; a served engine's clients read the log, so `sim serve` keeps only a few
-thousand, and its memory stays flat however long it runs). The line's "iteration elapsed time" is the modelled
-GPU span of the step (vLLM's own number measures CPU-side waiting and is unreliable under async
-scheduling, docs/vllm-facts.md).
+`(EngineCore_DP0 pid=N) INFO`) and keeps the last `history_limit` steps in memory (`StepHistory`:
+the in-process driver reads a window's steps from it; a served engine's clients read the log, so
+`sim serve` keeps only a few thousand, and its memory stays flat however long it runs). The line's
+"iteration elapsed time" is the modelled GPU span of the step (vLLM's own number measures CPU-side
+waiting and is unreliable under async scheduling, docs/vllm-facts.md).
 """
 
 from __future__ import annotations
@@ -480,7 +480,9 @@ class EngineCore:
         if self.config.imitates == "vllm":
             self.scheduler = Scheduler(self.config.scheduler_config(), connector=self.connector)  # type: ignore[arg-type]
         elif self.connector is not None:
-            raise ValueError(f"the embedded engine models KV roles imitating vllm only (imitates {self.config.imitates})")
+            raise ValueError(
+                f"the embedded engine models KV roles imitating vllm only (imitates {self.config.imitates})"
+            )
         else:
             from pdexporter.sim.sglang_scheduler import SglangScheduler
 

@@ -25,7 +25,7 @@ layer count, and the KV capacity from memory. Its `calibration` is `projected` a
 `provenance` says, part by part, what came from config.json, what from a datasheet and what from
 a calibration elsewhere: a projection until `pdexporter sim calibrate` fits it to a sweep of the
 model on the GPU.
-"""
+"""  # noqa: E501 (verbatim data)
 
 from __future__ import annotations
 

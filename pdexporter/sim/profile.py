@@ -32,9 +32,25 @@ from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 
 __all__ = [
-    "Calibration", "EngineLoopParams", "EngineSpec", "GpuSpec", "HostParams", "KvTransferParams", "ModelSpec",
-    "PROFILES_DIR", "PROFILES_ENV", "Profile", "ProfileEntry", "StepTimeParams", "available_profiles", "cudagraph_sizes",
-    "list_profiles", "load_profile", "parse_profile", "profile_path", "user_profile_dirs",
+    "Calibration",
+    "EngineLoopParams",
+    "EngineSpec",
+    "GpuSpec",
+    "HostParams",
+    "KvTransferParams",
+    "ModelSpec",
+    "PROFILES_DIR",
+    "PROFILES_ENV",
+    "Profile",
+    "ProfileEntry",
+    "StepTimeParams",
+    "available_profiles",
+    "cudagraph_sizes",
+    "list_profiles",
+    "load_profile",
+    "parse_profile",
+    "profile_path",
+    "user_profile_dirs",
 ]
 
 PROFILES_DIR = Path(__file__).with_name("profiles")
@@ -512,7 +528,9 @@ def load_profile(name_or_path: str | Path) -> Profile:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from exc
     return parse_profile(data, source=str(path))

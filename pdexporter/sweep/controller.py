@@ -565,7 +565,9 @@ class SweepController:
         )
         return True
 
-    async def _run_config(self, driver: EngineDriver, key: Key, baseline: BaselineRun, pool: PooledProbes | None) -> None:
+    async def _run_config(
+        self, driver: EngineDriver, key: Key, baseline: BaselineRun, pool: PooledProbes | None
+    ) -> None:
         """Blocked order: every repetition (and re-run attempt) of one configuration."""
         while True:
             status = self.status(key)

@@ -208,7 +208,9 @@ def sim_imitation_for(launcher_spec: Any) -> str:
     launcher's own, SGLang's mode for a local SGLang command, else vLLM."""
     if isinstance(launcher_spec, SimLauncherSpec):
         return launcher_spec.engine
-    engine = launcher_spec.setup if isinstance(launcher_spec, LocalLauncherSpec) else getattr(launcher_spec, "engine", None)
+    engine = (
+        launcher_spec.setup if isinstance(launcher_spec, LocalLauncherSpec) else getattr(launcher_spec, "engine", None)
+    )
     return engine if engine in ("sglang", "sglang-mixed") else "vllm"
 
 
@@ -247,10 +249,18 @@ def make_providers(
             return f"engine {i}" if several else ""
 
         if launcher_spec.clock == "virtual":
-            return [VirtualSimProvider(launcher_spec.profile, model=spec.model, gpu=spec.gpu, kv_role=role, slot=slot(i),
-                                       imitates=launcher_spec.engine,
-                                       description=f"embedded engine {launcher_spec.profile}, virtual clock{arm}")
-                    for i in range(launcher_spec.engines)]
+            return [
+                VirtualSimProvider(
+                    launcher_spec.profile,
+                    model=spec.model,
+                    gpu=spec.gpu,
+                    kv_role=role,
+                    slot=slot(i),
+                    imitates=launcher_spec.engine,
+                    description=f"embedded engine {launcher_spec.profile}, virtual clock{arm}",
+                )
+                for i in range(launcher_spec.engines)
+            ]
         if role == "pd":
             return [PairProvider(PairLauncher(SimLauncher(profile=launcher_spec.profile, kv_role="prefill"),
                                               SimLauncher(profile=launcher_spec.profile, kv_role="decode")),

@@ -69,7 +69,9 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
     prefill = StreamTrace.from_raw(raw["prefill"])
     # the raw file keeps the engine's step lines in its own format: its adapter reads them back
-    steps = adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") and use_engine_log else None
+    steps = (
+        adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") and use_engine_log else None
+    )
     schedule = expected_schedule(c.engine, c.new_prefill_tokens, c.chunk_size, c.decode_batch_size)
     window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], baseline, settings.window, steps,
                             schedule, engine=c.engine)
@@ -143,7 +145,9 @@ class SourceComparison:
         return self.cv_cadence <= self.cv_log + points
 
 
-def compare_sources(store: ResultsStore, records: list[RunRecord], settings: ProtocolSettings) -> list[SourceComparison]:
+def compare_sources(
+    store: ResultsStore, records: list[RunRecord], settings: ProtocolSettings
+) -> list[SourceComparison]:
     """Re-analyse every record with and without its engine log (nothing is written)."""
     out = []
     for record in records:

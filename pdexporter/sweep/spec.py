@@ -172,7 +172,9 @@ class SweepSpec(_Strict):
     grid: GridSpec
     reps: Annotated[int, BeforeValidator(_whole)] = Field(5, ge=1, le=MAX_REPS)
     mode: Mode = "faithful"
-    retries: Annotated[int, BeforeValidator(_whole)] = Field(2, ge=0, le=MAX_RETRIES)  # per repetition, after a MeasurementError (e.g. no steady state)
+    retries: Annotated[int, BeforeValidator(_whole)] = Field(
+        2, ge=0, le=MAX_RETRIES
+    )  # per repetition, after a MeasurementError (e.g. no steady state)
     protocol: ProtocolSettings = ProtocolSettings()
     warmup: WarmupSpec = WarmupSpec()
     cooldown: CooldownSpec = CooldownSpec()

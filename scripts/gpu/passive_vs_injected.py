@@ -77,26 +77,42 @@ def compare(passive: dict, injected_dir: Path, keys: list) -> list[dict]:  # typ
             if record is not None and getattr(record.derived, field) is not None:
                 injected[k] = getattr(record.derived, field)
         for c in compare_cells(events, injected, field, tolerance=0.10):
-            rows.append({"quantity": title, "chunk_size": c.key[0], "decode_batch_size": c.key[1],
-                         "new_prefill_tokens": c.key[2], "events": c.events, "passive_ms": round(c.passive, 3),
-                         "ci_low_ms": c.ci_low, "ci_high_ms": c.ci_high, "injected_ms": round(c.injected, 3),
-                         "error": None if c.error is None else round(c.error, 4),
-                         "minutes_to_10pct": None if c.time_to_tolerance_s is None else round(c.time_to_tolerance_s / 60, 2)})
+            rows.append(
+                {
+                    "quantity": title,
+                    "chunk_size": c.key[0],
+                    "decode_batch_size": c.key[1],
+                    "new_prefill_tokens": c.key[2],
+                    "events": c.events,
+                    "passive_ms": round(c.passive, 3),
+                    "ci_low_ms": c.ci_low,
+                    "ci_high_ms": c.ci_high,
+                    "injected_ms": round(c.injected, 3),
+                    "error": None if c.error is None else round(c.error, 4),
+                    "minutes_to_10pct": None if c.time_to_tolerance_s is None else round(c.time_to_tolerance_s / 60, 2),
+                }
+            )
     return rows
 
 
 def markdown(rows: list[dict], passive: dict) -> str:  # type: ignore[type-arg]
     lines = []
     for title in dict.fromkeys(r["quantity"] for r in rows):
-        lines += [f"### {title} (ms)", "", "| B | D | P | events | passive | 95 % CI | injected | error | minutes to 10 % |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {title} (ms)",
+            "",
+            "| B | D | P | events | passive | 95 % CI | injected | error | minutes to 10 % |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         mine = [r for r in rows if r["quantity"] == title]
         for r in mine:
             ci = "-" if r["ci_low_ms"] is None else f"{r['ci_low_ms']:.1f}-{r['ci_high_ms']:.1f}"
             err = "-" if r["error"] is None else f"{r['error'] * 100:+.1f} %"
             minutes = "-" if r["minutes_to_10pct"] is None else f"{r['minutes_to_10pct']:.1f}"
-            lines.append(f"| {r['chunk_size']} | {r['decode_batch_size']} | {r['new_prefill_tokens']} | {r['events']} | "
-                         f"{r['passive_ms']:.1f} | {ci} | {r['injected_ms']:.1f} | {err} | {minutes} |")
+            lines.append(
+                f"| {r['chunk_size']} | {r['decode_batch_size']} | {r['new_prefill_tokens']} | {r['events']} | "
+                f"{r['passive_ms']:.1f} | {ci} | {r['injected_ms']:.1f} | {err} | {minutes} |"
+            )
         inside = sum(1 for r in mine if r["error"] is not None and abs(r["error"]) <= 0.10)
         lines += ["", f"{inside}/{len(mine)} cells within 10 %.", ""]
     sources: dict[str, int] = {}
@@ -123,7 +139,9 @@ def main() -> None:
     args = parser.parse_args()
     deadline = time.monotonic() + args.deadline
     passive = passive_cells(args.passive_dir)
-    ranked = sorted((k for k, r in passive.items() if len(r.reps) >= args.min_events), key=lambda k: -len(passive[k].reps))
+    ranked = sorted(
+        (k for k, r in passive.items() if len(r.reps) >= args.min_events), key=lambda k: -len(passive[k].reps)
+    )
     keys = sorted(ranked[: args.cells])
     print(f"{len(passive)} passive cells, {sum(len(r.reps) for r in passive.values())} events; comparing {len(keys)} "
           f"with >= {args.min_events} events: {keys}", flush=True)

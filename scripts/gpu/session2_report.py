@@ -105,8 +105,10 @@ def graphs_table(launch: pd.DataFrame) -> None:
     graphs = reps_of(EXP / "graphs", "graphs")
     main = pd.concat([reps_of(ROOT, "sweep")])
     print("\n## CUDA graphs for mixed steps (piecewise, up to 2560 tokens at B=8192, 2048 at B=2048)\n")
-    print("| B | D | P | penalty ms: graphs / without (this session) / without (sweep) | prefill_duration ms: same order "
-          "| TPOT during ms: same order |")
+    print(
+        "| B | D | P | penalty ms: graphs / without (this session) / without (sweep) | prefill_duration ms: same order "
+        "| TPOT during ms: same order |"
+    )
     print("|---|---|---|---|---|---|")
     for (b, d, p), g in graphs.groupby(["B", "D", "P"]):
         same = launch[(launch.D == d) & (launch.P == p)] if b == 8192 else launch.iloc[0:0]
@@ -129,7 +131,10 @@ def eager_table() -> None:
     for (d, p), e in eager.groupby(["D", "P"], sort=False):
         g = default[(default.D == d) & (default.P == p)]
         cells = [f"{(e.during - e.penalty).median():.1f} / {(g.during - g.penalty).median():.1f}"]
-        cells += [f"{e[m].median():.{2 if m == 'ratio' else 1}f} / {g[m].median():.1f}" for m in ("penalty", "ratio", "prefill")]
+        cells += [
+            f"{e[m].median():.{2 if m == 'ratio' else 1}f} / {g[m].median():.1f}"
+            for m in ("penalty", "ratio", "prefill")
+        ]
         print(f"| {d} | {p} | " + " | ".join(cells) + " |")
 
 

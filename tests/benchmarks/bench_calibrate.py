@@ -97,8 +97,11 @@ def main() -> int:
     nominal = figures.get("held_out_fitted", {}).get("mape_nominal_host", {})
     base = figures.get("held_out_base", {}).get("mape", {})
     n_held, n_slow = len(figures["held_out_configurations"]), len(figures["slow_host_held_out"])
-    print(f"  host: slow_factor {figures['host']['slow_factor']:.2f}, slow_fraction {figures['host']['slow_fraction']:.2f};"
-          f" {n_slow} of the {n_held} held-out configurations ran on a slow host")
+    print(
+        f"  host: slow_factor {figures['host']['slow_factor']:.2f}, "
+        f"slow_fraction {figures['host']['slow_fraction']:.2f};"
+        f" {n_slow} of the {n_held} held-out configurations ran on a slow host"
+    )
     for metric in HEADLINE:
         if metric in fitted:
             print(f"  held-out MAPE {metric:24s} fitted {fitted[metric]['all']:5.1f} %  (nominal host "

@@ -117,9 +117,19 @@ async def run_once(d: int, seconds: float, switch_interval: float, stamp: str, b
     tokens0 = runner.metrics.probe_tokens._value.get()  # type: ignore[attr-defined]
     delays.clear()
     t_start = time.perf_counter_ns()
-    cpu0, probe0, engine0, wall0 = _self_cpu_s(), _proc_cpu_s(os.getpid(), tid), _proc_cpu_s(engine_pid), time.monotonic()
+    cpu0, probe0, engine0, wall0 = (
+        _self_cpu_s(),
+        _proc_cpu_s(os.getpid(), tid),
+        _proc_cpu_s(engine_pid),
+        time.monotonic(),
+    )
     await asyncio.sleep(seconds)
-    cpu1, probe1, engine1, wall1 = _self_cpu_s(), _proc_cpu_s(os.getpid(), tid), _proc_cpu_s(engine_pid), time.monotonic()
+    cpu1, probe1, engine1, wall1 = (
+        _self_cpu_s(),
+        _proc_cpu_s(os.getpid(), tid),
+        _proc_cpu_s(engine_pid),
+        time.monotonic(),
+    )
     t_end = time.perf_counter_ns()
     tokens1 = runner.metrics.probe_tokens._value.get()  # type: ignore[attr-defined]
     window_delays = np.asarray(delays, dtype=np.float64)
@@ -162,7 +172,9 @@ async def run_once(d: int, seconds: float, switch_interval: float, stamp: str, b
         "modelled_step_ms": step / 1e6,
         "interval_p50_ms": float(np.median(intervals)) / 1e6 if intervals.size else float("nan"),
         "interval_err_p50_us": float(np.median(np.abs(intervals - step))) / 1e3 if intervals.size else float("nan"),
-        "interval_err_p99_us": float(np.percentile(np.abs(intervals - step), 99)) / 1e3 if intervals.size else float("nan"),
+        "interval_err_p99_us": float(np.percentile(np.abs(intervals - step), 99)) / 1e3
+        if intervals.size
+        else float("nan"),
         "zero_intervals": int((intervals < 0.05 * step).sum()),
         "merged_tokens": merged,
         "intervals": int(intervals.size),
@@ -223,7 +235,7 @@ def span_costs(tokens: int = 256, streams: int = 64) -> dict[str, float]:
     attrs = dict(tracing._base, **{"gen_ai.request.max_tokens": tokens, "pdexporter.stream.role": "probe"})
     per_token_streams = max(4, streams // 8)  # enough for a stable per-token figure
     t0 = time.process_time()
-    for i in range(per_token_streams):
+    for _ in range(per_token_streams):
         root = tracer.start_span("text_completion", start_time=0, attributes=attrs)
         from opentelemetry import trace
 
@@ -276,7 +288,8 @@ def main() -> None:
         for stamp in args.stamp:
             r = asyncio.run(run_once(d, args.seconds, args.switch_interval, stamp, args.busy_main))
             print(
-                f"{r['d']:>3} {stamp:>6} {r['modelled_step_ms']:>8.2f} {r['interval_p50_ms']:>7.2f} {r['events_per_s']:>9.0f} "
+                f"{r['d']:>3} {stamp:>6} {r['modelled_step_ms']:>8.2f} {r['interval_p50_ms']:>7.2f} "
+                f"{r['events_per_s']:>9.0f} "
                 f"{r['cpu_process_pct']:>9.1f} {r['cpu_probe_thread_pct']:>10.1f} {r['cpu_engine_pct']:>8.1f} "
                 f"{r['wakeup_p50_us']:>6.0f}/{r['wakeup_p99_us']:>6.0f}/{r['wakeup_max_us']:>7.0f} "
                 f"{r['spread_p50_us']:>8.0f}/{r['spread_p99_us']:>8.0f} "
@@ -294,9 +307,11 @@ def main() -> None:
         print(f"  per-token spans : {rate:8.0f} spans/s, {c['spans_cpu_us_per_token']:6.1f} us/token -> "
               f"{c['spans_cpu_us_per_token'] * rate / 1e4:5.1f} % of a core, "
               f"{c['spans_bytes_per_token'] * rate / 1e6:5.2f} MB/s OTLP")
-        print(f"  stream span+events: {64 / (256 * 0.006):6.1f} spans/s, {c['events_cpu_us_per_token']:6.1f} us/token -> "
-              f"{c['events_cpu_us_per_token'] * rate / 1e4:5.1f} % of a core, "
-              f"{c['events_bytes_per_token'] * rate / 1e6:5.2f} MB/s OTLP")
+        print(
+            f"  stream span+events: {64 / (256 * 0.006):6.1f} spans/s, {c['events_cpu_us_per_token']:6.1f} us/token -> "
+            f"{c['events_cpu_us_per_token'] * rate / 1e4:5.1f} % of a core, "
+            f"{c['events_bytes_per_token'] * rate / 1e6:5.2f} MB/s OTLP"
+        )
 
 
 if __name__ == "__main__":

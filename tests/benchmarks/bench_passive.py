@@ -102,7 +102,9 @@ def compare(args: argparse.Namespace, sessions: dict) -> None:
     keys = sorted({k for cells in cells_all.values() for k, ev in cells.items() if len(ev) >= args.min_events})
     started = time.perf_counter()
     injected = injected_reference(keys)
-    print(f"\ninjected reference: {len(keys)} cells x 3 repetitions (fast mode) in {time.perf_counter() - started:.0f} s")
+    print(
+        f"\ninjected reference: {len(keys)} cells x 3 repetitions (fast mode) in {time.perf_counter() - started:.0f} s"
+    )
     for name, cells in cells_all.items():
         session = sessions[name]
         t0 = min((e.run.t_inject_ns for e in session.published), default=0)
@@ -127,9 +129,12 @@ def compare(args: argparse.Namespace, sessions: dict) -> None:
             if present:
                 inside = sum(1 for e in present if e <= 0.10)
                 reached = [r.time_to_tolerance_s / 60 for r in rows if r.time_to_tolerance_s is not None]
-                print(f"[{name}] {title}: {inside}/{len(present)} cells within 10 %; median |error| "
-                      f"{statistics.median(present) * 100:.1f} %; minutes to 10 % (cells that got there): median "
-                      f"{_fmt(statistics.median(reached) if reached else None)}, max {_fmt(max(reached) if reached else None)}")
+                print(
+                    f"[{name}] {title}: {inside}/{len(present)} cells within 10 %; median |error| "
+                    f"{statistics.median(present) * 100:.1f} %; minutes to 10 % (cells that got there): median "
+                    f"{_fmt(statistics.median(reached) if reached else None)}, "
+                    f"max {_fmt(max(reached) if reached else None)}"
+                )
 
 
 def exact(args: argparse.Namespace, session) -> None:  # type: ignore[no-untyped-def]
@@ -153,12 +158,17 @@ def exact(args: argparse.Namespace, session) -> None:  # type: ignore[no-untyped
                 sizes.append(e.attribution.prompt_tokens)
         if errs:
             a = np.abs(errs) * 100
-            print(f"{title} at the exact (D, P): |error| median {np.median(a):.1f} %, p90 {np.percentile(a, 90):.1f} %, "
-                  f"within 10 %: {int((a <= 10).sum())}/{a.size}; signed median {np.median(errs) * 100:+.1f} %")
+            print(
+                f"{title} at the exact (D, P): |error| median {np.median(a):.1f} %, p90 {np.percentile(a, 90):.1f} %, "
+                f"within 10 %: {int((a <= 10).sum())}/{a.size}; signed median {np.median(errs) * 100:+.1f} %"
+            )
             big = np.abs([err for err, size in zip(errs, sizes) if size >= 512]) * 100
             if big.size:
-                print(f"  prompts >= 512 tokens: |error| median {np.median(big):.1f} %, p90 {np.percentile(big, 90):.1f} %, "
-                      f"within 10 %: {int((big <= 10).sum())}/{big.size}")
+                print(
+                    f"  prompts >= 512 tokens: |error| median {np.median(big):.1f} %, "
+                    f"p90 {np.percentile(big, 90):.1f} %, "
+                    f"within 10 %: {int((big <= 10).sum())}/{big.size}"
+                )
 
 
 def overhead(args: argparse.Namespace) -> None:

@@ -11,7 +11,8 @@ Prints figures.
    32768): `predict.grid.predict_records`, the sweep controller on the embedded engine in fast mode,
    3 repetitions (what `pdexporter sim sweep` measures).
 3. The event model (`analysis.passive_model`) refitted on the first 1, 2, 5, 10, 30 minutes of
-   traffic (--at: other cut-offs, e.g. 3 to compare with a 3-minute run): events used, cells reached, the median 95 % interval half-width, and the error of its
+   traffic (--at: other cut-offs, e.g. 3 to compare with a 3-minute run): events used, cells
+   reached, the median 95 % interval half-width, and the error of its
    predicted aggregate interference against the injected table over the reached cells (mean,
    median, max |relative error|); then the cells it cannot reach and why, and the per-cell errors
    of the full fit. `--out DIR` also writes passive_model.json and the convergence plot there.
@@ -100,9 +101,11 @@ def main() -> None:
         "| minutes | events used | cells reached | 95 % half-width (median) | MAPE vs injected | median | max |"
     )
     print("|---|---|---|---|---|---|---|")
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x * 100:.1f} %"
+
     for c in result.convergence:
         e = c.errors
-        pct = lambda x: "-" if x is None else f"{x * 100:.1f} %"
         print(
             f"| {c.minutes:g} | {c.events} | {c.reached} | {pct(c.halfwidth)} | {pct(e.mape if e else None)} | "
             f"{pct(e.median if e else None)} | {pct(e.worst if e else None)} |"

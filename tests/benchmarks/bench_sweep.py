@@ -212,7 +212,9 @@ def client_costs(tmp: Path) -> dict[str, float]:
 
 
 def project(modelled_s: float, reps: int, starts: list[float], chunks: int, between_s: float) -> float:
-    return modelled_s + sum(starts) + (len(starts) - 1) * ENGINE_STOP_S + chunks * 7 * FIRST_SHAPE_JIT_S + reps * between_s
+    return (
+        modelled_s + sum(starts) + (len(starts) - 1) * ENGINE_STOP_S + chunks * 7 * FIRST_SHAPE_JIT_S + reps * between_s
+    )
 
 
 def main() -> None:
@@ -273,8 +275,16 @@ def main() -> None:
                   f"starts + {3 * ENGINE_STOP_S:.0f} s stops + {4 * 7 * FIRST_SHAPE_JIT_S:.0f} s JIT + 980 x "
                   f"{between * 1e3:.0f} ms = {one[name]:5.0f} s = {one[name] / 60:4.1f} min "
                   f"({'meets' if one[name] <= GOAL_ONE_S else 'misses'} 14 min)")
-        print(f"   (the H200 run itself: 980 x {measured['per_rep']:.2f} s + starts, warm-up, Phase 1 = "
-              f"{(980 * measured['per_rep'] + measured['h200_engine_start'] + measured['h200_warmup'] + measured['h200_phase1']) / 60:.1f} min)")
+        h200_s = (
+            980 * measured["per_rep"]
+            + measured["h200_engine_start"]
+            + measured["h200_warmup"]
+            + measured["h200_phase1"]
+        )
+        print(
+            f"   (the H200 run itself: 980 x {measured['per_rep']:.2f} s + starts, warm-up, Phase 1 = "
+            f"{h200_s / 60:.1f} min)"
+        )
 
         report, wall = run(ROOT / "sweeps" / "h200x2.yaml", {**base, "profile": args.profile}, tmp / "x2", engines=2)
         assert report.complete, report.message

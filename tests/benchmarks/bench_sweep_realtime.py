@@ -99,7 +99,9 @@ def main() -> None:
         reps = sum(c.reps_run for c in report.chunks.values())
         sets = sum(c.probe_sets for c in report.chunks.values())
         retries = sum(c.retries for c in report.chunks.values())
-        phase = {p: sum(c.wall_s[p] for c in report.chunks.values()) for p in ("engine_start", "warmup", "phase1", "phase2")}
+        phase = {
+            p: sum(c.wall_s[p] for c in report.chunks.values()) for p in ("engine_start", "warmup", "phase1", "phase2")
+        }
         print(f"status {report.status}: {reps} repetitions, {sets} probe sets, {retries} retries, {wall:.1f} s wall "
               f"(" + ", ".join(f"{k} {v:.1f} s" for k, v in phase.items()) + ")")
         print(f"  per repetition ({'loop clock':>11s} {'machine':>11s}):")

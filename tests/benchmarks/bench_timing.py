@@ -69,7 +69,11 @@ async def run(out: Path, reps: int) -> None:
     try:
         model = await client.resolve_model(None)
         info = EngineInfo(kind=handle.kind, model=model, url=handle.url, chunk_size=B, modelled=True)
-        log = IterationLogTail(handle.iteration_log, adapter(handle.kind).parse_step_log) if handle.iteration_log else None
+        log = (
+            IterationLogTail(handle.iteration_log, adapter(handle.kind).parse_step_log)
+            if handle.iteration_log
+            else None
+        )
         driver = HttpDriver(client, info, log)
         settings = ProtocolSettings()
         await warm_prefix(driver, settings)
@@ -82,9 +86,11 @@ async def run(out: Path, reps: int) -> None:
     step = StepTimeModel(load_profile(PROFILE))
     modelled = statistics.fmean(step.decode_step_s(D, 4096 + k) for k in range(16, 257)) * 1e3
     b = record.baseline
-    print(f"1. {reps} repetitions, B={B} D={D} P={P}: baseline TPOT p50 {b.tpot_p50_ms:.3f} ms, mean "
-          f"{b.tpot_mean_ms:.3f} ms; modelled step {modelled:.3f} ms (p50 {100 * (b.tpot_p50_ms / modelled - 1):+.2f} %, "
-          f"mean {100 * (b.tpot_mean_ms / modelled - 1):+.2f} %)")
+    print(
+        f"1. {reps} repetitions, B={B} D={D} P={P}: baseline TPOT p50 {b.tpot_p50_ms:.3f} ms, mean "
+        f"{b.tpot_mean_ms:.3f} ms; modelled step {modelled:.3f} ms (p50 {100 * (b.tpot_p50_ms / modelled - 1):+.2f} %, "
+        f"mean {100 * (b.tpot_mean_ms / modelled - 1):+.2f} %)"
+    )
     for rep in record.reps:
         i = rep.interference
         print(f"   rep {rep.rep}: zero intervals {i.zero_intervals}, shortest {i.min_interval_ms:.3f} ms, window "

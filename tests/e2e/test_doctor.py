@@ -224,7 +224,9 @@ def test_engine_python_is_checked_with_exactly_vllms_tracing_imports(sim_serve: 
         missing = error.strip().splitlines()[-1].split("'")[1]
         assert code == 1 and status == "fail", out
         flat = " ".join(out.replace("│", " ").split())  # the verdict's whole line, however the table wrapped it
-        assert f"No module named '{missing}'" in flat and "HTTP 500" in flat and "Fix: pip install opentelemetry-" in flat
+        assert (
+            f"No module named '{missing}'" in flat and "HTTP 500" in flat and "Fix: pip install opentelemetry-" in flat
+        )
     # a launcher command: its first word is the Python, or the #! of the script it names
     script = tmp_path / "vllm"
     script.write_text(f"#!{sys.executable}\nprint('a vllm entry point')\n")

@@ -211,7 +211,9 @@ def test_decide_says_one_chunk_and_out_of_range_in_one_line() -> None:
     assert result.returncode == 0, result.stderr
     assert "1 chunk of <= 8092 tokens" in result.stdout and "1 chunks" not in result.stdout
     warning = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(warning) == 1 and warning[0].startswith("pdexporter: warning: MODELLED beyond what was measured ("), warning
+    assert len(warning) == 1 and warning[0].startswith("pdexporter: warning: MODELLED beyond what was measured ("), (
+        warning
+    )
     assert "P=100 (fitted 512..32768)" in warning[0] and "D=100 (fitted 1..12)" in warning[0]
 
 

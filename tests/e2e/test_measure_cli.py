@@ -40,7 +40,10 @@ def _one_error_line(stderr: str) -> str:
         (["-D", "-1"], "-D/--decode-batch-size -1: must be >= 0"),
         (["-D", "1024", "--chunk-size", "1024"], "take the whole step budget"),
         # Issue 13: numbers out of any sane range were tracebacks or runs that could not end
-        (["-P", "99999999999999999999"], "-P/--new-prefill-tokens 99999999999999999999: must be between 1 and 10000000"),
+        (
+            ["-P", "99999999999999999999"],
+            "-P/--new-prefill-tokens 99999999999999999999: must be between 1 and 10000000",
+        ),
         (["-D", "100000", "--chunk-size", "200000"], "-D/--decode-batch-size 100000: must be between 0 and 1024"),
         (["--chunk-size", "99999999999999999999"], "--chunk-size 99999999999999999999: must be between 1 and"),
         (["--reps", "1000000000"], "--reps 1000000000: must be between 1 and 1000"),

@@ -153,7 +153,9 @@ def test_thresholds_give_a_router_its_number(arms, tmp_path, capsys) -> None:
     doc = json.loads((target / "offload_thresholds.json").read_text())
     assert doc["mode"] == "two-arm" and doc["tpot_slo_ms"] == 40.0 and doc["modelled"] is True
     snippet = yaml.safe_load((target / "llm-d-pd-decider.yaml").read_text())
-    value = next(p for p in snippet["plugins"] if p["type"] == "prefix-based-pd-decider")["parameters"]["nonCachedTokens"]
+    value = next(p for p in snippet["plugins"] if p["type"] == "prefix-based-pd-decider")["parameters"][
+        "nonCachedTokens"
+    ]
     entry = doc["chunk_sizes"]["8192"]["by_decode_batch_size"]["4"]
     threshold = entry["interval"][1] if entry["status"] == "undecided" else entry["threshold"]
     assert value == (threshold - 1 if threshold is not None else 2**31 - 1)
@@ -181,7 +183,9 @@ def test_report_shows_both_arms(arms, tmp_path, capsys) -> None:
     for marker in ('id="arms"', 'id="arms-table"', "id='break-even'", "id='transfer-model'",
                    'id="figure-arms_saved_vs_ttft"', "MODELLED"):
         assert marker in html, marker
-    found = re.search(r"KV transfer model \(measured: ([0-9.]+) ms \+ P x \d+ KiB at (\d+) GB/s \((\d+) windows\)\)", html)
+    found = re.search(
+        r"KV transfer model \(measured: ([0-9.]+) ms \+ P x \d+ KiB at (\d+) GB/s \((\d+) windows\)\)", html
+    )
     assert found and found.groups() == ("5.0", "225", "18"), found  # 9 points x 2 repetitions
 
 

@@ -174,23 +174,40 @@ def test_deadline_and_cooldown_take_units(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["sweep", "sweeps/quick.yaml", "--mode", "turbo"],
-         "pdexporter: error: --mode 'turbo': must be one of 'faithful' or 'fast'"),
-        (["sim", "sweep", "sweeps/quick.yaml", "--mode", "turbo"],
-         "pdexporter: error: --mode 'turbo': must be one of 'faithful' or 'fast'"),
-        (["sweep", "sweeps/quick.yaml", "--clock", "wall"],
-         "pdexporter: error: --clock 'wall': must be one of 'virtual' or 'real'"),
-        (["sweep", "sweeps/quick.yaml", "--listen", "nowhere"], "pdexporter: error: --listen 'nowhere': expected HOST:PORT"),
-        (["sweep", "sweeps/quick.yaml", "--target", "vllm:8000", "-B", "2048"],
-         "pdexporter: error: --target 'vllm:8000': must be an http:// or https:// URL"),
-        (["sweep", "sweeps/quick.yaml", "--target", "http://127.0.0.1:9"],
-         "pdexporter: error: --target http://127.0.0.1:9: sweeps/quick.yaml has chunk sizes 2048, 8192 and an engine "
-         "already running has one; pass --chunk-size B"),
-        (["sweep", "sweeps/quick.yaml", "--target", "http://127.0.0.1:9", "--chunk-size", "4096"],
-         "pdexporter: error: --chunk-size 4096: not in sweeps/quick.yaml's grid.chunk_sizes (2048, 8192)"),
+        (
+            ["sweep", "sweeps/quick.yaml", "--mode", "turbo"],
+            "pdexporter: error: --mode 'turbo': must be one of 'faithful' or 'fast'",
+        ),
+        (
+            ["sim", "sweep", "sweeps/quick.yaml", "--mode", "turbo"],
+            "pdexporter: error: --mode 'turbo': must be one of 'faithful' or 'fast'",
+        ),
+        (
+            ["sweep", "sweeps/quick.yaml", "--clock", "wall"],
+            "pdexporter: error: --clock 'wall': must be one of 'virtual' or 'real'",
+        ),
+        (
+            ["sweep", "sweeps/quick.yaml", "--listen", "nowhere"],
+            "pdexporter: error: --listen 'nowhere': expected HOST:PORT",
+        ),
+        (
+            ["sweep", "sweeps/quick.yaml", "--target", "vllm:8000", "-B", "2048"],
+            "pdexporter: error: --target 'vllm:8000': must be an http:// or https:// URL",
+        ),
+        (
+            ["sweep", "sweeps/quick.yaml", "--target", "http://127.0.0.1:9"],
+            "pdexporter: error: --target http://127.0.0.1:9: sweeps/quick.yaml has chunk sizes 2048, 8192 "
+            "and an engine already running has one; pass --chunk-size B",
+        ),
+        (
+            ["sweep", "sweeps/quick.yaml", "--target", "http://127.0.0.1:9", "--chunk-size", "4096"],
+            "pdexporter: error: --chunk-size 4096: not in sweeps/quick.yaml's grid.chunk_sizes (2048, 8192)",
+        ),
         (["sweep", "sweeps/quick.yaml", "-B", "2048"], "pdexporter: error: --chunk-size 2048: only with --target"),
-        (["sweep", "sweeps/h200.yaml", "--clock", "real"],
-         "pdexporter: error: --clock 'real': the file's launcher has no clock"),
+        (
+            ["sweep", "sweeps/h200.yaml", "--clock", "real"],
+            "pdexporter: error: --clock 'real': the file's launcher has no clock",
+        ),
     ],
 )
 def test_a_flag_error_names_the_flag_not_the_file(args: list[str], expected: str) -> None:

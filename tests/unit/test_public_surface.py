@@ -22,7 +22,9 @@ def _defines_public_names(module: str) -> bool:
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
             return True
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and not t.id.startswith("_") for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and not t.id.startswith("_") for t in node.targets
+        ):
             return True
     return False
 

@@ -35,7 +35,9 @@ class ExporterDouble:
 
     def publish(self, record: RunRecord, rep: RepRecord) -> None:
         c = record.config
-        publish_window(self.metrics, grid_labels(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens, engine=c.engine), rep)
+        publish_window(
+            self.metrics, grid_labels(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens, engine=c.engine), rep
+        )
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)

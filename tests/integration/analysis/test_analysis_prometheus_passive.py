@@ -20,16 +20,30 @@ pytestmark = pytest.mark.integration
 
 def _rep(penalty: float, d: int) -> RepRecord:
     base = 6.0
-    return RepRecord.model_validate({
-        "rep": 0,
-        "baseline": {"tpot_p50_ms": base, "tpot_p90_ms": 7.0, "tpot_p99_ms": 8.0, "step_time_ms": base},
-        "interference": {"tpot_during_prefill_p50_ms": base + penalty, "tpot_during_prefill_p90_ms": base + penalty,
-                         "tpot_during_prefill_mean_ms": base + penalty,
-                         "tpot_after_prefill_p50_ms": base, "num_chunks_actual": 1, "num_chunks_expected": 1,
-                         "prefill_duration_ms": penalty + base, "prefill_ttft_ms": penalty + base},
-        "derived": {"tpot_penalty_ms": penalty, "tpot_penalty_p50_ms": penalty, "tpot_penalty_ratio": penalty / base,
-                    "total_interference_ms": penalty, "decode_tokens_delayed": d, "aggregate_interference_ms": penalty * d},
-    })
+    return RepRecord.model_validate(
+        {
+            "rep": 0,
+            "baseline": {"tpot_p50_ms": base, "tpot_p90_ms": 7.0, "tpot_p99_ms": 8.0, "step_time_ms": base},
+            "interference": {
+                "tpot_during_prefill_p50_ms": base + penalty,
+                "tpot_during_prefill_p90_ms": base + penalty,
+                "tpot_during_prefill_mean_ms": base + penalty,
+                "tpot_after_prefill_p50_ms": base,
+                "num_chunks_actual": 1,
+                "num_chunks_expected": 1,
+                "prefill_duration_ms": penalty + base,
+                "prefill_ttft_ms": penalty + base,
+            },
+            "derived": {
+                "tpot_penalty_ms": penalty,
+                "tpot_penalty_p50_ms": penalty,
+                "tpot_penalty_ratio": penalty / base,
+                "total_interference_ms": penalty,
+                "decode_tokens_delayed": d,
+                "aggregate_interference_ms": penalty * d,
+            },
+        }
+    )
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -52,7 +66,9 @@ def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path
             publish_window(m, cell, _rep(47.2, 4))  # two in one scrape: the first one's values are lost
             publish_window(m, few, _rep(150.0, 3))
             publish_window(m, outside, _rep(4.0, 4))
-            publish_window(m, grid_labels(8192, 4, 2048, engine="vllm"), _rep(10.0, 4))  # an injected window: not passive
+            publish_window(
+                m, grid_labels(8192, 4, 2048, engine="vllm"), _rep(10.0, 4)
+            )  # an injected window: not passive
         prom.wait_for("pdexporter_windows_total", lambda result, k=k: any(
             r["metric"].get("mode") == "passive" and r["metric"]["new_prefill_tokens"] == "2048"
             and float(r["value"][1]) == k + 1 + (k >= 2) for r in result))
@@ -67,7 +83,9 @@ def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path
     row = table.loc[(4, 2048)]
     assert row["events"] == 7 and row["reps"] == 6  # 7 windows counted, 6 with values
     assert not row["too_few_events"] and table.loc[(3, 16384), "too_few_events"]
-    assert row["tpot_penalty_ms"] == pytest.approx(sorted(penalties)[2:4][0] / 2 + sorted(penalties)[2:4][1] / 2, rel=1e-3)
+    assert row["tpot_penalty_ms"] == pytest.approx(
+        sorted(penalties)[2:4][0] / 2 + sorted(penalties)[2:4][1] / 2, rel=1e-3
+    )
     assert row["tpot_penalty_ms_ci95_low"] <= row["tpot_penalty_ms"] <= row["tpot_penalty_ms_ci95_high"]
     assert "passive: 9 events in 3 cells, 2 with fewer than 5 events" in " ".join(done.stderr.split()), done.stderr
 

@@ -40,8 +40,10 @@ def test_export_table_from_prometheus_gives_the_records_penalties(exporter_doubl
         for record in records:
             exporter_double.publish(record, record.reps[k])
         # Wait until Prometheus has scraped this round, then one more scrape so every 1 s step sees it.
-        prom.wait_for("pdexporter_windows_total",
-                      lambda result, k=k: len(result) == len(POINTS) and all(float(r["value"][1]) == k + 1 for r in result))
+        prom.wait_for(
+            "pdexporter_windows_total",
+            lambda result, k=k: len(result) == len(POINTS) and all(float(r["value"][1]) == k + 1 for r in result),
+        )
         time.sleep(1.2)
 
     out = tmp_path / "out"

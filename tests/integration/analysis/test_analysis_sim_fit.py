@@ -58,7 +58,9 @@ def test_fits_recover_the_engines_own_cost_parameters(tmp_path, capsys, make_sim
     # costs what a decode-only step costs (e.g. 1 token: a uniform batch, full CUDA graph).
     for _, row in table[table["decode_batch_size"] >= 1].iterrows():
         n, seen = int(row["num_chunks_expected"]), int(row["num_chunks"])
-        last = md.chunk_schedule(int(row["new_prefill_tokens"]), int(row["chunk_size"]), int(row["decode_batch_size"]))[-1]
+        last = md.chunk_schedule(int(row["new_prefill_tokens"]), int(row["chunk_size"]), int(row["decode_batch_size"]))[
+            -1
+        ]
         assert seen == n or (seen == n - 1 and last <= 16), row
     assert (table["num_chunks"] == table["num_chunks_expected"]).mean() > 0.9
     report = md.fit_models(md.fit_data(table, samples))

@@ -84,7 +84,9 @@ async def test_refused_connection_is_one_line_naming_the_url(rx: bool) -> None:
 async def test_engine_rejection_shows_the_engines_message(rx: bool) -> None:
     async with ScriptedEngine(behaviour="reject") as engine, EngineClient(engine.url, rx_stamps=rx) as client:
         with pytest.raises(EngineHTTPError) as excinfo:
-            await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1] * 5000, 1)), TokenStream("p"))
+            await client.stream_into(
+                COMPLETIONS_PATH, encode_body(completion_request("m", [1] * 5000, 1)), TokenStream("p")
+            )
     err = excinfo.value
     assert err.status == 400
     assert "maximum context length is 4096 tokens" in str(err)
@@ -112,7 +114,10 @@ async def test_gets_give_up_after_the_retry_budget() -> None:
 
 async def test_stall_becomes_a_timeout(rx: bool) -> None:
     timeouts = ClientTimeouts(read_s=0.3)
-    async with ScriptedEngine(behaviour="stall") as engine, EngineClient(engine.url, timeouts=timeouts, rx_stamps=rx) as client:
+    async with (
+        ScriptedEngine(behaviour="stall") as engine,
+        EngineClient(engine.url, timeouts=timeouts, rx_stamps=rx) as client,
+    ):
         start = time.monotonic()
         with pytest.raises(EngineTimeout, match="no event"):
             await client.stream_into(COMPLETIONS_PATH, encode_body(completion_request("m", [1], 3)), TokenStream("p"))

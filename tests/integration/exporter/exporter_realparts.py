@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 class OtlpReceiver:
     """An OTLP/HTTP trace receiver in its own process (its protobuf decoding must not share the
-    exporter's GIL): `python -m tests.integration.exporter.exporter_realparts otlp-receiver DIR`. It decodes every POST to
-    /v1/traces as `ExportTraceServiceRequest` (400 if that fails, like a collector) and keeps the
-    decompressed body in DIR; `spans()` decodes them again here."""
+    exporter's GIL): `python -m tests.integration.exporter.exporter_realparts otlp-receiver DIR`.
+    It decodes every POST to /v1/traces as `ExportTraceServiceRequest` (400 if that fails, like a
+    collector) and keeps the decompressed body in DIR; `spans()` decodes them again here."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -99,7 +99,9 @@ def _serve_otlp(workdir: Path) -> None:
         tmp.write_bytes(body)
         tmp.replace(path)
         count += 1
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf")
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
 
     async def main() -> None:
         app = web.Application()

@@ -111,9 +111,17 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> N
 @contextlib.asynccontextmanager
 async def live(url: str, **fields: Any) -> AsyncIterator[tuple[Runner, asyncio.Task[None]]]:
     """A `Runner` against `url` (started, not necessarily ready), stopped and awaited at the end."""
-    settings = {"probe_streams": D, "chunk_size": B, "prefill_tokens": P, "inject_every_s": 0.3, "listen_host": "127.0.0.1",
-                    "listen_port": 0, "target": url, "scrape_interval_s": 0.3,
-                    "protocol": {"decode_context_tokens": 64, "decode_output_tokens": 160}}
+    settings = {
+        "probe_streams": D,
+        "chunk_size": B,
+        "prefill_tokens": P,
+        "inject_every_s": 0.3,
+        "listen_host": "127.0.0.1",
+        "listen_port": 0,
+        "target": url,
+        "scrape_interval_s": 0.3,
+        "protocol": {"decode_context_tokens": 64, "decode_output_tokens": 160},
+    }
     settings.update(fields)
     runner = Runner(build_config(**settings), ExternalLauncher(url, B))
     stop = asyncio.Event()

@@ -166,7 +166,9 @@ def test_a_released_engine_is_adopted_and_then_goes_with_its_new_owner(tmp_path:
     assert alive(state.pid), "a released engine must stay for the next run"
     second = _cli("sweep", str(sweep))
     try:
-        assert wait_until(lambda: b"adopted by a new owner" in _peek_log(tmp_path), START_S), _peek_log(tmp_path)[-2000:]
+        assert wait_until(lambda: b"adopted by a new owner" in _peek_log(tmp_path), START_S), _peek_log(tmp_path)[
+            -2000:
+        ]
         assert EngineState.read(tmp_path / "results" / "2048" / "engine" / STATE_FILE).pid == state.pid  # type: ignore[union-attr]
         time.sleep(1.0)
         os.kill(second.pid, signal.SIGKILL)

@@ -134,7 +134,9 @@ async def test_faults_while_running_are_counted_and_the_exporter_goes_on() -> No
         # A restart: connections dropped, the port closed for a moment, counters start again.
         windows = runner.windows_seen
         restarting = asyncio.create_task(engine.restart(down_s=4.0))
-        await until(lambda: reason(runner) == "engine-unreachable", 30, "up_reason engine-unreachable while it restarts")
+        await until(
+            lambda: reason(runner) == "engine-unreachable", 30, "up_reason engine-unreachable while it restarts"
+        )
         await restarting
         await until(lambda: value(runner, "pdexporter_up") == 1 and runner.windows_seen > windows + 1, 60,
                     "windows after the restart")

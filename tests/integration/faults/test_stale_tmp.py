@@ -110,8 +110,9 @@ def test_scratch_directories_of_a_killed_run_are_removed_by_the_next(tmp_path: P
                              "--listen", f"127.0.0.1:{free_port()}"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(lambda: any((p / "sim-8192.ready.json").exists() for p in tmp_path.glob(f"{SCRATCH_PREFIX}*")),
-                          90), "the embedded engine never got ready"
+        assert wait_until(
+            lambda: any((p / "sim-8192.ready.json").exists() for p in tmp_path.glob(f"{SCRATCH_PREFIX}*")), 90
+        ), "the embedded engine never got ready"
         (scratch,) = tmp_path.glob(f"{SCRATCH_PREFIX}{proc.pid}-*")
         assert clean_stale_scratch(tmp_path) == [] and scratch.is_dir()  # its owner is alive
         os.kill(proc.pid, signal.SIGKILL)

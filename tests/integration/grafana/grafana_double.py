@@ -116,8 +116,13 @@ class _Handler(BaseHTTPRequestHandler):
             if any(f["title"] == title for f in self.state.folders.values()):
                 return self._send(409, {"message": "a folder with the same name already exists"})
             uid = body.get("uid") or f"f{self.state.next_id:08d}"
-            folder = {"id": self.state.new_id(), "uid": uid, "title": title, "url": f"/dashboards/f/{uid}/{_slug(title)}",
-                      "version": 1}
+            folder = {
+                "id": self.state.new_id(),
+                "uid": uid,
+                "title": title,
+                "url": f"/dashboards/f/{uid}/{_slug(title)}",
+                "version": 1,
+            }
             self.state.folders[uid] = folder
             return self._send(200, folder)
         if self.path == "/api/dashboards/db":

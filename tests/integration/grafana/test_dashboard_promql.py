@@ -57,9 +57,11 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 return resp.read().decode()
-        except OSError:
+        except OSError as exc:
             if proc.poll() is not None:
-                raise RuntimeError(f"exporter exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(
+                    f"exporter exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+                ) from exc
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
@@ -218,7 +220,9 @@ def test_every_dashboard_expression_runs_on_prometheus_and_names_live_series(
         prometheus.wait_for(f"count({name})", timeout=10)
 
 
-def test_interference_map_queries_return_a_p_by_d_grid(live_exporter: tuple[str, str], prometheus: PrometheusServer) -> None:
+def test_interference_map_queries_return_a_p_by_d_grid(
+    live_exporter: tuple[str, str], prometheus: PrometheusServer
+) -> None:
     """The table panel pivots on exactly two labels; the query must hand it those and nothing else."""
     prometheus.wait_for(ACTIVE_WINDOW, timeout=120)
     chunk = prometheus.api("label/chunk_size/values", **{"match[]": ACTIVE_WINDOW})[0]

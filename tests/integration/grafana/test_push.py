@@ -83,7 +83,9 @@ def test_viewer_token_is_refused_with_403(grafana: GrafanaApiDouble) -> None:
 
 def test_unreachable_grafana() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    with pytest.raises(GrafanaUnreachable, match=r"cannot reach Grafana at http://127\.0\.0\.1:\d+: Connection refused"):
+    with pytest.raises(
+        GrafanaUnreachable, match=r"cannot reach Grafana at http://127\.0\.0\.1:\d+: Connection refused"
+    ):
         push_dashboards(url, build_all(), token="t", timeout=2)
 
 

@@ -196,7 +196,9 @@ def test_default_resources_on_every_pdexporter_container(engine: HelmEngine, tmp
     assert seen == expected
     # a user's value merges into the defaults; null removes one
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"exporter": {"resources": {"requests": {"cpu": "200m"}, "limits": {"cpu": None}}}}))
+    values.write_text(
+        yaml.safe_dump({"exporter": {"resources": {"requests": {"cpu": "200m"}, "limits": {"cpu": None}}}})
+    )
     assert _exporter(render(engine, values))["resources"] == {"requests": {"cpu": "200m", "memory": "256Mi"},
                                                               "limits": {"memory": "512Mi"}}
 
@@ -208,7 +210,9 @@ def _values(tmp_path: Path, values: dict[str, Any], name: str = "values.yaml") -
 
 
 def test_image_digests_pin_every_image(engine: HelmEngine, tmp_path: Path) -> None:
-    digest = {name: "sha256:" + (hex_digit * 64) for name, hex_digit in (("exporter", "a"), ("vllm", "b"), ("test", "c"))}
+    digest = {
+        name: "sha256:" + (hex_digit * 64) for name, hex_digit in (("exporter", "a"), ("vllm", "b"), ("test", "c"))
+    }
     values = _values(tmp_path, {
         "image": {"repository": "registry.example.com/pdexporter", "tag": "0.1.0", "digest": digest["exporter"]},
         "tests": {"image": {"digest": digest["test"]}},
@@ -238,7 +242,9 @@ def test_exporter_values_keep_their_old_names_for_one_release(engine: HelmEngine
     as --decode-batch-size / --new-prefill-tokens, and NOTES.txt says what they are now called."""
     new = _exporter(render(engine, _values(tmp_path, {"exporter": {"decodeBatchSize": 6, "newPrefillTokens": 2048}})))
     assert _arg(new["args"], "--decode-batch-size") == "6" and _arg(new["args"], "--new-prefill-tokens") == "2048"
-    values = _values(tmp_path, {"exporter": {"probeDecode": 7, "prefillTokens": 1024, "injectEvery": "30s"}}, "old.yaml")
+    values = _values(
+        tmp_path, {"exporter": {"probeDecode": 7, "prefillTokens": 1024, "injectEvery": "30s"}}, "old.yaml"
+    )
     args = _exporter(render(engine, values))["args"]
     assert _arg(args, "--decode-batch-size") == "7" and _arg(args, "--new-prefill-tokens") == "1024"
     assert "--probe-decode" not in args and "--prefill-tokens" not in args
@@ -458,12 +464,19 @@ def test_helm_test_hook_curls_metrics(engine: HelmEngine) -> None:
         ({"exporter": {"mode": "sidecar"}}, "vllm"),
         ({"sweep": {"enabled": True, "file": "reps: 1"}}, r"sweep\.file: grid\.chunk_sizes is missing or empty"),
         ({"sweep": {"enabled": True, "file": "grid: {chunk_sizes: []}"}}, r"grid\.chunk_sizes is missing or empty"),
-        ({"sweep": {"enabled": True, "file": "grid: {chunk_sizes: [big]}"}}, r"grid\.chunk_sizes has big, not a number"),
+        (
+            {"sweep": {"enabled": True, "file": "grid: {chunk_sizes: [big]}"}},
+            r"grid\.chunk_sizes has big, not a number",
+        ),
         ({"sweep": {"enabled": True, "file": "- a list\n- not a mapping"}}, r"sweep\.file is not a YAML mapping"),
-        ({"sweep": {"enabled": True, "file": "grid: {chunk_sizes: [2048, 8192]}", "chunkSizes": [8192, 2048]}},
-         r"sweep\.chunkSizes \[8192,2048\] does not match sweep\.file's grid\.chunk_sizes \[2048,8192\]"),
-        ({"sweep": {"enabled": True, "file": "grid: {chunk_sizes: [2048, 8192]}", "target": "http://vllm:8000"}},
-         r"sweep\.target=http://vllm:8000 is one engine with one chunk size, but the sweep has 2 chunk sizes"),
+        (
+            {"sweep": {"enabled": True, "file": "grid: {chunk_sizes: [2048, 8192]}", "chunkSizes": [8192, 2048]}},
+            r"sweep\.chunkSizes \[8192,2048\] does not match sweep\.file's grid\.chunk_sizes \[2048,8192\]",
+        ),
+        (
+            {"sweep": {"enabled": True, "file": "grid: {chunk_sizes: [2048, 8192]}", "target": "http://vllm:8000"}},
+            r"sweep\.target=http://vllm:8000 is one engine with one chunk size, but the sweep has 2 chunk sizes",
+        ),
         ({"exporter": {"probedecode": 3}}, "probedecode"),
     ],
 )
@@ -562,7 +575,9 @@ def _index_args(job: dict[str, Any], index: int) -> list[str]:
     """The sweep container's args for completion `index`, as the kubelet expands $(JOB_COMPLETION_INDEX)."""
     (container,) = pod_spec(job)["containers"]
     (env,) = [e for e in container["env"] if e["name"] == "JOB_COMPLETION_INDEX"]
-    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert (
+        env["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
     return [a.replace(INDEX, str(index)) for a in container["args"]]
 
 
@@ -682,7 +697,9 @@ def test_indexed_sweep_file_is_accepted_chunk_by_chunk(engine: HelmEngine, tmp_p
 # --- NetworkPolicy -----------------------------------------------------------------------------
 
 
-def _rules(policy: dict[str, Any], direction: str) -> list[tuple[frozenset[tuple[int, str]], list[dict[str, Any]] | None]]:
+def _rules(
+    policy: dict[str, Any], direction: str
+) -> list[tuple[frozenset[tuple[int, str]], list[dict[str, Any]] | None]]:
     """Each rule as (its (port, protocol) set, its peers or None for any peer)."""
     key = "from" if direction == "ingress" else "to"
     return [(frozenset((p["port"], p["protocol"]) for p in rule["ports"]), rule.get(key))
@@ -748,7 +765,9 @@ def test_network_policy_narrowed_example(engine: HelmEngine) -> None:
 )
 def test_network_policy_engine_port(engine: HelmEngine, tmp_path: Path, values: dict[str, Any],
                                     engine_port: int | None) -> None:
-    ports = {port for ports, _ in _rules(_policy(render(engine, _values(tmp_path, values))), "egress") for port in ports}
+    ports = {
+        port for ports, _ in _rules(_policy(render(engine, _values(tmp_path, values))), "egress") for port in ports
+    }
     assert ports - {(53, "UDP"), (53, "TCP")} == ({(engine_port, "TCP")} if engine_port else set())
 
 

@@ -74,7 +74,9 @@ def test_a_router_routes_a_request_through_the_pair(pair) -> None:
     assert params["remote_num_tokens"] == 8192 and params["remote_port"] == 5600  # VLLM_NIXL_SIDE_CHANNEL_PORT default
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) and len(events) >= 4
     assert version["kv_role"] == "decode" and version["modelled"] is True
-    deltas = metric_deltas(parse_exposition(before, adapter("pdexporter-sim")), parse_exposition(after, adapter("pdexporter-sim")))
+    deltas = metric_deltas(
+        parse_exposition(before, adapter("pdexporter-sim")), parse_exposition(after, adapter("pdexporter-sim"))
+    )
     assert deltas["kv_transfer_bytes_sum_delta"] == 8192 * PROFILE.model.kv_bytes_per_token
     assert deltas["kv_transfer_time_seconds_sum_delta"] == pytest.approx(
         PROFILE.kv_transfer.seconds(8192, PROFILE.model.kv_bytes_per_token), rel=1e-6)
@@ -86,11 +88,25 @@ def test_the_pair_refuses_what_it_cannot_load(pair) -> None:
     async def main() -> list[tuple[int, dict]]:
         out = []
         async with aiohttp.ClientSession() as s:
-            for url, params in ((decode.url, {"do_remote_prefill": True, "remote_request_id": "x"}),
-                                (prefill.url, {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e",
-                                               "remote_request_id": "r", "remote_host": "h", "remote_port": 1})):
-                status, raw = await _post(s, f"{url}/v1/completions",
-                                          {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1, "kv_transfer_params": params})
+            for url, params in (
+                (decode.url, {"do_remote_prefill": True, "remote_request_id": "x"}),
+                (
+                    prefill.url,
+                    {
+                        "do_remote_prefill": True,
+                        "remote_block_ids": [1],
+                        "remote_engine_id": "e",
+                        "remote_request_id": "r",
+                        "remote_host": "h",
+                        "remote_port": 1,
+                    },
+                ),
+            ):
+                status, raw = await _post(
+                    s,
+                    f"{url}/v1/completions",
+                    {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 1, "kv_transfer_params": params},
+                )
                 out.append((status, json.loads(raw)))
         return out
 
@@ -130,8 +146,15 @@ def test_the_routing_driver_measures_a_point_through_the_pair(tmp_path: Path) ->
     raw = ResultsStore(tmp_path / "r").load_raw(tmp_path / "r" / "8192" / record.reps[0].raw)
     route = raw["offload"]
     assert route["connector"] == "NixlConnector" and route["kv_params"]["remote_blocks"] == 4096 // 16
-    assert route["t_sent_prefill_ns"] < route["t_done_prefill_ns"] <= route["t_sent_decode_ns"] < route["t_first_decode_ns"]
-    assert route["prefill_metrics_after"]["prompt_tokens_total"] > route["prefill_metrics_before"]["prompt_tokens_total"]
+    assert (
+        route["t_sent_prefill_ns"]
+        < route["t_done_prefill_ns"]
+        <= route["t_sent_decode_ns"]
+        < route["t_first_decode_ns"]
+    )
+    assert (
+        route["prefill_metrics_after"]["prompt_tokens_total"] > route["prefill_metrics_before"]["prompt_tokens_total"]
+    )
 
 
 def test_in_virtual_time_the_pair_gives_the_profiles_transfer_exactly(tmp_path: Path) -> None:

@@ -105,7 +105,9 @@ async def test_kubectl_patches_the_args_then_waits_for_rollout(bindir: Path, tmp
 
 async def test_failures_are_one_line(bindir: Path, tmp_path: Path, health_url: str) -> None:
     log = tmp_path / "calls.jsonl"
-    fake_binary(bindir, "helm", log, stdout="Error: UPGRADE FAILED: release vllm has no deployed releases\n", exit_code=1)
+    fake_binary(
+        bindir, "helm", log, stdout="Error: UPGRADE FAILED: release vllm has no deployed releases\n", exit_code=1
+    )
     spec = KubernetesLauncherSpec(kind="kubernetes", url=health_url, release="vllm", chart="c")
     with pytest.raises(EngineError, match="helm upgrade failed: Error: UPGRADE FAILED"):
         await KubernetesLauncher(spec).start(2048)

@@ -124,7 +124,9 @@ def test_render_command() -> None:
         render_command("vllm serve {model} {chunk}", 1)
 
 
-async def test_no_time_to_wait_for_a_start_still_starts_the_engine_for_the_next_run(tmp_path: Path, served: Path) -> None:
+async def test_no_time_to_wait_for_a_start_still_starts_the_engine_for_the_next_run(
+    tmp_path: Path, served: Path
+) -> None:
     from pdexporter.sweep.controller import Deadline, SweepController
     from pdexporter.sweep.providers import LauncherProvider
     from pdexporter.sweep.spec import parse_sweep
@@ -133,7 +135,9 @@ async def test_no_time_to_wait_for_a_start_still_starts_the_engine_for_the_next_
     spec = parse_sweep({"grid": {"chunk_sizes": [2048], "decode_batch_sizes": [0], "new_prefill_tokens": [512]}})
     # 60 s left: less than a start is estimated to take (120 s before any was seen).
     deadline = Deadline(at=60.0, margin_s=5.0, clock=lambda: 0.0)
-    report = await SweepController(spec, store, LauncherProvider(launcher(store, served, port)), deadline=deadline).run()
+    report = await SweepController(
+        spec, store, LauncherProvider(launcher(store, served, port)), deadline=deadline
+    ).run()
     assert report.status == "deadline" and "started in the background" in (report.message or "")
     state = EngineState.read(store.engine_dir(2048) / STATE_FILE)
     assert state is not None and pid_alive(state.pid)

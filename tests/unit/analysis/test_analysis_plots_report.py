@@ -134,7 +134,10 @@ def test_report_renders_both_arms_of_the_committed_h200_data() -> None:
     from pdexporter.analysis.report import render_report
 
     root = Path(__file__).parents[3] / "results"
-    colocated, offloaded = root / "h200-vllm0.22-qwen3-coder-30b-a3b", root / "h200-vllm0.22-qwen3-coder-30b-a3b-decodebench"
+    colocated, offloaded = (
+        root / "h200-vllm0.22-qwen3-coder-30b-a3b",
+        root / "h200-vllm0.22-qwen3-coder-30b-a3b-decodebench",
+    )
     analysis = analyse(load_results(colocated), source=str(colocated), offloaded=load_results(offloaded),
                        offloaded_source=str(offloaded))
     html_text = render_report(analysis, plots=[])

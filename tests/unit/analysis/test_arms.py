@@ -39,7 +39,9 @@ def samples(values: dict, keys=KEYS, reps: int = 3, arm: str = "colocated", nois
         for r in range(reps):
             row = {name: fn(b, d, p, r) for name, fn in values.items()}
             if noise:
-                row = {k: (v * (1 + noise * rng.standard_normal()) if isinstance(v, float) else v) for k, v in row.items()}
+                row = {
+                    k: (v * (1 + noise * rng.standard_normal()) if isinstance(v, float) else v) for k, v in row.items()
+                }
             rows.append(row)
         out.append(ConfigSamples(b, d, p, tuple(rows), engine="vllm", arm=arm))
     return out
@@ -74,13 +76,17 @@ def offloaded(pair: bool, slow_d: int | None = None) -> list[ConfigSamples]:
         "tpot_penalty_ms": lambda b, d, p, r: 2.0,
     }
     if pair:
-        values.update({
-            "offload_prefill_ms": lambda b, d, p, r: 55 + 0.03 * p + 2e-6 * p * p,
-            "offload_ttft_ms": lambda b, d, p, r: (55 + 0.03 * p + 2e-6 * p * p) + transfer_ms(p, slow(d)) + 25 + 0.0014 * p,
-            "offload_decode_ms": lambda b, d, p, r: transfer_ms(p, slow(d)) + 25 + 0.0014 * p,
-            "kv_transfer_ms": lambda b, d, p, r: transfer_ms(p, slow(d)),
-            "kv_bytes": lambda b, d, p, r: float(KV * p),
-        })
+        values.update(
+            {
+                "offload_prefill_ms": lambda b, d, p, r: 55 + 0.03 * p + 2e-6 * p * p,
+                "offload_ttft_ms": lambda b, d, p, r: (
+                    (55 + 0.03 * p + 2e-6 * p * p) + transfer_ms(p, slow(d)) + 25 + 0.0014 * p
+                ),
+                "offload_decode_ms": lambda b, d, p, r: transfer_ms(p, slow(d)) + 25 + 0.0014 * p,
+                "kv_transfer_ms": lambda b, d, p, r: transfer_ms(p, slow(d)),
+                "kv_bytes": lambda b, d, p, r: float(KV * p),
+            }
+        )
     return samples(values, [k for k in KEYS if k[1] >= 1], arm="offloaded")
 
 
@@ -149,7 +155,14 @@ def test_two_arm_section_uses_the_pairs_measurements_or_composes_from_decode_ben
     pair = two_arm_section(col, offloaded(pair=True), fit_transfer(offloaded(pair=True)), d)
     assert pair is not None and pair["offloaded_setup"] == "1P1D pair" and pair["measured_chunk_sizes"] == [8192]
     terms = pair["terms"]
-    assert set(terms) == {"colocated_ttft", "offloaded_loss", "offloaded_tpot", "decode_side", "prefill_offset", "transfer"}
+    assert set(terms) == {
+        "colocated_ttft",
+        "offloaded_loss",
+        "offloaded_tpot",
+        "decode_side",
+        "prefill_offset",
+        "transfer",
+    }
     assert terms["transfer"]["source"] == "measured"
     # the decode side is the routed TTFT less the prefill instance and the transfer: 25 + 1.4 per 1K tokens
     assert terms["decode_side"]["coefficients"] == pytest.approx({"1": 25.0, "d": 0.0, "p": 1.4}, abs=1e-6)
@@ -200,7 +213,11 @@ def test_pooling_refuses_measurements_of_different_setups(tmp_path: Path, monkey
     other = replace(base, reps=({"tpot_penalty_ms": 36.0},))
     for d in ("a", "b", "c"):
         (tmp_path / d).mkdir()
-    loads = {str(tmp_path / "a"): [base], str(tmp_path / "b"): [other], str(tmp_path / "c"): [replace(other, gpu="H100")]}
+    loads = {
+        str(tmp_path / "a"): [base],
+        str(tmp_path / "b"): [other],
+        str(tmp_path / "c"): [replace(other, gpu="H100")],
+    }
     monkeypatch.setattr(job, "load_results", lambda directory, tick=None: loads[str(directory)])
     pooled = job.load_joined([tmp_path / "a", tmp_path / "b"], pool=True)
     assert len(pooled) == 1 and [r["tpot_penalty_ms"] for r in pooled[0].reps] == [40.0, 36.0]

@@ -38,7 +38,9 @@ def test_changes_are_relative_to_before_on_shared_configurations_only() -> None:
 
 def test_a_zero_before_has_no_relative_change() -> None:
     out = compare_tables(table([(8192, 0, 512, 0.0, 50.0)]), table([(8192, 0, 512, 0.0, 40.0)]))
-    assert math.isnan(out.loc[0, "tpot_penalty_ms_change_pct"]) and out.loc[0, "prefill_duration_ms_change_pct"] == -20.0
+    assert (
+        math.isnan(out.loc[0, "tpot_penalty_ms_change_pct"]) and out.loc[0, "prefill_duration_ms_change_pct"] == -20.0
+    )
     assert summarise(out)["metrics"]["tpot_penalty_ms"] is None
 
 
@@ -46,7 +48,9 @@ def test_disjoint_tables_and_missing_columns_are_one_line_errors() -> None:
     with pytest.raises(RecordError, match="share no"):
         compare_tables(table([(8192, 2, 512, 1.0, 1.0)]), table([(2048, 2, 512, 1.0, 1.0)]))
     with pytest.raises(RecordError, match="tpot_penalty_ms missing"):
-        compare_tables(table([(8192, 2, 512, 1.0, 1.0)]).drop(columns="tpot_penalty_ms"), table([(8192, 2, 512, 1.0, 1.0)]))
+        compare_tables(
+            table([(8192, 2, 512, 1.0, 1.0)]).drop(columns="tpot_penalty_ms"), table([(8192, 2, 512, 1.0, 1.0)])
+        )
     assert COMPARED[0] == "tpot_penalty_ms"
 
 

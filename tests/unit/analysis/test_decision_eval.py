@@ -76,7 +76,9 @@ def test_the_evaluator_imports_nothing_beyond_the_standard_library() -> None:
     tree = ast.parse(Path(decision_eval.__file__).read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    imported |= {
+        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert imported == {"math"}
     assert decision_eval.SCHEMA == DECISION_SCHEMA
 
@@ -235,7 +237,10 @@ def test_intervals_come_from_the_replicates_and_widen_beyond_the_fitted_range() 
     assert any("P=131072" in x for x in far["extrapolated"])
     # replicates that disagree about the verdict make it undecided
     split = make_doc(per_chunk_ms=150.0)
-    split["replicates"] = {"model": [{}] * 4, "two_arm": [{"decode_side": {"1": x}} for x in (40.0, 40.0, 900.0, 900.0)]}
+    split["replicates"] = {
+        "model": [{}] * 4,
+        "two_arm": [{"decode_side": {"1": x}} for x in (40.0, 40.0, 900.0, 900.0)],
+    }
     v = evaluate_decision(split, 2, 4096, 8192)
     assert v["agreement"] == pytest.approx(0.5) and not v["decided"] and v["verdict"].startswith("undecided")
 

@@ -103,7 +103,9 @@ def test_chat_role_only_delta_is_not_a_token() -> None:
          "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}},
     ]
     parser, decoder = SSEParser(), StreamDecoder()
-    deltas = [decoder.decode(e) for e in parser.feed(b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events))]
+    deltas = [
+        decoder.decode(e) for e in parser.feed(b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events))
+    ]
     assert [d.n_tokens for d in deltas] == [0, 1]
 
 
@@ -154,9 +156,15 @@ def test_usage_going_backwards_is_a_protocol_error() -> None:
 @pytest.mark.parametrize(
     "body, expected",
     [
-        (b'{"error": {"message": "This model\'s maximum context length is 200000 tokens.", "type": "BadRequestError", "code": 400}}',
-         "This model's maximum context length is 200000 tokens."),
-        (b'{"object": "error", "message": "prompt too long", "type": "BadRequestError", "code": 400}', "prompt too long"),
+        (
+            b'{"error": {"message": "This model\'s maximum context length is 200000 tokens.", '
+            b'"type": "BadRequestError", "code": 400}}',
+            "This model's maximum context length is 200000 tokens.",
+        ),
+        (
+            b'{"object": "error", "message": "prompt too long", "type": "BadRequestError", "code": 400}',
+            "prompt too long",
+        ),
         (b'{"detail": "Not Found"}', "Not Found"),
         (b"Internal Server Error", "Internal Server Error"),
         (b"", "(empty body)"),

@@ -31,8 +31,17 @@ def test_the_spans_are_shaped_as_vllm_sends_them() -> None:
     (span,) = message.resource_spans[0].scope_spans[0].spans
     assert span.name == REQUEST_SPAN_NAME == "llm_request"
     keys = {kv.key for kv in span.attributes}
-    assert {"gen_ai.usage.prompt_tokens", "gen_ai.latency.time_to_first_token", "gen_ai.latency.time_in_queue",
-            "gen_ai.latency.time_in_model_prefill", "gen_ai.request.id"} <= keys == set(REQUEST_SPAN_ATTRIBUTES.values())
+    assert (
+        {
+            "gen_ai.usage.prompt_tokens",
+            "gen_ai.latency.time_to_first_token",
+            "gen_ai.latency.time_in_queue",
+            "gen_ai.latency.time_in_model_prefill",
+            "gen_ai.request.id",
+        }
+        <= keys
+        == set(REQUEST_SPAN_ATTRIBUTES.values())
+    )
     by = {kv.key: kv.value for kv in span.attributes}
     assert by["gen_ai.usage.prompt_tokens"].int_value == 3000
     assert by["gen_ai.latency.time_to_first_token"].double_value == 0.25
@@ -51,7 +60,9 @@ def test_other_spans_are_skipped_and_missing_attributes_are_none() -> None:
 
 @pytest.mark.parametrize("encoding, pack", [("gzip", gzip.compress), ("deflate", zlib.compress), (None, bytes)])
 def test_compressed_bodies(encoding, pack) -> None:
-    assert decode_traces(pack(encode_traces([TRACE], engine="vllm")), engine="vllm", content_encoding=encoding) == [TRACE]
+    assert decode_traces(pack(encode_traces([TRACE], engine="vllm")), engine="vllm", content_encoding=encoding) == [
+        TRACE
+    ]
 
 
 @pytest.mark.parametrize("body, encoding, message", [

@@ -119,7 +119,9 @@ def test_tracing_imports_verdicts_name_the_missing_wheel() -> None:
     from pdexporter.doctor.checks import TracingImports, tracing_imports_check, wheel_for
 
     assert wheel_for("opentelemetry.exporter.otlp.common") == "opentelemetry-exporter-otlp-common"
-    assert wheel_for("opentelemetry.exporter.otlp.proto.grpc.trace_exporter") == "opentelemetry-exporter-otlp-proto-grpc"
+    assert (
+        wheel_for("opentelemetry.exporter.otlp.proto.grpc.trace_exporter") == "opentelemetry-exporter-otlp-proto-grpc"
+    )
     assert wheel_for("opentelemetry.exporter.http.transport._requests") == "opentelemetry-exporter-http-transport"
     assert wheel_for("opentelemetry.trace") == "opentelemetry-api" and wheel_for("grpc") == "grpcio"
     assert wheel_for("google.rpc.status_pb2") == "googleapis-common-protos" and wheel_for("yaml") == "yaml"

@@ -113,7 +113,9 @@ def test_ready_to_inject_reasons() -> None:
     assert not r.ready and "steady" in r.reason
     r = timeline.ready_to_inject([*ready[:3], _stream(220)], 4, settings, reserve_tokens=50)
     assert not r.ready and "fewer than 50 tokens left" in r.reason
-    r = timeline.ready_to_inject(ready, 4, settings, reserve_tokens=50, baseline_intervals=10, min_baseline_intervals=32)
+    r = timeline.ready_to_inject(
+        ready, 4, settings, reserve_tokens=50, baseline_intervals=10, min_baseline_intervals=32
+    )
     assert not r.ready and r.reason == "10/32 quiet baseline intervals"
     unsteady = _stream(40)
     unsteady.record(unsteady.event_times_ns[-1] + 100 * MS, 1)  # last 8 intervals no longer within 2x

@@ -166,7 +166,18 @@ def _get(values: Any, dotted: str) -> Any:
 
 
 # Kubernetes quantities, enough for the chart's values: CPU in cores, memory in bytes.
-_SUFFIX = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_SUFFIX = {
+    "m": 1e-3,
+    "": 1,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 
 
 def quantity(value: str | int | float) -> float:
@@ -181,7 +192,10 @@ def test_quantity_parser() -> None:
 
 def test_hardened_defaults() -> None:
     v = defaults()
-    for where, sc in (("securityContext", v["securityContext"]), ("vllm.securityContext", v["vllm"]["securityContext"])):
+    for where, sc in (
+        ("securityContext", v["securityContext"]),
+        ("vllm.securityContext", v["vllm"]["securityContext"]),
+    ):
         assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True, where
         assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"], where
         assert sc["privileged"] is False and sc["seccompProfile"]["type"] == "RuntimeDefault", where
@@ -243,8 +257,11 @@ def test_inject_every_pattern_is_the_exporters_duration_syntax(text: str) -> Non
     from pdexporter._internal.durations import parse_duration
     from pdexporter.errors import ConfigError
 
-    pattern = next(branch["pattern"] for branch in schema()["properties"]["exporter"]["properties"]["injectEvery"]["anyOf"]
-                   if "pattern" in branch)
+    pattern = next(
+        branch["pattern"]
+        for branch in schema()["properties"]["exporter"]["properties"]["injectEvery"]["anyOf"]
+        if "pattern" in branch
+    )
     try:
         parse_duration(text)
         parsed = True

@@ -27,15 +27,28 @@ SEED_EXAMPLE = seed_record_example()
 def _rep(rep: int, penalty: float, prefill: float, chunks: list[int]) -> RepRecord:
     return RepRecord(
         rep=rep,
-        baseline=BaselineBlock(tpot_p50_ms=42.3, tpot_p90_ms=45.1, tpot_p99_ms=48.7, step_time_ms=42.3, n_intervals=956),
-        interference=InterferenceBlock(
-            tpot_during_prefill_p50_ms=42.3 + penalty, tpot_during_prefill_p90_ms=95.4, tpot_after_prefill_p50_ms=43.1,
-            tpot_during_prefill_mean_ms=42.3 + penalty,
-            num_chunks_actual=len(chunks), prefill_duration_ms=prefill, prefill_ttft_ms=prefill,
-            num_chunks_expected=len(chunks), chunk_tokens_engine_log=chunks, chunk_step_times_ms=[89.2] * len(chunks),
+        baseline=BaselineBlock(
+            tpot_p50_ms=42.3, tpot_p90_ms=45.1, tpot_p99_ms=48.7, step_time_ms=42.3, n_intervals=956
         ),
-        derived=DerivedBlock(tpot_penalty_ms=penalty, tpot_penalty_p50_ms=penalty, tpot_penalty_ratio=penalty / 42.3,
-                             total_interference_ms=penalty, decode_tokens_delayed=4),
+        interference=InterferenceBlock(
+            tpot_during_prefill_p50_ms=42.3 + penalty,
+            tpot_during_prefill_p90_ms=95.4,
+            tpot_after_prefill_p50_ms=43.1,
+            tpot_during_prefill_mean_ms=42.3 + penalty,
+            num_chunks_actual=len(chunks),
+            prefill_duration_ms=prefill,
+            prefill_ttft_ms=prefill,
+            num_chunks_expected=len(chunks),
+            chunk_tokens_engine_log=chunks,
+            chunk_step_times_ms=[89.2] * len(chunks),
+        ),
+        derived=DerivedBlock(
+            tpot_penalty_ms=penalty,
+            tpot_penalty_p50_ms=penalty,
+            tpot_penalty_ratio=penalty / 42.3,
+            total_interference_ms=penalty,
+            decode_tokens_delayed=4,
+        ),
         raw=f"raw/D4_P8192_r{rep}.json.gz",
     )
 

@@ -188,7 +188,9 @@ def _real_window(name: str, baseline_name: str, source: str = "log"):
 
 def test_real_long_prefill_chunk_steps_exclude_the_admission_and_retirement_stalls() -> None:
     w, sizes, base = _real_window("B8192_D4_P32768.json.gz", "B8192_D4_baseline.json.gz")
-    assert sizes == (8188, 8188, 8188, 8188, 16) and w.num_chunks_actual == 5 == len(adapter('vllm').chunk_schedule(32768, 8192, 4))
+    assert sizes == (8188, 8188, 8188, 8188, 16) and w.num_chunks_actual == 5 == len(
+        adapter("vllm").chunk_schedule(32768, 8192, 4)
+    )
     assert w.num_chunks_source == "engine-log"
     # the probes saw more slow steps than chunks: the engine stalled admitting and retiring the prompt
     assert w.slow_steps is not None and w.slow_steps >= 6

@@ -56,7 +56,9 @@ def synthetic(profile, params, noise: float = 0.0, seed: int = 1) -> list[StepOb
     """Decode steps and the middle chunks of 32K prefills, timed by the model (max of GPU, next CPU)."""
     model = StepTimeModel(profile, params)
     rng = np.random.default_rng(seed)
-    obs = [StepObservation(c, 0.0, "decode") for c in (StepComposition.decode_batch(d, 4200) for d in (1, 2, 4, 6, 8, 12))]
+    obs = [
+        StepObservation(c, 0.0, "decode") for c in (StepComposition.decode_batch(d, 4200) for d in (1, 2, 4, 6, 8, 12))
+    ]
     for b in (2048, 4096, 8192, 16384):
         for d in (1, 4, 12):
             chunks = chunk_sizes(32768, b, d)
@@ -183,8 +185,13 @@ def test_holdout_report_by_metric_kind_and_worse_than_base():
     assert good.metric_mape("aggregate_interference") == pytest.approx(5.0)
     # the penalty is the token-weighted mean's (the table's), its p50 a metric of its own
     assert good.metric_mape("penalty") == pytest.approx(100 / 45) and good.metric_mape("penalty_p50") == 0.0
-    assert bad.by_kind()["D = 0"] == {"n": 1, "baseline_tpot": 0.0, "penalty": pytest.approx(500 / 45),
-                                      "prefill_duration": pytest.approx(10.0), "aggregate_interference": pytest.approx(5.0)}
+    assert bad.by_kind()["D = 0"] == {
+        "n": 1,
+        "baseline_tpot": 0.0,
+        "penalty": pytest.approx(500 / 45),
+        "prefill_duration": pytest.approx(10.0),
+        "aggregate_interference": pytest.approx(5.0),
+    }
     worse = worse_than_base(good, bad)
     assert [m for m, _, _ in worse] == ["penalty", "prefill_duration"]  # aggregate: 5 % each, not worse
     assert worse[1][1:] == (pytest.approx(10.0), pytest.approx(2.0))

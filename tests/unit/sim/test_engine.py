@@ -187,7 +187,10 @@ class Timing:
         return self.chunk_cpu if comp.max_query_len >= 64 else 0.0
 
 
-def _run_probe_and_prefill(profile, timing, loop_costs=NO_LOOP_COSTS, prefill=cold(100)):
+_PREFILL_100 = cold(100)
+
+
+def _run_probe_and_prefill(profile, timing, loop_costs=NO_LOOP_COSTS, prefill=_PREFILL_100):
     clock, engine, _ = make(profile, step=timing, loop_costs=loop_costs)
     probe: list[float] = []
     first: list[float] = []

@@ -141,7 +141,9 @@ def test_the_step_time_model_prices_the_fill_and_the_landing(profile):
     expected = 32767 * profile.model.kv_bytes_per_token / (profile.gpu.hbm_bandwidth_tb_s * 1e12 * 0.5)
     assert extra == pytest.approx(expected) and model.breakdown(filled).kv_fill_s == pytest.approx(expected)
     assert landing_factor(profile) == pytest.approx(1 + 0.5 * 225e9 / 4.8e12)
-    stiff = profile.model_copy(update={"step_time": profile.step_time.model_copy(update={"kv_landing_contention": 0.0})})
+    stiff = profile.model_copy(
+        update={"step_time": profile.step_time.model_copy(update={"kv_landing_contention": 0.0})}
+    )
     assert landing_factor(stiff) == 1.0
 
 

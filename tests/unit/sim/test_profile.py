@@ -88,7 +88,9 @@ def test_user_profiles_are_listed_and_found_by_name(tmp_path: Path, monkeypatch:
     assert entries.index(("h200-qwen3-coder-30b-a3b", "built-in")) < entries.index(("h200-qwen3-coder-30b-a3b", "user"))
     assert load_profile("my-h20").name == "my-h20"
     assert load_profile("h200-qwen3-coder-30b-a3b").calibration == "calibrated"
-    with pytest.raises(ConfigError, match=r"unknown profile; shipped: .*h20-qwen3-coder-30b-a3b.*; yours \(.*\): .*my-h20"):
+    with pytest.raises(
+        ConfigError, match=r"unknown profile; shipped: .*h20-qwen3-coder-30b-a3b.*; yours \(.*\): .*my-h20"
+    ):
         load_profile("nobody")
     monkeypatch.delenv(PROFILES_ENV)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
@@ -105,7 +107,9 @@ def test_a_slow_host_stretches_every_cpu_cost_of_the_engine_core_and_nothing_els
     for name in ("admit_us_per_block", "retire_us_per_token"):
         assert getattr(slow.engine_loop, name) == pytest.approx(getattr(p.engine_loop, name) * f)
     # the GPU, the front end and the idle start are not the engine core's CPU
-    assert slow.step_time.fixed_ms == p.step_time.fixed_ms and slow.step_time.moe_efficiency == p.step_time.moe_efficiency
+    assert (
+        slow.step_time.fixed_ms == p.step_time.fixed_ms and slow.step_time.moe_efficiency == p.step_time.moe_efficiency
+    )
     assert slow.engine_loop.request_overhead_ms == p.engine_loop.request_overhead_ms
     assert slow.engine_loop.idle_start_ms == p.engine_loop.idle_start_ms
     assert p.on_slow_host(1.0) is p and slow.gpu == p.gpu and slow.model == p.model

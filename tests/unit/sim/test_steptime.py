@@ -108,13 +108,18 @@ def test_h200_profile_reproduces_the_sweep_as_its_note_says(h200: StepTimeModel)
     assert len(train) == 32 and all(k in records for k in train)
     obs = observations_from_records([aggregate(records[k].config, records[k].reps[:3]) for k in train]).observations
     mape, _, _, kinds = step_summary(profile, profile.step_time, obs)
-    stated = re.search(r"MAPE ([0-9.]+) % \(decode ([0-9.]+) %, chunks ([0-9.]+) %\)", " ".join(profile.calibration_note.split()))
+    stated = re.search(
+        r"MAPE ([0-9.]+) % \(decode ([0-9.]+) %, chunks ([0-9.]+) %\)", " ".join(profile.calibration_note.split())
+    )
     assert stated is not None, profile.calibration_note
     assert [mape, kinds["decode"], kinds["mixed"]] == pytest.approx([float(x) for x in stated.groups()], abs=0.15)
 
 
-@pytest.mark.parametrize("obs", [o for o in vllm_facts_observations() if o.seconds >= 0.1 or o.label.startswith("D=1 ")],
-                         ids=lambda o: o.label)
+@pytest.mark.parametrize(
+    "obs",
+    [o for o in vllm_facts_observations() if o.seconds >= 0.1 or o.label.startswith("D=1 ")],
+    ids=lambda o: o.label,
+)
 def test_h200_profile_agrees_with_the_gpu_bound_facts(h200: StepTimeModel, obs):
     """docs/vllm-facts.md's GPU-bound step times (a D=1 decode, late 2K and 8K chunks) within 10 %
     (12 % for the D=1 decode: the facts' "~4 ms" is the low end of "4-10 ms", the sweep measured 4.41 ms

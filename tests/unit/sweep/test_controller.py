@@ -125,9 +125,16 @@ async def test_deadline_stops_between_runs_and_keeps_the_engine(tmp_path: Path) 
 
 
 async def test_noisy_configs_are_rerun_and_flagged(tmp_path: Path) -> None:
-    spec = parse_sweep({"grid": {"chunk_sizes": [8192], "decode_batch_sizes": [4], "new_prefill_tokens": [8192]},
-                        "reps": 3, "mode": "fast", "cooldown": {"seconds": 0}, "cv": {"threshold": 0.15, "max_reruns": 1},
-                        "warmup": {"shapes": False}})
+    spec = parse_sweep(
+        {
+            "grid": {"chunk_sizes": [8192], "decode_batch_sizes": [4], "new_prefill_tokens": [8192]},
+            "reps": 3,
+            "mode": "fast",
+            "cooldown": {"seconds": 0},
+            "cv": {"threshold": 0.15, "max_reruns": 1},
+            "warmup": {"shapes": False},
+        }
+    )
     # Injections 2 and 5 of the engine (the second of each attempt) run 3x slower.
     provider = DoubleProvider(make=lambda b: StepEngineDouble(b, noise=lambda k: 3.0 if k in (2, 5) else 1.0))
     report = await SweepController(spec, ResultsStore(tmp_path), provider).run()
@@ -168,7 +175,9 @@ async def test_a_resume_in_the_other_mode_is_refused(tmp_path: Path) -> None:
         await SweepController(make_spec("faithful"), store, DoubleProvider()).run()
 
 
-async def test_a_config_that_keeps_failing_is_skipped_not_fatal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_config_that_keeps_failing_is_skipped_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Probes that never reach the seed's steady state: retried, then skipped; the rest is measured."""
     from pdexporter.measure import protocol
 
@@ -216,9 +225,15 @@ async def test_mixed_shape_warm_up_runs_one_unrecorded_window_per_d_and_p(tmp_pa
         return await original(driver, d, p, *args, **kw)
 
     monkeypatch.setattr(controller_mod, "run_window", spy)
-    spec = parse_sweep({"grid": {"chunk_sizes": [2048], "decode_batch_sizes": [0, 4], "new_prefill_tokens": [512, 8192]},
-                        "reps": 2, "mode": "fast", "order": {"kind": order, "seed": 1},
-                        "warmup": {"shapes": False, "mixed": True}})
+    spec = parse_sweep(
+        {
+            "grid": {"chunk_sizes": [2048], "decode_batch_sizes": [0, 4], "new_prefill_tokens": [512, 8192]},
+            "reps": 2,
+            "mode": "fast",
+            "order": {"kind": order, "seed": 1},
+            "warmup": {"shapes": False, "mixed": True},
+        }
+    )
     report = await SweepController(spec, ResultsStore(tmp_path), DoubleProvider()).run()
     assert report.complete
     assert calls == {(0, 512): 2, (0, 8192): 2, (4, 512): 3, (4, 8192): 3}

@@ -22,13 +22,21 @@ def rep(i: int, penalty: float | None, prefill_ms: float = 100.0) -> RepRecord:
         rep=i,
         baseline=BaselineBlock(tpot_p50_ms=10.0, tpot_p90_ms=11.0, tpot_p99_ms=12.0, step_time_ms=10.0),
         interference=InterferenceBlock(
-            tpot_during_prefill_p50_ms=None if penalty is None else 10 + penalty, tpot_during_prefill_p90_ms=None,
+            tpot_during_prefill_p50_ms=None if penalty is None else 10 + penalty,
+            tpot_during_prefill_p90_ms=None,
             tpot_during_prefill_mean_ms=None if penalty is None else 10 + penalty,
-            tpot_after_prefill_p50_ms=10.0, num_chunks_actual=1, prefill_duration_ms=prefill_ms,
+            tpot_after_prefill_p50_ms=10.0,
+            num_chunks_actual=1,
+            prefill_duration_ms=prefill_ms,
             prefill_ttft_ms=prefill_ms,
         ),
-        derived=DerivedBlock(tpot_penalty_ms=penalty, tpot_penalty_p50_ms=penalty, tpot_penalty_ratio=None if penalty is None else penalty / 10,
-                             total_interference_ms=penalty, decode_tokens_delayed=4),
+        derived=DerivedBlock(
+            tpot_penalty_ms=penalty,
+            tpot_penalty_p50_ms=penalty,
+            tpot_penalty_ratio=None if penalty is None else penalty / 10,
+            total_interference_ms=penalty,
+            decode_tokens_delayed=4,
+        ),
     )
 
 
