@@ -34,16 +34,16 @@ class _JumpingSelector(selectors.BaseSelector):
         self._real = real
         self._loop = loop
 
-    def register(self, fileobj, events, data=None):  # type: ignore[no-untyped-def,override]
+    def register(self, fileobj, events, data=None):
         return self._real.register(fileobj, events, data)
 
-    def unregister(self, fileobj):  # type: ignore[no-untyped-def,override]
+    def unregister(self, fileobj):
         return self._real.unregister(fileobj)
 
-    def modify(self, fileobj, events, data=None):  # type: ignore[no-untyped-def,override]
+    def modify(self, fileobj, events, data=None):
         return self._real.modify(fileobj, events, data)
 
-    def select(self, timeout: float | None = None):  # type: ignore[no-untyped-def,override]
+    def select(self, timeout: float | None = None):
         ready = self._real.select(0)
         if ready or timeout == 0:
             return ready
@@ -55,10 +55,10 @@ class _JumpingSelector(selectors.BaseSelector):
     def close(self) -> None:
         self._real.close()
 
-    def get_map(self):  # type: ignore[no-untyped-def,override]
+    def get_map(self):
         return self._real.get_map()
 
-    def get_key(self, fileobj):  # type: ignore[no-untyped-def,override]
+    def get_key(self, fileobj):
         return self._real.get_key(fileobj)
 
 

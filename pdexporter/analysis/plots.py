@@ -115,7 +115,7 @@ class EnoughLogTicks(Locator):
         return [t for t in steps.tick_values(lo, hi) if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9) and t > 0] or ticks
 
 
-def _plain_log_axis(axis, decimal: bool = True) -> None:  # type: ignore[no-untyped-def]
+def _plain_log_axis(axis, decimal: bool = True) -> None:
     if decimal:  # 1-2-5 steps, more where a decade holds fewer than three (EnoughLogTicks)
         axis.set_major_locator(EnoughLogTicks())
     axis.set_major_formatter(_PLAIN)

@@ -177,6 +177,7 @@ def _arms(analysis: Analysis) -> str:
     headers = ["B", "D", "P", "colocated aggregate ms", "offloaded aggregate ms", "saved ms", "colocated TTFT ms",
                "offloaded TTFT ms", "TTFT cost ms", "KV transfer ms", "KV MB", "verdict (two-arm, no SLO)"]
     body = []
+    r: Any  # pandas-stubs types a row's fields as the union of every scalar; these columns are numbers
     for r in rows_.itertuples():
         saved = r.aggregate_interference_ms - r.offloaded_aggregate_interference_ms
         cost = (r.offloaded_ttft_ms - r.colocated_ttft_ms) if _present(r.offloaded_ttft_ms) else None

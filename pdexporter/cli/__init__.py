@@ -12,7 +12,7 @@ from pdexporter.errors import Interrupted, PdexporterError
 try:  # typer >= 0.25 carries its own copy of click
     from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError, UsageError
 except ImportError:  # pragma: no cover - older typer on click
-    from click.exceptions import (  # type: ignore[no-redef]
+    from click.exceptions import (  # type: ignore[assignment]  # click's classes, typer's names
         BadParameter,
         ClickException,
         NoArgsIsHelpError,

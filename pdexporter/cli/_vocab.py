@@ -92,7 +92,7 @@ class _Tidy:
     params: list[Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        super().__init__(*args, **kwargs)
         for param in self.params:
             _tidy(param)
 

@@ -262,8 +262,8 @@ def _passive_lines(result: Any) -> list[str]:
     return lines
 
 
-def _of_mode(samples: list, counts: dict | None, mode: str, grid: Path | None,  # type: ignore[type-arg]
-             source: str) -> tuple[list, dict | None, list[str]]:  # type: ignore[type-arg]
+def _of_mode(samples: list, counts: dict | None, mode: str, grid: Path | None,
+             source: str) -> tuple[list, dict | None, list[str]]:
     """The samples of one mode, re-binned to --grid when given (analysis.passive)."""
     from pdexporter.errors import RecordError
 

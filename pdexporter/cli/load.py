@@ -71,7 +71,7 @@ async def _load(target: str, requests: list, seconds: float, model: str | None, 
                       TextColumn("{task.fields[status]}"), console=console, transient=True) as bar:
             task = bar.add_task("load", total=seconds, status="")
 
-            def on_sent(result) -> None:  # type: ignore[no-untyped-def]
+            def on_sent(result) -> None:
                 bar.update(task, completed=min(seconds, time.monotonic() - started),
                            status=f"{result.sent} sent, {len(result.open)} open")
 

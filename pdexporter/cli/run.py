@@ -253,7 +253,7 @@ async def _progress(runner: Runner, duration_s: float) -> None:
         task = bar.add_task("pdexporter run", total=duration_s, status="")
         start = asyncio.get_running_loop().time()
         while True:
-            tokens = runner.metrics.probe_tokens._value.get()  # type: ignore[attr-defined]
+            tokens = runner.metrics.probe_tokens._value.get()
             bar.update(task, completed=min(duration_s, asyncio.get_running_loop().time() - start),
                        status=f"{runner.windows_seen} window(s), {tokens:.0f} probe tokens")
             await asyncio.sleep(0.5)

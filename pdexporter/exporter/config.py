@@ -139,7 +139,7 @@ def build_config(**fields: object) -> ExporterConfig:
     from pydantic import ValidationError
 
     try:
-        return ExporterConfig(**fields)  # type: ignore[arg-type]
+        return ExporterConfig(**fields)
     except ValidationError as exc:
         raise ConfigError(format_option_error(exc, ExporterConfig, OPTION_NAMES)) from exc
 

@@ -85,7 +85,7 @@ class Lifecycle:
     stream: TokenStream
 
 
-class StampingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class StampingSelector(selectors.DefaultSelector):
     """The platform's selector, remembering when its last `select()` returned (perf_counter_ns)."""
 
     def __init__(self) -> None:

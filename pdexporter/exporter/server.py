@@ -111,7 +111,8 @@ async def start_server(app: web.Application, host: str, port: int,
     except BaseException:
         await runner.cleanup()
         raise
-    sockets = site._server.sockets if site._server else ()  # port 0 -> the port the OS chose
+    # port 0 -> the port the OS chose; aiohttp types its server AbstractServer, it is an asyncio.Server
+    sockets = site._server.sockets if site._server else ()  # type: ignore[attr-defined]
     bound = sockets[0].getsockname()[1] if sockets else port
     return runner, int(bound)
 

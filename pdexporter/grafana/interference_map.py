@@ -190,7 +190,7 @@ def build() -> Json:
          m.WINDOW_TOTAL, {"unit": "s", "decimals": 1, "minimum": 0}),
     ):
         panel = label_matrix(title, description, grid(series), row_label=ROW, column_label=COLUMN, corner=CORNER,
-                             **style)  # type: ignore[arg-type]
+                             **style)
         panel.update(repeat="engine", repeatDirection="h", maxPerRow=3)
         d.add(panel, w=12, h=10)
 

@@ -14,7 +14,7 @@ import platform
 import statistics
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -95,18 +95,31 @@ def _block_model(name: str, block: Block, **meta: Any) -> type[_Model]:
     return create_model(name, __base__=_Model, **fields, **meta)
 
 
-BaselineBlock = _block_model("BaselineBlock", "baseline", source=(str, "phase1"))  # "phase1" | "live-quiet"
-InterferenceBlock = _block_model(
-    "InterferenceBlock", "interference",
-    num_chunks_source=(str | None, None),  # "engine-log" | "cadence" | "slow-steps" (measure.window)
-    chunk_schedule_check=(str | None, None),  # "confirmed" | "contradicted"
-    chunk_tokens_engine_log=(list[int] | None, None),
-    chunk_step_times_ms=(list[float], Field(default_factory=list)),
-    # usage.prompt_tokens of the prefill against the P token ids sent: "exact" | "unreported"
-    # ("differs" fails the window: measure.protocol.prompt_tokens_check)
-    prompt_tokens_check=(str | None, None),
-)
-DerivedBlock = _block_model("DerivedBlock", "derived")
+if TYPE_CHECKING:
+    # What mypy sees of the three block models: `_block_model` builds their fields at import from
+    # `measure.quantities` (declared once there), which no static checker can follow, so a field
+    # read is typed Any; the models themselves (constructors, model_dump, ...) are checked.
+    class _TypedBlock(_Model):
+        def __getattr__(self, name: str) -> Any: ...
+
+    class BaselineBlock(_TypedBlock): ...
+
+    class InterferenceBlock(_TypedBlock): ...
+
+    class DerivedBlock(_TypedBlock): ...
+else:
+    BaselineBlock = _block_model("BaselineBlock", "baseline", source=(str, "phase1"))  # "phase1" | "live-quiet"
+    InterferenceBlock = _block_model(
+        "InterferenceBlock", "interference",
+        num_chunks_source=(str | None, None),  # "engine-log" | "cadence" | "slow-steps" (measure.window)
+        chunk_schedule_check=(str | None, None),  # "confirmed" | "contradicted"
+        chunk_tokens_engine_log=(list[int] | None, None),
+        chunk_step_times_ms=(list[float], Field(default_factory=list)),
+        # usage.prompt_tokens of the prefill against the P token ids sent: "exact" | "unreported"
+        # ("differs" fails the window: measure.protocol.prompt_tokens_check)
+        prompt_tokens_check=(str | None, None),
+    )
+    DerivedBlock = _block_model("DerivedBlock", "derived")
 
 
 class RepRecord(_Model):
@@ -215,7 +228,7 @@ def cv(values: Sequence[float | None]) -> float | None:
     return statistics.stdev(present) / abs(mean)
 
 
-def _median_block(blocks: Sequence[BaselineBlock | InterferenceBlock | DerivedBlock], cls: type) -> Any:
+def _median_block(blocks: Sequence[BaselineBlock | InterferenceBlock | DerivedBlock], cls: type[_Model]) -> Any:
     """Field-wise median of numeric fields; lists and strings come from the median-penalty rep."""
     first = blocks[0].model_dump()
     out: dict[str, Any] = {}

@@ -282,7 +282,7 @@ class StepHistory:
     def __len__(self) -> int:
         return self._total
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self):
         return iter(self._steps)
 
 
@@ -637,7 +637,7 @@ class EngineCore:
         finally:
             self._pumping = False
 
-    def _busy_loop(self):  # type: ignore[no-untyped-def]
+    def _busy_loop(self):
         """vLLM's busy loop as a generator: yields the time it must wait for, None to wait for input."""
         queue = self._queue
         sched = self.scheduler

@@ -114,7 +114,7 @@ class NixlPrefillConnector:
         }
 
 
-def connector_for(role: str | None, *, host: str = "localhost", port: int = 5600):  # type: ignore[no-untyped-def]
+def connector_for(role: str | None, *, host: str = "localhost", port: int = 5600):
     """The scheduler connector of a role (None: no connector, a plain engine)."""
     if role in (None, "none"):
         return None

@@ -630,7 +630,7 @@ async def run_server(
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             pass
     try:
-        sockets = site._server.sockets if site._server is not None else ()  # type: ignore[union-attr]
+        sockets = site._server.sockets if site._server is not None else ()  # type: ignore[attr-defined]  # an asyncio.Server
         port = sockets[0].getsockname()[1] if sockets else options.port
         host = "127.0.0.1" if options.host in ("0.0.0.0", "", "::") else options.host
         info = {
