@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import JustifyMethod
 from rich.table import Table
 
 from pdexporter.cli._common import DEFAULT_PROFILE, console
@@ -485,7 +486,10 @@ class _CalibrationBar:
                                + (f", ETA {eta:.0f} s)" if eta is not None else ")"))
 
     def advance(self, units: float, info: str = "") -> None:
-        self.progress.update(self.task, advance=units, **({"info": info} if info else {}))
+        if info:
+            self.progress.update(self.task, advance=units, info=info)
+        else:
+            self.progress.update(self.task, advance=units)
 
     def info(self, text: str) -> None:
         self.progress.update(self.task, info=text)
@@ -510,6 +514,7 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
     screen.print(params)
 
     fit = Table(title="stage 1: step times of the training configurations (decode steps, middle chunks)")
+    justify: JustifyMethod
     for col, justify in (("profile", "left"), ("n", "right"), ("MAPE", "right"), ("worst", "right"), ("by kind", "left")):
         fit.add_column(col, justify=justify)
     b_mape, _, b_max, b_kinds = result.before

@@ -21,14 +21,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 __all__ = [
-    "PollingProgress", "Progress", "STAMP_CLOCKS", "StampClock", "TokenStream",
+    "PollingProgress", "Progress", "ProgressSignal", "STAMP_CLOCKS", "StampClock", "TokenStream",
 ]
 
 StampClock = Literal["kernel-rx", "wakeup", "read"]
 STAMP_CLOCKS: tuple[StampClock, ...] = ("kernel-rx", "wakeup", "read")  # most precise first
+
+
+class ProgressSignal(Protocol):
+    """What a driver's streams are waited on with: `Progress` (the filling loop wakes it) or
+    `PollingProgress` (another thread fills them, it polls)."""
+
+    def notify(self) -> None: ...
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout_s: float | None = None) -> bool: ...
 
 
 class Progress:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -22,7 +23,7 @@ from pdexporter.client.client import COMPLETIONS_PATH, ClientTimeouts, EngineCli
 from pdexporter.client.identity import ask_identity, settle_engine
 from pdexporter.client.iterlog import IterationLogTail
 from pdexporter.client.metrics import MetricsSnapshot
-from pdexporter.client.stream import Progress, TokenStream
+from pdexporter.client.stream import Progress, ProgressSignal, TokenStream
 from pdexporter.engines import IterationStep, adapter
 from pdexporter.errors import ConfigError, EngineError
 from pdexporter.launch import EngineHandle
@@ -96,8 +97,11 @@ class PreparedRequest:
 
 @runtime_checkable
 class EngineDriver(Protocol):
-    info: EngineInfo
-    progress: Progress
+    @property
+    def info(self) -> EngineInfo: ...
+
+    @property
+    def progress(self) -> ProgressSignal: ...
 
     def now_ns(self) -> int: ...
 
@@ -155,7 +159,7 @@ class HttpDriver:
         task = asyncio.get_running_loop().create_task(self.send_into(prepared, stream, retry_connect=retry_connect))
         self._tasks.add(task)
         self._by_stream[stream.request_id] = task
-        task.add_done_callback(lambda done, rid=stream.request_id: self._reap(done, rid))
+        task.add_done_callback(functools.partial(self._reap, request_id=stream.request_id))
         return stream
 
     # -- one instance of a P/D pair (`measure.pd.PdEndpoint`) --------------------------------

@@ -602,7 +602,10 @@ class ProbeSet(Protocol):
 class BaselineSource(Protocol):
     """What the window is compared with, and what the record says about it."""
 
-    rule: str  # "phase1" | "live-quiet": the record's baseline.source
+    @property
+    def rule(self) -> str:
+        """ "phase1" | "live-quiet": the record's baseline.source"""
+        ...
 
     def at(self, t_decide_ns: int) -> tuple[BaselineStats | None, dict[str, Any]]:
         """The baseline for a window decided at t_decide, and extra keys for the raw file."""

@@ -51,6 +51,7 @@ with exact refits).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -538,6 +539,10 @@ def kind_of(key: Key) -> str:
     return KINDS[3] if n == 2 else KINDS[4]
 
 
+def _is_kind(kind: str, key: Key) -> bool:
+    return kind_of(key) == kind
+
+
 @dataclass
 class HoldoutReport:
     """Per metric (`METRICS`), each configuration's measured and predicted value."""
@@ -578,8 +583,8 @@ class HoldoutReport:
         for kind in KINDS:
             n = sum(1 for k in keys if kind_of(k) == kind)
             if n:
-                out[kind] = {"n": n, **{m: self.metric_mape(m, lambda k, kind=kind: kind_of(k) == kind)
-                                        for m in HEADLINE}}
+                of_kind = functools.partial(_is_kind, kind)
+                out[kind] = {"n": n, **{m: self.metric_mape(m, of_kind) for m in HEADLINE}}
         return out
 
 
@@ -1150,7 +1155,7 @@ def calibrate(
                 loop_start = current
             loop = fit_loop_params(
                 current, measured, simulate, loop_free, max_evaluations=max_evaluations, slow=slow,
-                on_evaluation=(lambda i, rms, r=round_: on_evaluation(r, i, rms)) if on_evaluation else None)
+                on_evaluation=functools.partial(on_evaluation, round_) if on_evaluation else None)
             simulations += loop.evaluations
             prog.plan(-(max_evaluations - loop.evaluations) * train_groups)
             current = with_values(current, loop.values)

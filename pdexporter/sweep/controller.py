@@ -207,7 +207,7 @@ class SweepController:
         self._warmed_mixed: set[Key] = set()  # (B, D, P) warmed beside D decodes on the engine in use
         self.write_state = write_state
         self.store = store.cached()  # the sweep is its results directory's only writer while it runs
-        self.providers: list[EngineProvider] = list(provider) if isinstance(provider, (list, tuple)) else [provider]
+        self.providers: list[EngineProvider] = list(provider) if isinstance(provider, Sequence) else [provider]
         if not self.providers:
             raise ValueError("a sweep needs at least one engine provider")
         self.observer = observer or SweepObserver()

@@ -44,7 +44,10 @@ class EngineProvider(Protocol):
     """What the controller needs: a driver on an engine running at a chunk size."""
 
     description: str
-    launcher: Launcher | None  # the launcher behind the drivers, if any (its capabilities matter)
+
+    @property
+    def launcher(self) -> Launcher | None:  # the launcher behind the drivers, if any (its capabilities matter)
+        ...
 
     async def open(self, chunk_size: int) -> EngineDriver: ...
 
@@ -278,12 +281,12 @@ def make_providers(
     if isinstance(launcher_spec, PairLauncherSpec):
         connector, addresses = pair_connector(launcher_spec)
         instances = []
-        for role, inst in (("prefill", launcher_spec.prefill), ("decode", launcher_spec.decode)):
+        for inst_role, inst in (("prefill", launcher_spec.prefill), ("decode", launcher_spec.decode)):
             instances.append(LocalLauncher(
                 command=inst.command, store=store, url=inst.url, variables=dict(launcher_spec.vars),
                 env={**launcher_spec.env, **inst.env}, cwd=inst.cwd, health_timeout_s=launcher_spec.health_timeout_s,
                 stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu,
-                deadline=deadline, on_message=on_message, role=role,
+                deadline=deadline, on_message=on_message, role=inst_role,
             ))
         return [PairProvider(PairLauncher(instances[0], instances[1]), model=spec.model, api_key=api_key, gpu=spec.gpu,
                              connector=connector, p2p_addresses=addresses, read_timeout_s=spec.read_timeout_s,
@@ -293,7 +296,7 @@ def make_providers(
         urls = [launcher_spec.slot_url(i) for i in range(launcher_spec.slots)]
         out: list[EngineProvider] = []
         for i, url in enumerate(urls):
-            launcher = LocalLauncher(
+            local = LocalLauncher(
                 command=launcher_spec.command, store=store, url=url,
                 variables={**launcher_spec.vars, **launcher_spec.slot_values(i)},
                 env=launcher_spec.slot_env(i), cwd=launcher_spec.cwd, health_timeout_s=launcher_spec.health_timeout_s,
@@ -301,9 +304,9 @@ def make_providers(
                 deadline=deadline, on_message=on_message, siblings=frozenset(urls) - {url},
                 engine=launcher_spec.engine,
             )
-            slot = f"GPU {launcher_spec.gpus[i]}" if launcher_spec.gpus else ""
-            out.append(LauncherProvider(launcher, model=spec.model, api_key=api_key, gpu=spec.gpu, slot=slot,
-                                        description=f"local engine at {url}" + (f" on {slot}" if slot else "")))
+            gpu_slot = f"GPU {launcher_spec.gpus[i]}" if launcher_spec.gpus else ""
+            out.append(LauncherProvider(local, model=spec.model, api_key=api_key, gpu=spec.gpu, slot=gpu_slot,
+                                        description=f"local engine at {url}" + (f" on {gpu_slot}" if gpu_slot else "")))
         return out
     launcher: Launcher
     if isinstance(launcher_spec, ExternalLauncherSpec):
