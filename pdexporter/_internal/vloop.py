@@ -77,8 +77,9 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     def _advance(self, seconds: float) -> None:
         if seconds > 0:
             # Land exactly on the earliest timer, not a rounding error before it.
-            if self._scheduled:
-                when = self._scheduled[0].when()
+            # BaseEventLoop's timer heap: private, so not in typeshed
+            if self._scheduled:  # type: ignore[attr-defined]
+                when = self._scheduled[0].when()  # type: ignore[attr-defined]
                 self._virtual_now = max(self._virtual_now, when if when <= self._virtual_now + seconds else
                                         self._virtual_now + seconds)
             else:

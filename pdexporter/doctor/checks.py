@@ -292,7 +292,7 @@ def _model(f: EngineFacts) -> Check:
 def _max_model_len(f: EngineFacts) -> Check:
     if f.models is None:
         return Check("max_model_len", "skip", "no model list")
-    chosen = f.model_wanted or (_served(f) or [None])[0]
+    chosen = f.model_wanted or next(iter(_served(f)), None)
     entry = next((m for m in f.models if str(m.get("id")) == chosen), None)
     value = entry.get("max_model_len") if entry else None
     if not isinstance(value, int):

@@ -82,6 +82,7 @@ class Leash:
 
     def __init__(self, engine: subprocess.Popen[bytes], channel: socket.socket, stop_timeout_s: float,
                  say: Callable[[str], None]) -> None:
+        self.owner: socket.socket | None  # None: unowned
         self.engine, self.owner, self.stop_timeout_s, self.say = engine, channel, stop_timeout_s, say
         self.released = False
         self.selector = selectors.DefaultSelector()

@@ -437,7 +437,7 @@ class LocalLauncher:
         if self._control is not None:
             self._control.close()  # the leash stops what is left and exits
             self._control = None
-        if leash is not None and leash.args[:2] == [sys.executable, "-I"]:
+        if leash is not None and isinstance(leash.args, list) and leash.args[:2] == [sys.executable, "-I"]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 leash.wait(timeout=5.0)  # it exits once its engine is gone: reap it
 

@@ -408,6 +408,7 @@ def analyse_window(
             per_stream = phases(None)
     seen_counts = [int((ph.during_ms > theta_ms).sum()) for ph in per_stream] if sizes and theta_ms is not None else []
     seen = int(round(float(np.median(seen_counts)))) if seen_counts else None
+    chunks: int | None
     if sizes is not None and plan is not None and plan.exact:
         chunks, source = len(sizes), "engine-log"
     elif sizes is not None:

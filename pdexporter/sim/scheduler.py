@@ -431,7 +431,7 @@ class Scheduler:
         self.num_preemptions = 0
         self._step = 0
         self._arrivals = 0
-        self._hash_memo: tuple[Sequence[int], list[int]] | None = None
+        self._hash_memo: tuple[Sequence[int], tuple[int, ...]] | None = None
 
     # -- requests in and out ---------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -24,6 +25,8 @@ __all__ = [
     "FINISH_REASONS", "ITERATION_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "NIXL_BYTES_BUCKETS",
     "NIXL_TIME_BUCKETS", "N_BUCKETS", "TOKEN_BUCKETS", "TTFT_BUCKETS", "VllmMetrics", "observe_many",
 ]
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
 
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -82,7 +85,7 @@ class VllmMetrics:
         self.families: dict[str, MetricWrapperBase] = {}
         self._gauges: tuple[int, int, float] = (0, 0, 0.0)
 
-        def keep(metric: MetricWrapperBase) -> MetricWrapperBase:
+        def keep(metric: _M) -> _M:
             self.families[metric._name] = metric
             return metric
 
