@@ -242,7 +242,7 @@ class TransferModel:
     source: str  # "measured" | "given"
     n: int = 0
     r2: float | None = None
-    degraded: dict[str, float] | None = None
+    degraded: dict[str, Any] | None = None  # figures, and a "meaning" line
     p_range: tuple[int, int] | None = None
     chunk_sizes: tuple[int, ...] = ()
 
@@ -335,7 +335,7 @@ def fit_transfer(offloaded: Sequence[ConfigSamples] | pd.DataFrame) -> TransferM
         if slow.any() and (~slow).sum() >= 3 and np.unique(bytes_[~slow]).size >= 2:
             lat, bw = _transfer_fit(bytes_[~slow], times[~slow])
     predicted = lat + bytes_ / (bw * 1e9) * 1e3
-    degraded = None
+    degraded: dict[str, Any] | None = None
     if slow.any():
         share = loss[slow] / times[slow]
         degraded = {"gb_per_s": round(float(np.median(bytes_[slow] / times[slow] / 1e6)), 3),
@@ -355,7 +355,7 @@ def slow_windows(
     offloaded: Sequence[ConfigSamples], model: TransferModel | None
 ) -> set[tuple[tuple[int, int, int], int]]:
     """(grid key, repetition index) of the windows in the degraded regime (excluded from the nominal terms)."""
-    out = set()
+    out: set[tuple[tuple[int, int, int], int]] = set()
     if model is None or model.degraded is None:
         return out
     for s in offloaded:
@@ -403,7 +403,9 @@ def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[Conf
     if pair:
         def decode_side(r: Mapping[str, Any]) -> float | None:
             ttft, pre, xfer = r.get("offload_ttft_ms"), r.get("offload_prefill_ms"), r.get("kv_transfer_ms")
-            return None if None in (ttft, pre) else float(ttft) - float(pre) - float(xfer or 0.0)
+            if ttft is None or pre is None:
+                return None
+            return float(ttft) - float(pre) - float(xfer or 0.0)
 
         terms["decode_side"] = fit_term("decode_side", _rows(offloaded, TERM_FEATURES["decode_side"][0], rule,
                                                              decode_side, keep=nominal),
@@ -538,7 +540,8 @@ def thresholds(doc: dict[str, Any], *, tpot_slo_ms: float | None = None, ttft_sl
 def _threshold_entry(central: int | None, values: Sequence[int | None], p_max: int, doc: dict[str, Any], d: int,
                      b: int) -> dict[str, Any]:
     finite = [v if v is not None else p_max * 2 for v in values]
-    interval = None
+    interval: list[int | None] | None = None
+    lo = 0
     if finite:
         ordered = sorted(finite)
         lo = ordered[round(0.05 * (len(ordered) - 1))]
@@ -547,7 +550,7 @@ def _threshold_entry(central: int | None, values: Sequence[int | None], p_max: i
     outside, _ = extrapolation(doc, d, central or p_max, b)
     if central is None:
         status = "never"
-    elif interval is not None and (interval[1] is None or interval[1] > UNDECIDED_RATIO * max(interval[0], 1)):
+    elif interval is not None and (interval[1] is None or interval[1] > UNDECIDED_RATIO * max(lo, 1)):
         status = "undecided"
     else:
         status = "decided"
@@ -641,6 +644,7 @@ def predict_pair(colocated: pd.DataFrame, decode_bench: pd.DataFrame, pair: pd.D
     and DecodeBench tables (their measured point where they have it, else `doc`'s two-arm models
     fitted on them) plus the transfer model, beside what the pair measured, and the % errors."""
     rows = []
+    r: Any  # pandas-stubs types a row's fields as the union of every scalar; these columns are numbers
     for r in pair.itertuples():
         key = (int(r.chunk_size), int(r.decode_batch_size), int(r.new_prefill_tokens))
         b, d, p = key

@@ -18,12 +18,12 @@ verdict in the user's terms (docs/disaggregation.md).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from pdexporter import __version__
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
@@ -63,7 +63,7 @@ class Region:
         return self.cost_ms > self.transfer_ms
 
 
-def offload_region(model: CostModel, chunk_size: int, decodes: Sequence[float], prefills: Sequence[float],
+def offload_region(model: CostModel, chunk_size: int, decodes: ArrayLike, prefills: ArrayLike,
                    transfer_ms: float = DEFAULT_TRANSFER_MS) -> Region:
     d = np.asarray(decodes, np.float64)
     p = np.asarray(prefills, np.float64)

@@ -47,6 +47,8 @@ def compare_tables(before: pd.DataFrame, after: pd.DataFrame, metrics: tuple[str
 def summarise(comparison: pd.DataFrame, metrics: tuple[str, ...] = COMPARED) -> dict[str, Any]:
     """Median, smallest and largest change per metric, and the configurations they belong to."""
     summary: dict[str, Any] = {"configurations": int(len(comparison)), "metrics": {}}
+    # pandas-stubs types idxmin()/idxmax() as Hashable and a cell as any scalar; here they are the
+    # frame's integer index and its integer key columns.
     for m in metrics:
         change = comparison[f"{m}_change_pct"]
         finite = change[change.map(lambda v: isinstance(v, float) and math.isfinite(v))]
@@ -56,15 +58,15 @@ def summarise(comparison: pd.DataFrame, metrics: tuple[str, ...] = COMPARED) -> 
         summary["metrics"][m] = {
             "median_change_pct": round(float(finite.median()), 2),
             "min_change_pct": round(float(finite.min()), 2),
-            "min_at": _key_at(comparison, int(finite.idxmin())),
+            "min_at": _key_at(comparison, int(finite.idxmin())),  # type: ignore[call-overload]
             "max_change_pct": round(float(finite.max()), 2),
-            "max_at": _key_at(comparison, int(finite.idxmax())),
+            "max_at": _key_at(comparison, int(finite.idxmax())),  # type: ignore[call-overload]
         }
     return summary
 
 
 def _key_at(comparison: pd.DataFrame, index: int) -> list[int]:
-    return [int(comparison.loc[index, k]) for k in KEY_COLUMNS]
+    return [int(comparison.loc[index, k]) for k in KEY_COLUMNS]  # type: ignore[arg-type]  # see summarise
 
 
 def distinct_names(before: str | Path, after: str | Path) -> tuple[str, str]:

@@ -61,7 +61,7 @@ def measurable(table: pd.DataFrame, threshold: float = 1.1, min_d: int = 4, min_
         return Criterion(1, "Interference is measurable", statement, None,
                          f"no grid point with D >= {min_d}, P >= {min_p} and a penalty ratio")
     above = present["penalty_ratio"] > threshold
-    worst = present.loc[present["penalty_ratio"].idxmin()]
+    worst = present.loc[present["penalty_ratio"].idxmin()]  # type: ignore[call-overload]  # stubs: label is Hashable
     figure = (f"{int(above.sum())}/{len(present)} points above {threshold}; "
               f"min ratio {worst['penalty_ratio']:.3f} at {_where(worst)}")
     failing = [_where(r) for _, r in present[~above].iterrows()]
@@ -94,10 +94,11 @@ def break_even_exists(table: pd.DataFrame, transfer_ms: float = 50.0) -> Criteri
     over = rows[rows["aggregate_interference_ms"] > transfer_ms]
     # Where the region starts, per chunk size: the smallest P (and then D) that is over budget.
     frontier: dict[str, str] = {}
+    b: Any  # pandas-stubs types a group key as any scalar; here a chunk size
     for b, group in over.groupby("chunk_size"):
         first = group.sort_values(["new_prefill_tokens", "decode_batch_size"]).iloc[0]
         frontier[str(int(b))] = f"D={int(first['decode_batch_size'])} P={int(first['new_prefill_tokens'])}"
-    largest = rows.loc[rows["aggregate_interference_ms"].idxmax()]
+    largest = rows.loc[rows["aggregate_interference_ms"].idxmax()]  # type: ignore[call-overload]  # stubs: label is Hashable
     figure = (f"{len(over)}/{len(rows)} points over {transfer_ms:g} ms; largest "
               f"{largest['aggregate_interference_ms']:.1f} ms at {_where(largest)}")
     if "8192" in frontier:
@@ -114,7 +115,7 @@ def reproducible(table: pd.DataFrame, threshold: float = 0.15) -> Criterion:
     if rows.empty:
         return Criterion(4, "Reproducible", statement, None, "no grid point with D >= 1 and >= 2 repetitions")
     below = rows["cv_tpot_penalty"] < threshold
-    worst = rows.loc[rows["cv_tpot_penalty"].idxmax()]
+    worst = rows.loc[rows["cv_tpot_penalty"].idxmax()]  # type: ignore[call-overload]  # stubs: label is Hashable
     figure = (f"{int(below.sum())}/{len(rows)} points below {threshold:.0%}; max CV "
               f"{worst['cv_tpot_penalty']:.1%} at {_where(worst)}; median {rows['cv_tpot_penalty'].median():.1%}")
     if float(worst["cv_tpot_penalty"]) == 0.0:

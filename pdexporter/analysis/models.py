@@ -253,8 +253,11 @@ class Coefficient:
 
 
 class CostModel(Protocol):
-    name: str
-    formula: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def formula(self) -> str: ...
 
     def predict(self, d: Any, p: Any, b: Any) -> np.ndarray:
         """Aggregate interference cost in ms for each (D, P, B)."""
@@ -1039,7 +1042,12 @@ def fit_models(data: FitData) -> FitReport:
                 if scheme == KFOLD or len(folds_for(data, scheme)) >= 2}
         fits[name] = ModelFit(model, in_sample, held)
     scores = {name: fit.held_out[primary].r2 for name, fit in fits.items()}
-    chosen = max(scores, key=lambda k: -math.inf if scores[k] is None else scores[k])  # type: ignore[arg-type]
+
+    def rank(name: str) -> float:
+        r2 = scores[name]
+        return -math.inf if r2 is None else r2
+
+    chosen = max(scores, key=rank)
     other = next(k for k in scores if k != chosen)
     if scores[chosen] is None:
         reason = (f"{NO_HELD_OUT} ({plural(len(data), 'grid point')} with D >= 1, "

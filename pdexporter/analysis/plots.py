@@ -227,7 +227,8 @@ def sensitivity_decode(table: pd.DataFrame, preferred: int = 4) -> int | None:
     """The D for the sensitivity plot: `preferred` if it has two or more chunk sizes, else the nearest that does."""
     rows = table[table["decode_batch_size"] >= 1]
     counts = rows.groupby("decode_batch_size")["chunk_size"].nunique()
-    candidates = [int(d) for d, n in counts.items() if n >= 2] or [int(d) for d in counts.index]
+    # pandas-stubs types the index's labels as Hashable; here they are D values
+    candidates = [int(d) for d, n in counts.items() if n >= 2] or [int(d) for d in counts.index]  # type: ignore[call-overload]
     if not candidates:
         return None
     return min(candidates, key=lambda d: (abs(d - preferred), d))
@@ -244,6 +245,7 @@ def chunk_sensitivity(table: pd.DataFrame, decode_batch_size: int | None = None)
         ("tpot_penalty_ms", "TPOT penalty during the prefill (ms)"),
         ("aggregate_interference_ms", "aggregate interference (ms, D x per stream)"),
     )
+    p: Any  # pandas-stubs types a group key as any scalar; here a prompt length
     for ax, (column, label) in zip(axes, panels):
         for p, group in rows.sort_values("chunk_size").groupby("new_prefill_tokens"):
             ax.plot(group["chunk_size"], group[column], marker="o", label=f"P={_tokens(p)}")

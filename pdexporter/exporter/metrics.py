@@ -116,19 +116,28 @@ INJECTIONS = f"{PREFIX}_injections_total"
 WINDOWS = f"{PREFIX}_windows_total"
 WINDOWS_SKIPPED = f"{PREFIX}_windows_skipped_total"
 PREFILL_DURATION = f"{PREFIX}_prefill_duration_seconds"
+
+
+def _gauge_of(block: str, field: str) -> str:
+    """The gauge a declared quantity is exported as (every one named here declares one)."""
+    name = BY_FIELD[(block, field)].gauge_name
+    assert name is not None, f"{block}.{field} declares no gauge (measure.quantities)"
+    return name
+
+
 # The last-window gauges, one per quantity declared with a gauge (measure.quantities).
 WINDOW_GAUGES: dict[str, Quantity] = {q.gauge_name: q for q in gauged() if q.gauge_name}
-WINDOW_BASELINE = BY_FIELD[("baseline", "tpot_p50_ms")].gauge_name
-WINDOW_DURING = BY_FIELD[("interference", "tpot_during_prefill_p50_ms")].gauge_name
-WINDOW_AFTER = BY_FIELD[("interference", "tpot_after_prefill_p50_ms")].gauge_name
-WINDOW_PENALTY = BY_FIELD[("derived", "tpot_penalty_ms")].gauge_name
-WINDOW_RATIO = BY_FIELD[("derived", "tpot_penalty_ratio")].gauge_name
-WINDOW_TOTAL = BY_FIELD[("derived", "total_interference_ms")].gauge_name
-WINDOW_AGGREGATE = BY_FIELD[("derived", "aggregate_interference_ms")].gauge_name
-WINDOW_PREFILL = BY_FIELD[("interference", "prefill_duration_ms")].gauge_name
-WINDOW_SLOW_STEPS = BY_FIELD[("interference", "slow_steps")].gauge_name
-WINDOW_CHUNKS = BY_FIELD[("interference", "num_chunks_actual")].gauge_name
-WINDOW_EXPECTED = BY_FIELD[("interference", "num_chunks_expected")].gauge_name
+WINDOW_BASELINE = _gauge_of("baseline", "tpot_p50_ms")
+WINDOW_DURING = _gauge_of("interference", "tpot_during_prefill_p50_ms")
+WINDOW_AFTER = _gauge_of("interference", "tpot_after_prefill_p50_ms")
+WINDOW_PENALTY = _gauge_of("derived", "tpot_penalty_ms")
+WINDOW_RATIO = _gauge_of("derived", "tpot_penalty_ratio")
+WINDOW_TOTAL = _gauge_of("derived", "total_interference_ms")
+WINDOW_AGGREGATE = _gauge_of("derived", "aggregate_interference_ms")
+WINDOW_PREFILL = _gauge_of("interference", "prefill_duration_ms")
+WINDOW_SLOW_STEPS = _gauge_of("interference", "slow_steps")
+WINDOW_CHUNKS = _gauge_of("interference", "num_chunks_actual")
+WINDOW_EXPECTED = _gauge_of("interference", "num_chunks_expected")
 PROBE_TIMESTAMP_DELAY = f"{PREFIX}_probe_timestamp_delay_seconds"
 ERRORS = f"{PREFIX}_errors_total"
 ENGINE_RUNNING = f"{PREFIX}_engine_requests_running"
