@@ -70,8 +70,8 @@ def generate(
             raise typer.Exit(1)
         console.print(f"dashboards up to date in {', '.join(map(str, targets))}")
         return
-    for path in write_all(targets):
-        print(path)
+    for written in write_all(targets):
+        print(written)
 
 
 @dashboards_app.command("push")

@@ -173,7 +173,7 @@ def outside_range_line(valid_range: dict[str, Any], d: int, p: int, b: int) -> s
     outside = []
     for key, letter in _RANGE_NAMES:
         lo, hi = (valid_range.get(key) or (None, None))
-        if lo is not None and not lo <= values[key] <= hi:
+        if lo is not None and hi is not None and not lo <= values[key] <= hi:
             outside.append(f"{letter}={values[key]} (fitted {lo}..{hi})")
     return f"an extrapolation: {', '.join(outside)} outside the fitted range"
 

@@ -332,8 +332,9 @@ def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
     table.add_column("verdict")
     table.add_column("figure")
     colours = {True: "green", False: "red", None: "yellow"}
-    for c in analysis.criteria:
-        table.add_row(str(c.number), c.name, f"[{colours[c.passed]}]{c.verdict}[/]", c.figure)
+    for criterion in analysis.criteria:
+        table.add_row(str(criterion.number), criterion.name, f"[{colours[criterion.passed]}]{criterion.verdict}[/]",
+                      criterion.figure)
     console.print(table)
     if analysis.mismatches:
         console.print(f"[yellow]{len(analysis.mismatches)} record top-level values differ from the medians of their "

@@ -135,6 +135,7 @@ def _text(entry: dict[str, Any], p_max: int) -> str:
     iv = entry.get("interval")
     span = "" if not iv else f" (90 %: {iv[0]}..{iv[1] if iv[1] is not None else 'never'})"
     if entry["status"] == "undecided":
+        assert iv, "an undecided threshold has its interval (analysis.arms)"
         return f"undecided between {iv[0]} and {iv[1] if iv[1] is not None else 'never'} (central {entry['threshold']})"
     modelled = " MODELLED beyond what was measured" if entry.get("extrapolated") else ""
     return f">= {entry['threshold']}{span}{modelled}"

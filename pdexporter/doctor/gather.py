@@ -62,6 +62,7 @@ async def engine_facts(handle: EngineHandle, *, embedded: bool, model: str | Non
         facts.update(identity=dict(identity.payload) if identity.path else None, identity_path=identity.path,
                      identity_error="; ".join(identity.errors) or None,
                      engine=identity.found.name if identity.found else None)
+        settled: str | None
         try:
             settled = settle_engine(handle.kind, identity.found, handle.url)
         except PdexporterError as exc:  # told one engine, answering as another: said by the version check

@@ -550,7 +550,8 @@ class PassiveTracker:
         event.attribution = attribution
         d, d_source = self._running(pending, attribution.prefills)
         event.decode_batch_size, event.d_source = d, d_source
-        if pending.baseline(s.window) is None or pending.baseline(s.window).n_intervals < s.min_baseline_intervals:
+        pooled = pending.baseline(s.window)
+        if pooled is None or pooled.n_intervals < s.min_baseline_intervals:
             event.outcome = "no-baseline"
             return event
         if adapter(s.engine).budget_problem(s.chunk_size, d):

@@ -297,7 +297,8 @@ class PdDriver:
             kv_transfer_params=params if self.connector == NIXL else None, headers=self._headers(prepared.route))
         route_ns = self.now_ns() - t0
         after = await self.prefill.scrape_metrics()
-        usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else {}
+        got_usage = answer.get("usage")
+        usage = got_usage if isinstance(got_usage, dict) else {}
         timing = RouteTiming(
             connector=self.connector, t_sent_prefill_ns=t_sent, t_done_prefill_ns=t_done, route_ns=route_ns,
             prefill_prompt_tokens=usage.get("prompt_tokens"), kv_params=kv_params_summary(params),

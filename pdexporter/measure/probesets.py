@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdexporter.client.stream import TokenStream
-from pdexporter.errors import MeasurementError
+from pdexporter.errors import ConfigError, MeasurementError
 from pdexporter.measure.driver import Cancelling, EngineDriver
 from pdexporter.measure.protocol import (
     BaselineSource,
@@ -163,6 +163,8 @@ class PooledProbes:
         self.upcoming[:0] = list(prefill_sizes)
 
     def _need(self, p: int) -> int:
+        if self.engine is None:  # the chunk schedule is the engine's rule
+            raise ConfigError("pooled probes: no engine named, so no chunk schedule to size a set by")
         return self.settings.window_tokens(self.engine, p, self.chunk_size, self.d)
 
     def _can_carry(self, p: int) -> bool:

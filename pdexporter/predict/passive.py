@@ -90,11 +90,11 @@ async def passive_session(
     spans: list[RequestTrace] = []
     session.trace_offset_ns = offset_ns
 
-    def finished(trace: RequestTrace) -> None:
+    def on_finished(trace: RequestTrace) -> None:
         spans.append(trace)
         session.requests[trace.request_id] = trace
 
-    engine.on_request_finished = finished
+    engine.on_request_finished = on_finished
     loop = asyncio.get_running_loop()
     try:
         await warm_prefix(driver, settings)

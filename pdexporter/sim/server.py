@@ -494,8 +494,17 @@ class SimServer:
             events = []
             if chat:
                 if first:
-                    role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                 "logprobs": None, "finish_reason": None}]}
+                    role: dict[str, Any] = {
+                        **head,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
                     if params.continuous_usage:
                         role["usage"] = {"prompt_tokens": n_in, "total_tokens": n_in, "completion_tokens": 0}
                     events.append(role)
@@ -516,9 +525,12 @@ class SimServer:
             await stamper.write(response, [b"data: " + _DUMPS(e).encode() + b"\n\n" for e in events])
         tail = []
         if params.include_usage:
-            final = {**head, "choices": [], "usage": {"prompt_tokens": n_in, "total_tokens": n_in + produced,
-                                                      "completion_tokens": produced},
-                     "system_fingerprint": self.fingerprint}
+            final: dict[str, Any] = {
+                **head,
+                "choices": [],
+                "usage": {"prompt_tokens": n_in, "total_tokens": n_in + produced, "completion_tokens": produced},
+                "system_fingerprint": self.fingerprint,
+            }
             tail.append(b"data: " + _DUMPS(final).encode() + b"\n\n")
         await stamper.write(response, [*tail, b"data: [DONE]\n\n"])
         await response.write_eof()
