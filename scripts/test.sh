@@ -14,4 +14,6 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 python3 -m pip install -q -e '.[test]'
+python3 -m ruff check .  # lint first (config: pyproject.toml): either failing fails the run
+python3 -m mypy
 exec python3 -m pytest "$@"
