@@ -39,9 +39,9 @@ def report(
 
     # Not RESULTS_DIR/report.html: a command that reads a directory does not write into it unless
     # asked (a committed results directory's report.html was rewritten by a first look at it).
-    results_dirs, results_dir = results_dir, results_dir[0]
+    results_dirs, first_dir = results_dir, results_dir[0]
     offloaded = offloaded or None
-    target = out or default_report_path(results_dir)
+    target = out or default_report_path(first_dir)
     paths = [path for directory in results_dirs for path in record_paths(directory)]
     off_paths = [path for directory in offloaded or [] for path in record_paths(directory)]
     # one tick per record, then table, fits, criteria, plots, html
@@ -56,7 +56,7 @@ def report(
             from pdexporter.analysis.plots import passive_convergence
 
             reference = injected_values(injected) if injected is not None else None
-            analysis = analyse_passive(analysis, load_passive_events([results_dir]), injected=reference)
+            analysis = analyse_passive(analysis, load_passive_events([first_dir]), injected=reference)
             if analysis.passive is not None:
                 plots.append(passive_convergence(analysis.passive.convergence, analysis.modelled))
         tick("plots")

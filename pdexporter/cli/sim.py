@@ -39,41 +39,99 @@ def _line(text: str) -> None:
 
 @sim_app.command("serve")
 def serve(
-    profile: Annotated[str | None, typer.Option(
-        "--profile", help="Profile name or YAML path (default: the imitated engine's: "
-                          f"h200-sglang0.5.15-qwen3-coder-30b-a3b with --engine sglang, else {DEFAULT_PROFILE}).")] = None,
-    chunk_size: Annotated[int | None, typer.Option(
-        "--chunk-size", "--max-num-batched-tokens", "--chunked-prefill-size", "-B", min=1,
-        help="Token budget per step (tokens; vLLM's --max-num-batched-tokens and SGLang's --chunked-prefill-size "
-             "are accepted too: this command stands in for `vllm serve` and SGLang's launch_server).")] = None,
-    engine: Annotated[str, typer.Option(
-        "--engine", help="The engine it imitates: vllm (API, metrics, step log, scheduling) or sglang (SGLang "
-                         "0.5.15's: /server_info, sglang:* metrics, Prefill/Decode batch lines, a chunk before the "
-                         "paused decodes). docs/engines.md")] = "vllm",
-    enable_mixed_chunk: Annotated[bool, typer.Option(
-        "--enable-mixed-chunk", help="With --engine sglang: the decodes join each chunk's step and the chunk "
-                                     "shrinks by their number (SGLang's flag).")] = False,
-    decode_log_interval: Annotated[int, typer.Option(
-        "--decode-log-interval", min=1, help="With --engine sglang: log every N-th decode step (SGLang's flag; "
-                                             "its default 40; pdexporter needs 1).")] = 40,
-    enable_metrics: Annotated[bool, typer.Option(
-        "--enable-metrics", help="With --engine sglang: serve /metrics (SGLang's flag; vLLM always does).")] = False,
-    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", min=1, help="Most requests running at once (vLLM's --max-num-seqs).")] = None,
-    long_prefill_token_threshold: Annotated[int | None, typer.Option(
-        "--long-prefill-token-threshold", min=0, help="Cap on one request's tokens per step (tokens; 0: none).")] = None,
-    kv_role: Annotated[str, typer.Option(
-        "--kv-role", help="none | decode-bench (every new request's KV filled, 1-token admission) | prefill (answers "
-                          "kv_transfer_params) | decode (waits for a modelled KV transfer). docs/disaggregation.md")] = "none",
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            help="Profile name or YAML path (default: the imitated engine's: "
+            f"h200-sglang0.5.15-qwen3-coder-30b-a3b with --engine sglang, else {DEFAULT_PROFILE}).",
+        ),
+    ] = None,
+    chunk_size: Annotated[
+        int | None,
+        typer.Option(
+            "--chunk-size",
+            "--max-num-batched-tokens",
+            "--chunked-prefill-size",
+            "-B",
+            min=1,
+            help="Token budget per step (tokens; vLLM's --max-num-batched-tokens and SGLang's --chunked-prefill-size "
+            "are accepted too: this command stands in for `vllm serve` and SGLang's launch_server).",
+        ),
+    ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="The engine it imitates: vllm (API, metrics, step log, scheduling) or sglang (SGLang "
+            "0.5.15's: /server_info, sglang:* metrics, Prefill/Decode batch lines, a chunk before the "
+            "paused decodes). docs/engines.md",
+        ),
+    ] = "vllm",
+    enable_mixed_chunk: Annotated[
+        bool,
+        typer.Option(
+            "--enable-mixed-chunk",
+            help="With --engine sglang: the decodes join each chunk's step and the chunk "
+            "shrinks by their number (SGLang's flag).",
+        ),
+    ] = False,
+    decode_log_interval: Annotated[
+        int,
+        typer.Option(
+            "--decode-log-interval",
+            min=1,
+            help="With --engine sglang: log every N-th decode step (SGLang's flag; "
+            "its default 40; pdexporter needs 1).",
+        ),
+    ] = 40,
+    enable_metrics: Annotated[
+        bool,
+        typer.Option(
+            "--enable-metrics", help="With --engine sglang: serve /metrics (SGLang's flag; vLLM always does)."
+        ),
+    ] = False,
+    max_num_seqs: Annotated[
+        int | None, typer.Option("--max-num-seqs", min=1, help="Most requests running at once (vLLM's --max-num-seqs).")
+    ] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None,
+        typer.Option(
+            "--long-prefill-token-threshold", min=0, help="Cap on one request's tokens per step (tokens; 0: none)."
+        ),
+    ] = None,
+    kv_role: Annotated[
+        str,
+        typer.Option(
+            "--kv-role",
+            help="none | decode-bench (every new request's KV filled, 1-token admission) | prefill (answers "
+            "kv_transfer_params) | decode (waits for a modelled KV transfer). docs/disaggregation.md",
+        ),
+    ] = "none",
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="0 picks a free port.")] = 8000,
-    ready_file: Annotated[Path | None, typer.Option(
-        "--ready-file", help="Write {url, gpu, version, cuda_graphs, pid} here (atomically) once listening.")] = None,
-    otlp_traces_endpoint: Annotated[str | None, typer.Option(
-        "--otlp-traces-endpoint", help="Send one vLLM-shaped `llm_request` span per finished request here "
-        "(OTLP/HTTP protobuf), as vLLM's flag does.")] = None,
-    host_speed: Annotated[str, typer.Option(
-        "--host-speed", help="nominal | slow: the engine core's CPU costs as the profile's nominal host, or x "
-                             "host.slow_factor (a slow-host episode, docs/sim.md)")] = "nominal",
+    ready_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--ready-file", help="Write {url, gpu, version, cuda_graphs, pid} here (atomically) once listening."
+        ),
+    ] = None,
+    otlp_traces_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-traces-endpoint",
+            help="Send one vLLM-shaped `llm_request` span per finished request here "
+            "(OTLP/HTTP protobuf), as vLLM's flag does.",
+        ),
+    ] = None,
+    host_speed: Annotated[
+        str,
+        typer.Option(
+            "--host-speed",
+            help="nominal | slow: the engine core's CPU costs as the profile's nominal host, or x "
+            "host.slow_factor (a slow-host episode, docs/sim.md)",
+        ),
+    ] = "nominal",
 ) -> None:
     """Serve vLLM's (or SGLang's) OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     from pdexporter._internal.atomic import atomic_write_json
@@ -111,8 +169,10 @@ def serve(
         if host_speed == "slow":
             role += f", slow host: CPU x {load_profile(profile).host.slow_factor:.2f}"
         role += f", imitating {imitates}" if imitates != "vllm" else ""
-        _line(f"INFO pdexporter embedded engine (MODELLED, profile {prof.name}, calibration {prof.calibration}, "
-              f"max_num_batched_tokens {info['max_num_batched_tokens']}{role}) serving {info['model']} on {info['url']}")
+        _line(
+            f"INFO pdexporter embedded engine (MODELLED, profile {prof.name}, calibration {prof.calibration}, "
+            f"max_num_batched_tokens {info['max_num_batched_tokens']}{role}) serving {info['model']} on {info['url']}"
+        )
         _line("INFO Asynchronous scheduling is enabled." if prof.engine.async_scheduling else
               "INFO Asynchronous scheduling is disabled.")
         if ready_file is not None:
@@ -157,24 +217,49 @@ def profiles() -> None:
 
 @sim_app.command("profile-from-config")
 def profile_from_config_cmd(
-    config: Annotated[str, typer.Argument(
-        help="A Hugging Face config.json (or the folder holding it), or a shipped one by name: "
-             "llama-3.1-8b-instruct, qwen3-8b, qwen3-coder-30b-a3b, mixtral-8x7b-instruct, deepseek-v2-lite-chat.")],
+    config: Annotated[
+        str,
+        typer.Argument(
+            help="A Hugging Face config.json (or the folder holding it), or a shipped one by name: "
+            "llama-3.1-8b-instruct, qwen3-8b, qwen3-coder-30b-a3b, mixtral-8x7b-instruct, deepseek-v2-lite-chat."
+        ),
+    ],
     gpu: Annotated[str, typer.Option("--gpu", help="H200, H100, H20, A100 or L40S (datasheet figures).")] = "H200",
-    out: Annotated[Path | None, typer.Option(
-        "--out", help="Write the profile here (default: <user profile dir>/<name>.yaml, found by --profile NAME).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Write the profile here (default: <user profile dir>/<name>.yaml, found by --profile NAME)."
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option("--name", help="Profile name (default: <gpu>-<model>).")] = None,
-    model_name: Annotated[str | None, typer.Option(
-        "--served-model-name", help="Model name the engine serves (default: the config's folder or file name).")] = None,
-    max_model_len: Annotated[int | None, typer.Option("--max-model-len", min=1, help="Tokens (default: the "
-                                                      "config's max_position_embeddings, at most the KV capacity).")] = None,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", "-B", min=1,
-                                            help="Default max_num_batched_tokens (tokens).")] = 8192,
-    dummy_weights: Annotated[bool, typer.Option(
-        "--dummy-weights", help="Route generated tokens as vLLM's --load-format dummy weights do (a few experts), "
-                                "for comparing with a dummy-weight sweep; default: real weights' routing.")] = False,
-    carry_from: Annotated[str, typer.Option(
-        "--from", help="Calibrated profile whose efficiencies and host costs are carried over.")] = DEFAULT_PROFILE,
+    model_name: Annotated[
+        str | None,
+        typer.Option(
+            "--served-model-name", help="Model name the engine serves (default: the config's folder or file name)."
+        ),
+    ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-model-len",
+            min=1,
+            help="Tokens (default: the config's max_position_embeddings, at most the KV capacity).",
+        ),
+    ] = None,
+    chunk_size: Annotated[
+        int, typer.Option("--chunk-size", "-B", min=1, help="Default max_num_batched_tokens (tokens).")
+    ] = 8192,
+    dummy_weights: Annotated[
+        bool,
+        typer.Option(
+            "--dummy-weights",
+            help="Route generated tokens as vLLM's --load-format dummy weights do (a few experts), "
+            "for comparing with a dummy-weight sweep; default: real weights' routing.",
+        ),
+    ] = False,
+    carry_from: Annotated[
+        str, typer.Option("--from", help="Calibrated profile whose efficiencies and host costs are carried over.")
+    ] = DEFAULT_PROFILE,
 ) -> None:
     """Project a profile for a model on a GPU from its config.json: shapes from the config, peaks from the
     datasheet, efficiencies and host costs carried over from a calibrated profile. Numbers are a projection."""
@@ -198,7 +283,9 @@ def profile_from_config_cmd(
     atomic_write_text(target, prof.to_yaml())
     m, e = prof.model, prof.engine
     console = Console(width=None if sys.stdout.isatty() else 130)  # the result: stdout
-    console.print(f"[bold]{prof.name}[/]: calibration [yellow]{prof.calibration.upper()}[/] (never measured) -> {target}")
+    console.print(
+        f"[bold]{prof.name}[/]: calibration [yellow]{prof.calibration.upper()}[/] (never measured) -> {target}"
+    )
     console.print(f"  {m.architecture}: {m.num_layers} layers, {m.total_params / 1e9:.2f} B parameters "
                   f"({m.active_params / 1e9:.2f} B active), {m.weights_bytes / 2**30:.1f} GiB of weights, "
                   f"KV {m.kv_bytes_per_token / 1024:g} KiB a token, capacity {e.kv_capacity_tokens:,} tokens, "
@@ -230,37 +317,85 @@ def calibrate_cmd(
     results_dir: Annotated[Path, typer.Argument(help="A results directory: {chunk}/D{d}_P{p}.json records.")],
     profile: Annotated[str, typer.Option("--profile", help="Base profile (its GPU, model, engine).")] = DEFAULT_PROFILE,
     out: Annotated[Path | None, typer.Option("--out", help="Write the fitted profile (YAML) here.")] = None,
-    holdout: Annotated[float, typer.Option("--holdout", min=0.0, max=0.9,
-                                           help="Fraction of configurations kept out of the fit and predicted.")] = 0.2,
-    train_grid: Annotated[Path | None, typer.Option(
-        "--train-grid", help="Fit on the configurations of this sweep file's grid (e.g. sweeps/calibrate-short.yaml) "
-                             "and predict every other record (replaces --holdout).")] = None,
-    train_reps: Annotated[int | None, typer.Option(
-        "--train-reps", min=1, help="Fit on the first N repetitions of each training record only (what a shorter "
-                                    "sweep would have measured).")] = None,
-    also_predict: Annotated[list[Path] | None, typer.Option(
-        "--also-predict", help="Another results directory to predict with the fitted profile (configurations of "
-                               "another run; repeatable).")] = None,
-    tolerance: Annotated[float, typer.Option(
-        "--tolerance", min=0.0, help="A fit is refused when it predicts the held-out configurations worse than the "
-                                     "base by more than this (points of MAPE).")] = 1.0,
-    free: Annotated[str | None, typer.Option(
-        "--free", help="Comma-separated parameters to fit (default: the GPU's, then the CPU's and the loop's).")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=10,
-                                        help="Alternations of the step fit and the engine-loop fit.")] = 2,
-    max_evaluations: Annotated[int, typer.Option(
-        "--max-evaluations", min=1,
-        help="Simulated sweeps per engine-loop fit, its finite differences included (each predicts every "
-             "training point).")] = 24,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=0,
-                                      help="Worker processes for the simulations (0: one per CPU).")] = 0,
-    generalisation: Annotated[bool, typer.Option(
-        "--generalisation", help="Also refit with each chunk size and each D left out and predict it.")] = False,
-    accept_worse: Annotated[bool, typer.Option(
-        "--accept-worse", help="Write the fit even if it predicts the held-out configurations worse than the base "
-                               "(labelled calibrated-worse-than-base).")] = False,
-    report: Annotated[Path | None, typer.Option(
-        "--report", help="Write every figure (parameters, fit errors, held-out errors per configuration) as JSON.")] = None,
+    holdout: Annotated[
+        float,
+        typer.Option(
+            "--holdout", min=0.0, max=0.9, help="Fraction of configurations kept out of the fit and predicted."
+        ),
+    ] = 0.2,
+    train_grid: Annotated[
+        Path | None,
+        typer.Option(
+            "--train-grid",
+            help="Fit on the configurations of this sweep file's grid (e.g. sweeps/calibrate-short.yaml) "
+            "and predict every other record (replaces --holdout).",
+        ),
+    ] = None,
+    train_reps: Annotated[
+        int | None,
+        typer.Option(
+            "--train-reps",
+            min=1,
+            help="Fit on the first N repetitions of each training record only (what a shorter "
+            "sweep would have measured).",
+        ),
+    ] = None,
+    also_predict: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--also-predict",
+            help="Another results directory to predict with the fitted profile (configurations of "
+            "another run; repeatable).",
+        ),
+    ] = None,
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tolerance",
+            min=0.0,
+            help="A fit is refused when it predicts the held-out configurations worse than the "
+            "base by more than this (points of MAPE).",
+        ),
+    ] = 1.0,
+    free: Annotated[
+        str | None,
+        typer.Option(
+            "--free", help="Comma-separated parameters to fit (default: the GPU's, then the CPU's and the loop's)."
+        ),
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, max=10, help="Alternations of the step fit and the engine-loop fit.")
+    ] = 2,
+    max_evaluations: Annotated[
+        int,
+        typer.Option(
+            "--max-evaluations",
+            min=1,
+            help="Simulated sweeps per engine-loop fit, its finite differences included (each predicts every "
+            "training point).",
+        ),
+    ] = 24,
+    jobs: Annotated[
+        int, typer.Option("--jobs", "-j", min=0, help="Worker processes for the simulations (0: one per CPU).")
+    ] = 0,
+    generalisation: Annotated[
+        bool,
+        typer.Option("--generalisation", help="Also refit with each chunk size and each D left out and predict it."),
+    ] = False,
+    accept_worse: Annotated[
+        bool,
+        typer.Option(
+            "--accept-worse",
+            help="Write the fit even if it predicts the held-out configurations worse than the base "
+            "(labelled calibrated-worse-than-base).",
+        ),
+    ] = False,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            "--report", help="Write every figure (parameters, fit errors, held-out errors per configuration) as JSON."
+        ),
+    ] = None,
 ) -> None:
     """Fit a profile to measured records and report the emulator's error on held-out configurations."""
     import os
@@ -373,22 +508,42 @@ def calibrate_cmd(
 
     worse = result.worse(tolerance)
     payload: dict[str, object] = {
-        "results_dir": str(results_dir), "base_profile": base.name, "holdout": holdout, "mode": mode,
-        "train_grid": str(train_grid) if train_grid is not None else None, "train_reps": train_reps,
-        "tolerance": tolerance, "host": result.profile.host.model_dump(),
-        "slow_host_train": sorted(map(list, result.slow_keys)), "slow_host_held_out": sorted(map(list, result.held_slow)),
-        "free": names, "rounds": result.rounds, "max_evaluations": max_evaluations, "jobs": workers,
-        "parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop", "host")
-                       for name, value in getattr(result.profile, section).model_dump().items()},
-        "base_parameters": {f"{section}.{name}": value for section in ("step_time", "engine_loop", "host")
-                            for name, value in getattr(base, section).model_dump().items()},
+        "results_dir": str(results_dir),
+        "base_profile": base.name,
+        "holdout": holdout,
+        "mode": mode,
+        "train_grid": str(train_grid) if train_grid is not None else None,
+        "train_reps": train_reps,
+        "tolerance": tolerance,
+        "host": result.profile.host.model_dump(),
+        "slow_host_train": sorted(map(list, result.slow_keys)),
+        "slow_host_held_out": sorted(map(list, result.held_slow)),
+        "free": names,
+        "rounds": result.rounds,
+        "max_evaluations": max_evaluations,
+        "jobs": workers,
+        "parameters": {
+            f"{section}.{name}": value
+            for section in ("step_time", "engine_loop", "host")
+            for name, value in getattr(result.profile, section).model_dump().items()
+        },
+        "base_parameters": {
+            f"{section}.{name}": value
+            for section in ("step_time", "engine_loop", "host")
+            for name, value in getattr(base, section).model_dump().items()
+        },
         "train_configurations": sorted(map(list, result.train_keys)),
         "held_out_configurations": sorted(map(list, result.held_keys)),
-        "stage1": {"n": result.fit.n, "mape": result.fit.mape, "by_kind": result.fit.by_kind,
-                   "base_mape": result.before[0], "base_by_kind": result.before[3],
-                   "held_out_mape": result.held_step_mape, "held_out_base_mape": result.held_step_mape_before},
-        "stage2": None if result.loop is None else {"rms_log": result.loop.rms_log,
-                                                    "evaluations": result.simulations},
+        "stage1": {
+            "n": result.fit.n,
+            "mape": result.fit.mape,
+            "by_kind": result.fit.by_kind,
+            "base_mape": result.before[0],
+            "base_by_kind": result.before[3],
+            "held_out_mape": result.held_step_mape,
+            "held_out_base_mape": result.held_step_mape_before,
+        },
+        "stage2": None if result.loop is None else {"rms_log": result.loop.rms_log, "evaluations": result.simulations},
         "decode_steps": decode_rows,
         "timings_s": timings,
         "simulated_groups": simulator.simulated,
@@ -515,11 +670,19 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
 
     fit = Table(title="stage 1: step times of the training configurations (decode steps, middle chunks)")
     justify: JustifyMethod
-    for col, justify in (("profile", "left"), ("n", "right"), ("MAPE", "right"), ("worst", "right"), ("by kind", "left")):
+    for col, justify in (
+        ("profile", "left"),
+        ("n", "right"),
+        ("MAPE", "right"),
+        ("worst", "right"),
+        ("by kind", "left"),
+    ):
         fit.add_column(col, justify=justify)
     b_mape, _, b_max, b_kinds = result.before
     r = result.fit
-    fit.add_row("base", str(r.n), f"{b_mape:.1f} %", f"{b_max:.1f} %", ", ".join(f"{k} {v:.1f} %" for k, v in b_kinds.items()))
+    fit.add_row(
+        "base", str(r.n), f"{b_mape:.1f} %", f"{b_max:.1f} %", ", ".join(f"{k} {v:.1f} %" for k, v in b_kinds.items())
+    )
     fit.add_row("fitted", str(r.n), f"{r.mape:.1f} %", f"{r.max_ape:.1f} %",
                 ", ".join(f"{k} {v:.1f} %" for k, v in r.by_kind.items()))
     screen.print(fit)

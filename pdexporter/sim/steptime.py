@@ -244,7 +244,9 @@ class StepTimeModel:
         self._p = p.roofline_sharpness
         # seconds per token through the dense and the expert weights, per sampled logit row
         self._dense_s_per_tok = 2.0 * m.dense_params / (gemm_peak * p.matmul_efficiency)
-        self._moe_s_per_tok = 2.0 * m.moe_layers * m.experts_per_token * m.expert_params / (gemm_peak * p.moe_efficiency)
+        self._moe_s_per_tok = (
+            2.0 * m.moe_layers * m.experts_per_token * m.expert_params / (gemm_peak * p.moe_efficiency)
+        )
         self._lm_s_per_row = 2.0 * m.lm_head_params / (peak * p.matmul_efficiency)
         self._dense_bytes_s = m.dense_params * wb / bw
         self._lm_bytes_s = m.lm_head_params * wb / bw
@@ -302,7 +304,9 @@ class StepTimeModel:
     def _terms(self, comp: StepComposition, tokens: int) -> tuple[float, float, float, float, float]:
         experts = self.experts_touched(tokens, comp.decode_tokens)
         w_compute = tokens * (self._dense_s_per_tok + self._moe_s_per_tok) + comp.num_sampled * self._lm_s_per_row
-        w_memory = self._dense_bytes_s + experts * self._expert_bytes_s + (self._lm_bytes_s if comp.num_sampled else 0.0)
+        w_memory = (
+            self._dense_bytes_s + experts * self._expert_bytes_s + (self._lm_bytes_s if comp.num_sampled else 0.0)
+        )
         a_compute = ((comp.attention_pairs - comp.prefix_pairs) * self._attn_s_per_pair
                      + comp.prefix_pairs * self._prefix_s_per_pair)
         a_memory = comp.kv_read_tokens * self._kv_s_per_token
