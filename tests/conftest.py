@@ -25,3 +25,22 @@ def vllm_sse_bytes() -> bytes:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's `--dist loadgroup` (scripts/test.sh): the tests of a module that
+    shares a module-scoped fixture (an engine, a Prometheus, a recorded exporter session) run on
+    one worker, so that fixture is set up once; every other test goes wherever a worker is free."""
+    if not getattr(config.option, "loadgroup", False):  # xdist sets it on its workers for --dist loadgroup
+        return
+    tests_dir = Path(__file__).parent
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None or item.get_closest_marker("xdist_group") is not None:
+            continue
+        for defs in info.name2fixturedefs.values():
+            if any(d.scope in ("module", "class", "package") and tests_dir in Path(d.func.__code__.co_filename).parents
+                   for d in defs):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+                break

@@ -19,7 +19,7 @@ from pdexporter.launch import EngineHandle, SimLauncher
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.sim.server import PREV_WRITTEN_KEY, SEND_STAMPS_HEADER, send_stamps, sent_ns
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # run alone (scripts/test.sh)
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 PROMPT = list(range(1000, 1064))

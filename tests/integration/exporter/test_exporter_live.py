@@ -36,7 +36,7 @@ from tests.helpers import free_port
 from tests.integration.exporter.exporter_realparts import OtlpReceiver, attributes
 from tests.prometheus_server import PrometheusServer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # run alone (scripts/test.sh)
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 D, B, P = 4, 2048, 5000  # ceil(5000 / (2048 - 4)) = 3 chunks

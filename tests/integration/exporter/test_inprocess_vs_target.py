@@ -25,7 +25,7 @@ from pdexporter.measure.sim_driver import SimDriver
 from pdexporter.measure.store import ResultsStore
 from tests.helpers import free_port, stop_process
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # run alone (scripts/test.sh)
 
 B, D, P = 8192, 4, 32768
 

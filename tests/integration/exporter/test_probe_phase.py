@@ -21,7 +21,7 @@ from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
 from pdexporter.launch import SimLauncher
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # run alone (scripts/test.sh)
 
 D, TOKENS = 12, 96
 

@@ -27,7 +27,7 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.sim.profile import load_profile
 from pdexporter.sim.steptime import StepTimeModel
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realtime]  # run alone (scripts/test.sh)
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
 

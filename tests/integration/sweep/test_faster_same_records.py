@@ -72,6 +72,7 @@ class NoCancelHttpProvider(LauncherProvider):
         return NoCancelDriver(await super().open(chunk_size))
 
 
+@pytest.mark.realtime  # run alone (scripts/test.sh)
 def test_in_real_time_over_http_the_numbers_agree_within_noise(tmp_path: Path) -> None:
     """The same grid through `pdexporter sim serve` (real time, HTTP), used probe sets drained vs
     cancelled: each configuration's median penalty and prefill duration agree within the noise

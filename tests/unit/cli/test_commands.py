@@ -1,0 +1,49 @@
+"""`pdexporter COMMAND` imports only that command's module (each test that starts the CLI paid ~1 s of
+CPU for the thirteen others), and `pdexporter.cli.app` still has every command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import typer.main
+
+from pdexporter import cli
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_every_command_module_is_listed_and_registers_its_name() -> None:
+    modules = {
+        p.stem
+        for p in (ROOT / "pdexporter" / "cli").glob("*.py")
+        if not p.stem.startswith("_") and "\ndef register(" in p.read_text()
+    }
+    assert set(cli.COMMANDS.values()) == modules
+    for name in cli.COMMANDS:
+        assert set(typer.main.get_command(cli.command_app(name)).commands) == {name}  # type: ignore[attr-defined]
+    assert set(typer.main.get_command(cli.app).commands) == set(cli.COMMANDS)  # type: ignore[attr-defined]
+
+
+def test_a_command_imports_only_its_own_module() -> None:
+    probe = (
+        "import sys\nfrom pdexporter.cli import main\n"
+        "try:\n    main(['measure', '--help'])\nexcept SystemExit:\n    pass\n"
+        "import json; print(json.dumps(sorted(m for m in sys.modules if m.startswith('pdexporter.cli.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out.strip().splitlines()[-1])
+    assert "pdexporter.cli.measure" in loaded
+    assert not {f"pdexporter.cli.{m}" for m in cli.COMMANDS.values() if m != "measure"} & set(loaded), loaded
+
+
+def test_the_root_and_unknown_words_get_every_command() -> None:
+    assert cli._command_of(["--help"]) is None
+    assert cli._command_of(["nosuch", "--help"]) is None
+    assert cli._command_of(["--version"]) is None
+    assert cli._command_of(["sim", "serve", "--port", "0"]) == "sim"
+    assert cli._command_of(["export-table", "results"]) == "export-table"
