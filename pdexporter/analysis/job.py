@@ -126,10 +126,10 @@ def load_joined(results_dirs: Sequence[str | Path], tick: Tick | None = None, *,
                 if not pool:
                     raise RecordError(f"B={b} D={d} P={p} is in both {seen[sample.key]} and {where}: "
                                       "join results directories of different grid points (or pool them)")
-                for field in ("engine", "gpu", "model", "arm", "kv_connector"):
-                    if getattr(first, field) != getattr(sample, field):
-                        raise RecordError(f"B={b} D={d} P={p}: {field} {getattr(first, field)!r} in "
-                                          f"{seen[sample.key]} but {getattr(sample, field)!r} in {where}: "
+                for attr in ("engine", "gpu", "model", "arm", "kv_connector"):
+                    if getattr(first, attr) != getattr(sample, attr):
+                        raise RecordError(f"B={b} D={d} P={p}: {attr} {getattr(first, attr)!r} in "
+                                          f"{seen[sample.key]} but {getattr(sample, attr)!r} in {where}: "
                                           "only measurements of one setup pool")
                 steps = first.steps + sample.steps if len(first.steps) == len(first.reps) and \
                     len(sample.steps) == len(sample.reps) else ()
