@@ -17,7 +17,7 @@ from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ProbeState
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind, set_up
 from pdexporter.exporter.probes import FINISHED, STARTED, Lifecycle, ProbeLoop, drain
-from pdexporter.exporter.status import STALL_S, up_reason
+from pdexporter.exporter.status import RESTART_GRACE_S, STALL_S, up_reason
 from pdexporter.exporter.tracing import NoTracing, Tracing
 from pdexporter.measure.protocol import InterferenceRun
 from pdexporter.measure.window import stream_phases
@@ -45,6 +45,7 @@ class ProbeBook:
         self.phase_of: Callable[[float], str] | None = None
         self._last_token_s = time.monotonic()
         self.last_error: BaseException | None = None  # of the last probe that failed, until a token comes
+        self._ended_well_s: dict[int, float] = {}  # slot -> when its stream ended well, until its successor
 
     def healthy(self) -> bool:
         return self.probes is not None and self.probes.alive and self.probes.fatal is None
@@ -84,17 +85,22 @@ class ProbeBook:
                 state.attempt_seen = attempt
                 self.last_error = attempt  # cleared by the next token, from any probe
         going = sum(1 for s in self.live.values() if not s.stream.done)
-        now_ns = time.perf_counter_ns()
+        now_ns, now_s = time.perf_counter_ns(), time.monotonic()
         stalled = sum(1 for s in self.live.values() if _silent_ns(s, now_ns) >= STALL_S * 1e9)
+        # A stream that ended well (its end not drained yet, or its successor not started yet) is a
+        # normal hand-over for `RESTART_GRACE_S`, not a missing probe.
+        handing_over = sum(1 for s in self.live.values() if s.stream.done and s.stream.error is None)
+        handing_over += sum(1 for t in self._ended_well_s.values() if now_s - t < RESTART_GRACE_S)
         set_up(self.metrics, "stopping" if self.stopping else up_reason(
             open_probes=going, wanted=self.config.probe_streams,
-            seconds_since_token=time.monotonic() - self._last_token_s, probe_thread_ok=self.healthy(),
-            last_error=self.last_error, stalled_probes=stalled))
+            seconds_since_token=now_s - self._last_token_s, probe_thread_ok=self.healthy(),
+            last_error=self.last_error, stalled_probes=stalled, handing_over=handing_over))
 
     # --- labels ----------------------------------------------------------------------------
 
     def _lifecycle(self, item: Lifecycle) -> None:
         if item.kind == STARTED:
+            self._ended_well_s.pop(item.slot, None)
             self.live[item.slot] = ProbeState(item.slot, item.stream)
             self.metrics.probe_streams_started.inc()
         elif item.kind == FINISHED:
@@ -105,6 +111,8 @@ class ProbeBook:
             if item.stream.error is not None and not self.stopping:
                 self.metrics.errors.labels(kind=error_kind(item.stream.error)).inc()
                 self.last_error = item.stream.error
+            elif item.stream.done and item.stream.error is None:
+                self._ended_well_s[item.slot] = time.monotonic()
             self.end_stream(state, cancelled=not item.stream.done)
             del self.live[item.slot]
             self.finished.append(state)

@@ -34,6 +34,7 @@ def test_up_reason_while_the_probes_run() -> None:
     ok = dict(open_probes=4, wanted=4, seconds_since_token=0.1, probe_thread_ok=True, last_error=None)
     assert up_reason(**ok) == "ok"
     assert up_reason(**{**ok, "open_probes": 3}) == "probes-restarting"
+    assert up_reason(**{**ok, "open_probes": 3, "handing_over": 1}) == "ok"  # a probe between two streams
     assert up_reason(**{**ok, "seconds_since_token": STALL_S + 1}) == "probes-stalled"
     assert up_reason(**{**ok, "open_probes": 0, "last_error": EngineRefused("x")}) == "engine-unreachable"
     # A failure since the last token wins over "ok" (the book clears it at the next token): an
