@@ -569,13 +569,7 @@ class Scheduler:
                 n = min(n, budget)
                 if not kv.allocate_slots(request, n, hit_blocks, hit_tokens):
                     break
-                self.waiting.popleft()
-                running.append(request)
-                request.status = RequestStatus.RUNNING
-                request.num_computed_tokens = hit_tokens
-                if request.num_cached_tokens < 0:
-                    request.num_cached_tokens = hit_tokens
-                scheduled.append(self._entry(request, n, hit_tokens))
+                scheduled.append(self._admit(request, n, hit_tokens))
                 budget -= n
 
         return self._output(scheduled, cfg.max_num_batched_tokens - budget, preempted, fill, started_loads)
@@ -686,6 +680,17 @@ class Scheduler:
     def num_loading(self) -> int:
         """Requests waiting for their KV (WAITING_FOR_REMOTE_KVS)."""
         return sum(1 for r in self.waiting if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS)
+
+    def _admit(self, request: Request, n: int, hit_tokens: int) -> ScheduledRequest:
+        """Move the head of the waiting queue to the running list, its prefix-cache hit already
+        computed; its entry in this step (`n` new tokens)."""
+        self.waiting.popleft()
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = hit_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = hit_tokens
+        return self._entry(request, n, hit_tokens)
 
     @staticmethod
     def _entry(request: Request, n: int, computed_before: int) -> ScheduledRequest:

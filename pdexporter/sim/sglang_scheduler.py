@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 from pdexporter.sim.scheduler import (
     Request,
-    RequestStatus,
     ScheduledRequest,
     Scheduler,
     SchedulerConfig,
@@ -87,13 +86,7 @@ class SglangScheduler(Scheduler):
             n = min(remaining, budget)
             if not kv.allocate_slots(request, n, hit_blocks, hit_tokens):
                 break
-            self.waiting.popleft()
-            running.append(request)
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = hit_tokens
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = hit_tokens
-            scheduled.append(self._entry(request, n, hit_tokens))
+            scheduled.append(self._admit(request, n, hit_tokens))
             budget -= n
             chunking = n < remaining  # it is the half-done request from now on
         if not scheduled:
