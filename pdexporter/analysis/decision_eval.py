@@ -19,7 +19,7 @@ features, so no time it gives can be negative, and each grows where the physics 
   1,024 tokens cost the decodes ~45 ms per step on the H200, one that fits a graph a few ms).
 - **Colocated decodes' loss** (the seed's aggregate interference), per decode stream: each chunk
   step costs pi_k = max(alpha0 + alpha1 D, compute0 + gamma c_k + beta q_k) run eagerly (the
-  host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph
+  host's kernel launches or the GPU's work, whichever takes longer), or graph0 + kappa c_k as a graph
   (q_k: the chunk's query x context pairs, attention over the prefix), plus the engine's stalls
   around the prefill sigma0 + sigma1 P; times D for the batch.
 - **Colocated TTFT**: the chunk steps and the request's own overheads, a linear model in
@@ -167,7 +167,8 @@ def colocated_cost(doc, ctx, coefficients=None):
     """(aggregate interference over the D decodes, token-weighted mean extra of a chunk step), ms.
     A chunk step launched eagerly costs each decode max(alpha0 + alpha1 D, compute0 + gamma c +
     beta q): the host's launches or the GPU's work, whichever takes longer; one replayed as a CUDA
-    graph kappa c (taken as an eager one where the document has no measured kappa)."""
+    graph graph0 + kappa c (taken as an eager one where the document has no measured kappa; graph0 is
+    0 in documents written before it was a term)."""
     model = doc["model"]
     d = ctx["d"]
     if model["name"] == "seed_per_chunk":
@@ -179,13 +180,14 @@ def colocated_cost(doc, ctx, coefficients=None):
     launch = max(0.0, k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d)
     compute0, gamma, beta = k.get("compute0_ms", 0.0), k["gamma_ms_per_token"], k["beta_ms_per_token_pair"]
     kappa = k.get("kappa_graph_ms_per_token")
+    graph0 = k.get("graph0_ms") or 0.0
     budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]
     if ctx["full_graph"] and kappa is not None:
-        full_sum = kappa * budget * full
+        full_sum = (graph0 if full else 0.0) + kappa * budget * full  # graph0: the step that admits the request
     else:
         full_sum = _eager_sum(launch, compute0, gamma, beta, budget, full)
     if ctx["tail_graph"] and kappa is not None:
-        tail_pi = kappa * tail
+        tail_pi = kappa * tail + (graph0 if full == 0 else 0.0)
     else:
         tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
     per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * ctx["p_tokens"]

@@ -27,12 +27,15 @@ Context-aware model ("context_aware")
         launched eagerly (more tokens than the engine's largest CUDA graph):
             pi_k = max(0, alpha0 + alpha1 * D) + gamma * c_k + beta * q_k
         replayed as a CUDA graph (a small chunk, e.g. <= 512 tokens with the decodes on vLLM 0.22):
-            pi_k = kappa * c_k
+            pi_k = graph0 + kappa * c_k
 
     alpha0 + alpha1 * D: the fixed extra of an eager step (its kernel launches, weights and MoE
     experts a large chunk pulls in that D decode tokens alone would not; it shrinks as D grows);
     gamma: per prefill token through the weights; beta: per query-context pair of attention;
-    kappa: per prefill token of a graph step (no launch cost). Summed over the chunks,
+    graph0 + kappa c: a graph step that carries a prefill chunk (no eager launches, but not the
+    decode-only graph either: on the H200 a 64- to 384-token prompt cost each decode 10-15 ms
+    whatever its length, where kappa c alone said 2-15 ms, and a prompt one tail past a chunk
+    boundary pays such a step too). Summed over the chunks,
 
         C = D x [ sum_k pi_k + sigma0 + sigma1 P ]
 
@@ -269,10 +272,11 @@ class CostModel(Protocol):
 
 
 CONTEXT_NAMES = ("alpha0_ms", "alpha1_ms_per_decode", "compute0_ms", "gamma_ms_per_token", "beta_ms_per_token_pair",
-                 "kappa_graph_ms_per_token", "sigma0_ms", "sigma1_ms_per_token")
+                 "kappa_graph_ms_per_token", "sigma0_ms", "sigma1_ms_per_token", "graph0_ms")
 CONTEXT_UNITS = ("ms per eager mixed step", "ms per eager mixed step per decode stream", "ms per eager mixed step",
                  "ms per prefill token", "ms per query-context token pair", "ms per prefill token of a CUDA-graph step",
-                 "ms per prefill per decode stream", "ms per prefill token per decode stream")
+                 "ms per prefill per decode stream", "ms per prefill token per decode stream",
+                 "ms per CUDA-graph step carrying a prefill chunk")
 CONTEXT_MEANINGS = (
     "the host's launch floor of an eagerly launched step that carries a prefill chunk, over a decode step",
     "change of that launch floor per running decode",
@@ -282,6 +286,8 @@ CONTEXT_MEANINGS = (
     "cost of one prefill token in a step small enough to replay a CUDA graph (no launch cost)",
     "the engine's stalls around a prefill (admission, retirement) outside its chunk steps: fixed part",
     "those stalls' growth with the prompt (hashing its blocks, freeing its KV)",
+    "fixed extra of a CUDA-graph step that carries a prefill chunk (a small prompt, or a chunk schedule's tail), "
+    "over a decode step",
 )
 CONTEXT_IF_NEGATIVE = (
     "a step carrying a prefill chunk would cost less than the decode step it replaces",
@@ -292,6 +298,7 @@ CONTEXT_IF_NEGATIVE = (
     "a graph step would get cheaper with more tokens",
     "the engine's loop would run faster around a prefill than without one",
     "longer prompts would stall the engine's loop less",
+    "a graph step carrying a prefill chunk would cost less than a decode step",
 )
 UNMEASURED = "unmeasured"
 
@@ -315,6 +322,8 @@ class ContextAwareModel:
     kappa_graph_ms_per_token: float | None = None
     kappa_stderr: float | None = None
     n_graph_rows: int = 0
+    graph0_ms: float = 0.0  # the fixed extra of such a step (0 where no graph step was measured)
+    graph0_stderr: float | None = None
     # The GPU-bound side of an eager step: pi = max(launch floor, compute0 + gamma c + beta q)
     compute0_ms: float = 0.0
     compute0_stderr: float | None = None
@@ -329,8 +338,8 @@ class ContextAwareModel:
     rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
     formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * P); pi_k = max(alpha0 + alpha1 * D, "
-                    "compute0 + gamma * c_k + beta * q_k) for an eagerly launched step, kappa * c_k for a CUDA-graph "
-                    "step; chunks by the engine's rule (chunk_rule)")
+                    "compute0 + gamma * c_k + beta * q_k) for an eagerly launched step, graph0 + kappa * c_k for a "
+                    "CUDA-graph step; chunks by the engine's rule (chunk_rule)")
 
     @property
     def values(self) -> tuple[float, float, float, float]:
@@ -345,15 +354,17 @@ class ContextAwareModel:
         )
 
     def chunk_penalties_ms(self, d: int, chunks: Sequence[float]) -> np.ndarray:
-        """Each chunk step's extra per decode stream, in chunk order: kappa c as a CUDA graph (by the
-        engine's rule; the eager form where kappa was not measured), else the eager step's."""
+        """Each chunk step's extra per decode stream, in chunk order: graph0 + kappa c as a CUDA graph
+        (by the engine's rule; the eager form where kappa was not measured), else the eager step's."""
         c = np.asarray(chunks, np.float64)
         prefix = np.concatenate([[0.0], np.cumsum(c)[:-1]])
         eager = self.chunk_penalty_ms(d, c, prefix)
         if self.kappa_graph_ms_per_token is None:
             return eager
         graph = np.array([self.rule.graph_step(int(x), d) for x in c], dtype=bool)
-        return np.where(graph, self.kappa_graph_ms_per_token * c, eager)
+        first = np.zeros(c.size)
+        first[:1] = self.graph0_ms
+        return np.where(graph, first + self.kappa_graph_ms_per_token * c, eager)
 
     def document(self) -> dict[str, Any]:
         """What `decision_eval.colocated_cost` reads: this model and its chunk rule."""
@@ -381,6 +392,7 @@ class ContextAwareModel:
             self.kappa_graph_ms_per_token,
             self.sigma0_ms,
             self.sigma1_ms_per_token,
+            self.graph0_ms,
         )
         errors = (
             self.stderr[0],
@@ -390,6 +402,7 @@ class ContextAwareModel:
             self.stderr[3],
             self.kappa_stderr,
             *self.sigma_stderr,
+            self.graph0_stderr,
         )
         return [Coefficient(n, math.nan if v is None else float(v), None if s is None else float(s), u, m, w)
                 for n, v, s, u, m, w in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS,
@@ -544,10 +557,10 @@ class Design:
 # Per chunk step: eager (launched kernel by kernel), D's place in the fitted D range (0..1), chunk
 # tokens, attention pairs, CUDA-graph step, last step of the prefill, prompt tokens, and the regime
 # an eager step was found in (1: bound by the host's launches, 0: by the GPU's work).
-RAW_COLUMNS = ("eager", "d_weight", "tokens", "pairs", "graph", "last", "prompt_tokens", "launch_bound")
-_R_EAGER, _R_W, _R_C, _R_Q, _R_GRAPH, _R_LAST, _R_P, _R_LAUNCH = range(len(RAW_COLUMNS))
+RAW_COLUMNS = ("eager", "d_weight", "tokens", "pairs", "graph", "last", "prompt_tokens", "launch_bound", "first")
+_R_EAGER, _R_W, _R_C, _R_Q, _R_GRAPH, _R_LAST, _R_P, _R_LAUNCH, _R_FIRST = range(len(RAW_COLUMNS))
 DESIGN_COLUMNS = ("launch_at_d_lo", "launch_at_d_hi", "compute_fixed", "compute_tokens", "compute_pairs",
-                  "graph_tokens", "last_step", "last_step_prompt_tokens")
+                  "graph_tokens", "last_step", "last_step_prompt_tokens", "graph_admission")
 
 
 def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[float, float]) -> np.ndarray:
@@ -562,8 +575,10 @@ def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[floa
     w = 0.0 if hi <= lo else (d - lo) / (hi - lo)
     last = np.zeros(chunks.size)
     last[-1] = 1.0
+    first = np.zeros(chunks.size)
+    first[0] = 1.0
     return np.column_stack([1.0 - graph, np.full(chunks.size, w), chunks, attention_pairs(chunks, prefix), graph,
-                            last, np.full(chunks.size, float(chunks.sum())), np.zeros(chunks.size)])
+                            last, np.full(chunks.size, float(chunks.sum())), np.zeros(chunks.size), first])
 
 
 def _matrix(raw: np.ndarray, launch: np.ndarray) -> np.ndarray:
@@ -575,7 +590,8 @@ def _matrix(raw: np.ndarray, launch: np.ndarray) -> np.ndarray:
     cb = eager * (~launch)
     w = raw[:, _R_W]
     return np.column_stack([lb * (1.0 - w), lb * w, cb, cb * raw[:, _R_C], cb * raw[:, _R_Q],
-                            raw[:, _R_GRAPH] * raw[:, _R_C], raw[:, _R_LAST], raw[:, _R_LAST] * raw[:, _R_P]])
+                            raw[:, _R_GRAPH] * raw[:, _R_C], raw[:, _R_LAST], raw[:, _R_LAST] * raw[:, _R_P],
+                            raw[:, _R_GRAPH] * raw[:, _R_FIRST]])
 
 
 def _aggregate(design: Design, matrix: np.ndarray) -> np.ndarray:
@@ -741,6 +757,7 @@ def fit_context_model(data: FitData) -> ContextAwareModel:
         kappa_graph_ms_per_token=float(coef[5]) if 5 in active else None, kappa_stderr=se[5],
         n_graph_rows=graph_rows, n_launch_bound_rows=int(np.sum(launch)), n_eager_rows=eager_rows,
         rule=data.rule, sigma0_ms=float(coef[6]), sigma1_ms_per_token=float(coef[7]),
+        graph0_ms=float(coef[8]), graph0_stderr=se[8],
     )
     decode0, decode1 = _decode_step(data)
     stage1 = replace(stage1, decode0_ms=decode0, decode1_ms_per_decode=decode1)
@@ -842,6 +859,7 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
             kappa_graph_ms_per_token=(float(coef[5]) if model.kappa_graph_ms_per_token is not None else None),
             sigma0_ms=float(coef[6]),
             sigma1_ms_per_token=float(coef[7]),
+            graph0_ms=float(coef[8]),
             catchup_steps=0.0,
         )
         if model.n_step_rows:

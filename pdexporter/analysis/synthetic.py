@@ -12,7 +12,8 @@ Step-time model (ms), the one `analysis.models.ContextAwareModel` fits:
     mixed step k (chunk c_k at prefix p_k): b(D) + max(alpha0 + alpha1 * D,
                                                   compute0 + gamma * c_k + beta * (c_k * p_k + c_k * (c_k + 1) / 2))
       ... or, when the step's tokens (chunk + D) fit a CUDA graph (<= graph_max_tokens):
-                                            b(D) + kappa * c_k
+                                            b(D) + kappa * c_k (+ graph0 in the step that admits the
+                                                                 request: its first chunk)
 
 with chunks of B - D tokens (the last one smaller), the first step after the injection
 decode-only (async scheduling: it was already scheduled), and relative noise per step and per
@@ -65,6 +66,7 @@ class SyntheticTruth:
     gamma_ms_per_token: float = 0.006
     beta_ms_per_token_pair: float = 1.3e-6
     kappa_graph_ms_per_token: float = 0.03
+    graph0_ms: float = 0.0  # a graph step that admits the request (its first chunk) costs this more
     graph_max_tokens: int = 512  # vLLM 0.22's default largest CUDA graph
     step_noise: float = 0.01
     rep_noise: float = 0.03
@@ -75,7 +77,7 @@ class SyntheticTruth:
 
     def chunk_penalty_ms(self, d: int, chunk: float, prefix: float) -> float:
         if chunk + d <= self.graph_max_tokens:
-            return self.kappa_graph_ms_per_token * chunk
+            return self.kappa_graph_ms_per_token * chunk + (self.graph0_ms if prefix == 0 else 0.0)
         pairs = chunk * prefix + chunk * (chunk + 1) / 2
         return max(self.alpha0_ms + self.alpha1_ms_per_decode * d,
                    self.compute0_ms + self.gamma_ms_per_token * chunk + self.beta_ms_per_token_pair * pairs)

@@ -75,6 +75,21 @@ def test_predictions_match_the_true_cost(noiseless):
         assert float(model.predict(d, p, b)) == pytest.approx(true_aggregate_ms(NOISELESS, b, d, p), rel=0.01)
 
 
+def test_a_graph_step_that_admits_the_request_is_told_from_a_tail():
+    """Small prompts that fit a CUDA graph pay a fixed graph0 in their one step (on the H200 a 64-
+    to 384-token prompt cost each decode ~9 ms whatever its length), a graph tail after eager chunks
+    pays none: the fit separates the two, and kappa alone (no graph0) could not reach both."""
+    truth = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0, graph0_ms=6.0,
+                           kappa_graph_ms_per_token=0.01)
+    grid = [*SMALL_GRID, *((8192, d, p) for d in (1, 4, 12) for p in (64, 128, 256, 384))]
+    _, _, data = _fit_input(truth, grid=grid)
+    model = md.fit_context_model(data)
+    assert model.graph0_ms == pytest.approx(6.0, rel=0.02)
+    assert model.kappa_graph_ms_per_token == pytest.approx(0.01, rel=0.05)
+    for b, d, p in [(8192, 4, 64), (8192, 12, 384), (2048, 4, 4096)]:  # whole-graph prompts, a graph tail
+        assert float(model.predict(d, p, b)) == pytest.approx(true_aggregate_ms(truth, b, d, p), rel=0.02)
+
+
 def test_seed_model_recovers_a_known_per_chunk_penalty_table():
     # Data made by the seed's own model: C = n * D * pi(D, B) with an arbitrary pi table.
     pi = {(2048, 1): 11.0, (2048, 4): 9.0, (2048, 12): 30.0, (8192, 1): 40.0, (8192, 4): 44.0, (8192, 12): 25.0}

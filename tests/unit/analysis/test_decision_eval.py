@@ -164,12 +164,12 @@ def test_chunks_follow_the_engines_rule() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(d=st.integers(1, 16), p=st.integers(1, 70_000), b=st.sampled_from([512, 1024, 2048, 4096, 8192, 16384]),
-       kappa=st.sampled_from([None, 0.03]), graph=st.sampled_from([0, 512]))
+       kappa=st.sampled_from([None, 0.03]), graph=st.sampled_from([0, 512]), graph0=st.sampled_from([0.0, 6.0]))
 def test_the_closed_form_cost_is_the_sum_over_the_chunks(d: int, p: int, b: int, kappa: float | None,
-                                                         graph: int) -> None:
+                                                         graph: int, graph0: float) -> None:
     """colocated_cost's closed form (launch-bound chunks first, then GPU-bound) equals the sum of
-    max(launch, compute) chunk by chunk."""
-    model = context_model(kappa_graph_ms_per_token=kappa)
+    max(launch, compute) chunk by chunk; a graph step pays graph0 when it admits the request."""
+    model = context_model(kappa_graph_ms_per_token=kappa, graph0_ms=graph0)
     doc = {"model": model, "chunk_rule": dict(VLLM_RULE, graph_max_tokens=graph)}
     k = model["coefficients"]
     budget = b - d
@@ -178,7 +178,7 @@ def test_the_closed_form_cost_is_the_sum_over_the_chunks(d: int, p: int, b: int,
         c = min(budget, p - prefix)
         pairs = c * prefix + c * (c + 1) / 2
         if graph and c + d <= graph and kappa is not None:
-            pi = kappa * c
+            pi = kappa * c + (graph0 if prefix == 0 else 0.0)
         else:
             pi = max(k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d,
                      k["compute0_ms"] + k["gamma_ms_per_token"] * c + k["beta_ms_per_token_pair"] * pairs)
