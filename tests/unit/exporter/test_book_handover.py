@@ -74,16 +74,22 @@ def _streaming(clock: Clock, name: str) -> TokenStream:
     return stream
 
 
-def test_up_stays_1_through_a_normal_hand_over_and_drops_when_the_slot_stays_empty(clock: Clock) -> None:
-    assert RESTART_GRACE_S > ALIGN_WAIT_S  # the longest a well-ended probe waits for its successor
+def _two_probes_running(clock: Clock) -> tuple[ExporterMetrics, ProbeBook, FakeProbeLoop, list[TokenStream]]:
+    """A book with two probe slots, each streaming its first probe."""
     metrics = ExporterMetrics()
     book = ProbeBook(build_config(probe_streams=2, chunk_size=2048, prefill_tokens=3000), metrics)
     loop = FakeProbeLoop()
     book.probes = loop  # type: ignore[assignment]
-    first = [_streaming(clock, f"probe{i}-0") for i in range(2)]
-    for slot, stream in enumerate(first):
+    streams = [_streaming(clock, f"probe{i}-0") for i in range(2)]
+    for slot, stream in enumerate(streams):
         loop.events.put(Lifecycle(STARTED, slot, stream))
     book.refresh()
+    return metrics, book, loop, streams
+
+
+def test_up_stays_1_through_a_normal_hand_over_and_drops_when_the_slot_stays_empty(clock: Clock) -> None:
+    assert RESTART_GRACE_S > ALIGN_WAIT_S  # the longest a well-ended probe waits for its successor
+    metrics, book, loop, first = _two_probes_running(clock)
     assert _reading(metrics) == (1, "ok")
 
     # slot 0 ends well: its end not yet drained, then drained, its successor not started yet
@@ -112,14 +118,7 @@ def test_up_stays_1_through_a_normal_hand_over_and_drops_when_the_slot_stays_emp
 
 
 def test_a_probe_that_failed_is_no_hand_over(clock: Clock) -> None:
-    metrics = ExporterMetrics()
-    book = ProbeBook(build_config(probe_streams=2, chunk_size=2048, prefill_tokens=3000), metrics)
-    loop = FakeProbeLoop()
-    book.probes = loop  # type: ignore[assignment]
-    streams = [_streaming(clock, f"probe{i}-0") for i in range(2)]
-    for slot, stream in enumerate(streams):
-        loop.events.put(Lifecycle(STARTED, slot, stream))
-    book.refresh()
+    metrics, book, loop, streams = _two_probes_running(clock)
     streams[0].fail(clock.perf_counter_ns(), EngineRefused("connection refused"))
     loop.events.put(Lifecycle(FINISHED, 0, streams[0]))
     book.refresh()
