@@ -37,8 +37,9 @@ features, so no time it gives can be negative, and each grows where the physics 
     only one arm holds them all.
 
 Uncertainty. Each number comes with a 90 % interval: the 5th and 95th percentiles over the
-bootstrap replicates, widened outside the range every term was fitted on (`extrapolation`); the
-verdict is "decided" when at least 90 % of the replicates agree with it, else "undecided". A term
+bootstrap replicates, each widened by how far its own terms lie outside the range they were fitted
+on (`extrapolation`, `INTERVAL_TERMS`); the verdict is "decided" when at least 90 % of the
+replicates agree with it, else "undecided". A term
 whose held-out R^2 is below 0.5 (it explains less than half of what varies between the
 configurations it was not fitted on) is named in the verdict as a weak fit.
 
@@ -50,6 +51,7 @@ import math
 
 __all__ = [
     "DECIDED_SHARE",
+    "INTERVAL_TERMS",
     "SCHEMA",
     "SEED_RULE",
     "TWO_ARM_RULE",
@@ -65,6 +67,7 @@ __all__ = [
     "offload_threshold",
     "offload_thresholds",
     "transfer_time",
+    "widening_by_interval",
 ]
 
 SCHEMA = "pdexporter.decision/v2"
@@ -309,6 +312,27 @@ def extrapolation(doc, d, p, b):
     return found, factor
 
 
+# The models each interval's number is made of (the names `extrapolation` reports): an interval is
+# widened only by how far its own terms lie beyond what they were fitted on. A colocated loss the
+# small-P run measured keeps its bootstrap interval though the pair's arm was measured from 2048.
+INTERVAL_TERMS = {
+    "colocated_cost_ms": ("colocated cost model",),
+    "offloaded_cost_ms": ("offloaded loss",),
+    "saved_ms": ("colocated cost model", "offloaded loss"),
+    "colocated_ttft_ms": ("colocated ttft",),
+    "offloaded_ttft_ms": ("colocated ttft", "prefill offset", "transfer", "decode side"),
+    "ttft_cost_ms": ("colocated ttft", "prefill offset", "transfer", "decode side"),
+    "transfer_ms": ("transfer",),
+}
+
+
+def widening_by_interval(outside):
+    """Per interval key (`INTERVAL_TERMS`): 1 + the largest distance among `extrapolation`'s findings
+    for the models that number is made of."""
+    return {key: 1.0 + max((dist for name, _, dist in outside if name in names), default=0.0)
+            for key, names in INTERVAL_TERMS.items()}
+
+
 def _interval(values, central, factor, duration=True):
     """5th..95th percentile of the replicates' values, widened by `factor` around `central`; a
     duration's interval stops at 0 (a time cannot be negative, a difference can)."""
@@ -375,12 +399,14 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
         "in_fitted_range": not outside, "extrapolated": [f"{name}: {what}" for name, what, _ in outside],
         "interval_widening": factor, "regime": regime,
     }
+    widening = widening_by_interval(outside)
+    out["interval_widening_by"] = widening
     ivs = {}
     keys = ("colocated_cost_ms",) if mode == "seed" else (
         "colocated_cost_ms", "offloaded_cost_ms", "saved_ms", "colocated_ttft_ms", "offloaded_ttft_ms",
         "ttft_cost_ms", "transfer_ms")
     for key in keys:
-        ivs[key] = _interval([r[key] for r in replicates], central[key], factor,
+        ivs[key] = _interval([r[key] for r in replicates], central[key], widening[key],
                              duration=key not in ("saved_ms", "ttft_cost_ms"))
     out["intervals"] = ivs
     if mode == "seed":

@@ -184,8 +184,9 @@ def _print_outside(doc: dict[str, Any], d: int, p: int, b: int, widening: float 
     found, factor = extrapolation(doc, d, p, b)
     where = "; ".join(f"{name}: {what}" for name, what, _ in found) or outside_range_line(
         doc.get("valid_range") or {}, d, p, b)
-    console.print(f"[yellow]pdexporter: warning: MODELLED beyond what was measured ({where}); intervals widened "
-                  f"x{max(factor, widening):.1f}[/]", highlight=False, soft_wrap=True)
+    console.print(f"[yellow]pdexporter: warning: MODELLED beyond what was measured ({where}); the intervals of "
+                  f"the numbers resting on them widened (up to x{max(factor, widening):.1f})[/]", highlight=False,
+                  soft_wrap=True)
 
 
 def evaluate_graph_chunks(doc: dict[str, Any], d: int, p: int, b: int) -> int:

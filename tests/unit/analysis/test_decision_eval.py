@@ -245,6 +245,24 @@ def test_intervals_come_from_the_replicates_and_widen_beyond_the_fitted_range() 
     assert v["agreement"] == pytest.approx(0.5) and not v["decided"] and v["verdict"].startswith("undecided")
 
 
+def test_only_the_numbers_resting_on_an_extrapolated_term_are_widened() -> None:
+    """The pair measured its arm from P = 2048, the colocated arm from P = 64: at P = 256 the
+    offloaded numbers are extrapolated three doublings, the colocated loss is measured. Its
+    interval stays the replicates' (it was widened x4 with the rest, 0..106 ms at D = 4 on the H200)."""
+    doc = make_doc(model=context_model(graph0_ms=6.0))
+    doc["two_arm"]["terms"]["offloaded_loss"]["range"]["new_prefill_tokens"] = [2048, 32768]
+    doc["replicates"] = {"model": [context_model(graph0_ms=g)["coefficients"] for g in (4.0, 6.0, 8.0)],
+                         "two_arm": [{}, {}, {}]}
+    v = evaluate_decision(doc, 4, 256, 8192)
+    assert not v["in_fitted_range"] and v["interval_widening"] == pytest.approx(4.0)
+    by = v["interval_widening_by"]
+    assert by["colocated_cost_ms"] == 1.0 and by["colocated_ttft_ms"] == 1.0
+    assert by["offloaded_cost_ms"] == pytest.approx(4.0) and by["saved_ms"] == pytest.approx(4.0)
+    costs = sorted(4 * (g + 0.03 * 256 + 2.0 + 0.001 * 256) for g in (4.0, 6.0, 8.0))
+    lo, hi = v["intervals"]["colocated_cost_ms"]
+    assert costs[0] <= lo <= hi <= costs[-1]
+
+
 def test_extrapolation_names_each_term_outside_its_range() -> None:
     doc = make_doc(model=context_model())
     doc["model"]["coefficients"]["kappa_graph_ms_per_token"] = None
