@@ -19,9 +19,10 @@ features, so no time it gives can be negative, and each grows where the physics 
   1,024 tokens cost the decodes ~45 ms per step on the H200, one that fits a graph a few ms).
 - **Colocated decodes' loss** (the seed's aggregate interference), per decode stream: each chunk
   step costs pi_k = max(alpha0 + alpha1 D, compute0 + gamma c_k + beta q_k) run eagerly (the
-  host's kernel launches or the GPU's work, whichever takes longer), or graph0 + kappa c_k as a graph
-  (q_k: the chunk's query x context pairs, attention over the prefix), plus the engine's stalls
-  around the prefill sigma0 + sigma1 P; times D for the batch.
+  host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph, plus
+  graph0 in the step that admits the request (q_k: the chunk's query x context pairs, attention
+  over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 P; times D for the
+  batch.
 - **Colocated TTFT**: the chunk steps and the request's own overheads, a linear model in
   non-negative features (`colocated_ttft`).
 - **Offloaded TTFT** = the prefill alone on its own instance (the colocated TTFT at D = 0, plus
@@ -170,8 +171,8 @@ def colocated_cost(doc, ctx, coefficients=None):
     """(aggregate interference over the D decodes, token-weighted mean extra of a chunk step), ms.
     A chunk step launched eagerly costs each decode max(alpha0 + alpha1 D, compute0 + gamma c +
     beta q): the host's launches or the GPU's work, whichever takes longer; one replayed as a CUDA
-    graph graph0 + kappa c (taken as an eager one where the document has no measured kappa; graph0 is
-    0 in documents written before it was a term)."""
+    graph kappa c, plus graph0 in the step that admits the request (taken as an eager one where the
+    document has no measured kappa; graph0 is 0 in documents written before it was a term)."""
     model = doc["model"]
     d = ctx["d"]
     if model["name"] == "seed_per_chunk":

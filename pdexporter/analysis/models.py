@@ -27,15 +27,15 @@ Context-aware model ("context_aware")
         launched eagerly (more tokens than the engine's largest CUDA graph):
             pi_k = max(0, alpha0 + alpha1 * D) + gamma * c_k + beta * q_k
         replayed as a CUDA graph (a small chunk, e.g. <= 512 tokens with the decodes on vLLM 0.22):
-            pi_k = graph0 + kappa * c_k
+            pi_k = kappa * c_k  (+ graph0 in the step that admits the request: its first chunk)
 
     alpha0 + alpha1 * D: the fixed extra of an eager step (its kernel launches, weights and MoE
     experts a large chunk pulls in that D decode tokens alone would not; it shrinks as D grows);
     gamma: per prefill token through the weights; beta: per query-context pair of attention;
-    graph0 + kappa c: a graph step that carries a prefill chunk (no eager launches, but not the
-    decode-only graph either: on the H200 a 64- to 384-token prompt cost each decode 10-15 ms
-    whatever its length, where kappa c alone said 2-15 ms, and a prompt one tail past a chunk
-    boundary pays such a step too). Summed over the chunks,
+    kappa c (+ graph0): a graph step has no eager launches, but the one that admits a request is
+    not the decode-only graph either: on the H200 a 64- to 384-token prompt cost each decode 8-14 ms
+    in its one step whatever its length, where kappa c alone said 5-15 ms, while a graph tail after
+    eager chunks costs 2-4 ms. graph0 is paid once, by the admitting step. Summed over the chunks,
 
         C = D x [ sum_k pi_k + sigma0 + sigma1 P ]
 
@@ -276,7 +276,7 @@ CONTEXT_NAMES = ("alpha0_ms", "alpha1_ms_per_decode", "compute0_ms", "gamma_ms_p
 CONTEXT_UNITS = ("ms per eager mixed step", "ms per eager mixed step per decode stream", "ms per eager mixed step",
                  "ms per prefill token", "ms per query-context token pair", "ms per prefill token of a CUDA-graph step",
                  "ms per prefill per decode stream", "ms per prefill token per decode stream",
-                 "ms per CUDA-graph step carrying a prefill chunk")
+                 "ms per request admitted in a CUDA-graph step")
 CONTEXT_MEANINGS = (
     "the host's launch floor of an eagerly launched step that carries a prefill chunk, over a decode step",
     "change of that launch floor per running decode",
@@ -286,8 +286,8 @@ CONTEXT_MEANINGS = (
     "cost of one prefill token in a step small enough to replay a CUDA graph (no launch cost)",
     "the engine's stalls around a prefill (admission, retirement) outside its chunk steps: fixed part",
     "those stalls' growth with the prompt (hashing its blocks, freeing its KV)",
-    "fixed extra of a CUDA-graph step that carries a prefill chunk (a small prompt, or a chunk schedule's tail), "
-    "over a decode step",
+    "fixed extra of the CUDA-graph step that admits a request (its first chunk: a small prompt whole), over a "
+    "decode step; a graph tail after eager chunks does not pay it",
 )
 CONTEXT_IF_NEGATIVE = (
     "a step carrying a prefill chunk would cost less than the decode step it replaces",
@@ -298,7 +298,7 @@ CONTEXT_IF_NEGATIVE = (
     "a graph step would get cheaper with more tokens",
     "the engine's loop would run faster around a prefill than without one",
     "longer prompts would stall the engine's loop less",
-    "a graph step carrying a prefill chunk would cost less than a decode step",
+    "admitting a request in a graph step would cost less than a decode step",
 )
 UNMEASURED = "unmeasured"
 
@@ -322,7 +322,7 @@ class ContextAwareModel:
     kappa_graph_ms_per_token: float | None = None
     kappa_stderr: float | None = None
     n_graph_rows: int = 0
-    graph0_ms: float = 0.0  # the fixed extra of such a step (0 where no graph step was measured)
+    graph0_ms: float = 0.0  # the fixed extra of a graph step that admits the request (0: none measured)
     graph0_stderr: float | None = None
     # The GPU-bound side of an eager step: pi = max(launch floor, compute0 + gamma c + beta q)
     compute0_ms: float = 0.0
@@ -338,8 +338,8 @@ class ContextAwareModel:
     rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
     formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * P); pi_k = max(alpha0 + alpha1 * D, "
-                    "compute0 + gamma * c_k + beta * q_k) for an eagerly launched step, graph0 + kappa * c_k for a "
-                    "CUDA-graph step; chunks by the engine's rule (chunk_rule)")
+                    "compute0 + gamma * c_k + beta * q_k) for an eagerly launched step, kappa * c_k for a CUDA-graph "
+                    "step (+ graph0 in the one that admits the request); chunks by the engine's rule (chunk_rule)")
 
     @property
     def values(self) -> tuple[float, float, float, float]:
@@ -354,8 +354,9 @@ class ContextAwareModel:
         )
 
     def chunk_penalties_ms(self, d: int, chunks: Sequence[float]) -> np.ndarray:
-        """Each chunk step's extra per decode stream, in chunk order: graph0 + kappa c as a CUDA graph
-        (by the engine's rule; the eager form where kappa was not measured), else the eager step's."""
+        """Each chunk step's extra per decode stream, in chunk order: kappa c as a CUDA graph (+ graph0
+        for the first chunk, which admits the request; by the engine's rule; the eager form where kappa
+        was not measured), else the eager step's."""
         c = np.asarray(chunks, np.float64)
         prefix = np.concatenate([[0.0], np.cumsum(c)[:-1]])
         eager = self.chunk_penalty_ms(d, c, prefix)
