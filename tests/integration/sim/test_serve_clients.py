@@ -136,8 +136,13 @@ def test_continuous_usage_needs_include_usage_as_in_vllm(served: ServedEngine):
 
     alone = asyncio.run(events({"continuous_usage_stats": True}))
     both = asyncio.run(events({"include_usage": True, "continuous_usage_stats": True}))
-    assert all("usage" not in e for e in alone) and len(alone) == 3
-    assert [e["usage"]["completion_tokens"] for e in both] == [1, 2, 3, 3] and both[-1]["choices"] == []
+    # One event per step (three) on an idle machine; a writer that fell behind merges steps' tokens
+    # into one event, as vLLM's output collector does (2 events for 3 tokens beside a CPU burner).
+    assert all("usage" not in e for e in alone) and 1 <= len(alone) <= 3
+    assert len("".join(e["choices"][0]["text"] for e in alone).split()) == 3  # a token reads " t<id>"
+    counts = [e["usage"]["completion_tokens"] for e in both]
+    assert counts[-2:] == [3, 3] and counts == sorted(counts) and len(set(counts)) == len(counts) - 1
+    assert both[-1]["choices"] == [] and all(e["choices"] for e in both[:-1])
 
 
 def test_health_version_tokenize_metrics(served: ServedEngine):
