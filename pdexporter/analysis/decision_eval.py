@@ -403,9 +403,7 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
     widening = widening_by_interval(outside)
     out["interval_widening_by"] = widening
     ivs = {}
-    keys = ("colocated_cost_ms",) if mode == "seed" else (
-        "colocated_cost_ms", "offloaded_cost_ms", "saved_ms", "colocated_ttft_ms", "offloaded_ttft_ms",
-        "ttft_cost_ms", "transfer_ms")
+    keys = ("colocated_cost_ms",) if mode == "seed" else tuple(INTERVAL_TERMS)
     for key in keys:
         ivs[key] = _interval([r[key] for r in replicates], central[key], widening[key],
                              duration=key not in ("saved_ms", "ttft_cost_ms"))
