@@ -30,7 +30,7 @@ from pdexporter.client.client import read_timeout_seconds
 from pdexporter.engines import adapter
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.driver import http_driver
-from pdexporter.measure.point import PointSpec, check_reps, check_retries, measure_point
+from pdexporter.measure.point import DEFAULT_RETRIES, PointSpec, check_reps, check_retries, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
@@ -64,7 +64,7 @@ def measure(
     resume: Annotated[bool, typer.Option("--resume/--no-resume", help="Keep repetitions already recorded.")] = True,
     retries: Annotated[int, typer.Option(
         "--retries", help="Run Phase 1 or a repetition again this often after a transient failure (a 5xx, a "
-        "stall, a connection lost, no steady state), with fresh probes.")] = 2,
+        "stall, a connection lost, no steady state), with fresh probes.")] = DEFAULT_RETRIES,
 ) -> None:
     """Measure one interference point and write results/{chunk}/D{d}_P{p}.json."""
     claimed = claimed_engine(target, engine)
@@ -101,7 +101,7 @@ def _interrupted(store: ResultsStore, spec: PointSpec) -> str:
 
 async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store: ResultsStore, target: str | None,
                    model: str | None, gpu: str | None, token: str | None, profile: str, warmup: bool,
-                   resume: bool, read_timeout_s: float | None, retries: int = 2, engine: str | None = None,
+                   resume: bool, read_timeout_s: float | None, retries: int = DEFAULT_RETRIES, engine: str | None = None,
                    given: bool = True) -> RunRecord:
     store.clean_stale()  # temporary files of a killed earlier run
     launcher = make_launcher(target, chunk_size=spec.chunk_size if given or not target else None, profile=profile,

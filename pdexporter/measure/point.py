@@ -48,11 +48,17 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import BaselineStats, derive
 
 __all__ = [
-    "PointSpec", "append_rep", "check_reps", "check_resumable", "check_retries", "flag_mismatch", "measure_point",
+    "DEFAULT_RETRIES", "PointSpec", "append_rep", "check_reps", "check_resumable", "check_retries", "flag_mismatch", "measure_point",
     "now_iso", "record_config", "rep_record", "resumable_reps", "retrying", "window_retryable",
 ]
 
 _T = TypeVar("_T")
+
+# How often Phase 1 or a repetition is run again after a transient failure (`window_retryable`),
+# for `measure`, a sweep file and `measure_point` alike: an engine starved of CPU for a second (a
+# loaded host, the embedded engine on a busy laptop) gives probes that never reach the seed's
+# steady state, and one such window must not stop a point.
+DEFAULT_RETRIES = 2
 
 
 def window_retryable(exc: BaseException) -> bool:
@@ -270,7 +276,7 @@ async def measure_point(
     interfere: Callable[[int, BaselineRun], Awaitable[InterferenceRun]] | None = None,
     summarise: Callable[[RecordConfig, list[RepRecord]], RunRecord] = aggregate,
     rep_fields: Mapping[str, Any] | None = None,
-    retries: int = 0,
+    retries: int = DEFAULT_RETRIES,
     on_retry: Callable[[str, BaseException], None] = lambda what, exc: None,
     chunk_size_source: str = "given",
 ) -> RunRecord:

@@ -40,6 +40,7 @@ from pdexporter.launch.specs import (
     _Strict,
     _unique,
 )
+from pdexporter.measure.point import DEFAULT_RETRIES
 from pdexporter.measure.protocol import ProtocolSettings
 
 __all__ = [
@@ -173,7 +174,7 @@ class SweepSpec(_Strict):
     reps: Annotated[int, BeforeValidator(_whole)] = Field(5, ge=1, le=MAX_REPS)
     mode: Mode = "faithful"
     retries: Annotated[int, BeforeValidator(_whole)] = Field(
-        2, ge=0, le=MAX_RETRIES
+        DEFAULT_RETRIES, ge=0, le=MAX_RETRIES
     )  # per repetition, after a MeasurementError (e.g. no steady state)
     protocol: ProtocolSettings = ProtocolSettings()
     warmup: WarmupSpec = WarmupSpec()
