@@ -101,8 +101,8 @@ def _interrupted(store: ResultsStore, spec: PointSpec) -> str:
 
 async def _measure(spec: PointSpec, settings: ProtocolSettings, reps: int, store: ResultsStore, target: str | None,
                    model: str | None, gpu: str | None, token: str | None, profile: str, warmup: bool,
-                   resume: bool, read_timeout_s: float | None, retries: int = DEFAULT_RETRIES, engine: str | None = None,
-                   given: bool = True) -> RunRecord:
+                   resume: bool, read_timeout_s: float | None, retries: int = DEFAULT_RETRIES,
+                   engine: str | None = None, given: bool = True) -> RunRecord:
     store.clean_stale()  # temporary files of a killed earlier run
     launcher = make_launcher(target, chunk_size=spec.chunk_size if given or not target else None, profile=profile,
                              gpu=gpu, log_dir=store.engine_dir(spec.chunk_size) if not target else None, engine=engine)

@@ -48,8 +48,8 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import BaselineStats, derive
 
 __all__ = [
-    "DEFAULT_RETRIES", "PointSpec", "append_rep", "check_reps", "check_resumable", "check_retries", "flag_mismatch", "measure_point",
-    "now_iso", "record_config", "rep_record", "resumable_reps", "retrying", "window_retryable",
+    "DEFAULT_RETRIES", "PointSpec", "append_rep", "check_reps", "check_resumable", "check_retries", "flag_mismatch",
+    "measure_point", "now_iso", "record_config", "rep_record", "resumable_reps", "retrying", "window_retryable",
 ]
 
 _T = TypeVar("_T")
