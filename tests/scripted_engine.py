@@ -89,6 +89,9 @@ class ScriptedEngine:
     get_calls: int = 0
     completion_calls: int = 0
     bodies: list[dict] = field(default_factory=list)
+    # every streamed request's body and the perf_counter_ns of each token write: what the engine
+    # really did, for tests that compare a measurement with it (its sleeps run late under load)
+    streams: list[tuple[dict, list[int]]] = field(default_factory=list)
     url: str = ""
     port: int = 0
     restarts: int = 0
@@ -254,6 +257,8 @@ class ScriptedEngine:
             await resp.write(b"data: {this is not json\n\n")
             return resp
         usage = (body.get("stream_options") or {}).get("continuous_usage_stats")
+        written: list[int] = []
+        self.streams.append((body, written))
         for k in range(1, body["max_tokens"] + 1):
             await asyncio.sleep(self.cadence_s)
             while time.monotonic() < self._frozen_until:
@@ -282,6 +287,7 @@ class ScriptedEngine:
                     "completion_tokens": k,
                     "total_tokens": prompt_tokens + k,
                 }
+            written.append(time.perf_counter_ns())
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             self._counters["generation"] = self._counters.get("generation", 0.0) + 1
         final = {"id": "cmpl-scripted", "object": "text_completion", "created": 0, "model": self.model, "choices": [],

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -94,7 +96,13 @@ async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_pat
     assert record["summary"]["reps_done"] == 2
     assert {r["raw"] for r in record["reps"]} == {"raw/D2_P64_r0.json.gz", "raw/D2_P64_r1.json.gz"}
     assert (tmp_path / "2048" / "raw" / "D2_baseline.json.gz").exists()
-    assert record["baseline"]["tpot_p50_ms"] == pytest.approx(2.0, abs=1.5)
+    # Phase 1's TPOT is the engine's cadence as it really ran: the double's 2 ms sleeps run late
+    # on a loaded machine (3.96 ms p50 beside a CPU burner), so it is compared with the double's
+    # own write times of the first D = 2 probe streams, after the 16 warm-up tokens
+    baseline = [written for body, written in engine.streams if body["max_tokens"] == 80][:2]
+    engine_p50_ms = statistics.median(b - a for w in baseline for a, b in itertools.pairwise(w[16:])) / 1e6
+    assert record["baseline"]["tpot_p50_ms"] == pytest.approx(engine_p50_ms, abs=0.25)
+    assert record["baseline"]["tpot_p50_ms"] >= 2.0 * 0.9
     # The raw file places each window on the host's monotonic clock, so host-side samples line up.
     injected = [read_json_gz(tmp_path / "2048" / r["raw"])["t_inject_clock_ns"] for r in record["reps"]]
     assert 0 < injected[0] < injected[1] <= time.monotonic_ns()

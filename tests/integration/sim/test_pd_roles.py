@@ -72,7 +72,9 @@ def test_a_router_routes_a_request_through_the_pair(pair) -> None:
     params = answer["kv_transfer_params"]
     assert params["do_remote_prefill"] is True and len(params["remote_block_ids"]) == 8192 // 16
     assert params["remote_num_tokens"] == 8192 and params["remote_port"] == 5600  # VLLM_NIXL_SIDE_CHANNEL_PORT default
-    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) and len(events) >= 4
+    # four tokens (" t<id>" each), in as many events as the engine wrote: a loaded engine merges
+    # tokens that became ready together into one event, as vLLM does
+    assert len("".join(e["choices"][0]["text"] for e in events if e["choices"]).split()) == 4
     assert version["kv_role"] == "decode" and version["modelled"] is True
     deltas = metric_deltas(
         parse_exposition(before, adapter("pdexporter-sim")), parse_exposition(after, adapter("pdexporter-sim"))
