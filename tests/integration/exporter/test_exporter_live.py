@@ -52,9 +52,10 @@ PROBE_TOKENS = 128
 
 @dataclass
 class SendStamps:
-    """Every probe event as the exporter's probe client stamped it, with the time the engine
-    started the write that sent it (`x-pdexporter-send-stamps`, the embedded engine's opt-in SSE
-    comments), set on the probe loop's client through `ProbeLoop.configure_client`."""
+    """Every probe event as the exporter's probe client stamped it, with the engine's bracket of
+    the write that sent it (`x-pdexporter-send-stamps`, the embedded engine's opt-in SSE comments:
+    just before that write, just after the previous one returned), asked for by the probe loop's
+    client through `ProbeLoop.configure_client`."""
 
     by_stream: dict[str, list[tuple[int, dict[str, int]]]] = field(default_factory=dict)
 
