@@ -145,48 +145,25 @@ def decide(
              else f"held-out R^2 {r2:.4f}, {fit.get('scheme', '?')}")
     print(f"  D={decode_batch_size} P={new_prefill_tokens} B={chunk_size}: {plural(verdict['chunks'], 'chunk')} of "
           f"<= {chunk_size - decode_batch_size} tokens; model {verdict['model']} ({score})")
-    _print_footer(doc, measured, verdict["in_fitted_range"], decode_batch_size, new_prefill_tokens, chunk_size,
-                  seed_note=bool(doc.get("two_arm")))
+    _print_footer(doc, verdict, measured, seed_note=bool(doc.get("two_arm")))
 
 
-def _print_footer(doc: dict[str, Any], measured: dict[str, Any] | None, in_range: bool, d: int, p: int, b: int,
-                  seed_note: bool = False, widening: float = 1.0) -> None:
+def _print_footer(doc: dict[str, Any], verdict: dict[str, Any], measured: dict[str, Any] | None,
+                  seed_note: bool = False) -> None:
     """The lines both verdicts end with: the point as measured, the fitted range, what the model was fitted on."""
     if measured is not None:
         seen = "modelled" if doc.get("modelled") else "measured"
         print(f"  {seen} at this point: {measured['aggregate_interference_ms']:.1f} ms aggregate "
               f"({plural(measured['reps'], 'rep')})")
-    if not in_range:
-        _print_outside(doc, d, p, b, widening)
+    if not verdict["in_fitted_range"]:
+        # what `evaluate_decision` found outside the fitted ranges, and its widest widening
+        console.print(f"[yellow]pdexporter: warning: MODELLED beyond what was measured "
+                      f"({'; '.join(verdict['extrapolated'])}); the intervals of the numbers resting on them "
+                      f"widened (up to x{verdict['interval_widening']:.1f})[/]", highlight=False, soft_wrap=True)
     if seed_note:
         console.print("the seed's rule (--mode seed); the two-arm verdict is the default with both arms measured")
     if doc.get("modelled"):
         console.print("[yellow]MODELLED: the model was fitted on data from a model, not a GPU[/]")
-
-
-_RANGE_NAMES = (("decode_batch_size", "D"), ("new_prefill_tokens", "P"), ("chunk_size", "B"))
-
-
-def outside_range_line(valid_range: dict[str, Any], d: int, p: int, b: int) -> str:
-    """One line: which of D, P, B lie outside the fitted range, and that range."""
-    values = {"decode_batch_size": d, "new_prefill_tokens": p, "chunk_size": b}
-    outside = []
-    for key, letter in _RANGE_NAMES:
-        lo, hi = (valid_range.get(key) or (None, None))
-        if lo is not None and hi is not None and not lo <= values[key] <= hi:
-            outside.append(f"{letter}={values[key]} (fitted {lo}..{hi})")
-    return f"an extrapolation: {', '.join(outside)} outside the fitted range"
-
-
-def _print_outside(doc: dict[str, Any], d: int, p: int, b: int, widening: float = 1.0) -> None:
-    from pdexporter.analysis.decision_eval import extrapolation
-
-    found, factor = extrapolation(doc, d, p, b)
-    where = "; ".join(f"{name}: {what}" for name, what, _ in found) or outside_range_line(
-        doc.get("valid_range") or {}, d, p, b)
-    console.print(f"[yellow]pdexporter: warning: MODELLED beyond what was measured ({where}); the intervals of "
-                  f"the numbers resting on them widened (up to x{max(factor, widening):.1f})[/]", highlight=False,
-                  soft_wrap=True)
 
 
 def evaluate_graph_chunks(doc: dict[str, Any], d: int, p: int, b: int) -> int:
@@ -250,7 +227,7 @@ def _print_two_arm(doc: dict[str, Any], v: dict[str, Any], d: int, p: int, b: in
     if v.get("weak_fits"):
         console.print(f"pdexporter: warning: weak fit: {'; '.join(v['weak_fits'])} (held-out R^2 below "
                       f"{WEAK_R2:g}): the intervals say how little they pin down", highlight=False, soft_wrap=True)
-    _print_footer(doc, measured, v["in_fitted_range"], d, p, b, widening=v.get("interval_widening", 1.0))
+    _print_footer(doc, v, measured)
 
 
 def _fit_from(results: Path, d: int, p: int, b: int,
