@@ -353,7 +353,8 @@ def test_probe_timestamps_are_not_delayed_by_the_exporter(session: Session) -> N
             if t1 - t0 < 0.05 * step:
                 # the engine's two writes were at least this far apart: the first had returned
                 # (`prev-written`, in the second's comments) before the second began (`sent`)
-                apart = e1[SENT_KEY] - e1.get(PREV_WRITTEN_KEY, e1[SENT_KEY]) if e1[SENT_KEY] != e0[SENT_KEY] else 0
+                same_write = e1[SENT_KEY] == e0[SENT_KEY]
+                apart = 0 if same_write else e1[SENT_KEY] - e1.get(PREV_WRITTEN_KEY, e1[SENT_KEY])
                 if apart < step / 2:
                     engine_made += 1
                 else:
