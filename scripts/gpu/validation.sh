@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 30's validation campaign on one H200 (nvidia-h200), planned and committed before it ran
+# (results/h200-vllm0.22-qwen3-coder-30b-a3b-validation/PLAN.md). One step per device call:
+#
+#   bash scripts/gpu/validation.sh stage N          copy .gpu-stage/N/* to /root/stage   (carry .gpu-stage/N)
+#   bash scripts/gpu/validation.sh colocated [S]    vLLM B = 8192: sweeps/h200-validation.yaml, deadline S s
+#   bash scripts/gpu/validation.sh decodebench [S]  + DecodeBenchConnector: sweeps/h200-decodebench-validation.yaml
+#   bash scripts/gpu/validation.sh passive [S]      vLLM + traces, run --passive beside `load --rate 2` for 300 s,
+#                                                   then the injected sweep of the same engine (scripts/gpu/passive-h200.sh;
+#                                                   carry .gpu-stage-otel; a second call finishes what the first began)
+#
+# A step may follow a stage in one call: `validation.sh stage 3 && validation.sh colocated 420`.
+# Results: $OUT/<step>.tgz (records + raw, engine logs trimmed) and $OUT/<step>.log.
+set -u
+cd "$(dirname "$0")/../.."
+step=${1:?step}
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 COLUMNS=200
+R=/root/r
+mkdir -p "$R"
+
+unpack() {
+  source scripts/gpu/unpack-bundle.sh || { echo "bundle incomplete: copy every part first"; exit 1; }
+  if [ -f .gpu-stage-otel/otel-site.tar.gz ] && [ ! -f /tmp/site/.otel-stage ]; then
+    tar -C /tmp/site -xzf .gpu-stage-otel/otel-site.tar.gz && touch /tmp/site/.otel-stage
+  fi
+  export PYTHONPATH=/tmp/site
+  python3 -c "import pdexporter.cli" || { echo "pdexporter does not import on this machine"; exit 1; }
+}
+
+pack() {  # pack NAME DIR...: results without the full engine logs, with a trimmed copy of each
+  local name=$1; shift
+  for log in $(find "$@" -name engine.log 2>/dev/null); do
+    { head -c 300000 "$log"; echo; echo "# ... (cut) ... last iteration lines:"; grep -a "Iteration(" "$log" | tail -n 4000; } \
+      > "${log%.log}.trimmed.log"
+  done
+  tar czf "$OUT/$name.tgz" --exclude=engine.log "$@" 2>/dev/null
+  ls -la "$OUT"
+}
+
+sweep() {  # sweep NAME FILE DEADLINE
+  local name=$1 file=$2 deadline=$3
+  unpack
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$R/$name-gpu.csv"
+  local t0; t0=$(date +%s)
+  timeout $((deadline + 40)) python3 -m pdexporter sweep "$file" --out "$R/$name" --deadline "${deadline}s" \
+    > "$R/$name.log" 2>&1
+  echo "$name rc=$? wall=$(( $(date +%s) - t0 ))s" >> "$R/$name.log"
+  cp "$R/$name.log" "$R/$name-gpu.csv" "$OUT/"
+  tail -n 30 "$R/$name.log"
+  pack "$name" "$R/$name"
+}
+
+case "$step" in
+  stage)
+    mkdir -p /root/stage && cp ".gpu-stage/$2/"* /root/stage/ && ls -la /root/stage ;;
+  colocated)
+    sweep validation sweeps/h200-validation.yaml "${2:-420}" ;;
+  decodebench)
+    sweep db-validation sweeps/h200-decodebench-validation.yaml "${2:-420}" ;;
+  passive)
+    PASSIVE_WORK=/root/passive-2rps bash scripts/gpu/passive-h200.sh "${2:-590}" 300 2.0 ;;
+  *) echo "unknown step $step"; exit 2 ;;
+esac
