@@ -5,6 +5,7 @@
 #   bash scripts/gpu/validation.sh stage N          copy .gpu-stage/N/* to /root/stage   (carry .gpu-stage/N)
 #   bash scripts/gpu/validation.sh colocated [S]    vLLM B = 8192: sweeps/h200-validation.yaml, deadline S s
 #   bash scripts/gpu/validation.sh decodebench [S]  + DecodeBenchConnector: sweeps/h200-decodebench-validation.yaml
+#   bash scripts/gpu/validation.sh db-then-passive  decodebench (deadline 330 s), then passive for the rest of a 590 s call
 #   bash scripts/gpu/validation.sh passive [S]      vLLM + traces, run --passive beside `load --rate 2` for 300 s,
 #                                                   then the injected sweep of the same engine (scripts/gpu/passive-h200.sh;
 #                                                   carry .gpu-stage-otel; a second call finishes what the first began)
@@ -57,6 +58,10 @@ case "$step" in
     sweep validation sweeps/h200-validation.yaml "${2:-420}" ;;
   decodebench)
     sweep db-validation sweeps/h200-decodebench-validation.yaml "${2:-420}" ;;
+  db-then-passive)
+    t0=$(date +%s)
+    bash "$0" decodebench 330
+    bash "$0" passive $(( 585 - ($(date +%s) - t0) )) ;;
   passive)
     PASSIVE_WORK=/root/passive-2rps bash scripts/gpu/passive-h200.sh "${2:-590}" 300 2.0 ;;
   *) echo "unknown step $step"; exit 2 ;;
