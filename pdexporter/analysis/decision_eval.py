@@ -38,7 +38,10 @@ features, so no time it gives can be negative, and each grows where the physics 
     only one arm holds them all.
 
 Uncertainty. Each number comes with a 90 % interval: the 5th and 95th percentiles over the
-bootstrap replicates, each widened by how far its own terms lie outside the range they were fitted
+bootstrap replicates, each replicate's arm cost multiplied by exp(s z_r) where the document carries
+the campaign variation (`campaign_variation`: s, the root mean square of the log errors on GPU
+campaigns the models were not fitted on, per arm and `cost_regime`; z_r: `replicates.campaign`,
+fixed standard normal draws), each interval widened by how far its own terms lie outside the range they were fitted
 on (`extrapolation`, `INTERVAL_TERMS`); the verdict is "decided" when at least 90 % of the
 replicates agree with it, else "undecided". A term
 whose held-out R^2 is below 0.5 (it explains less than half of what varies between the
@@ -51,6 +54,7 @@ transfer time (the seed's constant 50 ms unless a transfer model was measured or
 import math
 
 __all__ = [
+    "CAMPAIGN_ARMS",
     "DECIDED_SHARE",
     "INTERVAL_TERMS",
     "SCHEMA",
@@ -59,11 +63,14 @@ __all__ = [
     "WEAK_R2",
     "chunk_context",
     "colocated_cost",
+    "cost_regime",
     "decode_step",
     "evaluate_arms",
     "evaluate_decision",
     "extrapolation",
     "feature",
+    "held_out_errors",
+    "held_out_text",
     "linear",
     "offload_threshold",
     "offload_thresholds",
@@ -77,6 +84,7 @@ TWO_ARM_RULE = ("offload iff the decode time it saves (colocated - offloaded dec
                 "pays in TTFT (offloaded - colocated TTFT); an arm that alone holds every SLO given wins")
 WEAK_R2 = 0.5  # held-out R^2 below this: the term is named as a weak fit
 DECIDED_SHARE = 0.9  # share of bootstrap replicates that must agree for a decided verdict
+CAMPAIGN_ARMS = ("colocated", "offloaded")  # the arms whose cost carries the campaign variation
 _VLLM_RULE = {"decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 0}
 
 
@@ -206,6 +214,40 @@ def decode_step(k, d):
     return k.get("decode0_ms", 0.0) + k.get("decode1_ms_per_decode", 0.0) * d
 
 
+def cost_regime(doc, ctx):
+    """Which step sets the prompt's cost beside the decodes: "graph" (every chunk replays a CUDA
+    graph), "launch" (one eager chunk bound by the host's kernel launches: what moves most between
+    hosts and days), "compute" (eager chunks bound by the GPU's work), "all" for the seed's model."""
+    model = doc.get("model") or {}
+    if model.get("name") != "context_aware":
+        return "all"
+    k = model["coefficients"]
+    if ctx["eager_chunks"] == 0 and k.get("kappa_graph_ms_per_token") is not None:
+        return "graph"
+    if ctx["n"] == 1:
+        launch = k["alpha0_ms"] + k["alpha1_ms_per_decode"] * ctx["d"]
+        work = k.get("compute0_ms", 0.0) + k["gamma_ms_per_token"] * ctx["tail"] \
+            + k["beta_ms_per_token_pair"] * ctx["q_tail"]
+        if launch >= work:
+            return "launch"
+    return "compute"
+
+
+def _campaign_factors(doc, ctx, replicate):
+    """exp(s z_r) per arm for replicate r (1.0 without campaign variation in the document)."""
+    variation = doc.get("campaign_variation") or {}
+    draws = (doc.get("replicates") or {}).get("campaign") or []
+    if replicate is None or not variation or replicate >= len(draws):
+        return {arm: 1.0 for arm in CAMPAIGN_ARMS}
+    regime = cost_regime(doc, ctx)
+    out = {}
+    for arm in CAMPAIGN_ARMS:
+        v = variation.get(arm) or {}
+        s = (v.get("by_regime") or {}).get(regime, v.get("log_sd", 0.0))
+        out[arm] = math.exp(s * draws[replicate][arm])
+    return out
+
+
 def _seed_penalty(model, d, b):
     table = model["penalty_per_chunk_ms"]
     sizes = sorted(int(s) for s in table)
@@ -226,14 +268,18 @@ def _transfer_model(doc, regime):
     return transfer
 
 
-def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nominal", contexts=None):
+def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nominal", contexts=None,
+                  campaign=True):
     """Both arms' numbers at (D, P, B) from the central coefficients, or from bootstrap replicate
-    `replicate` (an index into `doc["replicates"]`). Every time is >= 0 by construction.
+    `replicate` (an index into `doc["replicates"]`), its arm costs times its campaign factor
+    (`campaign=False`: the bootstrap alone). Every time is >= 0 by construction.
     `contexts`: the (D, P, B) and (0, P, B) chunk contexts, when the caller has them already."""
     reps = doc.get("replicates") or {}
     model_k = None if replicate is None else reps["model"][replicate]
     ctx = contexts[0] if contexts else chunk_context(doc, d, p, b)
     col_cost, mean_extra = colocated_cost(doc, ctx, model_k)
+    factor = _campaign_factors(doc, ctx, replicate if campaign else None)
+    col_cost *= factor["colocated"]
     out = {"colocated_cost_ms": col_cost, "chunks": ctx["n"], "chunk_tokens": ctx["budget"],
            "graph_chunks": ctx["n"] - ctx["eager_chunks"]}
     arms = doc.get("two_arm")
@@ -259,7 +305,7 @@ def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nom
         t_ms = max(0.0, transfer_time(tk, p))
     else:
         t_ms = float(doc.get("transfer_ms_default", 50.0))
-    off_loss = d * term("offloaded_loss", ctx)
+    off_loss = d * term("offloaded_loss", ctx) * factor["offloaded"]
     if regime == "degraded" and transfer.get("degraded"):
         off_loss += d * transfer["degraded"].get("stall_share", 0.0) * t_ms  # the loop waits on the slow transfer
     col_ttft = term("colocated_ttft", ctx)
@@ -402,6 +448,7 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
     }
     widening = widening_by_interval(outside)
     out["interval_widening_by"] = widening
+    out["held_out"] = held_out_errors(doc)
     ivs = {}
     keys = ("colocated_cost_ms",) if mode == "seed" else tuple(INTERVAL_TERMS)
     for key in keys:
@@ -482,6 +529,40 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
         slos={name: {"colocated": v[0], "offloaded": v[1]} for name, v in slos.items()},
     )
     return out
+
+
+def held_out_errors(doc):
+    """What the document says of its models' errors on campaigns they were not fitted on
+    (`campaign_variation`): per arm the leave-one-campaign-out MAPE and interval coverage and each
+    validation campaign's, and whether the intervals carry the campaign variation (None: the
+    document was written without `export-table --campaign-variation`)."""
+    variation = doc.get("campaign_variation")
+    if not variation:
+        return None
+    return {"intervals_carry_campaign_variation": bool((doc.get("replicates") or {}).get("campaign")),
+            "log_sd": {arm: (variation.get(arm) or {}).get("by_regime") for arm in CAMPAIGN_ARMS if arm in variation},
+            **(variation.get("held_out") or {})}
+
+
+def held_out_text(doc):
+    """One line for a person: the held-out errors and the campaigns they were measured on."""
+    h = held_out_errors(doc)
+    if h is None:
+        return ("intervals: this campaign's repetitions only (no campaign variation carried: export-table "
+                "--campaign-variation)")
+    parts = []
+    for arm in CAMPAIGN_ARMS:
+        entry = h.get(arm)
+        if not entry:
+            continue
+        loco = entry.get("leave_one_campaign_out") or {}
+        if loco.get("mape_pct") is not None:
+            parts.append(f"{arm} {loco['mape_pct']:.0f} % MAPE, {loco['coverage']:.0%} inside the 90 % intervals "
+                         f"(leave one campaign out: {', '.join(loco.get('campaigns') or [])})")
+        for cid, v in (entry.get("validation") or {}).items():
+            parts.append(f"{arm} on validation campaign {cid}: {v['mape_pct']:.0f} % MAPE, {v['coverage']:.0%} inside")
+    return "held-out error: " + ("; ".join(parts) if parts else "none measured") + \
+        "; intervals carry the campaign-to-campaign variation"
 
 
 def _wins(doc, d, p, b, replicate, kw, contexts):

@@ -115,6 +115,9 @@ def load_joined(results_dirs: Sequence[str | Path], tick: Tick | None = None, *,
     two measurements is the table's would be a guess. With `pool`, its repetitions are pooled
     instead (the same point measured in two sessions of one engine, GPU and model: both are
     measurements of it, and the spread between sessions belongs in its intervals)."""
+    from pdexporter.analysis.campaigns import check_fit_inputs
+
+    check_fit_inputs(results_dirs)
     samples: dict[tuple[int, int, int], ConfigSamples] = {}
     seen: dict[tuple[int, int, int], Path] = {}
     for directory in results_dirs:
@@ -152,12 +155,14 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
             tick: Tick | None = None, *, offloaded: Sequence[ConfigSamples] | None = None,
             offloaded_source: str = "", transfer: Any = None,
             passive_events: Mapping[tuple[int, int, int], int] | None = None,
-            min_events: int | None = None) -> Analysis:
+            min_events: int | None = None,
+            campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> Analysis:
     """`offloaded`: the offloaded arm's samples; the table then carries both arms (`arms.join_arms`),
     and decision.json the two-arm verdict's models; `transfer` a given `arms.TransferModel` (the
     measured one, fitted on the offloaded arm, wins). `min_events` (passive tables): add the event
     counts, the too-few mark and the bootstrap intervals (`analysis.passive`); `passive_events`
-    counts events whose values were lost."""
+    counts events whose values were lost. `campaign_variation`: (variation, headline) of
+    `pdexporter validate` (`campaigns.load_variation`), carried into decision.json's intervals."""
     if not samples:
         raise RecordError(f"{source or 'input'}: nothing to analyse")
     if offloaded is not None:
@@ -181,6 +186,10 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
     if len(data):
         fits = fit_models(data)
         decision = decision_document(fits, table, transfer_ms, source=source, data=data)
+        if campaign_variation is not None:
+            from pdexporter.analysis.campaigns import fold_variation
+
+            decision = fold_variation(decision, *campaign_variation)
     else:
         notes.append("no grid point with D >= 1 and a measured cost: no cost model fitted, no decision.json")
     if tick:

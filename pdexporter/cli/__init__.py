@@ -40,6 +40,8 @@ COMMANDS: dict[str, str] = {
     # both arms of the offload decision (docs/disaggregation.md)
     "thresholds": "thresholds",
     "validate-pd": "validate_pd",
+    # every model's error on campaigns it was not fitted on (docs/analysis.md, "Held-out campaigns")
+    "validate": "validate",
 }
 
 

@@ -11,7 +11,7 @@ import typer
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
 from pdexporter._internal.text import plural
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
-from pdexporter.analysis.decision_eval import DECIDED_SHARE, WEAK_R2, chunk_context
+from pdexporter.analysis.decision_eval import DECIDED_SHARE, WEAK_R2, chunk_context, held_out_text
 from pdexporter.cli._common import console
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter.errors import ConfigError
@@ -160,6 +160,7 @@ def _print_footer(doc: dict[str, Any], verdict: dict[str, Any], measured: dict[s
         console.print(f"[yellow]pdexporter: warning: MODELLED beyond what was measured "
                       f"({'; '.join(verdict['extrapolated'])}); the intervals of the numbers resting on them "
                       f"widened (up to x{verdict['interval_widening']:.1f})[/]", highlight=False, soft_wrap=True)
+    console.print(held_out_text(doc), highlight=False, soft_wrap=True)
     if seed_note:
         console.print("the seed's rule (--mode seed); the two-arm verdict is the default with both arms measured")
     if doc.get("modelled"):

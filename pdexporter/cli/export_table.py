@@ -129,8 +129,17 @@ def export_table(
             "the records or Prometheus hold several engines' (one table is one engine's).",
         ),
     ] = None,
+    campaign_variation: Annotated[
+        Path | None,
+        typer.Option(
+            "--campaign-variation",
+            help="held_out.json of `pdexporter validate`: the campaign-to-campaign variation it measured is "
+            "carried into decision.json's intervals, verdicts and thresholds, and its held-out errors quoted.",
+        ),
+    ] = None,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
+    from pdexporter.analysis.campaigns import check_fit_inputs, load_variation
     from pdexporter.analysis.job import (
         analyse,
         joined_out_dir,
@@ -144,6 +153,7 @@ def export_table(
     started = time.perf_counter()
     results_dir = results_dir or None  # typer gives [] for none
     offloaded = offloaded or None
+    variation = load_variation(campaign_variation) if campaign_variation is not None else None
     if (results_dir is None) == (prometheus is None):
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
     if offloaded is not None and results_dir is None:
@@ -166,6 +176,7 @@ def export_table(
         paths = [path for directory in results_dir for path in record_paths(directory)]
         off_paths = [path for directory in offloaded or [] for path in record_paths(directory)]
         passive_steps = 2 if mode == "passive" else 0  # the event model, its convergence plot
+        campaigns = check_fit_inputs([*results_dir, *(offloaded or [])])
         with progress_bar(progress_steps(len(paths) + len(off_paths), plots) + passive_steps, "export-table") as tick:
             source = " + ".join(str(d) for d in results_dir)
             samples, counts, extra = _of_mode(
@@ -174,7 +185,10 @@ def export_table(
             off_samples = load_joined(offloaded, tick, pool=pool) if offloaded is not None else None
             analysis = analyse(samples, transfer_ms, source=source, tick=tick, offloaded=off_samples,
                                offloaded_source=" + ".join(map(str, offloaded or [])),
-                               passive_events=counts, min_events=min_events if mode == "passive" else None)
+                               passive_events=counts, min_events=min_events if mode == "passive" else None,
+                               campaign_variation=variation)
+            if analysis.decision is not None and campaigns:
+                analysis.decision["campaigns"] = campaigns
             if mode == "passive":
                 analysis = _event_model(analysis, results_dir, grid, injected)
                 tick("event model")

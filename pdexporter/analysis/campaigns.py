@@ -1,0 +1,457 @@
+"""Held-out campaigns (issue 30): a model's error is quoted only on a GPU campaign it was never
+fitted on, and what moves between campaigns is carried into every interval.
+
+A *campaign* is one GPU session's measurements of one engine setup. Each results directory says
+which it belongs to in a `campaign.yaml` (`id`, `date`, `role`: `fit` or `validation`, `note`).
+The records of a validation campaign are read by no fit (`check_fit_inputs`, called by every
+joined fit): they only score models.
+
+**Leave one campaign out.** For every campaign c, the models are fitted on the fit campaigns other
+than c and predict c's points; a validation campaign is predicted by the models fitted on every fit
+campaign. At each held-out point the log ratio r = log(measured / predicted) is what a campaign the
+models never saw will see. Its root mean square per arm and regime (`decision_eval.cost_regime`:
+a CUDA-graph step, an eager step bound by the host's launches, one bound by the GPU's work) is the
+**campaign variation** s, carried into `decision.json` (`campaign_variation`): each bootstrap
+replicate's arm cost is multiplied by exp(s z_r), with z_r fixed standard normal draws stored with
+the replicates (`replicates.campaign`), so every interval, verdict share and threshold carries it.
+A regime with fewer than `MIN_REGIME_POINTS` held-out points takes the arm's pooled s.
+
+**Coverage** is the share of held-out measurements inside their 90 % interval, the interval built
+with the s estimated from the *other* campaigns' residuals (nested: the campaign scored never sets
+its own width).
+
+Pure: samples and documents in, data out; `load_campaign` and `find_campaigns` are the file edges.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pdexporter.analysis.decision_eval import (
+    CAMPAIGN_ARMS,
+    chunk_context,
+    cost_regime,
+    evaluate_arms,
+)
+from pdexporter.analysis.table import ConfigSamples, build_table
+from pdexporter.errors import RecordError
+
+__all__ = [
+    "CAMPAIGN_FILE",
+    "MIN_REGIME_POINTS",
+    "ROLES",
+    "Campaign",
+    "HeldOutPoint",
+    "campaign_draws",
+    "check_fit_inputs",
+    "coverage_summary",
+    "find_campaigns",
+    "fold_variation",
+    "headline",
+    "held_out_points",
+    "load_campaign",
+    "load_variation",
+    "render_markdown",
+    "validate",
+    "write_outputs",
+    "variation_from",
+]
+
+CAMPAIGN_FILE = "campaign.yaml"
+ROLES = ("fit", "validation")
+MIN_REGIME_POINTS = 8  # fewer held-out points in a regime: it takes its arm's pooled variation
+COVERAGE_LEVEL = 0.90  # the intervals scored: 5th..95th percentile
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """One GPU campaign: its id, date and role, and its results directories by arm."""
+
+    id: str
+    date: str
+    role: str
+    colocated: tuple[str, ...] = ()
+    offloaded: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def load_campaign(results_dir: str | Path) -> dict[str, str] | None:
+    """The `campaign.yaml` of a results directory (None: the directory says nothing)."""
+    path = Path(results_dir) / CAMPAIGN_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RecordError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: expected a mapping with id, date, role")
+    for key in ("id", "date", "role"):
+        if data.get(key) is None or isinstance(data.get(key), dict | list) or str(data.get(key)).strip() == "":
+            raise RecordError(f"{path}: {key}: missing (every campaign.yaml names id, date and role)")
+    if data["role"] not in ROLES:
+        raise RecordError(f"{path}: role: {data['role']!r} is not one of {', '.join(ROLES)}")
+    return {"id": str(data["id"]), "date": str(data["date"]), "role": data["role"], "note": str(data.get("note") or "")}
+
+
+def check_fit_inputs(results_dirs: Sequence[str | Path]) -> list[str]:
+    """Refuse a validation campaign's directory among the inputs of a joined fit; the campaign
+    ids the fit rests on (those the directories name), in order."""
+    ids: list[str] = []
+    for directory in results_dirs:
+        info = load_campaign(directory)
+        if info is None:
+            continue
+        if info["role"] == "validation" and len(results_dirs) > 1:
+            raise RecordError(f"{directory}: a validation campaign ({info['id']}, {CAMPAIGN_FILE} role: validation): "
+                              "no fit reads it; score models on it with `pdexporter validate`")
+        if info["id"] not in ids:
+            ids.append(info["id"])
+    return ids
+
+
+def find_campaigns(pairs: Sequence[tuple[str | Path, str]]) -> list[Campaign]:
+    """Campaigns from (results directory, arm) pairs, grouped by their `campaign.yaml` id."""
+    found: dict[str, dict[str, Any]] = {}
+    for directory, arm in pairs:
+        if arm not in CAMPAIGN_ARMS:
+            raise RecordError(f"{directory}: arm {arm!r} is not one of {', '.join(CAMPAIGN_ARMS)}")
+        info = load_campaign(directory)
+        if info is None:
+            raise RecordError(f"{directory}: no {CAMPAIGN_FILE} (id, date, role) saying which campaign it is")
+        entry = found.setdefault(info["id"], {"date": info["date"], "role": info["role"], "colocated": [],
+                                              "offloaded": [], "notes": []})
+        if entry["role"] != info["role"]:
+            raise RecordError(f"{directory}: campaign {info['id']} is role {info['role']} here but {entry['role']} "
+                              "in another directory")
+        entry[arm].append(str(directory))
+        if info["note"]:
+            entry["notes"].append(info["note"])
+    return [Campaign(cid, e["date"], e["role"], tuple(e["colocated"]), tuple(e["offloaded"]), tuple(e["notes"]))
+            for cid, e in found.items()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Held-out predictions
+
+
+@dataclass
+class HeldOutPoint:
+    """One measured point of a campaign, predicted by models that never read that campaign."""
+
+    campaign: str
+    role: str
+    arm: str  # colocated | offloaded
+    chunk_size: int
+    decode_batch_size: int
+    new_prefill_tokens: int
+    regime: str
+    measured_ms: float
+    predicted_ms: float
+    fitted_on: tuple[str, ...]
+    replicate_ms: list[float] = field(default_factory=list, repr=False)  # bootstrap replicates, no variation
+
+    @property
+    def log_ratio(self) -> float:
+        return math.log(self.measured_ms / self.predicted_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"campaign": self.campaign, "role": self.role, "arm": self.arm, "chunk_size": self.chunk_size,
+                "decode_batch_size": self.decode_batch_size, "new_prefill_tokens": self.new_prefill_tokens,
+                "regime": self.regime, "measured_ms": round(self.measured_ms, 3),
+                "predicted_ms": round(self.predicted_ms, 3),
+                "error_pct": round(100.0 * (self.predicted_ms - self.measured_ms) / self.measured_ms, 2),
+                "fitted_on": list(self.fitted_on)}
+
+
+Fit = Callable[[Sequence[ConfigSamples], Sequence[ConfigSamples]], dict[str, Any] | None]
+Samples = Mapping[str, Mapping[str, Sequence[ConfigSamples]]]  # campaign id -> arm -> samples
+
+
+def _measured(samples: Sequence[ConfigSamples]) -> dict[tuple[int, int, int], float]:
+    table = build_table(samples)
+    out = {}
+    for row in table.to_dict(orient="records"):
+        value = row.get("aggregate_interference_ms")
+        d = int(row["decode_batch_size"])
+        if d >= 1 and isinstance(value, int | float) and math.isfinite(value) and value > 0:
+            out[(int(row["chunk_size"]), d, int(row["new_prefill_tokens"]))] = float(value)
+    return out
+
+
+def _pool(samples: Samples, ids: Sequence[str], arm: str) -> list[ConfigSamples]:
+    """The repetitions of every point the campaigns `ids` measured on `arm`, pooled per point."""
+    from dataclasses import replace
+
+    merged: dict[tuple[int, int, int], ConfigSamples] = {}
+    for cid in ids:
+        for s in samples[cid].get(arm, ()):
+            if s.key in merged:
+                first = merged[s.key]
+                steps = first.steps + s.steps if len(first.steps) == len(first.reps) and \
+                    len(s.steps) == len(s.reps) else ()
+                merged[s.key] = replace(first, reps=first.reps + s.reps, steps=steps, top_level=None)
+            else:
+                merged[s.key] = s
+    return list(merged.values())
+
+
+def held_out_points(campaigns: Sequence[Campaign], samples: Samples, fit: Fit,
+                    tick: Callable[[str], None] | None = None) -> list[HeldOutPoint]:
+    """Every campaign's points predicted by the models fitted on the other fit campaigns (`fit`:
+    colocated and offloaded samples in, a decision document out, or None where they do not fit)."""
+    fit_ids = [c.id for c in campaigns if c.role == "fit"]
+    points: list[HeldOutPoint] = []
+    for c in campaigns:
+        train = tuple(i for i in fit_ids if i != c.id)
+        if not train:
+            continue
+        col, off = _pool(samples, train, "colocated"), _pool(samples, train, "offloaded")
+        if not col:
+            continue
+        doc = fit(col, off)
+        if tick:
+            tick(c.id)
+        if doc is None:
+            continue
+        for arm in CAMPAIGN_ARMS:
+            if arm == "offloaded" and not doc.get("two_arm"):
+                continue
+            measured = _measured(samples[c.id].get(arm, ()))
+            points.extend(_predict(doc, c, arm, measured, train))
+    return points
+
+
+def _predict(doc: dict[str, Any], c: Campaign, arm: str, measured: Mapping[tuple[int, int, int], float],
+             train: tuple[str, ...]) -> list[HeldOutPoint]:
+    key = "colocated_cost_ms" if arm == "colocated" else "offloaded_cost_ms"
+    n_reps = len((doc.get("replicates") or {}).get("model") or ())
+    out = []
+    for (b, d, p), value in sorted(measured.items()):
+        try:
+            ctx = chunk_context(doc, d, p, b)
+        except ValueError:
+            continue
+        central = evaluate_arms(doc, d, p, b, contexts=(ctx, chunk_context(doc, 0, p, b)))[key]
+        if not central or central <= 0:
+            continue
+        reps = [evaluate_arms(doc, d, p, b, replicate=i, campaign=False)[key] for i in range(n_reps)]
+        out.append(HeldOutPoint(c.id, c.role, arm, b, d, p, cost_regime(doc, ctx), value, central, train,
+                                [float(r) for r in reps]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Campaign variation and coverage
+
+
+def variation_from(points: Sequence[HeldOutPoint], *, exclude: str | None = None) -> dict[str, dict[str, Any]]:
+    """s per arm and regime: the root mean square of the held-out log ratios (the fit campaigns'
+    points only, less `exclude`'s), with the campaigns and point counts it rests on."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm in CAMPAIGN_ARMS:
+        use = [q for q in points if q.arm == arm and q.role == "fit" and q.campaign != exclude]
+        if not use:
+            continue
+        pooled = _rms([q.log_ratio for q in use])
+        regimes: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for regime in sorted({q.regime for q in use}):
+            these = [q.log_ratio for q in use if q.regime == regime]
+            counts[regime] = len(these)
+            regimes[regime] = _rms(these) if len(these) >= MIN_REGIME_POINTS else pooled
+        out[arm] = {"log_sd": round(pooled, 5), "by_regime": {k: round(v, 5) for k, v in regimes.items()},
+                    "points": len(use), "points_by_regime": counts,
+                    "campaigns": sorted({q.campaign for q in use})}
+    return out
+
+
+def _rms(values: Sequence[float]) -> float:
+    return math.sqrt(sum(v * v for v in values) / len(values)) if values else 0.0
+
+
+def campaign_draws(n: int, seed: int = 20261203) -> list[dict[str, float]]:
+    """Fixed standard normal draws per bootstrap replicate, one per arm, independent between the
+    arms: the normal quantiles at (i + 0.5) / n, each arm in its own fixed random order."""
+    normal = statistics.NormalDist()
+    quantiles = [normal.inv_cdf((i + 0.5) / n) for i in range(n)]
+    rng = np.random.default_rng(seed)
+    orders = {arm: rng.permutation(n) for arm in CAMPAIGN_ARMS}
+    return [{arm: round(quantiles[int(orders[arm][i])], 6) for arm in CAMPAIGN_ARMS} for i in range(n)]
+
+
+def fold_variation(doc: dict[str, Any], variation: Mapping[str, Any], held_out: Mapping[str, Any] | None = None,
+                   ) -> dict[str, Any]:
+    """The decision document with the campaign variation carried: `campaign_variation` (s per arm
+    and regime, what it rests on, the held-out errors) and one draw per replicate."""
+    n = len((doc.get("replicates") or {}).get("model") or ())
+    out = dict(doc)
+    out["campaign_variation"] = {"scheme": "leave-one-campaign-out", **{k: dict(v) for k, v in variation.items()
+                                                                       if k in CAMPAIGN_ARMS}}
+    if held_out:
+        out["campaign_variation"]["held_out"] = dict(held_out)
+    if n:
+        out["replicates"] = dict(doc["replicates"], campaign=campaign_draws(n))
+    return out
+
+
+def _interval(point: HeldOutPoint, s: float) -> tuple[float, float]:
+    draws = campaign_draws(len(point.replicate_ms)) if point.replicate_ms else []
+    values = sorted(v * math.exp(s * z[point.arm]) for v, z in zip(point.replicate_ms, draws)) or [point.predicted_ms]
+    lo_q, hi_q = (1 - COVERAGE_LEVEL) / 2, 1 - (1 - COVERAGE_LEVEL) / 2
+    lo = min(float(np.quantile(values, lo_q)), point.predicted_ms)
+    hi = max(float(np.quantile(values, hi_q)), point.predicted_ms)
+    return lo, hi
+
+
+def coverage_summary(points: Sequence[HeldOutPoint]) -> dict[str, Any]:
+    """Per arm and campaign: MAPE, median and max error, and the share of measurements inside the
+    90 % interval without and with the campaign variation (nested: s from the other campaigns)."""
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"level": COVERAGE_LEVEL, "arms": {}, "points": rows}
+    for arm in CAMPAIGN_ARMS:
+        arm_points = [q for q in points if q.arm == arm]
+        if not arm_points:
+            continue
+        per: dict[str, Any] = {}
+        for cid in sorted({q.campaign for q in arm_points}):
+            these = [q for q in arm_points if q.campaign == cid]
+            var = variation_from(points, exclude=cid).get(arm)
+            inside_before = inside_after = 0
+            for q in these:
+                lo, hi = _interval(q, 0.0)
+                inside_before += lo <= q.measured_ms <= hi
+                s = var["by_regime"].get(q.regime, var["log_sd"]) if var else 0.0
+                lo2, hi2 = _interval(q, s)
+                inside_after += lo2 <= q.measured_ms <= hi2
+                rows.append({**q.to_dict(), "interval_bootstrap": [round(lo, 3), round(hi, 3)],
+                             "interval_90": [round(lo2, 3), round(hi2, 3)], "inside": lo2 <= q.measured_ms <= hi2,
+                             "variation_log_sd": round(s, 5)})
+            errors = [abs(q.predicted_ms - q.measured_ms) / q.measured_ms * 100.0 for q in these]
+            per[cid] = {"role": these[0].role, "points": len(these), "fitted_on": list(these[0].fitted_on),
+                        "mape_pct": round(statistics.fmean(errors), 2),
+                        "median_error_pct": round(statistics.median(errors), 2),
+                        "max_error_pct": round(max(errors), 2),
+                        "coverage_bootstrap_only": round(inside_before / len(these), 3),
+                        "coverage": round(inside_after / len(these), 3)}
+        fit_rows = [v for v in per.values() if v["role"] == "fit"]
+        n_fit = sum(v["points"] for v in fit_rows)
+        summary["arms"][arm] = {
+            "campaigns": per,
+            "leave_one_campaign_out": {
+                "points": n_fit,
+                "mape_pct": round(sum(v["mape_pct"] * v["points"] for v in fit_rows) / n_fit, 2) if n_fit else None,
+                "coverage": round(sum(v["coverage"] * v["points"] for v in fit_rows) / n_fit, 3) if n_fit else None,
+            },
+        }
+    return summary
+
+
+def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What a decision document quotes: per arm, the held-out MAPE and coverage over the fit
+    campaigns (leave one out) and over each validation campaign, with the campaigns named."""
+    out: dict[str, Any] = {}
+    for arm, body in summary.get("arms", {}).items():
+        loco = body["leave_one_campaign_out"]
+        entry = {"leave_one_campaign_out": {**loco, "campaigns": sorted(k for k, v in body["campaigns"].items()
+                                                                        if v["role"] == "fit")}}
+        for cid, v in body["campaigns"].items():
+            if v["role"] == "validation":
+                entry.setdefault("validation", {})[cid] = {k: v[k] for k in ("points", "mape_pct", "coverage",
+                                                                             "fitted_on")}
+        out[arm] = entry
+    return out
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point (`pdexporter validate`)
+
+HELD_OUT_SCHEMA = "pdexporter.held-out/v1"
+
+
+def validate(colocated: Sequence[str | Path], offloaded: Sequence[str | Path] = (),
+             tick: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Leave one campaign out over the given results directories (each with its `campaign.yaml`):
+    the held-out points, each arm's error and coverage per campaign, and the campaign variation
+    to carry into decision documents (`fold_variation`)."""
+    from pdexporter.analysis.job import analyse, load_results
+
+    campaigns = find_campaigns([(d, "colocated") for d in colocated] + [(d, "offloaded") for d in offloaded])
+    if not any(c.role == "fit" for c in campaigns):
+        raise RecordError("no fit campaign among the inputs: nothing to fit the models on")
+    samples = {c.id: {"colocated": [s for d in c.colocated for s in load_results(d)],
+                      "offloaded": [s for d in c.offloaded for s in load_results(d)]} for c in campaigns}
+
+    def fit(col: Sequence[ConfigSamples], off: Sequence[ConfigSamples]) -> dict[str, Any] | None:
+        return analyse(col, offloaded=list(off) or None, source="held-out fit").decision
+
+    points = held_out_points(campaigns, samples, fit, tick)
+    summary = coverage_summary(points)
+    return {
+        "schema": HELD_OUT_SCHEMA,
+        "scheme": "leave-one-campaign-out",
+        "campaigns": [{"id": c.id, "date": c.date, "role": c.role, "colocated": list(c.colocated),
+                       "offloaded": list(c.offloaded), "notes": list(c.notes)} for c in campaigns],
+        "variation": variation_from(points),
+        "headline": headline(summary),
+        "summary": summary,
+    }
+
+
+def load_variation(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(variation, headline) from a `pdexporter validate` output (held_out.json)."""
+    import json
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise RecordError(f"{p}: cannot read a held-out document ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != HELD_OUT_SCHEMA:
+        raise RecordError(f"{p}: schema: expected {HELD_OUT_SCHEMA} (the held_out.json `pdexporter validate` writes)")
+    for arm, v in (doc.get("variation") or {}).items():
+        s = v.get("log_sd") if isinstance(v, dict) else None
+        if not isinstance(s, int | float) or not math.isfinite(s) or s < 0:
+            raise RecordError(f"{p}: variation.{arm}.log_sd: {s!r} is not a finite number >= 0")
+    return doc["variation"], doc.get("headline") or {}
+
+
+def render_markdown(result: Mapping[str, Any]) -> str:
+    """The held-out errors and coverage as a Markdown table, one row per arm and campaign."""
+    lines = ["| arm | campaign | role | fitted on | points | MAPE % | median % | max % | in 90 % interval "
+             "(bootstrap only) | in 90 % interval (with campaign variation) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, body in result["summary"]["arms"].items():
+        for cid, v in body["campaigns"].items():
+            lines.append(f"| {arm} | {cid} | {v['role']} | {', '.join(v['fitted_on'])} | {v['points']} | "
+                         f"{v['mape_pct']:.1f} | {v['median_error_pct']:.1f} | {v['max_error_pct']:.1f} | "
+                         f"{v['coverage_bootstrap_only']:.0%} | {v['coverage']:.0%} |")
+    lines.append("")
+    for arm, v in result["variation"].items():
+        regimes = ", ".join(f"{k} {s:.3f} ({v['points_by_regime'][k]} points)" for k, s in v["by_regime"].items())
+        lines.append(f"- campaign variation, {arm}: log sd {v['log_sd']:.3f} pooled; by regime: {regimes}; "
+                     f"from {', '.join(v['campaigns'])}")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(result: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
+    """held_out.json (everything), held_out.csv (one row per held-out point), held_out.md."""
+    import pandas as pd
+
+    from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
+
+    out = Path(out_dir)
+    paths = [out / "held_out.json", out / "held_out.csv", out / "held_out.md"]
+    atomic_write_json(paths[0], dict(result))
+    atomic_write_text(paths[1], pd.DataFrame(result["summary"]["points"]).to_csv(index=False))
+    atomic_write_text(paths[2], "# Held-out campaigns (leave one campaign out)\n\n" + render_markdown(result))
+    return paths

@@ -1,0 +1,216 @@
+"""Held-out campaigns (issue 30, `analysis.campaigns`): validation campaigns read by no fit, errors
+quoted on campaigns a model never saw, the campaign variation carried into every interval, and
+the coverage scored nested (a campaign never sets its own interval's width)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pdexporter.analysis.campaigns import (
+    CAMPAIGN_FILE,
+    HeldOutPoint,
+    campaign_draws,
+    check_fit_inputs,
+    coverage_summary,
+    find_campaigns,
+    fold_variation,
+    load_campaign,
+    validate,
+    variation_from,
+)
+from pdexporter.analysis.decision_eval import evaluate_decision, held_out_text
+from pdexporter.analysis.job import load_joined
+from pdexporter.errors import RecordError
+
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "results"
+
+
+def campaign_dir(tmp: Path, name: str, cid: str, role: str = "fit") -> Path:
+    d = tmp / name
+    d.mkdir(parents=True)
+    (d / CAMPAIGN_FILE).write_text(f"id: {cid}\ndate: 2026-12-03\nrole: {role}\nnote: test\n")
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation campaigns are read by no fit
+
+
+def test_a_validation_campaign_is_refused_as_the_input_of_a_joined_fit(tmp_path: Path) -> None:
+    fit = campaign_dir(tmp_path, "a", "c1")
+    val = campaign_dir(tmp_path, "v", "c9", role="validation")
+    assert check_fit_inputs([fit]) == ["c1"]
+    assert check_fit_inputs([val]) == ["c9"]  # its own table, alone, is not a fit of the models others use
+    with pytest.raises(RecordError, match="validation campaign .*no fit reads it"):
+        check_fit_inputs([fit, val])
+    with pytest.raises(RecordError, match="no fit reads it"):
+        load_joined([fit, val], pool=True)
+
+
+def test_a_campaign_file_names_id_date_and_a_known_role(tmp_path: Path) -> None:
+    d = tmp_path / "x"
+    d.mkdir()
+    assert load_campaign(d) is None
+    (d / CAMPAIGN_FILE).write_text("id: c1\nrole: fit\n")
+    with pytest.raises(RecordError, match="date: missing"):
+        load_campaign(d)
+    (d / CAMPAIGN_FILE).write_text("id: c1\ndate: 2026-12-03\nrole: training\n")
+    with pytest.raises(RecordError, match="role: 'training' is not one of fit, validation"):
+        load_campaign(d)
+    (d / CAMPAIGN_FILE).write_text("id: c1\ndate: 2026-12-03\nrole: fit\n")
+    assert load_campaign(d) == {"id": "c1", "date": "2026-12-03", "role": "fit", "note": ""}
+
+
+def test_committed_validation_campaigns_are_read_by_no_committed_fit() -> None:
+    """Every committed decision document rests on fit campaigns only: none names a validation
+    campaign among its campaigns or a validation campaign's directory among its sources."""
+    validation_dirs = {p.parent.relative_to(ROOT).as_posix() for p in RESULTS.rglob(CAMPAIGN_FILE)
+                       if load_campaign(p.parent)["role"] == "validation"}  # type: ignore[index]
+    validation_ids = {load_campaign(ROOT / d)["id"] for d in validation_dirs}  # type: ignore[index]
+    assert validation_dirs, "the committed validation campaign has its campaign.yaml"
+    checked = 0
+    for path in RESULTS.rglob("decision.json"):
+        if any(path.is_relative_to(ROOT / d) for d in validation_dirs):
+            continue  # a validation campaign's own table
+        doc = json.loads(path.read_text())
+        assert not set(doc.get("campaigns") or []) & validation_ids, path
+        source = f"{doc.get('source', '')} {(doc.get('two_arm') or {}).get('source', '')}"
+        assert not any(d in source for d in validation_dirs), path
+        checked += 1
+    assert checked >= 5
+    script = (ROOT / "scripts" / "results.sh").read_text()
+    for line in script.splitlines():
+        if "export-table" in line and "--campaign-variation" not in line:
+            assert "validation" not in line, line
+
+
+def test_committed_campaigns_group_by_id() -> None:
+    pairs = [(p.parent, "colocated") for p in RESULTS.rglob(CAMPAIGN_FILE) if "decodebench" not in str(p)]
+    found = {c.id: c for c in find_campaigns(pairs)}
+    assert {"s1-h200", "s3-h200x2", "s4-h200", "s5-h200"} <= set(found)
+    assert found["s3-h200x2"].role == "fit" and len(found["s3-h200x2"].colocated) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# The campaign variation carried into every interval
+
+
+def test_campaign_draws_are_fixed_standard_normal_and_independent_between_the_arms() -> None:
+    draws = campaign_draws(200)
+    assert draws == campaign_draws(200)
+    col = [d["colocated"] for d in draws]
+    off = [d["offloaded"] for d in draws]
+    assert abs(statistics.fmean(col)) < 1e-9 and 0.95 < statistics.pstdev(col) < 1.0
+    assert sorted(col) == sorted(off) and col != off
+    assert abs(statistics.correlation(col, off)) < 0.2
+    share_inside = sum(abs(z) <= 1.645 for z in col) / len(col)
+    assert share_inside == pytest.approx(0.90, abs=0.01)
+
+
+def one_arm_doc(n_reps: int = 200) -> dict:
+    """A colocated cost model whose bootstrap replicates all agree (no estimation spread), so any
+    width of an interval is the campaign variation's."""
+    k = {"alpha0_ms": 40.0, "alpha1_ms_per_decode": 0.0, "compute0_ms": 0.0, "gamma_ms_per_token": 0.01,
+         "beta_ms_per_token_pair": 0.0, "kappa_graph_ms_per_token": 0.02, "graph0_ms": 5.0}
+    return {"model": {"name": "context_aware", "coefficients": dict(k)},
+            "chunk_rule": {"decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 512},
+            "replicates": {"model": [dict(k) for _ in range(n_reps)]}, "transfer_ms_default": 50.0}
+
+
+def test_intervals_and_verdicts_carry_the_campaign_variation_per_regime() -> None:
+    doc = one_arm_doc()
+    variation = {"colocated": {"log_sd": 0.2, "by_regime": {"graph": 0.3, "launch": 0.2, "compute": 0.1}}}
+    folded = fold_variation(doc, variation, {"colocated": {"leave_one_campaign_out": {
+        "mape_pct": 17.0, "coverage": 0.9, "campaigns": ["a", "b"]}}})
+    for p, s in ((256, 0.3), (2048, 0.2), (16384, 0.1)):  # graph, one eager launch-bound step, compute
+        before = evaluate_decision(doc, 4, p, 8192, mode="seed")
+        after = evaluate_decision(folded, 4, p, 8192, mode="seed")
+        assert after["cost_ms"] == before["cost_ms"]  # the central number does not move
+        lo, hi = before["intervals"]["colocated_cost_ms"]
+        assert hi - lo < 1e-6 * before["cost_ms"]  # no bootstrap spread by construction
+        lo, hi = after["intervals"]["colocated_cost_ms"]
+        assert math.log(hi / after["cost_ms"]) == pytest.approx(1.645 * s, rel=0.03), p
+        assert math.log(after["cost_ms"] / lo) == pytest.approx(1.645 * s, rel=0.03), p
+    # a verdict whose central margin is inside the variation is no longer decided
+    cost = evaluate_decision(doc, 4, 2048, 8192, mode="seed")["cost_ms"]
+    assert evaluate_decision(doc, 4, 2048, 8192, transfer_ms=cost * 0.9, mode="seed")["decided"]
+    assert not evaluate_decision(folded, 4, 2048, 8192, transfer_ms=cost * 0.9, mode="seed")["decided"]
+    assert "17 % MAPE" in held_out_text(folded) and "a, b" in held_out_text(folded)
+    assert "no campaign variation carried" in held_out_text(doc)
+    assert evaluate_decision(folded, 4, 2048, 8192, mode="seed")["held_out"]["intervals_carry_campaign_variation"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Coverage, nested
+
+
+def point(cid: str, ratio: float, regime: str = "compute", role: str = "fit") -> HeldOutPoint:
+    return HeldOutPoint(cid, role, "colocated", 8192, 4, 1024, regime, 100.0 * ratio, 100.0, ("x",),
+                        [100.0] * 200)
+
+
+def test_variation_is_the_rms_of_held_out_log_errors_and_coverage_is_nested() -> None:
+    ratios = {"a": [1.1, 0.9, 1.2, 0.85] * 3, "b": [1.15, 0.88, 1.05, 0.95] * 3, "c": [2.5] * 12}
+    points = [point(cid, r) for cid, rs in ratios.items() for r in rs]
+    points += [point("v", 1.1, role="validation") for _ in range(10)]
+    var = variation_from(points)["colocated"]
+    expected = math.sqrt(statistics.fmean([math.log(r) ** 2 for rs in ratios.values() for r in rs]))
+    assert var["log_sd"] == pytest.approx(expected, abs=1e-4)
+    assert var["campaigns"] == ["a", "b", "c"]  # a validation campaign never sets the variation
+    summary = coverage_summary(points)["arms"]["colocated"]["campaigns"]
+    # bootstrap alone (no spread here) covers nothing; with the variation a and b are covered...
+    assert summary["a"]["coverage_bootstrap_only"] == 0.0
+    assert summary["a"]["coverage"] == 1.0 and summary["b"]["coverage"] == 1.0
+    # ...but c, far off, is scored with the variation of a and b alone: it does not widen its own interval
+    assert summary["c"]["coverage"] == 0.0
+    assert summary["c"]["mape_pct"] == pytest.approx(60.0)  # |100 - 250| / 250: the error of the prediction
+    assert summary["v"]["role"] == "validation" and summary["v"]["coverage"] == 1.0
+
+
+def test_a_regime_with_few_points_takes_the_arms_pooled_variation() -> None:
+    points = [point("a", 1.2) for _ in range(10)] + [point("b", 0.8) for _ in range(10)]
+    points += [point("a", 2.0, regime="graph") for _ in range(3)]
+    var = variation_from(points)["colocated"]
+    assert var["by_regime"]["graph"] == var["log_sd"] and var["points_by_regime"]["graph"] == 3
+    assert var["by_regime"]["compute"] == pytest.approx(math.sqrt(statistics.fmean(
+        [math.log(1.2) ** 2, math.log(0.8) ** 2])), abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end on committed H200 records (a few points of three campaigns)
+
+
+def subset(tmp: Path, source: str, name: str, cid: str, keys: list[str], role: str = "fit") -> Path:
+    d = campaign_dir(tmp, name, cid, role)
+    (d / "8192").mkdir()
+    for key in keys:
+        shutil.copy(RESULTS / source / "8192" / f"{key}.json", d / "8192" / f"{key}.json")
+    return d
+
+
+def test_validate_leaves_each_campaign_out_on_real_records(tmp_path: Path) -> None:
+    keys = [f"D{d}_P{p}" for d in (1, 4, 12) for p in (512, 1024, 2048, 4096)] + ["D0_P1024"]
+    a = subset(tmp_path, "h200-vllm0.22-qwen3-coder-30b-a3b", "a", "s1", keys + [
+        f"D{d}_P{p}" for d in (2, 8) for p in (8192, 16384)])
+    b = subset(tmp_path, "h200-vllm0.22-qwen3-coder-30b-a3b-small-p", "b", "s4", keys + [
+        f"D{d}_P{p}" for d in (2, 8) for p in (768, 1536)])
+    v = subset(tmp_path, "h200x2-vllm0.22-qwen3-coder-30b-a3b", "v", "s3", keys, role="validation")
+    result = validate([a, b, v])
+    by = result["summary"]["arms"]["colocated"]["campaigns"]
+    assert by["s1"]["fitted_on"] == ["s4"] and by["s4"]["fitted_on"] == ["s1"]
+    assert by["s3"]["fitted_on"] == ["s1", "s4"] and by["s3"]["role"] == "validation"
+    assert by["s3"]["points"] == 12
+    assert result["variation"]["colocated"]["campaigns"] == ["s1", "s4"]
+    for v_ in by.values():
+        assert 0 <= v_["coverage_bootstrap_only"] <= v_["coverage"] <= 1
+        assert v_["mape_pct"] > 0
+    headline = result["headline"]["colocated"]
+    assert headline["leave_one_campaign_out"]["campaigns"] == ["s1", "s4"]
+    assert set(headline["validation"]) == {"s3"}
