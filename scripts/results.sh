@@ -35,12 +35,23 @@ for d in "${record_dirs[@]}"; do
   pd export-table "$d" --out "$d" >/dev/null
   pd report "$d" --out "$d/report.html" >/dev/null
 done
+# Held-out campaigns (issue 30, docs/analysis.md): every campaign left out in turn and predicted by
+# the models fitted on the others, the validation campaign by the models fitted on all of them; the
+# campaign variation measured so is carried into the two-arm decision documents below.
+HELD_OUT=$R/held-out
+echo "== validate (leave one campaign out)"
+pd validate --out "$HELD_OUT" \
+  --colocated "$SEED" --colocated $R/h200x2-vllm0.22-qwen3-coder-30b-a3b \
+  --colocated $R/h200x2-vllm0.22-qwen3-coder-30b-a3b-cv-rerun --colocated $R/h200-vllm0.22-qwen3-coder-30b-a3b-generalise \
+  --colocated "$SEED-small-p" --colocated "$PASSIVE/injected" --colocated "$SEED-validation" \
+  --offloaded "$DB" --offloaded "$DB-small-p" --offloaded "$DB-validation" >/dev/null
 # The two arms: colocated (one H200) beside DecodeBench (one H200) and beside the 1P1D pair (two).
 for arms in "h200-arms-decodebench" "h200x2-arms"; do
   out=$R/$arms
   if [ "$arms" = h200-arms-decodebench ]; then off=("${OFFLOADED_DB[@]}"); else off=(--offloaded "$PAIR"); fi
   echo "== two arms $out"
-  pd export-table "${COLOCATED[@]}" --pool "${off[@]}" --out "$out" >/dev/null
+  pd export-table "${COLOCATED[@]}" --pool "${off[@]}" --campaign-variation "$HELD_OUT/held_out.json" --out "$out" \
+    >/dev/null
   pd report "${COLOCATED[@]}" --pool "${off[@]}" --out "$out/report.html" >/dev/null
   pd thresholds --model "$out/decision.json" --out "$out" >/dev/null
 done

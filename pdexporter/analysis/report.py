@@ -119,7 +119,11 @@ def _decision(analysis: Analysis) -> str:
     doc = analysis.decision
     if doc is None:
         return "<p>No decision function (no fitted model).</p>"
-    parts = [f"<p>Rule: <code>{_e(doc['rule'])}</code>; cost = {_e(doc['cost'])}; transfer budget "
+    from pdexporter.analysis.decision_eval import held_out_text
+
+    parts = [f"<p><b>{_e(held_out_text(doc))}</b> (<code>pdexporter validate</code>: every error measured on GPU "
+             "campaigns the models were not fitted on).</p>"]
+    parts += [f"<p>Rule: <code>{_e(doc['rule'])}</code>; cost = {_e(doc['cost'])}; transfer budget "
              f"{doc['transfer_ms_default']:g} ms. The router-loadable form is <code>decision.json</code> "
              f"(schema <code>{_e(doc['schema'])}</code>).</p>"]
     thresholds = doc.get("thresholds_min_prefill_tokens", {})

@@ -35,6 +35,9 @@ def load_decision(path: Path) -> dict[str, Any]:
         hint = (" (written by an older pdexporter: run export-table on its results again)"
                 if found == "pdexporter.decision/v1" else "")
         raise ConfigError(f"--model {path}: schema {found!r}, expected {DECISION_SCHEMA!r}{hint}")
+    from pdexporter.analysis.decision_schema import validate_decision
+
+    validate_decision(doc, f"--model {path}")  # every field as the shipped schema says, every number finite
     return doc
 
 

@@ -330,7 +330,11 @@ def print_summary(analysis: Analysis, extra: list[str] | None = None) -> None:
         generalisation = [f"{scheme} MAPE {h.mape:.1%} ({h.predicted} points)" for scheme, h in best.held_out.items()
                           if h.mape is not None]
         if generalisation:
-            console.print(f"  held out ({f.chosen}): " + "; ".join(generalisation))
+            console.print(f"  held out within this data ({f.chosen}): " + "; ".join(generalisation))
+    if analysis.decision is not None:
+        from pdexporter.analysis.decision_eval import held_out_text
+
+        console.print(held_out_text(analysis.decision), highlight=False, soft_wrap=True)
     for note in analysis.notes:
         console.print(f"[yellow]{note}[/]")
     if analysis.arms is not None:

@@ -31,8 +31,12 @@ def report(
     injected: Annotated[Path | None, typer.Option(
         "--injected", help="Passive records (run --passive --out): injected records of the same engine, to draw "
                            "the event-fitted model's error against them vs minutes of traffic.")] = None,
+    campaign_variation: Annotated[Path | None, typer.Option(
+        "--campaign-variation", help="held_out.json of `pdexporter validate`: carried into the intervals and "
+                                     "thresholds, its held-out errors quoted (as export-table).")] = None,
 ) -> None:
     """Write one HTML file (images embedded, no external assets) describing the results."""
+    from pdexporter.analysis.campaigns import load_variation
     from pdexporter.analysis.job import analyse, load_joined, record_paths
     from pdexporter.analysis.plots import all_plots
     from pdexporter.analysis.report import write_report
@@ -41,6 +45,7 @@ def report(
     # asked (a committed results directory's report.html was rewritten by a first look at it).
     results_dirs, first_dir = results_dir, results_dir[0]
     offloaded = offloaded or None
+    variation = load_variation(campaign_variation) if campaign_variation is not None else None
     target = out or default_report_path(first_dir)
     paths = [path for directory in results_dirs for path in record_paths(directory)]
     off_paths = [path for directory in offloaded or [] for path in record_paths(directory)]
@@ -49,7 +54,8 @@ def report(
         samples = load_joined(results_dirs, tick, pool=pool)
         off = load_joined(offloaded, tick, pool=pool) if offloaded else None
         analysis = analyse(samples, transfer_ms, source=" + ".join(map(str, results_dirs)), tick=tick,
-                           offloaded=off, offloaded_source=" + ".join(map(str, offloaded or [])))
+                           offloaded=off, offloaded_source=" + ".join(map(str, offloaded or [])),
+                           campaign_variation=variation)
         plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, transfer_ms)
         if samples and all(s.passive for s in samples):  # the event-fitted model and its convergence
             from pdexporter.analysis.job import analyse_passive, injected_values, load_passive_events
