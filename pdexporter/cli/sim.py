@@ -495,7 +495,7 @@ def calibrate_cmd(
 
     _print_calibration(screen, base, result, names, mode)
     for directory, rep_base, rep_fit, slow in predicted_extra:
-        _print_extra(screen, directory, rep_base, rep_fit, slow)
+        _print_extra(screen, directory, rep_base, rep_fit, slow, results_dir)
     decode_rows = decode_table({"base": base, "fitted": result.profile}, records)
     _print_decode_table(screen, decode_rows)
     if loo is not None:
@@ -700,8 +700,9 @@ def _print_calibration(screen: Console, base: Profile, result: Calibration, name
     for label, held in (("base", result.held_base), ("fitted", result.held_fitted)):
         if held is None:
             continue
-        table = Table(title=f"{label} profile: MAPE on the {len(result.held_keys)} held-out configurations "
-                            f"(predicted by running the protocol on the embedded engine, {mode} mode, nominal host)")
+        table = Table(title=f"{label} profile: MAPE on the {len(result.held_keys)} held-out configurations of the "
+                            "SAME campaign as the fit (another campaign's error: --also-predict DIR) (predicted by "
+                            f"running the protocol on the embedded engine, {mode} mode, nominal host)")
         table.add_column("metric")
         mapes = held.table()
         chunks = [k for k in mapes["prefill_duration"] if k != "all"]
@@ -741,11 +742,28 @@ def _outside(keys: set) -> Callable[[tuple[int, int, int]], bool]:
     return lambda key: key not in keys
 
 
-def _print_extra(screen: Console, directory: Path, base: HoldoutReport, fitted: HoldoutReport, slow: set) -> None:
+def campaign_words(directory: Path, fitted_on: Path | None = None) -> str:
+    """Which GPU campaign a results directory is (its campaign.yaml), and whether it is the one the
+    fit read: an error on the same campaign is not a held-out-campaign error (docs/analysis.md)."""
+    from pdexporter.analysis.campaigns import load_campaign
+
+    info = load_campaign(directory)
+    if info is None:
+        return "campaign unnamed (no campaign.yaml)"
+    if fitted_on is None:
+        return f"campaign {info['id']}"
+    fit = load_campaign(fitted_on)
+    same = fit is not None and fit["id"] == info["id"]
+    return f"campaign {info['id']}: {'the SAME campaign as the fit' if same else 'a campaign the fit never read'}"
+
+
+def _print_extra(screen: Console, directory: Path, base: HoldoutReport, fitted: HoldoutReport, slow: set,
+                 fitted_on: Path) -> None:
     from pdexporter.predict.calibrate import METRIC_LABELS, METRICS
 
     n = len({e.key for m in METRICS for e in fitted.of(m)})
-    table = Table(title=f"{directory}: MAPE on its {n} configurations (none in the fit; nominal host)")
+    table = Table(title=f"{directory} ({campaign_words(directory, fitted_on)}): MAPE on its {n} configurations "
+                        "(none in the fit; nominal host)")
     for col in ("metric", "base", "fitted", f"fitted, nominal host ({n - len(slow)})"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for metric in METRICS:
