@@ -188,13 +188,24 @@ def remember_url(url: str | None) -> None:
         remember_secret(unquote(user))
 
 
+_NAMES_A_FILE = ("file", "path", "dir")  # `--api-key-file F`: F names where the secret is, and is shown
+
+
 def remember_argv(argv: Sequence[str]) -> None:
-    """What a command line holds: URLs' userinfo, and the values of secret-looking flags."""
-    for word in argv:
+    """What a command line holds: URLs' userinfo, and the values of secret-looking flags (not
+    of those naming a file that holds a secret: the file's name is not the secret)."""
+    words = list(argv)
+    for word in words:
         for match in _USERINFO.finditer(word):
             remember_url(word[match.start():])
-    for value in secret_values(argv=argv):
+    kept = [w for i, w in enumerate(words)
+            if not _names_a_file(w) and not (i > 0 and _names_a_file(words[i - 1]) and "=" not in words[i - 1])]
+    for value in secret_values(argv=kept):
         remember_secret(value)
+
+
+def _names_a_file(word: str) -> bool:
+    return word.startswith("--") and word[2:].partition("=")[0].lower().endswith(_NAMES_A_FILE)
 
 
 def known_secrets() -> tuple[str, ...]:
