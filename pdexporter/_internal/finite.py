@@ -131,7 +131,6 @@ def _strict_loader() -> type:
 
     StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
     StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
-    StrictLoader.add_constructor("tag:yaml.org,2002:map", StrictLoader.construct_yaml_map)
     return StrictLoader
 
 

@@ -88,7 +88,7 @@ class ResultsStore:
         problem = not_finite_problem(raw)
         if problem:
             raise RecordError(f"{path}: {problem}")
-        return raw  # type: ignore[no-any-return]
+        return raw
 
     def load_record(self, chunk_size: int, d: int, p: int) -> RunRecord | None:
         path = self.record_path(chunk_size, d, p)
