@@ -147,8 +147,9 @@ _BEARER = re.compile(r"(?i)(\bbearer(?:\s+|%20))[A-Za-z0-9._~+/=:-]{4,}")
 
 def _forms(value: str) -> set[str]:
     """The ways a secret travels in text: as is, URL-quoted, JSON-escaped (`\\/`), base64."""
-    forms = {value, quote(value, safe=""), value.replace("/", "\\/")}
-    forms.add(base64.b64encode(value.encode()).decode())
+    encoded = base64.b64encode(value.encode()).decode()
+    forms = {value, quote(value, safe=""), encoded, quote(encoded, safe="")}
+    forms |= {form.replace("/", "\\/") for form in forms}  # as a JSON encoder that escapes / writes it
     # a short number would hide ordinary numbers (a P of 2048) and corrupt tables
     return {f for f in forms if len(f) >= _SHORTEST and not (f.isdigit() and len(f) < _WHOLE_WORD_BELOW)}
 
