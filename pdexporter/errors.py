@@ -2,8 +2,9 @@
 
 Every error raised for bad input or an unhealthy engine derives from `PdexporterError` and
 renders as one line that names the thing that is wrong (file, field, value, URL; a URL's
-user:password shown as `***`). The CLI prints that line and exits non-zero; anything else escaping
-is a bug and keeps its traceback.
+user:password, and every secret the process holds, shown as `***`: `_internal.redact.redact`).
+The CLI prints that line and exits non-zero; anything else escaping is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ class PdexporterError(Exception):
     exit_code: int = 2
 
     def __str__(self) -> str:
-        from pdexporter._internal.redact import redact_url
+        from pdexporter._internal.redact import redact
 
         text = super().__str__()
-        return redact_url(" ".join(text.split()))  # one line, whatever the engine sent us; no URL password
+        # one line, whatever the engine sent us; no secret the process holds, no URL password
+        return redact(" ".join(text.split()))
 
 
 class ConfigError(PdexporterError):

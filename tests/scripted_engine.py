@@ -17,6 +17,10 @@ Two ways to make it misbehave:
   as a hung engine loop would), `wrong-prompt-tokens` (usage.prompt_tokens off by one), `restart`
   (the request arrives, then the engine restarts: `restart()` below).
 
+With `echo_auth`, every error body (the 500s, the 404 pages, /metrics' 404 too) quotes the
+request's `Authorization` header, as a debugging proxy or framework error page does: what a
+client must never print.
+
 And for the other endpoints: `metrics` = ok | garbage | html-404, `health_delay_s` (a slow
 /health), `fail_gets` (the first GETs answer 503), `max_model_len` (in /v1/models), and
 `restart()`: every connection dropped, the port closed for a moment, the counters in /metrics
@@ -86,6 +90,7 @@ class ScriptedEngine:
     health_delay_s: float = 0.0
     max_model_len: int | None = 32768
     fail_gets: int = 0  # answer this many GETs with 503 first
+    echo_auth: bool = False  # error bodies quote the request's Authorization header (module docs)
     get_calls: int = 0
     completion_calls: int = 0
     bodies: list[dict] = field(default_factory=list)
@@ -154,11 +159,11 @@ class ScriptedEngine:
         return await handler(request)
 
     def _get(self, make):  # type: ignore[no-untyped-def]
-        async def handler(_: web.Request) -> web.StreamResponse:
+        async def handler(request: web.Request) -> web.StreamResponse:
             self.get_calls += 1
             if self.get_calls <= self.fail_gets:
-                return web.json_response({"error": {"message": "warming up"}}, status=503)
-            return await make()
+                return web.json_response({"error": {"message": f"warming up{self._echo(request)}"}}, status=503)
+            return await (make(request) if make == self._metrics else make())
 
         return handler
 
@@ -173,12 +178,24 @@ class ScriptedEngine:
             entry["max_model_len"] = self.max_model_len
         return web.json_response({"object": "list", "data": [entry]})
 
-    async def _metrics(self) -> web.StreamResponse:
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
         if self.metrics == "garbage":
             return web.Response(text=GARBAGE_METRICS)
         if self.metrics == "html-404":
-            return web.Response(status=404, text=HTML_404, content_type="text/html")
+            return self._html_404(request)
         return web.Response(text=self.metrics_text())
+
+    def _echo(self, request: web.Request) -> str:
+        if not self.echo_auth:
+            return ""
+        return f" (request headers: Authorization: {request.headers.get('Authorization', '')})"
+
+    def _html_404(self, request: web.Request) -> web.Response:
+        page = HTML_404.replace("</p>", f"{self._echo(request)}</p>") if self.echo_auth else HTML_404
+        return web.Response(status=404, text=page, content_type="text/html")
+
+    def _http_500(self, request: web.Request) -> web.Response:
+        return web.Response(status=500, text=f"Internal Server Error{self._echo(request)}")
 
     def metrics_text(self) -> str:
         """The vLLM 0.22 fixture with the double's own live values in a few series."""
@@ -223,9 +240,9 @@ class ScriptedEngine:
                 status=400,
             )
         if self.behaviour == "fail" or kind == "http-500":
-            return web.Response(status=500, text="Internal Server Error")
+            return self._http_500(request)
         if kind == "html-404":
-            return web.Response(status=404, text=HTML_404, content_type="text/html")
+            return self._html_404(request)
         if kind == "reset":
             request.transport.close()  # type: ignore[union-attr]
             return web.Response(status=500)  # never reaches the client

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pdexporter._internal.procs import process_start_ticks, same_process
+from pdexporter._internal.redact import redact, redact_json
 
 __all__ = [
     "LEGACY_TMP_AGE_S", "LEGACY_TMP_RE", "PRIVATE_MODE", "TMP_RE", "atomic_write_bytes", "atomic_write_json",
@@ -91,15 +92,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+    """`text` written atomically, every secret the process holds hidden (`_internal.redact`)."""
+    return atomic_write_bytes(path, redact(text).encode("utf-8"))
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n")
+    """`obj` as JSON, written atomically; secrets the process holds hidden in its strings."""
+    return atomic_write_bytes(path, (redact_json(json.dumps(obj, indent=indent, allow_nan=False)) + "\n").encode())
 
 
 def atomic_write_json_gz(path: str | os.PathLike[str], obj: Any) -> Path:
-    raw = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    raw = redact_json(json.dumps(obj, separators=(",", ":"), allow_nan=False)).encode("utf-8")
     # mtime=0 keeps the bytes reproducible for identical content.
     return atomic_write_bytes(path, gzip.compress(raw, compresslevel=6, mtime=0))
 

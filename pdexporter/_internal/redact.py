@@ -2,15 +2,32 @@
 `NAME=value` words or `--name value` flags whose name looks secret are replaced by `***`; so is
 every later occurrence of such a value (`redact_text`: a secret variable substituted into a
 command, echoed by an engine), and the user:password of a URL (`redact_url`, in every error line:
-`errors.PdexporterError`)."""
+`errors.PdexporterError`).
+
+By value: every secret the process holds (an API key, a bearer token read from a file, a URL's
+password, a sweep's secret variables) is *remembered* where it is read (`remember_secret`,
+`remember_url`), with the forms it travels in (its `user:password` and their Basic base64, URL-
+quoted, JSON-escaped); `redact` hides all of them, any URL userinfo, and the value of any
+`Authorization` header or `Bearer` token quoted in a text. The edges pass every outward text
+through it: each error line (`errors.PdexporterError`), the CLI's stdout and stderr
+(`RedactingStream`, installed by `cli.main`), and the files pdexporter writes (`_internal.atomic`).
+An engine's 5xx or 404 page that quotes the request's `Authorization` header is printed, recorded
+and logged without it."""
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
+from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
-    "REDACTED", "engine_flags", "redact_argv", "redact_env", "redact_text", "redact_url", "secret_name",
+    "REDACTED", "RedactingStream", "engine_flags", "forget_secrets", "known_secrets", "redact", "redact_argv",
+    "redact_json",
+    "redact_env", "redact_text", "redact_url", "remember_argv", "remember_secret", "remember_url", "secret_name",
     "secret_values",
 ]
 
@@ -110,7 +127,173 @@ def redact_text(text: str, secrets: Sequence[str]) -> str:
     for secret in sorted(set(secrets), key=len, reverse=True):
         if secret and len(secret) >= 4:
             text = text.replace(secret, REDACTED)
-    return redact_url(text)
+    return redact(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# By value: the secrets this process holds
+
+_KNOWN: set[str] = set()
+_KNOWN_LOCK = threading.Lock()
+_SHORTEST = 4  # shorter values are left alone: they would hide ordinary words
+_WHOLE_WORD_BELOW = 8  # values shorter than this are hidden only as whole words (not inside others)
+# The value of an Authorization header, however it is quoted (`Authorization: Basic ...`,
+# `"authorization": "Bearer ..."`, `Authorization=Bearer%20...`), and any `Bearer <token>`.
+_AUTH_HEADER = re.compile(
+    r"(?i)(\bauthorization\b[\"']?\s*[:=]\s*[\"']?)((?:bearer|basic|token|digest)(?:\s+|%20))?[^\s\"',;}&]+"
+)
+_BEARER = re.compile(r"(?i)(\bbearer(?:\s+|%20))[A-Za-z0-9._~+/=:-]{4,}")
+
+
+def _forms(value: str) -> set[str]:
+    """The ways a secret travels in text: as is, URL-quoted, JSON-escaped (`\\/`), base64."""
+    encoded = base64.b64encode(value.encode()).decode()
+    forms = {value, quote(value, safe=""), encoded, quote(encoded, safe="")}
+    forms |= {form.replace("/", "\\/") for form in forms}  # as a JSON encoder that escapes / writes it
+    # a short number would hide ordinary numbers (a P of 2048) and corrupt tables
+    return {f for f in forms if len(f) >= _SHORTEST and not (f.isdigit() and len(f) < _WHOLE_WORD_BELOW)}
+
+
+def remember_secret(value: str | None) -> None:
+    """From now on `redact` hides `value` (and its forms) wherever it appears."""
+    if value and len(value) >= _SHORTEST:
+        with _KNOWN_LOCK:
+            _KNOWN.update(_forms(value))
+
+
+def remember_credentials(user: str, password: str) -> None:
+    """A URL's (or a Basic header's) user and password: the password, and `user:password` with
+    its base64 (what an `Authorization: Basic` header carries)."""
+    remember_secret(password)
+    if password:
+        remember_secret(f"{user}:{password}")
+
+
+def remember_url(url: str | None) -> None:
+    """Remember the user:password (or bare token) of `url`, if it has one."""
+    if not url or "@" not in url:
+        return
+    try:
+        netloc = urlsplit(url.strip()).netloc
+    except ValueError:
+        return
+    userinfo, at, _ = netloc.rpartition("@")
+    if not at or not userinfo:
+        return
+    user, colon, password = userinfo.partition(":")
+    if colon:
+        remember_credentials(user, password)
+        remember_credentials(unquote(user), unquote(password))
+    else:
+        remember_secret(user)
+        remember_secret(unquote(user))
+
+
+_NAMES_A_FILE = ("file", "path", "dir")  # `--api-key-file F`: F names where the secret is, and is shown
+
+
+def remember_argv(argv: Sequence[str]) -> None:
+    """What a command line holds: URLs' userinfo, and the values of secret-looking flags (not
+    of those naming a file that holds a secret: the file's name is not the secret)."""
+    words = list(argv)
+    for word in words:
+        for match in _USERINFO.finditer(word):
+            remember_url(word[match.start():])
+    kept = [w for i, w in enumerate(words)
+            if not _names_a_file(w) and not (i > 0 and _names_a_file(words[i - 1]) and "=" not in words[i - 1])]
+    for value in secret_values(argv=kept):
+        remember_secret(value)
+
+
+def _names_a_file(word: str) -> bool:
+    return word.startswith("--") and word[2:].partition("=")[0].lower().endswith(_NAMES_A_FILE)
+
+
+def known_secrets() -> tuple[str, ...]:
+    with _KNOWN_LOCK:
+        return tuple(_KNOWN)
+
+
+def forget_secrets() -> None:
+    """For tests: forget what was remembered."""
+    with _KNOWN_LOCK:
+        _KNOWN.clear()
+
+
+def _hide_known(text: str, secrets: Iterable[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret not in text:
+            continue
+        if len(secret) >= _WHOLE_WORD_BELOW and not secret.isdigit():
+            text = text.replace(secret, REDACTED)
+        else:
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
+    return text
+
+
+def redact(text: str, extra: Sequence[str] = ()) -> str:
+    """`text` with every secret the process holds (module docs), `extra` values, URL userinfo and
+    quoted Authorization values replaced by `***`."""
+    if not text:
+        return text
+    known = known_secrets()
+    if known or extra:
+        text = _hide_known(text, {*known, *(s for s in extra if s and len(s) >= _SHORTEST)})
+    if "@" in text:
+        text = redact_url(text)
+    if "uthorization" in text or "UTHORIZATION" in text:
+        text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{REDACTED}", text)
+    if "earer" in text or "EARER" in text:
+        text = _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    return text
+
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+_HINTS = ("@", "uthorization", "UTHORIZATION", "earer", "EARER")  # what `redact` acts on, in any case used
+
+
+def _might_hold_secret(text: str) -> bool:
+    """Cheap (`in` scans, no copy): whether `redact` could change `text`; 8 MB in a few ms."""
+    return any(s in text for s in known_secrets()) or any(h in text for h in _HINTS)
+
+
+def redact_json(text: str) -> str:
+    """JSON text with `redact` applied to its strings only (a number that happens to equal a
+    secret stays a number: the file stays JSON)."""
+    if not _might_hold_secret(text):
+        return text
+
+    def one(match: re.Match[str]) -> str:
+        value = json.loads(match.group(0))
+        hidden = redact(value)
+        return match.group(0) if hidden == value else json.dumps(hidden)
+
+    return _JSON_STRING.sub(one, text)
+
+
+class RedactingStream:
+    """A text stream (stdout, stderr) whose writes go through `redact` first; the rest is the
+    stream's own (isatty, fileno, encoding: a terminal stays a terminal)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    @property
+    def wrapped(self) -> TextIO:
+        return self._stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def engine_flags(argv: Sequence[str]) -> dict[str, str]:

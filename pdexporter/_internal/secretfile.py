@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 
+from pdexporter._internal.redact import remember_secret
 from pdexporter.errors import ConfigError
 
 __all__ = ["MAX_SECRET_BYTES", "read_secret_file", "secret_text"]
@@ -36,6 +37,7 @@ def secret_text(text: str, where: str) -> str:
         )
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
         raise ConfigError(f"{where}: holds a control character (a token goes into an HTTP header)")
+    remember_secret(text)  # never printed, logged or written from now on (`_internal.redact`)
     return text
 
 

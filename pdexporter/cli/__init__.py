@@ -119,9 +119,23 @@ def usage_error_line(exc: UsageError) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: user errors become one line on stderr and a non-zero exit code."""
+    """Entry point: user errors become one line on stderr and a non-zero exit code. Everything the
+    command prints goes through `_internal.redact` (the secrets it holds, URL passwords, quoted
+    Authorization headers: `***`)."""
+    from pdexporter._internal.redact import RedactingStream, remember_argv
+
+    args = sys.argv[1:] if argv is None else argv
+    remember_argv(args)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     try:
-        args = sys.argv[1:] if argv is None else argv
+        _main(args)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _main(args: list[str]) -> None:
+    try:
         code = command_app(_command_of(args))(args=args, prog_name="pdexporter", standalone_mode=False)
     except NoArgsIsHelpError as exc:  # bare `pdexporter` (or `pdexporter sim`): the help, and success
         text = exc.ctx.get_help() if exc.ctx is not None else exc.format_message()

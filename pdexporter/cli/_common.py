@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleRenderable, RenderHook
+from rich.text import Text
 
 from pdexporter._internal.durations import parse_duration
+from pdexporter._internal.redact import redact
 from pdexporter.cli._vocab import DURATION, DURATION_SYNTAX
 from pdexporter.client.client import resolve_api_key
 from pdexporter.errors import ConfigError, Interrupted
@@ -22,6 +24,22 @@ T = TypeVar("T")
 DEFAULT_PROFILE = "h200-qwen3-coder-30b-a3b"
 
 console = Console(stderr=True)
+
+
+class RedactHook(RenderHook):
+    """Hides the secrets the process holds (`_internal.redact`) in what a console prints, before
+    rich wraps it into lines (a secret cut in two by a line break would pass the stream's check)."""
+
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        out: list[ConsoleRenderable] = []
+        for item in renderables:
+            if isinstance(item, Text) and (hidden := redact(item.plain)) != item.plain:
+                item = Text(hidden, style=item.style, end=item.end)
+            out.append(item)
+        return out
+
+
+console.push_render_hook(RedactHook())
 
 TargetOpt = Annotated[
     str | None,

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
+from pdexporter._internal.finite import NotFinite, loads_finite
 from pdexporter._internal.text import plural
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
 from pdexporter.analysis.decision_eval import DECIDED_SHARE, WEAK_R2, chunk_context, held_out_text
@@ -23,7 +24,9 @@ def register(app: typer.Typer) -> None:
 
 def load_decision(path: Path) -> dict[str, Any]:
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = loads_finite(path.read_text(encoding="utf-8"))  # NaN coefficients gave a "decided" verdict
+    except NotFinite as exc:
+        raise ConfigError(f"--model {path}: {exc}") from None
     except FileNotFoundError:
         raise ConfigError(f"--model {path}: no such file (write one with `pdexporter export-table`)") from None
     except OSError as exc:

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pdexporter._internal.bounds import MAX_SECONDS
 from pdexporter._internal.redact import redact_url
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
@@ -67,7 +68,8 @@ def doctor(
         "--traces-receiver", help="HOST:PORT the engine sends its spans to (with --traces and --target).")
     ] = f"0.0.0.0:{DEFAULT_TRACES_PORT}",
     traces_wait: Annotated[float, typer.Option(
-        "--traces-wait", min=1.0, help="Seconds to wait for the span (vLLM batches its spans every 5 s).")] = 15.0,
+        "--traces-wait", min=1.0, max=MAX_SECONDS,
+        help="Seconds to wait for the span (vLLM batches its spans every 5 s).")] = 15.0,
 ) -> None:
     """Check the engine (reachable, which engine, its settings, model, max_model_len, metrics, chunk
     size, step log, prefix caching, CUDA graphs, its tracing imports, that its spans arrive) and the

@@ -31,7 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from pdexporter._internal.bounds import MAX_SECONDS
 from pdexporter._internal.durations import parse_duration
-from pdexporter._internal.redact import redact_url
+from pdexporter._internal.redact import redact_url, remember_secret, remember_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.text import body_reason
 from pdexporter.client.http1 import request_bytes
@@ -163,6 +163,8 @@ class EngineClient:
             raise ConfigError(f"--target {redact_url(base_url)!r}: expected an http:// or https:// URL")
         # A URL's user:password becomes an Authorization: Basic header (unless an API key is
         # given), and leaves the URL every message and record is made from.
+        remember_url(base_url)  # the password, and its Basic base64, never printed (`_internal.redact`)
+        remember_secret(api_key)
         self.base_url, self._basic = _split_userinfo(base_url.rstrip("/"))
         self.api_key = api_key
         self.timeouts = timeouts

@@ -15,9 +15,11 @@ Times stay on the engine's Unix clock (ns); the caller maps them onto its own.
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pdexporter.engines import adapter
 
@@ -52,6 +54,8 @@ class RequestTrace:
 
 
 _INTS = frozenset({"prompt_tokens", "completion_tokens", "max_tokens"})
+_MAX_COUNT = 10**12  # tokens in one request: far above any context (`_internal.bounds.MAX_TOKENS` is 10M)
+_MAX_SECONDS = 1e9  # a latency: ~30 years
 
 
 def _value(any_value: object) -> object:
@@ -61,6 +65,12 @@ def _value(any_value: object) -> object:
 
 def decode_traces(body: bytes, *, engine: str, content_encoding: str | None = None) -> list[RequestTrace]:
     """The engine's per-request spans in one OTLP/HTTP protobuf export (module docs)."""
+    return traces_of(parse_export(body, content_encoding=content_encoding), engine=engine)
+
+
+def parse_export(body: bytes, *, content_encoding: str | None = None) -> Any:
+    """The `ExportTraceServiceRequest` in an OTLP/HTTP body (protobuf's C parser: no span is
+    turned into Python yet, so `count_spans` can bound the work before `traces_of` does it)."""
     from google.protobuf.message import DecodeError
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -79,6 +89,31 @@ def decode_traces(body: bytes, *, engine: str, content_encoding: str | None = No
         message.ParseFromString(body)
     except DecodeError as exc:
         raise TraceDecodeError(f"body is not an OTLP ExportTraceServiceRequest ({exc})") from exc
+    return message
+
+
+def count_spans(message: Any) -> int:
+    """How many spans an export holds, of any name (cheap: the repeated fields' lengths)."""
+    return sum(len(scope.spans) for resource in message.resource_spans for scope in resource.scope_spans)
+
+
+def _number(key: str, name: str, value: object) -> int | float:
+    """An attribute's value as the number `key` is; `TraceDecodeError` (one line, naming the
+    attribute) when it is not finite or out of range (+inf prompt tokens was a 500 and a traceback)."""
+    number = float(value) if not isinstance(value, int) else value  # type: ignore[arg-type]
+    if isinstance(number, float) and not math.isfinite(number):
+        raise TraceDecodeError(f"span attribute {name} = {value!r}: not a finite number")
+    if key in _INTS:
+        if not 0 <= number <= _MAX_COUNT:
+            raise TraceDecodeError(f"span attribute {name} = {value!r}: a token count between 0 and {_MAX_COUNT}")
+        return int(number)
+    if not -_MAX_SECONDS <= number <= _MAX_SECONDS:
+        raise TraceDecodeError(f"span attribute {name} = {value!r}: seconds within ±{_MAX_SECONDS:g}")
+    return float(number)
+
+
+def traces_of(message: Any, *, engine: str) -> list[RequestTrace]:
+    """The engine's per-request spans in a parsed export (`parse_export`)."""
     rules = adapter(engine)
     if not rules.request_span_name:
         return []  # this engine's traces carry nothing pdexporter reads
@@ -96,14 +131,11 @@ def decode_traces(body: bytes, *, engine: str, content_encoding: str | None = No
                         continue
                     value = _value(kv.value)
                     try:
-                        if key == "request_id":
-                            fields[key] = str(value)
-                        elif key in _INTS:
-                            fields[key] = int(value)  # type: ignore[call-overload]  # any OTLP scalar; a bad one raises
-                        else:
-                            fields[key] = float(value)  # type: ignore[arg-type]
-                    except (TypeError, ValueError):
-                        continue  # an attribute of the wrong type is treated as absent
+                        fields[key] = str(value) if key == "request_id" else _number(key, kv.key, value)
+                    except (TypeError, ValueError) as exc:
+                        if isinstance(exc, TraceDecodeError):
+                            raise
+                        continue  # an attribute of the wrong type (a list, a word) is treated as absent
                 rid = fields.pop("request_id", None) or span.span_id.hex()
                 out.append(RequestTrace(request_id=str(rid), start_ns=int(span.start_time_unix_nano),
                                         end_ns=int(span.end_time_unix_nano), **fields))  # type: ignore[arg-type]
@@ -146,4 +178,7 @@ def encode_traces(traces: Iterable[RequestTrace], *, engine: str, service_name: 
     return message.SerializeToString()
 
 
-__all__ = ["PROTOBUF", "RequestTrace", "TraceDecodeError", "decode_traces", "encode_traces"]
+__all__ = [
+    "PROTOBUF", "RequestTrace", "TraceDecodeError", "count_spans", "decode_traces", "encode_traces", "parse_export",
+    "traces_of",
+]

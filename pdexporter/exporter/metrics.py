@@ -166,7 +166,7 @@ TRACE_KINDS = ("production", "probe", "unusable", "ignored", "out-of-range", "du
 TRACE_RESULTS = ("ok", "rejected")  # TRACE_EXPORTS{result}
 # TRACE_REJECTIONS{reason}: why the trace receiver refused an export (exporter.receiver)
 REJECT_REASONS = ("unauthorized", "rate-limited", "busy", "too-large", "unsupported-media-type", "bad-encoding",
-                  "bad-body", "engine-unknown")
+                  "bad-body", "engine-unknown", "slow-body")
 
 
 class ExporterMetrics:

@@ -14,14 +14,21 @@ each refusal answered as an OTLP collector answers it and counted in
 3. at most `max_concurrent` bodies read and decoded at once, `max_waiting` more waiting up to
    `wait_s`: beyond, 429 `busy`. A waiting request has not been read: it costs a socket buffer;
 4. the body as sent (`max_wire_bytes`: `Content-Length` checked first, then counted as it
-   streams in): 413 `too-large`;
+   streams in): 413 `too-large`; read within `body_timeout_s` from taking its slot, else 408
+   `slow-body` (a slow upload held a slot for ever: two made real exports get 429 `busy`);
 5. `Content-Type` application/x-protobuf (415 `unsupported-media-type`) and `Content-Encoding`
    gzip, deflate or none (415), decompressed as it streams, stopping at `max_decoded_bytes` (413
-   `too-large`: a 9 MB gzip bomb never becomes 2 GB); a corrupt or truncated stream is 400
-   `bad-encoding`, not read as an empty export;
-6. the protobuf, decoded as the engine's spans (`client.traces.decode_traces` with its adapter):
-   400 `bad-body`; before the engine has said who it is, 503 `engine-unknown` with `Retry-After`;
-7. the spans' rate (`spans_per_s`): 429 `rate-limited`, nothing of the export kept.
+   `too-large`: a 9 MB gzip bomb never becomes 2 GB); every byte inflated is paid from a budget
+   of `decoded_bytes_per_s` (429 `rate-limited` once spent: a stream of bombs each just under the
+   limit took 32 CPU-seconds in 31 s); a corrupt or truncated stream is 400 `bad-encoding`, not
+   read as an empty export;
+6. the protobuf, parsed (protobuf's C parser, in a worker thread: /metrics keeps answering) and
+   its spans counted before any becomes Python: more than `max_spans_per_export` is 413
+   `too-large`, more than the spans' rate (`spans_per_s`) allows 429 `rate-limited`, nothing of
+   the export kept; then decoded as the engine's spans (`client.traces.traces_of` with its
+   adapter, in the worker thread): 400 `bad-body` for what is not an export or holds a number that
+   is not finite or out of range (one line naming the attribute; +inf prompt tokens was a 500 and
+   a traceback); before the engine has said who it is, 503 `engine-unknown` with `Retry-After`.
 
 Then the spans go to the sink (passive mode's intake, which judges each span's timestamps:
 `passive_live.TraceIntake`). aiohttp's own decompression is off for this server
@@ -76,6 +83,7 @@ _STATUS = {
     "bad-encoding": 400,
     "bad-body": 400,
     "engine-unknown": 503,
+    "slow-body": 408,
 }
 
 
@@ -94,6 +102,12 @@ class ReceiverLimits:
     spans_per_s: float = 1000.0  # vLLM finishes far fewer requests a second
     span_burst: int = 10_000
     read_chunk_bytes: int = 64 * 1024
+    # reading one body, from taking its slot: shorter than `wait_s`, so an export waiting behind two
+    # slow uploads gets a slot (4 MiB in 3 s is 1.4 MB/s; a vLLM export is ~0.8 MB, on the pod network)
+    body_timeout_s: float = 3.0
+    decoded_bytes_per_s: float = 16 * MIB  # inflating: ~100x what a busy vLLM sends
+    decoded_bytes_burst: int = 32 * MIB
+    max_spans_per_export: int = 20_000  # a vLLM export holds at most 512
 
 
 class TokenBucket:
@@ -122,13 +136,17 @@ class TooLarge(Exception):
     """A body past its limit."""
 
 
+class OverBudget(Exception):
+    """More bytes inflated than the receiver's decode budget allows now."""
+
+
 class BoundedInflater:
     """Streaming gzip/deflate (or identity) decoding that never holds more than `limit` bytes of
     output: each call inflates at most what is left of the limit, plus one byte to notice an excess.
     `ValueError`: not valid data (or truncated, at `finish`); `TooLarge`: past the limit."""
 
-    def __init__(self, encoding: str, limit: int) -> None:
-        self.encoding, self.limit = encoding, limit
+    def __init__(self, encoding: str, limit: int, budget: TokenBucket | None = None) -> None:
+        self.encoding, self.limit, self.budget = encoding, limit, budget
         self.size = 0
         self.parts: list[bytes] = []
         self._d = self._new() if encoding != "identity" else None
@@ -141,6 +159,8 @@ class BoundedInflater:
         self.size += len(data)
         if self.size > self.limit:
             raise TooLarge(f"more than {self.limit} bytes once decompressed")
+        if self.budget is not None and data and not self.budget.take(len(data)):
+            raise OverBudget("too many bytes to decode a second")
         if data:
             self.parts.append(data)
 
@@ -193,10 +213,11 @@ def traces_app(
     taken, `on_result(reason)` for every refusal. With `registry`, `GET /metrics` serves the
     receiver's own series from it (`RECEIVER_SERIES`: spans and exports counted, nothing else), so
     a check (`doctor --traces`) can see spans arrive at the address an engine sends them to."""
-    from pdexporter.client.traces import PROTOBUF, TraceDecodeError, decode_traces
+    from pdexporter.client.traces import PROTOBUF, TraceDecodeError, count_spans, parse_export, traces_of
 
     requests = TokenBucket(limits.requests_per_s, limits.request_burst, clock)
     spans = TokenBucket(limits.spans_per_s, limits.span_burst, clock)
+    inflating = TokenBucket(limits.decoded_bytes_per_s, limits.decoded_bytes_burst, clock)
     slots = asyncio.Semaphore(limits.max_concurrent)
     waiting = 0
 
@@ -239,6 +260,36 @@ def traces_app(
             inflater.feed(chunk)
         return inflater.finish()
 
+    async def read_bounded(request: web.Request, encoding: str) -> bytes | web.Response:
+        """The body, inflated, within its time, size and decode budget; else the refusal."""
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                return await read_body(request, BoundedInflater(encoding, limits.max_decoded_bytes, inflating))
+        except TimeoutError:
+            return refuse("slow-body", f"the body was not read within {limits.body_timeout_s:g} s")
+        except TooLarge as exc:
+            return refuse("too-large", str(exc))
+        except OverBudget as exc:
+            return refuse("rate-limited", str(exc), inflating.wait_s(limits.read_chunk_bytes))
+        except ValueError as exc:
+            return refuse("bad-encoding", str(exc))
+
+    async def decode(body: bytes, kind: str) -> list[RequestTrace] | web.Response:
+        """The export's request spans, its spans counted and paid for before any is decoded."""
+        try:
+            message = await asyncio.to_thread(parse_export, body)
+        except TraceDecodeError as exc:
+            return refuse("bad-body", str(exc))
+        count = count_spans(message)
+        if count > limits.max_spans_per_export:
+            return refuse("too-large", f"{count} spans in one export, at most {limits.max_spans_per_export}")
+        if count and not spans.take(count):
+            return refuse("rate-limited", f"more than {limits.spans_per_s:g} spans a second", spans.wait_s(count))
+        try:
+            return await asyncio.to_thread(traces_of, message, engine=kind)
+        except TraceDecodeError as exc:
+            return refuse("bad-body", str(exc))
+
     async def traces(request: web.Request) -> web.StreamResponse:
         if not bearer_ok(request, token):
             return refuse("unauthorized", "a bearer token is required (Authorization: Bearer ...)")
@@ -265,21 +316,13 @@ def traces_app(
         async with slot() as admitted:
             if not admitted:
                 return refuse("busy", "too many exports at once", limits.wait_s)
-            try:
-                body = await read_body(request, BoundedInflater(encoding, limits.max_decoded_bytes))
-            except TooLarge as exc:
-                return refuse("too-large", str(exc))
-            except ValueError as exc:
-                return refuse("bad-encoding", str(exc))
-            try:
-                decoded = decode_traces(body, engine=kind)
-            except TraceDecodeError as exc:
-                return refuse("bad-body", str(exc))
-            del body
-        if decoded and not spans.take(len(decoded)):
-            return refuse(
-                "rate-limited", f"more than {limits.spans_per_s:g} spans a second", spans.wait_s(len(decoded))
-            )
+            body_or_refusal = await read_bounded(request, encoding)
+            if isinstance(body_or_refusal, web.Response):
+                return body_or_refusal
+            decoded_or_refusal = await decode(body_or_refusal, kind)
+            if isinstance(decoded_or_refusal, web.Response):
+                return decoded_or_refusal
+            decoded = decoded_or_refusal
         on_result(None)
         sink(decoded)
         return web.Response(body=b"", content_type=PROTOBUF)  # an empty ExportTraceServiceResponse: all taken

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from pdexporter._internal.otel import shutdown_within
+from pdexporter._internal.redact import redact
 from pdexporter.client.stream import TokenStream
 from pdexporter.errors import ConfigError
 from pdexporter.measure.driver import EngineInfo
@@ -232,7 +233,7 @@ class OtlpTracing:
             attributes["pdexporter.stream.cancelled"] = True
         span.set_attributes(attributes)
         if stream.error is not None:
-            span.set_status(Status(StatusCode.ERROR, str(stream.error)))
+            span.set_status(Status(StatusCode.ERROR, redact(str(stream.error))))
             span.set_attribute("error.type", type(stream.error).__name__)
         end = stream.t_finished_ns or (times[-1] if times else stream.t_sent_ns) or time.perf_counter_ns()
         span.end(end_time=self.clock.epoch(end))

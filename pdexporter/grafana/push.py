@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pdexporter import __version__
+from pdexporter._internal.redact import remember_secret, remember_url
 from pdexporter._internal.text import body_reason, shorten
 from pdexporter.errors import ConfigError, PdexporterError
 
@@ -58,6 +59,7 @@ def read_token(token_file: Path | None) -> str | None:
         raise ConfigError(f"--token-file {token_file}: cannot read it ({exc.strerror or exc})") from None
     if not token:
         raise ConfigError(f"--token-file {token_file}: the file is empty")
+    remember_secret(token)  # never printed, whatever Grafana's answer quotes (`_internal.redact`)
     return token
 
 
@@ -90,6 +92,7 @@ def push_dashboards(
     parts = urlsplit(grafana_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--grafana-url {grafana_url!r}: expected http(s)://HOST[:PORT][/PATH]")
+    remember_url(grafana_url)
     shown = redact(grafana_url)
     api = GrafanaApi.from_url(grafana_url.rstrip("/"), credential=token, timeout=timeout)
 

@@ -19,8 +19,12 @@ on the channel, and then:
   state file) and says `own`: answered `ok PID`, that connection is the owner's channel from now
   on, with the same rules; `busy` when a live owner holds the engine (two sweeps on one results
   directory). Only a process of the leash's own user may: the kernel says who is at the other end
-  (`SO_PEERCRED`), and any other uid is answered `not yours` and hung up on. (An abstract socket
-  has no file whose mode could say so; it also leaves nothing behind when the leash is killed.);
+  (`SO_PEERCRED`), and any other uid is answered `not yours` and hung up on at once, before
+  anything is read from it. (An abstract socket has no file whose mode could say so; it also leaves
+  nothing behind when the leash is killed.) No connection can hold the leash up: every pending
+  connection waits in the selector, not in a blocking read, and is dropped after
+  `REQUEST_TIMEOUT_S` without a request (a foreign user holding connections open made the owner's
+  `own` time out, and the owner adopted its engine without the leash: issue 31);
 - the engine exits (or is stopped by its owner, `terminate_group`): the leash exits with it;
 - SIGTERM, SIGINT or SIGHUP to the leash: the engine is stopped first.
 
@@ -45,13 +49,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
-    "Leash", "main", "peer_uid",
+    "Leash", "REQUEST_TIMEOUT_S", "main", "peer_uid",
 ]
 
 if __name__ == "__main__":  # run by path (`python -I`): the package is found beside this file
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pdexporter._internal.procs import die_with_parent  # the standard library only
+
+REQUEST_TIMEOUT_S = 5.0  # a connection that says nothing this long is dropped
 
 
 def _stop_group(pid: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
@@ -87,6 +93,7 @@ class Leash:
         self.released = False
         self.selector = selectors.DefaultSelector()
         self.selector.register(channel, selectors.EVENT_READ, "owner")
+        self.pending: dict[socket.socket, float] = {}  # connections of our uid, not heard yet: their deadline
 
     def owner_says(self, wait_s: float = 0.0) -> str:
         """Read what the owner sent: "" (nothing that matters) or "gone" (EOF: it exited)."""
@@ -117,19 +124,40 @@ class Leash:
         _stop_group(self.engine.pid, self.stop_timeout_s, self.engine)
         return False
 
-    def request(self, conn: socket.socket) -> bool:
-        """A later invocation on the socket; False when the leash is to exit."""
-        conn.settimeout(5.0)
+    def accept(self, conn: socket.socket) -> None:
+        """A new connection on the socket: another uid is refused at once (nothing is read from
+        it, so it cannot hold the leash); ours waits in the selector for its request."""
         uid = peer_uid(conn)
         if uid != os.getuid():
             self.say(f"refused a connection from uid {uid}: the engine belongs to uid {os.getuid()}")
             with contextlib.suppress(OSError):
-                conn.recv(64)
-                conn.sendall(b"not yours\n")
+                conn.setblocking(False)
+                conn.send(b"not yours\n")
             conn.close()
-            return True
+            return
+        conn.setblocking(False)
+        self.pending[conn] = time.monotonic() + REQUEST_TIMEOUT_S
+        self.selector.register(conn, selectors.EVENT_READ, "pending")
+
+    def drop_stale(self) -> None:
+        """Connections that said nothing within `REQUEST_TIMEOUT_S`: hung up on."""
+        now = time.monotonic()
+        for conn, deadline in list(self.pending.items()):
+            if now > deadline:
+                self._unpend(conn)
+                conn.close()
+
+    def _unpend(self, conn: socket.socket) -> None:
+        self.pending.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(conn)
+
+    def request(self, conn: socket.socket) -> bool:
+        """A pending connection spoke (or hung up); False when the leash is to exit."""
+        self._unpend(conn)
         try:
             request = conn.recv(64).decode(errors="replace").strip()
+            conn.settimeout(5.0)
             # A release and the EOF its owner sent just before may still wait to be read.
             if self.owner is not None and self.owner_says(0.5) == "gone" and not self.owner_gone():
                 conn.close()
@@ -202,7 +230,8 @@ def main(argv: list[str]) -> int:
     name = f"pdexporter-leash-{os.getpid()}-{secrets.token_hex(6)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
-    listener.listen(4)
+    listener.listen(64)
+    listener.setblocking(False)
     channel.sendall(f"engine {engine.pid}\nsocket {name}\n".encode())
 
     def say(text: str) -> None:
@@ -221,13 +250,27 @@ def main(argv: list[str]) -> int:
             say(f"{stopping[0]}: stopping engine pid {engine.pid}")
             _stop_group(engine.pid, stop_timeout_s, engine)
             return 0
+        leash.drop_stale()
         for key, _ in leash.selector.select(timeout=0.5):
             if key.data == "listener":
-                conn, _ = listener.accept()
-                if not leash.request(conn):
+                _accept_all(listener, leash)
+            elif key.data == "pending":
+                if not leash.request(key.fileobj):  # type: ignore[arg-type]
                     return 0
             elif leash.owner is not None and leash.owner_says() == "gone" and not leash.owner_gone():
                 return 0
+
+
+def _accept_all(listener: socket.socket, leash: Leash) -> None:
+    """Every connection waiting on the listener (a flood of them empties the backlog at once)."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        leash.accept(conn)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,11 @@ it. When the owner exits or is killed (SIGKILL included) without *releasing* the
 leash stops it at once. A release (`release()`: a sweep stopping at `--deadline`, `--keep-engine`,
 `prestart`) keeps it running, unowned; the next invocation takes it over through the leash's
 socket (named in the state file) and adopts or stops it as above. An engine owned by another live
-pdexporter (two sweeps on one results directory) is refused in one line. Elsewhere than Linux, and
-for an engine an older pdexporter started without a leash, the state file is all there is: a
-later invocation adopts or stops what it finds.
+pdexporter (two sweeps on one results directory), run by another user (its process, or its state
+file, not this user's), or whose leash lives but does not answer is refused in one line: on Linux
+an engine is adopted with its leash or not at all (one without a leash, an older pdexporter's, is
+stopped and started again). Elsewhere than Linux the state file is all there is: a later
+invocation adopts or stops what it finds.
 """
 
 from __future__ import annotations
@@ -273,7 +275,9 @@ class LocalLauncher:
             control = await self._take_over(state, path)
             wanted = render_command(self.command, chunk_size, self.variables, self.env)
             if self.adopt and state.chunk_size == chunk_size and state.argv == wanted.redacted:
-                if log_contradicts_chunk(Path(state.log), chunk_size, self._setup(wanted.argv)):
+                if control is None and LEASHED:  # it would outlive this invocation's kill -9
+                    self.on_message(f"engine pid {state.pid} has no leash to hold it by; restarting")
+                elif log_contradicts_chunk(Path(state.log), chunk_size, self._setup(wanted.argv)):
                     self.on_message(
                         f"engine pid {state.pid}: its log shows steps above {chunk_size} tokens; restarting"
                     )
@@ -362,24 +366,25 @@ class LocalLauncher:
 
     async def _take_over(self, state: EngineState, path: Path) -> socket.socket | None:
         """Become the owner of a live engine an earlier invocation started: its leash's channel,
-        or None for an engine without a (live) leash. Refused when a live owner holds it."""
+        or None for an engine without a (live) leash. Refused when a live owner holds it, when
+        another user runs it, and when its leash lives but does not answer: an engine adopted
+        without its leash would outlive this invocation's kill -9 (issue 31)."""
+        foreign = _foreign(state, path)
+        if foreign:
+            raise EngineError(f"engine pid {state.pid} ({path}): {foreign}: only its owner may adopt or stop it")
         if not (state.leash_socket and state.leash_pid and same_process(state.leash_pid, state.leash_start)):
             return None
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.setblocking(False)
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(5.0):
-                await loop.sock_connect(conn, "\0" + state.leash_socket)
-            await loop.sock_sendall(conn, b"own\n")
-            async with asyncio.timeout(5.0):
-                reply = (await loop.sock_recv(conn, 64)).decode(errors="replace")
-        except (OSError, TimeoutError):
-            conn.close()
-            return None
-        if reply.startswith("ok"):
+        reply, conn = "", None
+        for _ in range(3):  # a connection refused for a moment (a full backlog) is tried again
+            reply, conn = await _ask_leash(state.leash_socket)
+            if conn is not None or reply:
+                break
+            await asyncio.sleep(0.5)
+        if conn is not None:
             return conn
-        conn.close()
+        if not reply:
+            raise EngineError(f"engine pid {state.pid} ({path}): its leash (pid {state.leash_pid}) does not answer; "
+                              "not adopting it without the leash: stop that engine, or run again")
         if reply.startswith("not yours"):
             raise EngineError(f"engine pid {state.pid} ({path}) was started by another user: only its owner may adopt "
                               "or stop it")
@@ -459,6 +464,45 @@ class LocalLauncher:
             self._control.close()
             self._control = None
         self._proc, self._state, self._handle = None, None, None
+
+
+async def _ask_leash(name: str) -> tuple[str, socket.socket | None]:
+    """Say `own` on a leash's socket: (its reply, the connection when it said ok); ("", None)
+    when it could not be asked or did not answer within 5 s."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(5.0):
+            await loop.sock_connect(conn, "\0" + name)
+            await loop.sock_sendall(conn, b"own\n")
+            reply = (await loop.sock_recv(conn, 64)).decode(errors="replace")
+    except (OSError, TimeoutError):
+        conn.close()
+        return "", None
+    if reply.startswith("ok"):
+        return reply, conn
+    conn.close()
+    return reply or "(hung up)", None
+
+
+def _foreign(state: EngineState, path: Path) -> str:
+    """Why an engine a state file describes is not this user's to adopt or stop ("" when it is):
+    the state file written by another user, or writable by others, or the process another user's."""
+    uid = os.getuid()
+    try:
+        info = path.stat()
+    except OSError:
+        return ""
+    if info.st_uid != uid:
+        return f"its state file belongs to uid {info.st_uid}, not this user's ({uid})"
+    if info.st_mode & 0o022:
+        return f"its state file is writable by others (mode {info.st_mode & 0o777:o})"
+    try:
+        owner = Path(f"/proc/{state.pid}").stat().st_uid
+    except OSError:
+        return ""
+    return f"the process runs as uid {owner}, not this user's ({uid})" if owner != uid else ""
 
 
 async def _answers_health(url: str) -> bool:

@@ -124,6 +124,9 @@ class LocalLauncherSpec(_Strict):
             raise ValueError(
                 f"launcher.command: must contain {{chunk}} (where {adapter(self.engine).chunk_flag} goes)"
             )
+        problem = template_problem(self.command, {*self.vars, *(SLOT_PLACEHOLDERS if self.gpus else ())})
+        if problem:
+            raise ValueError(f"launcher.command: {problem}")
         return self
 
     @property
@@ -278,6 +281,10 @@ class PairLauncherSpec(_Strict):
 
     @model_validator(mode="after")
     def _pair(self) -> PairLauncherSpec:
+        for role in ("prefill", "decode"):
+            problem = template_problem(getattr(self, role).command, set(self.vars))
+            if problem:
+                raise ValueError(f"launcher.{role}.command: {problem}")
         problem = check_pair(self)
         if problem:
             raise ValueError(problem)
@@ -330,6 +337,27 @@ LauncherSpec = Annotated[
     LocalLauncherSpec | ExternalLauncherSpec | SimLauncherSpec | KubernetesLauncherSpec | PairLauncherSpec,
     Field(discriminator="kind"),
 ]
+
+
+TEMPLATE_PLACEHOLDERS = ("python", "chunk")  # filled in by `launch.local.render_command`
+
+
+def template_problem(template: str, defined: set[str]) -> str | None:
+    """Why a command template cannot be rendered (a placeholder nobody defines, a stray brace),
+    or None: checked when the sweep file is read, before anything is written or started."""
+    import string
+
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        return f"bad template ({exc}); write a literal brace as {{{{ or }}}}"
+    for name in fields:
+        base = name.split(".", 1)[0].split("[", 1)[0]
+        if not base or base.isdigit():
+            return f"{{{name}}}: a placeholder needs a name ({{chunk}}, or a key of launcher.vars)"
+        if base not in defined and base not in TEMPLATE_PLACEHOLDERS:
+            return f"unknown placeholder {{{base}}}; define it under launcher.vars"
+    return None
 
 
 class _Blank(dict[str, str]):

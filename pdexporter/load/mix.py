@@ -46,6 +46,9 @@ SHAREGPT_LIKE: tuple[MixComponent, ...] = (
 )
 
 
+MAX_LOAD_REQUESTS = 1_000_000  # rate x duration: a day at 11/s; each is planned (and held) before the first is sent
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     rate: float  # requests per second (Poisson)
@@ -58,6 +61,8 @@ class LoadSpec:
             raise ValueError(f"rate {self.rate!r}: must be > 0 requests/s")
         if not (self.duration_s > 0 and math.isfinite(self.duration_s)):
             raise ValueError(f"duration {self.duration_s!r}: must be > 0 s")
+        if self.rate * self.duration_s > MAX_LOAD_REQUESTS:  # --rate 1e308 planned for ever (issue 31)
+            raise ValueError(f"{self.rate * self.duration_s:.3g} requests: at most {MAX_LOAD_REQUESTS:,} in one run")
         if not self.mix or any(c.weight < 0 for c in self.mix) or sum(c.weight for c in self.mix) <= 0:
             raise ValueError("the mix needs components with non-negative weights summing above 0")
 
@@ -100,4 +105,4 @@ def schedule(spec: LoadSpec) -> list[LoadRequest]:
         ))
 
 
-__all__ = ["LoadRequest", "LoadSpec", "MixComponent", "SHAREGPT_LIKE", "schedule"]
+__all__ = ["LoadRequest", "LoadSpec", "MAX_LOAD_REQUESTS", "MixComponent", "SHAREGPT_LIKE", "schedule"]

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from pdexporter import __version__
 from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, clean_stale, read_json_gz
+from pdexporter._internal.finite import NotFinite, loads_finite, not_finite_problem
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
 from pdexporter.measure.records import RECORD_SCHEMA, RunRecord
@@ -81,9 +82,13 @@ class ResultsStore:
 
     def load_raw(self, path: Path) -> dict[str, Any]:
         try:
-            return read_json_gz(path)
-        except (OSError, ValueError) as exc:
+            raw = read_json_gz(path)
+        except (OSError, ValueError, EOFError) as exc:
             raise RecordError(f"{path}: unreadable raw timestamps ({exc})") from exc
+        problem = not_finite_problem(raw)
+        if problem:
+            raise RecordError(f"{path}: {problem}")
+        return raw
 
     def load_record(self, chunk_size: int, d: int, p: int) -> RunRecord | None:
         path = self.record_path(chunk_size, d, p)
@@ -114,9 +119,11 @@ def load_record_file(path: str | Path) -> RunRecord:
     """Read and validate one record; any problem is one line naming the file and field."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_finite(path.read_text(encoding="utf-8"))  # no NaN, inf or 5000-digit number
     except OSError as exc:
         raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except NotFinite as exc:
+        raise RecordError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise RecordError(
             f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"

@@ -28,6 +28,7 @@ from typing import ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import ConfigError
 
@@ -524,9 +525,11 @@ def profile_path(name_or_path: str | Path) -> Path:
 def load_profile(name_or_path: str | Path) -> Profile:
     path = profile_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml_strict(path.read_text(encoding="utf-8"))  # no key twice, no .nan, no 5000 digits
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except YamlProblem as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"

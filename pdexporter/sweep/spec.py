@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
+from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
 from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter.engines import UNIDENTIFIED, adapter
@@ -365,7 +366,9 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
         raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                           f"{exc.start}); save the sweep file as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_strict(text)  # no key twice, no .nan or .inf, no 5000-digit number
+    except YamlProblem as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""

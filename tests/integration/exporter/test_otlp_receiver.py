@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import math
 
 import aiohttp
 import pytest
@@ -216,5 +217,91 @@ async def test_traces_wait_until_the_engine_said_who_it_is() -> None:
                                     headers={"Content-Type": PROTOBUF}) as resp:
                 assert resp.status == 503 and resp.headers["Retry-After"] == "1"
         assert got == [] and results == ["engine-unknown"]
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_slow_upload_is_cut_and_does_not_keep_real_exports_out() -> None:
+    """Issue 31: two uploads trickling their bodies held both slots for as long as they liked, and
+    real exports were refused 429 `busy`. Now a body not read within `body_timeout_s` is 408."""
+    limits = ReceiverLimits(max_concurrent=2, max_waiting=4, wait_s=4.0, body_timeout_s=1.0)
+    runner, port, got, results = await _server(limits=limits)
+    gate = asyncio.Event()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def slow():  # type: ignore[no-untyped-def]
+                yield encode_traces(TRACES[:1], engine="vllm")[:5]
+                await gate.wait()  # never, while the test runs
+
+            async def slow_post() -> int:
+                try:
+                    async with session.post(f"http://127.0.0.1:{port}/v1/traces", data=slow(),
+                                            headers={"Content-Type": PROTOBUF}) as resp:
+                        return resp.status
+                except aiohttp.ClientError:
+                    return -1
+
+            held = [asyncio.create_task(slow_post()) for _ in range(2)]
+            await asyncio.sleep(0.3)  # both slots taken by the trickles
+            assert await _post(session, port, encode_traces(TRACES[1:2], engine="vllm")) == 200
+            assert [t.request_id for t in got] == ["cmpl-1"]
+            gate.set()
+            assert set(await asyncio.gather(*held)) <= {408, -1}
+        assert results.count("slow-body") == 2 and results.count(None) == 1
+    finally:
+        gate.set()
+        await runner.cleanup()
+
+
+def _with_attribute(body: bytes, name: str, value: float) -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    message = ExportTraceServiceRequest()
+    message.ParseFromString(body)
+    for kv in message.resource_spans[0].scope_spans[0].spans[0].attributes:
+        if kv.key == name:
+            kv.value.double_value = value
+    return message.SerializeToString()
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, 1e300])
+async def test_a_span_with_a_number_out_of_range_is_400_in_one_line(value: float) -> None:
+    """Issue 31: an authenticated span with +inf prompt tokens got a 500 and a traceback."""
+    from pdexporter.engines import adapter
+
+    name = adapter("vllm").request_span_attributes["prompt_tokens"]
+    runner, port, got, results = await _server(token="t0ken-for-spans")
+    body = _with_attribute(encode_traces(TRACES[:2], engine="vllm"), name, value)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://127.0.0.1:{port}/v1/traces", data=body, headers={
+                    "Content-Type": PROTOBUF, "Authorization": "Bearer t0ken-for-spans"}) as resp:
+                text = await resp.text()
+                assert resp.status == 400, text
+        assert len(text.strip().splitlines()) == 1 and name in text and "Traceback" not in text, text
+        assert results == ["bad-body"] and not got
+    finally:
+        await runner.cleanup()
+
+
+async def test_spans_are_counted_and_paid_for_before_any_is_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: every export was decoded whole before its spans were counted against the rate
+    (32 CPU-seconds in 31 s, /metrics at 0.8-1.0 s). Now an export over the span budget, or over
+    `max_spans_per_export`, or inflating past the decode budget, is refused before decoding."""
+    import pdexporter.client.traces as traces_module
+
+    decoded: list[int] = []
+    real = traces_module.traces_of
+    monkeypatch.setattr(traces_module, "traces_of", lambda m, engine: decoded.append(1) or real(m, engine=engine))
+    many = [RequestTrace(f"r-{k}", 1, 2, prompt_tokens=5) for k in range(60)]
+    limits = ReceiverLimits(spans_per_s=1.0, span_burst=40, max_spans_per_export=50,
+                            decoded_bytes_per_s=1.0, decoded_bytes_burst=2**20)
+    runner, port, got, results = await _server(limits=limits)
+    try:
+        async with aiohttp.ClientSession() as session:
+            assert await _post(session, port, encode_traces(many, engine="vllm")) == 413  # 60 > 50 in one
+            assert await _post(session, port, encode_traces(many[:45], engine="vllm")) == 429  # 45 > 40 left
+            assert await _post(session, port, _gzip_zeros(2 * 2**20), "gzip") == 429  # 2 MiB to inflate > 1 MiB
+        assert results == ["too-large", "rate-limited", "rate-limited"] and not got and not decoded
     finally:
         await runner.cleanup()

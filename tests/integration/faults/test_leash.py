@@ -5,13 +5,18 @@ as the local launcher runs it, with a real engine stand-in (a Python process tha
   refused (`SO_PEERCRED`), and the engine stays with its owner; before, that user got the released
   engine, root's next sweep was refused, and the engine stopped when that user hung up;
 - the engine's command line, an API key on it included, is not readable in the leash's own
-  /proc/PID/cmdline (it comes on the owner's channel).
+  /proc/PID/cmdline (it comes on the owner's channel);
+- (issue 31) another user holding connections open to the socket does not hold up the owner's
+  `own`; a leash that does not answer, or a state file others could have written, is refused in
+  one line rather than adopted without the leash (`launch.local`; the local launcher on a Python
+  `http.server` as its engine).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -20,8 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from pdexporter.launch.local import LEASH
-from tests.helpers import alive, wait_until
+from pdexporter.errors import EngineError
+from pdexporter.launch.base import terminate_group
+from pdexporter.launch.local import LEASH, LocalLauncher
+from pdexporter.measure.store import ResultsStore
+from tests.helpers import alive, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +70,10 @@ def _own_as(uid: int, name: str) -> str:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             conn.settimeout(5)
             conn.connect("\0" + name)
-            conn.sendall(b"own\n")
+            try:
+                conn.sendall(b"own\n")
+            except BrokenPipeError:  # refused at once, before anything was read (issue 31)
+                pass
             reply = conn.recv(64) or b"(hung up)"
             os.write(write, reply)
             time.sleep(1.0)  # hold the connection a moment, as the audit's user did, then hang up
@@ -112,3 +123,110 @@ def test_the_engine_command_line_is_not_on_the_leashs_own() -> None:
         channel.close()  # the owner is gone without a release: the leash stops the engine
         assert wait_until(lambda: not alive(engine), 20)
         leash.wait(10)
+
+
+def _hold_connections_as(uid: int, name: str, count: int, hold_s: float) -> int:
+    """A forked child of `uid` opens `count` connections to the leash's socket and says nothing
+    on them for `hold_s` (the issue's other user); returns its pid once they are open."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.setgid(uid)
+            os.setuid(uid)
+            held = []
+            for _ in range(count):
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.settimeout(5)
+                conn.connect("\0" + name)
+                held.append(conn)
+            os.write(write, b"ready")
+            time.sleep(hold_s)
+        except BaseException as exc:  # noqa: BLE001 - said to the parent, which fails the test
+            os.write(write, f"child failed: {exc!r}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    said = os.read(read, 256).decode(errors="replace")
+    os.close(read)
+    assert said == "ready", said
+    return pid
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="dropping to another uid needs root (CI runs as root)")
+def test_another_user_holding_connections_open_does_not_hold_up_the_owner() -> None:
+    """Issue 31: the leash read a foreign connection for up to 5 s before refusing it, one at a
+    time; another user holding a few open made the owner's `own` time out, and the owner adopted
+    the engine without its leash (it then outlived the owner's kill -9)."""
+    leash, channel, said = _start_leash()
+    engine = int(said["engine"])
+    child = 0
+    try:
+        channel.sendall(b"release\n")
+        channel.close()
+        time.sleep(0.3)
+        child = _hold_connections_as(65534, said["socket"], 6, hold_s=20)
+        t0 = time.monotonic()
+        ours = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.settimeout(10)
+        ours.connect("\0" + said["socket"])
+        ours.sendall(b"own\n")
+        reply = ours.recv(64).decode()
+        took = time.monotonic() - t0
+        assert reply.startswith(f"ok {engine}") and took < 2.0, (reply, took)
+        ours.close()  # owned, then gone without a release: the engine goes
+        assert wait_until(lambda: not alive(engine), 20)
+    finally:
+        if child:
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+        leash.kill()
+        leash.wait(10)
+
+
+def _served_launcher(tmp_path: Path) -> LocalLauncher:
+    served = tmp_path / "www" / "2048"
+    served.mkdir(parents=True, exist_ok=True)
+    (served / "health").write_text("")
+    port = free_port()
+    command = f"{{python}} -m http.server {port} --bind 127.0.0.1 --directory {tmp_path}/www/{{chunk}}"
+    return LocalLauncher(command=command, store=ResultsStore(tmp_path / "results"), url=f"http://127.0.0.1:{port}",
+                         health_timeout_s=20, stop_timeout_s=5)
+
+
+async def test_an_engine_whose_leash_does_not_answer_is_not_adopted(tmp_path: Path) -> None:
+    """Before: a leash that did not answer within 5 s (held up, or stopped) made the next run adopt
+    its engine without it; that engine outlived the run's kill -9."""
+    first = _served_launcher(tmp_path)
+    await first.start(2048)
+    state = first._state
+    assert state is not None and state.leash_pid is not None
+    first.release()
+    os.kill(state.leash_pid, signal.SIGSTOP)  # alive, but it answers nothing
+    try:
+        second = _served_launcher(tmp_path)
+        second.url, second.command = first.url, first.command
+        with pytest.raises(EngineError, match="does not answer; not adopting it without the leash"):
+            await second.start(2048)
+        assert not second.adopted and alive(state.pid)
+    finally:
+        os.kill(state.leash_pid, signal.SIGCONT)
+        await terminate_group(state.pid, 5)
+
+
+async def test_a_state_file_another_user_wrote_is_refused(tmp_path: Path) -> None:
+    first = _served_launcher(tmp_path)
+    await first.start(2048)
+    state = first._state
+    assert state is not None
+    path = first.state_path(2048)
+    first.release()
+    try:
+        path.chmod(0o666)  # anyone could have written it: its pid is not to be trusted
+        second = _served_launcher(tmp_path)
+        second.url, second.command = first.url, first.command
+        with pytest.raises(EngineError, match="state file is writable by others"):
+            await second.start(2048)
+    finally:
+        await terminate_group(state.pid, 5)

@@ -4,9 +4,25 @@ and what an engine says with a 401."""
 
 from __future__ import annotations
 
+import base64
+import io
+import json
+from collections.abc import Iterator
+
 import pytest
 
-from pdexporter._internal.redact import redact_text, redact_url, secret_name, secret_values
+from pdexporter._internal.redact import (
+    RedactingStream,
+    forget_secrets,
+    redact,
+    redact_json,
+    redact_text,
+    redact_url,
+    remember_secret,
+    secret_name,
+    secret_values,
+)
+from pdexporter._internal.secretfile import secret_text
 from pdexporter.client.client import EngineClient
 from pdexporter.client.sse import http_error
 from pdexporter.errors import EngineError
@@ -107,3 +123,48 @@ def test_a_401_body_is_not_echoed() -> None:
     error = http_error("http://vllm:8000/v1/models", 401, b'{"error": "invalid token sk-abc123"}')
     assert "sk-abc123" not in str(error) and "--api-key-file" in str(error) and error.status == 401
     assert "overloaded" in str(http_error("http://vllm:8000/x", 503, b'{"error": "overloaded"}'))
+
+
+@pytest.fixture
+def no_known_secrets() -> Iterator[None]:
+    forget_secrets()
+    yield
+    forget_secrets()
+
+
+def test_secrets_the_process_holds_are_hidden_by_value_in_every_form(no_known_secrets: None) -> None:
+    """Issue 31: a 5xx body quoting the request's Authorization header was printed as it came."""
+    EngineClient("http://alice:pw-hunter2@127.0.0.1:1/", api_key=None)  # remembered where it is read
+    basic = base64.b64encode(b"alice:pw-hunter2").decode()
+    secret_text("sk-the-api-key-0123\n", "--api-key-file k")
+    text = (f"500: proxy saw Authorization: Basic {basic} and key sk-the-api-key-0123 "
+            f"({base64.b64encode(b'sk-the-api-key-0123').decode()}), url http://alice:pw-hunter2@h, pw-hunter2")
+    hidden = redact(text)
+    for form in ("pw-hunter2", basic, "sk-the-api-key-0123", base64.b64encode(b"sk-the-api-key-0123").decode()):
+        assert form not in hidden, hidden
+    assert hidden.startswith("500: proxy saw Authorization: Basic ***")
+    assert str(EngineError(text)) == hidden  # every error line
+
+
+def test_quoted_authorization_values_are_hidden_even_when_not_known(no_known_secrets: None) -> None:
+    assert redact('{"authorization": "Bearer abc.def-123"}') == '{"authorization": "Bearer ***"}'
+    assert redact("Authorization=Bearer%20zz-top-9 rest") == "Authorization=Bearer%20*** rest"
+    assert redact("got bearer QWxhZGRpbjpvcGVu here") == "got bearer *** here"
+    assert redact("a basic setting, the token count 12") == "a basic setting, the token count 12"
+
+
+def test_short_values_are_hidden_as_whole_words_and_numbers_stay_json(no_known_secrets: None) -> None:
+    remember_secret("pass")
+    remember_secret("2048")  # a short number is never hidden: it would corrupt P=2048 in a table
+    assert redact("passed the pass: 2048") == "passed the ***: 2048"
+    remember_secret("98765432109")
+    text = redact_json(json.dumps({"n": 98765432109, "s": "key 98765432109", "t": "x"}))
+    assert json.loads(text) == {"n": 98765432109, "s": "key ***", "t": "x"}
+
+
+def test_what_the_cli_prints_goes_through_redact(no_known_secrets: None) -> None:
+    buffer = io.StringIO()
+    stream = RedactingStream(buffer)  # type: ignore[arg-type]
+    remember_secret("sk-stream-secret-1")
+    stream.write("token sk-stream-secret-1\n")
+    assert buffer.getvalue() == "token ***\n" and stream.isatty() is False

@@ -43,3 +43,10 @@ def test_the_mix_reaches_every_prefill_size_of_the_seed_grid_within_its_bounds()
 def test_bad_specs_are_refused(rate: float, duration: float) -> None:
     with pytest.raises(ValueError):
         LoadSpec(rate=rate, duration_s=duration)
+
+
+@pytest.mark.parametrize("rate, duration", [(1e308, 1), (2000, 3600)])
+def test_a_plan_of_more_requests_than_a_run_holds_is_refused_at_once(rate: float, duration: float) -> None:
+    """Issue 31: `load --rate 1e308 --duration 1s` planned its schedule for ever, silently."""
+    with pytest.raises(ValueError, match="at most 1,000,000 in one run"):
+        LoadSpec(rate=rate, duration_s=duration)
