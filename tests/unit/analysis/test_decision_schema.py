@@ -68,5 +68,5 @@ def test_decide_refuses_a_nan_decision_in_one_line(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "pdexporter", "decide", "-D", "4", "-P", "4096", "-B", "8192",
                           "--model", str(bad)], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert run.returncode != 0
-    assert "model.coefficients.alpha0_ms: not a finite number" in run.stderr
+    assert "model.coefficients.alpha0_ms" in run.stderr and "not a finite number" in run.stderr
     assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
