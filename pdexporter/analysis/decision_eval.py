@@ -153,7 +153,8 @@ def transfer_time(transfer, p):
 def _eager_sum(launch, compute0, gamma, beta, budget, count):
     """Sum over `count` full chunks of `budget` tokens (chunk k's prefix: k x budget) of their
     eager step's extra, max(launch floor, compute0 + gamma c + beta q_k): q_k grows with k, so the
-    first chunks may wait on the launches and the later ones on the GPU."""
+    first chunks may wait on the launches and the later ones on the GPU (`gamma`: per chunk token,
+    the running decodes' delta x D included)."""
     if count <= 0:
         return 0.0
     base = compute0 + gamma * budget + beta * budget * (budget + 1) / 2.0  # chunk 0's GPU-bound extra
@@ -183,6 +184,7 @@ def colocated_cost(doc, ctx, coefficients=None):
     k = coefficients if coefficients is not None else model["coefficients"]
     launch = max(0.0, k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d)
     compute0, gamma, beta = k.get("compute0_ms", 0.0), k["gamma_ms_per_token"], k["beta_ms_per_token_pair"]
+    gamma += (k.get("delta_ms_per_decode_token") or 0.0) * d  # each decode in the step, per chunk token
     kappa = k.get("kappa_graph_ms_per_token")
     graph0 = k.get("graph0_ms") or 0.0
     budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]
