@@ -22,7 +22,10 @@ features, so no time it gives can be negative, and each grows where the physics 
   host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph, plus
   graph0 in the step that admits the request (q_k: the chunk's query x context pairs, attention
   over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 P; times D for the
-  batch.
+  batch. Where each decode in a chunk's step pays per chunk token (the model has
+  `delta_ms_per_decode_token`: SGLang's mixed chunks) the work gains delta D c_k; where the decodes
+  pause for the chunks (SGLang's default) the fit leaves the launch floor and the stalls at 0, so
+  each step is its work whole.
 - **Colocated TTFT**: the chunk steps and the request's own overheads, a linear model in
   non-negative features (`colocated_ttft`).
 - **Offloaded TTFT** = the prefill alone on its own instance (the colocated TTFT at D = 0, plus
@@ -173,7 +176,8 @@ def colocated_cost(doc, ctx, coefficients=None):
     A chunk step launched eagerly costs each decode max(alpha0 + alpha1 D, compute0 + gamma c +
     beta q): the host's launches or the GPU's work, whichever takes longer; one replayed as a CUDA
     graph kappa c, plus graph0 in the step that admits the request (taken as an eager one where the
-    document has no measured kappa; graph0 is 0 in documents written before it was a term)."""
+    document has no measured kappa; graph0 is 0 in documents written before it was a term), and
+    delta D per chunk token where the decodes in the step pay it (absent: 0)."""
     model = doc["model"]
     d = ctx["d"]
     if model["name"] == "seed_per_chunk":

@@ -52,6 +52,14 @@ Context-aware model ("context_aware")
     `bootstrap_context` refits it on grid points resampled with replacement (the full fit's
     Huber weights kept): decision.json's replicates, from which every answer gets its interval.
 
+    The engine's chunk rule (its adapter's, never its name) picks the form's variant:
+    `decodes_pay_chunk_tokens` (SGLang's mixed chunks with triton attention: each decode row of the
+    chunk's extend batch pays the chunk's length) adds delta x D x c_k to the eager step's work,
+    fitted and written only there; `decodes_in_chunk_step` false (SGLang's default: the decodes
+    pause while the chunks run back to back) makes each grid point one row, its per-stream total,
+    of every chunk step whole, pi_k = compute0 + gamma c_k + beta q_k (no launch floor, stall or
+    catch-up: `_point_observations`, `_solve`).
+
 Held-out R^2: the models are refitted with folds of configurations left out and predict the left
 out ones; R^2 = 1 - sum (C - C_hat)^2 / sum (C - mean C)^2 over all held-out predictions pooled.
 The primary scheme leaves out one prefill length P at a time (all chunk sizes and D with that P);
@@ -797,9 +805,7 @@ def fit_context_model(data: FitData) -> ContextAwareModel:
         for j in active:
             se[j] = math.sqrt(max(cov[j, j], 0.0))
         lo, hi = design.d_range
-        if 0 not in active and 1 not in active:  # no launch floor (the decodes pause for the steps)
-            alpha_se = (None, None)
-        elif hi > lo:  # alpha1 = (c1 - c0) / (hi - lo), alpha0 = c0 - alpha1 lo
+        if hi > lo:  # alpha1 = (c1 - c0) / (hi - lo), alpha0 = c0 - alpha1 lo
             t = np.array([[1 + lo / (hi - lo), -lo / (hi - lo)], [-1 / (hi - lo), 1 / (hi - lo)]])
             c2 = t @ cov[:2, :2] @ t.T
             alpha_se = (math.sqrt(max(c2[0, 0], 0.0)), math.sqrt(max(c2[1, 1], 0.0)))
