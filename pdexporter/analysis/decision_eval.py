@@ -22,7 +22,10 @@ features, so no time it gives can be negative, and each grows where the physics 
   host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph, plus
   graph0 in the step that admits the request (q_k: the chunk's query x context pairs, attention
   over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 P; times D for the
-  batch.
+  batch. Where each decode in a chunk's step pays per chunk token (the model has
+  `delta_ms_per_decode_token`: SGLang's mixed chunks) the work gains delta D c_k; where the decodes
+  pause for the chunks (SGLang's default) the fit leaves the launch floor and the stalls at 0, so
+  each step is its work whole.
 - **Colocated TTFT**: the chunk steps and the request's own overheads, a linear model in
   non-negative features (`colocated_ttft`).
 - **Offloaded TTFT** = the prefill alone on its own instance (the colocated TTFT at D = 0, plus
@@ -161,7 +164,8 @@ def transfer_time(transfer, p):
 def _eager_sum(launch, compute0, gamma, beta, budget, count):
     """Sum over `count` full chunks of `budget` tokens (chunk k's prefix: k x budget) of their
     eager step's extra, max(launch floor, compute0 + gamma c + beta q_k): q_k grows with k, so the
-    first chunks may wait on the launches and the later ones on the GPU."""
+    first chunks may wait on the launches and the later ones on the GPU (`gamma`: per chunk token,
+    the running decodes' delta x D included)."""
     if count <= 0:
         return 0.0
     base = compute0 + gamma * budget + beta * budget * (budget + 1) / 2.0  # chunk 0's GPU-bound extra
@@ -180,7 +184,8 @@ def colocated_cost(doc, ctx, coefficients=None):
     A chunk step launched eagerly costs each decode max(alpha0 + alpha1 D, compute0 + gamma c +
     beta q): the host's launches or the GPU's work, whichever takes longer; one replayed as a CUDA
     graph kappa c, plus graph0 in the step that admits the request (taken as an eager one where the
-    document has no measured kappa; graph0 is 0 in documents written before it was a term)."""
+    document has no measured kappa; graph0 is 0 in documents written before it was a term), and
+    delta D per chunk token where the decodes in the step pay it (absent: 0)."""
     model = doc["model"]
     d = ctx["d"]
     if model["name"] == "seed_per_chunk":
@@ -191,6 +196,7 @@ def colocated_cost(doc, ctx, coefficients=None):
     k = coefficients if coefficients is not None else model["coefficients"]
     launch = max(0.0, k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d)
     compute0, gamma, beta = k.get("compute0_ms", 0.0), k["gamma_ms_per_token"], k["beta_ms_per_token_pair"]
+    gamma += (k.get("delta_ms_per_decode_token") or 0.0) * d  # each decode in the step, per chunk token
     kappa = k.get("kappa_graph_ms_per_token")
     graph0 = k.get("graph0_ms") or 0.0
     budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]

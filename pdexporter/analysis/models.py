@@ -52,6 +52,14 @@ Context-aware model ("context_aware")
     `bootstrap_context` refits it on grid points resampled with replacement (the full fit's
     Huber weights kept): decision.json's replicates, from which every answer gets its interval.
 
+    The engine's chunk rule (its adapter's, never its name) picks the form's variant:
+    `decodes_pay_chunk_tokens` (SGLang's mixed chunks with triton attention: each decode row of the
+    chunk's extend batch pays the chunk's length) adds delta x D x c_k to the eager step's work,
+    fitted and written only there; `decodes_in_chunk_step` false (SGLang's default: the decodes
+    pause while the chunks run back to back) makes each grid point one row, its per-stream total,
+    of every chunk step whole, pi_k = compute0 + gamma c_k + beta q_k (no launch floor, stall or
+    catch-up: `_point_observations`, `_solve`).
+
 Held-out R^2: the models are refitted with folds of configurations left out and predict the left
 out ones; R^2 = 1 - sum (C - C_hat)^2 / sum (C - mean C)^2 over all held-out predictions pooled.
 The primary scheme leaves out one prefill length P at a time (all chunk sizes and D with that P);
@@ -300,6 +308,18 @@ CONTEXT_IF_NEGATIVE = (
     "longer prompts would stall the engine's loop less",
     "admitting a request in a graph step would cost less than a decode step",
 )
+DELTA_NAME = "delta_ms_per_decode_token"
+DELTA_TEXT = ("ms per chunk token per running decode in the step",
+              "what each running decode adds to an eager chunk step per chunk token (its row of the chunk's "
+              "attention batch pays the chunk's length: SGLang's mixed chunks with triton attention)",
+              "more decodes beside a chunk would shorten its step")
+DELTA_FORMULA = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * P); pi_k = max(alpha0 + alpha1 * D, "
+                 "compute0 + (gamma + delta * D) * c_k + beta * q_k) for an eagerly launched step (delta: what each "
+                 "decode in the step pays per chunk token), kappa * c_k for a CUDA-graph step (+ graph0 in the one "
+                 "that admits the request); chunks by the engine's rule (chunk_rule)")
+STALL_FORMULA = ("C = D * sum over chunks of (compute0 + gamma * c_k + beta * q_k): the decodes pause for the "
+                 "prefill's chunk steps, run back to back, and lose each whole (its fixed part, tokens and attention "
+                 "over the prefix added); chunks by the engine's rule (chunk_rule), which says the decodes pause")
 UNMEASURED = "unmeasured"
 
 
@@ -335,6 +355,10 @@ class ContextAwareModel:
     decode0_ms: float = 0.0
     decode1_ms_per_decode: float = 0.0
     catchup_steps: float = 0.0
+    # Each running decode's cost per chunk token in an eager chunk step (the GPU-bound side:
+    # + delta D c_k), fitted where the engine's rule says its decodes pay it (None: not a term)
+    delta_ms_per_decode_token: float | None = None
+    delta_stderr: float | None = None
     rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
     formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * P); pi_k = max(alpha0 + alpha1 * D, "
@@ -348,10 +372,11 @@ class ContextAwareModel:
     def chunk_penalty_ms(self, d: Any, chunk: Any, prefix: Any) -> np.ndarray:
         """One eager chunk step's extra per decode stream: the longer of the launch floor and the GPU's work."""
         a0, a1, g, be = self.values
-        launch = np.maximum(0.0, a0 + a1 * np.asarray(d, np.float64))
-        return np.maximum(
-            launch, self.compute0_ms + g * np.asarray(chunk, np.float64) + be * attention_pairs(chunk, prefix)
-        )
+        d = np.asarray(d, np.float64)
+        c = np.asarray(chunk, np.float64)
+        launch = np.maximum(0.0, a0 + a1 * d)
+        delta = self.delta_ms_per_decode_token or 0.0
+        return np.maximum(launch, self.compute0_ms + (g + delta * d) * c + be * attention_pairs(c, prefix))
 
     def chunk_penalties_ms(self, d: int, chunks: Sequence[float]) -> np.ndarray:
         """Each chunk step's extra per decode stream, in chunk order: kappa c as a CUDA graph (+ graph0
@@ -405,9 +430,12 @@ class ContextAwareModel:
             *self.sigma_stderr,
             self.graph0_stderr,
         )
-        return [Coefficient(n, math.nan if v is None else float(v), None if s is None else float(s), u, m, w)
-                for n, v, s, u, m, w in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS,
-                                            CONTEXT_IF_NEGATIVE)]
+        out = [Coefficient(n, math.nan if v is None else float(v), None if s is None else float(s), u, m, w)
+               for n, v, s, u, m, w in zip(CONTEXT_NAMES, values, errors, CONTEXT_UNITS, CONTEXT_MEANINGS,
+                                           CONTEXT_IF_NEGATIVE)]
+        if self.delta_ms_per_decode_token is not None:  # a term only where the engine's decodes pay it
+            out.append(Coefficient(DELTA_NAME, self.delta_ms_per_decode_token, self.delta_stderr, *DELTA_TEXT))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         k = {c.name: (None if math.isnan(c.value) else c.value) for c in self.coefficients()}
@@ -529,6 +557,7 @@ class Design:
     group: np.ndarray
     is_step: np.ndarray
     d_range: tuple[float, float] = (1.0, 1.0)
+    stall: bool = False  # the decodes pause for the chunk steps (`_point_observations`): no launch floor
 
     def rows_of(self, points: np.ndarray) -> Design:
         """The observations of these points (each as often as it is listed), renumbered as in
@@ -547,7 +576,7 @@ class Design:
         raw_index = np.concatenate(rows) if rows else np.empty(0, np.int64)
         new_obs = np.concatenate([np.full(r.size, i) for i, r in enumerate(rows)]) if rows else raw_index
         return Design(self.raw[raw_index], new_obs, self.share[raw_index], self.y[keep], new_point,
-                      self.group[keep], self.is_step[keep], self.d_range)
+                      self.group[keep], self.is_step[keep], self.d_range, self.stall)
 
     @property
     def x(self) -> np.ndarray:
@@ -558,10 +587,14 @@ class Design:
 # Per chunk step: eager (launched kernel by kernel), D's place in the fitted D range (0..1), chunk
 # tokens, attention pairs, CUDA-graph step, last step of the prefill, prompt tokens, and the regime
 # an eager step was found in (1: bound by the host's launches, 0: by the GPU's work).
-RAW_COLUMNS = ("eager", "d_weight", "tokens", "pairs", "graph", "last", "prompt_tokens", "launch_bound", "first")
-_R_EAGER, _R_W, _R_C, _R_Q, _R_GRAPH, _R_LAST, _R_P, _R_LAUNCH, _R_FIRST = range(len(RAW_COLUMNS))
+# decode_tokens: D x the chunk's tokens where each decode in the step pays per chunk token (the
+# engine's rule says so, `ChunkRule.decodes_pay_chunk_tokens`), else 0 (a column the fit drops).
+RAW_COLUMNS = ("eager", "d_weight", "tokens", "pairs", "graph", "last", "prompt_tokens", "launch_bound", "first",
+               "decode_tokens")
+_R_EAGER, _R_W, _R_C, _R_Q, _R_GRAPH, _R_LAST, _R_P, _R_LAUNCH, _R_FIRST, _R_DC = range(len(RAW_COLUMNS))
 DESIGN_COLUMNS = ("launch_at_d_lo", "launch_at_d_hi", "compute_fixed", "compute_tokens", "compute_pairs",
-                  "graph_tokens", "last_step", "last_step_prompt_tokens", "graph_admission")
+                  "graph_tokens", "last_step", "last_step_prompt_tokens", "graph_admission", "compute_decode_tokens")
+_DELTA = DESIGN_COLUMNS.index("compute_decode_tokens")
 
 
 def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[float, float]) -> np.ndarray:
@@ -578,8 +611,10 @@ def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[floa
     last[-1] = 1.0
     first = np.zeros(chunks.size)
     first[0] = 1.0
+    decode_tokens = d * chunks if rule.decodes_pay_chunk_tokens else np.zeros(chunks.size)
     return np.column_stack([1.0 - graph, np.full(chunks.size, w), chunks, attention_pairs(chunks, prefix), graph,
-                            last, np.full(chunks.size, float(chunks.sum())), np.zeros(chunks.size), first])
+                            last, np.full(chunks.size, float(chunks.sum())), np.zeros(chunks.size), first,
+                            decode_tokens])
 
 
 def _matrix(raw: np.ndarray, launch: np.ndarray) -> np.ndarray:
@@ -592,7 +627,7 @@ def _matrix(raw: np.ndarray, launch: np.ndarray) -> np.ndarray:
     w = raw[:, _R_W]
     return np.column_stack([lb * (1.0 - w), lb * w, cb, cb * raw[:, _R_C], cb * raw[:, _R_Q],
                             raw[:, _R_GRAPH] * raw[:, _R_C], raw[:, _R_LAST], raw[:, _R_LAST] * raw[:, _R_P],
-                            raw[:, _R_GRAPH] * raw[:, _R_FIRST]])
+                            raw[:, _R_GRAPH] * raw[:, _R_FIRST], cb * raw[:, _R_DC]])
 
 
 def _aggregate(design: Design, matrix: np.ndarray) -> np.ndarray:
@@ -601,9 +636,46 @@ def _aggregate(design: Design, matrix: np.ndarray) -> np.ndarray:
     return out
 
 
+_Obs = tuple[np.ndarray, np.ndarray, float]  # an observation: its raw rows, their shares in it, y
+
+
+def _point_observations(rule: ChunkRule, chunks: np.ndarray, block: np.ndarray,
+                        reps: tuple[tuple[float, tuple[float, ...]], ...], total_ms: float
+                        ) -> tuple[list[list[_Obs]], bool]:
+    """One grid point's observations, grouped by repetition (a repetition is a cluster of shared
+    noise), and whether they are located steps (else one observation: the mean chunk penalty).
+
+    Where the decodes pause for the chunks (the engine's rule: SGLang's default), the point is one
+    observation, its per-stream total interference, made of every chunk step whole (share 1): the
+    decodes wait for the chunks back to back, and lose all of the prefill's time, part of the first
+    chunk's included before their stall begins (SGLang's overlap scheduler launches it before it
+    hands out the previous step's tokens: 58-104 ms on the H200 at P >= 8192), so the stall alone
+    would take a P = 8192 chunk for 160 ms of its ~240. A retirement in the last step is then the
+    same thing to them as a fixed part of every step or a cost per prompt token: not a term of its own."""
+    n = chunks.size
+    if not rule.decodes_in_chunk_step:
+        whole = block.copy()
+        whole[:, _R_LAST] = 0.0
+        return [[(whole, np.ones(n), total_ms)]], False
+    # A repetition located every chunk step, or every one but a trailing tail that replayed a
+    # graph (it ran like a decode step, so the slow steps alone do not show it).
+    trailing = 0
+    for is_graph in (block[:, _R_GRAPH] > 0)[::-1]:
+        if not is_graph:
+            break
+        trailing += 1
+    seen = n - trailing if trailing < n else n
+    usable = [(base, times) for base, times in reps if len(times) in (n, seen)]
+    if usable:
+        return [[(block[k : k + 1], np.ones(1), float(t) - base) for k, t in enumerate(times)]
+                for base, times in usable], True
+    return [[(block, np.full(n, 1.0 / n), total_ms / n)]], False
+
+
 def _design(data: FitData) -> Design:
-    """Per mixed step where a repetition's slow steps line up with the chunk schedule (one
-    observation per step), else one observation per grid point with its mean chunk penalty."""
+    """Per mixed step where a repetition's slow steps line up with the chunk schedule as the
+    decodes see it (one observation per step; one per stall where they pause for the chunks),
+    else one observation per grid point with its mean chunk penalty."""
     raws: list[np.ndarray] = []
     obs: list[np.ndarray] = []
     shares: list[np.ndarray] = []
@@ -612,48 +684,30 @@ def _design(data: FitData) -> Design:
     groups: list[int] = []
     steps: list[bool] = []
     cluster = 0
-    n_all = data.chunks
     rule = data.rule
     d_range = (float(data.decode.min()), float(data.decode.max())) if len(data) else (1.0, 1.0)
     for i in range(len(data)):
-        b, d, p, n = int(data.chunk_size[i]), int(data.decode[i]), int(data.prefill[i]), int(n_all[i])
+        b, d, p = int(data.chunk_size[i]), int(data.decode[i]), int(data.prefill[i])
         chunks = np.asarray(chunk_schedule(p, b, d, data.engine), np.float64)
         block = _chunk_rows(rule, d, chunks, d_range)
-        # A repetition located every chunk step, or every one but a trailing tail that replayed a
-        # graph (it ran like a decode step, so the slow steps alone do not show it).
-        trailing = 0
-        for is_graph in (block[:, _R_GRAPH] > 0)[::-1]:
-            if not is_graph:
-                break
-            trailing += 1
-        seen = n - trailing if trailing < n else n
-        usable = [(base, times) for base, times in data.steps[i] if len(times) in (n, seen)]
-        if usable:
-            for base, times in usable:
-                for k, t in enumerate(times):
-                    raws.append(block[k : k + 1])
-                    obs.append(np.array([len(ys)]))
-                    shares.append(np.ones(1))
-                    ys.append(float(t) - base)
-                    points.append(i)
-                    groups.append(cluster)
-                    steps.append(True)
-                cluster += 1
-        else:
-            raws.append(block)
-            obs.append(np.full(n, len(ys)))
-            shares.append(np.full(n, 1.0 / n))
-            ys.append(float(data.total_ms[i]) / n)
-            points.append(i)
-            groups.append(cluster)
-            steps.append(False)
+        per_rep, located = _point_observations(rule, chunks, block, data.steps[i], float(data.total_ms[i]))
+        for observations in per_rep:
+            for rows, share, y in observations:
+                raws.append(rows)
+                obs.append(np.full(rows.shape[0], len(ys)))
+                shares.append(share)
+                ys.append(y)
+                points.append(i)
+                groups.append(cluster)
+                steps.append(located)
             cluster += 1
     if not raws:
         empty = np.empty(0, np.int64)
         return Design(np.empty((0, len(RAW_COLUMNS))), empty, np.empty(0), np.empty(0), empty, empty,
                       np.empty(0, dtype=bool), d_range)
     return Design(np.vstack(raws), np.concatenate(obs), np.concatenate(shares), np.asarray(ys, np.float64),
-                  np.asarray(points, np.int64), np.asarray(groups, np.int64), np.asarray(steps, dtype=bool), d_range)
+                  np.asarray(points, np.int64), np.asarray(groups, np.int64), np.asarray(steps, dtype=bool), d_range,
+                  not rule.decodes_in_chunk_step)
 
 
 def _active_columns(x: np.ndarray, d_range: tuple[float, float]) -> list[int]:
@@ -688,15 +742,24 @@ def _launch_bound(raw: np.ndarray, coef: np.ndarray) -> np.ndarray:
     GPU's work (the step time is the longer of the two)."""
     w = raw[:, _R_W]
     launch = coef[0] * (1.0 - w) + coef[1] * w
-    compute = coef[2] + coef[3] * raw[:, _R_C] + coef[4] * raw[:, _R_Q]
+    compute = coef[2] + coef[3] * raw[:, _R_C] + coef[4] * raw[:, _R_Q] + coef[_DELTA] * raw[:, _R_DC]
     return (raw[:, _R_EAGER] > 0) & (launch >= compute)
 
 
 def _solve(design: Design) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray, np.ndarray]:
     """The eager steps' regimes and the coefficients, alternated until the regimes hold still
     (each row in the regime whose time is the longer, as max(launch, compute) says); returns
-    (coefficients, Huber weights, active columns, scaled design, launch-bound flag per raw row)."""
+    (coefficients, Huber weights, active columns, scaled design, launch-bound flag per raw row).
+    Where the decodes pause for the chunks (`design.stall`) a step is lost whole, its fixed part,
+    tokens and attention pairs added (compute0 + gamma c + beta q, no launch floor): a prompt of one
+    chunk then tells the fixed part from the rest, where max(launch, compute) would leave the GPU's
+    share to the prompt lengths that are compute-bound (on the H200, one: 8,192 of 512..8,192)."""
     raw = design.raw
+    if design.stall:
+        launch = np.zeros(raw.shape[0], dtype=bool)
+        x = _aggregate(design, _matrix(raw, launch))
+        coef, weights, active, xs = _fit_columns(x, design.y, design.d_range)
+        return coef, weights, active, xs, launch
     launch = (raw[:, _R_EAGER] > 0) & (raw[:, _R_C] < 4096)  # a start: small chunks wait on launches
     best = None
     for _ in range(30):
@@ -760,6 +823,11 @@ def fit_context_model(data: FitData) -> ContextAwareModel:
         rule=data.rule, sigma0_ms=float(coef[6]), sigma1_ms_per_token=float(coef[7]),
         graph0_ms=float(coef[8]), graph0_stderr=se[8],
     )
+    if data.rule.decodes_pay_chunk_tokens:
+        stage1 = replace(stage1, delta_ms_per_decode_token=float(coef[_DELTA]), delta_stderr=se[_DELTA],
+                         formula=DELTA_FORMULA)
+    if design.stall:
+        stage1 = replace(stage1, formula=STALL_FORMULA)
     decode0, decode1 = _decode_step(data)
     stage1 = replace(stage1, decode0_ms=decode0, decode1_ms_per_decode=decode1)
     return _with_stalls(stage1, data) if n_steps else stage1
@@ -873,6 +941,7 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
             sigma0_ms=float(coef[6]),
             sigma1_ms_per_token=float(coef[7]),
             graph0_ms=float(coef[8]),
+            delta_ms_per_decode_token=(float(coef[_DELTA]) if model.delta_ms_per_decode_token is not None else None),
             catchup_steps=0.0,
         )
         if model.n_step_rows:

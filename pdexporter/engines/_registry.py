@@ -127,6 +127,11 @@ class ChunkRule:
       share its step) the engine runs as a CUDA graph by default; a longer step is launched kernel
       by kernel, which on a MoE model costs tens of ms whatever the chunk (0: no graphs, or unknown).
       vLLM 0.22 captures up to 512 tokens unless told otherwise (`--max-cudagraph-capture-size`).
+    - `decodes_pay_chunk_tokens`: every running decode in a chunk's step costs that step time in
+      proportion to the chunk's tokens (the cost model's delta x D x c): the decodes run as rows of
+      the chunk's attention batch and each pays the chunk's length, not its own one token (SGLang
+      0.5.15's mixed chunks with triton attention: ~0.018 ms per chunk token per decode on the H200).
+      Only the fit reads it (the coefficient it fits is in decision.json); False leaves that term out.
 
     What follows from them, for the window maths (`decode_view`, `resume_lag_steps`): decodes that
     pause see the prefill's chunk steps, which such an engine runs back to back (SGLang continues
@@ -136,6 +141,7 @@ class ChunkRule:
     decodes_take_budget: bool = True
     decodes_in_chunk_step: bool = True
     graph_max_tokens: int = 0
+    decodes_pay_chunk_tokens: bool = False
 
     def budget(self, chunk_size: int, running_decodes: int) -> int:
         """Prefill tokens per step beside `running_decodes` decodes."""
@@ -178,8 +184,12 @@ class ChunkRule:
         return 0 if self.decodes_in_chunk_step else 1
 
     def to_dict(self) -> dict[str, bool | int]:
-        return {"decodes_take_budget": self.decodes_take_budget, "decodes_in_chunk_step": self.decodes_in_chunk_step,
-                "graph_max_tokens": self.graph_max_tokens}
+        out: dict[str, bool | int] = {"decodes_take_budget": self.decodes_take_budget,
+                                      "decodes_in_chunk_step": self.decodes_in_chunk_step,
+                                      "graph_max_tokens": self.graph_max_tokens}
+        if self.decodes_pay_chunk_tokens:  # absent: False (documents written before it existed)
+            out["decodes_pay_chunk_tokens"] = True
+        return out
 
 
 BUDGET_RULE = ChunkRule(graph_max_tokens=512)  # vLLM's (0.22: CUDA graphs captured up to 512 tokens)

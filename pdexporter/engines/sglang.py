@@ -14,7 +14,13 @@ Chunking, two modes (`Scheduler.get_next_batch_to_run`, `PrefillAdder`):
   decodes_in_chunk_step=False)`.
 - `--enable-mixed-chunk`: the running decodes join every prefill batch (`mix_with_running`) and
   the chunk shrinks by their number (`rem_chunk_tokens -= running_bs`): ceil(P / (B - D)) steps
-  of B - D tokens, vLLM's shape. Adapter "sglang-mixed": `ChunkRule()` (both True).
+  of B - D tokens, vLLM's shape. Adapter "sglang-mixed": `ChunkRule(decodes_pay_chunk_tokens=True)`
+  (both True, and each decode in a chunk's step pays per chunk token: `MIXED_RULE`).
+
+The cost model each mode implies (`analysis.models`, chosen by these rules, not by name): default,
+the decodes see one stall per prefill, the chunk steps back to back (each a whole step, the
+decodes' own work not in it; attention over the growing prefix); mixed, vLLM's chunk steps plus
+delta x D x c per step.
 
 `--max-prefill-tokens` (16384 by default) caps the tokens of *several* new requests in one
 prefill batch; the first request's chunk is bounded by B alone, so it never shortens a chunk here.
@@ -78,7 +84,12 @@ SIM_PROFILE = "h200-sglang0.5.15-qwen3-coder-30b-a3b"
 # graph_max_tokens 0: the chunk steps launched eagerly, as with `--disable-prefill-cuda-graph` (the
 # H200 sweeps); SGLang's default captures "breakable" prefill graphs up to chunked_prefill_size.
 PAUSE_RULE = ChunkRule(decodes_take_budget=False, decodes_in_chunk_step=False)  # the default mode
-MIXED_RULE = ChunkRule(decodes_take_budget=True, decodes_in_chunk_step=True)  # --enable-mixed-chunk
+# --enable-mixed-chunk. The decodes run as one-token rows of the chunk's extend batch, and with
+# triton attention each pays for the chunk's length (its grid is as long as the longest row): a
+# mixed step grows by ~0.018 ms per chunk token per decode on the H200 (~150 ms per decode beside an
+# 8K chunk; results/h200-sglang0.5.15-mixed-qwen3-coder-30b-a3b/RUN.md), a term the cost model fits
+# (0 where a backend schedules rows by their own length, as FlashAttention's varlen kernels do).
+MIXED_RULE = ChunkRule(decodes_take_budget=True, decodes_in_chunk_step=True, decodes_pay_chunk_tokens=True)
 
 # canonical name -> (kind, SGLang's sample base names)
 METRIC_ALIASES: dict[str, tuple[MetricKind, tuple[str, ...]]] = {
