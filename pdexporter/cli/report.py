@@ -33,6 +33,7 @@ def report(
                            "the event-fitted model's error against them vs minutes of traffic.")] = None,
 ) -> None:
     """Write one HTML file (images embedded, no external assets) describing the results."""
+    from pdexporter._internal.writable import check_writable
     from pdexporter.analysis.job import analyse, load_joined, record_paths
     from pdexporter.analysis.plots import all_plots
     from pdexporter.analysis.report import write_report
@@ -41,7 +42,7 @@ def report(
     # asked (a committed results directory's report.html was rewritten by a first look at it).
     results_dirs, first_dir = results_dir, results_dir[0]
     offloaded = offloaded or None
-    target = out or default_report_path(first_dir)
+    target = check_writable(out or default_report_path(first_dir), "--out" if out else "output", directory=False)
     paths = [path for directory in results_dirs for path in record_paths(directory)]
     off_paths = [path for directory in offloaded or [] for path in record_paths(directory)]
     # one tick per record, then table, fits, criteria, plots, html

@@ -135,6 +135,7 @@ def serve(
 ) -> None:
     """Serve vLLM's (or SGLang's) OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     from pdexporter._internal.atomic import atomic_write_json
+    from pdexporter._internal.writable import check_writable
     from pdexporter.errors import ConfigError
     from pdexporter.sim.kvconnector import KV_ROLES
     from pdexporter.sim.profile import load_profile
@@ -150,6 +151,8 @@ def serve(
         raise ConfigError("--enable-mixed-chunk: an SGLang flag; add --engine sglang")
     if engine != "vllm" and kv_role != "none":
         raise ConfigError(f"--kv-role {kv_role}: the embedded engine models P/D roles imitating vllm only")
+    if ready_file is not None:
+        check_writable(ready_file, "--ready-file", directory=False)
     imitates = "sglang-mixed" if enable_mixed_chunk else engine
     if profile is None:
         from pdexporter.engines import adapter
@@ -267,10 +270,13 @@ def profile_from_config_cmd(
     from rich.table import Table
 
     from pdexporter._internal.atomic import atomic_write_text
+    from pdexporter._internal.writable import check_writable
     from pdexporter.sim.modelconfig import load_config, profile_from_config
     from pdexporter.sim.profile import user_profile_dirs
     from pdexporter.sim.steptime import StepComposition, StepTimeModel
 
+    if out is not None:
+        check_writable(out, directory=False)
     data, source = load_config(config)
     src = Path(source)
     served = model_name or (src.parent.name if src.name == "config.json" else src.stem)
@@ -278,7 +284,8 @@ def profile_from_config_cmd(
                                source=source, carry_from=carry_from,
                                max_model_len=max_model_len, max_num_batched_tokens=chunk_size,
                                dummy_weights=dummy_weights)
-    target = out or user_profile_dirs()[0] / f"{prof.name}.yaml"
+    target = check_writable(out or user_profile_dirs()[0] / f"{prof.name}.yaml", "--out" if out else "output",
+                            directory=False)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(target, prof.to_yaml())
     m, e = prof.model, prof.engine
@@ -404,6 +411,7 @@ def calibrate_cmd(
     from rich.console import Console
 
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
+    from pdexporter._internal.writable import check_writable
     from pdexporter.errors import ConfigError, RecordError
     from pdexporter.measure.records import aggregate
     from pdexporter.measure.store import ResultsStore
@@ -433,6 +441,9 @@ def calibrate_cmd(
         raise ConfigError(f"--free {','.join(unknown)}: unknown parameter; fittable: {', '.join(sorted(BOUNDS))}")
     if not results_dir.is_dir():
         raise ConfigError(f"RESULTS_DIR {results_dir}: not a directory")
+    for flag, path in (("--out", out), ("--report", report)):
+        if path is not None:
+            check_writable(path, flag, directory=False)
     base = load_profile(profile)
     records = list(ResultsStore(results_dir).iter_records())
     if not records:
