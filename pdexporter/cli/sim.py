@@ -12,7 +12,7 @@ import typer
 from rich.console import JustifyMethod
 from rich.table import Table
 
-from pdexporter.cli._common import DEFAULT_PROFILE, console
+from pdexporter.cli._common import DEFAULT_PROFILE, console, make_console
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -190,13 +190,12 @@ def serve(
 def profiles() -> None:
     """List the profiles a --profile name finds (shipped, then the user's: $PDEXPORTER_PROFILES or
     ~/.config/pdexporter/profiles) and how their parameters were obtained (projected or calibrated)."""
-    from rich.console import Console
     from rich.table import Table
 
     from pdexporter.errors import ConfigError
     from pdexporter.sim.profile import list_profiles, load_profile, user_profile_dirs
 
-    out = Console(width=None if sys.stdout.isatty() else 160)
+    out = make_console()
 
     table = Table(title="embedded-engine profiles (calibrated: fitted to measurements; projected: from shapes "
                         "and datasheets, never measured)")
@@ -266,7 +265,6 @@ def profile_from_config_cmd(
 ) -> None:
     """Project a profile for a model on a GPU from its config.json: shapes from the config, peaks from the
     datasheet, efficiencies and host costs carried over from a calibrated profile. Numbers are a projection."""
-    from rich.console import Console
     from rich.table import Table
 
     from pdexporter._internal.atomic import atomic_write_text
@@ -289,7 +287,7 @@ def profile_from_config_cmd(
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(target, prof.to_yaml())
     m, e = prof.model, prof.engine
-    console = Console(width=None if sys.stdout.isatty() else 130)  # the result: stdout
+    console = make_console()  # the result: stdout
     console.print(
         f"[bold]{prof.name}[/]: calibration [yellow]{prof.calibration.upper()}[/] (never measured) -> {target}"
     )
@@ -408,8 +406,6 @@ def calibrate_cmd(
     import os
     import time
 
-    from rich.console import Console
-
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
     from pdexporter._internal.writable import check_writable
     from pdexporter.errors import ConfigError, RecordError
@@ -434,7 +430,7 @@ def calibrate_cmd(
     from pdexporter.sim.profile import load_profile
 
     started = time.perf_counter()
-    screen = Console(width=None if sys.stdout.isatty() else 130)
+    screen = make_console()
     names = [f.strip() for f in free.split(",") if f.strip()] if free else list(DEFAULT_FREE)
     unknown = [n for n in names if n not in BOUNDS]
     if unknown:
