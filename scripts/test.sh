@@ -52,7 +52,7 @@ echo "python: $python ($("$python" --version 2>&1))"
 "$python" -m ruff check .  # lint first (config: pyproject.toml): either failing fails the run
 "$python" -m mypy
 if [ "${PDX_TEST_LINT_ONLY:-0}" = 1 ]; then
-  echo "PDX_TEST_LINT_ONLY=1: installed, ruff and mypy passed; no tests run"
+  echo "PDX_TEST_LINT_ONLY=1: ruff and mypy passed; no tests run"
   exit 0
 fi
 # Bytecode caches: where PYTHONDONTWRITEBYTECODE is set (this project's shared machine sets it),
