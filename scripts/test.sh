@@ -1,28 +1,60 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh Debian machine, then the suite itself.
 #   bash scripts/test.sh [pytest args...]
-# The suite runs in two passes (README "Tests and benchmarks"): every test not marked `realtime`
-# on PDX_TEST_WORKERS pytest-xdist workers (default 4: most tests wait on subprocesses, sockets
-# and timers, so 4 keep 2 cores busy), then the `realtime` tests alone, so that no other test
-# loads the machine while they compare the real-time engine's cadence with its model. The pytest
-# arguments go to both passes. PDX_TEST_SKIP_INSTALL=1 skips the apt and pip steps.
+# Python: the virtual environment it is run in (an activated one: `python3` is a venv's), else
+# ./.venv, made here with `python3 -m venv` when missing (git ignores it); PDX_PYTHON=PATH names
+# another interpreter. The test extras are installed into that environment (`pip install -e
+# '.[test]'`), so what pyproject.toml does not declare is missing there and fails the run;
+# .ci/run runs this in a virtual environment it has just made (README "Tests and benchmarks").
+# The suite runs in two passes: every test not marked `realtime` on PDX_TEST_WORKERS pytest-xdist
+# workers (default 4: most tests wait on subprocesses, sockets and timers, so 4 keep 2 cores
+# busy), then the `realtime` tests alone, so that no other test loads the machine while they
+# compare the real-time engine's cadence with its model. The pytest arguments go to both passes.
+# PDX_TEST_SKIP_INSTALL=1 skips the apt and pip steps (and makes no ./.venv: without a virtual
+# environment, python3 as it is); PDX_TEST_LINT_ONLY=1 stops after ruff and mypy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${PDX_TEST_SKIP_INSTALL:-0}" != 1 ]; then
+in_venv() { "$1" -c 'import sys; raise SystemExit(sys.prefix == sys.base_prefix)' 2>/dev/null; }
+skip="${PDX_TEST_SKIP_INSTALL:-0}"
+make_venv=0
+if [ -n "${PDX_PYTHON:-}" ]; then
+  python="$PDX_PYTHON"
+elif in_venv python3; then
+  python="$(command -v python3)"
+elif [ -x .venv/bin/python ]; then
+  python="$PWD/.venv/bin/python"
+elif [ "$skip" != 1 ]; then
+  python="$PWD/.venv/bin/python"
+  make_venv=1
+else
+  python=python3
+fi
+if [ "$skip" != 1 ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
   need=()
   command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  # Debian's own python3 makes virtual environments only with python3-venv (ensurepip)
+  if [ "$make_venv" = 1 ] && ! python3 -c 'import ensurepip' 2>/dev/null; then need+=(python3-venv); fi
   if [ ${#need[@]} -gt 0 ]; then
     echo "installing Debian packages: ${need[*]}"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   fi
-  python3 -m pip install -q -e '.[test]'
+  if [ "$make_venv" = 1 ]; then
+    echo "making a virtual environment in .venv"
+    python3 -m venv .venv
+  fi
+  "$python" -m pip install -q -e '.[test]'
 fi
-python3 -m ruff check .  # lint first (config: pyproject.toml): either failing fails the run
-python3 -m mypy
+echo "python: $python ($("$python" --version 2>&1))"
+"$python" -m ruff check .  # lint first (config: pyproject.toml): either failing fails the run
+"$python" -m mypy
+if [ "${PDX_TEST_LINT_ONLY:-0}" = 1 ]; then
+  echo "PDX_TEST_LINT_ONLY=1: ruff and mypy passed; no tests run"
+  exit 0
+fi
 # Bytecode caches: where PYTHONDONTWRITEBYTECODE is set (this project's shared machine sets it),
 # each of the suite's hundreds of Python processes compiled pdexporter again, and each pytest
 # worker rewrote every test module's asserts again (collection 9.9 s instead of 4.7 s). The
@@ -33,9 +65,9 @@ if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
 fi
 # pytest-benchmark switches itself off under xdist (a warning per worker); no test uses its fixture.
 parallel=0
-python3 -m pytest -n "${PDX_TEST_WORKERS:-4}" --dist loadgroup -p no:benchmark -m "not realtime" "$@" || parallel=$?
+"$python" -m pytest -n "${PDX_TEST_WORKERS:-4}" --dist loadgroup -p no:benchmark -m "not realtime" "$@" || parallel=$?
 alone=0
-python3 -m pytest -m realtime "$@" || alone=$?
+"$python" -m pytest -m realtime "$@" || alone=$?
 # 5: a pass that selected no test (arguments naming only tests of the other pass)
 if [ "$parallel" -eq 5 ] && [ "$alone" -ne 5 ]; then parallel=0; fi
 if [ "$alone" -eq 5 ] && [ "$parallel" -ne 5 ]; then alone=0; fi

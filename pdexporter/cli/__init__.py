@@ -8,18 +8,12 @@ from typing import Any
 
 import typer
 
+# typer >= 0.26 carries its own copy of click (and no longer installs click): its commands raise
+# these classes, not click's (pyproject pins typer >= 0.26).
+from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError, UsageError
+
 from pdexporter.cli._vocab import Group, use_commands
 from pdexporter.errors import Interrupted, PdexporterError
-
-try:  # typer >= 0.25 carries its own copy of click
-    from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError, UsageError
-except ImportError:  # pragma: no cover - older typer on click
-    from click.exceptions import (  # type: ignore[assignment]  # click's classes, typer's names
-        BadParameter,
-        ClickException,
-        NoArgsIsHelpError,
-        UsageError,
-    )
 
 # Each command, and the module under pdexporter.cli that registers it (in --help's order). `main`
 # imports only the module of the command it runs: a command starts in about half the time of

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -23,7 +24,22 @@ T = TypeVar("T")
 
 DEFAULT_PROFILE = "h200-qwen3-coder-30b-a3b"
 
-console = Console(stderr=True)
+# Where no terminal says how wide it is (a pipe, a log, CI), rich lays everything out on 80 columns:
+# tables were cut ("aggregate_interferen…") and lines wrapped mid-figure. There a console is this
+# wide, so that every line comes out whole; $COLUMNS, when set, still wins.
+UNBOUNDED_WIDTH = 1000
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """The one way a command makes a rich console (for stdout, or stderr where `stderr`): a
+    terminal's own width on a terminal, $COLUMNS where set, else `UNBOUNDED_WIDTH`."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
+        made.width = UNBOUNDED_WIDTH
+    return made
+
+
+console = make_console(stderr=True)  # progress, notes and tables; stdout carries the result
 
 
 class RedactHook(RenderHook):

@@ -32,10 +32,12 @@ def compare(
 ) -> None:
     """Per configuration: penalty, prefill duration, aggregate interference and baseline, before and after."""
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
+    from pdexporter._internal.writable import check_writable
     from pdexporter.analysis.compare import compare_tables, distinct_names, summarise
     from pdexporter.analysis.job import load_results, record_paths
     from pdexporter.analysis.table import any_modelled, build_table
 
+    check_writable(out)
     started = time.perf_counter()
     total = len(record_paths(before)) + len(record_paths(after)) + (len(PLOTTED) if plots else 0)
     with progress_bar(total, "compare") as tick:

@@ -48,6 +48,7 @@ def generate(
     ] = False,
 ) -> None:
     """Rewrite dashboards/*.json (and the Helm chart's copies) from the builders in pdexporter.grafana."""
+    from pdexporter._internal.writable import check_writable
     from pdexporter.grafana import generate as write_all
     from pdexporter.grafana import stale_files
 
@@ -70,6 +71,8 @@ def generate(
             raise typer.Exit(1)
         console.print(f"dashboards up to date in {', '.join(map(str, targets))}")
         return
+    for flag, target in zip(("--out", "--chart"), targets):
+        check_writable(target, flag)
     for written in write_all(targets):
         print(written)
 

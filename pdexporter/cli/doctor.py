@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from pdexporter._internal.bounds import MAX_SECONDS
@@ -19,6 +18,7 @@ from pdexporter.cli._common import (
     TargetOpt,
     api_key,
     console,
+    make_console,
     make_launcher,
     run_async,
 )
@@ -148,7 +148,7 @@ async def _engine(target: str | None, chunk_size: int | None, model: str | None,
 
 
 def print_checks(checks: list[Check], engine: EngineFacts) -> None:
-    out = Console()
+    out = make_console()
     where = "the embedded engine (modelled)" if engine.embedded else engine.url
     table = Table(title=f"pdexporter doctor: {where}", title_justify="left", show_lines=False)
     table.add_column("check", no_wrap=True)

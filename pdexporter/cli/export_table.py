@@ -139,6 +139,7 @@ def export_table(
     ] = None,
 ) -> None:
     """Write interference_table.csv (+ .parquet), fits.json, decision.json, criteria.json and plots/."""
+    from pdexporter._internal.writable import check_writable
     from pdexporter.analysis.campaigns import check_fit_inputs, load_variation
     from pdexporter.analysis.job import (
         analyse,
@@ -164,6 +165,8 @@ def export_table(
         raise ConfigError(f"--grid {grid}: only with --mode passive (active windows sit on their grid already)")
     if injected is not None and (mode != "passive" or results_dir is None):
         raise ConfigError(f"--injected {injected}: only with --mode passive and a RESULTS_DIR of passive records")
+    default_out = joined_out_dir(results_dir) if results_dir else Path("results")
+    check_writable(out or default_out, "--out" if out else "output")
     if prometheus is not None:
         analysis, out_dir, extra = _from_prometheus(prometheus, from_, to, step, transfer_ms, out, mode, grid,
                                                     min_events, engine)

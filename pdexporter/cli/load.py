@@ -31,10 +31,13 @@ def load(
     """Send Poisson arrivals of ShareGPT-like requests (cold token-id prompts) to --target."""
     from pdexporter._internal.atomic import atomic_write_json
     from pdexporter._internal.durations import parse_duration
+    from pdexporter._internal.writable import check_writable
     from pdexporter.load.mix import LoadSpec, schedule
 
     if target is None or not target.startswith(("http://", "https://")):
         raise ConfigError(f"--target {target!r}: expected the engine's http:// or https:// URL")
+    if out is not None:
+        check_writable(out, directory=False)
     seconds = parse_duration(duration, "--duration")
     try:
         spec = LoadSpec(rate=rate, duration_s=seconds, seed=seed)

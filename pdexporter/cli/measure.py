@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pdexporter._internal.text import plural
+from pdexporter._internal.writable import check_writable
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
@@ -76,6 +77,7 @@ def measure(
         spec.check_budget(claimed)
     check_reps(reps)
     check_retries(retries)
+    check_writable(out)
     settings = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
     read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
     settings = settings.with_read_timeout(read_timeout_s)

@@ -13,6 +13,7 @@ import typer
 
 from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
+from pdexporter._internal.writable import check_writable
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
@@ -127,6 +128,8 @@ def run(
     metrics_token = bearer_token(metrics_token_file, "--metrics-token-file", METRICS_TOKEN_ENV)
     traces_token = bearer_token(traces_token_file, "--traces-token-file", TRACES_TOKEN_ENV)
     tls_context(*(None if f is None else str(f) for f in (tls_cert_file, tls_key_file)))  # a bad file: one line now
+    if out is not None:
+        check_writable(out)  # now, not at the first window
     asyncio.run(_serve(config, token, metrics_token, traces_token))
 
 

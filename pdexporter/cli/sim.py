@@ -12,7 +12,7 @@ import typer
 from rich.console import JustifyMethod
 from rich.table import Table
 
-from pdexporter.cli._common import DEFAULT_PROFILE, console
+from pdexporter.cli._common import DEFAULT_PROFILE, console, make_console
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -135,6 +135,7 @@ def serve(
 ) -> None:
     """Serve vLLM's (or SGLang's) OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     from pdexporter._internal.atomic import atomic_write_json
+    from pdexporter._internal.writable import check_writable
     from pdexporter.errors import ConfigError
     from pdexporter.sim.kvconnector import KV_ROLES
     from pdexporter.sim.profile import load_profile
@@ -150,6 +151,8 @@ def serve(
         raise ConfigError("--enable-mixed-chunk: an SGLang flag; add --engine sglang")
     if engine != "vllm" and kv_role != "none":
         raise ConfigError(f"--kv-role {kv_role}: the embedded engine models P/D roles imitating vllm only")
+    if ready_file is not None:
+        check_writable(ready_file, "--ready-file", directory=False)
     imitates = "sglang-mixed" if enable_mixed_chunk else engine
     if profile is None:
         from pdexporter.engines import adapter
@@ -187,13 +190,12 @@ def serve(
 def profiles() -> None:
     """List the profiles a --profile name finds (shipped, then the user's: $PDEXPORTER_PROFILES or
     ~/.config/pdexporter/profiles) and how their parameters were obtained (projected or calibrated)."""
-    from rich.console import Console
     from rich.table import Table
 
     from pdexporter.errors import ConfigError
     from pdexporter.sim.profile import list_profiles, load_profile, user_profile_dirs
 
-    out = Console(width=None if sys.stdout.isatty() else 160)
+    out = make_console()
 
     table = Table(title="embedded-engine profiles (calibrated: fitted to measurements; projected: from shapes "
                         "and datasheets, never measured)")
@@ -263,14 +265,16 @@ def profile_from_config_cmd(
 ) -> None:
     """Project a profile for a model on a GPU from its config.json: shapes from the config, peaks from the
     datasheet, efficiencies and host costs carried over from a calibrated profile. Numbers are a projection."""
-    from rich.console import Console
     from rich.table import Table
 
     from pdexporter._internal.atomic import atomic_write_text
+    from pdexporter._internal.writable import check_writable
     from pdexporter.sim.modelconfig import load_config, profile_from_config
     from pdexporter.sim.profile import user_profile_dirs
     from pdexporter.sim.steptime import StepComposition, StepTimeModel
 
+    if out is not None:
+        check_writable(out, directory=False)
     data, source = load_config(config)
     src = Path(source)
     served = model_name or (src.parent.name if src.name == "config.json" else src.stem)
@@ -278,11 +282,12 @@ def profile_from_config_cmd(
                                source=source, carry_from=carry_from,
                                max_model_len=max_model_len, max_num_batched_tokens=chunk_size,
                                dummy_weights=dummy_weights)
-    target = out or user_profile_dirs()[0] / f"{prof.name}.yaml"
+    target = check_writable(out or user_profile_dirs()[0] / f"{prof.name}.yaml", "--out" if out else "output",
+                            directory=False)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(target, prof.to_yaml())
     m, e = prof.model, prof.engine
-    console = Console(width=None if sys.stdout.isatty() else 130)  # the result: stdout
+    console = make_console()  # the result: stdout
     console.print(
         f"[bold]{prof.name}[/]: calibration [yellow]{prof.calibration.upper()}[/] (never measured) -> {target}"
     )
@@ -401,9 +406,8 @@ def calibrate_cmd(
     import os
     import time
 
-    from rich.console import Console
-
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
+    from pdexporter._internal.writable import check_writable
     from pdexporter.errors import ConfigError, RecordError
     from pdexporter.measure.records import aggregate
     from pdexporter.measure.store import ResultsStore
@@ -426,13 +430,16 @@ def calibrate_cmd(
     from pdexporter.sim.profile import load_profile
 
     started = time.perf_counter()
-    screen = Console(width=None if sys.stdout.isatty() else 130)
+    screen = make_console()
     names = [f.strip() for f in free.split(",") if f.strip()] if free else list(DEFAULT_FREE)
     unknown = [n for n in names if n not in BOUNDS]
     if unknown:
         raise ConfigError(f"--free {','.join(unknown)}: unknown parameter; fittable: {', '.join(sorted(BOUNDS))}")
     if not results_dir.is_dir():
         raise ConfigError(f"RESULTS_DIR {results_dir}: not a directory")
+    for flag, path in (("--out", out), ("--report", report)):
+        if path is not None:
+            check_writable(path, flag, directory=False)
     base = load_profile(profile)
     records = list(ResultsStore(results_dir).iter_records())
     if not records:

@@ -19,6 +19,7 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from pdexporter._internal.writable import check_writable
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
@@ -121,7 +122,7 @@ def sweep(
         flags.update({"launcher.url": "--target", "launcher.chunk_size": "--chunk-size", "launcher": "--target"})
     spec = _load(sweep_file, mode, reps, listen, overrides, chunk_index, flags,
                  external=None if target is None else (target, chunk_size))
-    store = ResultsStore(out or Path(spec.output))
+    store = ResultsStore(check_writable(out or Path(spec.output), "--out" if out else f"{sweep_file}: output"))
     report = _run(spec, store, deadline=None if deadline_s is None else started + deadline_s,
                   keep_engine=keep_engine, token=api_key(api_key_file))
     _finish(spec, store, report)
@@ -154,7 +155,8 @@ def sim_sweep(
         launcher["profile"] = profile
     spec = _load(sweep_file, mode, reps, None, {"launcher": launcher}, chunk_index, {"launcher.profile": "--profile"})
     used = spec.launcher.profile if isinstance(spec.launcher, SimLauncherSpec) else (profile or DEFAULT_PROFILE)
-    store = ResultsStore(out or prediction_root(used, spec.name or sweep_file.stem))
+    store = ResultsStore(check_writable(out or prediction_root(used, spec.name or sweep_file.stem),
+                                        "--out" if out else "output"))
     report = _run(spec, store, deadline=None, keep_engine=False, token=None)
     _finish(spec, store, report)
 

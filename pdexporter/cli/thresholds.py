@@ -78,11 +78,14 @@ def thresholds(
 ) -> None:
     """Export, per (B, D), the prefill length from which offloading wins, for a P/D router."""
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
+    from pdexporter._internal.writable import check_writable
     from pdexporter.analysis.arms import LLMD_SNIPPET, THRESHOLDS_JSON, llmd_snippet
     from pdexporter.analysis.arms import thresholds as compute
     from pdexporter.cli.decide import load_decision
 
     doc = load_decision(model)
+    if out is not None:
+        check_writable(out)
     if mode not in (None, "two-arm", "seed"):
         raise ConfigError(f"--mode {mode!r}: expected two-arm or seed")
     if regime not in ("nominal", "degraded"):

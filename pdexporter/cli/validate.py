@@ -27,8 +27,10 @@ def validate(
     = Path("results/held-out"),
 ) -> None:
     """Leave one campaign out: errors and interval coverage on campaigns the models never saw."""
+    from pdexporter._internal.writable import check_writable
     from pdexporter.analysis import campaigns
 
+    check_writable(out, "--out")
     with console.status("validate: one fit per campaign left out ...") as status:
         result = campaigns.validate(colocated, offloaded or [],
                                     tick=lambda cid: status.update(f"validate: {cid} predicted ..."))

@@ -28,6 +28,7 @@ def validate_pd(
     from rich.table import Table
 
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
+    from pdexporter._internal.writable import check_writable
     from pdexporter.analysis.arms import fit_transfer, predict_pair, two_arm_section, validation_summary
     from pdexporter.analysis.breakeven import decision_document
     from pdexporter.analysis.job import load_results
@@ -35,6 +36,8 @@ def validate_pd(
     from pdexporter.analysis.table import build_table
     from pdexporter.errors import RecordError
 
+    if out is not None:
+        check_writable(out)
     col = load_results(colocated)
     db = load_results(decode_bench)
     pd_ = load_results(pair)

@@ -1,6 +1,7 @@
 """Live exporter figures on this machine: events/s, CPU, timestamp jitter at D = 16 and D = 64.
 
     python tests/benchmarks/bench_exporter.py [--seconds 10] [--d 16 64] [--otlp] [--switch-interval 0.0005]
+    python tests/benchmarks/bench_exporter.py --quick   # D = 2 for 1 s, one stamp, small span comparison (CI)
 
 Each run starts the embedded engine (real time, real HTTP, B = 8192) and `Runner` with D probes
 and no injection, for `--seconds` after the probes are running, then prints:
@@ -43,6 +44,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from quickmode import parse_args  # noqa: E402
 
 from pdexporter.exporter import timeline  # noqa: E402
 from pdexporter.exporter.config import build_config  # noqa: E402
@@ -98,14 +101,14 @@ async def run_once(d: int, seconds: float, switch_interval: float, stamp: str, b
     launcher = SimLauncher(profile=PROFILE)
     runner = Runner(config, launcher, on_stream=streams.append)
     delays: list[int] = []
-    drain_sensor = runner._sensor
+    refresh = runner.book.refresh  # it drains the sensor's samples into the delay histogram
 
-    def sensor() -> None:  # keep a copy of the samples the runner turns into a histogram
+    def keep_sensor_samples() -> None:  # keep a copy of them first
         if runner.probes is not None:
             delays.extend(runner.probes.sensor.samples_ns)
-        drain_sensor()
+        refresh()
 
-    runner._sensor = sensor  # type: ignore[method-assign]
+    runner.book.refresh = keep_sensor_samples  # type: ignore[method-assign]
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     await asyncio.wait_for(runner.ready.wait(), 120)
@@ -265,7 +268,9 @@ def main() -> None:
     parser.add_argument("--no-spans", action="store_true", help="skip the span-cost comparison")
     parser.add_argument("--otlp", action="store_true",
                         help="export spans to a real OTLP/HTTP receiver (its own process) during the runs")
-    args = parser.parse_args()
+    parser.add_argument("--span-tokens", type=int, default=256, help="tokens per stream in the span comparison")
+    parser.add_argument("--span-streams", type=int, default=64, help="streams in the span comparison")
+    args = parse_args(parser, seconds=1.0, d=[2], stamp=["wakeup"], span_tokens=32, span_streams=4)
 
     receiver = None
     if args.otlp:
@@ -301,7 +306,7 @@ def main() -> None:
         print(f"OTLP receiver got {len(receiver.spans())} spans in {len(receiver.requests())} requests")
         receiver.stop()
     if not args.no_spans:
-        c = span_costs()
+        c = span_costs(args.span_tokens, args.span_streams)
         rate = 64 / 0.006  # tokens/s at D = 64, 6 ms step
         print("\nOTel shape at D = 64, 6 ms step (10,667 tokens/s), SDK + OTLP protobuf encoding on this CPU:")
         print(f"  per-token spans : {rate:8.0f} spans/s, {c['spans_cpu_us_per_token']:6.1f} us/token -> "

@@ -2,6 +2,7 @@
 
     python tests/benchmarks/bench_passive.py [--minutes 30] [--rate 1.0] [--probes 4] [--chunk 8192]
         [--sources otlp metrics cadence] [--exact 60] [--overhead-seconds 60] [--seed 0]
+    python tests/benchmarks/bench_passive.py --quick   # 30 s of traffic (otlp), 3 exact events, 5 s overhead runs (CI)
 
 1. Passive sessions (`predict.passive.passive_session`, the exporter's own tracker) on the embedded
    engine in virtual time, beside a synthetic production load (`pdexporter.load`: Poisson arrivals
@@ -37,6 +38,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from quickmode import parse_args  # noqa: E402
 
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
 from pdexporter.analysis.passive import compare_cells  # noqa: E402
@@ -237,7 +240,7 @@ def main() -> None:
     parser.add_argument("--sources", nargs="+", choices=sorted(SOURCE_SETS), default=["otlp", "metrics", "cadence"])
     parser.add_argument("--exact", type=int, default=60)
     parser.add_argument("--overhead-seconds", type=float, default=60.0)
-    args = parser.parse_args()
+    args = parse_args(parser, minutes=0.5, sources=["otlp"], min_events=2, exact=3, overhead_seconds=5.0)
     print(f"bench_passive: profile {PROFILE}, B = {args.chunk}, {args.probes} probes, load {args.rate:g} req/s, "
           f"{args.minutes:g} min (virtual time), machine load {os.getloadavg()[0]:.2f}")
     if args.minutes > 0:

@@ -3,6 +3,7 @@ Prints figures.
 
     python tests/benchmarks/bench_passive_model.py [--minutes 30] [--rate 1.5] [--seed 0] [--probes 4]
         [--chunk 8192] [--bootstrap 200] [--at 1 2 5 10 30] [--out DIR]
+    python tests/benchmarks/bench_passive_model.py --quick   # 30 s of traffic, a 2 x 3 grid (CI)
 
 1. A passive session (`predict.passive.passive_session`: the exporter's own tracker, the engine's
    request traces and /metrics) on the embedded engine (profile `h200-qwen3-coder-30b-a3b`) in
@@ -31,8 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from quickmode import parse_args
+
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.analysis.passive_model import CONVERGENCE_MINUTES, Grid, answer
+from pdexporter.analysis.passive_model import CONVERGENCE_MINUTES, DEFAULT_D, DEFAULT_P, Grid, answer
 from pdexporter.exporter.passive_live import fit_event
 from pdexporter.load.mix import LoadSpec
 from pdexporter.predict.grid import predict_records
@@ -55,7 +58,9 @@ def main() -> None:
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--at", type=float, nargs="+", default=list(CONVERGENCE_MINUTES))
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--decodes", type=int, nargs="+", default=list(DEFAULT_D), help="the grid's D")
+    parser.add_argument("--prefills", type=int, nargs="+", default=list(DEFAULT_P), help="the grid's P")
+    args = parse_args(parser, minutes=0.5, bootstrap=5, at=[0.25, 0.5], decodes=[4, 6], prefills=[512, 2048, 8192])
     print(
         f"bench_passive_model: profile {PROFILE}, B = {args.chunk}, {args.probes} probes, load {args.rate:g} req/s "
         f"seed {args.seed}, {args.minutes:g} min (virtual time), machine load {os.getloadavg()[0]:.2f}"
@@ -76,7 +81,7 @@ def main() -> None:
         f"{dict(collections.Counter(e.source for e in published))}; {time.perf_counter() - started:.0f} s wall"
     )
 
-    grid = Grid((args.chunk,))
+    grid = Grid((args.chunk,), tuple(args.decodes), tuple(args.prefills))
     started = time.perf_counter()
     records = predict_records(load_profile(PROFILE), grid.cells(), reps=3, mode="fast")
     injected = {
@@ -131,7 +136,8 @@ def main() -> None:
                     f"| {c.key[1]} | {c.key[2]} | {c.events} | {c.aggregate_ms:.0f} | {ci} | "
                     f"{injected[c.key]:.0f} | {result.errors.by_cell[c.key] * 100:+.1f} % |"
                 )
-    coefficients = ", ".join(f"{c['name']} {c['value']:.4g}" for c in result.model.coefficients())
+    coefficients = ", ".join(f"{c['name']} {'-' if c['value'] is None else format(c['value'], '.4g')}"
+                             for c in result.model.coefficients())
     print(f"\nmodel: {coefficients}")
     if args.out is not None:
         from pdexporter.analysis.plots import passive_convergence, write_plots

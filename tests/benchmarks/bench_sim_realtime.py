@@ -9,6 +9,7 @@ machine's cores (and whatever else runs on it): the figure is for this machine, 
 step grows with D, so tokens/s (D / step) is what the server really has to sustain.
 
     python tests/benchmarks/bench_sim_realtime.py [--profile NAME] [--max-d 256] [--tolerance 0.02]
+    python tests/benchmarks/bench_sim_realtime.py --quick   # D = 1 and 2 only (CI)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np  # noqa: E402
+from quickmode import parse_args  # noqa: E402
 
 from pdexporter.client.client import EngineClient, completion_request, encode_body  # noqa: E402
 from pdexporter.client.stream import TokenStream  # noqa: E402
@@ -87,6 +89,6 @@ if __name__ == "__main__":
     parser.add_argument("--max-d", type=int, default=1024, help="vLLM's max_num_seqs caps it at 1024")
     parser.add_argument("--tolerance", type=float, default=0.02)
     parser.add_argument("--chunk", type=int, default=8192)
-    args = parser.parse_args()
+    args = parse_args(parser, max_d=2)
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {time.strftime('%H:%M:%S')}")
     asyncio.run(main(args.profile, args.max_d, args.tolerance, args.chunk))

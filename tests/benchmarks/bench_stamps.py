@@ -1,6 +1,7 @@
 """Token stamp error of the probe loop, kernel receive stamps vs today's wake-up stamps, in one run.
 
     python tests/benchmarks/bench_stamps.py [--d 16 64] [--seconds 8] [--rounds 2] [--burn 1]
+    python tests/benchmarks/bench_stamps.py --quick   # D = 2, 1 s per phase, every path once, no burner (CI)
 
 The embedded engine (`pdexporter sim serve`, its own process, B = 8192, real time) serves D probe
 streams read by the exporter's own probe thread (`exporter.probes.ProbeLoop`: StampingSelector,
@@ -49,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
+from quickmode import parse_args  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn  # noqa: E402
 
 from pdexporter.client.client import EngineClient  # noqa: E402
@@ -156,9 +158,9 @@ def _interval_errors(events: list[Ev], wake: bool = False) -> list[int]:
 
 
 async def run_path(handle: EngineHandle, d: int, path: str, seconds: float, settle_s: float,
-                   inject_every_s: float, prefill_tokens: int) -> dict[str, Any]:
+                   inject_every_s: float, prefill_tokens: int, output_tokens: int = 256) -> dict[str, Any]:
     tap = Tap()
-    settings = ProtocolSettings()
+    settings = ProtocolSettings(decode_output_tokens=output_tokens)
     probes = ProbeLoop(handle, d, settings, configure_client=tap.configure,
                        warm_prefill_tokens=prefill_tokens if inject_every_s else None, **PATHS[path])
     await probes.wait_started(timeout_s=300)
@@ -177,7 +179,7 @@ async def run_path(handle: EngineHandle, d: int, path: str, seconds: float, sett
             if inject and inject_every_s and time.monotonic() >= next_inject:
                 # a cold prefill, encoded here, sent by the probe loop: its first token is the one to stamp
                 prompt = cold_prompt(prefill_tokens, f"bench-{time.time_ns()}", settings.token_range)
-                probes.inject(probes.prepare(prompt, 1, "prefill"))
+                probes.send(probes.prepare(prompt, 1, "prefill"), TokenStream(f"prefill-{injected}", "prefill"))
                 injected += 1
                 next_inject += inject_every_s
 
@@ -242,7 +244,8 @@ async def main(args: argparse.Namespace) -> None:
             task = progress.add_task("runs", total=len(runs))
             for d, path in runs:
                 progress.update(task, description=f"D={d} {path}")
-                r = await run_path(handle, d, path, args.seconds, args.settle, args.inject_every, args.prefill)
+                r = await run_path(handle, d, path, args.seconds, args.settle, args.inject_every, args.prefill,
+                                   args.output_tokens)
                 results.setdefault((d, path), []).append(r)
                 progress.advance(task)
     finally:
@@ -349,4 +352,6 @@ if __name__ == "__main__":
     parser.add_argument("--inject-every", type=float, default=1.0,
                         help="seconds between injected prefills in the stamp phase (0: none)")
     parser.add_argument("--prefill", type=int, default=2048, help="tokens of each injected prefill")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--output-tokens", type=int, default=256, help="tokens each probe stream decodes")
+    asyncio.run(main(parse_args(parser, d=[2], seconds=1.0, settle=0.5, rounds=1, burn=0, inject_every=0.5,
+                                prefill=512, output_tokens=80)))

@@ -17,6 +17,7 @@ controller's speed-ups cut, and how long the one- and two-H200 sweeps take.
 5. The CLI: `pdexporter sim sweep sweeps/seed.yaml --profile h20-qwen3-coder-30b-a3b` (< 60 s).
 
     python tests/benchmarks/bench_sweep.py [--profile NAME] [--reps 5] [--skip-cli] [--skip-faithful]
+    python tests/benchmarks/bench_sweep.py --quick   # every section on a 2 x 2 x 2 grid, 1 repetition (CI)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
 
+from quickmode import parse_args  # noqa: E402
 from sweep_timing import PhaseTimer  # noqa: E402
 
 from pdexporter._internal.vloop import run_virtual  # noqa: E402
@@ -53,6 +55,7 @@ ENGINE_STOP_S = 10.0  # SIGTERM to exit between chunk sizes: an allowance, not m
 FIRST_SHAPE_JIT_S = 1.3  # per new prefill shape after a start (docs/vllm-facts.md), not in the model
 WARM_COMPILE_CACHE_S = 40.0  # Dynamo + Inductor per start (startup.log: 38-51 s) a warm cache skips
 GOAL_ONE_S, GOAL_TWO_S = 14 * 60, 8 * 60
+QUICK_GRID = {"chunk_sizes": [8192, 2048], "decode_batch_sizes": [1, 4], "new_prefill_tokens": [512, 4096]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,13 +226,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--skip-cli", action="store_true")
     parser.add_argument("--skip-faithful", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(parser, reps=1)
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start\n")
     measured = h200_section()
-    base = {"reps": args.reps}
+    # --quick: every section on a small grid (its figures say nothing of the seed's sweep)
+    base: dict = {"reps": args.reps, **({"grid": QUICK_GRID} if args.quick else {})}
+    configs = 8 if args.quick else 196
     with tempfile.TemporaryDirectory(prefix="bench-sweep-") as tmp_name:
         tmp = Path(tmp_name)
-        print(f"2. modelled: sweeps/seed.yaml, 196 configs x {args.reps} reps, profile {args.profile}, virtual clock")
+        print(f"2. modelled: sweeps/seed.yaml{' (--quick: a 2 x 2 x 2 grid)' if args.quick else ''}, {configs} configs "
+              f"x {args.reps} reps, profile {args.profile}, virtual clock")
         reports: dict[str, SweepReport] = {}
         timers: dict[str, PhaseTimer] = {}
         runs = [("faithful", {"mode": "faithful"}, False), ("fast, before", {"mode": "fast"}, True),
@@ -309,16 +315,26 @@ def main() -> None:
 
     if not args.skip_cli:
         with tempfile.TemporaryDirectory(prefix="bench-sim-sweep-") as tmp_name:
-            cmd = [sys.executable, "-m", "pdexporter", "sim", "sweep", "sweeps/seed.yaml", "--profile",
-                   "h20-qwen3-coder-30b-a3b", "--out", tmp_name]
+            sweep_file = "sweeps/seed.yaml"
+            if args.quick:  # the seed's file on the small grid
+                import yaml
+
+                small = {**yaml.safe_load((ROOT / sweep_file).read_text()), "grid": QUICK_GRID}
+                sweep_file = str(Path(tmp_name) / "seed-quick.yaml")
+                Path(sweep_file).write_text(yaml.safe_dump(small))
+            out = Path(tmp_name) / "out"
+            cmd = [sys.executable, "-m", "pdexporter", "sim", "sweep", sweep_file, "--profile",
+                   "h20-qwen3-coder-30b-a3b", "--out", str(out)]
             load = os.getloadavg()[0]
             wall = time.perf_counter()
             done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             wall = time.perf_counter() - wall
-            ok = done.returncode == 0 and len(list(Path(tmp_name).glob("*/D*_P*.json"))) == 196
-            print(f"\n5. `pdexporter sim sweep sweeps/seed.yaml --profile h20-qwen3-coder-30b-a3b`: "
-                  f"{'196 records' if ok else 'FAILED: ' + done.stderr[-300:]}, {wall:.1f} s wall "
-                  f"(goal < 60 s; load average {load:.2f} before)")
+            ok = done.returncode == 0 and len(list(out.glob("*/D*_P*.json"))) == configs
+            print(f"\n5. `pdexporter sim sweep {sweep_file} --profile h20-qwen3-coder-30b-a3b`: "
+                  f"{f'{configs} records' if ok else 'FAILED: ' + done.stderr[-300:]}, {wall:.1f} s wall "
+                  f"(goal < 60 s for the seed's 196; load average {load:.2f} before)")
+            if not ok:
+                raise SystemExit(1)
 
 
 if __name__ == "__main__":

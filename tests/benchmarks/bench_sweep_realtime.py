@@ -8,6 +8,7 @@ real time with `sweep_timing.PhaseTimer` and prints, per repetition, the engine-
 the client-side work, on the event loop's clock and on the machine's.
 
     python tests/benchmarks/bench_sweep_realtime.py [--code DIR] [--reps 5] [--engines 1]
+    python tests/benchmarks/bench_sweep_realtime.py --quick   # D 1 x P 512, 2048, 2 repetitions (CI)
 
 `--code DIR` runs another checkout's pdexporter (e.g. an export of main) with this harness, for a
 before/after comparison on the same machine. `--engines 2` runs the grid's chunk sizes side by
@@ -53,7 +54,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--engines", type=int, default=1)
     parser.add_argument("--chunks", default="2048", help="comma-separated chunk sizes")
-    args = parser.parse_args()
+    parser.add_argument("--decodes", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--prefills", type=int, nargs="+", default=[512, 2048, 8192])
+    sys.path.insert(0, str(HERE))
+    from quickmode import parse_args
+
+    args = parse_args(parser, reps=2, decodes=[1], prefills=[512, 2048])
     code = args.code.resolve()
     sys.path[:0] = [str(code), str(HERE)]
     os.environ["PYTHONPATH"] = str(code)
@@ -77,12 +83,12 @@ def main() -> None:
     else:
         launcher.update(vars={"port": str(port)}, url=f"http://127.0.0.1:{port}")
     spec = parse_sweep({
-        "grid": {"chunk_sizes": chunks, "decode_batch_sizes": [1, 4], "new_prefill_tokens": [512, 2048, 8192]},
+        "grid": {"chunk_sizes": chunks, "decode_batch_sizes": args.decodes, "new_prefill_tokens": args.prefills},
         "reps": args.reps, "mode": "fast", "cv": {"max_reruns": 0}, "launcher": launcher,
     })
     load = os.getloadavg()[0]
     print(f"pdexporter from {code}; machine: {os.cpu_count()} CPUs, load average {load:.2f} at start")
-    print(f"grid: chunk sizes {chunks} x D [1, 4] x P [512, 2048, 8192], {args.reps} reps, fast mode, "
+    print(f"grid: chunk sizes {chunks} x D {args.decodes} x P {args.prefills}, {args.reps} reps, fast mode, "
           f"{args.engines} embedded engine(s) over HTTP in real time")
     with tempfile.TemporaryDirectory(prefix="bench-sweep-rt-") as tmp:
         store = ResultsStore(tmp)

@@ -1,6 +1,7 @@
 """Timing figures that tests no longer assert, because a loaded 2-core machine moves them: printed here.
 
-    python tests/benchmarks/bench_timing.py [--reps 3] [--burn 0]
+    python tests/benchmarks/bench_timing.py [--reps 3] [--burn 0] [--prefill 32768]
+    python tests/benchmarks/bench_timing.py --quick   # 1 repetition of a 4096-token prefill (CI)
 
 1. The client-side timing trap (docs/vllm-facts.md; the assertion `zero_intervals == 0` that
    tests/integration/measure/test_measure_http.py used to make): `measure`'s protocol over real
@@ -25,12 +26,15 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import itertools
+
+from quickmode import parse_args
 
 from pdexporter.client.client import EngineClient
 from pdexporter.client.iterlog import IterationLogTail
@@ -61,7 +65,7 @@ class SendStamps:
             self.by_stream.setdefault(stream.request_id, []).append((t_ns, sent_ns(event.comment)))
 
 
-async def run(out: Path, reps: int) -> None:
+async def run(out: Path, reps: int, prefill: int = P) -> None:
     launcher = SimLauncher(profile=PROFILE, log_dir=out / "engine")
     handle = await launcher.start(B)
     stamps = SendStamps()
@@ -77,8 +81,8 @@ async def run(out: Path, reps: int) -> None:
         driver = HttpDriver(client, info, log)
         settings = ProtocolSettings()
         await warm_prefix(driver, settings)
-        await warm_shapes(driver, [P], settings)
-        record = await measure_point(driver, PointSpec(B, D, P), settings, ResultsStore(out), reps=reps)
+        await warm_shapes(driver, [prefill], settings)
+        record = await measure_point(driver, PointSpec(B, D, prefill), settings, ResultsStore(out), reps=reps)
         await driver.aclose()
     finally:
         await client.aclose()
@@ -87,7 +91,7 @@ async def run(out: Path, reps: int) -> None:
     modelled = statistics.fmean(step.decode_step_s(D, 4096 + k) for k in range(16, 257)) * 1e3
     b = record.baseline
     print(
-        f"1. {reps} repetitions, B={B} D={D} P={P}: baseline TPOT p50 {b.tpot_p50_ms:.3f} ms, mean "
+        f"1. {reps} repetitions, B={B} D={D} P={prefill}: baseline TPOT p50 {b.tpot_p50_ms:.3f} ms, mean "
         f"{b.tpot_mean_ms:.3f} ms; modelled step {modelled:.3f} ms (p50 {100 * (b.tpot_p50_ms / modelled - 1):+.2f} %, "
         f"mean {100 * (b.tpot_mean_ms / modelled - 1):+.2f} %)"
     )
@@ -116,11 +120,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--burn", type=int, default=0)
     parser.add_argument("--out", default="/tmp/pdexporter-bench-timing")
-    args = parser.parse_args()
+    parser.add_argument("--prefill", type=int, default=P, help="tokens of the injected prefill")
+    args = parse_args(parser, reps=1, prefill=4096, out=None)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burn)]
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, {args.burn} busy loop(s) beside it")
     try:
-        asyncio.run(run(Path(args.out), args.reps))
+        if args.out is None:  # --quick: a folder of its own, removed after
+            with tempfile.TemporaryDirectory(prefix="bench-timing-") as tmp:
+                asyncio.run(run(Path(tmp), args.reps, args.prefill))
+        else:
+            asyncio.run(run(Path(args.out), args.reps, args.prefill))
     finally:
         for proc in burners:
             proc.kill()

@@ -1,6 +1,7 @@
 """The exporter's memory under hostile trace traffic (issue 24; docs/security.md states the peak).
 
-    python tests/benchmarks/bench_trace_receiver.py [--flood-s 90] [--bomb-rounds 3] [--senders 8]
+    python tests/benchmarks/bench_trace_receiver.py [--flood-s 90] [--bomb-rounds 3] [--senders 8] [--bomb-mib 2048]
+    python tests/benchmarks/bench_trace_receiver.py --quick   # one round of 64 MiB bombs, 1 s floods (CI)
 
 `pdexporter run --passive -D 2` (the real CLI, on its embedded engine) in a child process, its
 trace receiver on its own port without a token (the worst case: anyone can post). Then, in turn:
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import aiohttp
+from quickmode import parse_args
 
 from pdexporter.client.traces import PROTOBUF, RequestTrace, encode_traces
 from tests.helpers import free_port
@@ -114,10 +116,10 @@ async def _chunked(body: bytes):  # type: ignore[no-untyped-def]
 
 async def attack(args: argparse.Namespace, pid: int, metrics_url: str, traces_url: str) -> dict[str, object]:
     print("building the bombs ...", flush=True)
-    zeros = _zeros_bomb(2 << 30)
-    audit = _audit_bomb(2 << 30)
+    zeros = _zeros_bomb(args.bomb_mib << 20)
+    audit = _audit_bomb(args.bomb_mib << 20)
     print(
-        f"  2 GB of zeros in {len(zeros) / 1e6:.1f} MB; the audit's bomb: {len(audit) / 1e6:.1f} MB",
+        f"  {args.bomb_mib} MiB of zeros in {len(zeros) / 1e6:.1f} MB; the audit's bomb: {len(audit) / 1e6:.1f} MB",
         flush=True,
     )
     gz = {"Content-Type": PROTOBUF, "Content-Encoding": "gzip"}
@@ -207,7 +209,8 @@ def main() -> int:
     parser.add_argument("--flood-s", type=float, default=90.0)
     parser.add_argument("--bomb-rounds", type=int, default=3)
     parser.add_argument("--senders", type=int, default=8)
-    args = parser.parse_args()
+    parser.add_argument("--bomb-mib", type=int, default=2048, help="what each gzip bomb inflates to (MiB)")
+    args = parse_args(parser, flood_s=1.0, bomb_rounds=1, senders=2, bomb_mib=64)
     port, traces_port = free_port(), free_port()
     proc = subprocess.Popen(
         [
