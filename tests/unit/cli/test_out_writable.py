@@ -31,6 +31,7 @@ COMMANDS = [
     ("thresholds", ["thresholds", "--model", str(RESULTS / "decision.json"), "--out", "{out}"], "--out"),
     ("validate-pd", ["validate-pd", str(RESULTS), "--decode-bench", str(DECODEBENCH), "--pair", str(DECODEBENCH),
                      "--out", "{out}"], "--out"),
+    ("validate", ["validate", "--colocated", str(RESULTS), "--out", "{out}"], "--out"),
     ("load", ["load", "--target", "http://127.0.0.1:9", "--duration", "1s", "--out", "{out}/load.json"], "--out"),
     ("dashboards generate", ["dashboards", "generate", "--out", "{out}", "--chart", "{tmp}"], "--out"),
     ("sim profile-from-config", ["sim", "profile-from-config", "qwen3-8b", "--out", "{out}/p.yaml"], "--out"),
