@@ -29,6 +29,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -92,6 +93,10 @@ class ScriptedEngine:
     # every streamed request's body and the perf_counter_ns of each token write: what the engine
     # really did, for tests that compare a measurement with it (its sleeps run late under load)
     streams: list[tuple[dict, list[int]]] = field(default_factory=list)
+    # every completion request as it arrived: (role, streams the engine was running then), so a test
+    # can see what really ran beside what (a re-run beside its failed attempt's streams, issue 31)
+    arrivals: list[tuple[str, int]] = field(default_factory=list)
+    on_arrival: Callable[[str, int], None] | None = None  # told each arrival, as `arrivals` records it
     url: str = ""
     port: int = 0
     restarts: int = 0
@@ -119,7 +124,9 @@ class ScriptedEngine:
         app.router.add_get("/metrics", self._get(self._metrics))
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._completions)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        # handler_cancellation: a request whose client went away ends at once, as vLLM aborts it (a
+        # stalled stream would otherwise stay "running" in /metrics for its whole stall)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
@@ -208,6 +215,9 @@ class ScriptedEngine:
         body = await request.json()
         self.bodies.append(body)
         role = "prefill" if body.get("max_tokens") == 1 else "probe"
+        self.arrivals.append((role, len(self._open)))
+        if self.on_arrival is not None:
+            self.on_arrival(role, len(self._open))
         fault = self._fault_for(role)
         kind = fault.kind if fault else None
         if self.behaviour == "reject":
