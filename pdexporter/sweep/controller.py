@@ -514,8 +514,8 @@ class SweepController:
                     raise
                 report.retries += 1
                 self.observer.on_message(f"B={chunk} D={d} P={p} rep {rep}: {exc}; retrying")
+                await self._retire(pool, chunk, raise_failures=False)
                 with self._phase("phase2", chunk):
-                    await self._retire(pool, chunk, raise_failures=False)
                     await settle_engine(driver, spec.protocol)
                 continue
             self.times.observe("rep", key, time.monotonic() - t_wall)

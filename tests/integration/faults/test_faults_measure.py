@@ -8,6 +8,7 @@ fault spoiled."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,7 @@ async def test_a_rerun_repetition_never_runs_beside_the_failed_attempts_probes(t
     rep = record(tmp_path)["reps"][0]
     assert rep["engine_metrics"]["num_requests_running"] == D
     assert rep["retries"] == 1 and rep["baseline_retries"] == 0  # in the record, not only the raw file
+    assert re.search(r"runs repeated after a fault\s*│\s*reps 1, Phase 1 0", err), err  # and in measure's table
 
 
 async def test_a_phase_1_rerun_never_runs_beside_the_failed_attempts_probes(tmp_path: Path) -> None:
