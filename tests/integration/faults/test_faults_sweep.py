@@ -166,3 +166,20 @@ async def test_an_engine_that_never_frees_up_is_one_line_after_a_bounded_wait(tm
     assert f"at injection the engine ran {D + 1} and queued 0 requests (expected {D} and 0)" in err
     assert "the engine still ran 1 and queued 0 request(s) 2 s after" in err, err[-3000:]
     assert not (_results(tmp_path) / str(B) / f"D{D}_P{P}.json").exists() and took < 90
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("http-500", on="prefill", skip=WINDOW_PREFILL),
+    Fault("stall", on="prefill", skip=WINDOW_PREFILL, at_token=0),
+], ids=lambda f: f"{f.kind}-{f.on}")
+async def test_in_fast_mode_a_rerun_starts_a_fresh_set_beside_nothing(fault: Fault, tmp_path: Path) -> None:
+    """Fast mode's long-lived probe set is retired when a window fails (cancelled), the spoiled
+    window's prefill with it, and the re-run's set starts on an engine that runs nothing (fast mode
+    retired its set before too; what main lacked here is the record saying it was a re-run)."""
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await sweep(engine, tmp_path, "--read-timeout", "2s", mode="fast")
+    assert code == 0 and fault.hits == 1 and "retrying" in err, err[-3000:]
+    assert "at injection the engine ran" not in err, err[-3000:]
+    assert most_beside(engine, "probe") <= D - 1
+    assert engine.arrivals[-1] == ("prefill", D)
+    assert record(_results(tmp_path))["reps"][0]["retries"] == 1
