@@ -17,7 +17,8 @@ Two ways to make it misbehave:
   as a hung engine loop would), `wrong-prompt-tokens` (usage.prompt_tokens off by one), `restart`
   (the request arrives, then the engine restarts: `restart()` below).
 
-And for the other endpoints: `metrics` = ok | garbage | html-404, `health_delay_s` (a slow
+And for the other endpoints: `metrics` = ok | garbage | html-404 (and `stale_gauges`: the request
+gauges as vLLM keeps them, stale once every request was aborted), `health_delay_s` (a slow
 /health), `fail_gets` (the first GETs answer 503), `max_model_len` (in /v1/models), and
 `restart()`: every connection dropped, the port closed for a moment, the counters in /metrics
 start again from zero (they go down, as after a real restart).
@@ -102,7 +103,12 @@ class ScriptedEngine:
     restarts: int = 0
     _runner: web.AppRunner | None = None
     _open: dict[int, web.Request] = field(default_factory=dict)  # id -> open streaming request
+    # vLLM's request gauges as they are: set at each step (here: each token written), as the step left
+    # them (a request that finished in it no longer counted); after every request was aborted they
+    # stay as they were until the engine steps again (vllm-project/vllm#22545). False: live counts.
+    stale_gauges: bool = False
     _frozen_until: float = 0.0
+    _gauge_running: float = 0.0
     _counters: dict[str, float] = field(default_factory=dict)
     _restarting: asyncio.Task[None] | None = None
 
@@ -191,7 +197,8 @@ class ScriptedEngine:
         """The vLLM 0.22 fixture with the double's own live values in a few series."""
         counted = {"vllm:prompt_tokens_total": self._counters.get("prompt", 0.0),
                    "vllm:generation_tokens_total": self._counters.get("generation", 0.0)}
-        live = {"vllm:num_requests_running": float(len(self._open)), "vllm:num_requests_waiting": 0.0}
+        running = self._gauge_running if self.stale_gauges else float(len(self._open))
+        live = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": 0.0}
 
         def sub(match: re.Match[str]) -> str:
             name = match.group(2)
@@ -300,6 +307,7 @@ class ScriptedEngine:
             written.append(time.perf_counter_ns())
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             self._counters["generation"] = self._counters.get("generation", 0.0) + 1
+            self._gauge_running = float(len(self._open) - (k == body["max_tokens"]))
         final = {"id": "cmpl-scripted", "object": "text_completion", "created": 0, "model": self.model, "choices": [],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": body["max_tokens"],
                            "total_tokens": prompt_tokens + body["max_tokens"]}}

@@ -671,7 +671,7 @@ async def settle_engine(driver: EngineDriver, settings: ProtocolSettings) -> Non
             raise MeasurementError(
                 f"the engine still ran {load[0]:g} and queued {load[1]:g} request(s) {settings.settle_timeout_s:g} s "
                 "after the failed run's streams were ended (expected none; protocol.settle_timeout_s): another "
-                "client is using it, and a measurement needs the engine to itself")
+                "client is using it, or it did not abort those requests; a measurement needs the engine to itself")
         if now - nudged >= NUDGE_AFTER_S:
             nudge = cold_prompt(1, f"settle-{uuid.uuid4()}", settings.token_range)
             await run_single(driver, nudge, 1, "settle", settings.settle_timeout_s)

@@ -256,3 +256,17 @@ async def test_a_repetition_the_engine_ran_beside_another_request_is_refused_and
     assert f"at injection the engine ran {D + 1} and queued 0 requests (expected {D} and 0)" in err, err
     assert [n for r, n in engine.arrivals if r == "prefill"][-1] == D and posts(engine, "prefill") == WINDOW_PREFILL + 1
     assert record(tmp_path)["reps"][0]["retries"] == 1
+
+
+async def test_gauges_left_stale_by_aborted_requests_are_refreshed_by_a_one_token_request(tmp_path: Path) -> None:
+    """vLLM keeps its request gauges as they were when every request was aborted until it steps
+    again (vllm-project/vllm#22545): after the failed window's probes are cancelled its /metrics
+    still says 2 running. The wait before the re-run sends one 1-token request to make it step,
+    then sees 0, instead of waiting out `settle_timeout_s` and stopping."""
+    fault = Fault("http-500", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault], stale_gauges=True) as engine:
+        code, err, took = await measure(engine, tmp_path)
+    assert code == 0 and fault.hits == 1, err
+    assert posts(engine, "prefill") == WINDOW_PREFILL + 1 + 1 + 1  # the spoiled window's, the nudge, the kept one
+    assert engine.arrivals[-4:] == [("prefill", 0), ("probe", 0), ("probe", 1), ("prefill", D)]  # nudge, re-run
+    assert record(tmp_path)["reps"][0]["retries"] == 1 and took < 60
