@@ -305,6 +305,7 @@ async def measure_point(
     done = resumable_reps(store.load_record(*_key(spec)) if resume else None, config, str(path))
     if len(done) >= reps:
         return summarise(config, done[:reps])
+
     def settle() -> Awaitable[None]:
         return settle_engine(driver, settings)
 
