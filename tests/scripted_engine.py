@@ -21,7 +21,8 @@ With `echo_auth`, every error body (the 500s, the 404 pages, /metrics' 404 too) 
 request's `Authorization` header, as a debugging proxy or framework error page does: what a
 client must never print.
 
-And for the other endpoints: `metrics` = ok | garbage | html-404, `health_delay_s` (a slow
+And for the other endpoints: `metrics` = ok | garbage | html-404 (and `stale_gauges`: the request
+gauges as vLLM keeps them, stale once every request was aborted), `health_delay_s` (a slow
 /health), `fail_gets` (the first GETs answer 503), `max_model_len` (in /v1/models), and
 `restart()`: every connection dropped, the port closed for a moment, the counters in /metrics
 start again from zero (they go down, as after a real restart).
@@ -33,6 +34,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -97,12 +99,21 @@ class ScriptedEngine:
     # every streamed request's body and the perf_counter_ns of each token write: what the engine
     # really did, for tests that compare a measurement with it (its sleeps run late under load)
     streams: list[tuple[dict, list[int]]] = field(default_factory=list)
+    # every completion request as it arrived: (role, streams the engine was running then), so a test
+    # can see what really ran beside what (a re-run beside its failed attempt's streams, issue 31)
+    arrivals: list[tuple[str, int]] = field(default_factory=list)
+    on_arrival: Callable[[str, int], None] | None = None  # told each arrival, as `arrivals` records it
     url: str = ""
     port: int = 0
     restarts: int = 0
     _runner: web.AppRunner | None = None
     _open: dict[int, web.Request] = field(default_factory=dict)  # id -> open streaming request
+    # vLLM's request gauges as they are: set at each step (here: each token written), as the step left
+    # them (a request that finished in it no longer counted); after every request was aborted they
+    # stay as they were until the engine steps again (vllm-project/vllm#22545). False: live counts.
+    stale_gauges: bool = False
     _frozen_until: float = 0.0
+    _gauge_running: float = 0.0
     _counters: dict[str, float] = field(default_factory=dict)
     _restarting: asyncio.Task[None] | None = None
 
@@ -124,7 +135,9 @@ class ScriptedEngine:
         app.router.add_get("/metrics", self._get(self._metrics))
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._completions)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        # handler_cancellation: a request whose client went away ends at once, as vLLM aborts it (a
+        # stalled stream would otherwise stay "running" in /metrics for its whole stall)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 
@@ -201,7 +214,8 @@ class ScriptedEngine:
         """The vLLM 0.22 fixture with the double's own live values in a few series."""
         counted = {"vllm:prompt_tokens_total": self._counters.get("prompt", 0.0),
                    "vllm:generation_tokens_total": self._counters.get("generation", 0.0)}
-        live = {"vllm:num_requests_running": float(len(self._open)), "vllm:num_requests_waiting": 0.0}
+        running = self._gauge_running if self.stale_gauges else float(len(self._open))
+        live = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": 0.0}
 
         def sub(match: re.Match[str]) -> str:
             name = match.group(2)
@@ -225,6 +239,9 @@ class ScriptedEngine:
         body = await request.json()
         self.bodies.append(body)
         role = "prefill" if body.get("max_tokens") == 1 else "probe"
+        self.arrivals.append((role, len(self._open)))
+        if self.on_arrival is not None:
+            self.on_arrival(role, len(self._open))
         fault = self._fault_for(role)
         kind = fault.kind if fault else None
         if self.behaviour == "reject":
@@ -307,6 +324,7 @@ class ScriptedEngine:
             written.append(time.perf_counter_ns())
             await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             self._counters["generation"] = self._counters.get("generation", 0.0) + 1
+            self._gauge_running = float(len(self._open) - (k == body["max_tokens"]))
         final = {"id": "cmpl-scripted", "object": "text_completion", "created": 0, "model": self.model, "choices": [],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": body["max_tokens"],
                            "total_tokens": prompt_tokens + body["max_tokens"]}}

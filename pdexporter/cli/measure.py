@@ -168,6 +168,8 @@ def _print_record(record: RunRecord, path: Path) -> None:
         ("chunks in engine log", _fmt(i.num_chunks_engine_log)),
         ("total interference per stream", _fmt(d.total_interference_ms, " ms")),
         ("CV of penalty over reps", _fmt(record.summary.cv_tpot_penalty if record.summary else None)),
+        ("runs repeated after a fault", f"reps {sum(r.retries for r in record.reps)}, "
+                                        f"Phase 1 {max((r.baseline_retries for r in record.reps), default=0)}"),
     ]
     for name, value in rows:
         table.add_row(name, value)

@@ -228,6 +228,12 @@ class EngineAdapter(Protocol):
     # the embedded engine's profile when it imitates this engine and nobody names one (None: the
     # house default, vLLM's H200 profile); a profile holds the engine's step times (its kernels)
     sim_profile: str | None
+    # whether its /metrics request gauges (`num_requests_running`, `num_requests_waiting`) say what
+    # runs now: set from every step's scheduler stats (vLLM), so a scrape while the probes decode is
+    # exact and a window whose engine ran other than its D probes can be refused; False where they
+    # are set only when a batch is logged (SGLang: every `decode_log_interval` decode steps), so
+    # they may be stale and are only reported (`measure.protocol.injection_problem`)
+    request_gauges_per_step: bool
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it (what

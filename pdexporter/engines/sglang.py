@@ -199,6 +199,9 @@ class SglangAdapter:
     identity_path = "/server_info"
     # step times of SGLang 0.5.15 with triton attention and MoE on the H200, calibrated on both modes
     sim_profile: str | None = SIM_PROFILE
+    # num_running_reqs / num_queue_reqs are set when a prefill batch or every 40th decode batch is
+    # logged: one read 23 at D = 12 on the H200 (results/h200-sglang0.5.15-mixed-*/RUN.md)
+    request_gauges_per_step = False
     mixed = False
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:

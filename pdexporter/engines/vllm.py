@@ -199,6 +199,9 @@ class VllmAdapter:
     chunk_rule: ChunkRule = BUDGET_RULE  # decodes take their token of B first, and run in the chunk's step
     identity_path = "/version"
     sim_profile: str | None = None
+    # scheduler stats with every step's outputs; after every request was aborted they stay as they
+    # were until the engine steps again (vllm-project/vllm#22545): `protocol.settle_engine` nudges it
+    request_gauges_per_step = True
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         return self.chunk_rule.schedule(prompt_tokens, chunk_size, running_decodes)

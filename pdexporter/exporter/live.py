@@ -34,7 +34,7 @@ from pdexporter.errors import MeasurementError
 from pdexporter.exporter import timeline
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.probes import ProbeLoop
-from pdexporter.measure.driver import EngineInfo, PreparedRequest
+from pdexporter.measure.driver import Cancelling, EngineInfo, PreparedRequest
 from pdexporter.measure.protocol import StreamTrace
 from pdexporter.measure.window import BaselineStats, token_times
 
@@ -191,6 +191,12 @@ class ContinuousProbes:
 
     def raw_extra(self) -> dict[str, Any]:
         return {}
+
+    async def abandon(self, driver: Any, others: Sequence[TokenStream]) -> None:
+        """The probes go on (they are the exporter's, restarted as they end); a failed window's
+        prefill is cancelled where the driver can."""
+        if isinstance(driver, Cancelling):
+            await driver.cancel([s for s in others if not s.done])
 
 
 def _open(states: Sequence[ProbeState]) -> list[TokenStream]:

@@ -247,6 +247,7 @@ class PdDriver:
     _hops: dict[str, _Hop] = field(default_factory=dict, repr=False)
     _routes: dict[str, RouteTiming] = field(default_factory=dict, repr=False)
     _tasks: set[asyncio.Task[Any]] = field(default_factory=set, repr=False)
+    _by_stream: dict[str, asyncio.Task[Any]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.connector not in (NIXL, P2P_NCCL):
@@ -316,8 +317,22 @@ class PdDriver:
             work = self.decode.send_into(prepared, stream, retry_connect=retry_connect)
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
+        self._by_stream[stream.request_id] = task
         task.add_done_callback(self._reap)
         return stream
+
+    async def cancel(self, streams: Sequence[TokenStream]) -> None:
+        """End these streams now (`driver.Cancelling`): their requests' tasks cancelled and awaited,
+        so the decode instance's connection closes and it aborts them."""
+        tasks = [t for s in streams if not s.done and (t := self._by_stream.get(s.request_id)) is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        now = self.now_ns()
+        for s in streams:
+            if not s.done:
+                s.finish(now, "abort")
 
     async def _routed(self, prepared: RoutedRequest, stream: TokenStream) -> TokenStream:
         try:
@@ -335,6 +350,8 @@ class PdDriver:
 
     def _reap(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        for request_id in [k for k, t in self._by_stream.items() if t is task]:
+            del self._by_stream[request_id]
         if not task.cancelled():
             task.exception()  # recorded on the stream already
 

@@ -34,6 +34,7 @@ from pdexporter.measure.protocol import (
     prompt_tokens_check,
     run_baseline,
     run_window,
+    settle_engine,
 )
 from pdexporter.measure.records import (
     RecordConfig,
@@ -49,7 +50,8 @@ from pdexporter.measure.window import BaselineStats, derive
 
 __all__ = [
     "DEFAULT_RETRIES", "PointSpec", "append_rep", "check_reps", "check_resumable", "check_retries", "flag_mismatch",
-    "measure_point", "now_iso", "record_config", "rep_record", "resumable_reps", "retrying", "window_retryable",
+    "measure_point", "now_iso", "phase1", "record_config", "rep_record", "resumable_reps", "retrying",
+    "window_retryable",
 ]
 
 _T = TypeVar("_T")
@@ -76,10 +78,12 @@ def window_retryable(exc: BaseException) -> bool:
 
 
 async def retrying(attempt: Callable[[int], Awaitable[_T]], retries: int,
-                   on_retry: Callable[[int, BaseException], Awaitable[None] | None] = lambda k, exc: None) -> _T:
+                   on_retry: Callable[[int, BaseException], Awaitable[None] | None] = lambda k, exc: None,
+                   settle: Callable[[], Awaitable[None]] | None = None) -> _T:
     """`attempt(k)` for k = 0, 1, ...: again after a `window_retryable` failure, at most `retries`
     times more; the last failure (or one not worth repeating) is raised. Nothing a failed run
-    measured is kept: each attempt starts with fresh probes."""
+    measured is kept: each attempt starts with fresh probes, once `settle()` says the engine is
+    ready for it (`protocol.settle_engine`: the failed run's streams gone from the engine)."""
     for k in range(retries + 1):
         try:
             return await attempt(k)
@@ -89,6 +93,8 @@ async def retrying(attempt: Callable[[int], Awaitable[_T]], retries: int,
             waiting = on_retry(k, exc)
             if waiting is not None:
                 await waiting
+            if settle is not None:
+                await settle()
     raise AssertionError("unreachable")
 
 
@@ -208,6 +214,7 @@ def rep_record(
         ),
         derived=derived_block(derive(baseline, run.window, spec.decode_batch_size)),
         raw=raw,
+        retries=int(run.extra.get("retries", 0)),
         engine_metrics=deltas,
         started_at=started_at,
         **(fields or {}),
@@ -286,8 +293,10 @@ async def measure_point(
     uses it for its fast mode (long-lived probes) and to stop between repetitions at a deadline
     (it may raise before sending anything: what was recorded stays), and retries it itself.
     Otherwise Phase 1 and each repetition are run again after a transient failure (`retrying`),
-    at most `retries` times, `on_retry(what, error)` told each time; a repetition run again says
-    so in its record (`retries`). `summarise` turns the repetitions into the record (default:
+    at most `retries` times, `on_retry(what, error)` told each time, each re-run once the failed
+    run's streams are ended and the engine runs nothing (`protocol.settle_engine`); a repetition
+    says in its record how often it and its Phase 1 were run again (`retries`,
+    `baseline_retries`). `summarise` turns the repetitions into the record (default:
     medians over all of them).
     """
     spec.validate().check_budget(driver.info.kind)
@@ -296,11 +305,16 @@ async def measure_point(
     done = resumable_reps(store.load_record(*_key(spec)) if resume else None, config, str(path))
     if len(done) >= reps:
         return summarise(config, done[:reps])
+
+    def settle() -> Awaitable[None]:
+        return settle_engine(driver, settings)
+
     if baseline is None:
-        baseline = await retrying(lambda k: run_baseline(driver, spec.decode_batch_size, settings), retries,
-                                  lambda k, exc: on_retry("Phase 1", exc))
+        baseline = await retrying(lambda k: phase1(driver, spec.decode_batch_size, settings, k), retries,
+                                  lambda k, exc: on_retry("Phase 1", exc), settle)
         if baseline.probes:
             store.save_raw(store.baseline_raw_path(spec.chunk_size, spec.decode_batch_size), baseline.to_raw())
+    fields = {"baseline_retries": baseline.retries, **(rep_fields or {})}
     record: RunRecord | None = None
     for rep in range(len(done), reps):
         started = now_iso()
@@ -312,7 +326,7 @@ async def measure_point(
             async def window(k: int, stats: BaselineStats | None = stats) -> InterferenceRun:
                 run = await run_window(
                     driver, spec.decode_batch_size, spec.new_prefill_tokens, settings, FreshProbes(settings),
-                    FixedBaseline(stats), chunk_size=spec.chunk_size,
+                    FixedBaseline(stats), chunk_size=spec.chunk_size, exclusive=True,
                 )
                 if k:
                     run.extra["retries"] = k
@@ -321,12 +335,19 @@ async def measure_point(
             def told(k: int, exc: BaseException, what: str = f"repetition {rep}") -> None:
                 on_retry(what, exc)
 
-            run = await retrying(window, retries, told)
-        record = append_rep(store, spec, config, done, run, started, summarise, rep_fields)
+            run = await retrying(window, retries, told, settle)
+        record = append_rep(store, spec, config, done, run, started, summarise, fields)
         if on_rep is not None:
             on_rep(done[-1])
     assert record is not None
     return record
+
+
+async def phase1(driver: EngineDriver, d: int, settings: ProtocolSettings, k: int) -> BaselineRun:
+    """Phase 1's attempt `k` (`retrying`): the run says how often it was run again."""
+    run = await run_baseline(driver, d, settings)
+    run.retries = k
+    return run
 
 
 def now_iso() -> str:

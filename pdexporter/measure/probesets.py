@@ -38,6 +38,7 @@ from pdexporter.measure.protocol import (
     ProbeSet,
     ProtocolSettings,
     StreamTrace,
+    end_streams,
     start_probes,
     steady,
     wait_for,
@@ -96,11 +97,12 @@ class FreshProbes:
 
     settings: ProtocolSettings
     wait_for_end: bool = True
+    streams: list[TokenStream] = dataclasses.field(default_factory=list)  # this window's, once started
 
     async def ready(self, driver: EngineDriver, d: int, p: int) -> list[TokenStream]:
-        streams = start_probes(driver, d, self.settings)
-        await wait_steady(driver, streams, self.settings)
-        return streams
+        self.streams = start_probes(driver, d, self.settings)
+        await wait_steady(driver, self.streams, self.settings)
+        return list(self.streams)
 
     async def settle(self, driver: EngineDriver, streams: Sequence[TokenStream],
                      after_ns: int) -> tuple[int, list[TokenStream]]:
@@ -116,6 +118,11 @@ class FreshProbes:
 
     def raw_extra(self) -> dict[str, Any]:
         return {}
+
+    async def abandon(self, driver: EngineDriver, others: Sequence[TokenStream]) -> None:
+        """A failed window's probes are its own: they end with it (they decoded on beside the
+        re-run, which was kept: `num_requests_running` 4 at D = 2, issue 31)."""
+        await end_streams(driver, [*self.streams, *others], self.settings.window_timeout_s)
 
 
 def trim_trace(trace: StreamTrace, t_inject_ns: int, keep_tokens: int) -> StreamTrace:
@@ -207,6 +214,12 @@ class PooledProbes:
 
     def raw_extra(self) -> dict[str, Any]:
         return {"probe_reuse": True}
+
+    async def abandon(self, driver: EngineDriver, others: Sequence[TokenStream]) -> None:
+        """A failed window retires the set (the next window starts a fresh one) and ends `others`."""
+        self._driver = self._driver or driver
+        await self.retire(raise_failures=False)
+        await end_streams(driver, others, self.settings.window_timeout_s)
 
     async def retire(self, *, raise_failures: bool = True) -> None:
         """End the current set before anything else runs: cancelled where the driver can (its

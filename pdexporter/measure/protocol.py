@@ -43,8 +43,8 @@ from pdexporter.client.iterlog import summarise_chunks
 from pdexporter.client.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.client.stream import TokenStream
 from pdexporter.engines import IterationStep, adapter
-from pdexporter.errors import MeasurementError
-from pdexporter.measure.driver import EngineDriver, PreparedRequest
+from pdexporter.errors import MeasurementError, PdexporterError
+from pdexporter.measure.driver import Cancelling, EngineDriver, PreparedRequest
 from pdexporter.measure.pd import RouteTiming, Routing
 from pdexporter.measure.prompts import TokenRange, cold_prompt, shared_prefix
 from pdexporter.measure.window import (
@@ -62,22 +62,27 @@ from pdexporter.measure.window import (
 __all__ = [
     "BaselineRun",
     "BaselineSource",
+    "BusyAtInjection",
     "InterferenceRun",
     "OPTION_NAMES",
     "ProbeSet",
     "ProtocolSettings",
     "StreamTrace",
     "analyse_traces",
+    "baseline_gap_problem",
     "chunk_plan",
     "chunks_expected",
     "chunks_from_steps",
+    "end_streams",
     "expected_schedule",
+    "injection_problem",
     "prompt_tokens_check",
     "prompt_tokens_problem",
     "protocol_settings",
     "run_baseline",
     "run_single",
     "run_window",
+    "settle_engine",
     "stalled",
     "start_probes",
     "steady",
@@ -112,6 +117,15 @@ class ProtocolSettings(BaseModel):
     # silent this long means the engine (or its connection) stalled, and the window fails at once
     # instead of waiting for the read timeout (`--read-timeout`, 300 s by default).
     stall_timeout_s: float = Field(30.0, gt=0, le=MAX_SECONDS)
+    # Before a re-run (Phase 1 or a repetition, after a fault) the failed attempt's streams are
+    # ended and the engine must run nothing: its /metrics is read until no request runs or waits,
+    # at most this long (`settle_engine`), else the run stops in one line.
+    settle_timeout_s: float = Field(30.0, gt=0, le=MAX_SECONDS)
+    # Phase 1 fails (and runs again) when a probe was silent longer than
+    # max(baseline_gap_ratio x the baseline's median interval, baseline_gap_floor_ms)
+    # (`baseline_gap_problem`).
+    baseline_gap_ratio: float = Field(8.0, gt=1.0, le=1e6)
+    baseline_gap_floor_ms: float = Field(500.0, gt=0, le=MAX_SECONDS * 1e3)
 
     @model_validator(mode="after")
     def _check(self) -> ProtocolSettings:
@@ -252,10 +266,12 @@ class BaselineRun:
     decode_batch_size: int
     probes: list[StreamTrace]
     stats: BaselineStats | None
+    retries: int = 0  # how often Phase 1 was run again before this one was kept
 
     def to_raw(self) -> dict[str, Any]:
         t0 = min((p.t_sent_ns or 0 for p in self.probes), default=0)
-        return {"decode_batch_size": self.decode_batch_size, "probes": [p.to_raw(t0) for p in self.probes]}
+        return {"decode_batch_size": self.decode_batch_size, "probes": [p.to_raw(t0) for p in self.probes],
+                **({"retries": self.retries} if self.retries else {})}
 
 
 @dataclass
@@ -546,19 +562,122 @@ def steady(streams: Sequence[TokenStream], settings: ProtocolSettings) -> bool:
 
 
 async def run_baseline(driver: EngineDriver, d: int, settings: ProtocolSettings) -> BaselineRun:
-    """Phase 1: D decode-only streams, 256 tokens each."""
+    """Phase 1: D decode-only streams, 256 tokens each. A failed Phase 1 ends its streams before it
+    raises (`end_streams`), so a re-run never decodes beside them; one with a probe silent for
+    several steps fails (`baseline_gap_problem`)."""
     if d == 0:
         return BaselineRun(0, [], None)
     probes = start_probes(driver, d, settings)
-    await wait_for(driver, probes, lambda: all(p.done for p in probes), settings.window_timeout_s,
-                   f"{d} baseline decode streams did not finish", stall_s=settings.stall_timeout_s)
+    try:
+        await wait_for(driver, probes, lambda: all(p.done for p in probes), settings.window_timeout_s,
+                       f"{d} baseline decode streams did not finish", stall_s=settings.stall_timeout_s)
+    except PdexporterError:
+        await end_streams(driver, probes, settings.window_timeout_s)
+        raise
     traces = [StreamTrace.of(p) for p in probes]
     stats = baseline_stats([t.token_times() for t in traces], settings.window)
     if stats is None:
         raise MeasurementError(
             f"baseline streams produced no intervals after the {settings.warmup_tokens} warm-up tokens"
         )
+    problem = baseline_gap_problem(traces, stats, settings)
+    if problem:
+        raise MeasurementError(problem)
     return BaselineRun(d, traces, stats)
+
+
+def baseline_gap_problem(traces: Sequence[StreamTrace], stats: BaselineStats, settings: ProtocolSettings) -> str | None:
+    """Why Phase 1 is not a steady decode-only cadence, or None: a probe silent (between two of its
+    token events, after its first) longer than max(`baseline_gap_ratio` x the median interval,
+    `baseline_gap_floor_ms`). The seed's steady state holds 8 intervals within 2x of each other;
+    a silence of 8 median steps is no engine cadence but a stall (the engine's, its connection's, a
+    proxy's), and it would stay in the baseline's mean and tail (a 10-20 s stall: p50 1.8 ms, mean
+    23.8-44.7 ms). The floor keeps a loaded client's hiccups and a real engine's rare slow step (up
+    to 361 ms at a 6-11 ms cadence in the committed H200 baselines, always the final token) from
+    failing it."""
+    limit_ms = max(settings.baseline_gap_ratio * stats.p50_ms, settings.baseline_gap_floor_ms)
+    worst_ms, who, after = 0.0, "", 0
+    for trace in traces:
+        times = [t for t, n in zip(trace.event_times_ns, trace.event_tokens) if n > 0]
+        counts = list(itertools.accumulate(n for n in trace.event_tokens if n > 0))
+        for i in range(1, len(times)):
+            gap_ms = (times[i] - times[i - 1]) / 1e6
+            if gap_ms > worst_ms:
+                worst_ms, who, after = gap_ms, trace.request_id, counts[i - 1]
+    if worst_ms <= limit_ms:
+        return None
+    return (f"a probe ({who}) was silent for {worst_ms:.0f} ms after its token {after}, more than "
+            f"max({settings.baseline_gap_ratio:g} x the {stats.p50_ms:.2f} ms median interval, "
+            f"{settings.baseline_gap_floor_ms:g} ms): the engine or its connection stalled")
+
+
+async def end_streams(driver: EngineDriver, streams: Sequence[TokenStream], timeout_s: float) -> None:
+    """End what a failed attempt left open before anything else runs: cancelled where the driver can
+    (`driver.Cancelling`: each cancellation awaited, its connection closed, and the engine aborts
+    the request, as when a client goes away), else waited for to its end (at most `timeout_s`)."""
+    left = [s for s in streams if not s.done]
+    if not left:
+        return
+    if isinstance(driver, Cancelling):
+        await driver.cancel(left)
+        return
+    if not await driver.progress.wait_until(lambda: all(s.done for s in left), timeout_s):
+        raise MeasurementError(f"{len(left)} stream(s) of a failed run did not end within {timeout_s:g} s, "
+                               "and this engine driver cannot cancel them")
+
+
+class BusyAtInjection(MeasurementError):
+    """At the injection the engine ran other than the window's D probes (`injection_problem`)."""
+
+
+def injection_problem(before: MetricsSnapshot | None, d: int) -> str | None:
+    """What the engine's /metrics just before the injection says against "exactly the window's D
+    probes running, nothing waiting", or None (also where it does not say)."""
+    if before is None:
+        return None
+    running, waiting = before.get("num_requests_running"), before.get("num_requests_waiting")
+    if running is None or waiting is None or (running == d and waiting == 0):
+        return None
+    return f"at injection the engine ran {running:g} and queued {waiting:g} requests (expected {d} and 0)"
+
+
+SETTLE_POLL_S = 0.05  # how often `settle_engine` reads /metrics
+NUDGE_AFTER_S = 1.0  # how long the gauges may say "busy" before a one-token request makes the engine step
+
+
+async def _engine_load(driver: EngineDriver) -> tuple[float, float] | None:
+    snapshot = await driver.scrape_metrics()
+    if snapshot is None:
+        return None
+    running, waiting = snapshot.get("num_requests_running"), snapshot.get("num_requests_waiting")
+    return None if running is None or waiting is None else (running, waiting)
+
+
+async def settle_engine(driver: EngineDriver, settings: ProtocolSettings) -> None:
+    """Before a re-run, after the failed attempt's streams were ended (`end_streams`): wait until the
+    engine runs nothing, by its /metrics (no request running or waiting), at most
+    `settle_timeout_s`, else one line. Nothing to wait for where /metrics cannot be read or its
+    gauges are not current (`EngineAdapter.request_gauges_per_step`). vLLM leaves its gauges as they
+    were when every request was aborted until it steps again (vllm-project/vllm#22545), so gauges
+    still busy after `NUDGE_AFTER_S` get a one-token request (outside any window) to make it step."""
+    if not adapter(driver.info.kind).request_gauges_per_step:
+        return
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    nudged = start
+    while (load := await _engine_load(driver)) is not None and load != (0, 0):
+        now = loop.time()
+        if now - start >= settings.settle_timeout_s:
+            raise MeasurementError(
+                f"the engine still ran {load[0]:g} and queued {load[1]:g} request(s) {settings.settle_timeout_s:g} s "
+                "after the failed run's streams were ended (expected none; protocol.settle_timeout_s): another "
+                "client is using it, or it did not abort those requests; a measurement needs the engine to itself")
+        if now - nudged >= NUDGE_AFTER_S:
+            nudge = cold_prompt(1, f"settle-{uuid.uuid4()}", settings.token_range)
+            await run_single(driver, nudge, 1, "settle", settings.settle_timeout_s)
+            nudged = loop.time()
+            continue
+        await asyncio.sleep(SETTLE_POLL_S)
 
 
 def _tokens_after(stream: TokenStream, t_ns: float) -> int:
@@ -597,6 +716,11 @@ class ProbeSet(Protocol):
         """Keys the raw file gets to say how its probes were run."""
         ...
 
+    async def abandon(self, driver: EngineDriver, others: Sequence[TokenStream]) -> None:
+        """The window failed: end what it leaves open that must not run beside the next one (this
+        set's streams where they were the window's own, and `others`: its prefill), `end_streams`."""
+        ...
+
 
 @runtime_checkable
 class BaselineSource(Protocol):
@@ -623,11 +747,32 @@ async def run_window(
     salt: str | None = None,
     prepared: PreparedRequest | None = None,
     chunk_size: int | None = None,
+    exclusive: bool = False,
 ) -> InterferenceRun:
     """Phase 2, the one implementation: D probe streams in steady state perturbed by one cold
     P-token prefill (module docs), for every caller; `probes` and `baseline` say which streams
     and what they are compared with (`measure.probesets`). `prepared` is the prefill's request
-    when the caller encoded it earlier (it must be encoded before the window opens)."""
+    when the caller encoded it earlier (it must be encoded before the window opens).
+
+    `exclusive` (measure, sweep: the engine is theirs alone): a window whose engine, by its
+    /metrics just before the injection, runs other than exactly the D probes or queues anything is
+    refused before the prefill leaves (`BusyAtInjection`), where the engine's gauges are current
+    (`EngineAdapter.request_gauges_per_step`). A window that fails leaves nothing of its own
+    running (`ProbeSet.abandon`), so a re-run never decodes beside it."""
+    started: list[TokenStream] = []  # the prefill, once sent
+    try:
+        return await _window(driver, d, p, settings, probes, baseline, salt=salt, prepared=prepared,
+                             chunk_size=chunk_size, exclusive=exclusive, started=started)
+    except PdexporterError:
+        await probes.abandon(driver, started)
+        raise
+
+
+async def _window(
+    driver: EngineDriver, d: int, p: int, settings: ProtocolSettings, probes: ProbeSet, baseline: BaselineSource,
+    *, salt: str | None, prepared: PreparedRequest | None, chunk_size: int | None, exclusive: bool,
+    started: list[TokenStream],
+) -> InterferenceRun:
     salt = salt or str(uuid.uuid4())
     if prepared is None:
         prepared = driver.prepare(cold_prompt(p, salt, settings.token_range), settings.prefill_max_tokens, "prefill")
@@ -635,6 +780,9 @@ async def run_window(
         await driver.route_ahead(prepared)  # a P/D pair: the prefill instance's half, before the window
     streams = await probes.ready(driver, d, p) if d else []
     before = await driver.scrape_metrics()
+    busy = injection_problem(before, d) if exclusive and adapter(driver.info.kind).request_gauges_per_step else None
+    if busy:
+        raise BusyAtInjection(busy)
     # The scrape (its parse runs on this loop) can hold up the probes' reads for several ms; the
     # tokens that waited would be stamped late, right after t_inject, as a slow interval and a
     # burst inside the window. Fresh tokens on every probe put that behind us first.
@@ -643,6 +791,7 @@ async def run_window(
     mark = driver.step_mark()
 
     prefill = driver.start(prepared)  # inside the window: never retried
+    started.append(prefill)
     everything = [*streams, prefill]
     await wait_for(driver, everything, lambda: prefill.t_first_ns is not None or prefill.done,
                    settings.window_timeout_s, f"the {p}-token prefill produced no token",

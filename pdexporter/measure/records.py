@@ -130,6 +130,10 @@ class RepRecord(_Model):
     raw: str | None = None
     engine_metrics: dict[str, float] = Field(default_factory=dict)
     started_at: str | None = None
+    # How often this repetition was run again after a fault before it was kept, and how often the
+    # Phase 1 its baseline came from was (`measure.point.retrying`; issue 31: only the raw file said).
+    retries: int = Field(0, ge=0)
+    baseline_retries: int = Field(0, ge=0)
     # Extra keys an interleaved sweep (sweep file `order: interleaved`) adds: `block`, the block
     # this repetition ran in, and `block_position`, its place in that block's order (sweep.json
     # lists each block's order). Absent otherwise, so other records are unchanged.

@@ -50,14 +50,16 @@ from pdexporter.errors import (
 )
 from pdexporter.launch.base import Adopting, Attaching, DeadlineReached, Prestarting
 from pdexporter.measure.driver import EngineDriver
-from pdexporter.measure.point import PointSpec, measure_point, retrying, window_retryable
+from pdexporter.measure.point import PointSpec, measure_point, phase1, retrying, window_retryable
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes, PooledProbes
 from pdexporter.measure.protocol import (
     BaselineRun,
+    BusyAtInjection,
     InterferenceRun,
     StreamTrace,
-    run_baseline,
+    injection_problem,
     run_window,
+    settle_engine,
     warm_prefix,
     warm_shapes,
 )
@@ -419,7 +421,7 @@ class SweepController:
             traces = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
             stats = baseline_stats([t.token_times() for t in traces], spec.protocol.window)
             if stats is not None:
-                return BaselineRun(d, traces, stats)
+                return BaselineRun(d, traces, stats, retries=int(raw.get("retries", 0)))
         self._check("phase1", (chunk, d), f"Phase 1 at chunk {chunk}, D={d}")
         self.observer.on_phase("phase1", chunk, d)
         t_wall = time.monotonic()
@@ -431,7 +433,8 @@ class SweepController:
             self.observer.on_message(f"B={chunk} D={d} Phase 1: {exc}; retrying")
 
         with self._phase("phase1", chunk):
-            baseline = await retrying(lambda k: run_baseline(driver, d, spec.protocol), spec.retries, again)
+            baseline = await retrying(lambda k: phase1(driver, d, spec.protocol, k), spec.retries, again,
+                                      lambda: settle_engine(driver, spec.protocol))
         self.times.observe("phase1", (chunk, d), time.monotonic() - t_wall)
         self.store.save_raw(path, baseline.to_raw())
         return baseline
@@ -497,16 +500,23 @@ class SweepController:
                 with self._phase("phase2", chunk):
                     probes = pool if pool is not None else FreshProbes(spec.protocol)
                     run = await run_window(driver, d, p, spec.protocol, probes, FixedBaseline(base.stats),
-                                           chunk_size=chunk)
+                                           chunk_size=chunk, exclusive=True)
             except (MeasurementError, EngineError) as exc:
                 # No steady state, a probe that ended early, no recovery, a stall, an engine
-                # error inside the window: nothing was recorded; the run is repeated with fresh
-                # probes (fast mode starts a new set). An engine that is not there is not.
+                # error inside the window, an engine busy with more than the D probes at the
+                # injection: nothing was recorded, and the window's streams were ended
+                # (`ProbeSet.abandon`); the run is repeated with fresh probes (fast mode starts a
+                # new set) once the engine runs nothing. An engine that is not there is not.
+                if isinstance(exc, BusyAtInjection):
+                    report.injections_checked += 1
+                    report.busy_at_injection += 1
                 if not window_retryable(exc) or attempt == spec.retries:
                     raise
                 report.retries += 1
                 self.observer.on_message(f"B={chunk} D={d} P={p} rep {rep}: {exc}; retrying")
                 await self._retire(pool, chunk, raise_failures=False)
+                with self._phase("phase2", chunk):
+                    await settle_engine(driver, spec.protocol)
                 continue
             self.times.observe("rep", key, time.monotonic() - t_wall)
             if attempt:
@@ -628,7 +638,9 @@ class SweepController:
 
     def _check_idle(self, run: InterferenceRun, key: Key) -> None:
         """The evidence that no cooldown is needed: at every injection the engine runs exactly our
-        D probes and queues nothing (from its /metrics just before the prefill left)."""
+        D probes and queues nothing (from its /metrics just before the prefill left). Where the
+        engine's gauges are current a window that fails this was refused (`BusyAtInjection`); where
+        they may be stale (SGLang) it is kept and said."""
         before = run.metrics_before
         if before is None:
             return
@@ -638,10 +650,10 @@ class SweepController:
         run.extra["engine_at_injection"] = {"running": running, "waiting": waiting}
         report = self.reports[key[0]]
         report.injections_checked += 1
-        if running != key[1] or waiting != 0:
+        problem = injection_problem(before, key[1])
+        if problem:
             report.busy_at_injection += 1
-            self.observer.on_message(f"B={key[0]} D={key[1]} P={key[2]}: at injection the engine ran {running:g} "
-                                     f"and queued {waiting:g} requests (expected {key[1]} and 0)")
+            self.observer.on_message(f"B={key[0]} D={key[1]} P={key[2]}: {problem}")
 
     # --- results ------------------------------------------------------------------------------
 

@@ -131,3 +131,22 @@ async def live(url: str, **fields: Any) -> AsyncIterator[tuple[Runner, asyncio.T
     finally:
         stop.set()
         await asyncio.wait_for(task, 60)
+
+
+# --- what really ran beside what (issue 31) --------------------------------------------------------
+
+def most_beside(engine: ScriptedEngine, role: str) -> int:
+    """The most streams the engine was running when a request of `role` arrived: a probe of a
+    window (or of Phase 1) finds at most its D - 1 siblings, the injected prefill its D probes;
+    more means a re-run ran beside a failed attempt's streams."""
+    return max((n for r, n in engine.arrivals if r == role), default=0)
+
+
+async def foreign_stream(url: str, tokens: int) -> None:
+    """Another client's request on the engine (`tokens` tokens, read to its end, or cancelled)."""
+    import aiohttp
+
+    body = {"model": "scripted-model", "prompt": [1, 2, 3], "max_tokens": tokens, "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/completions", json=body) as resp:
+        async for _ in resp.content.iter_any():
+            pass

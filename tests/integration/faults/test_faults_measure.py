@@ -7,11 +7,13 @@ fault spoiled."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.integration.faults.faultkit import P, error_line, measure, posts, record
+from tests.integration.faults.faultkit import D, P, error_line, foreign_stream, measure, most_beside, posts, record
 from tests.scripted_engine import Fault, ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -184,3 +186,87 @@ async def test_a_prefill_longer_than_max_model_len_is_refused_before_any_request
     line = error_line(err)
     assert f"-P {P}: {P} prompt tokens + 1 output token(s) exceed the engine's max_model_len 60" in line
     assert engine.completion_calls == 0 and took < 30
+
+
+# --- a re-run never runs beside its failed attempt (issue 31) -------------------------------------
+
+def _phase1_gaps_ms(out: Path) -> list[float]:
+    """The longest silence of each kept Phase 1 probe after its first token (ms)."""
+    from pdexporter._internal.atomic import read_json_gz
+
+    raw = read_json_gz(out / "2048" / "raw" / f"D{D}_baseline.json.gz")
+    return [max(probe["dt_ns"][1:]) / 1e6 for probe in raw["probes"]]
+
+
+async def test_a_rerun_repetition_never_runs_beside_the_failed_attempts_probes(tmp_path: Path) -> None:
+    """Issue 31: after a 500 on the injected prefill the failed window's probes decoded on beside
+    the re-run, which was kept: its record said `num_requests_running` 4.0 at D = 2."""
+    fault = Fault("http-500", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0 and fault.hits == 1, err
+    assert most_beside(engine, "probe") <= D - 1  # no probe of the re-run started beside the old ones
+    assert engine.arrivals[-1] == ("prefill", D)  # the kept window's prefill ran beside exactly D probes
+    rep = record(tmp_path)["reps"][0]
+    assert rep["engine_metrics"]["num_requests_running"] == D
+    assert rep["retries"] == 1 and rep["baseline_retries"] == 0  # in the record, not only the raw file
+    assert re.search(r"runs repeated after a fault\s*│\s*reps 1, Phase 1 0", err), err  # and in measure's table
+
+
+async def test_a_phase_1_rerun_never_runs_beside_the_failed_attempts_probes(tmp_path: Path) -> None:
+    """Issue 31: a Phase 1 re-run after a closed probe ran beside the other probe of the failed
+    attempt (its baseline 6.24 ms instead of 5.05 on the embedded engine)."""
+    fault = Fault("close-mid-stream", on="probe", at_token=40)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0 and fault.hits == 1 and "Phase 1: " in err, err
+    assert most_beside(engine, "probe") <= D - 1
+    rep = record(tmp_path)["reps"][0]
+    assert rep["baseline_retries"] == 1 and rep["retries"] == 0
+
+
+async def test_a_phase_1_probe_silent_for_seconds_fails_phase_1_and_it_runs_again(tmp_path: Path) -> None:
+    """Issue 31: a Phase 1 probe silent for 10-20 s was accepted without a retry or a line (the
+    baseline's p50 1.8 ms, its mean 23.8-44.7 ms). A silence longer than
+    max(baseline_gap_ratio x the median interval, baseline_gap_floor_ms) fails Phase 1."""
+    fault = Fault("stall", on="probe", at_token=40, seconds=2.0)  # then it decodes on
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+    assert code == 0 and fault.hits == 1, err
+    lines = [line for line in err.splitlines() if line.startswith("Phase 1: ")]
+    assert len(lines) == 1 and "silent for" in lines[0] and "running it again" in lines[0], err
+    assert max(_phase1_gaps_ms(tmp_path)) < 500  # the kept baseline has no such silence
+    assert record(tmp_path)["reps"][0]["baseline_retries"] == 1
+
+
+async def test_a_repetition_the_engine_ran_beside_another_request_is_refused_and_run_again(tmp_path: Path) -> None:
+    """Issue 31: a window whose engine ran more than its D probes at the injection was kept with a
+    warning (sweep) or silently (measure). Another client's request lands beside the first window's
+    probes: that window is refused before its prefill leaves, and run again once the engine is free."""
+    tasks: list[object] = []
+
+    def beside_the_first_window(role: str, running: int) -> None:
+        if role == "probe" and sum(r == "probe" for r, _ in engine.arrivals) == D + 1 and not tasks:
+            tasks.append(asyncio.ensure_future(foreign_stream(engine.url, 80)))  # 0.8 s of tokens
+
+    async with ScriptedEngine(cadence_s=CADENCE, on_arrival=beside_the_first_window) as engine:
+        code, err, _ = await measure(engine, tmp_path)
+        await asyncio.gather(*tasks)  # type: ignore[arg-type]
+    assert code == 0, err
+    assert f"at injection the engine ran {D + 1} and queued 0 requests (expected {D} and 0)" in err, err
+    assert [n for r, n in engine.arrivals if r == "prefill"][-1] == D and posts(engine, "prefill") == WINDOW_PREFILL + 1
+    assert record(tmp_path)["reps"][0]["retries"] == 1
+
+
+async def test_gauges_left_stale_by_aborted_requests_are_refreshed_by_a_one_token_request(tmp_path: Path) -> None:
+    """vLLM keeps its request gauges as they were when every request was aborted until it steps
+    again (vllm-project/vllm#22545): after the failed window's probes are cancelled its /metrics
+    still says 2 running. The wait before the re-run sends one 1-token request to make it step,
+    then sees 0, instead of waiting out `settle_timeout_s` and stopping."""
+    fault = Fault("http-500", on="prefill", skip=WINDOW_PREFILL)
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault], stale_gauges=True) as engine:
+        code, err, took = await measure(engine, tmp_path)
+    assert code == 0 and fault.hits == 1, err
+    assert posts(engine, "prefill") == WINDOW_PREFILL + 1 + 1 + 1  # the spoiled window's, the nudge, the kept one
+    assert engine.arrivals[-4:] == [("prefill", 0), ("probe", 0), ("probe", 1), ("prefill", D)]  # nudge, re-run
+    assert record(tmp_path)["reps"][0]["retries"] == 1 and took < 60

@@ -5,13 +5,15 @@ nothing a fault spoiled is recorded."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import free_port
-from tests.integration.faults.faultkit import B, D, P, error_line, record, sweep
+from tests.integration.faults.faultkit import B, D, P, error_line, foreign_stream, most_beside, record, sweep
 from tests.scripted_engine import Fault, ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -37,7 +39,7 @@ async def test_a_window_the_engine_spoiled_once_is_run_again(fault: Fault, tmp_p
     assert code == 0, err[-3000:]
     assert fault.hits == 1 and "retrying" in err
     rec = record(_results(tmp_path))
-    assert len(rec["reps"]) == 1 and rec["reps"][0].get("retries") is None  # the record is the clean attempt
+    assert len(rec["reps"]) == 1 and rec["reps"][0]["retries"] == 1  # the clean attempt, and that it was a re-run
     raw_retries = json.loads((_results(tmp_path) / "sweep.json").read_text())["invocations"][-1]
     assert raw_retries["chunks"][str(B)]["retries"] == 1
     # counters that went down across a restart give no (negative) deltas
@@ -121,3 +123,63 @@ async def test_a_prefill_longer_than_max_model_len_is_refused_before_the_warm_up
     assert (f"grid.new_prefill_tokens {P}: {P} prompt tokens + 1 output token(s) exceed the engine's max_model_len 60"
             in error_line(err))
     assert engine.completion_calls == 0
+
+
+# --- a re-run never runs beside its failed attempt (issue 31) -------------------------------------
+
+@pytest.mark.parametrize("fault", [
+    Fault("http-500", on="prefill", skip=WINDOW_PREFILL),
+    Fault("stall", on="prefill", skip=WINDOW_PREFILL, at_token=0),  # the injected prefill: no first token
+    Fault("stall", on="probe", skip=WINDOW_PROBES, at_token=40),  # a window probe goes silent
+], ids=lambda f: f"{f.kind}-{f.on}")
+async def test_a_rerun_never_runs_beside_the_failed_attempt_and_is_not_kept(fault: Fault, tmp_path: Path) -> None:
+    """Issue 31: the failed window's probes decoded on beside the re-run, and the sweep kept it
+    with "at injection the engine ran 4 ... (expected 2 and 0)"."""
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await sweep(engine, tmp_path, "--read-timeout", "2s")
+    assert code == 0 and fault.hits == 1 and "retrying" in err, err[-3000:]
+    assert "at injection the engine ran" not in err, err[-3000:]
+    assert most_beside(engine, "probe") <= D - 1
+    assert engine.arrivals[-1] == ("prefill", D)  # the kept window's prefill: beside exactly D probes
+    rep = record(_results(tmp_path))["reps"][0]
+    assert rep["retries"] == 1 and rep["engine_metrics"]["num_requests_running"] == D
+
+
+async def test_an_engine_that_never_frees_up_is_one_line_after_a_bounded_wait(tmp_path: Path) -> None:
+    """Another client keeps a request running on the engine: the window is refused at its injection
+    (D + 1 running), the re-run waits at most `protocol.settle_timeout_s` for the engine to run
+    nothing, then the configuration fails with one line saying so; nothing is recorded."""
+    tasks: list[asyncio.Future[None]] = []
+
+    def beside_the_first_window(role: str, running: int) -> None:
+        if role == "probe" and sum(r == "probe" for r, _ in engine.arrivals) == WINDOW_PROBES + 1 and not tasks:
+            tasks.append(asyncio.ensure_future(foreign_stream(engine.url, 100_000)))
+
+    async with ScriptedEngine(cadence_s=CADENCE, on_arrival=beside_the_first_window) as engine:
+        code, err, took = await sweep(engine, tmp_path, protocol={
+            "decode_context_tokens": 64, "decode_output_tokens": 160, "settle_timeout_s": 2})
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert code == 4, err[-3000:]
+    assert f"at injection the engine ran {D + 1} and queued 0 requests (expected {D} and 0)" in err
+    assert "the engine still ran 1 and queued 0 request(s) 2 s after" in err, err[-3000:]
+    assert not (_results(tmp_path) / str(B) / f"D{D}_P{P}.json").exists() and took < 90
+
+
+@pytest.mark.parametrize("fault", [
+    Fault("http-500", on="prefill", skip=WINDOW_PREFILL),
+    Fault("stall", on="prefill", skip=WINDOW_PREFILL, at_token=0),
+], ids=lambda f: f"{f.kind}-{f.on}")
+async def test_in_fast_mode_a_rerun_starts_a_fresh_set_beside_nothing(fault: Fault, tmp_path: Path) -> None:
+    """Fast mode's long-lived probe set is retired when a window fails (cancelled), the spoiled
+    window's prefill with it, and the re-run's set starts on an engine that runs nothing (fast mode
+    retired its set before too; what main lacked here is the record saying it was a re-run)."""
+    async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine:
+        code, err, _ = await sweep(engine, tmp_path, "--read-timeout", "2s", mode="fast")
+    assert code == 0 and fault.hits == 1 and "retrying" in err, err[-3000:]
+    assert "at injection the engine ran" not in err, err[-3000:]
+    assert most_beside(engine, "probe") <= D - 1
+    assert engine.arrivals[-1] == ("prefill", D)
+    assert record(_results(tmp_path))["reps"][0]["retries"] == 1

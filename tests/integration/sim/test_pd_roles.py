@@ -180,3 +180,30 @@ def test_in_virtual_time_the_pair_gives_the_profiles_transfer_exactly(tmp_path: 
     # the request pays more for a longer prompt (prefill elsewhere + transfer), the decodes barely notice
     assert long_.interference.offload_ttft_ms > short.interference.offload_ttft_ms + 500
     assert long_.derived.aggregate_interference_ms < 0.2 * long_.interference.offload_prefill_ms * 4
+
+
+def test_the_routing_driver_cancels_a_failed_windows_streams_on_the_decode_instance() -> None:
+    """Issue 31: a failed window's streams must end before its re-run; the pair's driver can cancel
+    them (`driver.Cancelling`), and the decode instance aborts them, as for a client gone away."""
+    from pdexporter.measure.driver import Cancelling
+    from pdexporter.measure.protocol import end_streams, start_probes
+
+    settings = ProtocolSettings()
+
+    async def main() -> tuple[int, int, list[str | None]]:
+        driver = PdDriver(SimDriver.create(chunk_size=8192, kv_role="prefill"),
+                          SimDriver.create(chunk_size=8192, kv_role="decode"))
+        try:
+            assert isinstance(driver, Cancelling)
+            probes = start_probes(driver, 3, settings)
+            await driver.progress.wait_until(lambda: all(p.n_tokens >= 5 for p in probes), 60)
+            engine = driver.decode.engine  # type: ignore[attr-defined]
+            before = engine.scheduler.num_running
+            await end_streams(driver, probes, 60)
+            await asyncio.sleep(0)
+            return before, engine.scheduler.num_running, [p.finish_reason for p in probes]
+        finally:
+            await driver.aclose()
+
+    before, after, reasons = run_virtual(main())
+    assert (before, after) == (3, 0) and reasons == ["abort"] * 3
