@@ -137,6 +137,8 @@ def decide(
         return
     word = "OFFLOAD" if verdict["offload"] else "KEEP LOCAL"
     relation = ">" if verdict["offload"] else "<="
+    if not verdict["decided"]:  # the interval holds the budget, or the resamples disagree
+        word, relation = f"UNDECIDED (leaning {word.lower()})", "vs"
     print(f"{word}: interference {verdict['cost_ms']:.1f} ms{_iv(verdict['intervals'].get('colocated_cost_ms'))} "
           f"{relation} transfer {verdict['transfer_ms']:.1f} ms (margin {verdict['margin_ms']:+.1f} ms)")
     fit = doc.get("fit", {})
