@@ -21,20 +21,20 @@ def register(app: typer.Typer) -> None:
     app.command("decide")(decide)
 
 
-def load_decision(path: Path) -> dict[str, Any]:
+def load_decision(path: Path, flag: str = "--model") -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"--model {path}: no such file (write one with `pdexporter export-table`)") from None
+        raise ConfigError(f"{flag} {path}: no such file (write one with `pdexporter export-table`)") from None
     except OSError as exc:
-        raise ConfigError(f"--model {path}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"--model {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise ConfigError(f"{flag} {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(doc, dict) or doc.get("schema") != DECISION_SCHEMA:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         hint = (" (written by an older pdexporter: run export-table on its results again)"
                 if found == "pdexporter.decision/v1" else "")
-        raise ConfigError(f"--model {path}: schema {found!r}, expected {DECISION_SCHEMA!r}{hint}")
+        raise ConfigError(f"{flag} {path}: schema {found!r}, expected {DECISION_SCHEMA!r}{hint}")
     return doc
 
 
