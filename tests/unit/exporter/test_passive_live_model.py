@@ -58,3 +58,14 @@ async def test_the_live_model_refits_off_the_loop_and_publishes_how_sure_it_is()
     assert bounds["low"] <= bounds["estimate"] <= bounds["high"] and 0.1 < bounds["estimate"] < 1.0  # seconds
     model.tick(now + 2)  # nothing new since: no refit
     assert model._future is None
+
+
+def test_an_exporter_that_is_not_passive_does_not_import_pandas() -> None:
+    """The event model (numpy, pandas) is imported when passive mode fits, not by `run` itself."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pdexporter.cli.run, pdexporter.exporter.runner, pdexporter.exporter.passive_live;"
+            "print(sorted(m for m in sys.modules if m.startswith(('pandas', 'pdexporter.analysis.passive_model'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
