@@ -46,6 +46,11 @@ def decision_problem(doc: Mapping[str, Any]) -> str | None:
     if (doc.get("model") or {}).get("name") != "context_aware":
         return f"its colocated model is {(doc.get('model') or {}).get('name')!r}: the live fit replaces a " \
                "context_aware one"
+    try:  # the file's own threshold at one point: a document the evaluator cannot read fails here, not live
+        b = int(((doc.get("two_arm") or {}).get("measured_chunk_sizes") or [8192])[0])
+        compute_thresholds(doc, chunk_sizes=[b], decode_batch_sizes=[1], replicates=0)
+    except (ArithmeticError, KeyError, TypeError, ValueError) as exc:
+        return f"its two-arm verdict cannot be evaluated ({type(exc).__name__}: {exc})"
     return None
 
 

@@ -51,6 +51,8 @@ MODEL_EVENTS = 2000  # the most recent events the live model keeps (about an hou
 MODEL_BOOTSTRAP = 40  # refits behind the live intervals (export-table uses more)
 MODEL_SHARE = 20  # a refit starts at most every 20x the last one's time: <= 5 % of a core
 THRESHOLD_EVERY_S = 120.0  # the live thresholds' refresh (`run --threshold-every`)
+# what a refit hands back: the answer, the thresholds (or why none), the seconds it took
+FitResult = tuple["PassiveAnswer | None", "LiveThresholds | str | None", float]
 
 
 def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
@@ -88,7 +90,8 @@ class LiveModel:
         self.thresholds: LiveThresholds | None = None
         self.thresholds_at_s: float | None = None  # time.monotonic() of the last refresh
         self.thresholds_next_s = 0.0
-        self._future: concurrent.futures.Future[tuple[PassiveAnswer | None, LiveThresholds | None, float]] | None = None
+        self.thresholds_error: str | None = None  # why the last refresh gave no thresholds
+        self._future: concurrent.futures.Future[FitResult] | None = None
 
     def add(self, event: PassiveEvent, now_ns: float) -> None:
         self.started_ns = now_ns if self.started_ns is None else self.started_ns
@@ -106,8 +109,10 @@ class LiveModel:
             if result is not None:
                 self.last = result
                 self.publish(result)
-            if live is not None:
-                self.thresholds, self.thresholds_at_s = live, now_s
+            if isinstance(live, str):
+                self.thresholds_error = live
+            elif live is not None:
+                self.thresholds, self.thresholds_at_s, self.thresholds_error = live, now_s, None
                 self.thresholds_next_s = now_s + self.threshold_every_s
                 publish_thresholds(self.metrics, live)
         if self._future is None and self.added > self.fitted and now_s >= self.next_s:
@@ -162,24 +167,27 @@ def thresholds_response(model: LiveModel | None, now_s: float) -> tuple[int, str
     got = model.snippet(now_s) if model is not None else None
     if got is None or model is None or model.thresholds is None:
         seen = model.added if model is not None else 0
-        return 503, (f"no live threshold yet: {seen} production prefill(s) seen; the first comes with the passive "
-                     "model's first fit (>= 4 usable events)\n"), {"Retry-After": "30"}
+        why = model.thresholds_error if model is not None and model.thresholds_error else (
+            "the first comes with the passive model's first fit (>= 4 usable events)")
+        return 503, f"no live threshold yet: {seen} production prefill(s) seen; {why}\n", {"Retry-After": "30"}
     text, age = got
     return 200, text, {"Age": str(int(age)), "X-Pdexporter-Events": str(model.thresholds.events),
                        "Cache-Control": "no-store"}
 
 
-def _fit(events: list[FitEvent], grid: Any, decision: dict[str, Any] | None,
-         modelled: bool) -> tuple[PassiveAnswer | None, LiveThresholds | None, float]:
+def _fit(events: list[FitEvent], grid: Any, decision: dict[str, Any] | None, modelled: bool) -> FitResult:
     from pdexporter.analysis.passive_model import answer
 
     started = time.perf_counter()
     result = answer(events, grid, minutes=(), bootstrap=MODEL_BOOTSTRAP)
-    live = None
+    live: LiveThresholds | str | None = None
     if result is not None and decision is not None:
         from pdexporter.analysis.live_thresholds import live_thresholds
 
-        live = live_thresholds(decision, result.model, events, grid, modelled=modelled)
+        try:
+            live = live_thresholds(decision, result.model, events, grid, modelled=modelled)
+        except (ArithmeticError, KeyError, TypeError, ValueError) as exc:  # said by /thresholds.yaml, not fatal
+            live = f"the thresholds could not be computed ({type(exc).__name__}: {exc})"
     return result, live, time.perf_counter() - started
 
 
