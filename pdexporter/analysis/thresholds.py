@@ -254,8 +254,9 @@ def _record(doc: Mapping[str, Any], b: int, d: int, values: Sequence[int | None]
     extrapolated: tuple[str, ...] = ()
     transfer = None
     if central is not None:
-        v = evaluate_decision(doc, d, central, b, ctx["transfer_ms"], mode=mode, regime=ctx["regime"],
-                              intervals=False)
+        # the seed's rule charges the nominal transfer whatever the regime (decision_eval's `_wins`)
+        v = evaluate_decision(doc, d, central, b, ctx["transfer_ms"], mode=mode,
+                              regime=ctx["regime"] if mode == "two-arm" else "nominal", intervals=False)
         extrapolated, transfer = tuple(v["extrapolated"]), float(v["transfer_ms"])
     return Threshold(b, d, central, low, high, bool(reps), status, central is not None and central <= step,
                      outside, extrapolated, transfer, ctx["two_arm"] and b not in ctx["measured_b"])
