@@ -121,3 +121,23 @@ async def test_live_thresholds_from_production_traffic_are_served(session: Passi
     assert "computed 30 s ago" in body and f"from {live.events} production prefills" in body
     assert f"the current load is D={d}" in body
     assert not math.isnan(series[(str(d), "central")])
+
+
+async def test_thresholds_yaml_is_guarded_like_metrics() -> None:
+    """docs/security.md: with --metrics-token-file, /thresholds.yaml needs the token too."""
+    metrics = ExporterMetrics()
+    model = LiveModel(metrics, B, "pdexporter-sim", decision=DECISION)
+    app = metrics_app(metrics.registry, token="s3cret", thresholds=lambda: thresholds_response(model, 0.0),
+                      links={THRESHOLDS_PATH: THRESHOLDS_PATH})
+    server, port = await start_server(app, "127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as client:
+            url = f"http://127.0.0.1:{port}{THRESHOLDS_PATH}"
+            async with client.get(url) as response:
+                assert response.status == 401
+            async with client.get(url, headers={"Authorization": "Bearer s3cret"}) as response:
+                assert response.status == 503 and response.headers["Retry-After"] == "30"
+            async with client.get(f"http://127.0.0.1:{port}/", headers={"Authorization": "Bearer s3cret"}) as response:
+                assert THRESHOLDS_PATH in await response.text()
+    finally:
+        await server.cleanup()
