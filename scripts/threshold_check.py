@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pdexporter._internal.atomic import atomic_write_json, atomic_write_text  # noqa: E402
-from pdexporter.analysis.arms import thresholds  # noqa: E402
 from pdexporter.analysis.decision_eval import evaluate_decision  # noqa: E402
+from pdexporter.analysis.thresholds import compute_thresholds  # noqa: E402
 
 GOAL_PCT = 15.0
 
@@ -43,9 +43,9 @@ def _round_p(p: float, step: int = 64) -> int:
 
 def predict(args: argparse.Namespace) -> None:
     doc = json.loads(Path(args.decision).read_text())
-    result = thresholds(doc, chunk_sizes=[args.chunk_size], decode_batch_sizes=args.decode_batch_size,
-                        replicates=args.replicates, p_max=args.p_max)
-    per = result["chunk_sizes"][str(args.chunk_size)]["by_decode_batch_size"]
+    result = compute_thresholds(doc, chunk_sizes=[args.chunk_size], decode_batch_sizes=args.decode_batch_size,
+                                replicates=args.replicates, p_max=args.p_max)
+    per = result.to_dict()["chunk_sizes"][str(args.chunk_size)]["by_decode_batch_size"]
     out: dict[str, Any] = {"decision": str(args.decision), "chunk_size": args.chunk_size,
                            "goal": f"verdict right on both sides of P*, predicted saving within {GOAL_PCT:g} %",
                            "predictions": []}

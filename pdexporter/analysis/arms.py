@@ -33,20 +33,23 @@ from pdexporter.analysis.decision_eval import (
     TWO_ARM_RULE,
     chunk_context,
     evaluate_decision,
-    extrapolation,
-    offload_thresholds,
     transfer_time,
 )
 from pdexporter.analysis.table import KEY_COLUMNS, ConfigSamples
+from pdexporter.analysis.thresholds import (
+    LLMD_DOCS,
+    LLMD_SNIPPET,
+    THRESHOLDS_JSON,
+    THRESHOLDS_SCHEMA,
+    UNDECIDED_RATIO,
+    compute_thresholds,
+    llmd_snippet,
+)
 
 JOIN_COLUMNS = (
     "offloaded_tpot_penalty_ms", "offloaded_aggregate_interference_ms", "kv_transfer_ms", "kv_bytes",
     "offloaded_ttft_ms", "offload_prefill_ms", "offloaded_decode_side_ms", "colocated_ttft_ms", "offloaded_engine",
 )
-THRESHOLDS_JSON = "offload_thresholds.json"
-THRESHOLDS_SCHEMA = "pdexporter.offload-thresholds/v2"
-LLMD_SNIPPET = "llm-d-pd-decider.yaml"
-LLMD_DOCS = "https://github.com/llm-d/llm-d-inference-scheduler/blob/main/docs/disaggregation.md"
 
 
 def join_arms(colocated: pd.DataFrame, offloaded: pd.DataFrame) -> pd.DataFrame:
@@ -490,140 +493,12 @@ def _rep_index(offloaded: Sequence[ConfigSamples]) -> list[tuple[tuple[int, int,
 
 
 # ---------------------------------------------------------------------------------------------
-# For routers
-
-UNDECIDED_RATIO = 2.0  # a threshold whose 90 % interval spans more than this factor is "undecided"
+# For routers: one computation (`analysis.thresholds`), re-exported here for the callers that know it
 
 
-def thresholds(doc: dict[str, Any], *, tpot_slo_ms: float | None = None, ttft_slo_ms: float | None = None,
-               mode: str | None = None, p_max: int = 131072, step: int = 64, replicates: int | None = 100,
-               regime: str = "nominal", chunk_sizes: Sequence[int] | None = None,
-               decode_batch_sizes: Sequence[int] | None = None) -> dict[str, Any]:
-    """Per (B, D): the prompt length from which offloading wins, with its 90 % interval over the
-    bootstrap replicates. Chunk sizes where both arms were measured come first; the colocated
-    model's other chunk sizes are marked modelled. A threshold whose interval spans more than a
-    factor UNDECIDED_RATIO says "undecided" and both ends."""
-    rng = doc.get("valid_range") or {}
-    arms = doc.get("two_arm") or {}
-    measured = sorted(int(b) for b in (arms.get("measured_chunk_sizes") or []))
-    colocated_bs = sorted({int(b) for b in (rng.get("chunk_sizes") or [])}) or [8192]
-    sizes = list(chunk_sizes) if chunk_sizes else (sorted(set(measured) | set(colocated_bs)) if arms else colocated_bs)
-    d_lo, d_hi = (rng.get("decode_batch_size") or [1, 1])
-    decodes = list(decode_batch_sizes) if decode_batch_sizes else list(range(max(1, d_lo), d_hi + 1))
-    n_reps = len((doc.get("replicates") or {}).get("model") or [])
-    use = range(min(n_reps, replicates)) if replicates else range(0)
-    per: dict[str, dict[str, Any]] = {}
-    for b in sizes:
-        per_d: dict[str, Any] = {}
-        for d in decodes:
-            if d >= b:
-                continue
-            kw: dict[str, Any] = {"tpot_slo_ms": tpot_slo_ms, "ttft_slo_ms": ttft_slo_ms, "mode": mode,
-                                  "p_max": p_max, "step": step, "regime": regime}
-            central, *values = offload_thresholds(doc, d, b, (None, *use), **kw)
-            per_d[str(d)] = _threshold_entry(central, values, p_max, doc, d, b)
-        per[str(b)] = {"modelled": bool(arms) and b not in measured, "by_decode_batch_size": per_d}
-    rising = _rising(per)
-    return {
-        "schema": THRESHOLDS_SCHEMA,
-        "meaning": "offload a prefill of at least `threshold` (non-cached) tokens at chunk size B and D running "
-                   "decodes; `interval`: the 5th-95th percentile over the bootstrap resamples; status 'undecided' "
-                   "where that interval spans more than a factor 2 (the fits cannot place it closer), 'never' where "
-                   "offloading does not win up to p_max",
-        "mode": mode or ("two-arm" if arms else "seed"), "regime": regime,
-        "tpot_slo_ms": tpot_slo_ms, "ttft_slo_ms": ttft_slo_ms, "p_max": p_max, "step_tokens": step,
-        "replicates": len(use), "chunk_sizes": per, "rises_with_d": rising,
-        "modelled": bool(doc.get("modelled")),
-    }
-
-
-def _threshold_entry(central: int | None, values: Sequence[int | None], p_max: int, doc: dict[str, Any], d: int,
-                     b: int) -> dict[str, Any]:
-    finite = [v if v is not None else p_max * 2 for v in values]
-    interval: list[int | None] | None = None
-    lo = 0
-    if finite:
-        ordered = sorted(finite)
-        lo = ordered[round(0.05 * (len(ordered) - 1))]
-        hi = ordered[round(0.95 * (len(ordered) - 1))]
-        interval = [lo, None if hi > p_max else hi]
-    outside, _ = extrapolation(doc, d, central or p_max, b)
-    if central is None:
-        status = "never"
-    elif interval is not None and (interval[1] is None or interval[1] > UNDECIDED_RATIO * max(lo, 1)):
-        status = "undecided"
-    else:
-        status = "decided"
-    return {"threshold": central, "interval": interval, "status": status,
-            "extrapolated": [f"{name}: {what}" for name, what, _ in outside]}
-
-
-def _rising(per: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Where a decided threshold rises with D at a fixed B beyond both thresholds' 90 % intervals
-    (more decodes lose more to a colocated prefill, so it should fall or stay): listed, for the
-    reader to look at. A rise inside the intervals is the bootstrap's noise, not a finding."""
-    out = []
-    for b, entry in per.items():
-        last = None
-        for d, t in sorted(entry["by_decode_batch_size"].items(), key=lambda kv: int(kv[0])):
-            value = t["threshold"]
-            if value is None:
-                continue
-            low = (t.get("interval") or [value])[0]
-            if last is not None and value > last[1] and t["status"] == "decided" and low > last[2]:
-                out.append(f"B={b}: D={last[0]} {last[1]} -> D={d} {value}")
-            high = (t.get("interval") or [None, value])[1]
-            last = (d, value, value if high is None else high)
-    return out
-
-
-def threshold_value(doc: Mapping[str, Any], b: int, d: int) -> dict[str, Any] | None:
-    return (doc.get("chunk_sizes", {}).get(str(b)) or {}).get("by_decode_batch_size", {}).get(str(d))
-
-
-def llmd_snippet(doc: dict[str, Any], b: int, d: int) -> str:
-    """An llm-d EndpointPickerConfig fragment: the prefix-based PD decider with the threshold at
-    (B, D). llm-d disaggregates when a prompt's non-cached suffix is longer than `nonCachedTokens`
-    (llm-d-inference-scheduler docs/disaggregation.md), so it gets the threshold minus one. An
-    undecided threshold gives its upper end (offload only where it surely wins) and says so."""
-    per = (doc["chunk_sizes"].get(str(b)) or {}).get("by_decode_batch_size", {})
-    entry = per.get(str(d)) or {"threshold": None, "status": "never", "interval": None}
-    others = ", ".join(f"D={k}: {_entry_text(v)}" for k, v in per.items())
-    threshold = entry["threshold"]
-    if entry["status"] == "undecided" and entry["interval"] and entry["interval"][1] is not None:
-        threshold = entry["interval"][1]
-    if threshold is None:
-        value, note = (
-            2**31 - 1,
-            f"offloading never wins at B={b}, D={d} up to {doc['p_max']} tokens: never disaggregate",
-        )
-    else:
-        value, note = threshold - 1, f"offload prompts of >= {threshold} non-cached tokens at B={b}, D={d}"
-        if entry["status"] == "undecided":
-            note += f" (undecided between {entry['interval'][0]} and {entry['interval'][1]}: its upper end)"
-    slos = ", ".join(f"{k} {doc[k]:g} ms" for k in ("tpot_slo_ms", "ttft_slo_ms") if doc.get(k) is not None)
-    modelled = "# MODELLED: from the embedded engine, not from a GPU\n" if doc.get("modelled") else ""
-    if (doc["chunk_sizes"].get(str(b)) or {}).get("modelled"):
-        modelled += f"# MODELLED: the offloaded arm was not measured at B={b}\n"
-    return (
-        f"# pdexporter: {note} ({doc['mode']} verdict{', SLOs ' + slos if slos else ''}).\n"
-        f"# Thresholds at B={b} for the other D: {others}\n"
-        "# llm-d's decider takes one number: pick the D your decode pods usually run.\n"
-        f"# Plugin and parameter: {LLMD_DOCS}\n{modelled}"
-        "featureGates:\n- prepareDataPlugins\nplugins:\n"
-        "- type: prefix-based-pd-decider\n  parameters:\n"
-        f"    nonCachedTokens: {value}\n"
-        "- type: disagg-profile-handler\n  parameters:\n    prefillProfile: prefill\n    decodeProfile: decode\n"
-        "    prefillDeciderPluginName: prefix-based-pd-decider\n"
-    )
-
-
-def _entry_text(entry: Mapping[str, Any]) -> str:
-    if entry["threshold"] is None:
-        return "never"
-    iv = entry.get("interval")
-    span = "" if not iv else f" [{iv[0]}..{iv[1] if iv[1] is not None else 'never'}]"
-    return f"{'undecided ' if entry['status'] == 'undecided' else ''}{entry['threshold']}{span}"
+def thresholds(doc: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    """offload_thresholds.json of `analysis.thresholds.compute_thresholds(doc, **kw)`."""
+    return compute_thresholds(doc, **kw).to_dict()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -704,6 +579,6 @@ def validation_summary(frame: pd.DataFrame, goal_pct: float = 15.0) -> dict[str,
 __all__ = [
     "DEGRADED_FACTOR", "HELD_OUT", "JOIN_COLUMNS", "LLMD_DOCS", "LLMD_SNIPPET", "TERM_FEATURES", "TERM_REPLICATES",
     "THRESHOLDS_JSON", "THRESHOLDS_SCHEMA", "UNDECIDED_RATIO", "Rows", "Term", "TransferModel", "fit_term",
-    "fit_transfer", "given_transfer", "join_arms", "llmd_snippet", "predict_pair", "slow_windows", "threshold_value",
-    "thresholds", "transfer_observations", "two_arm_section", "validation_summary",
+    "fit_transfer", "given_transfer", "join_arms", "llmd_snippet", "predict_pair", "slow_windows", "thresholds",
+    "transfer_observations", "two_arm_section", "validation_summary",
 ]

@@ -28,10 +28,11 @@ from numpy.typing import ArrayLike
 from pdexporter import __version__
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
 from pdexporter.analysis.models import ContextAwareModel, CostModel, FitData, FitReport, bootstrap_context, num_chunks
+from pdexporter.analysis.thresholds import compute_thresholds
 from pdexporter.engines import adapter
 
 __all__ = [
-    "Region", "break_even_frame", "decision_document", "min_offload_prefill", "model_decision", "offload_region",
+    "Region", "break_even_frame", "decision_document", "model_decision", "offload_region",
 ]
 
 
@@ -72,27 +73,6 @@ def offload_region(model: CostModel, chunk_size: int, decodes: ArrayLike, prefil
     return Region(chunk_size, d, p, cost, transfer_ms)
 
 
-def min_offload_prefill(model: CostModel, d: int, chunk_size: int, transfer_ms: float = DEFAULT_TRANSFER_MS,
-                        p_max: int = 1 << 20) -> int | None:
-    """Smallest P whose modelled cost exceeds the transfer time (None if none up to p_max).
-    The cost is monotone in P for non-negative coefficients; the search then checks its answer."""
-    def over(p: int) -> bool:
-        return bool(model.predict(d, p, chunk_size) > transfer_ms)
-
-    if d < 1 or not over(p_max):
-        return None
-    lo, hi = 1, p_max
-    if over(lo):
-        return 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if over(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
 REPLICATES = 200  # bootstrap resamples behind every interval
 
 
@@ -113,10 +93,6 @@ def decision_document(
     fitted = table[(table["decode_batch_size"] >= 1) & table["aggregate_interference_ms"].notna()]
     chunk_sizes = sorted(int(b) for b in fitted["chunk_size"].unique())
     max_d = int(fitted["decode_batch_size"].max()) if len(fitted) else 0
-    thresholds = {
-        str(b): {str(d): min_offload_prefill(model, d, b, transfer_ms) for d in range(1, max_d + 1) if d < b}
-        for b in chunk_sizes
-    }
     modelled = bool(table["modelled"].any()) if len(table) else False
     engines = sorted(str(e) for e in table["engine"].dropna().unique())
     engine = data.engine if data is not None else "vllm"
@@ -124,7 +100,7 @@ def decision_document(
     reps: list[dict[str, float | None]] = []
     if data is not None and isinstance(model, ContextAwareModel) and replicates:
         reps = bootstrap_context(data, model, replicates)
-    return {
+    doc: dict[str, Any] = {
         "schema": DECISION_SCHEMA,
         "rule": "offload when cost_ms > transfer_ms",
         "cost": "aggregate interference of the prefill over the running decode batch, ms (D x per-stream total)",
@@ -148,13 +124,20 @@ def decision_document(
             "chunk_size": [chunk_sizes[0], chunk_sizes[-1]] if chunk_sizes else None,
             "chunk_sizes": chunk_sizes,
         },
-        "thresholds_min_prefill_tokens": thresholds,
+        "thresholds_min_prefill_tokens": {},
         "modelled": modelled,
         "engines": engines,
         "source": source,
         "generated_by": f"pdexporter {__version__}",
         "generated_at": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
+    # the seed's rule at this budget, central coefficients: the one computation (analysis.thresholds)
+    seed = compute_thresholds(doc, mode="seed", transfer_ms=transfer_ms, replicates=0,
+                              decode_batch_sizes=range(1, max_d + 1))
+    doc["thresholds_min_prefill_tokens"] = {
+        str(b): {str(t.decode_batch_size): t.threshold for t in seed.by_chunk_size(b)} for b in chunk_sizes
+    }
+    return doc
 
 
 # ---------------------------------------------------------------------------------------------

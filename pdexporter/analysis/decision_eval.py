@@ -465,10 +465,18 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
         offload = cost > transfer
         agree = [r["colocated_cost_ms"] > transfer for r in replicates]
         share = (sum(a == offload for a in agree) / len(agree)) if agree else None
+        iv = ivs["colocated_cost_ms"]
+        straddles = iv is not None and iv[0] <= transfer < iv[1]  # the interval holds the budget: either way
+        decided = (share is None or share >= DECIDED_SHARE) and not straddles
         relation = ">" if offload else "<="
-        out.update(offload=offload, rule=SEED_RULE, agreement=share, decided=share is None or share >= DECIDED_SHARE,
-                   verdict=(f"{'offload' if offload else 'keep local'} (the seed's rule): interference {_ms(cost)} "
-                            f"{relation} transfer {_ms(transfer)} ({transfer_source})"))
+        text = f"interference {_ms(cost)}{_range_text(iv) if iv else ''} {relation} transfer {_ms(transfer)} " \
+               f"({transfer_source})"
+        head = (f"{'offload' if offload else 'keep local'} (the seed's rule)" if decided else
+                f"undecided (the seed's rule, leaning {'offload' if offload else 'keep local'}: the interval holds "
+                "the transfer)" if straddles else
+                f"undecided (the seed's rule, leaning {'offload' if offload else 'keep local'}, {share:.0%} of "
+                "resamples agree)")
+        out.update(offload=offload, rule=SEED_RULE, agreement=share, decided=decided, verdict=f"{head}: {text}")
         return out
 
     saved, ttft_cost = central["saved_ms"], central["ttft_cost_ms"]

@@ -53,7 +53,7 @@ class Arms:
     samples: list[ConfigSamples]
     table: pd.DataFrame  # the offloaded arm's own table
     transfer: Any  # arms.TransferModel | None
-    thresholds: dict[str, Any] | None
+    thresholds: Any  # analysis.thresholds.ThresholdSet | None: what `pdexporter thresholds` computes by default
     source: str
 
 
@@ -199,7 +199,8 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
         tick("criteria")
     arms = None
     if offloaded is not None:
-        from pdexporter.analysis.arms import fit_transfer, join_arms, thresholds, two_arm_section
+        from pdexporter.analysis.arms import fit_transfer, join_arms, two_arm_section
+        from pdexporter.analysis.thresholds import compute_thresholds
 
         off_table = build_table(offloaded)
         measured = fit_transfer(offloaded)
@@ -213,7 +214,7 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
             else:
                 decision["two_arm"] = section
                 decision["rule"] = "two-arm (see two_arm.rule); the seed's: offload when cost_ms > transfer_ms"
-                thresholds_doc = thresholds(decision, chunk_sizes=section["measured_chunk_sizes"] or None)
+                thresholds_doc = compute_thresholds(decision)
         table = join_arms(table, off_table)
         arms = Arms(list(offloaded), off_table, model, thresholds_doc, offloaded_source)
     return Analysis(list(samples), table, fits, decision, criteria, top_level_mismatches(samples), transfer_ms,
@@ -229,9 +230,9 @@ def write_outputs(analysis: Analysis, out_dir: str | Path, *, plots: bool = True
     if analysis.decision is not None:
         written.append(atomic_write_json(out / DECISION_JSON, analysis.decision))
     if analysis.arms is not None and analysis.arms.thresholds is not None:
-        from pdexporter.analysis.arms import THRESHOLDS_JSON
+        from pdexporter.analysis.thresholds import THRESHOLDS_JSON
 
-        written.append(atomic_write_json(out / THRESHOLDS_JSON, analysis.arms.thresholds))
+        written.append(atomic_write_json(out / THRESHOLDS_JSON, analysis.arms.thresholds.to_dict()))
     written.append(atomic_write_json(out / CRITERIA_JSON, criteria_document(analysis.criteria)))
     if analysis.passive is not None:
         from pdexporter.analysis.passive_model import PASSIVE_MODEL_JSON, PASSIVE_TABLE_CSV

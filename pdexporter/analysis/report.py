@@ -21,6 +21,7 @@ from pdexporter import __version__
 from pdexporter._internal.atomic import atomic_write_text
 from pdexporter.analysis.job import Analysis
 from pdexporter.analysis.plots import Plot, all_plots
+from pdexporter.analysis.thresholds import ThresholdSet
 
 __all__ = [
     "MISSING", "REPORT_HTML", "render_report", "write_report",
@@ -123,20 +124,37 @@ def _decision(analysis: Analysis) -> str:
 
     parts = [f"<p><b>{_e(held_out_text(doc))}</b> (<code>pdexporter validate</code>: every error measured on GPU "
              "campaigns the models were not fitted on).</p>"]
-    parts += [f"<p>Rule: <code>{_e(doc['rule'])}</code>; cost = {_e(doc['cost'])}; transfer budget "
+    parts += [f"<p>Rule: <code>{_e(doc['rule'])}</code>; cost = {_e(doc['cost'])}; the seed's transfer budget "
              f"{doc['transfer_ms_default']:g} ms. The router-loadable form is <code>decision.json</code> "
              f"(schema <code>{_e(doc['schema'])}</code>).</p>"]
-    thresholds = doc.get("thresholds_min_prefill_tokens", {})
-    decodes = sorted({int(d) for per_b in thresholds.values() for d in per_b})
-    rows = []
-    for b in sorted(thresholds, key=int):
-        rows.append([f"B={_e(b)}"] + [_num(thresholds[b].get(str(d))) if thresholds[b].get(str(d)) is not None
-                                       else "never" for d in decodes])
-    if rows:
-        parts.append(f"<p>Smallest prefill (tokens) for which offloading wins at {doc['transfer_ms_default']:g} ms, "
-                     "per chunk size and decode batch size D:</p>")
-        parts.append(_table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0})))
+    if doc.get("two_arm"):
+        parts.append("<p>The thresholds a router takes are the two-arm verdict's: "
+                     "<a href='#break-even'>Both arms, break-even</a>.</p>")
+        return "\n".join(parts)
+    from pdexporter.analysis.thresholds import compute_thresholds
+
+    result = compute_thresholds(doc)
+    parts.append("<p id='thresholds'>Smallest prefill (tokens) from which offloading wins (the seed's rule), per "
+                 "chunk size and decode batch size D, with its 90 % interval over the bootstrap resamples: what "
+                 "<code>pdexporter thresholds --model decision.json</code> prints.</p>")
+    parts.append(_thresholds_table(result))
     return "\n".join(parts)
+
+
+def _thresholds_table(result: ThresholdSet) -> str:
+    """The one computation's thresholds (`analysis.thresholds`) as a table: the budget it charged,
+    every cell's interval, and marks where a threshold lies outside the measured prompt lengths."""
+    decodes = sorted({t.decode_batch_size for t in result.records})
+    rows = []
+    for b in result.chunk_sizes():
+        entries = {t.decode_batch_size: t for t in result.by_chunk_size(b)}
+        modelled = " (modelled)" if any(t.modelled_b for t in entries.values()) else ""
+        rows.append([f"B={_e(b)}{modelled}"] + [_e(entries[d].cell(result.measured_p, short=True)) if d in entries
+                                                 else MISSING for d in decodes])
+    where = (f"; measured P {result.measured_p[0]}..{result.measured_p[1]} (a threshold outside it is the models' "
+             "extrapolation and is marked)" if result.measured_p else "")
+    head = f"<p class='budget'>{_e(result.mode)} verdict, {_e(result.budget.text())}{_e(where)}.</p>"
+    return head + _table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0}))
 
 
 def _present(value: Any) -> bool:
@@ -144,14 +162,6 @@ def _present(value: Any) -> bool:
     import pandas as pd
 
     return value is not None and not pd.isna(value)
-
-
-def _threshold_cell(entry: dict | None) -> str:
-    if not entry or entry["threshold"] is None:
-        return "never"
-    iv = entry.get("interval")
-    span = f" ({iv[0]}..{iv[1] if iv[1] is not None else 'never'})" if iv else ""
-    return f"{'undecided: ' if entry['status'] == 'undecided' else ''}{entry['threshold']}{span}"
 
 
 def _arms(analysis: Analysis) -> str:
@@ -187,10 +197,7 @@ def _arms(analysis: Analysis) -> str:
         cost = (r.offloaded_ttft_ms - r.colocated_ttft_ms) if _present(r.offloaded_ttft_ms) else None
         verdict = ""
         if doc.get("two_arm") and r.decode_batch_size < r.chunk_size:
-            from pdexporter.analysis.decision_eval import evaluate_decision
-
-            verdict = evaluate_decision(doc, int(r.decode_batch_size), int(r.new_prefill_tokens), int(r.chunk_size),
-                                        mode="two-arm")["verdict"]
+            verdict = _row_verdict(doc, r)
         body.append([_num(int(r.chunk_size)), _num(int(r.decode_batch_size)), _num(int(r.new_prefill_tokens)),
                      _num(r.aggregate_interference_ms), _num(r.offloaded_aggregate_interference_ms), _num(saved),
                      _num(r.colocated_ttft_ms), _num(r.offloaded_ttft_ms if cost is not None else None), _num(cost),
@@ -198,24 +205,43 @@ def _arms(analysis: Analysis) -> str:
                      _num(r.kv_bytes / 2**20 if _present(r.kv_bytes) else None),
                      _e(verdict)])
     parts.append('<div class="scroll" id="arms-table">' + _table(headers, body, frozenset({11})) + "</div>")
-    if arms.thresholds:
-        per = arms.thresholds["chunk_sizes"]
-        decodes = sorted({int(d) for v in per.values() for d in v["by_decode_batch_size"]})
-        rows = [[f"B={_e(b)}" + (" (modelled)" if v["modelled"] else "")]
-                + [_e(_threshold_cell(v["by_decode_batch_size"].get(str(d)))) for d in decodes]
-                for b, v in sorted(per.items(), key=lambda kv: int(kv[0]))]
+    if arms.thresholds is not None:
         parts.append(
-            "<p id='break-even'>Break-even with the measured transfer: the smallest prefill (tokens) from "
-            "which the two-arm verdict offloads, per chunk size and D, with its 90 % interval over the "
-            "bootstrap resamples (no SLO; <code>pdexporter thresholds --tpot-slo-ms .. --ttft-slo-ms ..</code> "
-            "for yours, and the llm-d snippet):</p>"
+            "<p id='break-even'>Break-even: the smallest prefill (tokens) from which the two-arm verdict "
+            "offloads, per chunk size and D, with its 90 % interval over the bootstrap resamples (no SLO; what "
+            "<code>pdexporter thresholds --model decision.json</code> prints; <code>--tpot-slo-ms .. "
+            "--ttft-slo-ms ..</code> for yours, and the llm-d snippet):</p>"
         )
-        parts.append(_table(["chunk size"] + [f"D={d}" for d in decodes], rows, frozenset({0})))
+        parts.append(_thresholds_table(arms.thresholds))
     plot = arms_plot(table, doc if doc.get("two_arm") else None)
     if plot is not None:
         parts.append(_plots([plot]))
         plot.figure.clear()
     return "\n".join(parts)
+
+
+def _transfer_regime(doc: dict[str, Any], p: int, measured_ms: Any) -> str:
+    """The transfer regime a measured point ran in: "degraded" where its transfer took more than
+    DEGRADED_FACTOR x the nominal model (as `arms.fit_transfer` sets such windows apart), else "nominal"."""
+    from pdexporter.analysis.arms import DEGRADED_FACTOR
+    from pdexporter.analysis.decision_eval import transfer_time
+
+    transfer = ((doc.get("two_arm") or {}).get("terms") or {}).get("transfer") or {}
+    if not transfer.get("degraded") or transfer.get("source") != "measured" or not _present(measured_ms):
+        return "nominal"
+    return "degraded" if float(measured_ms) > DEGRADED_FACTOR * transfer_time(transfer, p) else "nominal"
+
+
+def _row_verdict(doc: dict[str, Any], r: Any) -> str:
+    """The two-arm verdict at a measured point, in the transfer regime the point was measured in:
+    a point whose transfers ran degraded is set beside the degraded regime's verdict (its measured
+    saving includes the stall), never beside the nominal one's."""
+    from pdexporter.analysis.decision_eval import evaluate_decision
+
+    regime = _transfer_regime(doc, int(r.new_prefill_tokens), r.kv_transfer_ms)
+    verdict = evaluate_decision(doc, int(r.decode_batch_size), int(r.new_prefill_tokens), int(r.chunk_size),
+                                mode="two-arm", regime=regime)["verdict"]
+    return verdict if regime == "nominal" else f"{verdict} [the degraded transfer regime, as this point ran]"
 
 
 def _plots(plots: list[Plot]) -> str:

@@ -22,25 +22,25 @@ def register(app: typer.Typer) -> None:
     app.command("decide")(decide)
 
 
-def load_decision(path: Path) -> dict[str, Any]:
+def load_decision(path: Path, flag: str = "--model") -> dict[str, Any]:
     try:
         doc = loads_finite(path.read_text(encoding="utf-8"))  # NaN coefficients gave a "decided" verdict
     except NotFinite as exc:
         raise ConfigError(f"--model {path}: {exc}") from None
     except FileNotFoundError:
-        raise ConfigError(f"--model {path}: no such file (write one with `pdexporter export-table`)") from None
+        raise ConfigError(f"{flag} {path}: no such file (write one with `pdexporter export-table`)") from None
     except OSError as exc:
-        raise ConfigError(f"--model {path}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"--model {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise ConfigError(f"{flag} {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(doc, dict) or doc.get("schema") != DECISION_SCHEMA:
         found = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         hint = (" (written by an older pdexporter: run export-table on its results again)"
                 if found == "pdexporter.decision/v1" else "")
-        raise ConfigError(f"--model {path}: schema {found!r}, expected {DECISION_SCHEMA!r}{hint}")
+        raise ConfigError(f"{flag} {path}: schema {found!r}, expected {DECISION_SCHEMA!r}{hint}")
     from pdexporter.analysis.decision_schema import validate_decision
 
-    validate_decision(doc, f"--model {path}")  # every field as the shipped schema says, every number finite
+    validate_decision(doc, f"{flag} {path}")  # every field as the shipped schema says, every number finite
     return doc
 
 
@@ -143,6 +143,8 @@ def decide(
         return
     word = "OFFLOAD" if verdict["offload"] else "KEEP LOCAL"
     relation = ">" if verdict["offload"] else "<="
+    if not verdict["decided"]:  # the interval holds the budget, or the resamples disagree
+        word, relation = f"UNDECIDED (leaning {word.lower()})", "vs"
     print(f"{word}: interference {verdict['cost_ms']:.1f} ms{_iv(verdict['intervals'].get('colocated_cost_ms'))} "
           f"{relation} transfer {verdict['transfer_ms']:.1f} ms (margin {verdict['margin_ms']:+.1f} ms)")
     fit = doc.get("fit", {})

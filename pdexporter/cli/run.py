@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -114,6 +114,12 @@ def run(
     tls_cert_file: Annotated[Path | None, typer.Option(
         "--tls-cert-file", help="Serve both ports over TLS with this PEM certificate (and --tls-key-file).")] = None,
     tls_key_file: Annotated[Path | None, typer.Option("--tls-key-file", help="The certificate's PEM key.")] = None,
+    decision: Annotated[Path | None, typer.Option(
+        "--decision", help="Passive mode: a two-arm decision.json (export-table --offloaded); the router thresholds "
+        "are then kept up to date from the production prefills (pdexporter_offload_threshold_tokens, "
+        "GET /thresholds.yaml).")] = None,
+    threshold_every: Annotated[str, duration_option(
+        "--threshold-every", "With --decision: how often the live thresholds are recomputed")] = "2m",
 ) -> None:
     """Keep D probe decode streams on an engine, perturb them with prefills, export what they see."""
     config = parse_run_options(
@@ -123,14 +129,30 @@ def run(
         decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
         engine_wait=engine_wait, read_timeout=read_timeout, traces_listen=traces_listen,
         traces_max_rate=traces_max_rate, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, engine=engine,
+        decision=decision, threshold_every=threshold_every,
     )
+    decision_doc = load_live_decision(config.decision_file)
     token = api_key(api_key_file)
     metrics_token = bearer_token(metrics_token_file, "--metrics-token-file", METRICS_TOKEN_ENV)
     traces_token = bearer_token(traces_token_file, "--traces-token-file", TRACES_TOKEN_ENV)
     tls_context(*(None if f is None else str(f) for f in (tls_cert_file, tls_key_file)))  # a bad file: one line now
     if out is not None:
         check_writable(out)  # now, not at the first window
-    asyncio.run(_serve(config, token, metrics_token, traces_token))
+    asyncio.run(_serve(config, token, metrics_token, traces_token, decision_doc))
+
+
+def load_live_decision(path: Path | None) -> dict[str, Any] | None:
+    """`--decision FILE`: a two-arm decision.json, checked now (one line naming the file and why)."""
+    if path is None:
+        return None
+    from pdexporter.analysis.live_thresholds import decision_problem
+    from pdexporter.cli.decide import load_decision
+
+    doc = load_decision(path, flag="--decision")
+    problem = decision_problem(doc)
+    if problem:
+        raise ConfigError(f"--decision {path}: {problem}")
+    return doc
 
 
 def bearer_token(path: Path | None, flag: str, env: str) -> str | None:
@@ -165,6 +187,8 @@ def parse_run_options(
     tls_cert_file: Path | None = None,
     tls_key_file: Path | None = None,
     engine: str | None = None,
+    decision: Path | None = None,
+    threshold_every: str = "2m",
 ) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
     if decode_batch_size < 1:
@@ -241,6 +265,8 @@ def parse_run_options(
         tls_cert_file=tls_cert_file,
         tls_key_file=tls_key_file,
         engine=claimed,
+        decision_file=decision,
+        threshold_every_s=parse_duration(threshold_every, "--threshold-every"),
     )
 
 
@@ -273,7 +299,7 @@ def engine_option(config: ExporterConfig) -> str | None:
 
 
 async def _serve(config: ExporterConfig, token: str | None, metrics_token: str | None = None,
-                 traces_token: str | None = None) -> None:
+                 traces_token: str | None = None, decision: dict[str, Any] | None = None) -> None:
     launcher = make_launcher(
         config.target,
         profile=config.profile,
@@ -281,7 +307,7 @@ async def _serve(config: ExporterConfig, token: str | None, metrics_token: str |
         chunk_size=None if config.target and config.chunk_size_source != "given" else config.chunk_size,
     )
     runner = Runner(config, launcher, api_key=token, metrics_token=metrics_token, traces_token=traces_token,
-                    log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+                    log=lambda line: console.print(line, highlight=False, soft_wrap=True), decision=decision)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals_seen = 0

@@ -1,11 +1,12 @@
-"""`pdexporter thresholds --model decision.json [-B 8192] [--tpot-slo-ms X] [--out DIR]`: per
-(B, D), the prefill length from which offloading wins, with its interval, as a table, as JSON and
-as an llm-d decider snippet."""
+"""`pdexporter thresholds --model decision.json [-B 8192] [--tpot-slo-ms X] [--transfer-ms X] [--out DIR]`:
+per (B, D), the prefill length from which offloading wins, with its interval, as a table, as JSON
+and as an llm-d decider snippet (`analysis.thresholds`: the one computation the report and the
+live exporter use too)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -75,12 +76,17 @@ def thresholds(
     replicates: Annotated[
         int, typer.Option("--replicates", min=0, max=1000, help="Bootstrap resamples behind each interval (0: none).")
     ] = 100,
+    transfer_ms: Annotated[
+        float | None,
+        typer.Option("--transfer-ms", min=0.0, max=1e7,
+                     help="Transfer time of an offload, ms (default: the measured transfer model, else the seed's "
+                          "50 ms)."),
+    ] = None,
 ) -> None:
     """Export, per (B, D), the prefill length from which offloading wins, for a P/D router."""
     from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
     from pdexporter._internal.writable import check_writable
-    from pdexporter.analysis.arms import LLMD_SNIPPET, THRESHOLDS_JSON, llmd_snippet
-    from pdexporter.analysis.arms import thresholds as compute
+    from pdexporter.analysis.thresholds import LLMD_SNIPPET, THRESHOLDS_JSON, compute_thresholds, llmd_snippet
     from pdexporter.cli.decide import load_decision
 
     doc = load_decision(model)
@@ -99,24 +105,27 @@ def thresholds(
     if chunk_size is not None and fitted and not min(fitted) <= chunk_size <= max(fitted):
         raise ConfigError(f"--chunk-size {chunk_size}: {model} was fitted on B = {', '.join(map(str, fitted))}")
     with console.status("scanning prefill lengths ..."):
-        result = compute(doc, tpot_slo_ms=tpot_slo_ms, ttft_slo_ms=ttft_slo_ms, mode=mode, p_max=p_max,
-                         replicates=replicates, regime=regime,
-                         chunk_sizes=[chunk_size] if chunk_size is not None else None)
-    per_b = result["chunk_sizes"]
-    if not per_b or not any(v["by_decode_batch_size"] for v in per_b.values()):
+        result = compute_thresholds(doc, tpot_slo_ms=tpot_slo_ms, ttft_slo_ms=ttft_slo_ms, mode=mode, p_max=p_max,
+                                    replicates=replicates, regime=regime, transfer_ms=transfer_ms,
+                                    chunk_sizes=[chunk_size] if chunk_size is not None else None)
+    if not result.records:
         raise ConfigError(f"{model}: no (B, D) with D >= 1 in its fitted range")
-    measured = [int(b) for b, v in per_b.items() if not v["modelled"]]
-    b = chunk_size if chunk_size is not None else max(measured or [int(k) for k in per_b])
-    decodes = per_b[str(b)]["by_decode_batch_size"]
-    d = decode_batch_size if decode_batch_size is not None else max(int(k) for k in decodes)
-    if str(d) not in decodes:
-        raise ConfigError(f"--decode-batch-size {d}: {model} has thresholds for D = {', '.join(decodes)}")
-    for bb, entry in per_b.items():
-        where = "MODELLED: the offloaded arm was not measured here" if entry["modelled"] else "measured"
+    measured = [b for b in result.chunk_sizes() if not any(t.modelled_b for t in result.by_chunk_size(b))]
+    b = chunk_size if chunk_size is not None else max(measured or result.chunk_sizes())
+    decodes = [t.decode_batch_size for t in result.by_chunk_size(b)]
+    d = decode_batch_size if decode_batch_size is not None else max(decodes)
+    if d not in decodes:
+        raise ConfigError(f"--decode-batch-size {d}: {model} has thresholds for D = {', '.join(map(str, decodes))}")
+    where_p = (f"; measured P {result.measured_p[0]}..{result.measured_p[1]}" if result.measured_p else "")
+    print(f"{result.mode} verdict, {result.budget.text()}{where_p}")
+    for bb in result.chunk_sizes():
+        entries = result.by_chunk_size(bb)
+        where = "MODELLED: the offloaded arm was not measured here" if any(t.modelled_b for t in entries) \
+            else "measured"
         print(f"B={bb} ({where}):")
-        for k, v in entry["by_decode_batch_size"].items():
-            print(f"  D={k}: {_text(v, p_max)}")
-    for line in result["rises_with_d"]:
+        for t in entries:
+            print(f"  D={t.decode_batch_size}: {t.text(result.step, p_max, result.measured_p)}")
+    for line in result.rising():
         console.print(f"pdexporter: warning: a threshold rises with D ({line}): look at the terms' fits",
                       highlight=False)
     if doc.get("modelled"):
@@ -126,19 +135,7 @@ def thresholds(
         print(f"\n# llm-d ({THRESHOLDS_JSON} and {LLMD_SNIPPET}: --out DIR)")
         print(snippet, end="")
         return
-    atomic_write_json(out / THRESHOLDS_JSON, result)
+    atomic_write_json(out / THRESHOLDS_JSON, result.to_dict())
     atomic_write_text(out / LLMD_SNIPPET, snippet)
     print(out / THRESHOLDS_JSON)
     print(out / LLMD_SNIPPET)
-
-
-def _text(entry: dict[str, Any], p_max: int) -> str:
-    if entry["threshold"] is None:
-        return f"never (up to {p_max} tokens)"
-    iv = entry.get("interval")
-    span = "" if not iv else f" (90 %: {iv[0]}..{iv[1] if iv[1] is not None else 'never'})"
-    if entry["status"] == "undecided":
-        assert iv, "an undecided threshold has its interval (analysis.arms)"
-        return f"undecided between {iv[0]} and {iv[1] if iv[1] is not None else 'never'} (central {entry['threshold']})"
-    modelled = " MODELLED beyond what was measured" if entry.get("extrapolated") else ""
-    return f">= {entry['threshold']}{span}{modelled}"

@@ -77,6 +77,10 @@ class ExporterConfig(BaseModel):
     # request traces, which arrive when a request finishes.
     passive: bool = False
     attribution_wait_s: float = Field(default=30.0, gt=0)
+    # With a two-arm decision.json (`--decision`): the router thresholds, live, refreshed this often
+    # (`--threshold-every`; exporter.passive_live). The file is read by the CLI, not here.
+    decision_file: Path | None = None
+    threshold_every_s: float = Field(default=120.0, gt=0, le=MAX_SECONDS)
     # The OTLP trace receiver (`exporter.receiver`), on a port of its own (`--traces-listen`):
     # served when `traces_receiver` says so, by default (None) with --passive only, which is what
     # uses the spans; its host None: --listen's.
@@ -93,6 +97,9 @@ class ExporterConfig(BaseModel):
         if self.passive and self.injecting:
             raise ValueError(f"--passive injects nothing, but --inject-every {self.inject_every_s:g}s asks for "
                              "injection: leave --inject-every out (or set it to off) with --passive")
+        if self.decision_file is not None and not self.passive:
+            raise ValueError(f"--decision {self.decision_file}: the live threshold comes from the production prefills "
+                             "passive mode sees: add --passive")
         problem = adapter(self.engine).budget_problem(self.chunk_size, self.probe_streams) if self.engine else None
         if problem:
             raise ValueError(f"--decode-batch-size {self.probe_streams} with --chunk-size {self.chunk_size}: {problem}")
@@ -153,6 +160,8 @@ OPTION_NAMES = {
     "duration_s": "--duration",
     "scrape_interval_s": "--scrape-interval",
     "attribution_wait_s": "--attribution-wait",
+    "decision_file": "--decision",
+    "threshold_every_s": "--threshold-every",
     "engine_wait_s": "--engine-wait",
     "read_timeout_s": "--read-timeout",
     "traces_listen_port": "--traces-listen",

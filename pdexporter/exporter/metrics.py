@@ -29,6 +29,9 @@ __all__ = [
     "GRID_LABELS",
     "INJECTIONS",
     "MODES",
+    "OFFLOAD_THRESHOLD",
+    "OFFLOAD_THRESHOLD_EVENTS",
+    "OFFLOAD_THRESHOLD_TIMESTAMP",
     "PASSIVE_EVENTS",
     "PASSIVE_MODEL_BOUNDS",
     "PASSIVE_MODEL_CELLS",
@@ -53,6 +56,7 @@ __all__ = [
     "TRACE_EXPORTS",
     "TRACE_KINDS",
     "TRACE_REJECTIONS",
+    "THRESHOLD_BOUNDS",
     "TRACE_RESULTS",
     "UP",
     "UP_REASON",
@@ -154,6 +158,12 @@ PASSIVE_MODEL_CELLS = f"{PREFIX}_passive_model_cells_reached"
 PASSIVE_MODEL_PREDICTION = f"{PREFIX}_passive_model_aggregate_interference_seconds"
 PASSIVE_MODEL_REACHED = f"{PREFIX}_passive_model_cell_reached"
 PASSIVE_MODEL_BOUNDS = ("estimate", "low", "high")  # PASSIVE_MODEL_PREDICTION{bound}
+# The router threshold, live (`run --passive --decision`, exporter.passive_live): per (B, D) the
+# prompt length from which offloading wins, its interval's ends, the events at that D, the refresh time.
+OFFLOAD_THRESHOLD = f"{PREFIX}_offload_threshold_tokens"
+OFFLOAD_THRESHOLD_EVENTS = f"{PREFIX}_offload_threshold_events"
+OFFLOAD_THRESHOLD_TIMESTAMP = f"{PREFIX}_offload_threshold_timestamp_seconds"
+THRESHOLD_BOUNDS = ("central", "low", "high")  # OFFLOAD_THRESHOLD{bound}
 REQUEST_TRACES = f"{PREFIX}_request_traces_total"
 TRACE_EXPORTS = f"{PREFIX}_trace_exports_total"
 TRACE_REJECTIONS = f"{PREFIX}_trace_rejections_total"
@@ -249,6 +259,16 @@ class ExporterMetrics:
         self.passive_model_reached = Gauge(
             PASSIVE_MODEL_REACHED, "Passive mode: 1 for a grid cell the traffic reaches, 0 for an extrapolation.",
             GRID_LABELS + ("engine",), registry=r)
+        self.offload_threshold = Gauge(
+            OFFLOAD_THRESHOLD, "Passive mode with --decision: the prompt length (tokens) from which offloading wins "
+            "at this chunk size and D, and its 90 % interval's ends (+Inf: never up to p_max).",
+            ["chunk_size", "decode_batch_size", "bound"], registry=r)
+        self.offload_threshold_events = Gauge(
+            OFFLOAD_THRESHOLD_EVENTS, "Passive mode with --decision: production prefills at this D in the fit behind "
+            "the threshold.", ["chunk_size", "decode_batch_size"], registry=r)
+        self.offload_threshold_timestamp = Gauge(
+            OFFLOAD_THRESHOLD_TIMESTAMP, "Passive mode with --decision: Unix time the thresholds were last computed.",
+            registry=r)
         self.request_traces = Counter(
             REQUEST_TRACES.removesuffix("_total"),
             "Engine request spans received on /v1/traces, by whose requests they were.", ["kind"], registry=r)

@@ -6,7 +6,11 @@ and, with `--out`, written as repetitions of their cell's record (`config.mode: 
 The published events also feed the event-fitted cost model (`analysis.passive_model`), refitted
 in a worker thread every `MODEL_EVERY_S` (or 20 times as long as the last fit took, whichever
 is longer: at most 5 % of a core) once new events came: its events, how sure it is and its prediction of every cell of
-the seed's grid at the exporter's B go out as the `pdexporter_passive_model_*` gauges."""
+the seed's grid at the exporter's B go out as the `pdexporter_passive_model_*` gauges. With a two-arm
+decision.json (`--decision`), every `--threshold-every` the refit also gives the router thresholds at the
+exporter's B (`analysis.live_thresholds`: the colocated side from the events, the rest from the file;
+`analysis.thresholds`' one computation): `pdexporter_offload_threshold_*` and `GET /thresholds.yaml`.
+numpy and pandas are imported when passive mode fits, not by an exporter that never runs it."""
 
 from __future__ import annotations
 
@@ -16,12 +20,13 @@ import concurrent.futures
 import math
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from pdexporter.analysis.passive_model import FitEvent, Grid, PassiveAnswer, answer
 from pdexporter.client.traces import RequestTrace
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.metrics import (
+    THRESHOLD_BOUNDS,
     ExporterMetrics,
     count_trace_export,
     count_traces,
@@ -37,14 +42,23 @@ from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.records import RepRecord, aggregate
 from pdexporter.measure.store import ResultsStore
 
+if TYPE_CHECKING:  # numpy and pandas: imported when passive mode runs, not by every exporter
+    from pdexporter.analysis.live_thresholds import LiveThresholds
+    from pdexporter.analysis.passive_model import FitEvent, PassiveAnswer
+
 MODEL_EVERY_S = 30.0
 MODEL_EVENTS = 2000  # the most recent events the live model keeps (about an hour at 1.5 requests/s)
 MODEL_BOOTSTRAP = 40  # refits behind the live intervals (export-table uses more)
 MODEL_SHARE = 20  # a refit starts at most every 20x the last one's time: <= 5 % of a core
+THRESHOLD_EVERY_S = 120.0  # the live thresholds' refresh (`run --threshold-every`)
+# what a refit hands back: the answer, the thresholds (or why none), the seconds it took
+FitResult = tuple["PassiveAnswer | None", "LiveThresholds | str | None", float]
 
 
 def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
     """What the event model needs of a published event (None for one it cannot use)."""
+    from pdexporter.analysis.passive_model import FitEvent
+
     rep, a = event.rep, event.attribution
     if rep is None or a is None or event.decode_batch_size is None or rep.derived.total_interference_ms is None:
         return None
@@ -55,9 +69,16 @@ def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
 
 
 class LiveModel:
-    """The event-fitted model of a live passive run (module docs)."""
+    """The event-fitted model of a live passive run (module docs). With a two-arm `decision`
+    (`run --passive --decision FILE`), every `threshold_every_s` the fit also refreshes the router
+    thresholds (`analysis.live_thresholds`): the `pdexporter_offload_threshold_*` gauges and
+    `snippet()`, what `GET /thresholds.yaml` serves."""
 
-    def __init__(self, metrics: ExporterMetrics, chunk_size: int, engine: str) -> None:
+    def __init__(self, metrics: ExporterMetrics, chunk_size: int, engine: str, *,
+                 decision: dict[str, Any] | None = None, threshold_every_s: float = THRESHOLD_EVERY_S,
+                 modelled: bool = False) -> None:
+        from pdexporter.analysis.passive_model import Grid
+
         self.metrics, self.grid, self.engine = metrics, Grid((chunk_size,)), engine  # engine: its series' label
         self.events: collections.deque[FitEvent] = collections.deque(maxlen=MODEL_EVENTS)
         self.started_ns: float | None = None
@@ -65,7 +86,12 @@ class LiveModel:
         self.added = 0
         self.next_s = 0.0
         self.last: PassiveAnswer | None = None
-        self._future: concurrent.futures.Future[tuple[PassiveAnswer | None, float]] | None = None
+        self.decision, self.threshold_every_s, self.modelled = decision, threshold_every_s, modelled
+        self.thresholds: LiveThresholds | None = None
+        self.thresholds_at_s: float | None = None  # time.monotonic() of the last refresh
+        self.thresholds_next_s = 0.0
+        self.thresholds_error: str | None = None  # why the last refresh gave no thresholds
+        self._future: concurrent.futures.Future[FitResult] | None = None
 
     def add(self, event: PassiveEvent, now_ns: float) -> None:
         self.started_ns = now_ns if self.started_ns is None else self.started_ns
@@ -75,18 +101,33 @@ class LiveModel:
             self.added += 1
 
     def tick(self, now_s: float) -> None:
-        """Publish a finished fit; start the next one when it is due."""
+        """Publish a finished fit (and thresholds); start the next one when it is due."""
         if self._future is not None and self._future.done():
             future, self._future = self._future, None
-            result, took = future.result()
+            result, live, took = future.result()
             self.next_s = now_s + max(MODEL_EVERY_S, MODEL_SHARE * took)
             if result is not None:
                 self.last = result
                 self.publish(result)
+            if isinstance(live, str):
+                self.thresholds_error = live
+            elif live is not None:
+                self.thresholds, self.thresholds_at_s, self.thresholds_error = live, now_s, None
+                self.thresholds_next_s = now_s + self.threshold_every_s
+                publish_thresholds(self.metrics, live)
         if self._future is None and self.added > self.fitted and now_s >= self.next_s:
             self.fitted = self.added
             events, grid = list(self.events), self.grid
-            self._future = asyncio.get_running_loop().run_in_executor(None, _fit, events, grid)  # type: ignore[assignment]
+            decision = self.decision if self.decision is not None and now_s >= self.thresholds_next_s else None
+            self._future = asyncio.get_running_loop().run_in_executor(  # type: ignore[assignment]
+                None, _fit, events, grid, decision, self.modelled)
+
+    def snippet(self, now_s: float) -> tuple[str, float] | None:
+        """The llm-d decider configuration for the current load and its age (s), once computed."""
+        if self.thresholds is None or self.thresholds_at_s is None:
+            return None
+        age = max(0.0, now_s - self.thresholds_at_s)
+        return self.thresholds.snippet(age), age
 
     def publish(self, result: PassiveAnswer) -> None:
         m = self.metrics
@@ -103,15 +144,56 @@ class LiveModel:
             m.passive_model_reached.labels(**labels).set(1 if c.reached else 0)
 
 
-def _fit(events: list[FitEvent], grid: Grid) -> tuple[PassiveAnswer | None, float]:
+def publish_thresholds(m: ExporterMetrics, live: LiveThresholds) -> None:
+    """`pdexporter_offload_threshold_tokens{bound}` (+Inf: offloading never wins up to p_max; NaN: no
+    interval), the events at each D and the refresh's Unix time."""
+    m.offload_threshold.clear()
+    m.offload_threshold_events.clear()
+    for t in live.result.records:
+        labels = {"chunk_size": str(t.chunk_size), "decode_batch_size": str(t.decode_batch_size)}
+        values = {"central": math.inf if t.threshold is None else float(t.threshold),
+                  "low": math.nan if not t.has_interval else (math.inf if t.low is None else float(t.low)),
+                  "high": math.nan if not t.has_interval else (math.inf if t.high is None else float(t.high))}
+        for bound in THRESHOLD_BOUNDS:
+            m.offload_threshold.labels(**labels, bound=bound).set(values[bound])
+        m.offload_threshold_events.labels(**labels).set(live.events_by_d.get(t.decode_batch_size, 0))
+    m.offload_threshold_timestamp.set(time.time())
+
+
+def thresholds_response(model: LiveModel | None, now_s: float) -> tuple[int, str, dict[str, str]]:
+    """`GET /thresholds.yaml`: (status, body, headers). 200: the live llm-d decider configuration
+    for the current load, its age in `Age` (seconds) and the events behind it in
+    `X-Pdexporter-Events` (both also in its comments); 503 and why until the first refresh."""
+    got = model.snippet(now_s) if model is not None else None
+    if got is None or model is None or model.thresholds is None:
+        seen = model.added if model is not None else 0
+        why = model.thresholds_error if model is not None and model.thresholds_error else (
+            "the first comes with the passive model's first fit (>= 4 usable events)")
+        return 503, f"no live threshold yet: {seen} production prefill(s) seen; {why}\n", {"Retry-After": "30"}
+    text, age = got
+    return 200, text, {"Age": str(int(age)), "X-Pdexporter-Events": str(model.thresholds.events),
+                       "Cache-Control": "no-store"}
+
+
+def _fit(events: list[FitEvent], grid: Any, decision: dict[str, Any] | None, modelled: bool) -> FitResult:
+    from pdexporter.analysis.passive_model import answer
+
     started = time.perf_counter()
     result = answer(events, grid, minutes=(), bootstrap=MODEL_BOOTSTRAP)
-    return result, time.perf_counter() - started
+    live: LiveThresholds | str | None = None
+    if result is not None and decision is not None:
+        from pdexporter.analysis.live_thresholds import live_thresholds
+
+        try:
+            live = live_thresholds(decision, result.model, events, grid, modelled=modelled)
+        except (ArithmeticError, KeyError, TypeError, ValueError) as exc:  # said by /thresholds.yaml, not fatal
+            live = f"the thresholds could not be computed ({type(exc).__name__}: {exc})"
+    return result, live, time.perf_counter() - started
 
 
 class LivePassive:
     def __init__(self, config: ExporterConfig, info: EngineInfo, metrics: ExporterMetrics, book: ProbeBook,
-                 store: ResultsStore | None) -> None:
+                 store: ResultsStore | None, decision: dict[str, Any] | None = None) -> None:
         self.config, self.info, self.metrics, self.book, self.store = config, info, metrics, book, store
         settings = PassiveSettings(
             chunk_size=config.chunk_size, engine=info.kind, window=config.protocol.window,
@@ -129,7 +211,8 @@ class LivePassive:
                                        info.kind),
         )
         self.outcomes: collections.Counter[str] = collections.Counter()
-        self.model = LiveModel(metrics, config.chunk_size, info.kind)
+        self.model = LiveModel(metrics, config.chunk_size, info.kind, decision=decision,
+                               threshold_every_s=config.threshold_every_s, modelled=info.modelled)
         book.phase_of = self.tracker.phase_of
 
     def add_traces(self, traces: list[RequestTrace]) -> None:
@@ -253,5 +336,5 @@ class TraceIntake:
             self.passive.add_traces(traces)
 
 
-__all__ = ["MODEL_BOOTSTRAP", "MODEL_EVENTS", "MODEL_EVERY_S",
-    "MODEL_SHARE", "LiveModel", "LivePassive", "TraceIntake", "fit_event", "save_event"]
+__all__ = ["MODEL_BOOTSTRAP", "MODEL_EVENTS", "MODEL_EVERY_S", "MODEL_SHARE", "THRESHOLD_EVERY_S", "LiveModel",
+           "LivePassive", "TraceIntake", "fit_event", "publish_thresholds", "save_event", "thresholds_response"]

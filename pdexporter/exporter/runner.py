@@ -31,12 +31,12 @@ from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind, grid_labels, publish_window, set_engine_info
 from pdexporter.exporter.passive import PassiveEvent
-from pdexporter.exporter.passive_live import LivePassive, TraceIntake
+from pdexporter.exporter.passive_live import LivePassive, TraceIntake, thresholds_response
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.receiver import traces_app
 from pdexporter.exporter.records import LiveRecords
 from pdexporter.exporter.scrape import EngineScraper
-from pdexporter.exporter.server import metrics_app, start_server, tls_context
+from pdexporter.exporter.server import THRESHOLDS_PATH, metrics_app, start_server, tls_context
 from pdexporter.exporter.startup import EngineWait, WaitReport, exporter_probes, start_probes
 from pdexporter.exporter.tracing import NoTracing, Tracing, make_tracing
 from pdexporter.exporter.tracing import preload as tracing_preload
@@ -73,8 +73,9 @@ class Runner:
                  metrics: ExporterMetrics | None = None, tracing_factory: Callable[[EngineInfo], Tracing] | None = None,
                  on_window: Callable[[WindowResult], None] | None = None,
                  on_stream: Callable[[ProbeState], None] | None = None, on_inject: Callable[[int], None] | None = None,
-                 log: Callable[[str], None] = lambda line: None) -> None:
+                 log: Callable[[str], None] = lambda line: None, decision: dict[str, Any] | None = None) -> None:
         self.config, self.launcher, self.api_key, self.log = config, launcher, api_key, log
+        self.decision = decision  # a two-arm decision.json (`--decision`): the live thresholds' other arm
         self.metrics_token, self.traces_token = metrics_token, traces_token
         self.metrics = metrics or ExporterMetrics()
         self._tracing_factory = tracing_factory or (
@@ -152,7 +153,10 @@ class Runner:
         tls = tls_context(None if cfg.tls_cert_file is None else str(cfg.tls_cert_file),
                           None if cfg.tls_key_file is None else str(cfg.tls_key_file))
         scheme = "https" if tls is not None else "http"
-        app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy, token=self.metrics_token)
+        live = self.decision is not None
+        app = metrics_app(self.metrics.registry, title="pdexporter run", healthy=self.healthy, token=self.metrics_token,
+                          thresholds=self.thresholds_yaml if live else None,
+                          links={THRESHOLDS_PATH: THRESHOLDS_PATH} if live else None)
         try:
             server, self.bound_port = await start_server(app, cfg.listen_host, cfg.listen_port, tls)
         except OSError as exc:
@@ -207,7 +211,7 @@ class Runner:
         self.log(f"probe timestamps: {self.probes.stamping}")
         if cfg.passive:
             self.passive = self.traces.passive = LivePassive(cfg, self.info, self.metrics, self.book,
-                                                             self.records.store)
+                                                             self.records.store, decision=self.decision)
         self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), adapter(self.info.kind),
                                      self.metrics,
                                      cfg.scrape_interval_s, lambda: not self.book.stopping,
@@ -274,6 +278,10 @@ class Runner:
         for server in servers:
             await server.cleanup()
         await self.launcher.stop()
+
+    def thresholds_yaml(self) -> tuple[int, str, dict[str, str]]:
+        """`GET /thresholds.yaml` (`passive_live.thresholds_response`)."""
+        return thresholds_response(self.passive.model if self.passive is not None else None, time.monotonic())
 
     # --- windows -----------------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ a small landing page at `/`. Used by `pdexporter run` and by `pdexporter sweep -
   not. It stays 200 while the engine is down, so Prometheus keeps scraping `pdexporter_up 0`.
 - `/healthz`: the caller's `healthy()` (for `pdexporter run`: the probe thread is alive); 503 when
   it says no.
-- A bearer token (`token`, `run --metrics-token-file`) guards `/metrics` and `/`; the health
+- `/thresholds.yaml` (`run --passive --decision FILE`): the llm-d decider configuration for the
+  current load, its age and the events behind it (`exporter.passive_live`); 503 until computed.
+- A bearer token (`token`, `run --metrics-token-file`) guards `/metrics`, `/thresholds.yaml` and `/`; the health
   paths stay open (kubelet probes carry no token, and they say nothing but ok).
 
 `pdexporter run --passive` also serves the OTLP trace receiver, on a port of its own
@@ -32,10 +34,12 @@ from pdexporter.errors import ConfigError
 from pdexporter.exporter.receiver import bearer_ok
 
 __all__ = [
-    "OPEN_PATHS", "metrics_app", "parse_listen", "start_metrics_server", "start_server", "tls_context",
+    "OPEN_PATHS", "THRESHOLDS_PATH", "metrics_app", "parse_listen", "start_metrics_server", "start_server",
+    "tls_context",
 ]
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/healthz"})  # served without the token
+THRESHOLDS_PATH = "/thresholds.yaml"  # run --passive --decision: the llm-d decider configuration, live
 
 
 def metrics_app(
@@ -45,9 +49,10 @@ def metrics_app(
     healthy: Callable[[], bool] = lambda: True,
     links: dict[str, str] | None = None,
     token: str | None = None,
+    thresholds: Callable[[], tuple[int, str, dict[str, str]]] | None = None,
 ) -> web.Application:
-    """`engine()`: the engine adapter's name whose spans /v1/traces decodes (None until the engine
-    said who it is: an export then gets 503, which OTLP exporters retry)."""
+    """`thresholds()`: (status, YAML text, headers) of `GET /thresholds.yaml` (`run --passive
+    --decision`: the llm-d decider configuration for the current load), guarded like /metrics."""
     async def metrics(request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         body = encoder(registry)
@@ -96,6 +101,15 @@ def metrics_app(
     app.router.add_get("/livez", livez)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/", landing)
+    if thresholds is not None:
+        provider = thresholds
+
+        async def thresholds_yaml(_: web.Request) -> web.Response:
+            status, text, headers = provider()
+            return web.Response(status=status, text=text, content_type="application/yaml" if status == 200
+                                else "text/plain", headers=headers)
+
+        app.router.add_get(THRESHOLDS_PATH, thresholds_yaml)
     return app
 
 

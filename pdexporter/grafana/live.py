@@ -50,6 +50,8 @@ def build() -> Json:
         variables=[
             datasource_variable(),
             query_variable("instance", "Exporter", f"label_values({m.UP}, instance)", multi=True, include_all=True),
+            query_variable("decodes", "Threshold D", f"label_values({m.OFFLOAD_THRESHOLD}, decode_batch_size)",
+                           multi=True, include_all=True, numeric_sort=True),
         ],
         links=[dashboard_link("pdexporter dashboards", TAG)],
     )
@@ -279,6 +281,52 @@ def build() -> Json:
             decimals=0,
         ),
         w=12,
+    )
+
+    d.row("Live router thresholds (run --passive --decision FILE)")
+    thr = f'{m.OFFLOAD_THRESHOLD}{{{SEL}, decode_batch_size=~"$decodes"'
+    band = timeseries(
+        "Offload threshold vs time, with its 90 % interval",
+        "The prompt length (non-cached tokens) from which offloading a prefill to a P/D pair wins, per chunk "
+        "size B and decode batch D (the $decodes variable), as the exporter recomputes it from the production "
+        "prefills it sees (the colocated side, event-fitted) and the two-arm decision.json it was given (the "
+        "offloaded arm, the transfer): the same computation as `pdexporter thresholds`. Solid: the threshold; "
+        "dashed: its 90 % interval's ends over the bootstrap refits. An interval spanning more than 2x is "
+        "undecided: a router should take its upper end (GET /thresholds.yaml does). +Inf: offloading never "
+        "wins up to 131072 tokens.",
+        targets(
+            (f'max by (chunk_size, decode_batch_size) ({thr}, bound="central"}})',
+             "B={{chunk_size}} D={{decode_batch_size}}"),
+            (f'max by (chunk_size, decode_batch_size) ({thr}, bound="low"}})',
+             "B={{chunk_size}} D={{decode_batch_size}} low"),
+            (f'max by (chunk_size, decode_batch_size) ({thr}, bound="high"}})',
+             "B={{chunk_size}} D={{decode_batch_size}} high"),
+        ),
+        minimum=0,
+        decimals=0,
+    )
+    band["fieldConfig"]["overrides"].append({
+        "matcher": {"id": "byRegexp", "options": ".* (low|high)$"},
+        "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [6, 4]}},
+                       {"id": "custom.fillOpacity", "value": 0}],
+    })
+    d.add(band, w=16)
+    d.add(
+        timeseries(
+            "Events behind the threshold, and its age",
+            "Production prefills at each D in the fit behind the thresholds (the fit pools every D; a threshold "
+            "far from the D the traffic ran rests on the model's extrapolation), and seconds since the "
+            "thresholds were last computed (--threshold-every, with the event model's refit; it grows while "
+            "no new event comes).",
+            targets(
+                (f'max by (decode_batch_size) ({m.OFFLOAD_THRESHOLD_EVENTS}{{{SEL}, decode_batch_size=~"$decodes"}})',
+                 "events at D={{decode_batch_size}}"),
+                (f"time() - max({m.OFFLOAD_THRESHOLD_TIMESTAMP}{{{SEL}}})", "age (s)"),
+            ),
+            minimum=0,
+            decimals=0,
+        ),
+        w=8,
     )
 
     d.row("Engine")

@@ -169,6 +169,11 @@ vllm.enabled, else exporter.target ("" = the embedded engine, whose numbers are 
 - name: pdexporter-results
   emptyDir:
     sizeLimit: {{ .Values.exporter.scratchSizeLimit }}
+{{- if and .Values.exporter.passive .Values.exporter.liveThresholds.enabled }}
+- name: pdexporter-decision
+  configMap:
+    name: {{ .Values.exporter.liveThresholds.decisionConfigMap.name | quote }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -195,6 +200,12 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     - --passive
     - --traces-listen
     - {{ printf "0.0.0.0:%d" (int .Values.exporter.tracesPort) | quote }}
+    {{- if .Values.exporter.liveThresholds.enabled }}
+    - --decision
+    - {{ printf "/etc/pdexporter/decision/%s" .Values.exporter.liveThresholds.decisionConfigMap.key | quote }}
+    - --threshold-every
+    - {{ .Values.exporter.liveThresholds.every | quote }}
+    {{- end }}
     {{- end }}
     - --decode-batch-size
     - {{ include "pdexporter.decodeBatchSize" . | quote }}
@@ -270,6 +281,11 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
       mountPath: /tmp
     - name: pdexporter-results
       mountPath: /results
+    {{- if and .Values.exporter.passive .Values.exporter.liveThresholds.enabled }}
+    - name: pdexporter-decision
+      mountPath: /etc/pdexporter/decision
+      readOnly: true
+    {{- end }}
 {{- end }}
 {{- end }}
 

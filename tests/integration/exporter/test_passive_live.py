@@ -7,19 +7,23 @@ not timing (that is the virtual-time test's and the benchmark's business)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
+import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.exporter import metrics as m
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner, WindowResult
+from pdexporter.exporter.server import THRESHOLDS_PATH
 from pdexporter.launch import SimLauncher
 from pdexporter.measure.store import ResultsStore, load_record_file
 from tests.helpers import stop_process
@@ -28,6 +32,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 PROFILE = "h200-qwen3-coder-30b-a3b"
+DECISION = ROOT / "results" / "h200x2-arms" / "decision.json"  # --decision: the live thresholds' other arm
 
 
 def _samples(runner: Runner) -> dict[str, list]:
@@ -42,9 +47,12 @@ async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None
     config = build_config(probe_streams=4, chunk_size=8192, listen_host="127.0.0.1", listen_port=0, passive=True,
                           traces_listen_port=0,
                           profile=PROFILE, out=tmp_path / "results", attribution_wait_s=15.0,
-                          scrape_interval_s=1.0, protocol={"decode_output_tokens": 128})
+                          scrape_interval_s=1.0, protocol={"decode_output_tokens": 128},
+                          decision_file=DECISION, threshold_every_s=10.0)
     windows: list[WindowResult] = []
-    runner = Runner(config, SimLauncher(profile=PROFILE), on_window=windows.append)
+    runner = Runner(config, SimLauncher(profile=PROFILE), on_window=windows.append,
+                    decision=json.loads(DECISION.read_text()))
+    served: list[tuple[int, str, str]] = []
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     load = None
@@ -59,12 +67,22 @@ async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None
         while len(windows) < 3 and time.monotonic() < deadline:
             assert not task.done(), task.exception()
             await asyncio.sleep(0.5)
+        async with aiohttp.ClientSession() as client:  # the live thresholds' endpoint, on the metrics port
+            for path in (THRESHOLDS_PATH, "/"):
+                async with client.get(f"http://127.0.0.1:{runner.bound_port}{path}") as response:
+                    served.append((response.status, response.content_type, await response.text()))
     finally:
         if load is not None:  # enough traffic seen: the load stops with the test, not after its 20 s
             stop_process(load)
         stop.set()
         await asyncio.wait_for(task, 60)
     assert len(windows) >= 3, runner.passive.outcomes if runner.passive else None
+    (status, kind, body), (_, _, landing) = served
+    assert THRESHOLDS_PATH in landing
+    if status == 200:  # a fit of >= 4 usable events came already (virtual time: test_live_thresholds)
+        assert kind == "application/yaml" and yaml.safe_load(body)["plugins"]
+    else:
+        assert status == 503 and body.startswith("no live threshold yet: ") and body.count("\n") == 1
     assert runner.injections_sent == 0
     for w in windows:
         assert w.mode == "passive" and w.event is not None and w.event.published

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdexporter.exporter.metrics import PASSIVE_MODEL_PREDICTION, WINDOW_RATIO, all_series_names
+from pdexporter.exporter.metrics import OFFLOAD_THRESHOLD, PASSIVE_MODEL_PREDICTION, WINDOW_RATIO, all_series_names
 from pdexporter.grafana import build_all
 from pdexporter.grafana.promql import panel_queries, series_names, substitute, variable_queries
 from tests.helpers import free_port, stop_process
@@ -125,7 +125,8 @@ def live_exporter() -> Iterator[tuple[str, str]]:
 def passive_exporter() -> Iterator[str | None]:
     """host:port of `pdexporter run --passive` beside the embedded engine (`sim serve`, sending its
     request traces to the exporter) and `pdexporter load`: the production (passive) half of the
-    interference map. None where this checkout cannot run it."""
+    interference map, and with `--decision` the live router thresholds. None where this checkout
+    cannot run it."""
     if _missing_for_run():
         yield None
         return
@@ -141,7 +142,7 @@ def passive_exporter() -> Iterator[str | None]:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "pdexporter", "run", "--passive", "--decode-batch-size", "2", "--target", engine,
              "--chunk-size", "8192", "--listen", f"127.0.0.1:{port}", "--traces-listen", f"127.0.0.1:{traces_port}",
-             "--attribution-wait", "10s"],
+             "--attribution-wait", "10s", "--decision", str(ROOT / "results" / "h200x2-arms" / "decision.json")],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         _wait_http(f"http://127.0.0.1:{port}/metrics", procs[1])
         procs.append(subprocess.Popen(
@@ -163,6 +164,7 @@ def prometheus(live_exporter: tuple[str, str], passive_exporter: str | None,
         if passive_exporter:  # a production prefill's window reached Prometheus, and the event model's first fit
             prom.wait_for(f'{WINDOW_RATIO}{{mode="passive"}}', timeout=120)
             prom.wait_for(PASSIVE_MODEL_PREDICTION, timeout=120)
+            prom.wait_for(OFFLOAD_THRESHOLD, timeout=60)  # the live thresholds come with that fit (--decision)
         yield prom
 
 
@@ -193,7 +195,7 @@ def test_every_dashboard_expression_runs_on_prometheus_and_names_live_series(
         with_samples, declared = scraped_names(resp.read().decode())
     chunk_sizes = prometheus.api("label/chunk_size/values", **{"match[]": ACTIVE_WINDOW})
     assert chunk_sizes, "no chunk_size label values"
-    values = {"instance": ".*", "engine": ".*", "chunk_size": chunk_sizes[0], "datasource": "unused"}
+    values = {"instance": ".*", "engine": ".*", "chunk_size": chunk_sizes[0], "datasource": "unused", "decodes": ".*"}
     known = set(all_series_names())
     checked = 0
     for file_name, board in build_all().items():

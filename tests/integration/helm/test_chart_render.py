@@ -283,10 +283,32 @@ def test_passive_mode_passes_passive_and_no_injection(engine: HelmEngine) -> Non
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"metrics": 18742, "traces": 18743}
     assert _secret_ref(_env(exporter), "PDEXPORTER_TRACES_TOKEN") == {"name": "vllm-otlp-token", "key": "token"}
     assert _arg(args, "--target") == "http://vllm.inference.svc.cluster.local:8000"
+    # the live router thresholds: the two-arm decision.json from its ConfigMap, read-only
+    assert _arg(args, "--decision") == "/etc/pdexporter/decision/decision.json"
+    assert _arg(args, "--threshold-every") == "2m"
+    mount = next(v for v in exporter["volumeMounts"] if v["name"] == "pdexporter-decision")
+    assert mount == {"name": "pdexporter-decision", "mountPath": "/etc/pdexporter/decision", "readOnly": True}
+    deployment = next(d for d in by_kind(docs, "Deployment")
+                      if any(c["name"] == "exporter" for c in pod_spec(d)["containers"]))
+    volume = next(v for v in pod_spec(deployment)["volumes"] if v["name"] == "pdexporter-decision")
+    assert volume["configMap"] == {"name": "pdx-decision"}
     if isinstance(engine, HelmGoSdk):
         notes = engine.notes(CHART, CHART / "ci" / "passive-values.yaml", RELEASE, NAMESPACE)
         assert "passive mode" in notes
         assert f"--otlp-traces-endpoint http://{RELEASE}-pdexporter.{NAMESPACE}.svc:18743/v1/traces" in notes
+
+
+@pytest.mark.parametrize(("exporter", "message"), [
+    ({"liveThresholds": {"enabled": True, "decisionConfigMap": {"name": "d", "key": "decision.json"}}},
+     r"exporter\.liveThresholds\.enabled=true .*set exporter\.passive=true"),
+    ({"passive": True, "liveThresholds": {"enabled": True}},
+     r"exporter\.liveThresholds\.enabled=true needs exporter\.liveThresholds\.decisionConfigMap\.name"),
+])
+def test_live_thresholds_need_passive_and_a_decision(engine: HelmEngine, tmp_path: Path, exporter: dict[str, Any],
+                                                     message: str) -> None:
+    values = _values(tmp_path, {"exporter": {"injectEvery": "", **exporter}})
+    with pytest.raises(Exception, match=message):
+        engine.template(CHART, values, RELEASE, NAMESPACE)
 
 
 def _chart_without_schema(tmp_path: Path) -> Path:

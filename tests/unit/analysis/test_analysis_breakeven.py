@@ -13,12 +13,12 @@ from pdexporter.analysis.breakeven import (
     break_even_frame,
     decision_document,
     evaluate_decision,
-    min_offload_prefill,
     model_decision,
     offload_region,
 )
 from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records
 from pdexporter.analysis.table import build_table, samples_from_record
+from pdexporter.analysis.thresholds import compute_thresholds
 
 
 @pytest.fixture(scope="module")
@@ -75,22 +75,19 @@ def test_evaluator_rejects_impossible_shapes(fitted):
         evaluate_decision(doc, 1, 0, 8192)
 
 
-def test_min_offload_prefill_is_the_first_prefill_over_budget(fitted):
-    _, report = fitted
+def test_thresholds_in_the_document_are_the_one_computation(fitted):
+    """decision.json's seed-rule thresholds are `analysis.thresholds` (what `thresholds --mode seed`
+    prints): the P from which the cost stays over the budget, on 64-token steps."""
+    table, report = fitted
+    doc = _roundtrip(decision_document(report, table, 50.0))
+    same = compute_thresholds(doc, mode="seed", transfer_ms=50.0, replicates=0)
     model = report.best.model
     for d in (1, 2, 4):
-        p_star = min_offload_prefill(model, d, 8192, 50.0)
-        assert p_star is not None and p_star > 1
+        p_star = doc["thresholds_min_prefill_tokens"]["8192"][str(d)]
+        assert p_star == same.at(8192, d).threshold and p_star > 64
         assert float(model.predict(d, p_star, 8192)) > 50.0
-        assert float(model.predict(d, p_star - 1, 8192)) <= 50.0
-    assert min_offload_prefill(model, 0, 8192, 50.0) is None  # no decodes, nothing to interfere with
-
-
-def test_thresholds_in_the_document_match_the_search(fitted):
-    table, report = fitted
-    doc = decision_document(report, table, 50.0)
-    model = report.best.model
-    assert doc["thresholds_min_prefill_tokens"]["8192"]["4"] == min_offload_prefill(model, 4, 8192, 50.0)
+        assert float(model.predict(d, p_star - 64, 8192)) <= 50.0
+    assert set(doc["thresholds_min_prefill_tokens"]["8192"]) == {str(d) for d in range(1, 13)}
 
 
 def test_break_even_frame_and_region(fitted):

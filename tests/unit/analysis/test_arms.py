@@ -192,15 +192,17 @@ def test_predicting_the_pair_from_one_gpu_and_comparing() -> None:
 
 
 def test_a_threshold_rising_with_d_is_flagged_only_beyond_both_intervals() -> None:
-    from pdexporter.analysis.arms import _rising
+    from pdexporter.analysis.thresholds import Budget, Threshold, ThresholdSet
 
-    def entry(t: int, lo: int, hi: int) -> dict[str, object]:
-        return {"threshold": t, "interval": [lo, hi], "status": "decided"}
+    def entry(d: int, t: int, lo: int, hi: int) -> Threshold:
+        return Threshold(8192, d, t, lo, hi, True, "decided", False, None, (), None, False)
 
-    noise = {"8192": {"by_decode_batch_size": {"8": entry(192, 128, 256), "9": entry(256, 128, 256)}}}
-    assert _rising(noise) == []  # D=9's 256 is inside D=8's interval: the bootstrap's noise
-    real = {"8192": {"by_decode_batch_size": {"7": entry(5376, 5000, 5600), "12": entry(12480, 12000, 13000)}}}
-    assert _rising(real) == ["B=8192: D=7 5376 -> D=12 12480"]
+    def rising(*records: Threshold) -> list[str]:
+        return ThresholdSet("two-arm", "nominal", Budget("given", 50.0, None, "nominal"), None, None, 131072, 64,
+                            3, None, records, False).rising()
+
+    assert rising(entry(8, 192, 128, 256), entry(9, 256, 128, 256)) == []  # inside D=8's interval: noise
+    assert rising(entry(7, 5376, 5000, 5600), entry(12, 12480, 12000, 13000)) == ["B=8192: D=7 5376 -> D=12 12480"]
 
 
 def test_pooling_refuses_measurements_of_different_setups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

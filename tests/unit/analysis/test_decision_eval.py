@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdexporter.analysis import DECISION_SCHEMA, decision_eval
-from pdexporter.analysis.arms import llmd_snippet, thresholds
 from pdexporter.analysis.decision_eval import (
     chunk_context,
     colocated_cost,
@@ -26,6 +25,7 @@ from pdexporter.analysis.decision_eval import (
     feature,
     offload_threshold,
 )
+from pdexporter.analysis.thresholds import compute_thresholds, llmd_snippet
 
 ROOT = Path(__file__).resolve().parents[3]
 VLLM_RULE = {"engine": "vllm", "decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 512}
@@ -286,22 +286,24 @@ def test_threshold_is_where_the_saving_overtakes_the_ttft_cost() -> None:
 def test_thresholds_for_routers_with_intervals_and_the_llm_d_snippet() -> None:
     doc = make_doc(per_chunk_ms=100.0, decode_side_ms=200.0, colocated_ttft_ms=0.0)
     doc["replicates"] = {"model": [{}] * 3, "two_arm": [{"decode_side": {"1": x}} for x in (200.0, 100.0, 260.0)]}
-    result = thresholds(doc, p_max=16000, step=64)
+    computed = compute_thresholds(doc, p_max=16000, step=64)
+    result = computed.to_dict()
     per = result["chunk_sizes"]["8192"]["by_decode_batch_size"]
     assert per["1"]["threshold"] is None and per["1"]["status"] == "never"
     assert per["3"]["threshold"] == 64 and per["3"]["interval"] == [64, 8192]  # one resample pays 310 ms of TTFT
     assert per["4"]["threshold"] == 64 and per["4"]["interval"] == [64, 64] and per["4"]["status"] == "decided"
     assert per["2"]["threshold"] == 8192 and per["2"]["interval"] == [64, 8192] and per["2"]["status"] == "undecided"
     assert not result["chunk_sizes"]["8192"]["modelled"] and result["rises_with_d"] == []
-    snippet = llmd_snippet(result, 8192, 4)
+    assert per["4"]["at_floor"] and per["4"]["safe"] == 64 and per["2"]["safe"] == 8192
+    snippet = llmd_snippet(computed, 8192, 4)
     parsed = yaml.safe_load(snippet)
     decider = next(p for p in parsed["plugins"] if p["type"] == "prefix-based-pd-decider")
     assert decider["parameters"]["nonCachedTokens"] == 63  # llm-d disaggregates when non-cached > this
     assert "prepareDataPlugins" in parsed["featureGates"]
-    undecided = yaml.safe_load(llmd_snippet(result, 8192, 2))  # its interval's upper end: offload only where sure
+    undecided = yaml.safe_load(llmd_snippet(computed, 8192, 2))  # its interval's upper end: offload only where sure
     assert next(p for p in undecided["plugins"] if p["type"] == "prefix-based-pd-decider")["parameters"][
         "nonCachedTokens"] == 8191
-    never = yaml.safe_load(llmd_snippet(result, 8192, 1))
+    never = yaml.safe_load(llmd_snippet(computed, 8192, 1))
     assert next(p for p in never["plugins"] if p["type"] == "prefix-based-pd-decider")["parameters"][
         "nonCachedTokens"] == 2**31 - 1
 
@@ -310,6 +312,7 @@ def test_thresholds_where_the_offloaded_arm_was_not_measured_are_modelled() -> N
     doc = make_doc(per_chunk_ms=100.0, decode_side_ms=200.0, colocated_ttft_ms=0.0)
     doc["model"]["penalty_per_chunk_ms"]["2048"] = doc["model"]["penalty_per_chunk_ms"]["8192"]
     doc["valid_range"]["chunk_sizes"] = [2048, 8192]
-    result = thresholds(doc, p_max=16000, step=64)
+    computed = compute_thresholds(doc, p_max=16000, step=64)
+    result = computed.to_dict()
     assert result["chunk_sizes"]["2048"]["modelled"] and not result["chunk_sizes"]["8192"]["modelled"]
-    assert "MODELLED: the offloaded arm was not measured at B=2048" in llmd_snippet(result, 2048, 3)
+    assert "MODELLED: the offloaded arm was not measured at B=2048" in llmd_snippet(computed, 2048, 3)

@@ -144,3 +144,30 @@ def test_passive_option_errors_are_one_line(overrides: dict[str, object], messag
 def test_passive_and_injection_are_refused_together_by_the_schema_too() -> None:
     with pytest.raises(ConfigError, match="--passive injects nothing"):
         build_config(probe_streams=4, chunk_size=8192, passive=True, inject_every_s=30.0)
+
+
+def test_decision_needs_passive_and_a_two_arm_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`run --passive --decision FILE` (issue 33): one line naming the option and why."""
+    import json
+    from pathlib import Path
+
+    from pdexporter.cli.run import load_live_decision
+
+    root = Path(__file__).resolve().parents[3] / "results"
+    with pytest.raises(ConfigError, match=r"^--decision .*: the live threshold comes from the production prefills "
+                                          r"passive mode sees: add --passive"):
+        parse_run_options(**_options(decision=root / "h200x2-arms" / "decision.json"))  # type: ignore[arg-type]
+    config = parse_run_options(**_options(decision=root / "h200x2-arms" / "decision.json", passive=True,  # type: ignore[arg-type]
+                                          threshold_every="30s"))
+    assert config.threshold_every_s == 30.0 and config.decision_file is not None
+    doc = load_live_decision(config.decision_file)
+    assert doc is not None and doc["two_arm"]
+    one_arm = root / "h200-vllm0.22-qwen3-coder-30b-a3b" / "decision.json"
+    with pytest.raises(ConfigError, match=r"^--decision .*decision.json: has one arm only"):
+        load_live_decision(one_arm)
+    bad = tmp_path / "d.json"
+    bad.write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(ConfigError, match=r"^--decision .*d.json: schema 'other'"):
+        load_live_decision(bad)
+    with pytest.raises(ConfigError, match=r"^--threshold-every 'soon'"):
+        parse_run_options(**_options(passive=True, threshold_every="soon"))  # type: ignore[arg-type]

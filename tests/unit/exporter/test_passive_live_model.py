@@ -58,3 +58,48 @@ async def test_the_live_model_refits_off_the_loop_and_publishes_how_sure_it_is()
     assert bounds["low"] <= bounds["estimate"] <= bounds["high"] and 0.1 < bounds["estimate"] < 1.0  # seconds
     model.tick(now + 2)  # nothing new since: no refit
     assert model._future is None
+
+
+def test_an_exporter_that_is_not_passive_does_not_import_pandas() -> None:
+    """The event model (numpy, pandas) is imported when passive mode fits, not by `run` itself."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pdexporter.cli.run, pdexporter.exporter.runner, pdexporter.exporter.passive_live;"
+            "print(sorted(m for m in sys.modules if m.startswith(('pandas', 'pdexporter.analysis.passive_model'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+async def test_thresholds_that_cannot_be_computed_are_said_not_fatal() -> None:
+    """A decision.json the evaluator cannot read: refused in one line at start (`decision_problem`),
+    and should one get through, the refit goes on and /thresholds.yaml says why (503)."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from pdexporter.analysis.live_thresholds import decision_problem
+    from pdexporter.exporter.passive_live import thresholds_response
+
+    doc = json.loads((Path(__file__).resolve().parents[3] / "results" / "h200x2-arms" / "decision.json").read_text())
+    assert decision_problem(doc) is None
+    broken = copy.deepcopy(doc)
+    broken["two_arm"]["terms"]["decode_side"]["coefficients"] = {}
+    problem = decision_problem(broken)
+    assert problem is not None and problem.startswith("its two-arm verdict cannot be evaluated (KeyError")
+    metrics = ExporterMetrics()
+    model = LiveModel(metrics, 8192, "pdexporter-sim", decision=broken)
+    for e in _events(60, noise=0.1):
+        model.events.append(e)
+        model.added += 1
+    now = time.monotonic()
+    model.tick(now)
+    assert model._future is not None
+    for _ in range(600):
+        if model._future.done():
+            break
+        await asyncio.sleep(0.05)
+    model.tick(now + 1)
+    assert model.last is not None and model.thresholds is None  # the event model itself was published
+    status, text, _ = thresholds_response(model, now + 2)
+    assert status == 503 and "the thresholds could not be computed (KeyError" in text and text.count("\n") == 1

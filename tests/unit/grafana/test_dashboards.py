@@ -132,6 +132,17 @@ def test_live_dashboard_covers_the_issue() -> None:
         assert series in used, series
 
 
+def test_live_dashboard_shows_the_live_thresholds_with_their_intervals() -> None:
+    """Issue 33: the router threshold vs time, its interval's ends, the events behind it and its age."""
+    board = build_all()["pdexporter-live.json"]
+    exprs = [q.expr for q in panel_queries(board)]
+    for bound in ("central", "low", "high"):
+        assert any('pdexporter_offload_threshold_tokens{' in e and f'bound="{bound}"' in e for e in exprs), bound
+    assert any("pdexporter_offload_threshold_events" in e for e in exprs)
+    assert any(e.startswith("time() - max(pdexporter_offload_threshold_timestamp_seconds") for e in exprs)
+    assert "decodes" in {v["name"] for v in board["templating"]["list"]}
+
+
 def test_interference_map_is_a_p_by_d_matrix_per_chunk_size() -> None:
     board = build_all()["pdexporter-interference-map.json"]
     variables = {v["name"]: v for v in board["templating"]["list"]}

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# The router threshold, live from production traffic, on one H200 (issue 33, item 4):
+#   1-2. vLLM 0.22 at B = 8192 sending its request spans to `pdexporter run --passive`'s receiver
+#        (the OpenTelemetry imports checked first, as scripts/gpu/passive-h200.sh does);
+#   3. `run --passive --decision results/h200x2-arms/decision.json --threshold-every 60s` (4 probes)
+#      beside two loads in one run: `pdexporter load --rate RATE1` for LOAD1_S, then RATE2 for LOAD2_S;
+#      every 15 s the exporter's threshold series go to thresholds.tsv and /thresholds.yaml to
+#      thresholds/N.yaml (with its Age and events);
+#   4. the injected table of the same engine once the load stopped (sweeps/passive-h200.yaml), its
+#      two-arm decision.json with the committed pair's arm, and `pdexporter thresholds` of it: the
+#      batch threshold the live one is compared with (summary.py below: within its interval?).
+#
+#   bash scripts/gpu/live-thresholds-h200.sh BUDGET_S [LOAD1_S=300] [RATE1=1] [LOAD2_S=300] [RATE2=2.5]
+#
+# Every call runs this same script within BUDGET_S (<= 590 for a 600 s device call); a finished
+# step is not run again; the engine, the exporter and the loads go on between calls (own sessions).
+# Expected on one H200 (passive-h200.sh's figures): vLLM ~2.5 min, 10 min of traffic, the injected
+# sweep ~1 min, the analysis ~1 min: two calls back to back.
+# Dry run on the embedded engine (no GPU, real time, no injected sweep):
+#   OUT=/tmp/out ENGINE=sim SKIP_INJECTED=1 bash scripts/gpu/live-thresholds-h200.sh 590 90 1 90 2.5
+# Results in $OUT: live-thresholds.tar.gz (everything), SUMMARY.md (RUN.md-ready), thresholds.tsv, steps.log.
+set -u
+BUDGET=${1:-590}
+LOAD1_S=${2:-300}
+RATE1=${3:-1}
+LOAD2_S=${4:-300}
+RATE2=${5:-2.5}
+ENGINE=${ENGINE:-vllm}
+T0=$(date +%s)
+W=${LIVE_WORK:-/root/live-thresholds}
+B=8192
+PORT=${ENGINE_PORT:-8000}
+EXPORTER=${EXPORTER_PORT:-18742}
+TRACES_PORT=${TRACES_PORT:-18743}
+URL=http://127.0.0.1:$PORT
+DECISION=results/h200x2-arms/decision.json
+PAIR=results/h200x2-vllm0.22-qwen3-coder-30b-a3b-pd
+OUT=${OUT:?set OUT}
+mkdir -p "$W/thresholds" "$OUT"
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+log() { echo "[$(date +%T)] $*" | tee -a "$W/steps.log"; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+pack() {
+  (cd "$W" && tar czf "$OUT/live-thresholds.tar.gz" --ignore-failed-read thresholds thresholds.tsv passive injected \
+     batch SUMMARY.md steps.log exporter.log load1.log load2.log engine.log sweep.log imports.txt 2>/dev/null)
+  for f in SUMMARY.md thresholds.tsv steps.log; do cp "$W/$f" "$OUT/" 2>/dev/null; done
+  true
+}
+trap pack EXIT
+
+# 0. The parts: the vLLM bundle, then the OpenTelemetry wheels into the same site directory.
+if [ "$ENGINE" = vllm ]; then
+  source scripts/gpu/unpack-bundle.sh
+  if [ -f .gpu-stage-otel/otel-site.tar.gz ] && [ ! -f /tmp/site/.otel-stage ]; then
+    tar -C /tmp/site -xzf .gpu-stage-otel/otel-site.tar.gz && touch /tmp/site/.otel-stage && log "OpenTelemetry wheels unpacked"
+  fi
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 COLUMNS=200  # the CLIs' tables and summaries unwrapped in the logs
+
+# 1. Before tracing is turned on: does the engine's Python import what vLLM 0.22's tracing imports?
+if [ ! -f "$W/imports.txt" ]; then
+  ENGINE=$ENGINE python3 - > "$W/imports.txt" 2>&1 <<'EOF'
+import os
+from pdexporter.doctor.checks import tracing_imports_check
+from pdexporter.doctor.gather import tracing_imports
+embedded = os.environ["ENGINE"] == "sim"  # the embedded engine exports with pdexporter's own SDK
+check = tracing_imports_check(tracing_imports(None if embedded else "python3", "the engine's python", embedded=embedded))
+print(check.status, check.why)
+EOF
+  log "tracing imports: $(cat "$W/imports.txt")"
+fi
+TRACES=()
+TRACING=off
+if grep -q "^ok" "$W/imports.txt"; then
+  TRACES=(--otlp-traces-endpoint "http://127.0.0.1:$TRACES_PORT/v1/traces")
+  TRACING=on
+else
+  log "tracing stays off (it would take vLLM down): passive runs from /metrics and the cadence alone"
+fi
+
+# 2. The engine at B, sending one llm_request span per finished request to the exporter.
+if ! curl -sf "$URL/health" > /dev/null; then
+  log "starting $ENGINE (B=$B, traces $TRACING)"
+  if [ "$ENGINE" = vllm ]; then
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf VLLM_USE_FLASHINFER_SAMPLER=0 setsid python3 -m vllm.entrypoints.cli.main \
+      serve /tmp/model/qwen3-coder-30b-a3b --served-model-name qwen3-coder-30b-a3b --load-format dummy \
+      --max-model-len 200000 --max-num-batched-tokens $B --enable-chunked-prefill --enable-prefix-caching \
+      --gpu-memory-utilization 0.9 --host 127.0.0.1 --port $PORT "${TRACES[@]}" >> "$W/engine.log" 2>&1 < /dev/null &
+  else
+    setsid python3 -m pdexporter sim serve --profile h200-qwen3-coder-30b-a3b --chunk-size $B --host 127.0.0.1 \
+      --port $PORT "${TRACES[@]}" >> "$W/engine.log" 2>&1 < /dev/null &
+  fi
+  echo $! > "$W/engine.pid"
+  until curl -sf "$URL/health" > /dev/null; do
+    [ "$(left)" -lt 30 ] && { log "engine not up yet; the next call adopts it"; exit 0; }
+    alive "$W/engine.pid" || { log "the engine exited (engine.log)"; tail -5 "$W/engine.log"; exit 1; }
+    sleep 2
+  done
+  log "engine healthy after $(( $(date +%s) - T0 )) s of this call"
+fi
+
+# 3. run --passive --decision beside two loads, one after the other; the threshold series sampled.
+TOTAL_S=$(( LOAD1_S + LOAD2_S ))
+if [ ! -f "$W/passive.started" ]; then
+  rm -rf "$W/passive"
+  setsid python3 -m pdexporter run --passive --target "$URL" --chunk-size $B --decode-batch-size 4 \
+    --listen 127.0.0.1:$EXPORTER --traces-listen 127.0.0.1:$TRACES_PORT --out "$W/passive" \
+    --duration "$(( TOTAL_S + 35 ))s" --attribution-wait 20s --decision "$DECISION" --threshold-every 60s \
+    > "$W/exporter.log" 2>&1 < /dev/null &
+  echo $! > "$W/exporter.pid"
+  for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$EXPORTER/metrics" 2>/dev/null | grep -q '^pdexporter_up 1' && break
+    sleep 1
+  done
+  # the two loads in one session: RATE1, then RATE2 (the phase boundary goes into steps.log)
+  setsid bash -c "python3 -m pdexporter load --target '$URL' --rate '$RATE1' --duration '${LOAD1_S}s' --seed 17 \
+      > '$W/load1.log' 2>&1; date +%s > '$W/load2.started'; \
+    python3 -m pdexporter load --target '$URL' --rate '$RATE2' --duration '${LOAD2_S}s' --seed 18 \
+      > '$W/load2.log' 2>&1" < /dev/null > /dev/null 2>&1 &
+  echo $! > "$W/load.pid"
+  date +%s > "$W/passive.started"
+  printf 'unix_s\tphase\tdecode_batch_size\tbound\ttokens\n' > "$W/thresholds.tsv"
+  log "live thresholds: run --passive --decision + load $RATE1 req/s for $LOAD1_S s, then $RATE2 for $LOAD2_S s"
+fi
+if [ ! -f "$W/passive.done" ]; then
+  n=$(ls "$W/thresholds" | grep -c "yaml$")
+  while alive "$W/exporter.pid" || alive "$W/load.pid"; do
+    [ "$(left)" -lt 25 ] && { log "live run still going: the next call samples on"; exit 0; }
+    now=$(date +%s)
+    phase=$RATE1; [ -f "$W/load2.started" ] && phase=$RATE2
+    curl -sf "http://127.0.0.1:$EXPORTER/metrics" 2>/dev/null | python3 -c '
+import sys
+from prometheus_client.parser import text_string_to_metric_families as families
+for family in families(sys.stdin.read()):
+    if family.name == "pdexporter_offload_threshold_tokens":
+        for s in family.samples:
+            print(sys.argv[1], sys.argv[2], s.labels["decode_batch_size"], s.labels["bound"], s.value, sep="\t")
+' "$now" "$phase" >> "$W/thresholds.tsv"
+    if curl -sf -D "$W/thresholds/headers.tmp" -o "$W/thresholds/body.tmp" "http://127.0.0.1:$EXPORTER/thresholds.yaml"; then
+      n=$((n + 1)); { tr -d '\r' < "$W/thresholds/headers.tmp" | grep -i '^age\|^x-pdexporter' | sed 's/^/# header: /'
+                     echo "# sampled at $now, load $phase req/s"; cat "$W/thresholds/body.tmp"; } > "$W/thresholds/$n.yaml"
+    fi
+    sleep 15
+  done
+  touch "$W/passive.done"
+  log "live run done: $(ls "$W/thresholds" | grep -c yaml) /thresholds.yaml samples"
+fi
+
+# 4. The batch threshold: the injected table of the same engine beside the committed pair's arm.
+if [ "${SKIP_INJECTED:-0}" != 1 ] && [ ! -f "$W/injected.done" ]; then
+  budget=$(( $(left) - 60 ))
+  if [ "$budget" -gt 60 ]; then
+    log "injected sweep on the same engine (deadline ${budget}s)"
+    python3 -m pdexporter sweep sweeps/passive-h200.yaml --target "$URL" --chunk-size $B --out "$W/injected" \
+      --deadline "${budget}s" >> "$W/sweep.log" 2>&1 && touch "$W/injected.done"
+  else
+    log "no time left for the injected sweep in this call: the next call runs it"; exit 0
+  fi
+fi
+if [ -f "$W/injected.done" ]; then
+  python3 -m pdexporter export-table "$W/injected" --offloaded "$PAIR" --out "$W/batch" --no-plots --no-parquet \
+    > "$W/batch.log" 2>&1 && python3 -m pdexporter thresholds --model "$W/batch/decision.json" -B $B --out "$W/batch" \
+    >> "$W/batch.log" 2>&1 || log "the batch thresholds failed (batch.log)"
+  BATCH="$W/batch/offload_thresholds.json"
+else
+  BATCH=""
+fi
+ENGINE=$ENGINE python3 - "$W" "$BATCH" "$DECISION" > "$W/SUMMARY.md" <<'EOF'
+"""The live threshold per load phase (its last refresh in the phase, at the D that phase ran)
+beside the batch ones: the injected table of this engine (when swept) and the committed file."""
+import csv, json, os, re, sys
+from pathlib import Path
+
+from pdexporter.analysis.thresholds import compute_thresholds
+
+w, batch_path, decision = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+rows = list(csv.DictReader((w / "thresholds.tsv").open(), delimiter="\t"))
+samples = sorted(w.glob("thresholds/*.yaml"), key=lambda p: int(p.stem) if p.stem.isdigit() else 0)
+committed = compute_thresholds(json.loads(Path(decision).read_text()), chunk_sizes=[8192])
+batch = json.loads(Path(batch_path).read_text()) if batch_path and Path(batch_path).is_file() else None
+print("# Live router thresholds on", "the embedded engine (MODELLED)" if os.environ.get("ENGINE") == "sim" else "one H200",
+      "\n")
+print("| load (req/s) | D now | events | live threshold [90 %] | router's number | committed file | this engine's batch | inside? |")
+print("|---|---|---|---|---|---|---|---|")
+for phase in dict.fromkeys(r["phase"] for r in rows):
+    texts = [p.read_text() for p in samples if f"load {phase} req/s" in p.read_text()]
+    if not texts:
+        continue
+    last = texts[-1]
+    d = int(re.search(r"the current load is D=(\d+)", last).group(1))
+    events = re.search(r"from (\d+) production prefills", last).group(1)
+    value = int(re.search(r"nonCachedTokens: (\d+)", last).group(1)) + 1
+    at = [r for r in rows if r["phase"] == phase and int(r["decode_batch_size"]) == d]
+    t_last = max(r["unix_s"] for r in at)
+    bounds = {r["bound"]: float(r["tokens"]) for r in at if r["unix_s"] == t_last}
+    c = committed.at(8192, d)
+    mine = (batch or {}).get("chunk_sizes", {}).get("8192", {}).get("by_decode_batch_size", {}).get(str(d))
+    ref = mine["threshold"] if mine else (c.threshold if c else None)
+    inside = ref is not None and bounds.get("low", 0) <= ref <= bounds.get("high", float("inf"))
+    print(f"| {phase} | {d} | {events} | {bounds.get('central'):.0f} [{bounds.get('low'):.0f}..{bounds.get('high'):.0f}] "
+          f"| {value} | {c.cell(committed.measured_p, short=True) if c else 'n/a'} "
+          f"| {(str(mine['threshold']) + ' ' + str(mine['interval'])) if mine else 'not swept'} | {'yes' if inside else 'NO'} |")
+EOF
+cat "$W/SUMMARY.md" | tee -a "$W/steps.log"
+log "done in this call after $(( $(date +%s) - T0 )) s"

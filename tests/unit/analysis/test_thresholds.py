@@ -1,0 +1,116 @@
+"""One threshold computation (`analysis.thresholds`, issue 31): `pdexporter thresholds`, the report
+and decision.json give the same numbers for one decision.json, with the transfer budget they
+charged, marks where a threshold lies outside the measured prompt lengths, and the verdict beside a
+measured point in the transfer regime that point ran in. On the committed H200 documents."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pdexporter.analysis import report
+from pdexporter.analysis.decision_eval import evaluate_decision
+from pdexporter.analysis.thresholds import compute_thresholds
+from pdexporter.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+ONE_ARM = ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b" / "decision.json"
+TWO_ARM = ROOT / "results" / "h200x2-arms" / "decision.json"
+
+
+def _doc(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_report_and_thresholds_give_one_answer_for_one_decision(capsys: pytest.CaptureFixture[str]) -> None:
+    """The audit: report said D=3 35 and D=7-12 1 token, thresholds >= 64, for one decision.json."""
+    doc = _doc(ONE_ARM)
+    result = compute_thresholds(doc, chunk_sizes=[8192], replicates=20)
+    page = report._decision(SimpleNamespace(decision=doc))  # type: ignore[arg-type]  # a double: the decision alone
+    row = re.search(r"<td class=\"text\">B=8192</td>(.*?)</tr>", page)
+    assert row, page
+    cells = re.findall(r"<td class=\"\">(.*?)</td>", row.group(1))
+    full = compute_thresholds(doc)  # the report's own call, the CLI's defaults
+    assert cells == [t.cell(full.measured_p, short=True).replace("<", "&lt;") for t in full.by_chunk_size(8192)]
+    code, out, err = _cli(capsys, "thresholds", "--model", str(ONE_ARM), "-B", "8192")
+    assert code == 0, err
+    for t in full.by_chunk_size(8192):
+        assert f"  D={t.decode_batch_size}: {t.text(full.step, full.p_max, full.measured_p)}" in out.splitlines()
+    assert all(t.threshold is None or t.threshold % 64 == 0 for t in result.records)
+    # decision.json's seed-rule field is the same computation's central value
+    fresh = compute_thresholds(doc, mode="seed", replicates=0, chunk_sizes=[8192])
+    assert {t.decode_batch_size: t.threshold for t in fresh.records} == {
+        t.decode_batch_size: t.threshold for t in full.by_chunk_size(8192)}
+
+
+def test_the_budget_is_printed_and_in_the_json_and_transfer_ms_sets_it(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(capsys, "thresholds", "--model", str(ONE_ARM), "-B", "8192", "--replicates", "10")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("seed verdict, transfer budget 50 ms (the seed's constant")
+    code, out, err = _cli(capsys, "thresholds", "--model", str(ONE_ARM), "-B", "8192", "--replicates", "10",
+                          "--transfer-ms", "120", "--out", str(tmp_path))
+    assert code == 0, err
+    written = json.loads((tmp_path / "offload_thresholds.json").read_text())
+    assert written["transfer"] == {"source": "given", "ms": 120.0, "regime": "nominal"}
+    at_50 = compute_thresholds(_doc(ONE_ARM), chunk_sizes=[8192], replicates=0).at(8192, 1)
+    entry = written["chunk_sizes"]["8192"]["by_decode_batch_size"]["1"]
+    assert at_50 is not None and at_50.threshold is not None and entry["threshold"] > at_50.threshold
+    assert entry["transfer_ms"] == 120.0
+    assert "transfer budget 120 ms (--transfer-ms)" in (tmp_path / "llm-d-pd-decider.yaml").read_text()
+    two = compute_thresholds(_doc(TWO_ARM), chunk_sizes=[8192], decode_batch_sizes=[4], replicates=0)
+    assert two.budget.source == "measured" and two.budget.text().startswith(
+        "transfer budget measured: 4.1 ms + P x 96 KiB at 350 GB/s")
+    assert two.to_dict()["transfer"]["model"]["gb_per_s"] == pytest.approx(349.827)
+
+
+def test_thresholds_outside_the_measured_prompts_are_marked() -> None:
+    one = compute_thresholds(_doc(ONE_ARM), chunk_sizes=[8192], decode_batch_sizes=[1, 12], replicates=10)
+    assert one.measured_p == (512, 32768)
+    floor = one.at(8192, 12)
+    assert floor is not None and floor.at_floor and floor.outside == "below" and floor.threshold == 64
+    assert floor.cell(one.measured_p) == "<= 64 (64..64) [every P scanned offloads; below the measured P 512..32768: " \
+                                         "extrapolated]"
+    two = compute_thresholds(_doc(TWO_ARM), chunk_sizes=[8192], decode_batch_sizes=[1], replicates=0)
+    assert two.measured_p == (2048, 32768)  # the pair measured P >= 2048: below it the offloaded terms extrapolate
+    entry = two.at(8192, 1)
+    assert entry is not None and entry.threshold == 512 and entry.outside == "below"
+    assert "below the measured P 2048..32768: extrapolated" in entry.text(64, 131072, two.measured_p)
+
+
+def test_single_arm_decide_is_undecided_when_its_interval_holds_the_budget(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    v = evaluate_decision(_doc(ONE_ARM), 1, 448, 8192)
+    low, high = v["intervals"]["colocated_cost_ms"]
+    assert v["mode"] == "seed" and low < 50.0 < high and not v["decided"]
+    assert v["verdict"].startswith("undecided (the seed's rule, leaning keep local: the interval holds the transfer)")
+    code, out, err = _cli(capsys, "decide", "-D", "1", "-P", "448", "-B", "8192", "--model", str(ONE_ARM))
+    assert code == 0 and out.startswith("UNDECIDED (leaning keep local): interference 43.2 ms"), out + err
+    code, out, err = _cli(capsys, "decide", "-D", "1", "-P", "2048", "-B", "8192", "--model", str(ONE_ARM))
+    assert out.startswith("OFFLOAD: interference"), out  # its interval clear of 50 ms
+
+
+def test_a_measured_point_is_set_beside_the_verdict_of_its_transfer_regime() -> None:
+    """The audit: the report paired a measured "saved -310.6 ms" with "saves 850 ms" (B=8192 D=8 P=8192
+    of the 1P1D pair, whose transfer took 191 ms: the degraded regime, not the nominal 7 ms)."""
+    doc = _doc(TWO_ARM)
+    ran_degraded = SimpleNamespace(decode_batch_size=8, new_prefill_tokens=8192, chunk_size=8192,  # a row double
+                                   kv_transfer_ms=191.3)
+    verdict = report._row_verdict(doc, ran_degraded)
+    assert verdict.startswith("keep local: offloading costs the 8 running decodes") and "degraded" in verdict
+    ran_nominal = SimpleNamespace(decode_batch_size=8, new_prefill_tokens=8192, chunk_size=8192, kv_transfer_ms=7.3)
+    assert report._row_verdict(doc, ran_nominal).startswith("offload: saves the 8 running decodes")
