@@ -44,6 +44,7 @@ pd validate --out "$HELD_OUT" \
   --colocated "$SEED" --colocated $R/h200x2-vllm0.22-qwen3-coder-30b-a3b \
   --colocated $R/h200x2-vllm0.22-qwen3-coder-30b-a3b-cv-rerun --colocated $R/h200-vllm0.22-qwen3-coder-30b-a3b-generalise \
   --colocated "$SEED-small-p" --colocated "$PASSIVE/injected" --colocated "$SEED-validation" \
+  --colocated "$SEED-validation-passive/injected" \
   --offloaded "$DB" --offloaded "$DB-small-p" --offloaded "$DB-validation" >/dev/null
 # The two arms: colocated (one H200) beside DecodeBench (one H200) and beside the 1P1D pair (two).
 for arms in "h200-arms-decodebench" "h200x2-arms"; do
@@ -52,7 +53,8 @@ for arms in "h200-arms-decodebench" "h200x2-arms"; do
   echo "== two arms $out"
   pd export-table "${COLOCATED[@]}" --pool "${off[@]}" --campaign-variation "$HELD_OUT/held_out.json" --out "$out" \
     >/dev/null
-  pd report "${COLOCATED[@]}" --pool "${off[@]}" --out "$out/report.html" >/dev/null
+  pd report "${COLOCATED[@]}" --pool "${off[@]}" --campaign-variation "$HELD_OUT/held_out.json" \
+    --out "$out/report.html" >/dev/null
   pd thresholds --model "$out/decision.json" --out "$out" >/dev/null
 done
 # SGLang beside vLLM at the same points, and its two scheduling modes (docs/engines.md "The H200 run").
