@@ -378,7 +378,7 @@ def given_transfer(link_gb_s: float, bytes_per_token: float, latency_ms: float =
 # decision.json's two-arm section
 
 
-def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[ConfigSamples],
+def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[ConfigSamples],  # noqa: C901 (16: to shrink)
                     transfer: TransferModel | None, doc: dict[str, Any], *, source: str = "",
                     replicates: int = TERM_REPLICATES) -> dict[str, Any] | None:
     """decision.json's `two_arm` section (decision_eval's module docs) and its replicates (set on

@@ -1061,7 +1061,7 @@ class Calibration:
         return self.held_fitted.metric_mape(metric, where=lambda k: k not in self.held_slow)
 
 
-def calibrate(
+def calibrate(  # noqa: C901 (20: to shrink)
     base: Profile,
     records: Sequence[RunRecord],
     *,

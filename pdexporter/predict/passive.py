@@ -55,7 +55,7 @@ class PassiveSession:
         return [e for e in self.events if e.published]
 
 
-async def passive_session(
+async def passive_session(  # noqa: C901 (17: to shrink)
     profile: str | Path | Profile,
     chunk_size: int,
     load: LoadSpec,

@@ -491,7 +491,7 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self) -> SchedulerOutput:  # noqa: C901 (19: to shrink)
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold

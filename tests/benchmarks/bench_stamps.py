@@ -267,7 +267,7 @@ def _rows(path: str) -> list[tuple[str, bool]]:
     return [(path, False)] + ([("kernel-rx (its wake-up)", True)] if path == "kernel-rx" else [])
 
 
-def report(args: argparse.Namespace, results: dict[tuple[int, str], list[dict[str, Any]]]) -> None:
+def report(args: argparse.Namespace, results: dict[tuple[int, str], list[dict[str, Any]]]) -> None:  # noqa: C901 (16: to shrink)
     print("\nstamp error = client stamp - engine stamp just before its write; interval error = client interval"
           " - engine interval (us)")
     print(f"{'D':>3} {'path':<24} {'events/s':>8} {'stamp err p50/p99/max':>25} {'min':>8} "
