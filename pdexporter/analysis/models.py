@@ -857,10 +857,10 @@ def _stall_fit(
 
     Fitted on relative residuals (each point's row divided by its total, at least
     STALL_WEIGHT_FLOOR_MS): the stall is tens of ms beside totals from 10 ms to 1.3 s, and in
-    absolute terms the longest prompts set it. On the H200 (s3, B = 8192, D = 4) ~40 ms per stream
-    fall outside the chunk steps at P = 8192 and ~27 ms at 32768, where the absolute fit gave 23
-    and 98; weighted so, the colocated model's error on campaigns it never saw fell from 20.3 % to
-    14.0 % MAPE (leave one campaign out over four H200 campaigns, docs/analysis.md)."""
+    absolute terms the longest prompts set it. Weighted so, the colocated model's error on H200
+    campaigns it never saw fell from 20.3 % to 14.0 % MAPE (leave one campaign out over four
+    campaigns; P = 512-2048 from +18..+20 % to -8..+2 % mean error, 32768 from +1.6 to +7.4 %:
+    docs/analysis.md, "Held-out campaigns")."""
     bare = replace(model, catchup_steps=0.0)
     residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size)
     ok = np.isfinite(residual)
