@@ -57,7 +57,8 @@ def decide(
     ] = 8192,
     transfer_ms: Annotated[
         float | None,
-        typer.Option("--transfer-ms", min=0.0, help="Transfer time of an offload, ms (default: the model's, 50 ms)."),
+        typer.Option("--transfer-ms", min=0.0, max=1e7,
+                     help="Transfer time of an offload, ms (default: the model's, 50 ms)."),
     ] = None,
     model: Annotated[Path | None, typer.Option("--model", help=f"A {DECISION_JSON} written by export-table.")] = None,
     results: Annotated[Path | None, typer.Option("--results", help="Fit from this results directory instead.")] = None,
