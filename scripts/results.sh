@@ -38,7 +38,7 @@ done
 # Held-out campaigns (issue 30, docs/analysis.md): every campaign left out in turn and predicted by
 # the models fitted on the others, the validation campaign by the models fitted on all of them; the
 # campaign variation measured so is carried into the two-arm decision documents below.
-HELD_OUT=$R/held-out
+HELD_OUT=$R/h200-held-out
 echo "== validate (leave one campaign out)"
 pd validate --out "$HELD_OUT" \
   --colocated "$SEED" --colocated $R/h200x2-vllm0.22-qwen3-coder-30b-a3b \

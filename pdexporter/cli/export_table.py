@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 TransferOpt = Annotated[
     float,
-    typer.Option("--transfer-ms", min=0.0, max=1e7, help="Transfer budget (ms) an offload must beat; the seed's 50 ms."),
+    typer.Option("--transfer-ms", min=0.0, max=1e7,
+                 help="Transfer budget (ms) an offload must beat; the seed's 50 ms."),
 ]
 PoolOpt = Annotated[
     bool,

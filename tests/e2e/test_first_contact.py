@@ -210,10 +210,15 @@ def test_decide_says_one_chunk_and_out_of_range_in_one_line() -> None:
     result = _pdx("decide", "-D", "100", "-P", "100", "-B", "8192", "--model", str(H200_DECISION))
     assert result.returncode == 0, result.stderr
     assert "1 chunk of <= 8092 tokens" in result.stdout and "1 chunks" not in result.stdout
-    warning = [line for line in result.stderr.splitlines() if line.strip()]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    warning = [line for line in lines if line.startswith("pdexporter:")]
     assert len(warning) == 1 and warning[0].startswith("pdexporter: warning: MODELLED beyond what was measured ("), (
         warning
     )
+    # the other note: what the intervals rest on (this document carries no campaign variation)
+    assert [line for line in lines if line not in warning] == [
+        "intervals: this campaign's repetitions only (no campaign variation carried: export-table "
+        "--campaign-variation)"]
     assert "P=100 (fitted 512..32768)" in warning[0] and "D=100 (fitted 1..12)" in warning[0]
 
 
