@@ -20,7 +20,8 @@ A regime with fewer than `MIN_REGIME_POINTS` held-out points takes the arm's poo
 with the s estimated from the *other* campaigns' residuals (nested: the campaign scored never sets
 its own width).
 
-Pure: samples and documents in, data out; `load_campaign` and `find_campaigns` are the file edges.
+Pure: samples and documents in, data out; `load_campaign`, `find_campaigns`, `load_variation`
+and `write_outputs` are the file edges; `job.validate_campaigns` wires it to the fits.
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ __all__ = [
     "find_campaigns",
     "fold_variation",
     "headline",
+    "held_out_document",
     "held_out_points",
     "load_campaign",
     "load_variation",
     "render_markdown",
-    "validate",
     "write_outputs",
     "variation_from",
 ]
@@ -378,23 +379,9 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
 HELD_OUT_SCHEMA = "pdexporter.held-out/v1"
 
 
-def validate(colocated: Sequence[str | Path], offloaded: Sequence[str | Path] = (),
-             tick: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Leave one campaign out over the given results directories (each with its `campaign.yaml`):
-    the held-out points, each arm's error and coverage per campaign, and the campaign variation
-    to carry into decision documents (`fold_variation`)."""
-    from pdexporter.analysis.job import analyse, load_results
-
-    campaigns = find_campaigns([(d, "colocated") for d in colocated] + [(d, "offloaded") for d in offloaded])
-    if not any(c.role == "fit" for c in campaigns):
-        raise RecordError("no fit campaign among the inputs: nothing to fit the models on")
-    samples = {c.id: {"colocated": [s for d in c.colocated for s in load_results(d)],
-                      "offloaded": [s for d in c.offloaded for s in load_results(d)]} for c in campaigns}
-
-    def fit(col: Sequence[ConfigSamples], off: Sequence[ConfigSamples]) -> dict[str, Any] | None:
-        return analyse(col, offloaded=list(off) or None, source="held-out fit").decision
-
-    points = held_out_points(campaigns, samples, fit, tick)
+def held_out_document(campaigns: Sequence[Campaign], points: Sequence[HeldOutPoint]) -> dict[str, Any]:
+    """What `pdexporter validate` writes (held_out.json): the campaigns, the variation to carry,
+    the headline errors and every held-out point."""
     summary = coverage_summary(points)
     return {
         "schema": HELD_OUT_SCHEMA,
@@ -405,6 +392,7 @@ def validate(colocated: Sequence[str | Path], offloaded: Sequence[str | Path] = 
         "headline": headline(summary),
         "summary": summary,
     }
+
 
 
 def load_variation(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -37,6 +37,7 @@ __all__ = [
     "load_results",
     "progress_steps",
     "record_paths",
+    "validate_campaigns",
     "write_outputs",
 ]
 
@@ -302,3 +303,22 @@ def progress_steps(analysis_records: int, plots: bool = True) -> int:
     from pdexporter.analysis.plots import PLOTS_WITH_MODEL
 
     return analysis_records + 4 + (PLOTS_WITH_MODEL if plots else 0)
+
+
+def validate_campaigns(colocated: Sequence[str | Path], offloaded: Sequence[str | Path] = (),
+                       tick: Tick | None = None) -> dict[str, Any]:
+    """`pdexporter validate`: leave one campaign out over the given results directories (each with
+    its `campaign.yaml`; `analysis.campaigns`): the held-out points, each arm's error and coverage
+    per campaign, and the campaign variation to carry into decision documents."""
+    from pdexporter.analysis import campaigns as cps
+
+    found = cps.find_campaigns([(d, "colocated") for d in colocated] + [(d, "offloaded") for d in offloaded])
+    if not any(c.role == "fit" for c in found):
+        raise RecordError("no fit campaign among the inputs: nothing to fit the models on")
+    samples = {c.id: {"colocated": [s for d in c.colocated for s in load_results(d)],
+                      "offloaded": [s for d in c.offloaded for s in load_results(d)]} for c in found}
+
+    def fit(col: Sequence[ConfigSamples], off: Sequence[ConfigSamples]) -> dict[str, Any] | None:
+        return analyse(col, offloaded=list(off) or None, source="held-out fit").decision
+
+    return cps.held_out_document(found, cps.held_out_points(found, samples, fit, tick))

@@ -29,10 +29,11 @@ def validate(
     """Leave one campaign out: errors and interval coverage on campaigns the models never saw."""
     from pdexporter._internal.writable import check_writable
     from pdexporter.analysis import campaigns
+    from pdexporter.analysis.job import validate_campaigns
 
     check_writable(out, "--out")
     with console.status("validate: one fit per campaign left out ...") as status:
-        result = campaigns.validate(colocated, offloaded or [],
+        result = validate_campaigns(colocated, offloaded or [],
                                     tick=lambda cid: status.update(f"validate: {cid} predicted ..."))
     written = campaigns.write_outputs(result, out)
     console.print(campaigns.render_markdown(result), highlight=False, soft_wrap=True)

@@ -21,11 +21,10 @@ from pdexporter.analysis.campaigns import (
     find_campaigns,
     fold_variation,
     load_campaign,
-    validate,
     variation_from,
 )
 from pdexporter.analysis.decision_eval import evaluate_decision, held_out_text
-from pdexporter.analysis.job import load_joined
+from pdexporter.analysis.job import load_joined, validate_campaigns
 from pdexporter.errors import RecordError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -202,7 +201,7 @@ def test_validate_leaves_each_campaign_out_on_real_records(tmp_path: Path) -> No
     b = subset(tmp_path, "h200-vllm0.22-qwen3-coder-30b-a3b-small-p", "b", "s4", keys + [
         f"D{d}_P{p}" for d in (2, 8) for p in (768, 1536)])
     v = subset(tmp_path, "h200x2-vllm0.22-qwen3-coder-30b-a3b", "v", "s3", keys, role="validation")
-    result = validate([a, b, v])
+    result = validate_campaigns([a, b, v])
     by = result["summary"]["arms"]["colocated"]["campaigns"]
     assert by["s1"]["fitted_on"] == ["s4"] and by["s4"]["fitted_on"] == ["s1"]
     assert by["s3"]["fitted_on"] == ["s1", "s4"] and by["s3"]["role"] == "validation"
