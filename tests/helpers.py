@@ -72,3 +72,16 @@ def cli_env() -> dict[str, str]:
     """The environment for `python -m pdexporter` children: this checkout first on the path."""
     root = str(Path(__file__).resolve().parents[1])
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    """`pdexporter ARGV` in this process: (exit code, stdout, stderr) as pytest's capsys caught them."""
+    from pdexporter.cli import main
+
+    try:
+        main(list(argv))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -133,6 +133,22 @@ class Cancelling(Protocol):
         ...
 
 
+async def cancel_streams(tasks_by_request: Mapping[str, asyncio.Task[Any]], streams: Sequence[TokenStream],
+                         now_ns: Callable[[], int]) -> None:
+    """`Cancelling.cancel` for a driver that runs each stream's request as a task: the tasks
+    cancelled and awaited (their connections close, so the engine aborts the requests), then every
+    stream not yet done finished as "abort"."""
+    tasks = [t for s in streams if not s.done and (t := tasks_by_request.get(s.request_id)) is not None]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    now = now_ns()
+    for s in streams:
+        if not s.done:
+            s.finish(now, "abort")
+
+
 @dataclass
 class HttpDriver:
     """Drives an engine over HTTP with `EngineClient`; all timestamps are `perf_counter_ns`."""
@@ -213,15 +229,7 @@ class HttpDriver:
 
     async def cancel(self, streams: Sequence[TokenStream]) -> None:
         """Close these streams' connections (vLLM aborts a request whose client went away)."""
-        tasks = [t for s in streams if not s.done and (t := self._by_stream.get(s.request_id)) is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        now = self.now_ns()
-        for s in streams:
-            if not s.done:
-                s.finish(now, "abort")
+        await cancel_streams(self._by_stream, streams, self.now_ns)
 
     async def cancel_all(self) -> None:
         for task in list(self._tasks):

@@ -55,7 +55,7 @@ from pdexporter.client.metrics import MetricsSnapshot, metric_deltas
 from pdexporter.client.stream import Progress, TokenStream
 from pdexporter.engines import NIXL, P2P_NCCL, IterationStep
 from pdexporter.errors import ConfigError, EngineError
-from pdexporter.measure.driver import EngineInfo, PreparedRequest
+from pdexporter.measure.driver import EngineInfo, PreparedRequest, cancel_streams
 
 ROUTED_TAGS = frozenset({"prefill", "warm-shape"})
 # What the prefill instance is asked to do (toy_proxy_server.py, NixlConnector)
@@ -324,15 +324,7 @@ class PdDriver:
     async def cancel(self, streams: Sequence[TokenStream]) -> None:
         """End these streams now (`driver.Cancelling`): their requests' tasks cancelled and awaited,
         so the decode instance's connection closes and it aborts them."""
-        tasks = [t for s in streams if not s.done and (t := self._by_stream.get(s.request_id)) is not None]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        now = self.now_ns()
-        for s in streams:
-            if not s.done:
-                s.finish(now, "abort")
+        await cancel_streams(self._by_stream, streams, self.now_ns)
 
     async def _routed(self, prepared: RoutedRequest, stream: TokenStream) -> TokenStream:
         try:

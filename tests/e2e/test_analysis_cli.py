@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records
-from pdexporter.cli import main
 from pdexporter.measure.store import ResultsStore
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -28,14 +28,9 @@ def results(tmp_path_factory) -> Path:
     return root
 
 
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    return run_cli(capsys, *argv)
+
 
 
 def test_export_table_writes_everything(results, tmp_path):

@@ -15,8 +15,8 @@ import pytest
 
 from pdexporter._internal.finite import NotFinite, load_yaml_strict, loads_finite
 from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records
-from pdexporter.cli import main
 from pdexporter.measure.store import ResultsStore
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -24,14 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DECISION = ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b" / "decision.json"
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out + captured.err
+def _cli(capsys, *argv: str) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+    code, out, err = run_cli(capsys, *argv)
+    return code, out + err
+
 
 
 def _one_line(text: str) -> str:

@@ -15,6 +15,7 @@ import yaml
 
 from pdexporter.cli import main
 from pdexporter.measure.store import ResultsStore
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -22,14 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 GRID = {"chunk_sizes": [8192], "decode_batch_sizes": [0, 1, 4, 8], "new_prefill_tokens": [2048, 8192, 32768]}
 
 
-def _cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    return run_cli(capsys, *argv)
+
 
 
 def _sweep_file(path: Path, kv_role: str, grid: dict = GRID) -> Path:

@@ -15,7 +15,7 @@ import pytest
 from pdexporter.analysis import report
 from pdexporter.analysis.decision_eval import evaluate_decision
 from pdexporter.analysis.thresholds import compute_thresholds
-from pdexporter.cli import main
+from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 ONE_ARM = ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b" / "decision.json"
@@ -26,14 +26,9 @@ def _doc(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        main(list(argv))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    return run_cli(capsys, *argv)
+
 
 
 def test_report_and_thresholds_give_one_answer_for_one_decision(capsys: pytest.CaptureFixture[str]) -> None:
