@@ -47,3 +47,23 @@ def test_the_root_and_unknown_words_get_every_command() -> None:
     assert cli._command_of(["--version"]) is None
     assert cli._command_of(["sim", "serve", "--port", "0"]) == "sim"
     assert cli._command_of(["export-table", "results"]) == "export-table"
+
+
+
+def test_commands_that_read_files_start_without_the_http_client_or_the_launchers() -> None:
+    """The shared options module (`cli._common`) imports the launchers and aiohttp (~0.3 s of CPU,
+    a third of such a command's start) only where an engine is reached: `export-table`, `report`,
+    `decide`, ... read results directories and start without them; `measure` needs them."""
+    readers = ["export-table", "report", "decide", "compare", "thresholds", "dashboards", "validate-pd"]
+    probe = (
+        "import json, sys\nfrom pdexporter.cli import main\n"
+        "for command in sys.argv[1:]:\n"
+        "    try:\n        main([command, '--help'])\n    except SystemExit:\n        pass\n"
+        "    print(json.dumps([command, sorted(m for m in ('aiohttp', 'pdexporter.launch', 'pdexporter.client.client')"
+        " if m in sys.modules)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *readers, "measure"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    loaded = dict(json.loads(line) for line in out.splitlines() if line.startswith('["'))
+    assert loaded == {**{c: [] for c in readers},
+                      "measure": ["aiohttp", "pdexporter.client.client", "pdexporter.launch"]}, loaded
