@@ -67,3 +67,18 @@ def test_commands_that_read_files_start_without_the_http_client_or_the_launchers
     loaded = dict(json.loads(line) for line in out.splitlines() if line.startswith('["'))
     assert loaded == {**{c: [] for c in readers},
                       "measure": ["aiohttp", "pdexporter.client.client", "pdexporter.launch"]}, loaded
+
+
+def test_run_reads_its_options_before_importing_the_exporter() -> None:
+    """`run --help` and a rejected option start without the exporter's runner, whose passive path
+    imports pandas (~0.4 s of CPU of each such start): they are a third of the suite's `run` starts."""
+    probe = (
+        "import json, sys\nfrom pdexporter.cli import main\n"
+        "for args in (['run', '--help'], ['run', '--decode-batch-size', '0'],\n"
+        "             ['run', '--listen', '127.0.0.1:99999']):\n"
+        "    code = 0\n    try:\n        main(args)\n    except SystemExit as exc:\n        code = exc.code\n"
+        "    loaded = sorted(m for m in ('pandas', 'pdexporter.exporter.runner') if m in sys.modules)\n"
+        "    print(json.dumps([code, loaded]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert [json.loads(line) for line in out.splitlines() if line.startswith("[")] == [[0, []], [2, []], [2, []]], out
