@@ -7,7 +7,7 @@ import os
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console, ConsoleRenderable, RenderHook
@@ -16,9 +16,11 @@ from rich.text import Text
 from pdexporter._internal.durations import parse_duration
 from pdexporter._internal.redact import redact
 from pdexporter.cli._vocab import DURATION, DURATION_SYNTAX
-from pdexporter.client.client import resolve_api_key
 from pdexporter.errors import ConfigError, Interrupted
-from pdexporter.launch import ExternalLauncher, Launcher, SimLauncher
+
+if TYPE_CHECKING:  # the launchers and the HTTP client (aiohttp: ~0.3 s of CPU) are imported where used,
+    # so that the commands that read files only (export-table, report, decide, ...) start without them
+    from pdexporter.launch import Launcher
 
 T = TypeVar("T")
 
@@ -146,6 +148,8 @@ def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, g
     """`--target URL` means an external engine at that chunk size (`engine`: what it is, if it
     cannot say); none means the embedded one imitating `engine` (vllm by default), whose --profile
     is read here, before anything starts (a wrong name is one line, not a child's exit)."""
+    from pdexporter.launch import ExternalLauncher, SimLauncher
+
     claimed = claimed_engine(target, engine)
     if target:
         return ExternalLauncher(url=target, chunk_size=chunk_size, gpu=gpu, engine=claimed)
@@ -156,4 +160,6 @@ def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, g
 
 
 def api_key(api_key_file: Path | None) -> str | None:
+    from pdexporter.client.client import resolve_api_key
+
     return resolve_api_key(api_key_file)

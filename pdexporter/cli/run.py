@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -42,10 +42,13 @@ from pdexporter.exporter.config import (
     parse_duration,
 )
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
-from pdexporter.exporter.runner import Runner
 from pdexporter.exporter.server import parse_listen, tls_context
 from pdexporter.exporter.startup import parse_engine_wait
 from pdexporter.measure.protocol import protocol_settings
+
+if TYPE_CHECKING:  # imported where the exporter starts: its passive path brings pandas (~0.45 s of CPU), which
+    # `run --help` and a rejected option need not pay for
+    from pdexporter.exporter.runner import Runner
 
 METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
 TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"
@@ -300,6 +303,8 @@ def engine_option(config: ExporterConfig) -> str | None:
 
 async def _serve(config: ExporterConfig, token: str | None, metrics_token: str | None = None,
                  traces_token: str | None = None, decision: dict[str, Any] | None = None) -> None:
+    from pdexporter.exporter.runner import Runner
+
     launcher = make_launcher(
         config.target,
         profile=config.profile,

@@ -11,6 +11,7 @@ test double engine); without `run`, the exporter's own registry served by its ow
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import subprocess
 import sys
@@ -40,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[3]
 ACTIVE_WINDOW = f'{WINDOW_RATIO}{{mode="active"}}'  # a window of the injecting exporter, not the passive one
 
 
-def _missing_for_run() -> list[str]:
+@functools.cache  # asked by both exporters' fixtures: two CLI starts (~1.6 s of CPU) once, not twice
+def _missing_for_run() -> tuple[str, ...]:
     """What `pdexporter run` on the embedded engine needs that this checkout lacks (empty: run it)."""
     missing = []
     for command in (["run"], ["sim", "serve"]):
@@ -48,7 +50,7 @@ def _missing_for_run() -> list[str]:
                               capture_output=True, timeout=60)
         if proc.returncode != 0:
             missing.append(f"`pdexporter {' '.join(command)}`")
-    return missing
+    return tuple(missing)
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> str:
@@ -100,7 +102,7 @@ def live_exporter() -> Iterator[tuple[str, str]]:
         if not missing:
             source = "pdexporter run (embedded engine)"
             cmd = [sys.executable, "-m", "pdexporter", "run", "--decode-batch-size", "2", *listen]
-        elif missing == ["`pdexporter sim serve`"]:
+        elif missing == ("`pdexporter sim serve`",):
             source = "pdexporter run --target ScriptedEngine"
             warnings.warn("`pdexporter sim serve` is not on this branch yet: `pdexporter run` probes ScriptedEngine "
                           "(a test double engine) instead of the embedded engine", stacklevel=1)

@@ -47,3 +47,38 @@ def test_the_root_and_unknown_words_get_every_command() -> None:
     assert cli._command_of(["--version"]) is None
     assert cli._command_of(["sim", "serve", "--port", "0"]) == "sim"
     assert cli._command_of(["export-table", "results"]) == "export-table"
+
+
+
+def test_commands_that_read_files_start_without_the_http_client_or_the_launchers() -> None:
+    """The shared options module (`cli._common`) imports the launchers and aiohttp (~0.3 s of CPU,
+    a third of such a command's start) only where an engine is reached: `export-table`, `report`,
+    `decide`, ... read results directories and start without them; `measure` needs them."""
+    readers = ["export-table", "report", "decide", "compare", "thresholds", "dashboards", "validate-pd"]
+    probe = (
+        "import json, sys\nfrom pdexporter.cli import main\n"
+        "for command in sys.argv[1:]:\n"
+        "    try:\n        main([command, '--help'])\n    except SystemExit:\n        pass\n"
+        "    print(json.dumps([command, sorted(m for m in ('aiohttp', 'pdexporter.launch', 'pdexporter.client.client')"
+        " if m in sys.modules)]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *readers, "measure"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    loaded = dict(json.loads(line) for line in out.splitlines() if line.startswith('["'))
+    assert loaded == {**{c: [] for c in readers},
+                      "measure": ["aiohttp", "pdexporter.client.client", "pdexporter.launch"]}, loaded
+
+
+def test_run_reads_its_options_before_importing_the_exporter() -> None:
+    """`run --help` and a rejected option start without the exporter's runner, whose passive path
+    imports pandas (~0.4 s of CPU of each such start): they are a third of the suite's `run` starts."""
+    probe = (
+        "import json, sys\nfrom pdexporter.cli import main\n"
+        "for args in (['run', '--help'], ['run', '--decode-batch-size', '0'],\n"
+        "             ['run', '--listen', '127.0.0.1:99999']):\n"
+        "    code = 0\n    try:\n        main(args)\n    except SystemExit as exc:\n        code = exc.code\n"
+        "    loaded = sorted(m for m in ('pandas', 'pdexporter.exporter.runner') if m in sys.modules)\n"
+        "    print(json.dumps([code, loaded]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert [json.loads(line) for line in out.splitlines() if line.startswith("[")] == [[0, []], [2, []], [2, []]], out
