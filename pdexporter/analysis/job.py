@@ -299,10 +299,13 @@ def analyse_passive(analysis: Analysis, events: Sequence[Any], *, decode_batch_s
 
 
 def progress_steps(analysis_records: int, plots: bool = True) -> int:
-    """Ticks a full run makes: one per record, table, fits, criteria, tables, and one per plot."""
+    """Ticks a full run makes: one per record, table, fits, criteria, tables, and one per plot
+    (matplotlib, behind analysis.plots, is imported only when there are plots to count)."""
+    if not plots:
+        return analysis_records + 4
     from pdexporter.analysis.plots import PLOTS_WITH_MODEL
 
-    return analysis_records + 4 + (PLOTS_WITH_MODEL if plots else 0)
+    return analysis_records + 4 + PLOTS_WITH_MODEL
 
 
 def validate_campaigns(colocated: Sequence[str | Path], offloaded: Sequence[str | Path] = (),
