@@ -44,3 +44,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                    for d in defs):
                 item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
                 break
+
+
+@pytest.fixture(autouse=True)
+def _secrets_forgotten():  # type: ignore[no-untyped-def]
+    """Each test starts with no remembered secret: a test that runs the CLI in-process registers its
+    tokens process-wide (`_internal.redact`), and a later test on the same worker would see them
+    hidden in its own text (a token "wrong" turned a tmp path's `test_a_wrong_field` into `***`)."""
+    from pdexporter._internal.redact import forget_secrets
+
+    forget_secrets()
+    yield
+    forget_secrets()
