@@ -241,8 +241,10 @@ def sim_engine_2048(tmp_path: Path) -> Iterator[str]:
 def test_target_with_chunk_size_runs_the_grid_at_that_chunk_size(sim_engine_2048: str, tmp_path: Path) -> None:
     """A grid of two chunk sizes against one running engine: --chunk-size picks the one it runs."""
     sweep = tmp_path / "two.yaml"
+    # What is checked is which chunk size runs, not the measurement: a real-time engine starved beside
+    # a CPU burner can miss the steady state (8 intervals within 2x) in 3 attempts, so it has more.
     sweep.write_text(yaml.safe_dump({"name": "two", "grid": {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [2],
-                                     "new_prefill_tokens": [1024]}, "reps": 1, "mode": "fast"}))
+                                     "new_prefill_tokens": [1024]}, "reps": 1, "mode": "fast", "retries": 8}))
     out = tmp_path / "out"
     result = _pdx("sweep", str(sweep), "--target", sim_engine_2048, "-B", "2048", "--out", str(out))
     assert result.returncode == 0, result.stderr
