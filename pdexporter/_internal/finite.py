@@ -27,7 +27,7 @@ class NotFinite(ValueError):
     """A number that is not finite, or too large; `where` is its path in the document."""
 
     def __init__(self, where: str, text: str, too_large: bool = False) -> None:
-        self.where, self.text = where, text
+        self.where, self.text, self.too_large = where, text, too_large
         what = "too large a number" if too_large else "not a finite number"
         super().__init__(f"{where or 'the document'}: {text}: {what}")
 

@@ -26,6 +26,7 @@ and `write_outputs` are the file edges; `job.validate_campaigns` wires it to the
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +43,7 @@ from pdexporter.analysis.decision_eval import (
     cost_regime,
     evaluate_arms,
 )
-from pdexporter.analysis.table import ConfigSamples, build_table
+from pdexporter.analysis.table import ConfigSamples, build_table, pooled
 from pdexporter.errors import RecordError
 
 __all__ = [
@@ -190,18 +191,10 @@ def _measured(samples: Sequence[ConfigSamples]) -> dict[tuple[int, int, int], fl
 
 def _pool(samples: Samples, ids: Sequence[str], arm: str) -> list[ConfigSamples]:
     """The repetitions of every point the campaigns `ids` measured on `arm`, pooled per point."""
-    from dataclasses import replace
-
     merged: dict[tuple[int, int, int], ConfigSamples] = {}
     for cid in ids:
         for s in samples[cid].get(arm, ()):
-            if s.key in merged:
-                first = merged[s.key]
-                steps = first.steps + s.steps if len(first.steps) == len(first.reps) and \
-                    len(s.steps) == len(s.reps) else ()
-                merged[s.key] = replace(first, reps=first.reps + s.reps, steps=steps, top_level=None)
-            else:
-                merged[s.key] = s
+            merged[s.key] = pooled(merged[s.key], s) if s.key in merged else s
     return list(merged.values())
 
 
@@ -279,6 +272,7 @@ def _rms(values: Sequence[float]) -> float:
     return math.sqrt(sum(v * v for v in values) / len(values)) if values else 0.0
 
 
+@functools.lru_cache(maxsize=8)
 def campaign_draws(n: int, seed: int = 20261203) -> list[dict[str, float]]:
     """Fixed standard normal draws per bootstrap replicate, one per arm, independent between the
     arms: the normal quantiles at (i + 0.5) / n, each arm in its own fixed random order."""

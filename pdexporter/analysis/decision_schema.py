@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pdexporter._internal.finite import first_not_finite
 from pdexporter.errors import RecordError
 
 __all__ = [
@@ -131,32 +132,16 @@ class DecisionDocument(_Part):
 
 def validate_decision(doc: Any, source: str = "decision.json") -> DecisionDocument:
     """The document typed, or one line naming the first field that is wrong and why."""
-    bad = _non_finite(doc)
+    bad = first_not_finite(doc)
     if bad is not None:
-        raise RecordError(f"{source}: {bad}: not a finite number (NaN or infinity); re-run export-table")
+        what = "too large a number" if bad.too_large else "not a finite number (NaN or infinity)"
+        raise RecordError(f"{source}: {bad.where or '(document)'}: {what}; re-run export-table")
     try:
         return DecisionDocument.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "(document)"
         raise RecordError(f"{source}: {where}: {err['msg']}") from None
-
-
-def _non_finite(node: Any, path: str = "") -> str | None:
-    """The dotted path of the first NaN or infinity in a JSON tree (None: every number finite)."""
-    if isinstance(node, float) and (node != node or node in (float("inf"), float("-inf"))):
-        return path or "(document)"
-    if isinstance(node, dict):
-        for key, value in node.items():
-            found = _non_finite(value, f"{path}.{key}" if path else str(key))
-            if found:
-                return found
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            found = _non_finite(value, f"{path}[{i}]")
-            if found:
-                return found
-    return None
 
 
 def schema_json() -> str:

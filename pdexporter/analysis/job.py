@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,14 @@ from pdexporter._internal.atomic import atomic_write_json, atomic_write_text
 from pdexporter.analysis.breakeven import DECISION_JSON, DEFAULT_TRANSFER_MS, decision_document
 from pdexporter.analysis.criteria import CRITERIA_JSON, Criterion, criteria_document, evaluate_criteria
 from pdexporter.analysis.models import FitReport, fit_data, fit_models
-from pdexporter.analysis.table import ConfigSamples, build_table, samples_from_record, top_level_mismatches, write_table
+from pdexporter.analysis.table import (
+    ConfigSamples,
+    build_table,
+    pooled,
+    samples_from_record,
+    top_level_mismatches,
+    write_table,
+)
 from pdexporter.errors import RecordError
 from pdexporter.measure.store import ResultsStore, load_record_file
 
@@ -135,10 +142,7 @@ def load_joined(results_dirs: Sequence[str | Path], tick: Tick | None = None, *,
                         raise RecordError(f"B={b} D={d} P={p}: {attr} {getattr(first, attr)!r} in "
                                           f"{seen[sample.key]} but {getattr(sample, attr)!r} in {where}: "
                                           "only measurements of one setup pool")
-                steps = first.steps + sample.steps if len(first.steps) == len(first.reps) and \
-                    len(sample.steps) == len(sample.reps) else ()
-                samples[sample.key] = replace(first, reps=first.reps + sample.reps, steps=steps, top_level=None,
-                                              source=f"{first.source} + {sample.source}")
+                samples[sample.key] = pooled(first, sample, f"{first.source} + {sample.source}")
                 continue
             seen[sample.key] = where
             samples[sample.key] = sample

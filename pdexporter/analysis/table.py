@@ -22,7 +22,7 @@ import io
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,16 @@ class ConfigSamples:
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.chunk_size, self.decode_batch_size, self.new_prefill_tokens)
+
+
+def pooled(first: ConfigSamples, other: ConfigSamples, source: str | None = None) -> ConfigSamples:
+    """One grid point measured twice (two sessions, two directories) as one: the repetitions of both,
+    their chunk steps where each side has them for every repetition, no top-level values (the
+    table's medians come from the pooled repetitions)."""
+    steps = first.steps + other.steps if len(first.steps) == len(first.reps) and \
+        len(other.steps) == len(other.reps) else ()
+    return replace(first, reps=first.reps + other.reps, steps=steps, top_level=None,
+                   source=first.source if source is None else source)
 
 
 def rep_values(

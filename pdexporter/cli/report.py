@@ -37,7 +37,7 @@ def report(
 ) -> None:
     """Write one HTML file (images embedded, no external assets) describing the results."""
     from pdexporter._internal.writable import check_writable
-    from pdexporter.analysis.campaigns import load_variation
+    from pdexporter.analysis.campaigns import check_fit_inputs, load_variation
     from pdexporter.analysis.job import analyse, load_joined, record_paths
     from pdexporter.analysis.plots import all_plots
     from pdexporter.analysis.report import write_report
@@ -47,6 +47,7 @@ def report(
     results_dirs, first_dir = results_dir, results_dir[0]
     offloaded = offloaded or None
     variation = load_variation(campaign_variation) if campaign_variation is not None else None
+    check_fit_inputs([*results_dirs, *(offloaded or [])])  # a validation campaign in neither arm (as export-table)
     target = check_writable(out or default_report_path(first_dir), "--out" if out else "output", directory=False)
     paths = [path for directory in results_dirs for path in record_paths(directory)]
     off_paths = [path for directory in offloaded or [] for path in record_paths(directory)]
