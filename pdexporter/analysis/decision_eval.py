@@ -64,6 +64,7 @@ __all__ = [
     "SEED_RULE",
     "TWO_ARM_RULE",
     "WEAK_R2",
+    "campaign_log_sd",
     "chunk_context",
     "colocated_cost",
     "cost_regime",
@@ -246,12 +247,15 @@ def _campaign_factors(doc, ctx, replicate):
     if replicate is None or not variation or replicate >= len(draws):
         return {arm: 1.0 for arm in CAMPAIGN_ARMS}
     regime = cost_regime(doc, ctx)
-    out = {}
-    for arm in CAMPAIGN_ARMS:
-        v = variation.get(arm) or {}
-        s = (v.get("by_regime") or {}).get(regime, v.get("log_sd", 0.0))
-        out[arm] = math.exp(s * draws[replicate][arm])
-    return out
+    return {arm: math.exp(campaign_log_sd(variation, arm, regime) * draws[replicate][arm]) for arm in CAMPAIGN_ARMS}
+
+
+def campaign_log_sd(variation, arm, regime):
+    """The campaign variation s of an arm's cost in a regime (`cost_regime`): the arm's s for that
+    regime, else its pooled s, else 0 (`variation`: decision.json's `campaign_variation`, or the
+    `variation` of the held_out.json `pdexporter validate` writes)."""
+    v = (variation or {}).get(arm) or {}
+    return float((v.get("by_regime") or {}).get(regime, v.get("log_sd", 0.0)))
 
 
 def _seed_penalty(model, d, b):

@@ -97,9 +97,10 @@ kept running without the prefill. Phase 1 ran seconds to minutes earlier, and on
 differed from the cadence right before the injection by up to 0.9 ms at some D in every campaign
 (2026-12-03, DecodeBench, D = 7: Phase 1 6.44 ms, the decodes ran 5.59 ms steps before and after
 the admission): charged against Phase 1, the 3-4 window intervals of an admission that cost each
-decode ~4.5 ms summed to 0.1-2 ms, and the colocated totals moved by up to 14 % (p90 over
-repetitions). The penalty keeps the spec's Phase 1 baseline. aggregate_interference_ms = D * total_interference_ms: what the prefill cost the batch,
-the quantity the offload rule compares with a transfer time. decode_tokens_delayed = the number of
+decode ~4.5 ms summed to 0.1-2 ms; a colocated total moved by up to 14 % (the p90 over that
+campaign's repetitions; 2-8 % in the others). The penalty keeps the spec's Phase 1 baseline.
+aggregate_interference_ms = D * total_interference_ms: what the prefill cost the batch, the
+quantity the offload rule compares with a transfer time. decode_tokens_delayed = the number of
 slow intervals summed over streams.
 
 num_chunks_expected: the length of the engine's chunk schedule (vLLM: ceil(P / (B - D)), running
