@@ -134,9 +134,8 @@ def export_table(
         Path | None,
         typer.Option(
             "--campaign-variation",
-            help="held_out.json of `pdexporter validate`: the campaign-to-campaign variation it measured is "
-            "carried into decision.json's intervals, verdicts and thresholds (with --mode passive also into the "
-            "event model's table intervals), and its held-out errors quoted.",
+            help="held_out.json of `pdexporter validate`: the campaign variation it measured is carried into "
+            "decision.json's intervals, verdicts, thresholds (and --mode passive's table), its held-out errors quoted.",
         ),
     ] = None,
 ) -> None:
