@@ -21,8 +21,9 @@ features, so no time it gives can be negative, and each grows where the physics 
   step costs pi_k = max(alpha0 + alpha1 D, compute0 + gamma c_k + beta q_k) run eagerly (the
   host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph, plus
   graph0 in the step that admits the request (q_k: the chunk's query x context pairs, attention
-  over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 P; times D for the
-  batch. Where each decode in a chunk's step pays per chunk token (the model has
+  over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 min(P, P_sat)
+  (`sigma_saturation_tokens`: from there on the stall no longer grows; absent: never); times D for
+  the batch. Where each decode in a chunk's step pays per chunk token (the model has
   `delta_ms_per_decode_token`: SGLang's mixed chunks) the work gains delta D c_k; where the decodes
   pause for the chunks (SGLang's default) the fit leaves the launch floor and the stalls at 0, so
   each step is its work whole.
@@ -64,6 +65,7 @@ __all__ = [
     "SEED_RULE",
     "TWO_ARM_RULE",
     "WEAK_R2",
+    "campaign_log_sd",
     "chunk_context",
     "colocated_cost",
     "cost_regime",
@@ -208,7 +210,9 @@ def colocated_cost(doc, ctx, coefficients=None):
         tail_pi = kappa * tail + (graph0 if full == 0 else 0.0)
     else:
         tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
-    per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * ctx["p_tokens"]
+    saturation = k.get("sigma_saturation_tokens")  # the stall stops growing with P there (absent: never)
+    stall_p = min(ctx["p_tokens"], saturation) if saturation else ctx["p_tokens"]
+    per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * stall_p
     if ctx["eager_chunks"] or kappa is None:  # after a long step the next was ready: the decodes catch up
         per_stream -= k.get("catchup_steps", 0.0) * decode_step(k, d)
     mean_extra = (full_sum * budget + tail_pi * tail) / ctx["p_tokens"]
@@ -246,12 +250,15 @@ def _campaign_factors(doc, ctx, replicate):
     if replicate is None or not variation or replicate >= len(draws):
         return {arm: 1.0 for arm in CAMPAIGN_ARMS}
     regime = cost_regime(doc, ctx)
-    out = {}
-    for arm in CAMPAIGN_ARMS:
-        v = variation.get(arm) or {}
-        s = (v.get("by_regime") or {}).get(regime, v.get("log_sd", 0.0))
-        out[arm] = math.exp(s * draws[replicate][arm])
-    return out
+    return {arm: math.exp(campaign_log_sd(variation, arm, regime) * draws[replicate][arm]) for arm in CAMPAIGN_ARMS}
+
+
+def campaign_log_sd(variation, arm, regime):
+    """The campaign variation s of an arm's cost in a regime (`cost_regime`): the arm's s for that
+    regime, else its pooled s, else 0 (`variation`: decision.json's `campaign_variation`, or the
+    `variation` of the held_out.json `pdexporter validate` writes)."""
+    v = (variation or {}).get(arm) or {}
+    return float((v.get("by_regime") or {}).get(regime, v.get("log_sd", 0.0)))
 
 
 def _seed_penalty(model, d, b):

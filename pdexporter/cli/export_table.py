@@ -134,8 +134,8 @@ def export_table(
         Path | None,
         typer.Option(
             "--campaign-variation",
-            help="held_out.json of `pdexporter validate`: the campaign-to-campaign variation it measured is "
-            "carried into decision.json's intervals, verdicts and thresholds, and its held-out errors quoted.",
+            help="held_out.json of `pdexporter validate`: the campaign variation it measured is carried into "
+            "decision.json's intervals, verdicts, thresholds (and --mode passive's table), its held-out errors quoted.",
         ),
     ] = None,
 ) -> None:
@@ -194,7 +194,7 @@ def export_table(
             if analysis.decision is not None and campaigns:
                 analysis.decision["campaigns"] = campaigns
             if mode == "passive":
-                analysis = _event_model(analysis, results_dir, grid, injected)
+                analysis = _event_model(analysis, results_dir, grid, injected, variation)
                 tick("event model")
             written = write_outputs(analysis, out_dir, plots=plots, parquet=parquet, tick=tick)
     if parquet and not parquet_available():
@@ -246,7 +246,8 @@ def _from_prometheus(url: str, from_: str, to: str, step: str, transfer_ms: floa
     return analysis, out or Path("results"), extra + notes
 
 
-def _event_model(analysis: Analysis, results_dir: list[Path], grid: Path | None, injected: Path | None) -> Analysis:
+def _event_model(analysis: Analysis, results_dir: list[Path], grid: Path | None, injected: Path | None,
+                 variation: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Analysis:
     """--mode passive from records: the model fitted on the events (analysis.passive_model)."""
     from pdexporter.analysis.job import analyse_passive, injected_values, load_passive_events
 
@@ -258,7 +259,7 @@ def _event_model(analysis: Analysis, results_dir: list[Path], grid: Path | None,
         d_values, p_values = spec.grid.decode_batch_sizes, spec.grid.new_prefill_tokens
     reference = injected_values(injected) if injected is not None else None
     return analyse_passive(analysis, load_passive_events(results_dir), decode_batch_sizes=d_values,
-                           prefill_tokens=p_values, injected=reference)
+                           prefill_tokens=p_values, injected=reference, campaign_variation=variation)
 
 
 def _passive_lines(result: Any) -> list[str]:

@@ -64,7 +64,8 @@ def report(
             from pdexporter.analysis.plots import passive_convergence
 
             reference = injected_values(injected) if injected is not None else None
-            analysis = analyse_passive(analysis, load_passive_events([first_dir]), injected=reference)
+            analysis = analyse_passive(analysis, load_passive_events([first_dir]), injected=reference,
+                                       campaign_variation=variation)
             if analysis.passive is not None:
                 plots.append(passive_convergence(analysis.passive.convergence, analysis.modelled))
         tick("plots")

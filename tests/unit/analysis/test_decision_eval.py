@@ -316,3 +316,15 @@ def test_thresholds_where_the_offloaded_arm_was_not_measured_are_modelled() -> N
     result = computed.to_dict()
     assert result["chunk_sizes"]["2048"]["modelled"] and not result["chunk_sizes"]["8192"]["modelled"]
     assert "MODELLED: the offloaded arm was not measured at B=2048" in llmd_snippet(computed, 2048, 3)
+
+
+def test_the_stall_stops_growing_at_its_saturation_and_documents_without_one_stay_linear() -> None:
+    linear = {"model": context_model(), "chunk_rule": dict(VLLM_RULE)}
+    saturated = {"model": context_model(sigma_saturation_tokens=8192.0), "chunk_rule": dict(VLLM_RULE)}
+    for p in (1024, 8192):  # up to P_sat the two are the same
+        ctx = chunk_context(linear, 4, p, 8192)
+        assert colocated_cost(saturated, ctx)[0] == pytest.approx(colocated_cost(linear, ctx)[0], rel=1e-12)
+    ctx = chunk_context(linear, 4, 32768, 8192)
+    # beyond it each stream's stall is sigma1 x 8192, not sigma1 x 32768
+    assert colocated_cost(linear, ctx)[0] - colocated_cost(saturated, ctx)[0] == pytest.approx(
+        4 * 0.001 * (32768 - 8192), rel=1e-9)
