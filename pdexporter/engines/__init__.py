@@ -40,20 +40,29 @@ from pdexporter.engines.disagg import (
     connector_of,
     pair_connector,
 )
-from pdexporter.engines.sim import IMITATED, SIM_ENGINE, sim_engine
-from pdexporter.engines.vllm import OpenAICompatibleAdapter
+from pdexporter.engines.sim import IMITATED, SIM_ENGINE, imitation_for, sim_engine
+from pdexporter.engines.disagg import VllmPdDecodeAdapter
+from pdexporter.engines.vllm import OpenAICompatibleAdapter, VllmAdapter
 
 # The name an engine nobody identified is recorded under (vLLM's rules, as a stated assumption).
 UNIDENTIFIED = OpenAICompatibleAdapter.name
+# The engine meant where nothing names one: a record written before `config.engine` existed, a
+# fit or decision of no records, the embedded engine's imitation and a sweep's launcher by default
+# (vLLM's rules). Everything outside this package says DEFAULT_ENGINE, never the name.
+DEFAULT_ENGINE = VllmAdapter.name
+# The decode instance of a P/D pair a sweep launches (launch/pair.py starts vLLM instances).
+PAIR_ENGINE = VllmPdDecodeAdapter.name
 
 __all__ = [
     "BUDGET_RULE",
     "COLOCATED",
     "DECODE_BENCH",
+    "DEFAULT_ENGINE",
     "IMITATED",
     "METRIC_KINDS",
     "NIXL",
     "P2P_NCCL",
+    "PAIR_ENGINE",
     "SIM_ENGINE",
     "SIM_KINDS",
     "UNIDENTIFIED",
@@ -72,6 +81,7 @@ __all__ = [
     "identify",
     "identity_paths",
     "infer_chunk_size",
+    "imitation_for",
     "info_labels",
     "pair_connector",
     "register",

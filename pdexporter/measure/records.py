@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from pdexporter import __version__
 from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
+from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.measure.quantities import Block, block_values, in_block
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
@@ -42,7 +43,7 @@ class RecordConfig(_Model):
     chunk_size: int = Field(ge=1, le=MAX_TOKENS)
     model: str
     gpu: str
-    engine: str = "vllm"
+    engine: str = DEFAULT_ENGINE
     engine_version: str | None = None
     engine_url: str | None = None
     modelled: bool = False

@@ -28,7 +28,7 @@ from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES,
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
 from pdexporter._internal.validation import flag_error, format_validation_error
-from pdexporter.engines import UNIDENTIFIED, adapter
+from pdexporter.engines import PAIR_ENGINE, UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.launch.specs import (
     LAUNCHERS,
@@ -254,7 +254,7 @@ class SweepSpec(_Strict):
             return launcher.engine
         if isinstance(launcher, KubernetesLauncherSpec):
             return launcher.engine
-        return "vllm-pd-decode"  # a pair: vLLM instances (launch/pair.py)
+        return PAIR_ENGINE  # a pair: vLLM instances (launch/pair.py)
 
     @property
     def slots(self) -> int:
