@@ -26,6 +26,7 @@ from pdexporter.engines._registry import (
     identity_paths,
     infer_chunk_size,
     info_labels,
+    metric_name,
     register,
     registered,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "infer_chunk_size",
     "imitation_for",
     "info_labels",
+    "metric_name",
     "pair_connector",
     "register",
     "registered",

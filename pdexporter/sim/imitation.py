@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from pdexporter.sim.profile import Profile
     from pdexporter.sim.scheduler import SchedulerConfig
 
-__all__ = ["DEFAULT_IMITATION", "IMITATIONS", "Imitation", "imitation", "sglang_log_prefix", "vllm_log_prefix"]
+__all__ = ["DEFAULT_IMITATION", "IMITATIONS", "Imitation", "for_serve", "imitation", "sglang_log_prefix",
+           "vllm_log_prefix"]
 
 def vllm_log_prefix(wall: float, pid: int) -> str:
     """`(EngineCore_DP0 pid=N) INFO MM-DD HH:MM:SS [core.py:NNN] ` as vLLM's engine core prints."""
@@ -131,6 +132,25 @@ _SGLANG = Imitation("sglang", "sglang", sglang_log_prefix, ("/server_info", "/ge
 IMITATIONS: Mapping[str, Imitation] = {
     i.name: i for i in (_VLLM, _SGLANG, replace(_SGLANG, name="sglang-mixed", mixed_chunk=True))
 }
+
+
+def for_serve(engine: str, *, mixed_chunk: bool = False, kv_role: str | None = None) -> Imitation:
+    """The imitation `sim serve --engine ENGINE [--enable-mixed-chunk] [--kv-role ROLE]` asks for;
+    ConfigError, one line naming the flag, for a combination no imitation has."""
+    from pdexporter.errors import ConfigError
+
+    engines = list(dict.fromkeys(i.serve_engine for i in IMITATIONS.values()))
+    if engine not in engines:
+        raise ConfigError(f"--engine {engine!r}: the embedded engine imitates {' or '.join(engines)}")
+    found = [i for i in IMITATIONS.values() if i.serve_engine == engine and i.mixed_chunk == mixed_chunk]
+    if not found:
+        mixed = [i.serve_engine for i in IMITATIONS.values() if i.mixed_chunk]
+        raise ConfigError(f"--enable-mixed-chunk: an SGLang flag; add --engine {mixed[0]}")
+    if kv_role not in (None, "none") and not found[0].kv_roles:
+        roles = [i.name for i in IMITATIONS.values() if i.kv_roles]
+        raise ConfigError(f"--kv-role {kv_role}: the embedded engine models P/D roles imitating "
+                          f"{', '.join(roles)} only")
+    return found[0]
 
 
 def imitation(name: str) -> Imitation:
