@@ -78,7 +78,7 @@ import numpy as np
 import pandas as pd
 
 from pdexporter._internal.text import plural
-from pdexporter.analysis.decision_eval import chunk_context, colocated_cost
+from pdexporter.analysis.decision_eval import ChunkContext, chunk_context, colocated_cost
 from pdexporter.analysis.table import ConfigSamples
 from pdexporter.engines import BUDGET_RULE, DEFAULT_ENGINE, ChunkRule, adapter
 
@@ -446,7 +446,7 @@ class ContextAwareModel:
 
 
 def _per_point(doc: dict[str, Any], d: Any, p: Any, b: Any,
-               value: Callable[[dict[str, Any], dict[str, Any]], float]) -> np.ndarray:
+               value: Callable[[dict[str, Any], ChunkContext], float]) -> np.ndarray:
     """`value` (a decision_eval evaluation) at each (D, P, B), element-wise; NaN where no chunk fits."""
     d, p, b = np.broadcast_arrays(np.asarray(d, np.float64), np.asarray(p, np.float64), np.asarray(b, np.float64))
     out = np.full(d.shape, np.nan)
