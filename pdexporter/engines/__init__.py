@@ -51,6 +51,9 @@ UNIDENTIFIED = OpenAICompatibleAdapter.name
 # fit or decision of no records, the embedded engine's imitation and a sweep's launcher by default
 # (vLLM's rules). Everything outside this package says DEFAULT_ENGINE, never the name.
 DEFAULT_ENGINE = VllmAdapter.name
+# The chunk size (B) meant where nothing gives one: the default engine's own default (vLLM's
+# max_num_batched_tokens on a >= 70 GB GPU), the embedded engine's and the exporter's.
+DEFAULT_CHUNK_SIZE = VllmAdapter.default_chunk_size
 # The decode instance of a P/D pair a sweep launches (launch/pair.py starts vLLM instances).
 PAIR_ENGINE = VllmPdDecodeAdapter.name
 
@@ -58,6 +61,7 @@ __all__ = [
     "BUDGET_RULE",
     "COLOCATED",
     "DECODE_BENCH",
+    "DEFAULT_CHUNK_SIZE",
     "DEFAULT_ENGINE",
     "IMITATED",
     "METRIC_KINDS",

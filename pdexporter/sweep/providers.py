@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pdexporter.engines import DECODE_BENCH, DEFAULT_ENGINE, IMITATED, connector_of, pair_connector
+from pdexporter.engines import DECODE_BENCH, DEFAULT_CHUNK_SIZE, DEFAULT_ENGINE, IMITATED, connector_of, pair_connector
 from pdexporter.errors import ConfigError
 from pdexporter.launch.base import EngineHandle, Launcher, LogDirected, Releasing
 from pdexporter.launch.external import ExternalLauncher
@@ -199,7 +199,7 @@ def sim_role_for(launcher_spec: Any) -> str:
         return launcher_spec.kv_role
     if isinstance(launcher_spec, LocalLauncherSpec):
         try:
-            argv = render_command(launcher_spec.command, 8192, dict(launcher_spec.vars)).argv
+            argv = render_command(launcher_spec.command, DEFAULT_CHUNK_SIZE, dict(launcher_spec.vars)).argv
         except ConfigError:
             return "none"
         return "decode-bench" if connector_of(argv) == DECODE_BENCH else "none"

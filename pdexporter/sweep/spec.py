@@ -24,7 +24,14 @@ from pydantic import (
     model_validator,
 )
 
-from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
+from pdexporter._internal.bounds import (
+    MAX_DECODE_BATCH,
+    MAX_REPS,
+    MAX_RETRIES,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MIN_DECODE_BATCH,
+)
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
 from pdexporter._internal.validation import flag_error, format_validation_error
@@ -80,7 +87,7 @@ def _whole(value: Any) -> Any:
 
 
 TokenCount = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=MAX_TOKENS)]  # P, chunk sizes (`_internal.bounds`)
-DecodeBatch = Annotated[int, BeforeValidator(_whole), Field(ge=0, le=MAX_DECODE_BATCH)]
+DecodeBatch = Annotated[int, BeforeValidator(_whole), Field(ge=MIN_DECODE_BATCH, le=MAX_DECODE_BATCH)]
 
 
 class GridSpec(_Strict):
