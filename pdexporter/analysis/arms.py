@@ -546,7 +546,7 @@ def predict_pair(colocated: pd.DataFrame, decode_bench: pd.DataFrame, pair: pd.D
         model = evaluate_decision(doc, d, p, b, mode="two-arm") if doc and doc.get("two_arm") else None
 
         def pick(table: pd.DataFrame, k: tuple[int, int, int], column: str, fallback: str,
-                 model: dict[str, Any] | None = model) -> float | None:
+                 model: Mapping[str, Any] | None = model) -> float | None:
             got = _at(table, k, column)
             return got if got is not None or model is None else float(model[fallback])
 

@@ -32,7 +32,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import yaml
@@ -228,7 +228,8 @@ def held_out_points(campaigns: Sequence[Campaign], samples: Samples, fit: Fit,
 
 def _predict(doc: dict[str, Any], c: Campaign, arm: str, measured: Mapping[tuple[int, int, int], float],
              train: tuple[str, ...]) -> list[HeldOutPoint]:
-    key = "colocated_cost_ms" if arm == "colocated" else "offloaded_cost_ms"
+    key: Literal["colocated_cost_ms", "offloaded_cost_ms"] = (
+        "colocated_cost_ms" if arm == "colocated" else "offloaded_cost_ms")
     n_reps = len((doc.get("replicates") or {}).get("model") or ())
     out = []
     for (b, d, p), value in sorted(measured.items()):

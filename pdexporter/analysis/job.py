@@ -26,6 +26,7 @@ from pdexporter.analysis.table import (
     top_level_mismatches,
     write_table,
 )
+from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.errors import RecordError
 from pdexporter.measure.store import ResultsStore, load_record_file
 
@@ -299,7 +300,7 @@ def analyse_passive(analysis: Analysis, events: Sequence[Any], *, decode_batch_s
                               "the grid's prompt span to fit the event model; decision.json is the cells' fit")
         return analysis
     analysis.passive = result
-    engines = sorted({s.engine for s in analysis.samples}) or ["vllm"]
+    engines = sorted({s.engine for s in analysis.samples}) or [DEFAULT_ENGINE]
     analysis.decision = passive_decision(result, analysis.transfer_ms, modelled=analysis.modelled,
                                          engine=engines[0], source=analysis.source)
     if campaign_variation is not None:

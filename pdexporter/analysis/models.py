@@ -78,9 +78,9 @@ import numpy as np
 import pandas as pd
 
 from pdexporter._internal.text import plural
-from pdexporter.analysis.decision_eval import chunk_context, colocated_cost
+from pdexporter.analysis.decision_eval import ChunkContext, chunk_context, colocated_cost
 from pdexporter.analysis.table import ConfigSamples
-from pdexporter.engines import BUDGET_RULE, ChunkRule, adapter
+from pdexporter.engines import BUDGET_RULE, DEFAULT_ENGINE, ChunkRule, adapter
 
 __all__ = [
     "CONTEXT_IF_NEGATIVE",
@@ -137,7 +137,7 @@ SCHEMES = (LEAVE_P_OUT, LEAVE_B_OUT, LEAVE_D_OUT, KFOLD)
 # The chunk arithmetic shared by the fits, the synthetic records and the decision function
 
 
-def num_chunks(p: Any, b: Any, d: Any, engine: str = "vllm") -> np.ndarray:
+def num_chunks(p: Any, b: Any, d: Any, engine: str = DEFAULT_ENGINE) -> np.ndarray:
     """The engine's chunk count for each (P, B, D) (vLLM: ceil(P / (B - D))), element-wise."""
     p, b, d = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (p, b, d)))
     rule = adapter(engine)
@@ -148,7 +148,7 @@ def num_chunks(p: Any, b: Any, d: Any, engine: str = "vllm") -> np.ndarray:
 
 
 def chunk_schedule(new_prefill_tokens: int, chunk_size: int, decode_batch_size: int,
-                   engine: str = "vllm") -> list[int]:
+                   engine: str = DEFAULT_ENGINE) -> list[int]:
     """Chunk sizes in order (the engine adapter's rule; vLLM: B - D tokens per step, the rest last)."""
     return list(adapter(engine).chunk_schedule(new_prefill_tokens, chunk_size, decode_batch_size))
 
@@ -174,7 +174,7 @@ class FitData:
     total_ms: np.ndarray  # per stream
     steps: tuple[tuple[tuple[float, tuple[float, ...]], ...], ...]  # per point: (baseline, slow step times) per rep
     design: Design | None = field(default=None, repr=False, compare=False)  # context-aware rows, if built
-    engine: str = "vllm"  # whose chunk rule cut the prompts (engines.adapter)
+    engine: str = DEFAULT_ENGINE  # whose chunk rule cut the prompts (engines.adapter)
     baseline_ms: np.ndarray | None = None  # per point: its decode-only step (TPOT baseline p50)
 
     def __len__(self) -> int:
@@ -230,7 +230,7 @@ def _fit_engine(engines: Sequence[str]) -> str:
     rules = {adapter(e).chunk_rule for e in known}
     if len(rules) > 1:
         raise ValueError(f"records of engines with different chunk rules ({', '.join(known)}): fit them apart")
-    return known[0] if known else "vllm"
+    return known[0] if known else DEFAULT_ENGINE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -452,7 +452,7 @@ class ContextAwareModel:
 
 
 def _per_point(doc: dict[str, Any], d: Any, p: Any, b: Any,
-               value: Callable[[dict[str, Any], dict[str, Any]], float]) -> np.ndarray:
+               value: Callable[[dict[str, Any], ChunkContext], float]) -> np.ndarray:
     """`value` (a decision_eval evaluation) at each (D, P, B), element-wise; NaN where no chunk fits."""
     d, p, b = np.broadcast_arrays(np.asarray(d, np.float64), np.asarray(p, np.float64), np.asarray(b, np.float64))
     out = np.full(d.shape, np.nan)

@@ -12,7 +12,7 @@ from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
 from pdexporter._internal.finite import NotFinite, loads_finite
 from pdexporter._internal.text import plural
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
-from pdexporter.analysis.decision_eval import DECIDED_SHARE, WEAK_R2, chunk_context, held_out_text
+from pdexporter.analysis.decision_eval import DECIDED_SHARE, WEAK_R2, Verdict, chunk_context, held_out_text
 from pdexporter.cli._common import console
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter.errors import ConfigError
@@ -157,7 +157,7 @@ def decide(
     _print_footer(doc, verdict, measured, seed_note=bool(doc.get("two_arm")))
 
 
-def _print_footer(doc: dict[str, Any], verdict: dict[str, Any], measured: dict[str, Any] | None,
+def _print_footer(doc: dict[str, Any], verdict: Verdict, measured: dict[str, Any] | None,
                   seed_note: bool = False) -> None:
     """The lines both verdicts end with: the point as measured, the fitted range, what the model was fitted on."""
     if measured is not None:
@@ -191,7 +191,7 @@ def _iv(interval: list[float] | None, signed: bool = False) -> str:
     return f" (90 %: {max(lo, 0.0):.1f}..{max(hi, 0.0):.1f} ms)"
 
 
-def _print_two_arm(doc: dict[str, Any], v: dict[str, Any], d: int, p: int, b: int,
+def _print_two_arm(doc: dict[str, Any], v: Verdict, d: int, p: int, b: int,
                    measured: dict[str, Any] | None) -> None:
     word = "UNDECIDED" if not v["decided"] else ("OFFLOAD" if v["offload"] else "KEEP LOCAL")
     print(f"{word}: {v['verdict'].split(': ', 1)[1]}" if v["decided"] else f"{word} {v['verdict'].split(' ', 1)[1]}")
@@ -217,7 +217,7 @@ def _print_two_arm(doc: dict[str, Any], v: dict[str, Any], d: int, p: int, b: in
     for name, held in v["slos"].items():
         print(f"  {name} SLO: colocated {'held' if held['colocated'] else 'missed'}, offloaded "
               f"{'held' if held['offloaded'] else 'missed'}")
-    graphs = v["chunks"] - (doc and evaluate_graph_chunks(doc, d, p, b))
+    graphs = v["chunks"] - (evaluate_graph_chunks(doc, d, p, b) if doc else 0)
     rule = doc.get("chunk_rule") or {}
     budget = b - d if rule.get("decodes_take_budget", True) else b
     print(f"  D={d} P={p} B={b}: {plural(v['chunks'], 'chunk')} of <= {budget} tokens"
