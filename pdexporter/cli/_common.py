@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console, ConsoleRenderable, RenderHook
+from rich.table import Table
 from rich.text import Text
 
 from pdexporter._internal.durations import parse_duration
 from pdexporter._internal.redact import redact
+from pdexporter._internal.sheet import Plain, Sheet, Shown
 from pdexporter.cli._vocab import DURATION, DURATION_SYNTAX
 from pdexporter.errors import ConfigError, Interrupted
 
@@ -58,6 +60,33 @@ class RedactHook(RenderHook):
 
 
 console.push_render_hook(RedactHook())
+
+
+def table_of(sheet: Sheet) -> Table:
+    """A library's `Sheet` as a rich table."""
+    from rich import box
+
+    style: dict[str, Any] = {
+        "compact": {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True},
+        "left": {"title_justify": "left", "show_lines": False},
+    }.get(sheet.style, {})
+    table = Table(title=sheet.title, caption=sheet.caption, **style)
+    for c in sheet.columns:
+        table.add_column(c.header, justify=c.justify, overflow="fold" if c.fold else "ellipsis", no_wrap=c.no_wrap)
+    for row in sheet.rows:
+        table.add_row(*row)
+    return table
+
+
+def show(items: Iterable[Shown] | Shown, out: Console = console) -> None:
+    """Print what a library job shows (`_internal.sheet`): tables, plain lines, lines."""
+    for item in [items] if isinstance(items, str | Sheet) else items:
+        if isinstance(item, Sheet):
+            out.print(table_of(item), highlight=item.style != "left")
+        elif isinstance(item, Plain):
+            out.print(item, highlight=False, soft_wrap=True)
+        else:
+            out.print(item)
 
 TargetOpt = Annotated[
     str | None,
