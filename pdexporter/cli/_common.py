@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -62,6 +63,26 @@ class RedactHook(RenderHook):
 console.push_render_hook(RedactHook())
 
 
+@contextmanager
+def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]]:
+    """A bar with ETA while the job runs; transient, so an error stays the only line and the summary
+    printed afterwards is what remains on the screen."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import TimeRemainingColumn as Remaining
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
+        TimeElapsedColumn(), Remaining(), console=console, refresh_per_second=4, transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total, step="")
+
+        def tick(step: str) -> None:
+            bar.update(task, advance=1, step=step)
+
+        yield tick
+        bar.update(task, completed=total, step="done")
+
+
 def table_of(sheet: Sheet) -> Table:
     """A library's `Sheet` as a rich table."""
     from rich import box
@@ -109,6 +130,11 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="Embedded engine's GPU/model profile (when no --target)."),
 ]
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU name to record for an external engine.")]
+TransferOpt = Annotated[float, typer.Option(
+    "--transfer-ms", min=0.0, max=1e7, help="Transfer budget (ms) an offload must beat; the seed's 50 ms.")]
+PoolOpt = Annotated[bool, typer.Option(
+    "--pool/--no-pool", help="A grid point in several RESULTS_DIRs (or --offloaded dirs): pool its repetitions (one "
+    "engine, GPU and model measured in two sessions) instead of refusing the join.")]
 
 
 def duration_option(flag: str, help: str) -> Any:

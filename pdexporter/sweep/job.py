@@ -80,6 +80,12 @@ def prediction_spec(path: Path, *, profile: str | None = None, mode: str | None 
     return _load(path, mode, reps, None, {"launcher": launcher}, chunk_index, {"launcher.profile": "--profile"})
 
 
+def grid_axes(path: Path) -> tuple[list[int], list[int]]:
+    """A sweep file's D and P values (`export-table --grid`)."""
+    grid = load_sweep(path).grid
+    return grid.decode_batch_sizes, grid.new_prefill_tokens
+
+
 def prediction_out(spec: SweepSpec, path: Path, default_profile: str) -> Path:
     """Where `sim sweep` writes without --out: results/sim/{profile}/{sweep name}."""
     used = spec.launcher.profile if isinstance(spec.launcher, SimLauncherSpec) else default_profile
