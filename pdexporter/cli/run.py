@@ -149,7 +149,7 @@ def load_live_decision(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
     from pdexporter.analysis.live_thresholds import decision_problem
-    from pdexporter.cli.decide import load_decision
+    from pdexporter.analysis.verdicts import load_decision
 
     doc = load_decision(path, flag="--decision")
     problem = decision_problem(doc)
