@@ -8,7 +8,7 @@ import signal
 from collections.abc import Callable, Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console, ConsoleRenderable, RenderHook
@@ -20,10 +20,6 @@ from pdexporter._internal.redact import redact
 from pdexporter._internal.sheet import Plain, Sheet, Shown
 from pdexporter.cli._vocab import DURATION, DURATION_SYNTAX
 from pdexporter.errors import ConfigError, Interrupted
-
-if TYPE_CHECKING:  # the launchers and the HTTP client (aiohttp: ~0.3 s of CPU) are imported where used,
-    # so that the commands that read files only (export-table, report, decide, ...) start without them
-    from pdexporter.launch import Launcher
 
 T = TypeVar("T")
 
@@ -185,33 +181,6 @@ def run_async(coro: Coroutine[Any, Any, T], *, interrupted: Callable[[], str] | 
             loop.remove_signal_handler(signal.SIGINT)
 
     return asyncio.run(guarded())
-
-
-def claimed_engine(target: str | None, engine: str | None) -> str | None:
-    """The engine (adapter name) a command measures, as far as it is known before anything
-    starts: --engine with --target (None: the engine will say), the embedded engine imitating
-    --engine without. A name nobody registered is one line."""
-    from pdexporter.engines import adapter, sim_engine
-
-    if target:
-        return None if engine is None else adapter(engine).name
-    return sim_engine(engine or "vllm")
-
-
-def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, gpu: str | None = None,
-                  log_dir: Path | None = None, engine: str | None = None) -> Launcher:
-    """`--target URL` means an external engine at that chunk size (`engine`: what it is, if it
-    cannot say); none means the embedded one imitating `engine` (vllm by default), whose --profile
-    is read here, before anything starts (a wrong name is one line, not a child's exit)."""
-    from pdexporter.launch import ExternalLauncher, SimLauncher
-
-    claimed = claimed_engine(target, engine)
-    if target:
-        return ExternalLauncher(url=target, chunk_size=chunk_size, gpu=gpu, engine=claimed)
-    from pdexporter.sim.profile import load_profile
-
-    load_profile(profile)
-    return SimLauncher(profile=profile, log_dir=log_dir, engine=engine or "vllm")
 
 
 def api_key(api_key_file: Path | None) -> str | None:

@@ -19,7 +19,6 @@ from pdexporter.cli._common import (
     api_key,
     console,
     make_console,
-    make_launcher,
     run_async,
 )
 from pdexporter.cli._vocab import B_FLAGS
@@ -30,6 +29,7 @@ from pdexporter.errors import ConfigError
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
 from pdexporter.exporter.server import parse_listen
 from pdexporter.launch import TraceDirected
+from pdexporter.launch.choose import make_launcher
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 EMBEDDED_CHUNK_SIZE = 8192

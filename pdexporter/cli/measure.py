@@ -21,15 +21,14 @@ from pdexporter.cli._common import (
     ReadTimeoutOpt,
     TargetOpt,
     api_key,
-    claimed_engine,
     console,
-    make_launcher,
     run_async,
 )
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter.client.client import read_timeout_seconds
 from pdexporter.engines import adapter
 from pdexporter.errors import PdexporterError
+from pdexporter.launch.choose import claimed_engine, make_launcher
 from pdexporter.measure.driver import http_driver
 from pdexporter.measure.point import DEFAULT_RETRIES, PointSpec, check_reps, check_retries, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes

@@ -1,18 +1,14 @@
-"""`pdexporter run`: the live exporter (probes, prefill windows, /metrics, OTLP spans)."""
+"""`pdexporter run`: the live exporter (probes, prefill windows, /metrics, OTLP spans); the work is
+`pdexporter.exporter.job`."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pdexporter._internal.redact import redact_url
-from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.writable import check_writable
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
@@ -23,35 +19,31 @@ from pdexporter.cli._common import (
     ReadTimeoutOpt,
     TargetOpt,
     api_key,
-    claimed_engine,
     console,
     duration_option,
-    make_launcher,
 )
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
-from pdexporter.client.client import read_timeout_seconds
-from pdexporter.engines import UNIDENTIFIED, adapter
-from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INJECT_EVERY_S,
     DEFAULT_LISTEN,
     DEFAULT_PREFILL_TOKENS,
-    ExporterConfig,
-    build_config,
-    parse_duration,
+)
+from pdexporter.exporter.job import (
+    METRICS_TOKEN_ENV,
+    TRACES_TOKEN_ENV,
+    bearer_token,
+    load_live_decision,
+    parse_run_options,
+    serve,
 )
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
-from pdexporter.exporter.server import parse_listen, tls_context
-from pdexporter.exporter.startup import parse_engine_wait
-from pdexporter.measure.protocol import protocol_settings
+from pdexporter.exporter.server import tls_context
 
-if TYPE_CHECKING:  # imported where the exporter starts: its passive path brings pandas (~0.45 s of CPU), which
-    # `run --help` and a rejected option need not pay for
+if TYPE_CHECKING:
     from pdexporter.exporter.runner import Runner
 
-METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
-TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"
+__all__ = ["load_live_decision", "parse_run_options", "register", "run"]
 
 
 def register(app: typer.Typer) -> None:
@@ -125,152 +117,19 @@ def run(
         "--threshold-every", "With --decision: how often the live thresholds are recomputed")] = "2m",
 ) -> None:
     """Keep D probe decode streams on an engine, perturb them with prefills, export what they see."""
-    config = parse_run_options(
-        decode_batch_size=decode_batch_size, target=target, chunk_size=chunk_size, inject_every=inject_every,
-        new_prefill_tokens=new_prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
-        scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
-        decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
-        engine_wait=engine_wait, read_timeout=read_timeout, traces_listen=traces_listen,
-        traces_max_rate=traces_max_rate, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, engine=engine,
-        decision=decision, threshold_every=threshold_every,
-    )
+    options = dict(locals())
+    secrets = {flag: options.pop(flag) for flag in ("api_key_file", "metrics_token_file", "traces_token_file")}
+    config = parse_run_options(**options)
     decision_doc = load_live_decision(config.decision_file)
-    token = api_key(api_key_file)
+    token = api_key(secrets["api_key_file"])
     metrics_token = bearer_token(metrics_token_file, "--metrics-token-file", METRICS_TOKEN_ENV)
     traces_token = bearer_token(traces_token_file, "--traces-token-file", TRACES_TOKEN_ENV)
     tls_context(*(None if f is None else str(f) for f in (tls_cert_file, tls_key_file)))  # a bad file: one line now
     if out is not None:
         check_writable(out)  # now, not at the first window
-    asyncio.run(_serve(config, token, metrics_token, traces_token, decision_doc))
-
-
-def load_live_decision(path: Path | None) -> dict[str, Any] | None:
-    """`--decision FILE`: a two-arm decision.json, checked now (one line naming the file and why)."""
-    if path is None:
-        return None
-    from pdexporter.analysis.live_thresholds import decision_problem
-    from pdexporter.analysis.verdicts import load_decision
-
-    doc = load_decision(path, flag="--decision")
-    problem = decision_problem(doc)
-    if problem:
-        raise ConfigError(f"--decision {path}: {problem}")
-    return doc
-
-
-def bearer_token(path: Path | None, flag: str, env: str) -> str | None:
-    """A token of the exporter's own endpoints: from the file, else the environment variable."""
-    if path is not None:
-        return read_secret_file(path, flag)
-    value = os.environ.get(env, "")
-    return secret_text(value, f"${env}") if value.strip() else None
-
-
-def parse_run_options(
-    *,
-    decode_batch_size: int,
-    target: str | None,
-    chunk_size: int | None,
-    inject_every: str | None,
-    new_prefill_tokens: int,
-    listen: str,
-    out: Path | None,
-    model: str | None,
-    profile: str,
-    duration: str | None,
-    scrape_interval: str,
-    decode_context_tokens: int,
-    decode_output_tokens: int,
-    passive: bool = False,
-    attribution_wait: str = "30s",
-    engine_wait: str = "forever",
-    read_timeout: str | None = None,
-    traces_listen: str | None = None,
-    traces_max_rate: float = 1000.0,
-    tls_cert_file: Path | None = None,
-    tls_key_file: Path | None = None,
-    engine: str | None = None,
-    decision: Path | None = None,
-    threshold_every: str = "2m",
-) -> ExporterConfig:
-    """Every option checked before anything starts; each problem is one line naming the option."""
-    if decode_batch_size < 1:
-        raise ConfigError(f"--decode-batch-size {decode_batch_size}: must be >= 1")
-    if new_prefill_tokens < 1:
-        raise ConfigError(f"--new-prefill-tokens {new_prefill_tokens}: must be >= 1")
-    if target is not None and not target.startswith(("http://", "https://")):
-        raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
-    claimed = claimed_engine(target, engine)
-    chunk_size_source = "given"
-    if chunk_size is None:
-        # vLLM does not publish max_num_batched_tokens; against an engine someone else runs we
-        # assume the engine's default (vLLM's for its OpenAI server on a >= 70 GB GPU), and every
-        # window checks it against the probes' cadence (the runner says which sizes fit when it
-        # does not). An engine that publishes its own (SGLang) replaces it once it answers.
-        chunk_size = adapter(claimed or UNIDENTIFIED).default_chunk_size if target is not None else DEFAULT_CHUNK_SIZE
-        chunk_size_source = "assumed" if target is not None else "given"
-    if passive and inject_every is not None and inject_every.strip().lower() not in ("off", "0", "none"):
-        raise ConfigError(f"--inject-every {inject_every}: --passive injects nothing; leave --inject-every out "
-                          "(or set it to off)")
-    if inject_every is None:
-        inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if target is None and not passive else None
-    elif inject_every.strip().lower() in ("off", "0", "none"):
-        inject_every_s = None
-    else:
-        inject_every_s = parse_duration(inject_every, "--inject-every")
-        if inject_every_s <= 0:
-            raise ConfigError(f"--inject-every {inject_every!r}: must be > 0 (or 'off')")
-    host, port = parse_listen(listen)
-    traces_receiver: bool | None = None  # None: with --passive only, which is what uses the spans
-    traces_host: str | None = None
-    traces_port = DEFAULT_TRACES_PORT
-    if traces_listen is not None and traces_listen.strip().lower() in ("off", "none", ""):
-        traces_receiver = False
-    elif traces_listen is not None:
-        traces_receiver = True
-        traces_host, traces_port = parse_listen(traces_listen, "--traces-listen")
-        if traces_port == port and traces_port != 0 and traces_host == host:
-            raise ConfigError(
-                f"--traces-listen {traces_listen}: the same address as --listen; give it a port of its own"
-            )
-    if (tls_cert_file is None) != (tls_key_file is None):
-        raise ConfigError("--tls-cert-file and --tls-key-file go together")
-    # one line naming the option that is wrong (issue 24: --decode-context-tokens -1 was blamed on
-    # --decode-output-tokens)
-    protocol = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
-    read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
-    duration_s = None if duration is None else parse_duration(duration, "--duration")
-    if duration_s is not None and duration_s <= 0:
-        raise ConfigError(f"--duration {duration!r}: must be > 0")
-    return build_config(
-        probe_streams=decode_batch_size,
-        chunk_size=chunk_size,
-        chunk_size_source=chunk_size_source,
-        target=target,
-        inject_every_s=inject_every_s,
-        prefill_tokens=new_prefill_tokens,
-        listen_host=host,
-        listen_port=port,
-        out=out,
-        model=model,
-        profile=profile,
-        duration_s=duration_s,
-        scrape_interval_s=parse_duration(scrape_interval, "--scrape-interval"),
-        protocol=protocol.with_read_timeout(read_timeout_s),
-        passive=passive,
-        attribution_wait_s=parse_duration(attribution_wait, "--attribution-wait"),
-        engine_wait_s=parse_engine_wait(engine_wait),
-        read_timeout_s=read_timeout_s,
-        traces_receiver=traces_receiver,
-        traces_listen_host=traces_host,
-        traces_listen_port=traces_port,
-        traces_max_rate=traces_max_rate,
-        tls_cert_file=tls_cert_file,
-        tls_key_file=tls_key_file,
-        engine=claimed,
-        decision_file=decision,
-        threshold_every_s=parse_duration(threshold_every, "--threshold-every"),
-    )
+    asyncio.run(serve(config, log=lambda line: console.print(line, highlight=False, soft_wrap=True), api_key=token,
+                      metrics_token=metrics_token, traces_token=traces_token, decision=decision_doc,
+                      progress=_progress))
 
 
 async def _progress(runner: Runner, duration_s: float) -> None:
@@ -289,62 +148,3 @@ async def _progress(runner: Runner, duration_s: float) -> None:
             bar.update(task, completed=min(duration_s, asyncio.get_running_loop().time() - start),
                        status=f"{runner.windows_seen} window(s), {tokens:.0f} probe tokens")
             await asyncio.sleep(0.5)
-
-
-def engine_option(config: ExporterConfig) -> str | None:
-    """The --engine the launcher gets back from the config: the claimed adapter with --target, the
-    imitated engine of the embedded one."""
-    if config.target or config.engine is None:
-        return config.engine
-    from pdexporter.engines import IMITATED
-
-    return next((name for name, kind in IMITATED.items() if kind == config.engine), "vllm")
-
-
-async def _serve(config: ExporterConfig, token: str | None, metrics_token: str | None = None,
-                 traces_token: str | None = None, decision: dict[str, Any] | None = None) -> None:
-    from pdexporter.exporter.runner import Runner
-
-    launcher = make_launcher(
-        config.target,
-        profile=config.profile,
-        engine=engine_option(config),
-        chunk_size=None if config.target and config.chunk_size_source != "given" else config.chunk_size,
-    )
-    runner = Runner(config, launcher, api_key=token, metrics_token=metrics_token, traces_token=traces_token,
-                    log=lambda line: console.print(line, highlight=False, soft_wrap=True), decision=decision)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen == 1:
-            console.print(f"{signal.Signals(signum).name}: finishing the window in flight, then stopping")
-            stop.set()
-        else:  # a second signal: do not wait for the window
-            runner.abort_window()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    mode = "embedded engine (modelled)" if config.target is None else redact_url(config.target)
-    injection = (
-        f"a {config.prefill_tokens}-token prefill every {config.inject_every_s:g} s"
-        if config.inject_every_s
-        else "passive mode: the production prefills the probes see"
-        if config.passive else "no prefill injection"
-    )
-    console.print(f"pdexporter run: {config.probe_streams} probe streams on {mode}, {injection}", highlight=False,
-                  soft_wrap=True)
-    bar = asyncio.create_task(_progress(runner, config.duration_s)) if config.duration_s else None
-    try:
-        await runner.run(stop)
-    finally:
-        if bar is not None:
-            bar.cancel()
-            await asyncio.gather(bar, return_exceptions=True)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-    console.print(f"stopped after {runner.windows_seen} window(s)", highlight=False)
-    sys.stdout.flush()
