@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+__all__ = [
+    "Column", "Justify", "Plain", "Sheet", "Shown", "columns", "pct",
+]
+
+
 Justify = Literal["left", "right", "center"]
 
 

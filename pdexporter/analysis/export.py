@@ -24,6 +24,12 @@ if TYPE_CHECKING:
     from pdexporter.analysis.job import Analysis
     from pdexporter.analysis.table import ConfigSamples
 
+__all__ = [
+    "COMPARED", "CompareJob", "ExportJob", "ExportRequest", "Exported", "GridAxes", "Pull", "ReportJob",
+    "compare_job", "default_report_path", "export_job", "one_engine", "report_job", "summary", "validate_pd_job",
+]
+
+
 Tick = Callable[[str], None]
 Pull = Callable[[str, str | None], Any]  # (mode, engine) -> exporter.prometheus.PullResult
 GridAxes = Callable[[Path], tuple[Sequence[int], Sequence[int]]]  # a sweep file -> its D and P values

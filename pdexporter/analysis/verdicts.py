@@ -17,6 +17,12 @@ from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
 from pdexporter.engines import ChunkRule
 from pdexporter.errors import ConfigError
 
+__all__ = [
+    "MODELLED_NOTE", "Decided", "Rendered", "Thresholds", "chunk_rule_of", "decide_job", "load_decision",
+    "thresholds_job",
+]
+
+
 MODELLED_NOTE = "[yellow]MODELLED: the model was fitted on data from a model, not a GPU[/]"
 
 

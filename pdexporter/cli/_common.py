@@ -105,6 +105,7 @@ def show(items: Iterable[Shown] | Shown, out: Console = console) -> None:
         else:
             out.print(item)
 
+
 TargetOpt = Annotated[
     str | None,
     typer.Option("--target", help="Base URL of an OpenAI-compatible engine (vLLM, SGLang). Default: the embedded "

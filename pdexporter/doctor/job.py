@@ -16,6 +16,11 @@ from pdexporter.exporter.server import parse_listen
 from pdexporter.launch import TraceDirected
 from pdexporter.launch.choose import make_launcher
 
+__all__ = [
+    "EMBEDDED_CHUNK_SIZE", "STYLE", "DoctorJob", "checks_sheet", "doctor_job",
+]
+
+
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 EMBEDDED_CHUNK_SIZE = 8192
 

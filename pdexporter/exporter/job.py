@@ -35,6 +35,11 @@ if TYPE_CHECKING:  # imported where the exporter starts: its passive path brings
     # `run --help` and a rejected option need not pay for
     from pdexporter.exporter.runner import Runner
 
+__all__ = [
+    "METRICS_TOKEN_ENV", "TRACES_TOKEN_ENV", "bearer_token", "load_live_decision", "parse_run_options", "serve",
+]
+
+
 METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
 TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"
 

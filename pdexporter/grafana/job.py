@@ -11,6 +11,11 @@ from pdexporter._internal.writable import check_writable
 from pdexporter.errors import ConfigError
 from pdexporter.grafana.generate import generate, stale_files
 
+__all__ = [
+    "DEFAULT_CHART", "DEFAULT_OUT", "Generated", "generate_dashboards", "in_checkout",
+]
+
+
 DEFAULT_OUT = Path("dashboards")
 DEFAULT_CHART = Path("helm/pdexporter")
 

@@ -7,6 +7,11 @@ from pathlib import Path
 
 from pdexporter.launch.base import Launcher
 
+__all__ = [
+    "DEFAULT_IMITATED", "claimed_engine", "imitated_option", "make_launcher",
+]
+
+
 DEFAULT_IMITATED = "vllm"  # what the embedded engine imitates without --engine
 
 

@@ -16,6 +16,10 @@ from pdexporter._internal.redact import redact_url
 from pdexporter.errors import ConfigError
 from pdexporter.load.mix import MIXES, LoadRequest, LoadSpec, schedule
 
+__all__ = [
+    "LoadJob", "load_job", "summary_line",
+]
+
 
 @dataclass
 class LoadJob:

@@ -20,6 +20,11 @@ from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, war
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore
 
+__all__ = [
+    "DEFAULT_CHUNK_SIZE", "Bar", "MeasureJob", "measure_job", "record_sheet",
+]
+
+
 DEFAULT_CHUNK_SIZE = 8192  # the embedded engine's, when no -B is given
 
 # (description, total) -> a progress display, entered while the repetitions run, that takes the

@@ -45,6 +45,12 @@ if TYPE_CHECKING:
     from pdexporter.sim.profile import Profile
 
 
+__all__ = [
+    "CalibrationProgress", "CalibrationRequest", "CalibrationRun", "Extra", "calibrate_job", "calibration_sheets",
+    "campaign_words", "decode_sheet", "extra_sheet", "generalisation_sheet",
+]
+
+
 class CalibrationProgress(Progress, Protocol):
     """Where the job reports: calibration's stages, the engine-loop fit's sweeps, and notes."""
 

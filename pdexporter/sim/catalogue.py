@@ -13,6 +13,10 @@ from pdexporter._internal.writable import check_writable
 from pdexporter.errors import ConfigError
 from pdexporter.sim.profile import list_profiles, load_profile, user_profile_dirs
 
+__all__ = [
+    "profiles_sheet", "project_profile",
+]
+
 
 def profiles_sheet() -> Iterator[Shown]:
     """Every profile a --profile name finds (shipped, then the user's) and how it was obtained."""

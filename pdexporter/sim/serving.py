@@ -15,6 +15,11 @@ from pdexporter.sim.kvconnector import KV_ROLES
 from pdexporter.sim.profile import load_profile
 from pdexporter.sim.server import ServeOptions, precise_event_loop, run_server
 
+__all__ = [
+    "HOST_SPEEDS", "SGLANG", "VLLM", "serve_embedded",
+]
+
+
 VLLM, SGLANG = "vllm", "sglang"  # the engines `sim serve --engine` imitates
 HOST_SPEEDS = ("nominal", "slow")
 

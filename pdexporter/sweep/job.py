@@ -22,6 +22,12 @@ from pdexporter.sweep.plan import ConfigStatus
 from pdexporter.sweep.providers import make_providers, sim_imitation_for, sim_role_for
 from pdexporter.sweep.spec import SweepSpec, load_sweep, prediction_root
 
+__all__ = [
+    "EXIT_DEADLINE", "EXIT_INCOMPLETE", "PHASE_HEADERS", "Outcome", "WindowExporter", "grid_axes", "outcome",
+    "prediction_out", "prediction_spec", "run_sweep", "slot_lines", "summary_sheet", "sweep_spec",
+]
+
+
 EXIT_DEADLINE = 5
 EXIT_INCOMPLETE = 4  # as a MeasurementError: some configurations could not be measured
 
