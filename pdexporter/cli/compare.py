@@ -26,7 +26,7 @@ def compare(
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write the change heatmaps.")] = True,
 ) -> None:
     """Per configuration: penalty, prefill duration, aggregate interference and baseline, before and after."""
-    from pdexporter.analysis.export import compare_job
+    from pdexporter.analysis.comparisons import compare_job
 
     job = compare_job(before, after, out=out, plots=plots)
     with progress_bar(job.steps, "compare") as tick:

@@ -25,7 +25,7 @@ def validate_pd(
     goal_pct: Annotated[float, typer.Option("--goal-pct", min=0.0, help="Error goal for the saving (%).")] = 15.0,
 ) -> None:
     """Predicted vs measured saving (and TTFT cost) at the pair's points, with % errors."""
-    from pdexporter.analysis.export import validate_pd_job
+    from pdexporter.analysis.comparisons import validate_pd_job
 
     show(validate_pd_job(colocated, decode_bench, pair, out=out, goal_pct=goal_pct))
     if out is not None:
