@@ -11,7 +11,6 @@ import typer
 
 from pdexporter._internal.writable import check_writable
 from pdexporter.cli._common import (
-    DEFAULT_PROFILE,
     ApiKeyFileOpt,
     EngineOpt,
     ModelOpt,
@@ -26,8 +25,6 @@ from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INJECT_EVERY_S,
-    DEFAULT_LISTEN,
-    DEFAULT_PREFILL_TOKENS,
 )
 from pdexporter.exporter.job import (
     METRICS_TOKEN_ENV,
@@ -37,6 +34,7 @@ from pdexporter.exporter.job import (
     parse_run_options,
     serve,
 )
+from pdexporter.exporter.job import RunOptions as RUN
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
 from pdexporter.exporter.server import tls_context
 
@@ -51,55 +49,51 @@ def register(app: typer.Typer) -> None:
 
 
 def run(
-    decode_batch_size: Annotated[
-        int, typer.Option(*D_FLAGS, help="Probe decode streams kept running (D, requests; >= 1).")
-    ] = 4,
-    target: TargetOpt = None,
-    engine: EngineOpt = None,
-    chunk_size: Annotated[
-        int | None,
-        typer.Option(*B_FLAGS, help="The engine's chunk size (tokens per step: vLLM's max_num_batched_tokens, "
-                     "SGLang's chunked_prefill_size). With --target, if not given: what the engine publishes "
-                     "(SGLang), else its default, assumed and checked against every window; embedded engine "
-                     f"default {DEFAULT_CHUNK_SIZE}."),
-    ] = None,
-    inject_every: Annotated[
-        str | None,
-        duration_option("--inject-every", "Prefill perturbation period, or 'off' for none; default: "
-                        f"{DEFAULT_INJECT_EVERY_S:g}s on the embedded engine, off with --target"),
-    ] = None,
-    new_prefill_tokens: Annotated[
-        int, typer.Option(*P_FLAGS, help="Tokens of each injected cold prefill (P).")
-    ] = DEFAULT_PREFILL_TOKENS,
-    listen: Annotated[str, typer.Option("--listen", help="Where /metrics is served, HOST:PORT.")] = DEFAULT_LISTEN,
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Write each window as a repetition of DIR/{B}/D{D}_P{P}.json.")
-    ] = None,
-    model: ModelOpt = None,
+    decode_batch_size: Annotated[int, typer.Option(
+        *D_FLAGS, help="Probe decode streams kept running (D, requests; >= 1).")] = RUN.decode_batch_size,
+    target: TargetOpt = RUN.target,
+    engine: EngineOpt = RUN.engine,
+    chunk_size: Annotated[int | None, typer.Option(
+        *B_FLAGS, help="The engine's chunk size (tokens per step: vLLM's max_num_batched_tokens, SGLang's "
+        "chunked_prefill_size). With --target, if not given: what the engine publishes (SGLang), else its default, "
+        f"assumed and checked against every window; embedded engine default {DEFAULT_CHUNK_SIZE}.")
+    ] = RUN.chunk_size,
+    inject_every: Annotated[str | None, duration_option(
+        "--inject-every", "Prefill perturbation period, or 'off' for none; default: "
+        f"{DEFAULT_INJECT_EVERY_S:g}s on the embedded engine, off with --target")] = RUN.inject_every,
+    new_prefill_tokens: Annotated[int, typer.Option(
+        *P_FLAGS, help="Tokens of each injected cold prefill (P).")] = RUN.new_prefill_tokens,
+    listen: Annotated[str, typer.Option("--listen", help="Where /metrics is served, HOST:PORT.")] = RUN.listen,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Write each window as a repetition of DIR/{B}/D{D}_P{P}.json.")] = RUN.out,
+    model: ModelOpt = RUN.model,
     api_key_file: ApiKeyFileOpt = None,
-    profile: ProfileOpt = DEFAULT_PROFILE,
-    duration: Annotated[
-        str | None, duration_option("--duration", "Stop after this long; default: until SIGTERM/SIGINT")
-    ] = None,
-    scrape_interval: Annotated[str, duration_option("--scrape-interval", "Engine /metrics scrape period")] = "5s",
-    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length (tokens).")] = 4096,
+    profile: ProfileOpt = RUN.profile,
+    duration: Annotated[str | None, duration_option(
+        "--duration", "Stop after this long; default: until SIGTERM/SIGINT")] = RUN.duration,
+    scrape_interval: Annotated[str, duration_option(
+        "--scrape-interval", "Engine /metrics scrape period")] = RUN.scrape_interval,
+    decode_context_tokens: Annotated[int, typer.Option(
+        help="Shared probe prefix length (tokens).")] = RUN.decode_context_tokens,
     decode_output_tokens: Annotated[int, typer.Option(
-        help="Tokens each probe stream decodes before restarting.")] = 256,
+        help="Tokens each probe stream decodes before restarting.")] = RUN.decode_output_tokens,
     passive: Annotated[bool, typer.Option(
         "--passive", help="Inject nothing: measure the production prefills the probes see (docs/exporter.md, "
-        "'Passive mode'); the engine's request traces can be sent to POST /v1/traces.")] = False,
+        "'Passive mode'); the engine's request traces can be sent to POST /v1/traces.")] = RUN.passive,
     attribution_wait: Annotated[str, duration_option(
         "--attribution-wait", "Passive mode: longest wait for a request's trace (it comes when the request "
-        "finishes)")] = "30s",
+        "finishes)")] = RUN.attribution_wait,
     engine_wait: Annotated[str, duration_option(
         "--engine-wait", "How long to wait for the engine at start-up, exporting pdexporter_up 0 meanwhile: "
-        "'forever' or a duration")] = "forever",
-    read_timeout: ReadTimeoutOpt = None,
+        "'forever' or a duration")] = RUN.engine_wait,
+    read_timeout: ReadTimeoutOpt = RUN.read_timeout,
     traces_listen: Annotated[str | None, typer.Option(
         "--traces-listen", help=f"Where the OTLP trace receiver (POST /v1/traces) listens, HOST:PORT, or 'off'; "
-        f"default: the --listen host, port {DEFAULT_TRACES_PORT}, with --passive only (docs/security.md).")] = None,
+        f"default: the --listen host, port {DEFAULT_TRACES_PORT}, with --passive only (docs/security.md).")
+    ] = RUN.traces_listen,
     traces_max_rate: Annotated[float, typer.Option(
-        "--traces-max-rate", help="Spans a second the trace receiver takes; more are answered 429.")] = 1000.0,
+        "--traces-max-rate", help="Spans a second the trace receiver takes; more are answered 429.")
+    ] = RUN.traces_max_rate,
     metrics_token_file: Annotated[Path | None, typer.Option(
         "--metrics-token-file", help=f"Require this bearer token on /metrics (else ${METRICS_TOKEN_ENV}, if set); "
         "the health paths stay open.")] = None,
@@ -107,14 +101,17 @@ def run(
         "--traces-token-file", help=f"Require this bearer token on POST /v1/traces (else ${TRACES_TOKEN_ENV}, if "
         "set).")] = None,
     tls_cert_file: Annotated[Path | None, typer.Option(
-        "--tls-cert-file", help="Serve both ports over TLS with this PEM certificate (and --tls-key-file).")] = None,
-    tls_key_file: Annotated[Path | None, typer.Option("--tls-key-file", help="The certificate's PEM key.")] = None,
+        "--tls-cert-file", help="Serve both ports over TLS with this PEM certificate (and --tls-key-file).")
+    ] = RUN.tls_cert_file,
+    tls_key_file: Annotated[Path | None, typer.Option(
+        "--tls-key-file", help="The certificate's PEM key.")] = RUN.tls_key_file,
     decision: Annotated[Path | None, typer.Option(
         "--decision", help="Passive mode: a two-arm decision.json (export-table --offloaded); the router thresholds "
         "are then kept up to date from the production prefills (pdexporter_offload_threshold_tokens, "
-        "GET /thresholds.yaml).")] = None,
+        "GET /thresholds.yaml).")] = RUN.decision,
     threshold_every: Annotated[str, duration_option(
-        "--threshold-every", "With --decision: how often the live thresholds are recomputed")] = "2m",
+        "--threshold-every", "With --decision: how often the live thresholds are recomputed")
+    ] = RUN.threshold_every,
 ) -> None:
     """Keep D probe decode streams on an engine, perturb them with prefills, export what they see."""
     options = dict(locals())

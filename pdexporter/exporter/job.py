@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INJECT_EVERY_S,
+    DEFAULT_LISTEN,
+    DEFAULT_PREFILL_TOKENS,
     ExporterConfig,
     build_config,
     parse_duration,
@@ -30,13 +33,15 @@ from pdexporter.exporter.server import parse_listen
 from pdexporter.exporter.startup import parse_engine_wait
 from pdexporter.launch.choose import claimed_engine, imitated_option, make_launcher
 from pdexporter.measure.protocol import protocol_settings
+from pdexporter.measure.sim_driver import DEFAULT_PROFILE
 
 if TYPE_CHECKING:  # imported where the exporter starts: its passive path brings pandas (~0.45 s of CPU), which
     # `run --help` and a rejected option need not pay for
     from pdexporter.exporter.runner import Runner
 
 __all__ = [
-    "METRICS_TOKEN_ENV", "TRACES_TOKEN_ENV", "bearer_token", "load_live_decision", "parse_run_options", "serve",
+    "METRICS_TOKEN_ENV", "TRACES_TOKEN_ENV", "RunOptions", "bearer_token", "load_live_decision", "parse_run_options",
+    "run_config", "serve",
 ]
 
 
@@ -66,110 +71,123 @@ def bearer_token(path: Path | None, flag: str, env: str) -> str | None:
     return secret_text(value, f"${env}") if value.strip() else None
 
 
-def parse_run_options(
-    *,
-    decode_batch_size: int,
-    target: str | None,
-    chunk_size: int | None,
-    inject_every: str | None,
-    new_prefill_tokens: int,
-    listen: str,
-    out: Path | None,
-    model: str | None,
-    profile: str,
-    duration: str | None,
-    scrape_interval: str,
-    decode_context_tokens: int,
-    decode_output_tokens: int,
-    passive: bool = False,
-    attribution_wait: str = "30s",
-    engine_wait: str = "forever",
-    read_timeout: str | None = None,
-    traces_listen: str | None = None,
-    traces_max_rate: float = 1000.0,
-    tls_cert_file: Path | None = None,
-    tls_key_file: Path | None = None,
-    engine: str | None = None,
-    decision: Path | None = None,
-    threshold_every: str = "2m",
-) -> ExporterConfig:
+@dataclass(frozen=True)
+class RunOptions:
+    """`pdexporter run`'s options as given, with their defaults: declared here once (the command
+    line adds each one's flags and help, and takes its default from here)."""
+
+    decode_batch_size: int = 4
+    target: str | None = None
+    engine: str | None = None
+    chunk_size: int | None = None
+    inject_every: str | None = None
+    new_prefill_tokens: int = DEFAULT_PREFILL_TOKENS
+    listen: str = DEFAULT_LISTEN
+    out: Path | None = None
+    model: str | None = None
+    profile: str = DEFAULT_PROFILE
+    duration: str | None = None
+    scrape_interval: str = "5s"
+    decode_context_tokens: int = 4096
+    decode_output_tokens: int = 256
+    passive: bool = False
+    attribution_wait: str = "30s"
+    engine_wait: str = "forever"
+    read_timeout: str | None = None
+    traces_listen: str | None = None
+    traces_max_rate: float = 1000.0
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    decision: Path | None = None
+    threshold_every: str = "2m"
+
+
+def parse_run_options(**options: Any) -> ExporterConfig:
+    """`run_config` of the options by name (`RunOptions`' fields; an unknown name is a TypeError)."""
+    return run_config(RunOptions(**options))
+
+
+def run_config(o: RunOptions) -> ExporterConfig:
     """Every option checked before anything starts; each problem is one line naming the option."""
-    if decode_batch_size < 1:
-        raise ConfigError(f"--decode-batch-size {decode_batch_size}: must be >= 1")
-    if new_prefill_tokens < 1:
-        raise ConfigError(f"--new-prefill-tokens {new_prefill_tokens}: must be >= 1")
-    if target is not None and not target.startswith(("http://", "https://")):
-        raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
-    claimed = claimed_engine(target, engine)
+    chunk_size = o.chunk_size
+    if o.decode_batch_size < 1:
+        raise ConfigError(f"--decode-batch-size {o.decode_batch_size}: must be >= 1")
+    if o.new_prefill_tokens < 1:
+        raise ConfigError(f"--new-prefill-tokens {o.new_prefill_tokens}: must be >= 1")
+    if o.target is not None and not o.target.startswith(("http://", "https://")):
+        raise ConfigError(f"--target {o.target!r}: expected an http:// or https:// URL")
+    claimed = claimed_engine(o.target, o.engine)
     chunk_size_source = "given"
     if chunk_size is None:
         # vLLM does not publish max_num_batched_tokens; against an engine someone else runs we
         # assume the engine's default (vLLM's for its OpenAI server on a >= 70 GB GPU), and every
         # window checks it against the probes' cadence (the runner says which sizes fit when it
         # does not). An engine that publishes its own (SGLang) replaces it once it answers.
-        chunk_size = adapter(claimed or UNIDENTIFIED).default_chunk_size if target is not None else DEFAULT_CHUNK_SIZE
-        chunk_size_source = "assumed" if target is not None else "given"
-    if passive and inject_every is not None and inject_every.strip().lower() not in ("off", "0", "none"):
-        raise ConfigError(f"--inject-every {inject_every}: --passive injects nothing; leave --inject-every out "
+        chunk_size = (adapter(claimed or UNIDENTIFIED).default_chunk_size if o.target is not None
+                      else DEFAULT_CHUNK_SIZE)
+        chunk_size_source = "assumed" if o.target is not None else "given"
+    if o.passive and o.inject_every is not None and o.inject_every.strip().lower() not in ("off", "0", "none"):
+        raise ConfigError(f"--inject-every {o.inject_every}: --passive injects nothing; leave --inject-every out "
                           "(or set it to off)")
-    if inject_every is None:
-        inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if target is None and not passive else None
-    elif inject_every.strip().lower() in ("off", "0", "none"):
+    if o.inject_every is None:
+        inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if o.target is None and not o.passive else None
+    elif o.inject_every.strip().lower() in ("off", "0", "none"):
         inject_every_s = None
     else:
-        inject_every_s = parse_duration(inject_every, "--inject-every")
+        inject_every_s = parse_duration(o.inject_every, "--inject-every")
         if inject_every_s <= 0:
-            raise ConfigError(f"--inject-every {inject_every!r}: must be > 0 (or 'off')")
-    host, port = parse_listen(listen)
+            raise ConfigError(f"--inject-every {o.inject_every!r}: must be > 0 (or 'off')")
+    host, port = parse_listen(o.listen)
     traces_receiver: bool | None = None  # None: with --passive only, which is what uses the spans
     traces_host: str | None = None
     traces_port = DEFAULT_TRACES_PORT
-    if traces_listen is not None and traces_listen.strip().lower() in ("off", "none", ""):
+    if o.traces_listen is not None and o.traces_listen.strip().lower() in ("off", "none", ""):
         traces_receiver = False
-    elif traces_listen is not None:
+    elif o.traces_listen is not None:
         traces_receiver = True
-        traces_host, traces_port = parse_listen(traces_listen, "--traces-listen")
+        traces_host, traces_port = parse_listen(o.traces_listen, "--traces-listen")
         if traces_port == port and traces_port != 0 and traces_host == host:
             raise ConfigError(
-                f"--traces-listen {traces_listen}: the same address as --listen; give it a port of its own"
+                f"--traces-listen {o.traces_listen}: the same address as --listen; give it a port of its own"
             )
-    if (tls_cert_file is None) != (tls_key_file is None):
+    if (o.tls_cert_file is None) != (o.tls_key_file is None):
         raise ConfigError("--tls-cert-file and --tls-key-file go together")
     # one line naming the option that is wrong (issue 24: --decode-context-tokens -1 was blamed on
     # --decode-output-tokens)
-    protocol = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
-    read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
-    duration_s = None if duration is None else parse_duration(duration, "--duration")
+    protocol = protocol_settings(decode_context_tokens=o.decode_context_tokens,
+                                 decode_output_tokens=o.decode_output_tokens)
+    read_timeout_s = None if o.read_timeout is None else read_timeout_seconds(o.read_timeout)
+    duration_s = None if o.duration is None else parse_duration(o.duration, "--duration")
     if duration_s is not None and duration_s <= 0:
-        raise ConfigError(f"--duration {duration!r}: must be > 0")
+        raise ConfigError(f"--duration {o.duration!r}: must be > 0")
     return build_config(
-        probe_streams=decode_batch_size,
+        probe_streams=o.decode_batch_size,
         chunk_size=chunk_size,
         chunk_size_source=chunk_size_source,
-        target=target,
+        target=o.target,
         inject_every_s=inject_every_s,
-        prefill_tokens=new_prefill_tokens,
+        prefill_tokens=o.new_prefill_tokens,
         listen_host=host,
         listen_port=port,
-        out=out,
-        model=model,
-        profile=profile,
+        out=o.out,
+        model=o.model,
+        profile=o.profile,
         duration_s=duration_s,
-        scrape_interval_s=parse_duration(scrape_interval, "--scrape-interval"),
+        scrape_interval_s=parse_duration(o.scrape_interval, "--scrape-interval"),
         protocol=protocol.with_read_timeout(read_timeout_s),
-        passive=passive,
-        attribution_wait_s=parse_duration(attribution_wait, "--attribution-wait"),
-        engine_wait_s=parse_engine_wait(engine_wait),
+        passive=o.passive,
+        attribution_wait_s=parse_duration(o.attribution_wait, "--attribution-wait"),
+        engine_wait_s=parse_engine_wait(o.engine_wait),
         read_timeout_s=read_timeout_s,
         traces_receiver=traces_receiver,
         traces_listen_host=traces_host,
         traces_listen_port=traces_port,
-        traces_max_rate=traces_max_rate,
-        tls_cert_file=tls_cert_file,
-        tls_key_file=tls_key_file,
+        traces_max_rate=o.traces_max_rate,
+        tls_cert_file=o.tls_cert_file,
+        tls_key_file=o.tls_key_file,
         engine=claimed,
-        decision_file=decision,
-        threshold_every_s=parse_duration(threshold_every, "--threshold-every"),
+        decision_file=o.decision,
+        threshold_every_s=parse_duration(o.threshold_every, "--threshold-every"),
     )
 
 
