@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pdexporter.engines import adapter
-from pdexporter.errors import RecordError
+from pdexporter.errors import ConfigError, RecordError
 from pdexporter.measure.pd import RouteTiming, offload_numbers
 from pdexporter.measure.protocol import (
     ProtocolSettings,
@@ -34,8 +35,8 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import BaselineStats, baseline_stats, derive
 
 __all__ = [
-    "Aggregate", "Reanalysed", "SourceComparison", "compare_sources", "keep_shape", "phase1_stats",
-    "reanalyse_record", "reanalyse_rep",
+    "Aggregate", "DirectoryJob", "Reanalysed", "SourceComparison", "compare_sources", "keep_shape", "phase1_stats",
+    "reanalyse_directory", "reanalyse_record", "reanalyse_rep",
 ]
 
 Aggregate = Callable[[RecordConfig, list[RepRecord], RunRecord], RunRecord]
@@ -169,3 +170,57 @@ def compare_sources(
             reps_same_steps=same,
         ))
     return out
+
+
+@dataclass
+class DirectoryJob:
+    """`pdexporter reanalyse RESULTS_DIR`: every record of a results directory rebuilt from its raw
+    timestamps (`reanalyse_directory`); a record whose numbers did not move is not rewritten."""
+
+    store: ResultsStore
+    paths: list
+    dry_run: bool
+
+    def run(self, tick: Callable[[], None]) -> list[str]:
+        from pdexporter.measure.store import load_record_file
+
+        settings = ProtocolSettings()
+        changed = reps = kept = written = 0
+        for path in self.paths:
+            record = load_record_file(path)
+            if record.config.mode == "passive":  # the exporter's windows: see the note below
+                kept += 1
+                tick()
+                continue
+            result = reanalyse_record(self.store, record, settings)
+            reps += result.reps
+            changed += result.changed
+            if not self.dry_run and _differs(record, result.record):
+                self.store.save_record(result.record)
+                written += 1
+            tick()
+        verb = "would change" if self.dry_run else "changed"
+        lines = [f"{len(self.paths) - kept} records, {reps} repetitions: {changed} {verb}"
+                 + ("" if self.dry_run else f"; {written} record files rewritten (the others are left as they were)")]
+        if kept:
+            lines.append(f"{kept} passive record(s) (run --passive) kept as measured: each event's baseline is the "
+                         "quiet period before it and its D and P the engine's, which no Phase 1 file holds; "
+                         "export-table --mode passive re-derives the table and the model from them")
+        return lines
+
+
+def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> DirectoryJob:
+    store = ResultsStore(results)
+    paths = list(store.iter_record_paths())
+    if not paths:
+        raise ConfigError(f"{results}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
+    return DirectoryJob(store, paths, dry_run)
+
+
+def _differs(old: RunRecord, new: RunRecord) -> bool:
+    """Whether re-analysis changed anything but the provenance (when and where it was written) and
+    the schema version it would be written with: a
+    record whose numbers are what they were is not rewritten, so a re-derivation of committed
+    results changes only what moved."""
+    keep = {"provenance", "schema_version"}  # an older record is read as it is; its numbers decide
+    return old.model_dump(exclude=keep) != new.model_dump(exclude=keep)
