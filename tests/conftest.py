@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     tests_dir = Path(__file__).parent
     groups = {item.nodeid: group for item in items if (group := _shared_instance(item, tests_dir))}
+    # The order the scheduler hands the work out in (every worker sorts alike, so their collections
+    # still agree): units holding a test marked `slow` first, then the larger groups, then the rest as
+    # collected; a long test started last would end the run late.
+    unit = {item.nodeid: groups.get(item.nodeid, item.nodeid) for item in items}
+    size = Counter(unit.values())
+    slow = {unit[item.nodeid] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (unit[item.nodeid] not in slow, -size[unit[item.nodeid]]))
     path = Path(folder) / f"{worker}.json"
     path.with_suffix(".tmp").write_text(json.dumps(groups))
     path.with_suffix(".tmp").replace(path)  # whole, before the worker reports its collection
@@ -98,6 +106,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-
                 self.groups = json.loads(files[0].read_text()) if files else {}
             return self.groups.get(nodeid) or super()._split_scope(nodeid)
 
+    config.option.loadscopereorder = False  # the workers' collection is in the order wanted (above)
     return SharedFixtureScheduling(config, log)
 
 
