@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -79,12 +78,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests_dir = Path(__file__).parent
     groups = {item.nodeid: group for item in items if (group := _shared_instance(item, tests_dir))}
     # The order the scheduler hands the work out in (every worker sorts alike, so their collections
-    # still agree): units holding a test marked `slow` first, then the larger groups, then the rest as
-    # collected; a long test started last would end the run late.
+    # still agree): as collected, but the units holding a test marked `slow` spread evenly over the
+    # first 60 % of the run. Last, one would end the run late; all at the start, four CPU-heavy units
+    # at once on a loaded 2-core machine ran each past its 300 s timeout.
     unit = {item.nodeid: groups.get(item.nodeid, item.nodeid) for item in items}
-    size = Counter(unit.values())
     slow = {unit[item.nodeid] for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: (unit[item.nodeid] not in slow, -size[unit[item.nodeid]]))
+    units = list(dict.fromkeys(unit[item.nodeid] for item in items))
+    rest = [u for u in units if u not in slow]
+    position = {u: float(k) for k, u in enumerate(rest)}
+    every = 0.6 * len(rest) / max(1, len(slow))
+    position.update({u: j * every - 0.5 for j, u in enumerate(u for u in units if u in slow)})
+    items.sort(key=lambda item: position[unit[item.nodeid]])
     path = Path(folder) / f"{worker}.json"
     path.with_suffix(".tmp").write_text(json.dumps(groups))
     path.with_suffix(".tmp").replace(path)  # whole, before the worker reports its collection
@@ -106,7 +110,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-
                 self.groups = json.loads(files[0].read_text()) if files else {}
             return self.groups.get(nodeid) or super()._split_scope(nodeid)
 
-    config.option.loadscopereorder = False  # the workers' collection is in the order wanted (above)
+    config.option.loadscopereorder = False  # the workers' collection is in the order wanted (above), not by size
     return SharedFixtureScheduling(config, log)
 
 
