@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError, RecordError
@@ -146,16 +147,40 @@ class SourceComparison:
         return self.cv_cadence <= self.cv_log + points
 
 
+class _RawsReadOnce:
+    """A store whose raw files are read (and checked) once each while they are kept (a sweep's all
+    would not fit in memory: `forget_all_but` between records); everything else is the store's."""
+
+    def __init__(self, store: ResultsStore) -> None:
+        self._store = store
+        self._raws: dict[Path, dict[str, Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def forget_all_but(self, *keep: Path) -> None:
+        self._raws = {path: raw for path, raw in self._raws.items() if path in keep}
+
+    def load_raw(self, path: Path) -> dict[str, Any]:
+        if path not in self._raws:
+            self._raws[path] = self._store.load_raw(path)
+        return self._raws[path]
+
+
 def compare_sources(
     store: ResultsStore, records: list[RunRecord], settings: ProtocolSettings
 ) -> list[SourceComparison]:
     """Re-analyse every record with and without its engine log (nothing is written)."""
     out = []
+    raws = _RawsReadOnce(store)  # both analyses of a record read its raw files once, Phase 1's once per D
+    once = cast(ResultsStore, raws)
     for record in records:
-        if record.config.decode_batch_size == 0:
+        c = record.config
+        if c.decode_batch_size == 0:
             continue  # no decodes, no penalty
-        with_log = reanalyse_record(store, record, settings).record
-        without = reanalyse_record(store, record, settings, use_engine_log=False).record
+        raws.forget_all_but(store.baseline_raw_path(c.chunk_size, c.decode_batch_size))
+        with_log = reanalyse_record(once, record, settings).record
+        without = reanalyse_record(once, record, settings, use_engine_log=False).record
         same = sum(
             a.interference.chunk_step_times_ms == b.interference.chunk_step_times_ms
             for a, b in zip(with_log.reps, without.reps)
