@@ -12,6 +12,7 @@ import typer
 
 from pdexporter.cli._common import DEFAULT_PROFILE, console, make_console, show
 from pdexporter.cli._sweeping import ChunkIndexOpt, ModeOpt, RepsOpt, SweepFileArg, sweep_and_report
+from pdexporter.engines import DEFAULT_ENGINE
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,7 +42,7 @@ def serve(
     engine: Annotated[str, typer.Option(
         "--engine", help="The engine it imitates: vllm (API, metrics, step log, scheduling) or sglang (SGLang "
         "0.5.15's: /server_info, sglang:* metrics, Prefill/Decode batch lines, a chunk before the "
-        "paused decodes). docs/engines.md")] = "vllm",
+        "paused decodes). docs/engines.md")] = DEFAULT_ENGINE,
     enable_mixed_chunk: Annotated[bool, typer.Option(
         "--enable-mixed-chunk", help="With --engine sglang: the decodes join each chunk's step and the chunk "
         "shrinks by their number (SGLang's flag).")] = False,
