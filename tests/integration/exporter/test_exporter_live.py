@@ -151,7 +151,9 @@ def _queries(prom: PrometheusServer) -> dict[str, Any]:
         "expected": one("pdexporter_window_expected_chunks"),
         # open streams (fewer for the moment the probes hand over to their successors, in phase)
         "streams": one("max_over_time(pdexporter_probe_streams[10s])"),
-        "running": one("pdexporter_engine_requests_running"),
+        # the engine's count as last scraped, over the same 10 s as the streams: one instant's
+        # scrape can fall in a hand-over or after the probes stopped (beside a CPU burner it did)
+        "running": one("max_over_time(pdexporter_engine_requests_running[10s])"),
         "scrape_ok": one("pdexporter_engine_scrape_success"),
         "tokens_rate": one("rate(pdexporter_probe_tokens_total[10s])"),
         "created": prom.query('{__name__=~"pdexporter_.*_created"}'),
