@@ -390,9 +390,10 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
     accept_worse: Annotated[
         bool,
         typer.Option(
+            "--force",
             "--accept-worse",
-            help="Write the fit even if it predicts the held-out configurations worse than the base "
-            "(labelled calibrated-worse-than-base).",
+            help="Write the fit even if it predicts the held-out configurations worse than the base on a quantity "
+            "(labelled calibrated-worse-than-base, calibration_check.forced; the output says so).",
         ),
     ] = False,
     report: Annotated[
@@ -417,14 +418,17 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
         HEADLINE,
         METRIC_LABELS,
         METRICS,
-        FitWorseThanBase,
         RecordSimulator,
         calibrate,
         compare_records,
         decode_table,
         figures_of,
+        forced_warning,
+        held_out_check,
         host_states,
-        label_worse,
+        profile_to_write,
+        refusal,
+        worse_of,
     )
     from pdexporter.predict.calibrate import generalisation as leave_one_out
     from pdexporter.sim.profile import load_profile
@@ -513,7 +517,8 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
                  f"simulated, {simulator.cpu_s:.0f} s of simulation CPU): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("wall", "total", "split")))
 
-    worse = result.worse(tolerance)
+    check = held_out_check(result, tolerance)
+    worse = worse_of(check)
     payload: dict[str, object] = {
         "results_dir": str(results_dir),
         "base_profile": base.name,
@@ -556,6 +561,7 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
         "simulated_groups": simulator.simulated,
         "simulation_cpu_s": simulator.cpu_s,
         "worse_than_base": [{"metric": m, "fitted": f, "base": b} for m, f, b in worse],
+        "calibration_check": check.model_dump(mode="json"),
     }
     for label, held in (("base", result.held_base), ("fitted", result.held_fitted),
                         ("fitted_host_matched", result.held_fitted_host)):
@@ -578,11 +584,12 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
 
     written = None
     if out is not None and (not worse or accept_worse):
-        fitted = label_worse(result.profile, worse, len(result.held_keys)) if worse else result.profile
-        named = fitted.model_copy(update={"name": out.stem})
+        named = profile_to_write(result.profile, check, force=accept_worse).model_copy(update={"name": out.stem})
         atomic_write_text(out, named.to_yaml())
         written = str(out)
         screen.print(f"fitted profile written: {out} (calibration: {named.calibration})")
+        if worse:
+            screen.print(f"[bold yellow]{forced_warning(check)}[/]")
     payload["written"] = written
     if report is not None:
         atomic_write_json(report, payload)
@@ -592,15 +599,7 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
                      "checked against the base profile")
     screen.print(f"calibrated in {timings['wall']:.0f} s" + (f" -> {out}" if written else ""))
     if worse and not accept_worse:
-        metric, f, b = worse[0]
-        digits = 1 if round(f, 1) != round(b, 1) else 3
-        more = f" (and {', '.join(m for m, _, _ in worse[1:])})" if len(worse) > 1 else ""
-        raise FitWorseThanBase(
-            f"the fit predicts the {len(result.held_keys)} held-out configurations worse than the base profile "
-            f"{base.name} (by more than --tolerance {tolerance:g} points): {metric} MAPE {f:.{digits}f} % vs "
-            f"{b:.{digits}f} %{more}; "
-            + ("profile not written" if out is not None else "nothing to write")
-            + " (--accept-worse writes it, labelled calibrated-worse-than-base)")
+        raise refusal(check, out=out)
 
 
 class _CalibrationBar:
