@@ -260,8 +260,15 @@ def profile_from_config_cmd(
         ),
     ] = False,
     carry_from: Annotated[
-        str, typer.Option("--from", help="Calibrated profile whose efficiencies and host costs are carried over.")
-    ] = DEFAULT_PROFILE,
+        str | None,
+        typer.Option("--from", help="Calibrated reference profile(s), comma-separated, the projection learns from "
+                     "(default: the shipped calibrated vLLM profiles, the MoE one first: its host costs are carried)."),
+    ] = None,
+    rule: Annotated[
+        str,
+        typer.Option("--rule", help="learned: each parameter from the references of what it prices (docs/sim.md); "
+                     "carry: the first reference's efficiencies, layer costs scaled by layers (before issue 36)."),
+    ] = "learned",
 ) -> None:
     """Project a profile for a model on a GPU from its config.json: shapes from the config, peaks from the
     datasheet, efficiencies and host costs carried over from a calibrated profile. Numbers are a projection."""
@@ -279,9 +286,9 @@ def profile_from_config_cmd(
     src = Path(source)
     served = model_name or (src.parent.name if src.name == "config.json" else src.stem)
     prof = profile_from_config(data, gpu, name=name or (out.stem if out is not None else None), model_name=served,
-                               source=source, carry_from=carry_from,
+                               source=source, carry_from=carry_from.split(",") if carry_from else None,
                                max_model_len=max_model_len, max_num_batched_tokens=chunk_size,
-                               dummy_weights=dummy_weights)
+                               dummy_weights=dummy_weights, rule=rule)
     target = check_writable(out or user_profile_dirs()[0] / f"{prof.name}.yaml", "--out" if out else "output",
                             directory=False)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -424,6 +431,7 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
         decode_table,
         figures_of,
         forced_warning,
+        free_for,
         held_out_check,
         host_states,
         profile_to_write,
@@ -445,6 +453,7 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
         if path is not None:
             check_writable(path, flag, directory=False)
     base = load_profile(profile)
+    names = list(free_for(base, names))  # a dense model: its GEMM efficiency in place of the experts'
     records = list(ResultsStore(results_dir).iter_records())
     if not records:
         raise RecordError(f"{results_dir}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")

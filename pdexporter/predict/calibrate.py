@@ -85,6 +85,7 @@ __all__ = [
     "BOUNDS",
     "Calibration",
     "DEFAULT_FREE",
+    "EXPERT_PARAMS",
     "FitResult",
     "FitWorseThanBase",
     "GPU_PARAMS",
@@ -127,6 +128,7 @@ __all__ = [
     "fit_loop_params",
     "fit_step_params",
     "forced_warning",
+    "free_for",
     "generalisation",
     "held_out_check",
     "host_sensitive",
@@ -283,6 +285,24 @@ def _check_free(free: Sequence[str], allowed: frozenset[str]) -> tuple[str, ...]
     if unknown:
         raise ValueError(f"cannot fit {', '.join(unknown)}; fittable: {', '.join(sorted(allowed & set(BOUNDS)))}")
     return tuple(free)
+
+
+EXPERT_PARAMS = ("moe_efficiency", "moe_expert_pool")  # what only an MoE model's steps show
+
+
+def free_for(profile: Profile, free: Sequence[str]) -> tuple[str, ...]:
+    """The parameters a fit of `profile` frees: on a dense model the experts' (`EXPERT_PARAMS`) move no step
+    time, and its weights are all dense GEMMs, so `moe_efficiency` stands for `matmul_efficiency` (the one
+    efficiency its chunks show; an MoE model's is taken from a measured GEMM, its dense and expert GEMMs
+    being seen only together) and `moe_expert_pool` is dropped."""
+    if profile.model.is_moe:
+        return tuple(free)
+    out: list[str] = []
+    for name in free:
+        name = "matmul_efficiency" if name == "moe_efficiency" else name
+        if name not in EXPERT_PARAMS and name not in out:
+            out.append(name)
+    return tuple(out)
 
 
 def _section(name: str) -> str:
@@ -1127,7 +1147,7 @@ def calibrate(  # noqa: C901 (20: to shrink)
     held = observations_from_records([r for r in records if r.key in held_set])
     if not train.observations:
         raise ValueError("the training records hold no usable step times (no decode baseline, no middle chunk steps)")
-    _check_free(free, frozenset(BOUNDS))
+    free = free_for(base, _check_free(free, frozenset(BOUNDS)))
     step_free = tuple(n for n in free if n in GPU_PARAMS)
     loop_free = tuple(n for n in free if n not in GPU_PARAMS)
     hosts = simulate is not None and "slow_factor" in loop_free
@@ -1346,6 +1366,7 @@ def generalisation(
     base = cal.base
     figures = figures_of(records)
     all_keys = sorted(figures)
+    free = free_for(base, free)
     step_free = tuple(n for n in free if n in GPU_PARAMS)
     loop_free = tuple(n for n in free if n not in GPU_PARAMS)
     groups = [("B", b) for b in sorted({k[0] for k in all_keys})] + [("D", d) for d in sorted({k[1] for k in all_keys})]
