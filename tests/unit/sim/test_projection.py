@@ -39,10 +39,12 @@ def test_a_dense_model_from_the_moe_profile_alone_takes_its_weight_efficiency(mo
     learned = _project("llama-3.1-8b-instruct", [moe])
     # the old rule: a measured GEMM's 790 of 989 TFLOPS for every dense GEMM of the model
     assert carry.step_time.matmul_efficiency == pytest.approx(790 / 989)
-    # learned: what the MoE's GEMMs reached altogether (its dense ones at the measured GEMM, its experts fitted)
+    # learned: the MoE data bound it, between what its GEMMs reached altogether (its dense ones at the measured
+    # GEMM, its experts fitted, routing included) and the measured GEMM: the middle
     eff = weight_efficiency(moe)
     assert moe.step_time.moe_efficiency < eff < moe.step_time.matmul_efficiency
-    assert learned.step_time.matmul_efficiency == pytest.approx(eff)
+    assert learned.step_time.matmul_efficiency == pytest.approx((eff + 790 / 989) / 2)
+    assert 0.65 < learned.step_time.matmul_efficiency < 0.67
     # one kind of layer among the references: the same cost per layer (the old rule), the rest carried
     for name in LAYER_COSTS:
         assert getattr(learned.step_time, name) == pytest.approx(getattr(moe.step_time, name) * 32 / 48)
