@@ -28,6 +28,7 @@ from pdexporter.errors import RecordError
 from pdexporter.measure.store import ResultsStore
 from pdexporter.predict.calibrate import METRIC_FIELDS, PointFigures
 from pdexporter.predict.grid import predict_records
+from pdexporter.sim.modelconfig import load_config, profile_from_config
 from pdexporter.sim.profile import load_profile
 from pdexporter.sweep.spec import load_sweep
 
@@ -37,9 +38,17 @@ OUT = ROOT / "results" / "h200-vllm0.22-llama-3.1-8b-instruct"
 QUANTITIES = ("baseline_tpot", "penalty", "penalty_p50", "prefill_duration", "aggregate_interference")
 
 
-def predict() -> None:
+def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None) -> None:
+    """predictions.json of the shipped profile, or (`rule`) of Llama-3.1-8B projected from its config.json and
+    the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense run
+    never saw) with that rule (`pdexporter.sim.projection`)."""
     spec = load_sweep(SWEEP)
-    profile = load_profile(PROFILE)
+    if rule is None:
+        profile = load_profile(PROFILE)
+    else:
+        cfg, source = load_config("llama-3.1-8b-instruct")
+        profile = profile_from_config(cfg, "H200", name=PROFILE, model_name="llama-3.1-8b-instruct", source=source,
+                                      carry_from=references.split(","), rule=rule, max_model_len=65536)
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
@@ -47,11 +56,14 @@ def predict() -> None:
         figures = PointFigures.of(records[key])
         points.append({"chunk_size": key[0], "decode_batch_size": key[1], "new_prefill_tokens": key[2],
                        **{q: getattr(figures, METRIC_FIELDS[q]) for q in QUANTITIES}})
-    OUT.mkdir(parents=True, exist_ok=True)
-    doc = {"profile": profile.name, "calibration": profile.calibration, "note": profile.calibration_note,
-           "sweep": str(SWEEP.relative_to(ROOT)), "mode": "fast", "points": points}
-    (OUT / "predictions.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {OUT / 'predictions.json'} ({len(points)} configurations, MODELLED by the projected profile)")
+    target = target or OUT / "predictions.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"profile": profile.name + (f" ({rule} rule, from {references})" if rule else ""),
+           "calibration": profile.calibration, "note": profile.calibration_note,
+           "provenance": profile.provenance.get("step_time"), "sweep": str(SWEEP.relative_to(ROOT)), "mode": "fast",
+           "points": points}
+    target.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {target} ({len(points)} configurations, MODELLED by {doc['profile']}, {profile.calibration})")
 
 
 def _short_grid() -> set[tuple[int, int, int]]:
@@ -119,7 +131,9 @@ def compare(results: Path = OUT, predictions: Path | None = None, out: Path | No
     fields = ["B", "D", "P", "reps", "in_short_grid"] + [f"{q} {c}" for q in QUANTITIES
                                                          for c in ("measured", "projected", "err")]
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "comparison.csv").open("w", newline="") as handle:
+    suffix = predictions.stem.split("-", 1)[-1] if predictions.name != "predictions.json" else ""
+    stem = "comparison" + (f"-{suffix}" if suffix else "")
+    with (out / f"{stem}.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
@@ -143,7 +157,7 @@ def compare(results: Path = OUT, predictions: Path | None = None, out: Path | No
     if problems:
         lines += ["Not compared: " + "; ".join(problems), ""]
     text = "\n".join(lines)
-    (out / "comparison.md").write_text(text + "\n")
+    (out / f"{stem}.md").write_text(text + "\n")
     print(text)
     return text
 
@@ -156,9 +170,12 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--results", type=Path, default=OUT, help="the GPU run's records (compare)")
     ap.add_argument("--predictions", type=Path, help="predictions.json (default: in --results)")
     ap.add_argument("--out", type=Path, help="where comparison.csv/.md go (default: --results)")
+    ap.add_argument("--rule", choices=("learned", "carry"), help="predict: a fresh projection with this rule")
+    ap.add_argument("--from", dest="references", default="h200-qwen3-coder-30b-a3b",
+                    help="predict --rule: the reference profiles, comma-separated")
     args = ap.parse_args(argv)
     if args.what == "predict":
-        predict()
+        predict(args.rule, args.references, args.predictions)
     else:
         compare(args.results, args.predictions, args.out)
 
