@@ -62,6 +62,42 @@ def in_sample_quick() -> list[ProjectionScore]:
     return out
 
 
+# issue 36: the old rule's signed errors on a dense 32B model (Qwen2.5-32B shapes, vLLM 0.22, H200, B = 3072), a
+# run the project never committed: (lowest, highest) per quantity
+ISSUE36_32B = {"baseline_p50_ms": (0.13, 0.13), "penalty_mean_ms": (-0.35, -0.16),
+               "prefill_duration_ms": (-0.15, -0.11), "aggregate_interference_ms": (-0.18, -0.14)}
+
+
+def third_model_estimate(references: list[str] | None = None) -> list[str]:
+    """The 32B model of issue 36 projected with the old and the learned rule (from the shipped calibrated
+    profiles): the learned rule's error estimated from the old rule's reported one, per quantity, as
+    (1 + old error) x learned / old projection - 1 (medians over D 1-12, P 2K-32K at B = 3072: an
+    estimate, the run's own configurations are not committed)."""
+    import statistics
+
+    from pdexporter.predict.calibrate import PointFigures
+    from pdexporter.predict.grid import predict_records
+    from pdexporter.sim.modelconfig import load_config, profile_from_config
+    from pdexporter.sim.modelconfig import references as default_refs
+
+    cfg, source = load_config("qwen2.5-32b-instruct")
+    refs = default_refs(references)
+    keys = [(3072, d, p) for d in (1, 4, 8, 12) for p in (2048, 8192, 16384, 32768)]
+    out = {}
+    for rule in ("carry", "learned"):
+        prof = profile_from_config(cfg, "H200", source=source, carry_from=refs, rule=rule, max_model_len=40960,
+                                   max_num_batched_tokens=3072, dummy_weights=True)
+        out[rule] = {k: PointFigures.of(r) for k, r in predict_records(prof, keys, mode="fast").items()}
+    lines = [f"Qwen2.5-32B (issue 36's run, not committed), learned rule from {', '.join(p.name for p in refs)}:"]
+    for field, (lo, hi) in ISSUE36_32B.items():
+        ratios = [getattr(out["learned"][k], field) / getattr(out["carry"][k], field) for k in keys
+                  if getattr(out["carry"][k], field)]
+        r = statistics.median(ratios)
+        lines.append(f"  {field:26s} old rule {lo:+.0%}..{hi:+.0%} (reported) -> learned about "
+                     f"{(1 + lo) * r - 1:+.0%}..{(1 + hi) * r - 1:+.0%} (learned / old {r:.3f})")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=2)
@@ -84,6 +120,8 @@ def main() -> int:
             worst = max((s.mape[q] or 0.0) for q in QUANTITIES)
             print(f"{s.target} ({s.rule}): worst quantity {worst:.1f} % -> the 10 % goal "
                   + ("not judged (--quick)" if args.quick else "met" if worst <= 10 else "NOT met"))
+    if not args.quick:
+        print("\n".join(third_model_estimate()))
     print(f"wall {time.perf_counter() - t0:.1f} s")
     if args.markdown:
         args.markdown.write_text(text + "\n")
