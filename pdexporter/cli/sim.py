@@ -526,8 +526,7 @@ def calibrate_cmd(  # noqa: C901 (26: to shrink)
                  f"simulated, {simulator.cpu_s:.0f} s of simulation CPU): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("wall", "total", "split")))
 
-    check = held_out_check(result, tolerance)
-    worse = worse_of(check)
+    worse = worse_of(check := held_out_check(result, tolerance))  # the fit against its base, per quantity
     payload: dict[str, object] = {
         "results_dir": str(results_dir),
         "base_profile": base.name,
