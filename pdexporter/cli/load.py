@@ -24,6 +24,8 @@ def load(
     rate: Annotated[float, typer.Option("--rate", help="Requests per second (Poisson arrivals).")] = 1.0,
     duration: Annotated[str, duration_option("--duration", "How long to send")] = "5m",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the schedule and the prompts.")] = 0,
+    mix: Annotated[str, typer.Option("--mix", help="The prompt mix: sharegpt-like or documents-heavy.")] = (
+        "sharegpt-like"),
     model: ModelOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write a JSON summary here.")] = None,
@@ -32,22 +34,24 @@ def load(
     from pdexporter._internal.atomic import atomic_write_json
     from pdexporter._internal.durations import parse_duration
     from pdexporter._internal.writable import check_writable
-    from pdexporter.load.mix import LoadSpec, schedule
+    from pdexporter.load.mix import MIXES, LoadSpec, schedule
 
     if target is None or not target.startswith(("http://", "https://")):
         raise ConfigError(f"--target {target!r}: expected the engine's http:// or https:// URL")
     if out is not None:
         check_writable(out, directory=False)
+    if mix not in MIXES:
+        raise ConfigError(f"--mix {mix!r}: expected one of {', '.join(MIXES)}")
     seconds = parse_duration(duration, "--duration")
     try:
-        spec = LoadSpec(rate=rate, duration_s=seconds, seed=seed)
+        spec = LoadSpec(rate=rate, duration_s=seconds, seed=seed, mix=MIXES[mix])
     except ValueError as exc:
         raise ConfigError(f"--rate {rate:g} / --duration {duration}: {exc}") from None
     requests = schedule(spec)
     console.print(f"pdexporter load: {len(requests)} requests over {seconds:g} s at {rate:g}/s to {redact_url(target)}",
                   highlight=False)
     summary = asyncio.run(_load(target, requests, seconds, model, api_key(api_key_file)))
-    summary.update(rate=rate, duration_s=seconds, seed=seed, target=redact_url(target))
+    summary.update(rate=rate, duration_s=seconds, seed=seed, mix=mix, target=redact_url(target))
     console.print(
         f"sent {summary['sent']}, finished {summary['finished']}, failed {summary['failed']}, "
         f"{summary['prompt_tokens']} prompt tokens, worst send lag {summary['late_s']:.3f} s",

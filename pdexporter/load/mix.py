@@ -13,6 +13,10 @@ requests (RAG, code) a P/D decision is about, so every prefill size of the seed'
     documents  30 %  prompt median  3000, sigma 0.7, 512..16384   output median 180, sigma 0.7
     long       10 %  prompt median 16000, sigma 0.5, 4096..32768  output median 120, sigma 0.6
 
+`DOCUMENTS_HEAVY` is a second mix with the same components weighted towards long prompts (chat
+35 %, documents 45 %, long 20 %), for checking that what passive mode learns does not depend on
+the mix (issue 30: passive runs "with different seeds and prompt mixes"). `MIXES` names both.
+
 Every prompt is cold (random ids from the request's own seed): what a prefill costs without
 prefix-cache hits, the quantity the injected table measures.
 """
@@ -44,6 +48,15 @@ SHAREGPT_LIKE: tuple[MixComponent, ...] = (
     MixComponent("documents", 0.30, 3000, 0.7, 512, 16384, 180, 0.7),
     MixComponent("long", 0.10, 16000, 0.5, 4096, 32768, 120, 0.6),
 )
+
+
+DOCUMENTS_HEAVY: tuple[MixComponent, ...] = (
+    MixComponent("chat", 0.35, 350, 0.9, 16, 4096, 220, 0.8),
+    MixComponent("documents", 0.45, 3000, 0.7, 512, 16384, 180, 0.7),
+    MixComponent("long", 0.20, 16000, 0.5, 4096, 32768, 120, 0.6),
+)
+
+MIXES: dict[str, tuple[MixComponent, ...]] = {"sharegpt-like": SHAREGPT_LIKE, "documents-heavy": DOCUMENTS_HEAVY}
 
 
 MAX_LOAD_REQUESTS = 1_000_000  # rate x duration: a day at 11/s; each is planned (and held) before the first is sent
@@ -105,4 +118,5 @@ def schedule(spec: LoadSpec) -> list[LoadRequest]:
         ))
 
 
-__all__ = ["LoadRequest", "LoadSpec", "MAX_LOAD_REQUESTS", "MixComponent", "SHAREGPT_LIKE", "schedule"]
+__all__ = ["DOCUMENTS_HEAVY", "LoadRequest", "LoadSpec", "MAX_LOAD_REQUESTS", "MIXES", "MixComponent", "SHAREGPT_LIKE",
+           "schedule"]

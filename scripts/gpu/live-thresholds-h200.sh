@@ -10,7 +10,8 @@
 #      two-arm decision.json with the committed pair's arm, and `pdexporter thresholds` of it: the
 #      batch threshold the live one is compared with (summary.py below: within its interval?).
 #
-#   bash scripts/gpu/live-thresholds-h200.sh BUDGET_S [LOAD1_S=300] [RATE1=1] [LOAD2_S=300] [RATE2=2.5]
+#   bash scripts/gpu/live-thresholds-h200.sh BUDGET_S [LOAD1_S=300] [RATE1=1] [LOAD2_S=300] [RATE2=2.5] \
+#       [MIX1=sharegpt-like] [MIX2=sharegpt-like]     # `pdexporter load --mix` of each phase
 #
 # Every call runs this same script within BUDGET_S (<= 590 for a 600 s device call); a finished
 # step is not run again; the engine, the exporter and the loads go on between calls (own sessions).
@@ -25,6 +26,8 @@ LOAD1_S=${2:-300}
 RATE1=${3:-1}
 LOAD2_S=${4:-300}
 RATE2=${5:-2.5}
+MIX1=${6:-sharegpt-like}
+MIX2=${7:-sharegpt-like}
 ENGINE=${ENGINE:-vllm}
 T0=$(date +%s)
 W=${LIVE_WORK:-/root/live-thresholds}
@@ -43,7 +46,7 @@ alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 pack() {
   (cd "$W" && tar czf "$OUT/live-thresholds.tar.gz" --ignore-failed-read thresholds thresholds.tsv passive injected \
-     batch SUMMARY.md steps.log exporter.log load1.log load2.log engine.log sweep.log imports.txt 2>/dev/null)
+     batch SUMMARY.md steps.log exporter.log load1.log load2.log load1.json load2.json load2.started passive.started engine.log sweep.log imports.txt 2>/dev/null)
   for f in SUMMARY.md thresholds.tsv steps.log; do cp "$W/$f" "$OUT/" 2>/dev/null; done
   true
 }
@@ -117,14 +120,14 @@ if [ ! -f "$W/passive.started" ]; then
     sleep 1
   done
   # the two loads in one session: RATE1, then RATE2 (the phase boundary goes into steps.log)
-  setsid bash -c "python3 -m pdexporter load --target '$URL' --rate '$RATE1' --duration '${LOAD1_S}s' --seed 17 \
+  setsid bash -c "python3 -m pdexporter load --target '$URL' --rate '$RATE1' --duration '${LOAD1_S}s' --seed 17 --mix '$MIX1' --out '$W/load1.json' \
       > '$W/load1.log' 2>&1; date +%s > '$W/load2.started'; \
-    python3 -m pdexporter load --target '$URL' --rate '$RATE2' --duration '${LOAD2_S}s' --seed 18 \
+    python3 -m pdexporter load --target '$URL' --rate '$RATE2' --duration '${LOAD2_S}s' --seed 18 --mix '$MIX2' --out '$W/load2.json' \
       > '$W/load2.log' 2>&1" < /dev/null > /dev/null 2>&1 &
   echo $! > "$W/load.pid"
   date +%s > "$W/passive.started"
   printf 'unix_s\tphase\tdecode_batch_size\tbound\ttokens\n' > "$W/thresholds.tsv"
-  log "live thresholds: run --passive --decision + load $RATE1 req/s for $LOAD1_S s, then $RATE2 for $LOAD2_S s"
+  log "live thresholds: run --passive --decision + load $RATE1 req/s ($MIX1) for $LOAD1_S s, then $RATE2 ($MIX2) for $LOAD2_S s"
 fi
 if [ ! -f "$W/passive.done" ]; then
   n=$(ls "$W/thresholds" | grep -c "yaml$")

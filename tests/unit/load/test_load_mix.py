@@ -50,3 +50,25 @@ def test_a_plan_of_more_requests_than_a_run_holds_is_refused_at_once(rate: float
     """Issue 31: `load --rate 1e308 --duration 1s` planned its schedule for ever, silently."""
     with pytest.raises(ValueError, match="at most 1,000,000 in one run"):
         LoadSpec(rate=rate, duration_s=duration)
+
+
+def test_the_documents_heavy_mix_draws_its_own_weights_and_longer_prompts() -> None:
+    from pdexporter.load.mix import DOCUMENTS_HEAVY, MIXES
+
+    assert MIXES["sharegpt-like"] is SHAREGPT_LIKE and MIXES["documents-heavy"] is DOCUMENTS_HEAVY
+    heavy = schedule(LoadSpec(rate=5.0, duration_s=2000, seed=2, mix=DOCUMENTS_HEAVY))
+    light = schedule(LoadSpec(rate=5.0, duration_s=2000, seed=2))
+    share = {c.name: sum(r.component == c.name for r in heavy) / len(heavy) for c in DOCUMENTS_HEAVY}
+    for c in DOCUMENTS_HEAVY:
+        assert share[c.name] == pytest.approx(c.weight, abs=0.02)
+    assert np.median([r.prompt_tokens for r in heavy]) > 1.5 * np.median([r.prompt_tokens for r in light])
+
+
+def test_load_refuses_an_unknown_mix_naming_it() -> None:
+    from typer.testing import CliRunner
+
+    from pdexporter.cli import app
+
+    result = CliRunner().invoke(app, ["load", "--target", "http://127.0.0.1:9", "--mix", "poetry", "--duration", "1s"])
+    assert result.exit_code != 0  # main() prints a ConfigError as its one line and exits 2
+    assert "--mix 'poetry'" in str(result.exception) and "documents-heavy" in str(result.exception)
