@@ -64,11 +64,14 @@ echo "== compare engines"
 pd compare "$SEED" "$SGL" --out "$SGL/vs-vllm0.22" >/dev/null
 pd compare "$SEED" "$SGLM" --out "$SGLM/vs-vllm0.22" >/dev/null
 pd compare "$SGL" "$SGLM" --out "$SGLM/vs-default" >/dev/null
-# Passive mode on the H200 beside the injected table of the same engine: the event model, its
-# convergence and trace- against cadence-based attribution (the injected table itself is above).
+# Passive mode on the H200 beside the injected table of the same engine: the event model (its table's
+# intervals carrying the campaign variation), its convergence and trace- against cadence-based
+# attribution (the injected table itself is above).
 echo "== passive $PASSIVE"
-pd export-table "$PASSIVE/passive" --mode passive --injected "$PASSIVE/injected" --out "$PASSIVE" >/dev/null
-pd report "$PASSIVE/passive" --injected "$PASSIVE/injected" --out "$PASSIVE/report.html" >/dev/null
+pd export-table "$PASSIVE/passive" --mode passive --injected "$PASSIVE/injected" --campaign-variation "$HELD_OUT/held_out.json" \
+  --out "$PASSIVE" >/dev/null
+pd report "$PASSIVE/passive" --injected "$PASSIVE/injected" --campaign-variation "$HELD_OUT/held_out.json" \
+  --out "$PASSIVE/report.html" >/dev/null
 python3 scripts/gpu/passive_compare.py "$PASSIVE/passive" --injected "$PASSIVE/injected" --minutes 0.5 1 1.5 2 2.5 \
   --out "$PASSIVE" >/dev/null
 echo "== validate-pd"

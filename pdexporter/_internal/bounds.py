@@ -20,12 +20,24 @@ from __future__ import annotations
 
 MAX_TOKENS = 10_000_000
 MAX_DECODE_BATCH = 1024
+MIN_DECODE_BATCH = 0  # D = 0: the prefill alone, a point of every grid (records, sweep files, `measure`)
+MIN_PROBE_STREAMS = 1  # the live exporter's probes: it watches one decode at least
 MAX_REPS = 1000
 MAX_RETRIES = 100
 MAX_SECONDS = 7 * 24 * 3600.0
 
-__all__ = ["MAX_DECODE_BATCH", "MAX_REPS", "MAX_RETRIES", "MAX_SECONDS", "MAX_TOKENS", "out_of_bounds",
-           "prompt_fit_problem"]
+__all__ = ["MAX_DECODE_BATCH", "MAX_REPS", "MAX_RETRIES", "MAX_SECONDS", "MAX_TOKENS", "MIN_DECODE_BATCH",
+           "MIN_PROBE_STREAMS", "decode_batch_problem", "out_of_bounds", "prompt_fit_problem"]
+
+
+def decode_batch_problem(d: int, *, live: bool = False) -> str | None:
+    """Why D (the decode batch size, the probe streams) is out of its bounds, or None: the one rule
+    options, sweep files, records and the exporter's settings follow (the pydantic fields state the
+    same bounds). `live`: the exporter's probes, one decode at least."""
+    low = MIN_PROBE_STREAMS if live else MIN_DECODE_BATCH
+    if d < low:
+        return f"must be >= {low}"
+    return out_of_bounds(d, low, MAX_DECODE_BATCH)
 
 
 def out_of_bounds(value: float, low: float, high: float) -> str | None:

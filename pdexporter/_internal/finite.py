@@ -55,6 +55,21 @@ def _path(where: str, key: object) -> str:
     return f"{where}[{key}]" if isinstance(key, int) else (f"{where}.{key}" if where else str(key))
 
 
+_INT_LIMIT = 10**MAX_INT_DIGITS
+_NUMBER_TYPES = frozenset({int, float})
+
+
+def _all_numbers_fine(items: list[Any] | tuple[Any, ...]) -> bool:
+    """Every item a finite float or an int of fewer than `MAX_INT_DIGITS` digits, checked in C
+    (a raw file's lists of timestamps): False also when unsure, and the items are walked one by one."""
+    if not items or not set(map(type, items)) <= _NUMBER_TYPES:
+        return False
+    try:
+        return math.isfinite(math.fsum(items)) and max(items) < _INT_LIMIT and min(items) > -_INT_LIMIT
+    except (OverflowError, ValueError):  # a sum past 1e308, an int too large for a float; inf - inf
+        return False
+
+
 def first_not_finite(value: Any, where: str = "") -> NotFinite | None:
     """The first number in `value` (dicts, lists, numbers) that is NaN, infinite or too large."""
     stack: list[tuple[str, Any]] = [(where, value)]
@@ -64,11 +79,11 @@ def first_not_finite(value: Any, where: str = "") -> NotFinite | None:
             return NotFinite(at, item.text, item.too_large)
         if isinstance(item, float) and not math.isfinite(item):
             return NotFinite(at, repr(item))
-        if isinstance(item, int) and not isinstance(item, bool) and abs(item) >= 10**MAX_INT_DIGITS:
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) >= _INT_LIMIT:
             return NotFinite(at, f"an integer of {len(str(abs(item)))} digits", too_large=True)
         if isinstance(item, dict):
             stack.extend((_path(at, k), v) for k, v in reversed(list(item.items())))
-        elif isinstance(item, (list, tuple)):
+        elif isinstance(item, (list, tuple)) and not _all_numbers_fine(item):
             stack.extend((_path(at, i), v) for i, v in reversed(list(enumerate(item))))
     return None
 

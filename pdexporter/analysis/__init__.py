@@ -1,6 +1,7 @@
 """Batch analysis of interference records: table, cost models, break-even, criteria, plots, report.
 
-Pipeline (pure core, thin I/O edges; `job` wires it, the CLI calls `job`):
+Pipeline (pure core, thin I/O edges; `job` wires it; the commands call their jobs: `export`
+(export-table, report), `comparisons` (compare, validate-pd), `verdicts` (decide, thresholds)):
 
     records / Prometheus -> table.ConfigSamples -> table.build_table -> models.fit_models
         -> breakeven.decision_document -> criteria.evaluate_criteria -> plots / report

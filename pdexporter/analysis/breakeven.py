@@ -29,7 +29,7 @@ from pdexporter import __version__
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA, DEFAULT_TRANSFER_MS  # noqa: F401 (re-exported)
 from pdexporter.analysis.models import ContextAwareModel, CostModel, FitData, FitReport, bootstrap_context, num_chunks
 from pdexporter.analysis.thresholds import compute_thresholds
-from pdexporter.engines import adapter
+from pdexporter.engines import DEFAULT_ENGINE, adapter
 
 __all__ = [
     "Region", "break_even_frame", "decision_document", "model_decision", "offload_region",
@@ -95,7 +95,7 @@ def decision_document(
     max_d = int(fitted["decode_batch_size"].max()) if len(fitted) else 0
     modelled = bool(table["modelled"].any()) if len(table) else False
     engines = sorted(str(e) for e in table["engine"].dropna().unique())
-    engine = data.engine if data is not None else "vllm"
+    engine = data.engine if data is not None else DEFAULT_ENGINE
     rule = model.rule if isinstance(model, ContextAwareModel) else adapter(engine).chunk_rule
     reps: list[dict[str, float | None]] = []
     if data is not None and isinstance(model, ContextAwareModel) and replicates:

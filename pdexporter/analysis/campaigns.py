@@ -32,13 +32,14 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import yaml
 
 from pdexporter.analysis.decision_eval import (
     CAMPAIGN_ARMS,
+    campaign_log_sd,
     chunk_context,
     cost_regime,
     evaluate_arms,
@@ -53,6 +54,7 @@ __all__ = [
     "Campaign",
     "HeldOutPoint",
     "campaign_draws",
+    "carry_variation",
     "check_fit_inputs",
     "coverage_summary",
     "find_campaigns",
@@ -226,7 +228,8 @@ def held_out_points(campaigns: Sequence[Campaign], samples: Samples, fit: Fit,
 
 def _predict(doc: dict[str, Any], c: Campaign, arm: str, measured: Mapping[tuple[int, int, int], float],
              train: tuple[str, ...]) -> list[HeldOutPoint]:
-    key = "colocated_cost_ms" if arm == "colocated" else "offloaded_cost_ms"
+    key: Literal["colocated_cost_ms", "offloaded_cost_ms"] = (
+        "colocated_cost_ms" if arm == "colocated" else "offloaded_cost_ms")
     n_reps = len((doc.get("replicates") or {}).get("model") or ())
     out = []
     for (b, d, p), value in sorted(measured.items()):
@@ -283,6 +286,20 @@ def campaign_draws(n: int, seed: int = 20261203) -> list[dict[str, float]]:
     return [{arm: round(quantiles[int(orders[arm][i])], 6) for arm in CAMPAIGN_ARMS} for i in range(n)]
 
 
+def carry_variation(replicates: Any, log_sd: Any, arm: str = "colocated") -> np.ndarray:
+    """Bootstrap replicates with the campaign variation carried, as decision.json's intervals carry
+    it: replicate r (axis 0 of `replicates`) times exp(s z_r), z_r the arm's fixed draw
+    (`campaign_draws`), s the log sd `pdexporter validate` measured (`decision_eval.campaign_log_sd`;
+    a scalar or one per column). The held-out coverage, the passive event model's intervals and
+    decision.json all widen by this one rule."""
+    values = np.asarray(replicates, dtype=np.float64)
+    n = values.shape[0] if values.ndim else 0
+    if n == 0:
+        return values
+    z = np.array([draw[arm] for draw in campaign_draws(n)]).reshape((n,) + (1,) * (values.ndim - 1))
+    return values * np.exp(np.asarray(log_sd, dtype=np.float64) * z)
+
+
 def fold_variation(doc: dict[str, Any], variation: Mapping[str, Any], held_out: Mapping[str, Any] | None = None,
                    ) -> dict[str, Any]:
     """The decision document with the campaign variation carried: `campaign_variation` (s per arm
@@ -299,8 +316,7 @@ def fold_variation(doc: dict[str, Any], variation: Mapping[str, Any], held_out: 
 
 
 def _interval(point: HeldOutPoint, s: float) -> tuple[float, float]:
-    draws = campaign_draws(len(point.replicate_ms)) if point.replicate_ms else []
-    values = sorted(v * math.exp(s * z[point.arm]) for v, z in zip(point.replicate_ms, draws)) or [point.predicted_ms]
+    values = sorted(carry_variation(point.replicate_ms, s, point.arm).tolist()) or [point.predicted_ms]
     lo_q, hi_q = (1 - COVERAGE_LEVEL) / 2, 1 - (1 - COVERAGE_LEVEL) / 2
     lo = min(float(np.quantile(values, lo_q)), point.predicted_ms)
     hi = max(float(np.quantile(values, hi_q)), point.predicted_ms)
@@ -324,7 +340,7 @@ def coverage_summary(points: Sequence[HeldOutPoint]) -> dict[str, Any]:
             for q in these:
                 lo, hi = _interval(q, 0.0)
                 inside_before += lo <= q.measured_ms <= hi
-                s = var["by_regime"].get(q.regime, var["log_sd"]) if var else 0.0
+                s = campaign_log_sd({arm: var} if var else {}, arm, q.regime)
                 lo2, hi2 = _interval(q, s)
                 inside_after += lo2 <= q.measured_ms <= hi2
                 rows.append({**q.to_dict(), "interval_bootstrap": [round(lo, 3), round(hi, 3)],

@@ -1,5 +1,8 @@
 """The offload verdict from `decision.json`, in plain Python: this module imports nothing beyond
-the standard library (`math`), so a router can copy it whole (a test holds it to that).
+the standard library (`math`, `typing`), so a router can copy it whole (a test holds it to that).
+The document's shape is `decision_schema.DecisionDocument` (pydantic, and the JSON Schema shipped
+from it); here it is read as the plain dict it is in JSON (`Document`), and what comes back is
+typed: `ChunkContext`, `ArmNumbers`, `Verdict`.
 
 Everything the verdict needs is in the document (schema `pdexporter.decision/v2`, docs/analysis.md
 and docs/disaggregation.md): the engine's chunk rule (`chunk_rule`: how a prompt is cut beside D
@@ -21,8 +24,9 @@ features, so no time it gives can be negative, and each grows where the physics 
   step costs pi_k = max(alpha0 + alpha1 D, compute0 + gamma c_k + beta q_k) run eagerly (the
   host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph, plus
   graph0 in the step that admits the request (q_k: the chunk's query x context pairs, attention
-  over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 P; times D for the
-  batch. Where each decode in a chunk's step pays per chunk token (the model has
+  over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 min(P, P_sat)
+  (`sigma_saturation_tokens`: from there on the stall no longer grows; absent: never); times D for
+  the batch. Where each decode in a chunk's step pays per chunk token (the model has
   `delta_ms_per_decode_token`: SGLang's mixed chunks) the work gains delta D c_k; where the decodes
   pause for the chunks (SGLang's default) the fit leaves the launch floor and the stalls at 0, so
   each step is its work whole.
@@ -55,8 +59,15 @@ transfer time (the seed's constant 50 ms unless a transfer model was measured or
 """
 
 import math
+from collections.abc import Mapping
+from typing import Any, Required, TypedDict
 
 __all__ = [
+    "ArmNumbers",
+    "ChunkContext",
+    "Document",
+    "Finding",
+    "Verdict",
     "CAMPAIGN_ARMS",
     "DECIDED_SHARE",
     "INTERVAL_TERMS",
@@ -64,6 +75,7 @@ __all__ = [
     "SEED_RULE",
     "TWO_ARM_RULE",
     "WEAK_R2",
+    "campaign_log_sd",
     "chunk_context",
     "colocated_cost",
     "cost_regime",
@@ -90,8 +102,93 @@ DECIDED_SHARE = 0.9  # share of bootstrap replicates that must agree for a decid
 CAMPAIGN_ARMS = ("colocated", "offloaded")  # the arms whose cost carries the campaign variation
 _VLLM_RULE = {"decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 0}
 
+# decision.json as parsed JSON (its fields: `decision_schema.DecisionDocument`)
+Document = Mapping[str, Any]
+# where a configuration lies outside a model's fitted range: (model, "P=... (fitted ...)", distance)
+Finding = tuple[str, str, float]
 
-def chunk_context(doc, d, p, b):
+
+class ChunkContext(TypedDict):
+    """A prompt's chunks beside D decodes at chunk size B (`chunk_context`), and the linear models'
+    features at that point (`f`: token counts in thousands, query x context pairs in millions)."""
+
+    d: float
+    p_tokens: int
+    b: int
+    budget: int
+    n: int
+    full: int
+    tail: int
+    full_graph: bool
+    tail_graph: bool
+    q_full: float
+    q_tail: float
+    eager_chunks: int
+    eager_tokens: int
+    eager_q: float
+    graph_tokens: int
+    f: dict[str, float]
+
+
+class ArmNumbers(TypedDict, total=False):
+    """Both arms' numbers at one point (`evaluate_arms`), ms; the colocated ones always, the rest
+    where the document has both arms (`two_arm`)."""
+
+    colocated_cost_ms: Required[float]
+    chunks: Required[int]
+    chunk_tokens: Required[int]
+    graph_chunks: Required[int]
+    offloaded_cost_ms: float
+    saved_ms: float
+    colocated_ttft_ms: float
+    offloaded_ttft_ms: float
+    ttft_cost_ms: float
+    transfer_ms: float
+    offloaded_ttft_split_ms: dict[str, float]
+    colocated_tpot_ms: float | None
+    offloaded_tpot_ms: float | None
+
+
+class Verdict(TypedDict, total=False):
+    """`evaluate_decision`'s answer: the verdict (`offload`, `decided`, `agreement`, `rule`,
+    `verdict`) and the seed's numbers always; both arms' numbers, the SLOs and the weak fits in
+    two-arm mode. `intervals`: 90 % interval per number (None: no replicates)."""
+
+    offload: bool
+    decided: bool
+    agreement: float | None
+    rule: str
+    verdict: str
+    mode: Required[str]
+    cost_ms: Required[float]
+    transfer_ms: Required[float]
+    transfer_source: Required[str]
+    margin_ms: Required[float]
+    chunks: Required[int]
+    model: Required[str]
+    in_fitted_range: Required[bool]
+    extrapolated: Required[list[str]]
+    interval_widening: Required[float]
+    regime: Required[str]
+    interval_widening_by: dict[str, float]
+    held_out: dict[str, Any] | None
+    intervals: dict[str, list[float] | None]
+    reason: str
+    weak_fits: list[str]
+    saved_ms: float
+    ttft_cost_ms: float
+    colocated_cost_ms: float
+    offloaded_cost_ms: float
+    colocated_ttft_ms: float
+    offloaded_ttft_ms: float
+    offloaded_ttft_split_ms: dict[str, float]
+    colocated_tpot_ms: float | None
+    offloaded_tpot_ms: float | None
+    slos: dict[str, dict[str, bool]]
+    degraded_regime: dict[str, Any]  # `decide`'s: the verdict were the transfer degraded
+
+
+def chunk_context(doc: Document, d: int, p: int, b: int) -> ChunkContext:
     """The prompt's chunks beside D decodes at chunk size B, as the features the models read."""
     rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
     budget = b - d if rule["decodes_take_budget"] else b
@@ -130,7 +227,7 @@ def chunk_context(doc, d, p, b):
     }
 
 
-def feature(name, d, p, b, doc=None):
+def feature(name: str, d: int, p: int, b: int, doc: Document | None = None) -> float:
     """One regressor of the linear models at (D, P, B) (`doc`'s chunk rule; vLLM's without one)."""
     features = chunk_context(doc or {}, d, p, b)["f"]
     if name not in features:
@@ -138,12 +235,12 @@ def feature(name, d, p, b, doc=None):
     return features[name]
 
 
-def linear(model, d, p, b, doc=None):
+def linear(model: dict[str, Any], d: int, p: int, b: int, doc: Document | None = None) -> float:
     """A `{"features": [...], "coefficients": {...}}` model at (D, P, B)."""
     return _dot(model, chunk_context(doc or {}, d, p, b), None)
 
 
-def _dot(term, ctx, coefficients):
+def _dot(term: dict[str, Any], ctx: ChunkContext, coefficients: dict[str, float] | None) -> float:
     k = coefficients if coefficients is not None else term["coefficients"]
     f = ctx["f"]
     total = 0.0
@@ -154,14 +251,14 @@ def _dot(term, ctx, coefficients):
     return total
 
 
-def transfer_time(transfer, p):
+def transfer_time(transfer: dict[str, Any], p: int) -> float:
     """KV transfer of a P-token prompt: latency + P x bytes per token / bandwidth (ms)."""
     if "gb_per_s" in transfer:
         return transfer["latency_ms"] + p * transfer["bytes_per_token"] / (transfer["gb_per_s"] * 1e9) * 1e3
     return transfer["fixed_ms"] + transfer["ms_per_token"] * p  # a v1 document's form
 
 
-def _eager_sum(launch, compute0, gamma, beta, budget, count):
+def _eager_sum(launch: float, compute0: float, gamma: float, beta: float, budget: int, count: int) -> float:
     """Sum over `count` full chunks of `budget` tokens (chunk k's prefix: k x budget) of their
     eager step's extra, max(launch floor, compute0 + gamma c + beta q_k): q_k grows with k, so the
     first chunks may wait on the launches and the later ones on the GPU (`gamma`: per chunk token,
@@ -179,7 +276,8 @@ def _eager_sum(launch, compute0, gamma, beta, budget, count):
     return launch_bound * launch + rest * base + slope * (rest * (launch_bound + count - 1) / 2.0)
 
 
-def colocated_cost(doc, ctx, coefficients=None):
+def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any] | None = None
+                   ) -> tuple[float, float]:
     """(aggregate interference over the D decodes, token-weighted mean extra of a chunk step), ms.
     A chunk step launched eagerly costs each decode max(alpha0 + alpha1 D, compute0 + gamma c +
     beta q): the host's launches or the GPU's work, whichever takes longer; one replayed as a CUDA
@@ -208,19 +306,21 @@ def colocated_cost(doc, ctx, coefficients=None):
         tail_pi = kappa * tail + (graph0 if full == 0 else 0.0)
     else:
         tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
-    per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * ctx["p_tokens"]
+    saturation = k.get("sigma_saturation_tokens")  # the stall stops growing with P there (absent: never)
+    stall_p = min(ctx["p_tokens"], saturation) if saturation else ctx["p_tokens"]
+    per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * stall_p
     if ctx["eager_chunks"] or kappa is None:  # after a long step the next was ready: the decodes catch up
         per_stream -= k.get("catchup_steps", 0.0) * decode_step(k, d)
     mean_extra = (full_sum * budget + tail_pi * tail) / ctx["p_tokens"]
     return d * max(0.0, per_stream), max(0.0, mean_extra)
 
 
-def decode_step(k, d):
+def decode_step(k: dict[str, Any], d: float) -> float:
     """The decode-only step at D decodes (the colocated model's decode0 + decode1 D), ms."""
     return k.get("decode0_ms", 0.0) + k.get("decode1_ms_per_decode", 0.0) * d
 
 
-def cost_regime(doc, ctx):
+def cost_regime(doc: Document, ctx: ChunkContext) -> str:
     """Which step sets the prompt's cost beside the decodes: "graph" (every chunk replays a CUDA
     graph), "launch" (one eager chunk bound by the host's kernel launches: what moves most between
     hosts and days), "compute" (eager chunks bound by the GPU's work), "all" for the seed's model."""
@@ -239,22 +339,25 @@ def cost_regime(doc, ctx):
     return "compute"
 
 
-def _campaign_factors(doc, ctx, replicate):
+def _campaign_factors(doc: Document, ctx: ChunkContext, replicate: int | None) -> dict[str, float]:
     """exp(s z_r) per arm for replicate r (1.0 without campaign variation in the document)."""
     variation = doc.get("campaign_variation") or {}
     draws = (doc.get("replicates") or {}).get("campaign") or []
     if replicate is None or not variation or replicate >= len(draws):
         return {arm: 1.0 for arm in CAMPAIGN_ARMS}
     regime = cost_regime(doc, ctx)
-    out = {}
-    for arm in CAMPAIGN_ARMS:
-        v = variation.get(arm) or {}
-        s = (v.get("by_regime") or {}).get(regime, v.get("log_sd", 0.0))
-        out[arm] = math.exp(s * draws[replicate][arm])
-    return out
+    return {arm: math.exp(campaign_log_sd(variation, arm, regime) * draws[replicate][arm]) for arm in CAMPAIGN_ARMS}
 
 
-def _seed_penalty(model, d, b):
+def campaign_log_sd(variation: Mapping[str, Any] | None, arm: str, regime: str) -> float:
+    """The campaign variation s of an arm's cost in a regime (`cost_regime`): the arm's s for that
+    regime, else its pooled s, else 0 (`variation`: decision.json's `campaign_variation`, or the
+    `variation` of the held_out.json `pdexporter validate` writes)."""
+    v = (variation or {}).get(arm) or {}
+    return float((v.get("by_regime") or {}).get(regime, v.get("log_sd", 0.0)))
+
+
+def _seed_penalty(model: dict[str, Any], d: float, b: int) -> float:
     table = model["penalty_per_chunk_ms"]
     sizes = sorted(int(s) for s in table)
     chosen = b if b in sizes else min(sizes, key=lambda s: (abs(math.log2(s) - math.log2(b)), s))
@@ -267,15 +370,16 @@ def _seed_penalty(model, d, b):
     return pis[i] + (pis[i + 1] - pis[i]) * (d - ds[i]) / (ds[i + 1] - ds[i])
 
 
-def _transfer_model(doc, regime):
+def _transfer_model(doc: Document, regime: str) -> dict[str, Any]:
     transfer = ((doc.get("two_arm") or {}).get("terms") or {}).get("transfer") or {}
     if regime == "degraded" and transfer.get("degraded"):
         return dict(transfer, **transfer["degraded"])
     return transfer
 
 
-def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nominal", contexts=None,
-                  campaign=True):
+def evaluate_arms(doc: Document, d: int, p: int, b: int, *, replicate: int | None = None,
+                  transfer_ms: float | None = None, regime: str = "nominal",
+                  contexts: tuple[ChunkContext, ChunkContext] | None = None, campaign: bool = True) -> ArmNumbers:
     """Both arms' numbers at (D, P, B) from the central coefficients, or from bootstrap replicate
     `replicate` (an index into `doc["replicates"]`), its arm costs times its campaign factor
     (`campaign=False`: the bootstrap alone). Every time is >= 0 by construction.
@@ -286,7 +390,7 @@ def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nom
     col_cost, mean_extra = colocated_cost(doc, ctx, model_k)
     factor = _campaign_factors(doc, ctx, replicate if campaign else None)
     col_cost *= factor["colocated"]
-    out = {"colocated_cost_ms": col_cost, "chunks": ctx["n"], "chunk_tokens": ctx["budget"],
+    out: ArmNumbers = {"colocated_cost_ms": col_cost, "chunks": ctx["n"], "chunk_tokens": ctx["budget"],
            "graph_chunks": ctx["n"] - ctx["eager_chunks"]}
     arms = doc.get("two_arm")
     if not arms:
@@ -294,7 +398,7 @@ def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nom
     terms = arms["terms"]
     k = None if replicate is None else reps["two_arm"][replicate]
 
-    def term(name, context):
+    def term(name: str, context: ChunkContext) -> float:
         t = terms.get(name)
         if not t:
             return 0.0
@@ -320,23 +424,23 @@ def evaluate_arms(doc, d, p, b, *, replicate=None, transfer_ms=None, regime="nom
     off_ttft = prefill + t_ms + decode_side
     model_k = model_k if model_k is not None else doc["model"].get("coefficients", {})
     step = decode_step(model_k, d) if "decode0_ms" in model_k else None
-    out.update(
-        offloaded_cost_ms=off_loss, saved_ms=col_cost - off_loss, colocated_ttft_ms=col_ttft,
-        offloaded_ttft_ms=off_ttft, ttft_cost_ms=off_ttft - col_ttft, transfer_ms=t_ms,
-        offloaded_ttft_split_ms={"prefill": prefill, "transfer": t_ms, "decode_side": decode_side},
-        colocated_tpot_ms=(step + mean_extra) if step is not None and d > 0 else None,
-        offloaded_tpot_ms=term("offloaded_tpot", ctx) if terms.get("offloaded_tpot") and d > 0 else None,
-    )
+    out.update({
+        "offloaded_cost_ms": off_loss, "saved_ms": col_cost - off_loss, "colocated_ttft_ms": col_ttft,
+        "offloaded_ttft_ms": off_ttft, "ttft_cost_ms": off_ttft - col_ttft, "transfer_ms": t_ms,
+        "offloaded_ttft_split_ms": {"prefill": prefill, "transfer": t_ms, "decode_side": decode_side},
+        "colocated_tpot_ms": (step + mean_extra) if step is not None and d > 0 else None,
+        "offloaded_tpot_ms": term("offloaded_tpot", ctx) if terms.get("offloaded_tpot") and d > 0 else None,
+    })
     return out
 
 
-def extrapolation(doc, d, p, b):
+def extrapolation(doc: Document, d: int, p: int, b: int) -> tuple[list[Finding], float]:
     """Where (D, P, B) lies outside the ranges the models were fitted on: a list of
     (model, "P=...", distance) and the factor the intervals are widened by (1 + the largest
     distance: log2 of how far P lies beyond its range, D's relative distance, 1 for an unmeasured
     chunk size or graph regime)."""
-    found = []
-    ranges = [("colocated cost model", doc.get("valid_range") or {})]
+    found: list[Finding] = []
+    ranges: list[tuple[str, dict[str, Any]]] = [("colocated cost model", doc.get("valid_range") or {})]
     for name, t in ((doc.get("two_arm") or {}).get("terms") or {}).items():
         if t and t.get("range"):
             ranges.append((name.replace("_", " "), t["range"]))
@@ -379,21 +483,21 @@ INTERVAL_TERMS = {
 }
 
 
-def widening_by_interval(outside):
+def widening_by_interval(outside: list[Finding]) -> dict[str, float]:
     """Per interval key (`INTERVAL_TERMS`): 1 + the largest distance among `extrapolation`'s findings
     for the models that number is made of."""
     return {key: 1.0 + max((dist for name, _, dist in outside if name in names), default=0.0)
             for key, names in INTERVAL_TERMS.items()}
 
 
-def _interval(values, central, factor, duration=True):
+def _interval(values: list[float], central: float, factor: float, duration: bool = True) -> list[float] | None:
     """5th..95th percentile of the replicates' values, widened by `factor` around `central`; a
     duration's interval stops at 0 (a time cannot be negative, a difference can)."""
     if not values:
         return None
     ordered = sorted(values)
 
-    def pct(q):
+    def pct(q: float) -> float:
         x = q / 100.0 * (len(ordered) - 1)
         i = math.floor(x)
         j = min(i + 1, len(ordered) - 1)
@@ -404,7 +508,7 @@ def _interval(values, central, factor, duration=True):
     return [max(lo, 0.0) if duration else lo, hi]
 
 
-def _ms(x):
+def _ms(x: float) -> str:
     """1234.5 -> '1.2 s', 40.2 -> '40 ms'; never signed (the caller says which way)."""
     x = abs(x)
     if x >= 1000:
@@ -412,15 +516,16 @@ def _ms(x):
     return f"{x:.0f} ms" if x >= 10 else f"{x:.1f} ms"
 
 
-def _range_text(iv):
+def _range_text(iv: list[float]) -> str:
     return f" [{_ms(iv[0]) if iv[0] >= 0 else '-' + _ms(iv[0])}..{_ms(iv[1]) if iv[1] >= 0 else '-' + _ms(iv[1])}]"
 
 
-def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None,  # noqa: C901 (20: to shrink)
-                      regime="nominal", intervals=True):
+def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float | None = None, *,  # noqa: C901 (20: to shrink)
+                      tpot_slo_ms: float | None = None, ttft_slo_ms: float | None = None, mode: str | None = None,
+                      regime: str = "nominal", intervals: bool = True) -> Verdict:
     """Offload or not for D running decodes, a P-token prefill and chunk size B, from decision.json.
 
-    Returns a dict: `offload`, `verdict` (one line), `mode`, `decided` (share of replicates that
+    Returns a `Verdict` (a dict): `offload`, `verdict` (one line), `mode`, `decided` (share of replicates that
     agree >= DECIDED_SHARE), the seed's numbers (`cost_ms`, `transfer_ms`, `margin_ms`, `chunks`,
     `model`, `in_fitted_range`, `extrapolated`), and in two-arm mode both arms' numbers with their
     90 % intervals (`intervals`), the SLOs and the weak fits."""
@@ -446,7 +551,7 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
         )
     else:
         transfer, transfer_source = float(doc.get("transfer_ms_default", 50.0)), "seed-constant"
-    out = {
+    out: Verdict = {
         "mode": mode, "cost_ms": cost, "transfer_ms": transfer, "transfer_source": transfer_source,
         "margin_ms": cost - transfer, "chunks": central["chunks"], "model": doc["model"]["name"],
         "in_fitted_range": not outside, "extrapolated": [f"{name}: {what}" for name, what, _ in outside],
@@ -455,10 +560,11 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
     widening = widening_by_interval(outside)
     out["interval_widening_by"] = widening
     out["held_out"] = held_out_errors(doc)
-    ivs = {}
+    ivs: dict[str, list[float] | None] = {}
     keys = ("colocated_cost_ms",) if mode == "seed" else tuple(INTERVAL_TERMS)
+    numbers: list[Mapping[str, Any]] = [central, *replicates]  # read by key name
     for key in keys:
-        ivs[key] = _interval([r[key] for r in replicates], central[key], widening[key],
+        ivs[key] = _interval([r[key] for r in numbers[1:]], numbers[0][key], widening[key],
                              duration=key not in ("saved_ms", "ttft_cost_ms"))
     out["intervals"] = ivs
     if mode == "seed":
@@ -476,18 +582,19 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
                 "the transfer)" if straddles else
                 f"undecided (the seed's rule, leaning {'offload' if offload else 'keep local'}, {share:.0%} of "
                 "resamples agree)")
-        out.update(offload=offload, rule=SEED_RULE, agreement=share, decided=decided, verdict=f"{head}: {text}")
+        out.update({"offload": offload, "rule": SEED_RULE, "agreement": share, "decided": decided,
+                    "verdict": f"{head}: {text}"})
         return out
 
     saved, ttft_cost = central["saved_ms"], central["ttft_cost_ms"]
-    slos = {}
+    slos: dict[str, tuple[bool, bool]] = {}
     if tpot_slo_ms is not None and d > 0 and central["colocated_tpot_ms"] is not None \
             and central["offloaded_tpot_ms"] is not None:
         slos["TPOT"] = (central["colocated_tpot_ms"] <= tpot_slo_ms, central["offloaded_tpot_ms"] <= tpot_slo_ms)
     if ttft_slo_ms is not None:
         slos["TTFT"] = (central["colocated_ttft_ms"] <= ttft_slo_ms, central["offloaded_ttft_ms"] <= ttft_slo_ms)
 
-    def choose(numbers, held):
+    def choose(numbers: ArmNumbers, held: dict[str, tuple[bool, bool]]) -> tuple[bool, str]:
         held_col = all(v[0] for v in held.values())
         held_off = all(v[1] for v in held.values())
         if held and held_off and not held_col:
@@ -501,7 +608,7 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
     share = sum(agree) / len(agree) if agree else None
     decided = share is None or share >= DECIDED_SHARE
     weak = []
-    for name, t in sorted((arms.get("terms") or {}).items()):
+    for name, t in sorted(((arms or {}).get("terms") or {}).items()):
         r2 = (t or {}).get("held_out_r2")
         if not any((t or {}).get("coefficients", {}).values()):
             continue  # a term fitted to zero (e.g. no producer overhead): nothing for R^2 to explain
@@ -524,8 +631,8 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
     save_text = (f"saves {decodes} {_ms(saved)}" if saved >= 0 else f"costs {decodes} {_ms(saved)} more")
     pay_text = (f"costs this request {_ms(ttft_cost)} of TTFT" if ttft_cost >= 0
                 else f"also saves this request {_ms(ttft_cost)} of TTFT")
-    save_iv = _range_text(ivs["saved_ms"]) if ivs.get("saved_ms") else ""
-    pay_iv = _range_text(ivs["ttft_cost_ms"]) if ivs.get("ttft_cost_ms") else ""
+    save_iv = _range_text(iv) if (iv := ivs.get("saved_ms")) else ""
+    pay_iv = _range_text(iv) if (iv := ivs.get("ttft_cost_ms")) else ""
     if not decided:
         head = (f"undecided (leaning {'offload' if offload else 'keep local'}, {share:.0%} of resamples agree): "
                 f"offloading {save_text}{save_iv} and {pay_text}{pay_iv}")
@@ -533,19 +640,20 @@ def evaluate_decision(doc, d, p, b, transfer_ms=None, *, tpot_slo_ms=None, ttft_
         head = f"offload: {save_text}{save_iv}, {pay_text}{pay_iv}"
     else:
         head = f"keep local: offloading {save_text}{save_iv} but {pay_text}{pay_iv}"
-    out.update(
-        offload=offload, decided=decided, agreement=share, rule=TWO_ARM_RULE, reason=reason,
-        verdict=head + slo_text, weak_fits=weak,
-        saved_ms=saved, ttft_cost_ms=ttft_cost, colocated_cost_ms=cost, offloaded_cost_ms=central["offloaded_cost_ms"],
-        colocated_ttft_ms=central["colocated_ttft_ms"], offloaded_ttft_ms=central["offloaded_ttft_ms"],
-        offloaded_ttft_split_ms=central["offloaded_ttft_split_ms"],
-        colocated_tpot_ms=central["colocated_tpot_ms"], offloaded_tpot_ms=central["offloaded_tpot_ms"],
-        slos={name: {"colocated": v[0], "offloaded": v[1]} for name, v in slos.items()},
-    )
+    out.update({
+        "offload": offload, "decided": decided, "agreement": share, "rule": TWO_ARM_RULE, "reason": reason,
+        "verdict": head + slo_text, "weak_fits": weak,
+        "saved_ms": saved, "ttft_cost_ms": ttft_cost, "colocated_cost_ms": cost,
+        "offloaded_cost_ms": central["offloaded_cost_ms"],
+        "colocated_ttft_ms": central["colocated_ttft_ms"], "offloaded_ttft_ms": central["offloaded_ttft_ms"],
+        "offloaded_ttft_split_ms": central["offloaded_ttft_split_ms"],
+        "colocated_tpot_ms": central["colocated_tpot_ms"], "offloaded_tpot_ms": central["offloaded_tpot_ms"],
+        "slos": {name: {"colocated": v[0], "offloaded": v[1]} for name, v in slos.items()},
+    })
     return out
 
 
-def held_out_errors(doc):
+def held_out_errors(doc: Document) -> dict[str, Any] | None:
     """What the document says of its models' errors on campaigns they were not fitted on
     (`campaign_variation`): per arm the leave-one-campaign-out MAPE and interval coverage and each
     validation campaign's, and whether the intervals carry the campaign variation (None: the
@@ -558,7 +666,7 @@ def held_out_errors(doc):
             **(variation.get("held_out") or {})}
 
 
-def held_out_text(doc):
+def held_out_text(doc: Document) -> str:
     """One line for a person: the held-out errors and the campaigns they were measured on."""
     h = held_out_errors(doc)
     if h is None:
@@ -579,7 +687,8 @@ def held_out_text(doc):
         "; intervals carry the campaign-to-campaign variation"
 
 
-def _wins(doc, d, p, b, replicate, kw, contexts):
+def _wins(doc: Document, d: int, p: int, b: int, replicate: int | None, kw: dict[str, Any],
+          contexts: tuple[ChunkContext, ChunkContext]) -> bool:
     if kw.get("mode") == "seed" or not doc.get("two_arm"):
         numbers = evaluate_arms(doc, d, p, b, replicate=replicate, contexts=contexts)
         transfer = kw.get("transfer_ms")
@@ -612,8 +721,10 @@ def _wins(doc, d, p, b, replicate, kw, contexts):
     return numbers["saved_ms"] > numbers["ttft_cost_ms"]
 
 
-def offload_thresholds(doc, d, b, replicates=(None,), *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None,
-                       p_max=131072, step=64, regime="nominal", transfer_ms=None):
+def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | None, ...] | list[int | None] = (None,),
+                       *, tpot_slo_ms: float | None = None, ttft_slo_ms: float | None = None,
+                       mode: str | None = None, p_max: int = 131072, step: int = 64, regime: str = "nominal",
+                       transfer_ms: float | None = None) -> list[int | None]:
     """`offload_threshold` for several replicates at once (None: the central coefficients),
     sharing the chunk arithmetic: one threshold (or None) per replicate, in order."""
     budget_rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
@@ -629,7 +740,7 @@ def offload_thresholds(doc, d, b, replicates=(None,), *, tpot_slo_ms=None, ttft_
     grid = [*sorted({g for g in grid if step <= g < p_max}), p_max]
     cache = {}
 
-    def contexts(p):
+    def contexts(p: int) -> tuple[ChunkContext, ChunkContext]:
         if p not in cache:
             cache[p] = (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
         return cache[p]
@@ -646,7 +757,7 @@ def offload_thresholds(doc, d, b, replicates=(None,), *, tpot_slo_ms=None, ttft_
         open_ = still
         if not open_:
             break
-    out = []
+    out: list[int | None] = []
     for i, rep in enumerate(replicates):
         if i not in last_no:
             out.append(step)
@@ -667,8 +778,10 @@ def offload_thresholds(doc, d, b, replicates=(None,), *, tpot_slo_ms=None, ttft_
     return out
 
 
-def offload_threshold(doc, d, b, *, tpot_slo_ms=None, ttft_slo_ms=None, mode=None, p_max=131072, step=64,
-                      replicate=None, regime="nominal", transfer_ms=None):
+def offload_threshold(doc: Document, d: int, b: int, *, tpot_slo_ms: float | None = None,
+                      ttft_slo_ms: float | None = None, mode: str | None = None, p_max: int = 131072, step: int = 64,
+                      replicate: int | None = None, regime: str = "nominal",
+                      transfer_ms: float | None = None) -> int | None:
     """The prompt length from which offloading wins at D decodes and chunk size B, up to `p_max`:
     the smallest P (a multiple of `step`) from which every P' up to `p_max` is an offload, on a
     geometric grid (10 % steps) refined by bisection at `step` resolution below the last P that

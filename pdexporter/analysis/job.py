@@ -26,6 +26,7 @@ from pdexporter.analysis.table import (
     top_level_mismatches,
     write_table,
 )
+from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.errors import RecordError
 from pdexporter.measure.store import ResultsStore, load_record_file
 
@@ -281,24 +282,31 @@ def injected_values(results_dir: str | Path) -> dict[tuple[int, int, int], float
 
 def analyse_passive(analysis: Analysis, events: Sequence[Any], *, decode_batch_sizes: Sequence[int] | None = None,
                     prefill_tokens: Sequence[int] | None = None,
-                    injected: Mapping[tuple[int, int, int], float] | None = None) -> Analysis:
+                    injected: Mapping[tuple[int, int, int], float] | None = None,
+                    campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> Analysis:
     """Passive records: the model fitted on their events (`analysis.passive_model`), its table and
     convergence, and decision.json from it (`mode: passive`). Without a usable event the analysis
-    is returned as it was, with a note."""
+    is returned as it was, with a note. `campaign_variation` as for `analyse`: carried into the
+    table's intervals and decision.json."""
     from pdexporter.analysis.passive_model import DEFAULT_D, DEFAULT_P, Grid, answer, passive_decision
 
     chunks = tuple(sorted({e.chunk_size for e in events}))
     grid = Grid(chunks, tuple(d for d in (decode_batch_sizes or DEFAULT_D) if d >= 1),
                 tuple(prefill_tokens or DEFAULT_P))
-    result = answer(events, grid, injected=injected) if chunks else None
+    variation = campaign_variation[0] if campaign_variation is not None else None
+    result = answer(events, grid, injected=injected, variation=variation) if chunks else None
     if result is None:
         analysis.notes.append(f"passive: {len(events)} published events with their exact D and P, too few inside "
                               "the grid's prompt span to fit the event model; decision.json is the cells' fit")
         return analysis
     analysis.passive = result
-    engines = sorted({s.engine for s in analysis.samples}) or ["vllm"]
+    engines = sorted({s.engine for s in analysis.samples}) or [DEFAULT_ENGINE]
     analysis.decision = passive_decision(result, analysis.transfer_ms, modelled=analysis.modelled,
                                          engine=engines[0], source=analysis.source)
+    if campaign_variation is not None:
+        from pdexporter.analysis.campaigns import fold_variation
+
+        analysis.decision = fold_variation(analysis.decision, *campaign_variation)
     return analysis
 
 

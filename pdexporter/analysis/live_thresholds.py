@@ -28,6 +28,7 @@ from typing import Any
 
 from pdexporter.analysis.passive_model import FitEvent, Grid, PassiveModel
 from pdexporter.analysis.thresholds import ThresholdSet, compute_thresholds, llmd_snippet
+from pdexporter.engines import DEFAULT_CHUNK_SIZE
 
 __all__ = [
     "GRAPH_TERMS", "MAX_LIVE_D", "RECENT_S", "LiveThresholds", "decision_problem", "live_decision", "live_thresholds",
@@ -47,7 +48,7 @@ def decision_problem(doc: Mapping[str, Any]) -> str | None:
         return f"its colocated model is {(doc.get('model') or {}).get('name')!r}: the live fit replaces a " \
                "context_aware one"
     try:  # the file's own threshold at one point: a document the evaluator cannot read fails here, not live
-        b = int(((doc.get("two_arm") or {}).get("measured_chunk_sizes") or [8192])[0])
+        b = int(((doc.get("two_arm") or {}).get("measured_chunk_sizes") or [DEFAULT_CHUNK_SIZE])[0])
         compute_thresholds(doc, chunk_sizes=[b], decode_batch_sizes=[1], replicates=0)
     except (ArithmeticError, KeyError, TypeError, ValueError) as exc:
         return f"its two-arm verdict cannot be evaluated ({type(exc).__name__}: {exc})"

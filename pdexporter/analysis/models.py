@@ -78,9 +78,9 @@ import numpy as np
 import pandas as pd
 
 from pdexporter._internal.text import plural
-from pdexporter.analysis.decision_eval import chunk_context, colocated_cost
+from pdexporter.analysis.decision_eval import ChunkContext, chunk_context, colocated_cost
 from pdexporter.analysis.table import ConfigSamples
-from pdexporter.engines import BUDGET_RULE, ChunkRule, adapter
+from pdexporter.engines import BUDGET_RULE, DEFAULT_ENGINE, ChunkRule, adapter
 
 __all__ = [
     "CONTEXT_IF_NEGATIVE",
@@ -137,7 +137,7 @@ SCHEMES = (LEAVE_P_OUT, LEAVE_B_OUT, LEAVE_D_OUT, KFOLD)
 # The chunk arithmetic shared by the fits, the synthetic records and the decision function
 
 
-def num_chunks(p: Any, b: Any, d: Any, engine: str = "vllm") -> np.ndarray:
+def num_chunks(p: Any, b: Any, d: Any, engine: str = DEFAULT_ENGINE) -> np.ndarray:
     """The engine's chunk count for each (P, B, D) (vLLM: ceil(P / (B - D))), element-wise."""
     p, b, d = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (p, b, d)))
     rule = adapter(engine)
@@ -148,7 +148,7 @@ def num_chunks(p: Any, b: Any, d: Any, engine: str = "vllm") -> np.ndarray:
 
 
 def chunk_schedule(new_prefill_tokens: int, chunk_size: int, decode_batch_size: int,
-                   engine: str = "vllm") -> list[int]:
+                   engine: str = DEFAULT_ENGINE) -> list[int]:
     """Chunk sizes in order (the engine adapter's rule; vLLM: B - D tokens per step, the rest last)."""
     return list(adapter(engine).chunk_schedule(new_prefill_tokens, chunk_size, decode_batch_size))
 
@@ -174,7 +174,7 @@ class FitData:
     total_ms: np.ndarray  # per stream
     steps: tuple[tuple[tuple[float, tuple[float, ...]], ...], ...]  # per point: (baseline, slow step times) per rep
     design: Design | None = field(default=None, repr=False, compare=False)  # context-aware rows, if built
-    engine: str = "vllm"  # whose chunk rule cut the prompts (engines.adapter)
+    engine: str = DEFAULT_ENGINE  # whose chunk rule cut the prompts (engines.adapter)
     baseline_ms: np.ndarray | None = None  # per point: its decode-only step (TPOT baseline p50)
 
     def __len__(self) -> int:
@@ -230,7 +230,7 @@ def _fit_engine(engines: Sequence[str]) -> str:
     rules = {adapter(e).chunk_rule for e in known}
     if len(rules) > 1:
         raise ValueError(f"records of engines with different chunk rules ({', '.join(known)}): fit them apart")
-    return known[0] if known else "vllm"
+    return known[0] if known else DEFAULT_ENGINE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,10 +313,11 @@ DELTA_TEXT = ("ms per chunk token per running decode in the step",
               "what each running decode adds to an eager chunk step per chunk token (its row of the chunk's "
               "attention batch pays the chunk's length: SGLang's mixed chunks with triton attention)",
               "more decodes beside a chunk would shorten its step")
-DELTA_FORMULA = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * P); pi_k = max(alpha0 + alpha1 * D, "
-                 "compute0 + (gamma + delta * D) * c_k + beta * q_k) for an eagerly launched step (delta: what each "
-                 "decode in the step pays per chunk token), kappa * c_k for a CUDA-graph step (+ graph0 in the one "
-                 "that admits the request); chunks by the engine's rule (chunk_rule)")
+DELTA_FORMULA = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * min(P, P_sat)); "
+                 "pi_k = max(alpha0 + alpha1 * D, compute0 + (gamma + delta * D) * c_k + beta * q_k) for an "
+                 "eagerly launched step (delta: what each decode in the step pays per chunk token), kappa * c_k "
+                 "for a CUDA-graph step (+ graph0 in the one that admits the request); chunks by the engine's rule "
+                 "(chunk_rule)")
 STALL_FORMULA = ("C = D * sum over chunks of (compute0 + gamma * c_k + beta * q_k): the decodes pause for the "
                  "prefill's chunk steps, run back to back, and lose each whole (its fixed part, tokens and attention "
                  "over the prefix added); chunks by the engine's rule (chunk_rule), which says the decodes pause")
@@ -355,15 +356,18 @@ class ContextAwareModel:
     decode0_ms: float = 0.0
     decode1_ms_per_decode: float = 0.0
     catchup_steps: float = 0.0
+    # The prompt length from which the stalls stop growing (sigma1 min(P, P_sat); None: linear in P)
+    sigma_saturation_tokens: float | None = None
     # Each running decode's cost per chunk token in an eager chunk step (the GPU-bound side:
     # + delta D c_k), fitted where the engine's rule says its decodes pay it (None: not a term)
     delta_ms_per_decode_token: float | None = None
     delta_stderr: float | None = None
     rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
-    formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * P); pi_k = max(alpha0 + alpha1 * D, "
-                    "compute0 + gamma * c_k + beta * q_k) for an eagerly launched step, kappa * c_k for a CUDA-graph "
-                    "step (+ graph0 in the one that admits the request); chunks by the engine's rule (chunk_rule)")
+    formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * min(P, P_sat)); "
+                    "pi_k = max(alpha0 + alpha1 * D, compute0 + gamma * c_k + beta * q_k) for an eagerly launched "
+                    "step, kappa * c_k for a CUDA-graph step (+ graph0 in the one that admits the request); "
+                    "chunks by the engine's rule (chunk_rule)")
 
     @property
     def values(self) -> tuple[float, float, float, float]:
@@ -441,12 +445,14 @@ class ContextAwareModel:
         k = {c.name: (None if math.isnan(c.value) else c.value) for c in self.coefficients()}
         k.update(decode0_ms=self.decode0_ms, decode1_ms_per_decode=self.decode1_ms_per_decode,
                  catchup_steps=self.catchup_steps)
+        if self.sigma_saturation_tokens is not None:
+            k["sigma_saturation_tokens"] = self.sigma_saturation_tokens
         return {"name": self.name, "formula": self.formula, "coefficients": k,
                 "graph_regime": "fitted" if self.kappa_graph_ms_per_token is not None else UNMEASURED}
 
 
 def _per_point(doc: dict[str, Any], d: Any, p: Any, b: Any,
-               value: Callable[[dict[str, Any], dict[str, Any]], float]) -> np.ndarray:
+               value: Callable[[dict[str, Any], ChunkContext], float]) -> np.ndarray:
     """`value` (a decision_eval evaluation) at each (D, P, B), element-wise; NaN where no chunk fits."""
     d, p, b = np.broadcast_arrays(np.asarray(d, np.float64), np.asarray(p, np.float64), np.asarray(b, np.float64))
     out = np.full(d.shape, np.nan)
@@ -846,53 +852,81 @@ def _decode_step(data: FitData) -> tuple[float, float]:
 
 
 STALL_WEIGHT_FLOOR_MS = 5.0  # the stall fit's relative weights: a total below this weighs as this
+# Where the stalls may stop growing with the prompt (sigma1 min(P, P_sat)); None: linear in P. The
+# stall fit takes the one whose fit leaves the smallest mean relative residual.
+STALL_SATURATION_TOKENS: tuple[float | None, ...] = (2048.0, 4096.0, 8192.0, 16384.0, None)
+
+StallFit = tuple[tuple[float, float, float], tuple[float | None, float | None], np.ndarray | None, float | None]
 
 
 def _stall_fit(
-    model: ContextAwareModel, data: FitData, weights: np.ndarray | None = None
-) -> tuple[tuple[float, float, float], tuple[float | None, float | None], np.ndarray | None]:
+    model: ContextAwareModel, data: FitData, weights: np.ndarray | None = None, *, choose: bool = True
+) -> StallFit:
     """What the chunk steps leave unexplained of each point's per-stream total interference:
-    sigma0 + sigma1 P - catchup x T(D) (all three >= 0; the catch-up only after an eager step):
-    ((sigma0, sigma1, catchup), the sigmas' standard errors, the weights used).
+    sigma0 + sigma1 min(P, P_sat) - catchup x T(D) (all three >= 0; the catch-up only after an
+    eager step): ((sigma0, sigma1, catchup), the sigmas' standard errors, the weights used, P_sat).
 
     Fitted on relative residuals (each point's row divided by its total, at least
     STALL_WEIGHT_FLOOR_MS): the stall is tens of ms beside totals from 10 ms to 1.3 s, and in
     absolute terms the longest prompts set it. Weighted so, the colocated model's error on H200
     campaigns it never saw fell from 20.3 % to 14.0 % MAPE (leave one campaign out over four
     campaigns; P = 512-2048 from +18..+20 % to -8..+2 % mean error, 32768 from +1.6 to +7.4 %:
-    docs/analysis.md, "Held-out campaigns")."""
+    docs/analysis.md, "Held-out campaigns").
+
+    P_sat: the engine's step log puts what the H200's colocated windows lost outside their chunk
+    steps at -2..-6 ms for one eager chunk of up to ~2,500 tokens (the catch-up), +8..+15 ms at
+    3,072-4,096 and +30..+60 ms from 6,000 tokens on, no more at 32,768 than at 8,192: the stall
+    saturates, and a term linear in P put ~180 ms at 32K. With `choose` the saturation is taken
+    from `STALL_SATURATION_TOKENS` by the fit itself (smallest mean relative residual; where the
+    data cannot tell, as with no prompt beyond a candidate, the larger, else linear); else the
+    model's own (a bootstrap replicate keeps the full fit's)."""
     bare = replace(model, catchup_steps=0.0)
     residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size)
     ok = np.isfinite(residual)
     if ok.sum() < 3 or np.ptp(data.prefill[ok]) == 0:
-        return (0.0, 0.0, 0.0), (None, None), None
+        return (0.0, 0.0, 0.0), (None, None), None, None
     eager_any = np.array([_any_eager(model, int(d), int(p), int(b)) for d, p, b in
                           zip(data.decode[ok], data.prefill[ok], data.chunk_size[ok])], dtype=np.float64)
     step = model.decode0_ms + model.decode1_ms_per_decode * data.decode[ok]
-    columns = [np.ones(int(ok.sum())), data.prefill[ok]]
     catchup = bool(np.any(eager_any * step > 0))
-    if catchup:
-        columns.append(-eager_any * step)
-    x = np.column_stack(columns)
+    relative = 1.0 / np.maximum(np.abs(data.total_ms[ok]), STALL_WEIGHT_FLOOR_MS)
+    candidates = STALL_SATURATION_TOKENS if choose else (model.sigma_saturation_tokens,)
+    best: tuple[float, Any] | None = None
+    for saturation in candidates:
+        prompt = data.prefill[ok] if saturation is None else np.minimum(data.prefill[ok], saturation)
+        columns = [np.ones(int(ok.sum())), prompt] + ([-eager_any * step] if catchup else [])
+        x = np.column_stack(columns)
+        solved = _stall_solve(x, residual[ok], relative, None if weights is None else weights[ok])
+        miss = float(np.mean(np.abs((residual[ok] - x @ solved[0]) * relative)))
+        if best is None or miss <= best[0] * (1 + 1e-9):  # a tie (no prompt beyond P_sat): the larger, or linear
+            best = (miss, (saturation, x, solved))
+    assert best is not None
+    saturation, x, (coef, used, errors) = best[1]
+    full_weights = np.ones(ok.size)
+    full_weights[ok] = used
+    return ((float(coef[0]), float(coef[1]), float(coef[2]) if catchup else 0.0), errors, full_weights,
+            saturation)
+
+
+def _stall_solve(x: np.ndarray, residual: np.ndarray, relative: np.ndarray, weights: np.ndarray | None,
+                 ) -> tuple[np.ndarray, np.ndarray, tuple[float | None, float | None]]:
+    """One stall fit on its columns: (coefficients, the weights used, the sigmas' standard errors).
+    Without `weights`, Huber on relative residuals; with them (a bootstrap replicate), one NNLS."""
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     if weights is None:
-        relative = 1.0 / np.maximum(np.abs(data.total_ms[ok]), STALL_WEIGHT_FLOOR_MS)
-        coef_scaled, robust = huber_nnls(x / scale * relative[:, None], residual[ok] * relative)
+        coef_scaled, robust = huber_nnls(x / scale * relative[:, None], residual * relative)
         used = robust * relative * relative
     else:
-        used = weights[ok]
+        used = weights
         root = np.sqrt(used)
-        coef_scaled = nnls(x / scale * root[:, None], residual[ok] * root)
-    coef = coef_scaled / scale
+        coef_scaled = nnls(x / scale * root[:, None], residual * root)
     errors: tuple[float | None, float | None] = (None, None)
-    if ok.sum() > x.shape[1]:
-        cov = _clustered_cov(x / scale, residual[ok] - (x / scale) @ coef_scaled, np.arange(int(ok.sum())), used)
+    if residual.size > x.shape[1]:
+        cov = _clustered_cov(x / scale, residual - (x / scale) @ coef_scaled, np.arange(residual.size), used)
         raw = np.sqrt(np.maximum(np.diag(cov), 0.0)) / scale
         errors = (float(raw[0]), float(raw[1]))
-    full_weights = np.ones(ok.size)
-    full_weights[ok] = used
-    return (float(coef[0]), float(coef[1]), float(coef[2]) if catchup else 0.0), errors, full_weights
+    return coef_scaled / scale, used, errors
 
 
 def _any_eager(model: ContextAwareModel, d: int, p: int, b: int) -> bool:
@@ -903,10 +937,11 @@ def _any_eager(model: ContextAwareModel, d: int, p: int, b: int) -> bool:
 def _with_stalls(model: ContextAwareModel, data: FitData) -> ContextAwareModel:
     """Second stage: the engine's stalls around the prefill outside its chunk steps (admission,
     seen on vLLM 0.22 as one to three slow steps beside the chunks), added to the last step's
-    retirement the first stage found, as sigma0 + sigma1 * P per decode stream (both >= 0)."""
-    (s0, s1, catchup), errors, _ = _stall_fit(model, data)
+    retirement the first stage found, as sigma0 + sigma1 * min(P, P_sat) per decode stream (both >= 0;
+    P_sat: `sigma_saturation_tokens`, where the data say the stall stops growing, else none)."""
+    (s0, s1, catchup), errors, _, saturation = _stall_fit(model, data)
     return replace(model, sigma0_ms=model.sigma0_ms + s0, sigma1_ms_per_token=model.sigma1_ms_per_token + s1,
-                   sigma_stderr=errors, catchup_steps=catchup)
+                   sigma_stderr=errors, catchup_steps=catchup, sigma_saturation_tokens=saturation)
 
 
 def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int = 200,
@@ -920,7 +955,7 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
     _, weights, _, _, launch = _solve(design)
     matrix = _matrix(design.raw, launch)
     x_all = _aggregate(design, matrix)
-    _, _, stall_weights = _stall_fit(model, data)
+    _, _, stall_weights, _ = _stall_fit(model, data, choose=False)
     rng = np.random.default_rng(seed)
     plain = replace(data, design=None)
     rows_by_point = [np.nonzero(design.point == i)[0] for i in range(len(data))]
@@ -945,8 +980,9 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
             catchup_steps=0.0,
         )
         if model.n_step_rows:
-            (s0, s1, catchup), _, _ = _stall_fit(stage1, plain.subset(drawn),
-                                                 None if stall_weights is None else stall_weights[drawn])
+            (s0, s1, catchup), _, _, _ = _stall_fit(stage1, plain.subset(drawn),
+                                                    None if stall_weights is None else stall_weights[drawn],
+                                                    choose=False)
             stage1 = replace(
                 stage1,
                 sigma0_ms=stage1.sigma0_ms + s0,

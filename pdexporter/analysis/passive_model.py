@@ -21,7 +21,12 @@ asked about. They are counted (`left_out`), not used.
 Intervals: a percentile bootstrap over events (`BOOTSTRAP`, seeded): the events are resampled
 with replacement, the same fitter refits each sample, and every prediction's 95 % interval is
 taken over the refits. The events of one run are independent draws of production traffic, so
-the interval narrows roughly as 1 / sqrt(events) as traffic comes.
+the interval narrows roughly as 1 / sqrt(events) as traffic comes. What moves between runs (the
+host's launch speed, the engine's start state) no event of one run can see: given the campaign
+variation `pdexporter validate` measured (held_out.json; `export-table --campaign-variation`),
+each refit's prediction is multiplied by exp(s z_r) as decision.json's replicates are
+(`campaigns.carry_variation`, s by the cell's `cost_regime`), so the table's intervals hold a
+campaign the events never saw; the convergence series keeps the events' own half-widths.
 
 Reach: a cell the traffic reaches is one the events surround. With the grid's log-scale bins,
 the D bins (and the P bins) holding at least `min_events` events span a range; a cell whose D and
@@ -48,6 +53,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from pdexporter.analysis.campaigns import carry_variation
+from pdexporter.analysis.decision_eval import campaign_log_sd, chunk_context, cost_regime
 from pdexporter.analysis.models import (
     CONTEXT_MODEL,
     ContextAwareModel,
@@ -249,14 +256,28 @@ class PassiveModel:
     def predict(self, d: Any, p: Any, b: Any) -> np.ndarray:
         return self.model.predict(d, p, b)
 
-    def interval(self, d: Any, p: Any, b: Any, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
-        """Percentile bootstrap interval of the prediction (NaN without refits)."""
+    def interval(self, d: Any, p: Any, b: Any, level: float = LEVEL,
+                 variation: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Percentile bootstrap interval of the prediction (NaN without refits); with `variation`
+        (the campaign variation `pdexporter validate` measured, `campaigns.load_variation`) each
+        refit's prediction carries it as decision.json's replicates do (`campaigns.carry_variation`,
+        s by the cell's `cost_regime`): the events of one run cannot see what moves between runs."""
         shape = np.broadcast(np.asarray(d), np.asarray(p), np.asarray(b)).shape
         if len(self.draws) < 2:
             return np.full(shape, np.nan), np.full(shape, np.nan)
         values = np.stack([m.predict(d, p, b) for m in self.draws])
+        if variation:
+            values = carry_variation(values, self.log_sd(d, p, b, variation))
         tail = (1 - level) / 2 * 100
         return np.percentile(values, tail, axis=0), np.percentile(values, 100 - tail, axis=0)
+
+    def log_sd(self, d: Any, p: Any, b: Any, variation: Mapping[str, Any]) -> np.ndarray:
+        """The colocated arm's campaign variation s at each (D, P, B), by the step that sets its cost."""
+        doc = self.model.document()
+        dd, pp, bb = np.broadcast_arrays(np.asarray(d), np.asarray(p), np.asarray(b))
+        out = [campaign_log_sd(variation, "colocated", cost_regime(doc, chunk_context(doc, int(x), int(y), int(z))))
+               for x, y, z in zip(dd.ravel(), pp.ravel(), bb.ravel())]
+        return np.asarray(out, dtype=np.float64).reshape(dd.shape)
 
     def coefficients(self) -> list[dict[str, Any]]:
         out = []
@@ -413,15 +434,17 @@ def _events_per_cell(events: Sequence[FitEvent], grid: Grid) -> dict[Key, int]:
 
 
 def cells(
-    model: PassiveModel, events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS
+    model: PassiveModel, events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS,
+    variation: Mapping[str, Any] | None = None,
 ) -> list[Cell]:
-    """Every cell of the grid, predicted, with its interval, its events (binned) and its reach."""
+    """Every cell of the grid, predicted, with its interval (the campaign variation carried when
+    given), its events (binned) and its reach."""
     keys = grid.cells()
     if not keys:
         return []
     b, d, p = (np.array(col, np.float64) for col in zip(*keys))
     point = model.predict(d, p, b)
-    low, high = model.interval(d, p, b)
+    low, high = model.interval(d, p, b, variation=variation)
     counts = _events_per_cell(events, grid)
     reasons = reach(events, grid, min_events)
     return [
@@ -607,6 +630,7 @@ class PassiveAnswer:
     convergence: tuple[Convergence, ...]
     errors: Errors | None  # the full fit against the injected table, when one was given
     min_events: int = MIN_EVENTS
+    campaign_variation: bool = False  # the cells' intervals carry the campaign variation
 
     @property
     def halfwidth(self) -> float | None:
@@ -634,6 +658,7 @@ class PassiveAnswer:
             "cells": len(self.cells),
             "cells_reached": sum(c.reached for c in self.cells),
             "median_relative_halfwidth": _r(self.halfwidth),
+            "intervals_carry_campaign_variation": self.campaign_variation,
             "min_events_per_bin": self.min_events,
             "not_reached": {k: len(v) for k, v in self.not_reached.items()},
             "vs_injected": self.errors.to_dict() if self.errors is not None else None,
@@ -680,13 +705,18 @@ def answer(
     bootstrap: int = BOOTSTRAP,
     min_events: int = MIN_EVENTS,
     seed: int = 0,
+    variation: Mapping[str, Any] | None = None,
 ) -> PassiveAnswer | None:
     """The model on every event, its table, and its convergence over the first minutes of traffic
-    (each of `minutes` the traffic covers, and all of it)."""
+    (each of `minutes` the traffic covers, and all of it). `variation` (held_out.json's, from
+    `pdexporter validate`): the table's intervals carry the campaign-to-campaign variation
+    (`PassiveModel.interval`); the convergence keeps the events' own intervals, which is what
+    narrows as traffic comes."""
     model = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed)
     if model is None:
         return None
-    rows = tuple(cells(model, events, grid, min_events))
+    rows = tuple(cells(model, events, grid, min_events, variation))
+    events_only = tuple(cells(model, events, grid, min_events)) if variation else rows  # what the events alone say
     end = max((e.at_s for e in events), default=0.0) / 60.0
     earlier = sorted(
         {m for m in minutes if m < end - 0.05}
@@ -702,9 +732,9 @@ def answer(
     )
     errors = injected_errors(rows, injected) if injected is not None else None
     series.append(
-        Convergence(round(end, 2), model.events, sum(c.reached for c in rows), halfwidth(rows), errors)
+        Convergence(round(end, 2), model.events, sum(c.reached for c in rows), halfwidth(events_only), errors)
     )
-    return PassiveAnswer(model, grid, rows, tuple(series), errors, min_events)
+    return PassiveAnswer(model, grid, rows, tuple(series), errors, min_events, campaign_variation=bool(variation))
 
 
 def passive_decision(

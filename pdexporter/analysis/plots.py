@@ -55,6 +55,7 @@ from matplotlib.ticker import FuncFormatter, Locator, MaxNLocator, NullFormatter
 from pdexporter._internal.atomic import atomic_write_bytes
 from pdexporter.analysis.breakeven import DEFAULT_TRANSFER_MS, offload_region
 from pdexporter.analysis.models import CostModel
+from pdexporter.engines import DEFAULT_CHUNK_SIZE
 
 FORMATS = ("png", "svg")
 MODELLED_TAG = "MODELLED"
@@ -269,7 +270,7 @@ def chunk_sensitivity(table: pd.DataFrame, decode_batch_size: int | None = None)
     return Plot("chunk_sensitivity", title, fig)
 
 
-def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
+def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = DEFAULT_CHUNK_SIZE,
               transfer_ms: float = DEFAULT_TRANSFER_MS) -> Plot:
     rows = table[(table["chunk_size"] == chunk_size) & (table["decode_batch_size"] >= 1)]
     fitted = table[table["decode_batch_size"] >= 1]
@@ -315,7 +316,7 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = 8192,
     return Plot(f"breakeven_{chunk_size}", title, fig)
 
 
-def breakeven_chunk(table: pd.DataFrame, preferred: int = 8192) -> int:
+def breakeven_chunk(table: pd.DataFrame, preferred: int = DEFAULT_CHUNK_SIZE) -> int:
     sizes = sorted(int(b) for b in table["chunk_size"].unique())
     if not sizes or preferred in sizes:
         return preferred

@@ -30,6 +30,7 @@ import pandas as pd
 
 from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
 from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
+from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.measure.quantities import seed_columns, tabulated
 from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, cv
 
@@ -87,7 +88,7 @@ class ConfigSamples:
     steps: tuple[ChunkSteps, ...] = ()
     top_level: Mapping[str, float | int | None] | None = None
     modelled: bool = False
-    engine: str = "vllm"
+    engine: str = DEFAULT_ENGINE
     gpu: str | None = None
     model: str | None = None
     note: str | None = None

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdexporter.analysis.decision_eval import evaluate_decision, offload_thresholds
+from pdexporter.engines import DEFAULT_CHUNK_SIZE
 
 __all__ = [
     "LLMD_DOCS", "LLMD_SNIPPET", "THRESHOLDS_JSON", "THRESHOLDS_SCHEMA", "UNDECIDED_RATIO", "Budget", "Threshold",
@@ -275,7 +276,7 @@ def compute_thresholds(doc: Mapping[str, Any], *, tpot_slo_ms: float | None = No
     mode = mode or ("two-arm" if arms else "seed")
     rng = dict_doc.get("valid_range") or {}
     measured_b = tuple(sorted(int(b) for b in (arms.get("measured_chunk_sizes") or [])))
-    colocated_bs = sorted({int(b) for b in (rng.get("chunk_sizes") or [])}) or [8192]
+    colocated_bs = sorted({int(b) for b in (rng.get("chunk_sizes") or [])}) or [DEFAULT_CHUNK_SIZE]
     sizes = list(chunk_sizes) if chunk_sizes else (sorted(set(measured_b) | set(colocated_bs)) if arms
                                                     else colocated_bs)
     d_lo, d_hi = (rng.get("decode_batch_size") or [1, 1])

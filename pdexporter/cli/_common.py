@@ -5,22 +5,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console, ConsoleRenderable, RenderHook
+from rich.table import Table
 from rich.text import Text
 
 from pdexporter._internal.durations import parse_duration
 from pdexporter._internal.redact import redact
+from pdexporter._internal.sheet import Plain, Sheet, Shown
 from pdexporter.cli._vocab import DURATION, DURATION_SYNTAX
 from pdexporter.errors import ConfigError, Interrupted
-
-if TYPE_CHECKING:  # the launchers and the HTTP client (aiohttp: ~0.3 s of CPU) are imported where used,
-    # so that the commands that read files only (export-table, report, decide, ...) start without them
-    from pdexporter.launch import Launcher
 
 T = TypeVar("T")
 
@@ -59,6 +58,54 @@ class RedactHook(RenderHook):
 
 console.push_render_hook(RedactHook())
 
+
+@contextmanager
+def progress_bar(total: int, description: str) -> Iterator[Callable[[str], None]]:
+    """A bar with ETA while the job runs; transient, so an error stays the only line and the summary
+    printed afterwards is what remains on the screen."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import TimeRemainingColumn as Remaining
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
+        TimeElapsedColumn(), Remaining(), console=console, refresh_per_second=4, transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total, step="")
+
+        def tick(step: str) -> None:
+            bar.update(task, advance=1, step=step)
+
+        yield tick
+        bar.update(task, completed=total, step="done")
+
+
+def table_of(sheet: Sheet) -> Table:
+    """A library's `Sheet` as a rich table."""
+    from rich import box
+
+    style: dict[str, Any] = {
+        "compact": {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True},
+        "left": {"title_justify": "left", "show_lines": False},
+    }.get(sheet.style, {})
+    table = Table(title=sheet.title, caption=sheet.caption, **style)
+    for c in sheet.columns:
+        table.add_column(c.header, justify=c.justify, overflow="fold" if c.fold else "ellipsis", no_wrap=c.no_wrap)
+    for row in sheet.rows:
+        table.add_row(*row)
+    return table
+
+
+def show(items: Iterable[Shown] | Shown, out: Console = console) -> None:
+    """Print what a library job shows (`_internal.sheet`): tables, plain lines, lines."""
+    for item in [items] if isinstance(items, str | Sheet) else items:
+        if isinstance(item, Sheet):
+            out.print(table_of(item), highlight=item.style != "left")
+        elif isinstance(item, Plain):
+            out.print(item, highlight=False, soft_wrap=True)
+        else:
+            out.print(item)
+
+
 TargetOpt = Annotated[
     str | None,
     typer.Option("--target", help="Base URL of an OpenAI-compatible engine (vLLM, SGLang). Default: the embedded "
@@ -80,6 +127,11 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="Embedded engine's GPU/model profile (when no --target)."),
 ]
 GpuOpt = Annotated[str | None, typer.Option("--gpu", help="GPU name to record for an external engine.")]
+TransferOpt = Annotated[float, typer.Option(
+    "--transfer-ms", min=0.0, max=1e7, help="Transfer budget (ms) an offload must beat; the seed's 50 ms.")]
+PoolOpt = Annotated[bool, typer.Option(
+    "--pool/--no-pool", help="A grid point in several RESULTS_DIRs (or --offloaded dirs): pool its repetitions (one "
+    "engine, GPU and model measured in two sessions) instead of refusing the join.")]
 
 
 def duration_option(flag: str, help: str) -> Any:
@@ -130,33 +182,6 @@ def run_async(coro: Coroutine[Any, Any, T], *, interrupted: Callable[[], str] | 
             loop.remove_signal_handler(signal.SIGINT)
 
     return asyncio.run(guarded())
-
-
-def claimed_engine(target: str | None, engine: str | None) -> str | None:
-    """The engine (adapter name) a command measures, as far as it is known before anything
-    starts: --engine with --target (None: the engine will say), the embedded engine imitating
-    --engine without. A name nobody registered is one line."""
-    from pdexporter.engines import adapter, sim_engine
-
-    if target:
-        return None if engine is None else adapter(engine).name
-    return sim_engine(engine or "vllm")
-
-
-def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, gpu: str | None = None,
-                  log_dir: Path | None = None, engine: str | None = None) -> Launcher:
-    """`--target URL` means an external engine at that chunk size (`engine`: what it is, if it
-    cannot say); none means the embedded one imitating `engine` (vllm by default), whose --profile
-    is read here, before anything starts (a wrong name is one line, not a child's exit)."""
-    from pdexporter.launch import ExternalLauncher, SimLauncher
-
-    claimed = claimed_engine(target, engine)
-    if target:
-        return ExternalLauncher(url=target, chunk_size=chunk_size, gpu=gpu, engine=claimed)
-    from pdexporter.sim.profile import load_profile
-
-    load_profile(profile)
-    return SimLauncher(profile=profile, log_dir=log_dir, engine=engine or "vllm")
 
 
 def api_key(api_key_file: Path | None) -> str | None:

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pdexporter.cli._common import console, duration_option, seconds
-from pdexporter.errors import ConfigError
-
-DEFAULT_OUT = Path("dashboards")
-DEFAULT_CHART = Path("helm/pdexporter")
+from pdexporter.cli._common import console, duration_option, seconds, show
+from pdexporter.grafana.job import DEFAULT_CHART
 
 dashboards_app = typer.Typer(help="Grafana dashboards: regenerate the JSON, or push it to a Grafana.",
                              no_args_is_help=True)
@@ -20,15 +16,6 @@ dashboards_app = typer.Typer(help="Grafana dashboards: regenerate the JSON, or p
 
 def register(app: typer.Typer) -> None:
     app.add_typer(dashboards_app, name="dashboards")
-
-
-def in_checkout(directory: Path) -> bool:
-    """Is `directory` the root of a pdexporter source tree (where dashboards/ is committed)?"""
-    try:
-        text = (directory / "pyproject.toml").read_text(encoding="utf-8")
-    except OSError:
-        return False
-    return re.search(r'^name\s*=\s*"pdexporter"', text, re.M) is not None
 
 
 @dashboards_app.command("generate")
@@ -48,33 +35,14 @@ def generate(
     ] = False,
 ) -> None:
     """Rewrite dashboards/*.json (and the Helm chart's copies) from the builders in pdexporter.grafana."""
-    from pdexporter._internal.writable import check_writable
-    from pdexporter.grafana import generate as write_all
-    from pdexporter.grafana import stale_files
+    from pdexporter.grafana.job import generate_dashboards
 
-    if out is None:
-        if not in_checkout(Path.cwd()):
-            raise ConfigError(f"--out not given and {Path.cwd()} is not a pdexporter checkout (no pyproject.toml "
-                              "naming pdexporter): pass --out DIR")
-        out = DEFAULT_OUT
-    targets = [out]
-    if chart is not None and chart.is_dir():
-        targets.append(chart / "dashboards")
-    elif chart is not None and chart != DEFAULT_CHART:
-        raise ConfigError(f"--chart {chart}: not a directory")
-    if check:
-        stale = [path for directory in targets for path in stale_files(directory)]
-        for path in stale:
-            console.print(f"[red]stale:[/] {path}")
-        if stale:
-            console.print("run `pdexporter dashboards generate` and commit the result")
-            raise typer.Exit(1)
-        console.print(f"dashboards up to date in {', '.join(map(str, targets))}")
-        return
-    for flag, target in zip(("--out", "--chart"), targets):
-        check_writable(target, flag)
-    for written in write_all(targets):
+    done = generate_dashboards(out, chart, check=check)
+    show(done.notes)
+    for written in done.written:
         print(written)
+    if done.stale:
+        raise typer.Exit(1)
 
 
 @dashboards_app.command("push")

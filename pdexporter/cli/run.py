@@ -1,21 +1,16 @@
-"""`pdexporter run`: the live exporter (probes, prefill windows, /metrics, OTLP spans)."""
+"""`pdexporter run`: the live exporter (probes, prefill windows, /metrics, OTLP spans); the work is
+`pdexporter.exporter.job`."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pdexporter._internal.redact import redact_url
-from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.writable import check_writable
 from pdexporter.cli._common import (
-    DEFAULT_PROFILE,
     ApiKeyFileOpt,
     EngineOpt,
     ModelOpt,
@@ -23,35 +18,30 @@ from pdexporter.cli._common import (
     ReadTimeoutOpt,
     TargetOpt,
     api_key,
-    claimed_engine,
     console,
     duration_option,
-    make_launcher,
 )
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
-from pdexporter.client.client import read_timeout_seconds
-from pdexporter.engines import UNIDENTIFIED, adapter
-from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INJECT_EVERY_S,
-    DEFAULT_LISTEN,
-    DEFAULT_PREFILL_TOKENS,
-    ExporterConfig,
-    build_config,
-    parse_duration,
 )
+from pdexporter.exporter.job import (
+    METRICS_TOKEN_ENV,
+    TRACES_TOKEN_ENV,
+    bearer_token,
+    load_live_decision,
+    parse_run_options,
+    serve,
+)
+from pdexporter.exporter.job import RunOptions as RUN
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
-from pdexporter.exporter.server import parse_listen, tls_context
-from pdexporter.exporter.startup import parse_engine_wait
-from pdexporter.measure.protocol import protocol_settings
+from pdexporter.exporter.server import tls_context
 
-if TYPE_CHECKING:  # imported where the exporter starts: its passive path brings pandas (~0.45 s of CPU), which
-    # `run --help` and a rejected option need not pay for
+if TYPE_CHECKING:
     from pdexporter.exporter.runner import Runner
 
-METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
-TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"
+__all__ = ["load_live_decision", "parse_run_options", "register", "run"]
 
 
 def register(app: typer.Typer) -> None:
@@ -59,55 +49,51 @@ def register(app: typer.Typer) -> None:
 
 
 def run(
-    decode_batch_size: Annotated[
-        int, typer.Option(*D_FLAGS, help="Probe decode streams kept running (D, requests; >= 1).")
-    ] = 4,
-    target: TargetOpt = None,
-    engine: EngineOpt = None,
-    chunk_size: Annotated[
-        int | None,
-        typer.Option(*B_FLAGS, help="The engine's chunk size (tokens per step: vLLM's max_num_batched_tokens, "
-                     "SGLang's chunked_prefill_size). With --target, if not given: what the engine publishes "
-                     "(SGLang), else its default, assumed and checked against every window; embedded engine "
-                     f"default {DEFAULT_CHUNK_SIZE}."),
-    ] = None,
-    inject_every: Annotated[
-        str | None,
-        duration_option("--inject-every", "Prefill perturbation period, or 'off' for none; default: "
-                        f"{DEFAULT_INJECT_EVERY_S:g}s on the embedded engine, off with --target"),
-    ] = None,
-    new_prefill_tokens: Annotated[
-        int, typer.Option(*P_FLAGS, help="Tokens of each injected cold prefill (P).")
-    ] = DEFAULT_PREFILL_TOKENS,
-    listen: Annotated[str, typer.Option("--listen", help="Where /metrics is served, HOST:PORT.")] = DEFAULT_LISTEN,
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Write each window as a repetition of DIR/{B}/D{D}_P{P}.json.")
-    ] = None,
-    model: ModelOpt = None,
+    decode_batch_size: Annotated[int, typer.Option(
+        *D_FLAGS, help="Probe decode streams kept running (D, requests; >= 1).")] = RUN.decode_batch_size,
+    target: TargetOpt = RUN.target,
+    engine: EngineOpt = RUN.engine,
+    chunk_size: Annotated[int | None, typer.Option(
+        *B_FLAGS, help="The engine's chunk size (tokens per step: vLLM's max_num_batched_tokens, SGLang's "
+        "chunked_prefill_size). With --target, if not given: what the engine publishes (SGLang), else its default, "
+        f"assumed and checked against every window; embedded engine default {DEFAULT_CHUNK_SIZE}.")
+    ] = RUN.chunk_size,
+    inject_every: Annotated[str | None, duration_option(
+        "--inject-every", "Prefill perturbation period, or 'off' for none; default: "
+        f"{DEFAULT_INJECT_EVERY_S:g}s on the embedded engine, off with --target")] = RUN.inject_every,
+    new_prefill_tokens: Annotated[int, typer.Option(
+        *P_FLAGS, help="Tokens of each injected cold prefill (P).")] = RUN.new_prefill_tokens,
+    listen: Annotated[str, typer.Option("--listen", help="Where /metrics is served, HOST:PORT.")] = RUN.listen,
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Write each window as a repetition of DIR/{B}/D{D}_P{P}.json.")] = RUN.out,
+    model: ModelOpt = RUN.model,
     api_key_file: ApiKeyFileOpt = None,
-    profile: ProfileOpt = DEFAULT_PROFILE,
-    duration: Annotated[
-        str | None, duration_option("--duration", "Stop after this long; default: until SIGTERM/SIGINT")
-    ] = None,
-    scrape_interval: Annotated[str, duration_option("--scrape-interval", "Engine /metrics scrape period")] = "5s",
-    decode_context_tokens: Annotated[int, typer.Option(help="Shared probe prefix length (tokens).")] = 4096,
+    profile: ProfileOpt = RUN.profile,
+    duration: Annotated[str | None, duration_option(
+        "--duration", "Stop after this long; default: until SIGTERM/SIGINT")] = RUN.duration,
+    scrape_interval: Annotated[str, duration_option(
+        "--scrape-interval", "Engine /metrics scrape period")] = RUN.scrape_interval,
+    decode_context_tokens: Annotated[int, typer.Option(
+        help="Shared probe prefix length (tokens).")] = RUN.decode_context_tokens,
     decode_output_tokens: Annotated[int, typer.Option(
-        help="Tokens each probe stream decodes before restarting.")] = 256,
+        help="Tokens each probe stream decodes before restarting.")] = RUN.decode_output_tokens,
     passive: Annotated[bool, typer.Option(
         "--passive", help="Inject nothing: measure the production prefills the probes see (docs/exporter.md, "
-        "'Passive mode'); the engine's request traces can be sent to POST /v1/traces.")] = False,
+        "'Passive mode'); the engine's request traces can be sent to POST /v1/traces.")] = RUN.passive,
     attribution_wait: Annotated[str, duration_option(
         "--attribution-wait", "Passive mode: longest wait for a request's trace (it comes when the request "
-        "finishes)")] = "30s",
+        "finishes)")] = RUN.attribution_wait,
     engine_wait: Annotated[str, duration_option(
         "--engine-wait", "How long to wait for the engine at start-up, exporting pdexporter_up 0 meanwhile: "
-        "'forever' or a duration")] = "forever",
-    read_timeout: ReadTimeoutOpt = None,
+        "'forever' or a duration")] = RUN.engine_wait,
+    read_timeout: ReadTimeoutOpt = RUN.read_timeout,
     traces_listen: Annotated[str | None, typer.Option(
         "--traces-listen", help=f"Where the OTLP trace receiver (POST /v1/traces) listens, HOST:PORT, or 'off'; "
-        f"default: the --listen host, port {DEFAULT_TRACES_PORT}, with --passive only (docs/security.md).")] = None,
+        f"default: the --listen host, port {DEFAULT_TRACES_PORT}, with --passive only (docs/security.md).")
+    ] = RUN.traces_listen,
     traces_max_rate: Annotated[float, typer.Option(
-        "--traces-max-rate", help="Spans a second the trace receiver takes; more are answered 429.")] = 1000.0,
+        "--traces-max-rate", help="Spans a second the trace receiver takes; more are answered 429.")
+    ] = RUN.traces_max_rate,
     metrics_token_file: Annotated[Path | None, typer.Option(
         "--metrics-token-file", help=f"Require this bearer token on /metrics (else ${METRICS_TOKEN_ENV}, if set); "
         "the health paths stay open.")] = None,
@@ -115,162 +101,32 @@ def run(
         "--traces-token-file", help=f"Require this bearer token on POST /v1/traces (else ${TRACES_TOKEN_ENV}, if "
         "set).")] = None,
     tls_cert_file: Annotated[Path | None, typer.Option(
-        "--tls-cert-file", help="Serve both ports over TLS with this PEM certificate (and --tls-key-file).")] = None,
-    tls_key_file: Annotated[Path | None, typer.Option("--tls-key-file", help="The certificate's PEM key.")] = None,
+        "--tls-cert-file", help="Serve both ports over TLS with this PEM certificate (and --tls-key-file).")
+    ] = RUN.tls_cert_file,
+    tls_key_file: Annotated[Path | None, typer.Option(
+        "--tls-key-file", help="The certificate's PEM key.")] = RUN.tls_key_file,
     decision: Annotated[Path | None, typer.Option(
         "--decision", help="Passive mode: a two-arm decision.json (export-table --offloaded); the router thresholds "
         "are then kept up to date from the production prefills (pdexporter_offload_threshold_tokens, "
-        "GET /thresholds.yaml).")] = None,
+        "GET /thresholds.yaml).")] = RUN.decision,
     threshold_every: Annotated[str, duration_option(
-        "--threshold-every", "With --decision: how often the live thresholds are recomputed")] = "2m",
+        "--threshold-every", "With --decision: how often the live thresholds are recomputed")
+    ] = RUN.threshold_every,
 ) -> None:
     """Keep D probe decode streams on an engine, perturb them with prefills, export what they see."""
-    config = parse_run_options(
-        decode_batch_size=decode_batch_size, target=target, chunk_size=chunk_size, inject_every=inject_every,
-        new_prefill_tokens=new_prefill_tokens, listen=listen, out=out, model=model, profile=profile, duration=duration,
-        scrape_interval=scrape_interval, decode_context_tokens=decode_context_tokens,
-        decode_output_tokens=decode_output_tokens, passive=passive, attribution_wait=attribution_wait,
-        engine_wait=engine_wait, read_timeout=read_timeout, traces_listen=traces_listen,
-        traces_max_rate=traces_max_rate, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, engine=engine,
-        decision=decision, threshold_every=threshold_every,
-    )
+    options = dict(locals())
+    secrets = {flag: options.pop(flag) for flag in ("api_key_file", "metrics_token_file", "traces_token_file")}
+    config = parse_run_options(**options)
     decision_doc = load_live_decision(config.decision_file)
-    token = api_key(api_key_file)
+    token = api_key(secrets["api_key_file"])
     metrics_token = bearer_token(metrics_token_file, "--metrics-token-file", METRICS_TOKEN_ENV)
     traces_token = bearer_token(traces_token_file, "--traces-token-file", TRACES_TOKEN_ENV)
     tls_context(*(None if f is None else str(f) for f in (tls_cert_file, tls_key_file)))  # a bad file: one line now
     if out is not None:
         check_writable(out)  # now, not at the first window
-    asyncio.run(_serve(config, token, metrics_token, traces_token, decision_doc))
-
-
-def load_live_decision(path: Path | None) -> dict[str, Any] | None:
-    """`--decision FILE`: a two-arm decision.json, checked now (one line naming the file and why)."""
-    if path is None:
-        return None
-    from pdexporter.analysis.live_thresholds import decision_problem
-    from pdexporter.cli.decide import load_decision
-
-    doc = load_decision(path, flag="--decision")
-    problem = decision_problem(doc)
-    if problem:
-        raise ConfigError(f"--decision {path}: {problem}")
-    return doc
-
-
-def bearer_token(path: Path | None, flag: str, env: str) -> str | None:
-    """A token of the exporter's own endpoints: from the file, else the environment variable."""
-    if path is not None:
-        return read_secret_file(path, flag)
-    value = os.environ.get(env, "")
-    return secret_text(value, f"${env}") if value.strip() else None
-
-
-def parse_run_options(
-    *,
-    decode_batch_size: int,
-    target: str | None,
-    chunk_size: int | None,
-    inject_every: str | None,
-    new_prefill_tokens: int,
-    listen: str,
-    out: Path | None,
-    model: str | None,
-    profile: str,
-    duration: str | None,
-    scrape_interval: str,
-    decode_context_tokens: int,
-    decode_output_tokens: int,
-    passive: bool = False,
-    attribution_wait: str = "30s",
-    engine_wait: str = "forever",
-    read_timeout: str | None = None,
-    traces_listen: str | None = None,
-    traces_max_rate: float = 1000.0,
-    tls_cert_file: Path | None = None,
-    tls_key_file: Path | None = None,
-    engine: str | None = None,
-    decision: Path | None = None,
-    threshold_every: str = "2m",
-) -> ExporterConfig:
-    """Every option checked before anything starts; each problem is one line naming the option."""
-    if decode_batch_size < 1:
-        raise ConfigError(f"--decode-batch-size {decode_batch_size}: must be >= 1")
-    if new_prefill_tokens < 1:
-        raise ConfigError(f"--new-prefill-tokens {new_prefill_tokens}: must be >= 1")
-    if target is not None and not target.startswith(("http://", "https://")):
-        raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
-    claimed = claimed_engine(target, engine)
-    chunk_size_source = "given"
-    if chunk_size is None:
-        # vLLM does not publish max_num_batched_tokens; against an engine someone else runs we
-        # assume the engine's default (vLLM's for its OpenAI server on a >= 70 GB GPU), and every
-        # window checks it against the probes' cadence (the runner says which sizes fit when it
-        # does not). An engine that publishes its own (SGLang) replaces it once it answers.
-        chunk_size = adapter(claimed or UNIDENTIFIED).default_chunk_size if target is not None else DEFAULT_CHUNK_SIZE
-        chunk_size_source = "assumed" if target is not None else "given"
-    if passive and inject_every is not None and inject_every.strip().lower() not in ("off", "0", "none"):
-        raise ConfigError(f"--inject-every {inject_every}: --passive injects nothing; leave --inject-every out "
-                          "(or set it to off)")
-    if inject_every is None:
-        inject_every_s: float | None = DEFAULT_INJECT_EVERY_S if target is None and not passive else None
-    elif inject_every.strip().lower() in ("off", "0", "none"):
-        inject_every_s = None
-    else:
-        inject_every_s = parse_duration(inject_every, "--inject-every")
-        if inject_every_s <= 0:
-            raise ConfigError(f"--inject-every {inject_every!r}: must be > 0 (or 'off')")
-    host, port = parse_listen(listen)
-    traces_receiver: bool | None = None  # None: with --passive only, which is what uses the spans
-    traces_host: str | None = None
-    traces_port = DEFAULT_TRACES_PORT
-    if traces_listen is not None and traces_listen.strip().lower() in ("off", "none", ""):
-        traces_receiver = False
-    elif traces_listen is not None:
-        traces_receiver = True
-        traces_host, traces_port = parse_listen(traces_listen, "--traces-listen")
-        if traces_port == port and traces_port != 0 and traces_host == host:
-            raise ConfigError(
-                f"--traces-listen {traces_listen}: the same address as --listen; give it a port of its own"
-            )
-    if (tls_cert_file is None) != (tls_key_file is None):
-        raise ConfigError("--tls-cert-file and --tls-key-file go together")
-    # one line naming the option that is wrong (issue 24: --decode-context-tokens -1 was blamed on
-    # --decode-output-tokens)
-    protocol = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
-    read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
-    duration_s = None if duration is None else parse_duration(duration, "--duration")
-    if duration_s is not None and duration_s <= 0:
-        raise ConfigError(f"--duration {duration!r}: must be > 0")
-    return build_config(
-        probe_streams=decode_batch_size,
-        chunk_size=chunk_size,
-        chunk_size_source=chunk_size_source,
-        target=target,
-        inject_every_s=inject_every_s,
-        prefill_tokens=new_prefill_tokens,
-        listen_host=host,
-        listen_port=port,
-        out=out,
-        model=model,
-        profile=profile,
-        duration_s=duration_s,
-        scrape_interval_s=parse_duration(scrape_interval, "--scrape-interval"),
-        protocol=protocol.with_read_timeout(read_timeout_s),
-        passive=passive,
-        attribution_wait_s=parse_duration(attribution_wait, "--attribution-wait"),
-        engine_wait_s=parse_engine_wait(engine_wait),
-        read_timeout_s=read_timeout_s,
-        traces_receiver=traces_receiver,
-        traces_listen_host=traces_host,
-        traces_listen_port=traces_port,
-        traces_max_rate=traces_max_rate,
-        tls_cert_file=tls_cert_file,
-        tls_key_file=tls_key_file,
-        engine=claimed,
-        decision_file=decision,
-        threshold_every_s=parse_duration(threshold_every, "--threshold-every"),
-    )
+    asyncio.run(serve(config, log=lambda line: console.print(line, highlight=False, soft_wrap=True), api_key=token,
+                      metrics_token=metrics_token, traces_token=traces_token, decision=decision_doc,
+                      progress=_progress))
 
 
 async def _progress(runner: Runner, duration_s: float) -> None:
@@ -289,62 +145,3 @@ async def _progress(runner: Runner, duration_s: float) -> None:
             bar.update(task, completed=min(duration_s, asyncio.get_running_loop().time() - start),
                        status=f"{runner.windows_seen} window(s), {tokens:.0f} probe tokens")
             await asyncio.sleep(0.5)
-
-
-def engine_option(config: ExporterConfig) -> str | None:
-    """The --engine the launcher gets back from the config: the claimed adapter with --target, the
-    imitated engine of the embedded one."""
-    if config.target or config.engine is None:
-        return config.engine
-    from pdexporter.engines import IMITATED
-
-    return next((name for name, kind in IMITATED.items() if kind == config.engine), "vllm")
-
-
-async def _serve(config: ExporterConfig, token: str | None, metrics_token: str | None = None,
-                 traces_token: str | None = None, decision: dict[str, Any] | None = None) -> None:
-    from pdexporter.exporter.runner import Runner
-
-    launcher = make_launcher(
-        config.target,
-        profile=config.profile,
-        engine=engine_option(config),
-        chunk_size=None if config.target and config.chunk_size_source != "given" else config.chunk_size,
-    )
-    runner = Runner(config, launcher, api_key=token, metrics_token=metrics_token, traces_token=traces_token,
-                    log=lambda line: console.print(line, highlight=False, soft_wrap=True), decision=decision)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-
-    def on_signal(signum: int) -> None:
-        nonlocal signals_seen
-        signals_seen += 1
-        if signals_seen == 1:
-            console.print(f"{signal.Signals(signum).name}: finishing the window in flight, then stopping")
-            stop.set()
-        else:  # a second signal: do not wait for the window
-            runner.abort_window()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    mode = "embedded engine (modelled)" if config.target is None else redact_url(config.target)
-    injection = (
-        f"a {config.prefill_tokens}-token prefill every {config.inject_every_s:g} s"
-        if config.inject_every_s
-        else "passive mode: the production prefills the probes see"
-        if config.passive else "no prefill injection"
-    )
-    console.print(f"pdexporter run: {config.probe_streams} probe streams on {mode}, {injection}", highlight=False,
-                  soft_wrap=True)
-    bar = asyncio.create_task(_progress(runner, config.duration_s)) if config.duration_s else None
-    try:
-        await runner.run(stop)
-    finally:
-        if bar is not None:
-            bar.cancel()
-            await asyncio.gather(bar, return_exceptions=True)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-    console.print(f"stopped after {runner.windows_seen} window(s)", highlight=False)
-    sys.stdout.flush()

@@ -142,7 +142,7 @@ def traces_of(message: Any, *, engine: str) -> list[RequestTrace]:
     return out
 
 
-def encode_traces(traces: Iterable[RequestTrace], *, engine: str, service_name: str = "vllm") -> bytes:
+def encode_traces(traces: Iterable[RequestTrace], *, engine: str, service_name: str | None = None) -> bytes:
     """`traces` as one OTLP `ExportTraceServiceRequest`, spans shaped as the engine sends them."""
     import hashlib
 
@@ -153,7 +153,7 @@ def encode_traces(traces: Iterable[RequestTrace], *, engine: str, service_name: 
     message = ExportTraceServiceRequest()
     resource_spans = message.resource_spans.add()
     attr = resource_spans.resource.attributes.add()
-    attr.key, attr.value.string_value = "service.name", service_name
+    attr.key, attr.value.string_value = "service.name", service_name or engine
     scope_spans = resource_spans.scope_spans.add()
     scope_spans.scope.name = "vllm.llm_engine"
     for t in traces:

@@ -26,7 +26,7 @@ from pdexporter.client.identity import ask_identity, settle_engine
 from pdexporter.client.iterlog import IterationLogTail
 from pdexporter.client.stream import TokenStream
 from pdexporter.doctor.checks import EndpointFacts, EngineFacts, TraceArrival, TracingImports
-from pdexporter.engines import adapter
+from pdexporter.engines import DEFAULT_ENGINE, adapter
 from pdexporter.errors import EngineError, PdexporterError
 from pdexporter.exporter.tracing import ENDPOINT_VARS
 from pdexporter.launch import EngineHandle
@@ -239,7 +239,7 @@ def engine_python(command: str) -> str | None:
     return parts[0] if parts else None
 
 
-def tracing_imports(python: str | None, source: str = "", engine: str = "vllm", *, embedded: bool = False,
+def tracing_imports(python: str | None, source: str = "", engine: str = DEFAULT_ENGINE, *, embedded: bool = False,
                     timeout_s: float = 60.0) -> TracingImports:
     """The engine's tracing imports (its adapter's; vLLM 0.22's), tried in `python` (None: cannot be
     checked from here)."""

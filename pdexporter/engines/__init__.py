@@ -26,6 +26,7 @@ from pdexporter.engines._registry import (
     identity_paths,
     infer_chunk_size,
     info_labels,
+    metric_name,
     register,
     registered,
 )
@@ -40,20 +41,33 @@ from pdexporter.engines.disagg import (
     connector_of,
     pair_connector,
 )
-from pdexporter.engines.sim import IMITATED, SIM_ENGINE, sim_engine
-from pdexporter.engines.vllm import OpenAICompatibleAdapter
+from pdexporter.engines.sim import IMITATED, SIM_ENGINE, imitation_for, sim_engine
+from pdexporter.engines.disagg import VllmPdDecodeAdapter
+from pdexporter.engines.vllm import OpenAICompatibleAdapter, VllmAdapter
 
 # The name an engine nobody identified is recorded under (vLLM's rules, as a stated assumption).
 UNIDENTIFIED = OpenAICompatibleAdapter.name
+# The engine meant where nothing names one: a record written before `config.engine` existed, a
+# fit or decision of no records, the embedded engine's imitation and a sweep's launcher by default
+# (vLLM's rules). Everything outside this package says DEFAULT_ENGINE, never the name.
+DEFAULT_ENGINE = VllmAdapter.name
+# The chunk size (B) meant where nothing gives one: the default engine's own default (vLLM's
+# max_num_batched_tokens on a >= 70 GB GPU), the embedded engine's and the exporter's.
+DEFAULT_CHUNK_SIZE = VllmAdapter.default_chunk_size
+# The decode instance of a P/D pair a sweep launches (launch/pair.py starts vLLM instances).
+PAIR_ENGINE = VllmPdDecodeAdapter.name
 
 __all__ = [
     "BUDGET_RULE",
     "COLOCATED",
     "DECODE_BENCH",
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_ENGINE",
     "IMITATED",
     "METRIC_KINDS",
     "NIXL",
     "P2P_NCCL",
+    "PAIR_ENGINE",
     "SIM_ENGINE",
     "SIM_KINDS",
     "UNIDENTIFIED",
@@ -72,7 +86,9 @@ __all__ = [
     "identify",
     "identity_paths",
     "infer_chunk_size",
+    "imitation_for",
     "info_labels",
+    "metric_name",
     "pair_connector",
     "register",
     "registered",

@@ -42,6 +42,7 @@ __all__ = [
     "identity_paths",
     "infer_chunk_size",
     "info_labels",
+    "metric_name",
     "register",
     "registered",
 ]
@@ -314,6 +315,14 @@ def adapter(name: str) -> EngineAdapter:
     if found is None:
         raise ConfigError(f"engine {name!r}: not a registered engine (registered: {', '.join(registered())})")
     return found
+
+
+def metric_name(engine: str, canonical: str) -> str:
+    """The engine's newest name for a canonical series (its adapter's `metric_aliases`), as a
+    prometheus_client metric object is created to expose it (a counter without its `_total`): the
+    name an imitation of the engine serves, declared once, where pdexporter reads it."""
+    kind, names = adapter(engine).metric_aliases[canonical]
+    return names[0].removesuffix("_total") if kind == "counter" else names[0]
 
 
 def registered() -> tuple[str, ...]:

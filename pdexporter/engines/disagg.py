@@ -37,6 +37,7 @@ from pdexporter.engines._registry import KvSetup, budget_problem, register
 from pdexporter.engines.sim import SIM_ENGINE, SimAdapter
 from pdexporter.engines.vllm import (
     DECODE_BENCH,
+    DEFAULT_CHUNK_SIZE,
     KV_TRANSFER_FLAG,
     NIXL,
     P2P_NCCL,
@@ -104,7 +105,7 @@ class PairEntry(Protocol):
 def _words(instance: PairSide, variables: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """The instance's command as words and its environment (leading NAME=value words included),
     with {chunk} at a placeholder value: what the checks below read."""
-    text = instance.command.replace("{chunk}", "8192")
+    text = instance.command.replace("{chunk}", str(DEFAULT_CHUNK_SIZE))
     try:
         text = text.format_map({"python": "python", **variables})
     except (KeyError, ValueError, IndexError):

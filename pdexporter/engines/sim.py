@@ -21,6 +21,7 @@ __all__ = [
     "SimAdapter",
     "SimSglangAdapter",
     "SimSglangMixedAdapter",
+    "imitation_for",
     "sim_engine",
 ]
 
@@ -38,6 +39,14 @@ def sim_engine(imitates: str) -> str:
     if imitates not in IMITATED:
         raise ConfigError(f"--engine {imitates!r}: the embedded engine imitates {', '.join(IMITATED)}")
     return IMITATED[imitates]
+
+
+def imitation_for(engine: str) -> str:
+    """The engine (setup) the embedded engine imitates to model records of `engine`: itself where it
+    imitates it, the engine an embedded engine's records name it imitated, else the default (vLLM)."""
+    if engine in IMITATED:
+        return engine
+    return next((name for name, kind in IMITATED.items() if kind == engine), VllmAdapter.name)
 
 
 @register(SIM_ENGINE)

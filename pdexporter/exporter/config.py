@@ -11,10 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_SECONDS, MAX_TOKENS
+from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_SECONDS, MAX_TOKENS, MIN_PROBE_STREAMS
 from pdexporter._internal.durations import parse_duration  # noqa: F401  (re-exported for the CLI)
 from pdexporter._internal.validation import format_option_error
-from pdexporter.engines import UNIDENTIFIED, adapter
+from pdexporter.engines import DEFAULT_CHUNK_SIZE, UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.metrics import DEFAULT_PORT
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT, ReceiverLimits
@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
-DEFAULT_CHUNK_SIZE = 8192  # the embedded engine's default; an external engine's must be given
+# DEFAULT_CHUNK_SIZE (engines'): the embedded engine's default; an external engine's must be given
 DEFAULT_PREFILL_TOKENS = 8192
 DEFAULT_INJECT_EVERY_S = 30.0  # embedded engine only; against --target injection is opt-in
 
@@ -35,7 +35,7 @@ class ExporterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    probe_streams: int = Field(ge=1, le=MAX_DECODE_BATCH)
+    probe_streams: int = Field(ge=MIN_PROBE_STREAMS, le=MAX_DECODE_BATCH)  # D: the decodes it keeps running
     chunk_size: int = Field(ge=1, le=MAX_TOKENS)
     # "given" (--chunk-size, or the embedded engine's own), "published" (the engine said it: SGLang's
     # /server_info), or "assumed": the engine adapter's default for an engine whose chunk size nobody

@@ -522,13 +522,14 @@ class PassiveTracker:
             return None
         b = self.settings.chunk_size
         d, _ = self._running(pending, 1)
-        if d >= b:
+        rule = adapter(self.settings.engine).chunk_rule  # the prompt tokens a step takes beside D decodes
+        if rule.problem(b, d):
             return None
         scale = statistics.median(self._cadence_scale) if self._cadence_scale else 1.0
         model = self.cadence
         p = cadence_prompt_tokens(pending.run.excess_ms(base.p50_ms),
                                   lambda tokens: scale * float(sum(model(tokens, b, d))),
-                                  len(pending.run.steps_ms) * (b - d))
+                                  len(pending.run.steps_ms) * rule.budget(b, d))
         return None if p is None else Attribution("cadence", p, 1)
 
     def _learn(self, pending: _Pending, attribution: Attribution, d: int) -> None:
@@ -536,7 +537,7 @@ class PassiveTracker:
         base = pending.baseline(self.settings.window)
         if self.cadence is None or attribution.source == "cadence" or not attribution.single or base is None:
             return
-        if d >= self.settings.chunk_size:
+        if adapter(self.settings.engine).budget_problem(self.settings.chunk_size, d):
             return
         predicted = float(sum(self.cadence(attribution.prompt_tokens, self.settings.chunk_size, d)))
         observed = pending.run.excess_ms(base.p50_ms)

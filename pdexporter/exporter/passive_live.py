@@ -5,8 +5,10 @@ and, with `--out`, written as repetitions of their cell's record (`config.mode: 
 
 The published events also feed the event-fitted cost model (`analysis.passive_model`), refitted
 in a worker thread every `MODEL_EVERY_S` (or 20 times as long as the last fit took, whichever
-is longer: at most 5 % of a core) once new events came: its events, how sure it is and its prediction of every cell of
-the seed's grid at the exporter's B go out as the `pdexporter_passive_model_*` gauges. With a two-arm
+is longer: at most 5 % of a core) once new events came, every `MODEL_FIRST_EVERY_S` until a fit
+gave an answer (the first events are too few: the first numbers come seconds after there are
+enough): its events, how sure it is and its prediction of every cell of the seed's grid at the
+exporter's B go out as the `pdexporter_passive_model_*` gauges. With a two-arm
 decision.json (`--decision`), every `--threshold-every` the refit also gives the router thresholds at the
 exporter's B (`analysis.live_thresholds`: the colocated side from the events, the rest from the file;
 `analysis.thresholds`' one computation): `pdexporter_offload_threshold_*` and `GET /thresholds.yaml`.
@@ -47,6 +49,7 @@ if TYPE_CHECKING:  # numpy and pandas: imported when passive mode runs, not by e
     from pdexporter.analysis.passive_model import FitEvent, PassiveAnswer
 
 MODEL_EVERY_S = 30.0
+MODEL_FIRST_EVERY_S = 5.0  # until a fit has given an answer (too few events yet): tried again this soon
 MODEL_EVENTS = 2000  # the most recent events the live model keeps (about an hour at 1.5 requests/s)
 MODEL_BOOTSTRAP = 40  # refits behind the live intervals (export-table uses more)
 MODEL_SHARE = 20  # a refit starts at most every 20x the last one's time: <= 5 % of a core
@@ -105,7 +108,8 @@ class LiveModel:
         if self._future is not None and self._future.done():
             future, self._future = self._future, None
             result, live, took = future.result()
-            self.next_s = now_s + max(MODEL_EVERY_S, MODEL_SHARE * took)
+            every = MODEL_EVERY_S if result is not None or self.last is not None else MODEL_FIRST_EVERY_S
+            self.next_s = now_s + max(every, MODEL_SHARE * took)
             if result is not None:
                 self.last = result
                 self.publish(result)
@@ -336,5 +340,6 @@ class TraceIntake:
             self.passive.add_traces(traces)
 
 
-__all__ = ["MODEL_BOOTSTRAP", "MODEL_EVENTS", "MODEL_EVERY_S", "MODEL_SHARE", "THRESHOLD_EVERY_S", "LiveModel",
-           "LivePassive", "TraceIntake", "fit_event", "publish_thresholds", "save_event", "thresholds_response"]
+__all__ = ["MODEL_BOOTSTRAP", "MODEL_EVENTS", "MODEL_EVERY_S", "MODEL_FIRST_EVERY_S", "MODEL_SHARE",
+           "THRESHOLD_EVERY_S", "LiveModel", "LivePassive", "TraceIntake", "fit_event", "publish_thresholds",
+           "save_event", "thresholds_response"]

@@ -178,7 +178,7 @@ class OtlpTracing:
         self.clock = clock or ClockOffset.measure()
         self.info = info
         self.max_tokens = max_tokens
-        provider_name = "vllm" if info.kind == "vllm" else info.kind
+        provider_name = info.kind  # the engine adapter's name
         self._base = {
             "gen_ai.operation.name": "text_completion",
             "gen_ai.provider.name": provider_name,

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pdexporter._internal.bounds import (
-    MAX_DECODE_BATCH,
     MAX_REPS,
     MAX_RETRIES,
     MAX_TOKENS,
+    decode_batch_problem,
     out_of_bounds,
     prompt_fit_problem,
 )
@@ -108,12 +108,12 @@ class PointSpec:
         """Each number within its bound (`_internal.bounds`), one line naming the option."""
         if self.new_prefill_tokens < 1:
             raise ConfigError(f"-P/--new-prefill-tokens {self.new_prefill_tokens}: must be >= 1")
-        if self.decode_batch_size < 0:
-            raise ConfigError(f"-D/--decode-batch-size {self.decode_batch_size}: must be >= 0")
+        d_problem = decode_batch_problem(self.decode_batch_size)
+        if d_problem:
+            raise ConfigError(f"-D/--decode-batch-size {self.decode_batch_size}: {d_problem}")
         if self.chunk_size < 1:
             raise ConfigError(f"--chunk-size {self.chunk_size}: must be >= 1")
         for name, value, low, high in (("-P/--new-prefill-tokens", self.new_prefill_tokens, 1, MAX_TOKENS),
-                                       ("-D/--decode-batch-size", self.decode_batch_size, 0, MAX_DECODE_BATCH),
                                        ("--chunk-size", self.chunk_size, 1, MAX_TOKENS)):
             problem = out_of_bounds(value, low, high)
             if problem:

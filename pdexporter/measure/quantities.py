@@ -116,7 +116,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     _q("prefill_ttft_ms", "interference", "ms", "the prefill's time to first token (= prefill_duration_ms)",
        "window.prefill_duration_ms", seed="record"),
     _q("total_interference_ms", "derived", "ms",
-       "per decode stream: the sum over the window of (interval - baseline), the time one decode lost",
+       "per decode stream: the sum over the window of (interval - the decodes' own step just before the "
+       "injection, Phase 1's p50 where they ran fewer than 8 steps before it), the time one decode lost",
        "derived.total_interference_ms", column="total_interference_ms", gauge="window_total_interference_seconds",
        span="total_interference_ms", seed="record"),
     _q("decode_tokens_delayed", "derived", "count", "slow decode intervals in the window, all streams",

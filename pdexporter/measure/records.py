@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from pdexporter import __version__
-from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
+from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS, MIN_DECODE_BATCH
+from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.measure.quantities import Block, block_values, in_block
 from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 
@@ -37,12 +38,12 @@ class _Model(BaseModel):
 class RecordConfig(_Model):
     # Bounded as the options and sweep files are (`_internal.bounds`): a record outside them is
     # one line naming its file (`store.load_record_file`), never a crash of the table built on it.
-    decode_batch_size: int = Field(ge=0, le=MAX_DECODE_BATCH)
+    decode_batch_size: int = Field(ge=MIN_DECODE_BATCH, le=MAX_DECODE_BATCH)
     new_prefill_tokens: int = Field(ge=1, le=MAX_TOKENS)
     chunk_size: int = Field(ge=1, le=MAX_TOKENS)
     model: str
     gpu: str
-    engine: str = "vllm"
+    engine: str = DEFAULT_ENGINE
     engine_version: str | None = None
     engine_url: str | None = None
     modelled: bool = False

@@ -26,10 +26,11 @@ from typing import Any
 from pdexporter._internal.vloop import is_virtual
 from pdexporter.client.metrics import MetricsSnapshot, engine_series, snapshot_from_families
 from pdexporter.client.stream import Progress, TokenStream
-from pdexporter.engines import SIM_KINDS, IterationStep, adapter, sim_engine
+from pdexporter.engines import DEFAULT_ENGINE, SIM_KINDS, IterationStep, adapter, sim_engine
 from pdexporter.measure.driver import EngineInfo, PreparedRequest
 from pdexporter.sim import engine_version
 from pdexporter.sim.engine import EngineConfig, EngineCore, EngineMetrics, LoopClock
+from pdexporter.sim.imitation import imitation
 from pdexporter.sim.metrics import sim_metrics
 from pdexporter.sim.profile import Profile, load_profile
 from pdexporter.sim.scheduler import RequestOutput
@@ -59,7 +60,7 @@ class SimDriver:
         max_num_seqs: int | None = None,
         metrics: bool = True,
         kv_role: str | None = None,
-        imitates: str = "vllm",
+        imitates: str = DEFAULT_ENGINE,
     ) -> SimDriver:
         """An engine on the running loop's clock (virtual on `vloop`, real otherwise); `kv_role`
         makes it one instance of a P/D pair (`pdexporter.sim.kvconnector`, docs/disaggregation.md);
@@ -92,8 +93,7 @@ class SimDriver:
             modelled=True,
             clock="virtual" if is_virtual(clock.loop) else "monotonic",
             max_model_len=prof.engine.max_model_len,
-            command=("pdexporter-sim", "--profile", prof.name,
-                     *(("--engine", imitates.removesuffix("-mixed")) if imitates != "vllm" else ()),
+            command=(*imitation(imitates).command(prof.name),
                      *adapter(kind).chunk_size_flags(config.max_num_batched_tokens),
                      *(("--kv-role", role) if role else ())),
         )

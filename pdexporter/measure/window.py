@@ -89,9 +89,18 @@ tpot_penalty_ratio = tpot_penalty / baseline_p50 (the seed's example: 46.9 / 42.
 slowdown = during_mean / baseline_p50.
 
 Totals. total_interference_ms = per stream, the sum over its window intervals of
-(interval - baseline_p50), averaged over streams: the extra time one decode request lost to this
-prefill. aggregate_interference_ms = D * total_interference_ms: what the prefill cost the batch,
-the quantity the offload rule compares with a transfer time. decode_tokens_delayed = the number of
+(interval - reference), averaged over streams: the extra time one decode request lost to this
+prefill. The reference is the probes' own decode cadence just before the injection (the p50 of
+their pre-injection intervals, `tpot_pre_injection_p50_ms`, when each stream has at least
+`loss_reference_min` of them on average; Phase 1's p50 otherwise): the step the decodes would have
+kept running without the prefill. Phase 1 ran seconds to minutes earlier, and on the H200 its p50
+differed from the cadence right before the injection by up to 0.9 ms at some D in every campaign
+(2026-12-03, DecodeBench, D = 7: Phase 1 6.44 ms, the decodes ran 5.59 ms steps before and after
+the admission): charged against Phase 1, the 3-4 window intervals of an admission that cost each
+decode ~4.5 ms summed to 0.1-2 ms; a colocated total moved by up to 14 % (the p90 over that
+campaign's repetitions; 2-8 % in the others). The penalty keeps the spec's Phase 1 baseline.
+aggregate_interference_ms = D * total_interference_ms: what the prefill cost the batch, the
+quantity the offload rule compares with a transfer time. decode_tokens_delayed = the number of
 slow intervals summed over streams.
 
 num_chunks_expected: the length of the engine's chunk schedule (vLLM: ceil(P / (B - D)), running
@@ -119,6 +128,7 @@ import numpy as np
 __all__ = [
     "BaselineStats", "ChunkPlan", "Derived", "Intervals", "StreamPhases", "WindowParams", "WindowStats",
     "analyse_window", "baseline_from_lengths", "baseline_stats", "chunk_weights", "derive", "intervals",
+    "loss_reference_ms",
     "schedule_confirmed", "slow_step_count", "stream_phases", "token_event_index", "token_times",
     "weighted_percentile", "window_end_ns",
 ]
@@ -134,6 +144,7 @@ class WindowParams:
     full_chunk_frac: float = 0.25  # a chunk this large (vs the largest) must show as a slow step
     max_stall_steps: int = 4  # slow steps beside the chunk steps a schedule may leave (stalls)
     decode_like_tokens: int = 16  # a chunk this small computes like a decode step: it need not look slow
+    loss_reference_min: int = 8  # pre-injection intervals per stream for the totals' local reference
 
 
 @dataclass(frozen=True)
@@ -421,7 +432,6 @@ def analyse_window(
     weights_all: list[np.ndarray] = []
     after_all: list[np.ndarray] = []
     pre_all: list[np.ndarray] = []
-    totals: list[float] = []
     zero = 0
     for ph in per_stream:
         ms = ph.intervals.length_ns / 1e6
@@ -432,7 +442,6 @@ def analyse_window(
         during_all.append(ph.during_ms)
         weights_all.append(chunk_weights(sizes, ph.during_ms.size))
         if baseline is not None and w.size:
-            totals.append(float((w - baseline.p50_ms).sum()))
             zero += int((w < params.zero_interval_frac * baseline.p50_ms).sum())
 
     window = np.concatenate(window_all) if window_all else np.empty(0)
@@ -440,6 +449,8 @@ def analyse_window(
     weights = np.concatenate(weights_all) if weights_all else np.empty(0)
     after = np.concatenate(after_all) if after_all else np.empty(0)
     pre = np.concatenate(pre_all) if pre_all else np.empty(0)
+    reference = loss_reference_ms(pre, len(streams), baseline, params)
+    totals = [float((w - reference).sum()) for w in window_all if w.size] if reference is not None else []
     median_stream = _median_index(slow_counts)
     return WindowStats(
         t_inject_ns=int(t_inject_ns),
@@ -468,6 +479,19 @@ def analyse_window(
         chunk_step_times_ms=(tuple(float(x) for x in during_all[median_stream])
                              if during_all and (chunks or sizes is not None) else ()),
     )
+
+
+def loss_reference_ms(pre_ms: np.ndarray, streams: int, baseline: BaselineStats | None,
+                      params: WindowParams = WindowParams()) -> float | None:
+    """The decode step the window's intervals are charged against (see "Totals" in the module
+    docs): the probes' own cadence just before the injection (p50 of the intervals that end at or
+    before t_inject, pooled over streams) when each stream has `loss_reference_min` of them on
+    average, else Phase 1's p50 (None without a baseline)."""
+    if baseline is None:
+        return None
+    if streams and pre_ms.size >= params.loss_reference_min * streams:
+        return float(np.median(pre_ms))
+    return baseline.p50_ms
 
 
 def chunk_weights(sizes: Sequence[int] | None, n: int) -> np.ndarray:

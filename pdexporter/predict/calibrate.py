@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from pdexporter.engines import adapter
+from pdexporter.engines import DEFAULT_ENGINE, adapter, imitation_for
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.records import RunRecord
 from pdexporter.sim.profile import CalibrationCheck, EngineLoopParams, HostParams, Profile, StepTimeParams
@@ -133,6 +133,7 @@ __all__ = [
     "held_out_check",
     "host_sensitive",
     "host_states",
+    "imitation_of",
     "kind_of",
     "label_worse",
     "predict_on_hosts",
@@ -216,9 +217,10 @@ class ObservationSet:
     records: int = 0
 
 
-def chunk_sizes(p: int, b: int, d: int) -> list[int]:
-    """The scheduler's chunks of a cold P-token prefill beside D decodes (the vLLM adapter's rule)."""
-    return list(adapter("vllm").chunk_schedule(p, b, d))
+def chunk_sizes(p: int, b: int, d: int, engine: str = DEFAULT_ENGINE) -> list[int]:
+    """The scheduler's chunks of a cold P-token prefill beside D decodes (the engine adapter's rule:
+    a record's `config.engine`)."""
+    return list(adapter(engine).chunk_schedule(p, b, d))
 
 
 def mixed_composition(chunk: int, position: int, d: int, decode_context: int, *, last: bool = False
@@ -232,6 +234,8 @@ def observations_from_record(record: RunRecord, into: ObservationSet | None = No
     out.records += 1
     c = record.config
     b, d, p = c.chunk_size, c.decode_batch_size, c.new_prefill_tokens
+    rule = adapter(c.engine).chunk_rule  # the record's engine: its chunks, and whether decodes share their steps
+    beside = d if rule.decodes_in_chunk_step else 0  # the decodes in a chunk's step
     baseline_ctx = c.decode_context_tokens + (16 + c.decode_output_tokens) // 2
     inject_ctx = c.decode_context_tokens + 34
     key = (b, d, p)
@@ -243,7 +247,9 @@ def observations_from_record(record: RunRecord, into: ObservationSet | None = No
         slow = list(rep.interference.chunk_step_times_ms or [])
         if d == 0 or not slow:
             continue
-        chunks = list(rep.interference.chunk_tokens_engine_log or chunk_sizes(p, b, d))
+        chunks = list(rep.interference.chunk_tokens_engine_log or chunk_sizes(p, b, d, c.engine))
+        if len(rule.decode_view(chunks)) < len(chunks):
+            continue  # the decodes paused through the chunks: one stall, no chunk step seen alone
         if len(slow) == len(chunks) - 1 and chunks[-1] <= 1:
             chunks = chunks[:-1]  # a 1-token tail runs as a plain decode batch: not seen as slow
         if len(slow) != len(chunks):
@@ -251,7 +257,7 @@ def observations_from_record(record: RunRecord, into: ObservationSet | None = No
             continue
         out.reps_used += 1
         starts = np.concatenate([[0], np.cumsum(chunks)]).astype(int)
-        comps = [mixed_composition(chunk, int(starts[k]), d, inject_ctx + k, last=starts[k] + chunk >= p)
+        comps = [mixed_composition(chunk, int(starts[k]), beside, inject_ctx + k, last=starts[k] + chunk >= p)
                  for k, chunk in enumerate(chunks)]
         for k in range(1, len(chunks) - 1):
             out.observations.append(StepObservation(comps[k], slow[k] / 1e3, "mixed", key,
@@ -562,12 +568,12 @@ METRIC_LABELS = {
 KINDS = ("D = 0", "one small chunk (P <= 2048)", "one big chunk (P >= 4096)", "two chunks", "three or more chunks")
 
 
-def kind_of(key: Key) -> str:
+def kind_of(key: Key, engine: str = DEFAULT_ENGINE) -> str:
     """The kind of configuration (CALIBRATION.md's rows): how the prefill is scheduled beside D decodes."""
     b, d, p = key
     if d == 0:
         return KINDS[0]
-    n = len(chunk_sizes(p, b, d))
+    n = len(chunk_sizes(p, b, d, engine))
     if n == 1:
         return KINDS[1] if p <= 2048 else KINDS[2]
     return KINDS[3] if n == 2 else KINDS[4]
@@ -706,17 +712,19 @@ def _scratch_in_memory() -> Iterator[None]:
 
 
 def simulate_group(profile: Profile, settings: ProtocolSettings, mode: str, chunk_size: int, d: int,
-                   prefills: Sequence[int]) -> tuple[dict[Key, PointFigures], float]:
-    """One (B, D) group predicted (`predict.grid.predict_records`), and the CPU seconds it took."""
+                   prefills: Sequence[int], imitates: str = DEFAULT_ENGINE) -> tuple[dict[Key, PointFigures], float]:
+    """One (B, D) group predicted (`predict.grid.predict_records`) on the embedded engine imitating
+    `imitates`, and the CPU seconds it took."""
     from pdexporter.predict.grid import predict_records
 
     t0 = time.process_time()
     with _scratch_in_memory():
-        records = predict_records(profile, [(chunk_size, d, p) for p in prefills], settings, mode=mode)
+        records = predict_records(profile, [(chunk_size, d, p) for p in prefills], settings, mode=mode,
+                                  imitates=imitates)
     return {key: PointFigures.of(r) for key, r in records.items()}, time.process_time() - t0
 
 
-def _simulate_group_task(args: tuple[Profile, ProtocolSettings, str, int, int, tuple[int, ...]]
+def _simulate_group_task(args: tuple[Profile, ProtocolSettings, str, int, int, tuple[int, ...], str]
                          ) -> tuple[dict[Key, PointFigures], float]:
     return simulate_group(*args)
 
@@ -730,11 +738,14 @@ class RecordSimulator:
     profile fingerprint and group, so any later subset at the same parameters costs nothing. With
     `jobs` > 1 the groups of all the profiles asked for at once (a Jacobian's columns) run in that
     many worker processes, longest first. `on_group(group)` is called as each group is done (also
-    for a cached one), for progress bars.
+    for a cached one), for progress bars. `imitates`: the engine (setup) the embedded engine imitates,
+    the records' (`imitation_of`; None: `calibrate` sets it from its records, else vLLM's), so that
+    SGLang's records are predicted on SGLang's scheduling.
     """
 
     def __init__(self, universe: Iterable[Key], settings: ProtocolSettings, *, mode: str = "fast", jobs: int = 1,
-                 on_group: Callable[[Group], None] | None = None) -> None:
+                 on_group: Callable[[Group], None] | None = None, imitates: str | None = None) -> None:
+        self.imitates = imitates
         by_group: dict[Group, set[int]] = defaultdict(set)
         for b, d, p in universe:
             by_group[(b, d)].add(p)
@@ -797,7 +808,8 @@ class RecordSimulator:
 
     def _run(self, tasks: list[tuple[Profile, Group]], items: list[tuple[str, Group]]
              ) -> Iterator[tuple[tuple[str, Group], tuple[dict[Key, PointFigures], float]]]:
-        args = [(profile, self.settings, self.mode, g[0], g[1], self.prefills[g]) for profile, g in tasks]
+        args = [(profile, self.settings, self.mode, g[0], g[1], self.prefills[g], self.imitates or DEFAULT_ENGINE)
+                for profile, g in tasks]
         if self.jobs == 1 or len(args) <= 1:
             for item, a in zip(items, args):
                 yield item, _simulate_group_task(a)
@@ -818,6 +830,12 @@ class RecordSimulator:
             self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
         return self._pool
 
+    def imitate(self, engine: str) -> None:
+        """Simulate imitating `engine` (the records'): refused once it has simulated another."""
+        if self.imitates not in (None, engine) and self.cache:
+            raise ValueError(f"this simulator imitated {self.imitates}; the records are {engine}'s")
+        self.imitates = engine
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
@@ -828,6 +846,23 @@ class RecordSimulator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def imitation_of(records: Iterable[RunRecord]) -> str:
+    """The engine (setup) the embedded engine imitates to predict these records (their
+    `config.engine`'s, `engines.imitation_for`); ValueError for records of engines it would imitate
+    differently (calibrate them apart)."""
+    found = sorted({imitation_for(r.config.engine) for r in records})
+    if len(found) > 1:
+        raise ValueError(f"records of engines scheduled differently ({', '.join(found)}): calibrate them apart")
+    return found[0] if found else DEFAULT_ENGINE
+
+
+def _imitate_records(simulate: Simulator | None, records: Sequence[RunRecord]) -> None:
+    """Tell a simulator that can imitate engines (a `RecordSimulator`) the records' engine."""
+    imitate = getattr(simulate, "imitate", None)
+    if imitate is not None:
+        imitate(imitation_of(records))
 
 
 # -- stage 2: the engine loop, by simulation ---------------------------------------------------
@@ -1145,6 +1180,7 @@ def calibrate(  # noqa: C901 (20: to shrink)
         train_set, held_set = split_holdout(keys, holdout)
     train = observations_from_records([r for r in records if r.key in train_set])
     held = observations_from_records([r for r in records if r.key in held_set])
+    _imitate_records(simulate, records)
     if not train.observations:
         raise ValueError("the training records hold no usable step times (no decode baseline, no middle chunk steps)")
     free = free_for(base, _check_free(free, frozenset(BOUNDS)))

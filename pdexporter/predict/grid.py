@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from pdexporter._internal.vloop import run_virtual
+from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.launch.specs import SimLauncherSpec
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.records import RunRecord
@@ -52,6 +53,7 @@ async def predict_records_async(
     reps: int = 1,
     mode: str = "faithful",
     on_point: Callable[[RunRecord], None] | None = None,
+    imitates: str = DEFAULT_ENGINE,
 ) -> dict[Key, RunRecord]:
     if mode not in ("faithful", "fast"):
         raise ValueError(f"mode {mode!r}: expected 'faithful' or 'fast'")
@@ -66,11 +68,12 @@ async def predict_records_async(
             new_prefill_tokens=sorted({p for _, _, p in points}),
         ),
         reps=reps, mode=mode, protocol=settings, warmup=WarmupSpec(prefix=True, shapes=False),
-        cv=CvSpec(max_reruns=0), cooldown={"seconds": 0}, launcher=SimLauncherSpec(kind="sim", profile=profile.name),
+        cv=CvSpec(max_reruns=0), cooldown={"seconds": 0},
+        launcher=SimLauncherSpec.model_validate({"kind": "sim", "profile": profile.name, "engine": imitates}),
         output=str(store.root),
     )
-    controller = SweepController(spec, store, VirtualSimProvider(profile), observer=_OnPoint(on_point),
-                                 points=points, write_state=False)
+    controller = SweepController(spec, store, VirtualSimProvider(profile, imitates=imitates),
+                                 observer=_OnPoint(on_point), points=points, write_state=False)
     await controller.run()
     out: dict[Key, RunRecord] = {}
     for key in points:
@@ -89,12 +92,14 @@ def predict_records(
     mode: str = "faithful",
     out: Path | None = None,
     on_point: Callable[[RunRecord], None] | None = None,
+    imitates: str = DEFAULT_ENGINE,
 ) -> dict[Key, RunRecord]:
-    """Records for `keys`, predicted in virtual time (seconds for a whole grid)."""
+    """Records for `keys`, predicted in virtual time (seconds for a whole grid) on the embedded
+    engine imitating `imitates` (`engines.IMITATED`)."""
     settings = settings or ProtocolSettings()
     if out is not None:
         return run_virtual(predict_records_async(profile, keys, settings, ResultsStore(out), reps=reps, mode=mode,
-                                                 on_point=on_point))
+                                                 on_point=on_point, imitates=imitates))
     with tempfile.TemporaryDirectory(prefix="pdexporter-predict-") as tmp:
         return run_virtual(predict_records_async(profile, keys, settings, ResultsStore(tmp), reps=reps, mode=mode,
-                                                 on_point=on_point))
+                                                 on_point=on_point, imitates=imitates))

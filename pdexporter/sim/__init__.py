@@ -30,7 +30,9 @@ ENGINE_KIND = "pdexporter-sim"
 SGLANG_VERSION = "0.5.15.post1"  # the SGLang release whose scheduling, metrics and log it imitates
 
 
-def engine_version(profile: Profile, imitates: str = "vllm") -> str:
-    """The version of the engine it imitates, with a local label naming the embedded engine (PEP 440)."""
-    base = profile.engine.vllm_version if imitates == "vllm" else SGLANG_VERSION
-    return f"{base}+pdexporter.sim"
+def engine_version(profile: Profile, imitates: str | None = None) -> str:
+    """The version of the engine it imitates (`imitation.IMITATIONS`; None: the default), with a
+    local label naming the embedded engine (PEP 440)."""
+    from pdexporter.sim.imitation import DEFAULT_IMITATION, imitation
+
+    return imitation(imitates or DEFAULT_IMITATION).version(profile)

@@ -86,6 +86,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from pdexporter.client.traces import RequestTrace
 from pdexporter.engines import IterationStep
+from pdexporter.sim.imitation import DEFAULT_IMITATION, imitation, sglang_log_prefix, vllm_log_prefix
+from pdexporter.sim.imitation import IMITATIONS as _IMITATIONS
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import (
     Request,
@@ -104,7 +106,7 @@ __all__ = [
     "StepTiming", "sglang_log_prefix", "vllm_log_prefix",
 ]
 
-IMITATIONS = ("vllm", "sglang", "sglang-mixed")  # the engines (setups) the embedded engine schedules like
+IMITATIONS = tuple(_IMITATIONS)  # the engines (setups) the embedded engine schedules like (`sim.imitation`)
 
 BATCH_QUEUE_SIZE = 2  # vLLM: 2 with async scheduling (one step running, one scheduled)
 
@@ -286,16 +288,6 @@ class StepHistory:
         return iter(self._steps)
 
 
-def vllm_log_prefix(wall: float, pid: int) -> str:
-    """`(EngineCore_DP0 pid=N) INFO MM-DD HH:MM:SS [core.py:NNN] ` as vLLM's engine core prints."""
-    return f"(EngineCore_DP0 pid={pid}) INFO {time.strftime('%m-%d %H:%M:%S', time.localtime(wall))} [core.py:1132] "
-
-
-def sglang_log_prefix(wall: float, pid: int) -> str:
-    """`[YYYY-MM-DD HH:MM:SS] ` as SGLang's one-GPU scheduler prints."""
-    return f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(wall))}] "
-
-
 @dataclass
 class StepLines:
     """The per-step log of the engine imitated: its adapter's `format_step` behind its prefix; a
@@ -310,10 +302,10 @@ class StepLines:
     @classmethod
     def of(cls, imitates: str, decode_every: int = 1) -> StepLines:
         """The log of the engine (setup) imitated, in its adapter's format (`engines.IMITATED`)."""
-        from pdexporter.engines import adapter, sim_engine
+        from pdexporter.engines import adapter
 
-        return cls(adapter(sim_engine(imitates)).format_step,
-                   vllm_log_prefix if imitates == "vllm" else sglang_log_prefix, decode_every)
+        behaviour = imitation(imitates)
+        return cls(adapter(behaviour.record_name).format_step, behaviour.log_prefix, decode_every)
 
     def line(self, step: IterationStep, wall: float, pid: int) -> str | None:
         if step.context_tokens == 0 and self.decode_every > 1:
@@ -356,16 +348,15 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
     async_scheduling: bool = True
-    imitates: str = "vllm"  # IMITATIONS: whose scheduling policy the steps follow
+    imitates: str = DEFAULT_IMITATION  # IMITATIONS: whose scheduling policy the steps follow
 
     def __post_init__(self) -> None:
-        if self.imitates not in IMITATIONS:
-            raise ValueError(f"imitates={self.imitates!r}: expected one of {', '.join(IMITATIONS)}")
+        imitation(self.imitates)  # ValueError naming the imitations for any other
 
     @classmethod
     def from_profile(cls, profile: Profile, *, max_num_batched_tokens: int | None = None,
                      max_num_seqs: int | None = None, long_prefill_token_threshold: int | None = None,
-                     imitates: str = "vllm") -> EngineConfig:
+                     imitates: str = DEFAULT_IMITATION) -> EngineConfig:
         e = profile.engine
         return cls(
             max_num_batched_tokens=max_num_batched_tokens or e.max_num_batched_tokens,
@@ -477,17 +468,8 @@ class EngineCore:
         self.config = config or EngineConfig.from_profile(profile)
         self.kv_role = None if kv_role in (None, "none") else kv_role
         self.connector = connector if connector is not None else connector_for(self.kv_role)
-        if self.config.imitates == "vllm":
-            self.scheduler = Scheduler(self.config.scheduler_config(), connector=self.connector)  # type: ignore[arg-type]
-        elif self.connector is not None:
-            raise ValueError(
-                f"the embedded engine models KV roles imitating vllm only (imitates {self.config.imitates})"
-            )
-        else:
-            from pdexporter.sim.sglang_scheduler import SglangScheduler
-
-            self.scheduler = SglangScheduler(self.config.scheduler_config(),
-                                             mixed_chunk=self.config.imitates == "sglang-mixed")
+        self.scheduler: Scheduler = imitation(self.config.imitates).scheduler(self.config.scheduler_config(),
+                                                                             self.connector)
         self.step_lines = step_lines or StepLines.of(self.config.imitates)
         if step_model is None:  # the captured CUDA-graph sizes depend on this engine's token budget
             step_model = StepTimeModel(profile, max_num_batched_tokens=self.config.max_num_batched_tokens,

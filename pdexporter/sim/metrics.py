@@ -19,16 +19,6 @@ def sim_metrics(
     decode_log_interval: int = 1,
 ) -> Any:
     """The imitated engine's series for an embedded engine (`VllmMetrics` or `SglangMetrics`)."""
-    if imitates == "vllm":
-        from pdexporter.sim.vllm_metrics import VllmMetrics
+    from pdexporter.sim.imitation import imitation
 
-        return VllmMetrics(
-            profile.model.name, max_model_len=profile.engine.max_model_len, cache_config=cache_config
-        )
-    from pdexporter.sim.sglang_metrics import SglangMetrics
-
-    return SglangMetrics(
-        profile.model.name,
-        decode_log_interval=decode_log_interval,
-        max_total_tokens=profile.engine.kv_capacity_tokens,
-    )
+    return imitation(imitates).metrics(profile, cache_config=cache_config, decode_log_interval=decode_log_interval)

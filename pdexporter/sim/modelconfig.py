@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pdexporter.engines import DEFAULT_CHUNK_SIZE
 from pdexporter.errors import ConfigError
 from pdexporter.sim.hardware import gpu_datasheet
 from pdexporter.sim.profile import (
@@ -254,7 +255,7 @@ def profile_from_config(
     source: str = "config.json",
     carry_from: Profile | str | Sequence[Profile | str] | None = None,
     max_model_len: int | None = None,
-    max_num_batched_tokens: int = 8192,
+    max_num_batched_tokens: int = DEFAULT_CHUNK_SIZE,
     gpu_memory_utilization: float = 0.9,
     dummy_weights: bool = False,
     rule: str = "learned",

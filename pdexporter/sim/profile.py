@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.validation import format_validation_error
+from pdexporter.engines import DEFAULT_CHUNK_SIZE
 from pdexporter.errors import ConfigError
 
 __all__ = [
@@ -227,7 +228,7 @@ class EngineSpec(_Strict):
     block_size: int = Field(16, gt=0)
     kv_capacity_tokens: int = Field(gt=0, description="num_gpu_blocks x block_size at gpu_memory_utilization")
     max_num_seqs: int = Field(1024, gt=0)
-    max_num_batched_tokens: int = Field(8192, gt=0, description="default; `sim serve` overrides it")
+    max_num_batched_tokens: int = Field(DEFAULT_CHUNK_SIZE, gt=0, description="default; `sim serve` overrides it")
     long_prefill_token_threshold: int = Field(0, ge=0)
     enable_prefix_caching: bool = True
     async_scheduling: bool = True

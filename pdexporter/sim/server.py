@@ -61,6 +61,7 @@ from pdexporter.engines import SIM_KINDS, sim_engine
 from pdexporter.errors import EngineError
 from pdexporter.sim import ENGINE_KIND, engine_version
 from pdexporter.sim.engine import EngineCore, StepLines
+from pdexporter.sim.imitation import DEFAULT_IMITATION, imitation
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import RequestOutput
 from pdexporter.sim.tokenizer import WordTokenizer
@@ -151,6 +152,7 @@ class SimServer:
         self.metrics = metrics
         self.options = options or ServeOptions()
         self.imitates = engine.config.imitates
+        self.imitation = imitation(self.imitates)
         self.model_name = profile.model.name
         self.max_model_len = profile.engine.max_model_len
         self.tokenizer = WordTokenizer(profile.model.vocab_size)
@@ -172,12 +174,9 @@ class SimServer:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/health", self.health)
-        if self.imitates == "vllm":
-            app.router.add_get("/version", self.version_info)
-        else:  # SGLang: no /version; its server arguments say who it is
-            app.router.add_get("/server_info", self.server_info)
-            app.router.add_get("/get_server_info", self.server_info)
-        if self.imitates == "vllm" or self.options.enable_metrics:
+        for path in self.imitation.identity_routes:  # SGLang: no /version; its server arguments say who it is
+            app.router.add_get(path, self.version_info if path == "/version" else self.server_info)
+        if self.imitation.metrics_always or self.options.enable_metrics:
             app.router.add_get("/metrics", self.metrics_text)
         return app
 
@@ -223,7 +222,7 @@ class SimServer:
             "model_path": self.model_name,
             "served_model_name": self.model_name,
             "chunked_prefill_size": config.max_num_batched_tokens,
-            "enable_mixed_chunk": self.imitates == "sglang-mixed",
+            "enable_mixed_chunk": self.imitation.mixed_chunk,
             "decode_log_interval": self.options.decode_log_interval,
             "enable_metrics": self.options.enable_metrics,
             "disable_radix_cache": not e.enable_prefix_caching,
@@ -246,7 +245,7 @@ class SimServer:
             "id": self.model_name,
             "object": "model",
             "created": self.created,
-            "owned_by": "vllm" if self.imitates == "vllm" else "sglang",
+            "owned_by": self.imitation.owned_by,
             "root": self.model_name,
             "parent": None,
             "max_model_len": self.max_model_len,
@@ -575,7 +574,7 @@ class ServeOptions:
     port: int = 8000
     kv_role: str | None = None  # "decode-bench" | "decode" | "prefill" (docs/disaggregation.md)
     otlp_traces_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint (sim.otlp)
-    imitates: str = "vllm"  # "vllm" | "sglang" | "sglang-mixed" (`sim serve --engine [--enable-mixed-chunk]`)
+    imitates: str = DEFAULT_IMITATION  # `imitation.IMITATIONS` (`sim serve --engine [--enable-mixed-chunk]`)
     decode_log_interval: int = 1  # SGLang's --decode-log-interval: a Decode batch line every N decode steps
     enable_metrics: bool = True  # SGLang's --enable-metrics (vLLM always serves /metrics)
 

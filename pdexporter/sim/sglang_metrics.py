@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
+from pdexporter.engines import metric_name
+
 M = TypeVar("M", bound=MetricWrapperBase)
 
 __all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "QUEUE_BUCKETS", "TTFT_BUCKETS", "SglangMetrics"]
@@ -118,8 +120,16 @@ QUEUE_BUCKETS = (
 )
 
 
+SGLANG = "sglang"  # the adapter whose names these series carry (the ones pdexporter reads are declared there)
+
+
+def _name(canonical: str) -> str:
+    return metric_name(SGLANG, canonical)
+
+
 class SglangMetrics:
-    """The `sglang:*` series pdexporter reads (and a few neighbours), bound to one engine's labels."""
+    """The `sglang:*` series pdexporter reads (and a few neighbours), bound to one engine's labels;
+    the names of those it reads are the SGLang adapter's (`engines.metric_name`)."""
 
     def __init__(
         self,
@@ -159,9 +169,9 @@ class SglangMetrics:
         def hist(name: str, doc: str, buckets: tuple[float, ...], labels: dict[str, str]) -> Histogram:
             return keep(Histogram(name, doc, list(labels), buckets=buckets, registry=r)).labels(**labels)
 
-        self.num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
-        self.num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
-        self.token_usage = gauge("sglang:token_usage", "The token usage.")
+        self.num_running_reqs = gauge(_name("num_requests_running"), "The number of running requests.")
+        self.num_queue_reqs = gauge(_name("num_requests_waiting"), "The number of requests in the waiting queue.")
+        self.token_usage = gauge(_name("kv_cache_usage_perc"), "The token usage.")
         self.num_used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
         self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
         self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
@@ -179,19 +189,19 @@ class SglangMetrics:
             for mode in ("prefill_compute", "prefill_cache", "decode")
         }
         self.num_retracted_requests = counter(
-            "sglang:num_retracted_requests", "Total number of retracted requests.", scheduler
+            _name("num_preemptions_total"), "Total number of retracted requests.", scheduler
         )
         self.queue_time = hist(
-            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", QUEUE_BUCKETS, scheduler
+            _name("request_queue_time_seconds"), "Histogram of queueing time in seconds.", QUEUE_BUCKETS, scheduler
         )
-        self.prompt_tokens = counter("sglang:prompt_tokens", "Number of prefill tokens processed.", tokenizer)
+        self.prompt_tokens = counter(_name("prompt_tokens_total"), "Number of prefill tokens processed.", tokenizer)
         self.generation_tokens = counter(
-            "sglang:generation_tokens", "Number of generation tokens processed.", tokenizer
+            _name("generation_tokens_total"), "Number of generation tokens processed.", tokenizer
         )
-        self.num_requests = counter("sglang:num_requests", "Number of requests processed.", tokenizer)
+        self.num_requests = counter(_name("request_success_total"), "Number of requests processed.", tokenizer)
         cached = keep(
             Counter(
-                "sglang:cached_tokens",
+                _name("prefix_cache_hits_total"),
                 "Number of cached prompt tokens by source (device/host/storage).",
                 [*tokenizer, "cache_source"],
                 registry=r,
@@ -199,19 +209,19 @@ class SglangMetrics:
         )
         self.cached_tokens = cached.labels(**tokenizer, cache_source="device")
         self.time_to_first_token = hist(
-            "sglang:time_to_first_token_seconds",
+            _name("time_to_first_token_seconds"),
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
             tokenizer,
         )
         self.inter_token_latency = hist(
-            "sglang:inter_token_latency_seconds",
+            _name("inter_token_latency_seconds"),
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
             tokenizer,
         )
         self.e2e_request_latency = hist(
-            "sglang:e2e_request_latency_seconds",
+            _name("e2e_request_latency_seconds"),
             "Histogram of End-to-end request latency in seconds",
             E2E_BUCKETS,
             tokenizer,

@@ -8,7 +8,8 @@ step where its first token comes out, and `iteration_tokens_total` observes, per
 tokens of requests that got their first token plus the generated tokens (so it cannot verify
 chunking; the iteration log can).
 
-One registry per engine, so several engines (tests, a sweep) never share counters.
+One registry per engine, so several engines (tests, a sweep) never share counters. The names of
+the series pdexporter reads are the vLLM adapter's (`engines.metric_name`): declared once, there.
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
+from pdexporter.engines import adapter, metric_name
+
 __all__ = [
     "FINISH_REASONS", "ITERATION_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "NIXL_BYTES_BUCKETS",
     "NIXL_TIME_BUCKETS", "N_BUCKETS", "TOKEN_BUCKETS", "TTFT_BUCKETS", "VllmMetrics", "observe_many",
 ]
 
 _M = TypeVar("_M", bound=MetricWrapperBase)
+VLLM = "vllm"  # the adapter whose names these series carry (the ones pdexporter reads are declared there)
+
+
+def _name(canonical: str) -> str:
+    return metric_name(VLLM, canonical)
 
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000, 200000)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -99,25 +107,27 @@ class VllmMetrics:
             return keep(Histogram(name, doc, names, buckets=buckets, registry=r)).labels(**lv)
 
         tokens = _token_buckets(max_model_len)
-        self.num_requests_running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
-        self.num_requests_waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_cache_usage_perc = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.num_requests_running = gauge(_name("num_requests_running"),
+                                          "Number of requests in model execution batches.")
+        self.num_requests_waiting = gauge(_name("num_requests_waiting"), "Number of requests waiting to be processed.")
+        self.kv_cache_usage_perc = gauge(_name("kv_cache_usage_perc"), "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+            _name("prefix_cache_queries_total"), "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+            _name("prefix_cache_hits_total"), "Prefix cache hits, in terms of number of cached tokens."
         )
-        self.num_preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
-        success = keep(Counter("vllm:request_success", "Count of successfully processed requests.",
+        self.num_preemptions = counter(_name("num_preemptions_total"),
+                                       "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter(_name("prompt_tokens_total"), "Number of prefill tokens processed.")
+        self.generation_tokens = counter(_name("generation_tokens_total"), "Number of generation tokens processed.")
+        success = keep(Counter(_name("request_success_total"), "Count of successfully processed requests.",
                                [*names, "finished_reason"], registry=r))
         self.request_success = {reason: success.labels(finished_reason=reason, **lv) for reason in FINISH_REASONS}
         self.request_prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
         self.request_generation_tokens = hist(
             "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens)
         self.iteration_tokens = hist(
-            "vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", ITERATION_BUCKETS)
+            _name("iteration_tokens"), "Histogram of number of tokens per engine_step.", ITERATION_BUCKETS)
         self.request_max_num_generation_tokens = hist(
             "vllm:request_max_num_generation_tokens",
             "Histogram of maximum number of requested generation tokens.", tokens)
@@ -125,25 +135,25 @@ class VllmMetrics:
         self.request_params_max_tokens = hist(
             "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens)
         self.time_to_first_token = hist(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+            _name("time_to_first_token_seconds"), "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.inter_token_latency = hist(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+            _name("inter_token_latency_seconds"), "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
         self.request_time_per_output_token = hist(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
         self.e2e_request_latency = hist(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
+            _name("e2e_request_latency_seconds"), "Histogram of e2e request latency in seconds.", LATENCY_BUCKETS)
         self.request_queue_time = hist(
-            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+            _name("request_queue_time_seconds"), "Histogram of time spent in WAITING phase for request.",
             LATENCY_BUCKETS)
         self.request_inference_time = hist(
             "vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
             LATENCY_BUCKETS)
         self.request_prefill_time = hist(
-            "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+            _name("request_prefill_time_seconds"), "Histogram of time spent in PREFILL phase for request.",
             LATENCY_BUCKETS)
         self.request_decode_time = hist(
-            "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+            _name("request_decode_time_seconds"), "Histogram of time spent in DECODE phase for request.",
             LATENCY_BUCKETS)
         self.request_prefill_kv_computed_tokens = hist(
             "vllm:request_prefill_kv_computed_tokens",
@@ -153,7 +163,7 @@ class VllmMetrics:
         self.kv_transfer_time: Histogram | None = None
         self.kv_transfer_bytes: Histogram | None = None
         if cache_config:
-            info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            info = Gauge(adapter(VLLM).cache_config_metric or "",  "Information of the LLMEngine CacheConfig",
                          sorted([*cache_config, "engine"]), registry=r, multiprocess_mode="mostrecent")
             info.labels(engine=engine, **cache_config).set(1)
 
@@ -162,12 +172,12 @@ class VllmMetrics:
         if self.kv_transfer_time is not None:
             return
         self.kv_transfer_time = self._hist(
-            "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+            _name("kv_transfer_time_seconds"), "Histogram of transfer duration for NIXL KV Cache transfers.",
             NIXL_TIME_BUCKETS)
         self.kv_transfer_bytes = self._hist(
-            "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            _name("kv_transfer_bytes"), "Histogram of bytes transferred per NIXL KV Cache transfers.",
             NIXL_BYTES_BUCKETS)
-        self._counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.")
+        self._counter(_name("kv_transfer_failures_total"), "Number of failed NIXL KV Cache transfers.")
 
     def on_kv_transfer(self, seconds: float, nbytes: int) -> None:
         if self.kv_transfer_time is not None and self.kv_transfer_bytes is not None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pdexporter.engines import DECODE_BENCH, connector_of, pair_connector
+from pdexporter.engines import DECODE_BENCH, DEFAULT_CHUNK_SIZE, DEFAULT_ENGINE, IMITATED, connector_of, pair_connector
 from pdexporter.errors import ConfigError
 from pdexporter.launch.base import EngineHandle, Launcher, LogDirected, Releasing
 from pdexporter.launch.external import ExternalLauncher
@@ -165,7 +165,7 @@ class VirtualSimProvider:
     launcher: Launcher | None = None  # in-process: nothing to launch
     kv_role: str = "none"
     slot: str = ""
-    imitates: str = "vllm"  # the engine (setup) it imitates: "vllm", "sglang", "sglang-mixed"
+    imitates: str = DEFAULT_ENGINE  # the engine (setup) it imitates (`engines.IMITATED`)
     _driver: Any = field(default=None, init=False, repr=False)
 
     async def open(self, chunk_size: int) -> EngineDriver:
@@ -199,7 +199,7 @@ def sim_role_for(launcher_spec: Any) -> str:
         return launcher_spec.kv_role
     if isinstance(launcher_spec, LocalLauncherSpec):
         try:
-            argv = render_command(launcher_spec.command, 8192, dict(launcher_spec.vars)).argv
+            argv = render_command(launcher_spec.command, DEFAULT_CHUNK_SIZE, dict(launcher_spec.vars)).argv
         except ConfigError:
             return "none"
         return "decode-bench" if connector_of(argv) == DECODE_BENCH else "none"
@@ -214,7 +214,7 @@ def sim_imitation_for(launcher_spec: Any) -> str:
     engine = (
         launcher_spec.setup if isinstance(launcher_spec, LocalLauncherSpec) else getattr(launcher_spec, "engine", None)
     )
-    return engine if engine in ("sglang", "sglang-mixed") else "vllm"
+    return engine if engine in IMITATED else DEFAULT_ENGINE
 
 
 def make_provider(
@@ -245,7 +245,7 @@ def make_providers(
     if isinstance(launcher_spec, SimLauncherSpec):
         role = launcher_spec.kv_role
         arm = "" if role == "none" else f", offloaded arm ({role})"
-        arm += "" if launcher_spec.engine == "vllm" else f", imitating {launcher_spec.engine}"
+        arm += "" if launcher_spec.engine == DEFAULT_ENGINE else f", imitating {launcher_spec.engine}"
         several = launcher_spec.engines > 1
 
         def slot(i: int) -> str:

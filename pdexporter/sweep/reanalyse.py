@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
 from pdexporter.engines import adapter
-from pdexporter.errors import RecordError
+from pdexporter.errors import ConfigError, RecordError
 from pdexporter.measure.pd import RouteTiming, offload_numbers
 from pdexporter.measure.protocol import (
     ProtocolSettings,
@@ -34,8 +36,8 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import BaselineStats, baseline_stats, derive
 
 __all__ = [
-    "Aggregate", "Reanalysed", "SourceComparison", "compare_sources", "keep_shape", "phase1_stats",
-    "reanalyse_record", "reanalyse_rep",
+    "Aggregate", "DirectoryJob", "Reanalysed", "SourceComparison", "compare_sources", "keep_shape", "phase1_stats",
+    "reanalyse_directory", "reanalyse_record", "reanalyse_rep",
 ]
 
 Aggregate = Callable[[RecordConfig, list[RepRecord], RunRecord], RunRecord]
@@ -145,16 +147,40 @@ class SourceComparison:
         return self.cv_cadence <= self.cv_log + points
 
 
+class _RawsReadOnce:
+    """A store whose raw files are read (and checked) once each while they are kept (a sweep's all
+    would not fit in memory: `forget_all_but` between records); everything else is the store's."""
+
+    def __init__(self, store: ResultsStore) -> None:
+        self._store = store
+        self._raws: dict[Path, dict[str, Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def forget_all_but(self, *keep: Path) -> None:
+        self._raws = {path: raw for path, raw in self._raws.items() if path in keep}
+
+    def load_raw(self, path: Path) -> dict[str, Any]:
+        if path not in self._raws:
+            self._raws[path] = self._store.load_raw(path)
+        return self._raws[path]
+
+
 def compare_sources(
     store: ResultsStore, records: list[RunRecord], settings: ProtocolSettings
 ) -> list[SourceComparison]:
     """Re-analyse every record with and without its engine log (nothing is written)."""
     out = []
+    raws = _RawsReadOnce(store)  # both analyses of a record read its raw files once, Phase 1's once per D
+    once = cast(ResultsStore, raws)
     for record in records:
-        if record.config.decode_batch_size == 0:
+        c = record.config
+        if c.decode_batch_size == 0:
             continue  # no decodes, no penalty
-        with_log = reanalyse_record(store, record, settings).record
-        without = reanalyse_record(store, record, settings, use_engine_log=False).record
+        raws.forget_all_but(store.baseline_raw_path(c.chunk_size, c.decode_batch_size))
+        with_log = reanalyse_record(once, record, settings).record
+        without = reanalyse_record(once, record, settings, use_engine_log=False).record
         same = sum(
             a.interference.chunk_step_times_ms == b.interference.chunk_step_times_ms
             for a, b in zip(with_log.reps, without.reps)
@@ -169,3 +195,57 @@ def compare_sources(
             reps_same_steps=same,
         ))
     return out
+
+
+@dataclass
+class DirectoryJob:
+    """`pdexporter reanalyse RESULTS_DIR`: every record of a results directory rebuilt from its raw
+    timestamps (`reanalyse_directory`); a record whose numbers did not move is not rewritten."""
+
+    store: ResultsStore
+    paths: list
+    dry_run: bool
+
+    def run(self, tick: Callable[[], None]) -> list[str]:
+        from pdexporter.measure.store import load_record_file
+
+        settings = ProtocolSettings()
+        changed = reps = kept = written = 0
+        for path in self.paths:
+            record = load_record_file(path)
+            if record.config.mode == "passive":  # the exporter's windows: see the note below
+                kept += 1
+                tick()
+                continue
+            result = reanalyse_record(self.store, record, settings)
+            reps += result.reps
+            changed += result.changed
+            if not self.dry_run and _differs(record, result.record):
+                self.store.save_record(result.record)
+                written += 1
+            tick()
+        verb = "would change" if self.dry_run else "changed"
+        lines = [f"{len(self.paths) - kept} records, {reps} repetitions: {changed} {verb}"
+                 + ("" if self.dry_run else f"; {written} record files rewritten (the others are left as they were)")]
+        if kept:
+            lines.append(f"{kept} passive record(s) (run --passive) kept as measured: each event's baseline is the "
+                         "quiet period before it and its D and P the engine's, which no Phase 1 file holds; "
+                         "export-table --mode passive re-derives the table and the model from them")
+        return lines
+
+
+def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> DirectoryJob:
+    store = ResultsStore(results)
+    paths = list(store.iter_record_paths())
+    if not paths:
+        raise ConfigError(f"{results}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
+    return DirectoryJob(store, paths, dry_run)
+
+
+def _differs(old: RunRecord, new: RunRecord) -> bool:
+    """Whether re-analysis changed anything but the provenance (when and where it was written) and
+    the schema version it would be written with: a
+    record whose numbers are what they were is not rewritten, so a re-derivation of committed
+    results changes only what moved."""
+    keep = {"provenance", "schema_version"}  # an older record is read as it is; its numbers decide
+    return old.model_dump(exclude=keep) != new.model_dump(exclude=keep)

@@ -24,11 +24,18 @@ from pydantic import (
     model_validator,
 )
 
-from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_REPS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS
+from pdexporter._internal.bounds import (
+    MAX_DECODE_BATCH,
+    MAX_REPS,
+    MAX_RETRIES,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MIN_DECODE_BATCH,
+)
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
 from pdexporter._internal.validation import flag_error, format_validation_error
-from pdexporter.engines import UNIDENTIFIED, adapter
+from pdexporter.engines import PAIR_ENGINE, UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.launch.specs import (
     LAUNCHERS,
@@ -80,7 +87,7 @@ def _whole(value: Any) -> Any:
 
 
 TokenCount = Annotated[int, BeforeValidator(_whole), Field(ge=1, le=MAX_TOKENS)]  # P, chunk sizes (`_internal.bounds`)
-DecodeBatch = Annotated[int, BeforeValidator(_whole), Field(ge=0, le=MAX_DECODE_BATCH)]
+DecodeBatch = Annotated[int, BeforeValidator(_whole), Field(ge=MIN_DECODE_BATCH, le=MAX_DECODE_BATCH)]
 
 
 class GridSpec(_Strict):
@@ -254,7 +261,7 @@ class SweepSpec(_Strict):
             return launcher.engine
         if isinstance(launcher, KubernetesLauncherSpec):
             return launcher.engine
-        return "vllm-pd-decode"  # a pair: vLLM instances (launch/pair.py)
+        return PAIR_ENGINE  # a pair: vLLM instances (launch/pair.py)
 
     @property
     def slots(self) -> int:

@@ -122,7 +122,8 @@ def test_bad_input_is_one_line_and_loses_nothing(results, tmp_path, capsys):
     (tmp_path / "x.json").write_text('{"schema": "something/else"}')
     line = _one_line_error(*_cli(capsys, "decide", "-D", "4", "-P", "100", "--model", str(tmp_path / "x.json"))[::2])
     assert "expected 'pdexporter.decision/v2'" in line
-    line = _one_line_error(*_cli(capsys, "decide", "-D", "900", "-P", "100", "-B", "512")[::2])
+    vllm = Path(__file__).resolve().parents[2] / "results" / "h200x2-arms" / "decision.json"  # the budget rule: vLLM's
+    line = _one_line_error(*_cli(capsys, "decide", "-D", "900", "-P", "100", "-B", "512", "--model", str(vllm))[::2])
     assert "no room" in line
     line = _one_line_error(*_cli(capsys, "decide", "-D", "9000", "-P", "100", "-B", "8192")[::2])
     assert "--decode-batch-size 9000: must be <= 1024" in line  # bounded as measure's

@@ -88,6 +88,7 @@ def test_an_example_prints_what_its_page_shows(path: Path, command: str, shown: 
         f"{path.relative_to(ROOT)} shows\n  {shown}\nbut {command} prints\n  {same[0].strip()}")
 
 
+@pytest.mark.slow
 def test_run_md_commands_write_the_committed_files(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """results/h200x2-arms/RUN.md's commands, run again, write its decision.json and thresholds."""

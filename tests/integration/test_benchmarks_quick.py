@@ -19,6 +19,7 @@ from tests.helpers import cli_env
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "tests" / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("bench_*.py"))
+SLOW = {"bench_passive.py", "bench_passive_model.py"}  # handed out first under pytest-xdist (tests/conftest.py)
 FIGURE = re.compile(r"\d+\.\d+|\b\d+ ?(?:ms|s|us|%|MB|MiB|KiB)\b")
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def test_the_scripts_are_found() -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s for s in SCRIPTS])
 def test_a_benchmark_runs_quickly_and_prints_figures(script: str) -> None:
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--quick"], cwd=ROOT, env=cli_env(),
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)

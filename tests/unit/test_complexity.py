@@ -9,11 +9,10 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CEILING = 12  # `noqa: C901` exemptions when the gate came (11 in pdexporter/, 1 benchmark): lower it as they go
+CEILING = 11  # `noqa: C901` exemptions (12 when the gate came: 11 in pdexporter/, 1 benchmark): lower it as they go
 LONGEST = 150  # lines; the ones over it when the gate came, with their lengths then (may only shrink)
-LONG_TODAY = {("pdexporter/grafana/live.py", "build"): 459, ("pdexporter/cli/sim.py", "calibrate_cmd"): 283,
-              ("pdexporter/grafana/interference_map.py", "build"): 199,
-              ("pdexporter/cli/export_table.py", "export_table"): 153}
+LONG_TODAY = {("pdexporter/grafana/live.py", "build"): 459,
+              ("pdexporter/grafana/interference_map.py", "build"): 199}
 
 
 def python_files() -> list[Path]:

@@ -30,7 +30,7 @@ from pdexporter.predict.grid import predict_records
 from pdexporter.predict.passive import PassiveSession, passive_session
 from pdexporter.sim.profile import load_profile
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # the module's sessions: tens of seconds of CPU
 
 ROOT = Path(__file__).resolve().parents[3]
 PROFILE = "h200-qwen3-coder-30b-a3b"

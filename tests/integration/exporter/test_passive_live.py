@@ -43,6 +43,7 @@ def _samples(runner: Runner) -> dict[str, list]:
     return out
 
 
+@pytest.mark.slow
 async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None:
     config = build_config(probe_streams=4, chunk_size=8192, listen_host="127.0.0.1", listen_port=0, passive=True,
                           traces_listen_port=0,

@@ -98,6 +98,7 @@ async def test_an_engine_answering_html_404_pages_is_up_0_with_the_reason_not_an
         assert value(runner, "pdexporter_errors_total", kind="http") >= 1
 
 
+@pytest.mark.slow
 async def test_faults_while_running_are_counted_and_the_exporter_goes_on() -> None:
     """One exporter through every fault in turn; after each, windows come again."""
     async with ScriptedEngine(cadence_s=CADENCE) as engine, live(engine.url) as (runner, task):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_cli as run_cli_here
 from tests.integration.faults.faultkit import error_line, run_cli
 
 pytestmark = pytest.mark.integration
@@ -34,11 +35,13 @@ GRID = "grid: {chunk_sizes: [2048], decode_batch_sizes: [1], new_prefill_tokens:
     (GRID + "name: ../../..\n", "name: must be one directory name"),
     (GRID + "output: results/../../elsewhere\n", "output: must not contain '..'"),
 ])
-async def test_a_bad_sweep_file_is_one_line_and_nothing_runs(text: str, fragment: str, tmp_path: Path) -> None:
+def test_a_bad_sweep_file_is_one_line_and_nothing_runs(text: str, fragment: str, tmp_path: Path, capsys) -> None:
+    """The CLI in this process (its checks and messages are the child's: the file tests below and the
+    e2e suite run the real one); each case in a child cost ~1 s of CPU twice."""
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     for command in (["sweep", str(path), "--out", str(tmp_path / "out")], ["sim", "sweep", str(path)]):
-        code, _, err, _ = await run_cli(*command)
+        code, _, err = run_cli_here(capsys, *command)
         assert code == 2
         line = error_line(err)
         assert line.startswith(f"pdexporter: error: {path}: ") and fragment in line, line

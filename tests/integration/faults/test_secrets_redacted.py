@@ -110,6 +110,7 @@ async def test_sweep_never_prints_url_credentials(tmp_path: Path) -> None:
     assert _leaks(text, under=tmp_path) == []
 
 
+@pytest.mark.slow
 async def test_run_never_prints_the_api_key_an_error_page_quotes(tmp_path: Path) -> None:
     fault = Fault("http-500", on="prefill", skip=2, times=None)
     async with ScriptedEngine(cadence_s=CADENCE_S, faults=[fault], echo_auth=True) as engine:

@@ -35,6 +35,7 @@ from tests.scripted_engine import ScriptedEngine
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,  # a Prometheus and two exporters for the module
 ]
 
 ROOT = Path(__file__).resolve().parents[3]

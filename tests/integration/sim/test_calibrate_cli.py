@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 TRUTH = {"attention_efficiency": 0.5, "launch_eager_ms": 35.0, "retire_us_per_token": 1.5}
 
 
+@pytest.mark.slow
 def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path: Path):
     base = load_profile("h200-qwen3-coder-30b-a3b")
     truth = with_values(base, TRUTH).with_step_time(
@@ -81,6 +82,7 @@ def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path
     assert groups["D=4"]["fitted"]["penalty"] is not None
 
 
+@pytest.mark.slow
 def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path):
     """The training records come from an engine that launches faster than the one the held-out
     records come from (and the base is that one): the fit follows the training records and predicts

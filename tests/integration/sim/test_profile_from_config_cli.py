@@ -23,6 +23,7 @@ def _run(*args: str, profiles: Path) -> subprocess.CompletedProcess[str]:
                           timeout=120, env=env, check=False)
 
 
+@pytest.mark.slow
 def test_a_new_model_in_one_command_listed_and_served(tmp_path: Path):
     profiles = tmp_path / "profiles"
     proc = _run("profile-from-config", "qwen3-8b", "--gpu", "H100", profiles=profiles)

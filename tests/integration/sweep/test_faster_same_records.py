@@ -52,10 +52,15 @@ def test_cancelling_used_probe_sets_changes_no_number(tmp_path: Path) -> None:
     assert cancelled >= 6 and sum(c.probe_sets_cancelled for c in before.chunks.values()) == 0
     a, b = values(tmp_path / "drain"), values(tmp_path / "cancel")
     assert len(a) == 2 * 3 * 4 * 3 and a.keys() == b.keys()
+    # The totals are charged against the probes' own step just before the injection (measure/window.py,
+    # "Totals"), and the probes running before an injection are not the same sets when used ones are
+    # cancelled: their steps there differ by a few parts per million (432.8517 against 432.8528 ms).
+    own_step = {"total_interference_ms", "aggregate_interference_ms"}
     for key in a:
         for name, value in a[key].items():
             if isinstance(value, float):
-                assert b[key][name] == pytest.approx(value, rel=1e-6, abs=1e-3), (key, name)
+                rel = 1e-5 if name in own_step else 1e-6
+                assert b[key][name] == pytest.approx(value, rel=rel, abs=1e-3), (key, name)
             else:
                 assert b[key][name] == value, (key, name)
     # and it was faster: the leftover tokens of every retired set are not waited for

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter._internal.vloop import run_virtual
-from pdexporter.cli.sweep import ProgressObserver
 from pdexporter.exporter.metrics import WINDOW_PENALTY, WINDOWS
 from pdexporter.measure.store import ResultsStore
-from pdexporter.sweep.controller import SweepController
+from pdexporter.sweep.controller import SweepController, SweepObserver
+from pdexporter.sweep.job import WindowExporter
 from pdexporter.sweep.providers import make_provider
 from pdexporter.sweep.spec import parse_sweep
 
@@ -29,17 +29,16 @@ def test_windows_are_exported_while_sweeping(tmp_path: Path) -> None:
     scrapes: list[str] = []
 
     async def main() -> None:
-        observer = ProgressObserver(spec)
-        runner = await observer.start_exporter(spec.listen or "")
+        observer = WindowExporter(SweepObserver())
+        url = await observer.start(spec.listen or "")
         try:
-            with observer:
-                report = await SweepController(spec, store, make_provider(spec, store), observer=observer).run()
+            report = await SweepController(spec, store, make_provider(spec, store), observer=observer).run()
             assert report.complete
-            async with aiohttp.ClientSession() as session, session.get(observer.exporter_url or "") as resp:
+            async with aiohttp.ClientSession() as session, session.get(url) as resp:
                 assert resp.status == 200
                 scrapes.append(await resp.text())
         finally:
-            await runner.cleanup()
+            await observer.stop()
 
     run_virtual(main())
     samples = {

@@ -200,3 +200,55 @@ def test_a_few_wild_steps_do_not_tilt_the_context_fit():
     assert model.alpha0_ms == pytest.approx(NOISELESS.alpha0_ms, rel=0.02)
     assert model.gamma_ms_per_token == pytest.approx(NOISELESS.gamma_ms_per_token, rel=0.02)
     assert model.beta_ms_per_token_pair == pytest.approx(NOISELESS.beta_ms_per_token_pair, rel=0.02)
+
+
+def _with_stall(samples, stall):
+    """The samples with `stall(P)` ms per decode stream added outside the chunk steps (as the engine's
+    admission and retirement add it to a window's total, not to its chunk steps)."""
+    from dataclasses import replace
+
+    out = []
+    for s in samples:
+        if s.decode_batch_size < 1:
+            out.append(s)
+            continue
+        extra = stall(s.new_prefill_tokens)
+        reps = tuple({**r, "total_interference_ms": r["total_interference_ms"] + extra,
+                      "aggregate_interference_ms": (r["total_interference_ms"] + extra) * s.decode_batch_size}
+                     for r in s.reps)
+        out.append(replace(s, reps=reps, top_level=None))
+    return out
+
+
+STALL_GRID = [(32768, d, p) for d in (0, 1, 4, 12) for p in (1024, 2048, 4096, 8192, 16384, 30000)]  # one chunk each
+
+
+def test_a_stall_that_stops_growing_with_the_prompt_is_fitted_saturated(monkeypatch):
+    """On the H200 what a window loses outside its chunk steps grows to ~40 ms by P ~ 8K and no
+    further (the engine's step log): the stall fit finds where it saturates, and predicts the
+    longest prompt within 1 %, where a stall linear in P misses by more."""
+    records = synthetic_records(NOISELESS, STALL_GRID, reps=2)
+    samples = _with_stall([samples_from_record(r) for r in records], lambda p: 40.0 * min(p, 8192) / 8192)
+    data = md.fit_data(build_table(samples), samples)
+    model = md.fit_context_model(data)
+    assert model.sigma_saturation_tokens == 8192
+    assert model.sigma1_ms_per_token * 8192 == pytest.approx(40.0, rel=0.02)  # what it grows by, up to P_sat
+    assert model.to_dict()["coefficients"]["sigma_saturation_tokens"] == 8192
+
+    def truth(d: int, p: int) -> float:
+        return true_aggregate_ms(NOISELESS, 32768, d, p) + d * 40.0 * min(p, 8192) / 8192
+
+    for d, p in ((4, 30000), (12, 24576), (1, 2048)):
+        assert float(model.predict(d, p, 32768)) == pytest.approx(truth(d, p), rel=0.01)
+    monkeypatch.setattr(md, "STALL_SATURATION_TOKENS", (None,))
+    linear = md.fit_context_model(md.fit_data(build_table(samples), samples))
+    assert linear.sigma_saturation_tokens is None and "sigma_saturation_tokens" not in linear.to_dict()["coefficients"]
+    assert abs(float(linear.predict(4, 30000, 32768)) / truth(4, 30000) - 1) > 0.01
+
+
+def test_a_stall_linear_in_the_prompt_stays_linear():
+    records = synthetic_records(NOISELESS, STALL_GRID, reps=2)
+    samples = _with_stall([samples_from_record(r) for r in records], lambda p: 2.0 + 0.002 * p)
+    model = md.fit_context_model(md.fit_data(build_table(samples), samples))
+    assert model.sigma_saturation_tokens is None
+    assert model.sigma1_ms_per_token == pytest.approx(0.002, rel=0.05)

@@ -125,6 +125,7 @@ def test_report_table_ends_with_the_bootstrap_intervals(modelled_analysis):
     assert row["tpot_penalty_ms_ci95_low"] <= row["tpot_penalty_ms"] <= row["tpot_penalty_ms_ci95_high"]
 
 
+@pytest.mark.slow
 def test_report_renders_both_arms_of_the_committed_h200_data() -> None:
     """The DecodeBench arm measured no KV transfer (its integer columns hold pandas' NA): the
     report's both-arms section must still render (it once raised on NA)."""

@@ -149,6 +149,23 @@ def test_terms_recover_known_coefficients_and_never_go_negative() -> None:
     assert fit_term("decode_side", Rows(np.empty((0, 3)), np.empty(0), []), "test") is None
 
 
+def test_the_offloaded_loss_is_fitted_on_relative_residuals() -> None:
+    """Most admissions cost each decode ~5 ms, the longest prompts ~20 ms: the offloaded loss is
+    fitted on relative residuals (each row weighed by 1 / its value), the other terms on absolute ones."""
+    ps = [512, 1024, 2048, 4096, 8192, 32768] * 5
+    x = np.array([[1.0, 4.0, p / 1000.0] for p in ps])
+    keys = [(8192, 4, p) for p in ps]
+    exact = fit_term("offloaded_loss", Rows(x, x @ np.array([5.0, 0.0, 0.45]), keys), "test")
+    assert exact is not None and exact.relative
+    assert exact.to_dict()["coefficients"] == pytest.approx({"1": 5.0, "d": 0.0, "p": 0.45}, abs=1e-6)
+    assert "relative residuals" in exact.to_dict()["fit"]
+    side = fit_term("decode_side", Rows(x, x @ np.array([5.0, 0.0, 0.45]), keys), "test")
+    assert side is not None and not side.relative and "relative" not in side.to_dict()["fit"]
+    # the weights a replicate refits with are the relative ones: rows of larger values weigh less
+    assert exact.weights[ps.index(32768)] < exact.weights[ps.index(512)] / 10
+    assert exact.replicate(sorted(set(keys))) == pytest.approx({"1": 5.0, "d": 0.0, "p": 0.45}, abs=1e-6)
+
+
 def test_two_arm_section_uses_the_pairs_measurements_or_composes_from_decode_bench() -> None:
     col = colocated()
     d = doc()

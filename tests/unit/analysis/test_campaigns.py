@@ -16,6 +16,7 @@ from pdexporter.analysis.campaigns import (
     CAMPAIGN_FILE,
     HeldOutPoint,
     campaign_draws,
+    carry_variation,
     check_fit_inputs,
     coverage_summary,
     find_campaigns,
@@ -111,6 +112,21 @@ def test_campaign_draws_are_fixed_standard_normal_and_independent_between_the_ar
     assert abs(statistics.correlation(col, off)) < 0.2
     share_inside = sum(abs(z) <= 1.645 for z in col) / len(col)
     assert share_inside == pytest.approx(0.90, abs=0.01)
+
+
+def test_carry_variation_multiplies_replicate_r_by_exp_s_z_r_as_decision_documents_do() -> None:
+    from pdexporter.analysis.decision_eval import campaign_log_sd, evaluate_arms
+
+    doc = fold_variation(one_arm_doc(), {"colocated": {"log_sd": 0.2, "by_regime": {"launch": 0.25}}})
+    reps = [evaluate_arms(doc, 4, 2048, 8192, replicate=i, campaign=False)["colocated_cost_ms"] for i in range(200)]
+    with_var = [evaluate_arms(doc, 4, 2048, 8192, replicate=i)["colocated_cost_ms"] for i in range(200)]
+    s = campaign_log_sd(doc["campaign_variation"], "colocated", "launch")
+    assert s == 0.25 and campaign_log_sd(doc["campaign_variation"], "colocated", "graph") == 0.2
+    assert campaign_log_sd({}, "offloaded", "graph") == 0.0
+    assert carry_variation(reps, s).tolist() == pytest.approx(with_var, rel=1e-12)
+    grid = carry_variation([[1.0, 2.0]] * 200, [0.0, 0.5])  # one s per column
+    assert grid[:, 0].tolist() == [1.0] * 200 and grid[:, 1].tolist() == pytest.approx(
+        [2.0 * math.exp(0.5 * z["colocated"]) for z in campaign_draws(200)])
 
 
 def one_arm_doc(n_reps: int = 200) -> dict:

@@ -79,7 +79,7 @@ def test_the_evaluator_imports_nothing_beyond_the_standard_library() -> None:
     imported |= {
         node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     }
-    assert imported == {"math"}
+    assert imported <= {"math", "typing", "collections"}  # the standard library only (typing: its records)
     assert decision_eval.SCHEMA == DECISION_SCHEMA
 
 
@@ -316,3 +316,30 @@ def test_thresholds_where_the_offloaded_arm_was_not_measured_are_modelled() -> N
     result = computed.to_dict()
     assert result["chunk_sizes"]["2048"]["modelled"] and not result["chunk_sizes"]["8192"]["modelled"]
     assert "MODELLED: the offloaded arm was not measured at B=2048" in llmd_snippet(computed, 2048, 3)
+
+
+def test_the_stall_stops_growing_at_its_saturation_and_documents_without_one_stay_linear() -> None:
+    linear = {"model": context_model(), "chunk_rule": dict(VLLM_RULE)}
+    saturated = {"model": context_model(sigma_saturation_tokens=8192.0), "chunk_rule": dict(VLLM_RULE)}
+    for p in (1024, 8192):  # up to P_sat the two are the same
+        ctx = chunk_context(linear, 4, p, 8192)
+        assert colocated_cost(saturated, ctx)[0] == pytest.approx(colocated_cost(linear, ctx)[0], rel=1e-12)
+    ctx = chunk_context(linear, 4, 32768, 8192)
+    # beyond it each stream's stall is sigma1 x 8192, not sigma1 x 32768
+    assert colocated_cost(linear, ctx)[0] - colocated_cost(saturated, ctx)[0] == pytest.approx(
+        4 * 0.001 * (32768 - 8192), rel=1e-9)
+
+
+def test_the_verdict_is_what_its_record_declares() -> None:
+    """`Verdict` and `ArmNumbers` (issue 34: the verdict typed) name every key the evaluator
+    returns, in both modes, and the keys they require are there."""
+    from typing import get_type_hints
+
+    from pdexporter.analysis.decision_eval import ArmNumbers, Verdict, evaluate_arms
+
+    declared = set(get_type_hints(Verdict))
+    for mode in ("two-arm", "seed"):
+        v = evaluate_decision(make_doc(), 8, 4096, 8192, ttft_slo_ms=200, mode=mode)
+        assert set(v) <= declared and Verdict.__required_keys__ <= set(v), (mode, set(v) ^ declared)
+    numbers = evaluate_arms(make_doc(), 8, 4096, 8192)
+    assert set(numbers) == set(get_type_hints(ArmNumbers))

@@ -3,6 +3,8 @@ the fit finds it, its intervals narrow as events come, reach says why a cell is 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -125,6 +127,27 @@ def test_answer_converges_and_gives_a_passive_decision() -> None:
     assert doc["thresholds_min_prefill_tokens"][str(B)]
     report, table = decision_inputs(result.model, result.cells, True, "pdexporter-sim")
     assert report.best.model is result.model.model and len(table) == sum(c.reached for c in result.cells)
+
+
+def test_the_campaign_variation_widens_the_cells_intervals_by_regime_and_not_the_convergence() -> None:
+    from pdexporter.analysis.decision_eval import chunk_context, cost_regime
+
+    events = _events(300, noise=0.03)
+    variation = {"colocated": {"log_sd": 0.2, "by_regime": {"launch": 0.3, "compute": 0.1, "graph": 0.5}}}
+    plain = answer(events, GRID, minutes=(), bootstrap=40)
+    carried = answer(events, GRID, minutes=(), bootstrap=40, variation=variation)
+    assert plain is not None and carried is not None
+    assert not plain.summary()["intervals_carry_campaign_variation"]
+    assert carried.summary()["intervals_carry_campaign_variation"]
+    doc = carried.model.model.document()
+    for a, b in zip(plain.cells, carried.cells):
+        assert a.key == b.key and a.aggregate_ms == b.aggregate_ms  # the central number does not move
+        assert b.low_ms is not None and b.high_ms is not None and a.low_ms is not None and a.high_ms is not None
+        s = variation["colocated"]["by_regime"][cost_regime(doc, chunk_context(doc, b.key[1], b.key[2], B))]
+        # the events alone pin the model to ~1 %; with the variation the 95 % interval spans ~ +-1.96 s
+        assert math.log(b.high_ms / b.low_ms) == pytest.approx(2 * 1.96 * s, rel=0.15), b.key
+        assert b.high_ms - b.low_ms > 3 * (a.high_ms - a.low_ms)
+    assert carried.convergence[-1].halfwidth == plain.convergence[-1].halfwidth  # the events' own width
 
 
 def test_too_few_events_give_no_model() -> None:

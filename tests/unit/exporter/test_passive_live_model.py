@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdexporter.exporter import metrics as m
 from pdexporter.exporter.metrics import ExporterMetrics
-from pdexporter.exporter.passive_live import MODEL_EVERY_S, LiveModel
+from pdexporter.exporter.passive_live import MODEL_EVERY_S, MODEL_FIRST_EVERY_S, LiveModel
 from tests.unit.analysis.test_passive_model import _events
 
 
@@ -58,6 +58,44 @@ async def test_the_live_model_refits_off_the_loop_and_publishes_how_sure_it_is()
     assert bounds["low"] <= bounds["estimate"] <= bounds["high"] and 0.1 < bounds["estimate"] < 1.0  # seconds
     model.tick(now + 2)  # nothing new since: no refit
     assert model._future is None
+
+
+async def _fit_now(model: LiveModel, now: float) -> None:
+    model.tick(now)
+    assert model._future is not None
+    for _ in range(600):
+        if model._future.done():
+            break
+        await asyncio.sleep(0.05)
+    model.tick(now + 1)
+
+
+async def test_until_a_fit_gives_an_answer_the_next_comes_sooner() -> None:
+    """Two events give no model: the next fit is due MODEL_FIRST_EVERY_S later, not MODEL_EVERY_S (the
+    first numbers of a new exporter came up to 30 s after there were events enough); once a fit gave
+    an answer, every MODEL_EVERY_S again, even when a later fit gives none."""
+    assert MODEL_FIRST_EVERY_S < MODEL_EVERY_S
+    model = LiveModel(ExporterMetrics(), 8192, "pdexporter-sim")
+    events = _events(120, noise=0.1)
+    for e in events[:2]:
+        model.events.append(e)
+        model.added += 1
+    t1 = time.monotonic()
+    await _fit_now(model, t1)
+    assert model.last is None and t1 + 1 + MODEL_FIRST_EVERY_S <= model.next_s < t1 + 1 + MODEL_EVERY_S
+    for e in events[2:]:
+        model.events.append(e)
+        model.added += 1
+    t2 = model.next_s
+    await _fit_now(model, t2)
+    assert model.last is not None and model.next_s >= t2 + 1 + MODEL_EVERY_S
+    model.events.clear()  # a later fit with too few events: the interval stays MODEL_EVERY_S
+    for e in events[:2]:
+        model.events.append(e)
+        model.added += 1
+    t3 = model.next_s
+    await _fit_now(model, t3)
+    assert model._future is None and model.next_s >= t3 + 1 + MODEL_EVERY_S
 
 
 def test_an_exporter_that_is_not_passive_does_not_import_pandas() -> None:

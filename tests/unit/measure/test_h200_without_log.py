@@ -23,6 +23,7 @@ from pdexporter.sweep.reanalyse import SourceComparison, compare_sources
 RESULTS = sorted(p for p in (Path(__file__).parents[3] / "results").glob("h200*")
                  if any(p.glob("*/D*_P*.json")))
 SEED_SWEEP = Path(__file__).parents[3] / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b"
+pytestmark = pytest.mark.slow  # every committed H200 repetition analysed twice
 
 
 @pytest.fixture(scope="module", params=RESULTS, ids=[p.name for p in RESULTS])
@@ -82,6 +83,7 @@ def test_a_tail_the_cadence_cannot_see_is_reported_unseen() -> None:
         assert b.derived.tpot_penalty_p50_ms > 20
 
 
+@pytest.mark.slow
 def test_committed_records_reanalyse_to_the_committed_table() -> None:
     """The window maths and the table code as they are now reproduce the committed H200 table from
     the raw files: a change to either that moves a number shows here (re-analyse and commit)."""

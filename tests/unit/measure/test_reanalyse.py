@@ -77,3 +77,31 @@ def test_reanalyse_cli_keeps_passive_records_as_measured(tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     assert "1 passive record(s) (run --passive) kept as measured" in " ".join(result.output.split())
     assert (tmp_path / "8192" / record.name).read_bytes() == record.read_bytes()
+
+
+def test_compare_sources_reads_each_raw_file_once_and_gives_what_two_plain_reads_gave() -> None:
+    """Both analyses of a record (with and without the engine log) share its raw files: the rows are
+    those of a store read twice, and no file is read twice."""
+    from collections import Counter
+
+    from pdexporter.measure.store import load_record_file
+    from pdexporter.sweep.reanalyse import compare_sources
+
+    class Counting(ResultsStore):
+        def load_raw(self, path: Path):  # type: ignore[no-untyped-def]
+            self.reads[path] += 1
+            return super().load_raw(path)
+
+    results = Path(__file__).resolve().parents[3] / "results" / "h200-sglang0.5.15-qwen3-coder-30b-a3b"
+    store = Counting(results)
+    store.reads = Counter()
+    records = [load_record_file(p) for p in store.iter_record_paths()]
+    rows = compare_sources(store, records, SETTINGS)
+    assert len(rows) >= 10 and store.reads and max(store.reads.values()) == 1
+    twice = [
+        (reanalyse_record(store, r, SETTINGS).record, reanalyse_record(store, r, SETTINGS, use_engine_log=False).record)
+        for r in records if r.config.decode_batch_size > 0
+    ]
+    assert [(row.penalty_log_ms, row.penalty_cadence_ms, row.cv_log, row.cv_cadence) for row in rows] == [
+        (a.derived.tpot_penalty_ms, b.derived.tpot_penalty_ms, a.summary.cv_tpot_penalty if a.summary else None,
+         b.summary.cv_tpot_penalty if b.summary else None) for a, b in twice]

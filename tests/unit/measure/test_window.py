@@ -158,6 +158,29 @@ def test_slow_steps_and_total_interference_are_exact_on_clean_timelines(
     assert math.isclose(w.during_p50_ms, float(np.median(chunk_ms)), rel_tol=1e-9)
 
 
+def test_totals_are_charged_against_the_cadence_just_before_the_injection() -> None:
+    # Phase 1 measured 6.9 ms, but the decodes ran 6.0 ms steps before and after the prefill (the
+    # H200's DecodeBench campaign of 2026-12-03 at D = 7: 6.44 against 5.59 ms): one 10.5 ms
+    # admission step costs each decode 4.5 ms, not 4.5 - 0.9 x (the window's intervals).
+    streams, t_inject, t_first, _ = _scenario([10.5], decode_ms=6.0, d=7, async_depth=2)
+    stale = baseline_stats(timeline([6.9] * 256, 7))
+    w = analyse_window(streams, t_inject, t_first, stale)
+    assert w.pre_p50_ms == pytest.approx(6.0)
+    assert w.total_interference_ms == pytest.approx(4.5, abs=1e-6)
+    assert derive(stale, w, 7).tpot_penalty_ms == pytest.approx(10.5 - 6.9)  # the penalty keeps Phase 1's
+
+
+def test_totals_fall_back_to_phase1_when_the_probes_saw_few_steps_before_the_injection() -> None:
+    # 17 warm-up tokens dropped + 3 steps: fewer than `loss_reference_min` pre-injection intervals per stream
+    streams, t_inject, t_first, _ = _scenario([10.5], decode_ms=6.0, d=4, lead=20, async_depth=2)
+    stale = baseline_stats(timeline([6.9] * 256, 4))
+    w = analyse_window(streams, t_inject, t_first, stale)
+    n = w.window_intervals // 4
+    assert w.total_interference_ms == pytest.approx(10.5 + 6.0 * (n - 1) - 6.9 * n, abs=1e-6)
+    w8 = analyse_window(streams, t_inject, t_first, stale, WindowParams(loss_reference_min=1))
+    assert w8.total_interference_ms == pytest.approx(4.5, abs=1e-6)
+
+
 # --- Real windows recorded on an H200 with vLLM 0.22 (tests/fixtures/h200-vllm0.22) -------------
 
 import gzip  # noqa: E402

@@ -384,3 +384,49 @@ def test_calibrate_on_given_training_configurations_holds_out_the_rest(base):
     assert cal.held_keys == {r.key for r in records} - cal.train_keys and cal.held_step_mape is not None
     with pytest.raises(ValueError, match="none of the records is among the training configurations"):
         calibrate(base, records, train_keys={(2048, 1, 512)}, free=STEP_FREE)
+
+
+
+def _record(engine: str, slow: list[float]):
+    config = RecordConfig(decode_batch_size=4, new_prefill_tokens=8192, chunk_size=2048, model="m", gpu="H200",
+                          engine=engine)
+    rep = RepRecord(
+        rep=0,
+        baseline=BaselineBlock(tpot_p50_ms=6.0, tpot_p90_ms=6.5, tpot_p99_ms=7.0, step_time_ms=6.0),
+        interference=InterferenceBlock(
+            tpot_during_prefill_p50_ms=50, tpot_during_prefill_p90_ms=60, tpot_after_prefill_p50_ms=6,
+            num_chunks_actual=len(slow), prefill_duration_ms=260, prefill_ttft_ms=260,
+            chunk_step_times_ms=slow, chunk_tokens_engine_log=None),
+        derived=DerivedBlock(tpot_penalty_p50_ms=44, tpot_penalty_ratio=7.3, total_interference_ms=200,
+                             decode_tokens_delayed=20),
+    )
+    return aggregate(config, [rep])
+
+
+def test_observations_follow_the_records_engine():
+    """SGLang's records are read by SGLang's rules (issue 34): mixed mode's chunks are B - D tokens
+    with the decodes in their steps; the default mode's decodes pause through all the chunks (one
+    stall, no chunk step seen alone), so only its decode baseline is observed."""
+    assert chunk_sizes(8192, 2048, 4, "sglang") == [2048] * 4  # the decodes take no budget
+    assert chunk_sizes(8192, 2048, 4, "sglang-mixed") == [2044] * 4 + [16]
+    assert kind_of((2048, 4, 4096), "sglang") == kind_of((2048, 4, 4000)) == KINDS[3]
+    mixed = observations_from_record(_record("sglang-mixed", [46.0, 51.0, 57.0, 62.0, 9.5]))
+    assert [o.kind for o in mixed.observations] == ["decode"] + ["mixed"] * 3
+    paused = observations_from_record(_record("sglang", [240.0]))
+    assert [o.kind for o in paused.observations] == ["decode"] and paused.reps_mismatched == 0
+    sim = observations_from_record(_record("pdexporter-sim-sglang-mixed", [46.0, 51.0, 57.0, 62.0, 9.5]))
+    assert [o.composition for o in sim.observations] == [o.composition for o in mixed.observations]
+
+
+def test_the_simulator_imitates_the_records_engine():
+    from pdexporter.measure.protocol import ProtocolSettings
+    from pdexporter.predict.calibrate import imitation_of
+
+    assert imitation_of([_record("pdexporter-sim-sglang", [240.0])]) == "sglang"
+    assert imitation_of([]) == imitation_of([_record("vllm-decode-bench", [1.0])]) == "vllm"
+    with pytest.raises(ValueError, match="calibrate them apart"):
+        imitation_of([_record("sglang", [240.0]), _record("vllm", [46.0, 51.0, 57.0, 62.0, 9.5])])
+    sim = RecordSimulator([(2048, 4, 8192)], ProtocolSettings())
+    assert sim.imitates is None
+    sim.imitate("sglang")
+    assert sim.imitates == "sglang"

@@ -1,0 +1,273 @@
+"""A passive run against injection on the same engine, and trace-based against cadence-based
+attribution (issue 23): `scripts/gpu/passive_compare.py` (run by scripts/gpu/passive-h200.sh and
+scripts/results.sh) is a thin shell over `compare_passive`; works on any passive records.
+
+1. The passive records (`run --passive --out`): every published event with its exact D and P, and
+   the P the probes' cadence alone gave for the same run (`passive.cadence_prompt_tokens`).
+2. The injected table: the injected directory (measured on this engine, this run), completed by
+   `reference` (an earlier injected run of the same engine) only for grid cells it lacks: a
+   complete injected sweep needs no reference, and a reference that is not there is one line on
+   stderr, not a failure; the summary says which cells came from where. With neither, the model
+   and the attribution are still compared, without an error column.
+3. The event-fitted model (`analysis.passive_model`) on the first minutes of traffic against that
+   table over the reached cells, with P from the engine's traces (the run's own attribution); and
+   the same with P from the cadence alone, event for event: how far the two sources' P are apart,
+   and what the cadence's P does to the model.
+
+Writes OUT/comparison.md (RUN.md-ready), OUT/comparison.json and OUT/plots/passive_attribution.png
+(and .svg: the two sources' P event for event, each model's error vs minutes).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pdexporter.analysis.job import injected_values
+from pdexporter.analysis.passive_model import (
+    CONVERGENCE_MINUTES,
+    FitEvent,
+    Grid,
+    PassiveAnswer,
+    answer,
+    events_from_records,
+)
+from pdexporter.analysis.plots import Plot, write_plots
+from pdexporter.errors import PdexporterError
+from pdexporter.measure.passive import bin_int
+from pdexporter.measure.records import RunRecord
+from pdexporter.measure.store import ResultsStore, load_record_file
+
+__all__ = ["attribution_plot", "compare_passive"]
+
+Key = tuple[int, int, int]
+
+
+def _records(root: Path) -> list[RunRecord]:
+    return [load_record_file(p) for p in ResultsStore(root).iter_record_paths()]
+
+
+def _note(text: str) -> None:
+    print(f"passive_compare: {text}", file=sys.stderr)
+
+
+def _injected(root: Path | None, flag: str) -> dict[Key, float]:
+    """An injected table's aggregate interference per cell; {} (and one line on stderr) where the
+    directory is absent, holds no records or no injected ones: the comparison goes on without it."""
+    if root is None:
+        return {}
+    if not root.is_dir():
+        _note(f"{flag} {root}: no such directory (not copied to this machine?); compared without it")
+        return {}
+    if not any(ResultsStore(root).iter_record_paths()):
+        _note(f"{flag} {root}: no records (expected {root}/<chunk_size>/D<d>_P<p>.json); compared without it")
+        return {}
+    try:
+        return injected_values(root)
+    except PdexporterError as exc:
+        _note(f"{flag} {root}: {exc}; compared without it")
+        return {}
+
+
+def _fmt(x: float | None, pct: bool = True) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 100:.1f} %" if pct else f"{x:.1f}"
+
+
+def attribution_plot(both: list[tuple[FitEvent, int]], fits: dict[str, PassiveAnswer]) -> Plot:
+    """Left: P from the cadence against P from the traces, event for event (the diagonal and its
+    ±25 % band); right: each source's model, its mean |error| against injection vs minutes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
+    if both:
+        xs = [e.prompt for e, _ in both]
+        ys = [max(p, 1) for _, p in both]
+        left.scatter(xs, ys, s=12, alpha=0.7)
+        lo, hi = min(xs + ys) / 1.5, max(xs + ys) * 1.5
+        left.plot([lo, hi], [lo, hi], color="grey", lw=1, label="same P")
+        left.fill_between(
+            [lo, hi],
+            [lo * 0.75, hi * 0.75],
+            [lo * 1.25, hi * 1.25],
+            color="grey",
+            alpha=0.15,
+            label="within 25 %",
+        )
+        left.set_xscale("log")
+        left.set_yscale("log")
+        left.legend(fontsize=8)
+    left.set_xlabel("P from the engine's traces (tokens)")
+    left.set_ylabel("P from the probes' cadence (tokens)")
+    left.set_title(f"the same {len(both)} events, sized two ways", fontsize=9)
+    for label, result in fits.items():
+        points = [
+            (c.minutes, c.errors.mape) for c in result.convergence if c.errors and c.errors.mape is not None
+        ]
+        if points:
+            right.plot([m for m, _ in points], [e * 100 for _, e in points], "o-", label=label)
+    right.axhline(15, color="grey", ls=":", label="goal 15 %")
+    right.set_ylim(bottom=0)
+    right.set_xlabel("minutes of traffic")
+    right.set_ylabel("mean |error| vs injected, reached cells (%)")
+    right.set_title("the event model on each source's P", fontsize=9)
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+    title = "Passive mode: trace-based against cadence-based attribution"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return Plot("passive_attribution", title, fig)
+
+
+def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path | None = None,
+                    out: Path = Path("."), minutes: Sequence[float] = CONVERGENCE_MINUTES,
+                    bootstrap: int = 200) -> str | None:
+    """The comparison (module docs) written to `out`; its markdown, or None (and one line on
+    stderr) where `passive_dir` holds no passive events."""
+
+    records = (
+        [r for r in _records(passive_dir) if r.config.mode == "passive"]
+        if passive_dir.is_dir()
+        else []
+    )
+    events = events_from_records(records)
+    if not events:
+        _note(f"{passive_dir}: no passive events (expected `run --passive --out` records there)")
+        return None
+    chunks = sorted({e.chunk_size for e in events})
+    grid = Grid(tuple(chunks))
+    fresh = _injected(injected, "--injected")
+    missing = [k for k in grid.cells() if k not in fresh]
+    ref_table = _injected(reference, "--reference") if reference is not None and missing else {}
+    if reference is not None and not missing:
+        _note(f"--reference {reference} not read: {injected} holds every cell of the grid")
+    table = {**{k: v for k, v in ref_table.items() if k[0] in chunks}, **fresh}
+    origin = {k: ("this run" if k in fresh else "reference") for k in table}
+
+    lines = [f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))})", ""]
+    sources = collections.Counter(e.source for e in events)
+    injected_line = (
+        f"Injected cells: {sum(v == 'this run' for v in origin.values())} measured in this run, "
+        f"{sum(v == 'reference' for v in origin.values())} from {reference if ref_table else 'no reference'}."
+        if table
+        else "No injected table (no injected records, no reference): the model's error is not computed."
+    )
+    lines.append(
+        f"{len(events)} published events over {max((e.at_s for e in events), default=0) / 60:.1f} min of "
+        f"traffic, P from: {dict(sources)}. {injected_line}"
+    )
+    doc: dict[str, Any] = {
+        "events": len(events),
+        "sources": dict(sources),
+        "injected_origin": {f"B={k[0]} D={k[1]} P={k[2]}": v for k, v in sorted(origin.items())},
+    }
+
+    fits: dict[str, PassiveAnswer] = {}
+
+    def model_block(title: str, evs: list[FitEvent], label: str) -> dict[str, Any]:
+        result = answer(evs, grid, injected=table or None, minutes=list(minutes), bootstrap=bootstrap)
+        if result is not None:
+            fits[label] = result
+        if result is None:
+            lines.extend(["", f"### {title}", "", "too few events inside the grid's prompt span for a model"])
+            return {"model": None}
+        lines.extend(
+            [
+                "",
+                f"### {title}",
+                "",
+                "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max |",
+                "|---|---|---|---|---|---|---|",
+            ]
+        )
+        for c in result.convergence:
+            e = c.errors
+            lines.append(
+                f"| {c.minutes:g} | {c.events} | {c.reached} | {_fmt(c.halfwidth)} | "
+                f"{_fmt(e.mape if e else None)} | {_fmt(e.median if e else None)} | "
+                f"{_fmt(e.worst if e else None)} |"
+            )
+        for why, keys in result.not_reached.items():
+            lines.append(
+                f"- not reached, {why}: {len(keys)} cells ({', '.join(keys[:8])}"
+                f"{', ...' if len(keys) > 8 else ''})"
+            )
+        if result.errors is not None and result.errors.by_cell:
+            lines.extend(
+                [
+                    "",
+                    "| D | P | events in bin | predicted ms [95 % CI] | injected ms (from) | error |",
+                    "|---|---|---|---|---|---|",
+                ]
+            )
+            for cell in result.cells:
+                if cell.key in result.errors.by_cell:
+                    ci = "" if cell.low_ms is None else f" [{cell.low_ms:.0f}-{cell.high_ms:.0f}]"
+                    lines.append(
+                        f"| {cell.key[1]} | {cell.key[2]} | {cell.events} | {cell.aggregate_ms:.0f}{ci} | "
+                        f"{table[cell.key]:.0f} ({origin[cell.key]}) | "
+                        f"{result.errors.by_cell[cell.key] * 100:+.1f} % |"
+                    )
+        return result.to_dict()
+
+    doc["traces"] = model_block(
+        "Event model, P from the engine's traces (the run's attribution)",
+        events,
+        "P from the run's attribution",
+    )
+
+    # trace-based against cadence-based attribution, event for event
+    both = [(e, e.cadence_prompt) for e in events if e.source == "otlp" and e.cadence_prompt]
+    lines.extend(["", "### Trace-based against cadence-based attribution (same events)", ""])
+    if both:
+        rel = [abs(p - e.prompt) / e.prompt for e, p in both]
+        same_bin = sum(
+            bin_int(p, (512, 1024, 2048, 4096, 8192, 16384, 32768))
+            == bin_int(e.prompt, (512, 1024, 2048, 4096, 8192, 16384, 32768))
+            for e, p in both
+        )
+        big = [r for (e, _), r in zip(both, rel) if e.prompt >= 1024]
+        lines.append(
+            f"{len(both)} events sized by traces and by the cadence: |P_cadence - P_traces| / P_traces "
+            f"median {_fmt(statistics.median(rel))}, within 25 %: {sum(r <= 0.25 for r in rel)}/{len(rel)}; "
+            f"same P bin of the seed's grid: {same_bin}/{len(both)}; prompts >= 1024 tokens: median "
+            f"{_fmt(statistics.median(big) if big else None)}, within 25 %: "
+            f"{sum(r <= 0.25 for r in big)}/{len(big)}."
+        )
+        doc["attribution"] = {
+            "events": len(both),
+            "median_rel_error": statistics.median(rel),
+            "within_25pct": sum(r <= 0.25 for r in rel),
+            "same_bin": same_bin,
+            "median_rel_error_ge_1024": statistics.median(big) if big else None,
+        }
+        cadence_events = [dataclasses.replace(e, prompt=int(p), source="cadence") for e, p in both]
+        doc["cadence"] = model_block(
+            "Event model, P from the cadence alone (same events)", cadence_events, "P from the cadence alone"
+        )
+    else:
+        lines.append(
+            "no event carries both a trace-based and a cadence-based P (traces off, or no cadence model)"
+        )
+        doc["attribution"] = None
+    write_plots([attribution_plot(both, fits)], out / "plots")
+    lines.extend(
+        [
+            "",
+            "`plots/passive_attribution.png`: the two sources' P event for event, each model's error vs minutes.",
+        ]
+    )
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "comparison.md").write_text(text)
+    (out / "comparison.json").write_text(json.dumps(doc, indent=1, default=str))
+    return text

@@ -1,0 +1,53 @@
+"""Which launcher a command's --target/--engine/--profile mean: an external engine at a URL, or
+the embedded one imitating an engine (vllm by default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdexporter.launch.base import Launcher
+
+__all__ = [
+    "DEFAULT_IMITATED", "claimed_engine", "imitated_option", "make_launcher",
+]
+
+
+DEFAULT_IMITATED = "vllm"  # what the embedded engine imitates without --engine
+
+
+def claimed_engine(target: str | None, engine: str | None) -> str | None:
+    """The engine (adapter name) a command measures, as far as it is known before anything
+    starts: --engine with --target (None: the engine will say), the embedded engine imitating
+    --engine without. A name nobody registered is one line."""
+    from pdexporter.engines import adapter, sim_engine
+
+    if target:
+        return None if engine is None else adapter(engine).name
+    return sim_engine(engine or DEFAULT_IMITATED)
+
+
+def imitated_option(target: str | None, claimed: str | None) -> str | None:
+    """The --engine that gives `claimed` back (`claimed_engine`'s inverse): the adapter with a
+    target, the imitated engine of the embedded one."""
+    if target or claimed is None:
+        return claimed
+    from pdexporter.engines import IMITATED
+
+    return next((name for name, kind in IMITATED.items() if kind == claimed), DEFAULT_IMITATED)
+
+
+def make_launcher(target: str | None, *, chunk_size: int | None, profile: str, gpu: str | None = None,
+                  log_dir: Path | None = None, engine: str | None = None) -> Launcher:
+    """`--target URL` means an external engine at that chunk size (`engine`: what it is, if it
+    cannot say); none means the embedded one imitating `engine` (vllm by default), whose --profile
+    is read here, before anything starts (a wrong name is one line, not a child's exit)."""
+    from pdexporter.launch.external import ExternalLauncher
+    from pdexporter.launch.sim import SimLauncher
+
+    claimed = claimed_engine(target, engine)
+    if target:
+        return ExternalLauncher(url=target, chunk_size=chunk_size, gpu=gpu, engine=claimed)
+    from pdexporter.sim.profile import load_profile
+
+    load_profile(profile)
+    return SimLauncher(profile=profile, log_dir=log_dir, engine=engine or DEFAULT_IMITATED)
