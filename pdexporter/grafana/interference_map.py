@@ -62,8 +62,9 @@ def _side_by_side(d: Dashboard, title: str, description: str, series: str, **sty
         )
 
 
-def build() -> Json:
-    d = Dashboard(
+def _dashboard() -> Dashboard:
+    """The map's frame: title, tags, the chunk size, engine and exporter variables, no panels yet."""
+    return Dashboard(
         uid=UID,
         title="pdexporter: interference map (P x D)",
         description=(
@@ -97,6 +98,9 @@ def build() -> Json:
         links=[dashboard_link("pdexporter dashboards", TAG)],
     )
 
+
+def _penalty_row(d: Dashboard) -> None:
+    """The seed's maps, injected beside production: penalty ratio, penalty, total interference."""
     d.row("Penalty over P x D at B = $chunk_size: injected | production (passive)")
     _side_by_side(
         d, "Penalty ratio (TPOT penalty / baseline)",
@@ -118,6 +122,10 @@ def build() -> Json:
         "compares with a KV transfer time. Left injected, right production prefills (passive mode).",
         m.WINDOW_TOTAL, unit="s", decimals=1, minimum=0,
     )
+
+
+def _passive_cells(d: Dashboard) -> None:
+    """How far to trust the passive maps: events per cell, passive minus injected, the event model."""
     d.add(
         label_matrix(
             "Production prefills per cell (passive)",
@@ -177,6 +185,9 @@ def build() -> Json:
         h=10,
     )
 
+
+def _engines_row(d: Dashboard) -> None:
+    """One map per engine selected (a panel repeated over $engine), side by side."""
     d.row("Engines side by side at B = $chunk_size (injected): one map per engine selected")
     for title, description, series, style in (
         ("Penalty ratio on $engine",
@@ -194,6 +205,9 @@ def build() -> Json:
         panel.update(repeat="engine", repeatDirection="h", maxPerRow=3)
         d.add(panel, w=12, h=10)
 
+
+def _chunking_row(d: Dashboard) -> None:
+    """Chunking and timing per (D, P): slow steps against chunks, prefill duration, baseline."""
     d.row("Chunking and timing at B = $chunk_size (injected)")
     d.add(
         label_matrix(
@@ -260,4 +274,13 @@ def build() -> Json:
         w=8,
         h=10,
     )
+
+
+def build() -> Json:
+    """The interference map, row by row."""
+    d = _dashboard()
+    _penalty_row(d)
+    _passive_cells(d)
+    _engines_row(d)
+    _chunking_row(d)
     return d.build()

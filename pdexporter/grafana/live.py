@@ -37,8 +37,9 @@ def _quantile(q: float, histogram: str, by: str) -> str:
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({histogram}_bucket{{{SEL}}}[{RATE}])))"
 
 
-def build() -> Json:
-    d = Dashboard(
+def _dashboard() -> Dashboard:
+    """The live dashboard's frame: title, tags, variables and links, no panels yet."""
+    return Dashboard(
         uid=UID,
         title="pdexporter: live interference probes",
         description=(
@@ -56,6 +57,9 @@ def build() -> Json:
         links=[dashboard_link("pdexporter dashboards", TAG)],
     )
 
+
+def _probe_tpot_row(d: Dashboard) -> None:
+    """The probe TPOT row: interval quantiles and means by window phase (the last window follows)."""
     d.row("Probe TPOT (inter-token intervals of the probe streams)")
     d.add(
         timeseries(
@@ -92,6 +96,10 @@ def build() -> Json:
         w=12,
         h=9,
     )
+
+
+def _last_window_panels(d: Dashboard) -> None:
+    """The probe TPOT row's second half: what the last analysed window of each grid point reports."""
     d.add(
         stat(
             "Last window: TPOT penalty p50",
@@ -144,6 +152,9 @@ def build() -> Json:
         h=8,
     )
 
+
+def _prefill_row(d: Dashboard) -> None:
+    """Prefill durations, slow steps against chunks, total interference, injections and windows."""
     d.row("Prefill")
     d.add(
         timeseries(
@@ -210,6 +221,9 @@ def build() -> Json:
         h=6,
     )
 
+
+def _passive_row(d: Dashboard) -> None:
+    """Passive mode: slow runs by outcome, where P came from, traces received, the event model's certainty."""
     d.row("Passive mode (production prefills, run --passive)")
     d.add(
         timeseries(
@@ -283,6 +297,9 @@ def build() -> Json:
         w=12,
     )
 
+
+def _thresholds_row(d: Dashboard) -> None:
+    """The live router thresholds with their 90 % band, the events behind them and their age."""
     d.row("Live router thresholds (run --passive --decision FILE)")
     thr = f'{m.OFFLOAD_THRESHOLD}{{{SEL}, decode_batch_size=~"$decodes"'
     band = timeseries(
@@ -329,6 +346,9 @@ def build() -> Json:
         w=8,
     )
 
+
+def _engine_row(d: Dashboard) -> None:
+    """The engine being probed: its queue, its KV cache, what it is."""
     d.row("Engine")
     d.add(
         timeseries(
@@ -366,6 +386,9 @@ def build() -> Json:
         w=8,
     )
 
+
+def _health_status_panels(d: Dashboard) -> None:
+    """The exporter health row's first half: up, the engine scrape, errors, and why up is what it is."""
     d.row("Exporter health")
     d.add(
         stat(
@@ -426,6 +449,11 @@ def build() -> Json:
         w=8,
         h=6,
     )
+
+
+def _health_activity_panels(d: Dashboard) -> None:
+    """The exporter health row's second half: skipped windows, trace rejections, probe streams, build,
+    the timestamp error bound."""
     d.add(
         timeseries(
             "Windows skipped by kind",
@@ -495,4 +523,17 @@ def build() -> Json:
         w=24,
         h=6,
     )
+
+
+def build() -> Json:
+    """The live dashboard, row by row."""
+    d = _dashboard()
+    _probe_tpot_row(d)
+    _last_window_panels(d)
+    _prefill_row(d)
+    _passive_row(d)
+    _thresholds_row(d)
+    _engine_row(d)
+    _health_status_panels(d)
+    _health_activity_panels(d)
     return d.build()
