@@ -107,8 +107,12 @@ def profile_from_config_cmd(
     dummy_weights: Annotated[bool, typer.Option(
         "--dummy-weights", help="Route generated tokens as vLLM's --load-format dummy weights do (a few experts), "
         "for comparing with a dummy-weight sweep; default: real weights' routing.")] = False,
-    carry_from: Annotated[str, typer.Option(
-        "--from", help="Calibrated profile whose efficiencies and host costs are carried over.")] = DEFAULT_PROFILE,
+    carry_from: Annotated[str | None, typer.Option(
+        "--from", help="Calibrated reference profile(s), comma-separated, the projection learns from (default: the "
+        "shipped calibrated vLLM profiles, the MoE one first: its host costs are carried).")] = None,
+    rule: Annotated[str, typer.Option(
+        "--rule", help="learned: each parameter from the references of what it prices (docs/sim.md); carry: the "
+        "first reference's efficiencies, layer costs scaled by layers (before issue 36).")] = "learned",
 ) -> None:
     """Project a profile for a model on a GPU from its config.json: shapes from the config, peaks from the
     datasheet, efficiencies and host costs carried over from a calibrated profile. Numbers are a projection."""
@@ -150,8 +154,9 @@ def calibrate_cmd(
     generalisation: Annotated[bool, typer.Option(
         "--generalisation", help="Also refit with each chunk size and each D left out and predict it.")] = False,
     accept_worse: Annotated[bool, typer.Option(
-        "--accept-worse", help="Write the fit even if it predicts the held-out configurations worse than the base "
-        "(labelled calibrated-worse-than-base).")] = False,
+        "--force", "--accept-worse", help="Write the fit even if it predicts the held-out configurations worse than "
+        "the base on a quantity (labelled calibrated-worse-than-base, calibration_check.forced; the output says so).")
+    ] = False,
     report: Annotated[Path | None, typer.Option(
         "--report", help="Write every figure (parameters, fit errors, held-out errors per configuration) as JSON.")
     ] = None,

@@ -37,8 +37,12 @@ simulated twice and any subset of configurations is read from the cache.
 
 Stage 1 and 2 alternate (`rounds`): the CPU times decide which chunk steps are CPU-bound, the GPU
 times what the loop costs must explain. The held-out configurations are then predicted with the
-base and the fitted profile and compared (`compare_records`, `HoldoutReport`); `worse_than_base`
-names a headline metric on which the fit predicts them worse than the profile it started from.
+base and the fitted profile and compared (`compare_records`, `HoldoutReport`); `held_out_check`
+scores both per quantity of the held-out table (`GUARDED`: baseline TPOT, penalty mean and p50,
+prefill duration, TPOT during the prefill, aggregate interference, TPOT over the window) and names
+those the fit predicts worse than the profile it started from; `profile_to_write` refuses such a
+fit (`refusal`: one line, the worst quantity and both errors) unless forced, and then labels it and
+records the check in the profile (`calibration_check`).
 
 `generalisation` refits with one chunk size, or one decode batch size, left out at a time and
 predicts the group left out: the first round of the calibration again without the group, its
@@ -68,7 +72,7 @@ import numpy as np
 from pdexporter.engines import DEFAULT_ENGINE, adapter, imitation_for
 from pdexporter.errors import PdexporterError
 from pdexporter.measure.records import RunRecord
-from pdexporter.sim.profile import EngineLoopParams, HostParams, Profile, StepTimeParams
+from pdexporter.sim.profile import CalibrationCheck, EngineLoopParams, HostParams, Profile, StepTimeParams
 from pdexporter.sim.steptime import StepArrays, StepComposition, StepTimeModel
 
 if TYPE_CHECKING:
@@ -81,9 +85,11 @@ __all__ = [
     "BOUNDS",
     "Calibration",
     "DEFAULT_FREE",
+    "EXPERT_PARAMS",
     "FitResult",
     "FitWorseThanBase",
     "GPU_PARAMS",
+    "GUARDED",
     "Generalisation",
     "Group",
     "GroupResult",
@@ -113,6 +119,7 @@ __all__ = [
     "StepData",
     "StepObservation",
     "calibrate",
+    "check_reports",
     "chunk_sizes",
     "compare_records",
     "decode_table",
@@ -120,19 +127,24 @@ __all__ = [
     "figures_of",
     "fit_loop_params",
     "fit_step_params",
+    "forced_warning",
+    "free_for",
     "generalisation",
+    "held_out_check",
     "host_sensitive",
     "host_states",
     "imitation_of",
     "kind_of",
     "label_worse",
     "predict_on_hosts",
+    "profile_to_write",
     "last_chunk_step_ms",
     "mixed_composition",
     "observations_from_record",
     "observations_from_records",
     "profile_fingerprint",
     "record_residuals",
+    "refusal",
     "residual_keys",
     "simulate_group",
     "split_holdout",
@@ -140,6 +152,7 @@ __all__ = [
     "step_summary",
     "vllm_facts_observations",
     "with_values",
+    "worse_of",
     "worse_than_base",
 ]
 
@@ -278,6 +291,24 @@ def _check_free(free: Sequence[str], allowed: frozenset[str]) -> tuple[str, ...]
     if unknown:
         raise ValueError(f"cannot fit {', '.join(unknown)}; fittable: {', '.join(sorted(allowed & set(BOUNDS)))}")
     return tuple(free)
+
+
+EXPERT_PARAMS = ("moe_efficiency", "moe_expert_pool")  # what only an MoE model's steps show
+
+
+def free_for(profile: Profile, free: Sequence[str]) -> tuple[str, ...]:
+    """The parameters a fit of `profile` frees: on a dense model the experts' (`EXPERT_PARAMS`) move no step
+    time, and its weights are all dense GEMMs, so `moe_efficiency` stands for `matmul_efficiency` (the one
+    efficiency its chunks show; an MoE model's is taken from a measured GEMM, its dense and expert GEMMs
+    being seen only together) and `moe_expert_pool` is dropped."""
+    if profile.model.is_moe:
+        return tuple(free)
+    out: list[str] = []
+    for name in free:
+        name = "matmul_efficiency" if name == "moe_efficiency" else name
+        if name not in EXPERT_PARAMS and name not in out:
+            out.append(name)
+    return tuple(out)
 
 
 def _section(name: str) -> str:
@@ -520,8 +551,11 @@ METRIC_FIELDS = {
     "window_tpot": "window_p50_ms",  # tpot_window_p50_ms: every interval in the window
 }
 METRICS = tuple(METRIC_FIELDS)
-# what a fit must not predict worse than its base on held-out configurations, and what generalisation reports
+# what generalisation and the summaries report
 HEADLINE = ("baseline_tpot", "penalty", "prefill_duration", "aggregate_interference")
+# what a fit must not predict worse than its base on held-out configurations: every quantity of the held-out
+# table (the README's example once wrote a fit whose "TPOT over the window (p50)" went from 34.0 to 80.4 %)
+GUARDED = METRICS
 METRIC_LABELS = {
     "baseline_tpot": "baseline TPOT",
     "penalty": "TPOT penalty (mean)",
@@ -611,9 +645,9 @@ def _figures(x: PointFigures | RunRecord) -> PointFigures:
     return x if isinstance(x, PointFigures) else PointFigures.of(x)
 
 
-def worse_than_base(base: HoldoutReport, fitted: HoldoutReport, metrics: Sequence[str] = HEADLINE, *,
+def worse_than_base(base: HoldoutReport, fitted: HoldoutReport, metrics: Sequence[str] = GUARDED, *,
                     tolerance: float = 0.0) -> list[tuple[str, float, float]]:
-    """(metric, fitted MAPE %, base MAPE %) for each headline metric the fit predicts worse, by more
+    """(metric, fitted MAPE %, base MAPE %) for each guarded metric the fit predicts worse, by more
     than `tolerance` points."""
     out = []
     for metric in metrics:
@@ -1083,8 +1117,8 @@ class Calibration:
     held_fitted_host: HoldoutReport | None = None  # held-out, each predicted on the host it was measured on
 
     def worse(self, tolerance: float = 0.0) -> list[tuple[str, float, float]]:
-        """Headline metrics the fit predicts worse than the base on the held-out configurations (by
-        more than `tolerance` points of MAPE)."""
+        """Guarded metrics (`GUARDED`) the fit predicts worse than the base on the held-out configurations
+        (by more than `tolerance` points of MAPE)."""
         if self.held_base is None or self.held_fitted is None:
             return []
         return worse_than_base(self.held_base, self.held_fitted, tolerance=tolerance)
@@ -1149,7 +1183,7 @@ def calibrate(  # noqa: C901 (20: to shrink)
     _imitate_records(simulate, records)
     if not train.observations:
         raise ValueError("the training records hold no usable step times (no decode baseline, no middle chunk steps)")
-    _check_free(free, frozenset(BOUNDS))
+    free = free_for(base, _check_free(free, frozenset(BOUNDS)))
     step_free = tuple(n for n in free if n in GPU_PARAMS)
     loop_free = tuple(n for n in free if n not in GPU_PARAMS)
     hosts = simulate is not None and "slow_factor" in loop_free
@@ -1246,11 +1280,76 @@ def _fmt(x: float | None) -> str:
 
 
 def label_worse(profile: Profile, worse: Sequence[tuple[str, float, float]], n_held: int) -> Profile:
-    """The profile labelled as a fit worse than its base (written only under --accept-worse)."""
+    """The profile labelled as a fit worse than its base (written only under --force)."""
     what = "; ".join(f"{m} MAPE {f:.1f} % vs {b:.1f} % with the base" for m, f, b in worse)
     note = (f"WORSE THAN THE BASE PROFILE on the {n_held} held-out configurations ({what}); written because "
-            f"--accept-worse was given. " + profile.calibration_note)
+            f"--force was given. " + profile.calibration_note)
     return profile.model_copy(update={"calibration": "calibrated-worse-than-base", "calibration_note": note})
+
+
+# -- the fit against its starting profile, on the held-out configurations ----------------------------
+
+def held_out_check(cal: Calibration, tolerance: float = 1.0) -> CalibrationCheck:
+    """Score the starting profile and the fitted one on the held-out configurations, per quantity of
+    the held-out table (`GUARDED`), and name those the fit predicts worse by more than `tolerance`
+    points of MAPE, the worst first (`held_out` 0: nothing was held out or predicted, nothing checked)."""
+    return check_reports(cal.base.name, len(cal.held_keys), cal.held_base, cal.held_fitted, tolerance)
+
+
+def check_reports(base_name: str, n_held: int, held_base: HoldoutReport | None, held_fitted: HoldoutReport | None,
+                  tolerance: float = 1.0) -> CalibrationCheck:
+    """`held_out_check` from the two held-out reports themselves."""
+    if held_base is None or held_fitted is None or not n_held:
+        return CalibrationCheck(base_profile=base_name, held_out=0, tolerance=tolerance)
+    worse = sorted(worse_than_base(held_base, held_fitted, tolerance=tolerance), key=lambda w: w[2] - w[1])
+    return CalibrationCheck(
+        base_profile=base_name, held_out=n_held, tolerance=tolerance,
+        mape_fitted={m: _rounded(held_fitted.metric_mape(m)) for m in GUARDED},
+        mape_base={m: _rounded(held_base.metric_mape(m)) for m in GUARDED},
+        worse=[m for m, _, _ in worse])
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 3)
+
+
+def worse_of(check: CalibrationCheck) -> list[tuple[str, float, float]]:
+    """(quantity, fitted MAPE %, base MAPE %) of each quantity the check found worse, in its order."""
+    return [(m, float(check.mape_fitted[m] or 0.0), float(check.mape_base[m] or 0.0)) for m in check.worse]
+
+
+def refusal(check: CalibrationCheck, *, out: object = None) -> FitWorseThanBase:
+    """The one-line error of a fit worse than its base: the worst quantity and both errors."""
+    worse = worse_of(check)
+    metric, f, b = worse[0]
+    digits = 1 if round(f, 1) != round(b, 1) else 3
+    more = f" (and {', '.join(METRIC_LABELS[m] for m, _, _ in worse[1:])})" if len(worse) > 1 else ""
+    return FitWorseThanBase(
+        f"the fit predicts the {check.held_out} held-out configurations worse than the base profile "
+        f"{check.base_profile} (by more than --tolerance {check.tolerance:g} points): {METRIC_LABELS[metric]} "
+        f"MAPE {f:.{digits}f} % vs {b:.{digits}f} %{more}; "
+        + ("profile not written" if out is not None else "nothing to write")
+        + " (--force writes it, labelled calibrated-worse-than-base)")
+
+
+def forced_warning(check: CalibrationCheck) -> str:
+    """What `sim calibrate --force` says when it writes a fit worse than its base."""
+    what = "; ".join(f"{METRIC_LABELS[m]} MAPE {f:.1f} % vs {b:.1f} %" for m, f, b in worse_of(check))
+    return (f"WRITTEN UNDER --force: the fit predicts the {check.held_out} held-out configurations worse than the "
+            f"base profile {check.base_profile} ({what}); the profile says so (calibration: "
+            "calibrated-worse-than-base, calibration_check.forced)")
+
+
+def profile_to_write(profile: Profile, check: CalibrationCheck, *, force: bool = False) -> Profile:
+    """The fitted profile (`Calibration.profile`) as `sim calibrate` writes it, its `calibration_check`
+    recorded. A fit the check found worse than its base is refused (`FitWorseThanBase`, `refusal`) unless
+    `force`, and then labelled `calibrated-worse-than-base` with `calibration_check.forced`."""
+    if check.worse and not force:
+        raise refusal(check, out=True)
+    if check.worse:
+        profile = label_worse(profile, worse_of(check), check.held_out)
+        check = check.model_copy(update={"forced": True})
+    return profile.model_copy(update={"calibration_check": check})
 
 
 # -- generalisation: leave one chunk size, or one D, out ----------------------------------------
@@ -1303,6 +1402,7 @@ def generalisation(
     base = cal.base
     figures = figures_of(records)
     all_keys = sorted(figures)
+    free = free_for(base, free)
     step_free = tuple(n for n in free if n in GPU_PARAMS)
     loop_free = tuple(n for n in free if n not in GPU_PARAMS)
     groups = [("B", b) for b in sorted({k[0] for k in all_keys})] + [("D", d) for d in sorted({k[1] for k in all_keys})]

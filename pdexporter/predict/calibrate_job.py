@@ -25,7 +25,6 @@ from pdexporter.predict.calibrate import (
     METRIC_LABELS,
     METRICS,
     Calibration,
-    FitWorseThanBase,
     Generalisation,
     HoldoutReport,
     Progress,
@@ -34,8 +33,13 @@ from pdexporter.predict.calibrate import (
     compare_records,
     decode_table,
     figures_of,
+    forced_warning,
+    free_for,
+    held_out_check,
     host_states,
-    label_worse,
+    profile_to_write,
+    refusal,
+    worse_of,
 )
 from pdexporter.predict.calibrate import generalisation as leave_one_out
 
@@ -128,15 +132,19 @@ class CalibrationRun:
         yield (f"wall {timings['wall']:.1f} s ({self.workers} worker process(es), {self.simulated} (B, D) groups "
                f"simulated, {self.simulation_cpu_s:.0f} s of simulation CPU): "
                + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items() if k not in ("wall", "total", "split")))
-        worse = result.worse(r.tolerance)
+        check = held_out_check(result, r.tolerance)  # the fit against its base, per quantity of the held-out table
+        worse = worse_of(check)
         payload = self.payload(decode_rows, timings, worse)
+        payload["calibration_check"] = check.model_dump(mode="json")
         written = None
         if r.out is not None and (not worse or r.accept_worse):
-            fitted = label_worse(result.profile, worse, len(result.held_keys)) if worse else result.profile
+            fitted = profile_to_write(result.profile, check, force=r.accept_worse)
             named = fitted.model_copy(update={"name": r.out.stem})
             atomic_write_text(r.out, named.to_yaml())
             written = str(r.out)
             yield f"fitted profile written: {r.out} (calibration: {named.calibration})"
+            if worse:
+                yield f"[bold yellow]{forced_warning(check)}[/]"
         payload["written"] = written
         if r.report is not None:
             atomic_write_json(r.report, payload)
@@ -146,7 +154,7 @@ class CalibrationRun:
                    "checked against the base profile")
         yield f"calibrated in {timings['wall']:.0f} s" + (f" -> {r.out}" if written else "")
         if worse and not r.accept_worse:
-            raise _refusal(worse, len(result.held_keys), base.name, r.tolerance, r.out is not None)
+            raise refusal(check, out=r.out)
 
     def payload(self, decode_rows: list[dict[str, object]], timings: dict[str, float],
                 worse: list[tuple[str, float, float]]) -> dict[str, Any]:
@@ -193,18 +201,6 @@ class CalibrationRun:
             payload["generalisation"] = {"groups": self.loo.table(), "simulated_groups": self.loo.simulations,
                                          "seconds": self.loo.seconds}
         return payload
-
-
-def _refusal(worse: list[tuple[str, float, float]], n_held: int, base: str, tolerance: float,
-             out: bool) -> FitWorseThanBase:
-    metric, f, b = worse[0]
-    digits = 1 if round(f, 1) != round(b, 1) else 3
-    more = f" (and {', '.join(m for m, _, _ in worse[1:])})" if len(worse) > 1 else ""
-    return FitWorseThanBase(
-        f"the fit predicts the {n_held} held-out configurations worse than the base profile "
-        f"{base} (by more than --tolerance {tolerance:g} points): {metric} MAPE {f:.{digits}f} % vs "
-        f"{b:.{digits}f} %{more}; " + ("profile not written" if out else "nothing to write")
-        + " (--accept-worse writes it, labelled calibrated-worse-than-base)")
 
 
 def _parameters(profile: Profile) -> dict[str, Any]:
@@ -258,6 +254,7 @@ def calibrate_job(request: CalibrationRequest, progress: CalibrationProgress) ->
         if path is not None:
             check_writable(path, flag, directory=False)
     base = load_profile(request.profile)
+    names = list(free_for(base, names))  # a dense model: its GEMM efficiency in place of the experts'
     records, train_keys, others = _records(request)
     modelled = sum(1 for r in records if r.config.modelled)
     if modelled:

@@ -39,9 +39,9 @@ def profiles_sheet() -> Iterator[Shown]:
            + " (`pdexporter sim profile-from-config` writes there by default)")
 
 
-def project_profile(config: str, gpu: str, *, carry_from: str, out: Path | None = None, name: str | None = None,
-                    model_name: str | None = None, max_model_len: int | None = None, chunk_size: int = 8192,
-                    dummy_weights: bool = False) -> Iterator[Shown]:
+def project_profile(config: str, gpu: str, *, carry_from: str | None = None, out: Path | None = None,
+                    name: str | None = None, model_name: str | None = None, max_model_len: int | None = None,
+                    chunk_size: int = 8192, dummy_weights: bool = False, rule: str = "learned") -> Iterator[Shown]:
     """Project a profile from a config.json (`sim.modelconfig.profile_from_config`), write it
     (--out, else the user's profile directory), and describe it: where each part comes from, and
     the step times it projects."""
@@ -54,9 +54,9 @@ def project_profile(config: str, gpu: str, *, carry_from: str, out: Path | None 
     src = Path(source)
     served = model_name or (src.parent.name if src.name == "config.json" else src.stem)
     prof = profile_from_config(data, gpu, name=name or (out.stem if out is not None else None), model_name=served,
-                               source=source, carry_from=carry_from,
+                               source=source, carry_from=carry_from.split(",") if carry_from else None,
                                max_model_len=max_model_len, max_num_batched_tokens=chunk_size,
-                               dummy_weights=dummy_weights)
+                               dummy_weights=dummy_weights, rule=rule)
     target = check_writable(out or user_profile_dirs()[0] / f"{prof.name}.yaml", "--out" if out else "output",
                             directory=False)
     target.parent.mkdir(parents=True, exist_ok=True)

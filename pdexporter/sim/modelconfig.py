@@ -30,7 +30,7 @@ model on the GPU.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from pdexporter.engines import DEFAULT_CHUNK_SIZE
 from pdexporter.errors import ConfigError
 from pdexporter.sim.hardware import gpu_datasheet
 from pdexporter.sim.profile import (
+    PROFILES_DIR,
     EngineSpec,
     KvTransferParams,
     ModelSpec,
@@ -45,6 +46,7 @@ from pdexporter.sim.profile import (
     StepTimeParams,
     load_profile,
 )
+from pdexporter.sim.projection import REFERENCES, calibrated, project_step_time
 
 __all__ = [
     "ACTIVATION_GIB",
@@ -53,6 +55,7 @@ __all__ = [
     "load_config",
     "model_spec",
     "profile_from_config",
+    "references",
     "shipped_configs",
 ]
 
@@ -226,6 +229,23 @@ def model_spec(
     )
 
 
+def references(carry_from: Profile | str | Sequence[Profile | str] | None = None) -> list[Profile]:
+    """The reference profiles of a projection: those given, else the shipped calibrated ones
+    (`projection.REFERENCES`, those still projected skipped)."""
+    if carry_from is None:
+        refs = [load_profile(CARRY_FROM)]
+        for name in REFERENCES:
+            if name != CARRY_FROM and (PROFILES_DIR / f"{name}.yaml").is_file():
+                prof = load_profile(PROFILES_DIR / f"{name}.yaml")
+                if calibrated(prof):
+                    refs.append(prof)
+        return refs
+    items = [carry_from] if isinstance(carry_from, (str, Profile)) else list(carry_from)
+    if not items:
+        raise ConfigError("a projection needs at least one reference profile")
+    return [load_profile(p) if isinstance(p, str) else p for p in items]
+
+
 def profile_from_config(
     config: Mapping[str, Any],
     gpu: str,
@@ -233,19 +253,27 @@ def profile_from_config(
     name: str | None = None,
     model_name: str | None = None,
     source: str = "config.json",
-    carry_from: Profile | str = CARRY_FROM,
+    carry_from: Profile | str | Sequence[Profile | str] | None = None,
     max_model_len: int | None = None,
     max_num_batched_tokens: int = DEFAULT_CHUNK_SIZE,
     gpu_memory_utilization: float = 0.9,
     dummy_weights: bool = False,
+    rule: str = "learned",
 ) -> Profile:
-    """A projected profile: the model of `config` on `gpu` (module docs). `dummy_weights` keeps the
+    """A projected profile: the model of `config` on `gpu` (module docs). `carry_from`: the calibrated
+    reference profile(s) (default: the shipped calibrated ones, `projection.REFERENCES`); the first
+    one's host, engine loop and engine settings are carried. `rule` "learned" takes each step-time
+    parameter by what it prices (`pdexporter.sim.projection`); "carry" is the rule before issue 36
+    (the first reference's efficiencies, layer costs scaled by layers). `dummy_weights` keeps the
     calibrated profile's routing of generated tokens (a fraction of the experts, as vLLM's
     `--load-format dummy` weights route); else generated tokens route over all experts as real
     weights do."""
+    if rule not in ("learned", "carry"):
+        raise ConfigError(f"--rule {rule!r}: must be learned or carry")
     model = model_spec(config, name=model_name, source=source)
     sheet = gpu_datasheet(gpu)
-    ref = load_profile(carry_from) if isinstance(carry_from, str) else carry_from
+    refs = references(carry_from)
+    ref = refs[0]
     layers = model.num_layers / ref.model.num_layers
     weights_gib = model.weights_bytes / 2**30
     kv_gib = gpu_memory_utilization * sheet.memory_gib - weights_gib - ACTIVATION_GIB
@@ -282,6 +310,11 @@ def profile_from_config(
             "moe_expert_pool": pool,
         }
     )
+    learned = None
+    if rule == "learned":
+        learned = project_step_time(model, refs, measured_gemm_efficiency=(
+            min(1.0, sheet.matmul_tflops / sheet.bf16_tflops) if sheet.matmul_tflops else None))
+        step_time = step_time.model_copy(update=learned.values)
     engine = EngineSpec(
         **{
             **ref.engine.model_dump(),
@@ -317,6 +350,10 @@ def profile_from_config(
             if pool
             else "all experts (real weights' routing)"
         ),
+        **({"step_time": f"PROJECTED, {learned.provenance}; cpu_us_per_token, roofline and the P/D figures "
+                          f"{carried}; moe_expert_pool "
+                          + (f"{pool:.1f}: the dummy weights' fraction of experts" if pool else "all experts")}
+           if learned is not None else {}),
         "engine_loop": f"{carried}: host and vLLM costs (front end, admission, retirement, idle start), PROJECTED",
         "host": f"{carried}: the slow-host episodes of that machine, PROJECTED",
         "kv_transfer": f"link bandwidth from the datasheet; efficiency and fixed cost {carried}, PROJECTED",

@@ -12,7 +12,12 @@ the parameters came from:
 - `calibrated`: fitted by `pdexporter sim calibrate` to measured records (`calibration_source`
   names them), and no worse than the profile it started from on the configurations held out;
 - `calibrated-worse-than-base`: fitted the same way but worse than its starting profile on a held-out
-  metric, written only because `--accept-worse` was given (the note names the metric and errors).
+  quantity, written only because `--force` (or its older name `--accept-worse`) was given (the note
+  names the quantity and both errors).
+
+A calibrated profile carries `calibration_check` (`CalibrationCheck`): the held-out MAPE of every
+quantity with the fitted profile and with the profile it started from, which ones the fit predicts
+worse, and whether it was written anyway (`forced`).
 
 A wrong field is one line naming the file and the field (`ConfigError`).
 """
@@ -35,6 +40,7 @@ from pdexporter.errors import ConfigError
 
 __all__ = [
     "Calibration",
+    "CalibrationCheck",
     "EngineLoopParams",
     "EngineSpec",
     "GpuSpec",
@@ -431,12 +437,29 @@ class KvTransferParams(_Strict):
         return max(0, int(num_tokens)) * int(bytes_per_token)
 
 
+class CalibrationCheck(_Strict):
+    """A calibrated profile against the profile it started from, on the configurations held out of its fit
+    (`pdexporter sim calibrate`): MAPE per quantity of the held-out table (baseline TPOT, penalty mean and
+    p50, prefill duration, TPOT during the prefill, aggregate interference, TPOT over the window)."""
+
+    base_profile: str = Field(description="the profile the fit started from")
+    held_out: int = Field(ge=0, description="configurations held out of the fit and predicted (0: nothing checked)")
+    tolerance: float = Field(ge=0, description="points of MAPE a quantity may get worse before the fit is refused")
+    mape_fitted: dict[str, float | None] = Field(default_factory=dict, description="held-out MAPE %, this profile")
+    mape_base: dict[str, float | None] = Field(default_factory=dict, description="held-out MAPE %, the base profile")
+    worse: list[str] = Field(default_factory=list, description="quantities this profile predicts worse than the base "
+                                                              "by more than the tolerance")
+    forced: bool = Field(False, description="written although `worse` is not empty (`sim calibrate --force`)")
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
     calibration: Calibration
     calibration_note: str = ""
     calibration_source: str | None = None
+    calibration_check: CalibrationCheck | None = Field(
+        None, description="held-out errors of a calibration against its starting profile (`CalibrationCheck`)")
     provenance: dict[str, str] = Field(
         default_factory=dict, description="where each part came from: config.json, a datasheet, a measurement, a "
                                           "calibration, or a projection (what `sim profile-from-config` writes)")
@@ -469,7 +492,10 @@ class Profile(_Strict):
         return self.model_copy(update=update)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110)
+        data = self.model_dump(mode="json")
+        if data.get("calibration_check") is None:
+            data.pop("calibration_check", None)  # a profile never calibrated by `sim calibrate` has none
+        return yaml.safe_dump(data, sort_keys=False, width=110)
 
 
 PROFILES_ENV = "PDEXPORTER_PROFILES"

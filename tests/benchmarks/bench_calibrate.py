@@ -78,7 +78,7 @@ def main() -> int:
         results = subset(Path(tmp) / "subset") if args.subset else RESULTS
         cmd = [sys.executable, "-m", "pdexporter", "sim", "calibrate", str(results), "--profile", base,
                "--out", str(Path(tmp) / "fitted.yaml"), "--report", str(report), "--jobs", str(args.jobs),
-               "--accept-worse"]
+               "--force"]
         if args.generalisation:
             cmd.append("--generalisation")
         if args.short:

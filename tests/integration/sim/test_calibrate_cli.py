@@ -62,6 +62,8 @@ def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path
     assert set(held["prefill_duration"]) == {"2048", "8192", "all"}  # per chunk size and overall
     assert figures["held_out_base"]["mape"]["prefill_duration"]["all"] > held["prefill_duration"]["all"]
     assert figures["worse_than_base"] == [] and figures["written"] == str(out)
+    assert figures["calibration_check"]["held_out"] == 5 and figures["calibration_check"]["worse"] == []
+    assert fitted.calibration_check is not None and not fitted.calibration_check.forced
     assert figures["stage2"]["evaluations"] <= 30 and figures["jobs"] == 2
     assert {"stage1", "stage2", "held_out", "generalisation", "wall"} <= set(figures["timings_s"])
     # leave one chunk size / one D out, each refit from the base profile: with B=8192 and D=0, D=12
@@ -84,8 +86,8 @@ def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path
 def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path):
     """The training records come from an engine that launches faster than the one the held-out
     records come from (and the base is that one): the fit follows the training records and predicts
-    the held-out ones worse than the base. Refused, one line, non-zero; --accept-worse writes it
-    labelled."""
+    the held-out ones worse than the base. Refused, one line, non-zero; --force (or its older name
+    --accept-worse) writes it labelled, the check recorded in the profile, and says so."""
     base = load_profile("h200-qwen3-coder-30b-a3b")
     keys = [(b, d, p) for b in (2048, 8192) for d in (4, 12) for p in (1024, 2048, 8192)]
     train, held = split_holdout(keys, 0.3)
@@ -99,14 +101,22 @@ def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path)
     assert proc.returncode == 5, (proc.returncode, proc.stderr)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("pdexporter: error: the fit predicts the 4 held-out configurations worse than the base")
-    assert " MAPE " in last and "prefill_duration" in last and " vs " in last and "--accept-worse" in last
+    assert " MAPE " in last and "prefill_duration" in last and " vs " in last and "--force" in last
     assert not out.exists()
-    proc = subprocess.run(cmd + ["--accept-worse"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd + ["--force"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    assert "WRITTEN UNDER --force" in " ".join(proc.stdout.split()), proc.stdout[-2000:]
     written = load_profile(out)
     assert written.calibration == "calibrated-worse-than-base"
     assert written.calibration_note.startswith("WORSE THAN THE BASE PROFILE")
+    check = written.calibration_check
+    assert check is not None and check.forced and check.held_out == 4 and "prefill_duration" in check.worse
+    assert check.mape_fitted["prefill_duration"] > check.mape_base["prefill_duration"] + 1.0
     assert written.step_time.launch_eager_ms < 35.0  # it followed the training records
+    # the older name of the option still writes it
+    out.unlink()
+    proc = subprocess.run(cmd + ["--accept-worse"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and load_profile(out).calibration_check.forced, proc.stderr
 
 
 def test_calibrate_refuses_an_empty_directory(tmp_path: Path):

@@ -3,6 +3,7 @@ generated; observations taken from a record the way calibrate reads the H200 swe
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,21 +20,26 @@ from pdexporter.measure.records import (
 )
 from pdexporter.measure.store import ResultsStore
 from pdexporter.predict.calibrate import (
+    GUARDED,
     KINDS,
+    FitWorseThanBase,
     HoldoutReport,
     PointError,
     PointFigures,
     RecordSimulator,
     StepData,
     StepObservation,
+    check_reports,
     chunk_sizes,
     compare_records,
     decode_table,
     fit_step_params,
+    forced_warning,
     kind_of,
     label_worse,
     mixed_composition,
     observations_from_record,
+    profile_to_write,
     record_residuals,
     residual_keys,
     split_holdout,
@@ -193,7 +199,8 @@ def test_holdout_report_by_metric_kind_and_worse_than_base():
         "aggregate_interference": pytest.approx(5.0),
     }
     worse = worse_than_base(good, bad)
-    assert [m for m, _, _ in worse] == ["penalty", "prefill_duration"]  # aggregate: 5 % each, not worse
+    # every quantity of the held-out table is guarded; aggregate: 5 % each, not worse
+    assert [m for m, _, _ in worse] == ["penalty", "prefill_duration", "during_tpot"]
     assert worse[1][1:] == (pytest.approx(10.0), pytest.approx(2.0))
     assert worse_than_base(bad, good) == []
     # worse by more than the tolerance (points of MAPE) only: the penalty 11.1 vs 2.2, the prefill 10 vs 2
@@ -206,6 +213,70 @@ def test_a_fit_worse_than_its_base_is_labelled(base):
     assert labelled.calibration_note.startswith("WORSE THAN THE BASE PROFILE on the 39 held-out configurations")
     assert "during_tpot MAPE 15.2 % vs 14.1 %" in labelled.calibration_note
     assert parse_profile(yaml.safe_load(labelled.to_yaml())).calibration == "calibrated-worse-than-base"
+
+
+README_EXAMPLE = REPO / "tests" / "fixtures" / "calibrate" / "readme-example-held-out.json"
+
+
+def _readme_reports() -> tuple[dict, HoldoutReport, HoldoutReport]:
+    data = json.loads(README_EXAMPLE.read_text())
+    reports = []
+    for label in ("base", "fitted"):
+        report = HoldoutReport()
+        for metric, rows in data[label].items():
+            report.of(metric).extend(PointError((b, d, p), m, pr) for b, d, p, m, pr in rows)
+        reports.append(report)
+    return data, reports[0], reports[1]
+
+
+def test_the_readmes_calibrate_example_is_refused_for_its_window_tpot(base):
+    """The README's `sim calibrate` example (the H200 profile refitted to the short grid, the other 164
+    configurations predicted) once wrote its fit marked calibrated: every headline quantity within a point
+    of the base, but TPOT over the window (p50) 80.4 % against 34.0 %. Its held-out points, as its report
+    wrote them, are now refused: one line, the quantity and both errors; --force writes it labelled, and the
+    profile records the check."""
+    data, held_base, held_fitted = _readme_reports()
+    check = check_reports(data["base_profile"], data["held_out"], held_base, held_fitted, tolerance=1.0)
+    assert check.held_out == 164 and set(check.mape_fitted) == set(GUARDED)
+    assert check.worse == ["window_tpot"]
+    assert check.mape_base["window_tpot"] == pytest.approx(34.0, abs=0.05)
+    assert check.mape_fitted["window_tpot"] == pytest.approx(80.4, abs=0.05)
+    # the headline quantities moved by less than the tolerance: not worse
+    for metric in ("baseline_tpot", "penalty", "penalty_p50", "prefill_duration", "aggregate_interference"):
+        assert check.mape_fitted[metric] <= check.mape_base[metric] + 1.0, metric
+    fitted = base.model_copy(update={"calibration_note": "fitted"})
+    with pytest.raises(FitWorseThanBase) as refused:
+        profile_to_write(fitted, check)
+    message = str(refused.value)
+    assert "\n" not in message and refused.value.exit_code == 5
+    assert message.startswith("the fit predicts the 164 held-out configurations worse than the base profile "
+                              "h200-qwen3-coder-30b-a3b")
+    assert "TPOT over the window (p50) MAPE 80.4 % vs 34.0 %" in message and "--force" in message
+    forced = profile_to_write(fitted, check, force=True)
+    assert forced.calibration == "calibrated-worse-than-base"
+    assert forced.calibration_check is not None and forced.calibration_check.forced
+    assert forced.calibration_check.worse == ["window_tpot"]
+    assert "window_tpot MAPE 80.4 % vs 34.0 % with the base" in forced.calibration_note
+    again = parse_profile(yaml.safe_load(forced.to_yaml()))
+    assert again.calibration_check == forced.calibration_check
+    assert "TPOT over the window (p50) MAPE 80.4 % vs 34.0 %" in forced_warning(check)
+    # a stricter tolerance also names the prefill duration (10.6 vs 10.0 %), the worst first
+    strict = check_reports(data["base_profile"], data["held_out"], held_base, held_fitted, tolerance=0.0)
+    assert strict.worse[0] == "window_tpot" and "prefill_duration" in strict.worse
+
+
+def test_a_fit_no_worse_than_its_base_is_written_with_its_check(base):
+    data, held_base, _ = _readme_reports()
+    check = check_reports(data["base_profile"], data["held_out"], held_base, held_base)
+    assert check.worse == [] and check.mape_fitted == check.mape_base
+    written = profile_to_write(base.model_copy(update={"calibration": "calibrated"}), check)
+    assert written.calibration == "calibrated" and written.calibration_check == check
+    assert not written.calibration_check.forced
+    # nothing held out: nothing checked, and the profile says so
+    unchecked = check_reports("b", 0, None, None)
+    assert unchecked.held_out == 0 and unchecked.worse == [] and unchecked.mape_fitted == {}
+    # a profile never calibrated writes no check at all
+    assert "calibration_check" not in yaml.safe_load(base.to_yaml())
 
 
 def test_record_residual_rows_follow_the_measured_figures():

@@ -54,10 +54,43 @@ def test_the_dense_sweep_holds_the_short_grid_and_what_it_must_predict():
 
 
 def test_the_projection_is_committed_before_the_run():
+    """Both projections (the rule before issue 36, and the learned one from the MoE profile alone) are
+    committed with every configuration of the grid; the shipped profile is the projection until the
+    run's calibration replaces it."""
     prof = load_profile("h200-llama-3.1-8b-instruct")
-    assert prof.calibration == "projected" and prof.model.architecture == "LlamaForCausalLM"
-    doc = json.loads((REPO / "results" / "h200-vllm0.22-llama-3.1-8b-instruct" / "predictions.json").read_text())
-    assert doc["profile"] == prof.name and doc["calibration"] == "projected"
-    keys = {(p["chunk_size"], p["decode_batch_size"], p["new_prefill_tokens"]) for p in doc["points"]}
-    assert keys == set(load_sweep(DENSE).points())
-    assert all(p["prefill_duration"] > 0 for p in doc["points"])
+    assert prof.calibration in ("projected", "calibrated") and prof.model.architecture == "LlamaForCausalLM"
+    for name, rule in (("predictions.json", None), ("predictions-learned.json", "learned rule")):
+        doc = json.loads((REPO / "results" / "h200-vllm0.22-llama-3.1-8b-instruct" / name).read_text())
+        assert doc["profile"].startswith(prof.name) and doc["calibration"] == "projected"
+        assert rule is None or rule in doc["profile"]
+        keys = {(p["chunk_size"], p["decode_batch_size"], p["new_prefill_tokens"]) for p in doc["points"]}
+        assert keys == set(load_sweep(DENSE).points())
+        assert all(p["prefill_duration"] > 0 for p in doc["points"])
+
+
+def _dense_report():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("dense_report", REPO / "scripts" / "gpu" / "dense_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_comparison_takes_a_partial_grid_and_names_a_record_cut_short(tmp_path: Path):
+    """A run stopped at its deadline: B = 8192 only, part of it, one record cut short mid-write. The
+    comparison covers what came back, says how much of each chunk size, and names the broken record."""
+    from pdexporter.predict.grid import predict_records
+
+    keys = [(8192, d, p) for d in (0, 4) for p in (2048, 8192)] + [(8192, 12, 32768)]
+    predict_records(load_profile("h200-llama-3.1-8b-instruct"), keys, load_sweep(DENSE).protocol, out=tmp_path,
+                    mode="fast")
+    (tmp_path / "8192" / "D12_P32768.json").write_text('{"config": {"chunk_size": 8192')  # cut short
+    predictions = REPO / "results" / "h200-vllm0.22-llama-3.1-8b-instruct" / "predictions.json"
+    text = _dense_report().compare(tmp_path, predictions, tmp_path / "out")
+    assert "against 4 of the 126 configurations" in text
+    assert "B = 8192: 4 of 42, B = 2048: 0 of 42, B = 4096: 0 of 42" in text
+    assert "Not compared: (8192, 12, 32768)" in text and "not valid JSON" in text
+    # the projection predicted its own records: no error but the window's own spread
+    rows = (tmp_path / "out" / "comparison.csv").read_text().splitlines()
+    assert len(rows) == 5 and rows[0].startswith("B,D,P,reps,in_short_grid,baseline_tpot measured")
+    assert "| prefill_duration | 0.0 % |" in text

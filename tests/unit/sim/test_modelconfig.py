@@ -63,7 +63,7 @@ def test_the_moe_config_reproduces_the_calibrated_profiles_model():
     spec = model_spec(_config("qwen3-coder-30b-a3b"), name="qwen3-coder-30b-a3b")
     assert spec == shipped.model
     projected = profile_from_config(_config("qwen3-coder-30b-a3b"), "H200", model_name="qwen3-coder-30b-a3b",
-                                    dummy_weights=True, max_model_len=200_000)
+                                    dummy_weights=True, max_model_len=200_000, carry_from=H200)
     # the KV capacity from memory: within 0.1 % of the 44,597 blocks a real vLLM 0.22 gave this model
     assert projected.engine.kv_capacity_tokens == pytest.approx(shipped.engine.kv_capacity_tokens, rel=1e-3)
     assert projected.step_time.moe_expert_pool == pytest.approx(shipped.step_time.moe_expert_pool)
@@ -76,7 +76,7 @@ def test_the_moe_config_reproduces_the_calibrated_profiles_model():
 
 def test_a_projection_says_what_is_projected_and_what_carried_over():
     cfg, source = load_config("llama-3.1-8b-instruct")
-    prof = profile_from_config(cfg, "H100", model_name="llama-3.1-8b-instruct", source=source)
+    prof = profile_from_config(cfg, "H100", model_name="llama-3.1-8b-instruct", source=source, carry_from=H200)
     assert prof.calibration == "projected" and prof.calibration_note.startswith("PROJECTED, never measured")
     assert prof.name == "h100-llama-3.1-8b-instruct" and prof.model.name == "llama-3.1-8b-instruct"
     assert set(prof.provenance) == {"model", "gpu", "engine", "step_time", "engine_loop", "host", "kv_transfer"}

@@ -1,0 +1,108 @@
+"""What a projection carries from calibrated profiles to a model nobody measured (issue 36): each
+step-time parameter from the references of what it prices (`pdexporter.sim.projection`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdexporter.errors import ConfigError
+from pdexporter.predict.calibrate import free_for, with_values
+from pdexporter.sim.modelconfig import load_config, profile_from_config, references
+from pdexporter.sim.profile import load_profile
+from pdexporter.sim.projection import per_layer_costs, project_step_time, weight_efficiency
+
+MOE = "h200-qwen3-coder-30b-a3b"
+LAYER_COSTS = ("fixed_ms", "launch_eager_ms", "launch_piecewise_ms")
+
+
+def _project(name: str, refs, rule: str = "learned"):
+    cfg, source = load_config(name)
+    return profile_from_config(cfg, "H200", model_name=name, source=source, carry_from=refs, rule=rule)
+
+
+@pytest.fixture(scope="module")
+def moe():
+    return load_profile(MOE)
+
+
+@pytest.fixture(scope="module")
+def dense_ref(moe):
+    """A calibrated dense profile standing in for the H200 Llama-3.1-8B fit: values no rule would guess."""
+    prof = _project("llama-3.1-8b-instruct", [moe], rule="carry")
+    prof = with_values(prof, {"matmul_efficiency": 0.63, "bandwidth_efficiency": 0.88, "attention_efficiency": 0.6,
+                              "fixed_ms": 0.9, "launch_eager_ms": 28.0, "launch_piecewise_ms": 7.0})
+    return prof.model_copy(update={"calibration": "calibrated", "name": "h200-llama-test"})
+
+
+def test_a_dense_model_from_the_moe_profile_alone_takes_its_weight_efficiency(moe):
+    carry = _project("llama-3.1-8b-instruct", [moe], rule="carry")
+    learned = _project("llama-3.1-8b-instruct", [moe])
+    # the old rule: a measured GEMM's 790 of 989 TFLOPS for every dense GEMM of the model
+    assert carry.step_time.matmul_efficiency == pytest.approx(790 / 989)
+    # learned: the MoE data bound it, between what its GEMMs reached altogether (its dense ones at the measured
+    # GEMM, its experts fitted, routing included) and the measured GEMM: the middle
+    eff = weight_efficiency(moe)
+    assert moe.step_time.moe_efficiency < eff < moe.step_time.matmul_efficiency
+    assert learned.step_time.matmul_efficiency == pytest.approx((eff + 790 / 989) / 2)
+    assert 0.65 < learned.step_time.matmul_efficiency < 0.67
+    # one kind of layer among the references: the same cost per layer (the old rule), the rest carried
+    for name in LAYER_COSTS:
+        assert getattr(learned.step_time, name) == pytest.approx(getattr(moe.step_time, name) * 32 / 48)
+        assert getattr(learned.step_time, name) == pytest.approx(getattr(carry.step_time, name))
+    assert learned.step_time.bandwidth_efficiency == moe.step_time.bandwidth_efficiency
+    assert learned.engine_loop == moe.engine_loop and learned.host == moe.host
+    assert "HYPOTHESIS" in learned.provenance["step_time"] and "learnt from h200-qwen3-coder-30b-a3b" in \
+        learned.provenance["step_time"]
+
+
+def test_an_moe_model_from_the_moe_profile_is_that_profile(moe):
+    prof = _project("qwen3-coder-30b-a3b", [moe])
+    for name in ("moe_efficiency", "attention_efficiency", "bandwidth_efficiency", *LAYER_COSTS):
+        assert getattr(prof.step_time, name) == pytest.approx(getattr(moe.step_time, name)), name
+
+
+def test_with_a_calibrated_dense_reference_each_part_comes_from_its_kind(moe, dense_ref):
+    refs = [moe, dense_ref]
+    # the dense reference's own model projected back: what it was fitted to, but the shared attention kernel
+    again = _project("llama-3.1-8b-instruct", refs)
+    for name in ("matmul_efficiency", "bandwidth_efficiency", *LAYER_COSTS):
+        assert getattr(again.step_time, name) == pytest.approx(getattr(dense_ref.step_time, name)), name
+    assert again.step_time.attention_efficiency == pytest.approx((0.6 + moe.step_time.attention_efficiency) / 2)
+    # the MoE model from both: still its own (the dense layers' costs do not leak into the MoE layers')
+    moe_again = _project("qwen3-coder-30b-a3b", refs)
+    for name in ("moe_efficiency", "bandwidth_efficiency", *LAYER_COSTS):
+        assert getattr(moe_again.step_time, name) == pytest.approx(getattr(moe.step_time, name)), name
+    # a third model, dense, 36 layers: the dense reference's efficiencies and its cost per dense layer
+    third = _project("qwen3-8b", refs)
+    assert third.step_time.matmul_efficiency == pytest.approx(0.63)
+    assert third.step_time.bandwidth_efficiency == pytest.approx(0.88)
+    assert third.step_time.launch_eager_ms == pytest.approx(28.0 * 36 / 32)
+    per_dense, per_moe, _ = per_layer_costs(refs, "launch_eager_ms")
+    assert per_dense == pytest.approx(28.0 / 32) and per_moe == pytest.approx(moe.step_time.launch_eager_ms / 48)
+
+
+def test_an_moe_model_from_a_dense_reference_alone_reaches_its_weight_efficiency(dense_ref):
+    prof = _project("qwen3-coder-30b-a3b", [dense_ref])
+    assert prof.step_time.matmul_efficiency == pytest.approx(790 / 989)  # the measured GEMM, as the MoE fit has it
+    assert weight_efficiency(prof) == pytest.approx(0.63, rel=1e-6)
+    assert prof.step_time.bandwidth_efficiency == pytest.approx(0.88)  # no MoE reference: the dense one's
+    assert prof.step_time.launch_eager_ms == pytest.approx(28.0 * 48 / 32)
+
+
+def test_references_default_to_the_shipped_calibrated_profiles_and_refuse_none(moe):
+    refs = references()
+    assert refs[0].name == MOE and all(p.calibration == "calibrated" for p in refs)
+    with pytest.raises(ConfigError):
+        references([])
+    with pytest.raises(ValueError):
+        project_step_time(moe.model, [], measured_gemm_efficiency=None)
+    with pytest.raises(ConfigError, match="--rule"):
+        _project("qwen3-8b", [moe], rule="guess")
+
+
+def test_a_dense_fit_frees_its_gemm_efficiency_in_place_of_the_experts(moe, dense_ref):
+    free = ("fixed_ms", "moe_efficiency", "attention_efficiency", "bandwidth_efficiency", "moe_expert_pool",
+            "launch_eager_ms")
+    assert free_for(moe, free) == free
+    assert free_for(dense_ref, free) == ("fixed_ms", "matmul_efficiency", "attention_efficiency",
+                                         "bandwidth_efficiency", "launch_eager_ms")
