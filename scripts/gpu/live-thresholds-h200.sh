@@ -172,41 +172,7 @@ if [ -f "$W/injected.done" ]; then
 else
   BATCH=""
 fi
-ENGINE=$ENGINE python3 - "$W" "$BATCH" "$DECISION" > "$W/SUMMARY.md" <<'EOF'
-"""The live threshold per load phase (its last refresh in the phase, at the D that phase ran)
-beside the batch ones: the injected table of this engine (when swept) and the committed file."""
-import csv, json, os, re, sys
-from pathlib import Path
-
-from pdexporter.analysis.thresholds import compute_thresholds
-
-w, batch_path, decision = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-rows = list(csv.DictReader((w / "thresholds.tsv").open(), delimiter="\t"))
-samples = sorted(w.glob("thresholds/*.yaml"), key=lambda p: int(p.stem) if p.stem.isdigit() else 0)
-committed = compute_thresholds(json.loads(Path(decision).read_text()), chunk_sizes=[8192])
-batch = json.loads(Path(batch_path).read_text()) if batch_path and Path(batch_path).is_file() else None
-print("# Live router thresholds on", "the embedded engine (MODELLED)" if os.environ.get("ENGINE") == "sim" else "one H200",
-      "\n")
-print("| load (req/s) | D now | events | live threshold [90 %] | router's number | committed file | this engine's batch | inside? |")
-print("|---|---|---|---|---|---|---|---|")
-for phase in dict.fromkeys(r["phase"] for r in rows):
-    texts = [p.read_text() for p in samples if f"load {phase} req/s" in p.read_text()]
-    if not texts:
-        continue
-    last = texts[-1]
-    d = int(re.search(r"the current load is D=(\d+)", last).group(1))
-    events = re.search(r"from (\d+) production prefills", last).group(1)
-    value = int(re.search(r"nonCachedTokens: (\d+)", last).group(1)) + 1
-    at = [r for r in rows if r["phase"] == phase and int(r["decode_batch_size"]) == d]
-    t_last = max(r["unix_s"] for r in at)
-    bounds = {r["bound"]: float(r["tokens"]) for r in at if r["unix_s"] == t_last}
-    c = committed.at(8192, d)
-    mine = (batch or {}).get("chunk_sizes", {}).get("8192", {}).get("by_decode_batch_size", {}).get(str(d))
-    ref = mine["threshold"] if mine else (c.threshold if c else None)
-    inside = ref is not None and bounds.get("low", 0) <= ref <= bounds.get("high", float("inf"))
-    print(f"| {phase} | {d} | {events} | {bounds.get('central'):.0f} [{bounds.get('low'):.0f}..{bounds.get('high'):.0f}] "
-          f"| {value} | {c.cell(committed.measured_p, short=True) if c else 'n/a'} "
-          f"| {(str(mine['threshold']) + ' ' + str(mine['interval'])) if mine else 'not swept'} | {'yes' if inside else 'NO'} |")
-EOF
+python3 -c "import sys; from pdexporter.analysis.live_run import live_run_summary as s; print(s(*sys.argv[1:]))" \
+  "$W" "$BATCH" "$DECISION" "$ENGINE" > "$W/SUMMARY.md"
 cat "$W/SUMMARY.md" | tee -a "$W/steps.log"
 log "done in this call after $(( $(date +%s) - T0 )) s"
