@@ -12,6 +12,7 @@ from pdexporter._internal.bounds import MAX_DECODE_BATCH, MAX_TOKENS
 from pdexporter.analysis import DECISION_JSON
 from pdexporter.cli._common import console, show
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, P_FLAGS
+from pdexporter.engines import DEFAULT_CHUNK_SIZE
 
 
 def register(app: typer.Typer) -> None:
@@ -24,7 +25,8 @@ def decide(
     new_prefill_tokens: Annotated[int, typer.Option(
         *P_FLAGS, min=1, max=MAX_TOKENS, help="Prefill tokens to compute (P).")],
     chunk_size: Annotated[int, typer.Option(
-        *B_FLAGS, min=1, max=MAX_TOKENS, help="The engine's max_num_batched_tokens (tokens per step).")] = 8192,
+        *B_FLAGS, min=1, max=MAX_TOKENS, help="The engine's max_num_batched_tokens (tokens per step).")
+    ] = DEFAULT_CHUNK_SIZE,
     transfer_ms: Annotated[float | None, typer.Option(
         "--transfer-ms", min=0.0, max=1e7, help="Transfer time of an offload, ms (default: the model's, 50 ms).")
     ] = None,

@@ -12,7 +12,7 @@ import typer
 
 from pdexporter.cli._common import DEFAULT_PROFILE, console, make_console, show
 from pdexporter.cli._sweeping import ChunkIndexOpt, ModeOpt, RepsOpt, SweepFileArg, sweep_and_report
-from pdexporter.engines import DEFAULT_ENGINE
+from pdexporter.engines import DEFAULT_CHUNK_SIZE, DEFAULT_ENGINE
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -103,7 +103,7 @@ def profile_from_config_cmd(
         "--max-model-len", min=1, help="Tokens (default: the config's max_position_embeddings, at most the KV "
         "capacity).")] = None,
     chunk_size: Annotated[int, typer.Option(
-        "--chunk-size", "-B", min=1, help="Default max_num_batched_tokens (tokens).")] = 8192,
+        "--chunk-size", "-B", min=1, help="Default max_num_batched_tokens (tokens).")] = DEFAULT_CHUNK_SIZE,
     dummy_weights: Annotated[bool, typer.Option(
         "--dummy-weights", help="Route generated tokens as vLLM's --load-format dummy weights do (a few experts), "
         "for comparing with a dummy-weight sweep; default: real weights' routing.")] = False,

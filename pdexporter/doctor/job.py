@@ -10,7 +10,7 @@ from pathlib import Path
 from pdexporter._internal.redact import redact_url
 from pdexporter._internal.sheet import Column, Plain, Sheet, Shown
 from pdexporter.doctor.checks import Check, EndpointFacts, EngineFacts, TraceArrival, evaluate
-from pdexporter.engines import UNIDENTIFIED, adapter
+from pdexporter.engines import DEFAULT_CHUNK_SIZE, UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.server import parse_listen
 from pdexporter.launch import TraceDirected
@@ -22,7 +22,7 @@ __all__ = [
 
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-EMBEDDED_CHUNK_SIZE = 8192
+EMBEDDED_CHUNK_SIZE = DEFAULT_CHUNK_SIZE  # `sim serve`'s default, as vLLM's
 
 
 @dataclass

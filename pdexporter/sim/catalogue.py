@@ -10,6 +10,7 @@ from pathlib import Path
 from pdexporter._internal.atomic import atomic_write_text
 from pdexporter._internal.sheet import Column, Sheet, Shown, columns
 from pdexporter._internal.writable import check_writable
+from pdexporter.engines import DEFAULT_CHUNK_SIZE
 from pdexporter.errors import ConfigError
 from pdexporter.sim.profile import list_profiles, load_profile, user_profile_dirs
 
@@ -41,7 +42,8 @@ def profiles_sheet() -> Iterator[Shown]:
 
 def project_profile(config: str, gpu: str, *, carry_from: str | None = None, out: Path | None = None,
                     name: str | None = None, model_name: str | None = None, max_model_len: int | None = None,
-                    chunk_size: int = 8192, dummy_weights: bool = False, rule: str = "learned") -> Iterator[Shown]:
+                    chunk_size: int = DEFAULT_CHUNK_SIZE, dummy_weights: bool = False,
+                    rule: str = "learned") -> Iterator[Shown]:
     """Project a profile from a config.json (`sim.modelconfig.profile_from_config`), write it
     (--out, else the user's profile directory), and describe it: where each part comes from, and
     the step times it projects."""
