@@ -261,12 +261,15 @@ def write_outputs(analysis: Analysis, out_dir: str | Path, *, plots: bool = True
 
 
 def load_passive_events(results_dirs: Sequence[str | Path]) -> list[Any]:
-    """The published events of the passive records under these directories, each at its exact
-    (D, P) (`analysis.passive_model.events_from_records`)."""
+    """The published events of the passive records under these directories, and their joint ones
+    (`JOINT_DIR`), each at its exact (D, P) (`analysis.passive_model.events_from_records`)."""
     from pdexporter.analysis.passive_model import events_from_records
+    from pdexporter.measure.passive import JOINT_DIR
 
-    records = (load_record_file(path) for directory in results_dirs for path in record_paths(directory))
-    return events_from_records(records)
+    paths = [path for directory in results_dirs for path in record_paths(directory)]
+    paths += [path for directory in results_dirs
+              for path in ResultsStore(Path(directory) / JOINT_DIR).iter_record_paths()]
+    return events_from_records(load_record_file(path) for path in paths)
 
 
 def injected_values(results_dir: str | Path) -> dict[tuple[int, int, int], float]:

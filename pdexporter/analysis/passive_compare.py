@@ -40,7 +40,7 @@ from pdexporter.analysis.passive_model import (
 )
 from pdexporter.analysis.plots import Plot, write_plots
 from pdexporter.errors import PdexporterError
-from pdexporter.measure.passive import bin_int
+from pdexporter.measure.passive import JOINT_DIR, bin_int
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore, load_record_file
 
@@ -50,7 +50,9 @@ Key = tuple[int, int, int]
 
 
 def _records(root: Path) -> list[RunRecord]:
-    return [load_record_file(p) for p in ResultsStore(root).iter_record_paths()]
+    """The published events' records and the joint ones' (`root/joint`)."""
+    paths = [*ResultsStore(root).iter_record_paths(), *ResultsStore(root / JOINT_DIR).iter_record_paths()]
+    return [load_record_file(p) for p in paths]
 
 
 def _note(text: str) -> None:

@@ -122,6 +122,7 @@ TABLE_COLUMNS = (
     "events",
     "reached",
     "why_not_reached",
+    "joint_events",
 )
 
 Key = tuple[int, int, int]
@@ -140,6 +141,7 @@ class FitEvent:
     at_s: float = 0.0  # traffic time: seconds since the run's first event
     source: str | None = None
     cadence_prompt: int | None = None  # the P the probes' cadence alone gave (trace-based vs cadence-based)
+    prefills: int = 1  # > 1: a joint event, several prefills one chunked stream of `prompt` tokens
 
 
 @dataclass(frozen=True)
@@ -190,7 +192,8 @@ def events_from_records(records: Iterable[Any]) -> list[FitEvent]:
                 info.get("prompt_tokens"),
                 rep.derived.total_interference_ms,
             )
-            if d is None or p is None or total is None or (info.get("prefills") or 1) != 1:
+            prefills = int(info.get("prefills") or 1)
+            if d is None or p is None or total is None or (prefills != 1 and not info.get("joint")):
                 continue
             rows.append(
                 (
@@ -205,6 +208,7 @@ def events_from_records(records: Iterable[Any]) -> list[FitEvent]:
                         0.0,
                         info.get("source"),
                         info.get("cadence_prompt_tokens"),
+                        prefills,
                     ),
                 )
             )
@@ -411,6 +415,7 @@ class Cell:
     high_ms: float | None
     events: int
     why_not: str | None
+    joint_events: int = 0  # of `events`, joint ones
 
     @property
     def reached(self) -> bool:
@@ -433,6 +438,26 @@ def _events_per_cell(events: Sequence[FitEvent], grid: Grid) -> dict[Key, int]:
     return counts
 
 
+def joint_widening(model: PassiveModel, events: Sequence[FitEvent], grid: Grid) -> dict[Key, float]:
+    """How much wider each cell's interval is made for the joint events it rests on, as a fraction
+    of its bounds (0 without joint events). A joint event of k prefills is read as one stream of
+    their summed prompt (`measure.passive.joint_attribution`), so its k - 1 further first-token
+    stalls, sigma0 per decode each, are charged to one prefill's cost: its total may be too high
+    by f = (k - 1) sigma0 / total. A cell is widened by the share of joint events among the events
+    of its bin (among all events where its bin has none: the model interpolates it from them all)
+    times the median f of the joint events: the bias they may carry, where they carry weight."""
+    joint = [e for e in events if e.prefills > 1 and e.total_ms > 0]
+    if not joint:
+        return {}
+    sigma0 = max(0.0, float(model.model.sigma0_ms))
+    f = float(np.median([(e.prefills - 1) * sigma0 / e.total_ms for e in joint]))
+    everything, joints = _events_per_cell(events, grid), _events_per_cell(joint, grid)
+    overall = len(joint) / len(events)
+    return {
+        k: f * (joints.get(k, 0) / everything[k] if everything.get(k) else overall) for k in grid.cells()
+    }
+
+
 def cells(
     model: PassiveModel, events: Sequence[FitEvent], grid: Grid, min_events: int = MIN_EVENTS,
     variation: Mapping[str, Any] | None = None,
@@ -446,15 +471,18 @@ def cells(
     point = model.predict(d, p, b)
     low, high = model.interval(d, p, b, variation=variation)
     counts = _events_per_cell(events, grid)
+    joints = _events_per_cell([e for e in events if e.prefills > 1], grid)
+    wider = joint_widening(model, events, grid)
     reasons = reach(events, grid, min_events)
     return [
         Cell(
             k,
             float(point[i]),
-            None if math.isnan(low[i]) else float(low[i]),
-            None if math.isnan(high[i]) else float(high[i]),
+            None if math.isnan(low[i]) else float(low[i]) * (1 - wider.get(k, 0.0)),
+            None if math.isnan(high[i]) else float(high[i]) * (1 + wider.get(k, 0.0)),
             counts.get(k, 0),
             reasons[k],
+            joints.get(k, 0),
         )
         for i, k in enumerate(keys)
     ]
@@ -480,6 +508,7 @@ def cell_table(rows: Sequence[Cell]) -> pd.DataFrame:
                 "events": c.events,
                 "reached": c.reached,
                 "why_not_reached": c.why_not or "",
+                "joint_events": c.joint_events,
             }
         )
     return pd.DataFrame(records, columns=list(TABLE_COLUMNS))

@@ -245,6 +245,13 @@ class EngineAdapter(Protocol):
         """Why that many decodes leave a prefill no budget at that chunk size, or None."""
         ...
 
+    def joint_prefill_tokens(self, prefills: Sequence[tuple[float, float, int]], step_ns: float) -> int | None:
+        """Several prefills (each (scheduled, first token, prompt tokens), one clock, ns) that ended
+        in one run of slow steps, as the running decodes saw them: the prompt tokens of the one
+        chunked stream the engine ran them as (the chunk schedule of that P is then the run's), or
+        None where its scheduler did not run them as one stream (or nobody checked that it does)."""
+        ...
+
     def parse_step_log(self, lines: Iterable[str]) -> list[IterationStep]:
         """The engine's per-step log lines as `IterationStep`s (lines it does not know are skipped)."""
         ...

@@ -210,6 +210,9 @@ class SglangAdapter:
     def budget_problem(self, chunk_size: int, running_decodes: int) -> str | None:
         return self.chunk_rule.problem(chunk_size, running_decodes)
 
+    def joint_prefill_tokens(self, prefills: Sequence[tuple[float, float, int]], step_ns: float) -> int | None:
+        return None  # how SGLang batches waiting prefills is not checked here: overlapped runs stay "merged"
+
     def parse_step_log(self, lines: Iterable[str]) -> list[IterationStep]:
         return parse_step_log(lines, self.mixed)
 

@@ -11,7 +11,9 @@ window against the probes' cadence (`engines.infer_chunk_size`).
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -208,6 +210,27 @@ class VllmAdapter:
 
     def budget_problem(self, chunk_size: int, running_decodes: int) -> str | None:
         return self.chunk_rule.problem(chunk_size, running_decodes)
+
+    def joint_prefill_tokens(self, prefills: Sequence[tuple[float, float, int]],
+                             step_ns: float) -> int | None:
+        """vLLM's scheduler (V1, 0.22: `Scheduler.schedule`, mirrored by `sim.scheduler`) fills each step's
+        budget B with the running requests first, a partial prefill's next chunk among them, then admits waiting
+        requests FCFS into what is left (the step logs of the committed H200 runs show steps of "2 context
+        requests" and "3 context requests"). A prefill that waits behind another is therefore admitted into the
+        leftover budget of the other's last chunk step (or the step right after it), and from the decodes' side
+        the two are one chunked stream of P1 + P2 tokens through the same B - D budget: ceil((P1 + P2) / (B -
+        D)) chunk steps, not two schedules. Several prefills are one stream when, in order of admission
+        (`scheduled`), each was admitted no later than one step (`step_ns`, the caller's tolerance) after the
+        previous one's first token and their first tokens come out in that order: no decode-only step between
+        them. Then the stream's P is the sum of their prompt tokens (vLLM's span counts cached prompt tokens
+        too, as for a single prefill)."""
+        if len(prefills) < 2 or any(not math.isfinite(s) for s, _, _ in prefills):
+            return None
+        ordered = sorted(prefills)
+        for (_, first_a, _), (scheduled_b, first_b, _) in itertools.pairwise(ordered):
+            if scheduled_b > first_a + step_ns or first_b < first_a - step_ns:
+                return None
+        return sum(tokens for _, _, tokens in ordered)
 
     def parse_step_log(self, lines: Iterable[str]) -> list[IterationStep]:
         return parse_step_log(lines)

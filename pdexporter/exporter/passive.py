@@ -31,10 +31,13 @@ An event's life:
    `InterferenceRun` and the same `RepRecord` an injected window gives.
 
 Outcomes (`pdexporter_passive_events_total{outcome}`): `published` (one production prefill,
-binned into the labels), `merged` (several prefills ended in one run: not one f(D, P, B) point,
-counted only), `unattributed` (no production prefill ended there: an engine stall, a request
-retiring), `ambiguous` (only /metrics is there, and no pair of scrapes isolates the run),
-`own-probe` (the exporter's own probe restart), `no-baseline`, `out-of-bins`, `no-budget` (D >= B).
+binned into the labels), `joint` (several traced prefills the engine ran as one chunked stream,
+`measure.passive.joint_attribution`: one event at P = their sum for the event model, kept out of
+the per-cell window series and saved under the records' `joint/`), `merged` (several prefills
+ended in one run and it cannot be read as one stream: counted only), `unattributed` (no
+production prefill ended there: an engine stall, a request retiring), `ambiguous` (only
+/metrics is there, and no pair of scrapes isolates the run), `own-probe` (the exporter's own
+probe restart), `no-baseline`, `out-of-bins`, `no-budget` (D >= B).
 The cadence source is used only where neither traces nor /metrics reach the exporter: it cannot
 tell an engine stall from a small prefill.
 """
@@ -70,6 +73,7 @@ from pdexporter.measure.passive import (
     attribute_traces,
     bin_int,
     cadence_prompt_tokens,
+    joint_attribution,
     probe_steps,
     running_decodes,
     slow_runs,
@@ -155,6 +159,11 @@ class PassiveEvent:
         return self.outcome == "published"
 
     @property
+    def joint(self) -> bool:
+        """Several prefills read as one chunked stream: an event the model learns from, no window."""
+        return self.outcome == "joint"
+
+    @property
     def key(self) -> tuple[int, int, int] | None:
         """(B, D bin, P bin): the grid point the event is labelled with."""
         if self.run is None or self.d_bin is None or self.p_bin is None:
@@ -168,6 +177,7 @@ class PassiveEvent:
             "source": a.source if a else None,
             "prompt_tokens": a.prompt_tokens if a else None,
             "prefills": a.prefills if a else None,
+            "joint": a.joint if a else False,
             "request_ids": list(a.request_ids) if a else [],
             "decode_batch_size": self.decode_batch_size,
             "d_source": self.d_source,
@@ -484,6 +494,8 @@ class PassiveTracker:
             # spans claiming more prefills than the counters saw (a forged or replayed one) cannot
             # turn a single prefill into "merged", nor an engine stall into a prefill.
             choice = metrics if expected is not None and expected != otlp.prefills else otlp
+            if choice is otlp and otlp.prefills > 1:
+                choice = self._joint(run, otlp, step_ns) or otlp
         elif traces_on and not deadline and expected != 0:
             return None  # a span may still come (its request is still decoding)
         elif metrics is not None:
@@ -498,6 +510,14 @@ class PassiveTracker:
                 event.outcome = "own-probe"
             return event
         return self._analyse(pending, event, choice, now_ns)
+
+    def _joint(self, run: SlowRun, otlp: Attribution, step_ns: float) -> Attribution | None:
+        """The run's traced prefills as one chunked stream, if the engine ran them as one (module
+        docs); the requests looked at reach 10 s past the run (one still prefilling at its end)."""
+        lo = bisect.bisect_left(self._prefills, run.start_ns - step_ns / 2, key=lambda r: r.first_token_ns)
+        hi = bisect.bisect_right(self._prefills, run.end_ns + 10e9, key=lambda r: r.first_token_ns)
+        rule = adapter(self.settings.engine).joint_prefill_tokens
+        return joint_attribution(otlp, self._prefills[lo:hi], run, 1.5 * step_ns, rule)
 
     def _running(self, pending: _Pending, prefills: int) -> tuple[int, str]:
         """D and where it came from: a scrape during the run (its running requests include the
@@ -582,12 +602,12 @@ class PassiveTracker:
         event.finalised_ns = now_ns
         interference.extra["passive"] = {**event.info(), "chunk_size": s.chunk_size}
         event.rep = rep_record(0, interference, PointSpec(s.chunk_size, d, p), raw=None)
-        if not attribution.single:
+        if not attribution.single and not attribution.joint:
             event.outcome = "merged"
         elif event.d_bin is None or event.p_bin is None:
             event.outcome = "out-of-bins"
         else:
-            event.outcome = "published"
+            event.outcome = "joint" if attribution.joint else "published"
         return event
 
     def _prune(self, now_ns: float) -> None:

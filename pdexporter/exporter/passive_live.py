@@ -39,6 +39,7 @@ from pdexporter.exporter.passive import PassiveEvent, PassiveSettings, PassiveTr
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.tracing import ClockOffset
 from pdexporter.measure.driver import EngineInfo
+from pdexporter.measure.passive import JOINT_DIR
 from pdexporter.measure.point import PointSpec, now_iso, record_config, resumable_reps
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.records import RepRecord, aggregate
@@ -59,7 +60,7 @@ FitResult = tuple["PassiveAnswer | None", "LiveThresholds | str | None", float]
 
 
 def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
-    """What the event model needs of a published event (None for one it cannot use)."""
+    """What the event model needs of a published or joint event (None for one it cannot use)."""
     from pdexporter.analysis.passive_model import FitEvent
 
     rep, a = event.rep, event.attribution
@@ -68,7 +69,7 @@ def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
     chunk = event.key[0] if event.key is not None else 0
     return FitEvent(chunk, event.decode_batch_size, a.prompt_tokens, rep.derived.total_interference_ms,
                     rep.baseline.tpot_p50_ms, tuple(rep.interference.chunk_step_times_ms or ()), at_s, a.source,
-                    event.cadence_prompt_tokens)
+                    event.cadence_prompt_tokens, a.prefills if a.joint else 1)
 
 
 class LiveModel:
@@ -238,12 +239,15 @@ class LivePassive:
             scraper.trigger()
         self.book.hold_from = self.tracker.label_frontier(now_ns)
         for event in events:
-            if event.published:
+            if event.published or event.joint:
                 self.model.add(event, now_ns)
         self.model.tick(time.monotonic())
         for event in events:
             self.outcomes[event.outcome] += 1
             self.metrics.passive_events.labels(outcome=event.outcome, source=event.source or "none").inc()
+            if event.joint and self.store is not None:  # the event model's, no window: records under joint/
+                assert event.rep is not None
+                self._save(event, event.rep.model_copy(update={"started_at": now_iso()}))
             if event.published:
                 assert event.rep is not None and event.key is not None
                 chunk, d_bin, p_bin = event.key
@@ -257,13 +261,15 @@ class LivePassive:
 
     def _save(self, event: PassiveEvent, rep: RepRecord) -> str:
         assert self.store is not None
-        return save_event(self.store, event, rep, self.info, self.config.protocol, self.config.chunk_size_source)
+        store = ResultsStore(self.store.root / JOINT_DIR) if event.joint else self.store
+        return save_event(store, event, rep, self.info, self.config.protocol, self.config.chunk_size_source)
 
 
 def save_event(store: ResultsStore, event: PassiveEvent, rep: RepRecord, info: EngineInfo, protocol: ProtocolSettings,
                chunk_size_source: str = "given") -> str:
-    """A published event as the next repetition of its cell's passive record (raw file first);
-    returns the record's path. `rep.started_at` is kept: it is the event's traffic time."""
+    """A published (or joint: `store` then the records' `JOINT_DIR`) event as the next repetition
+    of its cell's passive record (raw file first); returns the record's path. `rep.started_at` is
+    kept: it is the event's traffic time."""
     assert event.key is not None and event.run is not None
     spec = PointSpec(*event.key)
     config = record_config(spec, info, protocol, reps=1, mode="passive", chunk_size_source=chunk_size_source)

@@ -46,6 +46,16 @@ first; each event says which one it used:
   (and a CUDA-graph step the same for any chunk below the capture size), so there the cadence
   cannot tell P apart: it takes the middle of the prompts that explain the run equally well.
 
+Joint events. At load, prefills run back to back and one run of slow steps holds several of them
+(the traces name them all). Such a run is no f(D, P, B) point of one prefill, but where the
+engine's scheduler runs waiting prefills through the same token budget as one chunked stream
+(vLLM: its adapter's `joint_prefill_tokens`), the decodes saw exactly what one prefill of the
+summed prompt tokens would have cost them in chunk steps: `joint_attribution` turns the run into
+one event of P = the sum, marked `joint` with its prefill count. What such an event cannot say is
+how the stalls split (each of its k prefills has its own first-token step): the event model
+counts them apart and widens the intervals of the cells they stand in (`analysis.passive_model`).
+It takes traces: the counters alone do not say when each prefill was admitted.
+
 D is the engine's running decodes (`vllm:num_requests_running`, not only the probes): from a
 scrape taken while the run was in progress (minus the prefills then running, which vLLM counts
 as running too) or else the last one before it, never fewer than the open probe streams.
@@ -73,6 +83,11 @@ P_BINS: tuple[int, ...] = tuple(2**k for k in range(7, 18))  # 128 .. 131072
 D_BINS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 SOURCES = ("otlp", "metrics", "cadence")
+JOINT_DIR = "joint"  # joint events' records, beside the published ones (`run --passive --out DIR`: DIR/joint/)
+
+# ((scheduled, first token, prompt tokens) of each prefill, ns; a step, ns) -> the prompt tokens of
+# the one chunked stream the engine ran them as, or None (an engine adapter's `joint_prefill_tokens`)
+JointRule = Callable[[Sequence[tuple[float, float, int]], float], int | None]
 
 
 @dataclass(frozen=True)
@@ -209,9 +224,10 @@ class Attribution:
     """Which production prefills a run was, and from what source (module docs)."""
 
     source: str  # "otlp" | "metrics" | "cadence"
-    prompt_tokens: int
+    prompt_tokens: int  # of a joint attribution: the one chunked stream's (the prefills' sum)
     prefills: int  # prefills that ended in the run: 1 is a single-prefill event
     request_ids: tuple[str, ...] = ()
+    joint: bool = False  # several prefills the engine ran as one chunked stream (`joint_attribution`)
 
     @property
     def single(self) -> bool:
@@ -225,6 +241,33 @@ def attribute_traces(run: SlowRun, requests: Sequence[RequestPrefill], tolerance
         return None
     hits.sort(key=lambda r: r.first_token_ns)
     return Attribution("otlp", sum(r.prompt_tokens for r in hits), len(hits), tuple(r.request_id for r in hits))
+
+
+def joint_attribution(attribution: Attribution, requests: Sequence[RequestPrefill], run: SlowRun,
+                      tolerance_ns: float, stream_tokens: JointRule) -> Attribution | None:
+    """Several traced prefills that ended in one run as one event (module docs, "Joint events"),
+    or None where the run cannot be read as one stream of theirs: a prefill's admission unknown
+    (no prefill time in its span) or before the run began (part of its cost fell before the
+    run), another traced request still prefilling when the run ended (it shared the run's steps
+    without ending there), or the engine's rule (`stream_tokens`: its adapter's
+    `joint_prefill_tokens`) saying its scheduler did not run them as one chunked stream."""
+    if attribution.prefills < 2 or len(attribution.request_ids) != attribution.prefills:
+        return None
+    ids = set(attribution.request_ids)
+    hits = [r for r in requests if r.request_id in ids]
+    if len(hits) != len(ids) or any(r.prefill_ms is None for r in hits):
+        return None
+    spans = [(r.first_token_ns - (r.prefill_ms or 0.0) * 1e6, r.first_token_ns, r.prompt_tokens) for r in hits]
+    if min(s for s, _, _ in spans) < run.start_ns - tolerance_ns:
+        return None
+    for r in requests:
+        if r.request_id not in ids and r.prefill_ms is not None and r.first_token_ns > run.end_ns + tolerance_ns \
+                and r.first_token_ns - r.prefill_ms * 1e6 < run.end_ns:
+            return None
+    tokens = stream_tokens(spans, tolerance_ns)
+    if tokens is None:
+        return None
+    return Attribution(attribution.source, tokens, attribution.prefills, attribution.request_ids, joint=True)
 
 
 def attribute_metrics(before: MetricsSnapshot, after: MetricsSnapshot, own_prefills: int,
@@ -300,6 +343,7 @@ def bin_int(value: float, grid: Sequence[int]) -> int | None:
 
 
 __all__ = [
-    "Attribution", "D_BINS", "P_BINS", "ProbeStep", "RequestPrefill", "SOURCES", "SlowRun", "attribute_metrics",
-    "attribute_traces", "bin_int", "cadence_prompt_tokens", "log_bin", "probe_steps", "running_decodes", "slow_runs",
+    "Attribution", "D_BINS", "JOINT_DIR", "JointRule", "P_BINS", "ProbeStep", "RequestPrefill", "SOURCES", "SlowRun",
+    "attribute_metrics", "attribute_traces", "bin_int", "cadence_prompt_tokens", "joint_attribution", "log_bin",
+    "probe_steps", "running_decodes", "slow_runs",
 ]

@@ -186,3 +186,23 @@ def test_events_from_records_take_the_exact_d_and_p_and_traffic_time() -> None:
     events = events_from_records([record, active])
     assert [(e.decode, e.prompt, e.at_s) for e in events] == [(5, 1500, 0.0), (7, 900, 60.0)]
     assert events[0].chunk_steps_ms == (56.0,) and events[0].source == "otlp"
+
+
+def test_joint_events_are_counted_apart_and_widen_the_cells_they_stand_in() -> None:
+    import dataclasses
+
+    plain = _events(200, seed=3)
+    joint = [dataclasses.replace(e, prefills=3) if i % 4 == 0 else e for i, e in enumerate(plain)]
+    model = fit_passive_model(plain, GRID, bootstrap=20)
+    assert model is not None
+    before = {c.key: c for c in cells(model, plain, GRID)}
+    after = {c.key: c for c in cells(model, joint, GRID)}
+    assert sum(c.joint_events for c in after.values()) == sum(e.prefills > 1 for e in joint if e.prompt >= 512) > 0
+    assert all(c.joint_events == 0 for c in before.values())
+    for key, c in after.items():
+        b = before[key]
+        assert c.events == b.events and c.aggregate_ms == b.aggregate_ms  # counts and the estimate unchanged
+        assert c.low_ms is not None and b.low_ms is not None and c.high_ms is not None and b.high_ms is not None
+        assert c.low_ms <= b.low_ms and c.high_ms >= b.high_ms
+        if c.joint_events:
+            assert c.high_ms - c.low_ms > b.high_ms - b.low_ms
