@@ -97,7 +97,11 @@ def keep_shape(config: RecordConfig, reps: list[RepRecord], old: RunRecord) -> R
         from pdexporter.sweep.plan import summarise_attempts
         from pdexporter.sweep.spec import CvSpec
 
-        cv = CvSpec(threshold=summary.get("cv_threshold", CvSpec().threshold))
+        # The sweep's re-run budget is not in the record; the attempts it made are. A record the sweep
+        # finished stays finished: its last attempt above the threshold is still `flagged` (with the
+        # default budget a sweep of `max_reruns: 0` read as "a re-run to come", not flagged).
+        cv = CvSpec(threshold=summary.get("cv_threshold", CvSpec().threshold),
+                    max_reruns=max(0, int(summary.get("attempts") or 1) - 1))
         return summarise_attempts(config, reps, config.reps_planned, cv)
     return aggregate(config, reps)
 

@@ -30,7 +30,6 @@ elif [ -n "${SIM:-}" ]; then
 fi
 mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-total=$(python3 -c "from pdexporter.sweep.spec import load_sweep; print(len(list(load_sweep('$SWEEP').points())))")
 
 if [ -n "${SIM:-}" ]; then
   echo "SIM=1: the embedded engine with the projected profile h200-$MODEL (MODELLED), virtual clock"
@@ -40,7 +39,7 @@ if [ -n "${SIM:-}" ]; then
 else
   # shellcheck source=/dev/null
   source scripts/gpu/unpack-bundle.sh || { echo "bundle incomplete: copy every part first"; exit 1; }
-  export PYTHONPATH=/tmp/site
+  export PYTHONPATH=/tmp/site  # (the first `python3` that imports pdexporter runs after this: pydantic is in the bundle)
   if [ ! -f "/tmp/model/$MODEL/config.json" ]; then
     python3 scripts/gpu/make_model.py "/tmp/model/$MODEL" --config "$MODEL" || exit 1
   fi
@@ -64,6 +63,7 @@ for log in $(find "$R/dense" -name engine.log 2>/dev/null); do
 done
 tar czf "$OUT/dense.tgz" --exclude=engine.log -C "$R" dense
 cp "$R/sweep.log" "$OUT/sweep.log"
+total=$(python3 -c "from pdexporter.sweep.spec import load_sweep; print(len(list(load_sweep('$SWEEP').points())))")
 done_n=$(find "$R/dense" -name 'D*_P*.json' -path '*/[0-9]*/*' -not -path '*/raw/*' | wc -l)
 tail -n 12 "$R/sweep.log"
 ls -la "$OUT"

@@ -54,10 +54,7 @@ trap pack EXIT
 
 # 0. The parts: the vLLM bundle, then the OpenTelemetry wheels into the same site directory.
 if [ "$ENGINE" = vllm ]; then
-  source scripts/gpu/unpack-bundle.sh
-  if [ -f .gpu-stage-otel/otel-site.tar.gz ] && [ ! -f /tmp/site/.otel-stage ]; then
-    tar -C /tmp/site -xzf .gpu-stage-otel/otel-site.tar.gz && touch /tmp/site/.otel-stage && log "OpenTelemetry wheels unpacked"
-  fi
+  source scripts/gpu/unpack-bundle.sh  # (the OpenTelemetry wheels too: unpack-bundle.sh)
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD

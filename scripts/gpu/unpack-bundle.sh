@@ -20,3 +20,11 @@ PY
   cp -a /tmp/unpack-hidden/site/. /tmp/site/ && rm -rf /tmp/unpack-hidden
 fi
 rm -rf /tmp/site/nixl_ep /tmp/site/nixl_ep_cu13 /tmp/site/nixl_ep_cu12 /tmp/site/nixl_ep-*.dist-info
+# The project's own run-time wheels the bundle lacks (tenacity, the OpenTelemetry SDK and exporters),
+# carried as .gpu-stage-otel/otel-site.tar.gz (scripts/gpu/build-otel-stage.sh): every command of the
+# project imports tenacity (its HTTP client), so without them nothing runs (GPU session 8 lost two calls).
+if [ -f .gpu-stage-otel/otel-site.tar.gz ] && [ ! -f /tmp/site/.otel-stage ]; then
+  tar -C /tmp/site -xzf .gpu-stage-otel/otel-site.tar.gz && touch /tmp/site/.otel-stage
+fi
+PYTHONPATH=/tmp/site python3 -c "import tenacity, pydantic" 2>/dev/null \
+  || { echo "tenacity missing in /tmp/site: carry .gpu-stage-otel (scripts/gpu/build-otel-stage.sh) in this call"; return 1 2>/dev/null || exit 1; }

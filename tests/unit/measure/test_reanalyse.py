@@ -105,3 +105,23 @@ def test_compare_sources_reads_each_raw_file_once_and_gives_what_two_plain_reads
     assert [(row.penalty_log_ms, row.penalty_cadence_ms, row.cv_log, row.cv_cadence) for row in rows] == [
         (a.derived.tpot_penalty_ms, b.derived.tpot_penalty_ms, a.summary.cv_tpot_penalty if a.summary else None,
          b.summary.cv_tpot_penalty if b.summary else None) for a, b in twice]
+
+
+def test_reanalyse_keeps_a_finished_sweeps_flag(tmp_path: Path) -> None:
+    """The dense H200 run (`max_reruns: 0`) flagged B=8192 D=1 P=512 (CV 50.6 % after its one
+    attempt); reanalysis knows the attempts, not the sweep's re-run budget, and once read the
+    record as "a re-run to come" and cleared the flag."""
+    import shutil
+
+    from pdexporter.sweep.reanalyse import reanalyse_directory
+
+    src = Path(__file__).resolve().parents[3] / "results" / "h200-vllm0.22-llama-3.1-8b-instruct" / "8192"
+    dst = tmp_path / "8192"
+    (dst / "raw").mkdir(parents=True)
+    shutil.copy(src / "D1_P512.json", dst)
+    for raw in (src / "raw").glob("D1_*"):
+        shutil.copy(raw, dst / "raw")
+    assert json.loads((dst / "D1_P512.json").read_text())["summary"]["flagged"] is True
+    reanalyse_directory(tmp_path).run(lambda: None)
+    summary = json.loads((dst / "D1_P512.json").read_text())["summary"]
+    assert summary["flagged"] is True and summary["cv_by_attempt"][-1] > 0.15

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Source on the GPU machine to start vLLM with the torch.compile / Triton / Inductor caches an
+# earlier session wrote (issue 32; packed by scripts/gpu/engine-starts-h200.sh into
+# engine-cache.tar.xz.NN, 3.6 MB for B = 8192, 2048 and 4096 of Qwen3-Coder-30B-A3B on vLLM 0.22).
+# Carry the parts as `.gpu-stage-cache` (here: /work/main/.gpu-stage-cache, ignored by git):
+#
+#   run carry [".gpu-stage-cache"] command: source scripts/gpu/engine-cache.sh && python3 -m pdexporter sweep ...
+#
+# The engine inherits the variables from the sweep; its command (and so the cache keys: vLLM's
+# hash of its config, e.g. torch_compile_cache/5b2793e53d for B = 8192) stays the grid's. A chunk
+# size the pack lacks compiles as usual and adds itself to the same folders.
+C=/root/ecache
+if [ ! -d "$C/vllm" ] && ls .gpu-stage-cache/engine-cache.tar.xz.* >/dev/null 2>&1; then
+  cat .gpu-stage-cache/engine-cache.tar.xz.* | xz -d | tar x -C / || return 1 2>/dev/null || exit 1
+fi
+mkdir -p "$C"
+export VLLM_CACHE_ROOT=$C/vllm TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
+echo "engine caches: $(du -sm "$C" 2>/dev/null | cut -f1) MiB in $C"
