@@ -155,6 +155,10 @@ def test_health_version_tokenize_metrics(served: ServedEngine):
                 out["version"] = await r.json()
             async with s.post(f"{served.url}/tokenize", json={"model": MODEL, "prompt": "t3 t4 abc"}) as r:
                 out["tokenize"] = await r.json()
+            # a prompt of its own, so that the counters below do not rest on the module's other tests
+            async with s.post(f"{served.url}/v1/completions",
+                              json={"model": MODEL, "prompt": [5] * 8, "max_tokens": 1}) as r:
+                await r.read()
             async with s.get(f"{served.url}/metrics") as r:
                 out["metrics"] = await r.text()
                 out["metrics_type"] = r.headers["Content-Type"]
