@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 32: the seed grid on one H200 (sweeps/h200.yaml: 4 chunk sizes x 7 D x 7 P x 5 repetitions,
+# fast mode), vLLM starting from the torch.compile / Triton caches an earlier session packed
+# (.gpu-stage-cache, scripts/gpu/engine-starts-h200.sh; results/h200-vllm0.22-qwen3-coder-30b-a3b-starts/RUN.md).
+# From the repository root on the GPU machine, after the three calls that carry the vLLM bundle,
+# carrying .gpu-stage-otel and .gpu-stage-cache in the first call that runs it:
+#
+#   bash scripts/gpu/seed-grid-h200.sh [DEADLINE_S]    # default 540; the same command again until "complete"
+#
+# Each call resumes (complete records skipped, the engine left running adopted). Leaves in $OUT:
+# h200.tgz (records, raw, trimmed engine logs, sweep.json with every invocation's phase times),
+# sweep.log, engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
+# The last lines sum the invocations' wall times (the issue's "every invocation's wall time summed").
+set -u
+cd "$(dirname "$0")/../.."
+deadline=${1:-540}
+OUT=${OUT:?set OUT to the folder whose files come back}
+R=${R:-/root/r}
+mkdir -p "$R" "$OUT"
+# shellcheck source=/dev/null
+source scripts/gpu/unpack-bundle.sh || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+# shellcheck source=/dev/null
+source scripts/gpu/engine-cache.sh || exit 1
+timeout $((deadline + 45)) python3 -m pdexporter sweep sweeps/h200.yaml --out "$R/h200" --deadline "${deadline}s" \
+  >> "$R/sweep.log" 2>&1
+echo "sweep rc=$?" >> "$R/sweep.log"
+for log in $(find "$R/h200" -name engine.log 2>/dev/null); do
+  { head -c 300000 "$log"; echo; echo "# ... (cut) ... last iteration lines:"; grep -a "Iteration(" "$log" | tail -n 3000; } \
+    | gzip -9 > "${log%.log}.trimmed.log.gz"
+done
+tar czf "$OUT/h200.tgz" --exclude=engine.log -C "$R" h200
+cp "$R/sweep.log" "$OUT/sweep.log"
+tar cf - -C / root/ecache | xz -T0 -6 | split -b 15M -d - "$OUT/engine-cache.tar.xz."
+tail -n 14 "$R/sweep.log"
+python3 - "$R/h200/sweep.json" <<'PY'
+import json, sys
+invs = json.load(open(sys.argv[1]))["invocations"]
+for i, inv in enumerate(invs):
+    starts = {c: v["wall_s"]["engine_start"] for c, v in inv.get("chunks", {}).items() if v["wall_s"]["engine_start"]}
+    print(f"invocation {i}: {inv['status']} {inv['complete_configs']}/{inv['total_configs']} wall {inv['wall_s']:.1f} s, starts {starts}")
+print(f"every invocation's wall time summed: {sum(inv['wall_s'] for inv in invs):.1f} s"
+      f" = {sum(inv['wall_s'] for inv in invs) / 60:.2f} min (goal <= 14)")
+PY
