@@ -285,7 +285,7 @@ def test_record_residual_rows_follow_the_measured_figures():
     predicted = {(2048, 0, 512): PointFigures(88.0, None, None, None, None, None, None),
                  (2048, 4, 4096): PointFigures(200.0, 55.0, None, 60.0, 9.0, 6.0, 300.0)}
     res = record_residuals(measured, predicted)
-    assert residual_keys(measured) == [(2048, 0, 512)] + [(2048, 4, 4096)] * 4
+    assert residual_keys(measured) == [(2048, 0, 512)] + [(2048, 4, 4096)] * 5
     assert res[0] == pytest.approx(np.log(1.1)) and res[2] == pytest.approx(np.log(1.1))
     assert res[3] == pytest.approx(np.log(1e-6 / 48.0))  # a figure the prediction lacks is a large error
 
