@@ -16,12 +16,15 @@ pass.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
 from pdexporter.analysis.models import FitReport
+from pdexporter.analysis.table import ConfigSamples
 
 __all__ = [
     "CRITERIA_JSON", "Criterion", "break_even_exists", "criteria_document", "evaluate_criteria", "measurable",
@@ -109,7 +112,10 @@ def break_even_exists(table: pd.DataFrame, transfer_ms: float = 50.0) -> Criteri
                       "max_cost_ms": float(largest["aggregate_interference_ms"])})
 
 
-def reproducible(table: pd.DataFrame, threshold: float = 0.15) -> Criterion:
+def reproducible(table: pd.DataFrame, threshold: float = 0.15,
+                 samples: Sequence[ConfigSamples] | None = None) -> Criterion:
+    """Criterion 4; with the table's samples, each exception explained from its repetitions
+    (`analysis.cv_causes`: the engine's chunk steps beside the penalty)."""
     rows = table[(table["decode_batch_size"] >= 1) & (table["reps"] >= 2) & table["cv_tpot_penalty"].notna()]
     statement = f"CV of the TPOT penalty across repetitions < {threshold:.0%} for every point"
     if rows.empty:
@@ -120,14 +126,24 @@ def reproducible(table: pd.DataFrame, threshold: float = 0.15) -> Criterion:
               f"{worst['cv_tpot_penalty']:.1%} at {_where(worst)}; median {rows['cv_tpot_penalty'].median():.1%}")
     if float(worst["cv_tpot_penalty"]) == 0.0:
         figure += " (repetitions identical: a deterministic engine, which says nothing about a GPU's noise)"
-    return Criterion(4, "Reproducible", statement, bool(below.all()), figure,
-                     {"points": len(rows), "below": int(below.sum()), "max_cv": float(worst["cv_tpot_penalty"]),
-                      "median_cv": float(rows["cv_tpot_penalty"].median()),
-                      "failing": [_where(r) for _, r in rows[~below].iterrows()][:20]})
+    details: dict[str, Any] = {"points": len(rows), "below": int(below.sum()),
+                               "max_cv": float(worst["cv_tpot_penalty"]),
+                               "median_cv": float(rows["cv_tpot_penalty"].median()),
+                               "failing": [_where(r) for _, r in rows[~below].iterrows()][:20]}
+    if samples is not None and not below.all():
+        from pdexporter.analysis.cv_causes import explain_all
+
+        exceptions = explain_all(samples, threshold)
+        causes = Counter(e.cause for e in exceptions)
+        figure += "; exceptions: " + ", ".join(f"{n} {cause}" for cause, n in causes.most_common())
+        details["exceptions"] = [e.to_dict() for e in exceptions]
+    return Criterion(4, "Reproducible", statement, bool(below.all()), figure, details)
 
 
-def evaluate_criteria(table: pd.DataFrame, report: FitReport | None, transfer_ms: float = 50.0) -> list[Criterion]:
-    return [measurable(table), model_fits(report), break_even_exists(table, transfer_ms), reproducible(table)]
+def evaluate_criteria(table: pd.DataFrame, report: FitReport | None, transfer_ms: float = 50.0,
+                      samples: Sequence[ConfigSamples] | None = None) -> list[Criterion]:
+    return [measurable(table), model_fits(report), break_even_exists(table, transfer_ms),
+            reproducible(table, samples=samples)]
 
 
 def criteria_document(criteria: list[Criterion]) -> dict[str, Any]:

@@ -200,7 +200,7 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
         notes.append("no grid point with D >= 1 and a measured cost: no cost model fitted, no decision.json")
     if tick:
         tick("fits")
-    criteria = evaluate_criteria(table, fits, transfer_ms)
+    criteria = evaluate_criteria(table, fits, transfer_ms, samples=samples)
     if tick:
         tick("criteria")
     arms = None

@@ -96,6 +96,9 @@ class ConfigSamples:
     arm: str = "colocated"  # "offloaded": a P/D pair's decode instance (records' config.arm)
     kv_connector: str | None = None
     passive: bool = False  # production prefills (`run --passive`): the key is a bin (analysis.passive)
+    # `reps`' own chunk steps, one per repetition in `reps` (None: that one has none); `steps` keeps
+    # every repetition's, the re-run attempts a sweep did not aggregate included (`analysis.cv_causes`)
+    rep_steps: tuple[ChunkSteps | None, ...] = ()
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -108,7 +111,9 @@ def pooled(first: ConfigSamples, other: ConfigSamples, source: str | None = None
     table's medians come from the pooled repetitions)."""
     steps = first.steps + other.steps if len(first.steps) == len(first.reps) and \
         len(other.steps) == len(other.reps) else ()
-    return replace(first, reps=first.reps + other.reps, steps=steps, top_level=None,
+    rep_steps = first.rep_steps + other.rep_steps if len(first.rep_steps) == len(first.reps) and \
+        len(other.rep_steps) == len(other.reps) else ()
+    return replace(first, reps=first.reps + other.reps, steps=steps, rep_steps=rep_steps, top_level=None,
                    source=first.source if source is None else source)
 
 
@@ -143,23 +148,27 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
     # (`summary.aggregated_reps`); the table follows the record. Step times use every repetition.
     chosen = (record.summary.model_extra or {}).get("aggregated_reps") if record.summary else None
     if record.reps:
-        reps = tuple(rep_values(r.baseline, r.interference, r.derived, d) for r in record.reps
-                     if chosen is None or r.rep in chosen)
+        used = [r for r in record.reps if chosen is None or r.rep in chosen]
+        reps = tuple(rep_values(r.baseline, r.interference, r.derived, d) for r in used)
         blocks = [(r.baseline, r.interference) for r in record.reps]
+        rep_steps = tuple(_chunk_steps(r.baseline, r.interference) for r in used)
     else:
         reps = (top,)
         blocks = [(record.baseline, record.interference)]
-    steps = tuple(
-        ChunkSteps(b.tpot_p50_ms, tuple(i.chunk_step_times_ms))
-        for b, i in blocks
-        if b.tpot_p50_ms is not None and i.chunk_step_times_ms
-    )
+        rep_steps = (_chunk_steps(record.baseline, record.interference),)
+    steps = tuple(s for s in (_chunk_steps(b, i) for b, i in blocks) if s is not None)
     return ConfigSamples(
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
         model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector,
-        passive=c.mode == "passive",
+        passive=c.mode == "passive", rep_steps=rep_steps,
     )
+
+
+def _chunk_steps(baseline: BaselineBlock, interference: InterferenceBlock) -> ChunkSteps | None:
+    if baseline.tpot_p50_ms is None or not interference.chunk_step_times_ms:
+        return None
+    return ChunkSteps(baseline.tpot_p50_ms, tuple(interference.chunk_step_times_ms))
 
 
 def _median(values: Sequence[float | int | None], integer: bool) -> float | int | None:
