@@ -34,7 +34,7 @@ caches() {
 echo "== caches before $stage ($(date -u +%T))"; caches | tee -a "$OUT/caches.txt"
 # an engine another script left running (dense-h200.sh keeps its last one) holds the GPU and the
 # port; a cold run cut short by its deadline left its own, which the next cold call adopts
-[ "$stage" = cold ] && [ -d "$R/starts" ] || pkill -f vllm.entrypoints.cli.main; for _ in $(seq 60); do pgrep -f vllm.entrypoints.cli.main >/dev/null || break; sleep 1; done
+[ "$stage" = cold ] && [ -d "$R/starts" ] || pkill -f '[v]llm.entrypoints.cli.main'; for _ in $(seq 60); do pgrep -f '[v]llm.entrypoints.cli.main' >/dev/null || break; sleep 1; done
 case $stage in
   cold)
     timeout $((deadline + 45)) python3 -m pdexporter sweep "$SWEEP" --out "$R/starts" --deadline "${deadline}s" \
