@@ -221,6 +221,8 @@ class PassiveTracker:
         self.traces_seen = 0
         self.own_traces_seen = 0
         self._prefills: list[RequestPrefill] = []  # production requests by first token (probe clock)
+        # production prefills added since the caller last took them (`run --passive --out`: requests.jsonl)
+        self.added: list[RequestPrefill] = []
         self._scrapes: collections.deque[Scrape] = collections.deque()
         self._pending: collections.deque[_Pending] = collections.deque()
         self._runs: collections.deque[SlowRun] = collections.deque()  # closed runs, in order
@@ -260,6 +262,7 @@ class PassiveTracker:
             prefill = RequestPrefill(t.request_id, t.prompt_tokens, first - self.trace_offset_ns,
                                      None if t.prefill_s is None else t.prefill_s * 1e3)
             bisect.insort(self._prefills, prefill, key=lambda r: r.first_token_ns)
+            self.added.append(prefill)
             added += 1
         return added
 

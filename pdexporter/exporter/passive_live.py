@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +40,7 @@ from pdexporter.exporter.passive import PassiveEvent, PassiveSettings, PassiveTr
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.tracing import ClockOffset
 from pdexporter.measure.driver import EngineInfo
-from pdexporter.measure.passive import JOINT_DIR
+from pdexporter.measure.passive import JOINT_DIR, MERGED_DIR, REQUESTS_LOG, RequestPrefill
 from pdexporter.measure.point import PointSpec, now_iso, record_config, resumable_reps
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.records import RepRecord, aggregate
@@ -223,6 +224,9 @@ class LivePassive:
     def add_traces(self, traces: list[RequestTrace]) -> None:
         own = self.tracker.own_traces_seen
         production = self.tracker.add_traces(traces)
+        added, self.tracker.added = self.tracker.added, []
+        if added and self.store is not None:
+            self._log_requests(added)
         probes = self.tracker.own_traces_seen - own
         count_traces(self.metrics, "production", production)
         count_traces(self.metrics, "probe", probes)
@@ -248,6 +252,9 @@ class LivePassive:
             if event.joint and self.store is not None:  # the event model's, no window: records under joint/
                 assert event.rep is not None
                 self._save(event, event.rep.model_copy(update={"started_at": now_iso()}))
+            elif event.outcome == "merged" and self.store is not None and event.rep is not None \
+                    and event.key is not None:  # kept for a later rule to read (MERGED_DIR), read by no model
+                self._save(event, event.rep.model_copy(update={"started_at": now_iso()}))
             if event.published:
                 assert event.rep is not None and event.key is not None
                 chunk, d_bin, p_bin = event.key
@@ -261,8 +268,20 @@ class LivePassive:
 
     def _save(self, event: PassiveEvent, rep: RepRecord) -> str:
         assert self.store is not None
-        store = ResultsStore(self.store.root / JOINT_DIR) if event.joint else self.store
+        folder = {"joint": JOINT_DIR, "merged": MERGED_DIR}.get(event.outcome)
+        store = ResultsStore(self.store.root / folder) if folder else self.store
         return save_event(store, event, rep, self.info, self.config.protocol, self.config.chunk_size_source)
+
+    def _log_requests(self, added: list[RequestPrefill]) -> None:
+        """Every production prefill the traces told, one JSON line each in `REQUESTS_LOG` (the
+        probes' clock, as the raw files): what a later attribution rule needs to read the merged
+        runs again. Ids and token counts only: no prompt, no header."""
+        assert self.store is not None
+        self.store.root.mkdir(parents=True, exist_ok=True)
+        with open(self.store.root / REQUESTS_LOG, "a", encoding="utf-8") as out:
+            for r in added:
+                out.write(json.dumps({"request_id": r.request_id, "prompt_tokens": r.prompt_tokens,
+                                      "first_token_ns": r.first_token_ns, "prefill_ms": r.prefill_ms}) + "\n")
 
 
 def save_event(store: ResultsStore, event: PassiveEvent, rep: RepRecord, info: EngineInfo, protocol: ProtocolSettings,

@@ -84,6 +84,8 @@ D_BINS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 19
 
 SOURCES = ("otlp", "metrics", "cadence")
 JOINT_DIR = "joint"  # joint events' records, beside the published ones (`run --passive --out DIR`: DIR/joint/)
+MERGED_DIR = "merged"  # merged events' records (DIR/merged/): kept for a later rule, read by no model
+REQUESTS_LOG = "requests.jsonl"  # every production prefill the traces told (DIR/requests.jsonl)
 
 # ((scheduled, first token, prompt tokens) of each prefill, ns; a step, ns) -> the prompt tokens of
 # the one chunked stream the engine ran them as, or None (an engine adapter's `joint_prefill_tokens`)
@@ -343,7 +345,7 @@ def bin_int(value: float, grid: Sequence[int]) -> int | None:
 
 
 __all__ = [
-    "Attribution", "D_BINS", "JOINT_DIR", "JointRule", "P_BINS", "ProbeStep", "RequestPrefill", "SOURCES", "SlowRun",
-    "attribute_metrics", "attribute_traces", "bin_int", "cadence_prompt_tokens", "joint_attribution", "log_bin",
-    "probe_steps", "running_decodes", "slow_runs",
+    "Attribution", "D_BINS", "JOINT_DIR", "JointRule", "MERGED_DIR", "P_BINS", "ProbeStep", "REQUESTS_LOG",
+    "RequestPrefill", "SOURCES", "SlowRun", "attribute_metrics", "attribute_traces", "bin_int",
+    "cadence_prompt_tokens", "joint_attribution", "log_bin", "probe_steps", "running_decodes", "slow_runs",
 ]

@@ -107,3 +107,13 @@ async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None
     reps = [rep for r in records for rep in r.reps]
     assert len(reps) == len(windows)
     assert all((rep.model_extra or {}).get("passive", {}).get("source") in ("otlp", "metrics") for rep in reps)
+    # every production prefill the traces told, logged for a later rule (ids and token counts only),
+    # and the runs of several prefills kept apart: merged/ and joint/ hold no published window
+    logged = [json.loads(line) for line in (tmp_path / "results" / "requests.jsonl").read_text().splitlines()]
+    assert logged and set(logged[0]) == {"request_id", "prompt_tokens", "first_token_ns", "prefill_ms"}
+    ids = {r["request_id"] for r in logged}
+    traced = [rep for rep in reps if rep.model_extra["passive"]["source"] == "otlp"]
+    assert all(set(rep.model_extra["passive"]["request_ids"]) <= ids for rep in traced)
+    for folder in ("merged", "joint"):
+        for path in ResultsStore(tmp_path / "results" / folder).iter_record_paths():
+            assert all(rep.model_extra["passive"]["prefills"] > 1 for rep in load_record_file(path).reps)
