@@ -221,8 +221,6 @@ class PassiveTracker:
         self.traces_seen = 0
         self.own_traces_seen = 0
         self._prefills: list[RequestPrefill] = []  # production requests by first token (probe clock)
-        # production prefills added since the caller last took them (`run --passive --out`: requests.jsonl)
-        self.added: list[RequestPrefill] = []
         self._scrapes: collections.deque[Scrape] = collections.deque()
         self._pending: collections.deque[_Pending] = collections.deque()
         self._runs: collections.deque[SlowRun] = collections.deque()  # closed runs, in order
@@ -245,10 +243,10 @@ class PassiveTracker:
 
     # --- inputs --------------------------------------------------------------------------
 
-    def add_traces(self, traces: Iterable[RequestTrace]) -> int:
+    def add_traces(self, traces: Iterable[RequestTrace]) -> list[RequestPrefill]:
         """Requests the engine finished (its OTLP spans); the exporter's own probes are set aside.
-        Returns how many production prefills were added."""
-        added = 0
+        Returns the production prefills added (`run --passive --out` logs them: requests.jsonl)."""
+        added: list[RequestPrefill] = []
         s = self.settings
         self._inputs += 1
         for t in traces:
@@ -262,8 +260,7 @@ class PassiveTracker:
             prefill = RequestPrefill(t.request_id, t.prompt_tokens, first - self.trace_offset_ns,
                                      None if t.prefill_s is None else t.prefill_s * 1e3)
             bisect.insort(self._prefills, prefill, key=lambda r: r.first_token_ns)
-            self.added.append(prefill)
-            added += 1
+            added.append(prefill)
         return added
 
     def add_scrape(self, snapshot: MetricsSnapshot, t0_ns: float, t1_ns: float) -> None:

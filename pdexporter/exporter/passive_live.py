@@ -223,8 +223,8 @@ class LivePassive:
 
     def add_traces(self, traces: list[RequestTrace]) -> None:
         own = self.tracker.own_traces_seen
-        production = self.tracker.add_traces(traces)
-        added, self.tracker.added = self.tracker.added, []
+        added = self.tracker.add_traces(traces)
+        production = len(added)
         if added and self.store is not None:
             self._log_requests(added)
         probes = self.tracker.own_traces_seen - own

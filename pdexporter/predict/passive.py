@@ -149,7 +149,8 @@ async def passive_session(  # noqa: C901 (17: to shrink)
                 if spans:
                     batch, spans[:] = list(spans), []
                     kind = driver.info.kind
-                    session.traces += tracker.add_traces(decode_traces(encode_traces(batch, engine=kind), engine=kind))
+                    received = decode_traces(encode_traces(batch, engine=kind), engine=kind)
+                    session.traces += len(tracker.add_traces(received))
             if now >= next_scrape or tracker.wants_scrape(driver.now_ns()):
                 if now >= next_scrape:
                     next_scrape = now + scrape_interval_s
