@@ -15,12 +15,17 @@ REPO = Path(__file__).resolve().parents[3]
 DENSE = REPO / "sweeps" / "h200-dense-llama-3.1-8b.yaml"
 
 
-def _make_model():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("make_model", REPO / "scripts" / "gpu" / "make_model.py")
+def _gpu_script(name: str):  # type: ignore[no-untyped-def]
+    """scripts/gpu/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "gpu" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _make_model():  # type: ignore[no-untyped-def]
+    return _gpu_script("make_model")
 
 
 def test_make_model_writes_a_dummy_weight_folder_from_a_shipped_config(tmp_path: Path):
@@ -69,11 +74,7 @@ def test_the_projection_is_committed_before_the_run():
 
 
 def _dense_report():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("dense_report", REPO / "scripts" / "gpu" / "dense_report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _gpu_script("dense_report")
 
 
 def test_the_comparison_takes_a_partial_grid_and_names_a_record_cut_short(tmp_path: Path):
