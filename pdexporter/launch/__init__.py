@@ -8,6 +8,7 @@ from pdexporter.launch.base import (
     EngineHandle,
     Launcher,
     LogDirected,
+    Preparing,
     Prestarting,
     Releasing,
     TraceDirected,
@@ -18,5 +19,5 @@ from pdexporter.launch.sim import SimLauncher
 
 __all__ = [
     "Adopting", "Attaching", "DeadlineReached", "EngineHandle", "ExternalLauncher", "Launcher", "LogDirected",
-    "Prestarting", "Releasing", "SimLauncher", "TraceDirected", "terminate_group",
+    "Preparing", "Prestarting", "Releasing", "SimLauncher", "TraceDirected", "terminate_group",
 ]

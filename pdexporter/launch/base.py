@@ -115,6 +115,14 @@ class Prestarting(Protocol):
 
 
 @runtime_checkable
+class Preparing(Protocol):
+    """A launcher that can start the engine of the chunk size to come while the current one serves,
+    up to the GPU (`launch.overlap`): `start` of that chunk size then pays only the GPU's part."""
+
+    async def prepare(self, chunk_size: int) -> None: ...
+
+
+@runtime_checkable
 class Releasing(Protocol):
     """A launcher that can leave its engine running for a later invocation."""
 

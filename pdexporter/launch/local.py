@@ -42,12 +42,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pdexporter._internal.atomic import atomic_write_json, open_private_log
+from pdexporter._internal.gate import GATE_ENV, hook_dir
 from pdexporter._internal.procs import same_process
 from pdexporter._internal.redact import redact_argv, redact_text, secret_values
 from pdexporter.client.client import EngineClient
@@ -63,12 +64,13 @@ from pdexporter.launch.base import (
 )
 
 __all__ = [
-    "EngineState", "LEASH", "LEASHED", "LOG_FILE", "LocalLauncher", "RenderedCommand", "STATE_FILE",
+    "EngineState", "GATE_FILE", "LEASH", "LEASHED", "LOG_FILE", "LocalLauncher", "RenderedCommand", "STATE_FILE",
     "log_contradicts_chunk", "render_command", "state_is_live",
 ]
 
 STATE_FILE = "engine.json"
 LOG_FILE = "engine.log"
+GATE_FILE = "start-gate"  # a gated launcher's engine waits before the GPU until this file exists
 LEASH = Path(__file__).with_name("leash.py")
 LEASHED = sys.platform.startswith("linux")  # abstract unix sockets and PR_SET_PDEATHSIG
 
@@ -140,12 +142,19 @@ class EngineState:
     leash_pid: int | None = None  # the leash holding the engine (`launch.leash`), and its start time
     leash_start: int | None = None
     leash_socket: str | None = None  # the leash's abstract unix socket, for a later owner
+    gate: str | None = None  # its start gate's file (`_internal.gate`): held before the GPU until it exists
+
+    @property
+    def held(self) -> bool:
+        """Started behind a gate that is still closed: it has not touched the GPU."""
+        return self.gate is not None and not os.path.exists(self.gate)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "pid": self.pid, "argv": list(self.argv), "url": self.url, "chunk_size": self.chunk_size,
             "log": self.log, "host": self.host, "started_at": self.started_at, "proc_start": self.proc_start,
             "leash_pid": self.leash_pid, "leash_start": self.leash_start, "leash_socket": self.leash_socket,
+            "gate": self.gate,
         }
 
     @classmethod
@@ -158,7 +167,8 @@ class EngineState:
             return cls(int(data["pid"]), tuple(data["argv"]), str(data["url"]), int(data["chunk_size"]),
                        str(data["log"]), str(data["host"]), str(data["started_at"]), opt_int("proc_start"),
                        opt_int("leash_pid"), opt_int("leash_start"),
-                       None if data.get("leash_socket") is None else str(data["leash_socket"]))
+                       None if data.get("leash_socket") is None else str(data["leash_socket"]),
+                       None if data.get("gate") is None else str(data["gate"]))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -204,6 +214,10 @@ class LocalLauncher:
     # One instance of a P/D pair ("prefill" | "decode", launch/pair.py): its state and log live in
     # `{chunk}/engine/{role}/`, and its engine setup follows from its command's --kv-transfer-config.
     role: str | None = None
+    # Engines start behind a gate (`_internal.gate`): `prepare` starts one that waits before the GPU
+    # (its imports, config, tokenizer and engine-core process done) while another engine serves;
+    # `start` lets it through once no other engine of the results directory runs (launch/overlap.py).
+    gated: bool = False
     adopted: bool = field(default=False, init=False)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _state: EngineState | None = field(default=None, init=False, repr=False)
@@ -237,8 +251,52 @@ class LocalLauncher:
     async def start(self, chunk_size: int) -> EngineHandle:
         if self._handle is not None and self._handle.chunk_size == chunk_size and self._alive():
             return self._handle
-        await self._launch(chunk_size)
+        if self.holds(chunk_size):  # started by `prepare`: through its gate once the GPU is free
+            await self._clear_gpu()
+            self._open_gate()
+        else:
+            await self._launch(chunk_size)
         return await self._ready(chunk_size)
+
+    async def prepare(self, chunk_size: int) -> None:
+        """Start the engine for a later chunk size behind its closed gate and return at once (a
+        `gated` launcher; others do nothing): it does its CPU-side start-up beside the engine in
+        use and waits before the GPU until `start` or `prestart` opens the gate."""
+        if self.gated and not self.holds(chunk_size):
+            await self._launch(chunk_size, gate_open=False)
+
+    @property
+    def idle(self) -> bool:
+        """No engine of this launcher's runs or is held (it has stopped, released, or not started one)."""
+        return self._state is None
+
+    def url_taken(self, chunk_size: int) -> bool:
+        """A live engine of another chunk size, started from this results directory, has this
+        launcher's url (its port): starting here would stop it."""
+        return any(state.url == self.url and state.chunk_size != chunk_size and state_is_live(state)
+                   for _, state in self._known_states())
+
+    def holds(self, chunk_size: int) -> bool:
+        """This launcher runs (or holds at its gate) an engine of this chunk size."""
+        return self._state is not None and self._state.chunk_size == chunk_size and self._alive()
+
+    def _open_gate(self) -> None:
+        if self._state is not None and self._state.gate is not None:
+            Path(self._state.gate).touch()
+
+    async def _clear_gpu(self) -> None:
+        """Before a held engine goes through its gate: stop every other engine of this results
+        directory that is past its own (it holds the GPU's memory)."""
+        own = self._state.pid if self._state is not None else None
+        for path, state in self._known_states():
+            if state.pid == own or not state_is_live(state) or state.held:
+                continue
+            control = await self._take_over(state, path)
+            self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size}, {state.url})")
+            await terminate_group(state.pid, self.stop_timeout_s)
+            if control is not None:
+                control.close()
+            path.unlink(missing_ok=True)
 
     def _sibling_keeps(self, state: EngineState, chunk_size: int) -> bool:
         """Another engine of this sweep runs it, and not the chunk size we are about to start."""
@@ -247,7 +305,11 @@ class LocalLauncher:
     async def prestart(self, chunk_size: int) -> None:
         """Have the engine for this chunk size starting, without waiting for it: a sweep that
         has no time left to wait starts the next engine and exits; the next invocation adopts it."""
-        await self._launch(chunk_size)
+        if self.holds(chunk_size):
+            await self._clear_gpu()
+            self._open_gate()
+        else:
+            await self._launch(chunk_size)
         self.release()
 
     def can_adopt(self, chunk_size: int) -> bool:
@@ -261,16 +323,18 @@ class LocalLauncher:
             for _, state in self._known_states()
         )
 
-    async def _launch(self, chunk_size: int) -> None:
-        """Adopt a live engine of this chunk size, or stop others and start one (state file first)."""
+    async def _launch(self, chunk_size: int, *, gate_open: bool = True) -> None:
+        """Adopt a live engine of this chunk size, or stop others and start one (state file first).
+        `gate_open=False` (`prepare`): behind a closed gate, leaving every other engine running."""
         await self.stop()
         # Engines this results directory started earlier: adopt the one we want, stop the others
-        # (they hold the GPU and the port).
+        # (they hold the GPU and the port). A gated launcher about to use the GPU also stops a
+        # sibling's engine that is past its gate; one still held uses no GPU and may stay.
         for path, state in self._known_states():
             if not state_is_live(state):
                 path.unlink(missing_ok=True)
                 continue
-            if self._sibling_keeps(state, chunk_size):
+            if self._sibling_keeps(state, chunk_size) and not (self.gated and gate_open and not state.held):
                 continue
             control = await self._take_over(state, path)
             wanted = render_command(self.command, chunk_size, self.variables, self.env)
@@ -285,6 +349,9 @@ class LocalLauncher:
                     self.on_message(f"adopting the engine started earlier (pid {state.pid}, chunk {chunk_size})")
                     self._state, self._control = state, control
                     self.adopted = True
+                    if gate_open:
+                        await self._clear_gpu()
+                        self._open_gate()
                     return
             self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size}, {state.url})")
             await terminate_group(state.pid, self.stop_timeout_s)
@@ -298,10 +365,20 @@ class LocalLauncher:
             )
         rendered = render_command(self.command, chunk_size, self.variables, self.env)
         log = self.log_path(chunk_size)
+        gate = self._engine_dir(chunk_size) / GATE_FILE if self.gated else None
+        if gate is not None:
+            gate.parent.mkdir(parents=True, exist_ok=True)
+            if gate_open:
+                gate.touch()
+            else:
+                gate.unlink(missing_ok=True)
         with open_private_log(log) as out:  # 0600: vLLM logs its arguments, an API key among them
-            out.write(f"\n# pdexporter sweep: starting {rendered.text}\n".encode())
+            held = "" if gate is None or gate_open else f" (held before the GPU until {gate} exists)"
+            out.write(f"\n# pdexporter sweep: starting {rendered.text}{held}\n".encode())
             out.flush()
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}  # iteration lines in the log at once
+            if gate is not None:
+                env = gated_env(env, gate, adapter(self.engine).gated_start_env)
             if LEASHED:
                 engine_pid, leash = await self._start_leashed(rendered, out, env)
             else:
@@ -311,7 +388,7 @@ class LocalLauncher:
             host=platform.node(), started_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             proc_start=process_start_ticks(engine_pid),
             leash_pid=leash[0] if leash else None, leash_start=process_start_ticks(leash[0]) if leash else None,
-            leash_socket=leash[1] if leash else None,
+            leash_socket=leash[1] if leash else None, gate=None if gate is None else str(gate),
         )
         atomic_write_json(self.state_path(chunk_size), self._state.to_json())
         self.adopted = False
@@ -464,6 +541,14 @@ class LocalLauncher:
             self._control.close()
             self._control = None
         self._proc, self._state, self._handle = None, None, None
+
+
+def gated_env(env: dict[str, str], gate: Path, engine_env: Mapping[str, str]) -> dict[str, str]:
+    """An engine's environment behind the start gate: the hook first on PYTHONPATH, the gate file,
+    and what the engine needs to wait that long (its adapter's `gated_start_env`)."""
+    path = env.get("PYTHONPATH")
+    hook = str(hook_dir())
+    return {**engine_env, **env, GATE_ENV: str(gate), "PYTHONPATH": f"{hook}{os.pathsep}{path}" if path else hook}
 
 
 async def _ask_leash(name: str) -> tuple[str, socket.socket | None]:

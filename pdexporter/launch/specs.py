@@ -104,6 +104,9 @@ class LocalLauncherSpec(_Strict):
         None, min_length=1
     )
     base_port: int = Field(8000, ge=1, le=65535)
+    # Start the next chunk size's engine while the current one serves, held before the GPU
+    # (`launch.overlap`): two engines at {port} = base_port and base_port + 1, taking turns.
+    overlap_starts: bool = False
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -124,7 +127,8 @@ class LocalLauncherSpec(_Strict):
             raise ValueError(
                 f"launcher.command: must contain {{chunk}} (where {adapter(self.engine).chunk_flag} goes)"
             )
-        problem = template_problem(self.command, {*self.vars, *(SLOT_PLACEHOLDERS if self.gpus else ())})
+        lanes = ("port",) if self.overlap_starts else ()
+        problem = template_problem(self.command, {*self.vars, *(SLOT_PLACEHOLDERS if self.gpus else lanes)})
         if problem:
             raise ValueError(f"launcher.command: {problem}")
         return self
@@ -165,6 +169,28 @@ class LocalLauncherSpec(_Strict):
                 "launcher.url: must contain {port} with launcher.gpus, e.g. http://127.0.0.1:{port}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _overlap(self) -> LocalLauncherSpec:
+        if not self.overlap_starts:
+            return self
+        if self.gpus is not None:
+            raise ValueError("launcher.overlap_starts: one GPU only (with launcher.gpus each GPU has its own engine)")
+        if self.base_port + 1 > 65535:
+            raise ValueError(f"launcher.base_port: {self.base_port} + 1 runs past port 65535")
+        if "port" in self.vars:
+            raise ValueError("launcher.vars.port: reserved with launcher.overlap_starts (base_port, base_port + 1)")
+        for name, text in (("command", self.command), ("url", self.url)):
+            if "{port}" not in text:
+                raise ValueError(
+                    f"launcher.{name}: must contain {{port}} with launcher.overlap_starts (the two engines "
+                    "that take turns listen on base_port and base_port + 1)"
+                )
+        return self
+
+    def lane_values(self, lane: int) -> dict[str, str]:
+        """{port} of an overlapped start's lane (0 or 1)."""
+        return {"port": str(self.base_port + lane)}
 
     @property
     def slots(self) -> int:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pdexporter._internal.atomic import atomic_write_json
+from pdexporter._internal.gate import wait_gate
 from pdexporter._internal.writable import check_writable
 from pdexporter.errors import ConfigError
 from pdexporter.sim.kvconnector import KV_ROLES
@@ -69,6 +70,9 @@ def serve_embedded(*, log: Callable[[str], None], default_profile: str, profile:
         if ready_file is not None:
             atomic_write_json(ready_file, info)
 
+    # Started early behind a launcher's start gate (launch.overlap): held here, where vLLM would
+    # touch the GPU, until the engine before it has stopped.
+    wait_gate("the embedded engine's start")
     with asyncio.Runner(loop_factory=precise_event_loop) as runner:
         runner.run(run_server(prof, options, on_ready=ready, log=log))
     log("INFO embedded engine stopped")

@@ -48,7 +48,7 @@ from pdexporter.errors import (
     MeasurementError,
     PdexporterError,
 )
-from pdexporter.launch.base import Adopting, Attaching, DeadlineReached, Prestarting
+from pdexporter.launch.base import Adopting, Attaching, DeadlineReached, Preparing, Prestarting
 from pdexporter.measure.driver import EngineDriver
 from pdexporter.measure.point import PointSpec, measure_point, phase1, retrying, window_retryable
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes, PooledProbes
@@ -374,6 +374,10 @@ class SweepController:
         t_wall = time.monotonic()
         try:
             with self._phase("engine_start", chunk):
+                if isinstance(launcher, Preparing) and len(self.providers) == 1 and self._queue:
+                    # the next chunk size's engine starts now, beside this one's start, and waits
+                    # before the GPU: its CPU part never runs beside a measured window (launch.overlap)
+                    await launcher.prepare(self._queue[0])
                 driver = await provider.open(chunk)
             self.times.observe("engine_start", (chunk,), time.monotonic() - t_wall)
             report.engine_adopted = isinstance(launcher, Adopting) and launcher.adopted
@@ -466,11 +470,13 @@ class SweepController:
         if not todo:
             return
         self.observer.on_phase("warmup", chunk, d)
+        # What is warmed is the chunk's step beside D decodes, over by the prefill's first token: the
+        # recovery intervals are not waited for (the next window waits for its own steady state).
+        settings = self.spec.protocol.model_copy(update={"after_intervals": 1})
         with self._phase("warmup", chunk):
             for p in todo:
                 probes = pool if pool is not None else FreshProbes(self.spec.protocol)
-                await run_window(driver, d, p, self.spec.protocol, probes, FixedBaseline(baseline.stats),
-                                 chunk_size=chunk)
+                await run_window(driver, d, p, settings, probes, FixedBaseline(baseline.stats), chunk_size=chunk)
                 self._warmed_mixed.add((chunk, d, p))
 
     async def _run_d(self, driver: EngineDriver, chunk: int, d: int, keys: list[Key]) -> None:

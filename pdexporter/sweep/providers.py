@@ -18,6 +18,7 @@ from pdexporter.launch.base import EngineHandle, Launcher, LogDirected, Releasin
 from pdexporter.launch.external import ExternalLauncher
 from pdexporter.launch.kubernetes import KubernetesLauncher
 from pdexporter.launch.local import LocalLauncher
+from pdexporter.launch.overlap import OverlappingLauncher
 from pdexporter.launch.pair import PairLauncher
 from pdexporter.launch.sim import SimLauncher
 from pdexporter.launch.specs import (
@@ -232,6 +233,25 @@ def make_provider(
     return providers[0]
 
 
+def _overlapping(spec: SweepSpec, launcher_spec: LocalLauncherSpec, store: ResultsStore, api_key: str | None,
+                 deadline: Callable[[], float | None], on_message: Callable[[str], None]) -> EngineProvider:
+    """One GPU, two gated local launchers taking turns (`launch.overlap`)."""
+    urls = [launcher_spec.url.replace("{port}", launcher_spec.lane_values(i)["port"]) for i in (0, 1)]
+    lanes = tuple(
+        LocalLauncher(
+            command=launcher_spec.command, store=store, url=url,
+            variables={**launcher_spec.vars, **launcher_spec.lane_values(i)}, env=dict(launcher_spec.env),
+            cwd=launcher_spec.cwd, health_timeout_s=launcher_spec.health_timeout_s,
+            stop_timeout_s=launcher_spec.stop_timeout_s, adopt=launcher_spec.adopt, gpu=spec.gpu, deadline=deadline,
+            on_message=on_message, siblings=frozenset(urls) - {url}, engine=launcher_spec.engine, gated=True,
+        )
+        for i, url in enumerate(urls)
+    )
+    return LauncherProvider(OverlappingLauncher((lanes[0], lanes[1])), model=spec.model, api_key=api_key, gpu=spec.gpu,
+                            description=f"local engines at {urls[0]} and {urls[1]}, each started while the other "
+                                        "serves (held before the GPU)")
+
+
 def make_providers(
     spec: SweepSpec,
     store: ResultsStore,
@@ -292,6 +312,8 @@ def make_providers(
                              connector=connector, p2p_addresses=addresses, read_timeout_s=spec.read_timeout_s,
                              description=f"P/D pair ({connector}): prefill at {launcher_spec.prefill.url}, decode at "
                                          f"{launcher_spec.decode.url}")]
+    if isinstance(launcher_spec, LocalLauncherSpec) and launcher_spec.overlap_starts:
+        return [_overlapping(spec, launcher_spec, store, api_key, deadline, on_message)]
     if isinstance(launcher_spec, LocalLauncherSpec):
         urls = [launcher_spec.slot_url(i) for i in range(launcher_spec.slots)]
         out: list[EngineProvider] = []

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 32: the seed grid on one H200 (sweeps/h200.yaml: 4 chunk sizes x 7 D x 7 P x 5 repetitions,
-# fast mode), vLLM starting from the torch.compile / Triton caches an earlier session packed
+# fast mode, each later engine started while the one before serves: launcher.overlap_starts), vLLM
+# starting from the torch.compile / Triton caches an earlier session packed
 # (.gpu-stage-cache, scripts/gpu/engine-starts-h200.sh; results/h200-vllm0.22-qwen3-coder-30b-a3b-starts/RUN.md).
 # From the repository root on the GPU machine, after the three calls that carry the vLLM bundle,
 # carrying .gpu-stage-otel and .gpu-stage-cache in the first call that runs it:
@@ -9,7 +10,7 @@
 #
 # Each call resumes (complete records skipped, the engine left running adopted). Leaves in $OUT:
 # h200.tgz (records, raw, trimmed engine logs, sweep.json with every invocation's phase times),
-# sweep.log, engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
+# sweep.log, gpu-apps.log (the GPU's processes every 5 s), engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
 # The last lines sum the invocations' wall times (the issue's "every invocation's wall time summed").
 set -u
 cd "$(dirname "$0")/../.."
@@ -22,15 +23,21 @@ source scripts/gpu/unpack-bundle.sh || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 # shellcheck source=/dev/null
 source scripts/gpu/engine-cache.sh || exit 1
+# Which processes hold GPU memory, every 5 s: an engine held at its start gate (launcher.overlap_starts)
+# must not appear until the engine before it has stopped.
+( while sleep 5; do echo "$(date +%s) $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ';')"; done ) \
+  >> "$R/gpu-apps.log" 2>&1 &
+apps=$!
 timeout $((deadline + 45)) python3 -m pdexporter sweep sweeps/h200.yaml --out "$R/h200" --deadline "${deadline}s" \
   >> "$R/sweep.log" 2>&1
 echo "sweep rc=$?" >> "$R/sweep.log"
+kill $apps 2>/dev/null
 for log in $(find "$R/h200" -name engine.log 2>/dev/null); do
   { head -c 300000 "$log"; echo; echo "# ... (cut) ... last iteration lines:"; grep -a "Iteration(" "$log" | tail -n 3000; } \
     | gzip -9 > "${log%.log}.trimmed.log.gz"
 done
 tar czf "$OUT/h200.tgz" --exclude=engine.log -C "$R" h200
-cp "$R/sweep.log" "$OUT/sweep.log"
+cp "$R/sweep.log" "$OUT/sweep.log"; cp "$R/gpu-apps.log" "$OUT/gpu-apps.log"
 tar cf - -C / root/ecache | xz -T0 -6 | split -b 15M -d - "$OUT/engine-cache.tar.xz."
 tail -n 14 "$R/sweep.log"
 python3 - "$R/h200/sweep.json" <<'PY'

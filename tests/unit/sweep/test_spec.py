@@ -64,7 +64,7 @@ def test_gpu_experiment_files_share_the_h200_engine_command(name: str) -> None:
     assert isinstance(base, LocalLauncherSpec) and isinstance(spec.launcher, LocalLauncherSpec)
     (chunk,) = spec.grid.chunk_sizes
     argv = render_command(spec.launcher.command, chunk, spec.launcher.vars).argv
-    base_argv = render_command(base.command, chunk, base.vars).argv
+    base_argv = render_command(base.command, chunk, {**base.vars, **base.lane_values(0)}).argv  # its first port
     assert argv[: len(base_argv)] == base_argv
     if "graphs" in name:
         flag, value = argv[len(base_argv):]
@@ -235,8 +235,7 @@ def test_h200x2_file_runs_h200s_engine_on_two_gpus_interleaved() -> None:
         assert argv.env == {"CUDA_VISIBLE_DEVICES": str(i), **MULTI_GPU_ENV, "PYTHONPATH": "/tmp/site",
                             "VLLM_USE_FLASHINFER_SAMPLER": "0"}
         # h200.yaml's vLLM command, but on port 8000 + i
-        assert argv.argv == render_command(base.command, 8192).argv[:-3] + ("--port", str(8000 + i),
-                                                                           "--enable-logging-iteration-details")
+        assert argv.argv == render_command(base.command, 8192, base.lane_values(i)).argv
 
 
 @pytest.mark.parametrize("launcher, message", [
@@ -251,6 +250,40 @@ def test_h200x2_file_runs_h200s_engine_on_two_gpus_interleaved() -> None:
 ])
 def test_bad_gpu_settings_are_one_line(launcher: dict, message: str) -> None:
     assert error_of({"grid": GRID, "launcher": {"kind": "local", **launcher}}) == f"sweeps/x.yaml: {message}"
+
+
+@pytest.mark.parametrize("launcher, message", [
+    ({"command": "x {chunk}"},
+     "launcher.command: must contain {port} with launcher.overlap_starts (the two engines that take turns listen "
+     "on base_port and base_port + 1)"),
+    ({"command": "x {chunk} --port {port}"},
+     "launcher.url: must contain {port} with launcher.overlap_starts (the two engines that take turns listen on "
+     "base_port and base_port + 1)"),
+    ({"command": "x {chunk} --port {port}", "url": "http://h:{port}", "gpus": [0, 1]},
+     "launcher.overlap_starts: one GPU only (with launcher.gpus each GPU has its own engine)"),
+    ({"command": "x {chunk} --port {port}", "url": "http://h:{port}", "base_port": 65535},
+     "launcher.base_port: 65535 + 1 runs past port 65535"),
+])
+def test_bad_overlap_settings_are_one_line(launcher: dict, message: str) -> None:
+    assert error_of({"grid": GRID, "launcher": {"kind": "local", "overlap_starts": True, **launcher}}) == (
+        f"sweeps/x.yaml: {message}")
+
+
+def test_overlapped_starts_make_one_provider_with_two_lanes(tmp_path: Path) -> None:
+    from pdexporter.launch.overlap import OverlappingLauncher
+    from pdexporter.measure.store import ResultsStore
+    from pdexporter.sweep.providers import make_providers
+
+    spec = load_sweep(ROOT / "sweeps" / "h200.yaml")
+    providers = make_providers(spec, ResultsStore(tmp_path))
+    assert len(providers) == 1
+    launcher = providers[0].launcher
+    assert isinstance(launcher, OverlappingLauncher)
+    assert [lane.url for lane in launcher.lanes] == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    argv = [render_command(lane.command, 2048, lane.variables, lane.env).argv for lane in launcher.lanes]
+    assert argv[0][argv[0].index("--port") + 1] == "8000" and argv[1][argv[1].index("--port") + 1] == "8001"
+    assert all(lane.gated and lane.siblings == {other.url} for lane, other in zip(launcher.lanes,
+                                                                                   launcher.lanes[::-1], strict=True))
 
 
 def test_gpus_fill_port_gpu_and_the_environment() -> None:
