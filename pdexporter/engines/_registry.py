@@ -235,9 +235,6 @@ class EngineAdapter(Protocol):
     # are set only when a batch is logged (SGLang: every `decode_log_interval` decode steps), so
     # they may be stale and are only reported (`measure.protocol.injection_problem`)
     request_gauges_per_step: bool
-    # environment an engine started early behind the start gate (`launch.overlap`) needs to wait
-    # there: vLLM's API server gives up on an engine core not ready within 600 s
-    gated_start_env: Mapping[str, str]
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         """The prefill's chunk sizes, in order, when `running_decodes` decodes run beside it (what

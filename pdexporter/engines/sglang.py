@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from types import MappingProxyType
 
 from pdexporter.engines._registry import COLOCATED, ChunkRule, IterationStep, KvSetup, MetricKind, register
 
@@ -203,7 +202,6 @@ class SglangAdapter:
     # num_running_reqs / num_queue_reqs are set when a prefill batch or every 40th decode batch is
     # logged: one read 23 at D = 12 on the H200 (results/h200-sglang0.5.15-mixed-*/RUN.md)
     request_gauges_per_step = False
-    gated_start_env: Mapping[str, str] = MappingProxyType({})  # 0.5: the server waits for its scheduler without a limit
     mixed = False
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:

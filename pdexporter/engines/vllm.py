@@ -17,7 +17,6 @@ import math
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 from pdexporter.engines._registry import (
@@ -205,9 +204,6 @@ class VllmAdapter:
     # scheduler stats with every step's outputs; after every request was aborted they stay as they
     # were until the engine steps again (vllm-project/vllm#22545): `protocol.settle_engine` nudges it
     request_gauges_per_step = True
-    # held at the start gate for as long as the engine before it serves: the API server's wait for the
-    # engine core (`VLLM_ENGINE_READY_TIMEOUT_S`, 600 s in 0.22) must outlast it
-    gated_start_env: Mapping[str, str] = MappingProxyType({"VLLM_ENGINE_READY_TIMEOUT_S": "86400"})
 
     def chunk_schedule(self, prompt_tokens: int, chunk_size: int, running_decodes: int) -> tuple[int, ...]:
         return self.chunk_rule.schedule(prompt_tokens, chunk_size, running_decodes)

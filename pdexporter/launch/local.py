@@ -42,7 +42,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,7 +378,7 @@ class LocalLauncher:
             out.flush()
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}  # iteration lines in the log at once
             if gate is not None:
-                env = gated_env(env, gate, adapter(self.engine).gated_start_env)
+                env = gated_env(env, gate)
             if LEASHED:
                 engine_pid, leash = await self._start_leashed(rendered, out, env)
             else:
@@ -543,12 +543,14 @@ class LocalLauncher:
         self._proc, self._state, self._handle = None, None, None
 
 
-def gated_env(env: dict[str, str], gate: Path, engine_env: Mapping[str, str]) -> dict[str, str]:
-    """An engine's environment behind the start gate: the hook first on PYTHONPATH, the gate file,
-    and what the engine needs to wait that long (its adapter's `gated_start_env`)."""
+def gated_env(env: dict[str, str], gate: Path) -> dict[str, str]:
+    """An engine's environment behind the start gate: the hook first on PYTHONPATH, and the gate
+    file. Nothing else: vLLM hashes its VLLM_* variables into the torch.compile cache key (0.22,
+    `envs.compile_factors`), so a `VLLM_ENGINE_READY_TIMEOUT_S` set here cost GPU session 9 its
+    warm compile cache (~25 s a start)."""
     path = env.get("PYTHONPATH")
     hook = str(hook_dir())
-    return {**engine_env, **env, GATE_ENV: str(gate), "PYTHONPATH": f"{hook}{os.pathsep}{path}" if path else hook}
+    return {**env, GATE_ENV: str(gate), "PYTHONPATH": f"{hook}{os.pathsep}{path}" if path else hook}
 
 
 async def _ask_leash(name: str) -> tuple[str, socket.socket | None]:

@@ -12,6 +12,10 @@ has stopped the engine in use, opens the gate. The flags being measured are the 
 port differs (`{port}`: base_port and base_port + 1), and a port is a placement flag that
 records may differ in (`measure.point.flag_mismatch`).
 
+vLLM's API server waits `VLLM_ENGINE_READY_TIMEOUT_S` (600 s in 0.22) for its engine core, so an
+engine held longer than that exits; its turn then starts it again, in full (`LocalLauncher.start`
+sees it gone). That variable is not set for it: vLLM hashes it into the torch.compile cache key.
+
 Held engines follow the local launcher's rules: a sweep stopped at its deadline releases both
 (the next invocation adopts the one it wants, held or serving); a held engine of another chunk
 size stays, using no GPU, until its own turn; one that serves is stopped before another goes
