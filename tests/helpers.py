@@ -85,3 +85,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-unty
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+class ExpireAfterFirstConfig:
+    """A sweep deadline clock (`Deadline(clock=...)`): far from the deadline until the first record
+    exists, then past it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __call__(self) -> float:
+        return 2e6 if any(self.root.glob("*/D*_P*.json")) else 0.0

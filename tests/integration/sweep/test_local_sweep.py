@@ -15,6 +15,7 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import Deadline, SweepController
 from pdexporter.sweep.providers import make_provider
 from pdexporter.sweep.spec import parse_sweep
+from tests.helpers import ExpireAfterFirstConfig
 
 pytestmark = pytest.mark.integration
 
@@ -43,16 +44,6 @@ def spec_for(port: int):  # type: ignore[no-untyped-def]
             "stop_timeout_s": 10,
         },
     })
-
-
-class ExpireAfterFirstConfig:
-    """Deadline clock: far from the deadline until the first record exists, then past it."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def __call__(self) -> float:
-        return 2e6 if any(self.root.glob("*/D*_P*.json")) else 0.0
 
 
 async def test_local_engine_sweep_adopts_after_a_deadline(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from pdexporter.launch.base import pid_alive
 from pdexporter.launch.local import GATE_FILE, LOG_FILE, STATE_FILE, EngineState, LocalLauncher
 from pdexporter.launch.overlap import OverlappingLauncher
 from pdexporter.measure.store import ResultsStore
+from tests.helpers import ExpireAfterFirstConfig
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +158,7 @@ def _lanes(tmp_path: Path, store: ResultsStore, port: int, fake_torch: Path,
     ))
 
 
-async def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+async def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not predicate():
@@ -172,7 +174,8 @@ def _held_line(store: ResultsStore, chunk: int) -> bool:
 async def test_the_next_engine_starts_beside_the_current_one_and_waits_before_the_gpu(
     tmp_path: Path, fake_torch: Path
 ) -> None:
-    store, port, messages = ResultsStore(tmp_path / "results"), port_pair(), []
+    store, port = ResultsStore(tmp_path / "results"), port_pair()
+    messages: list[str] = []
     lanes = _lanes(tmp_path, store, port, fake_torch, messages)
     marks = tmp_path / "cuda"
     await lanes.prepare(4096)  # the sweep's order: the next one first, then the current one
@@ -195,7 +198,8 @@ async def test_the_next_engine_starts_beside_the_current_one_and_waits_before_th
 
 
 async def test_held_and_serving_engines_are_adopted_by_the_next_invocation(tmp_path: Path, fake_torch: Path) -> None:
-    store, port, messages = ResultsStore(tmp_path / "results"), port_pair(), []
+    store, port = ResultsStore(tmp_path / "results"), port_pair()
+    messages: list[str] = []
     lanes = _lanes(tmp_path, store, port, fake_torch, messages)
     await lanes.prepare(4096)
     await lanes.start(2048)
@@ -211,7 +215,8 @@ async def test_held_and_serving_engines_are_adopted_by_the_next_invocation(tmp_p
     assert again.adopted
     await again.stop()
     await again.start(4096)
-    assert again.adopted and {c: EngineState.read(store.engine_dir(c) / STATE_FILE) for c in (4096,)}[4096].pid == pids[4096]  # type: ignore[union-attr]
+    adopted = EngineState.read(store.engine_dir(4096) / STATE_FILE)
+    assert again.adopted and adopted is not None and adopted.pid == pids[4096]
     assert not pid_alive(pids[2048])
     await again.stop()
     assert not pid_alive(pids[4096]) and sum("adopting" in m for m in messages) == 2
@@ -220,7 +225,8 @@ async def test_held_and_serving_engines_are_adopted_by_the_next_invocation(tmp_p
 async def test_a_serving_engine_is_stopped_before_a_held_one_goes_through(tmp_path: Path, fake_torch: Path) -> None:
     """A held engine's gate opens only once no other engine of the results directory is past its
     own: one left serving by an earlier invocation (another lane's port) is stopped first."""
-    store, port, messages = ResultsStore(tmp_path / "results"), port_pair(), []
+    store, port = ResultsStore(tmp_path / "results"), port_pair()
+    messages: list[str] = []
     lanes = _lanes(tmp_path, store, port, fake_torch, messages)
     await lanes.start(2048)
     serving = EngineState.read(store.engine_dir(2048) / STATE_FILE)
@@ -232,16 +238,6 @@ async def test_a_serving_engine_is_stopped_before_a_held_one_goes_through(tmp_pa
     await again.start(4096)  # 2048 is not wanted any more: stopped before 4096 touches "CUDA"
     assert not pid_alive(serving.pid)
     await again.stop()
-
-
-class ExpireAfterFirstConfig:
-    """Deadline clock: far from the deadline until the first record exists, then past it."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def __call__(self) -> float:
-        return 2e6 if any(self.root.glob("*/D*_P*.json")) else 0.0
 
 
 async def test_a_sweep_with_overlapped_starts_on_the_embedded_engine(tmp_path: Path) -> None:
