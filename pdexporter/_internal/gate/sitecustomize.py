@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+__all__ = ["GATE_ENV", "wait_gate"]
+
 GATE_ENV = "PDEXPORTER_GATE"
 _POLL_S = 0.05
 
