@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Source on the GPU machine to start vLLM with the torch.compile / Triton / Inductor caches an
 # earlier session wrote (issue 32; packed by scripts/gpu/engine-starts-h200.sh into
-# engine-cache.tar.xz.NN, 3.6 MB for B = 8192, 2048 and 4096 of Qwen3-Coder-30B-A3B on vLLM 0.22).
+# engine-cache.tar.xz.NN; since GPU session 9 5.8 MB, all four chunk sizes of Qwen3-Coder-30B-A3B on vLLM 0.22).
 # Carry the parts as `.gpu-stage-cache` (here: /work/main/.gpu-stage-cache, ignored by git):
 #
 #   run carry [".gpu-stage-cache"] command: source scripts/gpu/engine-cache.sh && python3 -m pdexporter sweep ...
