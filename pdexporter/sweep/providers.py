@@ -248,6 +248,7 @@ def _overlapping(spec: SweepSpec, launcher_spec: LocalLauncherSpec, store: Resul
         for i, url in enumerate(urls)
     )
     return LauncherProvider(OverlappingLauncher((lanes[0], lanes[1])), model=spec.model, api_key=api_key, gpu=spec.gpu,
+                            read_timeout_s=spec.read_timeout_s,
                             description=f"local engines at {urls[0]} and {urls[1]}, each started while the other "
                                         "serves (held before the GPU)")
 
@@ -328,6 +329,7 @@ def make_providers(
             )
             gpu_slot = f"GPU {launcher_spec.gpus[i]}" if launcher_spec.gpus else ""
             out.append(LauncherProvider(local, model=spec.model, api_key=api_key, gpu=spec.gpu, slot=gpu_slot,
+                                        read_timeout_s=spec.read_timeout_s,
                                         description=f"local engine at {url}" + (f" on {gpu_slot}" if gpu_slot else "")))
         return out
     launcher: Launcher

@@ -282,6 +282,7 @@ def test_overlapped_starts_make_one_provider_with_two_lanes(tmp_path: Path) -> N
     assert [lane.url for lane in launcher.lanes] == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
     argv = [render_command(lane.command, 2048, lane.variables, lane.env).argv for lane in launcher.lanes]
     assert argv[0][argv[0].index("--port") + 1] == "8000" and argv[1][argv[1].index("--port") + 1] == "8001"
+    assert providers[0].read_timeout_s == spec.read_timeout_s  # type: ignore[attr-defined]
     assert all(lane.gated and lane.siblings == {other.url} for lane, other in zip(launcher.lanes,
                                                                                    launcher.lanes[::-1], strict=True))
 
