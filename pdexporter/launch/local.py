@@ -252,8 +252,7 @@ class LocalLauncher:
         if self._handle is not None and self._handle.chunk_size == chunk_size and self._alive():
             return self._handle
         if self.holds(chunk_size):  # started by `prepare`: through its gate once the GPU is free
-            await self._clear_gpu()
-            self._open_gate()
+            await self._let_through()
         else:
             await self._launch(chunk_size)
         return await self._ready(chunk_size)
@@ -280,23 +279,24 @@ class LocalLauncher:
         """This launcher runs (or holds at its gate) an engine of this chunk size."""
         return self._state is not None and self._state.chunk_size == chunk_size and self._alive()
 
-    def _open_gate(self) -> None:
-        if self._state is not None and self._state.gate is not None:
-            Path(self._state.gate).touch()
-
-    async def _clear_gpu(self) -> None:
-        """Before a held engine goes through its gate: stop every other engine of this results
-        directory that is past its own (it holds the GPU's memory)."""
+    async def _let_through(self) -> None:
+        """Open this launcher's engine's gate, once every other engine of this results directory
+        that is past its own is stopped (it holds the GPU's memory)."""
         own = self._state.pid if self._state is not None else None
         for path, state in self._known_states():
             if state.pid == own or not state_is_live(state) or state.held:
                 continue
-            control = await self._take_over(state, path)
-            self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size}, {state.url})")
-            await terminate_group(state.pid, self.stop_timeout_s)
-            if control is not None:
-                control.close()
-            path.unlink(missing_ok=True)
+            await self._stop_found(state, path, await self._take_over(state, path))
+        if self._state is not None and self._state.gate is not None:
+            Path(self._state.gate).touch()
+
+    async def _stop_found(self, state: EngineState, path: Path, control: socket.socket | None) -> None:
+        """Stop an engine found in this results directory (taken over: `control`) and drop its state file."""
+        self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size}, {state.url})")
+        await terminate_group(state.pid, self.stop_timeout_s)
+        if control is not None:
+            control.close()
+        path.unlink(missing_ok=True)
 
     def _sibling_keeps(self, state: EngineState, chunk_size: int) -> bool:
         """Another engine of this sweep runs it, and not the chunk size we are about to start."""
@@ -306,8 +306,7 @@ class LocalLauncher:
         """Have the engine for this chunk size starting, without waiting for it: a sweep that
         has no time left to wait starts the next engine and exits; the next invocation adopts it."""
         if self.holds(chunk_size):
-            await self._clear_gpu()
-            self._open_gate()
+            await self._let_through()
         else:
             await self._launch(chunk_size)
         self.release()
@@ -350,14 +349,9 @@ class LocalLauncher:
                     self._state, self._control = state, control
                     self.adopted = True
                     if gate_open:
-                        await self._clear_gpu()
-                        self._open_gate()
+                        await self._let_through()
                     return
-            self.on_message(f"stopping engine pid {state.pid} (chunk {state.chunk_size}, {state.url})")
-            await terminate_group(state.pid, self.stop_timeout_s)
-            if control is not None:
-                control.close()
-            path.unlink(missing_ok=True)
+            await self._stop_found(state, path, control)
         if await _answers_health(self.url):
             raise EngineError(
                 f"{self.url} already answers /health but this sweep did not start it (no live "
