@@ -57,10 +57,8 @@ fi
 echo "sweep rc=$rc" >> "$R/sweep.log"
 
 # engine logs cut to their start-up and the iteration lines (the full ones are 4-5 MB per chunk size)
-for log in $(find "$R/dense" -name engine.log 2>/dev/null); do
-  { head -c 300000 "$log"; echo; echo "# ... (cut) ... last iteration lines:"; grep -a "Iteration(" "$log" | tail -n 4000; } \
-    > "${log%.log}.trimmed.log"
-done
+# shellcheck source=/dev/null
+source scripts/gpu/engine-logs.sh && trim_engine_logs 4000 "$R/dense"
 tar czf "$OUT/dense.tgz" --exclude=engine.log -C "$R" dense
 cp "$R/sweep.log" "$OUT/sweep.log"
 total=$(python3 -c "from pdexporter.sweep.spec import load_sweep; print(len(list(load_sweep('$SWEEP').points())))")

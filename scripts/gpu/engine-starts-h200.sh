@@ -48,10 +48,8 @@ case $stage in
 esac
 echo "sweep rc=$rc" | tee -a "$R/starts-$stage.log"
 echo "== caches after $stage ($(date -u +%T))"; caches | tee -a "$OUT/caches.txt"
-for log in $(find "$R/starts" "$R/starts-warm" -name engine.log 2>/dev/null); do
-  { head -c 300000 "$log"; echo; echo "# ... (cut) ... last iteration lines:"; grep -a "Iteration(" "$log" | tail -n 2000; } \
-    > "${log%.log}.trimmed.log"
-done
+# shellcheck source=/dev/null
+source scripts/gpu/engine-logs.sh && trim_engine_logs 2000 "$R/starts" "$R/starts-warm"
 tar czf "$OUT/starts.tgz" --exclude=engine.log -C "$R" $(cd "$R" && ls -d starts starts-warm starts-cold.log starts-warm.log 2>/dev/null)
 if [ "$stage" = warm ]; then
   # the caches a later session carries back in (tar paths relative to /)

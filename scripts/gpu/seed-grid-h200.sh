@@ -32,10 +32,8 @@ timeout $((deadline + 45)) python3 -m pdexporter sweep sweeps/h200.yaml --out "$
   >> "$R/sweep.log" 2>&1
 echo "sweep rc=$?" >> "$R/sweep.log"
 kill $apps 2>/dev/null
-for log in $(find "$R/h200" -name engine.log 2>/dev/null); do
-  { head -c 300000 "$log"; echo; echo "# ... (cut) ... last iteration lines:"; grep -a "Iteration(" "$log" | tail -n 3000; } \
-    | gzip -9 > "${log%.log}.trimmed.log.gz"
-done
+# shellcheck source=/dev/null
+source scripts/gpu/engine-logs.sh && trim_engine_logs 3000 --gzip "$R/h200"
 tar czf "$OUT/h200.tgz" --exclude=engine.log -C "$R" h200
 cp "$R/sweep.log" "$OUT/sweep.log"; cp "$R/gpu-apps.log" "$OUT/gpu-apps.log"
 tar cf - -C / root/ecache | xz -T0 -6 | split -b 15M -d - "$OUT/engine-cache.tar.xz."

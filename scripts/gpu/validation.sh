@@ -30,10 +30,8 @@ unpack() {
 
 pack() {  # pack NAME DIR...: results without the full engine logs, with a trimmed copy of each
   local name=$1; shift
-  for log in $(find "$@" -name engine.log 2>/dev/null); do
-    { head -c 300000 "$log"; echo; echo "# ... (cut) ... last iteration lines:"; grep -a "Iteration(" "$log" | tail -n 4000; } \
-      > "${log%.log}.trimmed.log"
-  done
+  # shellcheck source=/dev/null
+  source scripts/gpu/engine-logs.sh && trim_engine_logs 4000 "$@"
   tar czf "$OUT/$name.tgz" --exclude=engine.log "$@" 2>/dev/null
   ls -la "$OUT"
 }
