@@ -10,7 +10,8 @@
 #
 # Each call resumes (complete records skipped, the engine left running adopted). Leaves in $OUT:
 # h200.tgz (records, raw, trimmed engine logs, sweep.json with every invocation's phase times),
-# sweep.log, gpu-apps.log (the GPU's processes every 5 s), engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
+# sweep.log, gpu-apps.log (the GPU's processes every 5 s), host-monitor.tgz (every call's host and GPU
+# samples, scripts/gpu/host_monitor.py), engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
 # The last lines sum the invocations' wall times (the issue's "every invocation's wall time summed").
 set -u
 cd "$(dirname "$0")/../.."
@@ -28,10 +29,17 @@ source scripts/gpu/engine-cache.sh || exit 1
 ( while sleep 5; do echo "$(date +%s) $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ';')"; done ) \
   >> "$R/gpu-apps.log" 2>&1 &
 apps=$!
+# What the host and the GPU do beside the sweep, 10 samples a second (scripts/gpu/host_monitor.py):
+# the eager chunk step's two levels matched afterwards with CPU, run-queue waits and GPU clocks.
+mon=$R/host-$(date +%s).jsonl
+nice -n 5 python3 scripts/gpu/host_monitor.py "$mon" &
+monpid=$!
 timeout $((deadline + 45)) python3 -m pdexporter sweep sweeps/h200.yaml --out "$R/h200" --deadline "${deadline}s" \
   >> "$R/sweep.log" 2>&1
 echo "sweep rc=$?" >> "$R/sweep.log"
 kill $apps 2>/dev/null
+kill $monpid 2>/dev/null; wait $monpid 2>/dev/null
+(cd "$R" && tar czf "$OUT/host-monitor.tgz" host-*.jsonl host-*.gpu.csv 2>/dev/null)
 # shellcheck source=/dev/null
 source scripts/gpu/engine-logs.sh && trim_engine_logs 3000 --gzip "$R/h200"
 tar czf "$OUT/h200.tgz" --exclude=engine.log -C "$R" h200
