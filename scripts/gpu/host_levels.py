@@ -1,0 +1,148 @@
+"""Issues 30 and 32: every repetition of a sweep beside what the host and the GPU did in its window.
+
+Reads the records of a sweep (`{chunk}/D*_P*.json` with their `raw/` windows) and the samples of
+`scripts/gpu/host_monitor.py` (`host-*.jsonl`, `host-*.gpu.csv`) and writes one row per repetition:
+its window (the injection to the prefill's first token, on the driver's clock), the penalty and its
+ratio to the median of its configuration's repetitions (the level), and, over the monitor's samples
+that bracket the window, the engine core's main thread: its share of the window on a CPU and
+waiting on the run queue, the CPU it ran on; the host's steal; the GPU's SM clock (mean, min),
+power and whether a clock-event reason (power cap, thermal) was active.
+
+    python3 scripts/gpu/host_levels.py RESULTS_DIR MONITOR_DIR [--csv OUT.csv]
+
+It prints, per regime of the step (one eager chunk, several chunks), how the repetitions away
+from their configuration's median (|ratio - 1| > 0.1) differ from the others in each of those.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import gzip
+import json
+import statistics
+import sys
+from datetime import datetime
+from pathlib import Path
+
+ENGINE_COMM = "VLLM::EngineCor"
+
+
+def load_monitor(folder: Path) -> tuple[list[int], list[dict], list[tuple[int, float, float, int]]]:
+    """Monitor samples (sorted by monotonic time) and GPU rows (monotonic ns, SM MHz, W, reasons)."""
+    samples: list[dict] = []
+    offsets: list[int] = []
+    gpu: list[tuple[int, float, float, int]] = []
+    for f in sorted(folder.glob("host-*.jsonl")):
+        part = [json.loads(line) for line in f.open() if line.strip()]
+        samples += part
+        offsets += [s["w"] - s["t"] for s in part]
+        off = statistics.median(s["w"] - s["t"] for s in part)
+        g = f.with_suffix(".gpu.csv")
+        for row in csv.reader(g.open()) if g.exists() else []:
+            try:
+                wall = datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                gpu.append((int(wall * 1e9) - off, float(row[1]), float(row[3]), int(row[6].strip(), 16)))
+            except (ValueError, IndexError):
+                continue
+    samples.sort(key=lambda s: s["t"])
+    gpu.sort()
+    return [s["t"] for s in samples], samples, gpu
+
+
+def engine_threads(samples: list[dict]) -> dict[str, list[tuple[int, list]]]:
+    """Every engine core main thread's cumulative rows over time (a thread appears only when it moved)."""
+    out: dict[str, list[tuple[int, list]]] = {}
+    for s in samples:
+        for key, row in s["thr"].items():
+            pid, tid = key.split("/")
+            if pid == tid and row[0] == ENGINE_COMM:
+                out.setdefault(key, []).append((s["t"], row))
+    return out
+
+
+def at(series: list[tuple[int, list]], t: int) -> list | None:
+    """The thread's last row at or before t."""
+    i = bisect.bisect_right([x[0] for x in series], t) - 1
+    return series[i][1] if i >= 0 else None
+
+
+def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], threads: dict, gpu: list) -> dict:
+    i0 = max(bisect.bisect_right(times, t0) - 1, 0)
+    i1 = min(bisect.bisect_left(times, t1), len(times) - 1)
+    a, b = samples[i0], samples[i1]
+    span = max(b["t"] - a["t"], 1)
+    best, moved = None, -1
+    for key, series in threads.items():
+        r0, r1 = at(series, a["t"]), at(series, b["t"])
+        if r0 and r1 and r1[2] - r0[2] > moved:
+            best, moved = (r0, r1), r1[2] - r0[2]
+    steal = sum(y[7] - x[7] for x, y in zip(a["cpu"][0:1], b["cpu"][0:1]))
+    g = [r for r in gpu if t0 - 100_000_000 <= r[0] <= t1 + 100_000_000]
+    out = {"bracket_ms": span / 1e6, "steal_ticks": steal}
+    if best:
+        r0, r1 = best
+        out |= {"engine_on_cpu": (r1[2] - r0[2]) / span, "engine_runq_wait": (r1[3] - r0[3]) / span,
+                "engine_cpu": r1[1]}
+    if g:
+        out |= {"sm_mhz_mean": statistics.fmean(r[1] for r in g), "sm_mhz_min": min(r[1] for r in g),
+                "power_w": statistics.fmean(r[2] for r in g), "clock_event": int(any(r[3] & ~1 for r in g))}
+    return out
+
+
+def rows(results: Path, monitor: Path) -> list[dict]:
+    times, samples, gpu = load_monitor(monitor)
+    threads = engine_threads(samples)
+    out = []
+    for rec_path in sorted(results.glob("[0-9]*/D*_P*.json")):
+        rec = json.loads(rec_path.read_text())
+        c = rec["config"]
+        if c["decode_batch_size"] == 0:
+            continue
+        reps = [r for r in rec["reps"] if r.get("derived", {}).get("tpot_penalty_ms") is not None]
+        if not reps:
+            continue
+        med = statistics.median(r["derived"]["tpot_penalty_ms"] for r in reps)
+        for r in reps:
+            raw = json.load(gzip.open(rec_path.parent / r["raw"]))
+            t0 = raw["t_inject_clock_ns"]
+            t1 = t0 + int(raw["t_first_ns"])
+            row = {"chunk_size": c["chunk_size"], "D": c["decode_batch_size"], "P": c["new_prefill_tokens"],
+                   "rep": r["rep"], "chunks": r["interference"].get("num_chunks_actual"),
+                   "penalty_ms": r["derived"]["tpot_penalty_ms"], "ratio": r["derived"]["tpot_penalty_ms"] / med,
+                   "window_ms": (t1 - t0) / 1e6}
+            if times and times[0] <= t0 <= times[-1]:
+                row |= window_stats(t0, t1, times, samples, threads, gpu)
+            out.append(row)
+    return out
+
+
+def summarise(table: list[dict]) -> None:
+    for label, keep in (("one chunk", lambda r: r["chunks"] == 1), ("several chunks", lambda r: (r["chunks"] or 0) > 1)):
+        part = [r for r in table if keep(r) and "engine_runq_wait" in r]
+        away = [r for r in part if abs(r["ratio"] - 1) > 0.1]
+        near = [r for r in part if abs(r["ratio"] - 1) <= 0.1]
+        print(f"{label}: {len(part)} repetitions with monitor samples, {len(away)} away from their median (>10 %)")
+        for key in ("engine_on_cpu", "engine_runq_wait", "steal_ticks", "sm_mhz_mean", "sm_mhz_min", "power_w",
+                    "clock_event", "bracket_ms"):
+            vals = [[r[key] for r in grp if key in r] for grp in (near, away)]
+            if all(vals):
+                print(f"  {key:18s} near {statistics.fmean(vals[0]):10.3f}   away {statistics.fmean(vals[1]):10.3f}")
+
+
+def main() -> int:
+    results, monitor = Path(sys.argv[1]), Path(sys.argv[2])
+    table = rows(results, monitor)
+    if "--csv" in sys.argv:
+        dest = Path(sys.argv[sys.argv.index("--csv") + 1])
+        keys = sorted({k for r in table for k in r}, key=lambda k: list(table[0]).index(k) if k in table[0] else 99)
+        with dest.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(table)
+    summarise(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
