@@ -9,7 +9,8 @@
 # From the repository root on the GPU machine after the bundle's three calls, carrying
 # .gpu-stage-otel and .gpu-stage-cache:
 #
-#   bash scripts/gpu/host-levels-h200.sh
+#   bash scripts/gpu/host-levels-h200.sh            # the pinnings
+#   bash scripts/gpu/host-levels-h200.sh restart    # one engine's life against the next's (no pinning)
 #
 # Leaves in $OUT: levels.tgz (topology, every condition's record and console, the host monitor).
 set -u
@@ -26,15 +27,18 @@ source scripts/gpu/engine-cache.sh || exit 1
   nvidia-smi topo -m; } > "$R/topology.txt" 2>&1
 nice -n 5 python3 scripts/gpu/host_monitor.py "$R/host-$(date +%s).jsonl" &
 mon=$!
+start_engine() {
 python3 -m vllm.entrypoints.cli.main serve /tmp/model/qwen3-coder-30b-a3b --served-model-name qwen3-coder-30b-a3b \
   --load-format dummy --max-model-len 200000 --max-num-batched-tokens 8192 --enable-prefix-caching \
   --enable-chunked-prefill --gpu-memory-utilization 0.9 --host 127.0.0.1 --port 8000 \
-  --enable-logging-iteration-details > "$R/engine.log" 2>&1 &
+  --enable-logging-iteration-details >> "$R/engine.log" 2>&1 &
 t0=$(date +%s)
 until curl -sf http://127.0.0.1:8000/health >/dev/null; do sleep 1; [ $(($(date +%s) - t0)) -gt 300 ] && { echo "no health"; break; }; done
 echo "engine healthy after $(($(date +%s) - t0)) s"
 core=$(pgrep -f 'VLLM::EngineCore' | head -1)
 echo "engine core pid $core on cpu $(ps -o psr= -p "$core")"
+}
+stop_engine() { pkill -f 'vllm.entrypoints'; while pgrep -f 'VLLM::EngineCore' >/dev/null; do sleep 1; done; }
 sib() { cut -d, -f2 < "/sys/devices/system/cpu/cpu$1/topology/thread_siblings_list" 2>/dev/null | tr -d ' ' | sed 's/-.*//'; }
 A=4
 S=$(sib $A); { [ -z "$S" ] || [ "$S" = "$A" ]; } && S=5
@@ -52,6 +56,17 @@ pen = [r["derived"]["tpot_penalty_ms"] for r in rec["reps"]]
 print(f"   penalty ms: median {statistics.median(pen):.1f}  min {min(pen):.1f}  max {max(pen):.1f}  ({len(pen)} reps)")
 PY
 }
+if [ "${1:-}" = restart ]; then  # the level of one engine's life against the next one's: three points, a new engine, three more
+  for e in 1 2; do
+    start_engine
+    for k in a b c; do measure "e$e-$k" | tee -a "$OUT/summary.txt"; done
+    stop_engine
+  done
+  kill $mon; wait $mon 2>/dev/null
+  tar czf "$OUT/levels.tgz" -C "$R" .
+  exit 0
+fi
+start_engine
 measure c0-unpinned
 taskset -a -p -c "$A" "$core" >/dev/null && measure "c1-cpu$A"
 taskset -c "$S" sh -c 'while :; do :; done' & b=$!
