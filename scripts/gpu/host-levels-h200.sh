@@ -7,7 +7,7 @@
 # threads are pinned (taskset) to chosen CPUs, with and without a busy loop on the CPU's hyperthread
 # sibling, and one launch-bound point (D = 4, P = 512, one eager chunk) is measured under each.
 # From the repository root on the GPU machine after the bundle's three calls, carrying
-# .gpu-stage-otel and .gpu-stage-cache:
+# .gpu-stage-otel (the engine caches: scripts/gpu/engine-cache/, committed):
 #
 #   bash scripts/gpu/host-levels-h200.sh            # the pinnings
 #   bash scripts/gpu/host-levels-h200.sh restart    # one engine's life against the next's (no pinning)

@@ -73,7 +73,7 @@ def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], thread
     a, b = samples[i0], samples[i1]
     span = max(b["t"] - a["t"], 1)
     best, moved = None, -1
-    for key, series in threads.items():
+    for series in threads.values():
         r0, r1 = at(series, a["t"]), at(series, b["t"])
         if r0 and r1 and r1[2] - r0[2] > moved:
             best, moved = (r0, r1), r1[2] - r0[2]
@@ -118,7 +118,8 @@ def rows(results: Path, monitor: Path) -> list[dict]:
 
 
 def summarise(table: list[dict]) -> None:
-    for label, keep in (("one chunk", lambda r: r["chunks"] == 1), ("several chunks", lambda r: (r["chunks"] or 0) > 1)):
+    regimes = (("one chunk", lambda r: r["chunks"] == 1), ("several chunks", lambda r: (r["chunks"] or 0) > 1))
+    for label, keep in regimes:
         part = [r for r in table if keep(r) and "engine_runq_wait" in r]
         away = [r for r in part if abs(r["ratio"] - 1) > 0.1]
         near = [r for r in part if abs(r["ratio"] - 1) <= 0.1]

@@ -2,9 +2,9 @@
 # Issue 32: the seed grid on one H200 (sweeps/h200.yaml: 4 chunk sizes x 7 D x 7 P x 5 repetitions,
 # fast mode, each later engine started while the one before serves: launcher.overlap_starts), vLLM
 # starting from the torch.compile / Triton caches an earlier session packed
-# (.gpu-stage-cache, scripts/gpu/engine-starts-h200.sh; results/h200-vllm0.22-qwen3-coder-30b-a3b-starts/RUN.md).
+# (scripts/gpu/engine-cache/, committed; results/h200-vllm0.22-qwen3-coder-30b-a3b-starts/RUN.md).
 # From the repository root on the GPU machine, after the three calls that carry the vLLM bundle,
-# carrying .gpu-stage-otel and .gpu-stage-cache in the first call that runs it:
+# carrying .gpu-stage-otel in the first call that runs it:
 #
 #   bash scripts/gpu/seed-grid-h200.sh [DEADLINE_S]    # default 540; the same command again until "complete"
 #
