@@ -10,7 +10,9 @@ joined fit): they only score models.
 than c and predict c's points; a validation campaign is predicted by the models fitted on every fit
 campaign. At each held-out point the log ratio r = log(measured / predicted) is what a campaign the
 models never saw will see. Its root mean square per arm and regime (`decision_eval.cost_regime`:
-a CUDA-graph step, an eager step bound by the host's launches, one bound by the GPU's work) is the
+a CUDA-graph step, an eager step bound by the host's launches, one bound by the GPU's work), over
+the held-out points of *every* campaign (a validation campaign's points are residuals of models
+that never read them, as a fit campaign's left-out points are; no cost model reads them), is the
 **campaign variation** s, carried into `decision.json` (`campaign_variation`): each bootstrap
 replicate's arm cost is multiplied by exp(s z_r), with z_r fixed standard normal draws stored with
 the replicates (`replicates.campaign`), so every interval, verdict share and threshold carries it.
@@ -251,11 +253,13 @@ def _predict(doc: dict[str, Any], c: Campaign, arm: str, measured: Mapping[tuple
 
 
 def variation_from(points: Sequence[HeldOutPoint], *, exclude: str | None = None) -> dict[str, dict[str, Any]]:
-    """s per arm and regime: the root mean square of the held-out log ratios (the fit campaigns'
-    points only, less `exclude`'s), with the campaigns and point counts it rests on."""
+    """s per arm and regime: the root mean square of the held-out log ratios of every campaign (less
+    `exclude`'s), with the campaigns and point counts it rests on. A validation campaign counts as a
+    fit campaign's left-out points do: both are errors of models that never read them; the more
+    campaigns, the more of what moves between them (a host's launch level) the width has seen."""
     out: dict[str, dict[str, Any]] = {}
     for arm in CAMPAIGN_ARMS:
-        use = [q for q in points if q.arm == arm and q.role == "fit" and q.campaign != exclude]
+        use = [q for q in points if q.arm == arm and q.campaign != exclude]
         if not use:
             continue
         pooled = _rms([q.log_ratio for q in use])

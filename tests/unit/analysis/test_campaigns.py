@@ -176,9 +176,12 @@ def test_variation_is_the_rms_of_held_out_log_errors_and_coverage_is_nested() ->
     points = [point(cid, r) for cid, rs in ratios.items() for r in rs]
     points += [point("v", 1.1, role="validation") for _ in range(10)]
     var = variation_from(points)["colocated"]
-    expected = math.sqrt(statistics.fmean([math.log(r) ** 2 for rs in ratios.values() for r in rs]))
-    assert var["log_sd"] == pytest.approx(expected, abs=1e-4)
-    assert var["campaigns"] == ["a", "b", "c"]  # a validation campaign never sets the variation
+    logs = [math.log(r) for rs in ratios.values() for r in rs] + [math.log(1.1)] * 10
+    assert var["log_sd"] == pytest.approx(math.sqrt(statistics.fmean([x * x for x in logs])), abs=1e-4)
+    # a validation campaign's residuals (of models that never read it) count like a left-out fit campaign's
+    assert var["campaigns"] == ["a", "b", "c", "v"] and var["points"] == 46
+    without_c = variation_from(points, exclude="c")["colocated"]
+    assert without_c["campaigns"] == ["a", "b", "v"]
     summary = coverage_summary(points)["arms"]["colocated"]["campaigns"]
     # bootstrap alone (no spread here) covers nothing; with the variation a and b are covered...
     assert summary["a"]["coverage_bootstrap_only"] == 0.0
@@ -222,7 +225,8 @@ def test_validate_leaves_each_campaign_out_on_real_records(tmp_path: Path) -> No
     assert by["s1"]["fitted_on"] == ["s4"] and by["s4"]["fitted_on"] == ["s1"]
     assert by["s3"]["fitted_on"] == ["s1", "s4"] and by["s3"]["role"] == "validation"
     assert by["s3"]["points"] == 12
-    assert result["variation"]["colocated"]["campaigns"] == ["s1", "s4"]
+    # the width rests on every campaign's held-out residuals, the validation campaign's included
+    assert result["variation"]["colocated"]["campaigns"] == ["s1", "s3", "s4"]
     for v_ in by.values():
         assert 0 <= v_["coverage_bootstrap_only"] <= v_["coverage"] <= 1
         assert v_["mape_pct"] > 0

@@ -1,0 +1,77 @@
+"""The host monitor GPU session 11 ran beside the grid (scripts/gpu/host_monitor.py) and the join of
+every repetition with its samples (scripts/gpu/host_levels.py): real processes for the first, the
+pure window arithmetic for the second."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _gpu_script(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "gpu" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux /proc schedstat")
+def test_monitor_samples_cpus_and_the_watched_threads_on_the_monotonic_clock(tmp_path: Path) -> None:
+    # a busy process whose command line names "pdexporter", as the sweep's does
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 30: pass",
+                             "pdexporter-busy"])
+    out = tmp_path / "host.jsonl"
+    t0 = time.monotonic_ns()
+    mon = subprocess.Popen([sys.executable, str(REPO / "scripts" / "gpu" / "host_monitor.py"), str(out),
+                            "--interval", "0.05"])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 1):
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        mon.send_signal(signal.SIGTERM)  # what seed-grid-h200.sh sends: the file is flushed and closed
+        mon.wait(timeout=20)
+        busy.kill()
+        busy.wait()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) >= 3
+    assert all(t0 <= s["t"] <= time.monotonic_ns() for s in lines)  # the records' clock (CLOCK_MONOTONIC)
+    assert all(len(s["cpu"]) == (os.cpu_count() or 1) + 1 and len(s["cpu"][0]) == 8 for s in lines)
+    rows = [s["thr"][f"{busy.pid}/{busy.pid}"] for s in lines if f"{busy.pid}/{busy.pid}" in s["thr"]]
+    assert len(rows) >= 2 and rows[-1][2] > rows[0][2]  # its time on a CPU grows, and only moved threads are written
+    assert all(0 <= r[1] < (os.cpu_count() or 1) for r in rows)
+
+
+def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> None:
+    levels = _gpu_script("host_levels")
+    ms = 1_000_000
+    comm = levels.ENGINE_COMM
+
+    def sample(t: int, a: list, b: list) -> dict:
+        return {"t": t, "w": t, "cpu": [[0] * 7 + [t // ms]],
+                "thr": {"10/10": [comm, *a], "20/20": [comm, *b], "10/11": ["worker", 0, 0, 0, 0, 0]}}
+
+    # engine 10 on CPU 3 runs 80 of 100 ms and waits 10 on the run queue; engine 20 (held) barely moves
+    samples = [sample(0, [3, 0, 0, 0, 0], [5, 0, 0, 0, 0]),
+               sample(100 * ms, [3, 80 * ms, 10 * ms, 8, 0], [5, ms, 0, 0, 0])]
+    times = [s["t"] for s in samples]
+    threads = levels.engine_threads(samples)
+    assert set(threads) == {"10/10", "20/20"}  # main threads of the engine cores only
+    gpu = [(50 * ms, 1980.0, 400.0, 0x1), (60 * ms, 1700.0, 600.0, 0x4)]
+    out = levels.window_stats(20 * ms, 70 * ms, times, samples, threads, gpu)
+    assert out["engine_cpu"] == 3
+    assert out["engine_on_cpu"] == pytest.approx(0.8) and out["engine_runq_wait"] == pytest.approx(0.1)
+    assert out["bracket_ms"] == pytest.approx(100.0) and out["steal_ticks"] == 100
+    assert out["sm_mhz_min"] == 1700.0 and out["clock_event"] == 1  # 0x4, a power cap; 0x1 (idle) is not one
