@@ -4,7 +4,8 @@ fitted on, and what moves between campaigns is carried into every interval.
 A *campaign* is one GPU session's measurements of one engine setup. Each results directory says
 which it belongs to in a `campaign.yaml` (`id`, `date`, `role`: `fit` or `validation`, `note`).
 The records of a validation campaign are read by no fit (`check_fit_inputs`, called by every
-joined fit): they only score models.
+joined fit): they only score models, and their errors, with every other campaign's, measure the
+campaign variation below.
 
 **Leave one campaign out.** For every campaign c, the models are fitted on the fit campaigns other
 than c and predict c's points; a validation campaign is predicted by the models fitted on every fit
