@@ -3,29 +3,20 @@ projection it will be compared with (scripts/gpu/dense-h200.sh, results/...-llam
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 from pdexporter.sim.modelconfig import load_config
 from pdexporter.sim.profile import load_profile
 from pdexporter.sweep.spec import load_sweep
+from tests.helpers import gpu_script
 
 REPO = Path(__file__).resolve().parents[3]
 DENSE = REPO / "sweeps" / "h200-dense-llama-3.1-8b.yaml"
 
 
-def _gpu_script(name: str):  # type: ignore[no-untyped-def]
-    """scripts/gpu/NAME.py as a module."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "gpu" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _make_model():  # type: ignore[no-untyped-def]
-    return _gpu_script("make_model")
+    return gpu_script("make_model")
 
 
 def test_make_model_writes_a_dummy_weight_folder_from_a_shipped_config(tmp_path: Path):
@@ -74,7 +65,7 @@ def test_the_projection_is_committed_before_the_run():
 
 
 def _dense_report():  # type: ignore[no-untyped-def]
-    return _gpu_script("dense_report")
+    return gpu_script("dense_report")
 
 
 def test_the_comparison_takes_a_partial_grid_and_names_a_record_cut_short(tmp_path: Path):

@@ -4,7 +4,6 @@ pure window arithmetic for the second."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -15,15 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import gpu_script
+
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _gpu_script(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "gpu" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux /proc schedstat")
@@ -55,7 +48,7 @@ def test_monitor_samples_cpus_and_the_watched_threads_on_the_monotonic_clock(tmp
 
 
 def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> None:
-    levels = _gpu_script("host_levels")
+    levels = gpu_script("host_levels")
     ms = 1_000_000
     comm = levels.ENGINE_COMM
 
