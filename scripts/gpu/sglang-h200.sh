@@ -19,10 +19,18 @@
 # --engine sglang`, same SGLang flags) instead of SGLang, skipping the unpacking and the install:
 # what CI-less checking of this script is possible without a GPU (tests/e2e/test_sglang_cli.py).
 # SGL_WORK (default /root/sgl) is where everything is written; SGL_PORT the engines' port.
+# SGL_ATTENTION=fa3 runs both modes with FlashAttention 3 (SGLang's default on Hopper) instead of
+# triton attention: sgl_kernel's flash_ops.abi3.so, which the stripped bundle lacks, comes from the
+# parts of scripts/gpu/build-sglang-fa3-parts.sh copied to /root/stage-fa3 (SGL_FA3_STAGE), its
+# checksum checked; the sweeps are the committed ones with `--attention-backend fa3`, and the work
+# folder defaults to /root/sgl-fa3.
 set -u
 BUDGET=${1:-540}
 T0=$(date +%s)
-W=${SGL_WORK:-/root/sgl}
+ATTENTION=${SGL_ATTENTION:-triton}
+case "$ATTENTION" in triton|fa3) ;; *) echo "SGL_ATTENTION: '$ATTENTION' is not triton or fa3"; exit 2 ;; esac
+W=${SGL_WORK:-/root/sgl$([ "$ATTENTION" = fa3 ] && echo -fa3)}
+FA3_STAGE=${SGL_FA3_STAGE:-/root/stage-fa3}
 STAGE=${SGL_STAGE:-/root/stage-sgl}
 DRY=${SGL_DRY:-0}
 PORT=${SGL_PORT:-8000}
@@ -66,10 +74,17 @@ if [ "$DRY" != "1" ]; then
     touch /tmp/sgl/.installed
     log "SGLang wheels installed in /tmp/sgl ($(ls /root/sgl-wheels/*.whl | wc -l) wheels)"
   fi
+  if [ "$ATTENTION" = fa3 ] && [ ! -f /tmp/sgl/sgl_kernel/flash_ops.abi3.so ]; then
+    cat "$FA3_STAGE"/*/flash_ops.part.* 2>/dev/null | xz -d > /tmp/sgl/sgl_kernel/flash_ops.abi3.so \
+      && (cd /tmp/sgl/sgl_kernel && sha256sum -c --quiet "$(ls "$FA3_STAGE"/*/flash_ops.sha256 | head -1)") \
+      || { rm -f /tmp/sgl/sgl_kernel/flash_ops.abi3.so
+           log "FlashAttention 3 incomplete: copy every part of .gpu-stage-fa3 to $FA3_STAGE/NN"; exit 1; }
+    log "FlashAttention 3 installed ($(du -m /tmp/sgl/sgl_kernel/flash_ops.abi3.so | cut -f1) MiB)"
+  fi
   mkdir -p /tmp/tvm-ffi-cache
   # What imports before anything starts (a missing module is one line here, not 3 minutes later).
   PYTHONPATH=/tmp/sgl:/tmp/site SGLANG_IS_FLASHINFER_AVAILABLE=false python3 -c \
-    "import sglang, sgl_kernel, transformers; import sglang.srt.entrypoints.http_server; print('sglang', sglang.__version__, 'transformers', transformers.__version__)" \
+    "import sglang, sgl_kernel, transformers; import sglang.srt.entrypoints.http_server; $([ "$ATTENTION" = fa3 ] && echo 'import sgl_kernel.flash_attn;') print('sglang', sglang.__version__, 'transformers', transformers.__version__, 'attention $ATTENTION')" \
     > "$W/imports.txt" 2>&1 || { log "SGLang does not import: $(tail -1 "$W/imports.txt")"; exit 1; }
   log "$(head -1 "$W/imports.txt")"
   export PYTHONPATH=/tmp/site:$PWD
@@ -101,7 +116,8 @@ yaml.safe_dump(spec, open(dst, "w"), sort_keys=False)
 PY
     echo "$W/dry-$mode.yaml"
   else
-    sed "s/--port 8000/--port $PORT/; s#http://127.0.0.1:8000#http://127.0.0.1:$PORT#" "$file" > "$W/$mode.yaml"
+    sed "s/--port 8000/--port $PORT/; s#http://127.0.0.1:8000#http://127.0.0.1:$PORT#; s/--attention-backend triton/--attention-backend $ATTENTION/" \
+      "$file" > "$W/$mode.yaml"
     echo "$W/$mode.yaml"
   fi
 }
