@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ __all__ = [
     "Campaign",
     "HeldOutPoint",
     "campaign_draws",
+    "campaign_order",
     "carry_variation",
     "check_fit_inputs",
     "coverage_summary",
@@ -272,8 +274,13 @@ def variation_from(points: Sequence[HeldOutPoint], *, exclude: str | None = None
             regimes[regime] = _rms(these) if len(these) >= MIN_REGIME_POINTS else pooled
         out[arm] = {"log_sd": round(pooled, 5), "by_regime": {k: round(v, 5) for k, v in regimes.items()},
                     "points": len(use), "points_by_regime": counts,
-                    "campaigns": sorted({q.campaign for q in use})}
+                    "campaigns": sorted({q.campaign for q in use}, key=campaign_order)}
     return out
+
+
+def campaign_order(cid: str) -> tuple[Any, ...]:
+    """Campaign ids in the order of their numbers ("s9" before "s11"), not of their letters."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", cid))
 
 
 def _rms(values: Sequence[float]) -> float:
@@ -338,7 +345,7 @@ def coverage_summary(points: Sequence[HeldOutPoint]) -> dict[str, Any]:
         if not arm_points:
             continue
         per: dict[str, Any] = {}
-        for cid in sorted({q.campaign for q in arm_points}):
+        for cid in sorted({q.campaign for q in arm_points}, key=campaign_order):
             these = [q for q in arm_points if q.campaign == cid]
             var = variation_from(points, exclude=cid).get(arm)
             inside_before = inside_after = 0
@@ -377,8 +384,8 @@ def headline(summary: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for arm, body in summary.get("arms", {}).items():
         loco = body["leave_one_campaign_out"]
-        entry = {"leave_one_campaign_out": {**loco, "campaigns": sorted(k for k, v in body["campaigns"].items()
-                                                                        if v["role"] == "fit")}}
+        entry = {"leave_one_campaign_out": {**loco, "campaigns": sorted(
+            (k for k, v in body["campaigns"].items() if v["role"] == "fit"), key=campaign_order)}}
         for cid, v in body["campaigns"].items():
             if v["role"] == "validation":
                 entry.setdefault("validation", {})[cid] = {k: v[k] for k in ("points", "mape_pct", "coverage",

@@ -16,6 +16,7 @@ from pdexporter.analysis.campaigns import (
     CAMPAIGN_FILE,
     HeldOutPoint,
     campaign_draws,
+    campaign_order,
     carry_variation,
     check_fit_inputs,
     coverage_summary,
@@ -233,3 +234,12 @@ def test_validate_leaves_each_campaign_out_on_real_records(tmp_path: Path) -> No
     headline = result["headline"]["colocated"]
     assert headline["leave_one_campaign_out"]["campaigns"] == ["s1", "s4"]
     assert set(headline["validation"]) == {"s3"}
+
+
+def test_campaigns_are_listed_in_the_order_of_their_numbers() -> None:
+    points = [point(cid, 1.1, role="validation" if cid != "s1-h200" else "fit") for cid in
+              ("s11-host", "s1-h200", "s9-1gpu", "s10-x") for _ in range(3)]
+    assert variation_from(points)["colocated"]["campaigns"] == ["s1-h200", "s9-1gpu", "s10-x", "s11-host"]
+    assert list(coverage_summary(points)["arms"]["colocated"]["campaigns"]) == ["s1-h200", "s9-1gpu", "s10-x",
+                                                                              "s11-host"]
+    assert sorted(["b2", "a10", "a9"], key=campaign_order) == ["a9", "a10", "b2"]
