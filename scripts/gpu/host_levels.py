@@ -31,16 +31,15 @@ ENGINE_COMM = "VLLM::EngineCor"
 def load_monitor(folder: Path) -> tuple[list[int], list[dict], list[tuple[int, float, float, int]]]:
     """Monitor samples (sorted by monotonic time) and GPU rows (monotonic ns, SM MHz, W, reasons)."""
     samples: list[dict] = []
-    offsets: list[int] = []
     gpu: list[tuple[int, float, float, int]] = []
     for f in sorted(folder.glob("host-*.jsonl")):
         part = [json.loads(line) for line in f.open() if line.strip()]
         samples += part
-        offsets += [s["w"] - s["t"] for s in part]
-        off = statistics.median(s["w"] - s["t"] for s in part)
+        off = statistics.median(s["w"] - s["t"] for s in part)  # wall minus monotonic, this file's
         g = f.with_suffix(".gpu.csv")
         for row in csv.reader(g.open()) if g.exists() else []:
             try:
+                # nvidia-smi stamps local time; the GPU machine and this one both run on UTC
                 wall = datetime.strptime(row[0].strip(), "%Y/%m/%d %H:%M:%S.%f").timestamp()
                 gpu.append((int(wall * 1e9) - off, float(row[1]), float(row[3]), int(row[6].strip(), 16)))
             except (ValueError, IndexError):

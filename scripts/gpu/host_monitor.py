@@ -16,9 +16,9 @@ repetition's window can be matched with it afterwards (`scripts/gpu/host_levels.
     python3 scripts/gpu/host_monitor.py OUT.jsonl [--interval 0.1] &
 
 One JSON line a sample: {"t": monotonic ns, "w": wall ns, "cpu": [[8 counters] per CPU, the
-first line the total], "thr": {"PID/TID": [comm, cpu, run_ns, wait_ns, utime, stime]}}, a thread only where
-its counters moved since its last line. The GPU's
-lines go to OUT.gpu.csv. Stdlib only: it runs on the GPU machine's own Python.
+first line the total], "thr": {"PID/TID": [comm, cpu, run_ns, wait_ns, utime, stime]}}, a thread
+only where its counters moved since its last line. The GPU's lines go to OUT.gpu.csv. Stdlib only:
+it runs on the GPU machine's own Python. SIGTERM (or Ctrl-C) ends it with the file closed.
 """
 
 from __future__ import annotations

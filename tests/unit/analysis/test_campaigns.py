@@ -243,3 +243,16 @@ def test_campaigns_are_listed_in_the_order_of_their_numbers() -> None:
     assert list(coverage_summary(points)["arms"]["colocated"]["campaigns"]) == ["s1-h200", "s9-1gpu", "s10-x",
                                                                               "s11-host"]
     assert sorted(["b2", "a10", "a9"], key=campaign_order) == ["a9", "a10", "b2"]
+
+
+def test_each_campaign_is_also_scored_by_regime() -> None:
+    points = [point("a", 1.1) for _ in range(10)] + [point("b", 0.9) for _ in range(10)]
+    points += [point("b", 2.0, regime="launch") for _ in range(4)]
+    b = coverage_summary(points)["arms"]["colocated"]["campaigns"]["b"]
+    assert set(b["by_regime"]) == {"compute", "launch"}
+    assert b["by_regime"]["compute"]["points"] == 10 and b["by_regime"]["launch"]["points"] == 4
+    assert b["by_regime"]["launch"]["mape_pct"] == pytest.approx(50.0)  # |100 - 200| / 200
+    assert b["by_regime"]["compute"]["mape_pct"] == pytest.approx(100 / 9, abs=0.01)  # |100 - 90| / 90
+    # the launch points lie beyond a's width (log 2 against s = log 1.1): outside, the compute ones inside
+    assert b["by_regime"]["launch"]["coverage"] == 0.0 and b["by_regime"]["compute"]["coverage"] == 1.0
+    assert b["points"] == 14
