@@ -7,8 +7,8 @@ the level, on the clock the records use (CLOCK_MONOTONIC = the driver's perf_cou
 repetition's window can be matched with it afterwards (`scripts/gpu/host_levels.py`):
 
 - every CPU's counters from /proc/stat (user, nice, system, idle, iowait, irq, softirq, steal);
-- every thread of the engine's processes (command line holding "vllm") and of the sweep
-  (holding "pdexporter"): its CPU, its time on the CPU and its time waiting on the run queue
+- every thread of the engine's processes (`-m vllm.…`, `VLLM::EngineCore`) and of the sweep
+  (`-m pdexporter`): its CPU, its time on the CPU and its time waiting on the run queue
   (/proc/TID/schedstat), its user and system time;
 - the GPU's SM and memory clocks, power, temperature and clock-event reasons (nvidia-smi, its own
   process, every 100 ms, with its own wall-clock stamps; the sidecar's lines carry both clocks).
@@ -32,7 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-WATCH = (b"vllm", b"pdexporter", b"VLLM")
+# Command lines (NUL-separated) of the engine's processes (`-m vllm.…`, the engine core's title
+# `VLLM::EngineCore`) and of the sweep (`-m pdexporter`), not every path that holds the words
+WATCH = (b"\x00vllm.", b"VLLM::", b"\x00pdexporter\x00")
 
 
 def cpu_counters() -> list[list[int]]:
@@ -54,7 +56,7 @@ def watched_pids() -> list[str]:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if any(w in cmd for w in WATCH) and b"host_monitor" not in cmd:
+        if any(w in cmd + b"\x00" for w in WATCH) and b"host_monitor" not in cmd:
             pids.append(entry)
     return pids
 

@@ -21,9 +21,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux /proc schedstat")
 def test_monitor_samples_cpus_and_the_watched_threads_on_the_monotonic_clock(tmp_path: Path) -> None:
-    # a busy process whose command line names "pdexporter", as the sweep's does
+    # a busy process whose command line has the argument "pdexporter", as the sweep's (-m pdexporter) does,
+    # and an idle one whose path merely holds the word: only the first is watched
     busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 30: pass",
-                             "pdexporter-busy"])
+                             "pdexporter"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "/tmp/pdexporter-venv/x"])
     out = tmp_path / "host.jsonl"
     t0 = time.monotonic_ns()
     mon = subprocess.Popen([sys.executable, str(REPO / "scripts" / "gpu" / "host_monitor.py"), str(out),
@@ -36,8 +38,9 @@ def test_monitor_samples_cpus_and_the_watched_threads_on_the_monotonic_clock(tmp
     finally:
         mon.send_signal(signal.SIGTERM)  # what seed-grid-h200.sh sends: the file is flushed and closed
         mon.wait(timeout=20)
-        busy.kill()
-        busy.wait()
+        for proc in (busy, idle):
+            proc.kill()
+            proc.wait()
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(lines) >= 3
     assert all(t0 <= s["t"] <= time.monotonic_ns() for s in lines)  # the records' clock (CLOCK_MONOTONIC)
@@ -45,6 +48,7 @@ def test_monitor_samples_cpus_and_the_watched_threads_on_the_monotonic_clock(tmp
     rows = [s["thr"][f"{busy.pid}/{busy.pid}"] for s in lines if f"{busy.pid}/{busy.pid}" in s["thr"]]
     assert len(rows) >= 2 and rows[-1][2] > rows[0][2]  # its time on a CPU grows, and only moved threads are written
     assert all(0 <= r[1] < (os.cpu_count() or 1) for r in rows)
+    assert not any(key.startswith(f"{idle.pid}/") for s in lines for key in s["thr"])
 
 
 def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> None:
