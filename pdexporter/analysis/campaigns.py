@@ -172,12 +172,17 @@ class HeldOutPoint:
     def log_ratio(self) -> float:
         return math.log(self.measured_ms / self.predicted_ms)
 
+    @property
+    def error_pct(self) -> float:
+        """The prediction's error relative to the measurement (signed: + over-predicted)."""
+        return 100.0 * (self.predicted_ms - self.measured_ms) / self.measured_ms
+
     def to_dict(self) -> dict[str, Any]:
         return {"campaign": self.campaign, "role": self.role, "arm": self.arm, "chunk_size": self.chunk_size,
                 "decode_batch_size": self.decode_batch_size, "new_prefill_tokens": self.new_prefill_tokens,
                 "regime": self.regime, "measured_ms": round(self.measured_ms, 3),
                 "predicted_ms": round(self.predicted_ms, 3),
-                "error_pct": round(100.0 * (self.predicted_ms - self.measured_ms) / self.measured_ms, 2),
+                "error_pct": round(self.error_pct, 2),
                 "fitted_on": list(self.fitted_on)}
 
 
@@ -349,19 +354,19 @@ def coverage_summary(points: Sequence[HeldOutPoint]) -> dict[str, Any]:
             these = [q for q in arm_points if q.campaign == cid]
             var = variation_from(points, exclude=cid).get(arm)
             inside_before = inside_after = 0
-            by_regime: dict[str, list[tuple[float, bool]]] = {}
+            by_regime: dict[str, list[tuple[float, bool]]] = {}  # regime -> (|error| %, inside) per point
             for q in these:
                 lo, hi = _interval(q, 0.0)
                 inside_before += lo <= q.measured_ms <= hi
                 s = campaign_log_sd({arm: var} if var else {}, arm, q.regime)
                 lo2, hi2 = _interval(q, s)
-                inside_after += lo2 <= q.measured_ms <= hi2
-                by_regime.setdefault(q.regime, []).append(
-                    (abs(q.predicted_ms - q.measured_ms) / q.measured_ms * 100.0, lo2 <= q.measured_ms <= hi2))
+                inside = lo2 <= q.measured_ms <= hi2
+                inside_after += inside
+                by_regime.setdefault(q.regime, []).append((abs(q.error_pct), inside))
                 rows.append({**q.to_dict(), "interval_bootstrap": [round(lo, 3), round(hi, 3)],
-                             "interval_90": [round(lo2, 3), round(hi2, 3)], "inside": lo2 <= q.measured_ms <= hi2,
+                             "interval_90": [round(lo2, 3), round(hi2, 3)], "inside": inside,
                              "variation_log_sd": round(s, 5)})
-            errors = [abs(q.predicted_ms - q.measured_ms) / q.measured_ms * 100.0 for q in these]
+            errors = [e for scored in by_regime.values() for e, _ in scored]
             per[cid] = {"role": these[0].role, "points": len(these), "fitted_on": list(these[0].fitted_on),
                         "mape_pct": round(statistics.fmean(errors), 2),
                         "median_error_pct": round(statistics.median(errors), 2),
