@@ -49,21 +49,25 @@ def load_monitor(folder: Path) -> tuple[list[int], list[dict], list[tuple[int, f
     return [s["t"] for s in samples], samples, gpu
 
 
-def engine_threads(samples: list[dict]) -> dict[str, list[tuple[int, list]]]:
-    """Every engine core main thread's cumulative rows over time (a thread appears only when it moved)."""
-    out: dict[str, list[tuple[int, list]]] = {}
+def engine_threads(samples: list[dict]) -> dict[str, tuple[list[int], list[list]]]:
+    """Every engine core main thread's cumulative rows over time, as (times, rows) (a thread appears
+    only when it moved)."""
+    out: dict[str, tuple[list[int], list[list]]] = {}
     for s in samples:
         for key, row in s["thr"].items():
             pid, tid = key.split("/")
             if pid == tid and row[0] == ENGINE_COMM:
-                out.setdefault(key, []).append((s["t"], row))
+                times, rows_ = out.setdefault(key, ([], []))
+                times.append(s["t"])
+                rows_.append(row)
     return out
 
 
-def at(series: list[tuple[int, list]], t: int) -> list | None:
+def at(series: tuple[list[int], list[list]], t: int) -> list | None:
     """The thread's last row at or before t."""
-    i = bisect.bisect_right([x[0] for x in series], t) - 1
-    return series[i][1] if i >= 0 else None
+    times, rows_ = series
+    i = bisect.bisect_right(times, t) - 1
+    return rows_[i] if i >= 0 else None
 
 
 def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], threads: dict, gpu: list) -> dict:
@@ -76,7 +80,7 @@ def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], thread
         r0, r1 = at(series, a["t"]), at(series, b["t"])
         if r0 and r1 and r1[2] - r0[2] > moved:
             best, moved = (r0, r1), r1[2] - r0[2]
-    steal = sum(y[7] - x[7] for x, y in zip(a["cpu"][0:1], b["cpu"][0:1]))
+    steal = b["cpu"][0][7] - a["cpu"][0][7]  # the total line's steal ticks
     g = [r for r in gpu if t0 - 100_000_000 <= r[0] <= t1 + 100_000_000]
     out = {"bracket_ms": span / 1e6, "steal_ticks": steal}
     if best:
@@ -103,7 +107,8 @@ def rows(results: Path, monitor: Path) -> list[dict]:
             continue
         med = statistics.median(r["derived"]["tpot_penalty_ms"] for r in reps)
         for r in reps:
-            raw = json.load(gzip.open(rec_path.parent / r["raw"]))
+            with gzip.open(rec_path.parent / r["raw"]) as f:
+                raw = json.load(f)
             t0 = raw["t_inject_clock_ns"]
             t1 = t0 + int(raw["t_first_ns"])
             row = {"chunk_size": c["chunk_size"], "D": c["decode_batch_size"], "P": c["new_prefill_tokens"],
@@ -135,7 +140,7 @@ def main() -> int:
     table = rows(results, monitor)
     if "--csv" in sys.argv:
         dest = Path(sys.argv[sys.argv.index("--csv") + 1])
-        keys = sorted({k for r in table for k in r}, key=lambda k: list(table[0]).index(k) if k in table[0] else 99)
+        keys = list(dict.fromkeys(k for r in table for k in r))  # every column, in the order first seen
         with dest.open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()

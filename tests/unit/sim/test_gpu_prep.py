@@ -9,9 +9,8 @@ from pathlib import Path
 from pdexporter.sim.modelconfig import load_config
 from pdexporter.sim.profile import load_profile
 from pdexporter.sweep.spec import load_sweep
-from tests.helpers import gpu_script
+from tests.helpers import REPO, gpu_script
 
-REPO = Path(__file__).resolve().parents[3]
 DENSE = REPO / "sweeps" / "h200-dense-llama-3.1-8b.yaml"
 
 

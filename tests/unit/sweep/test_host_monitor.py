@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import gpu_script
-
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers import REPO, gpu_script
 
 
 @pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux /proc schedstat")
