@@ -42,7 +42,8 @@ def compare_projection(results: Path, short: set[tuple[int, int, int]], predicti
     """The projection's error per quantity on whatever part of the grid was measured (a run stopped at its
     deadline leaves part of it): comparison.csv (every configuration) and comparison.md (coverage per chunk
     size; MAPE, median signed error and range per quantity, over all configurations, per chunk size, and
-    over those `sim calibrate --train-grid sweeps/calibrate-short.yaml` holds out)."""
+    over those `sim calibrate --train-grid sweeps/calibrate-short.yaml` holds out; `short` empty: nothing
+    was fitted on the run, the whole grid is held out and "all measured" says so)."""
     predictions = predictions or results / "predictions.json"
     out = out or results
     doc = json.loads(predictions.read_text())
@@ -89,8 +90,9 @@ def compare_projection(results: Path, short: set[tuple[int, int, int]], predicti
              f"configurations of {doc.get('sweep', 'the sweep')} measured ({coverage}; "
              f"{min(reps)}–{max(reps)} repetitions each). MODELLED vs measured: error = (projected − measured) / "
              "measured.", ""]
-    groups = ["all", *(f"B={b}" for b in planned if measured_n.get(b)), "held"]
-    labels = {"all": "all measured", "held": "held out of the short grid (what `sim calibrate` predicts)"}
+    groups = ["all", *(f"B={b}" for b in planned if measured_n.get(b)), *(["held"] if short else [])]
+    labels = {"all": "all measured" if short else "all measured, all held out (nothing fitted on this run)",
+              "held": "held out of the short grid (what `sim calibrate` predicts)"}
     for group in groups:
         n = max((len(errors.get((q, group), [])) for q in QUANTITIES), default=0)
         if not n:

@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
-# A dense model measured on one H200 (issue 25): Llama-3.1-8B-Instruct's shapes with dummy weights,
-# vLLM 0.22, the grid of sweeps/h200-dense-llama-3.1-8b.yaml (126 configurations x 3 repetitions),
-# in one go. From the repository root on the GPU machine (nvidia-h200), after the three calls that
-# carry the vLLM bundle (../shared/gpu/README.md, section 2):
+# A dense model measured on one H200 (issue 25), vLLM 0.22, dummy weights, one sweep file in one go.
+# MODEL (a shipped config, pdexporter/sim/configs/$MODEL.json, also the model folder's and the served
+# name) and SWEEP come from the environment; the defaults are the first dense run's: Llama-3.1-8B-Instruct's
+# shapes, the grid of sweeps/h200-dense-llama-3.1-8b.yaml (126 configurations x 3 repetitions). From the
+# repository root on the GPU machine (nvidia-h200), after the three calls that carry the vLLM bundle
+# (../shared/gpu/README.md, section 2):
 #
 #   bash scripts/gpu/dense-h200.sh [DEADLINE_S]     # default 540: stops cleanly before a 600 s call ends
+#   MODEL=qwen2.5-32b-instruct SWEEP=sweeps/h200-dense-qwen2.5-32b.yaml bash scripts/gpu/dense-h200.sh 480
+#                                                   # the third model (issue 36: results/h200-vllm0.22-qwen2.5-32b-instruct/PLAN.md)
 #
 # Run the same command again in the next call if it printed "incomplete": complete records are
-# skipped and the vLLM it left running is adopted. Expected: ~10.5 min of sweep for the whole grid
+# skipped and the vLLM it left running is adopted. Expected for the Llama grid: ~10.5 min of sweep
 # (three engine starts ~80-100 s each, 378 windows at ~0.6 s, baselines and warm-ups), i.e. two
 # calls of 540 s; the first covers B = 8192 and 2048 (the short calibration grid and the held-out D
 # and P), the second B = 4096 (the held-out chunk size). Leaves in $OUT: dense.tgz (records, raw
 # timestamps, engine start-up and iteration lines), sweep.log, gpu.csv.
 #
 #   SIM=1 OUT=/tmp/out bash scripts/gpu/dense-h200.sh   # the same flow on the embedded engine (no GPU, ~1 min):
-#                                                       # the projected profile h200-llama-3.1-8b-instruct
+#                                                       # the profile h200-$MODEL, shipped or else projected
+#                                                       # here from $MODEL's config.json (the learned rule from
+#                                                       # the calibrated references, as dense_report.py predict)
 set -u
 cd "$(dirname "$0")/../.."
 deadline=${1:-540}
 OUT=${OUT:?set OUT to the folder whose files come back}
-SWEEP=sweeps/h200-dense-llama-3.1-8b.yaml
-MODEL=llama-3.1-8b-instruct
+SWEEP=${SWEEP:-sweeps/h200-dense-llama-3.1-8b.yaml}
+MODEL=${MODEL:-llama-3.1-8b-instruct}
 R=${R:-/root/r}
 if [ -n "${SIM:-}" ] && [ -z "${R_SIM:-}" ]; then
   R=$(mktemp -d)
@@ -32,8 +38,14 @@ mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 
 if [ -n "${SIM:-}" ]; then
-  echo "SIM=1: the embedded engine with the projected profile h200-$MODEL (MODELLED), virtual clock"
-  python3 -m pdexporter sim sweep "$SWEEP" --profile "h200-$MODEL" --out "$R/dense" > "$R/sweep.log" 2>&1
+  profile=h200-$MODEL
+  if [ ! -f "pdexporter/sim/profiles/$profile.yaml" ]; then  # no shipped profile: project one from config.json
+    python3 -m pdexporter sim profile-from-config "$MODEL" --gpu H200 --name "$profile" \
+      --served-model-name "$MODEL" --out "$R/$profile.yaml" > /dev/null || exit 1
+    profile=$R/$profile.yaml
+  fi
+  echo "SIM=1: the embedded engine with the profile $profile (MODELLED), virtual clock"
+  python3 -m pdexporter sim sweep "$SWEEP" --profile "$profile" --out "$R/dense" > "$R/sweep.log" 2>&1
   rc=$?
   echo "SIM run, no GPU" > "$OUT/gpu.csv"
 else

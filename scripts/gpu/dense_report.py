@@ -2,6 +2,8 @@
 
     python scripts/gpu/dense_report.py predict   # before: predictions.json from the projected profile
     python scripts/gpu/dense_report.py compare   # after: comparison.csv / .md, MAPE per quantity
+    python scripts/gpu/dense_report.py --model qwen2.5-32b-instruct predict --rule learned \
+        --from h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct   # the third model (issue 36)
 
 The projected profile `h200-llama-3.1-8b-instruct` (`calibration: projected`, written by
 `pdexporter sim profile-from-config llama-3.1-8b-instruct --gpu H200`) runs the sweep protocol on the
@@ -11,11 +13,18 @@ configuration of sweeps/h200-dense-llama-3.1-8b.yaml. `compare` reads the GPU ru
 projection per quantity: the baseline TPOT, the TPOT penalty (token-weighted p50 and mean of the
 chunk steps), the prefill duration and the aggregate interference. Calibrating on the short grid and
 predicting the rest is then one command (docs/sim.md, "Calibrating a new model").
+
+`--model` picks another dense run from `MODELS`: its sweep file, whose `model` names the config.json
+and the profile (h200-<model>), whose `output` is the results directory and whose launcher's
+`--max-model-len` is the projection's; and the grid a calibration was fitted on, if any (compare
+scores the rest as held out; none: the whole grid is). Qwen2.5-32B-Instruct (sweeps/h200-dense-qwen2.5-32b.yaml)
+was fitted on by nothing: its projection from both calibrated references is the check of issue 36.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -28,24 +37,66 @@ from pdexporter.predict.grid import predict_records
 from pdexporter.predict.projection_check import QUANTITIES, compare_projection
 from pdexporter.sim.modelconfig import load_config, profile_from_config
 from pdexporter.sim.profile import load_profile
-from pdexporter.sweep.spec import load_sweep
-
-PROFILE = "h200-llama-3.1-8b-instruct"
-SWEEP = ROOT / "sweeps" / "h200-dense-llama-3.1-8b.yaml"
-OUT = ROOT / "results" / "h200-vllm0.22-llama-3.1-8b-instruct"
+from pdexporter.sweep.spec import SweepSpec, load_sweep
 
 
-def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None) -> None:
-    """predictions.json of the shipped profile, or (`rule`) of Llama-3.1-8B projected from its config.json and
-    the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense run
-    never saw) with that rule (`pdexporter.sim.projection`)."""
-    spec = load_sweep(SWEEP)
+class DenseRun:
+    """A dense model's GPU run: its sweep file and the grid a calibration was fitted on (None: none was).
+    (A plain class: the tests load this script without registering it, which a dataclass needs.)"""
+
+    def __init__(self, sweep: Path, fitted: Path | None = None) -> None:
+        self.sweep, self.fitted = sweep, fitted
+
+    @property
+    def spec(self) -> SweepSpec:
+        return load_sweep(self.sweep)
+
+    @property
+    def model(self) -> str:
+        return str(self.spec.model)
+
+    @property
+    def profile(self) -> str:
+        return f"h200-{self.model}"
+
+    @property
+    def results(self) -> Path:
+        return ROOT / self.spec.output
+
+    @property
+    def max_model_len(self) -> int:
+        found = re.search(r"--max-model-len[= ](\d+)", getattr(self.spec.launcher, "command", None) or "")
+        if not found:
+            raise SystemExit(f"{self.sweep}: the launcher command sets no --max-model-len")
+        return int(found.group(1))
+
+    def fitted_grid(self) -> set[tuple[int, int, int]]:
+        return set(load_sweep(self.fitted).points()) if self.fitted else set()
+
+
+MODELS = {
+    "llama-3.1-8b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.1-8b.yaml",
+                                      ROOT / "sweeps" / "calibrate-short.yaml"),
+    "qwen2.5-32b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-qwen2.5-32b.yaml"),
+}
+DEFAULT = "llama-3.1-8b-instruct"
+SWEEP = MODELS[DEFAULT].sweep
+OUT = MODELS[DEFAULT].results
+
+
+def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None,
+            model: str = DEFAULT) -> None:
+    """predictions.json of the shipped profile, or (`rule`) of the model projected from its config.json and
+    the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense
+    Llama run never saw) with that rule (`pdexporter.sim.projection`)."""
+    run = MODELS[model]
+    spec = run.spec
     if rule is None:
-        profile = load_profile(PROFILE)
+        profile = load_profile(run.profile)
     else:
-        cfg, source = load_config("llama-3.1-8b-instruct")
-        profile = profile_from_config(cfg, "H200", name=PROFILE, model_name="llama-3.1-8b-instruct", source=source,
-                                      carry_from=references.split(","), rule=rule, max_model_len=65536)
+        cfg, source = load_config(run.model)
+        profile = profile_from_config(cfg, "H200", name=run.profile, model_name=run.model, source=source,
+                                      carry_from=references.split(","), rule=rule, max_model_len=run.max_model_len)
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
@@ -53,24 +104,23 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
         figures = PointFigures.of(records[key])
         points.append({"chunk_size": key[0], "decode_batch_size": key[1], "new_prefill_tokens": key[2],
                        **{q: getattr(figures, METRIC_FIELDS[q]) for q in QUANTITIES}})
-    target = target or OUT / "predictions.json"
+    target = target or run.results / "predictions.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     doc = {"profile": profile.name + (f" ({rule} rule, from {references})" if rule else ""),
            "calibration": profile.calibration, "note": profile.calibration_note,
-           "provenance": profile.provenance.get("step_time"), "sweep": str(SWEEP.relative_to(ROOT)), "mode": "fast",
+           "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.relative_to(ROOT)), "mode": "fast",
            "points": points}
     target.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {target} ({len(points)} configurations, MODELLED by {doc['profile']}, {profile.calibration})")
 
 
-def _short_grid() -> set[tuple[int, int, int]]:
-    return set(load_sweep(ROOT / "sweeps" / "calibrate-short.yaml").points())
-
-
-def compare(results: Path = OUT, predictions: Path | None = None, out: Path | None = None) -> str:
-    """`compare_projection` on the dense run, its held-out part being what the short grid leaves out."""
+def compare(results: Path | None = None, predictions: Path | None = None, out: Path | None = None,
+            model: str = DEFAULT) -> str:
+    """`compare_projection` on the dense run, its held-out part being what the fitted grid leaves out (the
+    whole grid where nothing was fitted)."""
+    run = MODELS[model]
     try:
-        text = compare_projection(results, _short_grid(), predictions, out)
+        text = compare_projection(results or run.results, run.fitted_grid(), predictions, out)
     except RecordError as exc:
         raise SystemExit(str(exc)) from None
     print(text)
@@ -82,7 +132,9 @@ def main(argv: list[str]) -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", nargs="?", choices=("predict", "compare"), default="predict")
-    ap.add_argument("--results", type=Path, default=OUT, help="the GPU run's records (compare)")
+    ap.add_argument("--model", choices=sorted(MODELS), default=DEFAULT,
+                    help="the dense run: its sweep, config.json, profile name and results directory")
+    ap.add_argument("--results", type=Path, help="the GPU run's records (compare; default: the sweep's output)")
     ap.add_argument("--predictions", type=Path, help="predictions.json (default: in --results)")
     ap.add_argument("--out", type=Path, help="where comparison.csv/.md go (default: --results)")
     ap.add_argument("--rule", choices=("learned", "carry"), help="predict: a fresh projection with this rule")
@@ -90,9 +142,9 @@ def main(argv: list[str]) -> None:
                     help="predict --rule: the reference profiles, comma-separated")
     args = ap.parse_args(argv)
     if args.what == "predict":
-        predict(args.rule, args.references, args.predictions)
+        predict(args.rule, args.references, args.predictions, args.model)
     else:
-        compare(args.results, args.predictions, args.out)
+        compare(args.results, args.predictions, args.out, args.model)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,33 @@ def test_the_dense_sweep_holds_the_short_grid_and_what_it_must_predict():
     command = " ".join(dense.launcher.command.split())  # type: ignore[union-attr]
     assert "/tmp/model/llama-3.1-8b-instruct" in command and "--load-format dummy" in command
     script = (REPO / "scripts" / "gpu" / "dense-h200.sh").read_text()
-    assert "MODEL=llama-3.1-8b-instruct" in script and "sweeps/h200-dense-llama-3.1-8b.yaml" in script
+    assert "MODEL=${MODEL:-llama-3.1-8b-instruct}" in script
+    assert "SWEEP=${SWEEP:-sweeps/h200-dense-llama-3.1-8b.yaml}" in script
+
+
+def test_the_third_model_is_held_out_whole_and_its_projection_committed_before_the_run(tmp_path: Path):
+    """Qwen2.5-32B (issue 36): a model neither calibrated profile was fitted on, at a chunk size no measured
+    run used; its learned projection from both references covers every configuration of its sweep, and
+    the model folder make_model.py writes for it holds its BOS/EOS ids inside the tokenizer's vocabulary."""
+    spec = load_sweep(REPO / "sweeps" / "h200-dense-qwen2.5-32b.yaml")
+    assert spec.model == "qwen2.5-32b-instruct" and spec.grid.chunk_sizes == [3072] and spec.reps == 3
+    command = " ".join(spec.launcher.command.split())  # type: ignore[union-attr]
+    assert "/tmp/model/qwen2.5-32b-instruct --served-model-name qwen2.5-32b-instruct" in command
+    assert "--max-model-len 32768" in command
+    run = _dense_report().MODELS["qwen2.5-32b-instruct"]
+    assert run.max_model_len == 32768 and run.fitted_grid() == set()
+    doc = json.loads((run.results / "predictions.json").read_text())
+    assert doc["calibration"] == "projected"
+    assert doc["profile"].endswith("(learned rule, from h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct)")
+    assert {(p["chunk_size"], p["decode_batch_size"], p["new_prefill_tokens"]) for p in doc["points"]} == set(
+        spec.points()
+    )
+    out = tmp_path / "m"
+    assert _make_model().main([str(out), "--config", "qwen2.5-32b-instruct"]) == 0
+    vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
+    ids = json.loads((out / "generation_config.json").read_text())
+    assert len(vocab) == 152064 and vocab["t5"] == 5
+    assert vocab[f"t{ids['bos_token_id']}"] == 151643 and vocab[f"t{ids['eos_token_id']}"] == 151645
 
 
 def test_the_projection_is_committed_before_the_run():
@@ -87,3 +113,29 @@ def test_the_comparison_takes_a_partial_grid_and_names_a_record_cut_short(tmp_pa
     rows = (tmp_path / "out" / "comparison.csv").read_text().splitlines()
     assert len(rows) == 5 and rows[0].startswith("B,D,P,reps,in_short_grid,baseline_tpot measured")
     assert "| prefill_duration | 0.0 % |" in text
+
+
+def test_the_third_models_comparison_holds_out_the_whole_grid(tmp_path: Path):
+    """Nothing was fitted on the Qwen2.5-32B run: the comparison's "all measured" is the held-out set, and
+    there is no "held out of the short grid" section."""
+    from pdexporter.predict.grid import predict_records
+
+    run = _dense_report().MODELS["qwen2.5-32b-instruct"]
+    predictions = run.results / "predictions.json"
+    from pdexporter.sim.modelconfig import profile_from_config
+
+    cfg, source = load_config("qwen2.5-32b-instruct")
+    profile = profile_from_config(
+        cfg,
+        "H200",
+        name="h200-qwen2.5-32b-instruct",
+        model_name="qwen2.5-32b-instruct",
+        source=source,
+        carry_from=["h200-qwen3-coder-30b-a3b", "h200-llama-3.1-8b-instruct"],
+        rule="learned",
+        max_model_len=32768,
+    )
+    predict_records(profile, [(3072, 4, 2048), (3072, 0, 512)], run.spec.protocol, out=tmp_path, mode="fast")
+    text = _dense_report().compare(tmp_path, predictions, tmp_path / "out", model="qwen2.5-32b-instruct")
+    assert "against 2 of the 30 configurations" in text and "all held out (nothing fitted on this run)" in text
+    assert "short grid" not in text and "| prefill_duration | 0.0 % |" in text
