@@ -55,10 +55,12 @@ else
   if [ ! -f "/tmp/model/$MODEL/config.json" ]; then
     python3 scripts/gpu/make_model.py "/tmp/model/$MODEL" --config "$MODEL" || exit 1
   fi
-  # fail fast if vLLM's tokenizer loader does not take the word-level tokenizer
+  # fail fast if vLLM's tokenizer loader does not take the word-level tokenizer: the folder the
+  # sweep's command serves it from (--tokenizer, else the model folder; scripts/gpu/make_model.py)
+  tok=$(grep -o -- '--tokenizer [^ ]*' "$SWEEP" | head -n 1 | cut -d' ' -f2)
   python3 -c "
 from transformers import AutoTokenizer
-t = AutoTokenizer.from_pretrained('/tmp/model/$MODEL')
+t = AutoTokenizer.from_pretrained('${tok:-/tmp/model/$MODEL}')
 assert t.decode([5]).strip() == 't5' and t('t7 t9')['input_ids'][-2:] == [7, 9], 'tokenizer'
 print('tokenizer ok, vocab', len(t))" || exit 1
   nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.csv"

@@ -9,7 +9,12 @@ from the models' published shapes) and writes:
 - generation_config.json with the config's BOS/EOS ids;
 - a word-level tokenizer with one token per id ("t0" .. "t<vocab-1>", split on whitespace), so any
   id the model emits can be decoded; prompts are sent as token ids. tokenizer.json is written as
-  the JSON the `tokenizers` library saves for such a tokenizer (no download, no dependency).
+  the JSON the `tokenizers` library saves for such a tokenizer (no download, no dependency);
+- the same tokenizer files again in OUT_DIR/tokenizer/, a folder without config.json, for
+  `vllm serve --tokenizer`: transformers 5.17 (vLLM 0.22's) picks a model type's own tokenizer
+  class from config.json whatever tokenizer_config.json says, and for `qwen2` that is
+  Qwen2Tokenizer, which encodes "t7 t9" to [] (GPU session 12, 2026-12-04); from a folder
+  without config.json, AutoTokenizer takes the tokenizer_class given (TokenizersBackend: [7, 9]).
 
 usage: python3 scripts/gpu/make_model.py OUT_DIR --config pdexporter/sim/configs/llama-3.1-8b-instruct.json
        python3 scripts/gpu/make_model.py OUT_DIR --config llama-3.1-8b-instruct   # a shipped one by name
@@ -48,12 +53,16 @@ def write_model(out: Path, config: dict[str, object]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos}))
-    (out / "tokenizer.json").write_text(json.dumps(tokenizer_json(vocab)))
-    (out / "tokenizer_config.json").write_text(json.dumps({
+    tokenizer = json.dumps(tokenizer_json(vocab))
+    tokenizer_config = json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
         "bos_token": f"t{bos}", "eos_token": f"t{eos}", "unk_token": "t0", "pad_token": f"t{eos}",
         "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
-    }))
+    })
+    for folder in (out, out / "tokenizer"):
+        folder.mkdir(exist_ok=True)
+        (folder / "tokenizer.json").write_text(tokenizer)
+        (folder / "tokenizer_config.json").write_text(tokenizer_config)
     return out
 
 

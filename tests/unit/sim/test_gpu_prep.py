@@ -57,6 +57,9 @@ def test_the_third_model_is_held_out_whole_and_its_projection_committed_before_t
     assert spec.model == "qwen2.5-32b-instruct" and spec.grid.chunk_sizes == [3072] and spec.reps == 3
     command = " ".join(spec.launcher.command.split())  # type: ignore[union-attr]
     assert "/tmp/model/qwen2.5-32b-instruct --served-model-name qwen2.5-32b-instruct" in command
+    # transformers 5.17 gives model type qwen2 its own tokenizer class from config.json (it encodes nothing
+    # of the word-level tokenizer): vLLM loads the tokenizer from the folder without config.json
+    assert "--tokenizer /tmp/model/qwen2.5-32b-instruct/tokenizer " in command
     assert "--max-model-len 32768" in command
     run = _dense_report().MODELS["qwen2.5-32b-instruct"]
     assert run.max_model_len == 32768 and run.fitted_grid() == set()
@@ -72,6 +75,10 @@ def test_the_third_model_is_held_out_whole_and_its_projection_committed_before_t
     ids = json.loads((out / "generation_config.json").read_text())
     assert len(vocab) == 152064 and vocab["t5"] == 5
     assert vocab[f"t{ids['bos_token_id']}"] == 151643 and vocab[f"t{ids['eos_token_id']}"] == 151645
+    tokenizer_only = sorted(f.name for f in (out / "tokenizer").iterdir())
+    assert tokenizer_only == ["tokenizer.json", "tokenizer_config.json"]
+    for name in tokenizer_only:
+        assert (out / "tokenizer" / name).read_bytes() == (out / name).read_bytes()
 
 
 def test_the_projection_is_committed_before_the_run():
