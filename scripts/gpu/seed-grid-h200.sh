@@ -8,7 +8,11 @@
 #
 #   bash scripts/gpu/seed-grid-h200.sh [DEADLINE_S]    # default 540; the same command again until "complete"
 #
-# Each call resumes (complete records skipped, the engine left running adopted). Leaves in $OUT:
+# Each call resumes (complete records skipped, the engine left running adopted). On a new machine (the
+# lent one is given back 30 s after a call), carry the last call's records as .gpu-resume/h200.tgz
+# (ignored by git: `cp <files_at>/h200.tgz .gpu-resume/`) in the call that carries the bundle's last
+# part: they are unpacked into $R when it holds none, without the engines' state files (those engines
+# died with their machine), and the sweep goes on from there (GPU session 12 did so twice). Leaves in $OUT:
 # h200.tgz (records, raw, trimmed engine logs, sweep.json with every invocation's phase times),
 # sweep.log, gpu-apps.log (the GPU's processes every 5 s), host-monitor.tgz (every call's host and GPU
 # samples, scripts/gpu/host_monitor.py), engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
@@ -19,6 +23,10 @@ deadline=${1:-540}
 OUT=${OUT:?set OUT to the folder whose files come back}
 R=${R:-/root/r}
 mkdir -p "$R" "$OUT"
+if [ -f .gpu-resume/h200.tgz ] && [ ! -d "$R/h200" ]; then
+  tar xzf .gpu-resume/h200.tgz -C "$R" && find "$R/h200" -name engine.json -path '*/engine/*' -delete \
+    && echo "resumed from .gpu-resume/h200.tgz: $(find "$R/h200" -name 'D*_P*.json' -path '*/[0-9]*/*' -not -path '*/raw/*' | wc -l) records"
+fi
 # shellcheck source=/dev/null
 source scripts/gpu/unpack-bundle.sh || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
