@@ -132,6 +132,21 @@ def test_decide_answers_in_the_users_terms_with_slos(arms, capsys) -> None:
     assert code == 2 and "SLOs need the two-arm verdict" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_decided_verdict_whose_saving_interval_crosses_zero_says_so(capsys) -> None:
+    """The committed 1P1D decision (real H200 arms): at D = 12, P = 512 every resample offloads, yet the
+    saving's interval, widened for the extrapolation (P = 512 and D = 12 lie outside the offloaded arm's
+    fit), reaches below zero; the verdict stands and a note says what it rests on. Where the interval
+    keeps its sign (D = 8, P = 16384) there is no note."""
+    model = str(Path(__file__).parents[2] / "results" / "h200x2-arms" / "decision.json")
+    code, out, err = run_cli(capsys, "decide", "-D", "12", "-P", "512", "-B", "8192", "--model", model)
+    assert code == 0 and out.startswith("OFFLOAD: ")
+    lo = float(re.search(r"saved \+[\d.]+ ms \(90 %: ([+-]\d+)\.\.", out).group(1))  # type: ignore[union-attr]
+    assert lo < 0
+    assert "the saving's 90 % interval crosses zero" in err and "widened x" in err and "take it as undecided" in err
+    code, out, err = run_cli(capsys, "decide", "-D", "8", "-P", "16384", "--model", model)
+    assert code == 0 and out.startswith("OFFLOAD: ") and "crosses zero" not in err
+
+
 def test_thresholds_give_a_router_its_number(arms, tmp_path, capsys) -> None:
     code, out, err = _cli(capsys, "export-table", str(arms["colocated"]), "--offloaded", str(arms["decodebench"]),
                           "--out", str(tmp_path), "--no-plots")
