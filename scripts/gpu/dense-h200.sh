@@ -52,7 +52,7 @@ else
   # shellcheck source=/dev/null
   source scripts/gpu/unpack-bundle.sh || { echo "bundle incomplete: copy every part first"; exit 1; }
   export PYTHONPATH=/tmp/site  # (the first `python3` that imports pdexporter runs after this: pydantic is in the bundle)
-  if [ ! -f "/tmp/model/$MODEL/config.json" ]; then
+  if [ ! -f "/tmp/model/$MODEL/config.json" ] || [ ! -f "/tmp/model/$MODEL/tokenizer/tokenizer.json" ]; then
     python3 scripts/gpu/make_model.py "/tmp/model/$MODEL" --config "$MODEL" || exit 1
   fi
   # fail fast if vLLM's tokenizer loader does not take the word-level tokenizer: the folder the
