@@ -12,7 +12,7 @@
 # Needs on the GPU machine: every part of the vLLM bundle in /root/stage (../shared/gpu/README.md:
 # site-packages and the model folder /tmp/model/qwen3-coder-30b-a3b) and every part of the SGLang
 # wheels (.gpu-stage-sgl/1..3, built from ../shared/gpu/sglang-requirements.txt with
-# sglang-kernel stripped) copied to /root/stage-sgl (SGL_STAGE). BUDGET_S bounds the whole script,
+# sglang-kernel stripped by scripts/gpu/build-sglang-stage.sh) copied to /root/stage-sgl (SGL_STAGE). BUDGET_S bounds the whole script,
 # unpacking included; the rest of a 600 s device call is left for packing and the transfer.
 #
 # SGL_DRY=1 runs the same steps against the embedded engine imitating SGLang (`pdexporter sim serve
