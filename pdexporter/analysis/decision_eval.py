@@ -604,7 +604,15 @@ def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float 
         return numbers["saved_ms"] > numbers["ttft_cost_ms"], "decode time saved vs TTFT paid"
 
     offload, reason = choose(central, slos)
-    agree = [choose(r, slos)[0] == offload for r in replicates]
+    def widened(r: ArmNumbers) -> ArmNumbers:
+        # a replicate widened as the intervals are (`widening_by_interval`): a verdict resting on terms
+        # used beyond their fitted range is decided only if it holds across the widened spread too
+        out = r.copy()
+        out["saved_ms"] = saved + widening["saved_ms"] * (r["saved_ms"] - saved)
+        out["ttft_cost_ms"] = ttft_cost + widening["ttft_cost_ms"] * (r["ttft_cost_ms"] - ttft_cost)
+        return out
+
+    agree = [choose(widened(r), slos)[0] == offload for r in replicates]
     share = sum(agree) / len(agree) if agree else None
     decided = share is None or share >= DECIDED_SHARE
     weak = []

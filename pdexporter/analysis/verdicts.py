@@ -214,16 +214,6 @@ def _two_arm(x: Decided) -> Rendered:
         n = len((doc.get("replicates") or {}).get("model") or [])
         out.out.append(f"  {v['agreement']:.0%} of {n} bootstrap resamples agree"
                        + ("" if v["decided"] else f" (a decided verdict needs {DECIDED_SHARE:.0%})"))
-    saved = ivs.get("saved_ms")
-    if v["decided"] and saved and saved[0] < 0 < saved[1]:
-        # >= DECIDED_SHARE of the resamples agree, yet the interval straddles zero: the interval is
-        # widened for extrapolation (`widening_by_interval`), the resamples the agreement counts are not
-        widened = (v.get("interval_widening_by") or {}).get("saved_ms", 1.0)
-        why = f", widened x{widened:.1f} for the extrapolation" if widened > 1 else ""
-        out.notes.append(Plain(
-            f"pdexporter: note: the saving's 90 % interval crosses zero ({saved[0]:+.0f}..{saved[1]:+.0f} ms{why}): "
-            f"the verdict is the resamples' agreement ({v['agreement']:.0%}, at least {DECIDED_SHARE:.0%} needed), "
-            f"not the interval's sign; where the saving's sign matters, take it as undecided"))
     if v.get("degraded_regime"):
         deg = v["degraded_regime"]
         same = deg["offload"] == v["offload"]
