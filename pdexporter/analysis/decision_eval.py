@@ -50,7 +50,8 @@ the campaign variation (`campaign_variation`: s, the root mean square of the log
 campaigns the models were not fitted on, per arm and `cost_regime`; z_r: `replicates.campaign`,
 fixed standard normal draws), each interval widened by how far its own terms lie outside the range they were fitted
 on (`extrapolation`, `INTERVAL_TERMS`); the verdict is "decided" when at least 90 % of the
-replicates agree with it, else "undecided". A term
+replicates, widened alike (their saving and TTFT cost moved from the central values by the same
+factors), agree with it, else "undecided". A term
 whose held-out R^2 is below 0.5 (it explains less than half of what varies between the
 configurations it was not fitted on) is named in the verdict as a weak fit.
 
@@ -526,9 +527,9 @@ def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float 
     """Offload or not for D running decodes, a P-token prefill and chunk size B, from decision.json.
 
     Returns a `Verdict` (a dict): `offload`, `verdict` (one line), `mode`, `decided` (share of replicates that
-    agree >= DECIDED_SHARE), the seed's numbers (`cost_ms`, `transfer_ms`, `margin_ms`, `chunks`,
-    `model`, `in_fitted_range`, `extrapolated`), and in two-arm mode both arms' numbers with their
-    90 % intervals (`intervals`), the SLOs and the weak fits."""
+    agree >= DECIDED_SHARE, widened as the intervals are), the seed's numbers (`cost_ms`, `transfer_ms`,
+    `margin_ms`, `chunks`, `model`, `in_fitted_range`, `extrapolated`), and in two-arm mode both arms'
+    numbers with their 90 % intervals (`intervals`), the SLOs and the weak fits."""
     arms = doc.get("two_arm")
     mode = mode or ("two-arm" if arms else "seed")
     if mode not in ("two-arm", "seed"):
@@ -604,6 +605,7 @@ def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float 
         return numbers["saved_ms"] > numbers["ttft_cost_ms"], "decode time saved vs TTFT paid"
 
     offload, reason = choose(central, slos)
+
     def widened(r: ArmNumbers) -> ArmNumbers:
         # a replicate widened as the intervals are (`widening_by_interval`): a verdict resting on terms
         # used beyond their fitted range is decided only if it holds across the widened spread too
