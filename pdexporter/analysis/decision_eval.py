@@ -491,6 +491,11 @@ def widening_by_interval(outside: list[Finding]) -> dict[str, float]:
             for key, names in INTERVAL_TERMS.items()}
 
 
+def _widen(value: float, central: float, factor: float) -> float:
+    """`value` moved away from `central` by `factor` (extrapolation's widening: intervals and replicates alike)."""
+    return central + (value - central) * factor
+
+
 def _interval(values: list[float], central: float, factor: float, duration: bool = True) -> list[float] | None:
     """5th..95th percentile of the replicates' values, widened by `factor` around `central`; a
     duration's interval stops at 0 (a time cannot be negative, a difference can)."""
@@ -505,7 +510,7 @@ def _interval(values: list[float], central: float, factor: float, duration: bool
         return ordered[i] + (ordered[j] - ordered[i]) * (x - i)
 
     lo, hi = min(pct(5), central), max(pct(95), central)
-    lo, hi = central - (central - lo) * factor, central + (hi - central) * factor
+    lo, hi = _widen(lo, central, factor), _widen(hi, central, factor)
     return [max(lo, 0.0) if duration else lo, hi]
 
 
@@ -610,8 +615,8 @@ def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float 
         # a replicate widened as the intervals are (`widening_by_interval`): a verdict resting on terms
         # used beyond their fitted range is decided only if it holds across the widened spread too
         out = r.copy()
-        out["saved_ms"] = saved + widening["saved_ms"] * (r["saved_ms"] - saved)
-        out["ttft_cost_ms"] = ttft_cost + widening["ttft_cost_ms"] * (r["ttft_cost_ms"] - ttft_cost)
+        out["saved_ms"] = _widen(r["saved_ms"], saved, widening["saved_ms"])
+        out["ttft_cost_ms"] = _widen(r["ttft_cost_ms"], ttft_cost, widening["ttft_cost_ms"])
         return out
 
     agree = [choose(widened(r), slos)[0] == offload for r in replicates]

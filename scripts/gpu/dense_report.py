@@ -23,6 +23,7 @@ was fitted on by nothing: its projection from both calibrated references is the 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -47,8 +48,8 @@ class DenseRun:
     def __init__(self, sweep: Path, fitted: Path | None = None) -> None:
         self.sweep, self.fitted = sweep, fitted
 
-    @property
-    def spec(self) -> SweepSpec:
+    @functools.cached_property
+    def spec(self) -> SweepSpec:  # read once: model, profile, results and max_model_len all derive from it
         return load_sweep(self.sweep)
 
     @property
