@@ -4,6 +4,7 @@
 #
 #   bash scripts/gpu/validation.sh stage N          copy .gpu-stage/N/* to /root/stage   (carry .gpu-stage/N)
 #   bash scripts/gpu/validation.sh colocated [S]    vLLM B = 8192: sweeps/h200-validation.yaml, deadline S s
+#   bash scripts/gpu/validation.sh reference [S]    the reference points (sweeps/h200-reference.yaml), warm from the engine-cache pack
 #   bash scripts/gpu/validation.sh decodebench [S]  + DecodeBenchConnector: sweeps/h200-decodebench-validation.yaml
 #   bash scripts/gpu/validation.sh db-then-passive  decodebench (deadline 330 s), then passive for the rest of a 590 s call
 #   bash scripts/gpu/validation.sh passive [S]      vLLM + traces, run --passive beside `load --rate 2` for 300 s,
@@ -54,6 +55,10 @@ case "$step" in
     mkdir -p /root/stage && cp ".gpu-stage/$2/"* /root/stage/ && ls -la /root/stage ;;
   colocated)
     sweep validation sweeps/h200-validation.yaml "${2:-420}" ;;
+  reference)
+    # shellcheck source=/dev/null
+    source scripts/gpu/engine-cache.sh || exit 1
+    sweep reference sweeps/h200-reference.yaml "${2:-200}" ;;
   decodebench)
     sweep db-validation sweeps/h200-decodebench-validation.yaml "${2:-420}" ;;
   db-then-passive)
