@@ -65,6 +65,13 @@ echo "== compare engines"
 pd compare "$SEED" "$SGL" --out "$SGL/vs-vllm0.22" >/dev/null
 pd compare "$SEED" "$SGLM" --out "$SGLM/vs-vllm0.22" >/dev/null
 pd compare "$SGL" "$SGLM" --out "$SGLM/vs-default" >/dev/null
+# The same two modes with FlashAttention 3 (SGLang's default on Hopper; GPU session 13) beside triton attention.
+SGLF=$R/h200-sglang0.5.15-fa3-qwen3-coder-30b-a3b
+SGLFM=$R/h200-sglang0.5.15-fa3-mixed-qwen3-coder-30b-a3b
+pd compare "$SGL" "$SGLF" --out "$SGLF/vs-triton" >/dev/null
+pd compare "$SGLM" "$SGLFM" --out "$SGLFM/vs-triton" >/dev/null
+pd compare "$SEED" "$SGLF" --out "$SGLF/vs-vllm0.22" >/dev/null
+pd compare "$SEED" "$SGLFM" --out "$SGLFM/vs-vllm0.22" >/dev/null
 # Passive mode on the H200 beside the injected table of the same engine: the event model (its table's
 # intervals carrying the campaign variation), its convergence and trace- against cadence-based
 # attribution (the injected table itself is above).
