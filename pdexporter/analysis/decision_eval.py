@@ -50,8 +50,10 @@ the campaign variation (`campaign_variation`: s, the root mean square of the log
 campaigns the models were not fitted on, per arm and `cost_regime`; z_r: `replicates.campaign`,
 fixed standard normal draws), each interval widened by how far its own terms lie outside the range they were fitted
 on (`extrapolation`, `INTERVAL_TERMS`); the verdict is "decided" when at least 90 % of the
-replicates, widened alike (their saving and TTFT cost moved from the central values by the same
-factors), agree with it, else "undecided". A term
+replicates, widened alike (`_widened`: their saving and TTFT cost, or the seed's cost, moved from
+the central values by the same factors), agree with it, else "undecided". A threshold
+(`offload_thresholds`) judges each replicate at every P by those widened numbers too, so its
+interval widens where the terms are extrapolated; the central threshold is the central numbers'. A term
 whose held-out R^2 is below 0.5 (it explains less than half of what varies between the
 configurations it was not fitted on) is named in the verdict as a weak fit.
 
