@@ -50,8 +50,10 @@ the campaign variation (`campaign_variation`: s, the root mean square of the log
 campaigns the models were not fitted on, per arm and `cost_regime`; z_r: `replicates.campaign`,
 fixed standard normal draws), each interval widened by how far its own terms lie outside the range they were fitted
 on (`extrapolation`, `INTERVAL_TERMS`); the verdict is "decided" when at least 90 % of the
-replicates, widened alike (their saving and TTFT cost moved from the central values by the same
-factors), agree with it, else "undecided". A term
+replicates, widened alike (`_widened`: their saving and TTFT cost, or the seed's cost, moved from
+the central values by the same factors), agree with it, else "undecided". A threshold
+(`offload_thresholds`) judges each replicate at every P by those widened numbers too, so its
+interval widens where the terms are extrapolated; the central threshold is the central numbers'. A term
 whose held-out R^2 is below 0.5 (it explains less than half of what varies between the
 configurations it was not fitted on) is named in the verdict as a weak fit.
 
@@ -60,7 +62,7 @@ transfer time (the seed's constant 50 ms unless a transfer model was measured or
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Required, TypedDict
 
 __all__ = [
@@ -496,6 +498,45 @@ def _widen(value: float, central: float, factor: float) -> float:
     return central + (value - central) * factor
 
 
+def _widened(r: ArmNumbers, central: ArmNumbers, widening: Mapping[str, float]) -> ArmNumbers:
+    """A replicate's numbers with the ones a verdict compares (the seed's cost; the saving and the TTFT
+    cost) moved from the central values by their intervals' widening (`widening_by_interval`): a
+    verdict, or a threshold, resting on terms used beyond their fitted range is decided only if it
+    holds across the widened spread too. The central numbers (`central`) are not moved."""
+    out = r.copy()
+    out["colocated_cost_ms"] = _widen(r["colocated_cost_ms"], central["colocated_cost_ms"],
+                                      widening["colocated_cost_ms"])
+    if "saved_ms" in r and "saved_ms" in central and "ttft_cost_ms" in r and "ttft_cost_ms" in central:
+        out["saved_ms"] = _widen(r["saved_ms"], central["saved_ms"], widening["saved_ms"])
+        out["ttft_cost_ms"] = _widen(r["ttft_cost_ms"], central["ttft_cost_ms"], widening["ttft_cost_ms"])
+    return out
+
+
+def _slo_flags(numbers: ArmNumbers, tpot_slo_ms: float | None, ttft_slo_ms: float | None
+               ) -> dict[str, tuple[bool, bool]]:
+    """Per SLO given: (colocated holds it, offloaded holds it); TPOT only where both arms have one
+    (none at D = 0)."""
+    slos: dict[str, tuple[bool, bool]] = {}
+    col_tpot, off_tpot = numbers.get("colocated_tpot_ms"), numbers.get("offloaded_tpot_ms")
+    if tpot_slo_ms is not None and col_tpot is not None and off_tpot is not None:
+        slos["TPOT"] = (col_tpot <= tpot_slo_ms, off_tpot <= tpot_slo_ms)
+    if ttft_slo_ms is not None:
+        slos["TTFT"] = (numbers["colocated_ttft_ms"] <= ttft_slo_ms, numbers["offloaded_ttft_ms"] <= ttft_slo_ms)
+    return slos
+
+
+def _choose(numbers: ArmNumbers, held: Mapping[str, tuple[bool, bool]]) -> tuple[bool, str]:
+    """The two-arm rule: an arm that alone holds every SLO in `held` wins, else offload iff the
+    saving exceeds the TTFT cost; (offload, why)."""
+    held_col = all(v[0] for v in held.values())
+    held_off = all(v[1] for v in held.values())
+    if held and held_off and not held_col:
+        return True, "only offloading holds the SLOs"
+    if held and held_col and not held_off:
+        return False, "only keeping it local holds the SLOs"
+    return numbers["saved_ms"] > numbers["ttft_cost_ms"], "decode time saved vs TTFT paid"
+
+
 def _interval(values: list[float], central: float, factor: float, duration: bool = True) -> list[float] | None:
     """5th..95th percentile of the replicates' values, widened by `factor` around `central`; a
     duration's interval stops at 0 (a time cannot be negative, a difference can)."""
@@ -526,7 +567,7 @@ def _range_text(iv: list[float]) -> str:
     return f" [{_ms(iv[0]) if iv[0] >= 0 else '-' + _ms(iv[0])}..{_ms(iv[1]) if iv[1] >= 0 else '-' + _ms(iv[1])}]"
 
 
-def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float | None = None, *,  # noqa: C901 (20: to shrink)
+def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float | None = None, *,
                       tpot_slo_ms: float | None = None, ttft_slo_ms: float | None = None, mode: str | None = None,
                       regime: str = "nominal", intervals: bool = True) -> Verdict:
     """Offload or not for D running decodes, a P-token prefill and chunk size B, from decision.json.
@@ -575,7 +616,7 @@ def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float 
     out["intervals"] = ivs
     if mode == "seed":
         offload = cost > transfer
-        agree = [r["colocated_cost_ms"] > transfer for r in replicates]
+        agree = [_widened(r, central, widening)["colocated_cost_ms"] > transfer for r in replicates]
         share = (sum(a == offload for a in agree) / len(agree)) if agree else None
         iv = ivs["colocated_cost_ms"]
         straddles = iv is not None and iv[0] <= transfer < iv[1]  # the interval holds the budget: either way
@@ -593,33 +634,10 @@ def evaluate_decision(doc: Document, d: int, p: int, b: int, transfer_ms: float 
         return out
 
     saved, ttft_cost = central["saved_ms"], central["ttft_cost_ms"]
-    slos: dict[str, tuple[bool, bool]] = {}
-    if tpot_slo_ms is not None and d > 0 and central["colocated_tpot_ms"] is not None \
-            and central["offloaded_tpot_ms"] is not None:
-        slos["TPOT"] = (central["colocated_tpot_ms"] <= tpot_slo_ms, central["offloaded_tpot_ms"] <= tpot_slo_ms)
-    if ttft_slo_ms is not None:
-        slos["TTFT"] = (central["colocated_ttft_ms"] <= ttft_slo_ms, central["offloaded_ttft_ms"] <= ttft_slo_ms)
-
-    def choose(numbers: ArmNumbers, held: dict[str, tuple[bool, bool]]) -> tuple[bool, str]:
-        held_col = all(v[0] for v in held.values())
-        held_off = all(v[1] for v in held.values())
-        if held and held_off and not held_col:
-            return True, "only offloading holds the SLOs"
-        if held and held_col and not held_off:
-            return False, "only keeping it local holds the SLOs"
-        return numbers["saved_ms"] > numbers["ttft_cost_ms"], "decode time saved vs TTFT paid"
-
-    offload, reason = choose(central, slos)
-
-    def widened(r: ArmNumbers) -> ArmNumbers:
-        # a replicate widened as the intervals are (`widening_by_interval`): a verdict resting on terms
-        # used beyond their fitted range is decided only if it holds across the widened spread too
-        out = r.copy()
-        out["saved_ms"] = _widen(r["saved_ms"], saved, widening["saved_ms"])
-        out["ttft_cost_ms"] = _widen(r["ttft_cost_ms"], ttft_cost, widening["ttft_cost_ms"])
-        return out
-
-    agree = [choose(widened(r), slos)[0] == offload for r in replicates]
+    slos = _slo_flags(central, tpot_slo_ms, ttft_slo_ms)
+    offload, reason = _choose(central, slos)
+    # each replicate widened as the intervals are, judged against the central SLO flags
+    agree = [_choose(_widened(r, central, widening), slos)[0] == offload for r in replicates]
     share = sum(agree) / len(agree) if agree else None
     decided = share is None or share >= DECIDED_SHARE
     weak = []
@@ -702,38 +720,65 @@ def held_out_text(doc: Document) -> str:
         "; intervals carry the campaign-to-campaign variation"
 
 
-def _wins(doc: Document, d: int, p: int, b: int, replicate: int | None, kw: dict[str, Any],
-          contexts: tuple[ChunkContext, ChunkContext]) -> bool:
-    if kw.get("mode") == "seed" or not doc.get("two_arm"):
-        numbers = evaluate_arms(doc, d, p, b, replicate=replicate, contexts=contexts)
+def _arms_for_thresholds(doc: Document, d: int, p: int, b: int, replicate: int | None, kw: Mapping[str, Any],
+                         contexts: tuple[ChunkContext, ChunkContext]) -> ArmNumbers:
+    """The numbers a threshold's verdict reads at P: the seed's rule charges the nominal transfer
+    whatever the regime, the two-arm verdict the regime's (or the given transfer)."""
+    if _seed_mode(doc, kw):
+        return evaluate_arms(doc, d, p, b, replicate=replicate, contexts=contexts)
+    return evaluate_arms(doc, d, p, b, replicate=replicate, regime=kw.get("regime", "nominal"),
+                         transfer_ms=kw.get("transfer_ms"), contexts=contexts)
+
+
+def _seed_mode(doc: Document, kw: Mapping[str, Any]) -> bool:
+    return kw.get("mode") == "seed" or not doc.get("two_arm")
+
+
+def _wins(doc: Document, p: int, numbers: ArmNumbers, kw: Mapping[str, Any]) -> bool:
+    """Whether offloading wins at P from `numbers` (a replicate's widened as `evaluate_decision`'s
+    agreement widens them): the seed's rule, or the two-arm rule with the SLOs these numbers hold."""
+    if _seed_mode(doc, kw):
         transfer = kw.get("transfer_ms")
         if transfer is None:
             t = _transfer_model(doc, "nominal")
             transfer = transfer_time(t, p) if t.get("source") in ("measured", "given") \
                 else float(doc.get("transfer_ms_default", 50.0))
         return numbers["colocated_cost_ms"] > transfer
-    numbers = evaluate_arms(doc, d, p, b, replicate=replicate, regime=kw.get("regime", "nominal"),
-                            transfer_ms=kw.get("transfer_ms"), contexts=contexts)
-    slos = {}
-    if kw.get("tpot_slo_ms") is not None and numbers["colocated_tpot_ms"] is not None \
-            and numbers["offloaded_tpot_ms"] is not None:
-        slos["TPOT"] = (
-            numbers["colocated_tpot_ms"] <= kw["tpot_slo_ms"],
-            numbers["offloaded_tpot_ms"] <= kw["tpot_slo_ms"],
-        )
-    if kw.get("ttft_slo_ms") is not None:
-        slos["TTFT"] = (
-            numbers["colocated_ttft_ms"] <= kw["ttft_slo_ms"],
-            numbers["offloaded_ttft_ms"] <= kw["ttft_slo_ms"],
-        )
-    if slos:
-        col = all(v[0] for v in slos.values())
-        off = all(v[1] for v in slos.values())
-        if off and not col:
-            return True
-        if col and not off:
-            return False
-    return numbers["saved_ms"] > numbers["ttft_cost_ms"]
+    return _choose(numbers, _slo_flags(numbers, kw.get("tpot_slo_ms"), kw.get("ttft_slo_ms")))[0]
+
+
+def _p_grid(step: int, p_max: int) -> list[int]:
+    """The thresholds' scan: multiples of `step` in 10 % steps from `step`, and `p_max`."""
+    grid = []
+    x = float(step)
+    while x < p_max:
+        grid.append(round(x / step) * step)
+        x *= 1.1
+    return [*sorted({g for g in grid if step <= g < p_max}), p_max]
+
+
+def _verdicts_at(doc: Document, d: int, b: int, kw: Mapping[str, Any]) -> Callable[[int, int | None], bool]:
+    """wins(P, replicate): whether offloading wins at P for the central numbers (replicate None) or
+    for a replicate's widened as `evaluate_decision`'s agreement widens them at P (`_widened`), the
+    chunk contexts, central numbers and widening computed once per P."""
+    cache: dict[int, tuple[ChunkContext, ChunkContext]] = {}
+    centrals: dict[int, tuple[ArmNumbers, dict[str, float]]] = {}
+
+    def contexts(p: int) -> tuple[ChunkContext, ChunkContext]:
+        if p not in cache:
+            cache[p] = (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
+        return cache[p]
+
+    def wins(p: int, replicate: int | None) -> bool:
+        numbers = _arms_for_thresholds(doc, d, p, b, replicate, kw, contexts(p))
+        if replicate is not None:
+            if p not in centrals:
+                centrals[p] = (_arms_for_thresholds(doc, d, p, b, None, kw, contexts(p)),
+                               widening_by_interval(extrapolation(doc, d, p, b)[0]))
+            numbers = _widened(numbers, *centrals[p])
+        return _wins(doc, p, numbers, kw)
+
+    return wins
 
 
 def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | None, ...] | list[int | None] = (None,),
@@ -741,31 +786,24 @@ def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | No
                        mode: str | None = None, p_max: int = 131072, step: int = 64, regime: str = "nominal",
                        transfer_ms: float | None = None) -> list[int | None]:
     """`offload_threshold` for several replicates at once (None: the central coefficients),
-    sharing the chunk arithmetic: one threshold (or None) per replicate, in order."""
+    sharing the chunk arithmetic: one threshold (or None) per replicate, in order. A replicate's
+    verdict at each P reads its numbers widened as `evaluate_decision`'s agreement does at that P
+    (`_widened`: by how far the terms lie beyond their fitted range), so its threshold, and the
+    interval over the replicates' thresholds, widens where the terms are extrapolated; the central
+    threshold reads the central numbers."""
     budget_rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
     if d < 0 or (budget_rule["decodes_take_budget"] and b - d <= 0):
         return [None for _ in replicates]
     kw = {"tpot_slo_ms": tpot_slo_ms, "ttft_slo_ms": ttft_slo_ms, "mode": mode, "regime": regime,
           "transfer_ms": transfer_ms}
-    grid = []
-    x = float(step)
-    while x < p_max:
-        grid.append(round(x / step) * step)
-        x *= 1.1
-    grid = [*sorted({g for g in grid if step <= g < p_max}), p_max]
-    cache = {}
-
-    def contexts(p: int) -> tuple[ChunkContext, ChunkContext]:
-        if p not in cache:
-            cache[p] = (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
-        return cache[p]
-
+    grid = _p_grid(step, p_max)
+    wins = _verdicts_at(doc, d, b, kw)
     last_no = {}
     open_ = list(range(len(replicates)))
     for p in reversed(grid):
         still = []
         for i in open_:
-            if _wins(doc, d, p, b, replicates[i], kw, contexts(p)):
+            if wins(p, replicates[i]):
                 still.append(i)
             else:
                 last_no[i] = p
@@ -785,7 +823,7 @@ def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | No
         lo, hi = no // step, yes // step  # multiples of step: lo does not offload, hi does
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if _wins(doc, d, mid * step, b, rep, kw, contexts(mid * step)):
+            if wins(mid * step, rep):
                 hi = mid
             else:
                 lo = mid

@@ -11,7 +11,10 @@ evaluation decides flows through here. Per (B, D):
 - `threshold`: the smallest P (a multiple of `step`) from which every P up to `p_max` offloads
   for the central coefficients; None ("never") when P = p_max does not;
 - `low`..`high`: the 5th..95th percentile of the replicates' thresholds (`high` None: some
-  replicates never offload up to p_max); "undecided" where `high` > UNDECIDED_RATIO x `low`;
+  replicates never offload up to p_max), each replicate judged at every P by its numbers widened
+  as the verdict's agreement widens them there (how far the terms lie beyond their fitted range),
+  so a threshold beyond the measured P has the wider interval the verdicts there have;
+  "undecided" where `high` > UNDECIDED_RATIO x `low`;
 - `at_floor`: every P scanned offloads (the threshold is "<= step", not exactly `step`);
 - `outside`: "below" / "above" where the threshold lies outside the prompt lengths every model
   of the verdict was fitted on (`measured_p`), so the answer there is the models' extrapolation;
@@ -212,7 +215,8 @@ class ThresholdSet:
         return {
             "schema": THRESHOLDS_SCHEMA,
             "meaning": "offload a prefill of at least `threshold` (non-cached) tokens at chunk size B and D running "
-                       "decodes; `interval`: the 5th-95th percentile over the bootstrap resamples; status "
+                       "decodes; `interval`: the 5th-95th percentile over the bootstrap resamples, each judged with "
+                       "its numbers widened as the verdict's where the models extrapolate; status "
                        "'undecided' where that interval spans more than a factor 2 (the fits cannot place it "
                        "closer), 'never' where offloading does not win up to p_max; `safe`: the router's number "
                        "(the upper end where undecided); `at_floor`: every P scanned offloads (<= step_tokens); "

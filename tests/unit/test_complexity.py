@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CEILING = 11  # `noqa: C901` exemptions (12 when the gate came: 11 in pdexporter/, 1 benchmark): lower it as they go
+CEILING = 10  # `noqa: C901` exemptions (12 when the gate came: 11 in pdexporter/, 1 benchmark): lower it as they go
 LONGEST = 150  # lines; the ones over it when the gate came (grafana's live and interference-map builds) are split
 LONG_TODAY: dict[tuple[str, str], int] = {}  # no exemption left: none may come back
 

@@ -24,6 +24,7 @@ from pdexporter.analysis.decision_eval import (
     extrapolation,
     feature,
     offload_threshold,
+    offload_thresholds,
 )
 from pdexporter.analysis.thresholds import compute_thresholds, llmd_snippet
 
@@ -306,6 +307,62 @@ def test_thresholds_for_routers_with_intervals_and_the_llm_d_snippet() -> None:
     never = yaml.safe_load(llmd_snippet(computed, 8192, 1))
     assert next(p for p in never["plugins"] if p["type"] == "prefix-based-pd-decider")["parameters"][
         "nonCachedTokens"] == 2**31 - 1
+
+
+def _sigma_doc(sigma1: float, sigmas: tuple[float, ...], fitted_p: tuple[int, int]) -> dict:
+    """Colocated cost D x sigma1 x P exactly (every other coefficient 0), TTFT cost the seed's 50 ms
+    plus a 78 ms decode side (128 ms); one model replicate per sigma in `sigmas`; every model
+    fitted on P in `fitted_p`."""
+    zero = {k: 0.0 for k in ("alpha0_ms", "alpha1_ms_per_decode", "compute0_ms", "gamma_ms_per_token",
+                             "beta_ms_per_token_pair", "kappa_graph_ms_per_token", "sigma0_ms", "catchup_steps")}
+    doc = make_doc(decode_side_ms=78.0, model=context_model(**zero, sigma1_ms_per_token=sigma1))
+    doc["valid_range"]["new_prefill_tokens"] = list(fitted_p)
+    for term in doc["two_arm"]["terms"].values():
+        if "range" in term:
+            term["range"]["new_prefill_tokens"] = list(fitted_p)
+    doc["replicates"] = {"model": [context_model(**zero, sigma1_ms_per_token=s)["coefficients"] for s in sigmas],
+                         "two_arm": [{} for _ in sigmas]}
+    return doc
+
+
+def test_threshold_intervals_widen_where_the_terms_are_extrapolated_as_the_verdicts_do() -> None:
+    """Two decodes lose 2 x sigma1 x P colocated, offloading costs 128 ms of TTFT: the central
+    threshold is the first multiple of 64 above 64 / sigma1. Replicates at sigma1 -/+ 10 %. Beyond
+    the fitted P (here 32768) each replicate's saving is widened at that P as `evaluate_decision`'s
+    agreement widens it (x (1 + log2(P / 32768))), so its crossing moves away from the central one:
+    the interval widens, the central threshold does not move. Inside the fitted range nothing
+    changes."""
+    sigmas = (0.0009, 0.001, 0.0011)
+    far = _sigma_doc(0.001, sigmas, (64, 32768))  # crossing at P ~ 64000: two arms' terms extrapolated
+    measured_everywhere = _sigma_doc(0.001, sigmas, (64, 131072))  # the same numbers, nothing extrapolated
+    reps = (None, 0, 1, 2)
+    bare = offload_thresholds(measured_everywhere, 2, 8192, reps)
+    widened = offload_thresholds(far, 2, 8192, reps)
+    assert bare == [64064, 71168, 64064, 58240]  # 128 / (2 sigma1): the bootstrap's spread alone
+    assert widened[0] == widened[2] == 64064  # the central threshold and the central replicate stay
+    assert widened[1] > 71168 + 4096 and widened[3] < 58240 - 2048  # the others move ~ x2 as far
+    # each replicate's threshold is where its widened verdict flips: the verdict with that replicate
+    # alone agrees with the central "offload" from the threshold on, not just below it
+    slow = copy.deepcopy(far)
+    slow["replicates"] = {"model": [far["replicates"]["model"][0]], "two_arm": [{}]}
+    assert evaluate_decision(slow, 2, widened[1] - 64, 8192)["agreement"] == 0.0
+    assert evaluate_decision(slow, 2, widened[1], 8192)["agreement"] == 1.0
+    result = compute_thresholds(far, chunk_sizes=[8192], decode_batch_sizes=[2], replicates=3)
+    entry = result.at(8192, 2)
+    assert entry is not None and entry.threshold == 64064 and entry.outside == "above"
+    assert (entry.low, entry.high) == (widened[3], widened[1])
+    # inside the fitted range (crossing at P ~ 8000: sigma1 x 8) the widening is 1: nothing moves
+    inside = _sigma_doc(0.008, tuple(8 * s for s in sigmas), (64, 32768))
+    inside_bare = _sigma_doc(0.008, tuple(8 * s for s in sigmas), (64, 131072))
+    assert offload_thresholds(inside, 2, 8192, reps) == offload_thresholds(inside_bare, 2, 8192, reps)
+    assert offload_thresholds(inside, 2, 8192, reps)[0] == 8064
+    # the seed's rule (cost 2 x sigma1 x P against its 50 ms) alike: models fitted up to P = 8192,
+    # crossing at ~25000, the replicates' cost widened x (1 + log2(P / 8192)) as the seed verdict's
+    seed_far = _sigma_doc(0.001, sigmas, (64, 8192))
+    assert offload_thresholds(measured_everywhere, 2, 8192, reps, mode="seed") == [25024, 27840, 25024, 22784]
+    seed = offload_thresholds(seed_far, 2, 8192, reps, mode="seed")
+    assert seed[0] == seed[2] == 25024 and seed[1] > 27840 + 4096 and seed[3] < 22784 - 1024
+    assert evaluate_decision(seed_far, 2, 28000, 8192, mode="seed")["agreement"] == pytest.approx(2 / 3)
 
 
 def test_thresholds_where_the_offloaded_arm_was_not_measured_are_modelled() -> None:
