@@ -45,7 +45,7 @@ pd validate --out "$HELD_OUT" \
   --colocated $R/h200x2-vllm0.22-qwen3-coder-30b-a3b-cv-rerun --colocated $R/h200-vllm0.22-qwen3-coder-30b-a3b-generalise \
   --colocated "$SEED-small-p" --colocated "$PASSIVE/injected" --colocated "$SEED-validation" \
   --colocated "$SEED-validation-passive/injected" --colocated "$SEED-live-thresholds/injected" \
-  --colocated "$SEED-starts" --colocated "$SEED-1gpu" --colocated "$SEED-1gpu-host" --colocated "$SEED-1gpu-warm" \
+  --colocated "$SEED-starts" --colocated "$SEED-1gpu" --colocated "$SEED-1gpu-host" --colocated "$SEED-1gpu-warm" --colocated "$SEED-reference-s13" \
   --offloaded "$DB" --offloaded "$DB-small-p" --offloaded "$DB-validation" >/dev/null
 # The two arms: colocated (one H200) beside DecodeBench (one H200) and beside the 1P1D pair (two).
 for arms in "h200-arms-decodebench" "h200x2-arms"; do
