@@ -148,7 +148,8 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
     # (`summary.aggregated_reps`); the table follows the record. Step times use every repetition.
     chosen = (record.summary.model_extra or {}).get("aggregated_reps") if record.summary else None
     if record.reps:
-        used = [r for r in record.reps if chosen is None or r.rep in chosen]
+        used = [r for r in record.reps if (chosen is None or r.rep in chosen) and r.counted] or \
+            [r for r in record.reps if chosen is None or r.rep in chosen]
         reps = tuple(rep_values(r.baseline, r.interference, r.derived, d) for r in used)
         blocks = [(r.baseline, r.interference) for r in record.reps]
         rep_steps = tuple(_chunk_steps(r.baseline, r.interference) for r in used)

@@ -76,6 +76,7 @@ __all__ = [
     "end_streams",
     "expected_schedule",
     "injection_problem",
+    "logged_injection_problem",
     "prompt_tokens_check",
     "prompt_tokens_problem",
     "protocol_settings",
@@ -642,6 +643,23 @@ def injection_problem(before: MetricsSnapshot | None, d: int) -> str | None:
     return f"at injection the engine ran {running:g} and queued {waiting:g} requests (expected {d} and 0)"
 
 
+def logged_injection_problem(steps: Sequence[IterationStep] | None, d: int) -> str | None:
+    """What the engine's own step log says against "exactly the window's D probes decoding when the
+    prefill came": the decodes of the last decode step before the prefill's first chunk, or None
+    where the log shows no such step (no log, D = 0, no decode step logged in between). Exact where
+    the gauges may not be (SGLang sets them only when it logs a batch): an SGLang mixed-mode window
+    of GPU session 13 decoded beside 24 requests at D = 12 (a probe set not yet aborted), its
+    penalty 709 ms against the others' 80-90, while /metrics could only be reported, not trusted."""
+    if not steps or d < 1:
+        return None
+    first = next((i for i, s in enumerate(steps) if s.context_tokens > 0), None)
+    decoding = [s.generation_requests for s in steps[:first] if s.generation_requests > 0]
+    if first is None or not decoding or decoding[-1] == d:
+        return None
+    return (f"the engine's step log shows {decoding[-1]} requests decoding in the step before the prefill's "
+            f"first chunk (expected the {d} probes)")
+
+
 SETTLE_POLL_S = 0.05  # how often `settle_engine` reads /metrics
 NUDGE_AFTER_S = 1.0  # how long the gauges may say "busy" before a one-token request makes the engine step
 
@@ -823,6 +841,9 @@ async def _window(
     steps = driver.steps_since(mark)
     if steps is not None:
         steps = [s for s in steps if s.context_tokens > 0 or s.generation_requests > 0]
+    logged_busy = logged_injection_problem(steps, d) if exclusive else None
+    if logged_busy:  # the engine's own log, exact where its gauges were not to be trusted
+        raise BusyAtInjection(logged_busy)
 
     traces = probes.traces(streams, t_inject)
     schedule = expected_schedule(kind, p, chunk_size or driver.info.chunk_size, d)

@@ -119,6 +119,10 @@ else:
         # usage.prompt_tokens of the prefill against the P token ids sent: "exact" | "unreported"
         # ("differs" fails the window: measure.protocol.prompt_tokens_check)
         prompt_tokens_check=(str | None, None),
+        # What the engine's step log says against "exactly the D probes decoding when the prefill
+        # came" (measure.protocol.logged_injection_problem), None when it says nothing against it: a
+        # repetition that has one is kept in the record and left out of every aggregate (`RepRecord.counted`)
+        injection_check=(str | None, None),
     )
     DerivedBlock = _block_model("DerivedBlock", "derived")
 
@@ -138,6 +142,12 @@ class RepRecord(_Model):
     # Extra keys an interleaved sweep (sweep file `order: interleaved`) adds: `block`, the block
     # this repetition ran in, and `block_position`, its place in that block's order (sweep.json
     # lists each block's order). Absent otherwise, so other records are unchanged.
+
+    @property
+    def counted(self) -> bool:
+        """Whether the aggregates use this repetition: not when the engine's step log showed it
+        decoding other requests than the D probes at the injection (`interference.injection_check`)."""
+        return self.interference.injection_check is None
 
     def summary_line(self) -> str:
         b, i, d = self.baseline, self.interference, self.derived
@@ -196,6 +206,7 @@ def interference_block(
     prefill_prompt_tokens: int | None,
     offload: object | None = None,
     prompt_tokens_check: str | None = None,
+    injection_check: str | None = None,
 ) -> InterferenceBlock:
     """`offload`: the offloaded arm's numbers of this repetition (`measure.pd.OffloadNumbers`)."""
     context = SimpleNamespace(
@@ -210,6 +221,7 @@ def interference_block(
         chunk_tokens_engine_log=list(engine_chunks) if engine_chunks is not None else None,
         chunk_step_times_ms=[round(x, 3) for x in window.chunk_step_times_ms],
         prompt_tokens_check=prompt_tokens_check,
+        injection_check=injection_check,
     )
 
 
@@ -256,7 +268,9 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
     """The record's top level: medians over repetitions, with CVs in `summary`."""
     if not reps:
         raise ValueError("a record needs at least one repetition")
-    ordered = sorted(reps, key=lambda r: r.rep)
+    everything = sorted(reps, key=lambda r: r.rep)
+    # a repetition the engine's log shows beside other requests is kept but not aggregated
+    ordered = [r for r in everything if r.counted] or everything
     # Lists (chunk sizes, slow-step times) cannot be medianed; take them from the rep whose
     # penalty is the median one so the top level describes one real run.
     penalties = [r.derived.tpot_penalty_ms for r in ordered]
@@ -278,7 +292,7 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
         baseline=baseline,
         interference=interference,
         derived=derived,
-        reps=list(ordered),
+        reps=list(everything),
         summary=summary,
         provenance=provenance(),
         schema_version=RECORD_SCHEMA,

@@ -38,7 +38,8 @@ def cv_metric_name(reps: Sequence[RepRecord]) -> str:
 
 
 def attempt_cv(reps: Sequence[RepRecord]) -> float | None:
-    return cv([_metric(r) for r in reps])
+    """The CV of an attempt's counted repetitions (`RepRecord.counted`)."""
+    return cv([_metric(r) for r in reps if r.counted] or [_metric(r) for r in reps])
 
 
 def split_attempts(reps: Sequence[RepRecord], per_attempt: int) -> list[list[RepRecord]]:

@@ -22,6 +22,7 @@ from pdexporter.measure.protocol import (
     analyse_traces,
     chunks_expected,
     expected_schedule,
+    logged_injection_problem,
     prompt_tokens_check,
 )
 from pdexporter.measure.records import (
@@ -63,7 +64,9 @@ def phase1_stats(store: ResultsStore, chunk_size: int, d: int, settings: Protoco
 def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseline: BaselineStats | None,
                   settings: ProtocolSettings, *, use_engine_log: bool = True) -> RepRecord:
     """`use_engine_log=False` analyses the window as if the engine's step log had not been read
-    (what an engine someone else runs gives): chunk steps from the schedule and the cadence."""
+    (what an engine someone else runs gives): chunk steps from the schedule and the cadence. Which
+    repetitions count (`injection_check`, from the log when there is one) is the same either way, so
+    the two analyses compare the same repetitions."""
     c = record.config
     if rep.raw is None:
         raise RecordError(f"{store.record_path(*record.key)}: repetition {rep.rep} has no raw timestamps")
@@ -71,9 +74,8 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
     prefill = StreamTrace.from_raw(raw["prefill"])
     # the raw file keeps the engine's step lines in its own format: its adapter reads them back
-    steps = (
-        adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") and use_engine_log else None
-    )
+    logged = adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") else None
+    steps = logged if use_engine_log else None
     schedule = expected_schedule(c.engine, c.new_prefill_tokens, c.chunk_size, c.decode_batch_size)
     window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], baseline, settings.window, steps,
                             schedule, engine=c.engine)
@@ -85,6 +87,7 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
             engine_chunks=chunks or None, prefill_prompt_tokens=prefill.prompt_tokens,
             offload=offload_numbers(route, rep.engine_metrics),
             prompt_tokens_check=prompt_tokens_check(prefill.prompt_tokens, c.new_prefill_tokens),
+            injection_check=logged_injection_problem(logged, c.decode_batch_size),
         ),
         "derived": derived_block(derive(baseline, window, c.decode_batch_size)),
     })

@@ -24,6 +24,8 @@
 # parts of scripts/gpu/build-sglang-fa3-parts.sh copied to /root/stage-fa3 (SGL_FA3_STAGE), its
 # checksum checked; the sweeps are the committed ones with `--attention-backend fa3`, and the work
 # folder defaults to /root/sgl-fa3.
+# SGL_MODES (default "default mixed") picks the modes to run; SGL_MIXED_SWEEP / SGL_DEFAULT_SWEEP
+# replace a mode's committed sweep file (e.g. sweeps/h200-sglang-mixed-p16k.yaml: one more prompt length).
 set -u
 BUDGET=${1:-540}
 T0=$(date +%s)
@@ -96,8 +98,8 @@ export PYTHONUNBUFFERED=1
 
 # The sweep file a mode runs: the committed one, or in the dry run the same with the embedded engine.
 sweep_file() {
-  local mode=$1 file=sweeps/h200-sglang.yaml
-  [ "$mode" = mixed ] && file=sweeps/h200-sglang-mixed.yaml
+  local mode=$1 file=${SGL_DEFAULT_SWEEP:-sweeps/h200-sglang.yaml}
+  [ "$mode" = mixed ] && file=${SGL_MIXED_SWEEP:-sweeps/h200-sglang-mixed.yaml}
   if [ "$DRY" = "1" ]; then
     python3 - "$file" "$W/dry-$mode.yaml" "$PORT" "${SGL_DRY_REPS:-1}" <<'PY'
 import sys, yaml
@@ -148,9 +150,11 @@ PY
 
 # 2. Both modes, one after the other: the first gets half of what is left, the second the rest.
 status=0
-for mode in default mixed; do
+MODES=${SGL_MODES:-default mixed}
+for mode in $MODES; do
+  case "$mode" in default|mixed) ;; *) log "SGL_MODES: '$mode' is not default or mixed"; exit 2 ;; esac
   file=$(sweep_file "$mode")
-  if [ "$mode" = default ]; then share=$(( ($(left) - PACK_RESERVE) / 2 )); else share=$(( $(left) - PACK_RESERVE )); fi
+  if [ "$mode" = default ] && [ "$MODES" != default ]; then share=$(( ($(left) - PACK_RESERVE) / 2 )); else share=$(( $(left) - PACK_RESERVE )); fi
   if [ "$share" -lt 60 ]; then log "$mode: only ${share}s left, not started"; status=5; continue; fi
   log "$mode: sweep $file, deadline ${share}s"
   python3 -m pdexporter sweep "$file" --out "$W/$mode" --deadline "${share}s" >> "$W/sweep-console.log" 2>&1
