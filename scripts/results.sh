@@ -72,6 +72,9 @@ pd compare "$SGL" "$SGLF" --out "$SGLF/vs-triton" >/dev/null
 pd compare "$SGLM" "$SGLFM" --out "$SGLFM/vs-triton" >/dev/null
 pd compare "$SEED" "$SGLF" --out "$SGLF/vs-vllm0.22" >/dev/null
 pd compare "$SEED" "$SGLFM" --out "$SGLFM/vs-vllm0.22" >/dev/null
+# ... and the mixed FA3 table with the prompt length measured after it (P = 16384, GPU session 13 part 2)
+pd export-table "$SGLFM" "$SGLFM-p16k" --out "$SGLFM-p16k/joined" >/dev/null
+pd report "$SGLFM" "$SGLFM-p16k" --out "$SGLFM-p16k/joined/report.html" >/dev/null
 # Passive mode on the H200 beside the injected table of the same engine: the event model (its table's
 # intervals carrying the campaign variation), its convergence and trace- against cadence-based
 # attribution (the injected table itself is above).
