@@ -8,7 +8,7 @@
 #
 # DEST/NN/flash_ops.part.NN, one folder a call (carry [".gpu-stage-fa3/NN"], copy to /root/stage-fa3),
 # and DEST/00/flash_ops.sha256 (the whole file's checksum, checked on the GPU machine by
-# scripts/gpu/sglang-h200.sh when SGL_ATTENTION=fa3). Compressed with xz, which gains little on
+# scripts/gpu/sglang-h200.sh when PDX_SGL_ATTENTION=fa3). Compressed with xz, which gains little on
 # CUDA fat binaries: measured 2026-12-04, see the last line this prints.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

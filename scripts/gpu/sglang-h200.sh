@@ -12,30 +12,35 @@
 # Needs on the GPU machine: every part of the vLLM bundle in /root/stage (../shared/gpu/README.md:
 # site-packages and the model folder /tmp/model/qwen3-coder-30b-a3b) and every part of the SGLang
 # wheels (.gpu-stage-sgl/1..3, built from ../shared/gpu/sglang-requirements.txt with
-# sglang-kernel stripped by scripts/gpu/build-sglang-stage.sh) copied to /root/stage-sgl (SGL_STAGE). BUDGET_S bounds the whole script,
+# sglang-kernel stripped by scripts/gpu/build-sglang-stage.sh) copied to /root/stage-sgl (PDX_SGL_STAGE). BUDGET_S bounds the whole script,
 # unpacking included; the rest of a 600 s device call is left for packing and the transfer.
 #
-# SGL_DRY=1 runs the same steps against the embedded engine imitating SGLang (`pdexporter sim serve
+# PDX_SGL_DRY=1 runs the same steps against the embedded engine imitating SGLang (`pdexporter sim serve
 # --engine sglang`, same SGLang flags) instead of SGLang, skipping the unpacking and the install:
 # what CI-less checking of this script is possible without a GPU (tests/e2e/test_sglang_cli.py).
-# SGL_WORK (default /root/sgl) is where everything is written; SGL_PORT the engines' port.
-# SGL_ATTENTION=fa3 runs both modes with FlashAttention 3 (SGLang's default on Hopper) instead of
+# PDX_SGL_WORK (default /root/sgl) is where everything is written; PDX_SGL_PORT the engines' port.
+# PDX_SGL_ATTENTION=fa3 runs both modes with FlashAttention 3 (SGLang's default on Hopper) instead of
 # triton attention: sgl_kernel's flash_ops.abi3.so, which the stripped bundle lacks, comes from the
-# parts of scripts/gpu/build-sglang-fa3-parts.sh copied to /root/stage-fa3 (SGL_FA3_STAGE), its
+# parts of scripts/gpu/build-sglang-fa3-parts.sh copied to /root/stage-fa3 (PDX_SGL_FA3_STAGE), its
 # checksum checked; the sweeps are the committed ones with `--attention-backend fa3`, and the work
 # folder defaults to /root/sgl-fa3.
-# SGL_MODES (default "default mixed") picks the modes to run; SGL_MIXED_SWEEP / SGL_DEFAULT_SWEEP
+# The switches are PDX_SGL_*, not SGL_*: SGLang copies every SGL_* variable of its environment to
+# SGLANG_* at import (its deprecated prefix), and SGLANG_PORT sets where it searches for internal ports.
+# PDX_SGL_MODES (default "default mixed") picks the modes to run; PDX_SGL_MIXED_SWEEP / PDX_SGL_DEFAULT_SWEEP
 # replace a mode's committed sweep file (e.g. sweeps/h200-sglang-mixed-p16k.yaml: one more prompt length).
 set -u
+for old in SGL_ATTENTION SGL_MODES SGL_WORK SGL_STAGE SGL_FA3_STAGE SGL_DRY SGL_DRY_REPS SGL_PORT SGL_MIXED_SWEEP SGL_DEFAULT_SWEEP; do
+  [ -n "${!old:-}" ] && { echo "$old: renamed PDX_$old (SGLang reads SGL_* as its own SGLANG_* variables)"; exit 2; }
+done
 BUDGET=${1:-540}
 T0=$(date +%s)
-ATTENTION=${SGL_ATTENTION:-triton}
-case "$ATTENTION" in triton|fa3) ;; *) echo "SGL_ATTENTION: '$ATTENTION' is not triton or fa3"; exit 2 ;; esac
-W=${SGL_WORK:-/root/sgl$([ "$ATTENTION" = fa3 ] && echo -fa3)}
-FA3_STAGE=${SGL_FA3_STAGE:-/root/stage-fa3}
-STAGE=${SGL_STAGE:-/root/stage-sgl}
-DRY=${SGL_DRY:-0}
-PORT=${SGL_PORT:-8000}
+ATTENTION=${PDX_SGL_ATTENTION:-triton}
+case "$ATTENTION" in triton|fa3) ;; *) echo "PDX_SGL_ATTENTION: '$ATTENTION' is not triton or fa3"; exit 2 ;; esac
+W=${PDX_SGL_WORK:-/root/sgl$([ "$ATTENTION" = fa3 ] && echo -fa3)}
+FA3_STAGE=${PDX_SGL_FA3_STAGE:-/root/stage-fa3}
+STAGE=${PDX_SGL_STAGE:-/root/stage-sgl}
+DRY=${PDX_SGL_DRY:-0}
+PORT=${PDX_SGL_PORT:-8000}
 OUT=${OUT:-$W/out}
 PACK_RESERVE=25   # seconds kept for the re-analysis and the packing after the last sweep
 mkdir -p "$W" "$OUT"
@@ -98,10 +103,10 @@ export PYTHONUNBUFFERED=1
 
 # The sweep file a mode runs: the committed one, or in the dry run the same with the embedded engine.
 sweep_file() {
-  local mode=$1 file=${SGL_DEFAULT_SWEEP:-sweeps/h200-sglang.yaml}
-  [ "$mode" = mixed ] && file=${SGL_MIXED_SWEEP:-sweeps/h200-sglang-mixed.yaml}
+  local mode=$1 file=${PDX_SGL_DEFAULT_SWEEP:-sweeps/h200-sglang.yaml}
+  [ "$mode" = mixed ] && file=${PDX_SGL_MIXED_SWEEP:-sweeps/h200-sglang-mixed.yaml}
   if [ "$DRY" = "1" ]; then
-    python3 - "$file" "$W/dry-$mode.yaml" "$PORT" "${SGL_DRY_REPS:-1}" <<'PY'
+    python3 - "$file" "$W/dry-$mode.yaml" "$PORT" "${PDX_SGL_DRY_REPS:-1}" <<'PY'
 import sys, yaml
 src, dst, port, reps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 spec = yaml.safe_load(open(src))
@@ -150,9 +155,9 @@ PY
 
 # 2. Both modes, one after the other: the first gets half of what is left, the second the rest.
 status=0
-MODES=${SGL_MODES:-default mixed}
+MODES=${PDX_SGL_MODES:-default mixed}
 for mode in $MODES; do
-  case "$mode" in default|mixed) ;; *) log "SGL_MODES: '$mode' is not default or mixed"; exit 2 ;; esac
+  case "$mode" in default|mixed) ;; *) log "PDX_SGL_MODES: '$mode' is not default or mixed"; exit 2 ;; esac
   file=$(sweep_file "$mode")
   if [ "$mode" = default ] && [ "$MODES" != default ]; then share=$(( ($(left) - PACK_RESERVE) / 2 )); else share=$(( $(left) - PACK_RESERVE )); fi
   if [ "$share" -lt 60 ]; then log "$mode: only ${share}s left, not started"; status=5; continue; fi

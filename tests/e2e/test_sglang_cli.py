@@ -206,7 +206,7 @@ def test_gpu_script_dry_run(tmp_path: Path) -> None:
     after the other (each one's engine stopped before the next starts), every record is re-analysed
     without the log, and everything comes back as one tar.gz."""
     work, out = tmp_path / "work", tmp_path / "out"
-    env = {**ENV, "SGL_DRY": "1", "SGL_WORK": str(work), "OUT": str(out), "SGL_PORT": str(free_port())}
+    env = {**ENV, "PDX_SGL_DRY": "1", "PDX_SGL_WORK": str(work), "OUT": str(out), "PDX_SGL_PORT": str(free_port())}
     done = subprocess.run(
         ["bash", "scripts/gpu/sglang-h200.sh", "300"],
         check=False,
@@ -231,4 +231,4 @@ def test_gpu_script_dry_run(tmp_path: Path) -> None:
     for mode, rows in compared.items():
         assert rows and all(r["penalty_log_ms"] is not None for r in rows), (mode, rows)
     with pytest.raises(OSError):  # no engine left on the port
-        urllib.request.urlopen(f"http://127.0.0.1:{env['SGL_PORT']}/health", timeout=2)
+        urllib.request.urlopen(f"http://127.0.0.1:{env['PDX_SGL_PORT']}/health", timeout=2)
