@@ -32,7 +32,7 @@ from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
 from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
 from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.measure.quantities import seed_columns, tabulated
-from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, cv
+from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, counted_reps, cv
 
 __all__ = [
     "ARM_COLUMNS", "ARM_VALUES", "CI_COLUMNS", "CI_VALUES", "COLUMNS", "ChunkSteps", "ConfigSamples", "DIGITS",
@@ -148,8 +148,7 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
     # (`summary.aggregated_reps`); the table follows the record. Step times use every repetition.
     chosen = (record.summary.model_extra or {}).get("aggregated_reps") if record.summary else None
     if record.reps:
-        used = [r for r in record.reps if (chosen is None or r.rep in chosen) and r.counted] or \
-            [r for r in record.reps if chosen is None or r.rep in chosen]
+        used = counted_reps([r for r in record.reps if chosen is None or r.rep in chosen])
         reps = tuple(rep_values(r.baseline, r.interference, r.derived, d) for r in used)
         blocks = [(r.baseline, r.interference) for r in record.reps]
         rep_steps = tuple(_chunk_steps(r.baseline, r.interference) for r in used)

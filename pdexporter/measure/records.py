@@ -27,7 +27,7 @@ from pdexporter.measure.window import BaselineStats, Derived, WindowStats
 __all__ = [
     "BaselineBlock", "DerivedBlock", "InterferenceBlock", "RECORD_SCHEMA", "RecordConfig", "RepRecord", "RunRecord",
     "SEED_KEYS",
-    "Summary", "aggregate", "baseline_block", "cv", "derived_block", "interference_block", "provenance",
+    "Summary", "aggregate", "baseline_block", "counted_reps", "cv", "derived_block", "interference_block", "provenance",
 ]
 
 
@@ -156,6 +156,12 @@ class RepRecord(_Model):
                 f"chunks {i.num_chunks_actual}/{i.num_chunks_expected} ({i.num_chunks_source})")
 
 
+def counted_reps(reps: Sequence[RepRecord]) -> list[RepRecord]:
+    """The repetitions every aggregate uses (`RepRecord.counted`), in their order; all of them when
+    none is counted (a record is never left without numbers)."""
+    return [r for r in reps if r.counted] or list(reps)
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} ms"
 
@@ -269,8 +275,7 @@ def aggregate(config: RecordConfig, reps: Sequence[RepRecord]) -> RunRecord:
     if not reps:
         raise ValueError("a record needs at least one repetition")
     everything = sorted(reps, key=lambda r: r.rep)
-    # a repetition the engine's log shows beside other requests is kept but not aggregated
-    ordered = [r for r in everything if r.counted] or everything
+    ordered = counted_reps(everything)  # a repetition beside other requests is kept, not aggregated
     # Lists (chunk sizes, slow-step times) cannot be medianed; take them from the rep whose
     # penalty is the median one so the top level describes one real run.
     penalties = [r.derived.tpot_penalty_ms for r in ordered]

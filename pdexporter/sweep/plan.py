@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord, Summary, aggregate, cv
+from pdexporter.measure.records import RecordConfig, RepRecord, RunRecord, Summary, aggregate, counted_reps, cv
 from pdexporter.sweep.spec import CvSpec
 
 __all__ = [
@@ -39,7 +39,7 @@ def cv_metric_name(reps: Sequence[RepRecord]) -> str:
 
 def attempt_cv(reps: Sequence[RepRecord]) -> float | None:
     """The CV of an attempt's counted repetitions (`RepRecord.counted`)."""
-    return cv([_metric(r) for r in reps if r.counted] or [_metric(r) for r in reps])
+    return cv([_metric(r) for r in counted_reps(reps)])
 
 
 def split_attempts(reps: Sequence[RepRecord], per_attempt: int) -> list[list[RepRecord]]:
