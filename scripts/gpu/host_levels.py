@@ -6,7 +6,8 @@ its window (the injection to the prefill's first token, on the driver's clock), 
 ratio to the median of its configuration's repetitions (the level), and, over the monitor's samples
 that bracket the window, the engine core's main thread: its share of the window on a CPU and
 waiting on the run queue, the CPU it ran on; the host's steal; the GPU's SM clock (mean, min),
-power and whether a clock-event reason (power cap, thermal) was active.
+power and whether a clock-event reason (power cap, thermal) was active; the guest's CPU speed (the
+monitor's fixed loop, `spin_us`, mean over the bracketing samples).
 
     python3 scripts/gpu/host_levels.py RESULTS_DIR MONITOR_DIR [--csv OUT.csv]
 
@@ -84,6 +85,9 @@ def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], thread
     # the GPU rows within 100 ms of the window (sorted by time: a slice, not a scan of every row)
     g = gpu[bisect.bisect_left(gpu, (t0 - 100_000_000,)):bisect.bisect_right(gpu, (t1 + 100_000_000, float("inf")))]
     out = {"bracket_ms": span / 1e6, "steal_ticks": steal}
+    spins = [s["spin"][0] for s in samples[i0:i1 + 1] if "spin" in s]  # the monitor's since session 14
+    if spins:
+        out["spin_us"] = statistics.fmean(spins) / 1e3
     if best:
         r0, r1 = best
         out |= {"engine_on_cpu": (r1[2] - r0[2]) / span, "engine_runq_wait": (r1[3] - r0[3]) / span,
@@ -129,11 +133,14 @@ def summarise(table: list[dict]) -> None:
         away = [r for r in part if abs(r["ratio"] - 1) > 0.1]
         near = [r for r in part if abs(r["ratio"] - 1) <= 0.1]
         print(f"{label}: {len(part)} repetitions with monitor samples, {len(away)} away from their median (>10 %)")
-        for key in ("engine_on_cpu", "engine_runq_wait", "steal_ticks", "sm_mhz_mean", "sm_mhz_min", "power_w",
-                    "clock_event", "bracket_ms"):
+        for key in ("engine_on_cpu", "engine_runq_wait", "steal_ticks", "spin_us", "sm_mhz_mean", "sm_mhz_min",
+                    "power_w", "clock_event", "bracket_ms"):
             vals = [[r[key] for r in grp if key in r] for grp in (near, away)]
             if all(vals):
                 print(f"  {key:18s} near {statistics.fmean(vals[0]):10.3f}   away {statistics.fmean(vals[1]):10.3f}")
+        paired = [(r["ratio"], r["spin_us"]) for r in part if "spin_us" in r]
+        if len(paired) > 2 and len({s for _, s in paired}) > 1:
+            print(f"  level ~ spin_us: Pearson r {statistics.correlation(*zip(*paired)):.2f} over {len(paired)}")
 
 
 def main() -> int:

@@ -11,12 +11,17 @@ repetition's window can be matched with it afterwards (`scripts/gpu/host_levels.
   (`-m pdexporter`): its CPU, its time on the CPU and its time waiting on the run queue
   (/proc/TID/schedstat), its user and system time;
 - the GPU's SM and memory clocks, power, temperature and clock-event reasons (nvidia-smi, its own
-  process, every 100 ms, with its own wall-clock stamps; the sidecar's lines carry both clocks).
+  process, every 100 ms, with its own wall-clock stamps; the sidecar's lines carry both clocks);
+- the host's CPU speed as this guest gets it (`spin`, GPU session 14): the nanoseconds a fixed loop of
+  `SPIN_ITERATIONS` Python additions took (~1.5 ms), and the vCPU it ran on. Nothing inside the guest
+  tracked the levels in session 12 (no run-queue waits, no steal, no vCPU's load); a launch-bound step
+  is CPU work, so a host that slows the guest's cores (its clock, a neighbour on the sibling thread)
+  shows here as a slower spin.
 
     python3 scripts/gpu/host_monitor.py OUT.jsonl [--interval 0.1] &
 
-One JSON line a sample: {"t": monotonic ns, "w": wall ns, "cpu": [[8 counters] per CPU, the
-first line the total], "thr": {"PID/TID": [comm, cpu, run_ns, wait_ns, utime, stime]}}, a thread
+One JSON line a sample: {"t": monotonic ns, "w": wall ns, "spin": [ns, vCPU], "cpu": [[8 counters]
+per CPU, the first line the total], "thr": {"PID/TID": [comm, cpu, run_ns, wait_ns, utime, stime]}}, a thread
 only where its counters moved since its last line. The GPU's lines go to OUT.gpu.csv. Stdlib only:
 it runs on the GPU machine's own Python. SIGTERM (or Ctrl-C) ends it with the file closed.
 """
@@ -35,6 +40,23 @@ from pathlib import Path
 # Command lines (NUL-separated) of the engine's processes (`-m vllm.…`, the engine core's title
 # `VLLM::EngineCore`) and of the sweep (`-m pdexporter`), not every path that holds the words
 WATCH = (b"\x00vllm.", b"VLLM::", b"\x00pdexporter\x00")
+
+
+SPIN_ITERATIONS = 20_000
+
+
+def spin() -> list[int]:
+    """[ns the fixed loop took, the vCPU it ended on]: the guest's CPU speed now."""
+    t0, x = time.perf_counter_ns(), 0
+    for i in range(SPIN_ITERATIONS):
+        x += i
+    ns = time.perf_counter_ns() - t0
+    return [ns, _own_cpu()]
+
+
+def _own_cpu() -> int:
+    stat = Path("/proc/thread-self/stat").read_bytes()
+    return int(stat[stat.rindex(b")") + 2 :].split()[36])
 
 
 def cpu_counters() -> list[list[int]]:
@@ -106,7 +128,7 @@ def main() -> int:
                     row = thread_sample(tid)
                     if row is not None and row != last.get(tid):  # only the threads that moved
                         thr[tid.replace("/task/", "/")] = last[tid] = row
-                f.write(json.dumps({"t": time.monotonic_ns(), "w": time.time_ns(), "cpu": cpu_counters(),
+                f.write(json.dumps({"t": time.monotonic_ns(), "w": time.time_ns(), "spin": spin(), "cpu": cpu_counters(),
                                     "thr": thr}, separators=(",", ":")) + "\n")
                 n += 1
                 if n % 50 == 0:

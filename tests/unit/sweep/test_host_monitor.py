@@ -43,6 +43,7 @@ def test_monitor_samples_cpus_and_the_watched_threads_on_the_monotonic_clock(tmp
     assert len(lines) >= 3
     assert all(t0 <= s["t"] <= time.monotonic_ns() for s in lines)  # the records' clock (CLOCK_MONOTONIC)
     assert all(len(s["cpu"]) == (os.cpu_count() or 1) + 1 and len(s["cpu"][0]) == 8 for s in lines)
+    assert all(s["spin"][0] > 0 and 0 <= s["spin"][1] < (os.cpu_count() or 1) for s in lines)  # the CPU speed probe
     rows = [s["thr"][f"{busy.pid}/{busy.pid}"] for s in lines if f"{busy.pid}/{busy.pid}" in s["thr"]]
     assert len(rows) >= 2 and rows[-1][2] > rows[0][2]  # its time on a CPU grows, and only moved threads are written
     assert all(0 <= r[1] < (os.cpu_count() or 1) for r in rows)
@@ -55,7 +56,7 @@ def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> N
     comm = levels.ENGINE_COMM
 
     def sample(t: int, a: list, b: list) -> dict:
-        return {"t": t, "w": t, "cpu": [[0] * 7 + [t // ms]],
+        return {"t": t, "w": t, "cpu": [[0] * 7 + [t // ms]], "spin": [1_000_000 + t // 100, 0],
                 "thr": {"10/10": [comm, *a], "20/20": [comm, *b], "10/11": ["worker", 0, 0, 0, 0, 0]}}
 
     # engine 10 on CPU 3 runs 80 of 100 ms and waits 10 on the run queue; engine 20 (held) barely moves
@@ -69,4 +70,5 @@ def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> N
     assert out["engine_cpu"] == 3
     assert out["engine_on_cpu"] == pytest.approx(0.8) and out["engine_runq_wait"] == pytest.approx(0.1)
     assert out["bracket_ms"] == pytest.approx(100.0) and out["steal_ticks"] == 100
+    assert out["spin_us"] == pytest.approx(1500.0)  # both bracketing samples' loop times, 1.0 and 2.0 ms
     assert out["sm_mhz_min"] == 1700.0 and out["clock_event"] == 1  # 0x4, a power cap; 0x1 (idle) is not one
