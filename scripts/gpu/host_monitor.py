@@ -22,7 +22,8 @@ repetition's window can be matched with it afterwards (`scripts/gpu/host_levels.
 
 One JSON line a sample: {"t": monotonic ns, "w": wall ns, "spin": [ns, vCPU], "cpu": [[8 counters]
 per CPU, the first line the total], "thr": {"PID/TID": [comm, cpu, run_ns, wait_ns, utime, stime]}}, a thread
-only where its counters moved since its last line. The GPU's lines go to OUT.gpu.csv. Stdlib only:
+only where its counters moved since its last line. The GPU's lines go to OUT.gpu.csv, the guest's CPU
+topology (sibling threads, model, MHz) once to OUT.topology.json. Stdlib only:
 it runs on the GPU machine's own Python. SIGTERM (or Ctrl-C) ends it with the file closed.
 """
 
@@ -57,6 +58,21 @@ def spin() -> list[int]:
 def _own_cpu() -> int:
     stat = Path("/proc/thread-self/stat").read_bytes()
     return int(stat[stat.rindex(b")") + 2 :].split()[36])
+
+
+def topology() -> dict:
+    """The guest's CPUs once: which vCPUs share a core (a sibling's load slows a launch-bound thread)
+    and what /proc/cpuinfo calls them."""
+    cpus: dict[str, str] = {}
+    for d in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*")):
+        try:
+            cpus[d.name] = (d / "topology" / "thread_siblings_list").read_text().strip()
+        except OSError:
+            continue
+    info = Path("/proc/cpuinfo").read_text(errors="replace") if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), None)
+    mhz = [float(line.split(":", 1)[1]) for line in info.splitlines() if line.startswith("cpu MHz")]
+    return {"siblings": cpus, "model": model, "mhz": mhz}
 
 
 def cpu_counters() -> list[list[int]]:
@@ -114,6 +130,7 @@ def main() -> int:
         [smi, "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,"
          "clocks_event_reasons.active", "--format=csv,noheader,nounits", "-lms", "100"],
         stdout=open(out.with_suffix(".gpu.csv"), "w"), stderr=subprocess.DEVNULL)
+    out.with_suffix(".topology.json").write_text(json.dumps(topology()))
     tids: list[str] = []
     last: dict[str, list] = {}
     n = 0
@@ -128,8 +145,9 @@ def main() -> int:
                     row = thread_sample(tid)
                     if row is not None and row != last.get(tid):  # only the threads that moved
                         thr[tid.replace("/task/", "/")] = last[tid] = row
-                f.write(json.dumps({"t": time.monotonic_ns(), "w": time.time_ns(), "spin": spin(), "cpu": cpu_counters(),
-                                    "thr": thr}, separators=(",", ":")) + "\n")
+                line = {"t": time.monotonic_ns(), "w": time.time_ns(), "spin": spin(), "cpu": cpu_counters(),
+                        "thr": thr}
+                f.write(json.dumps(line, separators=(",", ":")) + "\n")
                 n += 1
                 if n % 50 == 0:
                     f.flush()

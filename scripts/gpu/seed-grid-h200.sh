@@ -47,7 +47,7 @@ timeout $((deadline + 45)) python3 -m pdexporter sweep sweeps/h200.yaml --out "$
 echo "sweep rc=$?" >> "$R/sweep.log"
 kill $apps 2>/dev/null
 kill $monpid 2>/dev/null; wait $monpid 2>/dev/null
-(cd "$R" && tar czf "$OUT/host-monitor.tgz" host-*.jsonl host-*.gpu.csv 2>/dev/null)
+(cd "$R" && tar czf "$OUT/host-monitor.tgz" host-*.jsonl host-*.gpu.csv host-*.topology.json 2>/dev/null)
 # shellcheck source=/dev/null
 source scripts/gpu/engine-logs.sh && trim_engine_logs 3000 --gzip "$R/h200"
 tar czf "$OUT/h200.tgz" --exclude=engine.log -C "$R" h200

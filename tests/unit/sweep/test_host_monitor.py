@@ -43,6 +43,8 @@ def test_monitor_samples_cpus_and_the_watched_threads_on_the_monotonic_clock(tmp
     assert len(lines) >= 3
     assert all(t0 <= s["t"] <= time.monotonic_ns() for s in lines)  # the records' clock (CLOCK_MONOTONIC)
     assert all(len(s["cpu"]) == (os.cpu_count() or 1) + 1 and len(s["cpu"][0]) == 8 for s in lines)
+    topo = json.loads(out.with_suffix(".topology.json").read_text())
+    assert "cpu0" in topo["siblings"] and "0" in topo["siblings"]["cpu0"].replace("-", ",").split(",")
     assert all(s["spin"][0] > 0 and 0 <= s["spin"][1] < (os.cpu_count() or 1) for s in lines)  # the CPU speed probe
     rows = [s["thr"][f"{busy.pid}/{busy.pid}"] for s in lines if f"{busy.pid}/{busy.pid}" in s["thr"]]
     assert len(rows) >= 2 and rows[-1][2] > rows[0][2]  # its time on a CPU grows, and only moved threads are written
