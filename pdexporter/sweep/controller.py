@@ -471,11 +471,16 @@ class SweepController:
             return
         self.observer.on_phase("warmup", chunk, d)
         # What is warmed is the chunk's step beside D decodes, over by the prefill's first token: the
-        # recovery intervals are not waited for (the next window waits for its own steady state).
-        settings = self.spec.protocol.model_copy(update={"after_intervals": 1})
+        # recovery intervals are not waited for (the next window waits for its own steady state), but
+        # after the last one: a pooled probe's counted pre-injection intervals (the totals' reference,
+        # `tpot_pre_injection_p50_ms`) are the window before's recovery intervals, and with one of them
+        # the first recorded window of each D read the warm-up's chunk steps there (GPU sessions 11-14,
+        # B = 2048: 2.4-9.9 x the decode step).
+        short = self.spec.protocol.model_copy(update={"after_intervals": 1})
         with self._phase("warmup", chunk):
-            for p in todo:
+            for i, p in enumerate(todo):
                 probes = pool if pool is not None else FreshProbes(self.spec.protocol)
+                settings = self.spec.protocol if i == len(todo) - 1 else short
                 await run_window(driver, d, p, settings, probes, FixedBaseline(baseline.stats), chunk_size=chunk)
                 self._warmed_mixed.add((chunk, d, p))
 
