@@ -13,10 +13,11 @@ repetition's window can be matched with it afterwards (`scripts/gpu/host_levels.
 - the GPU's SM and memory clocks, power, temperature and clock-event reasons (nvidia-smi, its own
   process, every 100 ms, with its own wall-clock stamps; the sidecar's lines carry both clocks);
 - the host's CPU speed as this guest gets it (`spin`, GPU session 14): the nanoseconds a fixed loop of
-  `SPIN_ITERATIONS` Python additions took (~1.5 ms), and the vCPU it ran on. Nothing inside the guest
-  tracked the levels in session 12 (no run-queue waits, no steal, no vCPU's load); a launch-bound step
-  is CPU work, so a host that slows the guest's cores (its clock, a neighbour on the sibling thread)
-  shows here as a slower spin.
+  `SPIN_ITERATIONS` Python additions took (0.7-1.3 ms on the H200 machines), and the vCPU it ran on.
+  Nothing inside the guest tracked the levels in session 12 (no run-queue waits, no steal, no vCPU's
+  load); a launch-bound step is CPU work, so a host that slowed every guest core would show here too.
+  In session 14 it did not: the loop flips between ~0.72 and ~1.2 ms from one sample to the next on
+  every vCPU, uncorrelated with the engine's level (Pearson r 0.03 over 525 one-chunk repetitions).
 
     python3 scripts/gpu/host_monitor.py OUT.jsonl [--interval 0.1] &
 
