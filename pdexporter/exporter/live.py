@@ -186,7 +186,8 @@ class ContinuousProbes:
     async def release(self, driver: Any, streams: Sequence[TokenStream]) -> None:
         return None  # they go on decoding, and are restarted as they end
 
-    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int) -> list[StreamTrace]:
+    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int,
+               window_end_ns: float | None = None) -> list[StreamTrace]:
         return [StreamTrace.of(s) for s in streams]
 
     def raw_extra(self) -> dict[str, Any]:

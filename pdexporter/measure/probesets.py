@@ -20,8 +20,11 @@ them, as when a client goes away) rather than letting them decode tokens no wind
 either way none of them runs when the next set, Phase 1 or a prefill starts. A set is sized for
 the injections planned next (`plan`), so the last set of a (chunk, D) ends soon after its last
 window. Before analysis each probe trace is cut to the
-`warmup_tokens + inject_at_tokens` tokens before the injection and what follows: the shape of a
-faithful probe, so earlier windows cannot leak into this one's numbers and raw files stay small.
+`warmup_tokens + inject_at_tokens` tokens before the injection and what follows, and never further
+back than `warmup_tokens` before the window before's end: the shape of a faithful probe, so earlier
+windows cannot leak into this one's numbers (with fewer recovery intervals than `inject_at_tokens`
+the counted pre-injection intervals are those recovery intervals; GPU session 14's grid, before this
+cut, read up to 47 % of the window before's chunk steps there) and raw files stay small.
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ class FreshProbes:
             await wait_for(driver, streams, lambda: all(s.done for s in streams), self.settings.window_timeout_s,
                            "probe streams did not finish", stall_s=self.settings.stall_timeout_s)
 
-    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int) -> list[StreamTrace]:
+    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int,
+               window_end_ns: float | None = None) -> list[StreamTrace]:
         return [StreamTrace.of(s) for s in streams]
 
     def raw_extra(self) -> dict[str, Any]:
@@ -160,6 +164,7 @@ class PooledProbes:
         self.injections = 0
         self.upcoming: list[int] = []  # prefill sizes of the injections planned next, in order
         self._driver: EngineDriver | None = None
+        self._window_end_ns: float | None = None  # the last window's end on these streams (`traces`)
 
     def plan(self, prefill_sizes: Sequence[int]) -> None:
         self.upcoming = list(prefill_sizes)
@@ -194,6 +199,7 @@ class PooledProbes:
             await self.retire()
             self.stream_tokens = self._set_tokens(p)
             self.streams = start_probes(driver, self.d, self.settings, max_tokens=self.stream_tokens)
+            self._window_end_ns = None  # fresh streams: no window before on them
             self.sets_started += 1
         if self.upcoming and self.upcoming[0] == p:
             self.upcoming.pop(0)
@@ -208,9 +214,22 @@ class PooledProbes:
     async def release(self, driver: EngineDriver, streams: Sequence[TokenStream]) -> None:
         return None  # the streams go on to the next window
 
-    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int) -> list[StreamTrace]:
+    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int,
+               window_end_ns: float | None = None) -> list[StreamTrace]:
+        """Each stream cut to the shape of a fresh probe (module docs), and never reaching back past
+        the window before's end: its recovery intervals are this window's counted pre-injection
+        intervals, and where there are fewer than `inject_at_tokens` of them (`after_intervals`
+        below it; the warm-up's short windows) the tokens before it fall in the discarded
+        `warmup_tokens`, not among them."""
         keep = self.settings.warmup_tokens + self.settings.inject_at_tokens
-        return [trim_trace(StreamTrace.of(s), t_inject_ns, keep) for s in streams]
+        before, self._window_end_ns = self._window_end_ns, window_end_ns
+        out = []
+        for s in streams:
+            trace = StreamTrace.of(s)
+            since = keep if before is None else sum(
+                n for t, n in zip(trace.event_times_ns, trace.event_tokens) if before < t <= t_inject_ns)
+            out.append(trim_trace(trace, t_inject_ns, min(keep, since + self.settings.warmup_tokens)))
+        return out
 
     def raw_extra(self) -> dict[str, Any]:
         return {"probe_reuse": True}

@@ -727,8 +727,11 @@ class ProbeSet(Protocol):
         """After the window's recovery intervals: what the set does with its streams."""
         ...
 
-    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int) -> list[StreamTrace]:
-        """The streams as the window maths and the raw file see them."""
+    def traces(self, streams: Sequence[TokenStream], t_inject_ns: int,
+               window_end_ns: float | None = None) -> list[StreamTrace]:
+        """The streams as the window maths and the raw file see them; `window_end_ns`: where this
+        window's intervals end and its recovery begins (`recovery_end_ns`), for a set whose streams
+        carry the next window too."""
         ...
 
     def raw_extra(self) -> dict[str, Any]:
@@ -845,7 +848,7 @@ async def _window(
     if logged_busy:  # the engine's own log, exact where its gauges were not to be trusted
         raise BusyAtInjection(logged_busy)
 
-    traces = probes.traces(streams, t_inject)
+    traces = probes.traces(streams, t_inject, window_end)
     schedule = expected_schedule(kind, p, chunk_size or driver.info.chunk_size, d)
     window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule, engine=kind)
     return InterferenceRun(

@@ -234,13 +234,6 @@ class SweepSpec(_Strict):
                     f"chunk size {launcher.chunk_size}; use a launcher that owns the engine "
                     "(local, sim, kubernetes)"
                 )
-        if self.mode == "fast" and self.protocol.after_intervals < self.protocol.inject_at_tokens:
-            # the next window's counted pre-injection intervals are this one's recovery intervals
-            raise ValueError(
-                f"protocol.after_intervals: {self.protocol.after_intervals} is below inject_at_tokens "
-                f"{self.protocol.inject_at_tokens}: in fast mode the next window's pre-injection intervals "
-                "(the totals' reference) would reach back into this window's prefill"
-            )
         engine = self.engine
         if engine is not None:
             problem = self.grid.budget_problem(engine)
