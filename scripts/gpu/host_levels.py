@@ -29,14 +29,23 @@ from pathlib import Path
 ENGINE_COMM = "VLLM::EngineCor"
 
 
-def load_monitor(folder: Path) -> tuple[list[int], list[dict], list[tuple[int, float, float, int]]]:
-    """Monitor samples (sorted by monotonic time) and GPU rows (monotonic ns, SM MHz, W, reasons)."""
-    samples: list[dict] = []
-    gpu: list[tuple[int, float, float, int]] = []
+Machine = tuple[list[int], list[dict], list[tuple[int, float, float, int]]]  # times, samples, GPU rows
+
+
+def load_monitor(folder: Path) -> dict[int, Machine]:
+    """Monitor samples (sorted by monotonic time) and GPU rows (monotonic ns, SM MHz, W, reasons),
+    per machine: the files of one boot share wall minus monotonic time (to a second), and each
+    machine's monotonic clock starts at its own boot, so two machines' samples must not share an axis
+    (GPU session 12's grid ran on three). Keyed by that offset in whole seconds."""
+    machines: dict[int, Machine] = {}
     for f in sorted(folder.glob("host-*.jsonl")):
         part = [json.loads(line) for line in f.open() if line.strip()]
-        samples += part
+        if not part:
+            continue
         off = statistics.median(s["w"] - s["t"] for s in part)  # wall minus monotonic, this file's
+        key = next((k for k in machines if abs(k - off / 1e9) < 2), round(off / 1e9))
+        _, samples, gpu = machines.setdefault(key, ([], [], []))
+        samples += part
         g = f.with_suffix(".gpu.csv")
         for row in csv.reader(g.open()) if g.exists() else []:
             try:
@@ -45,9 +54,19 @@ def load_monitor(folder: Path) -> tuple[list[int], list[dict], list[tuple[int, f
                 gpu.append((int(wall * 1e9) - off, float(row[1]), float(row[3]), int(row[6].strip(), 16)))
             except (ValueError, IndexError):
                 continue
-    samples.sort(key=lambda s: s["t"])
-    gpu.sort()
-    return [s["t"] for s in samples], samples, gpu
+    for _, samples, gpu in machines.values():
+        samples.sort(key=lambda s: s["t"])
+        gpu.sort()
+    return {k: ([s["t"] for s in samples], samples, gpu) for k, (_, samples, gpu) in machines.items()}
+
+
+def machine_of(machines: dict[int, Machine], t_ns: int, wall_s: float) -> Machine | None:
+    """The machine whose monotonic clock reads `t_ns` at about wall time `wall_s` (a record's
+    `started_at`, whole seconds, taken just before the window)."""
+    for offset, machine in machines.items():
+        if abs(offset + t_ns / 1e9 - wall_s) < 10:
+            return machine
+    return None
 
 
 def engine_threads(samples: list[dict]) -> dict[str, tuple[list[int], list[list]]]:
@@ -99,8 +118,8 @@ def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], thread
 
 
 def rows(results: Path, monitor: Path) -> list[dict]:
-    times, samples, gpu = load_monitor(monitor)
-    threads = engine_threads(samples)
+    machines = load_monitor(monitor)
+    threads = {k: engine_threads(m[1]) for k, m in machines.items()}
     out = []
     for rec_path in sorted(results.glob("[0-9]*/D*_P*.json")):
         rec = json.loads(rec_path.read_text())
@@ -120,8 +139,12 @@ def rows(results: Path, monitor: Path) -> list[dict]:
                    "rep": r["rep"], "chunks": r["interference"].get("num_chunks_actual"),
                    "penalty_ms": r["derived"]["tpot_penalty_ms"], "ratio": r["derived"]["tpot_penalty_ms"] / med,
                    "window_ms": (t1 - t0) / 1e6}
-            if times and times[0] <= t0 <= times[-1]:
-                row |= window_stats(t0, t1, times, samples, threads, gpu)
+            machine = machine_of(machines, t0, datetime.fromisoformat(r["started_at"]).timestamp()) \
+                if r.get("started_at") else None
+            if machine and machine[0] and machine[0][0] <= t0 <= machine[0][-1]:
+                times, samples, gpu = machine
+                key = next(k for k, m in machines.items() if m is machine)
+                row |= window_stats(t0, t1, times, samples, threads[key], gpu)
             out.append(row)
     return out
 

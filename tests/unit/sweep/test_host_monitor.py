@@ -74,3 +74,20 @@ def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> N
     assert out["bracket_ms"] == pytest.approx(100.0) and out["steal_ticks"] == 100
     assert out["spin_us"] == pytest.approx(1500.0)  # both bracketing samples' loop times, 1.0 and 2.0 ms
     assert out["sm_mhz_min"] == 1700.0 and out["clock_event"] == 1  # 0x4, a power cap; 0x1 (idle) is not one
+
+
+def test_each_machine_keeps_its_own_monotonic_axis(tmp_path: Path) -> None:
+    """GPU session 12's grid ran on three machines: their monotonic clocks overlap, so samples are kept
+    per boot (wall minus monotonic) and a window goes to the machine whose clock it was read on."""
+    levels = gpu_script("host_levels")
+    s = 1_000_000_000
+    boots = {"a": 1_796_000_000 * s, "b": 1_796_000_900 * s}  # wall time at each machine's boot
+    for name, boot in boots.items():
+        lines = [{"t": t * s, "w": boot + t * s, "cpu": [[0] * 8], "thr": {}} for t in (100, 101, 102)]
+        (tmp_path / f"host-{name}.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    machines = levels.load_monitor(tmp_path)
+    assert len(machines) == 2 and all(m[0] == [100 * s, 101 * s, 102 * s] for m in machines.values())
+    a = levels.machine_of(machines, 101 * s, boots["a"] / s + 101)
+    b = levels.machine_of(machines, 101 * s, boots["b"] / s + 101)
+    assert a is not None and b is not None and a is not b
+    assert levels.machine_of(machines, 101 * s, boots["b"] / s + 5000) is None
