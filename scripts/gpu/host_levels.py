@@ -60,13 +60,10 @@ def load_monitor(folder: Path) -> dict[int, Machine]:
     return {k: ([s["t"] for s in samples], samples, gpu) for k, (_, samples, gpu) in machines.items()}
 
 
-def machine_of(machines: dict[int, Machine], t_ns: int, wall_s: float) -> Machine | None:
-    """The machine whose monotonic clock reads `t_ns` at about wall time `wall_s` (a record's
-    `started_at`, whole seconds, taken just before the window)."""
-    for offset, machine in machines.items():
-        if abs(offset + t_ns / 1e9 - wall_s) < 10:
-            return machine
-    return None
+def machine_of(machines: dict[int, Machine], t_ns: int, wall_s: float) -> int | None:
+    """The key of the machine whose monotonic clock reads `t_ns` at about wall time `wall_s` (a
+    record's `started_at`, whole seconds, taken just before the window)."""
+    return next((offset for offset in machines if abs(offset + t_ns / 1e9 - wall_s) < 10), None)
 
 
 def engine_threads(samples: list[dict]) -> dict[str, tuple[list[int], list[list]]]:
@@ -139,11 +136,10 @@ def rows(results: Path, monitor: Path) -> list[dict]:
                    "rep": r["rep"], "chunks": r["interference"].get("num_chunks_actual"),
                    "penalty_ms": r["derived"]["tpot_penalty_ms"], "ratio": r["derived"]["tpot_penalty_ms"] / med,
                    "window_ms": (t1 - t0) / 1e6}
-            machine = machine_of(machines, t0, datetime.fromisoformat(r["started_at"]).timestamp()) \
+            key = machine_of(machines, t0, datetime.fromisoformat(r["started_at"]).timestamp()) \
                 if r.get("started_at") else None
-            if machine and machine[0] and machine[0][0] <= t0 <= machine[0][-1]:
-                times, samples, gpu = machine
-                key = next(k for k, m in machines.items() if m is machine)
+            times, samples, gpu = machines[key] if key is not None else ([], [], [])
+            if times and times[0] <= t0 <= times[-1]:
                 row |= window_stats(t0, t1, times, samples, threads[key], gpu)
             out.append(row)
     return out

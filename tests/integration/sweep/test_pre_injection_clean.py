@@ -54,7 +54,7 @@ def test_every_recorded_window_reads_decode_steps_before_its_injection(tmp_path:
         for rep in record.reps:
             step = rep.baseline.tpot_p50_ms
             ratios[(*record.key, rep.rep)] = rep.interference.tpot_pre_injection_p50_ms / step
-            raw = store.load_raw(store.root / str(record.key[0]) / rep.raw)
+            raw = store.load_raw(store.chunk_dir(record.key[0]) / rep.raw)
             for probe in raw["probes"]:
                 times = StreamTrace.from_raw(probe).token_times()
                 pre = times[16:][times[16:] <= raw["t_inject_ns"]]  # past the 16 a probe discards

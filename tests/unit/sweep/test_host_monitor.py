@@ -89,5 +89,5 @@ def test_each_machine_keeps_its_own_monotonic_axis(tmp_path: Path) -> None:
     assert len(machines) == 2 and all(m[0] == [100 * s, 101 * s, 102 * s] for m in machines.values())
     a = levels.machine_of(machines, 101 * s, boots["a"] / s + 101)
     b = levels.machine_of(machines, 101 * s, boots["b"] / s + 101)
-    assert a is not None and b is not None and a is not b
+    assert a is not None and b is not None and a != b
     assert levels.machine_of(machines, 101 * s, boots["b"] / s + 5000) is None
