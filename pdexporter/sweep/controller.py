@@ -473,9 +473,9 @@ class SweepController:
         # What is warmed is the chunk's step beside D decodes, over by the prefill's first token: the
         # recovery intervals are not waited for (the next window waits for its own steady state), but
         # after the last one: a pooled probe's counted pre-injection intervals (the totals' reference,
-        # `tpot_pre_injection_p50_ms`) are the window before's recovery intervals, and with one of them
-        # the first recorded window of each D read the warm-up's chunk steps there (GPU sessions 11-14,
-        # B = 2048: 2.4-9.9 x the decode step).
+        # `tpot_pre_injection_p50_ms`) are the window before's recovery intervals (`PooledProbes.traces`
+        # cuts there), so the first recorded window of each D gets as many as every later one. Before
+        # either, it read the warm-up's chunk steps there (GPU sessions 11-14, B = 2048: 2.4-9.9 x the step).
         short = self.spec.protocol.model_copy(update={"after_intervals": 1})
         with self._phase("warmup", chunk):
             for i, p in enumerate(todo):
