@@ -28,3 +28,14 @@ if [ -f .gpu-stage-otel/otel-site.tar.gz ] && [ ! -f /tmp/site/.otel-stage ]; th
 fi
 PYTHONPATH=/tmp/site python3 -c "import tenacity, pydantic" 2>/dev/null \
   || { echo "tenacity missing in /tmp/site: carry .gpu-stage-otel (scripts/gpu/build-otel-stage.sh) in this call"; return 1 2>/dev/null || exit 1; }
+# The bundle is installed with `pip install --no-compile` (../shared/gpu/build-vllm-bundle.sh): without
+# this every engine process would compile vLLM's ~3,900 modules it imports again (or once, where the
+# machine lets Python write bytecode), inside the first engine start a sweep times. A user's pip
+# install compiles them when it installs, so once per machine here, on every core (~9 s of CPU).
+if [ ! -f /tmp/site/.byte-compiled ]; then
+  t0=$(date +%s.%N)
+  python3 -m compileall -q -j 0 /tmp/site >/dev/null 2>&1
+  touch /tmp/site/.byte-compiled
+  echo "byte-compiled /tmp/site in $(python3 -c "import time; print(f'{time.time() - $t0:.1f}')") s" \
+    "(PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE:-unset})"
+fi
