@@ -47,6 +47,7 @@ pd validate --out "$HELD_OUT" \
   --colocated "$SEED-validation-passive/injected" --colocated "$SEED-live-thresholds/injected" \
   --colocated "$SEED-starts" --colocated "$SEED-1gpu" --colocated "$SEED-1gpu-host" --colocated "$SEED-1gpu-warm" --colocated "$SEED-reference-s13" \
   --colocated "$SEED-1gpu-s14" --colocated "$SEED-reference-s14" \
+  --colocated "$SEED-1gpu-s15" --colocated "$SEED-reference-s15" --colocated "$SEED-passive-s15/injected" \
   --offloaded "$DB" --offloaded "$DB-small-p" --offloaded "$DB-validation" >/dev/null
 # The two arms: colocated (one H200) beside DecodeBench (one H200) and beside the 1P1D pair (two).
 for arms in "h200-arms-decodebench" "h200x2-arms"; do
