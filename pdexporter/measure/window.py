@@ -93,7 +93,14 @@ Totals. total_interference_ms = per stream, the sum over its window intervals of
 prefill. The reference is the probes' own decode cadence just before the injection (the p50 of
 their pre-injection intervals, `tpot_pre_injection_p50_ms`, when each stream has at least
 `loss_reference_min` of them on average; Phase 1's p50 otherwise): the step the decodes would have
-kept running without the prefill. Phase 1 ran seconds to minutes earlier, and on the H200 its p50
+kept running without the prefill. Read bursts are undone first (`read_cadence_ms`): after a long
+window vLLM's API server and the client catch up by delivering several tokens at once (one SSE event
+of n tokens spread by `token_times` over a short gap, or tokens read together, 0 ms apart), so with
+few pre-injection intervals (the 8 recovery intervals of `sweeps/h200.yaml`) their plain p50 fell to
+0.1-0.7 x the step after some 32K-token windows of GPU session 15's grid. An interval shorter than
+`burst_interval_frac` of Phase 1's p50 joins the one before it (a run of the identical intervals of
+one spread event too), the group's time shared by its tokens; the leading ones, whose gap began
+before the range, are dropped. Phase 1 ran seconds to minutes earlier, and on the H200 its p50
 differed from the cadence right before the injection by up to 0.9 ms at some D in every campaign
 (2026-12-03, DecodeBench, D = 7: Phase 1 6.44 ms, the decodes ran 5.59 ms steps before and after
 the admission): charged against Phase 1, the 3-4 window intervals of an admission that cost each
@@ -129,6 +136,7 @@ __all__ = [
     "BaselineStats", "ChunkPlan", "Derived", "Intervals", "StreamPhases", "WindowParams", "WindowStats",
     "analyse_window", "baseline_from_lengths", "baseline_stats", "chunk_weights", "derive", "intervals",
     "loss_reference_ms",
+    "read_cadence_ms",
     "schedule_confirmed", "slow_step_count", "stream_phases", "token_event_index", "token_times",
     "weighted_percentile", "window_end_ns",
 ]
@@ -145,6 +153,7 @@ class WindowParams:
     max_stall_steps: int = 4  # slow steps beside the chunk steps a schedule may leave (stalls)
     decode_like_tokens: int = 16  # a chunk this small computes like a decode step: it need not look slow
     loss_reference_min: int = 8  # pre-injection intervals per stream for the totals' local reference
+    burst_interval_frac: float = 0.5  # a pre-injection interval below this fraction of Phase 1's p50 is a read burst's
 
 
 @dataclass(frozen=True)
@@ -448,7 +457,8 @@ def analyse_window(
     during = np.concatenate(during_all) if during_all else np.empty(0)
     weights = np.concatenate(weights_all) if weights_all else np.empty(0)
     after = np.concatenate(after_all) if after_all else np.empty(0)
-    pre = np.concatenate(pre_all) if pre_all else np.empty(0)
+    step = baseline.p50_ms if baseline is not None else None
+    pre = np.concatenate([read_cadence_ms(x, step, params) for x in pre_all]) if pre_all else np.empty(0)
     reference = loss_reference_ms(pre, len(streams), baseline, params)
     totals = [float((w - reference).sum()) for w in window_all if w.size] if reference is not None else []
     median_stream = _median_index(slow_counts)
@@ -481,11 +491,33 @@ def analyse_window(
     )
 
 
+def read_cadence_ms(pre_ms: np.ndarray, step_ms: float | None, params: WindowParams = WindowParams()) -> np.ndarray:
+    """One stream's pre-injection intervals (in order) with read bursts undone ("Totals" in the
+    module docs): an interval shorter than `burst_interval_frac` x Phase 1's p50 `step_ms`, or equal
+    to the one before (the even spread of one n-token event), joins the group before it and the
+    group's summed time is shared by its tokens; intervals before the first group are dropped. The
+    sum over the groups is kept, so a burst moves no token's share by more than its group's."""
+    x = np.asarray(pre_ms, dtype=np.float64)
+    if step_ms is None or x.size == 0:
+        return x
+    short = x < params.burst_interval_frac * step_ms
+    spread = np.r_[False, np.isclose(x[1:], x[:-1], rtol=1e-6, atol=0.0)]
+    starts = ~short & ~spread
+    if not starts.any():
+        return np.empty(0)
+    first = int(np.argmax(starts))
+    x, starts = x[first:], starts[first:]
+    group = np.cumsum(starts) - 1
+    sums = np.bincount(group, weights=x)
+    counts = np.bincount(group)
+    return (sums / counts)[group]
+
+
 def loss_reference_ms(pre_ms: np.ndarray, streams: int, baseline: BaselineStats | None,
                       params: WindowParams = WindowParams()) -> float | None:
     """The decode step the window's intervals are charged against (see "Totals" in the module
     docs): the probes' own cadence just before the injection (p50 of the intervals that end at or
-    before t_inject, pooled over streams) when each stream has `loss_reference_min` of them on
+    before t_inject, read bursts undone by `read_cadence_ms`, pooled over streams) when each stream has `loss_reference_min` of them on
     average, else Phase 1's p50 (None without a baseline)."""
     if baseline is None:
         return None

@@ -16,6 +16,7 @@ from pdexporter.measure.window import (
     baseline_stats,
     derive,
     intervals,
+    read_cadence_ms,
     token_times,
 )
 
@@ -179,6 +180,36 @@ def test_totals_fall_back_to_phase1_when_the_probes_saw_few_steps_before_the_inj
     assert w.total_interference_ms == pytest.approx(10.5 + 6.0 * (n - 1) - 6.9 * n, abs=1e-6)
     w8 = analyse_window(streams, t_inject, t_first, stale, WindowParams(loss_reference_min=1))
     assert w8.total_interference_ms == pytest.approx(4.5, abs=1e-6)
+
+
+def test_totals_reference_undoes_the_read_bursts_after_a_long_window() -> None:
+    # GPU session 15's grid (8 recovery intervals), B = 16384, D = 8, P = 32768, repetition 3: after
+    # the window before, the probes' tokens came in bursts (one 5-token SSE event spread over 3.9 ms,
+    # then 26.4 ms and 5 tokens read at once, ...); Phase 1 5.97 ms, the decodes' steps ~5.3 ms
+    pre = np.array([0.78] * 5 + [1.15, 4.13, 5.41, 5.08, 26.4, 0, 0, 0, 0, 5.22, 5.4, 5.01, 5.34, 16.06, 0, 0])
+    assert np.median(pre) < 0.5 * 5.3  # the plain p50 the totals were charged against
+    cadence = read_cadence_ms(pre, 5.97)
+    assert float(np.median(cadence)) == pytest.approx(5.28, abs=0.05)
+    assert cadence.sum() == pytest.approx(pre[6:].sum())  # the leading burst dropped, the rest's time kept
+    assert read_cadence_ms(np.full(10, 6.0), 6.9) == pytest.approx(np.full(10, 6.0))
+    assert read_cadence_ms(np.array([0.2, 0.1]), 6.0).size == 0  # no group starts in range
+
+
+def test_a_read_burst_before_the_injection_moves_no_total() -> None:
+    # ~10 pre-injection intervals a stream (as with 8 recovery intervals), 6 tokens of them read at once
+    streams, t_inject, t_first, base = _scenario([40.0, 40.0], decode_ms=6.0, d=4, lead=28, async_depth=2)
+    w = analyse_window(streams, t_inject, t_first, base)
+    burst = []
+    for times in streams:
+        t = np.array(times, dtype=np.float64)
+        before = np.flatnonzero(t <= t_inject)
+        t[before[-8:-2]] = t[before[-3]]  # tokens -8..-3 arrive with the last of them, 5 steps late
+        burst.append(t)
+    wb = analyse_window(burst, t_inject, t_first, base)
+    pre = np.diff(burst[0][16:][burst[0][16:] <= t_inject]) / MS
+    assert pre.size >= 8 and np.median(pre) <= 3.0  # the plain p50 of these intervals: half the step
+    assert w.pre_p50_ms == wb.pre_p50_ms == pytest.approx(6.0)
+    assert wb.total_interference_ms == pytest.approx(w.total_interference_ms, abs=1e-6)
 
 
 # --- Real windows recorded on an H200 with vLLM 0.22 (tests/fixtures/h200-vllm0.22) -------------
