@@ -517,8 +517,8 @@ def loss_reference_ms(pre_ms: np.ndarray, streams: int, baseline: BaselineStats 
                       params: WindowParams = WindowParams()) -> float | None:
     """The decode step the window's intervals are charged against (see "Totals" in the module
     docs): the probes' own cadence just before the injection (p50 of the intervals that end at or
-    before t_inject, read bursts undone by `read_cadence_ms`, pooled over streams) when each stream has `loss_reference_min` of them on
-    average, else Phase 1's p50 (None without a baseline)."""
+    before t_inject, read bursts undone by `read_cadence_ms`, pooled over streams) when each stream
+    has `loss_reference_min` of them on average, else Phase 1's p50 (None without a baseline)."""
     if baseline is None:
         return None
     if streams and pre_ms.size >= params.loss_reference_min * streams:
