@@ -110,11 +110,19 @@ def keep_shape(config: RecordConfig, reps: list[RepRecord], old: RunRecord) -> R
 
 
 def reanalyse_record(store: ResultsStore, record: RunRecord, settings: ProtocolSettings,
-                     aggregate: Aggregate = keep_shape, *, use_engine_log: bool = True) -> Reanalysed:
+                     aggregate: Aggregate = keep_shape, *, use_engine_log: bool = True,
+                     baselines: dict[tuple[int, int], BaselineStats | None] | None = None) -> Reanalysed:
     """`aggregate(config, reps, old_record)` rebuilds the top level (plain medians, or a sweep's
-    attempts), so the record keeps the shape its producer gave it."""
+    attempts), so the record keeps the shape its producer gave it. `baselines`, where given, keeps
+    Phase 1's statistics by (chunk size, D) for the next record of the same D (the same settings)."""
     c = record.config
-    baseline = phase1_stats(store, c.chunk_size, c.decode_batch_size, settings)
+    key = (c.chunk_size, c.decode_batch_size)
+    if baselines is not None and key in baselines:
+        baseline = baselines[key]
+    else:
+        baseline = phase1_stats(store, c.chunk_size, c.decode_batch_size, settings)
+        if baselines is not None:
+            baselines[key] = baseline
     reps = [reanalyse_rep(store, record, rep, baseline, settings, use_engine_log=use_engine_log) for rep in record.reps]
     changed = sum(new.derived != old.derived for new, old in zip(reps, record.reps))
     return Reanalysed(aggregate(c, reps, record), len(reps), changed)
@@ -181,13 +189,14 @@ def compare_sources(
     out = []
     raws = _RawsReadOnce(store)  # both analyses of a record read its raw files once, Phase 1's once per D
     once = cast(ResultsStore, raws)
+    baselines: dict[tuple[int, int], BaselineStats | None] = {}  # Phase 1's statistics, once per D
     for record in records:
         c = record.config
         if c.decode_batch_size == 0:
             continue  # no decodes, no penalty
         raws.forget_all_but(store.baseline_raw_path(c.chunk_size, c.decode_batch_size))
-        with_log = reanalyse_record(once, record, settings).record
-        without = reanalyse_record(once, record, settings, use_engine_log=False).record
+        with_log = reanalyse_record(once, record, settings, baselines=baselines).record
+        without = reanalyse_record(once, record, settings, use_engine_log=False, baselines=baselines).record
         same = sum(
             a.interference.chunk_step_times_ms == b.interference.chunk_step_times_ms
             for a, b in zip(with_log.reps, without.reps)
@@ -217,6 +226,7 @@ class DirectoryJob:
         from pdexporter.measure.store import load_record_file
 
         settings = ProtocolSettings()
+        baselines: dict[tuple[int, int], BaselineStats | None] = {}  # Phase 1's statistics, once per D
         changed = reps = kept = written = 0
         for path in self.paths:
             record = load_record_file(path)
@@ -224,7 +234,7 @@ class DirectoryJob:
                 kept += 1
                 tick()
                 continue
-            result = reanalyse_record(self.store, record, settings)
+            result = reanalyse_record(self.store, record, settings, baselines=baselines)
             reps += result.reps
             changed += result.changed
             if not self.dry_run and _differs(record, result.record):
