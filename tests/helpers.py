@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,28 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-unty
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def cli_here(capsys, monkeypatch, *, columns: int | None = None,  # type: ignore[no-untyped-def]
+             cwd: Path = REPO) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """A runner of `pdexporter ARGS` in this process (`cli.main`, what `python -m pdexporter` calls)
+    that returns what the finished process would have: its exit code, stdout and stderr, as a
+    `subprocess.CompletedProcess`. In `cwd` (`run(..., cwd=DIR)` for one command); `columns`: the
+    width a child given `COLUMNS` would print at (`cli._common.console` is made at import, before
+    COLUMNS is set here). For tests of what a command says and writes, not of its process: a
+    second of CPU less than a child (the interpreter, numpy, pydantic, aiohttp are not loaded again)."""
+    if columns is not None:
+        from pdexporter.cli._common import console
+
+        monkeypatch.setenv("COLUMNS", str(columns))
+        monkeypatch.setattr(console, "width", columns)
+
+    def run(*args: str, cwd: Path = cwd) -> subprocess.CompletedProcess[str]:
+        monkeypatch.chdir(cwd)
+        code, out, err = run_cli(capsys, *args)
+        return subprocess.CompletedProcess(["pdexporter", *args], code, out, err)
+
+    return run
 
 
 class ExpireAfterFirstConfig:

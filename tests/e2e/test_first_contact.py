@@ -1,7 +1,12 @@
 """A new user's first hour (issue 16): each message they met, as the CLI prints it now.
 
-Every test runs the real `pdexporter` process; servers are real (the embedded engine, Python's
-own http.server answering 404 with its HTML page).
+Servers are real (the embedded engine, Python's own http.server answering 404 with its HTML page).
+What a process does is run as one: the measurement cut short with SIGINT, `run` waiting for an
+engine, Parquet without pyarrow, one option error and the version. The other messages come from
+commands that end in argument parsing or in a short analysis: they run `pdexporter.cli.main` in
+this process (`pdx_here`: what `python -m pdexporter` calls, in the directory `_pdx` gives it, on
+250 columns), each a second of CPU less than a process; their exit code, stdout and stderr are the
+same text.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,7 @@ import pytest
 from pdexporter import __version__
 from pdexporter.analysis.synthetic import SyntheticTruth, seed_grid, synthetic_records
 from pdexporter.measure.store import ResultsStore
+from tests.helpers import cli_here
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +40,16 @@ def _pdx(*args: str, cwd: Path = ROOT, timeout: float = 120, env: dict[str, str]
          ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pdexporter", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env or ENV)
+
+
+PdxHere = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def pdx_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> PdxHere:
+    """`pdexporter ARGS` in this process (`cli.main`), as `_pdx` runs it: in `cwd` (the repository
+    root), on 250 columns; its exit code, stdout and stderr as a finished process's."""
+    return cli_here(capsys, monkeypatch, columns=250, cwd=ROOT)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -57,8 +73,8 @@ def test_version_prints_the_version() -> None:
     assert result.stdout.strip() == f"pdexporter {__version__}"
 
 
-def test_bare_command_prints_help_and_succeeds() -> None:
-    result = _pdx()
+def test_bare_command_prints_help_and_succeeds(pdx_here: PdxHere) -> None:
+    result = pdx_here()
     assert result.returncode == 0, result.stderr
     assert "Usage: pdexporter" in result.stdout and "measure" in result.stdout and "doctor" in result.stdout
     assert result.stderr == ""
@@ -75,16 +91,16 @@ def test_bare_command_prints_help_and_succeeds() -> None:
         (["measure", "--no-such-flag"], "pdexporter: error: No such option: --no-such-flag"),
     ],
 )
-def test_option_errors_are_one_line_not_a_box(args: list[str], expected: str) -> None:
-    result = _pdx(*args)
+def test_option_errors_are_one_line_not_a_box(args: list[str], expected: str, pdx_here: PdxHere) -> None:
+    result = _pdx(*args) if args[0] == "run" else pdx_here(*args)  # one in a process, the others here
     assert result.returncode == 2
     assert _one_line_error(result).startswith(expected)
     assert result.stderr.strip() == _one_line_error(result)  # nothing else: no usage block, no box
 
 
-def test_unknown_profile_fails_before_start_up_with_one_plain_line() -> None:
+def test_unknown_profile_fails_before_start_up_with_one_plain_line(pdx_here: PdxHere) -> None:
     started = time.monotonic()
-    result = _pdx("run", "--profile", "nope", "--listen", "127.0.0.1:0")
+    result = pdx_here("run", "--profile", "nope", "--listen", "127.0.0.1:0")
     line = _one_line_error(result)
     assert result.returncode == 2
     assert line.startswith("pdexporter: error: --profile 'nope': unknown profile; shipped: ")
@@ -122,8 +138,10 @@ def html_404(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ],
     ids=["run", "measure", "dashboards-push"],
 )
-def test_an_html_404_page_becomes_one_short_line(html_404: str, tmp_path: Path, args: list[str]) -> None:
-    result = _pdx(*[a.format(url=html_404, tmp=tmp_path) for a in args])
+def test_an_html_404_page_becomes_one_short_line(html_404: str, tmp_path: Path, args: list[str],
+                                                 pdx_here: PdxHere) -> None:
+    argv = [a.format(url=html_404, tmp=tmp_path) for a in args]
+    result = _pdx(*argv) if args[0] == "run" else pdx_here(*argv)  # `run` waits for the engine in a process
     line = _one_line_error(result)
     assert "404" in line and "an HTML page (Error response" in line, line
     assert "<" not in line and "DOCTYPE" not in line, line
@@ -131,16 +149,16 @@ def test_an_html_404_page_becomes_one_short_line(html_404: str, tmp_path: Path, 
     assert "DOCTYPE" not in result.stderr and "<html" not in result.stderr.lower(), result.stderr
 
 
-def test_dashboards_generate_outside_a_checkout_needs_out(tmp_path: Path) -> None:
-    result = _pdx("dashboards", "generate", cwd=tmp_path)
+def test_dashboards_generate_outside_a_checkout_needs_out(tmp_path: Path, pdx_here: PdxHere) -> None:
+    result = pdx_here("dashboards", "generate", cwd=tmp_path)
     line = _one_line_error(result)
     assert "--out not given" in line and "pass --out DIR" in line
     assert not (tmp_path / "dashboards").exists()
-    result = _pdx("dashboards", "generate", "--out", str(tmp_path / "boards"), "--chart", str(tmp_path / "none"),
-                  cwd=tmp_path)
+    result = pdx_here("dashboards", "generate", "--out", str(tmp_path / "boards"), "--chart", str(tmp_path / "none"),
+                      cwd=tmp_path)
     # --chart that is not there is refused, --out alone works
     assert result.returncode == 2 and "--chart" in result.stderr
-    result = _pdx("dashboards", "generate", "--out", str(tmp_path / "boards"), cwd=tmp_path)
+    result = pdx_here("dashboards", "generate", "--out", str(tmp_path / "boards"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "boards").glob("*.json")) == [
         "pdexporter-interference-map.json", "pdexporter-live.json"]
@@ -187,9 +205,9 @@ def test_ctrl_c_in_measure_says_what_was_kept(interrupted_measure: tuple[Path, s
 
 
 def test_one_modelled_point_analysed_without_doubled_words_or_n_a(
-        interrupted_measure: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+        interrupted_measure: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path, pdx_here: PdxHere) -> None:
     out, _ = interrupted_measure
-    result = _pdx("export-table", str(out), "--no-plots", "--out", str(tmp_path))
+    result = pdx_here("export-table", str(out), "--no-plots", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "MODELLED DATA: produced by pdexporter's embedded engine" in result.stderr
     assert "MODELLED: MODELLED" not in result.stderr and "MODELLED DATA: MODELLED" not in result.stderr
@@ -197,7 +215,7 @@ def test_one_modelled_point_analysed_without_doubled_words_or_n_a(
     assert "not enough points for a held-out fit" in result.stderr
     assert "n/a vs n/a" not in result.stderr and "held-out R^2 n/a" not in result.stderr
 
-    decided = _pdx("decide", "-D", "2", "-P", "3000", "-B", "2048", "--results", str(out))
+    decided = pdx_here("decide", "-D", "2", "-P", "3000", "-B", "2048", "--results", str(out))
     assert decided.returncode == 0, decided.stderr
     assert "  modelled at this point: " in decided.stdout and "measured at this point" not in decided.stdout
     assert "2 chunks of <= 2046 tokens" in decided.stdout and "(not enough points for a held-out fit)" in decided.stdout
@@ -206,8 +224,8 @@ def test_one_modelled_point_analysed_without_doubled_words_or_n_a(
 H200_DECISION = ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b" / "decision.json"
 
 
-def test_decide_says_one_chunk_and_out_of_range_in_one_line() -> None:
-    result = _pdx("decide", "-D", "100", "-P", "100", "-B", "8192", "--model", str(H200_DECISION))
+def test_decide_says_one_chunk_and_out_of_range_in_one_line(pdx_here: PdxHere) -> None:
+    result = pdx_here("decide", "-D", "100", "-P", "100", "-B", "8192", "--model", str(H200_DECISION))
     assert result.returncode == 0, result.stderr
     assert "1 chunk of <= 8092 tokens" in result.stdout and "1 chunks" not in result.stdout
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -222,24 +240,24 @@ def test_decide_says_one_chunk_and_out_of_range_in_one_line() -> None:
     assert "P=100 (fitted 512..32768)" in warning[0] and "D=100 (fitted 1..12)" in warning[0]
 
 
-def test_readme_decide_example_is_what_the_command_prints() -> None:
+def test_readme_decide_example_is_what_the_command_prints(pdx_here: PdxHere) -> None:
     """The README's decide block: the command line, then `# ` lines that are its stdout."""
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"```bash\n(pdexporter decide [^\n]+)\n((?:# [^\n]*\n)+)```", readme)
     assert block, "README has no decide example"
     command, shown = block.group(1), [line[2:] for line in block.group(2).splitlines()]
-    result = _pdx(*command.split()[1:])
+    result = pdx_here(*command.split()[1:])
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == shown
 
 
-def test_negative_coefficients_get_a_word(tmp_path: Path) -> None:
+def test_negative_coefficients_get_a_word(tmp_path: Path, pdx_here: PdxHere) -> None:
     truth = SyntheticTruth(alpha1_ms_per_decode=-0.6)  # a mixed step that shrinks as D grows
     grid = seed_grid(chunks=(2048, 8192), decodes=(1, 4, 12), prefills=(512, 4096, 16384))
     store = ResultsStore(tmp_path / "results")
     for record in synthetic_records(truth, grid, reps=2):
         store.save_record(record)
-    result = _pdx("export-table", str(tmp_path / "results"), "--no-plots")
+    result = pdx_here("export-table", str(tmp_path / "results"), "--no-plots")
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stderr.splitlines() if line.strip().startswith("alpha1_ms_per_decode = ")]
     value = float(line.split("=")[1].split()[0])

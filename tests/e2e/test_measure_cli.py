@@ -1,4 +1,8 @@
-"""`pdexporter measure` end to end: one-line errors, exit codes, nothing recorded is lost."""
+"""`pdexporter measure` end to end: one-line errors, exit codes, nothing recorded is lost.
+
+The runs against an engine are the real process; the points refused before anything runs are
+argument checks, run by `pdexporter.cli.main` in this process (what `python -m pdexporter` calls:
+the same exit code and stderr, a second of CPU less each)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import pytest
 
 from pdexporter._internal.atomic import read_json_gz
 from tests.helpers import free_port
+from tests.helpers import run_cli as run_here
 from tests.scripted_engine import ScriptedEngine
 
 pytestmark = pytest.mark.e2e
@@ -54,8 +59,9 @@ def _one_error_line(stderr: str) -> str:
         (["--decode-output-tokens", "99999999999"], "--decode-output-tokens 99999999999: must be <= 10000000"),
     ],
 )
-async def test_bad_point_is_rejected_before_anything_runs(args: list[str], fragment: str, tmp_path: Path) -> None:
-    code, _, err = await run_cli("measure", "--out", str(tmp_path), *args)
+def test_bad_point_is_rejected_before_anything_runs(args: list[str], fragment: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_here(capsys, "measure", "--out", str(tmp_path), *args)
     assert code == 2
     assert fragment in _one_error_line(err)
     assert list(tmp_path.iterdir()) == []

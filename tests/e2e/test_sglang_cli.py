@@ -2,7 +2,11 @@
 (`--engine sglang[-mixed]`, `launcher.engine`): measure, run, sweep (the H200 sweep files predicted
 by `sim sweep`), export-table, decide, and the GPU script's dry run. Numbers are modelled; what is checked
 is the seam: the engine named in every record, row and series, its step log read as SGLang's, its
-chunk schedule in both modes."""
+chunk schedule in both modes.
+
+`measure`, `run` and the GPU script run as processes; the commands that predict, tabulate and
+decide run `pdexporter.cli.main` in this process (`here`: what `python -m pdexporter` calls, from
+the repository root, on 200 columns as `cli` gives them), a second of CPU less each."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import cli_here, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +40,13 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         timeout=timeout,
         env=ENV,
     )
+
+
+@pytest.fixture
+def here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """`pdexporter ARGS` in this process (`cli.main`), as `cli` runs it: from the repository root, on
+    200 columns; its exit code, stdout and stderr as a finished process's."""
+    return cli_here(capsys, monkeypatch, columns=200, cwd=ROOT)
 
 
 def test_measure_on_sglang_default_mode(tmp_path: Path) -> None:
@@ -68,8 +79,8 @@ def test_measure_on_sglang_default_mode(tmp_path: Path) -> None:
     assert record["derived"]["tpot_penalty_p50_ms"] > 0
 
 
-def test_unknown_engine_is_one_line() -> None:
-    done = cli("measure", "--engine", "sglung", "--out", "/nonexistent")
+def test_unknown_engine_is_one_line(here) -> None:
+    done = here("measure", "--engine", "sglung", "--out", "/nonexistent")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert (
         done.stderr.strip()
@@ -144,13 +155,13 @@ def test_run_on_sglang_mixed_exports_its_engine_label(tmp_path: Path) -> None:
     ]  # B - D: the decodes joined
 
 
-def test_sweep_files_predicted_then_tabulated_one_engine_at_a_time(tmp_path: Path) -> None:
+def test_sweep_files_predicted_then_tabulated_one_engine_at_a_time(tmp_path: Path, here) -> None:
     """`sim sweep` of the GPU sweep files imitates SGLang in the mode their command sets; a table is
     one engine's: two engines' records together need --engine."""
     out = {}
     for name in ("h200-sglang", "h200-sglang-mixed"):
         out[name] = tmp_path / name
-        done = cli("sim", "sweep", f"sweeps/{name}.yaml", "--out", str(out[name]), "--reps", "1")
+        done = here("sim", "sweep", f"sweeps/{name}.yaml", "--out", str(out[name]), "--reps", "1")
         assert done.returncode == 0, done.stderr
     default = json.loads((out["h200-sglang"] / "8192" / "D4_P32768.json").read_text())
     mixed = json.loads((out["h200-sglang-mixed"] / "8192" / "D4_P32768.json").read_text())
@@ -160,7 +171,7 @@ def test_sweep_files_predicted_then_tabulated_one_engine_at_a_time(tmp_path: Pat
     )
     assert default["reps"][0]["interference"]["chunk_tokens_engine_log"] == [8192] * 4
     assert mixed["reps"][0]["interference"]["chunk_tokens_engine_log"] == [8188] * 4 + [16]
-    table = cli(
+    table = here(
         "export-table", str(out["h200-sglang"]), "--out", str(tmp_path / "t"), "--no-plots", "--no-parquet"
     )
     assert table.returncode == 0, table.stderr
@@ -168,7 +179,7 @@ def test_sweep_files_predicted_then_tabulated_one_engine_at_a_time(tmp_path: Pat
     assert len(rows) == 16 and {r["engine"] for r in rows} == {"pdexporter-sim-sglang"}
     rule = json.loads((tmp_path / "t" / "decision.json").read_text())["chunk_rule"]
     assert (rule["decodes_take_budget"], rule["decodes_in_chunk_step"]) == (False, False)
-    decide = cli(
+    decide = here(
         "decide",
         "-D",
         "4",
@@ -184,7 +195,7 @@ def test_sweep_files_predicted_then_tabulated_one_engine_at_a_time(tmp_path: Pat
     )
     assert decide.returncode == 0, decide.stderr
     assert json.loads(decide.stdout)["chunks"] == 2  # chunks of B = 8192 (vLLM's rule: 3 of B - D = 8188)
-    wrong = cli(
+    wrong = here(
         "export-table",
         str(out["h200-sglang"]),
         "--engine",

@@ -1,4 +1,9 @@
-"""`pdexporter sweep` and `pdexporter sim sweep` end to end, as a user runs them."""
+"""`pdexporter sweep` and `pdexporter sim sweep` end to end, as a user runs them.
+
+A sweep killed with SIGKILL and resumed runs the real process. The other commands run
+`pdexporter.cli.main` in this process (`here`: what `python -m pdexporter` calls, from the
+repository root, on 120 columns as `pdexporter` gives them), a second of CPU less each: their exit
+code, stdout, stderr and files are the same."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import pytest
 
 from pdexporter.measure.store import ResultsStore, load_record_file
 from pdexporter.sweep.spec import load_sweep
+from tests.helpers import cli_here
 
 pytestmark = pytest.mark.e2e
 
@@ -25,13 +31,20 @@ def pdexporter(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
                           timeout=timeout, env={**os.environ, "COLUMNS": "120"})
 
 
+@pytest.fixture
+def here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """`pdexporter ARGS` in this process (`cli.main`), as `pdexporter` runs it: from the repository
+    root, on 120 columns; its exit code, stdout and stderr as a finished process's."""
+    return cli_here(capsys, monkeypatch, columns=120, cwd=ROOT)
+
+
 def record_set(root: Path) -> dict[tuple[int, int, int], list[int]]:
     return {r.key: [x.rep for x in r.reps] for r in ResultsStore(root).iter_records()}
 
 
-def test_quick_sweep_produces_the_seed_layout(tmp_path: Path) -> None:
+def test_quick_sweep_produces_the_seed_layout(tmp_path: Path, here) -> None:
     out = tmp_path / "results"
-    run = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(out))
+    run = here("sweep", "sweeps/quick.yaml", "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert "MODELLED" in run.stderr and "sweep complete" in run.stderr
     spec = load_sweep(ROOT / "sweeps" / "quick.yaml")
@@ -49,15 +62,15 @@ def test_quick_sweep_produces_the_seed_layout(tmp_path: Path) -> None:
     assert state["invocations"][-1]["status"] == "complete"
     # A rerun finds everything complete and rewrites nothing.
     before = {p: p.stat().st_mtime_ns for p in out.rglob("D*_P*.json")}
-    again = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(out), "--listen", "127.0.0.1:0")
+    again = here("sweep", "sweeps/quick.yaml", "--out", str(out), "--listen", "127.0.0.1:0")
     assert again.returncode == 0 and "8/8 configs" in again.stderr
     assert "exporting window gauges on http://127.0.0.1:" in again.stderr
     assert {p: p.stat().st_mtime_ns for p in out.rglob("D*_P*.json")} == before
 
 
-def test_sim_sweep_predicts_in_the_same_format(tmp_path: Path) -> None:
+def test_sim_sweep_predicts_in_the_same_format(tmp_path: Path, here) -> None:
     out = tmp_path / "predicted"
-    run = pdexporter("sim", "sweep", "sweeps/quick.yaml", "--profile", "h200-qwen3-coder-30b-a3b", "--out", str(out),
+    run = here("sim", "sweep", "sweeps/quick.yaml", "--profile", "h200-qwen3-coder-30b-a3b", "--out", str(out),
                      "--mode", "fast")
     assert run.returncode == 0, run.stderr
     records = list(ResultsStore(out).iter_records())
@@ -65,12 +78,12 @@ def test_sim_sweep_predicts_in_the_same_format(tmp_path: Path) -> None:
     assert all(r.config.profile == "h200-qwen3-coder-30b-a3b" for r in records)
 
 
-def test_cooldown_option_overrides_the_file(tmp_path: Path) -> None:
+def test_cooldown_option_overrides_the_file(tmp_path: Path, here) -> None:
     """quick.yaml is faithful with the seed's 5 s cooldown; --cooldown 0 is the ablation run on the GPU."""
     runs = {}
     for cooldown in ("0", "1.5"):
         out = tmp_path / cooldown
-        run = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(out), "--cooldown", cooldown)
+        run = here("sweep", "sweeps/quick.yaml", "--out", str(out), "--cooldown", cooldown)
         assert run.returncode == 0, run.stderr
         runs[cooldown] = json.loads((out / "sweep.json").read_text())
     assert runs["0"]["spec"]["cooldown"]["seconds"] == 0
@@ -78,20 +91,20 @@ def test_cooldown_option_overrides_the_file(tmp_path: Path) -> None:
     reps_run = sum(c["reps_run"] for c in runs["1.5"]["invocations"][-1]["chunks"].values())
     modelled = sum(c["engine_s"]["cooldown"] for c in runs["1.5"]["invocations"][-1]["chunks"].values())
     assert modelled == pytest.approx(1.5 * reps_run, rel=0.05)
-    bad = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(tmp_path / "bad"), "--cooldown", "-1")
+    bad = here("sweep", "sweeps/quick.yaml", "--out", str(tmp_path / "bad"), "--cooldown", "-1")
     assert bad.returncode == 2 and "--cooldown" in bad.stderr
 
 
-def test_a_bad_sweep_file_is_one_line(tmp_path: Path) -> None:
+def test_a_bad_sweep_file_is_one_line(tmp_path: Path, here) -> None:
     bad = tmp_path / "x.yaml"
     bad.write_text("grid:\n  chunk_sizes: [8192]\n  decode_batch_sizes: [0, 4, -1]\n  new_prefill_tokens: [512]\n")
-    run = pdexporter("sweep", str(bad))
+    run = here("sweep", str(bad))
     assert run.returncode == 2
     assert run.stderr.strip() == f"pdexporter: error: {bad}: grid.decode_batch_sizes[2]: must be >= 0 (got -1)"
 
 
-def test_deadline_stops_cleanly_with_exit_5(tmp_path: Path) -> None:
-    run = pdexporter("sweep", "sweeps/quick.yaml", "--out", str(tmp_path / "r"), "--deadline", "1")
+def test_deadline_stops_cleanly_with_exit_5(tmp_path: Path, here) -> None:
+    run = here("sweep", "sweeps/quick.yaml", "--out", str(tmp_path / "r"), "--deadline", "1")
     assert run.returncode == 5, run.stderr
     assert "Rerun the same command to continue" in " ".join(run.stderr.split())
 
@@ -140,23 +153,23 @@ def test_a_killed_sweep_resumes_to_the_same_records(tmp_path: Path) -> None:
             assert b.derived.tpot_penalty_p50_ms == pytest.approx(a.derived.tpot_penalty_p50_ms, rel=0.05)
 
 
-def test_chunk_index_runs_one_chunk_size_and_export_table_joins_them(tmp_path: Path) -> None:
+def test_chunk_index_runs_one_chunk_size_and_export_table_joins_them(tmp_path: Path, here) -> None:
     """The Kubernetes Indexed Job's command: pod I runs `--chunk-index I` into its own directory;
     `export-table DIR0 DIR1` joins them into one table (a grid point in two is refused)."""
     dirs = []
     for index, chunk in enumerate((2048, 8192)):  # quick.yaml's chunk sizes, in file order
         out = tmp_path / f"chunk-{index}"
-        run = pdexporter("sweep", "sweeps/quick.yaml", "--chunk-index", str(index), "--out", str(out))
+        run = here("sweep", "sweeps/quick.yaml", "--chunk-index", str(index), "--out", str(out))
         assert run.returncode == 0, run.stderr
         assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [str(chunk)]
         assert {r.key[0] for r in ResultsStore(out).iter_records()} == {chunk}
         dirs.append(out)
-    bad = pdexporter("sweep", "sweeps/quick.yaml", "--chunk-index", "2", "--out", str(tmp_path / "x"))
+    bad = here("sweep", "sweeps/quick.yaml", "--chunk-index", "2", "--out", str(tmp_path / "x"))
     assert bad.returncode == 2
     assert bad.stderr.strip() == ("pdexporter: error: --chunk-index 2: out of range, sweeps/quick.yaml lists 2 "
                                   "chunk size(s) (indices 0..1)")
 
-    joined = pdexporter("export-table", *map(str, dirs), "--no-plots")
+    joined = here("export-table", *map(str, dirs), "--no-plots")
     assert joined.returncode == 0, joined.stderr
     table = tmp_path / "interference_table.csv"  # default: the directories' common parent
     assert joined.stdout.strip() == str(table)
@@ -168,7 +181,7 @@ def test_chunk_index_runs_one_chunk_size_and_export_table_joins_them(tmp_path: P
                                         "prefill_duration_ms_ci95_low", "prefill_duration_ms_ci95_high",
                                         "aggregate_interference_ms_ci95_low", "aggregate_interference_ms_ci95_high"]
 
-    twice = pdexporter("export-table", str(dirs[0]), str(dirs[1]), str(dirs[0]), "--no-plots")
+    twice = here("export-table", str(dirs[0]), str(dirs[1]), str(dirs[0]), "--no-plots")
     lines = [line for line in twice.stderr.splitlines() if line.strip()]
     assert twice.returncode != 0 and len(lines) == 1, twice.stderr
     assert lines[0] == (f"pdexporter: error: B=2048 D=0 P=512 is in both {dirs[0]} and {dirs[0]}: join results "
@@ -181,7 +194,7 @@ def test_chunk_index_runs_one_chunk_size_and_export_table_joins_them(tmp_path: P
     pooled = {s.key: s for s in load_joined([dirs[0], dirs[1], dirs[0]], pool=True)}
     assert {k: len(s.reps) for k, s in pooled.items() if k[0] == 2048} == {k: 2 * n for k, n in single.items()}
     assert all(s.top_level is None for k, s in pooled.items() if k[0] == 2048)
-    pooled_run = pdexporter("export-table", str(dirs[0]), str(dirs[1]), str(dirs[0]), "--pool", "--no-plots",
+    pooled_run = here("export-table", str(dirs[0]), str(dirs[1]), str(dirs[0]), "--pool", "--no-plots",
                             "--out", str(tmp_path / "pooled"))
     assert pooled_run.returncode == 0, pooled_run.stderr
     assert len(pd.read_csv(tmp_path / "pooled" / "interference_table.csv")) == 8

@@ -2,8 +2,12 @@
 names still working for a release, one duration syntax, help without `<bool>` or `{arg}`, and
 errors blamed on what the user typed (the flag, or the misspelt key of a file).
 
-Every test runs the real `pdexporter` process; the engine in the narrowing test is a real
-`pdexporter sim serve` over HTTP.
+The commands that run something (the exporter under its old flag names, a sweep narrowed to one
+chunk size against a real `pdexporter sim serve` over HTTP, a misspelt sweep key) run the real
+`pdexporter` process. The help texts and the flag errors, ~50 commands that end in argument parsing,
+run `pdexporter.cli.main` in this process (`pdx_here`: what `python -m pdexporter` calls, from the
+repository root, on 250 columns as `_pdx` gives them), each a second of CPU less than a process;
+their exit code, stdout and stderr are the same text.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,7 @@ import yaml
 from pdexporter.cli import app
 from pdexporter.cli._vocab import B_FLAGS, D_FLAGS, DEPRECATED, P_FLAGS
 from pdexporter.measure.store import ResultsStore
-from tests.helpers import free_port
+from tests.helpers import cli_here, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +39,16 @@ ENV = {**os.environ, "COLUMNS": "250", "PYTHONPATH": str(ROOT)}
 def _pdx(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pdexporter", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=ENV)
+
+
+PdxHere = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def pdx_here(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> PdxHere:
+    """`pdexporter ARGS` in this process (`cli.main`), as `_pdx` runs it: from the repository root,
+    on 250 columns; its exit code, stdout and stderr as a finished process's."""
+    return cli_here(capsys, monkeypatch, columns=250, cwd=ROOT)
 
 
 def _commands() -> Iterator[tuple[str, object]]:
@@ -84,8 +98,9 @@ def test_d_p_b_are_the_same_flags_in_every_command() -> None:
          "pdexporter: error: --decode-batch-size 0: must be >= 1"),
     ],
 )
-def test_old_names_still_work_with_one_warning_line(args: list[str], old: str, new: str, error: str) -> None:
-    result = _pdx(*args)
+def test_old_names_still_work_with_one_warning_line(args: list[str], old: str, new: str, error: str,
+                                                  pdx_here: PdxHere) -> None:
+    result = pdx_here(*args)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr
     assert lines[0] == f"pdexporter: warning: {old} is now {new}; the old name goes in the next release"
@@ -93,12 +108,12 @@ def test_old_names_still_work_with_one_warning_line(args: list[str], old: str, n
     assert len(lines) == 2
 
 
-def test_old_names_are_hidden_from_help_and_measure_the_same() -> None:
-    helps = {path: _pdx(*path.split(), "--help").stdout for path in ("run", "thresholds")}
+def test_old_names_are_hidden_from_help_and_measure_the_same(pdx_here: PdxHere) -> None:
+    helps = {path: pdx_here(*path.split(), "--help").stdout for path in ("run", "thresholds")}
     for text in helps.values():
         assert not any(old in text for old in DEPRECATED), text
     # `sim serve` stands in for `vllm serve`: vLLM's own name stays, beside --chunk-size and -B
-    serve = _pdx("sim", "serve", "--help").stdout
+    serve = pdx_here("sim", "serve", "--help").stdout
     assert "--chunk-size" in serve and "--max-num-batched-tokens" in serve and "-B" in serve
 
 
@@ -119,8 +134,8 @@ def test_an_old_name_runs_the_exporter_like_the_new_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS), ids=lambda p: p.replace(" ", "-"))
-def test_help_shows_no_bool_and_positionals_in_capitals(path: str) -> None:
-    result = _pdx(*path.split(), "--help")
+def test_help_shows_no_bool_and_positionals_in_capitals(path: str, pdx_here: PdxHere) -> None:
+    result = pdx_here(*path.split(), "--help")
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert "<bool>" not in text, text
@@ -131,14 +146,14 @@ def test_help_shows_no_bool_and_positionals_in_capitals(path: str) -> None:
             assert param.name.upper() in usage, usage
 
 
-def test_every_duration_option_takes_the_one_syntax_and_says_so() -> None:
+def test_every_duration_option_takes_the_one_syntax_and_says_so(pdx_here: PdxHere) -> None:
     """Options that take a time span: their help shows <duration> and the syntax; the ones named
     for their unit (--transfer-ms, --tpot-slo-ms) say that unit instead."""
     durations = {"run": ["--inject-every", "--duration", "--scrape-interval", "--attribution-wait"],
                  "sweep": ["--deadline", "--cooldown"], "load": ["--duration"], "export-table": ["--step"],
                  "dashboards push": ["--timeout"]}
     for path, flags in durations.items():
-        text = " ".join(_pdx(*path.split(), "--help").stdout.split())
+        text = " ".join(pdx_here(*path.split(), "--help").stdout.split())
         for flag in flags:
             assert re.search(rf"{flag} <duration> .*?500ms, 30s, 1h30m or seconds", text), (path, flag, text)
 
@@ -154,15 +169,15 @@ def test_every_duration_option_takes_the_one_syntax_and_says_so() -> None:
         (["load", "--target", "http://127.0.0.1:9", "--duration", "soon"], "pdexporter: error: --duration 'soon': "),
     ],
 )
-def test_bad_durations_are_one_line_naming_the_flag(args: list[str], message: str) -> None:
-    result = _pdx(*args)
+def test_bad_durations_are_one_line_naming_the_flag(args: list[str], message: str, pdx_here: PdxHere) -> None:
+    result = pdx_here(*args)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_deadline_and_cooldown_take_units(tmp_path: Path) -> None:
+def test_deadline_and_cooldown_take_units(tmp_path: Path, pdx_here: PdxHere) -> None:
     out = tmp_path / "r"
-    result = _pdx("sweep", "sweeps/quick.yaml", "--out", str(out), "--cooldown", "250ms", "--deadline", "1h30m")
+    result = pdx_here("sweep", "sweeps/quick.yaml", "--out", str(out), "--cooldown", "250ms", "--deadline", "1h30m")
     assert result.returncode == 0, result.stderr
     doc = json.loads((out / "sweep.json").read_text())
     assert doc["spec"]["cooldown"]["seconds"] == 0.25
@@ -210,8 +225,8 @@ def test_deadline_and_cooldown_take_units(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_a_flag_error_names_the_flag_not_the_file(args: list[str], expected: str) -> None:
-    result = _pdx(*args)
+def test_a_flag_error_names_the_flag_not_the_file(args: list[str], expected: str, pdx_here: PdxHere) -> None:
+    result = pdx_here(*args)
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip()
     assert line.startswith(expected) and "\n" not in line, line
@@ -262,17 +277,17 @@ def test_a_misspelt_sweep_key_is_named_with_the_key_it_meant(tmp_path: Path) -> 
                                      "(did you mean decode_batch_sizes?)")
 
 
-def test_a_misspelt_profile_key_is_named_with_the_key_it_meant(tmp_path: Path) -> None:
+def test_a_misspelt_profile_key_is_named_with_the_key_it_meant(tmp_path: Path, pdx_here: PdxHere) -> None:
     text = (ROOT / "pdexporter" / "sim" / "profiles" / "h200-qwen3-coder-30b-a3b.yaml").read_text()
     profile = tmp_path / "typo.yaml"
     profile.write_text(text.replace("\n  num_layers:", "\n  num_layer:", 1))
-    result = _pdx("run", "--profile", str(profile), "--listen", "127.0.0.1:0")
+    result = pdx_here("run", "--profile", str(profile), "--listen", "127.0.0.1:0")
     assert result.returncode == 2
     assert result.stderr.strip() == (f"pdexporter: error: {profile}: model.num_layer: unknown field "
                                      "(did you mean num_layers?)")
 
 
-def test_a_misspelt_record_key_is_named_beside_the_missing_one(tmp_path: Path) -> None:
+def test_a_misspelt_record_key_is_named_beside_the_missing_one(tmp_path: Path, pdx_here: PdxHere) -> None:
     """Records allow unknown keys (newer versions add some), so the misspelt one is named where
     the field it meant is reported missing."""
     source = next((ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b").glob("8192/D*_P*.json"))
@@ -281,7 +296,7 @@ def test_a_misspelt_record_key_is_named_beside_the_missing_one(tmp_path: Path) -
     (tmp_path / "8192").mkdir()
     path = tmp_path / "8192" / source.name
     path.write_text(json.dumps(doc))
-    result = _pdx("export-table", str(tmp_path), "--no-plots")
+    result = pdx_here("export-table", str(tmp_path), "--no-plots")
     assert result.returncode != 0
     assert result.stderr.strip().endswith(f"{path}: config.decode_batch_size: required field is missing; found "
                                           "decode_batch_sizes (a typo?)"), result.stderr

@@ -6,7 +6,6 @@ still counting them), and active windows beside them that a passive table must l
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 
 import pandas as pd
@@ -14,6 +13,7 @@ import pytest
 
 from pdexporter.exporter.metrics import grid_labels, publish_window
 from pdexporter.measure.records import RepRecord
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -46,11 +46,14 @@ def _rep(penalty: float, d: int) -> RepRecord:
     )
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pdexporter", *args], capture_output=True, text=True, timeout=120)
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`pdexporter ARGS` in this process (`cli.main`, what `python -m pdexporter` calls): its exit
+    code, stdout and stderr, without a process's start-up (a second or more of CPU each)."""
+    code, out, err = run_cli(capsys, *args)
+    return subprocess.CompletedProcess(["pdexporter", *args], code, out, err)
 
 
-def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path) -> None:
+def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path, capsys) -> None:
     m = exporter_double.metrics
     m.engine_info.labels(engine="pdexporter-sim", model="stand-in", chunk_size="8192", chunk_size_source="given",
                          modelled="true").set(1)
@@ -75,8 +78,8 @@ def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path
         time.sleep(1.2)
 
     out = tmp_path / "passive"
-    done = _run("export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now", "--mode", "passive",
-                "--min-events", "5", "--out", str(out), "--no-plots")
+    done = _run(capsys, "export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
+                "--mode", "passive", "--min-events", "5", "--out", str(out), "--no-plots")
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(out / "interference_table.csv").set_index(["decode_batch_size", "new_prefill_tokens"])
     assert sorted(table.index) == [(3, 16384), (4, 128), (4, 2048)]
@@ -90,14 +93,14 @@ def test_passive_table_from_prometheus(exporter_double, prometheus_for, tmp_path
     assert "passive: 9 events in 3 cells, 2 with fewer than 5 events" in " ".join(done.stderr.split()), done.stderr
 
     seeded = tmp_path / "seed"
-    done = _run("export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now", "--mode", "passive",
-                "--grid", "sweeps/seed.yaml", "--out", str(seeded), "--no-plots")
+    done = _run(capsys, "export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
+                "--mode", "passive", "--grid", "sweeps/seed.yaml", "--out", str(seeded), "--no-plots")
     assert done.returncode == 0, done.stderr
     table = pd.read_csv(seeded / "interference_table.csv").set_index(["decode_batch_size", "new_prefill_tokens"])
     assert sorted(table.index) == [(4, 2048), (4, 16384)]
     assert "1 passive cells (1 events) lie outside every bin" in " ".join(done.stderr.split())
 
-    active = _run("export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
+    active = _run(capsys, "export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
                   "--out", str(tmp_path / "active"), "--no-plots")
     assert active.returncode == 0, active.stderr
     assert pd.read_csv(tmp_path / "active" / "interference_table.csv")["tpot_penalty_ms"].tolist() == [10.0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
 
 import pandas as pd
@@ -18,6 +17,7 @@ import pytest
 
 from pdexporter.analysis.table import KEY_COLUMNS, build_table, samples_from_record
 from pdexporter.exporter.metrics import set_engine_info
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +25,15 @@ POINTS = [(8192, 4, 8192), (8192, 4, 32768), (2048, 1, 4096)]
 REPS = 3
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pdexporter", *args], capture_output=True, text=True, timeout=120)
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`pdexporter ARGS` in this process (`cli.main`, what `python -m pdexporter` calls): its exit
+    code, stdout and stderr, without a process's start-up (a second or more of CPU each)."""
+    code, out, err = run_cli(capsys, *args)
+    return subprocess.CompletedProcess(["pdexporter", *args], code, out, err)
 
 
 def test_export_table_from_prometheus_gives_the_records_penalties(exporter_double, prometheus_for, tmp_path,
-                                                                  make_sim_records):
+                                                                  make_sim_records, capsys):
     records = make_sim_records(POINTS, reps=REPS, out=tmp_path / "records")
     for r in records:
         set_engine_info(exporter_double.metrics, r.config.engine, r.config.model, r.config.chunk_size, True)
@@ -47,7 +50,7 @@ def test_export_table_from_prometheus_gives_the_records_penalties(exporter_doubl
         time.sleep(1.2)
 
     out = tmp_path / "out"
-    done = _run("export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
+    done = _run(capsys, "export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
                 "--out", str(out), "--no-plots")
     assert done.returncode == 0, done.stderr
     got = pd.read_csv(out / "interference_table.csv").set_index(list(KEY_COLUMNS))
@@ -63,22 +66,23 @@ def test_export_table_from_prometheus_gives_the_records_penalties(exporter_doubl
     assert (out / "fits.json").exists() and (out / "criteria.json").exists()
 
     # A range with no windows (before this Prometheus existed) is a one-line error.
-    empty = _run("export-table", "--prometheus", prom.url, "--from", "2001-01-01T00:00:00Z",
+    empty = _run(capsys, "export-table", "--prometheus", prom.url, "--from", "2001-01-01T00:00:00Z",
                  "--to", "2001-01-01T01:00:00Z", "--out", str(tmp_path / "empty"))
     assert empty.returncode != 0
     lines = empty.stderr.strip().splitlines()
     assert len(lines) == 1 and "no new pdexporter_windows_total" in lines[0], empty.stderr
 
 
-def test_unreachable_prometheus_and_bad_times_are_one_line(tmp_path):
+def test_unreachable_prometheus_and_bad_times_are_one_line(tmp_path, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when we leave: nothing listens there
-    done = _run("export-table", "--prometheus", f"http://127.0.0.1:{port}", "--from", "-5m", "--out", str(tmp_path))
+    done = _run(capsys, "export-table", "--prometheus", f"http://127.0.0.1:{port}", "--from", "-5m",
+                "--out", str(tmp_path))
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 3 and len(lines) == 1, done.stderr
     assert f"cannot reach Prometheus at http://127.0.0.1:{port}" in lines[0]
-    bad = _run("export-table", "--prometheus", f"http://127.0.0.1:{port}", "--from", "last tuesday")
+    bad = _run(capsys, "export-table", "--prometheus", f"http://127.0.0.1:{port}", "--from", "last tuesday")
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode == 2 and len(lines) == 1 and "--from 'last tuesday'" in lines[0], bad.stderr
     assert not any(tmp_path.iterdir())  # nothing written

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +27,7 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.predict.grid import predict_records
 from pdexporter.predict.passive import PassiveSession, passive_session
 from pdexporter.sim.profile import load_profile
+from tests.helpers import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # the module's sessions: tens of seconds of CPU
 
@@ -79,7 +78,7 @@ def test_the_event_model_predicts_the_injected_table_on_the_cells_it_reaches(ses
 
 
 def test_export_table_mode_passive_derives_table_and_verdict_from_the_events(
-    session, injected, tmp_path
+    session, injected, tmp_path, capsys, monkeypatch
 ) -> None:
     assert session.info is not None
     store = ResultsStore(tmp_path / "passive")
@@ -93,29 +92,13 @@ def test_export_table_mode_passive_derives_table_and_verdict_from_the_events(
     for record in injected.values():
         inj.save_record(record)
     out = tmp_path / "table"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pdexporter",
-            "export-table",
-            str(tmp_path / "passive"),
-            "--mode",
-            "passive",
-            "--injected",
-            str(tmp_path / "injected"),
-            "--out",
-            str(out),
-            "--no-parquet",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    said = " ".join((done.stdout + done.stderr).split())
+    monkeypatch.chdir(ROOT)
+    # the command as `python -m pdexporter` runs it (`cli.main`), in this process: pandas, SciPy and
+    # matplotlib are not imported again
+    code, stdout, stderr = run_cli(capsys, "export-table", str(tmp_path / "passive"), "--mode", "passive",
+                                   "--injected", str(tmp_path / "injected"), "--out", str(out), "--no-parquet")
+    assert code == 0, stdout + stderr
+    said = " ".join((stdout + stderr).split())
     assert "passive event model:" in said and "vs injected" in said and "not reached" in said, said
     table = pd.read_csv(out / "passive_table.csv")
     assert len(table) == len(Grid((B,)).cells())  # every cell of the grid, predicted

@@ -5,13 +5,16 @@ launch cost and in a per-request cost (stage 2, fitted by running the protocol o
 the command must recover all three, predict the held-out configurations almost exactly, and refit
 with each chunk size or D left out in turn. A fit pulled away from the truth by its training
 records is refused when the base predicts the held-out ones better.
+
+The command runs as `pdexporter.cli.main` in this process (`_calibrate`: what `python -m pdexporter`
+calls; its exit code, stdout and stderr), its `--jobs` worker processes as they would from a
+process of its own: what is checked is the fit and what the command says, not the start-up of a
+process (a second or two of CPU each, six times).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ import pytest
 from pdexporter.predict.calibrate import split_holdout, with_values
 from pdexporter.predict.grid import predict_records
 from pdexporter.sim.profile import load_profile
+from tests.helpers import cli_here
 
 pytestmark = pytest.mark.e2e
 
@@ -26,8 +30,16 @@ REPO = Path(__file__).resolve().parents[3]
 TRUTH = {"attention_efficiency": 0.5, "launch_eager_ms": 35.0, "retire_us_per_token": 1.5}
 
 
+@pytest.fixture
+def calibrate(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """`pdexporter sim calibrate ARGS` in this process, from the repository root: a finished
+    process's (exit code, stdout, stderr)."""
+    here = cli_here(capsys, monkeypatch, cwd=REPO)
+    return lambda *args: here("sim", "calibrate", *args)
+
+
 @pytest.mark.slow
-def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path: Path):
+def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path: Path, calibrate):
     base = load_profile("h200-qwen3-coder-30b-a3b")
     truth = with_values(base, TRUTH).with_step_time(
         with_values(base, TRUTH).step_time, calibration="projected",
@@ -36,11 +48,10 @@ def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path
     results = tmp_path / "results"
     predict_records(truth, keys, out=results, reps=2, mode="fast")
     out, report = tmp_path / "fitted.yaml", tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdexporter", "sim", "calibrate", str(results), "--holdout", "0.3", "--out", str(out),
-         "--rounds", "1", "--max-evaluations", "30", "--report", str(report), "--jobs", "2", "--generalisation",
-         "--free", "attention_efficiency,launch_eager_ms,retire_us_per_token"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+    proc = calibrate(
+        str(results), "--holdout", "0.3", "--out", str(out), "--rounds", "1", "--max-evaluations", "30", "--report",
+        str(report), "--jobs", "2", "--generalisation",
+        "--free", "attention_efficiency,launch_eager_ms,retire_us_per_token",
     )
     assert proc.returncode == 0, proc.stderr
     assert "MODELLED" in proc.stderr  # records from the embedded engine are flagged
@@ -83,7 +94,7 @@ def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path
 
 
 @pytest.mark.slow
-def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path):
+def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path, calibrate):
     """The training records come from an engine that launches faster than the one the held-out
     records come from (and the base is that one): the fit follows the training records and predicts
     the held-out ones worse than the base. Refused, one line, non-zero; --force (or its older name
@@ -95,15 +106,15 @@ def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path)
     predict_records(with_values(base, {"launch_eager_ms": 25.0}), sorted(train), out=results, mode="fast")
     predict_records(base, sorted(held), out=results, mode="fast")
     out = tmp_path / "fitted.yaml"
-    cmd = [sys.executable, "-m", "pdexporter", "sim", "calibrate", str(results), "--holdout", "0.3", "--out", str(out),
-           "--rounds", "1", "--max-evaluations", "8", "--free", "launch_eager_ms", "--jobs", "1"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    cmd = [str(results), "--holdout", "0.3", "--out", str(out), "--rounds", "1", "--max-evaluations", "8", "--free",
+           "launch_eager_ms", "--jobs", "1"]
+    proc = calibrate(*cmd)
     assert proc.returncode == 5, (proc.returncode, proc.stderr)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("pdexporter: error: the fit predicts the 4 held-out configurations worse than the base")
     assert " MAPE " in last and "prefill_duration" in last and " vs " in last and "--force" in last
     assert not out.exists()
-    proc = subprocess.run(cmd + ["--force"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = calibrate(*cmd, "--force")
     assert proc.returncode == 0, proc.stderr
     assert "WRITTEN UNDER --force" in " ".join(proc.stdout.split()), proc.stdout[-2000:]
     written = load_profile(out)
@@ -115,19 +126,17 @@ def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path)
     assert written.step_time.launch_eager_ms < 35.0  # it followed the training records
     # the older name of the option still writes it
     out.unlink()
-    proc = subprocess.run(cmd + ["--accept-worse"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = calibrate(*cmd, "--accept-worse")
     assert proc.returncode == 0 and load_profile(out).calibration_check.forced, proc.stderr
 
 
-def test_calibrate_refuses_an_empty_directory(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "pdexporter", "sim", "calibrate", str(tmp_path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+def test_calibrate_refuses_an_empty_directory(tmp_path: Path, calibrate):
+    proc = calibrate(str(tmp_path))
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0 and "no records" in proc.stderr
 
 
-def test_calibrate_refuses_an_unknown_parameter(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "pdexporter", "sim", "calibrate", str(tmp_path), "--free",
-                           "attention_efficiency,warp_factor"], cwd=REPO, capture_output=True, text=True, timeout=60)
+def test_calibrate_refuses_an_unknown_parameter(tmp_path: Path, calibrate):
+    proc = calibrate(str(tmp_path), "--free", "attention_efficiency,warp_factor")
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0 and "--free warp_factor" in proc.stderr
