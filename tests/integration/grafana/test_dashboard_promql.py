@@ -42,14 +42,20 @@ ROOT = Path(__file__).resolve().parents[3]
 ACTIVE_WINDOW = f'{WINDOW_RATIO}{{mode="active"}}'  # a window of the injecting exporter, not the passive one
 
 
-@functools.cache  # asked by both exporters' fixtures: two CLI starts (~1.6 s of CPU) once, not twice
+@functools.cache  # asked by both exporters' fixtures
 def _missing_for_run() -> tuple[str, ...]:
-    """What `pdexporter run` on the embedded engine needs that this checkout lacks (empty: run it)."""
+    """What `pdexporter run` on the embedded engine needs that this checkout lacks (empty: run it):
+    looked up in the command tree `pdexporter` builds (`cli.command_app`), not by starting it twice."""
+    import typer.main
+
+    from pdexporter.cli import COMMANDS, command_app
+
     missing = []
     for command in (["run"], ["sim", "serve"]):
-        proc = subprocess.run([sys.executable, "-m", "pdexporter", *command, "--help"], cwd=ROOT,
-                              capture_output=True, timeout=60)
-        if proc.returncode != 0:
+        found: object = typer.main.get_command(command_app(command[0])) if command[0] in COMMANDS else None
+        for word in command:
+            found = getattr(found, "commands", {}).get(word)
+        if found is None:
             missing.append(f"`pdexporter {' '.join(command)}`")
     return tuple(missing)
 
