@@ -54,7 +54,12 @@ async def test_completion_stream_counts_tokens_and_stamps_each_event(rx: bool) -
     assert stream.t_sent_ns is not None and stream.t_sent_ns <= stream.event_times_ns[0]
     gaps = [b - a for a, b in zip(stream.event_times_ns, stream.event_times_ns[1:])]
     assert all(g >= 0 for g in gaps)
-    assert sorted(gaps)[len(gaps) // 2] / 1e6 == pytest.approx(4.0, abs=3.0)
+    # each event its own stamp: the gaps follow the cadence the engine wrote at (4 ms asked; on a loaded
+    # machine its sleeps overshoot, 7-8 ms beside a CPU burner and another suite), never collapse to 0
+    written = engine.streams[0][1]
+    wrote = sorted(b - a for a, b in zip(written, written[1:]))
+    assert wrote[len(wrote) // 2] >= 3.5e6
+    assert sorted(gaps)[len(gaps) // 2] / 1e6 == pytest.approx(wrote[len(wrote) // 2] / 1e6, abs=3.0)
     sent = engine.bodies[0]
     assert sent["prompt"] == list(range(100, 164)) and sent["ignore_eos"] is True and sent["temperature"] == 0
     assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
