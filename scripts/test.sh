@@ -63,6 +63,13 @@ if [ "$skip" != 1 ]; then
     echo "making a virtual environment in .venv"
     python3 -m venv .venv
   fi
+  # A virtual environment's own pip is the one its Python bundles (3.11: pip 23.2), which resolves
+  # this project's ~100 dependencies against the configured indexes in ~30 s of CPU; pip 25 or newer
+  # does it in ~10 (the whole install 44 -> 27 s on this 2-core machine, the upgrade included). Only
+  # inside a virtual environment: a system interpreter's pip is not this script's to change.
+  if in_venv "$python" && ! "$python" -c 'import sys, pip; sys.exit(int(pip.__version__.split(".")[0]) < 25)' 2>/dev/null; then
+    "$python" -m pip install -q --disable-pip-version-check -U pip
+  fi
   "$python" -m pip install -q "${compile[@]}" -e '.[test]'
 fi
 echo "python: $python ($("$python" --version 2>&1))"
