@@ -6,8 +6,12 @@ references (`pdexporter.sim.projection`), the protocol is run with that projecti
 engine for every configuration the model was measured at (`RecordSimulator`, in the records' mode),
 and the prediction is compared with the measurement per quantity (`compare_records`): MAPE and the
 median signed error, for the rule before issue 36 ("carry": the first reference's efficiencies,
-layer costs scaled by layers) and the learned one. A model with no other calibrated model to learn
-from is reported as such, not scored.
+layer costs scaled by layers) and the learned one; and, as the yardstick, the model's own calibrated
+profile over the same configurations ("own": not a projection, the best a projection could hope
+for). Each score also holds the MAPE over the configurations whose prompt takes two or more chunks
+(`multi_chunk`): a one-chunk prompt's penalty splits between two probe intervals by the request's
+phase (results/h200-vllm0.22-qwen2.5-32b-instruct/RUN.md), a question of the measurement. A model
+with no other calibrated model to learn from is reported as such, not scored.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdexporter.measure.records import RunRecord
@@ -25,9 +29,11 @@ from pdexporter.sim.modelconfig import load_config, profile_from_config
 from pdexporter.sim.profile import PROFILES_DIR, Profile, load_profile
 from pdexporter.sim.projection import calibrated
 
-__all__ = ["MEASURED", "MeasuredModel", "ProjectionScore", "leave_one_model_out", "project", "score", "signed"]
+__all__ = ["MEASURED", "RULES", "MeasuredModel", "ProjectionScore", "leave_one_model_out", "multi_chunk", "project",
+           "score", "signed"]
 
 REPO = Path(__file__).resolve().parents[2]
+RULES = ("carry", "learned", "own")  # "own": the target's own calibrated profile, the yardstick
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,8 @@ MEASURED = (
                   "h200-qwen3-coder-30b-a3b", max_model_len=200_000),
     MeasuredModel("llama-3.1-8b-instruct", "results/h200-vllm0.22-llama-3.1-8b-instruct", "llama-3.1-8b-instruct",
                   "h200-llama-3.1-8b-instruct", max_model_len=65_536),
+    MeasuredModel("qwen2.5-32b-instruct", "results/h200-vllm0.22-qwen2.5-32b-instruct", "qwen2.5-32b-instruct",
+                  "h200-qwen2.5-32b-instruct", max_model_len=32_768),
 )
 
 
@@ -82,6 +90,12 @@ def score(profiles: Sequence[Profile], records: Sequence[RunRecord], *, keys: Co
     return [compare_records(measured, p) for p in predicted]
 
 
+def multi_chunk(key: Key) -> bool:
+    """The prompt takes two or more chunks (P + D > B: the first chunk shares the budget with the D decodes)."""
+    chunk, d, p = key
+    return p + d > chunk
+
+
 def signed(report: HoldoutReport, metric: str) -> tuple[float | None, float | None, float | None]:
     """(median, lowest, highest) signed relative error, in %."""
     rel = [e.rel * 100 for e in report.of(metric) if not math.isnan(e.rel)]
@@ -100,15 +114,19 @@ class ProjectionScore:
     median_signed: dict[str, float | None]
     range_signed: dict[str, tuple[float | None, float | None]]
     note: str = ""
+    multi_chunk: dict[str, float | None] = field(default_factory=dict)  # MAPE over P + D > B only
 
 
-def leave_one_model_out(models: Sequence[MeasuredModel] = MEASURED, *, rules: Sequence[str] = ("carry", "learned"),
+def leave_one_model_out(models: Sequence[MeasuredModel] = MEASURED, *, rules: Sequence[str] = RULES,
                         keys: Collection[Key] | None = None, jobs: int = 1, root: Path = REPO
                         ) -> list[ProjectionScore]:
-    """Every measured model with records, projected from the other models' calibrated profiles and scored."""
+    """Every measured model with records (among `keys`), projected from the other models' calibrated profiles
+    with each rule of `rules` ("own": its own calibrated profile instead, if it has one) and scored."""
     out: list[ProjectionScore] = []
     for target in models:
         records = target.records(root)
+        if keys is not None:
+            records = [r for r in records if r.key in keys]
         if not records:
             continue
         refs = [r for m in models if m is not target and (r := m.reference()) is not None]
@@ -116,11 +134,18 @@ def leave_one_model_out(models: Sequence[MeasuredModel] = MEASURED, *, rules: Se
             out.append(ProjectionScore(target.name, "-", (), 0, {}, {}, {},
                                        "no other measured model has a calibrated profile: nothing to learn from"))
             continue
-        profiles = [project(target, refs, rule) for rule in rules]
-        for rule, report in zip(rules, score(profiles, records, keys=keys, jobs=jobs)):
+        own = target.reference()
+        chosen: list[tuple[str, Profile, tuple[str, ...]]] = []
+        for rule in rules:
+            if rule != "own":
+                chosen.append((rule, project(target, refs, rule), tuple(p.name for p in refs)))
+            elif own is not None:
+                chosen.append((rule, own, (own.name,)))
+        for (rule, _, names), report in zip(chosen, score([p for _, p, _ in chosen], records, jobs=jobs)):
             n = len({e.key for m in METRICS for e in report.of(m)})
             stats = {m: signed(report, m) for m in METRICS}
             out.append(ProjectionScore(
-                target.name, rule, tuple(p.name for p in refs), n, {m: report.metric_mape(m) for m in METRICS},
-                {m: s[0] for m, s in stats.items()}, {m: (s[1], s[2]) for m, s in stats.items()}))
+                target.name, rule, names, n, {m: report.metric_mape(m) for m in METRICS},
+                {m: s[0] for m, s in stats.items()}, {m: (s[1], s[2]) for m, s in stats.items()},
+                multi_chunk={m: report.metric_mape(m, multi_chunk) for m in METRICS}))
     return out
