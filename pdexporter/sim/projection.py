@@ -12,9 +12,8 @@ layer count. The parameters do not all mean the same thing from one model to ano
   most the measured GEMM's, at least the **weight efficiency** the MoE references reached over all
   their GEMMs (`weight_efficiency`: FLOP-weighted harmonic mean of their dense and expert
   efficiencies, the experts' routing and permutation included: 0.53 for the H200 profile); a dense
-  target takes the middle (0.66 on the H200). The signed errors issue 36 reports for the old rule on
-  a dense 32B model at B = 3072 (prefill −11 to −15 %, aggregate −14 to −18 %) put that model's
-  dense efficiency near 0.66–0.67; at the lower bound its prefill would be +19 to +24 %.
+  target takes the middle (0.66 on the H200); the dense calibrations since fitted 0.675
+  (Llama-3.1-8B) and 0.664 (Qwen2.5-32B).
 - `moe_efficiency`, the fused-MoE grouped GEMMs, routing and permutation included: the mean of the
   calibrated MoE references; without one, the expert efficiency that gives the target the dense
   references' weight efficiency.
@@ -32,7 +31,9 @@ layer count. The parameters do not all mean the same thing from one model to ano
 With the MoE profile alone (what the project had before the dense run) a dense target differs from
 the old projection only in `matmul_efficiency`; with a calibrated dense profile among the references
 every row above learns from it. `REFERENCES` are the shipped calibrated vLLM profiles a projection
-uses by default (those still `projected` are skipped). Pure: profiles in, numbers and provenance out.
+uses by default (those still `projected` are skipped); the calibrated Qwen2.5-32B profile is not among
+them: leaving one model out, learning from more models was not better where it could be measured
+(docs/sim.md, "Its error on a model not used to build it"). Pure: profiles in, numbers and provenance out.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 # the shipped calibrated profiles of vLLM a projection learns from, the first one's host and engine loop carried
+# (not h200-qwen2.5-32b-instruct: module docs)
 REFERENCES = ("h200-qwen3-coder-30b-a3b", "h200-llama-3.1-8b-instruct")
 LAYER_COSTS = ("fixed_ms", "launch_eager_ms", "launch_piecewise_ms")
 
