@@ -87,8 +87,14 @@ async def test_engine_rejecting_the_prompt_keeps_earlier_records(tmp_path: Path)
     assert json.loads(earlier.read_text()) == {"kept": True}
 
 
+# The double's cadence: its sleeps run late on a loaded machine by a few ms, and the protocol's
+# steadiness check (the last 8 intervals within 2x of each other) refused every window of a 2-ms
+# double beside a CPU burner and five other test workers; at 10 ms the same lateness stays inside 2x.
+CADENCE_S = 0.010
+
+
 async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_path: Path) -> None:
-    async with ScriptedEngine(cadence_s=0.002) as engine:
+    async with ScriptedEngine(cadence_s=CADENCE_S) as engine:
         code, out, err = await run_cli(
             "measure", "--target", engine.url, "--gpu", "test-double", "--out", str(tmp_path),
             "-B", "2048", "-D", "2", "-P", "64", "--reps", "2",
@@ -102,13 +108,13 @@ async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_pat
     assert record["summary"]["reps_done"] == 2
     assert {r["raw"] for r in record["reps"]} == {"raw/D2_P64_r0.json.gz", "raw/D2_P64_r1.json.gz"}
     assert (tmp_path / "2048" / "raw" / "D2_baseline.json.gz").exists()
-    # Phase 1's TPOT is the engine's cadence as it really ran: the double's 2 ms sleeps run late
-    # on a loaded machine (3.96 ms p50 beside a CPU burner), so it is compared with the double's
+    # Phase 1's TPOT is the engine's cadence as it really ran: the double's sleeps run late on a
+    # loaded machine (2 ms ones at 3.96 ms p50 beside a CPU burner), so it is compared with the double's
     # own write times of the first D = 2 probe streams, after the 16 warm-up tokens
     baseline = [written for body, written in engine.streams if body["max_tokens"] == 80][:2]
     engine_p50_ms = statistics.median(b - a for w in baseline for a, b in itertools.pairwise(w[16:])) / 1e6
     assert record["baseline"]["tpot_p50_ms"] == pytest.approx(engine_p50_ms, abs=0.25)
-    assert record["baseline"]["tpot_p50_ms"] >= 2.0 * 0.9
+    assert record["baseline"]["tpot_p50_ms"] >= CADENCE_S * 1e3 * 0.9
     # The raw file places each window on the host's monotonic clock, so host-side samples line up.
     injected = [read_json_gz(tmp_path / "2048" / r["raw"])["t_inject_clock_ns"] for r in record["reps"]]
     assert 0 < injected[0] < injected[1] <= time.monotonic_ns()
@@ -116,7 +122,7 @@ async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_pat
 
 async def test_a_url_password_is_nowhere_in_records_or_output(tmp_path: Path) -> None:
     """Issue 24: URL userinfo was recorded (`config.engine_url`) and printed in error lines."""
-    async with ScriptedEngine(cadence_s=0.002) as engine:
+    async with ScriptedEngine(cadence_s=CADENCE_S) as engine:
         url = engine.url.replace("http://", "http://alice:pw-s3cret@")
         code, out, err = await run_cli("measure", "--target", url, "--out", str(tmp_path), "-B", "2048", "-D", "1",
                                        "-P", "64", "--reps", "1", "--decode-context-tokens", "64",
