@@ -446,14 +446,14 @@ class LocalLauncher:
         if not (state.leash_socket and state.leash_pid and same_process(state.leash_pid, state.leash_start)):
             return None
         reply, conn = "", None
-        for _ in range(3):  # a connection refused for a moment (a full backlog) is tried again
+        for _ in range(3):  # a connection refused for a moment (a full backlog) is tried again; silence is not
             reply, conn = await _ask_leash(state.leash_socket)
             if conn is not None or reply:
                 break
             await asyncio.sleep(0.5)
         if conn is not None:
             return conn
-        if not reply:
+        if not reply or reply == _NO_ANSWER:
             raise EngineError(f"engine pid {state.pid} ({path}): its leash (pid {state.leash_pid}) does not answer; "
                               "not adopting it without the leash: stop that engine, or run again")
         if reply.startswith("not yours"):
@@ -547,9 +547,13 @@ def gated_env(env: dict[str, str], gate: Path) -> dict[str, str]:
     return {**env, GATE_ENV: str(gate), "PYTHONPATH": f"{hook}{os.pathsep}{path}" if path else hook}
 
 
+_NO_ANSWER = "(no answer)"
+
+
 async def _ask_leash(name: str) -> tuple[str, socket.socket | None]:
     """Say `own` on a leash's socket: (its reply, the connection when it said ok); ("", None)
-    when it could not be asked or did not answer within 5 s."""
+    when it could not be asked, (`_NO_ANSWER`, None) when it did not answer within 5 s: a leash
+    that held a connection that long is not asked again (a stopped one held the caller 16 s)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.setblocking(False)
     loop = asyncio.get_running_loop()
@@ -558,7 +562,10 @@ async def _ask_leash(name: str) -> tuple[str, socket.socket | None]:
             await loop.sock_connect(conn, "\0" + name)
             await loop.sock_sendall(conn, b"own\n")
             reply = (await loop.sock_recv(conn, 64)).decode(errors="replace")
-    except (OSError, TimeoutError):
+    except TimeoutError:
+        conn.close()
+        return _NO_ANSWER, None
+    except OSError:
         conn.close()
         return "", None
     if reply.startswith("ok"):

@@ -197,7 +197,8 @@ def _served_launcher(tmp_path: Path) -> LocalLauncher:
 
 async def test_an_engine_whose_leash_does_not_answer_is_not_adopted(tmp_path: Path) -> None:
     """Before: a leash that did not answer within 5 s (held up, or stopped) made the next run adopt
-    its engine without it; that engine outlived the run's kill -9."""
+    its engine without it; that engine outlived the run's kill -9. A leash silent for 5 s is not
+    asked again (three askings held the run 16 s)."""
     first = _served_launcher(tmp_path)
     await first.start(2048)
     state = first._state
@@ -207,8 +208,10 @@ async def test_an_engine_whose_leash_does_not_answer_is_not_adopted(tmp_path: Pa
     try:
         second = _served_launcher(tmp_path)
         second.url, second.command = first.url, first.command
+        t0 = time.monotonic()
         with pytest.raises(EngineError, match="does not answer; not adopting it without the leash"):
             await second.start(2048)
+        assert time.monotonic() - t0 < 10.0  # one 5-s wait, not three
         assert not second.adopted and alive(state.pid)
     finally:
         os.kill(state.leash_pid, signal.SIGCONT)
