@@ -121,6 +121,22 @@ def cli_here(capsys, monkeypatch, *, columns: int | None = None,  # type: ignore
     return run
 
 
+def cli_command(*words: str) -> Any:
+    """The click command `pdexporter WORDS` (e.g. "sim", "serve") as `pdexporter` builds it
+    (`cli.command_app`), or None where this checkout has no such command: looked up in the command
+    tree, not by starting an interpreter (a second of CPU each)."""
+    import typer.main
+
+    from pdexporter.cli import COMMANDS, command_app
+
+    if words[0] not in COMMANDS:
+        return None
+    found: Any = typer.main.get_command(command_app(words[0]))
+    for word in words:
+        found = getattr(found, "commands", {}).get(word)
+    return found
+
+
 class ExpireAfterFirstConfig:
     """A sweep deadline clock (`Deadline(clock=...)`): far from the deadline until the first record
     exists, then past it."""

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdexporter.exporter.metrics import OFFLOAD_THRESHOLD, PASSIVE_MODEL_PREDICTION, WINDOW_RATIO, all_series_names
 from pdexporter.grafana import build_all
 from pdexporter.grafana.promql import panel_queries, series_names, substitute, variable_queries
-from tests.helpers import free_port, stop_process
+from tests.helpers import cli_command, free_port, stop_process
 from tests.prometheus_server import PrometheusServer
 from tests.scripted_engine import ScriptedEngine
 
@@ -45,19 +45,9 @@ ACTIVE_WINDOW = f'{WINDOW_RATIO}{{mode="active"}}'  # a window of the injecting 
 @functools.cache  # asked by both exporters' fixtures
 def _missing_for_run() -> tuple[str, ...]:
     """What `pdexporter run` on the embedded engine needs that this checkout lacks (empty: run it):
-    looked up in the command tree `pdexporter` builds (`cli.command_app`), not by starting it twice."""
-    import typer.main
-
-    from pdexporter.cli import COMMANDS, command_app
-
-    missing = []
-    for command in (["run"], ["sim", "serve"]):
-        found: object = typer.main.get_command(command_app(command[0])) if command[0] in COMMANDS else None
-        for word in command:
-            found = getattr(found, "commands", {}).get(word)
-        if found is None:
-            missing.append(f"`pdexporter {' '.join(command)}`")
-    return tuple(missing)
+    looked up in the command tree `pdexporter` builds (`tests.helpers.cli_command`), not by starting it."""
+    return tuple(f"`pdexporter {' '.join(command)}`" for command in (["run"], ["sim", "serve"])
+                 if cli_command(*command) is None)
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> str:

@@ -22,7 +22,7 @@ import pytest
 from pdexporter.predict.calibrate import split_holdout, with_values
 from pdexporter.predict.grid import predict_records
 from pdexporter.sim.profile import load_profile
-from tests.helpers import cli_here
+from tests.helpers import cli_command, cli_here
 
 pytestmark = pytest.mark.e2e
 
@@ -125,20 +125,8 @@ def test_calibrate_refuses_a_fit_worse_than_its_base_unless_told(tmp_path: Path,
     assert check.mape_fitted["prefill_duration"] > check.mape_base["prefill_duration"] + 1.0
     assert written.step_time.launch_eager_ms < 35.0  # it followed the training records
     # the older name is the same option (looked up in the command tree, not by a third fit)
-    assert {"--force", "--accept-worse"} <= set(_option("sim", "calibrate", "accept_worse").opts)
-
-
-def _option(*words: str):  # type: ignore[no-untyped-def]
-    """A command's option (a click.Parameter) by its name in the command `words` of `pdexporter`."""
-    import typer.main
-
-    from pdexporter.cli import command_app
-
-    found: object = typer.main.get_command(command_app(words[0]))
-    for word in words[:-1]:
-        found = getattr(found, "commands", {}).get(word)
-    (param,) = [p for p in getattr(found, "params", []) if p.name == words[-1]]
-    return param
+    (option,) = [p for p in cli_command("sim", "calibrate").params if p.name == "accept_worse"]
+    assert {"--force", "--accept-worse"} <= set(option.opts)
 
 
 def test_calibrate_refuses_an_empty_directory(tmp_path: Path, calibrate):
