@@ -75,12 +75,11 @@ def project(model: MeasuredModel, references: Sequence[Profile], rule: str = "le
                                max_model_len=model.max_model_len, dummy_weights=model.dummy_weights, rule=rule)
 
 
-def score(profiles: Sequence[Profile], records: Sequence[RunRecord], *, keys: Collection[Key] | None = None,
-          jobs: int = 1) -> list[HoldoutReport]:
-    """Each profile's prediction of the records' configurations (all, or `keys`) against the measurement."""
+def score(profiles: Sequence[Profile], records: Sequence[RunRecord], *, jobs: int = 1) -> list[HoldoutReport]:
+    """Each profile's prediction of the records' configurations against the measurement."""
     from pdexporter.measure.protocol import ProtocolSettings
 
-    measured = {k: v for k, v in figures_of(records).items() if keys is None or k in keys}
+    measured = figures_of(records)
     c = records[0].config
     settings = ProtocolSettings(decode_context_tokens=c.decode_context_tokens,
                                 decode_output_tokens=c.decode_output_tokens, prefill_max_tokens=c.prefill_max_tokens)
