@@ -1043,31 +1043,46 @@ def fit_loop_params(
 
 # -- the host's two speeds --------------------------------------------------------------------
 
+# The figures a host's speed moves, in the order they are read: the prefill duration, which every CPU
+# cost of the window adds to and no GPU-timing error of a chunk moves much (the chunk steps' p50 moves
+# with the launch-bound-to-GPU-bound transition, which the engine places a few chunks late, docs/sim.md);
+# and where the duration does not move, the chunk steps' mean interval: a prompt's one eager chunk whose
+# launch hides behind the GPU's work (the 32B's 1024 tokens: ~100 ms of GPU, ~25 or ~50 ms of launch)
+# finishes when the GPU does at either speed, but the decodes' step before it waits for the launch and
+# the chunk step's own interval gives that time back (results/h200-vllm0.22-qwen2.5-32b-instruct/RUN.md).
+HOST_MOVED = ("prefill_duration_ms", "during_mean_ms")
+
+
+def host_figure(nominal: PointFigures, slow: PointFigures, threshold: float = 0.05) -> str | None:
+    """The first figure of `HOST_MOVED` the host's speed moves by more than `threshold` (log ratio)
+    in this configuration's two predictions; None where it moves neither."""
+    for name in HOST_MOVED:
+        a, b = getattr(nominal, name), getattr(slow, name)
+        if a and b and a > 0 and b > 0 and abs(math.log(b / a)) > threshold:
+            return name
+    return None
+
+
 def host_sensitive(nominal: Mapping[Key, PointFigures], slow: Mapping[Key, PointFigures], threshold: float = 0.05
                    ) -> set[Key]:
-    """Configurations whose prefill duration the host's speed moves by more than `threshold` (log
-    ratio): those a slow-host episode can show in."""
-    out = set()
-    for key in set(nominal) & set(slow):
-        a, b = nominal[key].prefill_duration_ms, slow[key].prefill_duration_ms
-        if a and b and abs(math.log(b / a)) > threshold:
-            out.add(key)
-    return out
+    """Configurations a slow-host episode can show in: the host's speed moves one of their figures
+    (`host_figure`)."""
+    return {key for key in set(nominal) & set(slow) if host_figure(nominal[key], slow[key], threshold)}
 
 
 def classify_host(measured: Mapping[Key, PointFigures], nominal: Mapping[Key, PointFigures],
                   slow: Mapping[Key, PointFigures]) -> set[Key]:
-    """The configurations whose prefill duration the slow-host prediction explains better than the
-    nominal one: measured in a slow-host episode. The prefill duration, because every CPU cost of the
-    window adds to it, and no GPU-timing error of a chunk moves it much (the chunk steps' p50 moves with
-    the launch-bound-to-GPU-bound transition, which the engine places a few chunks late, docs/sim.md).
-    A configuration the host's speed does not move (`host_sensitive`) is never slow."""
+    """The configurations whose figure the host moves (`host_figure`: the prefill duration, else the
+    chunk steps' mean) the slow-host prediction explains better than the nominal one: measured in a
+    slow-host episode. A configuration the host's speed does not move is never slow."""
     out = set()
-    for key in sorted(set(measured) & host_sensitive(nominal, slow)):
-        m = measured[key].prefill_duration_ms
-        a, b = nominal[key].prefill_duration_ms, slow[key].prefill_duration_ms
-        if m and a and b and abs(math.log(b / m)) < abs(math.log(a / m)):
-            out.add(key)
+    for key in sorted(set(measured) & set(nominal) & set(slow)):
+        name = host_figure(nominal[key], slow[key])
+        m = getattr(measured[key], name) if name else None
+        if name and m and m > 0:
+            a, b = getattr(nominal[key], name), getattr(slow[key], name)
+            if abs(math.log(b / m)) < abs(math.log(a / m)):
+                out.add(key)
     return out
 
 
@@ -1150,7 +1165,55 @@ class Calibration:
         return self.held_fitted.metric_mape(metric, where=lambda k: k not in self.held_slow)
 
 
-def calibrate(  # noqa: C901 (20: to shrink)
+@dataclass(frozen=True)
+class _Rounds:
+    """Where the rounds of stage 1 and stage 2 from one start ended."""
+
+    profile: Profile
+    fit: FitResult | None
+    loop: LoopFitResult | None
+    loop_start: Profile | None
+    simulations: int
+
+
+def _rounds(current: Profile, observations: Sequence[StepObservation], measured: Mapping[Key, PointFigures],
+            simulate: Simulator | None, step_free: tuple[str, ...], loop_free: tuple[str, ...], n_rounds: int,
+            max_evaluations: int, prog: Progress, timings: dict[str, float], train_groups: int,
+            on_evaluation: Callable[[int, int, float], None] | None, *, label: str, hosts: bool) -> _Rounds:
+    """`n_rounds` of stage 1 (the GPU's parameters) then stage 2 (the engine loop's, by simulation,
+    each training configuration on the host `classify_host` labels it with) from `current`."""
+    fit: FitResult | None = None
+    loop: LoopFitResult | None = None
+    loop_start: Profile | None = None
+    simulations = 0
+    for round_ in range(n_rounds):
+        if step_free:
+            t = time.perf_counter()
+            prog.stage(f"{label}round {round_ + 1}/{n_rounds}: stage 1 (GPU)")
+            fit = fit_step_params(current, observations, step_free)
+            current = current.model_copy(update={"step_time": fit.params})
+            prog.advance(STAGE1_UNITS, f"step MAPE {fit.mape:.1f} %")
+            timings["stage1"] = timings.get("stage1", 0.0) + time.perf_counter() - t
+        if simulate is not None and loop_free:
+            t = time.perf_counter()
+            prog.stage(f"{label}round {round_ + 1}/{n_rounds}: stage 2 (CPU, loop)")
+            slow: set[Key] = set()
+            if hosts:
+                slow = host_states(current, measured, simulate)[0]
+                simulations += 2
+            if loop_start is None:
+                loop_start = current
+            loop = fit_loop_params(
+                current, measured, simulate, loop_free, max_evaluations=max_evaluations, slow=slow,
+                on_evaluation=functools.partial(on_evaluation, round_) if on_evaluation else None)
+            simulations += loop.evaluations
+            prog.plan(-(max_evaluations - loop.evaluations) * train_groups)
+            current = with_values(current, loop.values)
+            timings["stage2"] = timings.get("stage2", 0.0) + time.perf_counter() - t
+    return _Rounds(current, fit, loop, loop_start, simulations)
+
+
+def calibrate(  # noqa: C901 (to shrink: the held-out predictions could go to their own function)
     base: Profile,
     records: Sequence[RunRecord],
     *,
@@ -1179,11 +1242,16 @@ def calibrate(  # noqa: C901 (20: to shrink)
 
     The host's two speeds (`HostParams`), when `slow_factor` is free: before each stage 2 every
     training configuration is predicted on the nominal and on the slow host and labelled by the one
-    that explains its prefill duration better (`classify_host`); stage 2 simulates the slow ones on
-    the slow host, so the nominal CPU costs come from the nominal configurations and `slow_factor`
-    from the slow ones (hard expectation-maximisation). Stage 1 (the GPU) reads no label: its
-    robust loss treats a slow launch-bound chunk step as the outlier it is for the GPU's parameters.
-    `host.slow_fraction` is the share of slow ones among those the host's speed moves."""
+    that explains it better (`classify_host`: its prefill duration, else its chunk steps); stage 2
+    simulates the slow ones on the slow host, so the nominal CPU costs come from the nominal
+    configurations and `slow_factor` from the slow ones (hard expectation-maximisation). Stage 1 (the
+    GPU) reads no label: its robust loss treats a slow launch-bound chunk step as the outlier it is
+    for the GPU's parameters. Such a fit keeps the level it starts at: from a base whose launch costs
+    are a slow episode's it labels nothing slow and settles between the two levels (the 32B's
+    projection, 53 ms against ~25 and ~50 measured). So when a fit labels none of the configurations
+    the host moves slow it runs again from the base's CPU costs / `slow_factor`, and keeps the one
+    whose stage 2 ends with the smaller rms log error on the training figures. `host.slow_fraction`
+    is the share of slow ones among those the host's speed moves."""
     if not records:
         raise ValueError("no records to calibrate on")
     prog = progress or _NoProgress()
@@ -1220,36 +1288,26 @@ def calibrate(  # noqa: C901 (20: to shrink)
         prog.plan((4 if hosts else 2) * held_groups)
     timings["split"] = time.perf_counter() - t0
 
-    current = with_values(base, {"slow_factor": _value(base, "slow_factor")}) if hosts else base
-    fit: FitResult | None = None
-    loop: LoopFitResult | None = None
-    simulations = 0
-    loop_start: Profile | None = None
+    first = with_values(base, {"slow_factor": _value(base, "slow_factor")}) if hosts else base
+    args = (train.observations, measured, simulate, step_free, loop_free, n_rounds, max_evaluations, prog, timings,
+            train_groups, on_evaluation)
+    fits = [_rounds(first, *args, label="", hosts=hosts)]
+    if hosts and first.host.slow_factor > 1.0:
+        assert simulate is not None
+        one_level, moved, _, _ = host_states(fits[0].profile, measured, simulate)
+        if moved and not one_level:  # no slow episode among those the host moves: maybe between the two levels
+            prog.plan((STAGE1_UNITS if step_free else 0.0) * n_rounds + (max_evaluations + 2) * train_groups * n_rounds)
+            fits.append(_rounds(first.on_slow_host(1.0 / first.host.slow_factor), *args,
+                                label="from the base's CPU costs / slow_factor, ", hosts=hosts))
+    chosen = min(fits, key=lambda f: f.loop.rms_log if f.loop is not None else 0.0)
+    start_note = ("" if len(fits) == 1 else
+                  " No training configuration was labelled slow from the base; started again from its CPU costs / "
+                  "slow_factor (rms log error " + " and ".join(f"{f.loop.rms_log:.3f}" for f in fits if f.loop)
+                  + f"): kept the {'second' if chosen is fits[1] else 'first'}.")
+    current, fit, loop, loop_start = chosen.profile, chosen.fit, chosen.loop, chosen.loop_start
+    simulations = sum(f.simulations for f in fits)
     slow: set[Key] = set()
     sensitive: set[Key] = set()
-    for round_ in range(n_rounds):
-        if step_free:
-            t = time.perf_counter()
-            prog.stage(f"round {round_ + 1}/{n_rounds}: stage 1 (GPU)")
-            fit = fit_step_params(current, train.observations, step_free)
-            current = current.model_copy(update={"step_time": fit.params})
-            prog.advance(STAGE1_UNITS, f"step MAPE {fit.mape:.1f} %")
-            timings["stage1"] = timings.get("stage1", 0.0) + time.perf_counter() - t
-        if simulate is not None and loop_free:
-            t = time.perf_counter()
-            prog.stage(f"round {round_ + 1}/{n_rounds}: stage 2 (CPU, loop)")
-            if hosts:
-                slow, sensitive, _, _ = host_states(current, measured, simulate)
-                simulations += 2
-            if loop_start is None:
-                loop_start = current
-            loop = fit_loop_params(
-                current, measured, simulate, loop_free, max_evaluations=max_evaluations, slow=slow,
-                on_evaluation=functools.partial(on_evaluation, round_) if on_evaluation else None)
-            simulations += loop.evaluations
-            prog.plan(-(max_evaluations - loop.evaluations) * train_groups)
-            current = with_values(current, loop.values)
-            timings["stage2"] = timings.get("stage2", 0.0) + time.perf_counter() - t
     if hosts:
         assert simulate is not None
         slow, sensitive, _, _ = host_states(current, measured, simulate)
@@ -1284,7 +1342,7 @@ def calibrate(  # noqa: C901 (20: to shrink)
     )
     if hosts:
         note += (f" Host: {len(slow)} of the {len(sensitive)} training configurations the host's speed moves were "
-                 f"measured in a slow-host episode (CPU x {current.host.slow_factor:.2f}).")
+                 f"measured in a slow-host episode (CPU x {current.host.slow_factor:.2f}).{start_note}")
     if held_fitted is not None and held_base is not None:
         note += " Held-out MAPE fitted (base): " + ", ".join(
             f"{m} {_fmt(held_fitted.metric_mape(m))} ({_fmt(held_base.metric_mape(m))})" for m in HEADLINE) + "."

@@ -24,7 +24,9 @@ layer count. The parameters do not all mean the same thing from one model to ano
 - `fixed_ms`, `launch_eager_ms`, `launch_piecewise_ms`, per-step GPU overhead and CPU launch
   (kernels, so layers): a cost per dense layer and per MoE layer, least squares over the references
   (`per_layer_costs`); with references of one kind of layer only, one cost per layer whatever its
-  kind (the old rule: scaled by layers).
+  kind (the old rule: scaled by layers). The CPU ones (launches) are read at each reference's mean
+  host level and the target's put back at the nominal level of the host it carries (`host_level`):
+  a calibration places its nominal host where its fit found the fast level or the common one.
 - the rest (`cpu_us_per_token`, the roofline, the P/D figures; engine loop, host: the host and
   vLLM, not the model): the first reference's.
 
@@ -43,13 +45,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdexporter.sim.profile import ModelSpec, Profile
+from pdexporter.sim.profile import HostParams, ModelSpec, Profile
 
 __all__ = [
     "LAYER_COSTS",
     "REFERENCES",
     "Projection",
     "calibrated",
+    "host_level",
     "per_layer_costs",
     "project_step_time",
     "weight_efficiency",
@@ -81,10 +84,21 @@ def weight_efficiency(profile: Profile) -> float:
     return (fd + fm) / (fd / st.matmul_efficiency + fm / st.moe_efficiency)
 
 
+def host_level(profile: Profile, name: str) -> float:
+    """What a CPU figure of `profile` (`HostParams.CPU_STEP`) is multiplied by to read it at the mean
+    host level of its calibration's sweep: 1 + slow_fraction x (slow_factor - 1); 1 for a GPU figure.
+    A calibration puts its nominal host at the level its fit started nearest (`predict.calibrate`):
+    one profile's nominal launch can be a fast episode's and another's the common level, so the
+    references are compared at their mean."""
+    if name not in HostParams.CPU_STEP:
+        return 1.0
+    return 1.0 + profile.host.slow_fraction * (profile.host.slow_factor - 1.0)
+
+
 def per_layer_costs(refs: Sequence[Profile], name: str) -> tuple[float, float, str]:
     """(cost per dense layer, cost per MoE layer, how) of a layer-scaled parameter over the references."""
     rows = np.array([[p.model.num_layers - p.model.moe_layers, p.model.moe_layers] for p in refs], dtype=float)
-    values = np.array([getattr(p.step_time, name) for p in refs], dtype=float)
+    values = np.array([getattr(p.step_time, name) * host_level(p, name) for p in refs], dtype=float)
     if np.linalg.matrix_rank(rows) >= 2:
         from scipy.optimize import nnls
 
@@ -143,7 +157,8 @@ def project_step_time(model: ModelSpec, refs: Sequence[Profile], *, measured_gem
     dense_layers = model.num_layers - model.moe_layers
     for name in LAYER_COSTS:
         per_dense, per_moe, rule = per_layer_costs(refs, name)
-        values[name] = per_dense * dense_layers + per_moe * model.moe_layers
+        # at the mean host level, back to the nominal one of the host the target carries (the first reference's)
+        values[name] = (per_dense * dense_layers + per_moe * model.moe_layers) / host_level(refs[0], name)
     how.append(f"fixed_ms, launch_eager_ms, launch_piecewise_ms: {rule}, x {dense_layers} dense + "
                f"{model.moe_layers} MoE layers")
     return Projection(values, "; ".join(how))

@@ -373,6 +373,49 @@ def test_classify_host_labels_the_configurations_the_slow_host_explains_better()
     assert classify_host({long: _figures(1200.0, 279.0)}, nominal, slow) == set()
 
 
+def test_classify_host_reads_the_chunk_steps_where_the_launch_hides_behind_the_gpu():
+    """The Qwen2.5-32B on the H200 (B = 3072, D = 4, P = 1024): ~100 ms of GPU for the chunk, a launch of
+    ~25 or ~50 ms. The first token comes when the GPU is done either way (prefill 143 ms), so only the
+    chunk step's interval tells the host's states apart: 100 ms fast, 69 ms slow (the step before took
+    the rest; results/h200-vllm0.22-qwen2.5-32b-instruct/3072/raw/D4_P1024_r*.json.gz)."""
+    from pdexporter.predict.calibrate import classify_host, host_figure, host_sensitive
+
+    hidden = (3072, 4, 1024)
+    nominal, slow = {hidden: _figures(143.0, 100.0)}, {hidden: _figures(144.0, 70.0)}
+    assert host_figure(nominal[hidden], slow[hidden]) == "during_mean_ms"  # the duration moves < 5 %
+    assert host_sensitive(nominal, slow) == {hidden}
+    assert classify_host({hidden: _figures(143.0, 69.1)}, nominal, slow) == {hidden}
+    assert classify_host({hidden: _figures(144.8, 100.1)}, nominal, slow) == set()
+    # where the duration moves it decides, whatever the chunk steps say (`late` above)
+    lone = (2048, 4, 1024)
+    assert host_figure(_figures(65.0, 50.0), _figures(93.0, 78.0)) == "prefill_duration_ms"
+    assert classify_host({lone: _figures(66.0, 79.0)}, {lone: _figures(65.0, 50.0)}, {lone: _figures(93.0, 78.0)}) \
+        == set()
+
+
+def test_calibrate_finds_the_fast_launch_level_from_a_base_at_the_slow_one():
+    """From the 32B's projection (launch 53 ms: between the two levels the H200 ran) a single start labels
+    nothing slow and stays there; the second start (CPU costs / slow_factor) finds both levels, and its
+    stage 2 ends lower, so it is kept (docs/sim.md, "Calibrating")."""
+    from pdexporter.predict.calibrate import calibrate
+    from pdexporter.predict.calibrate_job import _settings_of
+
+    directory = REPO / "results" / "h200-vllm0.22-qwen2.5-32b-instruct"
+    records = [r for r in ResultsStore(directory).iter_records() if r.key[1] in (1, 12) and r.key[2] <= 2048]
+    start = with_values(load_profile("h200-qwen2.5-32b-instruct"),
+                        {"launch_eager_ms": 53.0, "launch_piecewise_ms": 6.3, "cpu_us_per_token": 0.0})
+    start = start.model_copy(update={"host": start.host.model_copy(update={"slow_factor": 1.5, "slow_fraction": 0.0})})
+    train = [r.key for r in records if r.key[2] != 1024]
+    with RecordSimulator([r.key for r in records], _settings_of(records[0]), jobs=1) as sim:
+        result = calibrate(start, records, train_keys=train, simulate=sim, free=("launch_eager_ms", "slow_factor"),
+                           rounds=1, max_evaluations=8)
+    assert "kept the second" in result.profile.calibration_note, result.profile.calibration_note
+    assert 20.0 < result.profile.step_time.launch_eager_ms < 35.0
+    assert result.profile.host.slow_factor > 1.5 and result.slow_keys  # D = 1 ran slow
+    held = result.held_fitted
+    assert held is not None and held.metric_mape("penalty") < result.held_base.metric_mape("penalty")
+
+
 def test_calibrate_on_given_training_configurations_holds_out_the_rest(base):
     from pdexporter.predict.calibrate import STEP_FREE, calibrate
 

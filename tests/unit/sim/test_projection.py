@@ -9,7 +9,7 @@ from pdexporter.errors import ConfigError
 from pdexporter.predict.calibrate import free_for, with_values
 from pdexporter.sim.modelconfig import load_config, profile_from_config, references
 from pdexporter.sim.profile import load_profile
-from pdexporter.sim.projection import per_layer_costs, project_step_time, weight_efficiency
+from pdexporter.sim.projection import host_level, per_layer_costs, project_step_time, weight_efficiency
 
 MOE = "h200-qwen3-coder-30b-a3b"
 LAYER_COSTS = ("fixed_ms", "launch_eager_ms", "launch_piecewise_ms")
@@ -78,7 +78,32 @@ def test_with_a_calibrated_dense_reference_each_part_comes_from_its_kind(moe, de
     assert third.step_time.bandwidth_efficiency == pytest.approx(0.88)
     assert third.step_time.launch_eager_ms == pytest.approx(28.0 * 36 / 32)
     per_dense, per_moe, _ = per_layer_costs(refs, "launch_eager_ms")
-    assert per_dense == pytest.approx(28.0 / 32) and per_moe == pytest.approx(moe.step_time.launch_eager_ms / 48)
+    # read at each reference's mean host level (both carry the MoE profile's host here)
+    level = host_level(moe, "launch_eager_ms")
+    assert level == pytest.approx(1 + moe.host.slow_fraction * (moe.host.slow_factor - 1)) and level > 1
+    assert per_dense == pytest.approx(28.0 / 32 * level)
+    assert per_moe == pytest.approx(moe.step_time.launch_eager_ms / 48 * level)
+
+
+def test_references_calibrated_at_different_host_levels_are_compared_at_their_mean(moe, dense_ref):
+    """One calibration's nominal host can be a fast episode's (the 32B's: 27.5 ms, slow x 1.82 in 5 of 6
+    configurations), another's the common level: the same launches read as their mean."""
+    fast = dense_ref.model_copy(update={
+        "name": "h200-llama-fast",
+        "step_time": dense_ref.step_time.model_copy(update={"launch_eager_ms": 14.0, "fixed_ms": 0.9}),
+        "host": dense_ref.host.model_copy(update={"slow_factor": 3.0, "slow_fraction": 0.5})})
+    common = dense_ref.model_copy(update={
+        "name": "h200-llama-common",
+        "step_time": dense_ref.step_time.model_copy(update={"launch_eager_ms": 28.0}),
+        "host": dense_ref.host.model_copy(update={"slow_factor": 1.0, "slow_fraction": 0.0})})
+    assert host_level(fast, "launch_eager_ms") == pytest.approx(2.0) and host_level(fast, "fixed_ms") == 1.0
+    for ref in (fast, common):  # 14 ms at the fast level, half the time x 3: 28 ms on average, as `common`
+        assert per_layer_costs([ref], "launch_eager_ms")[0] == pytest.approx(28.0 / 32)
+        assert per_layer_costs([ref], "fixed_ms")[0] == pytest.approx(0.9 / 32)  # the GPU's: as it stands
+    # the target's nominal is the host it carries (the first reference's): the mean level over its level
+    third = _project("qwen3-8b", [fast, common])
+    assert third.host == fast.host
+    assert third.step_time.launch_eager_ms == pytest.approx(28.0 * 36 / 32 / 2.0)
 
 
 def test_an_moe_model_from_a_dense_reference_alone_reaches_its_weight_efficiency(dense_ref):
