@@ -1294,8 +1294,8 @@ def calibrate(  # noqa: C901 (to shrink: the held-out predictions could go to th
     fits = [_rounds(first, *args, label="", hosts=hosts)]
     if hosts and first.host.slow_factor > 1.0:
         assert simulate is not None
-        one_level, moved, _, _ = host_states(fits[0].profile, measured, simulate)
-        if moved and not one_level:  # no slow episode among those the host moves: maybe between the two levels
+        slow_first, moved, _, _ = host_states(fits[0].profile, measured, simulate)
+        if moved and not slow_first:  # no slow episode among those the host moves: maybe between the two levels
             prog.plan((STAGE1_UNITS if step_free else 0.0) * n_rounds + (max_evaluations + 2) * train_groups * n_rounds)
             fits.append(_rounds(first.on_slow_host(1.0 / first.host.slow_factor), *args,
                                 label="from the base's CPU costs / slow_factor, ", hosts=hosts))
@@ -1305,7 +1305,7 @@ def calibrate(  # noqa: C901 (to shrink: the held-out predictions could go to th
                   "slow_factor (rms log error " + " and ".join(f"{f.loop.rms_log:.3f}" for f in fits if f.loop)
                   + f"): kept the {'second' if chosen is fits[1] else 'first'}.")
     current, fit, loop, loop_start = chosen.profile, chosen.fit, chosen.loop, chosen.loop_start
-    simulations = sum(f.simulations for f in fits)
+    simulations = sum(f.simulations for f in fits) + (2 if hosts and first.host.slow_factor > 1.0 else 0)
     slow: set[Key] = set()
     sensitive: set[Key] = set()
     if hosts:
