@@ -269,10 +269,8 @@ class EngineClient:
                     if resp.status >= 400:
                         raise http_error(url, resp.status, body)
                     return body.decode("utf-8", "replace")
-            except aiohttp.ClientConnectorError as exc:
-                raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-                raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
+            except _TRANSPORT_ERRORS as exc:
+                raise _transport_error(url, exc) from exc
             except TimeoutError as exc:
                 raise EngineTimeout(f"{url}: no answer within {self.timeouts.request_s:g} s") from exc
 
@@ -341,10 +339,8 @@ class EngineClient:
                 t_done = self.clock()
                 if resp.status >= 400:
                     raise http_error(url, resp.status, raw)
-        except aiohttp.ClientConnectorError as exc:
-            raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-            raise EngineUnreachable(f"{url}: connection lost ({_reason(exc)})") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(url, exc) from exc
         except TimeoutError as exc:
             raise EngineTimeout(f"{url}: no answer within {timeout.total:g} s") from exc
         try:
@@ -468,11 +464,8 @@ class EngineClient:
                     stream.note_stamp_clock("read")
                 for event in tail:
                     self._apply(decoder, event, stream, self.clock())
-        except aiohttp.ClientConnectorError as exc:
-            raise EngineRefused(f"cannot connect to {url}: {_reason(exc)}") from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-            where = "mid-stream" if got_bytes else "before the first byte"
-            raise EngineUnreachable(f"{url}: connection lost {where} ({_reason(exc)})") from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(url, exc, "mid-stream" if got_bytes else "before the first byte") from exc
         except TimeoutError as exc:
             raise EngineTimeout(f"{url}: no event for {self.timeouts.read_s:g} s") from exc
         if not decoder.done:
@@ -501,6 +494,23 @@ def _split_userinfo(url: str) -> tuple[str, str | None]:
     user, _, password = userinfo.partition(":")
     basic = "Basic " + base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
     return urlunsplit(parts._replace(netloc=host)), basic
+
+
+# What aiohttp raises when the connection, not the engine, failed: refused, lost, cut short, or answered in
+# something that is not HTTP (a polled port nobody listens on yet can connect to itself when it lies in the
+# ephemeral range: the request comes back as the "status line", aiohttp's 400 "Bad status line").
+_TRANSPORT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
+                    aiohttp.ClientOSError, aiohttp.ClientResponseError)
+
+
+def _transport_error(url: str, exc: BaseException, where: str = "") -> EngineError:
+    """The engine error for one of `_TRANSPORT_ERRORS` (raised from it by the caller)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return EngineRefused(f"cannot connect to {url}: {_reason(exc)}")
+    at = f" {where}" if where else ""
+    if isinstance(exc, aiohttp.ClientResponseError):  # never raise_for_status here: a malformed answer
+        return EngineUnreachable(f"{url}: not an HTTP answer{at} ({_reason(exc)})")
+    return EngineUnreachable(f"{url}: connection lost{at} ({_reason(exc)})")
 
 
 def _reason(exc: BaseException) -> str:
