@@ -87,6 +87,18 @@ pd report "$PASSIVE/passive" --injected "$PASSIVE/injected" --campaign-variation
   --out "$PASSIVE/report.html" >/dev/null
 python3 scripts/gpu/passive_compare.py "$PASSIVE/passive" --injected "$PASSIVE/injected" --minutes 0.5 1 1.5 2 2.5 \
   --out "$PASSIVE" >/dev/null
+# The passive run of GPU session 15 (2 req/s for 5 minutes): its event model beside its own injected sweep
+# (as its GPU script wrote them), and the same events against the session's seed grid (RUN.md there).
+PASSIVE15=$R/h200-vllm0.22-qwen3-coder-30b-a3b-passive-s15
+echo "== passive $PASSIVE15"
+pd export-table "$PASSIVE15/passive" --mode passive --injected "$PASSIVE15/injected" --out "$PASSIVE15/passive-table" \
+  --no-parquet >/dev/null
+python3 scripts/gpu/passive_compare.py "$PASSIVE15/passive" --injected "$PASSIVE15/injected" --out "$PASSIVE15" >/dev/null
+VS_GRID=$(mktemp -d)
+python3 scripts/gpu/passive_compare.py "$PASSIVE15/passive" --injected "$SEED-1gpu-s15" --minutes 1 2 5 \
+  --out "$VS_GRID" >/dev/null
+cp "$VS_GRID/comparison.md" "$PASSIVE15/comparison-vs-grid.md"
+rm -rf "$VS_GRID"
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"

@@ -398,7 +398,10 @@ class HostParams(_Strict):
     runs `slow_factor` times slower; `slow_fraction` of the configurations of the calibration's
     sweep were measured in one. The embedded engine runs the nominal host unless asked
     (`Profile.on_slow_host`, `sim serve --host-speed slow`): the nominal prediction is the likelier one
-    whenever `slow_fraction` < 0.5, and the slow one says how far an unlucky measurement lands."""
+    whenever `slow_fraction` < 0.5, and the slow one says how far an unlucky measurement lands. The
+    nominal host is the faster level a calibration found; where most of its sweep ran at the slow one
+    (the Qwen2.5-32B's: 0.83) the slow prediction was the likelier for that campaign, while which
+    level another campaign's host runs at is the host's, not the model's (docs/analysis.md)."""
 
     slow_factor: float = Field(1.0, ge=1.0, le=5.0, description="CPU work runs this much slower in a slow-host "
                                                                   "episode (1: the host has no such episodes)")
