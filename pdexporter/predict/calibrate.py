@@ -1176,44 +1176,95 @@ class _Rounds:
     simulations: int
 
 
-def _rounds(current: Profile, observations: Sequence[StepObservation], measured: Mapping[Key, PointFigures],
-            simulate: Simulator | None, step_free: tuple[str, ...], loop_free: tuple[str, ...], n_rounds: int,
-            max_evaluations: int, prog: Progress, timings: dict[str, float], train_groups: int,
-            on_evaluation: Callable[[int, int, float], None] | None, *, label: str, hosts: bool) -> _Rounds:
+@dataclass(frozen=True)
+class _Setup:
+    """What every start of one calibration's rounds shares."""
+
+    observations: Sequence[StepObservation]  # the training configurations' step times (stage 1)
+    measured: Mapping[Key, PointFigures]  # their figures (stage 2)
+    simulate: Simulator | None
+    step_free: tuple[str, ...]
+    loop_free: tuple[str, ...]
+    n_rounds: int
+    max_evaluations: int
+    prog: Progress
+    timings: dict[str, float]
+    train_groups: int
+    on_evaluation: Callable[[int, int, float], None] | None
+    hosts: bool  # the host's two speeds are fitted (`slow_factor` free)
+
+
+def _rounds(current: Profile, c: _Setup, label: str = "") -> _Rounds:
     """`n_rounds` of stage 1 (the GPU's parameters) then stage 2 (the engine loop's, by simulation,
     each training configuration on the host `classify_host` labels it with) from `current`."""
     fit: FitResult | None = None
     loop: LoopFitResult | None = None
     loop_start: Profile | None = None
     simulations = 0
-    for round_ in range(n_rounds):
-        if step_free:
+    for round_ in range(c.n_rounds):
+        if c.step_free:
             t = time.perf_counter()
-            prog.stage(f"{label}round {round_ + 1}/{n_rounds}: stage 1 (GPU)")
-            fit = fit_step_params(current, observations, step_free)
+            c.prog.stage(f"{label}round {round_ + 1}/{c.n_rounds}: stage 1 (GPU)")
+            fit = fit_step_params(current, c.observations, c.step_free)
             current = current.model_copy(update={"step_time": fit.params})
-            prog.advance(STAGE1_UNITS, f"step MAPE {fit.mape:.1f} %")
-            timings["stage1"] = timings.get("stage1", 0.0) + time.perf_counter() - t
-        if simulate is not None and loop_free:
+            c.prog.advance(STAGE1_UNITS, f"step MAPE {fit.mape:.1f} %")
+            c.timings["stage1"] = c.timings.get("stage1", 0.0) + time.perf_counter() - t
+        if c.simulate is not None and c.loop_free:
             t = time.perf_counter()
-            prog.stage(f"{label}round {round_ + 1}/{n_rounds}: stage 2 (CPU, loop)")
+            c.prog.stage(f"{label}round {round_ + 1}/{c.n_rounds}: stage 2 (CPU, loop)")
             slow: set[Key] = set()
-            if hosts:
-                slow = host_states(current, measured, simulate)[0]
+            if c.hosts:
+                slow = host_states(current, c.measured, c.simulate)[0]
                 simulations += 2
             if loop_start is None:
                 loop_start = current
             loop = fit_loop_params(
-                current, measured, simulate, loop_free, max_evaluations=max_evaluations, slow=slow,
-                on_evaluation=functools.partial(on_evaluation, round_) if on_evaluation else None)
+                current, c.measured, c.simulate, c.loop_free, max_evaluations=c.max_evaluations, slow=slow,
+                on_evaluation=functools.partial(c.on_evaluation, round_) if c.on_evaluation else None)
             simulations += loop.evaluations
-            prog.plan(-(max_evaluations - loop.evaluations) * train_groups)
+            c.prog.plan(-(c.max_evaluations - loop.evaluations) * c.train_groups)
             current = with_values(current, loop.values)
-            timings["stage2"] = timings.get("stage2", 0.0) + time.perf_counter() - t
+            c.timings["stage2"] = c.timings.get("stage2", 0.0) + time.perf_counter() - t
     return _Rounds(current, fit, loop, loop_start, simulations)
 
 
-def calibrate(  # noqa: C901 (to shrink: the held-out predictions could go to their own function)
+def _fit_from_starts(base: Profile, c: _Setup) -> tuple[_Rounds, int, str]:
+    """The rounds from the base and, when they label none of the configurations the host moves slow,
+    from the base's CPU costs / slow_factor (`calibrate`'s docs): (the one kept, simulations, a note)."""
+    first = with_values(base, {"slow_factor": _value(base, "slow_factor")}) if c.hosts else base
+    fits = [_rounds(first, c)]
+    simulations = fits[0].simulations
+    if c.hosts and c.simulate is not None and first.host.slow_factor > 1.0:
+        slow_first, moved, _, _ = host_states(fits[0].profile, c.measured, c.simulate)
+        simulations += 2
+        if moved and not slow_first:  # no slow episode among those the host moves: maybe between the two levels
+            c.prog.plan((STAGE1_UNITS if c.step_free else 0.0) * c.n_rounds
+                        + (c.max_evaluations + 2) * c.train_groups * c.n_rounds)
+            fits.append(_rounds(first.on_slow_host(1.0 / first.host.slow_factor), c,
+                                "from the base's CPU costs / slow_factor, "))
+            simulations += fits[1].simulations
+    chosen = min(fits, key=lambda f: f.loop.rms_log if f.loop is not None else 0.0)
+    note = ("" if len(fits) == 1 else
+            " No training configuration was labelled slow from the base; started again from its CPU costs / "
+            "slow_factor (rms log error " + " and ".join(f"{f.loop.rms_log:.3f}" for f in fits if f.loop)
+            + f"): kept the {'second' if chosen is fits[1] else 'first'}.")
+    return chosen, simulations, note
+
+
+def _predict_held(base: Profile, fitted: Profile, measured: Mapping[Key, PointFigures], simulate: Simulator,
+                  hosts: bool) -> tuple[HoldoutReport, HoldoutReport, HoldoutReport | None, set[Key]]:
+    """The held-out configurations predicted with the base and the fitted profile, and (with the host's
+    two speeds) each on the host it was measured on: (base, fitted, host-matched, those measured slow)."""
+    pred_base, pred_fitted = simulate([base, fitted], list(measured))
+    held_host = None
+    held_slow: set[Key] = set()
+    if hosts:
+        held_slow, _, nominal, on_slow = host_states(fitted, measured, simulate)
+        held_host = compare_records(measured, {k: on_slow[k] if k in held_slow else nominal[k] for k in nominal})
+    return compare_records(measured, pred_base), compare_records(measured, pred_fitted), held_host, held_slow
+
+
+def calibrate(
     base: Profile,
     records: Sequence[RunRecord],
     *,
@@ -1288,24 +1339,10 @@ def calibrate(  # noqa: C901 (to shrink: the held-out predictions could go to th
         prog.plan((4 if hosts else 2) * held_groups)
     timings["split"] = time.perf_counter() - t0
 
-    first = with_values(base, {"slow_factor": _value(base, "slow_factor")}) if hosts else base
-    args = (train.observations, measured, simulate, step_free, loop_free, n_rounds, max_evaluations, prog, timings,
-            train_groups, on_evaluation)
-    fits = [_rounds(first, *args, label="", hosts=hosts)]
-    if hosts and first.host.slow_factor > 1.0:
-        assert simulate is not None
-        slow_first, moved, _, _ = host_states(fits[0].profile, measured, simulate)
-        if moved and not slow_first:  # no slow episode among those the host moves: maybe between the two levels
-            prog.plan((STAGE1_UNITS if step_free else 0.0) * n_rounds + (max_evaluations + 2) * train_groups * n_rounds)
-            fits.append(_rounds(first.on_slow_host(1.0 / first.host.slow_factor), *args,
-                                label="from the base's CPU costs / slow_factor, ", hosts=hosts))
-    chosen = min(fits, key=lambda f: f.loop.rms_log if f.loop is not None else 0.0)
-    start_note = ("" if len(fits) == 1 else
-                  " No training configuration was labelled slow from the base; started again from its CPU costs / "
-                  "slow_factor (rms log error " + " and ".join(f"{f.loop.rms_log:.3f}" for f in fits if f.loop)
-                  + f"): kept the {'second' if chosen is fits[1] else 'first'}.")
+    setup = _Setup(train.observations, measured, simulate, step_free, loop_free, n_rounds, max_evaluations, prog,
+                   timings, train_groups, on_evaluation, hosts)
+    chosen, simulations, start_note = _fit_from_starts(base, setup)
     current, fit, loop, loop_start = chosen.profile, chosen.fit, chosen.loop, chosen.loop_start
-    simulations = sum(f.simulations for f in fits) + (2 if hosts and first.host.slow_factor > 1.0 else 0)
     slow: set[Key] = set()
     sensitive: set[Key] = set()
     if hosts:
@@ -1326,13 +1363,8 @@ def calibrate(  # noqa: C901 (to shrink: the held-out predictions could go to th
     if simulate is not None and held_set:
         t = time.perf_counter()
         prog.stage("held-out: base and fitted")
-        measured_held = {k: v for k, v in figures.items() if k in held_set}
-        pred_base, pred_fitted = simulate([base, current], held_set)
-        held_base, held_fitted = compare_records(measured_held, pred_base), compare_records(measured_held, pred_fitted)
-        if hosts:
-            held_slow, _, nominal, on_slow = host_states(current, measured_held, simulate)
-            held_host = compare_records(measured_held, {k: on_slow[k] if k in held_slow else nominal[k]
-                                                        for k in nominal})
+        held_base, held_fitted, held_host, held_slow = _predict_held(
+            base, current, {k: v for k, v in figures.items() if k in held_set}, simulate, hosts)
         timings["held_out"] = time.perf_counter() - t
     note = (
         f"Fitted by pdexporter sim calibrate to {len(train_set)} configuration(s) "
