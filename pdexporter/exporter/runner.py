@@ -357,8 +357,9 @@ class Runner:
         self.book.drop_held(injected=injected)
         self._failed_in_row += 1
         if self._failed_in_row <= WINDOW_RETRIES and window_retryable(exc):
-            self.log(f"window skipped: {exc}; another in {RETRY_AFTER_S:g} s")
-            self._next_injection = time.monotonic() + min(RETRY_AFTER_S, self.config.inject_every_s or RETRY_AFTER_S)
+            soon = min(RETRY_AFTER_S, self.config.inject_every_s or RETRY_AFTER_S)  # a shorter period's sooner
+            self.log(f"window skipped: {exc}; another in {soon:g} s")
+            self._next_injection = time.monotonic() + soon
         else:
             self.log(f"window skipped: {exc}")
             self._failed_in_row = 0
