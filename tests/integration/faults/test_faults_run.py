@@ -82,7 +82,8 @@ async def test_engine_wait_bounds_the_wait() -> None:
 
 
 async def test_a_slow_health_endpoint_never_slows_a_scrape() -> None:
-    async with ScriptedEngine(cadence_s=CADENCE, health_delay_s=4.0) as engine, live(engine.url) as (runner, _):
+    # /health answers after 2.5 s: a scrape that waited for it would take well over the 1 s allowed
+    async with ScriptedEngine(cadence_s=CADENCE, health_delay_s=2.5) as engine, live(engine.url) as (runner, _):
         await until(lambda: runner.bound_port is not None, 10, "the metrics server")
         status, body, took = await _scrape(runner.bound_port)  # type: ignore[arg-type]
         assert status == 200 and took < 1.0 and 'pdexporter_up_reason{reason="starting"} 1.0' in body
@@ -134,7 +135,8 @@ async def test_faults_while_running_are_counted_and_the_exporter_goes_on() -> No
 
         # A restart: connections dropped, the port closed for a moment, counters start again.
         windows = runner.windows_seen
-        restarting = asyncio.create_task(engine.restart(down_s=4.0))
+        # the reason stays engine-unreachable from the dropped streams until tokens flow again
+        restarting = asyncio.create_task(engine.restart(down_s=1.5))
         await until(
             lambda: reason(runner) == "engine-unreachable", 30, "up_reason engine-unreachable while it restarts"
         )
@@ -225,13 +227,14 @@ async def test_up_drops_at_once_when_the_engine_dies_and_does_not_flap() -> None
 async def test_a_window_spoiled_by_a_500_is_tried_again_soon_and_says_why() -> None:
     """Issue 24: with a 500 on the injected prefill `run` made no window in 36 s, up 1: the next
     try waited a whole period. Now the skip is counted by kind (`windows_skipped_total`) and the
-    window is tried again 2 s later."""
+    window is tried again 2 s later (`runner.RETRY_AFTER_S`), well before the next period (7 s here)."""
+    period = 7.0
     fault = Fault("http-500", on="prefill", skip=2)  # the two warm-ups pass, the first window's prefill fails
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine, \
-            live(engine.url, inject_every_s=12.0) as (runner, task):
+            live(engine.url, inject_every_s=period) as (runner, task):
         await until(lambda: fault.hits == 1, 60, "the spoiled window")
         assert runner.windows_seen == 0
         await until(lambda: value(runner, "pdexporter_windows_skipped_total", kind="http") == 1, 5, "the skip counted")
         t0 = time.monotonic()
-        await until(lambda: runner.windows_seen >= 1, 12, "a window well before the next period (12 s)")
-        assert time.monotonic() - t0 < 9 and not task.done()
+        await until(lambda: runner.windows_seen >= 1, period, f"a window well before the next period ({period:g} s)")
+        assert time.monotonic() - t0 < period - 1.5 and not task.done()

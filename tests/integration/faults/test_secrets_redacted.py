@@ -117,10 +117,12 @@ async def test_run_never_prints_the_api_key_an_error_page_quotes(tmp_path: Path)
         code, text = await _cli(
             "run", "--target", engine.url, "--chunk-size", str(B), "--decode-batch-size", str(D),
             "--new-prefill-tokens", str(P), "--inject-every", "0.5s", "--listen", f"127.0.0.1:{free_port()}",
-            "--out", str(tmp_path), *PROTOCOL_ARGS, "--duration", "20s",
+            "--out", str(tmp_path), *PROTOCOL_ARGS, "--duration", "8s",
             env={"PDEXPORTER_API_KEY": API_KEY}, stop_after_s=40)
+    # A window spoiled every ~0.8 s: in 8 s each of `run`'s lines about it ("another in ...", and the
+    # one when its retries are used up) comes several times; each quotes the 500's page, redacted.
     assert fault.hits >= 1, text
-    assert "Traceback" not in text, text
+    assert "window skipped: " in text and "Bearer ***" in text and "Traceback" not in text, text
     assert _leaks(text, under=tmp_path) == []
 
 
