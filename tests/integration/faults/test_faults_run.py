@@ -17,6 +17,8 @@ import aiohttp
 import pytest
 
 from pdexporter.errors import EngineError
+from pdexporter.exporter import book as book_module
+from pdexporter.exporter import status as status_module
 from pdexporter.exporter.metrics import (
     ERROR_KINDS,
     GRID_LABELS,
@@ -36,6 +38,21 @@ from tests.scripted_engine import Fault, ScriptedEngine
 pytestmark = pytest.mark.integration
 
 CADENCE = 0.01
+# `pdexporter_up` drops to `probes-stalled` after `status.STALL_S` (10 s) of probe silence. The tests
+# that wait for it shorten it (`short_stall`): what they check is that `up` drops after that
+# silence, well before the stream is cut, not the 10 s themselves (tests/unit/exporter/
+# test_exporter_status.py checks the rule).
+SHORT_STALL_S = 3.0
+
+
+@pytest.fixture
+def short_stall(monkeypatch: pytest.MonkeyPatch) -> float:
+    """`STALL_S` as SHORT_STALL_S where the runner (in this process) reads it: the book's own
+    check of each open stream, and `status.up_reason`'s of the time since the last token."""
+    assert book_module.STALL_S == status_module.STALL_S  # one setting, imported by name into the book
+    monkeypatch.setattr(book_module, "STALL_S", SHORT_STALL_S)
+    monkeypatch.setattr(status_module, "STALL_S", SHORT_STALL_S)
+    return SHORT_STALL_S
 
 
 async def _scrape(port: int, path: str = "/metrics") -> tuple[int, str, float]:
@@ -100,7 +117,7 @@ async def test_an_engine_answering_html_404_pages_is_up_0_with_the_reason_not_an
 
 
 @pytest.mark.slow
-async def test_faults_while_running_are_counted_and_the_exporter_goes_on() -> None:
+async def test_faults_while_running_are_counted_and_the_exporter_goes_on(short_stall: float) -> None:
     """One exporter through every fault in turn; after each, windows come again."""
     async with ScriptedEngine(cadence_s=CADENCE) as engine, live(engine.url) as (runner, task):
         await until(lambda: runner.windows_seen >= 1, 60, "a first window")
@@ -127,7 +144,7 @@ async def test_faults_while_running_are_counted_and_the_exporter_goes_on() -> No
         engine.metrics = "ok"
 
         # A hung engine: a scrape still answers at once; up drops with the reason, and comes back.
-        engine.freeze(13.0)
+        engine.freeze(short_stall + 3.0)
         await until(lambda: reason(runner) == "probes-stalled", 30, "up_reason probes-stalled")
         status, _, took = await _scrape(runner.bound_port)  # type: ignore[arg-type]
         assert status == 200 and took < 1.0
@@ -185,21 +202,22 @@ async def test_a_prefill_longer_than_max_model_len_is_a_setting_error_not_a_wait
         assert engine.completion_calls == 0
 
 
-async def test_a_probe_stalling_while_the_others_decode_is_up_0_at_once_counted_and_cut() -> None:
+async def test_a_probe_stalling_while_the_others_decode_is_up_0_at_once_counted_and_cut(short_stall: float) -> None:
     """Issue 24: one probe whose stream goes silent (the engine streams to the others) held every
     window for the read timeout (300 s) with `up` 1, reason "ok", and no error counted. Now: `up` 0
-    `probes-stalled` after `STALL_S` (10 s); the stream is cut after `stall_timeout_s` (here 15 s;
-    30 s by default), counted as a timeout, restarted; windows come again."""
+    `probes-stalled` after `STALL_S` (10 s by default; `short_stall` here); the stream is cut after
+    `stall_timeout_s` (here STALL_S + 3 s; 30 s by default), counted as a timeout, restarted;
+    windows come again."""
     fault = Fault("stall", on="probe", skip=4, at_token=20)
-    protocol = {"decode_context_tokens": 64, "decode_output_tokens": 160, "stall_timeout_s": 15.0}
+    protocol = {"decode_context_tokens": 64, "decode_output_tokens": 160, "stall_timeout_s": short_stall + 3.0}
     async with ScriptedEngine(cadence_s=CADENCE, faults=[fault]) as engine, \
             live(engine.url, protocol=protocol) as (runner, task):
         await until(lambda: fault.hits == 1, 60, "the stalled probe")
         t0 = time.monotonic()
         await until(lambda: reason(runner) == "probes-stalled", 20, "up_reason probes-stalled")
-        assert value(runner, "pdexporter_up") == 0 and time.monotonic() - t0 < 13
+        assert value(runner, "pdexporter_up") == 0 and time.monotonic() - t0 < short_stall + 3
         await until(lambda: value(runner, "pdexporter_errors_total", kind="timeout") >= 1, 30, "the stall counted")
-        assert time.monotonic() - t0 < 25  # cut at stall_timeout_s, not at the read timeout
+        assert time.monotonic() - t0 < short_stall + 13  # cut at stall_timeout_s, not at the read timeout
         windows = runner.windows_seen
         await until(lambda: runner.windows_seen > windows and reason(runner) == "ok", 60, "windows after the cut")
         assert not task.done()
