@@ -160,5 +160,6 @@ def project_step_time(model: ModelSpec, refs: Sequence[Profile], *, measured_gem
         # at the mean host level, back to the nominal one of the host the target carries (the first reference's)
         values[name] = (per_dense * dense_layers + per_moe * model.moe_layers) / host_level(refs[0], name)
     how.append(f"fixed_ms, launch_eager_ms, launch_piecewise_ms: {rule}, x {dense_layers} dense + "
-               f"{model.moe_layers} MoE layers")
+               f"{model.moe_layers} MoE layers (the launches at each reference's mean host level, then at the "
+               "nominal level of the host carried)")
     return Projection(values, "; ".join(how))
