@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import time
@@ -171,6 +172,8 @@ def otlp_facts(given: str | None, env: Mapping[str, str] = os.environ, timeout_s
         return EndpointFacts("otlp", url, source, error=f"cannot connect ({_os_reason(exc.reason)})")
     except (TimeoutError, OSError) as exc:
         return EndpointFacts("otlp", url, source, error=f"cannot connect ({_os_reason(exc)})")
+    except http.client.HTTPException as exc:  # a server that does not speak HTTP (BadStatusLine, ...)
+        return EndpointFacts("otlp", url, source, error=f"not an HTTP answer ({_os_reason(exc)})")
     return EndpointFacts("otlp", url, source, detail=f"accepted an empty trace export (HTTP {status})")
 
 
@@ -347,7 +350,7 @@ def _exporter_spans(host: str, port: int) -> float | None:
     try:
         with urllib.request.urlopen(f"http://{name}:{port}/metrics", timeout=3.0) as response:  # noqa: S310
             text = response.read().decode("utf-8", "replace")
-    except (OSError, urllib.error.URLError):
+    except (OSError, urllib.error.URLError, http.client.HTTPException):
         return None
     total, seen = 0.0, False
     for family in text_string_to_metric_families(text):

@@ -33,6 +33,7 @@ The HTTP part is a thin edge (`PrometheusAPI`, urllib, injectable `fetch`); the 
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
 import math
 import urllib.error
@@ -149,6 +150,9 @@ class PrometheusAPI:
             raise PrometheusError(f"Prometheus at {self.base_url} did not answer within {self.timeout_s:g} s") from exc
         except OSError as exc:
             raise PrometheusError(f"cannot reach Prometheus at {self.base_url} ({_reason(exc)})") from exc
+        except http.client.HTTPException as exc:  # a server that does not speak HTTP (BadStatusLine, ...)
+            answer = " ".join(str(exc).split())[:80] or type(exc).__name__
+            raise PrometheusError(f"{self.base_url} is not an HTTP server: it answered {answer!r}") from exc
         try:
             payload = json.loads(body)
         except ValueError as exc:
