@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdexporter._internal.durations import parse_duration
+from pdexporter._internal.text import shorten
 from pdexporter.analysis.table import INT_VALUES, REP_VALUES, ConfigSamples
 from pdexporter.errors import ConfigError, PdexporterError
 from pdexporter.exporter import metrics as m
@@ -151,7 +152,7 @@ class PrometheusAPI:
         except OSError as exc:
             raise PrometheusError(f"cannot reach Prometheus at {self.base_url} ({_reason(exc)})") from exc
         except http.client.HTTPException as exc:  # a server that does not speak HTTP (BadStatusLine, ...)
-            answer = " ".join(str(exc).split())[:80] or type(exc).__name__
+            answer = shorten(str(exc), 80) or type(exc).__name__
             raise PrometheusError(f"{self.base_url} is not an HTTP server: it answered {answer!r}") from exc
         try:
             payload = json.loads(body)
