@@ -9,8 +9,9 @@ median signed error, for the rule before issue 36 ("carry": the first reference'
 layer costs scaled by layers) and the learned one; and, as the yardstick, the model's own calibrated
 profile over the same configurations ("own": not a projection, the best a projection could hope
 for). Each score also holds the MAPE over the configurations whose prompt takes two or more chunks
-(`multi_chunk`): a one-chunk prompt's penalty splits between two probe intervals by the request's
-phase (results/h200-vllm0.22-qwen2.5-32b-instruct/RUN.md), a question of the measurement. A model
+(`multi_chunk`): a one-chunk prompt's penalty moves with the host's launch level, which takes the
+launch into the decodes' interval before the chunk step or leaves it in that step's
+(results/h200-vllm0.22-qwen2.5-32b-instruct/RUN.md), a state of the host, not of the model. A model
 with no other calibrated model to learn from is reported as such, not scored.
 """
 

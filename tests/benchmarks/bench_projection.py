@@ -13,8 +13,8 @@ prediction scored per quantity: MAPE, median signed error. The row "own" scores 
 calibrated profile on the same configurations: not a projection, the yardstick, not a bound (the
 Llama's projection is as close as its calibration; the MoE profile's own error over its 196
 configurations is not under 10 % either). The last column is the penalty's MAPE over the prompts of two or more
-chunks (P + D > B): a one-chunk prompt's measured penalty splits between two probe intervals by the
-request's phase (results/h200-vllm0.22-qwen2.5-32b-instruct/RUN.md). The goal (issue 36): within
+chunks (P + D > B): a one-chunk prompt's measured penalty moves with the host's launch level
+(results/h200-vllm0.22-qwen2.5-32b-instruct/RUN.md). The goal (issue 36): within
 10 % per quantity. 18-24 s on 2 cores with --jobs 1; the figures, the reasons for the misses and the
 rule changes tried: docs/sim.md, "Its error on a model not used to build it" (the table:
 results/h200-vllm0.22-qwen2.5-32b-instruct/projection-lomo.md, the two-model one before the 32B's
