@@ -11,7 +11,7 @@ reference's efficiencies, layer costs x layers) and the learned one (`pdexporter
 the protocol run with each on the embedded engine for the model's measured configurations, and the
 prediction scored per quantity: MAPE, median signed error. The row "own" scores the model's own
 calibrated profile on the same configurations: not a projection, the yardstick, not a bound (the
-Llama's projection is as close as its calibration; the MoE profile's own error over its 196
+Llama's projection within 3.5 points of its calibration; the MoE profile's own error over its 196
 configurations is not under 10 % either). The last column is the penalty's MAPE over the prompts of two or more
 chunks (P + D > B): a one-chunk prompt's measured penalty moves with the host's launch level
 (results/h200-vllm0.22-qwen2.5-32b-instruct/RUN.md). The goal (issue 36): within
