@@ -4,6 +4,8 @@
     python scripts/gpu/dense_report.py compare   # after: comparison.csv / .md, MAPE per quantity
     python scripts/gpu/dense_report.py --model qwen2.5-32b-instruct predict --rule learned \
         --from h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct   # the third model (issue 36)
+    python scripts/gpu/dense_report.py --model qwen3-14b predict --rule learned \
+        --from h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct   # the fourth
 
 The projected profile `h200-llama-3.1-8b-instruct` (`calibration: projected`, written by
 `pdexporter sim profile-from-config llama-3.1-8b-instruct --gpu H200`) runs the sweep protocol on the
@@ -79,6 +81,7 @@ MODELS = {
     "llama-3.1-8b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.1-8b.yaml",
                                       ROOT / "sweeps" / "calibrate-short.yaml"),
     "qwen2.5-32b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-qwen2.5-32b.yaml"),
+    "qwen3-14b": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-14b.yaml"),
 }
 DEFAULT = "llama-3.1-8b-instruct"
 SWEEP = MODELS[DEFAULT].sweep

@@ -11,6 +11,12 @@
 #
 #   bash scripts/gpu/passive-h200.sh BUDGET_S [PASSIVE_S=600] [RATE=1.5]
 #
+# From the environment: SEED (the load's, default 17) and MIX (its prompt mix, default sharegpt-like);
+# INJECTED=DIR takes the injected sweep of an earlier passive run on the same engine (its
+# PASSIVE_WORK/injected) instead of measuring one again, so two runs at different rates, seeds and
+# mixes share one reference (scripts/gpu/validation.sh passive-two); STOP_ENGINE=1 stops the engine
+# once this run's analysis is written (the next step of the campaign needs the GPU).
+#
 # Every call runs this same script within BUDGET_S (<= 590 for a 600 s device call); a step that
 # finished is not run again, and the engine, the exporter and the load (each in its own session)
 # go on between calls and are adopted by the next. Two calls back to back, ~14.5 minutes of wall
@@ -34,6 +40,9 @@ set -u
 BUDGET=${1:-590}
 PASSIVE_S=${2:-600}
 RATE=${3:-1.5}
+SEED=${SEED:-17}
+MIX=${MIX:-sharegpt-like}
+INJECTED=${INJECTED:-}
 ENGINE=${ENGINE:-vllm}
 T0=$(date +%s)
 W=${PASSIVE_WORK:-/root/passive}
@@ -68,6 +77,8 @@ else
 fi
 export PYTHONUNBUFFERED=1 COLUMNS=200  # the CLIs' tables and summaries unwrapped in the logs
 
+[ -f "$W/analysis.done" ] && { log "$W: this run is done (analysis written)"; exit 0; }
+
 # 1. Before tracing is turned on: does the engine's Python import what vLLM 0.22's tracing imports?
 if [ ! -f "$W/imports.txt" ]; then
   ENGINE=$ENGINE python3 - > "$W/imports.txt" 2>&1 <<'EOF'
@@ -91,6 +102,9 @@ fi
 
 # 2. The engine at B, sending one llm_request span per finished request to the exporter.
 if ! curl -sf "$URL/health" > /dev/null; then
+  # the Triton / Inductor caches of the committed pack (and of this machine's earlier engines)
+  # shellcheck source=/dev/null
+  [ "$ENGINE" = vllm ] && { source scripts/gpu/engine-cache.sh || true; }
   log "starting $ENGINE (B=$B, traces $TRACING)"
   if [ "$ENGINE" = vllm ]; then
     OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf VLLM_USE_FLASHINFER_SAMPLER=0 setsid python3 -m vllm.entrypoints.cli.main \
@@ -121,11 +135,11 @@ if [ ! -f "$W/passive.started" ]; then
     curl -sf "http://127.0.0.1:$EXPORTER/metrics" 2>/dev/null | grep -q '^pdexporter_up 1' && break
     sleep 1
   done
-  setsid python3 -m pdexporter load --target "$URL" --rate "$RATE" --duration "${PASSIVE_S}s" --seed 17 \
-    --out "$W/load.json" > "$W/load.log" 2>&1 < /dev/null &
+  setsid python3 -m pdexporter load --target "$URL" --rate "$RATE" --duration "${PASSIVE_S}s" --seed "$SEED" \
+    --mix "$MIX" --out "$W/load.json" > "$W/load.log" 2>&1 < /dev/null &
   echo $! > "$W/load.pid"
   date +%s > "$W/passive.started"
-  log "passive: run --passive + load at $RATE req/s for $PASSIVE_S s started"
+  log "passive: run --passive + load at $RATE req/s (seed $SEED, $MIX) for $PASSIVE_S s started"
   # do the engine's spans reach the exporter, and how late? (reads the running exporter's counters)
   (sleep 20; python3 -m pdexporter doctor --target "$URL" --chunk-size $B --traces \
      --traces-receiver "127.0.0.1:$TRACES_PORT" --traces-wait 20 > "$W/doctor-traces.txt" 2>&1) &
@@ -143,7 +157,13 @@ if [ ! -f "$W/passive.done" ]; then
   log "passive: $(ls "$W"/passive/$B/*.json 2>/dev/null | wc -l) cells; $(grep -h "traces arrive" "$W/doctor-traces.txt" 2>/dev/null | head -1)"
 fi
 
-# 4. The injected table of the same engine, its load gone (resumes across calls: complete records are skipped).
+# 4. The injected table of the same engine, its load gone (resumes across calls: complete records are skipped),
+#    or an earlier run's on this engine (INJECTED).
+if [ -n "$INJECTED" ] && [ ! -f "$W/injected.done" ]; then
+  [ -f "$INJECTED/../injected.done" ] || log "INJECTED=$INJECTED: that sweep did not finish; its cells so far are used"
+  rm -rf "$W/injected" && cp -a "$INJECTED" "$W/injected" && touch "$W/injected.done"
+  log "injected: $(ls "$W"/injected/$B/*.json 2>/dev/null | wc -l) cells from $INJECTED"
+fi
 if [ ! -f "$W/injected.done" ]; then
   budget=$(( $(left) - 50 ))
   if [ "$budget" -gt 60 ]; then
@@ -173,7 +193,7 @@ wait $TABLE || log "export-table failed (export-table.log)"
 {
   echo "# Passive mode on $ENGINE (traces $TRACING), against injection on the same engine (issue 23)"
   echo
-  echo "- engine: $ENGINE at B = $B; \`pdexporter load --rate $RATE --seed 17\` for $PASSIVE_S s beside"
+  echo "- engine: $ENGINE at B = $B; \`pdexporter load --rate $RATE --seed $SEED --mix $MIX\` for $PASSIVE_S s beside"
   echo "  \`run --passive\` (4 probes); versions: $(python3 -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null || echo "embedded engine (MODELLED)")"
   echo "- tracing imports (checked before tracing was turned on): $(cat "$W/imports.txt")"
   echo "- spans arriving (doctor --traces during the load): $(grep -h "traces arrive" "$W/doctor-traces.txt" 2>/dev/null | tr -s ' │' ' ' | head -c 400)"
@@ -186,4 +206,10 @@ wait $TABLE || log "export-table failed (export-table.log)"
   echo
   cat "$W/comparison.md" 2>/dev/null
 } > "$W/SUMMARY.md"
+touch "$W/analysis.done"
 log "done in this call after $(( $(date +%s) - T0 )) s"
+if [ -n "${STOP_ENGINE:-}" ]; then  # this run's engine or the one it adopted (the same port)
+  pkill -f "(vllm.entrypoints.cli.main|pdexporter sim) serve .*--port $PORT" 2>/dev/null
+  for _ in $(seq 30); do curl -sf "$URL/health" > /dev/null || break; sleep 1; done
+  log "engine stopped"
+fi

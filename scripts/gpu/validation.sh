@@ -10,6 +10,10 @@
 #   bash scripts/gpu/validation.sh passive [S]      vLLM + traces, run --passive beside `load --rate 2` for 300 s,
 #                                                   then the injected sweep of the same engine (scripts/gpu/passive-h200.sh;
 #                                                   carry .gpu-stage-otel; a second call finishes what the first began)
+#   bash scripts/gpu/validation.sh passive-two [S]  the same at 2 req/s (seed 17, sharegpt-like, 300 s), then on the same
+#                                                   engine at 1 req/s (seed 29, documents-heavy, 240 s) against the first
+#                                                   run's injected sweep; the engine stopped at the end. Every call runs the
+#                                                   same command until "passive-two: both done"; $OUT/2rps/, $OUT/1rps/
 #
 # A step may follow a stage in one call: `validation.sh stage 3 && validation.sh colocated 420`.
 # Results: $OUT/<step>.tgz (records + raw, engine logs trimmed) and $OUT/<step>.log.
@@ -67,5 +71,14 @@ case "$step" in
     bash "$0" passive $(( 585 - ($(date +%s) - t0) )) ;;
   passive)
     PASSIVE_WORK=/root/passive-2rps bash scripts/gpu/passive-h200.sh "${2:-590}" 300 2.0 ;;
+  passive-two)
+    t0=$(date +%s); budget=${2:-590}; out=$OUT
+    left() { echo $(( budget - ($(date +%s) - t0) )); }
+    OUT=$out/2rps PASSIVE_WORK=/root/passive-2rps bash scripts/gpu/passive-h200.sh "$(left)" "${PASSIVE_S_2RPS:-300}" 2.0
+    [ -f /root/passive-2rps/analysis.done ] || exit 0
+    [ "$(left)" -gt 40 ] || { echo "passive-two: the 1 req/s run starts in the next call"; exit 0; }
+    OUT=$out/1rps PASSIVE_WORK=/root/passive-1rps SEED=29 MIX=documents-heavy INJECTED=/root/passive-2rps/injected \
+      STOP_ENGINE=1 bash scripts/gpu/passive-h200.sh "$(left)" "${PASSIVE_S_1RPS:-240}" 1.0
+    [ -f /root/passive-1rps/analysis.done ] && echo "passive-two: both done" ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pdexporter.sim.modelconfig import load_config
 from pdexporter.sim.profile import load_profile
 from pdexporter.sweep.spec import load_sweep
@@ -49,31 +51,43 @@ def test_the_dense_sweep_holds_the_short_grid_and_what_it_must_predict():
     assert "SWEEP=${SWEEP:-sweeps/h200-dense-llama-3.1-8b.yaml}" in script
 
 
-def test_the_third_model_is_held_out_whole_and_its_projection_committed_before_the_run(tmp_path: Path):
-    """Qwen2.5-32B (issue 36): a model neither calibrated profile was fitted on, at a chunk size no measured
-    run used; its learned projection from both references covers every configuration of its sweep, and
-    the model folder make_model.py writes for it holds its BOS/EOS ids inside the tokenizer's vocabulary."""
-    spec = load_sweep(REPO / "sweeps" / "h200-dense-qwen2.5-32b.yaml")
-    assert spec.model == "qwen2.5-32b-instruct" and spec.grid.chunk_sizes == [3072] and spec.reps == 3
+HELD_OUT_MODELS = [  # (model, sweep, chunk size, max-model-len, the references its projection learnt from, vocab)
+    ("qwen2.5-32b-instruct", "h200-dense-qwen2.5-32b.yaml", 3072, 32768,
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct", 152064),
+    ("qwen3-14b", "h200-dense-qwen3-14b.yaml", 6144, 40960,
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct", 151936),
+]
+
+
+@pytest.mark.parametrize(("model", "sweep", "chunk", "max_len", "references", "vocab_size"), HELD_OUT_MODELS)
+def test_a_held_out_model_is_held_out_whole_and_its_projection_committed_before_the_run(
+    tmp_path: Path, model: str, sweep: str, chunk: int, max_len: int, references: str, vocab_size: int
+):
+    """Qwen2.5-32B, then Qwen3-14B (issue 36): a model no calibrated profile was fitted on, at a chunk size no
+    measured run of its kind used; its learned projection from the references covers every configuration of
+    its sweep, and the model folder make_model.py writes for it holds its BOS/EOS ids inside the tokenizer's
+    vocabulary."""
+    spec = load_sweep(REPO / "sweeps" / sweep)
+    assert spec.model == model and spec.grid.chunk_sizes == [chunk] and spec.reps == 3
     command = " ".join(spec.launcher.command.split())  # type: ignore[union-attr]
-    assert "/tmp/model/qwen2.5-32b-instruct --served-model-name qwen2.5-32b-instruct" in command
-    # transformers 5.17 gives model type qwen2 its own tokenizer class from config.json (it encodes nothing
-    # of the word-level tokenizer): vLLM loads the tokenizer from the folder without config.json
-    assert "--tokenizer /tmp/model/qwen2.5-32b-instruct/tokenizer " in command
-    assert "--max-model-len 32768" in command
-    run = _dense_report().MODELS["qwen2.5-32b-instruct"]
-    assert run.max_model_len == 32768 and run.fitted_grid() == set()
+    assert f"/tmp/model/{model} --served-model-name {model}" in command
+    # transformers 5.17 gives model types qwen2 / qwen3 their own tokenizer class from config.json (it encodes
+    # nothing of the word-level tokenizer): vLLM loads the tokenizer from the folder without config.json
+    assert f"--tokenizer /tmp/model/{model}/tokenizer " in command
+    assert f"--max-model-len {max_len}" in command
+    run = _dense_report().MODELS[model]
+    assert run.max_model_len == max_len and run.fitted_grid() == set()
     doc = json.loads((run.results / "predictions.json").read_text())
     assert doc["calibration"] == "projected"
-    assert doc["profile"].endswith("(learned rule, from h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct)")
+    assert doc["profile"].endswith(f"(learned rule, from {references})")
     assert {(p["chunk_size"], p["decode_batch_size"], p["new_prefill_tokens"]) for p in doc["points"]} == set(
         spec.points()
     )
     out = tmp_path / "m"
-    assert _make_model().main([str(out), "--config", "qwen2.5-32b-instruct"]) == 0
+    assert _make_model().main([str(out), "--config", model]) == 0
     vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
     ids = json.loads((out / "generation_config.json").read_text())
-    assert len(vocab) == 152064 and vocab["t5"] == 5
+    assert len(vocab) == vocab_size and vocab["t5"] == 5
     assert vocab[f"t{ids['bos_token_id']}"] == 151643 and vocab[f"t{ids['eos_token_id']}"] == 151645
     tokenizer_only = sorted(f.name for f in (out / "tokenizer").iterdir())
     assert tokenizer_only == ["tokenizer.json", "tokenizer_config.json"]
