@@ -48,6 +48,7 @@ pd validate --out "$HELD_OUT" \
   --colocated "$SEED-starts" --colocated "$SEED-1gpu" --colocated "$SEED-1gpu-host" --colocated "$SEED-1gpu-warm" --colocated "$SEED-reference-s13" \
   --colocated "$SEED-1gpu-s14" --colocated "$SEED-reference-s14" \
   --colocated "$SEED-1gpu-s15" --colocated "$SEED-reference-s15" --colocated "$SEED-passive-s15/injected" \
+  --colocated "$SEED-reference-s18" --colocated "$SEED-passive-s18/injected" \
   --offloaded "$DB" --offloaded "$DB-small-p" --offloaded "$DB-validation" >/dev/null
 # The two arms: colocated (one H200) beside DecodeBench (one H200) and beside the 1P1D pair (two).
 for arms in "h200-arms-decodebench" "h200x2-arms"; do
@@ -99,6 +100,15 @@ python3 scripts/gpu/passive_compare.py "$PASSIVE15/passive" --injected "$SEED-1g
   --out "$VS_GRID" >/dev/null
 cp "$VS_GRID/comparison.md" "$PASSIVE15/comparison-vs-grid.md"
 rm -rf "$VS_GRID"
+# The passive runs of GPU session 18: 2 req/s (seed 17, sharegpt-like, 5 min) and 1 req/s (seed 29,
+# documents-heavy, 4 min) on one engine, both against the interleaved injected sweep measured between them.
+PASSIVE18=$R/h200-vllm0.22-qwen3-coder-30b-a3b-passive-s18
+for run in "$PASSIVE18" "$PASSIVE18-1rps"; do
+  echo "== passive $run"
+  pd export-table "$run/passive" --mode passive --injected "$PASSIVE18/injected" --out "$run/passive-table" \
+    --no-parquet >/dev/null
+  python3 scripts/gpu/passive_compare.py "$run/passive" --injected "$PASSIVE18/injected" --out "$run" >/dev/null
+done
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"

@@ -138,9 +138,11 @@ _KNOWN_LOCK = threading.Lock()
 _SHORTEST = 4  # shorter values are left alone: they would hide ordinary words
 _WHOLE_WORD_BELOW = 8  # values shorter than this are hidden only as whole words (not inside others)
 # The value of an Authorization header, however it is quoted (`Authorization: Basic ...`,
-# `"authorization": "Bearer ..."`, `Authorization=Bearer%20...`), and any `Bearer <token>`.
+# `"authorization": "Bearer ..."`, `Authorization=Bearer%20...`), and any `Bearer <token>`. A value ends
+# where its characters (RFC 6750's b64token, base64, digest's key=value list) cannot go on: a closing
+# bracket after it is the text's, not the secret's, and stays.
 _AUTH_HEADER = re.compile(
-    r"(?i)(\bauthorization\b[\"']?\s*[:=]\s*[\"']?)((?:bearer|basic|token|digest)(?:\s+|%20))?[^\s\"',;}&]+"
+    r"(?i)(\bauthorization\b[\"']?\s*[:=]\s*[\"']?)((?:bearer|basic|token|digest)(?:\s+|%20))?[^\s\"',;}&)\]>]+"
 )
 _BEARER = re.compile(r"(?i)(\bbearer(?:\s+|%20))[A-Za-z0-9._~+/=:-]{4,}")
 

@@ -151,6 +151,10 @@ def test_quoted_authorization_values_are_hidden_even_when_not_known(no_known_sec
     assert redact("Authorization=Bearer%20zz-top-9 rest") == "Authorization=Bearer%20*** rest"
     assert redact("got bearer QWxhZGRpbjpvcGVu here") == "got bearer *** here"
     assert redact("a basic setting, the token count 12") == "a basic setting, the token count 12"
+    # the bracket that closes the text around a header is the text's (it was swallowed with the value)
+    assert redact("(sent Authorization: Bearer sk-abc123def)") == "(sent Authorization: Bearer ***)"
+    assert redact("[authorization=Basic YWxpY2U6cEBzcw==]") == "[authorization=Basic ***]"
+    assert redact("<Authorization: token ghp_0123456789>") == "<Authorization: token ***>"
 
 
 def test_short_values_are_hidden_as_whole_words_and_numbers_stay_json(no_known_secrets: None) -> None:
