@@ -66,6 +66,8 @@ MEASURED = (
                   "h200-llama-3.1-8b-instruct", max_model_len=65_536),
     MeasuredModel("qwen2.5-32b-instruct", "results/h200-vllm0.22-qwen2.5-32b-instruct", "qwen2.5-32b-instruct",
                   "h200-qwen2.5-32b-instruct", max_model_len=32_768),
+    MeasuredModel("qwen3-14b", "results/h200-vllm0.22-qwen3-14b", "qwen3-14b", "h200-qwen3-14b",
+                  max_model_len=40_960),
 )
 
 

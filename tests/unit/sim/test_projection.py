@@ -133,19 +133,19 @@ def test_a_dense_fit_frees_its_gemm_efficiency_in_place_of_the_experts(moe, dens
                                          "bandwidth_efficiency", "launch_eager_ms")
 
 
-def test_leave_one_model_out_projects_each_measured_model_from_the_other_two_only():
+def test_leave_one_model_out_projects_each_measured_model_from_the_others_only():
     from pdexporter.predict.projection import MEASURED, leave_one_model_out
 
     names = {m.name: m.profile for m in MEASURED}
-    assert len(MEASURED) == 3 and all(m.reference() is not None for m in MEASURED)  # all three calibrated
-    keys = {(8192, 4, 8192), (3072, 4, 8192)}  # one configuration of each run (the 32B was measured at B = 3072)
+    assert len(MEASURED) == 4 and all(m.reference() is not None for m in MEASURED)  # all four calibrated
+    keys = {(8192, 4, 8192), (3072, 4, 8192), (6144, 4, 8192)}  # one of each run (32B: B = 3072, 14B: 6144)
     scores = leave_one_model_out(rules=("learned", "own"), keys=keys)
     assert [(s.target, s.rule) for s in scores] == [(m.name, r) for m in MEASURED for r in ("learned", "own")]
     for s in scores:
         assert s.n == 1 and s.mape["prefill_duration"] is not None
         if s.rule == "own":
             assert s.references == (names[s.target],)
-        else:  # never its own calibrated profile: the other two, in MEASURED's order
+        else:  # never its own calibrated profile: the others, in MEASURED's order
             assert s.references == tuple(p for t, p in names.items() if t != s.target)
 
 
