@@ -130,11 +130,30 @@ def attribution_plot(both: list[tuple[FitEvent, int]], fits: dict[str, PassiveAn
     return Plot("passive_attribution", title, fig)
 
 
+def _levels_line(result: PassiveAnswer) -> list[str]:
+    """What the launch-level split did (none for the mixed fit)."""
+    m = result.model
+    if m.launch_level == "mixed" or m.levels is None:
+        return []
+    lv = m.levels
+    if not lv.split:
+        return [f"Launch level {m.launch_level}: {lv.events} launch-bound one-chunk events, no clear two levels "
+                f"(Ashman's D {_fmt(lv.separation, pct=False)}): every event used.", ""]
+    return [
+        f"Launch level {m.launch_level}: {lv.events} launch-bound one-chunk events in two levels (step extra "
+        f"over the baseline, median: fast {lv.fast_ms:.1f} ms, {lv.events - lv.slow_events} events; slow "
+        f"{lv.slow_ms:.1f} ms, {lv.slow_events} events; Ashman's D {lv.separation:.1f}); the fit leaves out the "
+        f"{'fast' if m.launch_level == 'slow' else 'slow'} ones.",
+        "",
+    ]
+
+
 def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path | None = None,
                     out: Path = Path("."), minutes: Sequence[float] = CONVERGENCE_MINUTES,
-                    bootstrap: int = 200) -> str | None:
+                    bootstrap: int = 200, launch_level: str = "mixed") -> str | None:
     """The comparison (module docs) written to `out`; its markdown, or None (and one line on
-    stderr) where `passive_dir` holds no passive events."""
+    stderr) where `passive_dir` holds no passive events. `launch_level`: the event model's
+    launch-bound one-chunk events (`passive_model`, "Launch levels"); "mixed" uses them all."""
 
     records = (
         [r for r in _records(passive_dir) if r.config.mode == "passive"]
@@ -155,7 +174,8 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
     table = {**{k: v for k, v in ref_table.items() if k[0] in chunks}, **fresh}
     origin = {k: ("this run" if k in fresh else "reference") for k in table}
 
-    lines = [f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))})", ""]
+    level = "" if launch_level == "mixed" else f", launch level {launch_level}"
+    lines = [f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))}{level})", ""]
     sources = collections.Counter(e.source for e in events)
     injected_line = (
         f"Injected cells: {sum(v == 'this run' for v in origin.values())} measured in this run, "
@@ -168,6 +188,7 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
         f"traffic, P from: {dict(sources)}. {injected_line}"
     )
     doc: dict[str, Any] = {
+        "launch_level": launch_level,
         "events": len(events),
         "sources": dict(sources),
         "injected_origin": {f"B={k[0]} D={k[1]} P={k[2]}": v for k, v in sorted(origin.items())},
@@ -176,17 +197,16 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
     fits: dict[str, PassiveAnswer] = {}
 
     def model_block(title: str, evs: list[FitEvent], label: str) -> dict[str, Any]:
-        result = answer(evs, grid, injected=table or None, minutes=list(minutes), bootstrap=bootstrap)
+        result = answer(evs, grid, injected=table or None, minutes=list(minutes), bootstrap=bootstrap,
+                        launch_level=launch_level)
         if result is not None:
             fits[label] = result
         if result is None:
             lines.extend(["", f"### {title}", "", "too few events inside the grid's prompt span for a model"])
             return {"model": None}
+        lines.extend(["", f"### {title}", "", *_levels_line(result)])
         lines.extend(
             [
-                "",
-                f"### {title}",
-                "",
                 "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max |",
                 "|---|---|---|---|---|---|---|",
             ]

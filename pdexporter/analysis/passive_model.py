@@ -36,6 +36,21 @@ concurrency the traffic reached, P beyond the published events' prompts (or belo
 prompt the load sent may still be missing, its slow steps shared with another prefill and not
 published). Their predictions are extrapolations and are marked so.
 
+Launch levels: a one-chunk eager prefill (P ~ 512-3000 on vLLM 0.22) is bound by the host's kernel
+launches, and the host runs them at two levels (docs/analysis.md, "the launch-bound level": ~35-45
+ms per decode at the fast one, ~60-85 at the slow one), switching between them over seconds to
+minutes. An injected cell's few repetitions, measured within a minute, read one level; the events
+of minutes of traffic read both, so `mixed` (the default) fits a launch term between the two and
+predicts neither. The launch-bound one-chunk events' own chunk step says which level each ran at:
+`launch_levels` fits two normal modes to their step's extra over the baseline and calls them two
+levels only where they are clearly apart (Ashman's D > 2: means more than twice their pooled spread
+apart, which one mode cut in two does not reach); each event belongs to its likelier mode.
+`launch_level="slow"` (or "fast") fits on every event except the launch-bound one-chunk events of the
+other mode: the cost of a prefill while the host runs its launches at that level. With no clear
+split (one mode, or fewer than `MIN_LEVEL_EVENTS` such events) every event is used and the model says
+so (`PassiveModel.levels`). Which level an injected reference will read is not something the events
+can know; the level-resolved fits bound it.
+
 Convergence: `convergence` refits on the events of the first m minutes of traffic, for several
 m, and says how many events each fit had, how wide its intervals were and, given the injected
 table of the same engine, how far its predictions were from it on the reached cells (mean and
@@ -44,6 +59,7 @@ median absolute relative error of the aggregate interference).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -74,8 +90,10 @@ __all__ = [
     "CONVERGENCE_MINUTES",
     "DEFAULT_D",
     "DEFAULT_P",
+    "LAUNCH_LEVELS",
     "LEVEL",
     "MIN_EVENTS",
+    "MIN_LEVEL_EVENTS",
     "PASSIVE_MODEL_JSON",
     "PASSIVE_TABLE_CSV",
     "TABLE_COLUMNS",
@@ -84,6 +102,7 @@ __all__ = [
     "Errors",
     "FitEvent",
     "Grid",
+    "LaunchLevels",
     "PassiveAnswer",
     "PassiveModel",
     "answer",
@@ -96,6 +115,7 @@ __all__ = [
     "fit_passive_model",
     "halfwidth",
     "injected_errors",
+    "launch_levels",
     "passive_decision",
     "reach",
 ]
@@ -105,6 +125,8 @@ CONVERGENCE_BOOTSTRAP = 50  # per refit on the first minutes (only its median ha
 LEVEL = 0.95
 MIN_EVENTS = 5  # a D or P bin with fewer events does not extend the reach
 CONVERGENCE_MINUTES = (1.0, 2.0, 5.0, 10.0, 30.0)
+LAUNCH_LEVELS = ("mixed", "slow", "fast")  # which launch level a fit's launch-bound one-chunk events ran at
+MIN_LEVEL_EVENTS = 8  # launch-bound one-chunk events below which no level split is tried
 # The seed's grid without D = 0 (which costs nothing): the default prediction grid.
 DEFAULT_D = (1, 2, 4, 6, 8, 12)
 DEFAULT_P = (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -241,6 +263,109 @@ def _resample(data: FitData, rows: list[np.ndarray], index: np.ndarray) -> FitDa
     return data.subset(index)
 
 
+# --- launch levels -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaunchLevels:
+    """The two launch levels the launch-bound one-chunk events ran at (module docs)."""
+
+    events: int  # launch-bound one-chunk events
+    split: bool  # two modes clearly apart (Ashman's D > 2)
+    fast_ms: float | None = None  # median step extra over the baseline of each mode
+    slow_ms: float | None = None
+    slow_events: int = 0
+    separation: float | None = None  # Ashman's D
+    fast: frozenset[int] = frozenset()  # indices (into the events given) of each mode's events
+    slow: frozenset[int] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "launch_bound_one_chunk_events": self.events,
+            "two_levels": self.split,
+            "fast_level_step_extra_ms": _r(self.fast_ms, 3),
+            "slow_level_step_extra_ms": _r(self.slow_ms, 3),
+            "slow_level_events": self.slow_events,
+            "ashman_d": _r(self.separation, 3),
+        }
+
+
+def _two_modes(x: np.ndarray, iterations: int = 200) -> tuple[np.ndarray, float]:
+    """Two normal modes fitted to the values `x` (expectation-maximisation, started from the split of
+    the sorted values that leaves the least spread within its two parts): which values belong to
+    the upper mode (the likelier one), and Ashman's D of the two modes (how many pooled spreads
+    their means are apart; a single normal mode split in two gives D < 2)."""
+    v = np.sort(x)
+    spread = [v[:i].var() * i + v[i:].var() * (v.size - i) for i in range(1, v.size)]
+    cut = v[int(np.argmin(spread)) + 1]
+    upper = x >= cut
+    floor = 1e-6 * max(float(x.std()), 1e-9) ** 2
+    mean = np.array([x[~upper].mean(), x[upper].mean()])
+    var = np.array([max(x[~upper].var(), floor), max(x[upper].var(), floor)])
+    weight = np.array([(~upper).mean(), upper.mean()])
+    for _ in range(iterations):
+        like = weight / np.sqrt(2 * np.pi * var) * np.exp(-((x[:, None] - mean) ** 2) / (2 * var))
+        resp = like / np.maximum(like.sum(axis=1, keepdims=True), 1e-300)
+        n = resp.sum(axis=0)
+        if np.any(n < 1e-9):
+            return np.ones(x.size, bool), 0.0
+        mean = (resp * x[:, None]).sum(axis=0) / n
+        var = np.maximum((resp * (x[:, None] - mean) ** 2).sum(axis=0) / n, floor)
+        weight = n / x.size
+    hi = int(np.argmax(mean))
+    upper = resp[:, hi] >= 0.5
+    return upper, float(math.sqrt(2) * abs(mean[1] - mean[0]) / math.sqrt(var.sum()))
+
+
+def launch_levels(events: Sequence[FitEvent], grid: Grid, model: ContextAwareModel | None = None) -> LaunchLevels:
+    """Which launch level each launch-bound one-chunk event ran at (module docs). Launch-bound by
+    `model` (the fit on every event, when not given): one eager chunk whose launch term is at least
+    its GPU work (`decision_eval.cost_regime`); its level from its one located chunk step, where that
+step holds at least half of the event's loss (a located step that holds less is not the chunk's:
+a decode-like step the window maths took for it)."""
+    if model is None:
+        fitted = fit_passive_model(events, grid, bootstrap=0)
+        if fitted is None:
+            return LaunchLevels(0, False)
+        model = fitted.model
+    doc = model.document()
+    index, extra = [], []
+    for i, e in enumerate(events):
+        if e.baseline_ms is None or len(e.chunk_steps_ms) != 1 or e.decode < 1 or e.chunk_size <= e.decode:
+            continue
+        ctx = chunk_context(doc, e.decode, e.prompt, e.chunk_size)
+        x = e.chunk_steps_ms[0] - e.baseline_ms
+        # the located step carries most of a one-chunk event's loss, or it is not the chunk's step
+        if ctx["n"] == 1 and ctx["eager_chunks"] == 1 and cost_regime(doc, ctx) == "launch" and x >= e.total_ms / 2:
+            index.append(i)
+            extra.append(x)
+    if len(extra) < MIN_LEVEL_EVENTS:
+        return LaunchLevels(len(extra), False)
+    values = np.asarray(extra, np.float64)
+    upper, separation = _two_modes(values)
+    if upper.all() or not upper.any():
+        return LaunchLevels(len(extra), False, separation=separation)
+    return LaunchLevels(
+        len(extra), separation > 2.0, float(np.median(values[~upper])), float(np.median(values[upper])),
+        int(upper.sum()), separation,
+        frozenset(i for i, u in zip(index, upper) if not u), frozenset(i for i, u in zip(index, upper) if u),
+    )
+
+
+def at_launch_level(events: Sequence[FitEvent], grid: Grid, level: str) -> tuple[list[FitEvent], LaunchLevels | None]:
+    """The events a fit at `level` uses: every event but the launch-bound one-chunk events of the
+    other level (all of them where the levels are not clearly two, or for "mixed")."""
+    if level not in LAUNCH_LEVELS:
+        raise ValueError(f"launch level {level!r}: one of {', '.join(LAUNCH_LEVELS)}")
+    if level == "mixed":
+        return list(events), None
+    levels = launch_levels(events, grid)
+    if not levels.split:
+        return list(events), levels
+    drop = levels.fast if level == "slow" else levels.slow
+    return [e for i, e in enumerate(events) if i not in drop], levels
+
+
 # --- the model ---------------------------------------------------------------------------------
 
 
@@ -256,6 +381,8 @@ class PassiveModel:
     p_range: tuple[int, int] = (0, 0)
     minutes: float = 0.0  # traffic the events came from
     in_sample_r2: float | None = None
+    launch_level: str = "mixed"  # the launch level its launch-bound one-chunk events ran at (module docs)
+    levels: LaunchLevels | None = None  # the split that chose them (None: "mixed")
 
     def predict(self, d: Any, p: Any, b: Any) -> np.ndarray:
         return self.model.predict(d, p, b)
@@ -303,15 +430,28 @@ class PassiveModel:
             "new_prefill_tokens_range": list(self.p_range),
             "traffic_minutes": round(self.minutes, 3),
             "in_sample_r2": self.in_sample_r2,
+            "launch_level": self.launch_level,
+            "launch_levels": self.levels.to_dict() if self.levels is not None else None,
             "fit": "analysis.models.fit_context_model on one point per event (exact D, P); "
             "intervals: percentile bootstrap over events",
         }
 
 
 def fit_passive_model(
-    events: Sequence[FitEvent], grid: Grid, *, bootstrap: int = BOOTSTRAP, seed: int = 0
+    events: Sequence[FitEvent], grid: Grid, *, bootstrap: int = BOOTSTRAP, seed: int = 0,
+    launch_level: str = "mixed",
 ) -> PassiveModel | None:
-    """Fit on the events inside the grid's P span (module docs); None when none is usable."""
+    """Fit on the events inside the grid's P span (module docs); None when none is usable. With
+    `launch_level` "slow" or "fast", on those of them `at_launch_level` keeps (module docs, "Launch
+    levels"): the events of the other level are counted as left out."""
+    levels = None
+    if launch_level != "mixed":
+        kept, levels = at_launch_level(events, grid, launch_level)
+        fitted = fit_passive_model(kept, grid, bootstrap=bootstrap, seed=seed)
+        if fitted is None:
+            return None
+        return dataclasses.replace(fitted, left_out=fitted.left_out + len(events) - len(kept),
+                                   launch_level=launch_level, levels=levels)
     chunk = set(grid.chunk_sizes)
     usable = [
         e
@@ -585,6 +725,7 @@ def convergence(
     bootstrap: int = BOOTSTRAP,
     min_events: int = MIN_EVENTS,
     seed: int = 0,
+    launch_level: str = "mixed",
 ) -> list[Convergence]:
     """The model refitted on the first m minutes of traffic, for each m the events cover."""
     out = []
@@ -593,7 +734,7 @@ def convergence(
         if m > end + 0.5:
             break
         first = [e for e in events if e.at_s <= m * 60.0]
-        model = fit_passive_model(first, grid, bootstrap=bootstrap, seed=seed)
+        model = fit_passive_model(first, grid, bootstrap=bootstrap, seed=seed, launch_level=launch_level)
         if model is None:
             out.append(Convergence(m, 0, 0, None, None))
             continue
@@ -735,13 +876,15 @@ def answer(
     min_events: int = MIN_EVENTS,
     seed: int = 0,
     variation: Mapping[str, Any] | None = None,
+    launch_level: str = "mixed",
 ) -> PassiveAnswer | None:
     """The model on every event, its table, and its convergence over the first minutes of traffic
     (each of `minutes` the traffic covers, and all of it). `variation` (held_out.json's, from
     `pdexporter validate`): the table's intervals carry the campaign-to-campaign variation
     (`PassiveModel.interval`); the convergence keeps the events' own intervals, which is what
-    narrows as traffic comes."""
-    model = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed)
+    narrows as traffic comes. `launch_level`: the fits' launch-bound one-chunk events (module docs,
+    "Launch levels")."""
+    model = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed, launch_level=launch_level)
     if model is None:
         return None
     rows = tuple(cells(model, events, grid, min_events, variation))
@@ -758,6 +901,7 @@ def answer(
         bootstrap=min(bootstrap, CONVERGENCE_BOOTSTRAP),
         min_events=min_events,
         seed=seed,
+        launch_level=launch_level,
     )
     errors = injected_errors(rows, injected) if injected is not None else None
     series.append(

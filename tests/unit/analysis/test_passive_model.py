@@ -20,6 +20,7 @@ from pdexporter.analysis.passive_model import (
     fit_passive_model,
     halfwidth,
     injected_errors,
+    launch_levels,
     passive_decision,
     reach,
 )
@@ -206,3 +207,58 @@ def test_joint_events_are_counted_apart_and_widen_the_cells_they_stand_in() -> N
         assert c.low_ms <= b.low_ms and c.high_ms >= b.high_ms
         if c.joint_events:
             assert c.high_ms - c.low_ms > b.high_ms - b.low_ms
+
+
+def _two_level_events(n: int, seed: int = 0) -> list[FitEvent]:
+    """TRUE's events, but the launch-bound one-chunk prompts (600-2000 tokens) ran at the host's
+    fast launch level (alpha0 25 ms) in the odd events and its slow one (alpha0 60 ms) in the even
+    ones; every third a prompt of two or three chunks (9000-20000 tokens) as TRUE says."""
+    rng = np.random.default_rng(seed)
+    fast = ContextAwareModel(25.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
+    slow = ContextAwareModel(60.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
+    out = []
+    for i in range(n):
+        d = int(rng.integers(3, 14))
+        small = i % 3 != 2
+        p = int(np.exp(rng.uniform(np.log(600 if small else 9000), np.log(2000 if small else 20000))))
+        truth = (fast if i % 2 else slow) if small else TRUE
+        chunks = np.asarray(chunk_schedule(p, B, d), np.float64)
+        pi = truth.chunk_penalties_ms(d, chunks) * rng.normal(1.0, 0.03, chunks.size)
+        total = float(pi.sum() + truth.sigma0_ms + truth.sigma1_ms_per_token * p)
+        out.append(FitEvent(B, d, p, total, 6.0, tuple(float(x) for x in 6.0 + pi), 1.5 * i, "otlp"))
+    return out
+
+
+def test_launch_levels_split_the_one_chunk_events_and_a_level_fit_predicts_that_level() -> None:
+    events = _two_level_events(240)
+    levels = launch_levels(events, GRID)
+    assert levels.split and levels.separation is not None and levels.separation > 2
+    assert levels.fast_ms == pytest.approx(25.0 + 0.3 * 8, abs=4.0)
+    assert levels.slow_ms == pytest.approx(60.0 + 0.3 * 8, abs=4.0)
+    small = {i for i, e in enumerate(events) if e.prompt < 2000}
+    assert levels.slow == {i for i in small if i % 2 == 0}  # the slow events, and only they
+    assert levels.fast == {i for i in small if i % 2 == 1}
+    mixed = fit_passive_model(events, GRID, bootstrap=5)
+    slow = fit_passive_model(events, GRID, bootstrap=5, launch_level="slow")
+    fast = fit_passive_model(events, GRID, bootstrap=5, launch_level="fast")
+    assert mixed is not None and slow is not None and fast is not None
+    assert slow.launch_level == "slow" and slow.levels == levels and slow.left_out == len(levels.fast)
+    d, p = 8, 1024
+    at = {name: float(m.predict(d, p, B)) for name, m in (("mixed", mixed), ("slow", slow), ("fast", fast))}
+    pi_slow, pi_fast = 60.0 + 0.3 * d, 25.0 + 0.3 * d
+    assert at["fast"] < at["mixed"] < at["slow"]
+    assert at["slow"] == pytest.approx(d * (pi_slow + 3.0 + 0.0004 * p), rel=0.1)
+    assert at["fast"] == pytest.approx(d * (pi_fast + 3.0 + 0.0004 * p), rel=0.1)
+    # the compute-bound prompts are every fit's: a long prompt is predicted alike
+    assert float(slow.predict(d, 16384, B)) == pytest.approx(float(mixed.predict(d, 16384, B)), rel=0.05)
+
+
+def test_one_launch_level_is_not_split() -> None:
+    events = _events(200, seed=5, noise=0.05)
+    levels = launch_levels(events, GRID)
+    assert not levels.split
+    slow = fit_passive_model(events, GRID, bootstrap=5, launch_level="slow")
+    mixed = fit_passive_model(events, GRID, bootstrap=5)
+    assert slow is not None and mixed is not None and slow.events == mixed.events
+    with pytest.raises(ValueError, match="launch level"):
+        fit_passive_model(events, GRID, bootstrap=5, launch_level="medium")
