@@ -109,6 +109,16 @@ for run in "$PASSIVE18" "$PASSIVE18-1rps"; do
     --no-parquet >/dev/null
   python3 scripts/gpu/passive_compare.py "$run/passive" --injected "$PASSIVE18/injected" --out "$run" >/dev/null
 done
+# ... and each run (session 15's too) fitted at the slow launch level only (passive_model "Launch levels";
+# small-prompts.md there: the one-minute injected sweeps read mostly that level)
+for pair in "$PASSIVE18:$PASSIVE18" "$PASSIVE18-1rps:$PASSIVE18" "$PASSIVE15:$PASSIVE15"; do
+  run=${pair%%:*}; inj=${pair##*:}
+  LEVEL=$(mktemp -d)
+  python3 scripts/gpu/passive_compare.py "$run/passive" --injected "$inj/injected" --launch-level slow --minutes 1 2 5 \
+    --out "$LEVEL" >/dev/null
+  cp "$LEVEL/comparison.md" "$run/comparison-launch-slow.md"
+  rm -rf "$LEVEL"
+done
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"
