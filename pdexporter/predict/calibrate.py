@@ -1235,7 +1235,12 @@ def _fit_from_starts(base: Profile, c: _Setup) -> tuple[_Rounds, int, str]:
     fits = [_rounds(first, c)]
     simulations = fits[0].simulations
     if c.hosts and c.simulate is not None and first.host.slow_factor > 1.0:
-        slow_first, moved, _, _ = host_states(fits[0].profile, c.measured, c.simulate)
+        # which configurations the host moves, judged at the base's slow_factor where the fit let it fall
+        # to ~1 (nothing would move then, and a fit stuck between the two levels would never start again)
+        judge = fits[0].profile
+        if judge.host.slow_factor < 1.01:
+            judge = with_values(judge, {"slow_factor": first.host.slow_factor})
+        slow_first, moved, _, _ = host_states(judge, c.measured, c.simulate)
         simulations += 2
         if moved and not slow_first:  # no slow episode among those the host moves: maybe between the two levels
             c.prog.plan((STAGE1_UNITS if c.step_free else 0.0) * c.n_rounds

@@ -473,3 +473,37 @@ def test_the_simulator_imitates_the_records_engine():
     assert sim.imitates is None
     sim.imitate("sglang")
     assert sim.imitates == "sglang"
+
+
+def test_a_fit_that_lets_slow_factor_fall_to_one_is_judged_at_the_bases_and_starts_again(monkeypatch, base):
+    """The Qwen3-14B's first start ended with slow_factor 1.00 (one launch level between the host's two): judged
+    with that profile no configuration moves with the host, so the second start never ran. Which configurations
+    the host moves is judged at the base's slow_factor. Scripted doubles stand in for the rounds (each a
+    calibration of its own) and for the simulator's host states; the logic between them is the real one."""
+    import pdexporter.predict.calibrate as cal
+
+    start = base.model_copy(update={"host": base.host.model_copy(update={"slow_factor": 1.5, "slow_fraction": 0.2})})
+    key = (8192, 4, 1024)
+    starts: list[float] = []
+    judged: list[float] = []
+
+    def scripted_rounds(current, c, label=""):  # the first start ends at one level, the second lower
+        starts.append(current.step_time.launch_eager_ms)
+        fitted = with_values(current, {"slow_factor": 1.0 if not label else 1.5})
+        loop = cal.LoopFitResult({}, (), 1, 1, 0.05 if not label else 0.04, 1, True, "scripted")
+        return cal._Rounds(fitted, None, loop, None, 1)
+
+    def scripted_host_states(profile, measured, simulate):  # the host moves `key` at a slow_factor above 1
+        judged.append(profile.host.slow_factor)
+        moved = {key} if profile.host.slow_factor > 1.0 else set()
+        return set(), moved, {}, {}
+
+    monkeypatch.setattr(cal, "_rounds", scripted_rounds)
+    monkeypatch.setattr(cal, "host_states", scripted_host_states)
+    setup = cal._Setup(observations=(), measured={key: None}, simulate=object(), step_free=(),
+                       loop_free=("slow_factor",), n_rounds=1, max_evaluations=1, prog=cal._NoProgress(),
+                       timings={}, train_groups=1, on_evaluation=None, hosts=True)
+    chosen, _, note = cal._fit_from_starts(start, setup)
+    assert judged == [1.5]  # not the fitted 1.0, at which nothing moves
+    assert len(starts) == 2 and starts[1] == pytest.approx(starts[0] / 1.5)  # from the CPU costs / slow_factor
+    assert "kept the second" in note and chosen.profile.host.slow_factor == 1.5
