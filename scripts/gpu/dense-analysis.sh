@@ -11,4 +11,4 @@ PY=${PY:-python3}
 "$PY" -m pdexporter sim calibrate "$R" --profile h200-llama-3.1-8b-instruct --train-grid sweeps/calibrate-short.yaml \
     --out pdexporter/sim/profiles/h200-llama-3.1-8b-instruct.yaml --report "$R/calibration.json" --jobs 2
 echo "calibrate: exit $?"
-"$PY" tests/benchmarks/bench_projection.py --jobs 2 --markdown results/h200-vllm0.22-qwen2.5-32b-instruct/projection-lomo.md   # every measured model from the others
+"$PY" tests/benchmarks/bench_projection.py --jobs 2 --markdown results/h200-vllm0.22-qwen3-14b/projection-lomo.md   # every measured model from the others (four since session 18; the 32B directory keeps the three-model table)
