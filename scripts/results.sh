@@ -93,7 +93,7 @@ python3 scripts/gpu/passive_compare.py "$PASSIVE/passive" --injected "$PASSIVE/i
 PASSIVE15=$R/h200-vllm0.22-qwen3-coder-30b-a3b-passive-s15
 echo "== passive $PASSIVE15"
 pd export-table "$PASSIVE15/passive" --mode passive --injected "$PASSIVE15/injected" --out "$PASSIVE15/passive-table" \
-  --no-parquet >/dev/null
+  --campaign-variation "$HELD_OUT/held_out.json" --no-parquet >/dev/null
 python3 scripts/gpu/passive_compare.py "$PASSIVE15/passive" --injected "$PASSIVE15/injected" --out "$PASSIVE15" >/dev/null
 VS_GRID=$(mktemp -d)
 python3 scripts/gpu/passive_compare.py "$PASSIVE15/passive" --injected "$SEED-1gpu-s15" --minutes 1 2 5 \
@@ -106,7 +106,7 @@ PASSIVE18=$R/h200-vllm0.22-qwen3-coder-30b-a3b-passive-s18
 for run in "$PASSIVE18" "$PASSIVE18-1rps"; do
   echo "== passive $run"
   pd export-table "$run/passive" --mode passive --injected "$PASSIVE18/injected" --out "$run/passive-table" \
-    --no-parquet >/dev/null
+    --campaign-variation "$HELD_OUT/held_out.json" --no-parquet >/dev/null
   python3 scripts/gpu/passive_compare.py "$run/passive" --injected "$PASSIVE18/injected" --out "$run" >/dev/null
 done
 # ... and each run (session 15's too) fitted at the slow launch level only (passive_model "Launch levels";

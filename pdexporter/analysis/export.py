@@ -216,8 +216,10 @@ def _passive_lines(result: Any) -> list[str]:
         lines.append(f"  not reached ({len(keys)} cells): {why}")
     if s["vs_injected"] is not None and s["vs_injected"]["mape"] is not None:
         v = s["vs_injected"]
+        inside = (f"; injected inside the 95 % interval in {v['inside_interval']}/{v['cells_with_interval']}"
+                  if v.get("cells_with_interval") else "")
         lines.append(f"  vs injected: mean |error| {v['mape']:.1%}, median {v['median_abs_error']:.1%}, max "
-                     f"{v['max_abs_error']:.1%} over {v['cells']} reached cells")
+                     f"{v['max_abs_error']:.1%} over {v['cells']} reached cells{inside}")
     steps = [c for c in result.convergence if c.errors is not None and c.errors.mape is not None]
     if steps:
         lines.append("  error vs minutes: " + ", ".join(f"{c.minutes:g} min {c.errors.mape:.1%}" for c in steps))

@@ -207,8 +207,9 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
         lines.extend(["", f"### {title}", "", *_levels_line(result)])
         lines.extend(
             [
-                "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max |",
-                "|---|---|---|---|---|---|---|",
+                "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max "
+                "| injected inside the 95 % interval |",
+                "|---|---|---|---|---|---|---|---|",
             ]
         )
         for c in result.convergence:
@@ -216,7 +217,7 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
             lines.append(
                 f"| {c.minutes:g} | {c.events} | {c.reached} | {_fmt(c.halfwidth)} | "
                 f"{_fmt(e.mape if e else None)} | {_fmt(e.median if e else None)} | "
-                f"{_fmt(e.worst if e else None)} |"
+                f"{_fmt(e.worst if e else None)} | {e.coverage if e else '-'} |"
             )
         for why, keys in result.not_reached.items():
             lines.append(

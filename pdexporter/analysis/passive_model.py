@@ -671,6 +671,8 @@ class Errors:
     median: float | None
     worst: float | None
     by_cell: dict[Key, float] = field(default_factory=dict)
+    inside: int = 0  # of the cells with an interval, those whose injected value lies in it (coverage)
+    with_interval: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -678,12 +680,19 @@ class Errors:
             "mape": _r(self.mape),
             "median_abs_error": _r(self.median),
             "max_abs_error": _r(self.worst),
+            "inside_interval": self.inside,
+            "cells_with_interval": self.with_interval,
         }
+
+    @property
+    def coverage(self) -> str:
+        """"k/n" of the compared cells whose injected value lies inside the prediction's interval."""
+        return f"{self.inside}/{self.with_interval}" if self.with_interval else "-"
 
 
 def injected_errors(rows: Sequence[Cell], injected: Mapping[Key, float]) -> Errors:
     """Relative error of the predicted aggregate interference against the injected table, over the
-    reached cells it holds."""
+    reached cells it holds, and how many of those with an interval hold the injected value in it."""
     errs = {
         c.key: (c.aggregate_ms - injected[c.key]) / abs(injected[c.key])
         for c in rows
@@ -692,7 +701,10 @@ def injected_errors(rows: Sequence[Cell], injected: Mapping[Key, float]) -> Erro
     a = np.abs(list(errs.values()))
     if not a.size:
         return Errors(0, None, None, None, {})
-    return Errors(int(a.size), float(a.mean()), float(np.median(a)), float(a.max()), errs)
+    bounds = [(c.low_ms, c.high_ms, injected[c.key]) for c in rows
+              if c.key in errs and c.low_ms is not None and c.high_ms is not None]
+    inside = sum(1 for low, high, value in bounds if low <= value <= high)
+    return Errors(int(a.size), float(a.mean()), float(np.median(a)), float(a.max()), errs, inside, len(bounds))
 
 
 # --- convergence -------------------------------------------------------------------------------

@@ -111,6 +111,11 @@ def test_errors_against_the_injected_table_use_the_reached_cells_only() -> None:
     assert errors.cells == sum(c.reached for c in rows) and errors.mape is not None and errors.mape < 0.05
     off = {k: v * 1.3 for k, v in truth.items()}
     assert injected_errors(rows, off).mape == pytest.approx(1 - 1 / 1.3, abs=0.05)
+    # coverage: the truth lies inside the (bootstrap) intervals of most reached cells, 30 % off it lies in none
+    assert errors.with_interval == errors.cells and errors.inside >= 0.7 * errors.cells
+    far = injected_errors(rows, off)
+    assert far.inside == 0 and far.coverage == f"0/{far.with_interval}"
+    assert errors.to_dict()["inside_interval"] == errors.inside
 
 
 def test_answer_converges_and_gives_a_passive_decision() -> None:
