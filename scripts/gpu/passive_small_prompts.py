@@ -10,8 +10,6 @@ and overlapping prefills, and the chunk step's launch level (chunk step - refere
 
 from __future__ import annotations
 
-import glob
-import gzip
 import json
 import os
 import sys
@@ -21,33 +19,39 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pdexporter.analysis.passive_model import DEFAULT_D as DB  # noqa: E402
+from pdexporter.analysis.passive_model import DEFAULT_P as PB  # noqa: E402
 from pdexporter.measure.passive import log_bin, probe_steps  # noqa: E402
 from pdexporter.measure.protocol import StreamTrace  # noqa: E402
+from pdexporter.measure.store import ResultsStore  # noqa: E402
 
-DB, PB = (1, 2, 4, 6, 8, 12), (512, 1024, 2048, 4096, 8192, 16384, 32768)
 CELLS = [(d, p) for d in (6, 8, 12) for p in (512, 1024, 2048)]
 SLOW_MS = 55.0  # between the host's two launch levels (docs/analysis.md: ~35-45 and ~60-85 ms)
 
 
 def _rows(root: str, requests: list[dict] | None) -> list[dict]:
     out = []
-    for path in sorted(glob.glob(os.path.join(root, "8192", "D*_P*.json"))):
-        d = json.load(open(path))
-        for rep in d["reps"]:
-            raw = json.load(gzip.open(os.path.join(os.path.dirname(path), rep["raw"])))
-            info = rep.get("passive") or {}
-            base = rep["baseline"]["tpot_p50_ms"]
-            ref = rep["interference"]["tpot_pre_injection_p50_ms"] or base
-            thr = rep["interference"]["slow_step_threshold_ms"]
-            chunks = rep["interference"]["chunk_step_times_ms"] or []
+    store = ResultsStore(root)
+    for record in store.iter_records():
+        if record.config.chunk_size != 8192:
+            continue
+        for rep in record.reps:
+            if rep.raw is None:  # no raw timestamps kept: nothing to re-read
+                continue
+            raw = store.load_raw(store.chunk_dir(8192) / rep.raw)
+            info = (rep.model_extra or {}).get("passive") or {}
+            base = rep.baseline.tpot_p50_ms
+            ref = rep.interference.tpot_pre_injection_p50_ms or base
+            thr = rep.interference.slow_step_threshold_ms
+            chunks = rep.interference.chunk_step_times_ms or []
             traces = [StreamTrace.from_raw(p) for p in raw["probes"]]
             steps = probe_steps([(t.event_times_ns, t.event_tokens) for t in traces], base)
             t0, t1 = raw["t_inject_ns"], raw["t_first_ns"]
             win = [i for i, s in enumerate(steps) if t0 < s.end_ns <= t1 + base * 1e6 / 2]
             pre = [s.duration_ms for s in steps if s.end_ns <= t0][-12:]
-            r = {"D": int(info.get("decode_batch_size", d["config"]["decode_batch_size"])),
-                 "P": int(info.get("prompt_tokens", d["config"]["new_prefill_tokens"])),
-                 "total": rep["derived"]["total_interference_ms"], "ref": ref, "thr": thr,
+            r = {"D": int(info.get("decode_batch_size", record.config.decode_batch_size)),
+                 "P": int(info.get("prompt_tokens", record.config.new_prefill_tokens)),
+                 "total": rep.derived.total_interference_ms, "ref": ref, "thr": thr,
                  "chunk": chunks[-1] if chunks else None, "n": len(chunks), "prefills": int(info.get("prefills") or 1),
                  "plain": float(np.median([x for x in pre if x <= thr])) if any(x <= thr for x in pre) else np.nan}
             if win and r["chunk"] is not None:
