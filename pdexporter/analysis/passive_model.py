@@ -274,10 +274,13 @@ class LaunchLevels:
     split: bool  # two modes clearly apart (Ashman's D > 2)
     fast_ms: float | None = None  # median step extra over the baseline of each mode
     slow_ms: float | None = None
-    slow_events: int = 0
     separation: float | None = None  # Ashman's D
     fast: frozenset[int] = frozenset()  # indices (into the events given) of each mode's events
     slow: frozenset[int] = frozenset()
+
+    @property
+    def slow_events(self) -> int:
+        return len(self.slow)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -346,8 +349,7 @@ a decode-like step the window maths took for it)."""
     if upper.all() or not upper.any():
         return LaunchLevels(len(extra), False, separation=separation)
     return LaunchLevels(
-        len(extra), separation > 2.0, float(np.median(values[~upper])), float(np.median(values[upper])),
-        int(upper.sum()), separation,
+        len(extra), separation > 2.0, float(np.median(values[~upper])), float(np.median(values[upper])), separation,
         frozenset(i for i, u in zip(index, upper) if not u), frozenset(i for i, u in zip(index, upper) if u),
     )
 
