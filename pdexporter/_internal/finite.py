@@ -82,6 +82,8 @@ def first_not_finite(value: Any, where: str = "") -> NotFinite | None:
         if isinstance(item, int) and not isinstance(item, bool) and abs(item) >= _INT_LIMIT:
             return NotFinite(at, f"an integer of {len(str(abs(item)))} digits", too_large=True)
         if isinstance(item, dict):
+            if _all_numbers_fine(list(item.values())):
+                continue  # a flat dict of fine numbers (a /metrics snapshot): no path formatted for each
             stack.extend((_path(at, k), v) for k, v in reversed(list(item.items())))
         elif isinstance(item, (list, tuple)) and not _all_numbers_fine(item):
             stack.extend((_path(at, i), v) for i, v in reversed(list(enumerate(item))))

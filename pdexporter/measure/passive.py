@@ -141,7 +141,8 @@ def probe_steps(
         if n < 2:
             continue
         t = np.asarray(times[:n], dtype=np.float64)
-        before = np.cumsum(np.r_[0, np.asarray(tokens[: n - 1], dtype=np.int64)])  # tokens before each event
+        # the tokens before each event
+        before = np.cumsum(np.concatenate(([0], np.asarray(tokens[: n - 1], dtype=np.int64))))
         if tokens_before is not None:
             before += tokens_before[k]
         keep = (before[1:] >= warmup_tokens + 1) & (t[1:] > since_ns)  # both ends past the warm-up
@@ -156,21 +157,21 @@ def probe_steps(
     owner = np.concatenate(owners)
     order = np.argsort(end, kind="stable")
     end, length, owner = end[order], length[order], owner[order]
-    group = np.r_[0, np.cumsum(np.diff(end) > step_ms * 1e6 / 2)]
+    group = np.concatenate(([0], np.cumsum(np.diff(end) > step_ms * 1e6 / 2)))
     # One stream's events within one step (two emissions read back to back) are one interval.
     by = np.lexsort((owner, group))
     g, o, lengths_sorted = group[by], owner[by], length[by]
-    first_of = np.r_[True, (g[1:] != g[:-1]) | (o[1:] != o[:-1])]
+    first_of = np.concatenate(([True], (g[1:] != g[:-1]) | (o[1:] != o[:-1])))
     starts = np.nonzero(first_of)[0]
     per_stream = np.add.reduceat(lengths_sorted, starts)
     per_group = g[starts]
     counts = np.bincount(per_group, minlength=int(group[-1]) + 1)
-    first = np.r_[0, np.cumsum(counts)[:-1]]
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
     low, high = first + (counts - 1) // 2, first + counts // 2  # the middle one or two of each step
     ordered = per_stream[np.lexsort((per_stream, per_group))]
     lengths_mid = (ordered[low] + ordered[high]) / 2
     arrivals = np.bincount(group)
-    a_first = np.r_[0, np.cumsum(arrivals)[:-1]]
+    a_first = np.concatenate(([0], np.cumsum(arrivals)[:-1]))
     ends_mid = (end[a_first + (arrivals - 1) // 2] + end[a_first + arrivals // 2]) / 2
     last = end[a_first + arrivals - 1]
     return [ProbeStep(e, d / 1e6, c, z) for e, d, c, z in

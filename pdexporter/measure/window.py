@@ -241,7 +241,7 @@ def token_times(event_times_ns: Sequence[int], event_tokens: Sequence[int]) -> n
     n = n[keep]
     if t.size == 0:
         return np.empty(0, dtype=np.float64)
-    previous = np.r_[t[0], t[:-1]]
+    previous = np.concatenate((t[:1], t[:-1]))
     gap = (t - previous) / n  # each event's n tokens spread over the gap before it
     event = np.repeat(np.arange(t.size), n)
     k = (np.arange(event.size) - np.repeat(np.cumsum(n) - n, n) + 1).astype(np.float64)
@@ -338,9 +338,9 @@ def stream_phases(
         # Steps are emissions: the sub-intervals of one merged event form one step.
         events = (token_events[iv.token_index[positions]] if token_events is not None
                   else iv.token_index[positions])
-        starts = np.nonzero(np.r_[True, events[1:] != events[:-1]])[0]
+        starts = np.flatnonzero(np.concatenate(([True], events[1:] != events[:-1])))
         step_ms = np.add.reduceat(ms[positions], starts)
-        step_end = iv.end_ns[positions][np.r_[starts[1:] - 1, positions.size - 1]]
+        step_end = iv.end_ns[positions][np.append(starts[1:] - 1, positions.size - 1)]
         k = len(chunk_sizes)
         anchor = int(np.argmin(np.abs(step_end - t_first_ns)))
         weights = np.asarray(chunk_sizes, dtype=np.float64) / max(chunk_sizes)
@@ -353,10 +353,10 @@ def stream_phases(
         if prefill_like and anchor >= 1 and fit(anchor - 1) > fit(anchor):
             anchor -= 1  # the first token left one step after the last chunk's step
         first_step = max(0, anchor - k + 1)
-        ends = np.r_[starts[1:], positions.size]
+        ends = np.append(starts[1:], positions.size)
         during[positions[starts[first_step] : ends[anchor]]] = True
         during_ms = step_ms[first_step : anchor + 1]
-        other_ms = np.r_[step_ms[:first_step], step_ms[anchor + 1 :]]
+        other_ms = np.concatenate((step_ms[:first_step], step_ms[anchor + 1 :]))
     elif slow.any():
         first, last = np.nonzero(slow)[0][[0, -1]]
         during[first : last + 1] = True
@@ -501,7 +501,7 @@ def read_cadence_ms(pre_ms: np.ndarray, step_ms: float | None, params: WindowPar
     if step_ms is None or x.size == 0:
         return x
     short = x < params.burst_interval_frac * step_ms
-    spread = np.r_[False, np.isclose(x[1:], x[:-1], rtol=1e-6, atol=0.0)]
+    spread = np.concatenate(([False], np.abs(x[1:] - x[:-1]) <= 1e-6 * np.abs(x[:-1])))  # np.isclose, rtol 1e-6
     starts = ~short & ~spread
     if not starts.any():
         return np.empty(0)

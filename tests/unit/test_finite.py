@@ -1,5 +1,5 @@
-"""`_internal.finite.first_not_finite`: its C-speed check of lists of plain numbers finds exactly what
-the item-by-item walk it replaced found (the same value at the same path, or nothing)."""
+"""`_internal.finite.first_not_finite`: its C-speed check of lists (and flat dicts) of plain numbers
+finds exactly what the item-by-item walk it replaced found (the same value at the same path, or nothing)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ numbers = st.one_of(
 documents = st.recursive(
     st.one_of(numbers, st.text(max_size=3), st.none()),
     lambda inner: st.one_of(st.lists(inner, max_size=8), st.lists(numbers, max_size=12),
-                            st.tuples(inner, inner), st.dictionaries(st.text(max_size=3), inner, max_size=5)),
+                            st.tuples(inner, inner), st.dictionaries(st.text(max_size=3), inner, max_size=5),
+                            st.dictionaries(st.text(max_size=3), numbers, max_size=8)),  # a /metrics snapshot
     max_leaves=40,
 )
 

@@ -182,4 +182,7 @@ async def test_in_fast_mode_a_rerun_starts_a_fresh_set_beside_nothing(fault: Fau
     assert "at injection the engine ran" not in err, err[-3000:]
     assert most_beside(engine, "probe") <= D - 1
     assert engine.arrivals[-1] == ("prefill", D)
-    assert record(_results(tmp_path))["reps"][0]["retries"] == 1
+    # the record counts every re-run the sweep announced for the window: the fault's, and on a machine
+    # loaded enough to spoil a window by itself (a probe silent past the 2 s read timeout) that one too
+    announced = err.count(f"B={B} D={D} P={P} rep 0: ")
+    assert announced >= 1 and record(_results(tmp_path))["reps"][0]["retries"] == announced, err[-3000:]
