@@ -119,6 +119,16 @@ for pair in "$PASSIVE18:$PASSIVE18" "$PASSIVE18-1rps:$PASSIVE18" "$PASSIVE15:$PA
   cp "$LEVEL/comparison.md" "$run/comparison-launch-slow.md"
   rm -rf "$LEVEL"
 done
+# ... and the mixed fit scored level-matched beside its headline: each launch-bound injected cell at the level
+# its own repetitions' chunk steps show (passive_model "Level-matched scoring"; not the headline figure)
+for pair in "$PASSIVE18:$PASSIVE18" "$PASSIVE18-1rps:$PASSIVE18" "$PASSIVE15:$PASSIVE15"; do
+  run=${pair%%:*}; inj=${pair##*:}
+  LEVEL=$(mktemp -d)
+  python3 scripts/gpu/passive_compare.py "$run/passive" --injected "$inj/injected" --launch-level matched \
+    --minutes 1 2 5 --out "$LEVEL" >/dev/null
+  cp "$LEVEL/comparison.md" "$run/comparison-level-matched.md"
+  rm -rf "$LEVEL"
+done
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"

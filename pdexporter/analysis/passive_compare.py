@@ -14,6 +14,13 @@ scripts/results.sh) is a thin shell over `compare_passive`; works on any passive
    the same with P from the cadence alone, event for event: how far the two sources' P are apart,
    and what the cadence's P does to the model.
 
+With `launch_level="matched"` the fits are the default (mixed) ones, and each model block adds a
+**level-matched** scoring beside its headline figure, never instead of it
+(`passive_model.level_matched`, module docs "Level-matched scoring"): each launch-bound injected
+cell scored at the launch level its own repetitions' chunk steps show, classified by the modes the
+events' launch-bound one-chunk steps were split into; per cell the level, the repetitions read,
+and how many events of the cell's bins the estimate at that level rests on.
+
 Writes OUT/comparison.md (RUN.md-ready), OUT/comparison.json and OUT/plots/passive_attribution.png
 (and .svg: the two sources' P event for event, each model's error vs minutes).
 """
@@ -25,18 +32,24 @@ import dataclasses
 import json
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pdexporter.analysis.job import injected_values
 from pdexporter.analysis.passive_model import (
+    CONVERGENCE_BOOTSTRAP,
     CONVERGENCE_MINUTES,
+    LAUNCH_LEVELS,
+    MATCHED,
     FitEvent,
     Grid,
+    LevelMatched,
     PassiveAnswer,
     answer,
     events_from_records,
+    injected_reps,
+    level_matched,
 )
 from pdexporter.analysis.plots import Plot, write_plots
 from pdexporter.errors import PdexporterError
@@ -44,9 +57,10 @@ from pdexporter.measure.passive import JOINT_DIR, bin_int
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore, load_record_file
 
-__all__ = ["attribution_plot", "compare_passive"]
+__all__ = ["SCORING_LEVELS", "attribution_plot", "compare_passive"]
 
 Key = tuple[int, int, int]
+SCORING_LEVELS = (*LAUNCH_LEVELS, MATCHED)  # --launch-level: a fit's level, or the mixed fit scored level-matched
 
 
 def _records(root: Path) -> list[RunRecord]:
@@ -74,6 +88,17 @@ def _injected(root: Path | None, flag: str) -> dict[Key, float]:
         return injected_values(root)
     except PdexporterError as exc:
         _note(f"{flag} {root}: {exc}; compared without it")
+        return {}
+
+
+def _reps(root: Path | None) -> dict[Key, list[FitEvent]]:
+    """The injected records' repetitions per cell (`passive_model.injected_reps`), {} where none."""
+    if root is None or not root.is_dir():
+        return {}
+    try:
+        return injected_reps(load_record_file(p) for p in ResultsStore(root).iter_record_paths())
+    except PdexporterError as exc:
+        _note(f"{root}: {exc}; its repetitions' launch levels not read")
         return {}
 
 
@@ -148,12 +173,87 @@ def _levels_line(result: PassiveAnswer) -> list[str]:
     ]
 
 
+def _matched_lines(series: list[LevelMatched | None], result: PassiveAnswer, table: dict[Key, float],
+                   origin: dict[Key, str]) -> list[str]:
+    """The level-matched scoring (module docs) beside the headline: its error vs minutes, and per
+    compared cell the level its repetitions read, the events the estimate rests on, both errors."""
+    last = series[-1]
+    lines = ["", "#### Level-matched scoring (not the headline figure)", ""]
+    if last is None:
+        return [*lines, "no model to score"]
+    lv = last.levels
+    split = (
+        f"fast {lv.fast_ms:.1f} ms, {lv.events - lv.slow_events} events; slow {lv.slow_ms:.1f} ms, "
+        f"{lv.slow_events} events; Ashman's D {lv.separation:.1f}"
+        if lv.split and lv.fast_ms is not None and lv.slow_ms is not None and lv.separation is not None
+        else f"no clear two levels (Ashman's D {_fmt(lv.separation, pct=False)}): every cell keeps the mixed estimate"
+    )
+    lines.extend([
+        "Each launch-bound injected cell scored at the launch level its own repetitions' chunk steps show "
+        "(classified by the two modes fitted to the events' launch-bound one-chunk chunk steps: "
+        f"{lv.events} events, {split}), against the slow and the fast fits' estimates mixed in the "
+        "repetitions' proportion; every other cell as above. The mixed figure above stays the answer: which "
+        "level a reference reads is the host's state at that minute, which the events cannot know.",
+        "",
+        "| minutes | cells | level-matched MAPE vs injected | median | max | injected inside the 95 % interval "
+        "| mixed MAPE (headline) | mixed inside |",
+        "|---|---|---|---|---|---|---|---|",
+    ])
+    for conv, m in zip(result.convergence, series):
+        e, h = (m.errors if m else None), conv.errors
+        lines.append(
+            f"| {conv.minutes:g} | {e.cells if e else '-'} | {_fmt(e.mape if e else None)} | "
+            f"{_fmt(e.median if e else None)} | {_fmt(e.worst if e else None)} | {e.coverage if e else '-'} | "
+            f"{_fmt(h.mape if h else None)} | {h.coverage if h else '-'} |"
+        )
+    mixed = result.errors.by_cell if result.errors is not None else {}
+    lines.extend([
+        "",
+        "| D | P | level (reps slow/fast of read) | events it rests on (read at its level) "
+        "| level-matched ms [95 % CI] | injected ms (from) | level-matched error | mixed error |",
+        "|---|---|---|---|---|---|---|---|",
+    ])
+    for mc in last.cells:
+        k = mc.cell.key
+        if k not in last.errors.by_cell:
+            continue
+        ci = "" if mc.cell.low_ms is None else f" [{mc.cell.low_ms:.0f}-{mc.cell.high_ms:.0f}]"
+        reps = f" ({mc.slow_reps}/{mc.fast_reps} of {mc.reps})" if mc.reps else ""
+        rests = f"{mc.level_events} ({mc.read_events})" if mc.matched else f"{mc.level_events}"
+        headline = f"{mixed[k] * 100:+.1f} %" if k in mixed else "-"
+        lines.append(
+            f"| {k[1]} | {k[2]} | {mc.level}{reps} | {rests} | {mc.cell.aggregate_ms:.0f}{ci} | "
+            f"{table[k]:.0f} ({origin[k]}) | {last.errors.by_cell[k] * 100:+.1f} % | {headline} |"
+        )
+    return lines
+
+
+def _title(chunks: Sequence[int], launch_level: str, variation: bool) -> str:
+    level = (
+        "" if launch_level == "mixed"
+        else ", level-matched scoring beside the mixed headline" if launch_level == MATCHED
+        else f", launch level {launch_level}"
+    )
+    if variation:
+        level += "; the full fits' intervals carry the campaign variation"
+    return f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))}{level})"
+
+
 def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path | None = None,
                     out: Path = Path("."), minutes: Sequence[float] = CONVERGENCE_MINUTES,
-                    bootstrap: int = 200, launch_level: str = "mixed") -> str | None:
+                    bootstrap: int = 200, launch_level: str = "mixed",
+                    variation: Mapping[str, Any] | None = None) -> str | None:
     """The comparison (module docs) written to `out`; its markdown, or None (and one line on
     stderr) where `passive_dir` holds no passive events. `launch_level`: the event model's
-    launch-bound one-chunk events (`passive_model`, "Launch levels"); "mixed" uses them all."""
+    launch-bound one-chunk events (`passive_model`, "Launch levels"); "mixed" uses them all;
+    "matched": the mixed fits, each with the level-matched scoring beside it (module docs).
+    `variation` (held_out.json's, `campaigns.load_variation`): the full fits' intervals carry the
+    campaign variation, as `export-table --campaign-variation` makes them (the convergence rows keep
+    the events' own)."""
+    if launch_level not in SCORING_LEVELS:
+        raise ValueError(f"launch level {launch_level!r}: one of {', '.join(SCORING_LEVELS)}")
+    matched = launch_level == MATCHED
+    fit_level = "mixed" if matched else launch_level
 
     records = (
         [r for r in _records(passive_dir) if r.config.mode == "passive"]
@@ -173,9 +273,12 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
         _note(f"--reference {reference} not read: {injected} holds every cell of the grid")
     table = {**{k: v for k, v in ref_table.items() if k[0] in chunks}, **fresh}
     origin = {k: ("this run" if k in fresh else "reference") for k in table}
+    reps: dict[Key, list[FitEvent]] = {}
+    if matched:
+        reps = {k: v for k, v in _reps(reference).items() if origin.get(k) == "reference"} if ref_table else {}
+        reps.update({k: v for k, v in _reps(injected).items() if k in fresh})
 
-    level = "" if launch_level == "mixed" else f", launch level {launch_level}"
-    lines = [f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))}{level})", ""]
+    lines = [_title(chunks, launch_level, bool(variation)), ""]
     sources = collections.Counter(e.source for e in events)
     injected_line = (
         f"Injected cells: {sum(v == 'this run' for v in origin.values())} measured in this run, "
@@ -198,7 +301,7 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
 
     def model_block(title: str, evs: list[FitEvent], label: str) -> dict[str, Any]:
         result = answer(evs, grid, injected=table or None, minutes=list(minutes), bootstrap=bootstrap,
-                        launch_level=launch_level)
+                        launch_level=fit_level, variation=variation)
         if result is not None:
             fits[label] = result
         if result is None:
@@ -240,7 +343,20 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
                         f"{table[cell.key]:.0f} ({origin[cell.key]}) | "
                         f"{result.errors.by_cell[cell.key] * 100:+.1f} % |"
                     )
-        return result.to_dict()
+        block = result.to_dict()
+        if matched and table:
+            series = [
+                level_matched([e for e in evs if e.at_s <= c.minutes * 60.0], grid, table, reps,
+                              bootstrap=min(bootstrap, CONVERGENCE_BOOTSTRAP))
+                for c in result.convergence[:-1]
+            ]
+            series.append(level_matched(evs, grid, table, reps, bootstrap=bootstrap, mixed=result.model,
+                                        variation=variation))
+            lines.extend(_matched_lines(series, result, table, origin))
+            block["level_matched"] = [
+                {"minutes": c.minutes, **(m.to_dict() if m else {})} for c, m in zip(result.convergence, series)
+            ]
+        return block
 
     doc["traces"] = model_block(
         "Event model, P from the engine's traces (the run's attribution)",

@@ -51,6 +51,17 @@ split (one mode, or fewer than `MIN_LEVEL_EVENTS` such events) every event is us
 so (`PassiveModel.levels`). Which level an injected reference will read is not something the events
 can know; the level-resolved fits bound it.
 
+Level-matched scoring (`level_matched`; `passive_compare.py --launch-level matched`): the like-for-like
+comparison with an injected table, never its headline figure. An injected repetition's chunk step says
+which level it ran at as a passive event's does, so each injected cell the (mixed) model puts in the
+launch-bound one-chunk regime has its repetitions read by the same classifier that split the events
+(`LaunchLevels.level_of`: the same located-step rule, the same two fitted modes) and is compared with the
+slow fit's estimate, the fast fit's, or both mixed in its repetitions' proportion (interval bounds
+mixed alike); every other cell (not launch-bound, no clear two levels in the events, no repetition's
+step read) keeps the mixed estimate. It answers whether the event model is right at the level the
+reference happened to read; which level a future reference, or the next minute of production, will
+run at the events cannot know, so the mixed fit stays the answer and its error the headline.
+
 Convergence: `convergence` refits on the events of the first m minutes of traffic, for several
 m, and says how many events each fit had, how wide its intervals were and, given the injected
 table of the same engine, how far its predictions were from it on the reached cells (mean and
@@ -103,6 +114,9 @@ __all__ = [
     "FitEvent",
     "Grid",
     "LaunchLevels",
+    "LevelMatched",
+    "MATCHED",
+    "MatchedCell",
     "PassiveAnswer",
     "PassiveModel",
     "answer",
@@ -115,7 +129,9 @@ __all__ = [
     "fit_passive_model",
     "halfwidth",
     "injected_errors",
+    "injected_reps",
     "launch_levels",
+    "level_matched",
     "passive_decision",
     "reach",
 ]
@@ -277,10 +293,33 @@ class LaunchLevels:
     separation: float | None = None  # Ashman's D
     fast: frozenset[int] = frozenset()  # indices (into the events given) of each mode's events
     slow: frozenset[int] = frozenset()
+    # the two fitted modes (weights, means, variances, the upper one's index) and the model whose regimes
+    # chose the launch-bound events: what `level_of` classifies any other chunk step by
+    modes: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], int] | None = None
+    model: ContextAwareModel | None = field(default=None, repr=False, compare=False)
 
     @property
     def slow_events(self) -> int:
         return len(self.slow)
+
+    def launch_bound(self, decode: int, prompt: int, chunk_size: int) -> bool:
+        """Whether a prefill of `prompt` tokens beside `decode` decodes is one eager chunk bound by the
+        host's launches, by the model that chose the events (False without one)."""
+        return self.model is not None and _launch_bound(self.model.document(), decode, prompt, chunk_size)
+
+    def level_of(self, event: FitEvent) -> str | None:
+        """"slow" or "fast": the level a launch-bound one-chunk event (a passive event, or an injected
+        repetition as `injected_reps` gives it) ran at, by the same rule that split the events (its chunk
+        step's extra over the baseline, the likelier of the two fitted modes); None where the levels are
+        not clearly two, or it is not such an event, or its located step is not the chunk's."""
+        if not self.split or self.modes is None or self.model is None:
+            return None
+        x = _level_extra(event, self.model.document())
+        if x is None:
+            return None
+        weight, mean, var, hi = self.modes
+        resp = _responsibility(np.array([x], np.float64), np.array(weight), np.array(mean), np.array(var))
+        return "slow" if bool(resp[0, hi] >= 0.5) else "fast"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -293,11 +332,21 @@ class LaunchLevels:
         }
 
 
-def _two_modes(x: np.ndarray, iterations: int = 200) -> tuple[np.ndarray, float]:
+def _responsibility(x: np.ndarray, weight: np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """Each value's probability of belonging to each of two normal modes."""
+    like = weight / np.sqrt(2 * np.pi * var) * np.exp(-((x[:, None] - mean) ** 2) / (2 * var))
+    return cast("np.ndarray", like / np.maximum(like.sum(axis=1, keepdims=True), 1e-300))
+
+
+Modes = tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], int]
+
+
+def _two_modes(x: np.ndarray, iterations: int = 200) -> tuple[np.ndarray, float, Modes | None]:
     """Two normal modes fitted to the values `x` (expectation-maximisation, started from the split of
     the sorted values that leaves the least spread within its two parts): which values belong to
-    the upper mode (the likelier one), and Ashman's D of the two modes (how many pooled spreads
-    their means are apart; a single normal mode split in two gives D < 2)."""
+    the upper mode (the likelier one), Ashman's D of the two modes (how many pooled spreads
+    their means are apart; a single normal mode split in two gives D < 2), and the modes that
+    assignment was made with (`_responsibility`; None where one mode emptied)."""
     v = np.sort(x)
     spread = [v[:i].var() * i + v[i:].var() * (v.size - i) for i in range(1, v.size)]
     cut = v[int(np.argmin(spread)) + 1]
@@ -306,26 +355,44 @@ def _two_modes(x: np.ndarray, iterations: int = 200) -> tuple[np.ndarray, float]
     mean = np.array([x[~upper].mean(), x[upper].mean()])
     var = np.array([max(x[~upper].var(), floor), max(x[upper].var(), floor)])
     weight = np.array([(~upper).mean(), upper.mean()])
+    assigned = (weight, mean, var)
     for _ in range(iterations):
-        like = weight / np.sqrt(2 * np.pi * var) * np.exp(-((x[:, None] - mean) ** 2) / (2 * var))
-        resp = like / np.maximum(like.sum(axis=1, keepdims=True), 1e-300)
+        resp = _responsibility(x, weight, mean, var)
+        assigned = (weight, mean, var)
         n = resp.sum(axis=0)
         if np.any(n < 1e-9):
-            return np.ones(x.size, bool), 0.0
+            return np.ones(x.size, bool), 0.0, None
         mean = (resp * x[:, None]).sum(axis=0) / n
         var = np.maximum((resp * (x[:, None] - mean) ** 2).sum(axis=0) / n, floor)
         weight = n / x.size
     hi = int(np.argmax(mean))
     upper = resp[:, hi] >= 0.5
-    return upper, float(math.sqrt(2) * abs(mean[1] - mean[0]) / math.sqrt(var.sum()))
+    modes = (*(tuple(float(a) for a in arr) for arr in assigned), hi)
+    return upper, float(math.sqrt(2) * abs(mean[1] - mean[0]) / math.sqrt(var.sum())), cast("Modes", modes)
+
+
+def _launch_bound(doc: Mapping[str, Any], decode: int, prompt: int, chunk_size: int) -> bool:
+    """One eager chunk whose launch term is at least its GPU work (`decision_eval.cost_regime`)."""
+    ctx = chunk_context(doc, decode, prompt, chunk_size)
+    return bool(ctx["n"] == 1 and ctx["eager_chunks"] == 1 and cost_regime(doc, ctx) == "launch")
+
+
+def _level_extra(e: FitEvent, doc: Mapping[str, Any]) -> float | None:
+    """A launch-bound one-chunk event's chunk step extra over its baseline: what says its level; None
+    where it is not such an event, or its one located step holds less than half of its loss (not the
+    chunk's step: a decode-like step the window maths took for it)."""
+    if e.baseline_ms is None or len(e.chunk_steps_ms) != 1 or e.decode < 1 or e.chunk_size <= e.decode:
+        return None
+    x = e.chunk_steps_ms[0] - e.baseline_ms
+    return x if _launch_bound(doc, e.decode, e.prompt, e.chunk_size) and x >= e.total_ms / 2 else None
 
 
 def launch_levels(events: Sequence[FitEvent], grid: Grid, model: ContextAwareModel | None = None) -> LaunchLevels:
     """Which launch level each launch-bound one-chunk event ran at (module docs). Launch-bound by
     `model` (the fit on every event, when not given): one eager chunk whose launch term is at least
     its GPU work (`decision_eval.cost_regime`); its level from its one located chunk step, where that
-step holds at least half of the event's loss (a located step that holds less is not the chunk's:
-a decode-like step the window maths took for it)."""
+    step holds at least half of the event's loss (`_level_extra`). The result classifies any other
+    such chunk step by the same modes (`LaunchLevels.level_of`: an injected repetition's)."""
     if model is None:
         fitted = fit_passive_model(events, grid, bootstrap=0)
         if fitted is None:
@@ -334,23 +401,20 @@ a decode-like step the window maths took for it)."""
     doc = model.document()
     index, extra = [], []
     for i, e in enumerate(events):
-        if e.baseline_ms is None or len(e.chunk_steps_ms) != 1 or e.decode < 1 or e.chunk_size <= e.decode:
-            continue
-        ctx = chunk_context(doc, e.decode, e.prompt, e.chunk_size)
-        x = e.chunk_steps_ms[0] - e.baseline_ms
-        # the located step carries most of a one-chunk event's loss, or it is not the chunk's step
-        if ctx["n"] == 1 and ctx["eager_chunks"] == 1 and cost_regime(doc, ctx) == "launch" and x >= e.total_ms / 2:
+        x = _level_extra(e, doc)
+        if x is not None:
             index.append(i)
             extra.append(x)
     if len(extra) < MIN_LEVEL_EVENTS:
-        return LaunchLevels(len(extra), False)
+        return LaunchLevels(len(extra), False, model=model)
     values = np.asarray(extra, np.float64)
-    upper, separation = _two_modes(values)
+    upper, separation, modes = _two_modes(values)
     if upper.all() or not upper.any():
-        return LaunchLevels(len(extra), False, separation=separation)
+        return LaunchLevels(len(extra), False, separation=separation, model=model)
     return LaunchLevels(
         len(extra), separation > 2.0, float(np.median(values[~upper])), float(np.median(values[upper])), separation,
         frozenset(i for i, u in zip(index, upper) if not u), frozenset(i for i, u in zip(index, upper) if u),
+        modes, model,
     )
 
 
@@ -707,6 +771,140 @@ def injected_errors(rows: Sequence[Cell], injected: Mapping[Key, float]) -> Erro
               if c.key in errs and c.low_ms is not None and c.high_ms is not None]
     inside = sum(1 for low, high, value in bounds if low <= value <= high)
     return Errors(int(a.size), float(a.mean()), float(np.median(a)), float(a.max()), errs, inside, len(bounds))
+
+
+# --- level-matched scoring ---------------------------------------------------------------------
+
+
+MATCHED = "matched"  # the scoring mode beside LAUNCH_LEVELS' fits (module docs, "Level-matched scoring")
+
+
+def injected_reps(records: Iterable[Any]) -> dict[Key, list[FitEvent]]:
+    """The injected (not passive) records' repetitions as events of their cell (its exact D and P, the
+    repetition's baseline, located chunk steps and interference per stream): what
+    `LaunchLevels.level_of` reads each repetition's launch level from."""
+    out: dict[Key, list[FitEvent]] = {}
+    for record in records:
+        c = record.config
+        if getattr(c, "mode", None) == "passive":
+            continue
+        key = (int(c.chunk_size), int(c.decode_batch_size), int(c.new_prefill_tokens))
+        for rep in record.reps:
+            total = rep.derived.total_interference_ms
+            if total is None:
+                continue
+            out.setdefault(key, []).append(FitEvent(
+                key[0], key[1], key[2], float(total), rep.baseline.tpot_p50_ms,
+                tuple(rep.interference.chunk_step_times_ms or ()), source="injected"))
+    return out
+
+
+@dataclass(frozen=True)
+class MatchedCell:
+    """One cell scored at the launch level its injected repetitions ran at."""
+
+    cell: Cell  # the estimate scored: the level fits' (mixed in the repetitions' proportion), else the mixed fit's
+    level: str  # "slow", "fast", "slow+fast", or why the mixed estimate stands: "not launch-bound",
+    # "no two levels" (the events show one), "unread" (no repetition's chunk step says its level)
+    slow_reps: int = 0
+    fast_reps: int = 0
+    reps: int = 0
+    level_events: int = 0  # events in the cell's bins the level fit keeps (the cell's events for "mixed" ones)
+    read_events: int = 0  # of those, the launch-bound one-chunk events read at the cell's level(s)
+
+    @property
+    def matched(self) -> bool:
+        return self.slow_reps + self.fast_reps > 0
+
+
+@dataclass(frozen=True)
+class LevelMatched:
+    """The event model scored cell by cell at the injected repetitions' own launch levels."""
+
+    levels: LaunchLevels
+    cells: tuple[MatchedCell, ...]
+    errors: Errors  # the level-matched figure; never the headline (module docs)
+    minutes: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scoring": "level-matched (not the headline: the mixed fit's error is)",
+            "launch_levels": self.levels.to_dict(),
+            "vs_injected": self.errors.to_dict(),
+            "cells": [
+                {"chunk_size": m.cell.key[0], "decode_batch_size": m.cell.key[1], "new_prefill_tokens": m.cell.key[2],
+                 "level": m.level, "slow_reps": m.slow_reps, "fast_reps": m.fast_reps, "reps": m.reps,
+                 "level_events": m.level_events, "read_events": m.read_events,
+                 "aggregate_interference_ms": _r(m.cell.aggregate_ms, 4),
+                 "error": _r(self.errors.by_cell.get(m.cell.key))}
+                for m in self.cells if m.cell.key in self.errors.by_cell
+            ],
+        }
+
+
+def _mix(a: float | None, b: float | None, w: float) -> float | None:
+    return None if a is None or b is None else w * a + (1 - w) * b
+
+
+def level_matched(
+    events: Sequence[FitEvent],
+    grid: Grid,
+    injected: Mapping[Key, float],
+    reps: Mapping[Key, Sequence[FitEvent]],
+    *,
+    bootstrap: int = BOOTSTRAP,
+    min_events: int = MIN_EVENTS,
+    seed: int = 0,
+    variation: Mapping[str, Any] | None = None,
+    mixed: PassiveModel | None = None,
+) -> LevelMatched | None:
+    """Each reached injected cell scored at the launch level its own repetitions ran at (module docs,
+    "Level-matched scoring"): where the cell is launch-bound and the events show two levels, every
+    repetition is classified by `launch_levels`' modes (`LaunchLevels.level_of`) and the cell is
+    compared with the slow and the fast fits' estimates mixed in the repetitions' proportion (their
+    interval bounds mixed alike: at least as wide as the mixture's); every other cell with the mixed
+    fit's (`mixed`, given or fitted), as the headline figure has it."""
+    if mixed is None:
+        mixed = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed)
+    if mixed is None:
+        return None
+    levels = launch_levels(events, grid, mixed.model)
+    base = cells(mixed, events, grid, min_events, variation)
+    at: dict[str, dict[Key, Cell]] = {}
+    kept: dict[str, dict[Key, int]] = {}
+    read = {name: _events_per_cell([events[i] for i in sorted(ix)], grid)
+            for name, ix in (("slow", levels.slow), ("fast", levels.fast))}
+    if levels.split:
+        for name, other in (("slow", levels.fast), ("fast", levels.slow)):
+            fit = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed, launch_level=name)
+            if fit is None:
+                continue
+            at[name] = {c.key: c for c in cells(fit, events, grid, min_events, variation)}
+            kept[name] = _events_per_cell([e for i, e in enumerate(events) if i not in other], grid)
+    out = []
+    for c in base:
+        b, d, p = c.key
+        if not levels.launch_bound(d, p, b):
+            out.append(MatchedCell(c, "not launch-bound", level_events=c.events))
+            continue
+        seen = [levels.level_of(r) for r in reps.get(c.key, ())]
+        slow, fast = seen.count("slow"), seen.count("fast")
+        n = len(seen)
+        if not levels.split or len(at) < 2:
+            out.append(MatchedCell(c, "no two levels", reps=n, level_events=c.events))
+            continue
+        if not slow + fast:
+            out.append(MatchedCell(c, "unread", reps=n, level_events=c.events))
+            continue
+        w = slow / (slow + fast)
+        s, f = at["slow"][c.key], at["fast"][c.key]
+        cell = dataclasses.replace(c, aggregate_ms=w * s.aggregate_ms + (1 - w) * f.aggregate_ms,
+                                   low_ms=_mix(s.low_ms, f.low_ms, w), high_ms=_mix(s.high_ms, f.high_ms, w))
+        level = "slow" if not fast else "fast" if not slow else "slow+fast"
+        names = [x for x, k in (("slow", slow), ("fast", fast)) if k]
+        count = kept[names[0]].get(c.key, 0) if len(names) == 1 else c.events
+        out.append(MatchedCell(cell, level, slow, fast, n, count, sum(read[x].get(c.key, 0) for x in names)))
+    return LevelMatched(levels, tuple(out), injected_errors([m.cell for m in out], injected), mixed.minutes)
 
 
 # --- convergence -------------------------------------------------------------------------------

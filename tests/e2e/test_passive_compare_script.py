@@ -76,3 +76,20 @@ def test_no_passive_records_is_one_line_and_exit_2(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "no passive events" in result.stderr
+
+
+def test_level_matched_scoring_is_beside_the_mixed_headline_not_instead(tmp_path: Path) -> None:
+    result = _compare(tmp_path, "--injected", str(RUN / "injected"), "--launch-level", "matched")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads((tmp_path / "comparison.json").read_text())
+    committed = json.loads((RUN / "comparison.json").read_text())
+    assert doc["launch_level"] == "matched"
+    # the headline is the mixed fit's, its point errors as committed (they do not depend on the bootstrap)
+    assert doc["traces"]["summary"]["vs_injected"]["mape"] == committed["traces"]["summary"]["vs_injected"]["mape"]
+    last = doc["traces"]["level_matched"][-1]
+    assert last["scoring"].startswith("level-matched") and last["vs_injected"]["cells"] == 24
+    assert {c["level"] for c in last["cells"]} <= {"slow", "fast", "slow+fast", "not launch-bound", "no two levels",
+                                                    "unread"}
+    text = (tmp_path / "comparison.md").read_text()
+    assert "level-matched scoring beside the mixed headline" in text.splitlines()[0]
+    assert text.count("#### Level-matched scoring (not the headline figure)") == 2  # traces and cadence

@@ -20,7 +20,9 @@ from pdexporter.analysis.passive_model import (
     fit_passive_model,
     halfwidth,
     injected_errors,
+    injected_reps,
     launch_levels,
+    level_matched,
     passive_decision,
     reach,
 )
@@ -214,13 +216,16 @@ def test_joint_events_are_counted_apart_and_widen_the_cells_they_stand_in() -> N
             assert c.high_ms - c.low_ms > b.high_ms - b.low_ms
 
 
+FAST = ContextAwareModel(25.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
+SLOW = ContextAwareModel(60.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
+
+
 def _two_level_events(n: int, seed: int = 0) -> list[FitEvent]:
     """TRUE's events, but the launch-bound one-chunk prompts (600-2000 tokens) ran at the host's
     fast launch level (alpha0 25 ms) in the odd events and its slow one (alpha0 60 ms) in the even
     ones; every third a prompt of two or three chunks (9000-20000 tokens) as TRUE says."""
     rng = np.random.default_rng(seed)
-    fast = ContextAwareModel(25.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
-    slow = ContextAwareModel(60.0, 0.3, 0.0006, 1.5e-6, sigma0_ms=3.0, sigma1_ms_per_token=0.0004)
+    fast, slow = FAST, SLOW
     out = []
     for i in range(n):
         d = int(rng.integers(3, 14))
@@ -267,3 +272,105 @@ def test_one_launch_level_is_not_split() -> None:
     assert slow is not None and mixed is not None and slow.events == mixed.events
     with pytest.raises(ValueError, match="launch level"):
         fit_passive_model(events, GRID, bootstrap=5, launch_level="medium")
+
+
+# --- level-matched scoring ---------------------------------------------------------------------
+
+
+def _rep(truth: ContextAwareModel, d: int, p: int, steps: bool = True) -> FitEvent:
+    """One injected repetition of the cell (B, d, p) whose chunk step cost what `truth` says."""
+    pi = truth.chunk_penalties_ms(d, np.asarray(chunk_schedule(p, B, d), np.float64))
+    total = float(pi.sum() + truth.sigma0_ms + truth.sigma1_ms_per_token * p)
+    return FitEvent(B, d, p, total, 6.0, tuple(float(x) for x in 6.0 + pi) if steps else (), source="injected")
+
+
+# injected cells and the launch level their two repetitions ran at (launch-bound: one eager chunk of <= 2048)
+AT = {(B, 6, 1024): ("fast", "fast"), (B, 8, 1024): ("slow", "slow"), (B, 12, 1024): ("fast", "fast"),
+      (B, 8, 2048): ("slow", "fast"), (B, 12, 2048): ("slow", "slow")}
+TRUTH = {"slow": SLOW, "fast": FAST}
+
+
+def _injected_at_levels() -> tuple[dict[tuple[int, int, int], float], dict[tuple[int, int, int], list[FitEvent]]]:
+    reps = {k: [_rep(TRUTH[lv], k[1], k[2]) for lv in at] for k, at in AT.items()}
+    reps[(B, 8, 16384)] = [_rep(TRUE, 8, 16384)] * 2  # two chunks: not launch-bound
+    table = {k: float(np.mean([r.decode * r.total_ms for r in v])) for k, v in reps.items()}
+    return table, reps
+
+
+def test_level_matched_scores_each_injected_cell_at_the_level_its_repetitions_ran_at() -> None:
+    events = _two_level_events(300)
+    table, reps = _injected_at_levels()
+    matched = level_matched(events, GRID, table, reps, bootstrap=20)
+    assert matched is not None and matched.levels.split
+    by = {m.cell.key: m for m in matched.cells}
+    for key, at in AT.items():
+        m = by[key]
+        assert (m.slow_reps, m.fast_reps, m.reps) == (at.count("slow"), at.count("fast"), 2)
+        assert m.level == ("slow+fast" if len(set(at)) == 2 else at[0])
+        assert 0 < m.read_events <= m.level_events
+        assert m.cell.low_ms is not None and m.cell.high_ms is not None and m.cell.low_ms <= m.cell.high_ms
+        assert abs(matched.errors.by_cell[key]) < 0.1, key  # each cell within 10 % of its own level
+    # the one classifier: a repetition is read by the modes that split the events, as the events are
+    assert [matched.levels.level_of(e) for e in events if e.prompt < 2000] == [
+        "slow" if i % 2 == 0 else "fast" for i, e in enumerate(events) if e.prompt < 2000]
+    # a two-chunk cell is not launch-bound: scored as the mixed fit has it, unchanged
+    mixed = fit_passive_model(events, GRID, bootstrap=20)
+    assert mixed is not None
+    plain = {c.key: c for c in cells(mixed, events, GRID)}
+    assert by[(B, 8, 16384)].level == "not launch-bound" and by[(B, 8, 16384)].cell == plain[(B, 8, 16384)]
+    # the cell whose repetitions ran one at each level: the two level fits' estimates, half and half
+    at = {lv: fit_passive_model(events, GRID, bootstrap=0, launch_level=lv) for lv in ("slow", "fast")}
+    assert at["slow"] is not None and at["fast"] is not None
+    half = (float(at["slow"].predict(8, 2048, B)) + float(at["fast"].predict(8, 2048, B))) / 2
+    assert by[(B, 8, 2048)].cell.aggregate_ms == pytest.approx(half)
+
+
+def test_scoring_that_ignores_the_repetitions_levels_misses_cells_the_matched_scoring_hits() -> None:
+    """The injected reference read the fast level in some cells and the slow one in others: neither the
+    mixed fit nor one level's fit is within 15 % everywhere; scored level-matched, every cell is."""
+    events = _two_level_events(300)
+    table, reps = _injected_at_levels()
+    matched = level_matched(events, GRID, table, reps, bootstrap=20)
+    assert matched is not None and matched.errors.mape is not None and matched.errors.worst is not None
+    assert matched.errors.worst < 0.1
+    for level in ("mixed", "slow", "fast"):
+        fit = fit_passive_model(events, GRID, bootstrap=20, launch_level=level)
+        assert fit is not None
+        ignored = injected_errors(cells(fit, events, GRID), table)
+        assert ignored.worst is not None and ignored.worst > 0.25, level
+        assert ignored.mape is not None and ignored.mape > 2 * matched.errors.mape, level
+    # every repetition read as the opposite level (matching swapped) misses as badly
+    swapped = {k: [_rep(TRUTH["fast" if lv == "slow" else "slow"], k[1], k[2]) for lv in at] for k, at in AT.items()}
+    wrong = level_matched(events, GRID, table, {**reps, **swapped}, bootstrap=20)
+    assert wrong is not None and wrong.errors.worst is not None and wrong.errors.worst > 0.25
+
+
+def test_level_matched_keeps_the_mixed_estimate_where_no_level_can_be_read() -> None:
+    table, reps = _injected_at_levels()
+    blind = {k: [_rep(TRUTH[lv], k[1], k[2], steps=False) for lv in at] for k, at in AT.items()}
+    events = _two_level_events(300)
+    unread = level_matched(events, GRID, table, {**reps, **blind}, bootstrap=5)
+    assert unread is not None and {m.level for m in unread.cells if m.cell.key in AT} == {"unread"}
+    one = _events(200, seed=5)
+    single = level_matched(one, GRID, table, reps, bootstrap=5)
+    mixed = fit_passive_model(one, GRID, bootstrap=5)
+    assert single is not None and mixed is not None and not single.levels.split
+    assert all(m.level in ("no two levels", "not launch-bound") and not m.matched for m in single.cells)
+    assert single.errors == injected_errors(cells(mixed, one, GRID), table)  # the mixed figure, unchanged
+
+
+def test_injected_reps_take_each_repetition_of_the_injected_records() -> None:
+    from types import SimpleNamespace as NS
+
+    def rep(steps: list[float] | None, total: float | None) -> NS:
+        return NS(baseline=NS(tpot_p50_ms=10.0), interference=NS(chunk_step_times_ms=steps),
+                  derived=NS(total_interference_ms=total))
+
+    injected = NS(config=NS(mode="fast", chunk_size=B, decode_batch_size=12, new_prefill_tokens=512),
+                  reps=[rep([78.1], 62.0), rep(None, 60.0), rep([70.0], None)])
+    passive = NS(config=NS(mode="passive", chunk_size=B, decode_batch_size=12, new_prefill_tokens=512),
+                 reps=[rep([70.0], 50.0)])
+    out = injected_reps([injected, passive])
+    assert list(out) == [(B, 12, 512)]
+    assert [(e.decode, e.prompt, e.total_ms, e.baseline_ms, e.chunk_steps_ms) for e in out[(B, 12, 512)]] == [
+        (12, 512, 62.0, 10.0, (78.1,)), (12, 512, 60.0, 10.0, ())]
