@@ -262,9 +262,10 @@ def profile_from_config(
 ) -> Profile:
     """A projected profile: the model of `config` on `gpu` (module docs). `carry_from`: the calibrated
     reference profile(s) (default: the shipped calibrated ones, `projection.REFERENCES`); the first
-    one's host, engine loop and engine settings are carried. `rule` "learned" takes each step-time
+    one's host, engine settings and engine loop are carried (under the learned rule the engine loop's
+    two latencies from the references of the model's kind). `rule` "learned" takes each step-time
     parameter by what it prices (`pdexporter.sim.projection`); "carry" is the rule before issue 36
-    (the first reference's efficiencies, layer costs scaled by layers). `dummy_weights` keeps the
+    (the first reference's efficiencies and engine loop, layer costs scaled by layers). `dummy_weights` keeps the
     calibrated profile's routing of generated tokens (a fraction of the experts, as vLLM's
     `--load-format dummy` weights route); else generated tokens route over all experts as real
     weights do."""
@@ -354,7 +355,10 @@ def profile_from_config(
                           f"{carried}; moe_expert_pool "
                           + (f"{pool:.1f}: the dummy weights' fraction of experts" if pool else "all experts")}
            if learned is not None else {}),
-        "engine_loop": f"{carried}: host and vLLM costs (front end, admission, retirement, idle start), PROJECTED",
+        "engine_loop": (f"{carried}: host and vLLM costs (front end, admission, retirement, idle start), PROJECTED"
+                        if learned is None else
+                        f"PROJECTED, {learned.engine_loop_provenance}; admit_us_per_block, "
+                        f"retire_us_per_token {carried}"),
         "host": f"{carried}: the slow-host episodes of that machine, PROJECTED",
         "kv_transfer": f"link bandwidth from the datasheet; efficiency and fixed cost {carried}, PROJECTED",
     }
@@ -379,7 +383,7 @@ def profile_from_config(
         model=model,
         engine=engine,
         step_time=step_time,
-        engine_loop=ref.engine_loop,
+        engine_loop=ref.engine_loop if learned is None else ref.engine_loop.model_copy(update=learned.engine_loop),
         host=ref.host,
         kv_transfer=kv_transfer,
     )

@@ -21,14 +21,27 @@ layer count. The parameters do not all mean the same thing from one model to ano
   (dense: big contiguous matrices; MoE: the experts a step touches), else all.
 - `attention_efficiency`, FlashAttention's prefill kernel: every reference's (the same kernel,
   whatever the MLP).
-- `fixed_ms`, `launch_eager_ms`, `launch_piecewise_ms`, per-step GPU overhead and CPU launch
-  (kernels, so layers): a cost per dense layer and per MoE layer, least squares over the references
-  (`per_layer_costs`); with references of one kind of layer only, one cost per layer whatever its
-  kind (the old rule: scaled by layers). The CPU ones (launches) are read at each reference's mean
-  host level and the target's put back at the nominal level of the host it carries (`host_level`):
-  a calibration places its nominal host where its fit found the fast level or the common one.
-- the rest (`cpu_us_per_token`, the roofline, the P/D figures; engine loop, host: the host and
-  vLLM, not the model): the first reference's.
+- `fixed_ms`, per-step GPU overhead (kernels, so layers): a cost per dense layer and per MoE layer,
+  least squares over the references (`per_layer_costs`); with references of one kind of layer only,
+  one cost per layer whatever its kind (the old rule: scaled by layers).
+- `launch_eager_ms`, `launch_piecewise_ms`, the CPU launching a step's kernels: a cost per step plus
+  one per dense layer and one per MoE layer (`step_and_layer_costs`: non-negative least squares over
+  [1, dense layers, MoE layers]) where the references determine the three (three or more references,
+  two dense ones of different depths among them); else per layer as `fixed_ms` (the MoE and Llama
+  profiles of `REFERENCES` alone: unchanged). The three dense calibrations' launches do not scale
+  with the layers (at each one's mean host level 29.2 ms at 32 layers, 37.8 at 40, 46.3 at 64), and
+  leaving one model out the constant took the 14B's penalty from 19.8 to 16.6 % (docs/sim.md). The
+  launches are read at each reference's mean host level and the target's put back at the nominal
+  level of the host it carries (`host_level`): a calibration places its nominal host where its fit
+  found the fast level or the common one.
+- the engine loop's two latencies, `idle_start_ms` and `request_overhead_ms` (the engine core
+  waking for a lone request, the front end): the mean of the references of the target's kind (dense
+  / MoE), else the first reference's. The MoE profile's idle start is 9.46 ms, the dense fits' 0.30
+  (14B) and 2.41 (32B); carried to the 14B it projected its prefill alone at P = 512 +35 %.
+- the rest (`cpu_us_per_token`, the roofline, the P/D figures; the engine loop's CPU costs per block
+  and per token, `admit_us_per_block`, `retire_us_per_token`, which the host's slow level scales; the
+  host): the first reference's. Those two CPU costs from the references of its kind were worse
+  leaving one model out (the Llama's prefill duration 5.8 -> 7.6 %).
 
 With the MoE profile alone (what the project had before the dense run) a dense target differs from
 the old projection only in `matmul_efficiency`; with a calibrated dense profile among the references
@@ -41,7 +54,7 @@ them: leaving one model out, learning from more models was not better where it c
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,9 +65,11 @@ __all__ = [
     "REFERENCES",
     "Projection",
     "calibrated",
+    "engine_loop_latencies",
     "host_level",
     "per_layer_costs",
     "project_step_time",
+    "step_and_layer_costs",
     "weight_efficiency",
 ]
 
@@ -62,6 +77,8 @@ __all__ = [
 # (not h200-qwen2.5-32b-instruct: module docs)
 REFERENCES = ("h200-qwen3-coder-30b-a3b", "h200-llama-3.1-8b-instruct")
 LAYER_COSTS = ("fixed_ms", "launch_eager_ms", "launch_piecewise_ms")
+STEP_COSTS = ("launch_eager_ms", "launch_piecewise_ms")  # a cost per step besides the layers' (module docs)
+LOOP_LATENCIES = ("idle_start_ms", "request_overhead_ms")  # from the references of the target's kind
 
 
 def calibrated(profile: Profile) -> bool:
@@ -108,10 +125,37 @@ def per_layer_costs(refs: Sequence[Profile], name: str) -> tuple[float, float, s
     return per_layer, per_layer, "per layer, whatever its kind (the references have one kind of layer)"
 
 
+def step_and_layer_costs(refs: Sequence[Profile], name: str) -> tuple[float, float, float, str]:
+    """(cost per step, per dense layer, per MoE layer, how) of a launch over the references, read at each
+    one's mean host level: non-negative least squares over [1, dense layers, MoE layers] where the
+    references determine the three (rank 3), else no constant and `per_layer_costs`."""
+    rows = np.array([[1.0, p.model.num_layers - p.model.moe_layers, p.model.moe_layers] for p in refs], dtype=float)
+    if np.linalg.matrix_rank(rows) >= 3:
+        from scipy.optimize import nnls
+
+        values = np.array([getattr(p.step_time, name) * host_level(p, name) for p in refs], dtype=float)
+        (step, dense, moe), _ = nnls(rows, values)
+        return float(step), float(dense), float(moe), ("a cost per step, per dense layer and per MoE layer "
+                                                       "(non-negative least squares over the references)")
+    dense, moe, how = per_layer_costs(refs, name)
+    return 0.0, dense, moe, how
+
+
+def engine_loop_latencies(model: ModelSpec, refs: Sequence[Profile]) -> tuple[dict[str, float], str]:
+    """`idle_start_ms` and `request_overhead_ms` of `model`: the mean of the references of its kind (dense /
+    MoE), else the first reference's (module docs)."""
+    same = [p for p in refs if p.model.is_moe == model.is_moe] or list(refs[:1])
+    values = {n: float(np.mean([getattr(p.engine_loop, n) for p in same])) for n in LOOP_LATENCIES}
+    return values, ("idle_start_ms, request_overhead_ms: the references of its kind (" + ", ".join(p.name for p in same)
+                    + ")")
+
+
 @dataclass(frozen=True)
 class Projection:
     values: dict[str, float]  # step_time parameters
     provenance: str  # one line per rule, for the profile's provenance
+    engine_loop: dict[str, float] = field(default_factory=dict)  # engine_loop parameters learnt (the rest carried)
+    engine_loop_provenance: str = ""
 
 
 def project_step_time(model: ModelSpec, refs: Sequence[Profile], *, measured_gemm_efficiency: float | None
@@ -155,11 +199,17 @@ def project_step_time(model: ModelSpec, refs: Sequence[Profile], *, measured_gem
     values["attention_efficiency"] = float(np.mean([p.step_time.attention_efficiency for p in refs]))
     how.append("attention_efficiency: every reference's (the same kernel)")
     dense_layers = model.num_layers - model.moe_layers
+    rules: dict[str, str] = {}
     for name in LAYER_COSTS:
-        per_dense, per_moe, rule = per_layer_costs(refs, name)
+        if name in STEP_COSTS:
+            per_step, per_dense, per_moe, rules[name] = step_and_layer_costs(refs, name)
+        else:
+            (per_dense, per_moe, rules[name]), per_step = per_layer_costs(refs, name), 0.0
         # at the mean host level, back to the nominal one of the host the target carries (the first reference's)
-        values[name] = (per_dense * dense_layers + per_moe * model.moe_layers) / host_level(refs[0], name)
-    how.append(f"fixed_ms, launch_eager_ms, launch_piecewise_ms: {rule}, x {dense_layers} dense + "
-               f"{model.moe_layers} MoE layers (the launches at each reference's mean host level, then at the "
-               "nominal level of the host carried)")
-    return Projection(values, "; ".join(how))
+        values[name] = (per_step + per_dense * dense_layers + per_moe * model.moe_layers) / host_level(refs[0], name)
+    for rule in dict.fromkeys(rules.values()):
+        names = ", ".join(n for n in LAYER_COSTS if rules[n] == rule)
+        how.append(f"{names}: {rule}, x {dense_layers} dense + {model.moe_layers} MoE layers")
+    how.append("(the launches at each reference's mean host level, then at the nominal level of the host carried)")
+    loop, loop_how = engine_loop_latencies(model, refs)
+    return Projection(values, "; ".join(how), loop, loop_how)

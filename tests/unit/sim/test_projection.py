@@ -9,7 +9,13 @@ from pdexporter.errors import ConfigError
 from pdexporter.predict.calibrate import free_for, with_values
 from pdexporter.sim.modelconfig import load_config, profile_from_config, references
 from pdexporter.sim.profile import load_profile
-from pdexporter.sim.projection import host_level, per_layer_costs, project_step_time, weight_efficiency
+from pdexporter.sim.projection import (
+    host_level,
+    per_layer_costs,
+    project_step_time,
+    step_and_layer_costs,
+    weight_efficiency,
+)
 
 MOE = "h200-qwen3-coder-30b-a3b"
 LAYER_COSTS = ("fixed_ms", "launch_eager_ms", "launch_piecewise_ms")
@@ -104,6 +110,72 @@ def test_references_calibrated_at_different_host_levels_are_compared_at_their_me
     third = _project("qwen3-8b", [fast, common])
     assert third.host == fast.host
     assert third.step_time.launch_eager_ms == pytest.approx(28.0 * 36 / 32 / 2.0)
+
+
+def _level_host(prof, name: str, **step):
+    """`prof` renamed, calibrated, its host at one level (mean host level 1), `step` its step-time values."""
+    return prof.model_copy(update={
+        "name": name, "calibration": "calibrated",
+        "step_time": prof.step_time.model_copy(update=step),
+        "host": prof.host.model_copy(update={"slow_factor": 1.0, "slow_fraction": 0.0})})
+
+
+def test_a_launch_is_a_cost_per_step_and_per_layer_where_the_references_determine_both(moe, dense_ref):
+    """Three dense calibrations launched 29, 38 and 46 ms at 32, 40 and 64 layers: not proportional to the
+    layers. References built with a known cost per step and per layer give those costs back."""
+    step, per_dense, per_moe = 12.0, 0.5, 0.9
+    cfg, source = load_config("qwen2.5-32b-instruct")
+    deep = profile_from_config(cfg, "H200", model_name="qwen2.5-32b-instruct", source=source, carry_from=[moe],
+                               rule="carry")
+    refs = [_level_host(moe, "moe", launch_eager_ms=step + per_moe * 48, launch_piecewise_ms=1.0 + 0.1 * 48,
+                        fixed_ms=0.05 * 48)]
+    refs += [_level_host(prof, f"dense-{n}", launch_eager_ms=step + per_dense * n, launch_piecewise_ms=1.0 + 0.05 * n,
+                         fixed_ms=0.04 * n) for prof, n in ((dense_ref, 32), (deep, 64))]
+    got = step_and_layer_costs(refs, "launch_eager_ms")
+    assert got[:3] == pytest.approx((step, per_dense, per_moe)) and "per step" in got[3]
+    target = _project("qwen3-14b", refs)  # 40 dense layers, nobody's depth among the references
+    assert target.step_time.launch_eager_ms == pytest.approx(step + per_dense * 40)
+    assert target.step_time.launch_piecewise_ms == pytest.approx(1.0 + 0.05 * 40)
+    # the GPU's per-step overhead stays a cost per layer (a constant there took the Llama's baseline 5.7 -> 10.0 %
+    # leaving one model out)
+    assert target.step_time.fixed_ms == pytest.approx(per_layer_costs(refs, "fixed_ms")[0] * 40)
+    assert "a cost per step" in target.provenance["step_time"]
+    # two references (the shipped MoE and Llama profiles): a constant is not determined, the rule per layer
+    two = step_and_layer_costs(refs[:2], "launch_eager_ms")
+    assert two[0] == 0.0 and two[1:3] == pytest.approx(per_layer_costs(refs[:2], "launch_eager_ms")[:2])
+    assert _project("qwen3-14b", refs[:2]).step_time.launch_eager_ms == pytest.approx((step + per_dense * 32) / 32 * 40)
+    # the launches are still read at each reference's mean host level, the target's at the host it carries
+    slow = refs[0].model_copy(update={"host": moe.host})
+    assert _project("qwen3-14b", [slow, *refs[1:]]).step_time.launch_eager_ms == pytest.approx(
+        step_and_layer_costs([slow, *refs[1:]], "launch_eager_ms")[0] / host_level(moe, "launch_eager_ms")
+        + step_and_layer_costs([slow, *refs[1:]], "launch_eager_ms")[1] * 40 / host_level(moe, "launch_eager_ms"))
+
+
+def test_the_engine_loops_latencies_come_from_the_references_of_the_targets_kind(moe, dense_ref):
+    """The MoE profile's idle start is 9.46 ms, the dense fits' 0.30-2.41: carried to the 14B it projected
+    its prefill alone at P = 512 +35 %. A dense target takes them from the dense references, an MoE one from
+    the MoE references, and without a reference of its kind from the first; the CPU costs per block and
+    per token, which the carried host scales, stay the first reference's."""
+    loop = {"idle_start_ms": 0.5, "request_overhead_ms": 3.0, "admit_us_per_block": 1.0, "retire_us_per_token": 2.0}
+    dense = dense_ref.model_copy(update={"engine_loop": dense_ref.engine_loop.model_copy(update=loop)})
+    other = dense.model_copy(update={"name": "h200-other-dense", "engine_loop": dense.engine_loop.model_copy(
+        update={"idle_start_ms": 1.5, "request_overhead_ms": 5.0})})
+    assert moe.engine_loop.idle_start_ms > 9
+    target = _project("qwen3-14b", [moe, dense, other])
+    assert target.engine_loop.idle_start_ms == pytest.approx(1.0)  # the dense references' mean, not the MoE's
+    assert target.engine_loop.request_overhead_ms == pytest.approx(4.0)
+    assert target.engine_loop.admit_us_per_block == moe.engine_loop.admit_us_per_block
+    assert target.engine_loop.retire_us_per_token == moe.engine_loop.retire_us_per_token
+    assert target.host == moe.host
+    assert "idle_start_ms, request_overhead_ms: the references of its kind" in target.provenance["engine_loop"]
+    # an MoE target from the same references: the MoE profile's, whatever the order
+    moe_target = _project("qwen3-coder-30b-a3b", [dense, moe, other])
+    assert moe_target.engine_loop.idle_start_ms == moe.engine_loop.idle_start_ms
+    # no reference of its kind: the first reference's
+    assert _project("qwen3-coder-30b-a3b", [dense, other]).engine_loop.idle_start_ms == pytest.approx(0.5)
+    assert _project("qwen3-14b", [moe]).engine_loop == moe.engine_loop
+    # the rule before issue 36 carries the first reference's engine loop whole
+    assert _project("qwen3-14b", [moe, dense, other], rule="carry").engine_loop == moe.engine_loop
 
 
 def test_an_moe_model_from_a_dense_reference_alone_reaches_its_weight_efficiency(dense_ref):
