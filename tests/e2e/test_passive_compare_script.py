@@ -93,3 +93,21 @@ def test_level_matched_scoring_is_beside_the_mixed_headline_not_instead(tmp_path
     text = (tmp_path / "comparison.md").read_text()
     assert "level-matched scoring beside the mixed headline" in text.splitlines()[0]
     assert text.count("#### Level-matched scoring (not the headline figure)") == 2  # traces and cadence
+
+
+def test_campaign_variation_is_carried_into_the_intervals_and_a_bad_file_is_one_line(tmp_path: Path) -> None:
+    """--campaign-variation (held_out.json): the full fits' intervals carry what moves between campaigns,
+    so at least as many injected cells fall inside them; a file that is not there is one line, exit 2."""
+    held_out = ROOT / "results" / "h200-held-out" / "held_out.json"
+    plain, carried = tmp_path / "plain", tmp_path / "carried"
+    runs = [_compare(out, "--injected", str(RUN / "injected"), *extra)
+            for out, extra in ((plain, ()), (carried, ("--campaign-variation", str(held_out))))]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    docs = [json.loads((out / "comparison.json").read_text())["traces"]["summary"]["vs_injected"]
+            for out in (plain, carried)]
+    assert docs[0]["mape"] == docs[1]["mape"]  # the point estimates do not move
+    assert docs[1]["inside_interval"] >= docs[0]["inside_interval"] and docs[1]["inside_interval"] > 0, docs
+    assert "carry the campaign variation" in (carried / "comparison.md").read_text().splitlines()[0]
+    bad = _compare(tmp_path / "bad", "--injected", str(RUN / "injected"), "--campaign-variation",
+                   str(tmp_path / "nope.json"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope.json" in bad.stderr, bad.stderr
