@@ -228,6 +228,41 @@ def _matched_lines(series: list[LevelMatched | None], result: PassiveAnswer, tab
     return lines
 
 
+def _model_lines(title: str, result: PassiveAnswer | None, table: Mapping[Key, float],
+                 origin: Mapping[Key, str]) -> list[str]:
+    """One event model's section: its convergence, the cells it did not reach, its error per cell."""
+    if result is None:
+        return ["", f"### {title}", "", "too few events inside the grid's prompt span for a model"]
+    lines = ["", f"### {title}", "", *_levels_line(result),
+             "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max "
+             "| injected inside the 95 % interval |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in result.convergence:
+        e = c.errors
+        lines.append(
+            f"| {c.minutes:g} | {c.events} | {c.reached} | {_fmt(c.halfwidth)} | "
+            f"{_fmt(e.mape if e else None)} | {_fmt(e.median if e else None)} | "
+            f"{_fmt(e.worst if e else None)} | {e.coverage if e else '-'} |"
+        )
+    for why, keys in result.not_reached.items():
+        lines.append(
+            f"- not reached, {why}: {len(keys)} cells ({', '.join(keys[:8])}"
+            f"{', ...' if len(keys) > 8 else ''})"
+        )
+    if result.errors is not None and result.errors.by_cell:
+        lines.extend(["", "| D | P | events in bin | predicted ms [95 % CI] | injected ms (from) | error |",
+                      "|---|---|---|---|---|---|"])
+        for cell in result.cells:
+            if cell.key in result.errors.by_cell:
+                ci = "" if cell.low_ms is None else f" [{cell.low_ms:.0f}-{cell.high_ms:.0f}]"
+                lines.append(
+                    f"| {cell.key[1]} | {cell.key[2]} | {cell.events} | {cell.aggregate_ms:.0f}{ci} | "
+                    f"{table[cell.key]:.0f} ({origin[cell.key]}) | "
+                    f"{result.errors.by_cell[cell.key] * 100:+.1f} % |"
+                )
+    return lines
+
+
 def _title(chunks: Sequence[int], launch_level: str, variation: bool) -> str:
     level = (
         "" if launch_level == "mixed"
@@ -304,45 +339,9 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
                         launch_level=fit_level, variation=variation)
         if result is not None:
             fits[label] = result
+        lines.extend(_model_lines(title, result, table, origin))
         if result is None:
-            lines.extend(["", f"### {title}", "", "too few events inside the grid's prompt span for a model"])
             return {"model": None}
-        lines.extend(["", f"### {title}", "", *_levels_line(result)])
-        lines.extend(
-            [
-                "| minutes | events used | cells reached | 95 % half-width | MAPE vs injected | median | max "
-                "| injected inside the 95 % interval |",
-                "|---|---|---|---|---|---|---|---|",
-            ]
-        )
-        for c in result.convergence:
-            e = c.errors
-            lines.append(
-                f"| {c.minutes:g} | {c.events} | {c.reached} | {_fmt(c.halfwidth)} | "
-                f"{_fmt(e.mape if e else None)} | {_fmt(e.median if e else None)} | "
-                f"{_fmt(e.worst if e else None)} | {e.coverage if e else '-'} |"
-            )
-        for why, keys in result.not_reached.items():
-            lines.append(
-                f"- not reached, {why}: {len(keys)} cells ({', '.join(keys[:8])}"
-                f"{', ...' if len(keys) > 8 else ''})"
-            )
-        if result.errors is not None and result.errors.by_cell:
-            lines.extend(
-                [
-                    "",
-                    "| D | P | events in bin | predicted ms [95 % CI] | injected ms (from) | error |",
-                    "|---|---|---|---|---|---|",
-                ]
-            )
-            for cell in result.cells:
-                if cell.key in result.errors.by_cell:
-                    ci = "" if cell.low_ms is None else f" [{cell.low_ms:.0f}-{cell.high_ms:.0f}]"
-                    lines.append(
-                        f"| {cell.key[1]} | {cell.key[2]} | {cell.events} | {cell.aggregate_ms:.0f}{ci} | "
-                        f"{table[cell.key]:.0f} ({origin[cell.key]}) | "
-                        f"{result.errors.by_cell[cell.key] * 100:+.1f} % |"
-                    )
         block = result.to_dict()
         if matched and table:
             series = [
