@@ -378,7 +378,8 @@ def test_classify_host_reads_the_chunk_steps_where_the_launch_hides_behind_the_g
     ~25 or ~50 ms. The first token comes when the GPU is done either way (prefill 143 ms), so only the
     chunk step's interval tells the host's states apart: 100 ms fast, 69 ms slow (the step before took
     the rest; results/h200-vllm0.22-qwen2.5-32b-instruct/3072/raw/D4_P1024_r*.json.gz)."""
-    from pdexporter.predict.calibrate import classify_host, host_figure, host_sensitive
+    from pdexporter.predict.calibrate import classify_host, host_sensitive
+    from pdexporter.predict.calibrate.loop import host_figure
 
     hidden = (3072, 4, 1024)
     nominal, slow = {hidden: _figures(143.0, 100.0)}, {hidden: _figures(144.0, 70.0)}
@@ -480,7 +481,7 @@ def test_a_fit_that_lets_slow_factor_fall_to_one_is_judged_at_the_bases_and_star
     with that profile no configuration moves with the host, so the second start never ran. Which configurations
     the host moves is judged at the base's slow_factor. Scripted doubles stand in for the rounds (each a
     calibration of its own) and for the simulator's host states; the logic between them is the real one."""
-    import pdexporter.predict.calibrate as cal
+    import pdexporter.predict.calibrate.fit as cal  # where _fit_from_starts looks _rounds and host_states up
 
     start = base.model_copy(update={"host": base.host.model_copy(update={"slow_factor": 1.5, "slow_fraction": 0.2})})
     key = (8192, 4, 1024)
