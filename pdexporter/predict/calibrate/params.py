@@ -36,10 +36,10 @@ LOOP_FREE = ("launch_eager_ms", "launch_piecewise_ms", "cpu_us_per_token", "requ
 DEFAULT_FREE = STEP_FREE + LOOP_FREE
 LOOP_PARAMS = frozenset(EngineLoopParams.model_fields)
 HOST_PARAMS = frozenset({"slow_factor"})  # the host section's (`HostParams`): fitted with the loop
-SLOW_FACTOR_START = 1.6
+SLOW_FACTOR_START = 1.6  # the H200 machine's slow episodes: ~80 ms launch-bound steps against ~50
 # a last "chunk step" this short is a few-token tail that ran as a plain decode step: the cadence may not
 # see it (the engine then puts 0 ms there), so it is not fitted
-TAIL_AS_DECODE_MS = 5.0  # the H200 machine's slow episodes: ~80 ms launch-bound steps against ~50
+TAIL_AS_DECODE_MS = 5.0
 BOUNDS: dict[str, tuple[float, float]] = {
     "fixed_ms": (0.0, 50.0),
     "matmul_efficiency": (0.05, 1.0),
