@@ -159,6 +159,25 @@ def test_slow_steps_and_total_interference_are_exact_on_clean_timelines(
     assert math.isclose(w.during_p50_ms, float(np.median(chunk_ms)), rel_tol=1e-9)
 
 
+def test_totals_leave_out_a_stream_still_in_its_warm_up_when_the_window_opens() -> None:
+    # Passive mode: the exporter restarts a probe (256 tokens) while production prefills come, so a
+    # probe may be in its first `warmup_tokens` tokens when a run of slow steps begins. Its intervals
+    # up to token 16 are discarded, so it holds only the window's tail (here the second chunk step):
+    # averaged in, it read a 2-chunk event 25 % low (4 probes; the H200 passive runs: 13 of 379 events,
+    # 13 of 189, 14 of 357, up to 35 % low).
+    chunks, lead = [150.0, 150.0], 60
+    streams, t_inject, t_first, base = _scenario(chunks, d=4, lead=lead, async_depth=1)
+    late = streams[3][lead - 15:]  # its token 16 comes with the first chunk's step, after t_inject
+    w = analyse_window([*streams[:3], late], t_inject, t_first, base)
+    assert w.total_interference_ms == pytest.approx(sum(c - 6.0 for c in chunks), abs=1e-6)
+    # a stream whose warm-up ended just before the window counts whole
+    ready = streams[3][lead - 18:]
+    w = analyse_window([*streams[:3], ready], t_inject, t_first, base)
+    assert w.total_interference_ms == pytest.approx(sum(c - 6.0 for c in chunks), abs=1e-6)
+    # with no stream past its warm-up, no stream saw the whole window: no total
+    assert analyse_window([late], t_inject, t_first, base).total_interference_ms is None
+
+
 def test_totals_are_charged_against_the_cadence_just_before_the_injection() -> None:
     # Phase 1 measured 6.9 ms, but the decodes ran 6.0 ms steps before and after the prefill (the
     # H200's DecodeBench campaign of 2026-12-03 at D = 7: 6.44 against 5.59 ms): one 10.5 ms
