@@ -6,6 +6,7 @@ I/O edges; the CLI commands (`export-table`, `report`, `decide`) call these and 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = [
     "joined_out_dir",
     "load_joined",
     "load_passive_events",
+    "request_prompts",
     "load_results",
     "progress_steps",
     "record_paths",
@@ -260,16 +262,40 @@ def write_outputs(analysis: Analysis, out_dir: str | Path, *, plots: bool = True
     return written
 
 
+def request_prompts(results_dirs: Sequence[str | Path]) -> dict[str, int]:
+    """Request id -> prompt tokens of every production prefill the traces told, from each passive
+    directory's `REQUESTS_LOG` (requests.jsonl, `run --passive --out`) where it is there: where a joint
+    event's record predates its `prompt_sizes`, its prompts by its request ids
+    (`analysis.passive_model.joint_prompts`). Lines that do not parse are skipped."""
+    from pdexporter.measure.passive import REQUESTS_LOG
+
+    out: dict[str, int] = {}
+    for directory in results_dirs:
+        path = Path(directory) / REQUESTS_LOG
+        if not path.is_file():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("request_id"), str) \
+                    and isinstance(row.get("prompt_tokens"), int):
+                out[row["request_id"]] = row["prompt_tokens"]
+    return out
+
+
 def load_passive_events(results_dirs: Sequence[str | Path]) -> list[Any]:
     """The published events of the passive records under these directories, and their joint ones
-    (`JOINT_DIR`), each at its exact (D, P) (`analysis.passive_model.events_from_records`)."""
+    (`JOINT_DIR`), each at its exact (D, P) (`analysis.passive_model.events_from_records`; a joint
+    event's prompts from its record, else from the directory's requests.jsonl: `request_prompts`)."""
     from pdexporter.analysis.passive_model import events_from_records
     from pdexporter.measure.passive import JOINT_DIR
 
     paths = [path for directory in results_dirs for path in record_paths(directory)]
     paths += [path for directory in results_dirs
               for path in ResultsStore(Path(directory) / JOINT_DIR).iter_record_paths()]
-    return events_from_records(load_record_file(path) for path in paths)
+    return events_from_records((load_record_file(path) for path in paths), request_prompts(results_dirs))
 
 
 def injected_values(results_dir: str | Path) -> dict[tuple[int, int, int], float]:

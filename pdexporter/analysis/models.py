@@ -122,6 +122,7 @@ __all__ = [
     "nnls",
     "num_chunks",
     "r_squared",
+    "stream_pairs",
 ]
 
 SEED_MODEL = "seed_per_chunk"
@@ -159,6 +160,26 @@ def attention_pairs(chunk: Any, prefix: Any) -> np.ndarray:
     return c * np.asarray(prefix, dtype=np.float64) + c * (c + 1) / 2
 
 
+def stream_pairs(chunks: Any, prompts: Sequence[int] | None = None) -> np.ndarray:
+    """Query x context pairs of each chunk of one chunked stream. Without `prompts` (or with one) the
+    stream is one prompt; with several (a passive joint event: k prefills the engine ran as one stream
+    of their summed tokens, in order), each chunk's tokens attend only within their own prompt, so a
+    chunk is split at the prompts' boundaries and each piece counts its pairs from its own prompt's
+    start: sum_i P_i (P_i + 1) / 2 over the stream, not P (P + 1) / 2 of the sum. Prompts that do not
+    add up to the stream's tokens are not its prompts: the stream is then read as one prompt."""
+    c = np.asarray(chunks, np.float64)
+    start = np.concatenate([[0.0], np.cumsum(c)[:-1]])
+    if prompts is None or len(prompts) < 2 or sum(prompts) != round(float(c.sum())):
+        return attention_pairs(c, start)
+    bounds = np.concatenate([[0.0], np.cumsum(np.asarray(prompts, np.float64))])
+    out = np.zeros(c.size)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        lo, hi = np.maximum(start, a), np.minimum(start + c, b)
+        piece = np.maximum(hi - lo, 0.0)
+        out += np.where(piece > 0, attention_pairs(piece, lo - a), 0.0)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Data
 
@@ -176,6 +197,10 @@ class FitData:
     design: Design | None = field(default=None, repr=False, compare=False)  # context-aware rows, if built
     engine: str = DEFAULT_ENGINE  # whose chunk rule cut the prompts (engines.adapter)
     baseline_ms: np.ndarray | None = None  # per point: its decode-only step (TPOT baseline p50)
+    # per point: the prompts its one chunked stream of `prefill` tokens is made of, in the order the
+    # engine ran them (a passive joint event's; None, or one prompt: the point is one prompt of P).
+    # Attention pairs are each prompt's own (`stream_pairs`); chunks, launches and tokens the stream's.
+    prompts: tuple[tuple[int, ...], ...] | None = None
 
     def __len__(self) -> int:
         return int(self.decode.size)
@@ -191,7 +216,14 @@ class FitData:
             self.total_ms[index], tuple(self.steps[i] for i in index),
             self.design.rows_of(index) if self.design is not None else None, self.engine,
             None if self.baseline_ms is None else self.baseline_ms[index],
+            None if self.prompts is None else tuple(self.prompts[i] for i in index),
         )
+
+    def prompts_of(self, i: int) -> tuple[int, ...] | None:
+        """Point i's prompts where its stream is several (None: one prompt of its P)."""
+        if self.prompts is None or len(self.prompts[i]) < 2:
+            return None
+        return self.prompts[i]
 
     @property
     def chunks(self) -> np.ndarray:
@@ -375,12 +407,16 @@ class ContextAwareModel:
 
     def chunk_penalty_ms(self, d: Any, chunk: Any, prefix: Any) -> np.ndarray:
         """One eager chunk step's extra per decode stream: the longer of the launch floor and the GPU's work."""
+        return self.eager_penalty_ms(d, chunk, attention_pairs(chunk, prefix))
+
+    def eager_penalty_ms(self, d: Any, chunk: Any, pairs: Any) -> np.ndarray:
+        """`chunk_penalty_ms` given each chunk's attention pairs."""
         a0, a1, g, be = self.values
         d = np.asarray(d, np.float64)
         c = np.asarray(chunk, np.float64)
         launch = np.maximum(0.0, a0 + a1 * d)
         delta = self.delta_ms_per_decode_token or 0.0
-        return np.maximum(launch, self.compute0_ms + (g + delta * d) * c + be * attention_pairs(c, prefix))
+        return np.maximum(launch, self.compute0_ms + (g + delta * d) * c + be * np.asarray(pairs, np.float64))
 
     def chunk_penalties_ms(self, d: int, chunks: Sequence[float]) -> np.ndarray:
         """Each chunk step's extra per decode stream, in chunk order: kappa c as a CUDA graph (+ graph0
@@ -603,13 +639,14 @@ DESIGN_COLUMNS = ("launch_at_d_lo", "launch_at_d_hi", "compute_fixed", "compute_
 _DELTA = DESIGN_COLUMNS.index("compute_decode_tokens")
 
 
-def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[float, float]) -> np.ndarray:
+def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[float, float],
+                prompts: Sequence[int] | None = None) -> np.ndarray:
     """One raw row per chunk step (RAW_COLUMNS). The last step carries the prompt's retirement too
     (the request finishes with its first token: its KV blocks are freed, its prefix hashed), seen
     on the H200 as ~1 ms per 1K prompt tokens in whichever step ran the last chunk, a one-token tail
     as much as a full chunk: it is fitted as a term of its own, so it cannot pass for the cost of
-    the chunk that happens to run there."""
-    prefix = np.concatenate([[0.0], np.cumsum(chunks)[:-1]])
+    the chunk that happens to run there. `prompts`: the stream's prompts where it is several
+    (`FitData.prompts`): each chunk's attention pairs are its prompts' own (`stream_pairs`)."""
     graph = np.array([rule.graph_step(int(c), d) for c in chunks], dtype=np.float64)
     lo, hi = d_range
     w = 0.0 if hi <= lo else (d - lo) / (hi - lo)
@@ -618,7 +655,7 @@ def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[floa
     first = np.zeros(chunks.size)
     first[0] = 1.0
     decode_tokens = d * chunks if rule.decodes_pay_chunk_tokens else np.zeros(chunks.size)
-    return np.column_stack([1.0 - graph, np.full(chunks.size, w), chunks, attention_pairs(chunks, prefix), graph,
+    return np.column_stack([1.0 - graph, np.full(chunks.size, w), chunks, stream_pairs(chunks, prompts), graph,
                             last, np.full(chunks.size, float(chunks.sum())), np.zeros(chunks.size), first,
                             decode_tokens])
 
@@ -695,7 +732,7 @@ def _design(data: FitData) -> Design:
     for i in range(len(data)):
         b, d, p = int(data.chunk_size[i]), int(data.decode[i]), int(data.prefill[i])
         chunks = np.asarray(chunk_schedule(p, b, d, data.engine), np.float64)
-        block = _chunk_rows(rule, d, chunks, d_range)
+        block = _chunk_rows(rule, d, chunks, d_range, data.prompts_of(i))
         per_rep, located = _point_observations(rule, chunks, block, data.steps[i], float(data.total_ms[i]))
         for observations in per_rep:
             for rows, share, y in observations:
@@ -881,7 +918,8 @@ def _stall_fit(
     data cannot tell, as with no prompt beyond a candidate, the larger, else linear); else the
     model's own (a bootstrap replicate keeps the full fit's)."""
     bare = replace(model, catchup_steps=0.0)
-    residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size)
+    residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size) \
+        + _own_pairs_saving(bare, data)
     ok = np.isfinite(residual)
     if ok.sum() < 3 or np.ptp(data.prefill[ok]) == 0:
         return (0.0, 0.0, 0.0), (None, None), None, None
@@ -927,6 +965,26 @@ def _stall_solve(x: np.ndarray, residual: np.ndarray, relative: np.ndarray, weig
         raw = np.sqrt(np.maximum(np.diag(cov), 0.0)) / scale
         errors = (float(raw[0]), float(raw[1]))
     return coef_scaled / scale, used, errors
+
+
+def _own_pairs_saving(model: ContextAwareModel, data: FitData) -> np.ndarray:
+    """Per point, per stream: how much less its eager chunk steps cost with each chunk's attention
+    pairs its prompts' own (`stream_pairs`) than as one prompt of the stream's P, which is what
+    `per_stream_ms` prices (0 for a point of one prompt)."""
+    out = np.zeros(len(data))
+    if data.prompts is None:
+        return out
+    for i in range(len(data)):
+        prompts = data.prompts_of(i)
+        if prompts is None:
+            continue
+        b, d, p = int(data.chunk_size[i]), int(data.decode[i]), int(data.prefill[i])
+        chunks = np.asarray(chunk_schedule(p, b, d, data.engine), np.float64)
+        eager = np.array([model.kappa_graph_ms_per_token is None or not model.rule.graph_step(int(c), d)
+                          for c in chunks], dtype=bool)
+        out[i] = float(np.sum((model.eager_penalty_ms(d, chunks, stream_pairs(chunks))
+                               - model.eager_penalty_ms(d, chunks, stream_pairs(chunks, prompts)))[eager]))
+    return out
 
 
 def _any_eager(model: ContextAwareModel, d: int, p: int, b: int) -> bool:

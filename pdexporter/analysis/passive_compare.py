@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pdexporter.analysis.job import injected_values
+from pdexporter.analysis.job import injected_values, request_prompts
 from pdexporter.analysis.passive_model import (
     CONVERGENCE_BOOTSTRAP,
     CONVERGENCE_MINUTES,
@@ -295,7 +295,7 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
         if passive_dir.is_dir()
         else []
     )
-    events = events_from_records(records)
+    events = events_from_records(records, request_prompts([passive_dir]))
     if not events:
         _note(f"{passive_dir}: no passive events (expected `run --passive --out` records there)")
         return None
@@ -321,14 +321,22 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
         if table
         else "No injected table (no injected records, no reference): the model's error is not computed."
     )
+    joint = [e for e in events if e.prefills > 1]
+    own = sum(e.own_prompts for e in joint)
+    joint_line = (
+        f" Joint events: {len(joint)}, {own} priced by their own prompts' attention pairs "
+        f"(passive_model, \"Joint events\"), {len(joint) - own} as one prompt of the summed P (prompts unknown)."
+        if joint else ""
+    )
     lines.append(
         f"{len(events)} published events over {max((e.at_s for e in events), default=0) / 60:.1f} min of "
-        f"traffic, P from: {dict(sources)}. {injected_line}"
+        f"traffic, P from: {dict(sources)}. {injected_line}{joint_line}"
     )
     doc: dict[str, Any] = {
         "launch_level": launch_level,
         "events": len(events),
         "sources": dict(sources),
+        "joint_events": {"events": len(joint), "own_prompts": own},
         "injected_origin": {f"B={k[0]} D={k[1]} P={k[2]}": v for k, v in sorted(origin.items())},
     }
 

@@ -18,6 +18,20 @@ runs its chunk as a CUDA-graph step (vLLM captures steps up to 512 tokens: ~5 ms
 above costs ~50 ms on the H200), and fitting those would bend the model for the cells it is
 asked about. They are counted (`left_out`), not used.
 
+Joint events: k prefills the engine ran as one chunked stream (`measure.passive.joint_attribution`)
+are one event of the summed P, its chunk schedule that stream's: the chunk count, each step's launch
+floor and tokens are the stream's. Attention is not: each prompt's tokens attend only within their
+own prompt, so the event's attention pairs are its prompts' own (sum_i P_i (P_i + 1) / 2, each chunk
+split at the prompts' boundaries: `analysis.models.stream_pairs`), 34-100 % of the summed P's on the
+H200 runs; priced as one prompt of the summed P they pulled the token-pair slope down and the
+compute-bound cells read ~10 % low (results/...-passive-s18/RUN.md). The prompt sizes come from the
+record (`prompt_sizes`), or for records written before it, from the run's requests.jsonl by the
+event's request ids (`joint_prompts`); an event whose sizes neither gives is priced as one prompt of
+the sum, as before (passive_compare.md says how many). A table cell is one prompt of P: its
+prediction is unchanged. The stalls (sigma0 + sigma1 P) stay the stream's, one per event, and the
+intervals of the cells joint events stand in are widened for the k - 1 further first-token stalls
+(`joint_widening`).
+
 Intervals: a percentile bootstrap over events (`BOOTSTRAP`, seeded): the events are resampled
 with replacement, the same fitter refits each sample, and every prediction's 95 % interval is
 taken over the refits. The events of one run are independent draws of production traffic, so
@@ -130,6 +144,7 @@ __all__ = [
     "halfwidth",
     "injected_errors",
     "injected_reps",
+    "joint_prompts",
     "launch_levels",
     "level_matched",
     "passive_decision",
@@ -180,6 +195,18 @@ class FitEvent:
     source: str | None = None
     cadence_prompt: int | None = None  # the P the probes' cadence alone gave (trace-based vs cadence-based)
     prefills: int = 1  # > 1: a joint event, several prefills one chunked stream of `prompt` tokens
+    # the prompt tokens of the prefills it is made of, in the order the engine ran them (module docs,
+    # "Joint events"); a single event's is (prompt,), and so is a joint event's whose prompts are unknown
+    prompts: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            object.__setattr__(self, "prompts", (self.prompt,))
+
+    @property
+    def own_prompts(self) -> bool:
+        """A joint event priced by its own prompts (their sizes known), not as one prompt of the sum."""
+        return len(self.prompts) > 1
 
 
 @dataclass(frozen=True)
@@ -216,9 +243,26 @@ def _time(text: str | None) -> float | None:
         return None
 
 
-def events_from_records(records: Iterable[Any]) -> list[FitEvent]:
+def joint_prompts(info: Mapping[str, Any], requests: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    """A joint event's prompt sizes in stream order (module docs, "Joint events"): its record's
+    `prompt_sizes` (the exporter writes them, `exporter.passive.EventRecord.info`), else, for records
+    written before, its `request_ids` looked up in `requests` (request id -> prompt tokens: the run's
+    requests.jsonl, `analysis.job.request_prompts`); () where neither gives sizes adding up to its
+    `prompt_tokens` (the event is then priced as one prompt of the sum)."""
+    p = info.get("prompt_tokens")
+    sizes = info.get("prompt_sizes")
+    if not sizes and requests is not None:
+        ids = info.get("request_ids") or []
+        sizes = [requests.get(i) for i in ids]
+    if not sizes or len(sizes) < 2 or any(not isinstance(x, int) or x < 1 for x in sizes) or sum(sizes) != p:
+        return ()
+    return tuple(int(x) for x in sizes)
+
+
+def events_from_records(records: Iterable[Any], requests: Mapping[str, int] | None = None) -> list[FitEvent]:
     """The published events of passive records (`run --passive --out`: one repetition per event,
-    its `passive` block holding the exact D and P); traffic time from the repetitions' `started_at`."""
+    its `passive` block holding the exact D and P); traffic time from the repetitions' `started_at`.
+    A joint event's prompts from its record, else from `requests` (`joint_prompts`)."""
     rows: list[tuple[float | None, FitEvent]] = []
     for record in records:
         if getattr(record.config, "mode", None) != "passive":
@@ -247,6 +291,7 @@ def events_from_records(records: Iterable[Any]) -> list[FitEvent]:
                         info.get("source"),
                         info.get("cadence_prompt_tokens"),
                         prefills,
+                        joint_prompts(info, requests) if prefills > 1 else (),
                     ),
                 )
             )
@@ -270,6 +315,7 @@ def event_fit_data(events: Sequence[FitEvent]) -> FitData:
             for e in events
         ),
         baseline_ms=np.array([np.nan if e.baseline_ms is None else e.baseline_ms for e in events], np.float64),
+        prompts=tuple(e.prompts for e in events) if any(e.own_prompts for e in events) else None,
     )
 
 

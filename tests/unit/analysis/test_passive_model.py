@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pdexporter.analysis.models import ContextAwareModel, attention_pairs, chunk_schedule
+from pdexporter.analysis.models import ContextAwareModel, attention_pairs, chunk_schedule, stream_pairs
 from pdexporter.analysis.passive_model import (
     FitEvent,
     Grid,
@@ -21,6 +21,7 @@ from pdexporter.analysis.passive_model import (
     halfwidth,
     injected_errors,
     injected_reps,
+    joint_prompts,
     launch_levels,
     level_matched,
     passive_decision,
@@ -374,3 +375,82 @@ def test_injected_reps_take_each_repetition_of_the_injected_records() -> None:
     assert list(out) == [(B, 12, 512)]
     assert [(e.decode, e.prompt, e.total_ms, e.baseline_ms, e.chunk_steps_ms) for e in out[(B, 12, 512)]] == [
         (12, 512, 62.0, 10.0, (78.1,)), (12, 512, 60.0, 10.0, ())]
+
+
+def _joint_events(n: int, seed: int = 0) -> list[FitEvent]:
+    """TRUE's events where every other one is k = 2-3 prefills run as one chunked stream of their summed
+    tokens (8,000-30,000): the stream's chunk steps, each chunk's attention pairs its prompts' own."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        d = int(rng.integers(3, 14))
+        k = 1 if i % 2 else int(rng.integers(2, 4))
+        prompts = tuple(int(x) for x in np.exp(rng.uniform(np.log(8000 / k), np.log(30000 / k), k)))
+        p = sum(prompts)
+        chunks = np.asarray(chunk_schedule(p, B, d), np.float64)
+        graph = np.array([TRUE.rule.graph_step(int(c), d) for c in chunks])
+        pi = np.where(graph, TRUE.chunk_penalties_ms(d, chunks),
+                      TRUE.eager_penalty_ms(d, chunks, stream_pairs(chunks, prompts)))
+        pi = pi * rng.normal(1.0, 0.02, chunks.size)
+        total = float(pi.sum() + TRUE.sigma0_ms + TRUE.sigma1_ms_per_token * p)
+        out.append(FitEvent(B, d, p, total, 6.0, tuple(float(x) for x in 6.0 + pi), 1.5 * i, "otlp",
+                            prefills=k, prompts=prompts if k > 1 else ()))
+    return out
+
+
+def test_stream_pairs_are_each_prompts_own() -> None:
+    chunks = np.array([6000.0, 4000.0])
+    assert np.allclose(stream_pairs(chunks), attention_pairs(chunks, [0.0, 6000.0]))  # one prompt of the sum
+    own = stream_pairs(chunks, (3000, 7000))
+    # chunk 1: prompt 1 whole, then 3,000 tokens of prompt 2 from its start; chunk 2: prompt 2's last 4,000
+    assert own.tolist() == [3000 * 3001 / 2 + 3000 * 3001 / 2, 4000 * 3000 + 4000 * 4001 / 2]
+    assert own.sum() == 3000 * 3001 / 2 + 7000 * 7001 / 2
+    assert np.allclose(stream_pairs(chunks, (3000, 6000)), stream_pairs(chunks))  # not its prompts: one prompt
+
+
+def test_a_joint_event_is_priced_by_its_own_prompts_pairs_not_one_prompt_of_the_sum() -> None:
+    import dataclasses
+
+    events = _joint_events(240)
+    assert sum(e.own_prompts for e in events) == 120 and all(e.prompts == (e.prompt,) for e in events[1::2])
+    data = event_fit_data(events)
+    assert data.prompts is not None and data.prompts[0] == events[0].prompts
+    model = fit_passive_model(events, GRID, bootstrap=0)
+    assert model is not None
+    assert model.model.beta_ms_per_token_pair == pytest.approx(TRUE.beta_ms_per_token_pair, rel=0.05)
+    for d, p in ((6, 16384), (12, 32768)):  # a table cell is one prompt of P, its prediction the model's
+        assert float(model.predict(d, p, B)) == pytest.approx(float(TRUE.predict(d, p, B)), rel=0.05)
+    # the same events priced as one prompt of their summed P (their prompts unknown): the pairs they do not
+    # do pull the slope down, and the compute-bound cells read low
+    summed = [dataclasses.replace(e, prompts=()) for e in events]
+    assert not any(e.own_prompts for e in summed) and event_fit_data(summed).prompts is None
+    old = fit_passive_model(summed, GRID, bootstrap=0)
+    assert old is not None
+    assert old.model.beta_ms_per_token_pair < 0.96 * TRUE.beta_ms_per_token_pair
+    assert float(old.predict(12, 32768, B)) < 0.97 * float(TRUE.predict(12, 32768, B))
+
+
+def test_joint_events_take_their_prompts_from_the_record_else_the_runs_requests() -> None:
+    from types import SimpleNamespace as NS
+
+    def rep(p: int, ids: list[str], sizes: list[int] | None = None) -> NS:
+        info = {"decode_batch_size": 6, "prompt_tokens": p, "prefills": len(ids), "joint": True,
+                "request_ids": ids, "source": "otlp"}
+        if sizes is not None:
+            info["prompt_sizes"] = sizes
+        return NS(model_extra={"passive": info}, derived=NS(total_interference_ms=90.0),
+                  baseline=NS(tpot_p50_ms=6.0), interference=NS(chunk_step_times_ms=[60.0, 40.0]),
+                  started_at="2026-01-01T00:00:00+00:00")
+
+    record = NS(config=NS(mode="passive", chunk_size=B), reps=[
+        rep(12000, ["a", "b"], [5000, 7000]),  # the record's own sizes
+        rep(9000, ["c", "d"]),  # written before them: from the requests
+        rep(9100, ["c", "e"]),  # an id the requests do not hold: one prompt of the sum
+        rep(9001, ["c", "d"], [4000, 5001]),
+    ])
+    requests = {"c": 4000, "d": 5000, "a": 1}
+    events = events_from_records([record], requests)
+    assert [e.prompts for e in events] == [(5000, 7000), (4000, 5000), (9100,), (4000, 5001)]
+    assert [e.own_prompts for e in events] == [True, True, False, True]
+    assert [e.prompts for e in events_from_records([record])] == [(5000, 7000), (9000,), (9100,), (4000, 5001)]
+    assert joint_prompts({"prompt_tokens": 9000, "request_ids": ["c", "d"]}, {"c": 4000, "d": 4999}) == ()
