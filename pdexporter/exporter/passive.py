@@ -179,6 +179,9 @@ class PassiveEvent:
             "prefills": a.prefills if a else None,
             "joint": a.joint if a else False,
             "request_ids": list(a.request_ids) if a else [],
+            # each prefill's prompt tokens, as request_ids (optional: records before it hold only the ids;
+            # the event model then reads them from requests.jsonl, `analysis.passive_model.joint_prompts`)
+            "prompt_sizes": list(a.prompt_sizes) if a and a.prompt_sizes else None,
             "decode_batch_size": self.decode_batch_size,
             "d_source": self.d_source,
             "d_bin": self.d_bin,

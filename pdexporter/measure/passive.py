@@ -49,12 +49,15 @@ first; each event says which one it used:
 Joint events. At load, prefills run back to back and one run of slow steps holds several of them
 (the traces name them all). Such a run is no f(D, P, B) point of one prefill, but where the
 engine's scheduler runs waiting prefills through the same token budget as one chunked stream
-(vLLM: its adapter's `joint_prefill_tokens`), the decodes saw exactly what one prefill of the
-summed prompt tokens would have cost them in chunk steps: `joint_attribution` turns the run into
-one event of P = the sum, marked `joint` with its prefill count. What such an event cannot say is
-how the stalls split (each of its k prefills has its own first-token step): the event model
-counts them apart and widens the intervals of the cells they stand in (`analysis.passive_model`).
-It takes traces: the counters alone do not say when each prefill was admitted.
+(vLLM: its adapter's `joint_prefill_tokens`), the decodes saw the chunk steps of one prefill of
+the summed prompt tokens (its chunk count, launches and tokens), but not its attention: each
+prompt's tokens attend only within their own prompt. `joint_attribution` turns the run into one
+event of P = the sum, marked `joint` with its prefill count and each prefill's prompt tokens in
+stream order (`Attribution.prompt_sizes`; the record's `prompt_sizes`), which the event model
+prices the attention of (`analysis.passive_model`, "Joint events"). What such an event cannot say
+is how the stalls split (each of its k prefills has its own first-token step): the event model
+counts them apart and widens the intervals of the cells they stand in. It takes traces: the
+counters alone do not say when each prefill was admitted.
 
 D is the engine's running decodes (`vllm:num_requests_running`, not only the probes): from a
 scrape taken while the run was in progress (minus the prefills then running, which vLLM counts
@@ -231,6 +234,10 @@ class Attribution:
     prefills: int  # prefills that ended in the run: 1 is a single-prefill event
     request_ids: tuple[str, ...] = ()
     joint: bool = False  # several prefills the engine ran as one chunked stream (`joint_attribution`)
+    # each prefill's prompt tokens, as `request_ids` (by first token: a joint one's stream order, the
+    # engine's rule admitting them so);
+    # () where the source does not tell them one by one (metrics, cadence)
+    prompt_sizes: tuple[int, ...] = ()
 
     @property
     def single(self) -> bool:
@@ -243,7 +250,8 @@ def attribute_traces(run: SlowRun, requests: Sequence[RequestPrefill], tolerance
     if not hits:
         return None
     hits.sort(key=lambda r: r.first_token_ns)
-    return Attribution("otlp", sum(r.prompt_tokens for r in hits), len(hits), tuple(r.request_id for r in hits))
+    return Attribution("otlp", sum(r.prompt_tokens for r in hits), len(hits), tuple(r.request_id for r in hits),
+                       prompt_sizes=tuple(r.prompt_tokens for r in hits))
 
 
 def joint_attribution(attribution: Attribution, requests: Sequence[RequestPrefill], run: SlowRun,
@@ -270,7 +278,9 @@ def joint_attribution(attribution: Attribution, requests: Sequence[RequestPrefil
     tokens = stream_tokens(spans, tolerance_ns)
     if tokens is None:
         return None
-    return Attribution(attribution.source, tokens, attribution.prefills, attribution.request_ids, joint=True)
+    size = {r.request_id: r.prompt_tokens for r in hits}  # in request_ids' order (first tokens'): the stream's
+    return Attribution(attribution.source, tokens, attribution.prefills, attribution.request_ids, joint=True,
+                       prompt_sizes=tuple(size[i] for i in attribution.request_ids))
 
 
 def attribute_metrics(before: MetricsSnapshot, after: MetricsSnapshot, own_prefills: int,

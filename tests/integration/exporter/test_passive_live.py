@@ -114,6 +114,9 @@ async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None
     ids = {r["request_id"] for r in logged}
     traced = [rep for rep in reps if rep.model_extra["passive"]["source"] == "otlp"]
     assert all(set(rep.model_extra["passive"]["request_ids"]) <= ids for rep in traced)
+    # ... each with its prefills' own prompt tokens (what the event model prices a joint event's attention by)
+    assert all(sum(rep.model_extra["passive"]["prompt_sizes"]) == rep.model_extra["passive"]["prompt_tokens"]
+               for rep in traced)
     for folder in ("merged", "joint"):
         for path in ResultsStore(tmp_path / "results" / folder).iter_record_paths():
             assert all(rep.model_extra["passive"]["prefills"] > 1 for rep in load_record_file(path).reps)

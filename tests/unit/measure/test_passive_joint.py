@@ -46,6 +46,7 @@ def test_two_chained_prefills_in_one_run_are_one_event_of_their_summed_prompt() 
     got = _joint(run, requests)
     assert got is not None and got.joint and not got.single
     assert got.prompt_tokens == 9000 and got.prefills == 2 and got.request_ids == ("a", "b") and got.source == "otlp"
+    assert got.prompt_sizes == (6000, 3000)  # each prefill's, in stream order: what the event model prices
 
 
 def test_prefills_with_a_gap_between_them_are_not_attributed() -> None:
