@@ -4,7 +4,8 @@
 event keeps what the exporter decided live (its run of slow steps as t_inject / t_first, its D and P, its
 attribution, its quiet-period baseline: p50/p90/p99/mean from the record, the MAD backed out of the recorded
 slow threshold where the MAD set it) and gets its window numbers (`interference`, `derived`) again. The raw
-files are not copied or touched; `requests.jsonl` is copied (the event model does not read it).
+files are not copied or touched; `requests.jsonl` is copied (the event model reads the prompt sizes of joint events
+from it).
 
     python3 scripts/gpu/passive_rederive.py PASSIVE_DIR OUT_DIR   # prints how many events moved, and how much
 """
