@@ -14,6 +14,15 @@
 #                                                   engine at 1 req/s (seed 29, documents-heavy, 240 s) against the first
 #                                                   run's injected sweep; the engine stopped at the end. Every call runs the
 #                                                   same command until "passive-two: both done"; $OUT/2rps/, $OUT/1rps/
+#   bash scripts/gpu/validation.sh passive-spread [S]
+#                                                   the injected reference spread over the passive minutes (issue 30
+#                                                   item 4): on one engine, 5 x (60 s of run --passive + `load --rate 2`,
+#                                                   seed 41+k-1, sharegpt-like; then one repetition of every cell of
+#                                                   sweeps/passive-h200.yaml, the exporter and the load stopped); the
+#                                                   analysis, the engine stopped. Two 590 s calls (~15 min with the vLLM
+#                                                   start); every call runs the same command until "passive-spread: done".
+#                                                   SEGMENTS, SEG_S, RATE, SEED, MIX, SWEEP, PASSIVE_WORK override
+#                                                   (scripts/gpu/passive-h200.sh, spread mode); $OUT/spread/
 #
 # A step may follow a stage in one call: `validation.sh stage 3 && validation.sh colocated 420`.
 # Results: $OUT/<step>.tgz (records + raw, engine logs trimmed) and $OUT/<step>.log.
@@ -80,5 +89,10 @@ case "$step" in
     OUT=$out/1rps PASSIVE_WORK=/root/passive-1rps SEED=29 MIX=documents-heavy INJECTED=/root/passive-2rps/injected \
       STOP_ENGINE=1 bash scripts/gpu/passive-h200.sh "$(left)" "${PASSIVE_S_1RPS:-240}" 1.0
     [ -f /root/passive-1rps/analysis.done ] && echo "passive-two: both done" ;;
+  passive-spread)
+    w=${PASSIVE_WORK:-/root/passive-spread}
+    OUT=$OUT/spread PASSIVE_WORK=$w SEGMENTS=${SEGMENTS:-5} SEED=${SEED:-41} MIX=${MIX:-sharegpt-like} STOP_ENGINE=1 \
+      bash scripts/gpu/passive-h200.sh "${2:-590}" "${SEG_S:-60}" "${RATE:-2.0}"
+    if [ -f "$w/analysis.done" ]; then echo "passive-spread: done"; else echo "passive-spread: not finished: the same command in the next call goes on"; fi ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

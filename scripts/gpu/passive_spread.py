@@ -1,0 +1,159 @@
+"""The timeline of a spread passive run (`validation.sh passive-spread`, scripts/gpu/passive-h200.sh with
+SEGMENTS=K): passive segment k (run --passive + the load) then injected block k (one more repetition of
+every cell of the sweep), k = 1..K, on one engine. Relates the injected repetitions to the minutes of the
+passive events: per segment its wall span and the passive events that started in it, per block its wall
+span and the injected repetitions it recorded (their `block` field, k - 1); then the two checks the step
+is for: every injected cell holds K repetitions, one per block, and every segment has events.
+
+    python3 scripts/gpu/passive_spread.py WORK_DIR [--segments K]     # prints markdown, writes spread.json
+
+WORK_DIR holds spread.tsv (passive-h200.sh: `segment|block  k  start_epoch  end_epoch  rc`, one line per
+segment and per sweep invocation of a block: a block resumed in a later call has several), passive/ and
+injected/. Exit 1 when --segments is given and a check fails (a dry run's proof), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pdexporter.measure.store import ResultsStore  # noqa: E402
+
+
+class Part:
+    """A segment or a block: its span, wall time (blocks: summed over their sweep invocations) and,
+    for a block, each invocation's exit code. (A plain class: tests load this script by path, where
+    a dataclass cannot resolve its module.)"""
+
+    def __init__(self, kind: str, k: int, start: float, end: float) -> None:
+        self.kind, self.k, self.start, self.end = kind, k, start, end  # kind: "segment" | "block"
+        self.wall_s = 0.0
+        self.invocations: list[int] = []
+
+
+def read_timeline_lines(lines: list[str]) -> list[Part]:
+    """spread.tsv's lines as one Part per segment and per block (a block's invocations summed)."""
+    parts: dict[tuple[str, int], Part] = {}
+    for line in lines:
+        cols = line.split()
+        if len(cols) < 4 or cols[0] not in ("segment", "block"):
+            continue
+        kind, k, start, end = cols[0], int(cols[1]), float(cols[2]), float(cols[3])
+        part = parts.setdefault((kind, k), Part(kind, k, start, end))
+        part.start, part.end = min(part.start, start), max(part.end, end)
+        part.wall_s += end - start
+        if kind == "block":
+            part.invocations.append(int(cols[4]) if len(cols) > 4 else 0)
+    return sorted(parts.values(), key=lambda p: (p.start, p.kind))
+
+
+def _epoch(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def passive_starts(root: Path) -> list[float]:
+    """The published passive events' start times (one repetition each)."""
+    if not root.is_dir():
+        return []
+    return sorted(t for r in ResultsStore(root).iter_records() for rep in r.reps
+                  if (t := _epoch(rep.started_at)) is not None)
+
+
+def injected_reps(root: Path) -> dict[tuple[int, int, int], list[tuple[int | None, float | None]]]:
+    """Per injected cell (B, D, P): its repetitions' (block, start time)."""
+    out: dict[tuple[int, int, int], list[tuple[int | None, float | None]]] = {}
+    if not root.is_dir():
+        return out
+    for record in ResultsStore(root).iter_records():
+        c = record.config
+        out[(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)] = [
+            ((rep.model_extra or {}).get("block"), _epoch(rep.started_at)) for rep in record.reps]
+    return out
+
+
+def _utc(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
+
+
+def summarise(work: Path, segments: int | None = None) -> tuple[str, dict[str, Any], list[str]]:
+    """The markdown, the JSON document and the failed checks (empty: all passed, or none asked)."""
+    tsv = work / "spread.tsv"
+    parts = read_timeline_lines(tsv.read_text(encoding="utf-8").splitlines()) if tsv.exists() else []
+    events = passive_starts(work / "passive")
+    cells = injected_reps(work / "injected")
+    t0 = min([p.start for p in parts] + events[:1]) if parts or events else 0.0
+    rows, doc_parts = [], []
+    for p in parts:
+        if p.kind == "segment":
+            n = sum(p.start <= t <= p.end for t in events)
+            what = f"{n} passive events"
+        else:
+            n = sum(b == p.k - 1 for reps in cells.values() for b, _ in reps)
+            what = f"{n} injected repetitions (block {p.k - 1})" + (
+                f", {len(p.invocations)} invocations (rc {' '.join(map(str, p.invocations))})"
+                if len(p.invocations) > 1 else "")
+        rows.append(f"| {p.kind} {p.k} | {_utc(p.start)} | {_utc(p.end)} | {(p.start - t0) / 60:.2f} – "
+                    f"{(p.end - t0) / 60:.2f} | {p.wall_s:.0f} | {what} |")
+        doc_parts.append({"kind": p.kind, "k": p.k, "start": p.start, "end": p.end, "wall_s": round(p.wall_s, 1),
+                          "count": n, "invocations": p.invocations})
+    per_cell = Counter(len(reps) for reps in cells.values())
+    outside = sum(not any(p.start <= t <= p.end for p in parts) for t in events)
+    failed: list[str] = []
+    if segments is not None:
+        seg = {p.k: p for p in parts if p.kind == "segment"}
+        for k in range(1, segments + 1):
+            if k not in seg:
+                failed.append(f"segment {k}: not in spread.tsv")
+            elif not any(seg[k].start <= t <= seg[k].end for t in events):
+                failed.append(f"segment {k}: no passive events")
+        want = set(range(segments))
+        short = [key for key, reps in cells.items() if sorted(b for b, _ in reps if b is not None) != sorted(want)
+                 or len(reps) != segments]
+        if not cells:
+            failed.append("no injected records")
+        elif short:
+            failed.append(f"{len(short)} of {len(cells)} injected cells without exactly one repetition per block "
+                          f"0..{segments - 1} (e.g. B={short[0][0]} D={short[0][1]} P={short[0][2]})")
+    lines = [
+        "| part | start (UTC) | end | minutes from the start | wall s | recorded in it |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Injected cells: {len(cells)}; repetitions per cell: "
+        + (", ".join(f"{n} reps × {c} cells" for n, c in sorted(per_cell.items())) or "none")
+        + f". Passive events (published, in passive/B; joint and merged ones not counted): {len(events)}"
+        + (f" ({outside} outside every segment's span: attributed after it ended)" if outside else "") + ".",
+    ]
+    if segments is not None:
+        lines.append(f"Check ({segments} segments): " + ("passed" if not failed else "; ".join(failed)) + ".")
+    doc = {"parts": doc_parts, "events": len(events), "events_outside": outside, "cells": len(cells),
+           "reps_per_cell": {str(n): c for n, c in sorted(per_cell.items())}, "failed": failed}
+    return "\n".join(lines), doc, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("work", type=Path)
+    parser.add_argument("--segments", type=int, default=None, help="K: check K segments with events and K "
+                        "repetitions per injected cell, one per block")
+    args = parser.parse_args()
+    text, doc, failed = summarise(args.work, args.segments)
+    (args.work / "spread.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    print(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

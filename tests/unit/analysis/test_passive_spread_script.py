@@ -1,0 +1,71 @@
+"""scripts/gpu/passive_spread.py (the timeline of `validation.sh passive-spread`): segments and blocks read
+from spread.tsv, related to the committed session 18 records (one passive record of 17 events, two
+injected cells of one repetition in each of blocks 0 and 1), and the checks a dry run rests on."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import REPO, gpu_script
+
+RUN = REPO / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-passive-s18"
+
+
+def _t(hms: str) -> int:
+    return int(dt.datetime.fromisoformat(f"2026-12-05T{hms}+00:00").timestamp())
+
+
+def _work(tmp_path: Path, lines: list[str]) -> Path:
+    for sub, names in (("passive", ["D12_P1024.json"]), ("injected", ["D4_P512.json", "D12_P512.json"])):
+        (tmp_path / sub / "8192").mkdir(parents=True)
+        for name in names:
+            shutil.copy(RUN / sub / "8192" / name, tmp_path / sub / "8192" / name)
+    (tmp_path / "spread.tsv").write_text("".join(line + "\n" for line in lines))
+    return tmp_path
+
+
+# the passive record's 17 events start 03:32:49 .. 03:37:20; the injected repetitions 03:37:5x .. 03:38:5x
+TIMELINE = [
+    f"segment\t1\t{_t('03:32:00')}\t{_t('03:35:00')}\t0",
+    f"block\t1\t{_t('03:37:50')}\t{_t('03:38:10')}\t5",  # stopped at its deadline; the next call finished it
+    f"block\t1\t{_t('03:38:20')}\t{_t('03:38:30')}\t0",
+    f"segment\t2\t{_t('03:35:00')}\t{_t('03:37:30')}\t0",
+    f"block\t2\t{_t('03:38:30')}\t{_t('03:39:00')}\t0",
+]
+
+
+def test_the_timeline_sums_a_resumed_blocks_invocations() -> None:
+    spread = gpu_script("passive_spread")
+    parts = spread.read_timeline_lines(TIMELINE)
+    assert [(p.kind, p.k) for p in parts] == [("segment", 1), ("segment", 2), ("block", 1), ("block", 2)]
+    block1 = parts[2]
+    assert block1.invocations == [5, 0] and block1.wall_s == 30 and block1.end - block1.start == 40
+
+
+def test_two_segments_with_events_and_one_repetition_per_block_pass(tmp_path: Path) -> None:
+    spread = gpu_script("passive_spread")
+    text, doc, failed = spread.summarise(_work(tmp_path, TIMELINE), segments=2)
+    assert failed == [] and "Check (2 segments): passed." in text
+    counts = {(p["kind"], p["k"]): p["count"] for p in doc["parts"]}
+    assert counts[("segment", 1)] + counts[("segment", 2)] == 17 and counts[("segment", 1)] > 0
+    assert doc["cells"] == 2 and doc["reps_per_cell"] == {"2": 2} and doc["events_outside"] == 0
+    assert "2 invocations (rc 5 0)" in text
+
+
+def test_a_missing_segment_and_too_few_repetitions_fail_the_check(tmp_path: Path) -> None:
+    work = _work(tmp_path, TIMELINE)
+    result = subprocess.run([sys.executable, "scripts/gpu/passive_spread.py", str(work), "--segments", "3"],
+                            cwd=REPO, capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 1, result.stderr
+    failed = json.loads((work / "spread.json").read_text())["failed"]
+    assert failed[0] == "segment 3: not in spread.tsv"
+    assert failed[1].startswith("2 of 2 injected cells without exactly one repetition per block 0..2")
+    # without --segments: the table only, exit 0
+    result = subprocess.run([sys.executable, "scripts/gpu/passive_spread.py", str(work)],
+                            cwd=REPO, capture_output=True, text=True, check=False, timeout=60)
+    assert result.returncode == 0 and "| segment 1 |" in result.stdout and "Check" not in result.stdout
