@@ -1,15 +1,17 @@
 """One duration syntax for every option and file: `500ms`, `30s`, `5m`, `1h`, `1h30m`, `2d`, or a
-bare number of seconds (Prometheus' units, spaces allowed between number and unit)."""
+bare number of seconds (Prometheus' units, spaces allowed between number and unit); and a record's
+ISO-8601 time stamp (`started_at`) as seconds since the epoch (`iso_epoch_s`)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 
 from pdexporter.errors import ConfigError
 
 __all__ = [
-    "HINT", "UNIT_S", "parse_duration",
+    "HINT", "UNIT_S", "iso_epoch_s", "parse_duration",
 ]
 
 _NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
@@ -35,3 +37,14 @@ def parse_duration(text: str, option: str = "duration") -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise ConfigError(f"{option} {text!r}: {HINT}")
     return seconds
+
+
+def iso_epoch_s(text: str | None) -> float | None:
+    """An ISO-8601 time stamp (a repetition's `started_at`) as seconds since the epoch; None where
+    there is none or it does not read as one."""
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None

@@ -85,7 +85,6 @@ median absolute relative error of the aggregate interference).
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +93,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from pdexporter._internal.durations import iso_epoch_s
 from pdexporter.analysis.campaigns import carry_variation
 from pdexporter.analysis.decision_eval import campaign_log_sd, chunk_context, cost_regime
 from pdexporter.analysis.models import (
@@ -234,15 +234,6 @@ class Grid:
 # --- events ------------------------------------------------------------------------------------
 
 
-def _time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
 def joint_prompts(info: Mapping[str, Any], requests: Mapping[str, int] | None = None) -> tuple[int, ...]:
     """A joint event's prompt sizes in stream order (module docs, "Joint events"): its record's
     `prompt_sizes` (the exporter writes them, `exporter.passive.EventRecord.info`), else, for records
@@ -279,7 +270,7 @@ def events_from_records(records: Iterable[Any], requests: Mapping[str, int] | No
                 continue
             rows.append(
                 (
-                    _time(rep.started_at),
+                    iso_epoch_s(rep.started_at),
                     FitEvent(
                         int(record.config.chunk_size),
                         int(d),

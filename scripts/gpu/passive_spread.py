@@ -24,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pdexporter._internal.durations import iso_epoch_s  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
 
 
@@ -54,21 +55,12 @@ def read_timeline_lines(lines: list[str]) -> list[Part]:
     return sorted(parts.values(), key=lambda p: (p.start, p.kind))
 
 
-def _epoch(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return dt.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
 def passive_starts(root: Path) -> list[float]:
     """The published passive events' start times (one repetition each)."""
     if not root.is_dir():
         return []
     return sorted(t for r in ResultsStore(root).iter_records() for rep in r.reps
-                  if (t := _epoch(rep.started_at)) is not None)
+                  if (t := iso_epoch_s(rep.started_at)) is not None)
 
 
 def injected_reps(root: Path) -> dict[tuple[int, int, int], list[tuple[int | None, float | None]]]:
@@ -79,7 +71,7 @@ def injected_reps(root: Path) -> dict[tuple[int, int, int], list[tuple[int | Non
     for record in ResultsStore(root).iter_records():
         c = record.config
         out[(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)] = [
-            ((rep.model_extra or {}).get("block"), _epoch(rep.started_at)) for rep in record.reps]
+            ((rep.model_extra or {}).get("block"), iso_epoch_s(rep.started_at)) for rep in record.reps]
     return out
 
 

@@ -20,7 +20,6 @@ then compare them (issue 17). Run by scripts/gpu/passive-h200.sh; works against 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import subprocess
 import sys
@@ -30,14 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from pdexporter._internal.durations import iso_epoch_s  # noqa: E402
 from pdexporter.analysis.passive import compare_cells  # noqa: E402
 from pdexporter.measure.store import ResultsStore, load_record_file  # noqa: E402
 
 COLUMNS = (("tpot_penalty_p50_ms", "TPOT penalty"), ("total_interference_ms", "interference per decode stream"))
-
-
-def _time(text: str | None) -> float | None:
-    return None if not text else dt.datetime.fromisoformat(text).timestamp()
 
 
 def passive_cells(root: Path) -> dict:  # type: ignore[type-arg]
@@ -66,11 +62,11 @@ def measure(cells: list, target: str, out: Path, reps: int, deadline: float, mod
 
 def compare(passive: dict, injected_dir: Path, keys: list) -> list[dict]:  # type: ignore[type-arg]
     store = ResultsStore(injected_dir)
-    t0 = min((_time(rep.started_at) or 0) for rec in passive.values() for rep in rec.reps) or 0.0
+    t0 = min((iso_epoch_s(rep.started_at) or 0) for rec in passive.values() for rep in rec.reps) or 0.0
     rows = []
     for field, title in COLUMNS:
-        events = {k: [((_time(rep.started_at) or t0) - t0, getattr(rep.derived, field)) for rep in passive[k].reps]
-                  for k in keys}
+        events = {k: [((iso_epoch_s(rep.started_at) or t0) - t0, getattr(rep.derived, field))
+                      for rep in passive[k].reps] for k in keys}
         injected = {}
         for k in keys:
             record = store.load_record(*k)
