@@ -455,14 +455,17 @@ def launch_levels(events: Sequence[FitEvent], grid: Grid, model: ContextAwareMod
     )
 
 
-def at_launch_level(events: Sequence[FitEvent], grid: Grid, level: str) -> tuple[list[FitEvent], LaunchLevels | None]:
+def at_launch_level(events: Sequence[FitEvent], grid: Grid, level: str, levels: LaunchLevels | None = None
+                    ) -> tuple[list[FitEvent], LaunchLevels | None]:
     """The events a fit at `level` uses: every event but the launch-bound one-chunk events of the
-    other level (all of them where the levels are not clearly two, or for "mixed")."""
+    other level (all of them where the levels are not clearly two, or for "mixed"). `levels`: the
+    split of these same events where the caller has it (`launch_levels`), else made here."""
     if level not in LAUNCH_LEVELS:
         raise ValueError(f"launch level {level!r}: one of {', '.join(LAUNCH_LEVELS)}")
     if level == "mixed":
         return list(events), None
-    levels = launch_levels(events, grid)
+    if levels is None:
+        levels = launch_levels(events, grid)
     if not levels.split:
         return list(events), levels
     drop = levels.fast if level == "slow" else levels.slow
@@ -542,14 +545,14 @@ class PassiveModel:
 
 def fit_passive_model(
     events: Sequence[FitEvent], grid: Grid, *, bootstrap: int = BOOTSTRAP, seed: int = 0,
-    launch_level: str = "mixed",
+    launch_level: str = "mixed", levels: LaunchLevels | None = None,
 ) -> PassiveModel | None:
     """Fit on the events inside the grid's P span (module docs); None when none is usable. With
     `launch_level` "slow" or "fast", on those of them `at_launch_level` keeps (module docs, "Launch
-    levels"): the events of the other level are counted as left out."""
-    levels = None
+    levels"; `levels`: these events' split where the caller has it): the events of the other level
+    are counted as left out."""
     if launch_level != "mixed":
-        kept, levels = at_launch_level(events, grid, launch_level)
+        kept, levels = at_launch_level(events, grid, launch_level, levels)
         fitted = fit_passive_model(kept, grid, bootstrap=bootstrap, seed=seed)
         if fitted is None:
             return None
@@ -913,7 +916,7 @@ def level_matched(
             for name, ix in (("slow", levels.slow), ("fast", levels.fast))}
     if levels.split:
         for name, other in (("slow", levels.fast), ("fast", levels.slow)):
-            fit = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed, launch_level=name)
+            fit = fit_passive_model(events, grid, bootstrap=bootstrap, seed=seed, launch_level=name, levels=levels)
             if fit is None:
                 continue
             at[name] = {c.key: c for c in cells(fit, events, grid, min_events, variation)}
