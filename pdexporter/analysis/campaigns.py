@@ -216,14 +216,15 @@ def held_out_points(campaigns: Sequence[Campaign], samples: Samples, fit: Fit,
     colocated and offloaded samples in, a decision document out, or None where they do not fit)."""
     fit_ids = [c.id for c in campaigns if c.role == "fit"]
     points: list[HeldOutPoint] = []
+    fitted: dict[tuple[str, ...], dict[str, Any] | None] = {}  # every validation campaign shares one train set
     for c in campaigns:
         train = tuple(i for i in fit_ids if i != c.id)
         if not train:
             continue
-        col, off = _pool(samples, train, "colocated"), _pool(samples, train, "offloaded")
-        if not col:
-            continue
-        doc = fit(col, off)
+        if train not in fitted:
+            col, off = _pool(samples, train, "colocated"), _pool(samples, train, "offloaded")
+            fitted[train] = fit(col, off) if col else None
+        doc = fitted[train]
         if tick:
             tick(c.id)
         if doc is None:
