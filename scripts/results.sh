@@ -19,11 +19,13 @@ OFFLOADED_DB=(--offloaded "$DB" --offloaded "$DB-small-p")
 PAIR=$R/h200x2-vllm0.22-qwen3-coder-30b-a3b-pd
 PASSIVE=$R/h200-vllm0.22-qwen3-coder-30b-a3b-passive
 
-# Record directories (a chunk-size folder of D*_P*.json below them), the experiments included
-# (`reanalyse` keeps the records of `run --passive` as measured: the passive block below re-derives).
+# Record directories (a chunk-size folder of D*_P*.json below them), the experiments included; the
+# events of `run --passive` too, from their quiet-period baselines (`reanalyse` takes a passive run's
+# joint/ and merged/ events with its published ones).
 mapfile -t record_dirs < <(find "$R" -name 'D*_P*.json' -path '*/[0-9]*/*' | sed -E 's|/[0-9]+/[^/]+$||' | sort -u)
 if [ "${1:-}" != "--no-reanalyse" ]; then
   for d in "${record_dirs[@]}"; do
+    case "$d" in */joint|*/merged) continue ;; esac
     echo "== reanalyse $d"
     pd reanalyse "$d"
   done
@@ -100,6 +102,13 @@ python3 scripts/gpu/passive_compare.py "$PASSIVE15/passive" --injected "$SEED-1g
   --out "$VS_GRID" >/dev/null
 cp "$VS_GRID/comparison.md" "$PASSIVE15/comparison-vs-grid.md"
 rm -rf "$VS_GRID"
+# The validation campaign's passive run (2026-12-03, 2 req/s for 3 minutes, read by no fit) against its own
+# injected sweep, as its GPU script wrote them (its SUMMARY.md is the call's own, as of that day).
+VPASSIVE=$SEED-validation-passive
+echo "== passive $VPASSIVE"
+pd export-table "$VPASSIVE/passive" --mode passive --injected "$VPASSIVE/injected" --out "$VPASSIVE/passive-table" \
+  --campaign-variation "$HELD_OUT/held_out.json" --no-parquet >/dev/null
+python3 scripts/gpu/passive_compare.py "$VPASSIVE/passive" --injected "$VPASSIVE/injected" --out "$VPASSIVE" >/dev/null
 # The passive runs of GPU session 18: 2 req/s (seed 17, sharegpt-like, 5 min) and 1 req/s (seed 29,
 # documents-heavy, 4 min) on one engine, both against the interleaved injected sweep measured between them.
 PASSIVE18=$R/h200-vllm0.22-qwen3-coder-30b-a3b-passive-s18

@@ -181,6 +181,9 @@ class Intervals:
     token_index: np.ndarray  # index of the token that ends each interval
 
 
+MAD_TO_SD = 1.4826  # a normal distribution's standard deviation per median absolute deviation
+
+
 @dataclass(frozen=True)
 class BaselineStats:
     p50_ms: float
@@ -195,7 +198,17 @@ class BaselineStats:
         return self.p50_ms
 
     def slow_threshold_ms(self, params: WindowParams) -> float:
-        return self.p50_ms + max(params.slow_rel * self.p50_ms, params.slow_mad_k * 1.4826 * self.mad_ms)
+        return self.p50_ms + max(params.slow_rel * self.p50_ms, params.slow_mad_k * MAD_TO_SD * self.mad_ms)
+
+    @classmethod
+    def from_record(cls, p50_ms: float, p90_ms: float, p99_ms: float, mean_ms: float, n_intervals: int,
+                    slow_threshold_ms: float | None, params: WindowParams) -> BaselineStats:
+        """The statistics back from what a record keeps: its baseline block and the slow-step
+        threshold its window used. The MAD sets nothing but that threshold, so the MAD that gives it
+        back (0 where the relative floor set it) reproduces every number of the window."""
+        over = (slow_threshold_ms - p50_ms) if slow_threshold_ms is not None else 0.0
+        mad = over / (params.slow_mad_k * MAD_TO_SD) if over > params.slow_rel * p50_ms * (1 + 1e-6) else 0.0
+        return cls(p50_ms, p90_ms, p99_ms, mean_ms, mad, n_intervals)
 
 
 @dataclass(frozen=True)

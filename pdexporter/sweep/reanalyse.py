@@ -4,6 +4,13 @@ Every repetition keeps the raw file it was computed from (`reps[k].raw`: probe a
 times, the engine's step lines and /metrics around the window) and Phase 1's streams sit in
 `raw/D{d}_baseline.json.gz`, so a record can be rebuilt without the engine: the same
 `protocol.analyse_traces` and record builders as a live run, nothing re-measured.
+
+A record of `run --passive` (a production prefill's event) has no Phase 1 file: its baseline is
+the quiet period before the event, kept in the repetition's baseline block with the slow-step
+threshold its window used (`BaselineStats.from_record`), and its D and P are the engine's
+(`passive` block). Each event keeps what the exporter decided live (its run of slow steps as
+t_inject / t_first, D, P, attribution, baseline) and gets its window numbers again; its joint and
+merged events (`joint/`, `merged/` beside the published ones) likewise.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any, cast
 
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError, RecordError
+from pdexporter.measure.passive import JOINT_DIR, MERGED_DIR
 from pdexporter.measure.pd import RouteTiming, offload_numbers
 from pdexporter.measure.protocol import (
     ProtocolSettings,
@@ -38,7 +46,7 @@ from pdexporter.measure.window import BaselineStats, baseline_stats, derive
 
 __all__ = [
     "Aggregate", "DirectoryJob", "Reanalysed", "SourceComparison", "compare_sources", "keep_shape", "phase1_stats",
-    "reanalyse_directory", "reanalyse_record", "reanalyse_rep",
+    "reanalyse_directory", "reanalyse_passive_record", "reanalyse_record", "reanalyse_rep",
 ]
 
 Aggregate = Callable[[RecordConfig, list[RepRecord], RunRecord], RunRecord]
@@ -91,6 +99,37 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
         ),
         "derived": derived_block(derive(baseline, window, c.decode_batch_size)),
     })
+
+
+def _passive_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, settings: ProtocolSettings) -> RepRecord:
+    """One production prefill's event (module docs) through the window maths again."""
+    c = record.config
+    info = (rep.model_extra or {}).get("passive") or {}
+    if rep.raw is None or "decode_batch_size" not in info or "prompt_tokens" not in info:
+        return rep  # nothing to re-derive from: kept as measured
+    raw = store.load_raw(store.chunk_dir(c.chunk_size) / rep.raw)
+    probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
+    d, p = int(info["decode_batch_size"]), int(info["prompt_tokens"])
+    b = rep.baseline
+    base = BaselineStats.from_record(b.tpot_p50_ms, b.tpot_p90_ms, b.tpot_p99_ms, b.tpot_mean_ms, b.n_intervals,
+                                     rep.interference.slow_step_threshold_ms, settings.window)
+    schedule = expected_schedule(c.engine, p, c.chunk_size, d)
+    window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], base, settings.window, None,
+                            schedule, engine=c.engine)
+    return rep.model_copy(update={
+        "interference": interference_block(
+            window, num_chunks_expected=chunks_expected(c.engine, schedule), engine_chunks=None,
+            prefill_prompt_tokens=p, prompt_tokens_check=rep.interference.prompt_tokens_check),
+        "derived": derived_block(derive(base, window, d)),
+    })
+
+
+def reanalyse_passive_record(store: ResultsStore, record: RunRecord, settings: ProtocolSettings) -> Reanalysed:
+    """A `run --passive` record's events re-derived from their raw timestamps (module docs)."""
+    reps = [_passive_rep(store, record, rep, settings) for rep in record.reps]
+    changed = sum(new.derived != old.derived for new, old in zip(reps, record.reps))
+    rebuilt = aggregate(record.config, reps).model_copy(update={"provenance": record.provenance})
+    return Reanalysed(rebuilt, len(reps), changed)
 
 
 def keep_shape(config: RecordConfig, reps: list[RepRecord], old: RunRecord) -> RunRecord:
@@ -218,8 +257,7 @@ class DirectoryJob:
     """`pdexporter reanalyse RESULTS_DIR`: every record of a results directory rebuilt from its raw
     timestamps (`reanalyse_directory`); a record whose numbers did not move is not rewritten."""
 
-    store: ResultsStore
-    paths: list
+    paths: list  # (the store a record belongs to, its path)
     dry_run: bool
 
     def run(self, tick: Callable[[], None]) -> list[str]:
@@ -227,36 +265,34 @@ class DirectoryJob:
 
         settings = ProtocolSettings()
         baselines: dict[tuple[int, int], BaselineStats | None] = {}  # Phase 1's statistics, once per D
-        changed = reps = kept = written = 0
-        for path in self.paths:
+        changed = reps = written = passive = 0
+        for store, path in self.paths:
             record = load_record_file(path)
-            if record.config.mode == "passive":  # the exporter's windows: see the note below
-                kept += 1
-                tick()
-                continue
-            result = reanalyse_record(self.store, record, settings, baselines=baselines)
+            if record.config.mode == "passive":
+                passive += 1
+                result = reanalyse_passive_record(store, record, settings)
+            else:
+                result = reanalyse_record(store, record, settings, baselines=baselines)
             reps += result.reps
             changed += result.changed
             if not self.dry_run and _differs(record, result.record):
-                self.store.save_record(result.record)
+                store.save_record(result.record)
                 written += 1
             tick()
         verb = "would change" if self.dry_run else "changed"
-        lines = [f"{len(self.paths) - kept} records, {reps} repetitions: {changed} {verb}"
-                 + ("" if self.dry_run else f"; {written} record files rewritten (the others are left as they were)")]
-        if kept:
-            lines.append(f"{kept} passive record(s) (run --passive) kept as measured: each event's baseline is the "
-                         "quiet period before it and its D and P the engine's, which no Phase 1 file holds; "
-                         "export-table --mode passive re-derives the table and the model from them")
-        return lines
+        kinds = f" ({passive} of them run --passive events)" if passive else ""
+        return [f"{len(self.paths)} records{kinds}, {reps} repetitions: {changed} {verb}"
+                + ("" if self.dry_run else f"; {written} record files rewritten (the others are left as they were)")]
 
 
 def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> DirectoryJob:
-    store = ResultsStore(results)
-    paths = list(store.iter_record_paths())
+    """The records of `results`, and of its `joint/` and `merged/` where a passive run wrote them."""
+    root = Path(results)
+    stores = [ResultsStore(root)] + [ResultsStore(root / sub) for sub in (JOINT_DIR, MERGED_DIR) if (root / sub).is_dir()]
+    paths = [(store, path) for store in stores for path in store.iter_record_paths()]
     if not paths:
         raise ConfigError(f"{results}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
-    return DirectoryJob(store, paths, dry_run)
+    return DirectoryJob(paths, dry_run)
 
 
 def _differs(old: RunRecord, new: RunRecord) -> bool:

@@ -58,25 +58,65 @@ def test_reanalyse_cli_rewrites_records_in_place(tmp_path: Path) -> None:
     assert path.read_bytes() == before
 
 
-def test_reanalyse_cli_keeps_passive_records_as_measured(tmp_path: Path) -> None:
-    """A `run --passive` record (the H200's) has no Phase 1 file: its events' baselines are their
-    quiet periods. `reanalyse` (and so scripts/results.sh) failed on it; it keeps it, and says so."""
+PASSIVE_S18 = Path(__file__).parents[3] / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-passive-s18" / "passive"
+
+
+def _copy_record(src_store: Path, dest_store: Path, name: str) -> Path:
     import shutil
 
+    record = src_store / "8192" / name
+    (dest_store / "8192" / "raw").mkdir(parents=True)
+    shutil.copy(record, dest_store / "8192" / name)
+    for rep in json.loads(record.read_text())["reps"]:
+        shutil.copy(src_store / "8192" / rep["raw"], dest_store / "8192" / rep["raw"])
+    return dest_store / "8192" / name
+
+
+def test_reanalyse_cli_rederives_passive_records_from_their_raw_timestamps(tmp_path: Path) -> None:
+    """A `run --passive` record (session 18's, H200) has no Phase 1 file: each event's baseline is its
+    quiet period, kept in the record with the slow-step threshold its window used. `reanalyse`
+    rebuilds the events' windows from that and the raw timestamps, its joint events' too (`joint/`):
+    a stale number is put right, what the exporter computed live comes back (to the baseline's
+    recorded precision), and a second pass rewrites nothing."""
     from typer.testing import CliRunner
 
     from pdexporter.cli import app
 
-    committed = Path(__file__).parents[3] / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-passive" / "passive"
-    record = committed / "8192" / "D4_P4096.json"
-    (tmp_path / "8192" / "raw").mkdir(parents=True)
-    shutil.copy(record, tmp_path / "8192" / record.name)
-    for rep in json.loads(record.read_text())["reps"]:
-        shutil.copy(committed / "8192" / rep["raw"], tmp_path / "8192" / rep["raw"])
+    published = _copy_record(PASSIVE_S18, tmp_path, "D12_P1024.json")
+    joint = _copy_record(PASSIVE_S18 / "joint", tmp_path / "joint", "D12_P2048.json")
+    live = {path: json.loads(path.read_text()) for path in (published, joint)}
+    stale = json.loads(published.read_text())
+    stale["reps"][0]["derived"]["total_interference_ms"] = -1.0
+    stale["derived"]["total_interference_ms"] = -1.0
+    published.write_text(json.dumps(stale))
     result = CliRunner().invoke(app, ["reanalyse", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert "1 passive record(s) (run --passive) kept as measured" in " ".join(result.output.split())
-    assert (tmp_path / "8192" / record.name).read_bytes() == record.read_bytes()
+    out = " ".join(result.output.split())
+    events = sum(len(r["reps"]) for r in live.values())
+    assert f"2 records (2 of them run --passive events), {events} repetitions" in out
+    for path, before in live.items():
+        after = json.loads(path.read_text())
+        for old, new in zip(before["reps"], after["reps"]):
+            for key in ("total_interference_ms", "aggregate_interference_ms", "tpot_penalty_ms"):
+                assert abs(new["derived"][key] - old["derived"][key]) < 2e-3, (path.name, key)
+            assert new["interference"]["slow_step_threshold_ms"] == old["interference"]["slow_step_threshold_ms"]
+            assert new["passive"] == old["passive"] and new["baseline"] == old["baseline"]
+    again = CliRunner().invoke(app, ["reanalyse", str(tmp_path)])
+    assert "0 changed; 0 record files rewritten" in " ".join(again.output.split())
+
+
+def test_baseline_from_a_record_gives_back_its_slow_threshold() -> None:
+    """The MAD a record does not keep is backed out of the threshold it set; where the relative
+    floor set the threshold the MAD is 0 and the threshold is the same."""
+    from pdexporter.measure.window import BaselineStats, WindowParams
+
+    params = WindowParams()
+    for mad in (0.0, 0.05, 0.2, 0.35, 1.7):
+        stats = BaselineStats(5.2, 5.9, 7.1, 5.4, mad, 400)
+        theta = stats.slow_threshold_ms(params)
+        back = BaselineStats.from_record(5.2, 5.9, 7.1, 5.4, 400, theta, params)
+        assert abs(back.slow_threshold_ms(params) - theta) < 1e-9
+        assert (back.mad_ms == 0.0) == (params.slow_mad_k * 1.4826 * mad <= params.slow_rel * 5.2)
 
 
 def test_compare_sources_reads_each_raw_file_once_and_gives_what_two_plain_reads_gave() -> None:
