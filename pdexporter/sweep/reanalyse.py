@@ -288,7 +288,8 @@ class DirectoryJob:
 def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> DirectoryJob:
     """The records of `results`, and of its `joint/` and `merged/` where a passive run wrote them."""
     root = Path(results)
-    stores = [ResultsStore(root)] + [ResultsStore(root / sub) for sub in (JOINT_DIR, MERGED_DIR) if (root / sub).is_dir()]
+    subs = [root / sub for sub in (JOINT_DIR, MERGED_DIR) if (root / sub).is_dir()]
+    stores = [ResultsStore(root)] + [ResultsStore(sub) for sub in subs]
     paths = [(store, path) for store in stores for path in store.iter_record_paths()]
     if not paths:
         raise ConfigError(f"{results}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
