@@ -52,12 +52,12 @@ from pdexporter.analysis.passive_model import (
     level_matched,
 )
 from pdexporter.analysis.plots import Plot, write_plots
-from pdexporter.errors import PdexporterError
+from pdexporter.errors import PdexporterError, RecordError
 from pdexporter.measure.passive import JOINT_DIR, bin_int
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore, load_record_file
 
-__all__ = ["SCORING_LEVELS", "attribution_plot", "compare_passive"]
+__all__ = ["SCORING_LEVELS", "attribution_plot", "compare_passive", "spread_segments"]
 
 Key = tuple[int, int, int]
 SCORING_LEVELS = (*LAUNCH_LEVELS, MATCHED)  # --launch-level: a fit's level, or the mixed fit scored level-matched
@@ -274,17 +274,44 @@ def _title(chunks: Sequence[int], launch_level: str, variation: bool) -> str:
     return f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))}{level})"
 
 
+def spread_segments(path: Path) -> list[tuple[float, float]]:
+    """The passive segments' wall spans (epoch s) of a spread run's `spread.tsv` (scripts/gpu/passive-h200.sh:
+    `segment|block  k  start  end  rc` a line); one line naming the file and line where it cannot be read."""
+    spans = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise RecordError(f"{path}: unreadable ({exc.strerror or exc})") from exc
+    for n, line in enumerate(lines, 1):
+        fields = line.split("\t")
+        if not line.strip() or fields[0] != "segment":
+            continue
+        try:
+            start, end = float(fields[2]), float(fields[3])
+        except (IndexError, ValueError):
+            raise RecordError(f"{path}:{n}: a segment line is `segment k start end rc` (epoch s), "
+                              f"got {line!r}") from None
+        if not end >= start:
+            raise RecordError(f"{path}:{n}: segment ends ({end:g}) before it starts ({start:g})")
+        spans.append((start, end))
+    if not spans:
+        raise RecordError(f"{path}: no segment lines (`segment k start end rc`)")
+    return spans
+
+
 def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path | None = None,
                     out: Path = Path("."), minutes: Sequence[float] = CONVERGENCE_MINUTES,
                     bootstrap: int = 200, launch_level: str = "mixed",
-                    variation: Mapping[str, Any] | None = None) -> str | None:
+                    variation: Mapping[str, Any] | None = None,
+                    traffic_spans: Sequence[tuple[float, float]] | None = None) -> str | None:
     """The comparison (module docs) written to `out`; its markdown, or None (and one line on
     stderr) where `passive_dir` holds no passive events. `launch_level`: the event model's
     launch-bound one-chunk events (`passive_model`, "Launch levels"); "mixed" uses them all;
     "matched": the mixed fits, each with the level-matched scoring beside it (module docs).
     `variation` (held_out.json's, `campaigns.load_variation`): the full fits' intervals carry the
     campaign variation, as `export-table --campaign-variation` makes them (the convergence rows keep
-    the events' own)."""
+    the events' own). `traffic_spans` (epoch s): where the traffic ran (a spread run's passive
+    segments, `spread_segments`): the minutes are the traffic's, the injected blocks between left out."""
     if launch_level not in SCORING_LEVELS:
         raise ValueError(f"launch level {launch_level!r}: one of {', '.join(SCORING_LEVELS)}")
     matched = launch_level == MATCHED
@@ -295,7 +322,7 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
         if passive_dir.is_dir()
         else []
     )
-    events = events_from_records(records, request_prompts([passive_dir]))
+    events = events_from_records(records, request_prompts([passive_dir]), traffic_spans)
     if not events:
         _note(f"{passive_dir}: no passive events (expected `run --passive --out` records there)")
         return None
@@ -330,7 +357,8 @@ def compare_passive(passive_dir: Path, injected: Path | None, *, reference: Path
     )
     lines.append(
         f"{len(events)} published events over {max((e.at_s for e in events), default=0) / 60:.1f} min of "
-        f"traffic, P from: {dict(sources)}. {injected_line}{joint_line}"
+        f"traffic{' (its segments only, the injected blocks between them left out)' if traffic_spans else ''}, "
+        f"P from: {dict(sources)}. {injected_line}{joint_line}"
     )
     doc: dict[str, Any] = {
         "launch_level": launch_level,

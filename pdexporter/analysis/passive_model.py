@@ -149,6 +149,7 @@ __all__ = [
     "level_matched",
     "passive_decision",
     "reach",
+    "traffic_seconds",
 ]
 
 BOOTSTRAP = 200  # refits per interval
@@ -250,9 +251,18 @@ def joint_prompts(info: Mapping[str, Any], requests: Mapping[str, int] | None = 
     return tuple(int(x) for x in sizes)
 
 
-def events_from_records(records: Iterable[Any], requests: Mapping[str, int] | None = None) -> list[FitEvent]:
+def traffic_seconds(t: float, spans: Sequence[tuple[float, float]]) -> float:
+    """Seconds of traffic up to wall time `t` (epoch s): the overlap of [-inf, t] with the spans
+    (start, end) in which traffic ran (a spread run's passive segments; the injected blocks between
+    them are not traffic)."""
+    return sum(max(0.0, min(t, end) - start) for start, end in spans)
+
+
+def events_from_records(records: Iterable[Any], requests: Mapping[str, int] | None = None,
+                        spans: Sequence[tuple[float, float]] | None = None) -> list[FitEvent]:
     """The published events of passive records (`run --passive --out`: one repetition per event,
-    its `passive` block holding the exact D and P); traffic time from the repetitions' `started_at`.
+    its `passive` block holding the exact D and P); traffic time from the repetitions' `started_at`,
+    seconds since the first event, counted inside `spans` only where they are given (`traffic_seconds`).
     A joint event's prompts from its record, else from `requests` (`joint_prompts`)."""
     rows: list[tuple[float | None, FitEvent]] = []
     for record in records:
@@ -286,9 +296,12 @@ def events_from_records(records: Iterable[Any], requests: Mapping[str, int] | No
                     ),
                 )
             )
-    times = [t for t, _ in rows if t is not None]
+    def clock(t: float) -> float:
+        return traffic_seconds(t, spans) if spans else t
+
+    times = [clock(t) for t, _ in rows if t is not None]
     t0 = min(times) if times else 0.0
-    out = [FitEvent(**{**e.__dict__, "at_s": (t - t0) if t is not None else 0.0}) for t, e in rows]
+    out = [FitEvent(**{**e.__dict__, "at_s": (clock(t) - t0) if t is not None else 0.0}) for t, e in rows]
     return sorted(out, key=lambda e: e.at_s)
 
 

@@ -37,8 +37,8 @@
 # `--reps k`, which adds repetition k (0-based k-1, its `block` field) to every cell of SWEEP's grid (a
 # sweep resumes from the repetitions a record holds: sweep.plan.config_status). The segments share one
 # passive directory (a restarted exporter appends each event as the next repetition of its cell:
-# exporter.passive_live.save_event), so the analysis is step 5 unchanged; the event model's minutes are
-# then wall minutes since the first event, the injected blocks' gaps included. Markers per segment and
+# exporter.passive_live.save_event), so the analysis is step 5 with `--spread spread.tsv`: the event
+# model's minutes are the segments' traffic minutes, the injected blocks between left out. Markers per segment and
 # block (passive-k.started/.done, injected-k.done); spread.tsv logs each segment's and each sweep
 # invocation's start and end (epoch s) and rc; scripts/gpu/passive_spread.py relates them to the
 # records (spread.md: events per segment, repetitions per block, the checks). On the H200 (SEGMENTS=5,
@@ -252,13 +252,15 @@ python3 -m pdexporter export-table "$W/passive" --mode passive "${INJ[@]}" --out
 TABLE=$!
 REF=()
 [ "$ENGINE" = vllm ] && [ ! -f "$W/injected$(sfx "$K").done" ] && [ -d "$REFERENCE" ] && REF=(--reference "$REFERENCE")
+SPREAD=()
+[ -n "$SEGMENTS" ] && SPREAD=(--spread "$W/spread.tsv")  # minutes of traffic: the segments' own
 LEVELS=()
 for level in slow matched; do
-  python3 scripts/gpu/passive_compare.py "$W/passive" --injected "$W/injected" "${REF[@]}" --launch-level $level \
-    --minutes 1 2 5 --out "$W/level-$level" > /dev/null 2>> "$W/steps.log" &
+  python3 scripts/gpu/passive_compare.py "$W/passive" --injected "$W/injected" "${REF[@]}" "${SPREAD[@]}" \
+    --launch-level $level --minutes 1 2 5 --out "$W/level-$level" > /dev/null 2>> "$W/steps.log" &
   LEVELS+=($!)
 done
-python3 scripts/gpu/passive_compare.py "$W/passive" --injected "$W/injected" "${REF[@]}" --out "$W" \
+python3 scripts/gpu/passive_compare.py "$W/passive" --injected "$W/injected" "${REF[@]}" "${SPREAD[@]}" --out "$W" \
   > /dev/null 2>> "$W/steps.log" || log "passive_compare failed"
 [ -n "$SEGMENTS" ] && { python3 scripts/gpu/passive_spread.py "$W" --segments "$K" > "$W/spread.md" 2>> "$W/steps.log" \
   || log "passive_spread: $(tail -1 "$W/spread.md")"; }
@@ -272,7 +274,7 @@ cp "$W/level-matched/comparison.md" "$W/comparison-level-matched.md" 2>/dev/null
   if [ -n "$SEGMENTS" ]; then
     echo "- spread (issue 30 item 4): $K passive segments of $PASSIVE_S s, each followed by one repetition of every"
     echo "  cell of \`$SWEEP\` (block k = repetition k, the exporter and the load stopped); the event model's"
-    echo "  minutes are wall minutes since the first event, the blocks' gaps included"
+    echo "  minutes are the segments' traffic minutes (spread.tsv), the blocks between them left out"
     echo "- engine: $ENGINE at B = $B; \`pdexporter load --rate $RATE --seed $SEED..$(( SEED + K - 1 )) --mix $MIX\` for $PASSIVE_S s"
     echo "  a segment beside \`run --passive\` (4 probes); versions: $(python3 -c 'import vllm; print("vLLM", vllm.__version__)' 2>/dev/null || echo "embedded engine (MODELLED)")"
   else

@@ -5,7 +5,7 @@ passive events.
 
     python3 scripts/gpu/passive_compare.py PASSIVE_DIR --injected INJECTED_DIR [--reference DIR]
         [--out DIR] [--minutes 1 2 5 10 30] [--bootstrap 200] [--launch-level mixed|slow|fast|matched]
-        [--campaign-variation held_out.json]
+        [--campaign-variation held_out.json] [--spread spread.tsv]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pdexporter.analysis.campaigns import load_variation  # noqa: E402
-from pdexporter.analysis.passive_compare import SCORING_LEVELS, compare_passive  # noqa: E402
+from pdexporter.analysis.passive_compare import SCORING_LEVELS, compare_passive, spread_segments  # noqa: E402
 from pdexporter.analysis.passive_model import CONVERGENCE_MINUTES  # noqa: E402
 from pdexporter.errors import PdexporterError  # noqa: E402
 
@@ -36,15 +36,19 @@ parser.add_argument("--launch-level", choices=SCORING_LEVELS, default="mixed",
 parser.add_argument("--campaign-variation", type=Path, default=None,
                     help="held_out.json of `pdexporter validate`: the full fits' intervals carry the campaign "
                          "variation it measured (as export-table --campaign-variation makes the passive table's)")
+parser.add_argument("--spread", type=Path, default=None,
+                    help="a spread run's spread.tsv (passive-h200.sh SEGMENTS=K): minutes of traffic are the "
+                         "passive segments' own, the injected blocks between them left out")
 args = parser.parse_args()
 try:
     variation = load_variation(args.campaign_variation)[0] if args.campaign_variation else None
+    spans = spread_segments(args.spread) if args.spread else None
 except PdexporterError as exc:
     print(f"passive_compare: {exc}", file=sys.stderr)
     sys.exit(2)
 text = compare_passive(args.passive_dir, args.injected, reference=args.reference, out=args.out,
                        minutes=args.minutes, bootstrap=args.bootstrap, launch_level=args.launch_level,
-                       variation=variation)
+                       variation=variation, traffic_spans=spans)
 if text is None:
     sys.exit(2)
 print(text)

@@ -111,3 +111,24 @@ def test_campaign_variation_is_carried_into_the_intervals_and_a_bad_file_is_one_
     bad = _compare(tmp_path / "bad", "--injected", str(RUN / "injected"), "--campaign-variation",
                    str(tmp_path / "nope.json"))
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nope.json" in bad.stderr, bad.stderr
+
+
+def test_a_spread_runs_minutes_are_its_segments_traffic_and_a_bad_file_is_one_line(tmp_path: Path) -> None:
+    """`--spread spread.tsv` (a spread run's passive segments): the minutes leave out the time between the
+    segments; here the first run's ~2.9 minutes with its second minute declared an injected block."""
+    from pdexporter._internal.durations import iso_epoch_s
+
+    starts = [iso_epoch_s(rep["started_at"]) for path in (RUN / "passive" / "8192").glob("D*_P*.json")
+              for rep in json.loads(path.read_text())["reps"]]
+    t0, t1 = min(starts), max(starts)
+    tsv = tmp_path / "spread.tsv"
+    tsv.write_text(f"segment\t1\t{t0 - 1:.0f}\t{t0 + 60:.0f}\t0\nblock\t1\t{t0 + 61:.0f}\t{t0 + 119:.0f}\t0\n"
+                   f"segment\t2\t{t0 + 120:.0f}\t{t1 + 1:.0f}\t0\n")
+    result = _compare(tmp_path, "--injected", str(RUN / "injected"), "--spread", str(tsv))
+    assert result.returncode == 0, result.stderr
+    head = (tmp_path / "comparison.md").read_text().splitlines()[2]
+    minutes = float(head.split(" min of traffic")[0].rsplit(" ", 1)[1])
+    assert abs(minutes - (t1 - t0 - 60) / 60) < 0.06 and "its segments only" in head
+    tsv.write_text("segment\t1\tnoon\t1\t0\n")
+    bad = _compare(tmp_path, "--injected", str(RUN / "injected"), "--spread", str(tsv))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "spread.tsv:1: a segment line" in bad.stderr

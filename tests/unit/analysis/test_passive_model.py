@@ -26,6 +26,7 @@ from pdexporter.analysis.passive_model import (
     level_matched,
     passive_decision,
     reach,
+    traffic_seconds,
 )
 
 B = 8192
@@ -195,6 +196,32 @@ def test_events_from_records_take_the_exact_d_and_p_and_traffic_time() -> None:
     events = events_from_records([record, active])
     assert [(e.decode, e.prompt, e.at_s) for e in events] == [(5, 1500, 0.0), (7, 900, 60.0)]
     assert events[0].chunk_steps_ms == (56.0,) and events[0].source == "otlp"
+    # a spread run: traffic ran 00:00:00-00:00:30 and from 00:00:50 on (an injected block between):
+    # the event at 00:01:00 is 40 s of traffic after the first, not 60
+    from pdexporter._internal.durations import iso_epoch_s
+
+    t0 = iso_epoch_s("2026-01-01T00:00:00+00:00")
+    spans = [(t0, t0 + 30.0), (t0 + 50.0, t0 + 600.0)]
+    assert traffic_seconds(t0 + 60.0, spans) == 40.0 and traffic_seconds(t0 + 40.0, spans) == 30.0
+    spread = events_from_records([record], spans=spans)
+    assert [(e.decode, e.at_s) for e in spread] == [(5, 0.0), (7, 40.0)]
+
+
+def test_spread_segments_read_the_passive_segments_and_name_a_bad_line(tmp_path) -> None:
+    import pytest
+
+    from pdexporter.analysis.passive_compare import spread_segments
+    from pdexporter.errors import RecordError
+
+    tsv = tmp_path / "spread.tsv"
+    tsv.write_text("segment\t1\t100\t160\t0\nblock\t1\t161\t250\t0\nsegment\t2\t251\t311\t0\n")
+    assert spread_segments(tsv) == [(100.0, 160.0), (251.0, 311.0)]
+    tsv.write_text("segment\t1\t100\t160\t0\nsegment\t2\tnoon\t311\t0\n")
+    with pytest.raises(RecordError, match=r"spread.tsv:2: a segment line"):
+        spread_segments(tsv)
+    tsv.write_text("block\t1\t161\t250\t0\n")
+    with pytest.raises(RecordError, match="no segment lines"):
+        spread_segments(tsv)
 
 
 def test_joint_events_are_counted_apart_and_widen_the_cells_they_stand_in() -> None:
