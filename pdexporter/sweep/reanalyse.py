@@ -57,6 +57,7 @@ class Reanalysed:
     record: RunRecord
     reps: int
     changed: int  # repetitions whose derived numbers moved
+    kept: int = 0  # passive events left as measured (nothing to re-derive them from)
 
 
 def phase1_stats(store: ResultsStore, chunk_size: int, d: int, settings: ProtocolSettings) -> BaselineStats | None:
@@ -105,14 +106,17 @@ def _passive_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, setting
     """One production prefill's event (module docs) through the window maths again."""
     c = record.config
     info = (rep.model_extra or {}).get("passive") or {}
-    if rep.raw is None or "decode_batch_size" not in info or "prompt_tokens" not in info:
+    b, theta = rep.baseline, rep.interference.slow_step_threshold_ms
+    if (rep.raw is None or "decode_batch_size" not in info or "prompt_tokens" not in info or b is None
+            or b.tpot_p50_ms is None or theta is None):
         return rep  # nothing to re-derive from: kept as measured
+    base = BaselineStats.from_record(b.tpot_p50_ms, b.tpot_p90_ms, b.tpot_p99_ms, b.tpot_mean_ms, b.n_intervals,
+                                     theta, settings.window)
+    if abs(base.slow_threshold_ms(settings.window) - theta) > 1e-3:
+        return rep  # analysed with other window settings than these: kept as measured
     raw = store.load_raw(store.chunk_dir(c.chunk_size) / rep.raw)
     probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
     d, p = int(info["decode_batch_size"]), int(info["prompt_tokens"])
-    b = rep.baseline
-    base = BaselineStats.from_record(b.tpot_p50_ms, b.tpot_p90_ms, b.tpot_p99_ms, b.tpot_mean_ms, b.n_intervals,
-                                     rep.interference.slow_step_threshold_ms, settings.window)
     schedule = expected_schedule(c.engine, p, c.chunk_size, d)
     window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], base, settings.window, None,
                             schedule, engine=c.engine)
@@ -128,8 +132,9 @@ def reanalyse_passive_record(store: ResultsStore, record: RunRecord, settings: P
     """A `run --passive` record's events re-derived from their raw timestamps (module docs)."""
     reps = [_passive_rep(store, record, rep, settings) for rep in record.reps]
     changed = sum(new.derived != old.derived for new, old in zip(reps, record.reps))
+    kept = sum(new is old for new, old in zip(reps, record.reps))
     rebuilt = aggregate(record.config, reps).model_copy(update={"provenance": record.provenance})
-    return Reanalysed(rebuilt, len(reps), changed)
+    return Reanalysed(rebuilt, len(reps), changed, kept)
 
 
 def keep_shape(config: RecordConfig, reps: list[RepRecord], old: RunRecord) -> RunRecord:
@@ -265,7 +270,7 @@ class DirectoryJob:
 
         settings = ProtocolSettings()
         baselines: dict[tuple[int, int], BaselineStats | None] = {}  # Phase 1's statistics, once per D
-        changed = reps = written = passive = 0
+        changed = reps = written = passive = kept = 0
         for store, path in self.paths:
             record = load_record_file(path)
             if record.config.mode == "passive":
@@ -275,14 +280,19 @@ class DirectoryJob:
                 result = reanalyse_record(store, record, settings, baselines=baselines)
             reps += result.reps
             changed += result.changed
+            kept += result.kept
             if not self.dry_run and _differs(record, result.record):
                 store.save_record(result.record)
                 written += 1
             tick()
         verb = "would change" if self.dry_run else "changed"
         kinds = f" ({passive} of them run --passive events)" if passive else ""
-        return [f"{len(self.paths)} records{kinds}, {reps} repetitions: {changed} {verb}"
-                + ("" if self.dry_run else f"; {written} record files rewritten (the others are left as they were)")]
+        lines = [f"{len(self.paths)} records{kinds}, {reps} repetitions: {changed} {verb}"
+                 + ("" if self.dry_run else f"; {written} record files rewritten (the others are left as they were)")]
+        if kept:
+            lines.append(f"{kept} passive event(s) kept as measured: no raw file, D or P, or a slow-step threshold "
+                         "these window settings give back")
+        return lines
 
 
 def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> DirectoryJob:

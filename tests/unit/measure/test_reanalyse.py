@@ -89,11 +89,19 @@ def test_reanalyse_cli_rederives_passive_records_from_their_raw_timestamps(tmp_p
     stale["reps"][0]["derived"]["total_interference_ms"] = -1.0
     stale["derived"]["total_interference_ms"] = -1.0
     published.write_text(json.dumps(stale))
+    other = json.loads(joint.read_text())  # an event whose window used other settings: no threshold of these
+    rep = other["reps"][-1]
+    rep["interference"]["slow_step_threshold_ms"] = round(rep["baseline"]["tpot_p50_ms"] * 1.05, 4)
+    rep["derived"]["total_interference_ms"] = -2.0
+    joint.write_text(json.dumps(other))
+    live[joint]["reps"][-1] = rep
     result = CliRunner().invoke(app, ["reanalyse", str(tmp_path)])
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
     events = sum(len(r["reps"]) for r in live.values())
     assert f"2 records (2 of them run --passive events), {events} repetitions" in out
+    assert "1 passive event(s) kept as measured" in out
+    assert json.loads(joint.read_text())["reps"][-1]["derived"]["total_interference_ms"] == -2.0
     for path, before in live.items():
         after = json.loads(path.read_text())
         for old, new in zip(before["reps"], after["reps"]):
