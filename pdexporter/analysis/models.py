@@ -121,6 +121,7 @@ __all__ = [
     "huber_nnls",
     "nnls",
     "num_chunks",
+    "predict_points",
     "r_squared",
     "stream_pairs",
 ]
@@ -985,6 +986,12 @@ def _own_pairs_saving(model: ContextAwareModel, data: FitData) -> np.ndarray:
         out[i] = float(np.sum((model.eager_penalty_ms(d, chunks, stream_pairs(chunks))
                                - model.eager_penalty_ms(d, chunks, stream_pairs(chunks, prompts)))[eager]))
     return out
+
+
+def predict_points(model: ContextAwareModel, data: FitData) -> np.ndarray:
+    """Each point's aggregate interference (ms) as the fit priced it: a stream of several prompts
+    (`FitData.prompts`: a passive joint event) with each chunk's attention pairs its prompts' own."""
+    return model.predict(data.decode, data.prefill, data.chunk_size) - data.decode * _own_pairs_saving(model, data)
 
 
 def _any_eager(model: ContextAwareModel, d: int, p: int, b: int) -> bool:

@@ -105,6 +105,7 @@ from pdexporter.analysis.models import (
     HeldOut,
     ModelFit,
     fit_context_model,
+    predict_points,
     r_squared,
 )
 from pdexporter.measure.passive import log_bin
@@ -600,7 +601,7 @@ def fit_passive_model(
             draws.append(fit_context_model(_resample(data, rows, index)))
         except (ValueError, np.linalg.LinAlgError):
             continue
-    r2 = r_squared(data.cost_ms, model.predict(data.decode, data.prefill, data.chunk_size))
+    r2 = r_squared(data.cost_ms, predict_points(model, data))
     return PassiveModel(
         model,
         len(usable),

@@ -447,6 +447,12 @@ def test_a_joint_event_is_priced_by_its_own_prompts_pairs_not_one_prompt_of_the_
     assert model.model.beta_ms_per_token_pair == pytest.approx(TRUE.beta_ms_per_token_pair, rel=0.05)
     for d, p in ((6, 16384), (12, 32768)):  # a table cell is one prompt of P, its prediction the model's
         assert float(model.predict(d, p, B)) == pytest.approx(float(TRUE.predict(d, p, B)), rel=0.05)
+    # its in-sample R^2 prices the joint events as the fit did: by their own pairs, not the summed P
+    from pdexporter.analysis.models import r_squared
+
+    as_summed = r_squared(data.cost_ms, model.model.predict(data.decode, data.prefill, data.chunk_size))
+    assert model.in_sample_r2 is not None and as_summed is not None
+    assert model.in_sample_r2 > 0.995 and 1 - model.in_sample_r2 < 0.5 * (1 - as_summed)
     # the same events priced as one prompt of their summed P (their prompts unknown): the pairs they do not
     # do pull the slope down, and the compute-bound cells read low
     summed = [dataclasses.replace(e, prompts=()) for e in events]
