@@ -57,7 +57,9 @@ from pdexporter.measure.passive import JOINT_DIR, bin_int
 from pdexporter.measure.records import RunRecord
 from pdexporter.measure.store import ResultsStore, load_record_file
 
-__all__ = ["SCORING_LEVELS", "attribution_plot", "compare_passive", "spread_segments"]
+__all__ = [
+    "SCORING_LEVELS", "SPREAD_KINDS", "attribution_plot", "compare_passive", "spread_segments", "spread_timeline",
+]
 
 Key = tuple[int, int, int]
 SCORING_LEVELS = (*LAUNCH_LEVELS, MATCHED)  # --launch-level: a fit's level, or the mixed fit scored level-matched
@@ -274,26 +276,38 @@ def _title(chunks: Sequence[int], launch_level: str, variation: bool) -> str:
     return f"## Passive against injection on the same engine (B = {', '.join(map(str, chunks))}{level})"
 
 
+SPREAD_KINDS = ("segment", "block")  # the lines of a spread run's spread.tsv (scripts/gpu/passive-h200.sh)
+
+
+def spread_timeline(lines: Sequence[str], source: str = "spread.tsv") -> list[tuple[str, int, float, float, int]]:
+    """A spread run's `spread.tsv` (`segment|block  k  start  end  rc` a line, epoch s; a block has one
+    line per sweep invocation) as (kind, k, start, end, rc) rows; other lines are skipped, a segment or
+    block line that does not read is one error naming `source` and the line."""
+    rows = []
+    for n, line in enumerate(lines, 1):
+        cols = line.split()
+        if not cols or cols[0] not in SPREAD_KINDS:
+            continue
+        try:
+            k, start, end = int(cols[1]), float(cols[2]), float(cols[3])
+            rc = int(cols[4]) if len(cols) > 4 else 0
+        except (IndexError, ValueError):
+            raise RecordError(f"{source}:{n}: a {cols[0]} line is `{cols[0]} k start end rc` (epoch s), "
+                              f"got {line!r}") from None
+        if not end >= start:
+            raise RecordError(f"{source}:{n}: {cols[0]} ends ({end:g}) before it starts ({start:g})")
+        rows.append((cols[0], k, start, end, rc))
+    return rows
+
+
 def spread_segments(path: Path) -> list[tuple[float, float]]:
-    """The passive segments' wall spans (epoch s) of a spread run's `spread.tsv` (scripts/gpu/passive-h200.sh:
-    `segment|block  k  start  end  rc` a line); one line naming the file and line where it cannot be read."""
-    spans = []
+    """The passive segments' wall spans (epoch s) of a spread run's `spread.tsv` (`spread_timeline`);
+    one line naming the file (and line) where it cannot be read or holds no segment."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise RecordError(f"{path}: unreadable ({exc.strerror or exc})") from exc
-    for n, line in enumerate(lines, 1):
-        fields = line.split("\t")
-        if not line.strip() or fields[0] != "segment":
-            continue
-        try:
-            start, end = float(fields[2]), float(fields[3])
-        except (IndexError, ValueError):
-            raise RecordError(f"{path}:{n}: a segment line is `segment k start end rc` (epoch s), "
-                              f"got {line!r}") from None
-        if not end >= start:
-            raise RecordError(f"{path}:{n}: segment ends ({end:g}) before it starts ({start:g})")
-        spans.append((start, end))
+    spans = [(start, end) for kind, _, start, end, _ in spread_timeline(lines, str(path)) if kind == "segment"]
     if not spans:
         raise RecordError(f"{path}: no segment lines (`segment k start end rc`)")
     return spans

@@ -9,7 +9,8 @@ is for: every injected cell holds K repetitions, one per block, and every segmen
 
 WORK_DIR holds spread.tsv (passive-h200.sh: `segment|block  k  start_epoch  end_epoch  rc`, one line per
 segment and per sweep invocation of a block: a block resumed in a later call has several), passive/ and
-injected/. Exit 1 when --segments is given and a check fails (a dry run's proof), else 0.
+injected/. Exit 1 when --segments is given and a check fails (a dry run's proof); 2, one line, where a
+segment or block line of spread.tsv does not read (`passive_compare.spread_timeline`); else 0.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pdexporter._internal.durations import iso_epoch_s  # noqa: E402
+from pdexporter.analysis.passive_compare import spread_timeline  # noqa: E402
+from pdexporter.errors import PdexporterError  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
 
 
@@ -39,19 +42,15 @@ class Part:
         self.invocations: list[int] = []
 
 
-def read_timeline_lines(lines: list[str]) -> list[Part]:
+def read_timeline_lines(lines: list[str], source: str = "spread.tsv") -> list[Part]:
     """spread.tsv's lines as one Part per segment and per block (a block's invocations summed)."""
     parts: dict[tuple[str, int], Part] = {}
-    for line in lines:
-        cols = line.split()
-        if len(cols) < 4 or cols[0] not in ("segment", "block"):
-            continue
-        kind, k, start, end = cols[0], int(cols[1]), float(cols[2]), float(cols[3])
+    for kind, k, start, end, rc in spread_timeline(lines, source):
         part = parts.setdefault((kind, k), Part(kind, k, start, end))
         part.start, part.end = min(part.start, start), max(part.end, end)
         part.wall_s += end - start
         if kind == "block":
-            part.invocations.append(int(cols[4]) if len(cols) > 4 else 0)
+            part.invocations.append(rc)
     return sorted(parts.values(), key=lambda p: (p.start, p.kind))
 
 
@@ -82,7 +81,7 @@ def _utc(t: float) -> str:
 def summarise(work: Path, segments: int | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """The markdown, the JSON document and the failed checks (empty: all passed, or none asked)."""
     tsv = work / "spread.tsv"
-    parts = read_timeline_lines(tsv.read_text(encoding="utf-8").splitlines()) if tsv.exists() else []
+    parts = read_timeline_lines(tsv.read_text(encoding="utf-8").splitlines(), str(tsv)) if tsv.exists() else []
     events = passive_starts(work / "passive")
     cells = injected_reps(work / "injected")
     t0 = min([p.start for p in parts] + events[:1]) if parts or events else 0.0
@@ -141,7 +140,11 @@ def main() -> int:
     parser.add_argument("--segments", type=int, default=None, help="K: check K segments with events and K "
                         "repetitions per injected cell, one per block")
     args = parser.parse_args()
-    text, doc, failed = summarise(args.work, args.segments)
+    try:
+        text, doc, failed = summarise(args.work, args.segments)
+    except PdexporterError as exc:  # one line, the last of spread.md (passive-h200.sh logs it)
+        print(f"passive_spread: {exc}")
+        return 2
     (args.work / "spread.json").write_text(json.dumps(doc, indent=1), encoding="utf-8")
     print(text)
     return 1 if failed else 0

@@ -69,3 +69,16 @@ def test_a_missing_segment_and_too_few_repetitions_fail_the_check(tmp_path: Path
     result = subprocess.run([sys.executable, "scripts/gpu/passive_spread.py", str(work)],
                             cwd=REPO, capture_output=True, text=True, check=False, timeout=60)
     assert result.returncode == 0 and "| segment 1 |" in result.stdout and "Check" not in result.stdout
+
+
+def test_a_timeline_line_that_does_not_read_is_one_line_naming_it() -> None:
+    """spread.tsv is read by one parser (`passive_compare.spread_timeline`) here and in passive_compare.py."""
+    import pytest
+
+    from pdexporter.errors import RecordError
+
+    spread = gpu_script("passive_spread")
+    with pytest.raises(RecordError, match=r"spread.tsv:2: a block line is `block k start end rc`"):
+        spread.read_timeline_lines([TIMELINE[0], "block\t1\tnoon\t5\t0"])
+    with pytest.raises(RecordError, match=r"spread.tsv:1: segment ends \(1\) before it starts \(5\)"):
+        spread.read_timeline_lines(["segment\t1\t5\t1\t0"])
