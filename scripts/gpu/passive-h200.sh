@@ -11,7 +11,7 @@
 #
 #   bash scripts/gpu/passive-h200.sh BUDGET_S [PASSIVE_S=600] [RATE=1.5]
 #
-# From the environment: SEED (the load's, default 17) and MIX (its prompt mix, default sharegpt-like);
+# From the environment: MAX_MODEL_LEN (vLLM's, default 200000; 65536 on an H100), SEED (the load's, default 17) and MIX (its prompt mix, default sharegpt-like);
 # INJECTED=DIR takes the injected sweep of an earlier passive run on the same engine (its
 # PASSIVE_WORK/injected) instead of measuring one again, so two runs at different rates, seeds and
 # mixes share one reference (scripts/gpu/validation.sh passive-two); STOP_ENGINE=1 stops the engine
@@ -66,6 +66,8 @@ INJECTED=${INJECTED:-}
 SEGMENTS=${SEGMENTS:-}  # spread mode: K passive segments, each followed by one injected block
 SWEEP=${SWEEP:-sweeps/passive-h200.yaml}
 ENGINE=${ENGINE:-vllm}
+# an H100 (80 GB) holds the MoE's weights and ~110K tokens of KV cache, not one 200K-token sequence: 65536 there
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-200000}
 T0=$(date +%s)
 W=${PASSIVE_WORK:-/root/passive}
 B=8192
@@ -139,7 +141,7 @@ if ! curl -sf "$URL/health" > /dev/null; then
   if [ "$ENGINE" = vllm ]; then
     OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf VLLM_USE_FLASHINFER_SAMPLER=0 setsid python3 -m vllm.entrypoints.cli.main \
       serve /tmp/model/qwen3-coder-30b-a3b --served-model-name qwen3-coder-30b-a3b --load-format dummy \
-      --max-model-len 200000 --max-num-batched-tokens $B --enable-chunked-prefill --enable-prefix-caching \
+      --max-model-len "$MAX_MODEL_LEN" --max-num-batched-tokens $B --enable-chunked-prefill --enable-prefix-caching \
       --gpu-memory-utilization 0.9 --host 127.0.0.1 --port $PORT "${TRACES[@]}" >> "$W/engine.log" 2>&1 < /dev/null &
   else
     setsid python3 -m pdexporter sim serve --profile h200-qwen3-coder-30b-a3b --chunk-size $B --host 127.0.0.1 \
