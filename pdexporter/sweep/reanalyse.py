@@ -11,6 +11,11 @@ threshold its window used (`BaselineStats.from_record`), and its D and P are the
 (`passive` block). Each event keeps what the exporter decided live (its run of slow steps as
 t_inject / t_first, D, P, attribution, baseline) and gets its window numbers again; its joint and
 merged events (`joint/`, `merged/` beside the published ones) likewise.
+
+The window settings are the sweep's: a directory a sweep wrote keeps its spec in `sweep.json`, and its
+`protocol` block (the warm-up tokens a window skips, its recovery intervals, the slow-step rule) is what
+the records are re-derived with; a directory without one (a `measure` or `run --passive` output) is
+re-derived with the seed's defaults, which those commands ran with unless told otherwise.
 """
 
 from __future__ import annotations
@@ -264,11 +269,12 @@ class DirectoryJob:
 
     paths: list  # (the store a record belongs to, its path)
     dry_run: bool
+    settings: ProtocolSettings = ProtocolSettings()  # the window settings the records were made with
 
     def run(self, tick: Callable[[], None]) -> list[str]:
         from pdexporter.measure.store import load_record_file
 
-        settings = ProtocolSettings()
+        settings = self.settings
         baselines: dict[tuple[int, int], BaselineStats | None] = {}  # Phase 1's statistics, once per D
         changed = reps = written = passive = kept = 0
         for store, path in self.paths:
@@ -303,7 +309,28 @@ def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> Direct
     paths = [(store, path) for store in stores for path in store.iter_record_paths()]
     if not paths:
         raise ConfigError(f"{results}: no records (expected {{chunk}}/D{{d}}_P{{p}}.json)")
-    return DirectoryJob(paths, dry_run)
+    return DirectoryJob(paths, dry_run, sweep_settings(root))
+
+
+def sweep_settings(root: Path) -> ProtocolSettings:
+    """The window settings of the sweep that wrote `root` (its `sweep.json`'s `spec.protocol`); the
+    seed's defaults where no sweep wrote it. A `sweep.json` that does not read is one line naming it."""
+    import json
+
+    from pydantic import ValidationError
+
+    path = root / "sweep.json"
+    if not path.is_file():
+        return ProtocolSettings()
+    try:
+        spec = json.loads(path.read_text())["spec"]
+        return ProtocolSettings(**spec.get("protocol", {}))
+    except ValidationError as exc:  # (a ValueError: first)
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(f"{path}: spec.protocol{'.' + where if where else ''}: {first['msg']}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path}: not a sweep's state file ({type(exc).__name__}: {exc})") from None
 
 
 def _differs(old: RunRecord, new: RunRecord) -> bool:

@@ -173,3 +173,32 @@ def test_reanalyse_keeps_a_finished_sweeps_flag(tmp_path: Path) -> None:
     reanalyse_directory(tmp_path).run(lambda: None)
     summary = json.loads((dst / "D1_P512.json").read_text())["summary"]
     assert summary["flagged"] is True and summary["cv_by_attempt"][-1] > 0.15
+
+
+def test_reanalyse_directory_takes_the_window_settings_of_the_sweep_that_wrote_it(tmp_path: Path) -> None:
+    """A sweep whose windows skip 4 warm-up tokens, not the seed's 16: re-derived with its own
+    `sweep.json` protocol nothing moves; with the defaults (no sweep.json) both repetitions would."""
+    from pdexporter.errors import ConfigError
+    from pdexporter.sweep.reanalyse import reanalyse_directory
+
+    settings = ProtocolSettings(warmup_tokens=4)
+
+    async def main():
+        async with SimDriver.create(chunk_size=2048) as driver:
+            await warm_prefix(driver, settings)
+            return await measure_point(driver, PointSpec(2048, 4, 8192), settings, ResultsStore(tmp_path), reps=2)
+
+    run_virtual(main())
+    assert reanalyse_directory(tmp_path, dry_run=True).run(lambda: None)[0].endswith("2 would change")
+    state = tmp_path / "sweep.json"
+    state.write_text(json.dumps({"spec": {"protocol": settings.model_dump()}, "invocations": []}))
+    job = reanalyse_directory(tmp_path, dry_run=True)
+    assert job.settings.warmup_tokens == 4
+    assert job.run(lambda: None)[0].endswith("0 would change")
+    state.write_text(json.dumps({"spec": {"protocol": {"warmup_tokens": -3}}}))
+    try:
+        reanalyse_directory(tmp_path)
+    except ConfigError as exc:
+        assert str(exc).startswith(f"{state}: spec.protocol.warmup_tokens: ") and "\n" not in str(exc)
+    else:
+        raise AssertionError("a bad protocol block was read")
