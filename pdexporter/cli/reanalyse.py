@@ -20,8 +20,9 @@ def reanalyse(
     results: Annotated[Path, typer.Argument(help="Results directory ({chunk}/D{d}_P{p}.json + raw/).")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Report what would change; write nothing.")] = False,
 ) -> None:
-    """Recompute every record's numbers from its raw timestamps with the current window maths
-    (records of `run --passive` are kept as measured)."""
+    """Recompute every record's numbers from its raw timestamps with the current window maths and
+    the window settings of the sweep that wrote the directory (its sweep.json; else the seed's);
+    `run --passive` events from their quiet-period baselines (one nothing can rebuild is kept)."""
     from pdexporter.sweep.reanalyse import reanalyse_directory
 
     job = reanalyse_directory(results, dry_run=dry_run)
