@@ -11,7 +11,8 @@
 #
 #   bash scripts/gpu/passive-h200.sh BUDGET_S [PASSIVE_S=600] [RATE=1.5]
 #
-# From the environment: MAX_MODEL_LEN (vLLM's, default 200000; 65536 on an H100), SEED (the load's, default 17) and MIX (its prompt mix, default sharegpt-like);
+# From the environment: MAX_MODEL_LEN (vLLM's, default 200000; 65536 on an H100), SEED (the load's,
+# default 17) and MIX (its prompt mix, default sharegpt-like);
 # INJECTED=DIR takes the injected sweep of an earlier passive run on the same engine (its
 # PASSIVE_WORK/injected) instead of measuring one again, so two runs at different rates, seeds and
 # mixes share one reference (scripts/gpu/validation.sh passive-two); STOP_ENGINE=1 stops the engine

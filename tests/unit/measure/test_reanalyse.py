@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.measure.point import PointSpec, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, warm_prefix
@@ -196,9 +198,6 @@ def test_reanalyse_directory_takes_the_window_settings_of_the_sweep_that_wrote_i
     assert job.settings.warmup_tokens == 4
     assert job.run(lambda: None)[0].endswith("0 would change")
     state.write_text(json.dumps({"spec": {"protocol": {"warmup_tokens": -3}}}))
-    try:
+    with pytest.raises(ConfigError) as bad:
         reanalyse_directory(tmp_path)
-    except ConfigError as exc:
-        assert str(exc).startswith(f"{state}: spec.protocol.warmup_tokens: ") and "\n" not in str(exc)
-    else:
-        raise AssertionError("a bad protocol block was read")
+    assert str(bad.value).startswith(f"{state}: spec.protocol.warmup_tokens: ") and "\n" not in str(bad.value)
