@@ -68,7 +68,7 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.measure.window import baseline_stats
 from pdexporter.sweep.plan import ConfigStatus, RunTimes, block_order, config_status, median, summarise_attempts
 from pdexporter.sweep.providers import EngineProvider, slot_label
-from pdexporter.sweep.spec import SweepSpec
+from pdexporter.sweep.spec import SWEEP_STATE, SweepSpec
 
 __all__ = [
     "ChunkReport", "Deadline", "Key", "PHASES", "SweepController", "SweepObserver", "SweepReport",
@@ -698,7 +698,7 @@ class SweepController:
         rewritten when it ends; an entry still "running" whose process is gone was killed
         (`kill -9`, a lost machine) and is marked so by the next invocation, with what it had
         recorded by then left to the records themselves."""
-        path = self.store.root / "sweep.json"
+        path = self.store.root / SWEEP_STATE
         previous: list[Any] = []
         try:
             previous = json.loads(path.read_text(encoding="utf-8")).get("invocations", [])

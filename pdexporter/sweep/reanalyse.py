@@ -319,16 +319,18 @@ def sweep_settings(root: Path) -> ProtocolSettings:
 
     from pydantic import ValidationError
 
-    path = root / "sweep.json"
+    from pdexporter._internal.validation import format_validation_error
+    from pdexporter.sweep.spec import SWEEP_STATE
+
+    path = root / SWEEP_STATE
     if not path.is_file():
         return ProtocolSettings()
     try:
         spec = json.loads(path.read_text())["spec"]
         return ProtocolSettings(**spec.get("protocol", {}))
     except ValidationError as exc:  # (a ValueError: first)
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(f"{path}: spec.protocol{'.' + where if where else ''}: {first['msg']}") from None
+        sep = "." if exc.errors()[0]["loc"] else ": "  # a field's error, or one of the whole block
+        raise ConfigError(f"{path}: spec.protocol{sep}{format_validation_error(exc, ProtocolSettings)}") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path}: not a sweep's state file ({type(exc).__name__}: {exc})") from None
 

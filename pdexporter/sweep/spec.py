@@ -62,6 +62,7 @@ __all__ = [
     "Mode",
     "OrderSpec",
     "SAFE_NAME",
+    "SWEEP_STATE",
     "SweepSpec",
     "TokenCount",
     "WarmupSpec",
@@ -74,6 +75,9 @@ __all__ = [
 
 Mode = Literal["faithful", "fast"]
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+# beside a sweep's results: its spec (redacted) and one entry per invocation
+# (`controller.SweepController._write_state`); `reanalyse` reads the spec's protocol back from it
+SWEEP_STATE = "sweep.json"
 
 # The seed's 5 s "wait for KV eviction" between runs: kept in faithful mode, which follows the
 # seed step by step; fast mode needs none (docs/sweep.md, "Cooldown").
