@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
 __all__ = [
-    "REASON_LIMIT", "body_reason", "looks_like_html", "plural", "shorten",
+    "REASON_LIMIT", "body_reason", "looks_like_html", "plural", "read_utf8", "shorten",
 ]
+
+
+def read_utf8(path: Path, error: type[Exception], hint: str = "") -> str:
+    """A text file's contents; a file that cannot be read, or is not UTF-8, is one `error` naming
+    it (and the line and byte that are not UTF-8; `hint` follows that)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise error(f"{path}: line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                    f"{exc.start}){hint}") from None
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -398,7 +398,43 @@ def given_transfer(link_gb_s: float, bytes_per_token: float, latency_ms: float =
 # decision.json's two-arm section
 
 
-def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[ConfigSamples],  # noqa: C901 (16: to shrink)
+def _pair_terms(offloaded: Sequence[ConfigSamples], col_ttft: Term | None, rule: dict[str, Any],
+                nominal: Callable[[ConfigSamples, Mapping[str, Any]], bool]) -> dict[str, Term | None]:
+    """A 1P1D pair's own terms: the decode side (routed TTFT less the prefill instance and the KV
+    transfer) and, given the colocated TTFT, the prefill instance's offset over it at D = 0."""
+    def decode_side(r: Mapping[str, Any]) -> float | None:
+        ttft, pre, xfer = r.get("offload_ttft_ms"), r.get("offload_prefill_ms"), r.get("kv_transfer_ms")
+        if ttft is None or pre is None:
+            return None
+        return float(ttft) - float(pre) - float(xfer or 0.0)
+
+    terms: dict[str, Term | None] = {
+        "decode_side": fit_term("decode_side", _rows(offloaded, TERM_FEATURES["decode_side"][0], rule,
+                                                     decode_side, keep=nominal),
+                                "measured on the pair: routed TTFT - prefill instance - KV transfer"),
+    }
+    if col_ttft is None:
+        return terms
+    alone = {f: c for f, c in zip(col_ttft.features, col_ttft.coefficients)}
+    rows_x, rows_y, rows_k = [], [], []
+    for s in offloaded:
+        b, _, p = s.key
+        base = sum(alone[f] * v for f, v in zip(col_ttft.features, _features(col_ttft.features, rule, 0, p, b)))
+        for rep in s.reps:
+            pre = rep.get("offload_prefill_ms")
+            if pre is not None:
+                rows_x.append(_features(TERM_FEATURES["prefill_offset"][0], rule, 0, p, b))
+                rows_y.append(float(pre) - base)
+                rows_k.append(s.key)
+    terms["prefill_offset"] = fit_term(
+        "prefill_offset",
+        Rows(np.asarray(rows_x).reshape(-1, 2), np.asarray(rows_y), rows_k),
+        "measured on the pair's prefill instance, over the colocated TTFT at D = 0",
+    )
+    return terms
+
+
+def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[ConfigSamples],
                     transfer: TransferModel | None, doc: dict[str, Any], *, source: str = "",
                     replicates: int = TERM_REPLICATES) -> dict[str, Any] | None:
     """decision.json's `two_arm` section (decision_eval's module docs) and its replicates (set on
@@ -424,42 +460,7 @@ def two_arm_section(colocated: Sequence[ConfigSamples], offloaded: Sequence[Conf
                                    "offloaded arm"),
     }
     if pair:
-        def decode_side(r: Mapping[str, Any]) -> float | None:
-            ttft, pre, xfer = r.get("offload_ttft_ms"), r.get("offload_prefill_ms"), r.get("kv_transfer_ms")
-            if ttft is None or pre is None:
-                return None
-            return float(ttft) - float(pre) - float(xfer or 0.0)
-
-        terms["decode_side"] = fit_term("decode_side", _rows(offloaded, TERM_FEATURES["decode_side"][0], rule,
-                                                             decode_side, keep=nominal),
-                                        "measured on the pair: routed TTFT - prefill instance - KV transfer")
-        col_ttft = terms["colocated_ttft"]
-        if col_ttft is not None:
-            alone = {f: c for f, c in zip(col_ttft.features, col_ttft.coefficients)}
-
-            def offset(r: Mapping[str, Any], key: tuple[int, int, int]) -> float | None:
-                pre = r.get("offload_prefill_ms")
-                if pre is None:
-                    return None
-                b, _, p = key
-                base = sum(alone[f] * v for f, v in zip(col_ttft.features,
-                                                       _features(col_ttft.features, rule, 0, p, b)))
-                return float(pre) - base
-
-            rows_x, rows_y, rows_k = [], [], []
-            for s in offloaded:
-                b, _, p = s.key
-                for rep in s.reps:
-                    value = offset(rep, s.key)
-                    if value is not None:
-                        rows_x.append(_features(TERM_FEATURES["prefill_offset"][0], rule, 0, p, b))
-                        rows_y.append(value)
-                        rows_k.append(s.key)
-            terms["prefill_offset"] = fit_term(
-                "prefill_offset",
-                Rows(np.asarray(rows_x).reshape(-1, 2), np.asarray(rows_y), rows_k),
-                "measured on the pair's prefill instance, over the colocated TTFT at D = 0",
-            )
+        terms.update(_pair_terms(offloaded, terms["colocated_ttft"], rule, nominal))
     else:
         terms["decode_side"] = fit_term("decode_side", _rows(offloaded, TERM_FEATURES["decode_side"][0], rule,
                                                              lambda r: r.get("prefill_duration_ms")),

@@ -147,7 +147,7 @@ class ResponseReader:
         self._remaining -= len(data)
         return data
 
-    def _chunks(self, buf: bytes) -> bytes:  # noqa: C901 (16: to shrink)
+    def _chunks(self, buf: bytes) -> bytes:
         """Chunked transfer coding; the common case (whole chunks in one read) is a few slices."""
         out: list[bytes] = []
         pos, n = 0, len(buf)
@@ -162,13 +162,8 @@ class ResponseReader:
                     self._state = _CHUNK_END
                 continue
             if state == _CHUNK_END:  # exactly CRLF after a chunk's data
-                if n - pos < 2:
-                    if buf[pos:] != b"\r":
-                        raise HttpFramingError(f"chunk not followed by CRLF: {buf[pos:pos + 2]!r}")
-                    self._buf = buf[pos:]
-                    break
-                if buf[pos : pos + 2] != b"\r\n":
-                    raise HttpFramingError(f"chunk not followed by CRLF: {buf[pos:pos + 2]!r}")
+                if not self._crlf_at(buf, pos):
+                    break  # a lone CR: the LF comes in the next read
                 pos += 2
                 self._state = _CHUNK_SIZE
                 continue
@@ -180,22 +175,39 @@ class ResponseReader:
                 break
             line = buf[pos:end]
             pos = end + 2
-            if state == _CHUNK_SIZE:
-                size_text = line.split(b";", 1)[0].strip()
-                try:
-                    size = int(size_text, 16)
-                except ValueError:
-                    raise HttpFramingError(f"bad chunk size {line[:40]!r}") from None
-                if size < 0:
-                    raise HttpFramingError(f"bad chunk size {line[:40]!r}")
-                if size == 0:
-                    self._state = _TRAILER
-                else:
-                    self._remaining, self._state = size, _CHUNK_DATA
-            elif state == _TRAILER:
-                if not line:
-                    self._state = _DONE
-                    break
-            else:  # _DONE
+            if not self._framing_line(state, line):
                 break
         return b"".join(out) if len(out) != 1 else out[0]
+
+    def _crlf_at(self, buf: bytes, pos: int) -> bool:
+        """Whether the CRLF that ends a chunk's data is at `pos`; False (kept for the next read)
+        when only its CR has come; anything else is a framing error."""
+        if len(buf) - pos < 2:
+            if buf[pos:] != b"\r":
+                raise HttpFramingError(f"chunk not followed by CRLF: {buf[pos:pos + 2]!r}")
+            self._buf = buf[pos:]
+            return False
+        if buf[pos : pos + 2] != b"\r\n":
+            raise HttpFramingError(f"chunk not followed by CRLF: {buf[pos:pos + 2]!r}")
+        return True
+
+    def _framing_line(self, state: int, line: bytes) -> bool:
+        """A chunk-size or trailer line read in `state`; False once the body has ended."""
+        if state == _CHUNK_SIZE:
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise HttpFramingError(f"bad chunk size {line[:40]!r}") from None
+            if size < 0:
+                raise HttpFramingError(f"bad chunk size {line[:40]!r}")
+            if size == 0:
+                self._state = _TRAILER
+            else:
+                self._remaining, self._state = size, _CHUNK_DATA
+            return True
+        if state == _TRAILER and line:
+            return True  # a trailer field: read and dropped
+        if state == _TRAILER:
+            self._state = _DONE
+        return False  # the blank line after the trailers, or _DONE

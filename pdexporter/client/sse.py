@@ -130,11 +130,37 @@ class StreamDecoder:
     finish_reason: str | None = None
     done: bool = False
 
-    def decode(self, event: SSEEvent) -> StreamDelta:  # noqa: C901 (18: to shrink)
+    def decode(self, event: SSEEvent) -> StreamDelta:
         data = event.data.strip()
         if data == "[DONE]":
             self.done = True
             return StreamDelta(0, done=True, finish_reason=self.finish_reason)
+        choices, usage = self._payload(data)
+        prompt_tokens = _int_or_none(usage, "prompt_tokens")
+        completion_tokens = _int_or_none(usage, "completion_tokens")
+        if prompt_tokens is not None:
+            self.prompt_tokens = prompt_tokens
+        if not choices:
+            # The usage-only closing event: tokens were counted on the events that carried them.
+            if completion_tokens is not None:
+                self.completion_tokens = completion_tokens
+            return StreamDelta(0, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        text, finish_reason, n_tokens = self._choices(choices, count=completion_tokens is None, data=data)
+        if completion_tokens is not None:
+            n_tokens = self._usage_step(completion_tokens)
+        if finish_reason:
+            self.finish_reason = finish_reason
+        self.counted += n_tokens
+        return StreamDelta(
+            n_tokens,
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            text=text,
+        )
+
+    def _payload(self, data: str) -> tuple[list[Any], dict[str, Any] | None]:
+        """An event's choices and usage; an event that is not a completion chunk is one error."""
         try:
             payload = json.loads(data)
         except json.JSONDecodeError as exc:
@@ -149,50 +175,32 @@ class StreamDecoder:
         usage = payload.get("usage") or None
         if usage is not None and not isinstance(usage, dict):
             raise SSEProtocolError(f"{self.source}: 'usage' is not an object: {data[:120]!r}")
+        return choices, usage
 
-        prompt_tokens = _int_or_none(usage, "prompt_tokens")
-        completion_tokens = _int_or_none(usage, "completion_tokens")
-        if prompt_tokens is not None:
-            self.prompt_tokens = prompt_tokens
-        text = ""
-        finish_reason = None
-        if not choices:
-            # The usage-only closing event: tokens were counted on the events that carried them.
-            if completion_tokens is not None:
-                self.completion_tokens = completion_tokens
-            return StreamDelta(0, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-
-        n_tokens = 0
+    def _choices(self, choices: list[Any], *, count: bool, data: str) -> tuple[str, str | None, int]:
+        """The choices' text and finish reason, and (`count`: the event carries no usage) their
+        tokens: a choice's token ids, else one token per choice with text."""
+        text, finish_reason, n_tokens = "", None, 0
         for choice in choices:
             if not isinstance(choice, dict):
                 raise SSEProtocolError(f"{self.source}: a choice is not an object: {data[:120]!r}")
             piece = _choice_text(choice)
             text += piece
             finish_reason = choice.get("finish_reason") or finish_reason
-            if completion_tokens is None:
+            if count:
                 token_ids = choice.get("token_ids")
-                if isinstance(token_ids, list):
-                    n_tokens += len(token_ids)
-                elif piece:
-                    n_tokens += 1
-        if completion_tokens is not None:
-            previous = self.completion_tokens or 0
-            if completion_tokens < previous:
-                raise SSEProtocolError(
-                    f"{self.source}: usage.completion_tokens went backwards ({previous} -> {completion_tokens})"
-                )
-            n_tokens = completion_tokens - previous
-            self.completion_tokens = completion_tokens
-        if finish_reason:
-            self.finish_reason = finish_reason
-        self.counted += n_tokens
-        return StreamDelta(
-            n_tokens,
-            finish_reason=finish_reason,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            text=text,
-        )
+                n_tokens += len(token_ids) if isinstance(token_ids, list) else 1 if piece else 0
+        return text, finish_reason, n_tokens
+
+    def _usage_step(self, completion_tokens: int) -> int:
+        """The tokens a running usage count adds since the last event's."""
+        previous = self.completion_tokens or 0
+        if completion_tokens < previous:
+            raise SSEProtocolError(
+                f"{self.source}: usage.completion_tokens went backwards ({previous} -> {completion_tokens})"
+            )
+        self.completion_tokens = completion_tokens
+        return completion_tokens - previous
 
 
 def _choice_text(choice: dict[str, Any]) -> str:

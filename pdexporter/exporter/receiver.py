@@ -199,7 +199,156 @@ def bearer_ok(request: web.Request, token: str | None) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-def traces_app(  # noqa: C901 (33: to shrink)
+class _Receiver:
+    """One receiver's state (its budgets, its slots) and its two handlers; `traces_app` wires them."""
+
+    def __init__(self, sink: Callable[[list[RequestTrace]], None], on_result: Callable[[str | None], None],
+                 engine: str | Callable[[], str | None] | None, token: str | None, limits: ReceiverLimits,
+                 clock: Callable[[], float], registry: CollectorRegistry | None) -> None:
+        self.sink, self.on_result, self.engine, self.token, self.limits = sink, on_result, engine, token, limits
+        self.registry = registry
+        self.requests = TokenBucket(limits.requests_per_s, limits.request_burst, clock)
+        self.spans = TokenBucket(limits.spans_per_s, limits.span_burst, clock)
+        self.inflating = TokenBucket(limits.decoded_bytes_per_s, limits.decoded_bytes_burst, clock)
+        self.slots = asyncio.Semaphore(limits.max_concurrent)
+        self.waiting = 0
+
+    def refuse(self, reason: str, text: str, retry_after_s: float | None = None) -> web.Response:
+        self.on_result(reason)
+        headers = {} if retry_after_s is None else {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
+        if reason == "unauthorized":
+            headers["WWW-Authenticate"] = "Bearer"
+        return web.Response(status=_STATUS[reason], text=f"{text}\n", headers=headers)
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[bool]:
+        """A body slot (True), or False when the queue is full or the wait ran out."""
+        if self.slots.locked():
+            if self.waiting >= self.limits.max_waiting:
+                yield False
+                return
+            self.waiting += 1
+            try:
+                async with asyncio.timeout(self.limits.wait_s):
+                    await self.slots.acquire()
+            except TimeoutError:
+                yield False
+                return
+            finally:
+                self.waiting -= 1
+        else:
+            await self.slots.acquire()
+        try:
+            yield True
+        finally:
+            self.slots.release()
+
+    async def read_body(self, request: web.Request, inflater: BoundedInflater) -> bytes:
+        wire = 0
+        async for chunk in request.content.iter_chunked(self.limits.read_chunk_bytes):
+            wire += len(chunk)
+            if wire > self.limits.max_wire_bytes:
+                raise TooLarge(f"body larger than {self.limits.max_wire_bytes} bytes")
+            inflater.feed(chunk)
+        return inflater.finish()
+
+    async def read_bounded(self, request: web.Request, encoding: str) -> bytes | web.Response:
+        """The body, inflated, within its time, size and decode budget; else the refusal."""
+        limits = self.limits
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                return await self.read_body(request, BoundedInflater(encoding, limits.max_decoded_bytes,
+                                                                     self.inflating))
+        except TimeoutError:
+            return self.refuse("slow-body", f"the body was not read within {limits.body_timeout_s:g} s")
+        except TooLarge as exc:
+            return self.refuse("too-large", str(exc))
+        except OverBudget as exc:
+            return self.refuse("rate-limited", str(exc), self.inflating.wait_s(limits.read_chunk_bytes))
+        except ValueError as exc:
+            return self.refuse("bad-encoding", str(exc))
+
+    async def decode(self, body: bytes, kind: str) -> list[RequestTrace] | web.Response:
+        """The export's request spans, its spans counted and paid for before any is decoded."""
+        from pdexporter.client.traces import TraceDecodeError, count_spans, parse_export, traces_of
+
+        try:
+            message = await asyncio.to_thread(parse_export, body)
+        except TraceDecodeError as exc:
+            return self.refuse("bad-body", str(exc))
+        count = count_spans(message)
+        if count > self.limits.max_spans_per_export:
+            return self.refuse("too-large", f"{count} spans in one export, at most {self.limits.max_spans_per_export}")
+        if count and not self.spans.take(count):
+            return self.refuse("rate-limited", f"more than {self.limits.spans_per_s:g} spans a second",
+                               self.spans.wait_s(count))
+        try:
+            return await asyncio.to_thread(traces_of, message, engine=kind)
+        except TraceDecodeError as exc:
+            return self.refuse("bad-body", str(exc))
+
+    def admission(self, request: web.Request) -> tuple[str, str] | web.Response:
+        """What is checked before the body is read (who sends, how often, what it says it holds):
+        the body's encoding and the engine whose spans these are, or the refusal."""
+        from pdexporter.client.traces import PROTOBUF
+
+        if not bearer_ok(request, self.token):
+            return self.refuse("unauthorized", "a bearer token is required (Authorization: Bearer ...)")
+        if not self.requests.take():
+            return self.refuse("rate-limited", "too many export requests", self.requests.wait_s())
+        content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        if content_type != PROTOBUF:
+            return self.refuse(
+                "unsupported-media-type",
+                f"expected Content-Type {PROTOBUF} (OTLP/HTTP protobuf), got {content_type or 'none'}",
+            )
+        encoding = request.headers.get("Content-Encoding", "").strip().lower() or "identity"
+        if encoding not in ("identity", "gzip", "deflate"):
+            return self.refuse(
+                "unsupported-media-type", f"Content-Encoding {encoding!r}: expected gzip, deflate or none"
+            )
+        limit = self.limits.max_wire_bytes
+        if request.content_length is not None and request.content_length > limit:
+            return self.refuse("too-large", f"body of {request.content_length} bytes, at most {limit}")
+        kind = self.engine() if callable(self.engine) else self.engine  # its adapter decodes the spans
+        if kind is None:
+            return self.refuse("engine-unknown", "the engine has not said who it is yet: retry", 1.0)
+        return encoding, kind
+
+    async def traces(self, request: web.Request) -> web.StreamResponse:
+        from pdexporter.client.traces import PROTOBUF
+
+        admitted = self.admission(request)
+        if isinstance(admitted, web.Response):
+            return admitted
+        encoding, kind = admitted
+        async with self.slot() as free:
+            if not free:
+                return self.refuse("busy", "too many exports at once", self.limits.wait_s)
+            body = await self.read_bounded(request, encoding)
+            if isinstance(body, web.Response):
+                return body
+            decoded = await self.decode(body, kind)
+            if isinstance(decoded, web.Response):
+                return decoded
+        self.on_result(None)
+        self.sink(decoded)
+        return web.Response(body=b"", content_type=PROTOBUF)  # an empty ExportTraceServiceResponse: all taken
+
+    async def counters(self, request: web.Request) -> web.StreamResponse:
+        if not bearer_ok(request, self.token):
+            return web.Response(
+                status=401, text="a bearer token is required\n", headers={"WWW-Authenticate": "Bearer"}
+            )
+        assert self.registry is not None
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(
+            body=encoder(self.registry.restricted_registry(RECEIVER_SERIES)),
+            headers={"Content-Type": content_type},
+        )
+
+
+def traces_app(
     sink: Callable[[list[RequestTrace]], None],
     *,
     on_result: Callable[[str | None], None] = lambda reason: None,
@@ -213,134 +362,9 @@ def traces_app(  # noqa: C901 (33: to shrink)
     taken, `on_result(reason)` for every refusal. With `registry`, `GET /metrics` serves the
     receiver's own series from it (`RECEIVER_SERIES`: spans and exports counted, nothing else), so
     a check (`doctor --traces`) can see spans arrive at the address an engine sends them to."""
-    from pdexporter.client.traces import PROTOBUF, TraceDecodeError, count_spans, parse_export, traces_of
-
-    requests = TokenBucket(limits.requests_per_s, limits.request_burst, clock)
-    spans = TokenBucket(limits.spans_per_s, limits.span_burst, clock)
-    inflating = TokenBucket(limits.decoded_bytes_per_s, limits.decoded_bytes_burst, clock)
-    slots = asyncio.Semaphore(limits.max_concurrent)
-    waiting = 0
-
-    def refuse(reason: str, text: str, retry_after_s: float | None = None) -> web.Response:
-        on_result(reason)
-        headers = {} if retry_after_s is None else {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
-        if reason == "unauthorized":
-            headers["WWW-Authenticate"] = "Bearer"
-        return web.Response(status=_STATUS[reason], text=f"{text}\n", headers=headers)
-
-    @contextlib.asynccontextmanager
-    async def slot() -> AsyncIterator[bool]:
-        nonlocal waiting
-        if slots.locked():
-            if waiting >= limits.max_waiting:
-                yield False
-                return
-            waiting += 1
-            try:
-                async with asyncio.timeout(limits.wait_s):
-                    await slots.acquire()
-            except TimeoutError:
-                yield False
-                return
-            finally:
-                waiting -= 1
-        else:
-            await slots.acquire()
-        try:
-            yield True
-        finally:
-            slots.release()
-
-    async def read_body(request: web.Request, inflater: BoundedInflater) -> bytes:
-        wire = 0
-        async for chunk in request.content.iter_chunked(limits.read_chunk_bytes):
-            wire += len(chunk)
-            if wire > limits.max_wire_bytes:
-                raise TooLarge(f"body larger than {limits.max_wire_bytes} bytes")
-            inflater.feed(chunk)
-        return inflater.finish()
-
-    async def read_bounded(request: web.Request, encoding: str) -> bytes | web.Response:
-        """The body, inflated, within its time, size and decode budget; else the refusal."""
-        try:
-            async with asyncio.timeout(limits.body_timeout_s):
-                return await read_body(request, BoundedInflater(encoding, limits.max_decoded_bytes, inflating))
-        except TimeoutError:
-            return refuse("slow-body", f"the body was not read within {limits.body_timeout_s:g} s")
-        except TooLarge as exc:
-            return refuse("too-large", str(exc))
-        except OverBudget as exc:
-            return refuse("rate-limited", str(exc), inflating.wait_s(limits.read_chunk_bytes))
-        except ValueError as exc:
-            return refuse("bad-encoding", str(exc))
-
-    async def decode(body: bytes, kind: str) -> list[RequestTrace] | web.Response:
-        """The export's request spans, its spans counted and paid for before any is decoded."""
-        try:
-            message = await asyncio.to_thread(parse_export, body)
-        except TraceDecodeError as exc:
-            return refuse("bad-body", str(exc))
-        count = count_spans(message)
-        if count > limits.max_spans_per_export:
-            return refuse("too-large", f"{count} spans in one export, at most {limits.max_spans_per_export}")
-        if count and not spans.take(count):
-            return refuse("rate-limited", f"more than {limits.spans_per_s:g} spans a second", spans.wait_s(count))
-        try:
-            return await asyncio.to_thread(traces_of, message, engine=kind)
-        except TraceDecodeError as exc:
-            return refuse("bad-body", str(exc))
-
-    async def traces(request: web.Request) -> web.StreamResponse:
-        if not bearer_ok(request, token):
-            return refuse("unauthorized", "a bearer token is required (Authorization: Bearer ...)")
-        if not requests.take():
-            return refuse("rate-limited", "too many export requests", requests.wait_s())
-        content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if content_type != PROTOBUF:
-            return refuse(
-                "unsupported-media-type",
-                f"expected Content-Type {PROTOBUF} (OTLP/HTTP protobuf), got {content_type or 'none'}",
-            )
-        encoding = request.headers.get("Content-Encoding", "").strip().lower() or "identity"
-        if encoding not in ("identity", "gzip", "deflate"):
-            return refuse(
-                "unsupported-media-type", f"Content-Encoding {encoding!r}: expected gzip, deflate or none"
-            )
-        if request.content_length is not None and request.content_length > limits.max_wire_bytes:
-            return refuse(
-                "too-large", f"body of {request.content_length} bytes, at most {limits.max_wire_bytes}"
-            )
-        kind = engine() if callable(engine) else engine  # whose spans these are: its adapter decodes them
-        if kind is None:
-            return refuse("engine-unknown", "the engine has not said who it is yet: retry", 1.0)
-        async with slot() as admitted:
-            if not admitted:
-                return refuse("busy", "too many exports at once", limits.wait_s)
-            body_or_refusal = await read_bounded(request, encoding)
-            if isinstance(body_or_refusal, web.Response):
-                return body_or_refusal
-            decoded_or_refusal = await decode(body_or_refusal, kind)
-            if isinstance(decoded_or_refusal, web.Response):
-                return decoded_or_refusal
-            decoded = decoded_or_refusal
-        on_result(None)
-        sink(decoded)
-        return web.Response(body=b"", content_type=PROTOBUF)  # an empty ExportTraceServiceResponse: all taken
-
-    async def counters(request: web.Request) -> web.StreamResponse:
-        if not bearer_ok(request, token):
-            return web.Response(
-                status=401, text="a bearer token is required\n", headers={"WWW-Authenticate": "Bearer"}
-            )
-        assert registry is not None
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        return web.Response(
-            body=encoder(registry.restricted_registry(RECEIVER_SERIES)),
-            headers={"Content-Type": content_type},
-        )
-
+    receiver = _Receiver(sink, on_result, engine, token, limits, clock, registry)
     app = web.Application(client_max_size=limits.max_wire_bytes)
-    app.router.add_post("/v1/traces", traces)
+    app.router.add_post("/v1/traces", receiver.traces)
     if registry is not None:
-        app.router.add_get("/metrics", counters)
+        app.router.add_get("/metrics", receiver.counters)
     return app

@@ -205,13 +205,19 @@ def _read_argv(channel: socket.socket) -> list[str]:
     return [str(word) for word in argv] if isinstance(argv, list) else []
 
 
-def main(argv: list[str]) -> int:  # noqa: C901 (17: to shrink)
+def _options(argv: list[str]) -> tuple[float, list[str]]:
+    """`[--stop-timeout S] [--] [ENGINE ARGV...]`: the stop timeout and the engine's command line."""
     stop_timeout_s = 60.0
     if argv[:1] == ["--stop-timeout"]:
         stop_timeout_s, argv = float(argv[1]), argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
-    channel = socket.socket(fileno=0)
+    return stop_timeout_s, argv
+
+
+def _start_engine(argv: list[str], channel: socket.socket) -> subprocess.Popen[bytes] | None:
+    """The engine started in its own session (the command line read from the channel when none was
+    given); None, with the error said on the channel, when there is none or it cannot start."""
     if not argv:  # the command line comes on the channel, not on ours
         try:
             argv = _read_argv(channel)
@@ -219,13 +225,26 @@ def main(argv: list[str]) -> int:  # noqa: C901 (17: to shrink)
             argv = []
         if not argv:
             channel.sendall(b"error no engine command line on the channel\n")
-            return 127
+            return None
     try:
         # preexec_fn only calls prctl in the child (die_with_parent); the leash has no other thread
-        engine = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
-                                  preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509
     except OSError as exc:
         channel.sendall(f"error {exc.strerror or exc}\n".encode())
+        return None
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"# pdexporter leash (pid {os.getpid()}): {text}\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str]) -> int:
+    stop_timeout_s, argv = _options(argv)
+    channel = socket.socket(fileno=0)
+    engine = _start_engine(argv, channel)
+    if engine is None:
         return 127
     name = f"pdexporter-leash-{os.getpid()}-{secrets.token_hex(6)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -233,32 +252,30 @@ def main(argv: list[str]) -> int:  # noqa: C901 (17: to shrink)
     listener.listen(64)
     listener.setblocking(False)
     channel.sendall(f"engine {engine.pid}\nsocket {name}\n".encode())
-
-    def say(text: str) -> None:
-        sys.stderr.write(f"# pdexporter leash (pid {os.getpid()}): {text}\n")
-        sys.stderr.flush()
-
     stopping: list[str] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: stopping.append(signal.Signals(signum).name))
-    leash = Leash(engine, channel, stop_timeout_s, say)
+    leash = Leash(engine, channel, stop_timeout_s, _say)
     leash.selector.register(listener, selectors.EVENT_READ, "listener")
-    while True:
-        if engine.poll() is not None:
-            return 0
+    while engine.poll() is None:
         if stopping:
-            say(f"{stopping[0]}: stopping engine pid {engine.pid}")
+            _say(f"{stopping[0]}: stopping engine pid {engine.pid}")
             _stop_group(engine.pid, stop_timeout_s, engine)
             return 0
         leash.drop_stale()
-        for key, _ in leash.selector.select(timeout=0.5):
-            if key.data == "listener":
-                _accept_all(listener, leash)
-            elif key.data == "pending":
-                if not leash.request(key.fileobj):  # type: ignore[arg-type]
-                    return 0
-            elif leash.owner is not None and leash.owner_says() == "gone" and not leash.owner_gone():
-                return 0
+        if not all(_serve(key, listener, leash) for key, _ in leash.selector.select(timeout=0.5)):
+            return 0
+    return 0
+
+
+def _serve(key: selectors.SelectorKey, listener: socket.socket, leash: Leash) -> bool:
+    """One ready connection served; False once the leash has nothing left to hold."""
+    if key.data == "listener":
+        _accept_all(listener, leash)
+        return True
+    if key.data == "pending":
+        return leash.request(key.fileobj)  # type: ignore[arg-type]
+    return not (leash.owner is not None and leash.owner_says() == "gone" and not leash.owner_gone())
 
 
 def _accept_all(listener: socket.socket, leash: Leash) -> None:

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from pdexporter import __version__
 from pdexporter._internal.atomic import atomic_write_json, atomic_write_json_gz, clean_stale, read_json_gz
 from pdexporter._internal.finite import NotFinite, loads_finite, not_finite_problem
+from pdexporter._internal.text import read_utf8
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.errors import RecordError
 from pdexporter.measure.records import RECORD_SCHEMA, RunRecord
@@ -118,16 +119,11 @@ class ResultsStore:
 def load_record_file(path: str | Path) -> RunRecord:
     """Read and validate one record; any problem is one line naming the file and field."""
     path = Path(path)
+    text = read_utf8(path, RecordError)
     try:
-        data = loads_finite(path.read_text(encoding="utf-8"))  # no NaN, inf or 5000-digit number
-    except OSError as exc:
-        raise RecordError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        data = loads_finite(text)  # no NaN, inf or 5000-digit number
     except NotFinite as exc:
         raise RecordError(f"{path}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RecordError(
-            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
-        ) from None
     except json.JSONDecodeError as exc:
         raise RecordError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
     check_schema(data, path)

@@ -55,7 +55,66 @@ class PassiveSession:
         return [e for e in self.events if e.published]
 
 
-async def passive_session(  # noqa: C901 (17: to shrink)
+class _Loop:
+    """What one passive session's loop keeps between its ticks: the probe streams (live, and the
+    finished ones its baseline still reads), the spans not yet exported, the tracker and the session."""
+
+    def __init__(self, driver: SimDriver, tracker: PassiveTracker, session: PassiveSession,
+                 settings: ProtocolSettings, baseline_span_s: float,
+                 on_event: Callable[[PassiveEvent], None] | None) -> None:
+        self.driver, self.tracker, self.session, self.settings = driver, tracker, session, settings
+        self.baseline_span_s, self.on_event = baseline_span_s, on_event
+        self.live: list[TokenStream] = []
+        self.finished: collections.deque[TokenStream] = collections.deque()
+        self.spans: list[RequestTrace] = []
+
+    def on_finished(self, trace: RequestTrace) -> None:
+        self.spans.append(trace)
+        self.session.requests[trace.request_id] = trace
+
+    def start(self, probes: int) -> None:
+        """The probe streams, their first lengths staggered as the live exporter's in passive mode."""
+        s = self.settings
+        self.live = [
+            start_probes(self.driver, 1, s,
+                         max_tokens=max(s.warmup_tokens + 2, round(s.decode_output_tokens * (k + 1) / probes)))[0]
+            for k in range(probes)
+        ]
+
+    def tick_streams(self) -> None:
+        for i, stream in enumerate(self.live):
+            if stream.finished:
+                self.finished.append(stream)
+                self.session.probe_tokens += stream.n_tokens
+                self.live[i] = start_probes(self.driver, 1, self.settings)[0]
+        horizon = self.driver.now_ns() - (self.baseline_span_s + 15.0) * 1e9
+        while self.finished and (self.finished[0].t_finished_ns or 0) < horizon:
+            self.finished.popleft()
+
+    def export_spans(self) -> None:
+        """The finished requests' spans through the OTLP encoding and back, as an engine sends them."""
+        if self.spans:
+            batch, self.spans[:] = list(self.spans), []
+            kind = self.driver.info.kind
+            received = decode_traces(encode_traces(batch, engine=kind), engine=kind)
+            self.session.traces += len(self.tracker.add_traces(received))
+
+    async def scrape(self) -> None:
+        snap = await self.driver.scrape_metrics()
+        if snap is not None:
+            now = self.driver.now_ns()
+            self.tracker.add_scrape(snap, now, now)
+            self.session.scrapes += 1
+
+    def poll(self) -> None:
+        for event in self.tracker.poll([*self.finished, *self.live], self.driver.now_ns()):
+            self.session.events.append(event)
+            self.session.outcomes[event.outcome] += 1
+            if self.on_event is not None:
+                self.on_event(event)
+
+
+async def passive_session(
     profile: str | Path | Profile,
     chunk_size: int,
     load: LoadSpec,
@@ -87,79 +146,34 @@ async def passive_session(  # noqa: C901 (17: to shrink)
         cadence=step_model_cadence(driver.info.profile or str(profile), settings.decode_context_tokens + 128,
                                    driver.info.kind),
     )
-    spans: list[RequestTrace] = []
     session.trace_offset_ns = offset_ns
-
-    def on_finished(trace: RequestTrace) -> None:
-        spans.append(trace)
-        session.requests[trace.request_id] = trace
-
-    engine.on_request_finished = on_finished
+    state = _Loop(driver, tracker, session, settings, baseline_span_s, on_event)
+    engine.on_request_finished = state.on_finished
     loop = asyncio.get_running_loop()
     try:
         await warm_prefix(driver, settings)
-        # staggered first lengths, as the live exporter's probe slots in passive mode
-        live: list[TokenStream] = [
-            start_probes(
-                driver,
-                1,
-                settings,
-                max_tokens=max(settings.warmup_tokens + 2, round(settings.decode_output_tokens * (k + 1) / probes)),
-            )[0]
-            for k in range(probes)
-        ]
-        finished: collections.deque[TokenStream] = collections.deque()
+        state.start(probes)
         load_task = asyncio.create_task(drive(driver, schedule(load)))
         t_start = loop.time()
         next_scrape = next_spans = t_start
-
-        def tick_streams() -> None:
-            for i, s in enumerate(live):
-                if s.finished:
-                    finished.append(s)
-                    session.probe_tokens += s.n_tokens
-                    live[i] = start_probes(driver, 1, settings)[0]
-            horizon = driver.now_ns() - (baseline_span_s + 15.0) * 1e9
-            while finished and (finished[0].t_finished_ns or 0) < horizon:
-                finished.popleft()
-
-        async def scrape() -> None:
-            snap = await driver.scrape_metrics()
-            if snap is not None:
-                now = driver.now_ns()
-                tracker.add_scrape(snap, now, now)
-                session.scrapes += 1
-
-        def record(events: list[PassiveEvent]) -> None:
-            for event in events:
-                session.events.append(event)
-                session.outcomes[event.outcome] += 1
-                if on_event is not None:
-                    on_event(event)
-
         end = t_start + load.duration_s
         while True:
             now = loop.time()
-            load_done = load_task.done()
-            if load_done and (now >= end + attribution_wait_s + 5.0 or (now >= end and tracker.pending == 0)):
+            if load_task.done() and (now >= end + attribution_wait_s + 5.0 or (now >= end and tracker.pending == 0)):
                 break
-            tick_streams()
+            state.tick_streams()
             if now >= next_spans:
                 next_spans = now + span_delay_s
-                if spans:
-                    batch, spans[:] = list(spans), []
-                    kind = driver.info.kind
-                    received = decode_traces(encode_traces(batch, engine=kind), engine=kind)
-                    session.traces += len(tracker.add_traces(received))
+                state.export_spans()
             if now >= next_scrape or tracker.wants_scrape(driver.now_ns()):
                 if now >= next_scrape:
                     next_scrape = now + scrape_interval_s
-                await scrape()
-            record(tracker.poll([*finished, *live], driver.now_ns()))
+                await state.scrape()
+            state.poll()
             await asyncio.sleep(TICK_S)
         session.load = load_task.result()
         session.engine_s = min(load.duration_s, loop.time() - t_start)
-        session.probe_tokens += sum(s.n_tokens for s in live)
+        session.probe_tokens += sum(s.n_tokens for s in state.live)
     finally:
         await driver.aclose()
     session.wall_s = time.perf_counter() - started

@@ -619,12 +619,11 @@ class EngineCore:
         finally:
             self._pumping = False
 
-    def _busy_loop(self):  # noqa: C901 (18: to shrink)
+    def _busy_loop(self):
         """vLLM's busy loop as a generator: yields the time it must wait for, None to wait for input."""
         queue = self._queue
         sched = self.scheduler
         clock = self.clock
-        model = self.step_model
         while True:
             now = clock.now()
             while self._arrivals and self._arrivals[0].ready <= now:
@@ -634,25 +633,7 @@ class EngineCore:
                 for loading in out.started_loads:
                     self._start_transfer(loading, now)
                 if not out.empty:
-                    comp = StepComposition.of(out.chunks(), out.num_sampled, out.kv_fill_tokens)
-                    cpu_start = now if now > self._cpu_free else self._cpu_free
-                    cpu_end = cpu_start + model.cpu_s(comp)
-                    gpu_start = cpu_start if cpu_start > self._gpu_free else self._gpu_free
-                    if not queue:
-                        gpu_start += self.costs.idle_start_s  # nothing in flight: the engine was idle
-                    gpu_s = model.gpu_s(comp)
-                    if self._landing:
-                        gpu_s *= self._landing_factor  # a KV transfer shares this GPU's memory bandwidth
-                    gpu_end = gpu_start + gpu_s
-                    if cpu_end > gpu_end:
-                        gpu_end = cpu_end  # the last kernel cannot run before it is launched
-                    self._cpu_free = cpu_end
-                    self._gpu_free = gpu_end
-                    queue.append(_InFlight(out, gpu_start, gpu_end))
-                    for entry in out.scheduled:
-                        tracked = self._tracked.get(entry.request.request_id)
-                        if tracked is not None and tracked.scheduled is None:
-                            tracked.scheduled = now
+                    cpu_end = self._launch(out, now)
                     if cpu_end > now:
                         yield cpu_end
                     if len(queue) < BATCH_QUEUE_SIZE:
@@ -672,6 +653,31 @@ class EngineCore:
             queue.popleft()
             if not head.output.empty:
                 self._finish_step(head, clock.now())
+
+    def _launch(self, out: SchedulerOutput, now: float) -> float:
+        """A scheduled step put in flight: its CPU launch after the last one's, its GPU work after the
+        GPU's last step and no earlier than its last kernel's launch; returns the launch's end."""
+        model = self.step_model
+        comp = StepComposition.of(out.chunks(), out.num_sampled, out.kv_fill_tokens)
+        cpu_start = now if now > self._cpu_free else self._cpu_free
+        cpu_end = cpu_start + model.cpu_s(comp)
+        gpu_start = cpu_start if cpu_start > self._gpu_free else self._gpu_free
+        if not self._queue:
+            gpu_start += self.costs.idle_start_s  # nothing in flight: the engine was idle
+        gpu_s = model.gpu_s(comp)
+        if self._landing:
+            gpu_s *= self._landing_factor  # a KV transfer shares this GPU's memory bandwidth
+        gpu_end = gpu_start + gpu_s
+        if cpu_end > gpu_end:
+            gpu_end = cpu_end  # the last kernel cannot run before it is launched
+        self._cpu_free = cpu_end
+        self._gpu_free = gpu_end
+        self._queue.append(_InFlight(out, gpu_start, gpu_end))
+        for entry in out.scheduled:
+            tracked = self._tracked.get(entry.request.request_id)
+            if tracked is not None and tracked.scheduled is None:
+                tracked.scheduled = now
+        return cpu_end
 
     def _admit(self, arrival: _Arrival, now: float) -> None:
         tracked = self._tracked.get(arrival.request_id)

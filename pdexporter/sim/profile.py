@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
+from pdexporter._internal.text import read_utf8
 from pdexporter._internal.validation import format_validation_error
 from pdexporter.engines import DEFAULT_CHUNK_SIZE
 from pdexporter.errors import ConfigError
@@ -554,16 +555,11 @@ def profile_path(name_or_path: str | Path) -> Path:
 
 def load_profile(name_or_path: str | Path) -> Profile:
     path = profile_path(name_or_path)
+    text = read_utf8(path, ConfigError)
     try:
-        data = load_yaml_strict(path.read_text(encoding="utf-8"))  # no key twice, no .nan, no 5000 digits
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+        data = load_yaml_strict(text)  # no key twice, no .nan, no 5000 digits
     except YamlProblem as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
-        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(exc).split())})") from exc
     return parse_profile(data, source=str(path))

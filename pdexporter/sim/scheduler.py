@@ -491,63 +491,12 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:  # noqa: C901 (19: to shrink)
+    def schedule(self) -> SchedulerOutput:
         cfg = self.config
-        budget = cfg.max_num_batched_tokens
-        threshold = cfg.long_prefill_token_threshold
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        running = self.running
-        kv = self.kv
-
         # First, the RUNNING requests.
-        max_model_len = cfg.max_model_len
-        bs = kv.block_size
-        req_blocks, num_cached = kv._req_blocks, kv._num_cached_blocks
-        i = 0
-        while i < len(running) and budget > 0:
-            request = running[i]
-            placeholders = request.num_output_placeholders
-            computed = request.num_computed_tokens
-            if placeholders > 0 and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens:
-                i += 1  # async: the step in flight already reaches max_tokens
-                continue
-            n = request.num_tokens + placeholders - computed
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > max_model_len - 1 - computed:
-                n = max_model_len - 1 - computed
-            if n <= 0:
-                i += 1
-                continue
-            # allocate_slots' no-op case inlined (a decode inside its last block): the common step
-            blocks = req_blocks.get(request.request_id)
-            end = computed + n
-            if (blocks is not None and end <= len(blocks) * bs
-                    and min(end, request.num_tokens) // bs <= num_cached.get(request.request_id, 0)):
-                scheduled.append(ScheduledRequest(request, n, computed, not request.output_token_ids,
-                                                  end >= request.num_tokens + placeholders))
-                budget -= n
-                i += 1
-                continue
-            while True:
-                if kv.allocate_slots(request, n):
-                    ok = True
-                    break
-                victim = running.pop()  # FCFS: the last to arrive goes first
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
-                    ok = False
-                    break
-            if not ok:
-                break
-            scheduled.append(self._entry(request, n, request.num_computed_tokens))
-            budget -= n
-            i += 1
-
+        budget = self._schedule_running(scheduled, preempted, cfg.max_num_batched_tokens)
         # Next, the WAITING requests (not when this step had to preempt).
         started_loads: list[Request] = []
         fill = 0
@@ -555,24 +504,85 @@ class Scheduler:
             fill = self._schedule_waiting_with_connector(scheduled, started_loads, budget)
             budget = cfg.max_num_batched_tokens - sum(e.num_new_tokens for e in scheduled)
         elif not preempted:
-            while self.waiting and budget > 0:
-                if len(running) == cfg.max_num_seqs:
-                    break
-                request = self.waiting[0]
-                if request.num_computed_tokens == 0:
-                    hit_blocks, hit_tokens = kv.get_computed_blocks(request)
-                else:
-                    hit_blocks, hit_tokens = [], 0
-                n = request.num_tokens - hit_tokens
-                if 0 < threshold < n:
-                    n = threshold
-                n = min(n, budget)
-                if not kv.allocate_slots(request, n, hit_blocks, hit_tokens):
-                    break
-                scheduled.append(self._admit(request, n, hit_tokens))
-                budget -= n
-
+            budget = self._schedule_waiting(scheduled, budget)
         return self._output(scheduled, cfg.max_num_batched_tokens - budget, preempted, fill, started_loads)
+
+    def _running_tokens(self, request: Request, budget: int) -> int:
+        """The tokens a RUNNING request takes this step (0: none), within the budget, the long-prefill
+        threshold and the model's length."""
+        placeholders = request.num_output_placeholders
+        computed = request.num_computed_tokens
+        if placeholders > 0 and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens:
+            return 0  # async: the step in flight already reaches max_tokens
+        n = request.num_tokens + placeholders - computed
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < n:
+            n = threshold
+        return min(n, budget, self.config.max_model_len - 1 - computed)
+
+    def _schedule_running(self, scheduled: list[ScheduledRequest], preempted: list[Request], budget: int) -> int:
+        """vLLM's RUNNING loop: each running request's tokens, preempting the last to arrive when
+        the KV cache is full; returns the budget left."""
+        running, kv = self.running, self.kv
+        bs = kv.block_size
+        req_blocks, num_cached = kv._req_blocks, kv._num_cached_blocks
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            n = self._running_tokens(request, budget)
+            if n <= 0:
+                i += 1
+                continue
+            computed = request.num_computed_tokens
+            # allocate_slots' no-op case inlined (a decode inside its last block): the common step
+            blocks = req_blocks.get(request.request_id)
+            end = computed + n
+            if (blocks is not None and end <= len(blocks) * bs
+                    and min(end, request.num_tokens) // bs <= num_cached.get(request.request_id, 0)):
+                scheduled.append(ScheduledRequest(request, n, computed, not request.output_token_ids,
+                                                  end >= request.num_tokens + request.num_output_placeholders))
+                budget -= n
+                i += 1
+                continue
+            if not self._allocate_or_preempt(request, n, preempted):
+                break
+            scheduled.append(self._entry(request, n, request.num_computed_tokens))
+            budget -= n
+            i += 1
+        return budget
+
+    def _allocate_or_preempt(self, request: Request, n: int, preempted: list[Request]) -> bool:
+        """Slots for `n` more tokens of a running request, preempting from the back of the running
+        queue (FCFS: the last to arrive goes first) until they fit; False when it was itself preempted."""
+        while not self.kv.allocate_slots(request, n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _schedule_waiting(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        """vLLM's WAITING loop without a KV connector; returns the budget left."""
+        cfg, kv = self.config, self.kv
+        threshold = cfg.long_prefill_token_threshold
+        while self.waiting and budget > 0:
+            if len(self.running) == cfg.max_num_seqs:
+                break
+            request = self.waiting[0]
+            if request.num_computed_tokens == 0:
+                hit_blocks, hit_tokens = kv.get_computed_blocks(request)
+            else:
+                hit_blocks, hit_tokens = [], 0
+            n = request.num_tokens - hit_tokens
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            if not kv.allocate_slots(request, n, hit_blocks, hit_tokens):
+                break
+            scheduled.append(self._admit(request, n, hit_tokens))
+            budget -= n
+        return budget
 
     def _output(self, scheduled: list[ScheduledRequest], total_tokens: int, preempted: Sequence[Request] = (),
                 fill: int = 0, started_loads: Sequence[Request] = ()) -> SchedulerOutput:

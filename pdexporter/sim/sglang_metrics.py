@@ -13,16 +13,10 @@ drives either (`engine.EngineMetrics`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import Metric
 
 from pdexporter.engines import metric_name
-
-M = TypeVar("M", bound=MetricWrapperBase)
+from pdexporter.sim.metrics import MetricFamilies
 
 __all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "QUEUE_BUCKETS", "TTFT_BUCKETS", "SglangMetrics"]
 
@@ -127,7 +121,7 @@ def _name(canonical: str) -> str:
     return metric_name(SGLANG, canonical)
 
 
-class SglangMetrics:
+class SglangMetrics(MetricFamilies):
     """The `sglang:*` series pdexporter reads (and a few neighbours), bound to one engine's labels;
     the names of those it reads are the SGLang adapter's (`engines.metric_name`)."""
 
@@ -139,9 +133,8 @@ class SglangMetrics:
         decode_log_interval: int = 1,
         max_total_tokens: int = 0,
     ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        super().__init__(registry)
         r = self.registry
-        self.families: dict[str, MetricWrapperBase] = {}
         self.decode_log_interval = max(1, decode_log_interval)
         self.max_total_tokens = max_total_tokens
         self._decodes = 0
@@ -154,10 +147,7 @@ class SglangMetrics:
         }
         tokenizer = {"model_name": model_name, "engine_type": "unified"}
 
-        def keep(metric: M) -> M:
-            self.families[metric._name] = metric
-            return metric
-
+        keep = self.keep
         def gauge(name: str, doc: str) -> Gauge:
             return keep(Gauge(name, doc, list(scheduler), registry=r, multiprocess_mode="mostrecent")).labels(
                 **scheduler
@@ -295,15 +285,3 @@ class SglangMetrics:
 
     def on_kv_transfer(self, seconds: float, nbytes: int) -> None:
         return None
-
-    def collect(self, names: Iterable[str] | None = None) -> Iterator[Metric]:
-        """The families named (sample base names as in the text, `_total` or not), in-process."""
-        wanted = None if names is None else {n for name in names for n in (name, name.removesuffix("_total"))}
-        for name, metric in self.families.items():
-            if wanted is None or name in wanted:
-                yield from metric.collect()
-
-    def exposition(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry)

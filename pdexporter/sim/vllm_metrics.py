@@ -15,21 +15,17 @@ the series pdexporter reads are the vLLM adapter's (`engines.metric_name`): decl
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import Metric
 
 from pdexporter.engines import adapter, metric_name
+from pdexporter.sim.metrics import MetricFamilies
 
 __all__ = [
     "FINISH_REASONS", "ITERATION_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "NIXL_BYTES_BUCKETS",
     "NIXL_TIME_BUCKETS", "N_BUCKETS", "TOKEN_BUCKETS", "TTFT_BUCKETS", "VllmMetrics", "observe_many",
 ]
 
-_M = TypeVar("_M", bound=MetricWrapperBase)
 VLLM = "vllm"  # the adapter whose names these series carry (the ones pdexporter reads are declared there)
 
 
@@ -74,7 +70,7 @@ def _token_buckets(max_model_len: int) -> tuple[int, ...]:
     return tuple(b for b in TOKEN_BUCKETS if b <= max_model_len) or (max_model_len,)
 
 
-class VllmMetrics:
+class VllmMetrics(MetricFamilies):
     """The series pdexporter reads (and a few neighbours), bound to one engine's labels."""
 
     def __init__(
@@ -86,17 +82,13 @@ class VllmMetrics:
         cache_config: dict[str, str] | None = None,
         engine: str = "0",
     ) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        super().__init__(registry)
         r = self.registry
         names = ["model_name", "engine"]
         lv = {"model_name": model_name, "engine": engine}
-        self.families: dict[str, MetricWrapperBase] = {}
         self._gauges: tuple[int, int, float] = (0, 0, 0.0)
 
-        def keep(metric: _M) -> _M:
-            self.families[metric._name] = metric
-            return metric
-
+        keep = self.keep
         def gauge(name: str, doc: str) -> Gauge:
             return keep(Gauge(name, doc, names, registry=r, multiprocess_mode="mostrecent")).labels(**lv)
 
@@ -236,15 +228,3 @@ class VllmMetrics:
         self.request_generation_tokens.observe(generation_tokens)
         if computed_prompt_tokens > 0:
             self.request_prefill_kv_computed_tokens.observe(computed_prompt_tokens)
-
-    def collect(self, names: Iterable[str] | None = None) -> Iterator[Metric]:
-        """The families named (sample base names as in the text, `_total` or not), in-process."""
-        wanted = None if names is None else {n for name in names for n in (name, name.removesuffix("_total"))}
-        for name, metric in self.families.items():
-            if wanted is None or name in wanted:
-                yield from metric.collect()
-
-    def exposition(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry)

@@ -34,6 +34,7 @@ from pdexporter._internal.bounds import (
 )
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
+from pdexporter._internal.text import read_utf8
 from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter.engines import PAIR_ENGINE, UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
@@ -368,14 +369,7 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
     `flags`: dotted field -> the flag that set it, so a bad override is blamed on the flag
     (`--mode 'turbo': ...`), not on the file."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    except UnicodeDecodeError as exc:
-        line = exc.object[: exc.start].count(b"\n") + 1
-        raise ConfigError(f"{path}: line {line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                          f"{exc.start}); save the sweep file as UTF-8") from None
+    text = read_utf8(path, ConfigError, "; save the sweep file as UTF-8")
     try:
         data = load_yaml_strict(text)  # no key twice, no .nan or .inf, no 5000-digit number
     except YamlProblem as exc:

@@ -267,7 +267,19 @@ def _rows(path: str) -> list[tuple[str, bool]]:
     return [(path, False)] + ([("kernel-rx (its wake-up)", True)] if path == "kernel-rx" else [])
 
 
-def report(args: argparse.Namespace, results: dict[tuple[int, str], list[dict[str, Any]]]) -> None:  # noqa: C901 (16: to shrink)
+Results = dict[tuple[int, str], list[dict[str, Any]]]
+
+
+def report(args: argparse.Namespace, results: Results) -> None:
+    _stamp_errors(args, results)
+    _error_sources(args, results)
+    if args.inject_every:
+        _first_tokens(args, results)
+    print()
+    _clocks(args, results)
+
+
+def _stamp_errors(args: argparse.Namespace, results: Results) -> None:
     print("\nstamp error = client stamp - engine stamp just before its write; interval error = client interval"
           " - engine interval (us)")
     print(f"{'D':>3} {'path':<24} {'events/s':>8} {'stamp err p50/p99/max':>25} {'min':>8} "
@@ -287,6 +299,8 @@ def report(args: argparse.Namespace, results: dict[tuple[int, str], list[dict[st
                       f"{s['p50']:>7.1f}/{s['p99']:>7.1f}/{s['max']:>9.1f} {s['min']:>8.1f} "
                       f"{i['p50']:>10.1f}/{i['p99']:>12.1f} {own}")
 
+
+def _error_sources(args: argparse.Namespace, results: Results) -> None:
     print("\nwhere the error comes from (us): engine write = its stamp before the write to its stamp after; "
           "stamp - write end: > 0 is the client's own lateness; in write: stamps inside the engine's write call; "
           "merged: token events read together with the stream's next one (the loop was a whole step late: both get "
@@ -311,21 +325,24 @@ def report(args: argparse.Namespace, results: dict[tuple[int, str], list[dict[st
                       f"{100 * inside:>7.1f}% {100 * share:>6.2f}% {alone['p99']:>8.1f}/{merged['p99']:>8.1f}/"
                       f"{last['p99']:>8.1f}")
 
-    if args.inject_every:
-        print(f"\nfirst token of the injected prefills (P = {args.prefill}, max_tokens 1, one every "
-              f"{args.inject_every:g} s of the stamp phase): stamp error (us)")
-        print(f"{'D':>3} {'path':<24} {'got':>9} {'p50/p99/max':>26} {'engine write p50/max':>21}")
-        for d in args.d:
-            for path in args.paths:
-                rs = results[(d, path)]
-                first = [e for r in rs for e in r["first"]]
-                w = _summary([e.post - e.pre for e in first if e.post is not None])
-                for name, wake in _rows(path):
-                    f = _summary([(e.wake if wake else e.t) - e.pre for e in first])
-                    engine = f"{w['p50']:>9.1f}/{w['max']:>9.1f}" if not wake else ""
-                    print(f"{d:>3} {name:<24} {len(first):>4} of {sum(r['injected'] for r in rs):>2} "
-                          f"{f['p50']:>8.1f}/{f['p99']:>8.1f}/{f['max']:>8.1f} {engine}")
-    print()
+
+def _first_tokens(args: argparse.Namespace, results: Results) -> None:
+    print(f"\nfirst token of the injected prefills (P = {args.prefill}, max_tokens 1, one every "
+          f"{args.inject_every:g} s of the stamp phase): stamp error (us)")
+    print(f"{'D':>3} {'path':<24} {'got':>9} {'p50/p99/max':>26} {'engine write p50/max':>21}")
+    for d in args.d:
+        for path in args.paths:
+            rs = results[(d, path)]
+            first = [e for r in rs for e in r["first"]]
+            w = _summary([e.post - e.pre for e in first if e.post is not None])
+            for name, wake in _rows(path):
+                f = _summary([(e.wake if wake else e.t) - e.pre for e in first])
+                engine = f"{w['p50']:>9.1f}/{w['max']:>9.1f}" if not wake else ""
+                print(f"{d:>3} {name:<24} {len(first):>4} of {sum(r['injected'] for r in rs):>2} "
+                      f"{f['p50']:>8.1f}/{f['p99']:>8.1f}/{f['max']:>8.1f} {engine}")
+
+
+def _clocks(args: argparse.Namespace, results: Results) -> None:
     for d in args.d:
         for path in args.paths:
             rs = results[(d, path)]

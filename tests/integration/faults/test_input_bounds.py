@@ -109,7 +109,7 @@ async def test_a_record_that_is_not_utf8_is_one_line_naming_it(tmp_path: Path) -
     bad.write_bytes(b'{"config": "caf\xe9"}')
     code, _, err, _ = await run_cli("export-table", str(results))
     assert code == 2
-    assert error_line(err) == f"pdexporter: error: {bad}: not UTF-8 text (byte 0xe9 at offset 15)"
+    assert error_line(err) == f"pdexporter: error: {bad}: line 1: not UTF-8 text (byte 0xe9 at offset 15)"
 
 
 async def test_read_timeout_options_are_checked_before_anything_runs(tmp_path: Path) -> None:
