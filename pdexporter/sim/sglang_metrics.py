@@ -16,7 +16,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdexporter.engines import metric_name
-from pdexporter.sim.metrics import MetricFamilies
+from pdexporter.sim.families import MetricFamilies
 
 __all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "QUEUE_BUCKETS", "TTFT_BUCKETS", "SglangMetrics"]
 

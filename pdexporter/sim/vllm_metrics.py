@@ -19,7 +19,7 @@ import bisect
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from pdexporter.engines import adapter, metric_name
-from pdexporter.sim.metrics import MetricFamilies
+from pdexporter.sim.families import MetricFamilies
 
 __all__ = [
     "FINISH_REASONS", "ITERATION_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "NIXL_BYTES_BUCKETS",
