@@ -67,8 +67,6 @@ INJECTED=${INJECTED:-}
 SEGMENTS=${SEGMENTS:-}  # spread mode: K passive segments, each followed by one injected block
 SWEEP=${SWEEP:-sweeps/passive-h200.yaml}
 ENGINE=${ENGINE:-vllm}
-# an H100 (80 GB) holds the MoE's weights and ~110K tokens of KV cache, not one 200K-token sequence: 65536 there
-MAX_MODEL_LEN=${MAX_MODEL_LEN:-200000}
 T0=$(date +%s)
 W=${PASSIVE_WORK:-/root/passive}
 B=8192
@@ -101,61 +99,11 @@ pack() {
 }
 trap pack EXIT
 
-# 0. The parts: the vLLM bundle, then the OpenTelemetry wheels into the same site directory.
-if [ "$ENGINE" = vllm ]; then
-  source scripts/gpu/unpack-bundle.sh  # (the OpenTelemetry wheels too: unpack-bundle.sh)
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1 COLUMNS=200  # the CLIs' tables and summaries unwrapped in the logs
-
 [ -f "$W/analysis.done" ] && { log "$W: this run is done (analysis written)"; exit 0; }
 
-# 1. Before tracing is turned on: does the engine's Python import what vLLM 0.22's tracing imports?
-if [ ! -f "$W/imports.txt" ]; then
-  ENGINE=$ENGINE python3 - > "$W/imports.txt" 2>&1 <<'EOF'
-import os
-from pdexporter.doctor.checks import tracing_imports_check
-from pdexporter.doctor.gather import tracing_imports
-embedded = os.environ["ENGINE"] == "sim"  # the embedded engine exports with pdexporter's own SDK
-check = tracing_imports_check(tracing_imports(None if embedded else "python3", "the engine's python", embedded=embedded))
-print(check.status, check.why)
-EOF
-  log "tracing imports: $(cat "$W/imports.txt")"
-fi
-TRACES=()
-TRACING=off
-if grep -q "^ok" "$W/imports.txt"; then
-  TRACES=(--otlp-traces-endpoint "http://127.0.0.1:$TRACES_PORT/v1/traces")
-  TRACING=on
-else
-  log "tracing stays off (it would take vLLM down): passive runs from /metrics and the cadence alone"
-fi
-
-# 2. The engine at B, sending one llm_request span per finished request to the exporter.
-if ! curl -sf "$URL/health" > /dev/null; then
-  # the Triton / Inductor caches of the committed pack (and of this machine's earlier engines)
-  # shellcheck source=/dev/null
-  [ "$ENGINE" = vllm ] && { source scripts/gpu/engine-cache.sh || true; }
-  log "starting $ENGINE (B=$B, traces $TRACING)"
-  if [ "$ENGINE" = vllm ]; then
-    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf VLLM_USE_FLASHINFER_SAMPLER=0 setsid python3 -m vllm.entrypoints.cli.main \
-      serve /tmp/model/qwen3-coder-30b-a3b --served-model-name qwen3-coder-30b-a3b --load-format dummy \
-      --max-model-len "$MAX_MODEL_LEN" --max-num-batched-tokens $B --enable-chunked-prefill --enable-prefix-caching \
-      --gpu-memory-utilization 0.9 --host 127.0.0.1 --port $PORT "${TRACES[@]}" >> "$W/engine.log" 2>&1 < /dev/null &
-  else
-    setsid python3 -m pdexporter sim serve --profile h200-qwen3-coder-30b-a3b --chunk-size $B --host 127.0.0.1 \
-      --port $PORT "${TRACES[@]}" >> "$W/engine.log" 2>&1 < /dev/null &
-  fi
-  echo $! > "$W/engine.pid"
-  until curl -sf "$URL/health" > /dev/null; do
-    [ "$(left)" -lt 30 ] && { log "engine not up yet; the next call adopts it"; exit 0; }
-    alive "$W/engine.pid" || { log "the engine exited (engine.log)"; tail -5 "$W/engine.log"; exit 1; }
-    sleep 2
-  done
-  log "engine healthy after $(( $(date +%s) - T0 )) s of this call"
-fi
+# 0-2. The parts, the tracing check and the engine at B sending its spans to the exporter (traced-engine.sh).
+source scripts/gpu/traced-engine.sh
+start_traced_engine
 
 # 3. run --passive beside the load (both in their own sessions: they outlive this call). Spread mode:
 #    segment k of K, seed SEED+k-1, its events appended to the same passive directory.
