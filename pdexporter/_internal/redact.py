@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
@@ -28,7 +29,7 @@ __all__ = [
     "REDACTED", "RedactingStream", "engine_flags", "forget_secrets", "known_secrets", "redact", "redact_argv",
     "redact_json",
     "redact_env", "redact_text", "redact_url", "remember_argv", "remember_secret", "remember_url", "secret_name",
-    "secret_values",
+    "secret_values", "without_own_secrets",
 ]
 
 REDACTED = "***"
@@ -89,6 +90,13 @@ def secret_values(*, variables: Mapping[str, str] | None = None, env: Mapping[st
     return found
 
 
+def without_own_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """An environment for a process pdexporter starts (an engine, its leash): pdexporter's own
+    secrets (`PDEXPORTER_*` with a secret-looking name: the engine key it sends, its endpoints'
+    bearer tokens) left out; the rest, the engine's own (HF_TOKEN), passes."""
+    return {k: v for k, v in env.items() if not (k.startswith("PDEXPORTER_") and secret_name(k))}
+
+
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (REDACTED if secret_name(k) and v else v) for k, v in env.items()}
 
@@ -147,6 +155,17 @@ _AUTH_HEADER = re.compile(
 _BEARER = re.compile(r"(?i)(\bbearer(?:\s+|%20))[A-Za-z0-9._~+/=:-]{4,}")
 
 
+_BEARER_PROSE = frozenset({"token", "tokens", "auth", "authentication", "authorization", "scheme", "header",
+                           "headers", "credential", "credentials", "is", "or", "and"})
+
+
+def _hide_bearer(match: re.Match[str]) -> str:
+    """A `Bearer <token>`'s token hidden; the words of prose about one ("a bearer token is
+    required", "bearer tokens") stay."""
+    token = match.group(0)[len(match.group(1)):]
+    return match.group(0) if token.lower() in _BEARER_PROSE else f"{match.group(1)}{REDACTED}"
+
+
 def _forms(value: str) -> set[str]:
     """The ways a secret travels in text: as is, URL-quoted, JSON-escaped (`\\/`), base64."""
     encoded = base64.b64encode(value.encode()).decode()
@@ -178,10 +197,14 @@ def remember_url(url: str | None) -> None:
     try:
         netloc = urlsplit(url.strip()).netloc
     except ValueError:
-        return
+        netloc = ""
     userinfo, at, _ = netloc.rpartition("@")
     if not at or not userinfo:
-        return
+        # a '/', '?' or '#' in the password ends urlsplit's host part early: all before the last '@'
+        rest = url.strip().partition("://")[2].split(maxsplit=1)
+        userinfo, at, _ = (rest[0] if rest else "").rpartition("@")
+        if not at or not userinfo:
+            return
     user, colon, password = userinfo.partition(":")
     if colon:
         remember_credentials(user, password)
@@ -201,6 +224,13 @@ def remember_argv(argv: Sequence[str]) -> None:
     for word in words:
         for match in _USERINFO.finditer(word):
             remember_url(word[match.start():])
+        if " " in word.strip():  # a command line given as one option's value (`--engine-command "vllm ..."`)
+            try:
+                inner = shlex.split(word)
+            except ValueError:
+                inner = word.split()
+            if len(inner) > 1:
+                remember_argv(inner)
     kept = [w for i, w in enumerate(words)
             if not _names_a_file(w) and not (i > 0 and _names_a_file(words[i - 1]) and "=" not in words[i - 1])]
     for value in secret_values(argv=kept):
@@ -246,7 +276,7 @@ def redact(text: str, extra: Sequence[str] = ()) -> str:
     if "uthorization" in text or "UTHORIZATION" in text:
         text = _AUTH_HEADER.sub(lambda m: f"{m.group(1)}{m.group(2) or ''}{REDACTED}", text)
     if "earer" in text or "EARER" in text:
-        text = _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+        text = _BEARER.sub(_hide_bearer, text)
     return text
 
 

@@ -41,11 +41,22 @@ def secret_text(text: str, where: str) -> str:
     return text
 
 
+def _looks_like_a_path(value: str) -> bool:
+    """A file's name has a folder or an extension; a token (`sk-...`, `hf_...`) has neither."""
+    return "/" in value or os.sep in value or "." in value
+
+
 def read_secret_file(path: str | os.PathLike[str], flag: str) -> str:
     """The secret in the regular file `path`; one line naming `flag` and the file when it cannot be."""
     where = f"{flag} {os.fspath(path)}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        if not _looks_like_a_path(os.fspath(path)):  # the token itself, typed where its file goes
+            remember_secret(os.fspath(path))
+            raise ConfigError(f"{flag}: no such file (the value given is not shown: it names no file and may be "
+                              "the secret itself; give the path of a file that holds it)") from None
+        raise ConfigError(f"{where}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{where}: {exc.strerror or exc}") from None
     try:

@@ -278,7 +278,7 @@ def breakeven(table: pd.DataFrame, model: CostModel, chunk_size: int = DEFAULT_C
     p_lo = float(fitted["new_prefill_tokens"].min()) if len(fitted) else 512.0
     p_hi = float(fitted["new_prefill_tokens"].max()) if len(fitted) else 32768.0
     p_lo, p_hi = min(p_lo, p_hi / 2), max(p_hi, p_lo * 2)
-    decodes = np.arange(1, d_max + 1)
+    decodes = np.arange(1, max(d_max, 2) + 1)  # two rows at least: a contour needs a (2, 2) grid
     # a quarter of an octave past the outer grid points, so their markers are not cut at the edges
     prefills = np.unique(np.geomspace(p_lo / 2**0.25, p_hi * 2**0.25, 120).round())
     region = offload_region(model, chunk_size, decodes, prefills, transfer_ms)

@@ -124,6 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     try:
         _main(args)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:  # a bug: its traceback through the same filter (it may quote a secret)
+        import traceback
+
+        traceback.print_exc()
+        sys.exit(1)
     finally:
         sys.stdout, sys.stderr = saved
 

@@ -31,9 +31,10 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from pdexporter._internal.bounds import MAX_SECONDS
 from pdexporter._internal.durations import parse_duration
-from pdexporter._internal.redact import redact_url, remember_secret, remember_url
+from pdexporter._internal.redact import remember_secret
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.text import body_reason
+from pdexporter._internal.urls import check_http_url
 from pdexporter.client.http1 import request_bytes
 from pdexporter.client.kstamp import RxTransport, Target
 from pdexporter.client.metrics import MetricRules, MetricsSnapshot, parse_exposition
@@ -159,11 +160,10 @@ class EngineClient:
         extra_headers: Mapping[str, str] | None = None,
         event_tap: EventTap | None = None,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"--target {redact_url(base_url)!r}: expected an http:// or https:// URL")
         # A URL's user:password becomes an Authorization: Basic header (unless an API key is
-        # given), and leaves the URL every message and record is made from.
-        remember_url(base_url)  # the password, and its Basic base64, never printed (`_internal.redact`)
+        # given), and leaves the URL every message and record is made from; the password, and its
+        # Basic base64, are never printed (`_internal.redact`).
+        check_http_url(base_url, "--target")
         remember_secret(api_key)
         self.base_url, self._basic = _split_userinfo(base_url.rstrip("/"))
         self.api_key = api_key

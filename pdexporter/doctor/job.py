@@ -4,11 +4,13 @@ tracing imports checked (`DoctorJob.checks`), and the verdicts told (`checks_she
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdexporter._internal.redact import redact_url
+from pdexporter._internal.redact import redact_argv, redact_url
 from pdexporter._internal.sheet import Column, Plain, Sheet, Shown
+from pdexporter._internal.urls import check_http_url
 from pdexporter.doctor.checks import Check, EndpointFacts, EngineFacts, TraceArrival, evaluate
 from pdexporter.engines import DEFAULT_CHUNK_SIZE, UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
@@ -59,7 +61,8 @@ class DoctorJob:
         if python is None and self.engine_command is not None:
             python, source = python_of(self.engine_command), "--engine-command"
             if python is None:
-                raise ConfigError(f"--engine-command {self.engine_command!r}: cannot tell which Python it runs in "
+                shown = " ".join(redact_argv(shlex.split(self.engine_command)))
+                raise ConfigError(f"--engine-command {shown!r}: cannot tell which Python it runs in "
                                   "(its first word is neither a Python nor a script with a #! line); give "
                                   "--engine-python")
         kind = facts.engine or facts.engine_claimed or UNIDENTIFIED
@@ -76,11 +79,15 @@ def doctor_job(*, target: str | None, engine: str | None, chunk_size: int | None
     """The options checked before anything starts (one line naming the option)."""
     from pdexporter.client.client import resolve_api_key
 
-    if target is not None and not target.startswith(("http://", "https://")):
-        raise ConfigError(f"--target {target!r}: expected an http:// or https:// URL")
-    if prometheus is not None and not prometheus.startswith(("http://", "https://")):
-        raise ConfigError(f"--prometheus {prometheus!r}: expected an http:// or https:// URL")
+    for url, flag in ((target, "--target"), (prometheus, "--prometheus")):
+        if url is not None:
+            check_http_url(url, flag)
     token = resolve_api_key(api_key_file)
+    if engine_command is not None:
+        try:
+            shlex.split(engine_command)
+        except ValueError as exc:  # the command is not echoed: it may hold a key
+            raise ConfigError(f"--engine-command: cannot split into words ({exc})") from None
     try:
         receiver = parse_listen(traces_receiver) if traces else None
     except ConfigError:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
+from pdexporter._internal.urls import check_http_url
 from pdexporter.client.client import read_timeout_seconds
 from pdexporter.engines import UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
@@ -114,8 +115,8 @@ def run_config(o: RunOptions) -> ExporterConfig:
         raise ConfigError(f"--decode-batch-size {o.decode_batch_size}: must be >= 1")
     if o.new_prefill_tokens < 1:
         raise ConfigError(f"--new-prefill-tokens {o.new_prefill_tokens}: must be >= 1")
-    if o.target is not None and not o.target.startswith(("http://", "https://")):
-        raise ConfigError(f"--target {o.target!r}: expected an http:// or https:// URL")
+    if o.target is not None:
+        check_http_url(o.target, "--target")
     claimed = claimed_engine(o.target, o.engine)
     chunk_size_source = "given"
     if chunk_size is None:

@@ -14,8 +14,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pdexporter import __version__
-from pdexporter._internal.redact import remember_secret, remember_url
+from pdexporter._internal.redact import remember_secret
 from pdexporter._internal.text import body_reason, shorten
+from pdexporter._internal.urls import check_http_url
 from pdexporter.errors import ConfigError, PdexporterError
 
 __all__ = [
@@ -89,10 +90,7 @@ def push_dashboards(
         GrafanaUnauthorizedError,
     )
 
-    parts = urlsplit(grafana_url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"--grafana-url {grafana_url!r}: expected http(s)://HOST[:PORT][/PATH]")
-    remember_url(grafana_url)
+    check_http_url(grafana_url, "--grafana-url")  # one line, the password hidden (and remembered)
     shown = redact(grafana_url)
     api = GrafanaApi.from_url(grafana_url.rstrip("/"), credential=token, timeout=timeout)
 

@@ -50,7 +50,14 @@ from typing import Any
 from pdexporter._internal.atomic import atomic_write_json, open_private_log
 from pdexporter._internal.gate import GATE_ENV, hook_dir
 from pdexporter._internal.procs import same_process
-from pdexporter._internal.redact import redact_argv, redact_text, secret_values
+from pdexporter._internal.redact import (
+    known_secrets,
+    redact_argv,
+    redact_text,
+    remember_secret,
+    secret_values,
+    without_own_secrets,
+)
 from pdexporter.client.client import EngineClient
 from pdexporter.engines import adapter
 from pdexporter.errors import ConfigError, EngineError, EngineTimeout
@@ -296,6 +303,7 @@ class LocalLauncher:
         await terminate_group(state.pid, self.stop_timeout_s)
         if control is not None:
             control.close()
+        mask_secrets_in_log(Path(state.log))
         path.unlink(missing_ok=True)
 
     def _sibling_keeps(self, state: EngineState, chunk_size: int) -> bool:
@@ -358,6 +366,8 @@ class LocalLauncher:
                 f"{STATE_FILE} under {self.store.root}): stop that engine, or use the external launcher"
             )
         rendered = render_command(self.command, chunk_size, self.variables, self.env)
+        for secret in rendered.secrets:  # never printed or written (the engine's log: `mask_secrets_in_log`)
+            remember_secret(secret)
         log = self.log_path(chunk_size)
         gate = self._engine_dir(chunk_size) / GATE_FILE if self.gated else None
         if gate is not None:
@@ -370,7 +380,8 @@ class LocalLauncher:
             held = "" if gate is None or gate_open else f" (held before the GPU until {gate} exists)"
             out.write(f"\n# pdexporter sweep: starting {rendered.text}{held}\n".encode())
             out.flush()
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **rendered.env}  # iteration lines in the log at once
+            # iteration lines in the log at once; pdexporter's own secrets are not the engine's
+            env = {**without_own_secrets(os.environ), "PYTHONUNBUFFERED": "1", **rendered.env}
             if gate is not None:
                 env = gated_env(env, gate)
             if LEASHED:
@@ -481,6 +492,7 @@ class LocalLauncher:
         async with EngineClient(self.url) as client:
             while True:
                 if not self._alive():
+                    mask_secrets_in_log(log)
                     tail = _log_tail(log)
                     self._forget(chunk_size)
                     raise EngineError(f"engine exited during start-up (log {log}): {tail}")
@@ -495,6 +507,7 @@ class LocalLauncher:
                 if left is not None and left <= 0:
                     raise DeadlineReached("deadline reached while the engine was starting (it keeps starting)")
                 await asyncio.sleep(self.health_poll_s)
+        mask_secrets_in_log(log)  # what the engine printed of its arguments while it started
         argv = self._state.argv if self._state is not None else ()
         kind = self._setup(argv)  # e.g. SGLang's --enable-mixed-chunk, vLLM's DecodeBenchConnector
         self._handle = EngineHandle(
@@ -523,6 +536,7 @@ class LocalLauncher:
             return
         leashed = state.leash_pid is not None
         await terminate_group(state.pid, self.stop_timeout_s, None if leashed else proc)
+        mask_secrets_in_log(Path(state.log))
         self._forget(state.chunk_size)
 
     def release(self) -> None:
@@ -535,6 +549,30 @@ class LocalLauncher:
             self._control.close()
             self._control = None
         self._proc, self._state, self._handle = None, None, None
+
+
+def mask_secrets_in_log(log: Path) -> int:
+    """Every secret the process holds (`_internal.redact.known_secrets`: the sweep's launcher secrets,
+    the engine key) overwritten in the engine's log by as many `*` (vLLM logs its arguments, an API
+    key among them, and an engine may echo its environment): the log's length and every offset in it
+    stay (its step lines are read by offset), so this may run while the engine still writes. Returns
+    how many were masked; a log that cannot be read or written is left as it is (it is 0600)."""
+    secrets = [s.encode() for s in known_secrets() if len(s) >= 8]
+    if not secrets:
+        return 0
+    try:
+        with open(log, "r+b") as f:
+            data = f.read()
+            masked = data
+            for secret in sorted(secrets, key=len, reverse=True):
+                masked = masked.replace(secret, b"*" * len(secret))
+            if masked == data:
+                return 0
+            f.seek(0)
+            f.write(masked)
+    except OSError:
+        return 0
+    return sum(data.count(secret) for secret in secrets)
 
 
 def gated_env(env: dict[str, str], gate: Path) -> dict[str, str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pdexporter._internal.atomic import open_private_log
 from pdexporter._internal.procs import die_with_parent, process_start_ticks, same_process
-from pdexporter._internal.redact import redact_argv
+from pdexporter._internal.redact import redact_argv, without_own_secrets
 from pdexporter.engines import SIM_KINDS, adapter, sim_engine
 from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.launch.base import EngineHandle, terminate_group
@@ -142,7 +142,7 @@ class SimLauncher:
             # preexec_fn only calls prctl in the child (die_with_parent): nothing a thread could hold
             self._proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, **self.env} if self.env else None,
+                env={**without_own_secrets(os.environ), **self.env},  # pdexporter's own secrets not passed
                 preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
             )
         deadline = time.monotonic() + self.start_timeout_s

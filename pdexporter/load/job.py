@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pdexporter._internal.redact import redact_url
+from pdexporter._internal.urls import check_http_url
 from pdexporter.errors import ConfigError
 from pdexporter.load.mix import MIXES, LoadRequest, LoadSpec, schedule
 
@@ -71,8 +72,9 @@ def load_job(*, target: str | None, rate: float, duration: str, seed: int, mix: 
     from pdexporter._internal.writable import check_writable
     from pdexporter.client.client import resolve_api_key
 
-    if target is None or not target.startswith(("http://", "https://")):
-        raise ConfigError(f"--target {target!r}: expected the engine's http:// or https:// URL")
+    if target is None:
+        raise ConfigError("--target: required (the engine's http:// or https:// URL)")
+    check_http_url(target, "--target")
     if out is not None:
         check_writable(out, directory=False)
     if mix not in MIXES:

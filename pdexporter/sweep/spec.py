@@ -33,7 +33,7 @@ from pdexporter._internal.bounds import (
     MIN_DECODE_BATCH,
 )
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
-from pdexporter._internal.redact import redact_argv, redact_env, redact_text, secret_values
+from pdexporter._internal.redact import redact_argv, redact_env, redact_text, remember_secret, secret_values
 from pdexporter._internal.text import read_utf8
 from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter.engines import PAIR_ENGINE, UNIDENTIFIED, adapter
@@ -281,39 +281,43 @@ class SweepSpec(_Strict):
             return 0.0
         return FAITHFUL_COOLDOWN_S if self.cooldown.seconds is None else self.cooldown.seconds
 
-    def redacted_dump(self) -> dict[str, Any]:
-        """The spec as JSON for files pdexporter writes (`sweep.json`): secret values of the
-        launcher's `vars` and `env` and `NAME=value` / `--secret value` words of its command
-        replaced by ***, then every other occurrence of those values, and URL passwords, anywhere."""
-        data = self.model_dump(mode="json")
-        launcher = data.get("launcher") or {}
-        found: list[str] = []
-        for node in (launcher, launcher.get("prefill"), launcher.get("decode")):
-            if not isinstance(node, dict):
-                continue
-            found += secret_values(variables=node.get("vars") if isinstance(node.get("vars"), dict) else None,
-                                   env=node.get("env") if isinstance(node.get("env"), dict) else None,
-                                   argv=node["command"].split() if isinstance(node.get("command"), str) else ())
-            for key in ("env", "vars"):
-                if isinstance(node.get(key), dict):
-                    node[key] = redact_env(node[key])
-            if isinstance(node.get("command"), str):
-                node["command"] = " ".join(redact_argv(node["command"].split()))
-        return _redact_leaves(data, found)
-
-    def redact(self, obj: Any) -> Any:
-        """`obj` (JSON-like) with the values of this spec's secret-looking vars, env and flags, and
-        URL passwords, replaced by *** (for sweep.json's invocation entries: an error message may
-        quote a command)."""
+    def launcher_secrets(self) -> list[str]:
+        """The secret values of the launcher (and of a pair's two): its `vars` and `env` whose names
+        look secret, and the values its command line gives secret-looking flags and `NAME=value`
+        words once its `{placeholders}` are filled (`--hf-token {hf}`: hf's value, whatever its name)."""
         found: list[str] = []
         launcher = self.launcher
         for node in (launcher, getattr(launcher, "prefill", None), getattr(launcher, "decode", None)):
             if node is None:
                 continue
+            variables = getattr(node, "vars", None) or {}
             command = getattr(node, "command", None)
-            found += secret_values(variables=getattr(node, "vars", None), env=getattr(node, "env", None),
-                                   argv=command.split() if isinstance(command, str) else ())
-        return _redact_leaves(obj, found)
+            found += secret_values(variables=variables, env=getattr(node, "env", None),
+                                   argv=_filled_words(command, variables) if isinstance(command, str) else ())
+        return found
+
+    def redacted_dump(self) -> dict[str, Any]:
+        """The spec as JSON for files pdexporter writes (`sweep.json`): secret values of the
+        launcher's `vars` and `env` and `NAME=value` / `--secret value` words of its command
+        replaced by ***, then every other occurrence of those values (`launcher_secrets`), and URL
+        passwords, anywhere."""
+        data = self.model_dump(mode="json")
+        launcher = data.get("launcher") or {}
+        for node in (launcher, launcher.get("prefill"), launcher.get("decode")):
+            if not isinstance(node, dict):
+                continue
+            for key in ("env", "vars"):
+                if isinstance(node.get(key), dict):
+                    node[key] = redact_env(node[key])
+            if isinstance(node.get("command"), str):
+                node["command"] = " ".join(redact_argv(node["command"].split()))
+        return _redact_leaves(data, self.launcher_secrets())
+
+    def redact(self, obj: Any) -> Any:
+        """`obj` (JSON-like) with the launcher's secret values (`launcher_secrets`) and URL
+        passwords replaced by *** (for sweep.json's invocation entries: an error message may quote
+        a command)."""
+        return _redact_leaves(obj, self.launcher_secrets())
 
     def points(self) -> Iterator[tuple[int, int, int]]:
         """(chunk size, D, P) in run order."""
@@ -331,6 +335,17 @@ class SweepSpec(_Strict):
             for d in self.grid.decode_batch_sizes
         )
         return s.inject_at_tokens + max(self.fast.max_context_drift_tokens, largest)
+
+
+def _filled_words(command: str, variables: Mapping[str, str]) -> list[str]:
+    """A launcher's command line with its variables filled in (the others left as `{name}`), in words."""
+    import shlex
+
+    text = re.sub(r"\{(\w+)\}", lambda m: str(variables.get(m.group(1), m.group(0))), command)
+    try:
+        return shlex.split(text)
+    except ValueError:  # an unbalanced quote: the spec's own check names it; here, words at spaces
+        return text.split()
 
 
 def _redact_leaves(node: Any, secrets: list[str]) -> Any:
@@ -389,7 +404,10 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
         data = {**data, "launcher": {"kind": DEFAULT_LAUNCHER.kind}}  # `--clock` on a file without one
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, value)
-    return parse_sweep(data, str(path), flags)
+    spec = parse_sweep(data, str(path), flags)
+    for secret in spec.launcher_secrets():  # never printed, logged or written from now on
+        remember_secret(secret)
+    return spec
 
 
 def _grid_sizes(grid: Any) -> list[int]:

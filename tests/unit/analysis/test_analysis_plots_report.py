@@ -182,3 +182,13 @@ def test_breakeven_shows_whole_decodes_and_whole_markers(modelled_analysis) -> N
 
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert len(points) == 2 and all(not c.get_clip_on() for c in points)  # the markers are drawn whole
+
+
+def test_a_results_directory_of_one_decode_batch_size_gets_its_break_even_plot() -> None:
+    """The secrets audit's aside: `report` on one `measure` (D = 1) raised matplotlib's "Input z must
+    be at least a (2, 2) shaped array": the break-even map had one row of D."""
+    grid = list(seed_grid(chunks=(8192,), decodes=(1,), prefills=(512,)))
+    one = analyse([samples_from_record(r) for r in synthetic_records(SyntheticTruth(), grid, reps=2)], source="s")
+    ax = _drawn(breakeven(one.table, one.fits.best.model, 8192, 50.0)).figure.axes[0]
+    bottom, top = ax.get_ylim()
+    assert bottom <= 1 and top >= 2  # D 1 and 2: a grid a contour can be drawn on

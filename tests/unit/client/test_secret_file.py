@@ -48,8 +48,16 @@ def test_dev_zero_and_fifos_are_refused_without_reading_them(tmp_path: Path) -> 
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file$"):
         resolve_api_key(fifo)
-    with pytest.raises(ConfigError, match="No such file"):
+    with pytest.raises(ConfigError, match="no such file$"):
         resolve_api_key(tmp_path / "missing")
+
+
+def test_a_token_typed_where_its_file_goes_is_not_echoed() -> None:
+    """`--api-key-file sk-...` (the secrets audit): the value names no file and is likely the key."""
+    with pytest.raises(ConfigError) as info:
+        resolve_api_key("sk-AUDIT-TYPO-4d5e6f")
+    assert str(info.value).startswith("--api-key-file: no such file (the value given is not shown")
+    assert "sk-AUDIT" not in str(info.value)
 
 
 def test_a_symlinked_secret_file_is_read(tmp_path: Path) -> None:
