@@ -43,12 +43,18 @@ def _reason(path: Path, directory: bool) -> str | None:
     return None
 
 
-def check_writable(path: Path | str, what: str = "--out", *, directory: bool = True) -> Path:
+def check_writable(path: Path | str, what: str = "--out", *, directory: bool = True,
+                   suffixes: tuple[str, ...] = ()) -> Path:
     """`path` back when this process can create or write it (a folder where `directory`, else a
     file); else `ConfigError`, one line: `--out /x: not writable (Permission denied)`. `what`
-    names where the path came from (a flag, a sweep file's field)."""
+    names where the path came from (a flag, a sweep file's field). `suffixes`: the kinds of file the
+    command writes (`.html`): an existing file of another kind (a record's `.json`) is not
+    overwritten (the bad-input audit: `report --out RESULTS/6144/D1_P512.json` replaced a record)."""
     target = Path(path).expanduser()
     reason = _reason(target.absolute(), directory)
     if reason is not None:
         raise ConfigError(f"{what} {path}: not writable ({reason})")
+    if suffixes and target.is_file() and target.suffix.lower() not in suffixes:
+        raise ConfigError(f"{what} {path}: an existing {target.suffix or 'extension-less'} file, and this writes "
+                          f"{suffixes[0]}: give a new path (nothing was overwritten)")
     return target

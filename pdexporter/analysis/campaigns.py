@@ -29,6 +29,7 @@ and `write_outputs` are the file edges; `job.validate_campaigns` wires it to the
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 import re
@@ -41,6 +42,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
+from pdexporter._internal.text import read_utf8
 from pdexporter.analysis.decision_eval import (
     CAMPAIGN_ARMS,
     campaign_log_sd,
@@ -92,13 +94,27 @@ class Campaign:
     notes: tuple[str, ...] = ()
 
 
+def _campaign_date(path: Path, value: Any) -> str:
+    """A campaign's date as YYYY-MM-DD (YAML reads an unquoted one as a date; a quoted one must be
+    a real day in that form); else one line naming the file and the value."""
+    if isinstance(value, datetime.date):  # a datetime too: kept as YAML gave it
+        return str(value)
+    text = str(value).strip()
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        try:
+            return datetime.date.fromisoformat(text).isoformat()
+        except ValueError:
+            pass
+    raise RecordError(f"{path}: date: {value!r:.60} is not a date (YYYY-MM-DD)")
+
+
 def load_campaign(results_dir: str | Path) -> dict[str, str] | None:
     """The `campaign.yaml` of a results directory (None: the directory says nothing)."""
     path = Path(results_dir) / CAMPAIGN_FILE
     if not path.is_file():
         return None
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_utf8(path, RecordError))  # not UTF-8: one line naming the file
     except yaml.YAMLError as exc:
         raise RecordError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):
@@ -108,7 +124,8 @@ def load_campaign(results_dir: str | Path) -> dict[str, str] | None:
             raise RecordError(f"{path}: {key}: missing (every campaign.yaml names id, date and role)")
     if data["role"] not in ROLES:
         raise RecordError(f"{path}: role: {data['role']!r} is not one of {', '.join(ROLES)}")
-    return {"id": str(data["id"]), "date": str(data["date"]), "role": data["role"], "note": str(data.get("note") or "")}
+    return {"id": str(data["id"]), "date": _campaign_date(path, data["date"]), "role": data["role"],
+            "note": str(data.get("note") or "")}
 
 
 def check_fit_inputs(results_dirs: Sequence[str | Path]) -> list[str]:

@@ -14,9 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pdexporter._internal.finite import first_not_finite
+from pdexporter._internal.validation import close_match, format_validation_error
+from pdexporter.analysis.decision_eval import chunk_context
 from pdexporter.errors import RecordError
 
 __all__ = [
@@ -35,6 +37,15 @@ __all__ = [
 SCHEMA_FILE = Path(__file__).parent / "schemas" / "decision.schema.json"
 
 Finite = Field(allow_inf_nan=False)
+
+# the features a linear term may name (`decision_eval.chunk_context`'s `f`)
+FEATURES: tuple[str, ...] = tuple(chunk_context({}, 0, 1, 1)["f"])
+# the two-arm terms the verdict cannot do without (`decision_eval.evaluate_arms`); the others
+# (prefill_offset, offloaded_tpot) are absent where the offloaded arm did not measure them
+REQUIRED_TERMS = ("colocated_ttft", "decode_side", "offloaded_loss", "transfer")
+KNOWN_TERMS = (*REQUIRED_TERMS, "prefill_offset", "offloaded_tpot")
+# the context-aware model's coefficients `decision_eval.colocated_cost` reads without a default
+REQUIRED_COEFFICIENTS = ("alpha0_ms", "alpha1_ms_per_decode", "gamma_ms_per_token", "beta_ms_per_token_pair")
 
 
 class _Part(BaseModel):
@@ -61,6 +72,41 @@ class ColocatedModel(_Part):
     penalty_per_chunk_ms: dict[str, dict[str, list[float]]] | None = None
     graph_regime: str | None = None
 
+    @model_validator(mode="after")
+    def _usable(self) -> ColocatedModel:
+        """What `decision_eval.colocated_cost` reads is there: the seed's table per chunk size (an
+        integer key, D ascending, as many penalties as Ds), the context-aware model's coefficients."""
+        if self.name == "context_aware":
+            for name in REQUIRED_COEFFICIENTS:
+                if self.coefficients.get(name) is None:
+                    what = "must be a number (got null)" if name in self.coefficients else "required field is missing"
+                    raise ValueError(f"model.coefficients.{name}: {what}")
+            return self
+        if not self.penalty_per_chunk_ms:
+            raise ValueError("model.penalty_per_chunk_ms: required for the seed_per_chunk model (one entry per "
+                             "chunk size)")
+        for size, entry in self.penalty_per_chunk_ms.items():
+            where = f"model.penalty_per_chunk_ms.{size}"
+            if not (size.isascii() and size.isdigit() and int(size) > 0):
+                raise ValueError(f"{where}: the key must be a chunk size, a positive integer (got {size!r})")
+            for field in ("decode_batch_size", "penalty_ms"):
+                if field not in entry:
+                    raise ValueError(f"{where}.{field}: required field is missing")
+                if not entry[field]:
+                    raise ValueError(f"{where}.{field}: must have at least 1 item")
+            ds, pis = entry["decode_batch_size"], entry["penalty_ms"]
+            if len(ds) != len(pis):
+                raise ValueError(f"{where}.penalty_ms: {len(pis)} item(s), one per decode_batch_size "
+                                 f"({len(ds)} given)")
+            for i in range(1, len(ds)):
+                if ds[i] <= ds[i - 1]:
+                    raise ValueError(f"{where}.decode_batch_size[{i}]: must be larger than the one before it "
+                                     f"(got {ds[i]:g} after {ds[i - 1]:g})")
+            for i, d in enumerate(ds):
+                if d < 0:
+                    raise ValueError(f"{where}.decode_batch_size[{i}]: must be >= 0 (got {d:g})")
+        return self
+
 
 class Term(_Part):
     """One two-arm term: non-negative coefficients over named features, with what it rests on."""
@@ -76,6 +122,18 @@ class Term(_Part):
     meaning: str | None = None
     fit: str | None = None
 
+    @model_validator(mode="after")
+    def _usable(self) -> Term:
+        """Every feature is one `decision_eval.chunk_context` computes, and has its coefficient."""
+        for i, name in enumerate(self.features):
+            if name not in FEATURES:
+                match = close_match(name, FEATURES)
+                hint = f"did you mean {match}?" if match else f"expected one of: {', '.join(FEATURES)}"
+                raise ValueError(f"features[{i}]: unknown feature {name!r} ({hint})")
+            if name not in self.coefficients:
+                raise ValueError(f"coefficients.{name}: required field is missing (features[{i}] names it)")
+        return self
+
 
 class TransferTerm(_Part):
     """The KV transfer: latency + P x bytes per token / bandwidth, with its degraded regime."""
@@ -88,6 +146,20 @@ class TransferTerm(_Part):
     ms_per_token: float | None = None
     degraded: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _usable(self) -> TransferTerm:
+        """A measured or given transfer has the numbers `decision_eval.transfer_time` reads: latency,
+        bandwidth and bytes per token (or a v1 document's fixed_ms and ms_per_token)."""
+        if self.source not in ("measured", "given"):
+            return self
+        v1 = "gb_per_s" not in self.model_fields_set and self.fixed_ms is not None
+        names = ("fixed_ms", "ms_per_token") if v1 else ("latency_ms", "gb_per_s", "bytes_per_token")
+        for name in names:
+            if getattr(self, name) is None:
+                what = "must be a number (got null)" if name in self.model_fields_set else "required field is missing"
+                raise ValueError(f"{name}: {what} (a {self.source} transfer)")
+        return self
+
 
 class TwoArm(_Part):
     """Both arms measured: the terms of the two-arm verdict."""
@@ -98,6 +170,35 @@ class TwoArm(_Part):
     offloaded_setup: str | None = None
     measured_chunk_sizes: list[int] = Field(default_factory=list)
     source: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _terms(cls, data: Any) -> Any:
+        """Each term validated as what its name says it is (`transfer` a TransferTerm, the others a
+        Term: the union alone took a term with a bad coefficient for a transfer), and the terms the
+        verdict needs present."""
+        terms = data.get("terms") if isinstance(data, dict) else None
+        if not isinstance(terms, dict):
+            return data  # the field's own check names it
+        for name in REQUIRED_TERMS:
+            if terms.get(name) is None:
+                strangers = [str(k) for k in terms if k not in KNOWN_TERMS]
+                match = close_match(name, strangers)
+                hint = f"; found {match} (a typo?)" if match else ""
+                state = "is null" if name in terms else "is missing"
+                raise ValueError(f"two_arm.terms.{name}: required term {state}{hint} (re-run export-table)")
+        for name, term in terms.items():
+            if term is None:
+                continue
+            if not isinstance(term, dict):
+                raise ValueError(f"two_arm.terms.{name}: must be a mapping (got {term!r:.60})")
+            model: type[BaseModel] = TransferTerm if name == "transfer" else Term
+            try:
+                model.model_validate(term)
+            except ValidationError as exc:
+                text = format_validation_error(exc, model)
+                raise ValueError(f"two_arm.terms.{name}{'' if text.startswith('[') else '.'}{text}") from None
+        return data
 
 
 class CampaignArmVariation(_Part):
@@ -139,9 +240,7 @@ def validate_decision(doc: Any, source: str = "decision.json") -> DecisionDocume
     try:
         return DecisionDocument.model_validate(doc)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "(document)"
-        raise RecordError(f"{source}: {where}: {err['msg']}") from None
+        raise RecordError(f"{source}: {format_validation_error(exc, DecisionDocument)}") from None
 
 
 def schema_json() -> str:

@@ -166,6 +166,9 @@ def export_job(request: ExportRequest) -> ExportJob:
     variation = load_variation(r.campaign_variation) if r.campaign_variation is not None else None
     if (r.results_dirs is None) == (r.prometheus is None):
         raise ConfigError("give either RESULTS_DIR or --prometheus URL (exactly one)")
+    for directory in [*(r.results_dirs or []), *(r.offloaded or [])]:
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"{directory}: not a results directory (a file)")
     if r.offloaded is not None and r.results_dirs is None:
         raise ConfigError("--offloaded: only with a RESULTS_DIR of the colocated arm")
     if r.mode not in ("active", "passive"):
@@ -174,6 +177,8 @@ def export_job(request: ExportRequest) -> ExportJob:
         raise ConfigError(f"--grid {r.grid}: only with --mode passive (active windows sit on their grid already)")
     if r.injected is not None and (r.mode != "passive" or r.results_dirs is None):
         raise ConfigError(f"--injected {r.injected}: only with --mode passive and a RESULTS_DIR of passive records")
+    if r.injected is not None and not r.injected.is_dir():
+        raise ConfigError(f"--injected {r.injected}: not a results directory (the injected records of the same engine)")
     default_out = joined_out_dir(r.results_dirs) if r.results_dirs else Path("results")
     check_writable(r.out or default_out, "--out" if r.out else "output")
     return ExportJob(r, variation)
@@ -368,8 +373,10 @@ def report_job(results_dirs: list[Path], *, out: Path | None = None, transfer_ms
     offloaded = offloaded or None
     variation = load_variation(campaign_variation) if campaign_variation is not None else None
     check_fit_inputs([*results_dirs, *(offloaded or [])])  # a validation campaign in neither arm (as export-table)
+    if injected is not None and not injected.is_dir():
+        raise ConfigError(f"--injected {injected}: not a results directory (the injected records of the same engine)")
     target = check_writable(out or default_report_path(results_dirs[0]), "--out" if out else "output",
-                            directory=False)
+                            directory=False, suffixes=(".html", ".htm"))
     return ReportJob(results_dirs, target, transfer_ms, offloaded, pool, injected, variation)
 
 

@@ -359,6 +359,9 @@ def validate_campaigns(colocated: Sequence[str | Path], offloaded: Sequence[str 
     found = cps.find_campaigns([(d, "colocated") for d in colocated] + [(d, "offloaded") for d in offloaded])
     if not any(c.role == "fit" for c in found):
         raise RecordError("no fit campaign among the inputs: nothing to fit the models on")
+    if len(found) < 2:  # nothing would be held out: an empty table written over the last one
+        raise RecordError(f"one campaign among the inputs ({found[0].id}): leaving one out needs two or more "
+                          "(directories of one campaign.yaml id are one campaign)")
     samples = {c.id: {"colocated": [s for d in c.colocated for s in load_results(d)],
                       "offloaded": [s for d in c.offloaded for s in load_results(d)]} for c in found}
 

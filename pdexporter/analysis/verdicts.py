@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pdexporter._internal.finite import NotFinite, loads_finite
 from pdexporter._internal.sheet import Plain, Shown
-from pdexporter._internal.text import plural
+from pdexporter._internal.text import plural, read_utf8
 from pdexporter.analysis import DECISION_JSON, DECISION_SCHEMA
 from pdexporter.engines import ChunkRule
 from pdexporter.errors import ConfigError
@@ -38,14 +38,16 @@ class Rendered:
 def load_decision(path: Path, flag: str = "--model") -> dict[str, Any]:
     """A decision.json, every field as the shipped schema says and every number finite; else one
     line naming `flag`, the file and why."""
+    if not path.exists():
+        raise ConfigError(f"{flag} {path}: no such file (write one with `pdexporter export-table`)")
     try:
-        doc = loads_finite(path.read_text(encoding="utf-8"))  # NaN coefficients gave a "decided" verdict
+        text = read_utf8(path, ConfigError)  # cannot read, or not UTF-8: one line naming the file
+    except ConfigError as exc:
+        raise ConfigError(f"{flag} {exc}") from None
+    try:
+        doc = loads_finite(text)  # NaN coefficients gave a "decided" verdict
     except NotFinite as exc:
-        raise ConfigError(f"--model {path}: {exc}") from None
-    except FileNotFoundError:
-        raise ConfigError(f"{flag} {path}: no such file (write one with `pdexporter export-table`)") from None
-    except OSError as exc:
-        raise ConfigError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+        raise ConfigError(f"{flag} {path}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{flag} {path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
     if not isinstance(doc, dict) or doc.get("schema") != DECISION_SCHEMA:

@@ -92,6 +92,15 @@ def _command_of(args: list[str]) -> str | None:
     return word if word in COMMANDS else None
 
 
+def _not_finite(value: object) -> bool:
+    import math
+
+    try:
+        return not math.isfinite(float(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
 def usage_error_line(exc: UsageError) -> str:
     """A command-line mistake as one line: `--reps 0: must be >= 1`, `No such option: --foo`,
     with the command's --help named (typer's own rendering is a five-line box)."""
@@ -105,7 +114,9 @@ def usage_error_line(exc: UsageError) -> str:
             and exc.param.opts:
         error = cause.errors(include_url=False)[0]
         flag = max(exc.param.opts, key=len)  # the long name
-        message = f"{flag} {error.get('input')}: {describe_error(error)}"
+        value = error.get("input")
+        why = "not a finite number" if _not_finite(value) else describe_error(error)  # nan failed "<= 1e7"
+        message = f"{flag} {value}: {why}"
     message = " ".join(message.split())
     if exc.ctx is not None:
         message += f" (see {exc.ctx.command_path} --help)"

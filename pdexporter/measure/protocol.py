@@ -244,7 +244,10 @@ class StreamTrace:
         return raw
 
     @classmethod
-    def from_raw(cls, raw: dict[str, Any], t0_ns: int = 0) -> StreamTrace:
+    def from_raw(cls, raw: dict[str, Any], t0_ns: int = 0, where: str = "stream") -> StreamTrace:
+        """The stream `to_raw` wrote; a field that is not what `to_raw` writes is one RecordError
+        naming `where` (the raw file and the stream in it: `FILE: probes[0]`) and the field."""
+        _check_raw_stream(raw, where)
         times, acc = [], 0
         for dt_ns in raw["dt_ns"]:
             acc += dt_ns
@@ -260,6 +263,35 @@ class StreamTrace:
             raw.get("finish_reason"),
             raw.get("stamp_clock"),
         )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_raw_stream(raw: Any, where: str) -> None:
+    """One line naming the field of a raw stream (`StreamTrace.to_raw`'s form) that is not what
+    `to_raw` writes: its times and token counts integers, one count per time."""
+    from pdexporter.errors import RecordError
+
+    if not isinstance(raw, dict):
+        raise RecordError(f"{where}: must be a mapping (got {type(raw).__name__})")
+    for key in ("id", "tag", "dt_ns", "n"):
+        if key not in raw:
+            raise RecordError(f"{where}.{key}: required field is missing")
+    for key in ("dt_ns", "n"):
+        values = raw[key]
+        if not isinstance(values, list):
+            raise RecordError(f"{where}.{key}: must be a list of integers (got {values!r:.60})")
+        for i, value in enumerate(values):
+            if not _is_int(value):
+                raise RecordError(f"{where}.{key}[{i}]: must be an integer (got {value!r:.60})")
+    if len(raw["n"]) != len(raw["dt_ns"]):
+        raise RecordError(f"{where}.n: {len(raw['n'])} item(s), one per dt_ns ({len(raw['dt_ns'])} given)")
+    for key in ("sent_ns", "prompt_tokens"):
+        value = raw.get(key)
+        if value is not None and not _is_int(value):
+            raise RecordError(f"{where}.{key}: must be an integer or null (got {value!r:.60})")
 
 
 @dataclass

@@ -86,6 +86,8 @@ class ResultsStore:
             raw = read_json_gz(path)
         except (OSError, ValueError, EOFError) as exc:
             raise RecordError(f"{path}: unreadable raw timestamps ({exc})") from exc
+        if not isinstance(raw, dict):  # a list at the top was an AttributeError in whoever read it
+            raise RecordError(f"{path}: not raw timestamps (a JSON object at the top; got a {type(raw).__name__})")
         problem = not_finite_problem(raw)
         if problem:
             raise RecordError(f"{path}: {problem}")
@@ -128,9 +130,26 @@ def load_record_file(path: str | Path) -> RunRecord:
         raise RecordError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from exc
     check_schema(data, path)
     try:
-        return RunRecord.model_validate(data)
+        record = RunRecord.model_validate(data)
     except ValidationError as exc:
         raise RecordError(f"{path}: {format_validation_error(exc, RunRecord)}") from exc
+    _check_named(record, path)
+    return record
+
+
+def _check_named(record: RunRecord, path: Path) -> None:
+    """A record at `{chunk}/D{d}_P{p}.json` is that configuration's (the bad-input audit: a record
+    whose config said D = 7 in D1_P512.json was tabulated as D = 7), and holds a repetition."""
+    match = RECORD_RE.match(path.name)
+    c = record.config
+    if match and path.parent.name.isdigit():
+        named = {"chunk_size": int(path.parent.name), "decode_batch_size": int(match["d"]),
+                 "new_prefill_tokens": int(match["p"])}
+        for field, value in named.items():
+            if getattr(c, field) != value:
+                raise RecordError(f"{path}: config.{field} is {getattr(c, field)}, but the file's place says {value}")
+    if not record.reps:
+        raise RecordError(f"{path}: reps: empty (a record holds the repetitions it was made of)")
 
 
 def check_schema(data: Any, path: str | Path) -> None:

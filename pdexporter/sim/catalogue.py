@@ -51,7 +51,7 @@ def project_profile(config: str, gpu: str, *, carry_from: str | None = None, out
     from pdexporter.sim.steptime import StepComposition, StepTimeModel
 
     if out is not None:
-        check_writable(out, directory=False)
+        check_writable(out, directory=False, suffixes=(".yaml", ".yml"))
     data, source = load_config(config)
     src = Path(source)
     served = model_name or (src.parent.name if src.name == "config.json" else src.stem)

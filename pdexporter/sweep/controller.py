@@ -44,13 +44,14 @@ from typing import Any
 from pdexporter._internal.atomic import atomic_write_json
 from pdexporter._internal.procs import process_start_ticks, same_process
 from pdexporter.errors import (
+    ConfigError,
     EngineError,
     MeasurementError,
     PdexporterError,
 )
 from pdexporter.launch.base import Adopting, Attaching, DeadlineReached, Preparing, Prestarting
 from pdexporter.measure.driver import EngineDriver
-from pdexporter.measure.point import PointSpec, measure_point, phase1, retrying, window_retryable
+from pdexporter.measure.point import PointSpec, check_resumable, measure_point, phase1, retrying, window_retryable
 from pdexporter.measure.probesets import FixedBaseline, FreshProbes, PooledProbes
 from pdexporter.measure.protocol import (
     BaselineRun,
@@ -263,9 +264,12 @@ class SweepController:
         removed = self.store.clean_stale()
         if removed:
             self.observer.on_message(f"removed {len(removed)} temporary file(s) a killed run left in {self.store.root}")
-        if self.write_state:
-            self._write_state(None)  # this invocation, "running", until it ends (or a later one finds it killed)
+        # the records already here are checked first (a sweep that does not match them is refused before
+        # it writes anything: sweep.json's spec is what `reanalyse` re-derives them with)
         statuses = {key: self.status(key) for key in self.points}
+        if self.write_state:
+            self._check_protocol(next(iter(self.store.iter_record_paths()), None) is not None)
+            self._write_state(None)  # this invocation, "running", until it ends (or a later one finds it killed)
         for (b, _, _), st in statuses.items():
             self.reports[b].configs += 1
             self.reports[b].configs_complete += st.complete
@@ -691,6 +695,28 @@ class SweepController:
         order = self.spec.order.model_dump()
         return SweepReport(self.reports, status, self.spec.mode, total, complete, wall_s, engine_s, message,
                            order=order)
+
+    def _check_protocol(self, recorded: bool) -> None:
+        """A sweep resumed into a directory whose records were made another way is refused in one
+        line before it writes anything: a record of its grid with another mode or probe length
+        (`check_resumable`, as each point checks again), or other window settings than the
+        directory's `sweep.json` (`spec.protocol`): one directory, one protocol."""
+        fields: dict[str, object] = {"mode": self.spec.mode, **self.spec.protocol.record_fields()}
+        for key in self.points:
+            check_resumable(self.store.load_record(*key), fields, str(self.store.record_path(*key)))
+        path = self.store.root / SWEEP_STATE
+        if not recorded or not path.is_file():
+            return
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))["spec"].get("protocol") or {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return  # not readable: the records' own checks stand (reanalyse says what it cannot read)
+        now = self.spec.protocol.model_dump(mode="json")
+        changed = [k for k in sorted(now) if k in before and before[k] != now[k]]
+        if changed:
+            k = changed[0]
+            raise ConfigError(f"{path}: protocol.{k} was {before[k]} for the records already here, the sweep file "
+                              f"says {now[k]}; resume with the same protocol, or give another output directory")
 
     def _write_state(self, report: SweepReport | None) -> None:
         """`sweep.json` beside the chunk directories: the spec and one entry per invocation. An

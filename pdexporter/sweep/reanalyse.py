@@ -65,6 +65,28 @@ class Reanalysed:
     kept: int = 0  # passive events left as measured (nothing to re-derive them from)
 
 
+def _probes(raw: dict[str, Any], path: Path, d: int, what: str) -> list[StreamTrace]:
+    """The decode streams of a raw file: one line naming the file where they are not there to
+    re-derive from (a file of D > 0 decodes with none gave that repetition null numbers, and
+    `reanalyse` wrote them over the measured ones)."""
+    probes = raw.get("probes", [])
+    if not isinstance(probes, list):
+        raise RecordError(f"{path}: probes: must be a list of streams (got {type(probes).__name__})")
+    if d > 0 and not probes:
+        raise RecordError(f"{path}: probes: empty, but {what} ran D={d} decodes: the raw file is damaged and "
+                          "cannot re-derive it")
+    return [StreamTrace.from_raw(p, where=f"{path}: probes[{i}]") for i, p in enumerate(probes)]
+
+
+def _raw_int(raw: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise RecordError(f"{path}: {key}: required field is missing")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RecordError(f"{path}: {key}: must be an integer (got {value!r:.60})")
+    return value
+
+
 def phase1_stats(store: ResultsStore, chunk_size: int, d: int, settings: ProtocolSettings) -> BaselineStats | None:
     if d == 0:
         return None
@@ -72,7 +94,8 @@ def phase1_stats(store: ResultsStore, chunk_size: int, d: int, settings: Protoco
     if not path.exists():
         raise RecordError(f"{path}: Phase 1 timestamps missing; the record cannot be re-analysed")
     raw = store.load_raw(path)
-    return baseline_stats([StreamTrace.from_raw(p).token_times() for p in raw.get("probes", [])], settings.window)
+    probes = _probes(raw, path, d, "Phase 1")
+    return baseline_stats([p.token_times() for p in probes], settings.window)
 
 
 def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseline: BaselineStats | None,
@@ -84,15 +107,18 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     c = record.config
     if rep.raw is None:
         raise RecordError(f"{store.record_path(*record.key)}: repetition {rep.rep} has no raw timestamps")
-    raw = store.load_raw(store.chunk_dir(c.chunk_size) / rep.raw)
-    probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
-    prefill = StreamTrace.from_raw(raw["prefill"])
+    path = store.chunk_dir(c.chunk_size) / rep.raw
+    raw = store.load_raw(path)
+    probes = _probes(raw, path, c.decode_batch_size, f"repetition {rep.rep}")
+    if "prefill" not in raw:
+        raise RecordError(f"{path}: prefill: required field is missing")
+    prefill = StreamTrace.from_raw(raw["prefill"], where=f"{path}: prefill")
+    t_inject, t_first = _raw_int(raw, "t_inject_ns", path, 0), _raw_int(raw, "t_first_ns", path)
     # the raw file keeps the engine's step lines in its own format: its adapter reads them back
     logged = adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") else None
     steps = logged if use_engine_log else None
     schedule = expected_schedule(c.engine, c.new_prefill_tokens, c.chunk_size, c.decode_batch_size)
-    window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], baseline, settings.window, steps,
-                            schedule, engine=c.engine)
+    window = analyse_traces(probes, t_inject, t_first, baseline, settings.window, steps, schedule, engine=c.engine)
     chunks = tuple(s.context_tokens for s in steps if s.context_tokens > 0) if steps else None
     route = RouteTiming.from_raw(raw["offload"], raw.get("t_inject_clock_ns", 0)) if raw.get("offload") else None
     return rep.model_copy(update={
@@ -119,12 +145,13 @@ def _passive_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, setting
                                      theta, settings.window)
     if abs(base.slow_threshold_ms(settings.window) - theta) > 1e-3:
         return rep  # analysed with other window settings than these: kept as measured
-    raw = store.load_raw(store.chunk_dir(c.chunk_size) / rep.raw)
-    probes = [StreamTrace.from_raw(p) for p in raw.get("probes", [])]
+    path = store.chunk_dir(c.chunk_size) / rep.raw
+    raw = store.load_raw(path)
     d, p = int(info["decode_batch_size"]), int(info["prompt_tokens"])
+    probes = _probes(raw, path, d, f"event {rep.rep}")
     schedule = expected_schedule(c.engine, p, c.chunk_size, d)
-    window = analyse_traces(probes, raw.get("t_inject_ns", 0), raw["t_first_ns"], base, settings.window, None,
-                            schedule, engine=c.engine)
+    window = analyse_traces(probes, _raw_int(raw, "t_inject_ns", path, 0), _raw_int(raw, "t_first_ns", path), base,
+                            settings.window, None, schedule, engine=c.engine)
     return rep.model_copy(update={
         "interference": interference_block(
             window, num_chunks_expected=chunks_expected(c.engine, schedule), engine_chunks=None,
@@ -277,20 +304,28 @@ class DirectoryJob:
         settings = self.settings
         baselines: dict[tuple[int, int], BaselineStats | None] = {}  # Phase 1's statistics, once per D
         changed = reps = written = passive = kept = 0
+        done: list[tuple[ResultsStore, RunRecord, Reanalysed]] = []
+        # Every record is re-derived before any is written: a raw file that cannot re-derive its
+        # repetition stops the command with the directory as it was (no half-rewritten directory).
         for store, path in self.paths:
-            record = load_record_file(path)
-            if record.config.mode == "passive":
-                passive += 1
-                result = reanalyse_passive_record(store, record, settings)
-            else:
-                result = reanalyse_record(store, record, settings, baselines=baselines)
+            try:
+                record = load_record_file(path)
+                if record.config.mode == "passive":
+                    passive += 1
+                    result = reanalyse_passive_record(store, record, settings)
+                else:
+                    result = reanalyse_record(store, record, settings, baselines=baselines)
+            except RecordError as exc:
+                raise RecordError(f"{exc} (no record was rewritten)") from None
+            done.append((store, record, result))
             reps += result.reps
             changed += result.changed
             kept += result.kept
+            tick()
+        for store, record, result in done:
             if not self.dry_run and _differs(record, result.record):
                 store.save_record(result.record)
                 written += 1
-            tick()
         verb = "would change" if self.dry_run else "changed"
         kinds = f" ({passive} of them run --passive events)" if passive else ""
         lines = [f"{len(self.paths)} records{kinds}, {reps} repetitions: {changed} {verb}"

@@ -55,7 +55,7 @@ def test_a_wrong_field_is_refused_naming_it() -> None:
         validate_decision(d, "x")
     d = doc()
     del d["rule"]
-    with pytest.raises(RecordError, match="x: rule: Field required"):
+    with pytest.raises(RecordError, match="x: rule: required field is missing"):
         validate_decision(d, "x")
 
 

@@ -171,8 +171,27 @@ async def test_a_resume_in_the_other_mode_is_refused(tmp_path: Path) -> None:
         await SweepController(make_spec("fast"), store, DoubleProvider(), observer=StopAfter(1)).run()
     from pdexporter.errors import ConfigError
 
+    state = (tmp_path / "sweep.json").read_text()
     with pytest.raises(ConfigError, match="recorded with mode='fast'"):
         await SweepController(make_spec("faithful"), store, DoubleProvider()).run()
+    assert (tmp_path / "sweep.json").read_text() == state  # the refused sweep wrote nothing (the bad-input audit)
+
+
+async def test_a_resume_with_other_window_settings_is_refused_before_it_writes(tmp_path: Path) -> None:
+    """sweep.json's protocol is what `reanalyse` re-derives the records with: one directory, one protocol."""
+    from pdexporter.errors import ConfigError
+
+    store = ResultsStore(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        await SweepController(make_spec(protocol={"after_intervals": 8}), store, DoubleProvider(),
+                              observer=StopAfter(1)).run()
+    state = (tmp_path / "sweep.json").read_text()
+    with pytest.raises(ConfigError, match=r"sweep.json: protocol.after_intervals was 8 for the records already here, "
+                                          r"the sweep file says 16; resume with the same protocol"):
+        await SweepController(make_spec(protocol={"after_intervals": 16}), store, DoubleProvider()).run()
+    assert (tmp_path / "sweep.json").read_text() == state
+    report = await SweepController(make_spec(protocol={"after_intervals": 8}), store, DoubleProvider()).run()
+    assert report.complete
 
 
 async def test_a_config_that_keeps_failing_is_skipped_not_fatal(

@@ -1,0 +1,66 @@
+"""One-line errors that named the wrong thing (the bad-input audit of session 22): each names the
+option or path that is wrong, and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli
+from tests.integration.faults.faultkit import error_line
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_number_that_is_not_finite_says_so(value: str, capsys) -> None:
+    code, out, err = run_cli(capsys, "decide", "-D", "1", "-P", "8192", "--transfer-ms", value)
+    assert code == 2, (out, err)
+    assert error_line(err) == (f"pdexporter: error: --transfer-ms {value}: not a finite number "
+                               "(see pdexporter decide --help)")
+
+
+def test_an_unknown_reference_profile_names_from(capsys) -> None:
+    code, out, err = run_cli(capsys, "sim", "profile-from-config", "qwen3-14b", "--gpu", "H200", "--from", "nosuch")
+    assert code == 2, (out, err)
+    assert error_line(err).startswith("pdexporter: error: --from 'nosuch': unknown profile; shipped: ")
+
+
+def test_a_file_given_as_results_directory_is_named(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "p.sh"
+    script.write_text("echo\n")
+    code, out, err = run_cli(capsys, "export-table", str(script))
+    assert code == 2, (out, err)
+    assert error_line(err) == f"pdexporter: error: {script}: not a results directory (a file)"
+
+
+def test_load_without_a_target_says_it_is_required(capsys) -> None:
+    code, out, err = run_cli(capsys, "load", "--rate", "1", "--duration", "1s")
+    assert code == 2, (out, err)
+    assert error_line(err) == "pdexporter: error: --target: required (the engine's http:// or https:// URL)"
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"decode_batch_size": 7}, "config.decode_batch_size is 7, but the file's place says 1"),
+    ({"reps": []}, "reps: empty (a record holds the repetitions it was made of)"),
+])
+def test_a_record_that_contradicts_its_place_is_one_line(tmp_path: Path, capsys, change: dict, why: str) -> None:
+    """The audit: a D1_P512.json whose config said D = 7 was tabulated as D = 7, one with no repetitions as one."""
+    import json
+    import shutil
+
+    source = Path(__file__).resolve().parents[3] / "results" / "h200-vllm0.22-qwen3-14b"
+    chunk = next(p for p in sorted(source.iterdir()) if p.name.isdigit())
+    record = next(p for p in sorted(chunk.glob("D1_P*.json")))
+    results = tmp_path / "results"
+    (results / chunk.name).mkdir(parents=True)
+    target = results / chunk.name / record.name
+    shutil.copy(record, target)
+    data = json.loads(target.read_text())
+    for key, value in change.items():
+        (data if key == "reps" else data["config"])[key] = value
+    target.write_text(json.dumps(data))
+    code, out, err = run_cli(capsys, "export-table", str(results), "--out", str(tmp_path / "out"))
+    assert code == 2, (out, err)
+    assert error_line(err) == f"pdexporter: error: {target}: {why}"
