@@ -33,7 +33,7 @@ import itertools
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -146,14 +146,12 @@ class ProtocolSettings(BaseModel):
             return self
         return self.model_copy(update={"stall_timeout_s": read_timeout_s})
 
+    # the settings the window maths reads (a directory's records are derived with one set of them)
+    WINDOW_FIELDS: ClassVar[tuple[str, ...]] = ("warmup_tokens", "after_intervals", "slow_rel", "slow_mad_k")
+
     @property
     def window(self) -> WindowParams:
-        return WindowParams(
-            warmup_tokens=self.warmup_tokens,
-            after_intervals=self.after_intervals,
-            slow_rel=self.slow_rel,
-            slow_mad_k=self.slow_mad_k,
-        )
+        return WindowParams(**{name: getattr(self, name) for name in self.WINDOW_FIELDS})
 
     @property
     def token_range(self) -> TokenRange:

@@ -57,6 +57,7 @@ from pdexporter.measure.protocol import (
     BaselineRun,
     BusyAtInjection,
     InterferenceRun,
+    ProtocolSettings,
     StreamTrace,
     injection_problem,
     run_window,
@@ -711,7 +712,8 @@ class SweepController:
             before = json.loads(path.read_text(encoding="utf-8"))["spec"].get("protocol") or {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # not readable: the records' own checks stand (reanalyse says what it cannot read)
-        now = self.spec.protocol.model_dump(mode="json")
+        # the settings the window maths reads (`ProtocolSettings.window`), not the timeouts of a run
+        now = {k: getattr(self.spec.protocol, k) for k in ProtocolSettings.WINDOW_FIELDS}
         changed = [k for k in sorted(now) if k in before and before[k] != now[k]]
         if changed:
             k = changed[0]
