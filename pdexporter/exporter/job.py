@@ -50,6 +50,9 @@ METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
 TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"
 
 
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # each: the window in flight, then stop
+
 def load_live_decision(path: Path | None) -> dict[str, Any] | None:
     """`--decision FILE`: a two-arm decision.json, checked now (one line naming the file and why)."""
     if path is None:
@@ -221,7 +224,7 @@ async def serve(config: ExporterConfig, *, log: Callable[[str], None], api_key: 
         else:  # a second signal: do not wait for the window
             runner.abort_window()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:  # SIGHUP too: a closed terminal or a supervisor's hang-up stops it cleanly
         loop.add_signal_handler(sig, on_signal, sig)
     mode = "embedded engine (modelled)" if config.target is None else redact_url(config.target)
     injection = (
@@ -238,7 +241,7 @@ async def serve(config: ExporterConfig, *, log: Callable[[str], None], api_key: 
         if bar is not None:
             bar.cancel()
             await asyncio.gather(bar, return_exceptions=True)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
     log(f"stopped after {runner.windows_seen} window(s)")
     sys.stdout.flush()

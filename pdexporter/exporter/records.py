@@ -4,6 +4,7 @@ atomic), in a directory that must not hold a record measured another way."""
 
 from __future__ import annotations
 
+from pdexporter._internal.dirlock import hold_directory
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.measure.driver import EngineInfo
 from pdexporter.measure.point import (
@@ -27,9 +28,11 @@ class LiveRecords:
         self.store = ResultsStore(config.out) if config.out else None
 
     def check_out_dir(self) -> None:
-        """Fail before anything starts if --out holds a record measured another way; remove the
-        temporary files of writers that died (`ResultsStore.clean_stale`). Passive mode's records
-        are its own (`exporter.passive_live`)."""
+        """Fail before anything starts if another process writes into --out (`hold_directory`) or
+        it holds a record measured another way; remove the temporary files of writers that died
+        (`ResultsStore.clean_stale`). Passive mode's records are its own (`exporter.passive_live`)."""
+        if self.store is not None:
+            hold_directory(self.store.root)
         if self.store is not None and not self.config.passive:
             key = self.spec.key
             self.store.clean_stale()

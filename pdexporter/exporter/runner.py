@@ -99,6 +99,7 @@ class Runner:
         self.scraper: EngineScraper | None = None
         self._window_task: asyncio.Task[None] | None = None
         self._next_injection = 0.0
+        self._window_started: float | None = None  # when the last window began (monotonic)
         self._next_prefill: tuple[str, PreparedRequest] | None = None
         self._ready_event = asyncio.Event()
         self._in_flight = False
@@ -314,6 +315,7 @@ class Runner:
         salt, prepared = self._next_prefill or self._encode_prefill()
         self._next_prefill = None
         started_at = now_iso()
+        self._window_started = time.monotonic()  # the period runs start to start (`_schedule_next`)
         sent_before = self.driver.sent
         self._in_flight = True  # no periodic scrape from here to the end of the window
         try:
@@ -342,7 +344,11 @@ class Runner:
                                            self.info.kind))
 
     def _schedule_next(self) -> None:
-        self._next_injection = time.monotonic() + (self.config.inject_every_s or 0.0)
+        """The next window a period after this one started (`--inject-every` is start to start: from
+        its end, a 5-s period ran windows ~5.5 s apart), at once if this one took longer."""
+        period = self.config.inject_every_s or 0.0
+        start = self._window_started if self._window_started is not None else time.monotonic()
+        self._next_injection = max(time.monotonic(), start + period)
 
     def _window_failed(self, exc: BaseException, *, injected: bool) -> None:
         """Count it (`pdexporter_windows_skipped_total{kind}`: why no window came); the held

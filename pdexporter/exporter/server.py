@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from pdexporter import __version__
+from pdexporter._internal.httplog import quiet_malformed_requests
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.receiver import bearer_ok
 
@@ -116,7 +117,9 @@ def metrics_app(
 async def start_server(app: web.Application, host: str, port: int,
                        tls: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
     """Start serving; returns the runner (call `cleanup()` to stop) and the bound port. aiohttp's
-    own request decompression is off: the trace receiver inflates with a limit (`exporter.receiver`)."""
+    own request decompression is off: the trace receiver inflates with a limit (`exporter.receiver`);
+    a malformed request is answered 400 without a traceback on stderr (`quiet_malformed_requests`)."""
+    quiet_malformed_requests()
     runner = web.AppRunner(app, access_log=None, auto_decompress=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=tls)

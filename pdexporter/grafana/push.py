@@ -39,7 +39,9 @@ class GrafanaAuthError(GrafanaError):
 
 
 class GrafanaUnreachable(GrafanaError):
-    """Connection refused, DNS failure, TLS failure or timeout."""
+    """Connection refused, DNS failure, TLS failure or timeout: exit 3, as an unreachable engine."""
+
+    exit_code = 3
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from pdexporter import __version__
 from pdexporter.engines import SIM_KINDS, sim_engine
-from pdexporter.errors import EngineError
+from pdexporter.errors import ConfigError
 from pdexporter.sim import ENGINE_KIND, engine_version
 from pdexporter.sim.engine import EngineCore, StepLines
 from pdexporter.sim.imitation import DEFAULT_IMITATION, imitation
@@ -626,6 +626,9 @@ async def run_server(
     server = SimServer(engine, profile, metrics, options)
     # On SIGTERM the streams in flight are cut after a second (vLLM aborts its requests), not
     # waited for: aiohttp's default (60 s) kept a stopping engine alive for two minutes.
+    from pdexporter._internal.httplog import quiet_malformed_requests
+
+    quiet_malformed_requests()  # a malformed request: aiohttp's 400, no traceback on stderr
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, options.host, options.port)
@@ -633,7 +636,9 @@ async def run_server(
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        raise EngineError(f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}") from exc
+        # a setting of this machine (the port taken, an address it does not have), as `run --listen`'s
+        raise ConfigError(f"--port {options.port}: cannot listen on {options.host}:{options.port} "
+                          f"({exc.strerror or exc})") from exc
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:

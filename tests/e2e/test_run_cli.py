@@ -64,7 +64,8 @@ def _children(pid: int) -> set[int]:
     return {int(p) for p in out.split()}
 
 
-def test_sigterm_stops_cleanly_with_windows_recorded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP killed it at once (session 22's audit)
+def test_sigterm_stops_cleanly_with_windows_recorded(tmp_path: Path, stop: signal.Signals) -> None:
     port = free_port()
     out = tmp_path / "results"
     proc = subprocess.Popen(
@@ -86,14 +87,14 @@ def test_sigterm_stops_cleanly_with_windows_recorded(tmp_path: Path) -> None:
             text = resp.read().decode()
         engine = _children(proc.pid)
         assert engine, "the embedded engine should be a child process"
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         stdout, rest = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     lines += rest.splitlines(keepends=True)
     assert proc.returncode == 0, "".join(lines)
-    assert "SIGTERM: finishing the window in flight, then stopping" in "".join(lines)
+    assert f"{stop.name}: finishing the window in flight, then stopping" in "".join(lines)
     windows = [line for line in lines if line.startswith("window ")]
     assert any(line.startswith(f"stopped after {len(windows)} window(s)") for line in lines), "".join(lines)
     assert "pdexporter_up 1.0" in text

@@ -40,3 +40,16 @@ def test_the_retry_line_says_when_the_next_window_comes(inject_every_s: float) -
     before = time.monotonic()
     runner._window_failed(_http_500(), injected=True)
     assert before + inject_every_s <= runner._next_injection and "another in" not in lines[-1]
+
+
+def test_the_period_runs_from_one_windows_start_to_the_next() -> None:
+    """`--inject-every 5s` ran windows ~5.5 s apart (the runtime audit of session 22): the next window
+    was a period after the last one *ended*. Now a period after it started; at once when it took longer."""
+    runner = _runner(5.0, [])
+    runner._window_started = time.monotonic() - 0.6  # a window that took 0.6 s
+    runner._schedule_next()
+    assert abs(runner._next_injection - (runner._window_started + 5.0)) < 1e-9
+    runner._window_started = time.monotonic() - 7.0  # longer than the period: the next one at once
+    before = time.monotonic()
+    runner._schedule_next()
+    assert before <= runner._next_injection <= time.monotonic()
