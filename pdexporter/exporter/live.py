@@ -95,6 +95,7 @@ class LiveView(Protocol):
     config: ExporterConfig
     stopping: bool
     quiet_from: float  # the previous window's recovery end (ns)
+    last_error: BaseException | None  # the probes' last failure, until a token comes
 
     def refresh(self) -> None:
         """Pull new tokens from the probe thread, label and publish what can be."""
@@ -169,7 +170,9 @@ class ContinuousProbes:
             if readiness.ready:
                 return t_ns, live
             if time.monotonic() > deadline:
-                raise MeasurementError(f"no injection within {cfg.ready_timeout_s:g} s: {readiness.reason}")
+                # why the probes are not there, where the engine said (a 404: the model it serves changed)
+                why = f" (the probes' last error: {self.view.last_error})" if self.view.last_error else ""
+                raise MeasurementError(f"no injection within {cfg.ready_timeout_s:g} s: {readiness.reason}{why}")
             await asyncio.sleep(POLL_S)
 
     async def ready(self, driver: Any, d: int, p: int) -> list[TokenStream]:
