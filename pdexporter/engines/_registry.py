@@ -390,8 +390,12 @@ def chunk_size_advice(windows: Sequence[tuple[int, int, int]], chunk_size: int, 
         return rule.chunk_rule.decode_view(rule.chunk_schedule(p, b, d))
 
     best, fits = infer_chunk_size(windows, candidates or rule.candidate_chunk_sizes, seen, rule.default_chunk_size)
-    return (f"the probes' slow steps do not fit chunk size {chunk_size} ({source}); sizes that fit: "
-            f"{', '.join(map(str, fits)) or 'none'}{f' (likely {best})' if best else ''}: pass --chunk-size")
+    # a window contradicted the size in use, so it is not among the answers, whatever the looser
+    # count of slow steps allows (the audit's line named 2048 as not fitting, then as fitting)
+    others = tuple(b for b in fits if b != chunk_size)
+    likely = best if best in others else (others[0] if len(others) == 1 else None)
+    return (f"the probes' slow steps do not fit chunk size {chunk_size} ({source}); other sizes that fit: "
+            f"{', '.join(map(str, others)) or 'none'}{f' (likely {likely})' if likely else ''}: pass --chunk-size")
 
 
 def infer_chunk_size(

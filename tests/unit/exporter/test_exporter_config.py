@@ -62,6 +62,9 @@ def test_advice_names_the_chunk_sizes_the_slow_steps_fit() -> None:
     assert best == 2048 and fits == (2048,)
     line = chunk_size_advice(windows, 8192, "assumed", "vllm")
     assert "do not fit chunk size 8192 (assumed)" in line and "likely 2048" in line and "\n" not in line
+    # the size in use is never offered back as a fit (the runtime audit: "do not fit 2048 ...; sizes that fit: 2048")
+    line = chunk_size_advice([(8192, 4, 5)], 2048, "given", "vllm")
+    assert "other sizes that fit:" in line and ": 2048" not in line and "likely 2048" not in line, line
     config = parse_run_options(**_options(target="http://vllm:8000", chunk_size=2048, inject_every="45s"))  # type: ignore[arg-type]
     assert config.inject_every_s == 45.0
 
