@@ -154,6 +154,12 @@ class ExportJob:
         return analysis, out_dir, extra
 
 
+def _check_injected(injected: Path | None) -> None:
+    """`--injected` (export-table's and report's) names a directory that is there."""
+    if injected is not None and not injected.is_dir():
+        raise ConfigError(f"--injected {injected}: not a results directory (the injected records of the same engine)")
+
+
 def export_job(request: ExportRequest) -> ExportJob:
     """`export-table`'s options checked, the output directory writable: the job, not yet run."""
     from pdexporter._internal.writable import check_writable
@@ -177,8 +183,7 @@ def export_job(request: ExportRequest) -> ExportJob:
         raise ConfigError(f"--grid {r.grid}: only with --mode passive (active windows sit on their grid already)")
     if r.injected is not None and (r.mode != "passive" or r.results_dirs is None):
         raise ConfigError(f"--injected {r.injected}: only with --mode passive and a RESULTS_DIR of passive records")
-    if r.injected is not None and not r.injected.is_dir():
-        raise ConfigError(f"--injected {r.injected}: not a results directory (the injected records of the same engine)")
+    _check_injected(r.injected)
     default_out = joined_out_dir(r.results_dirs) if r.results_dirs else Path("results")
     check_writable(r.out or default_out, "--out" if r.out else "output")
     return ExportJob(r, variation)
@@ -373,8 +378,7 @@ def report_job(results_dirs: list[Path], *, out: Path | None = None, transfer_ms
     offloaded = offloaded or None
     variation = load_variation(campaign_variation) if campaign_variation is not None else None
     check_fit_inputs([*results_dirs, *(offloaded or [])])  # a validation campaign in neither arm (as export-table)
-    if injected is not None and not injected.is_dir():
-        raise ConfigError(f"--injected {injected}: not a results directory (the injected records of the same engine)")
+    _check_injected(injected)
     target = check_writable(out or default_report_path(results_dirs[0]), "--out" if out else "output",
                             directory=False, suffixes=(".html", ".htm"))
     return ReportJob(results_dirs, target, transfer_ms, offloaded, pool, injected, variation)

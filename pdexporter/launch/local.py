@@ -560,19 +560,19 @@ def mask_secrets_in_log(log: Path) -> int:
     secrets = [s.encode() for s in known_secrets() if len(s) >= 8]
     if not secrets:
         return 0
+    count = 0
     try:
         with open(log, "r+b") as f:
-            data = f.read()
-            masked = data
-            for secret in sorted(secrets, key=len, reverse=True):
+            masked = f.read()
+            for secret in sorted(secrets, key=len, reverse=True):  # a longer form first: its shorter ones inside it
+                count += masked.count(secret)
                 masked = masked.replace(secret, b"*" * len(secret))
-            if masked == data:
-                return 0
-            f.seek(0)
-            f.write(masked)
+            if count:
+                f.seek(0)
+                f.write(masked)
     except OSError:
         return 0
-    return sum(data.count(secret) for secret in secrets)
+    return count
 
 
 def gated_env(env: dict[str, str], gate: Path) -> dict[str, str]:

@@ -80,6 +80,7 @@ __all__ = [
     "prompt_tokens_check",
     "prompt_tokens_problem",
     "protocol_settings",
+    "raw_int",
     "run_baseline",
     "run_single",
     "run_window",
@@ -265,6 +266,19 @@ class StreamTrace:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def raw_int(raw: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    """An integer field of a raw timestamps file (`t_first_ns`, `t_inject_ns`); else one RecordError
+    naming `where` (the file) and the field."""
+    from pdexporter.errors import RecordError
+
+    value = raw.get(key, default)
+    if value is None:
+        raise RecordError(f"{where}: {key}: required field is missing")
+    if not _is_int(value):
+        raise RecordError(f"{where}: {key}: must be an integer (got {value!r:.60})")
+    return int(value)
 
 
 def _check_raw_stream(raw: Any, where: str) -> None:

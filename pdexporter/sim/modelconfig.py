@@ -243,13 +243,7 @@ def references(carry_from: Profile | str | Sequence[Profile | str] | None = None
     items = [carry_from] if isinstance(carry_from, (str, Profile)) else list(carry_from)
     if not items:
         raise ConfigError("a projection needs at least one reference profile")
-    out = []
-    for p in items:
-        try:
-            out.append(load_profile(p) if isinstance(p, str) else p)
-        except ConfigError as exc:  # the profile was named by --from, not --profile
-            raise ConfigError(str(exc).replace("--profile ", "--from ", 1)) from None
-    return out
+    return [load_profile(p, "--from") if isinstance(p, str) else p for p in items]
 
 
 def profile_from_config(

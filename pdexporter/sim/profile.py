@@ -536,12 +536,13 @@ def available_profiles() -> list[str]:
     return sorted({e.name for e in list_profiles()})
 
 
-def profile_path(name_or_path: str | Path) -> Path:
-    """A profile by name (shipped first, then the user's directories), or a YAML file by path."""
+def profile_path(name_or_path: str | Path, flag: str = "--profile") -> Path:
+    """A profile by name (shipped first, then the user's directories), or a YAML file by path;
+    `flag` names the option it came from in an error."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         if not candidate.is_file():
-            raise ConfigError(f"--profile {name_or_path}: no such file")
+            raise ConfigError(f"{flag} {name_or_path}: no such file")
         return candidate
     for entry in list_profiles():
         if entry.name == str(name_or_path):
@@ -549,12 +550,12 @@ def profile_path(name_or_path: str | Path) -> Path:
     entries = list_profiles()
     shipped = [e.name for e in entries if e.origin == "built-in"]
     yours = [e.name for e in entries if e.origin == "user"]
-    raise ConfigError(f"--profile {name_or_path!r}: unknown profile; shipped: {', '.join(shipped)}; yours "
+    raise ConfigError(f"{flag} {name_or_path!r}: unknown profile; shipped: {', '.join(shipped)}; yours "
                       f"({os.pathsep.join(map(str, user_profile_dirs()))}): {', '.join(yours) or 'none'}")
 
 
-def load_profile(name_or_path: str | Path) -> Profile:
-    path = profile_path(name_or_path)
+def load_profile(name_or_path: str | Path, flag: str = "--profile") -> Profile:
+    path = profile_path(name_or_path, flag)
     text = read_utf8(path, ConfigError)
     try:
         data = load_yaml_strict(text)  # no key twice, no .nan, no 5000 digits

@@ -231,7 +231,9 @@ class SweepController:
     # --- what is left -----------------------------------------------------------------------
 
     def status(self, key: Key) -> ConfigStatus:
-        record = self.store.load_record(*key)
+        return self._status_of(self.store.load_record(*key))
+
+    def _status_of(self, record: RunRecord | None) -> ConfigStatus:
         return config_status(record.reps if record else [], self.spec.reps, self.spec.cv)
 
     def _summarise(self, config: RecordConfig, reps: list[RepRecord]) -> RunRecord:
@@ -267,9 +269,10 @@ class SweepController:
             self.observer.on_message(f"removed {len(removed)} temporary file(s) a killed run left in {self.store.root}")
         # the records already here are checked first (a sweep that does not match them is refused before
         # it writes anything: sweep.json's spec is what `reanalyse` re-derives them with)
-        statuses = {key: self.status(key) for key in self.points}
+        records = {key: self.store.load_record(*key) for key in self.points}  # read once for both
+        statuses = {key: self._status_of(record) for key, record in records.items()}
         if self.write_state:
-            self._check_protocol(next(iter(self.store.iter_record_paths()), None) is not None)
+            self._check_protocol(records)
             self._write_state(None)  # this invocation, "running", until it ends (or a later one finds it killed)
         for (b, _, _), st in statuses.items():
             self.reports[b].configs += 1
@@ -697,17 +700,17 @@ class SweepController:
         return SweepReport(self.reports, status, self.spec.mode, total, complete, wall_s, engine_s, message,
                            order=order)
 
-    def _check_protocol(self, recorded: bool) -> None:
+    def _check_protocol(self, records: dict[Key, RunRecord | None]) -> None:
         """A sweep resumed into a directory whose records were made another way is refused in one
         line before it writes anything: a record of its grid with another mode or probe length
         (`check_resumable`, as each point checks again), or other window settings than the
         directory's `sweep.json` (`spec.protocol`): one directory, one protocol."""
         fields: dict[str, object] = {"mode": self.spec.mode, **self.spec.protocol.record_fields()}
-        for key in self.points:
-            check_resumable(self.store.load_record(*key), fields, str(self.store.record_path(*key)))
+        for key, record in records.items():
+            check_resumable(record, fields, str(self.store.record_path(*key)))
         path = self.store.root / SWEEP_STATE
-        if not recorded or not path.is_file():
-            return
+        if not path.is_file() or next(iter(self.store.iter_record_paths()), None) is None:
+            return  # no sweep.json, or no record (of this grid or another) made with its settings
         try:
             before = json.loads(path.read_text(encoding="utf-8"))["spec"].get("protocol") or {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

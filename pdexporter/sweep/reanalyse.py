@@ -37,6 +37,7 @@ from pdexporter.measure.protocol import (
     expected_schedule,
     logged_injection_problem,
     prompt_tokens_check,
+    raw_int,
 )
 from pdexporter.measure.records import (
     RecordConfig,
@@ -78,15 +79,6 @@ def _probes(raw: dict[str, Any], path: Path, d: int, what: str) -> list[StreamTr
     return [StreamTrace.from_raw(p, where=f"{path}: probes[{i}]") for i, p in enumerate(probes)]
 
 
-def _raw_int(raw: dict[str, Any], key: str, path: Path, default: int | None = None) -> int:
-    value = raw.get(key, default)
-    if value is None:
-        raise RecordError(f"{path}: {key}: required field is missing")
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise RecordError(f"{path}: {key}: must be an integer (got {value!r:.60})")
-    return value
-
-
 def phase1_stats(store: ResultsStore, chunk_size: int, d: int, settings: ProtocolSettings) -> BaselineStats | None:
     if d == 0:
         return None
@@ -113,7 +105,7 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     if "prefill" not in raw:
         raise RecordError(f"{path}: prefill: required field is missing")
     prefill = StreamTrace.from_raw(raw["prefill"], where=f"{path}: prefill")
-    t_inject, t_first = _raw_int(raw, "t_inject_ns", path, 0), _raw_int(raw, "t_first_ns", path)
+    t_inject, t_first = raw_int(raw, "t_inject_ns", str(path), 0), raw_int(raw, "t_first_ns", str(path))
     # the raw file keeps the engine's step lines in its own format: its adapter reads them back
     logged = adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") else None
     steps = logged if use_engine_log else None
@@ -150,8 +142,8 @@ def _passive_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, setting
     d, p = int(info["decode_batch_size"]), int(info["prompt_tokens"])
     probes = _probes(raw, path, d, f"event {rep.rep}")
     schedule = expected_schedule(c.engine, p, c.chunk_size, d)
-    window = analyse_traces(probes, _raw_int(raw, "t_inject_ns", path, 0), _raw_int(raw, "t_first_ns", path), base,
-                            settings.window, None, schedule, engine=c.engine)
+    t_inject, t_first = raw_int(raw, "t_inject_ns", str(path), 0), raw_int(raw, "t_first_ns", str(path))
+    window = analyse_traces(probes, t_inject, t_first, base, settings.window, None, schedule, engine=c.engine)
     return rep.model_copy(update={
         "interference": interference_block(
             window, num_chunks_expected=chunks_expected(c.engine, schedule), engine_chunks=None,
