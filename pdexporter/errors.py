@@ -10,8 +10,8 @@ traceback.
 from __future__ import annotations
 
 __all__ = [
-    "ConfigError", "EngineError", "EngineHTTPError", "EngineRefused", "EngineTimeout", "EngineUnreachable",
-    "Interrupted", "MeasurementError", "PdexporterError", "RecordError", "SSEProtocolError",
+    "ConfigError", "EngineChanged", "EngineError", "EngineHTTPError", "EngineRefused", "EngineTimeout",
+    "EngineUnreachable", "Interrupted", "MeasurementError", "PdexporterError", "RecordError", "SSEProtocolError",
 ]
 
 
@@ -66,6 +66,10 @@ class EngineHTTPError(EngineError):
 
 class SSEProtocolError(EngineError):
     """The engine's event stream broke vLLM's SSE shape."""
+
+
+class EngineChanged(EngineError):
+    """The engine restarted as another engine (model, version, chunk size) under a running exporter."""
 
 
 class Interrupted(PdexporterError):

@@ -25,7 +25,8 @@ And for the other endpoints: `metrics` = ok | garbage | html-404 (and `stale_gau
 gauges as vLLM keeps them, stale once every request was aborted), `health_delay_s` (a slow
 /health), `fail_gets` (the first GETs answer 503), `max_model_len` (in /v1/models), and
 `restart()`: every connection dropped, the port closed for a moment, the counters in /metrics
-start again from zero (they go down, as after a real restart).
+start again from zero (they go down, as after a real restart) and `process_start_time_seconds` is
+a minute later each time; `restart(model=...)` comes back serving another model.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ FAULT_KINDS = ("http-500", "html-404", "reset", "close-mid-stream", "malformed-s
                "wrong-prompt-tokens", "restart")
 # The fixture's series the double keeps live: its own counters (they restart from 0 on restart()).
 _LIVE_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:prompt_tokens_total",
-                "vllm:generation_tokens_total")
+                "vllm:generation_tokens_total", "process_start_time_seconds")
 
 
 @dataclass
@@ -150,12 +151,15 @@ class ScriptedEngine:
             await self._runner.cleanup()
             self._runner = None
 
-    async def restart(self, down_s: float = 0.3) -> None:
+    async def restart(self, down_s: float = 0.3, model: str | None = None) -> None:
         """As a real restart looks from outside: connections dropped, the port refuses for
-        `down_s`, then everything answers again with counters started from zero."""
+        `down_s`, then everything answers again with counters started from zero (serving `model`
+        if given)."""
         await self._stop()
         await asyncio.sleep(down_s)
         self._counters.clear()
+        if model is not None:
+            self.model = model
         self.restarts += 1
         await self._serve()
 
@@ -219,11 +223,13 @@ class ScriptedEngine:
 
         def sub(match: re.Match[str]) -> str:
             name = match.group(2)
+            if name == "process_start_time_seconds":  # a minute later after each restart
+                return f"{match.group(1)} {float(match.group(3)) + 60.0 * self.restarts}"
             if name in counted:  # the fixture's count until the first restart, from zero after it
                 return f"{match.group(1)} {(0.0 if self.restarts else float(match.group(3))) + counted[name]}"
             return f"{match.group(1)} {live[name]}"
 
-        pattern = r"^((" + "|".join(re.escape(n) for n in _LIVE_SERIES) + r")\{[^}]*\}) (\S+)$"
+        pattern = r"^((" + "|".join(re.escape(n) for n in _LIVE_SERIES) + r")(?:\{[^}]*\})?) (\S+)$"
         return re.sub(pattern, sub, METRICS, flags=re.MULTILINE)
 
     # --- completions ---------------------------------------------------------------------------

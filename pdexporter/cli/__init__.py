@@ -117,10 +117,32 @@ def usage_error_line(exc: UsageError) -> str:
         value = error.get("input")
         why = "not a finite number" if _not_finite(value) else describe_error(error)  # nan failed "<= 1e7"
         message = f"{flag} {value}: {why}"
-    message = " ".join(message.split())
+    message = _hide_stray_tokens(" ".join(message.split()))
     if exc.ctx is not None:
         message += f" (see {exc.ctx.command_path} --help)"
     return message
+
+
+def _hide_stray_tokens(message: str) -> str:
+    """click quotes a stray positional word back ("Got unexpected extra argument (W)"): a word that
+    looks like a key (16+ letters and digits, a token's alphabet) was likely meant for an option's
+    value or a file, and is not echoed (the secrets audit: `run -D 4 sk-...` printed the key)."""
+    import re
+
+    def hide(match: re.Match[str]) -> str:
+        words = [w if not _token_like(w) else f"<{len(w)} characters not shown: it looks like a key>"
+                 for w in match.group(2).split(" ")]
+        return f"{match.group(1)}({' '.join(words)})"
+
+    return re.sub(r"(unexpected extra arguments? ?(?:\(s\))? )\((.*)\)", hide, message)
+
+
+def _token_like(word: str) -> bool:
+    """16+ characters of a key's alphabet (letters, digits, '-', '_'), both letters and digits."""
+    import re
+
+    return (len(word) >= 16 and re.fullmatch(r"[A-Za-z0-9_\-]+", word) is not None
+            and re.search(r"[0-9]", word) is not None and re.search(r"[A-Za-z]", word) is not None)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,9 +26,12 @@ from pdexporter.engines import METRIC_KINDS, MetricKind
 from pdexporter.errors import EngineError
 
 __all__ = [
-    "MetricRules", "MetricsSnapshot", "engine_series", "known_lines", "metric_deltas", "parse_exposition",
-    "snapshot_from_families",
+    "MetricRules", "MetricsSnapshot", "engine_restarted", "engine_series", "known_lines", "metric_deltas",
+    "parse_exposition", "snapshot_from_families",
 ]
+
+# Counters every engine keeps from its start: one that falls means the engine started again.
+_RESTART_COUNTERS = ("generation_tokens_total", "prompt_tokens_total", "request_success_total")
 
 
 class MetricRules(Protocol):
@@ -139,6 +142,26 @@ def snapshot_from_families(
                 break
     expected = tuple(name for name in aliases if name not in rules.optional_metrics)
     return MetricsSnapshot(values, buckets, sources, tuple(sorted(models)), t_ns, expected)
+
+
+def engine_restarted(before: MetricsSnapshot, after: MetricsSnapshot) -> str | None:
+    """Why the engine of `after` is not the process of `before` (None: no sign it restarted): its
+    process start time moved (Prometheus' process collector), or a counter it keeps from its start
+    fell (an engine without the collector: SGLang's multiprocess metrics)."""
+    started, now = before.get("process_start_time_seconds"), after.get("process_start_time_seconds")
+    if started is not None and now is not None and abs(now - started) >= 1.0:
+        return f"its process start time moved from {_clock(started)} to {_clock(now)}"
+    for name in _RESTART_COUNTERS:
+        old, new = before.get(name), after.get(name)
+        if old is not None and new is not None and new < old:
+            return f"its {after.sources.get(name, name)} fell from {old:g} to {new:g}"
+    return None
+
+
+def _clock(epoch_s: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch_s, datetime.UTC).strftime("%H:%M:%S UTC")
 
 
 def metric_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:

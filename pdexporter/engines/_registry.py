@@ -71,6 +71,8 @@ METRIC_KINDS: dict[str, MetricKind] = {
     "kv_transfer_time_seconds": "histogram",
     "kv_transfer_bytes": "histogram",
     "kv_transfer_failures_total": "counter",
+    # the engine's process start (Prometheus' process collector): a new value is a restart
+    "process_start_time_seconds": "gauge",
 }
 
 

@@ -105,9 +105,11 @@ METRIC_ALIASES: dict[str, tuple[MetricKind, tuple[str, ...]]] = {
     "time_to_first_token_seconds": ("histogram", ("sglang:time_to_first_token_seconds",)),
     "request_queue_time_seconds": ("histogram", ("sglang:queue_time_seconds",)),
     "e2e_request_latency_seconds": ("histogram", ("sglang:e2e_request_latency_seconds",)),
+    "process_start_time_seconds": ("gauge", ("process_start_time_seconds",)),
 }
-# Series SGLang creates only once something happened (a cached prefix, a retraction).
-OPTIONAL_METRICS = frozenset({"prefix_cache_hits_total", "num_preemptions_total"})
+# Series SGLang creates only once something happened (a cached prefix, a retraction); and the process
+# collector's start time, absent where its metrics run in Prometheus' multiprocess mode.
+OPTIONAL_METRICS = frozenset({"prefix_cache_hits_total", "num_preemptions_total", "process_start_time_seconds"})
 
 PREFILL_RE = re.compile(
     r"Prefill batch(?: \[(?P<iteration>\d+)\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<tokens>\d+), "

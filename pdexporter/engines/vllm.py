@@ -82,10 +82,13 @@ METRIC_ALIASES: dict[str, tuple[MetricKind, tuple[str, ...]]] = {
     "kv_transfer_time_seconds": ("histogram", ("vllm:nixl_xfer_time_seconds",)),
     "kv_transfer_bytes": ("histogram", ("vllm:nixl_bytes_transferred",)),
     "kv_transfer_failures_total": ("counter", ("vllm:nixl_num_failed_transfers_total",)),
+    # the API server's process collector (0.22 exports it; a restart shows as a new value)
+    "process_start_time_seconds": ("gauge", ("process_start_time_seconds",)),
 }
 
 # Series only an engine with a KV connector exports: their absence is no gap in a scrape.
-OPTIONAL_METRICS = frozenset({"kv_transfer_time_seconds", "kv_transfer_bytes", "kv_transfer_failures_total"})
+OPTIONAL_METRICS = frozenset({"kv_transfer_time_seconds", "kv_transfer_bytes", "kv_transfer_failures_total",
+                              "process_start_time_seconds"})
 
 
 # `--enable-logging-iteration-details`: one line per engine step,

@@ -149,6 +149,7 @@ ENGINE_WAITING = f"{PREFIX}_engine_requests_waiting"
 ENGINE_KV = f"{PREFIX}_engine_kv_cache_usage_ratio"
 ENGINE_SCRAPE_OK = f"{PREFIX}_engine_scrape_success"
 ENGINE_SCRAPE_SECONDS = f"{PREFIX}_engine_scrape_duration_seconds"
+ENGINE_RESTARTS = f"{PREFIX}_engine_restarts_total"
 PASSIVE_EVENTS = f"{PREFIX}_passive_events_total"
 # Passive mode's event-fitted model (analysis.passive_model), refitted as events come: how sure it
 # is, and its prediction of every cell of the grid with the 95 % interval's ends.
@@ -240,6 +241,9 @@ class ExporterMetrics:
         self.engine_kv = Gauge(ENGINE_KV, "Engine: KV-cache usage (0-1).", registry=r)
         self.engine_scrape_ok = Gauge(ENGINE_SCRAPE_OK, "1 if the last engine /metrics scrape worked.", registry=r)
         self.engine_scrape_seconds = Gauge(ENGINE_SCRAPE_SECONDS, "Duration of the last engine scrape.", registry=r)
+        self.engine_restarts = Counter(ENGINE_RESTARTS.removesuffix("_total"), "Engine restarts seen under the "
+                                       "exporter (its process start time moved, or a counter it keeps fell); each "
+                                       "one has the engine asked who it is again.", registry=r)
         self.passive_events = Counter(
             PASSIVE_EVENTS.removesuffix("_total"),
             "Passive mode: runs of slow steps the probes saw, by what became of them and the source of their P.",

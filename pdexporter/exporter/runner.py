@@ -35,6 +35,7 @@ from pdexporter.exporter.passive_live import LivePassive, TraceIntake, threshold
 from pdexporter.exporter.probes import ProbeLoop
 from pdexporter.exporter.receiver import traces_app
 from pdexporter.exporter.records import LiveRecords
+from pdexporter.exporter.restarts import EngineRestarts
 from pdexporter.exporter.scrape import EngineScraper
 from pdexporter.exporter.server import THRESHOLDS_PATH, metrics_app, start_server, tls_context
 from pdexporter.exporter.startup import EngineWait, WaitReport, exporter_probes, start_probes
@@ -105,6 +106,7 @@ class Runner:
         self._in_flight = False
         self._failed_in_row = 0  # windows skipped since the last one analysed
         self.passive: LivePassive | None = None
+        self.restarts: EngineRestarts | None = None  # the engine asked again after a restart (`exporter.restarts`)
         self.traces = TraceIntake(self.metrics, max_age_s=config.traces_max_age_s)
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -213,10 +215,14 @@ class Runner:
         if cfg.passive:
             self.passive = self.traces.passive = LivePassive(cfg, self.info, self.metrics, self.book,
                                                              self.records.store, decision=self.decision)
+        self.restarts = EngineRestarts(self.handle, self.info, model=cfg.model, api_key=self.api_key,
+                                       chunk_note=f"{cfg.chunk_size} ({cfg.chunk_size_source})", log=self.log,
+                                       count=self.metrics.engine_restarts.inc)
         self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), adapter(self.info.kind),
                                      self.metrics,
                                      cfg.scrape_interval_s, lambda: not self.book.stopping,
-                                     on_snapshot=self.passive.tracker.add_scrape if self.passive else None)
+                                     on_snapshot=self.passive.tracker.add_scrape if self.passive else None,
+                                     on_restart=self.restarts.seen)
         self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
         set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
                         cfg.chunk_size_source)
@@ -239,6 +245,8 @@ class Runner:
                 stop.set()
             if self.probes is not None and self.probes.fatal is not None:
                 raise self.probes.fatal
+            if self.restarts is not None and self.restarts.changed is not None:
+                raise self.restarts.changed
             if self.passive is not None:
                 self._passive_tick()
             self.book.refresh()
@@ -247,7 +255,7 @@ class Runner:
             if self._window_task is not None and self._window_task.done():
                 self._window_task.result()  # a bug in the window code must not pass silently
                 self._window_task = None
-            if cfg.injecting and self._window_task is None and not self.book.stopping and now >= self._next_injection:
+            if self._may_inject(now):
                 self._window_task = asyncio.create_task(self._window(), name="pdexporter-window")
             # While a prefill is in flight the window takes its own scrapes, before and after.
             if not self._in_flight and self.scraper is not None:
@@ -257,6 +265,11 @@ class Runner:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(TICK_S):
                     await stop.wait()
+
+    def _may_inject(self, now: float) -> bool:
+        """A window is due: injecting, none in flight, not stopping, the engine not being asked again."""
+        return (self.config.injecting and self._window_task is None and not self.book.stopping
+                and now >= self._next_injection and not (self.restarts is not None and self.restarts.asking))
 
     async def _shutdown(self, servers: list[Any]) -> None:
         """Finish the window in flight, stop probes, end and flush spans, stop the engine."""

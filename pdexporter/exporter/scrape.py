@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from pdexporter.client.client import EngineClient
-from pdexporter.client.metrics import MetricRules, MetricsSnapshot
+from pdexporter.client.metrics import MetricRules, MetricsSnapshot, engine_restarted
 from pdexporter.errors import EngineError
 from pdexporter.exporter.metrics import ExporterMetrics, error_kind
 
@@ -20,7 +20,8 @@ __all__ = [
 class EngineScraper:
     def __init__(self, client: EngineClient, rules: MetricRules, metrics: ExporterMetrics, interval_s: float,
                  count_errors: Callable[[], bool],
-                 on_snapshot: Callable[[MetricsSnapshot, int, int], None] | None = None) -> None:
+                 on_snapshot: Callable[[MetricsSnapshot, int, int], None] | None = None,
+                 on_restart: Callable[[str], None] | None = None) -> None:
         self.client = client
         self.rules = rules  # the engine's adapter: its /metrics names
         self.on_snapshot = on_snapshot  # (snapshot, perf_counter_ns before, after): passive mode's brackets
@@ -29,6 +30,8 @@ class EngineScraper:
         self.count_errors = count_errors  # False while shutting down
         self._task: asyncio.Task[MetricsSnapshot | None] | None = None
         self._next = 0.0
+        self.on_restart = on_restart  # (why): the engine restarted between two scrapes (`engine_restarted`)
+        self._last: MetricsSnapshot | None = None
 
     def tick(self, now: float) -> None:
         """Start a periodic scrape when one is due and none runs."""
@@ -56,6 +59,10 @@ class EngineScraper:
         self.metrics.engine_scrape_ok.set(1)
         if self.on_snapshot is not None:
             self.on_snapshot(snapshot, t0_ns, time.perf_counter_ns())
+        why = None if self._last is None else engine_restarted(self._last, snapshot)
+        self._last = snapshot
+        if why is not None and self.on_restart is not None:
+            self.on_restart(why)
         for gauge, name in ((self.metrics.engine_running, "num_requests_running"),
                             (self.metrics.engine_waiting, "num_requests_waiting"),
                             (self.metrics.engine_kv, "kv_cache_usage_perc")):

@@ -29,7 +29,8 @@ from pdexporter.errors import ConfigError, EngineError
 from pdexporter.launch import EngineHandle
 
 __all__ = [
-    "Cancelling", "EngineDriver", "EngineInfo", "HttpDriver", "MODELLED_NOTE", "PreparedRequest", "http_driver",
+    "Cancelling", "EngineDriver", "EngineInfo", "HttpDriver", "MODELLED_NOTE", "PreparedRequest", "describe_engine",
+    "http_driver",
 ]
 
 MODELLED_NOTE = (
@@ -56,6 +57,17 @@ class EngineInfo:
     prefill_engine: EngineInfo | None = None  # a P/D pair's prefill instance (`measure.pd`); this is its decode one
     max_model_len: int | None = None  # the engine's context limit (`/v1/models`), when it publishes it
     chunk_size_published: bool = False  # the engine said its chunk size itself (SGLang's /server_info)
+
+    def changed_to(self, now: EngineInfo) -> str | None:
+        """What makes `now` (the engine asked again, after a restart) another engine than this one
+        for a measurement: its kind, model, version, context limit or published chunk size (None:
+        the same as far as it says; vLLM publishes no chunk size)."""
+        said = [("engine", self.kind, now.kind), ("model", self.model, now.model),
+                ("version", self.version, now.version), ("max_model_len", self.max_model_len, now.max_model_len)]
+        if self.chunk_size_published or now.chunk_size_published:
+            said.append(("chunk size", self.chunk_size, now.chunk_size))
+        changed = [f"{what} {old} -> {new}" for what, old, new in said if old != new]
+        return ", ".join(changed) or None
 
     def check_fits(self, spec: Any, settings: Any, field: str = "-P") -> None:
         """Refuse, in one line, a point (`measure.point.PointSpec`) whose requests exceed this
@@ -242,6 +254,42 @@ class HttpDriver:
         await self.client.aclose()
 
 
+async def describe_engine(client: EngineClient, handle: EngineHandle, *, model: str | None = None,
+                          gpu: str | None = None) -> EngineInfo:
+    """Who the engine at `handle` is, asked over `client`: its served model and max_model_len
+    (/v1/models), its kind, version and published chunk size (its identity path), against what the
+    launcher (`handle`) says. Asked again after a restart (`exporter.runner`)."""
+    served_model, max_model_len = await client.served_model(model)
+    identity = await ask_identity(client)
+    kind = settle_engine(handle.kind, identity.found, redact_url(handle.url))
+    rules = adapter(kind)
+    payload = identity.payload
+    modelled = handle.modelled or payload.get("modelled") is True
+    profile, engine_gpu = handle.profile, handle.gpu
+    if identity.found is not None and modelled:
+        # e.g. pdexporter's embedded engine behind a URL: its numbers are a model, say so
+        profile = profile or payload.get("profile")
+        engine_gpu = engine_gpu or payload.get("gpu")
+    published = rules.served_chunk_size(payload)
+    if handle.chunk_size is not None and published is not None and published != handle.chunk_size:
+        raise ConfigError(f"{redact_url(handle.url)}: chunk size {handle.chunk_size} was given, but the engine "
+                          f"says it runs with {published} ({identity.path})")
+    return EngineInfo(
+        kind=kind,
+        model=served_model,
+        url=redact_url(handle.url),  # what records and spans say: no user:password
+        version=handle.version or identity.version,
+        gpu=gpu or engine_gpu,
+        chunk_size=handle.chunk_size or published,
+        cuda_graphs=handle.cuda_graphs,
+        profile=profile,
+        modelled=modelled,
+        command=handle.command,
+        max_model_len=max_model_len,
+        chunk_size_published=published is not None,
+    )
+
+
 @asynccontextmanager
 async def http_driver(
     handle: EngineHandle,
@@ -257,36 +305,8 @@ async def http_driver(
     client = EngineClient(handle.url, api_key=api_key, timeouts=timeouts)
     try:
         await client.get_text("/health")  # retried briefly; a dead target fails here with one line
-        served_model, max_model_len = await client.served_model(model)
-        identity = await ask_identity(client)
-        kind = settle_engine(handle.kind, identity.found, redact_url(handle.url))
-        rules = adapter(kind)
-        payload = identity.payload
-        modelled = handle.modelled or payload.get("modelled") is True
-        profile, engine_gpu = handle.profile, handle.gpu
-        if identity.found is not None and modelled:
-            # e.g. pdexporter's embedded engine behind a URL: its numbers are a model, say so
-            profile = profile or payload.get("profile")
-            engine_gpu = engine_gpu or payload.get("gpu")
-        published = rules.served_chunk_size(payload)
-        if handle.chunk_size is not None and published is not None and published != handle.chunk_size:
-            raise ConfigError(f"{redact_url(handle.url)}: chunk size {handle.chunk_size} was given, but the engine "
-                              f"says it runs "
-                              f"with {published} ({identity.path})")
-        info = EngineInfo(
-            kind=kind,
-            model=served_model,
-            url=redact_url(handle.url),  # what records and spans say: no user:password
-            version=handle.version or identity.version,
-            gpu=gpu or engine_gpu,
-            chunk_size=handle.chunk_size or published,
-            cuda_graphs=handle.cuda_graphs,
-            profile=profile,
-            modelled=modelled,
-            command=handle.command,
-            max_model_len=max_model_len,
-            chunk_size_published=published is not None,
-        )
+        info = await describe_engine(client, handle, model=model, gpu=gpu)
+        rules = adapter(info.kind)
         log = IterationLogTail(handle.iteration_log, rules.parse_step_log) if handle.iteration_log else None
         driver = HttpDriver(client, info, log)
     except BaseException:

@@ -109,8 +109,10 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> N
 
 
 @contextlib.asynccontextmanager
-async def live(url: str, **fields: Any) -> AsyncIterator[tuple[Runner, asyncio.Task[None]]]:
-    """A `Runner` against `url` (started, not necessarily ready), stopped and awaited at the end."""
+async def live(url: str, *, log: Callable[[str], None] = lambda line: None,
+               **fields: Any) -> AsyncIterator[tuple[Runner, asyncio.Task[None]]]:
+    """A `Runner` against `url` (started, not necessarily ready), stopped and awaited at the end;
+    its log lines to `log`."""
     settings = {
         "probe_streams": D,
         "chunk_size": B,
@@ -123,7 +125,7 @@ async def live(url: str, **fields: Any) -> AsyncIterator[tuple[Runner, asyncio.T
         "protocol": {"decode_context_tokens": 64, "decode_output_tokens": 160},
     }
     settings.update(fields)
-    runner = Runner(build_config(**settings), ExternalLauncher(url, B))
+    runner = Runner(build_config(**settings), ExternalLauncher(url, B), log=log)
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     try:

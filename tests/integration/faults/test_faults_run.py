@@ -16,7 +16,7 @@ import time
 import aiohttp
 import pytest
 
-from pdexporter.errors import EngineError
+from pdexporter.errors import EngineChanged, EngineError
 from pdexporter.exporter import book as book_module
 from pdexporter.exporter import status as status_module
 from pdexporter.exporter.metrics import (
@@ -256,3 +256,35 @@ async def test_a_window_spoiled_by_a_500_is_tried_again_soon_and_says_why() -> N
         t0 = time.monotonic()
         await until(lambda: runner.windows_seen >= 1, period, f"a window well before the next period ({period:g} s)")
         assert time.monotonic() - t0 < period - 1.5 and not task.done()
+
+
+async def test_an_engine_restarted_as_itself_is_asked_again_and_the_windows_go_on() -> None:
+    """The audit's restart (issue 24): the engine comes back; pdexporter sees it (counted), asks who
+    it is, says what it cannot check (no published chunk size), and windows go on."""
+    lines: list[str] = []
+    async with ScriptedEngine(cadence_s=CADENCE) as engine, live(engine.url, log=lines.append) as (runner, task):
+        await until(lambda: runner.windows_seen >= 1, 60, "a first window")
+        await engine.restart(down_s=0.5)
+        await until(lambda: value(runner, "pdexporter_engine_restarts_total") >= 1, 30, "the restart counted")
+        await until(lambda: any("answers as before" in line for line in lines), 30, "the engine asked again")
+        windows = runner.windows_seen
+        await until(lambda: runner.windows_seen > windows + 1, 60, "windows after the restart")
+        assert not task.done()
+        # each repetition keeps the engine process it ran on (the double's start time: a minute later)
+        started = runner.windows[-1].rep.engine_metrics["process_start_time_seconds"]
+        assert started == pytest.approx(1.79602273114e9 + 60.0)
+    said = next(line for line in lines if "answers as before" in line)
+    assert "publishes no chunk size" in said and "2048 (given)" in said, said
+    assert any("the engine restarted (its process start time moved" in line for line in lines), lines
+
+
+async def test_an_engine_restarted_as_another_model_ends_the_run_in_one_line() -> None:
+    """Windows of the new model must not be recorded under the old one's: the run ends (exit 3)."""
+    with pytest.raises(EngineChanged) as caught:
+        async with ScriptedEngine(cadence_s=CADENCE) as engine, live(engine.url) as (runner, task):
+            await until(lambda: runner.windows_seen >= 1, 60, "a first window")
+            await engine.restart(down_s=0.5, model="another-model")
+            await until(task.done, 60, "the run to end")
+    message = str(caught.value)
+    assert "\n" not in message and "restarted" in message and "another-model" in message, message
+    assert caught.value.exit_code == 3

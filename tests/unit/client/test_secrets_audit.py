@@ -109,6 +109,18 @@ def test_the_engines_log_is_masked_in_place_keeping_every_offset(tmp_path: Path,
     assert "sk-AUDIT" not in masked and len(masked) == len(text) and masked.index("step 2") == text.index("step 2")
 
 
+def test_a_short_key_is_masked_in_the_engines_log_as_a_whole_word(tmp_path: Path, no_known_secrets: None) -> None:
+    """A key under 8 characters was left in the log; it is masked where it stands alone, as `redact`
+    hides it, and not inside other words."""
+    log = tmp_path / "engine.log"
+    text = "INFO non-default args: {'api_key': ['k3y9z']}\nINFO k3y9zed stays a word\n"
+    log.write_text(text)
+    remember_secret("k3y9z")
+    assert mask_secrets_in_log(log) == 1
+    masked = log.read_text()
+    assert "['*****']" in masked and "k3y9zed stays" in masked and len(masked) == len(text)
+
+
 def test_prose_about_bearer_tokens_is_not_a_token(no_known_secrets: None) -> None:
     assert redact("a bearer token is required on /metrics") == "a bearer token is required on /metrics"
     assert redact("sent Bearer sk-abc123 and bearer QWxhZGRp") == "sent Bearer *** and bearer ***"
@@ -130,3 +142,16 @@ def test_a_bugs_traceback_goes_through_the_filter(monkeypatch: pytest.MonkeyPatc
     err = capsys.readouterr().err
     assert "RuntimeError: unexpected" in err and "sk-AUDIT-TB" not in err
     assert sys.stderr is not None
+
+
+def test_a_stray_word_that_looks_like_a_key_is_not_echoed(capsys: pytest.CaptureFixture[str],
+                                                           no_known_secrets: None) -> None:
+    """`run -D 4 sk-...` (a key typed where no option takes it): click quoted the word back."""
+    import pdexporter.cli as cli
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "-D", "4", "sk-AUDITstray0123456789", "extra"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "sk-AUDITstray" not in err and "looks like a key" in err, err
+    assert "extra" in err and len(err.strip().splitlines()) == 1  # a plain word is still shown, in one line

@@ -1,0 +1,84 @@
+"""An engine that restarts under a running exporter (issue 24's audit: a vLLM restarted with another
+`--max-num-batched-tokens` went on being recorded under the old chunk size, its windows "confirmed").
+
+The scraper sees the restart (`client.metrics.engine_restarted`: the process start time moved, or a
+counter the engine keeps from its start fell); the engine is then asked who it is again, as at the
+start (`measure.driver.describe_engine`), and no window starts until it answered:
+
+- the same engine (kind, model, version, context limit; the chunk size where it publishes it): the
+  exporter goes on, and says what it could not check (vLLM publishes no chunk size: each window's
+  cadence check is then the only witness of a changed `--max-num-batched-tokens`);
+- another engine: the run ends with one line (`EngineChanged`, exit 3) rather than recording the new
+  engine under the old one's name, chunk size and records (a supervisor restarting the exporter gets
+  a fresh identification).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from pdexporter.client.client import EngineClient
+from pdexporter.errors import ConfigError, EngineChanged, EngineError
+from pdexporter.launch import EngineHandle
+from pdexporter.measure.driver import EngineInfo, describe_engine
+
+__all__ = ["EngineRestarts"]
+
+ASK_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # between tries while the restarted engine warms up (then 8 s)
+
+
+class EngineRestarts:
+    """The runner's view of engine restarts: `seen` from the scraper, `asking` while the engine is
+    asked who it is (no window starts meanwhile), `changed` once it answered as another engine."""
+
+    def __init__(self, handle: EngineHandle, info: EngineInfo, *, model: str | None, api_key: str | None,
+                 chunk_note: str, log: Callable[[str], None], count: Callable[[], None]) -> None:
+        self.handle, self.info, self.model, self.api_key = handle, info, model, api_key
+        self.chunk_note = chunk_note  # e.g. "8192 (given)": what windows are recorded under
+        self.log, self.count = log, count
+        self.changed: EngineChanged | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def asking(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def seen(self, why: str) -> None:
+        """The scraper saw a restart (`why`): ask the engine again, unless already asking."""
+        self.count()
+        if self.asking:
+            return
+        self.log(f"the engine restarted ({why}): asking it who it is again; no window until it answers")
+        self._task = asyncio.create_task(self._ask(), name="pdexporter-reidentify")
+
+    async def _ask(self) -> None:
+        tries = 0
+        while True:
+            client = EngineClient(self.handle.url, api_key=self.api_key)
+            try:
+                now = await describe_engine(client, self.handle, model=self.model)
+                break
+            except ConfigError as exc:  # it answers, but not as the engine given (model, chunk size, kind)
+                self.changed = EngineChanged(f"the engine restarted: {exc}")
+                return
+            except EngineError:  # not ready yet: ask again
+                await asyncio.sleep(ASK_BACKOFF_S[min(tries, len(ASK_BACKOFF_S) - 1)])
+                tries += 1
+            finally:
+                await client.aclose()
+        self._settle(now)
+
+    def _settle(self, now: EngineInfo) -> None:
+        change = self.info.changed_to(now)
+        if change is not None:
+            self.changed = EngineChanged(
+                f"{self.info.url}: the engine restarted as another engine ({change}); its windows would be "
+                "recorded under the old one's name and settings, so the run ends: start pdexporter again "
+                "(with --out, another directory)")
+            return
+        unchecked = ("" if now.chunk_size_published else
+                     f"; it publishes no chunk size, so windows go on under chunk size {self.chunk_note}, each "
+                     "checking it against the probes' cadence (a changed --max-num-batched-tokens shows there only)")
+        self.log(f"the engine answers as before ({now.kind} {now.version or ''} serving {now.model}){unchecked}"
+                 .replace("  ", " "))
