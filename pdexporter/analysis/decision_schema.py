@@ -230,6 +230,54 @@ class DecisionDocument(_Part):
     campaign_variation: dict[str, Any] | None = None
     two_arm: TwoArm | None = None
 
+    @model_validator(mode="after")
+    def _replicates_usable(self) -> DecisionDocument:
+        """Every bootstrap replicate holds what an interval reads of it (the audit: a replicate
+        without a coefficient was a KeyError, a shorter `two_arm` list an IndexError, a shorter
+        `campaign` list intervals silently without the campaign variation)."""
+        reps = self.replicates or {}
+        model = reps.get("model") or []
+        for i, k in enumerate(model):
+            _numbers(k, f"replicates.model[{i}]")
+            needed = REQUIRED_COEFFICIENTS if self.model.name == "context_aware" else ()
+            for name in needed:
+                if k.get(name) is None:
+                    raise ValueError(f"replicates.model[{i}].{name}: required field is missing")
+        lists = {"two_arm": self.two_arm is not None, "campaign": bool(self.campaign_variation)}
+        for key, needed_here in lists.items():
+            if model and needed_here and len(reps.get(key) or []) != len(model):
+                raise ValueError(f"replicates.{key}: {len(reps.get(key) or [])} item(s), one per replicates.model "
+                                 f"({len(model)} given; re-run export-table)")
+        for i, draw in enumerate(reps.get("campaign") or []):
+            _numbers(draw, f"replicates.campaign[{i}]")
+        if self.two_arm is not None:
+            for i, entry in enumerate(reps.get("two_arm") or []):
+                _arm_replicate(entry, self.two_arm, f"replicates.two_arm[{i}]")
+        return self
+
+
+def _numbers(values: Any, where: str) -> None:
+    """A mapping of names to numbers (null allowed), or one line naming the first that is not."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{where}: must be a mapping (got {values!r:.60})")
+    for name, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"{where}.{name}: must be a number (got {value!r:.60})")
+
+
+def _arm_replicate(entry: Any, arms: TwoArm, where: str) -> None:
+    """One replicate's two-arm coefficients: each term it gives has every feature of its term."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: must be a mapping (got {entry!r:.60})")
+    for name, k in entry.items():
+        _numbers(k, f"{where}.{name}")
+        term = arms.terms.get(name)
+        if isinstance(term, Term):
+            missing = [f for f in term.features if k.get(f) is None]
+            if missing:
+                raise ValueError(f"{where}.{name}.{missing[0]}: required field is missing "
+                                 f"(two_arm.terms.{name} has the feature)")
+
 
 def validate_decision(doc: Any, source: str = "decision.json") -> DecisionDocument:
     """The document typed, or one line naming the first field that is wrong and why."""

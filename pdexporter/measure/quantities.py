@@ -41,6 +41,9 @@ class Quantity:
     # keeps the seed's key for another statistic); "record": the seed's record key only
     seed: Literal["table", "column", "record"] | None = None
     arm: Literal["offloaded"] | None = None  # a column only tables of that arm carry (docs/disaggregation.md)
+    # A difference that may come out below zero (a penalty inside the noise); every other quantity
+    # (a duration, a TPOT, a count, a ratio of two of them) is >= 0, and a record saying otherwise is refused.
+    signed: bool = False
 
     @property
     def integer(self) -> bool:
@@ -84,10 +87,10 @@ QUANTITIES: tuple[Quantity, ...] = (
        "TPOT during the prefill (token-weighted mean) minus the baseline: how much slower each decode token is "
        "while the prefill runs (the seed's TPOT_penalty)",
        "derived.tpot_penalty_ms", column="tpot_penalty_ms", gauge="window_tpot_penalty_seconds",
-       span="tpot_penalty_ms", seed="column"),
+       span="tpot_penalty_ms", seed="column", signed=True),
     _q("tpot_penalty_ratio", "derived", "ratio", "penalty / baseline (the seed's tpot_penalty_ratio)",
        "derived.tpot_penalty_ratio", column="penalty_ratio", gauge="window_tpot_penalty_ratio",
-       span="tpot_penalty_ratio", seed="table"),
+       span="tpot_penalty_ratio", seed="table", signed=True),
     _q("num_chunks_actual", "interference", "count",
        "the prefill's chunks: the engine log's count, else the chunk steps the probes saw slow",
        "window.num_chunks_actual", column="num_chunks", gauge="window_chunks", span="num_chunks", seed="table"),
@@ -102,7 +105,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     _q("tpot_penalty_p50_ms", "derived", "ms", "TPOT during the prefill (token-weighted p50) minus the baseline "
        "(the seed's record key; jumps between chunk steps as P grows within a chunk count)",
        "derived.tpot_penalty_p50_ms", column="tpot_penalty_p50_ms", gauge="window_tpot_penalty_p50_seconds",
-       span="tpot_penalty_p50_ms", seed="record"),
+       span="tpot_penalty_p50_ms", seed="record", signed=True),
     _q("tpot_p90_ms", "baseline", "ms", "decode-only TPOT p90", "baseline.p90_ms",
        column="tpot_baseline_p90_ms", seed="record"),
     _q("tpot_p99_ms", "baseline", "ms", "decode-only TPOT p99", "baseline.p99_ms", seed="record"),
@@ -119,7 +122,7 @@ QUANTITIES: tuple[Quantity, ...] = (
        "per decode stream: the sum over the window of (interval - the decodes' own step just before the "
        "injection, Phase 1's p50 where they ran fewer than 8 steps before it), the time one decode lost",
        "derived.total_interference_ms", column="total_interference_ms", gauge="window_total_interference_seconds",
-       span="total_interference_ms", seed="record"),
+       span="total_interference_ms", seed="record", signed=True),
     _q("decode_tokens_delayed", "derived", "count", "slow decode intervals in the window, all streams",
        "derived.decode_tokens_delayed", column="decode_tokens_delayed", seed="record"),
     # --- beyond the seed -----------------------------------------------------------------------
@@ -156,7 +159,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     _q("aggregate_interference_ms", "derived", "ms",
        "D x total_interference_ms: what the prefill cost the whole decode batch (the offload rule's cost)",
        "derived.aggregate_interference_ms", column="aggregate_interference_ms",
-       gauge="window_aggregate_interference_seconds", span="aggregate_interference_ms"),
+       gauge="window_aggregate_interference_seconds", span="aggregate_interference_ms", signed=True),
     # --- the offloaded arm: a P/D pair's routed prefill (measure/pd.py, docs/disaggregation.md) --
     _q("offload_prefill_ms", "interference", "ms",
        "offloaded arm: the prefill instance's half of the routed request (sent -> its answer)",

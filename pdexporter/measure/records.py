@@ -92,7 +92,8 @@ def _block_model(name: str, block: Block, **meta: Any) -> type[_Model]:
     fields: dict[str, Any] = {}
     for q in ordered:
         kind: Any = int if q.integer else float
-        fields[q.field] = (kind | None, ...) if q.field in seed else (kind | None, None)
+        bound = {} if q.signed else {"ge": 0}  # `Quantity.signed`: every other quantity is >= 0
+        fields[q.field] = (kind | None, Field(... if q.field in seed else None, **bound))
     return create_model(name, __base__=_Model, **fields, **meta)
 
 

@@ -64,3 +64,29 @@ def test_a_record_that_contradicts_its_place_is_one_line(tmp_path: Path, capsys,
     code, out, err = run_cli(capsys, "export-table", str(results), "--out", str(tmp_path / "out"))
     assert code == 2, (out, err)
     assert error_line(err) == f"pdexporter: error: {target}: {why}"
+
+
+@pytest.mark.parametrize(("block", "field"), [("interference", "prefill_duration_ms"), ("baseline", "tpot_p50_ms"),
+                                              ("interference", "num_chunks_actual")])
+def test_a_negative_duration_or_count_in_a_record_is_refused_naming_it(tmp_path: Path, capsys, block: str,
+                                                                       field: str) -> None:
+    """The audit: a repetition whose prefill took -5 ms was tabulated. Only the declared differences
+    (`Quantity.signed`: a penalty, the interference) may be negative."""
+    import json
+    import shutil
+
+    source = Path(__file__).resolve().parents[3] / "results" / "h200-vllm0.22-qwen3-14b"
+    chunk = next(p for p in sorted(source.iterdir()) if p.name.isdigit())
+    record = next(p for p in sorted(chunk.glob("D1_P*.json")))
+    results = tmp_path / "results"
+    (results / chunk.name).mkdir(parents=True)
+    target = results / chunk.name / record.name
+    shutil.copy(record, target)
+    data = json.loads(target.read_text())
+    data["reps"][0][block][field] = -5
+    data["reps"][0]["derived"]["tpot_penalty_ms"] = -0.4  # a penalty inside the noise stays allowed
+    target.write_text(json.dumps(data))
+    code, out, err = run_cli(capsys, "export-table", str(results), "--out", str(tmp_path / "out"))
+    assert code == 2, (out, err)
+    line = error_line(err)
+    assert str(target) in line and f"{block}.{field}" in line and "-5" in line and ">= 0" in line, line

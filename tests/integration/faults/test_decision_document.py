@@ -1,6 +1,7 @@
 """`decide` and `thresholds` on a malformed decision.json (`--model FILE`): one line naming the file and
 the field, exit 2, never a traceback (an empty penalty list was an IndexError, a chunk-size key "abc" a
-ValueError, a two-arm coefficient "x" a TypeError, an unknown feature a bare ValueError), and never an
+ValueError, a two-arm coefficient "x" a TypeError, an unknown feature a bare ValueError, a bootstrap
+replicate without a coefficient a KeyError), and never an
 answer from a document missing a required term (a deleted offloaded_loss was read as 0 ms: OFFLOAD)."""
 
 from __future__ import annotations
@@ -81,6 +82,18 @@ CASES: list[tuple[str, dict[str, Any], Edit, str]] = [
      "two_arm.terms.transfer.gb_per_s: required field is missing (a measured transfer)"),
     ("coefficient-null", ARMS, lambda d: d["model"]["coefficients"].update(gamma_ms_per_token=None),
      "model.coefficients.gamma_ms_per_token: must be a number (got null)"),
+    # the bootstrap replicates behind every interval (a KeyError, an IndexError, a TypeError before)
+    ("replicate-coefficient", ARMS, lambda d: d["replicates"]["model"][5].pop("gamma_ms_per_token"),
+     "replicates.model[5].gamma_ms_per_token: required field is missing"),
+    ("replicate-not-a-number", ARMS, lambda d: d["replicates"]["model"][3].update(alpha0_ms="x"),
+     "replicates.model[3].alpha0_ms: must be a number (got 'x')"),
+    ("replicates-two-arm-short", ARMS, lambda d: d["replicates"].update(two_arm=d["replicates"]["two_arm"][:10]),
+     "replicates.two_arm: 10 item(s), one per replicates.model (200 given; re-run export-table)"),
+    ("replicates-campaign-short", ARMS, lambda d: d["replicates"].update(campaign=d["replicates"]["campaign"][:3]),
+     "replicates.campaign: 3 item(s), one per replicates.model (200 given; re-run export-table)"),
+    ("replicate-arm-feature", ARMS, lambda d: d["replicates"]["two_arm"][7]["offloaded_loss"].pop("d"),
+     "replicates.two_arm[7].offloaded_loss.d: required field is missing (two_arm.terms.offloaded_loss has the "
+     "feature)"),
 ]
 
 
