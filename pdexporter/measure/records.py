@@ -92,8 +92,9 @@ def _block_model(name: str, block: Block, **meta: Any) -> type[_Model]:
     fields: dict[str, Any] = {}
     for q in ordered:
         kind: Any = int if q.integer else float
-        bound = {} if q.signed else {"ge": 0}  # `Quantity.signed`: every other quantity is >= 0
-        fields[q.field] = (kind | None, Field(... if q.field in seed else None, **bound))
+        floor = None if q.signed else 0  # `Quantity.signed`: every other quantity is >= 0
+        default: Any = ... if q.field in seed else None
+        fields[q.field] = (kind | None, Field(default, ge=floor))
     return create_model(name, __base__=_Model, **fields, **meta)
 
 
