@@ -3,6 +3,7 @@ option or path that is wrong, and why."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,13 +42,8 @@ def test_load_without_a_target_says_it_is_required(capsys) -> None:
     assert error_line(err) == "pdexporter: error: --target: required (the engine's http:// or https:// URL)"
 
 
-@pytest.mark.parametrize(("change", "why"), [
-    ({"decode_batch_size": 7}, "config.decode_batch_size is 7, but the file's place says 1"),
-    ({"reps": []}, "reps: empty (a record holds the repetitions it was made of)"),
-])
-def test_a_record_that_contradicts_its_place_is_one_line(tmp_path: Path, capsys, change: dict, why: str) -> None:
-    """The audit: a D1_P512.json whose config said D = 7 was tabulated as D = 7, one with no repetitions as one."""
-    import json
+def _a_committed_record(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A committed H200 record copied into a results directory of its own: (results, its path, its JSON)."""
     import shutil
 
     source = Path(__file__).resolve().parents[3] / "results" / "h200-vllm0.22-qwen3-14b"
@@ -57,7 +53,16 @@ def test_a_record_that_contradicts_its_place_is_one_line(tmp_path: Path, capsys,
     (results / chunk.name).mkdir(parents=True)
     target = results / chunk.name / record.name
     shutil.copy(record, target)
-    data = json.loads(target.read_text())
+    return results, target, json.loads(target.read_text())
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"decode_batch_size": 7}, "config.decode_batch_size is 7, but the file's place says 1"),
+    ({"reps": []}, "reps: empty (a record holds the repetitions it was made of)"),
+])
+def test_a_record_that_contradicts_its_place_is_one_line(tmp_path: Path, capsys, change: dict, why: str) -> None:
+    """The audit: a D1_P512.json whose config said D = 7 was tabulated as D = 7, one with no repetitions as one."""
+    results, target, data = _a_committed_record(tmp_path)
     for key, value in change.items():
         (data if key == "reps" else data["config"])[key] = value
     target.write_text(json.dumps(data))
@@ -72,17 +77,7 @@ def test_a_negative_duration_or_count_in_a_record_is_refused_naming_it(tmp_path:
                                                                        field: str) -> None:
     """The audit: a repetition whose prefill took -5 ms was tabulated. Only the declared differences
     (`Quantity.signed`: a penalty, the interference) may be negative."""
-    import json
-    import shutil
-
-    source = Path(__file__).resolve().parents[3] / "results" / "h200-vllm0.22-qwen3-14b"
-    chunk = next(p for p in sorted(source.iterdir()) if p.name.isdigit())
-    record = next(p for p in sorted(chunk.glob("D1_P*.json")))
-    results = tmp_path / "results"
-    (results / chunk.name).mkdir(parents=True)
-    target = results / chunk.name / record.name
-    shutil.copy(record, target)
-    data = json.loads(target.read_text())
+    results, target, data = _a_committed_record(tmp_path)
     data["reps"][0][block][field] = -5
     data["reps"][0]["derived"]["tpot_penalty_ms"] = -0.4  # a penalty inside the noise stays allowed
     target.write_text(json.dumps(data))
