@@ -52,6 +52,12 @@ class EngineRestarts:
         self.log(f"the engine restarted ({why}): asking it who it is again; no window until it answers")
         self._task = asyncio.create_task(self._ask(), name="pdexporter-reidentify")
 
+    async def aclose(self) -> None:
+        """Stop asking (the exporter shuts down)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
     async def _ask(self) -> None:
         tries = 0
         while True:

@@ -287,6 +287,8 @@ class Runner:
             self.book.refresh()
         self.book.end_all()
         await asyncio.to_thread(self.tracing.shutdown)
+        if self.restarts is not None:
+            await self.restarts.aclose()
         if self.scraper is not None:
             await self.scraper.aclose()
         for server in servers:
