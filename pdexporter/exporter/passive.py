@@ -591,7 +591,8 @@ class PassiveTracker:
         schedule = expected_schedule(s.engine, p, s.chunk_size, d)
         assert pending.traces is not None
         baseline = pending.baseline(s.window)
-        window = analyse_traces(pending.traces, t_inject, t_first, baseline, s.window, None, schedule, engine=s.engine)
+        window = analyse_traces(pending.traces, t_inject, t_first, baseline, s.window.beside_traffic(), None, schedule,
+                                engine=s.engine)
         self._seq += 1
         rid = attribution.request_ids[0] if attribution.request_ids else f"passive-{self._seq}"
         prefill = StreamTrace(rid, PRODUCTION_TAG, t_inject, [t_first], [1], p, None)

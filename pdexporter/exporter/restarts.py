@@ -38,6 +38,7 @@ class EngineRestarts:
         self.chunk_note = chunk_note  # e.g. "8192 (given)": what windows are recorded under
         self.log, self.count = log, count
         self.changed: EngineChanged | None = None
+        self.seen_count = 0  # restarts seen so far: a window across which it moved is dropped (`Runner._window`)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -47,6 +48,7 @@ class EngineRestarts:
     def seen(self, why: str) -> None:
         """The scraper saw a restart (`why`): ask the engine again, unless already asking."""
         self.count()
+        self.seen_count += 1
         if self.asking:
             return
         self.log(f"the engine restarted ({why}): asking it who it is again; no window until it answers")

@@ -25,7 +25,7 @@ from typing import Any
 
 from pdexporter.client.client import EngineClient
 from pdexporter.engines import adapter, chunk_size_advice
-from pdexporter.errors import ConfigError, PdexporterError
+from pdexporter.errors import ConfigError, EngineUnreachable, PdexporterError
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.live import ContinuousProbes, LoopDriver, ProbeState, QuietBaseline, Stopping
@@ -222,7 +222,7 @@ class Runner:
                                      self.metrics,
                                      cfg.scrape_interval_s, lambda: not self.book.stopping,
                                      on_snapshot=self.passive.tracker.add_scrape if self.passive else None,
-                                     on_restart=self.restarts.seen)
+                                     on_restart=self._restart_seen)
         self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
         set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
                         cfg.chunk_size_source)
@@ -265,6 +265,12 @@ class Runner:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(TICK_S):
                     await stop.wait()
+
+    def _restart_seen(self, why: str) -> None:
+        """The scraper saw the engine restart: ask it again; the chunk-size evidence starts afresh."""
+        assert self.restarts is not None
+        self._slow_seen.clear()  # the restarted engine may run another chunk size than the windows so far
+        self.restarts.seen(why)
 
     def _may_inject(self, now: float) -> bool:
         """A window is due: injecting, none in flight, not stopping, the engine not being asked again."""
@@ -332,6 +338,7 @@ class Runner:
         started_at = now_iso()
         self._window_started = time.monotonic()  # the period runs start to start (`_schedule_next`)
         sent_before = self.driver.sent
+        restarts_before = self.restarts.seen_count if self.restarts is not None else 0
         self._in_flight = True  # no periodic scrape from here to the end of the window
         try:
             run = await run_window(self.driver, cfg.probe_streams, cfg.prefill_tokens, cfg.protocol,
@@ -344,6 +351,10 @@ class Runner:
             return
         finally:
             self._in_flight = False
+        if self.restarts is not None and self.restarts.seen_count != restarts_before:
+            # its own scrapes saw the engine restart: its probes and prefill ran on two engines
+            self._window_failed(EngineUnreachable("the engine restarted during the window"), injected=True)
+            return
         self._failed_in_row = 0
         self.book.label_window(run)
         self._publish(run, started_at)

@@ -43,7 +43,9 @@ interval x chunk / largest chunk: big chunks take long steps) is taken. The chun
   chunks of B - D tokens and a tail), which the cadence must confirm: in most streams every
   located step of a chunk of at least a quarter of the largest must be slow (a chunk of at most
   `decode_like_tokens` tokens computes like a decode step and need not), and at most
-  `max_stall_steps` slow steps may be left over (`chunk_schedule_check`). Then
+  `max_stall_steps` slow steps may be left over, of them at most `max_chunk_like_stalls` as slow
+  as half the fastest located chunk step (more are chunks the schedule lacks: a smaller chunk
+  size) (`chunk_schedule_check`). Then
   `num_chunks_source = "cadence"` and `num_chunks_actual` = the located chunk steps the probes saw
   slow (`num_chunks_seen`): a tail of a few tokens that ran like a decode step is reported as not
   seen, never filled in from the schedule;
@@ -134,7 +136,7 @@ decodes go on), and `total_interference_ms` sums every decode step of it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -157,9 +159,19 @@ class WindowParams:
     zero_interval_frac: float = 0.05  # an interval below this fraction of baseline p50 is "~0 ms"
     full_chunk_frac: float = 0.25  # a chunk this large (vs the largest) must show as a slow step
     max_stall_steps: int = 4  # slow steps beside the chunk steps a schedule may leave (stalls)
+    # ... of which at most this many as slow as half the fastest located chunk step: more are chunks
+    # the schedule does not have (an engine restarted with a smaller chunk size read 3 at P = 4 B'; the
+    # committed H200 injections never more than 2, their admission and retirement stalls)
+    max_chunk_like_stalls: int | None = 2  # None: not checked (a production prefill: `beside_traffic`)
+    chunk_like_frac: float = 0.5
     decode_like_tokens: int = 16  # a chunk this small computes like a decode step: it need not look slow
     loss_reference_min: int = 8  # pre-injection intervals per stream for the totals' local reference
     burst_interval_frac: float = 0.5  # a pre-injection interval below this fraction of Phase 1's p50 is a read burst's
+
+    def beside_traffic(self) -> WindowParams:
+        """The settings for a production prefill (passive mode): other requests' chunks run beside
+        it, so chunk-like steps its schedule lacks say nothing against the chunk size."""
+        return replace(self, max_chunk_like_stalls=None)
 
 
 @dataclass(frozen=True)
@@ -582,7 +594,9 @@ def schedule_confirmed(
     `decode_like_tokens`: a 1-token admission step runs like a decode step) must be slow, and at most
     `max_stall_steps` of the window's other steps may be clearly slow (over twice the baseline:
     the engine's admission and retirement stalls; decode-step jitter just above the slow
-    threshold does not count, and a merged event counts once, as the one step it was)."""
+    threshold does not count, and a merged event counts once, as the one step it was), and at most
+    `max_chunk_like_stalls` of them as slow as `chunk_like_frac` of the fastest located chunk step
+    (a stall is shorter; more such steps are chunks the schedule lacks)."""
     chunks = np.asarray(sizes, dtype=np.float64)
     big = (chunks >= params.full_chunk_frac * max(sizes)) & (chunks > params.decode_like_tokens)
     clearly_slow = max(theta_ms, 2.0 * baseline_ms)
@@ -591,8 +605,14 @@ def schedule_confirmed(
         located = ph.during_ms
         seen = located > theta_ms
         full = big[len(big) - located.size :] if located.size <= big.size else big
-        extra = int((ph.other_steps_ms > clearly_slow).sum())
-        votes.append(located.size == len(sizes) and bool(np.all(seen[full])) and extra <= params.max_stall_steps)
+        if located.size != len(sizes) or not np.all(seen[full]):
+            votes.append(False)
+            continue
+        others = ph.other_steps_ms
+        extra = int((others > clearly_slow).sum())
+        chunk_like = int((others >= params.chunk_like_frac * located[full].min()).sum()) if full.any() else 0
+        votes.append(extra <= params.max_stall_steps
+                     and (params.max_chunk_like_stalls is None or chunk_like <= params.max_chunk_like_stalls))
     return sum(votes) * 2 > len(votes)
 
 

@@ -143,7 +143,8 @@ def _passive_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, setting
     probes = _probes(raw, path, d, f"event {rep.rep}")
     schedule = expected_schedule(c.engine, p, c.chunk_size, d)
     t_inject, t_first = raw_int(raw, "t_inject_ns", str(path), 0), raw_int(raw, "t_first_ns", str(path))
-    window = analyse_traces(probes, t_inject, t_first, base, settings.window, None, schedule, engine=c.engine)
+    window = analyse_traces(probes, t_inject, t_first, base, settings.window.beside_traffic(), None, schedule,
+                            engine=c.engine)
     return rep.model_copy(update={
         "interference": interference_block(
             window, num_chunks_expected=chunks_expected(c.engine, schedule), engine_chunks=None,

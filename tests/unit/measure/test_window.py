@@ -350,3 +350,25 @@ def test_a_merged_event_counts_as_one_chunk_step() -> None:
     assert merged.chunk_step_times_ms == pytest.approx(tuple(chunks))
     spread = analyse_window(streams, int(times[39]) + 1, t_first, base, plan=plan)
     assert spread.chunk_step_times_ms != pytest.approx(tuple(chunks))  # per-token spreading loses them
+
+
+def test_a_schedule_of_fewer_chunks_than_the_engine_ran_is_contradicted() -> None:
+    """The restart the audit found: vLLM ran 2048 (four chunks of P = 8192, real H200 timestamps) while
+    pdexporter assumed 8192 (one chunk). The one chunk step located was slow, and the three other
+    chunks passed as admission stalls (at most 4 allowed); as slow as the located chunk step, they are
+    chunks the schedule lacks. A production prefill (`beside_traffic`) has other requests' chunks
+    beside it, so there they say nothing."""
+    raw = json.loads(gzip.open(H200 / "B2048_D4_P8192.json.gz").read())
+    base_raw = json.loads(gzip.open(H200 / "B2048_D4_baseline.json.gz").read())
+    base = baseline_stats([StreamTrace.from_raw(p).token_times() for p in base_raw["probes"]])
+    probes = [StreamTrace.from_raw(p).token_times() for p in raw["probes"]]
+    assumed = ChunkPlan((8188, 4), exact=False)
+    w = analyse_window(probes, 0, raw["t_first_ns"], base, WindowParams(), plan=assumed)
+    assert w.chunk_schedule_check == "contradicted" and w.num_chunks_source == "slow-steps"
+    assert w.slow_steps >= 4
+    beside = analyse_window(probes, 0, raw["t_first_ns"], base, WindowParams().beside_traffic(), plan=assumed)
+    assert beside.chunk_schedule_check == "confirmed"
+    # the engine's own size is still confirmed under the stricter check
+    right = analyse_window(probes, 0, raw["t_first_ns"], base, WindowParams(),
+                           plan=ChunkPlan((2044, 2044, 2044, 2044, 16), exact=False))
+    assert right.chunk_schedule_check == "confirmed"
