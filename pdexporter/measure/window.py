@@ -160,7 +160,7 @@ class WindowParams:
     full_chunk_frac: float = 0.25  # a chunk this large (vs the largest) must show as a slow step
     max_stall_steps: int = 4  # slow steps beside the chunk steps a schedule may leave (stalls)
     # ... of which at most this many as slow as half the fastest located chunk step: more are chunks
-    # the schedule does not have (an engine restarted with a smaller chunk size read 3 at P = 4 B'; the
+    # the schedule does not have (vLLM at 2048 under an assumed 8192, P = 8192 on the H200: 3; the
     # committed H200 injections never more than 2, their admission and retirement stalls)
     max_chunk_like_stalls: int | None = 2  # None: not checked (a production prefill: `beside_traffic`)
     chunk_like_frac: float = 0.5
@@ -610,7 +610,9 @@ def schedule_confirmed(
             continue
         others = ph.other_steps_ms
         extra = int((others > clearly_slow).sum())
-        chunk_like = int((others >= params.chunk_like_frac * located[full].min()).sum()) if full.any() else 0
+        # a chunk-like step: clearly slow, and at least `chunk_like_frac` of the fastest located chunk step
+        like = max(clearly_slow, params.chunk_like_frac * float(located[full].min())) if full.any() else np.inf
+        chunk_like = int((others >= like).sum())
         votes.append(extra <= params.max_stall_steps
                      and (params.max_chunk_like_stalls is None or chunk_like <= params.max_chunk_like_stalls))
     return sum(votes) * 2 > len(votes)
