@@ -29,7 +29,7 @@ __all__ = [
     "REDACTED", "RedactingStream", "engine_flags", "forget_secrets", "known_secrets", "redact", "redact_argv",
     "redact_json",
     "redact_env", "redact_text", "redact_url", "remember_argv", "remember_secret", "remember_url", "secret_name",
-    "secret_values", "without_own_secrets",
+    "secret_pattern", "secret_values", "shell_words", "without_own_secrets",
 ]
 
 REDACTED = "***"
@@ -217,6 +217,15 @@ def remember_url(url: str | None) -> None:
 _NAMES_A_FILE = ("file", "path", "dir")  # `--api-key-file F`: F names where the secret is, and is shown
 
 
+def shell_words(text: str) -> list[str]:
+    """`text` split as a shell would (`shlex`); at spaces where a quote is left open (what is
+    remembered or hidden must not depend on the command being well formed)."""
+    try:
+        return shlex.split(text)
+    except ValueError:
+        return text.split()
+
+
 def remember_argv(argv: Sequence[str]) -> None:
     """What a command line holds: URLs' userinfo, and the values of secret-looking flags (not
     of those naming a file that holds a secret: the file's name is not the secret)."""
@@ -225,10 +234,7 @@ def remember_argv(argv: Sequence[str]) -> None:
         for match in _USERINFO.finditer(word):
             remember_url(word[match.start():])
         if " " in word.strip():  # a command line given as one option's value (`--engine-command "vllm ..."`)
-            try:
-                inner = shlex.split(word)
-            except ValueError:
-                inner = word.split()
+            inner = shell_words(word)
             if len(inner) > 1:
                 remember_argv(inner)
     kept = [w for i, w in enumerate(words)
@@ -252,14 +258,26 @@ def forget_secrets() -> None:
         _KNOWN.clear()
 
 
+def _whole_word_only(secret: str) -> bool:
+    """A value shorter than `_WHOLE_WORD_BELOW`, or all digits, is hidden only as a whole word."""
+    return len(secret) < _WHOLE_WORD_BELOW or secret.isdigit()
+
+
+def secret_pattern(secret: str) -> str:
+    """The regular expression that finds `secret` where `redact` hides it: anywhere, or only as a
+    whole word (`_whole_word_only`); encoded, it finds it in bytes too (an engine's log)."""
+    escaped = re.escape(secret)
+    return rf"(?<![A-Za-z0-9]){escaped}(?![A-Za-z0-9])" if _whole_word_only(secret) else escaped
+
+
 def _hide_known(text: str, secrets: Iterable[str]) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
         if secret not in text:
             continue
-        if len(secret) >= _WHOLE_WORD_BELOW and not secret.isdigit():
-            text = text.replace(secret, REDACTED)
+        if _whole_word_only(secret):
+            text = re.sub(secret_pattern(secret), REDACTED, text)
         else:
-            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", REDACTED, text)
+            text = text.replace(secret, REDACTED)  # the common case, without a regular expression
     return text
 
 

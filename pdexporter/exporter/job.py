@@ -48,10 +48,8 @@ __all__ = [
 
 METRICS_TOKEN_ENV = "PDEXPORTER_METRICS_TOKEN"
 TRACES_TOKEN_ENV = "PDEXPORTER_TRACES_TOKEN"
-
-
-
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # each: the window in flight, then stop
+
 
 def load_live_decision(path: Path | None) -> dict[str, Any] | None:
     """`--decision FILE`: a two-arm decision.json, checked now (one line naming the file and why)."""

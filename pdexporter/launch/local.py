@@ -56,6 +56,7 @@ from pdexporter._internal.redact import (
     redact_argv,
     redact_text,
     remember_secret,
+    secret_pattern,
     secret_values,
     without_own_secrets,
 )
@@ -558,7 +559,7 @@ def mask_secrets_in_log(log: Path) -> int:
     key among them, and an engine may echo its environment): the log's length and every offset in it
     stay (its step lines are read by offset), so this may run while the engine still writes. Returns
     how many were masked; a log that cannot be read or written is left as it is (it is 0600)."""
-    secrets = [s.encode() for s in known_secrets() if len(s) >= 4]
+    secrets = known_secrets()
     if not secrets:
         return 0
     count = 0
@@ -566,10 +567,8 @@ def mask_secrets_in_log(log: Path) -> int:
         with open(log, "r+b") as f:
             masked = f.read()
             for secret in sorted(secrets, key=len, reverse=True):  # a longer form first: its shorter ones inside it
-                # as `redact` hides them: a short one (< 8 characters) only as a whole word
-                pattern = re.escape(secret) if len(secret) >= 8 and not secret.isdigit() else (
-                    rb"(?<![A-Za-z0-9])" + re.escape(secret) + rb"(?![A-Za-z0-9])")
-                masked, n = re.subn(pattern, b"*" * len(secret), masked)
+                # where `redact` would hide it (a short one only as a whole word), by as many bytes
+                masked, n = re.subn(secret_pattern(secret).encode(), b"*" * len(secret.encode()), masked)
                 count += n
             if count:
                 f.seek(0)

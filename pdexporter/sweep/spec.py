@@ -33,7 +33,14 @@ from pdexporter._internal.bounds import (
     MIN_DECODE_BATCH,
 )
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
-from pdexporter._internal.redact import redact_argv, redact_env, redact_text, remember_secret, secret_values
+from pdexporter._internal.redact import (
+    redact_argv,
+    redact_env,
+    redact_text,
+    remember_secret,
+    secret_values,
+    shell_words,
+)
 from pdexporter._internal.text import read_utf8
 from pdexporter._internal.validation import flag_error, format_validation_error
 from pdexporter.engines import PAIR_ENGINE, UNIDENTIFIED, adapter
@@ -338,14 +345,9 @@ class SweepSpec(_Strict):
 
 
 def _filled_words(command: str, variables: Mapping[str, str]) -> list[str]:
-    """A launcher's command line with its variables filled in (the others left as `{name}`), in words."""
-    import shlex
-
-    text = re.sub(r"\{(\w+)\}", lambda m: str(variables.get(m.group(1), m.group(0))), command)
-    try:
-        return shlex.split(text)
-    except ValueError:  # an unbalanced quote: the spec's own check names it; here, words at spaces
-        return text.split()
+    """A launcher's command line with its variables filled in (the others left as `{name}`), in words
+    (an unbalanced quote: the spec's own check names it; here, words at spaces)."""
+    return shell_words(re.sub(r"\{(\w+)\}", lambda m: str(variables.get(m.group(1), m.group(0))), command))
 
 
 def _redact_leaves(node: Any, secrets: list[str]) -> Any:
