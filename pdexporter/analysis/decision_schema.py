@@ -77,10 +77,7 @@ class ColocatedModel(_Part):
         """What `decision_eval.colocated_cost` reads is there: the seed's table per chunk size (an
         integer key, D ascending, as many penalties as Ds), the context-aware model's coefficients."""
         if self.name == "context_aware":
-            for name in REQUIRED_COEFFICIENTS:
-                if self.coefficients.get(name) is None:
-                    what = "must be a number (got null)" if name in self.coefficients else "required field is missing"
-                    raise ValueError(f"model.coefficients.{name}: {what}")
+            _require_coefficients(self.coefficients, "model.coefficients")
             return self
         if not self.penalty_per_chunk_ms:
             raise ValueError("model.penalty_per_chunk_ms: required for the seed_per_chunk model (one entry per "
@@ -239,10 +236,8 @@ class DecisionDocument(_Part):
         model = reps.get("model") or []
         for i, k in enumerate(model):
             _numbers(k, f"replicates.model[{i}]")
-            needed = REQUIRED_COEFFICIENTS if self.model.name == "context_aware" else ()
-            for name in needed:
-                if k.get(name) is None:
-                    raise ValueError(f"replicates.model[{i}].{name}: required field is missing")
+            if self.model.name == "context_aware":
+                _require_coefficients(k, f"replicates.model[{i}]")
         lists = {"two_arm": self.two_arm is not None, "campaign": bool(self.campaign_variation)}
         for key, needed_here in lists.items():
             if model and needed_here and len(reps.get(key) or []) != len(model):
@@ -254,6 +249,15 @@ class DecisionDocument(_Part):
             for i, entry in enumerate(reps.get("two_arm") or []):
                 _arm_replicate(entry, self.two_arm, f"replicates.two_arm[{i}]")
         return self
+
+
+def _require_coefficients(coefficients: dict[str, Any], where: str) -> None:
+    """The context-aware model's coefficients `decision_eval.colocated_cost` reads, each a number
+    (the central model's and every bootstrap replicate's)."""
+    for name in REQUIRED_COEFFICIENTS:
+        if coefficients.get(name) is None:
+            what = "must be a number (got null)" if name in coefficients else "required field is missing"
+            raise ValueError(f"{where}.{name}: {what}")
 
 
 def _numbers(values: Any, where: str) -> None:
