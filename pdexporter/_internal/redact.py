@@ -26,7 +26,7 @@ from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
-    "REDACTED", "RedactingStream", "engine_flags", "forget_secrets", "known_secrets", "redact", "redact_argv",
+    "API_KEY_ENV_VARS", "REDACTED", "RedactingStream", "engine_flags", "forget_secrets", "known_secrets", "redact", "redact_argv",
     "redact_json",
     "redact_env", "redact_text", "redact_url", "remember_argv", "remember_secret", "remember_url", "secret_name",
     "secret_pattern", "secret_values", "shell_words", "without_own_secrets",
@@ -90,11 +90,18 @@ def secret_values(*, variables: Mapping[str, str] | None = None, env: Mapping[st
     return found
 
 
+# Where pdexporter reads the bearer token it sends to the engine, in this order (`client.resolve_api_key`).
+API_KEY_ENV_VARS = ("PDEXPORTER_API_KEY", "OPENAI_API_KEY")
+
+
 def without_own_secrets(env: Mapping[str, str]) -> dict[str, str]:
     """An environment for a process pdexporter starts (an engine, its leash): pdexporter's own
     secrets (`PDEXPORTER_*` with a secret-looking name: the engine key it sends, its endpoints'
-    bearer tokens) left out; the rest, the engine's own (HF_TOKEN), passes."""
-    return {k: v for k, v in env.items() if not (k.startswith("PDEXPORTER_") and secret_name(k))}
+    bearer tokens; and `OPENAI_API_KEY`, read as that key: a user's OpenAI key from their shell has
+    no business in a local engine) left out; the rest, the engine's own (HF_TOKEN), passes. An
+    engine that needs one is given it in its command (`OPENAI_API_KEY=... vllm serve ...`)."""
+    return {k: v for k, v in env.items()
+            if not ((k.startswith("PDEXPORTER_") and secret_name(k)) or k in API_KEY_ENV_VARS)}
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -281,14 +288,37 @@ def _hide_known(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+# A word cut short where a service shows the start of a key and masks the rest
+# (`sk-proj-AbC1************wxyz`, `hf_AbCdEf...`, `abc123…`).
+_CUT_SHORT = re.compile(r"[A-Za-z0-9_+/-]{6,}(?=\*{2,}|\.{3}|\u2026)")
+_CUT_MARKS = ("**", "...", "\u2026")
+_SHORTEST_CUT = 6  # the shortest start of a known secret hidden where it is cut short
+
+
+def _hide_cut_short(text: str, secrets: Iterable[str]) -> str:
+    """The start of a known secret (6+ characters) cut short by a mask or an ellipsis: an engine's
+    or a proxy's error page that quotes the key it was sent as `sk-abc123...` or `sk-abc1****wxyz`."""
+    if not any(mark in text for mark in _CUT_MARKS):
+        return text
+    whole = [s for s in secrets if len(s) > _SHORTEST_CUT]
+
+    def hide(match: re.Match[str]) -> str:
+        word = match.group(0)
+        return REDACTED if any(s.startswith(word) for s in whole) else word
+
+    return _CUT_SHORT.sub(hide, text)
+
+
 def redact(text: str, extra: Sequence[str] = ()) -> str:
-    """`text` with every secret the process holds (module docs), `extra` values, URL userinfo and
-    quoted Authorization values replaced by `***`."""
+    """`text` with every secret the process holds (module docs), the start of one cut short by a
+    mask or an ellipsis, `extra` values, URL userinfo and quoted Authorization values replaced by
+    `***`."""
     if not text:
         return text
     known = known_secrets()
     if known or extra:
-        text = _hide_known(text, {*known, *(s for s in extra if s and len(s) >= _SHORTEST)})
+        secrets = {*known, *(s for s in extra if s and len(s) >= _SHORTEST)}
+        text = _hide_cut_short(_hide_known(text, secrets), secrets)
     if "@" in text:
         text = redact_url(text)
     if "uthorization" in text or "UTHORIZATION" in text:

@@ -31,7 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from pdexporter._internal.bounds import MAX_SECONDS
 from pdexporter._internal.durations import parse_duration
-from pdexporter._internal.redact import remember_secret
+from pdexporter._internal.redact import API_KEY_ENV_VARS, remember_secret
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.text import body_reason
 from pdexporter._internal.urls import check_http_url
@@ -57,7 +57,6 @@ __all__ = [
 
 # Stream starts outside a window that failed before any event came back: retried after these.
 RETRY_FIRST_DELAY_S, RETRY_MAX_DELAY_S = 0.25, 4.0
-API_KEY_ENV_VARS = ("PDEXPORTER_API_KEY", "OPENAI_API_KEY")
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 

@@ -155,3 +155,30 @@ def test_a_stray_word_that_looks_like_a_key_is_not_echoed(capsys: pytest.Capture
     err = capsys.readouterr().err
     assert "sk-AUDITstray" not in err and "looks like a key" in err, err
     assert "extra" in err and len(err.strip().splitlines()) == 1  # a plain word is still shown, in one line
+
+
+def test_the_users_openai_key_does_not_reach_an_engine_pdexporter_starts() -> None:
+    """`OPENAI_API_KEY` is where pdexporter reads the key it sends (after `PDEXPORTER_API_KEY`); from
+    a user's shell it is often their OpenAI key, which a local engine has no use for."""
+    env = {"OPENAI_API_KEY": "sk-users-own", "OPENAI_BASE_URL": "https://api.example", "PATH": "/bin"}
+    assert without_own_secrets(env) == {"OPENAI_BASE_URL": "https://api.example", "PATH": "/bin"}
+
+
+@pytest.mark.parametrize("page", [
+    "401: Incorrect API key provided: sk-proj-AbC1************wxyz.",
+    "invalid token sk-proj-AbC1d2... (expired)",
+    "key sk-proj-AbC1d2\u2026 rejected",
+])
+def test_a_key_cut_short_by_an_error_page_is_hidden(page: str, no_known_secrets: None) -> None:
+    """A proxy or an engine that quotes the start of the key it was sent, the rest masked, gave that
+    start away: hidden when it is the start of a key pdexporter holds."""
+    remember_secret("sk-proj-AbC1d2E3f4G5h6I7j8K9wxyz")
+    hidden = redact(page)
+    assert "AbC1" not in hidden and "***" in hidden, hidden
+    assert hidden.split("***")[0] == page.split("sk-proj")[0]
+
+
+def test_ordinary_words_before_an_ellipsis_stay(no_known_secrets: None) -> None:
+    remember_secret("sk-proj-AbC1d2E3f4G5h6I7j8K9wxyz")
+    text = "loading weights... sk-other-9f8e7d... **bold** tokens***"
+    assert redact(text) == text
