@@ -26,10 +26,9 @@ from typing import Any, TextIO
 from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
-    "API_KEY_ENV_VARS", "REDACTED", "RedactingStream", "engine_flags", "forget_secrets", "known_secrets", "redact", "redact_argv",
-    "redact_json",
-    "redact_env", "redact_text", "redact_url", "remember_argv", "remember_secret", "remember_url", "secret_name",
-    "secret_pattern", "secret_values", "shell_words", "without_own_secrets",
+    "API_KEY_ENV_VARS", "REDACTED", "RedactingStream", "engine_flags", "forget_secrets", "known_secrets", "redact",
+    "redact_argv", "redact_env", "redact_json", "redact_text", "redact_url", "remember_argv", "remember_secret",
+    "remember_url", "secret_name", "secret_pattern", "secret_values", "shell_words", "without_own_secrets",
 ]
 
 REDACTED = "***"
