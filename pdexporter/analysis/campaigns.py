@@ -51,7 +51,7 @@ from pdexporter.analysis.decision_eval import (
     evaluate_arms,
 )
 from pdexporter.analysis.table import ConfigSamples, build_table, pooled
-from pdexporter.errors import RecordError
+from pdexporter.errors import ConfigError, RecordError
 
 __all__ = [
     "CAMPAIGN_FILE",
@@ -71,9 +71,11 @@ __all__ = [
     "held_out_points",
     "load_campaign",
     "load_variation",
+    "profile_variation",
     "render_markdown",
-    "write_outputs",
     "variation_from",
+    "variation_line",
+    "write_outputs",
 ]
 
 CAMPAIGN_FILE = "campaign.yaml"
@@ -343,6 +345,8 @@ def fold_variation(doc: dict[str, Any], variation: Mapping[str, Any], held_out: 
     out = dict(doc)
     out["campaign_variation"] = {"scheme": "leave-one-campaign-out", **{k: dict(v) for k, v in variation.items()
                                                                        if k in CAMPAIGN_ARMS}}
+    if variation.get("source"):
+        out["campaign_variation"]["source"] = str(variation["source"])
     if held_out:
         out["campaign_variation"]["held_out"] = dict(held_out)
     if n:
@@ -463,7 +467,37 @@ def load_variation(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
         s = v.get("log_sd") if isinstance(v, dict) else None
         if not isinstance(s, int | float) or not math.isfinite(s) or s < 0:
             raise RecordError(f"{p}: variation.{arm}.log_sd: {s!r} is not a finite number >= 0")
-    return doc["variation"], doc.get("headline") or {}
+    return {**doc["variation"], "source": str(p)}, doc.get("headline") or {}
+
+
+def profile_variation(samples: Sequence[ConfigSamples]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A table the embedded engine made: the campaign variation of the profile it made it with,
+    measured on the real engine's GPU campaigns (`sim.profile.CampaignVariation`), as (variation,
+    headline) like `load_variation`'s, the headline empty (no model was held out of anything here).
+    None for a measured table, one of several profiles, or a profile without one (or not found)."""
+    from pdexporter.sim.profile import load_profile
+
+    names = {s.profile for s in samples}
+    if not samples or not all(s.modelled for s in samples) or len(names) != 1:
+        return None
+    name = names.pop()
+    if name is None:
+        return None
+    try:
+        measured = load_profile(name).campaign_variation
+    except ConfigError:
+        return None
+    if measured is None:
+        return None
+    return {**measured.arms(), "source": f"profile {name}, measured on the real engine ({measured.source})"}, {}
+
+
+def variation_line(variation: Mapping[str, Any]) -> str:
+    """One line for a person: what the intervals carry (s per regime of the colocated arm), and from where."""
+    arm = variation.get("colocated") or variation.get("offloaded") or {}
+    regimes = ", ".join(f"{k} {v:.2f}" for k, v in (arm.get("by_regime") or {}).items())
+    return (f"intervals carry the campaign-to-campaign variation (log sd {regimes or arm.get('log_sd')}, "
+            f"{len(arm.get('campaigns') or ())} GPU campaigns) of {variation.get('source', 'held_out.json')}")
 
 
 def render_markdown(result: Mapping[str, Any]) -> str:

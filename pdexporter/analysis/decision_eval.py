@@ -696,6 +696,7 @@ def held_out_errors(doc: Document) -> dict[str, Any] | None:
         return None
     return {"intervals_carry_campaign_variation": bool((doc.get("replicates") or {}).get("campaign")),
             "log_sd": {arm: (variation.get(arm) or {}).get("by_regime") for arm in CAMPAIGN_ARMS if arm in variation},
+            **({"source": variation["source"]} if variation.get("source") else {}),
             **(variation.get("held_out") or {})}
 
 
@@ -716,8 +717,9 @@ def held_out_text(doc: Document) -> str:
                          f"(leave one campaign out: {', '.join(loco.get('campaigns') or [])})")
         for cid, v in (entry.get("validation") or {}).items():
             parts.append(f"{arm} on validation campaign {cid}: {v['mape_pct']:.0f} % MAPE, {v['coverage']:.0%} inside")
+    source = f" of {h['source']}" if h.get("source") else ""
     return "held-out error: " + ("; ".join(parts) if parts else "none measured") + \
-        "; intervals carry the campaign-to-campaign variation"
+        f"; intervals carry the campaign-to-campaign variation{source}"
 
 
 def _arms_for_thresholds(doc: Document, d: int, p: int, b: int, replicate: int | None, kw: Mapping[str, Any],

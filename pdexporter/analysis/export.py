@@ -142,16 +142,30 @@ class ExportJob:
         samples, counts, extra = _of_mode(one_engine(load_joined(r.results_dirs, tick, pool=r.pool), r.engine, source),
                                           None, r, source)
         off_samples = load_joined(r.offloaded, tick, pool=r.pool) if r.offloaded is not None else None
+        variation, note = carried_variation(self.variation, [*samples, *(off_samples or [])])
         analysis = analyse(samples, r.transfer_ms, source=source, tick=tick, offloaded=off_samples,
                            offloaded_source=" + ".join(map(str, r.offloaded or [])),
                            passive_events=counts, min_events=r.min_events if r.mode == "passive" else None,
-                           campaign_variation=self.variation)
+                           campaign_variation=variation)
         if analysis.decision is not None and campaigns:
             analysis.decision["campaigns"] = campaigns
         if r.mode == "passive":
-            analysis = _event_model(analysis, r.results_dirs, r.axes(), r.injected, self.variation)
+            analysis = _event_model(analysis, r.results_dirs, r.axes(), r.injected, variation)
             tick("event model")
-        return analysis, out_dir, extra
+        return analysis, out_dir, extra + note
+
+
+Variation = tuple[dict[str, Any], dict[str, Any]]
+
+
+def carried_variation(given: Variation | None, samples: Sequence[ConfigSamples]) -> tuple[Variation | None, list[str]]:
+    """The campaign variation a table's intervals carry: the one given (`--campaign-variation`), else,
+    for a table the embedded engine made, its profile's (`campaigns.profile_variation`); and a line
+    saying which, where one is carried."""
+    from pdexporter.analysis.campaigns import profile_variation, variation_line
+
+    chosen = given if given is not None else profile_variation(samples)
+    return chosen, ([variation_line(chosen[0])] if chosen is not None else [])
 
 
 def _check_injected(injected: Path | None) -> None:
@@ -348,9 +362,10 @@ class ReportJob:
 
         samples = load_joined(self.results_dirs, tick, pool=self.pool)
         off = load_joined(self.offloaded, tick, pool=self.pool) if self.offloaded else None
+        variation, _ = carried_variation(self.variation, [*samples, *(off or [])])
         analysis = analyse(samples, self.transfer_ms, source=" + ".join(map(str, self.results_dirs)), tick=tick,
                            offloaded=off, offloaded_source=" + ".join(map(str, self.offloaded or [])),
-                           campaign_variation=self.variation)
+                           campaign_variation=variation)
         plots = all_plots(analysis.table, analysis.fits.best.model if analysis.fits else None, self.transfer_ms)
         if samples and all(s.passive for s in samples):  # the event-fitted model and its convergence
             from pdexporter.analysis.job import analyse_passive, injected_values, load_passive_events
@@ -358,7 +373,7 @@ class ReportJob:
 
             reference = injected_values(self.injected) if self.injected is not None else None
             analysis = analyse_passive(analysis, load_passive_events([self.results_dirs[0]]), injected=reference,
-                                       campaign_variation=self.variation)
+                                       campaign_variation=variation)
             if analysis.passive is not None:
                 plots.append(passive_convergence(analysis.passive.convergence, analysis.modelled))
         tick("plots")

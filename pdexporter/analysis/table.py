@@ -95,6 +95,7 @@ class ConfigSamples:
     source: str = ""
     arm: str = "colocated"  # "offloaded": a P/D pair's decode instance (records' config.arm)
     kv_connector: str | None = None
+    profile: str | None = None  # the embedded engine's profile, where it made these (records' config.profile)
     passive: bool = False  # production prefills (`run --passive`): the key is a bin (analysis.passive)
     # `reps`' own chunk steps, one per repetition in `reps` (None: that one has none); `steps` keeps
     # every repetition's, the re-run attempts a sweep did not aggregate included (`analysis.cv_causes`)
@@ -160,7 +161,7 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
     return ConfigSamples(
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
-        model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector,
+        model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector, profile=c.profile,
         passive=c.mode == "passive", rep_steps=rep_steps,
     )
 

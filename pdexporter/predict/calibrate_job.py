@@ -139,7 +139,8 @@ class CalibrationRun:
         written = None
         if r.out is not None and (not worse or r.accept_worse):
             fitted = profile_to_write(result.profile, check, force=r.accept_worse)
-            named = fitted.model_copy(update={"name": r.out.stem})
+            # the base's campaign variation was measured for the base alone (`sim.profile.CampaignVariation`)
+            named = fitted.model_copy(update={"name": r.out.stem, "campaign_variation": None})
             atomic_write_text(r.out, named.to_yaml())
             written = str(r.out)
             yield f"fitted profile written: {r.out} (calibration: {named.calibration})"

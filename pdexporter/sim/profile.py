@@ -28,7 +28,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -456,6 +456,36 @@ class CalibrationCheck(_Strict):
     forced: bool = Field(False, description="written although `worse` is not empty (`sim calibrate --force`)")
 
 
+class ArmVariation(_Strict):
+    """One arm's campaign variation as `pdexporter validate` measured it (held_out.json's
+    `variation.<arm>`): the log sd of held-out errors, pooled and per regime, and what it rests on."""
+
+    log_sd: float = Field(ge=0, allow_inf_nan=False, description="root mean square of the held-out log errors, "
+                                                                  "pooled")
+    by_regime: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
+        default_factory=dict, description="the same per regime (compute, graph, launch)")
+    points: int = Field(ge=0)
+    points_by_regime: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    campaigns: list[str] = Field(default_factory=list, description="the GPU campaigns it was measured over")
+
+
+class CampaignVariation(_Strict):
+    """What moves between GPU campaigns of the real engine this profile models (issue 30): a copy of
+    the variation `pdexporter validate` measured (`source`, its held_out.json), which `export-table`
+    carries into the intervals of a table the embedded engine made with this profile, as
+    `--campaign-variation` does for a measured one. It belongs to the profile it was measured for:
+    a calibration or a projection made from it does not inherit it."""
+
+    source: str = Field(description="the held_out.json it was copied from")
+    colocated: ArmVariation | None = None
+    offloaded: ArmVariation | None = None
+
+    def arms(self) -> dict[str, dict[str, object]]:
+        """The arms as held_out.json's `variation` has them (`analysis.campaigns.fold_variation`)."""
+        return {arm: v.model_dump(mode="json") for arm in ("colocated", "offloaded")
+                if (v := getattr(self, arm)) is not None}
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
@@ -474,6 +504,8 @@ class Profile(_Strict):
     engine_loop: EngineLoopParams = Field(default_factory=EngineLoopParams)
     host: HostParams = Field(default_factory=HostParams)
     kv_transfer: KvTransferParams = Field(default_factory=KvTransferParams)
+    campaign_variation: CampaignVariation | None = Field(
+        None, description="what moves between GPU campaigns of the engine it models, measured (`CampaignVariation`)")
 
     def on_slow_host(self, factor: float | None = None) -> Profile:
         """This profile in a slow-host episode: every CPU figure of the engine core x `factor`
@@ -499,6 +531,8 @@ class Profile(_Strict):
         data = self.model_dump(mode="json")
         if data.get("calibration_check") is None:
             data.pop("calibration_check", None)  # a profile never calibrated by `sim calibrate` has none
+        if data.get("campaign_variation") is None:
+            data.pop("campaign_variation", None)
         return yaml.safe_dump(data, sort_keys=False, width=110)
 
 

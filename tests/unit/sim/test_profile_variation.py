@@ -1,0 +1,79 @@
+"""What moves between GPU campaigns, carried by the embedded engine's predictions (issue 30 item 2):
+the profile of the engine it was measured on holds a copy of `pdexporter validate`'s campaign
+variation, and a table the embedded engine made with that profile carries it into its intervals,
+as `export-table --campaign-variation` does for a measured table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdexporter.analysis.campaigns import load_variation
+from pdexporter.analysis.decision_eval import held_out_text
+from pdexporter.errors import ConfigError
+from pdexporter.sim.modelconfig import load_config, profile_from_config
+from pdexporter.sim.profile import load_profile, parse_profile
+from tests.helpers import run_cli
+
+ROOT = Path(__file__).resolve().parents[3]
+MEASURED_ON = "h200-qwen3-coder-30b-a3b"
+SWEEP = "grid: {chunk_sizes: [2048], decode_batch_sizes: [1, 4], new_prefill_tokens: [512, 4096]}\nreps: 2\n"
+
+
+def test_the_shipped_copy_is_what_validate_measured() -> None:
+    """Re-validating without copying it over (`scripts/profile_variation.py`) fails here."""
+    measured = load_profile(MEASURED_ON).campaign_variation
+    assert measured is not None
+    held_out = ROOT / measured.source
+    variation, _ = load_variation(held_out)
+    assert measured.arms() == {arm: variation[arm] for arm in ("colocated", "offloaded")}
+    assert len(measured.colocated.campaigns) >= 14 if measured.colocated else False
+
+
+def test_it_belongs_to_the_profile_it_was_measured_for() -> None:
+    """A projection made from that profile (another model) does not inherit it, nor does any other
+    shipped profile claim one."""
+    config, source = load_config("qwen3-14b")
+    projected = profile_from_config(config, "H200", model_name="qwen3-14b", source=source, carry_from=MEASURED_ON)
+    assert projected.campaign_variation is None and "campaign_variation" not in projected.to_yaml()
+    others = [p for p in (ROOT / "pdexporter/sim/profiles").glob("*.yaml") if p.stem != MEASURED_ON]
+    assert others and all(load_profile(p).campaign_variation is None for p in others)
+
+
+def test_a_bad_copy_is_one_line_naming_the_field() -> None:
+    data = load_profile(MEASURED_ON).model_dump(mode="json")
+    data["campaign_variation"]["colocated"]["by_regime"]["launch"] = -0.1
+    line = r"^p.yaml: campaign_variation.colocated.by_regime.launch: must be >= 0.0 \(got -0.1\)$"
+    with pytest.raises(ConfigError, match=line):
+        parse_profile(data, source="p.yaml")
+
+
+def _predicted(tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[dict, str]:  # type: ignore[type-arg]
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(SWEEP)
+    code, _, err = run_cli(capsys, "sim", "sweep", str(sweep), "--out", str(tmp_path / "sim"), *extra)
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "export-table", str(tmp_path / "sim"), "--out", str(tmp_path / "t"), "--no-plots")
+    assert code == 0, err
+    return json.loads((tmp_path / "t" / "decision.json").read_text()), err
+
+
+def test_the_embedded_engines_table_carries_its_profiles_variation(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    decision, err = _predicted(tmp_path, capsys)
+    carried = decision["campaign_variation"]
+    assert carried["source"].startswith(f"profile {MEASURED_ON}, measured on the real engine")
+    assert carried["colocated"] == load_profile(MEASURED_ON).campaign_variation.arms()["colocated"]  # type: ignore[union-attr]
+    assert len(decision["replicates"]["campaign"]) == len(decision["replicates"]["model"])
+    assert "intervals carry the campaign-to-campaign variation (log sd compute 0.17" in err
+    assert f"of profile {MEASURED_ON}" in held_out_text(decision)
+
+
+def test_a_profile_without_one_says_its_intervals_are_the_repetitions_only(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    decision, err = _predicted(tmp_path, capsys, "--profile", "h200-qwen3-14b")
+    assert "campaign_variation" not in decision and "campaign" not in decision["replicates"]
+    assert "campaign-to-campaign" not in err
+    assert held_out_text(decision).startswith("intervals: this campaign's repetitions only")
