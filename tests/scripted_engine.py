@@ -163,6 +163,13 @@ class ScriptedEngine:
         self.restarts += 1
         await self._serve()
 
+    async def outage(self, down_s: float = 1.0) -> None:
+        """The engine unreachable for `down_s` (a proxy or the network restarted), then back as the
+        same process: its counters and start time go on."""
+        await self._stop()
+        await asyncio.sleep(down_s)
+        await self._serve()
+
     def freeze(self, seconds: float) -> None:
         """Stop emitting tokens on every stream for `seconds` (a hung engine loop)."""
         self._frozen_until = time.monotonic() + seconds

@@ -8,6 +8,10 @@ start (`measure.driver.describe_engine`), and no window starts until it answered
 - the same engine (kind, model, version, context limit; the chunk size where it publishes it): the
   exporter goes on, and says what it could not check (vLLM publishes no chunk size: each window's
   cadence check is then the only witness of a changed `--max-num-batched-tokens`);
+- the same engine with another chunk size it publishes (SGLang restarted with another
+  `--chunked-prefill-size`), where the run took its chunk size from the engine (none given): the
+  windows go on under the new size (`adopt`: the runner's records, schedule and `engine_info`), as
+  they would have had the exporter started now;
 - another engine: the run ends with one line (`EngineChanged`, exit 3) rather than recording the new
   engine under the old one's name, chunk size and records (a supervisor restarting the exporter gets
   a fresh identification).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 from pdexporter.client.client import EngineClient
 from pdexporter.errors import ConfigError, EngineChanged, EngineError
@@ -33,10 +38,13 @@ class EngineRestarts:
     asked who it is (no window starts meanwhile), `changed` once it answered as another engine."""
 
     def __init__(self, handle: EngineHandle, info: EngineInfo, *, model: str | None, api_key: str | None,
-                 chunk_note: str, log: Callable[[str], None], count: Callable[[], None]) -> None:
+                 chunk_note: str, log: Callable[[str], None], count: Callable[[], None],
+                 adopt: Callable[[EngineInfo], str | None] | None = None) -> None:
         self.handle, self.info, self.model, self.api_key = handle, info, model, api_key
         self.chunk_note = chunk_note  # e.g. "8192 (given)": what windows are recorded under
         self.log, self.count = log, count
+        # the windows go on under a new published chunk size (None: it ends the run); says why it cannot
+        self.adopt = adopt
         self.changed: EngineChanged | None = None
         self.seen_count = 0  # restarts seen so far: a window across which it moved is dropped (`Runner._window`)
         self._task: asyncio.Task[None] | None = None
@@ -52,6 +60,14 @@ class EngineRestarts:
         if self.asking:
             return
         self.log(f"the engine restarted ({why}): asking it who it is again; no window until it answers")
+        self._task = asyncio.create_task(self._ask(), name="pdexporter-reidentify")
+
+    def back(self, why: str) -> None:
+        """The engine answers again after an outage (`why`), with no sign it restarted: ask it who it
+        is all the same (a restart may leave none), without counting a restart."""
+        if self.asking:
+            return
+        self.log(f"the engine {why}: asking it who it is again; no window until it answers")
         self._task = asyncio.create_task(self._ask(), name="pdexporter-reidentify")
 
     async def aclose(self) -> None:
@@ -79,6 +95,15 @@ class EngineRestarts:
 
     def _settle(self, now: EngineInfo) -> None:
         change = self.info.changed_to(now)
+        if change is not None and self.adopt is not None and self.info.changed_to(now, chunk_size=False) is None:
+            refused = self.adopt(now)
+            if refused is None:
+                self.log(f"the engine restarted with another chunk size ({change}, as it publishes it): windows go "
+                         f"on under {now.chunk_size}")
+                self.info = replace(self.info, chunk_size=now.chunk_size)
+                self.chunk_note = f"{now.chunk_size} (published)"
+                return
+            change = f"{change}; {refused}"
         if change is not None:
             self.changed = EngineChanged(
                 f"{self.info.url}: the engine restarted as another engine ({change}); its windows would be "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import sys
 import time
 import uuid
@@ -217,12 +218,13 @@ class Runner:
                                                              self.records.store, decision=self.decision)
         self.restarts = EngineRestarts(self.handle, self.info, model=cfg.model, api_key=self.api_key,
                                        chunk_note=f"{cfg.chunk_size} ({cfg.chunk_size_source})", log=self.log,
-                                       count=self.metrics.engine_restarts.inc)
+                                       count=self.metrics.engine_restarts.inc,
+                                       adopt=self._adopt_chunk_size if cfg.chunk_size_source == "published" else None)
         self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), adapter(self.info.kind),
                                      self.metrics,
                                      cfg.scrape_interval_s, lambda: not self.book.stopping,
                                      on_snapshot=self.passive.tracker.add_scrape if self.passive else None,
-                                     on_restart=self._restart_seen)
+                                     on_restart=self._restart_seen, on_back=self._engine_back)
         self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
         set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
                         cfg.chunk_size_source)
@@ -266,11 +268,40 @@ class Runner:
                 async with asyncio.timeout(TICK_S):
                     await stop.wait()
 
+    def _adopt_chunk_size(self, now: EngineInfo) -> str | None:
+        """The engine restarted with another chunk size it publishes, and the run took its size from
+        it: the windows go on under the new one (records in its `--out` directory, its schedule, the
+        `engine_info` series), as a run started now would. Passive mode's event model holds the old
+        size's events, so it ends instead; so does an `--out` the new size's records cannot go to."""
+        assert self.info is not None and now.chunk_size is not None
+        if self.config.passive:
+            return "passive mode's events and fit are the old chunk size's: start pdexporter again"
+        cfg = self.config.model_copy(update={"chunk_size": now.chunk_size})
+        spec = PointSpec(cfg.chunk_size, cfg.probe_streams, cfg.prefill_tokens).validate()
+        records = LiveRecords(cfg, spec)
+        try:
+            records.check_out_dir()
+        except ConfigError as exc:
+            return str(exc)
+        self.config, self.spec, self.records = cfg, spec, records
+        self.info = dataclasses.replace(self.info, chunk_size=now.chunk_size)
+        self._next_prefill = None
+        self.metrics.engine_info.clear()  # one engine, one series: the old size's goes
+        set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
+                        cfg.chunk_size_source)
+        return None
+
     def _restart_seen(self, why: str) -> None:
         """The scraper saw the engine restart: ask it again; the chunk-size evidence starts afresh."""
         assert self.restarts is not None
         self._slow_seen.clear()  # the restarted engine may run another chunk size than the windows so far
         self.restarts.seen(why)
+
+    def _engine_back(self, why: str) -> None:
+        """The engine answers again after an outage: ask it again (it may have restarted unseen)."""
+        assert self.restarts is not None
+        self._slow_seen.clear()
+        self.restarts.back(why)
 
     def _may_inject(self, now: float) -> bool:
         """A window is due: injecting, none in flight, not stopping, the engine not being asked again."""

@@ -58,13 +58,13 @@ class EngineInfo:
     max_model_len: int | None = None  # the engine's context limit (`/v1/models`), when it publishes it
     chunk_size_published: bool = False  # the engine said its chunk size itself (SGLang's /server_info)
 
-    def changed_to(self, now: EngineInfo) -> str | None:
+    def changed_to(self, now: EngineInfo, *, chunk_size: bool = True) -> str | None:
         """What makes `now` (the engine asked again, after a restart) another engine than this one
         for a measurement: its kind, model, version, context limit or published chunk size (None:
-        the same as far as it says; vLLM publishes no chunk size)."""
+        the same as far as it says; vLLM publishes no chunk size). `chunk_size=False`: all but it."""
         said = [("engine", self.kind, now.kind), ("model", self.model, now.model),
                 ("version", self.version, now.version), ("max_model_len", self.max_model_len, now.max_model_len)]
-        if self.chunk_size_published or now.chunk_size_published:
+        if chunk_size and (self.chunk_size_published or now.chunk_size_published):
             said.append(("chunk size", self.chunk_size, now.chunk_size))
         changed = [f"{what} {old} -> {new}" for what, old, new in said if old != new]
         return ", ".join(changed) or None

@@ -109,10 +109,10 @@ async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> N
 
 
 @contextlib.asynccontextmanager
-async def live(url: str, *, log: Callable[[str], None] = lambda line: None,
+async def live(url: str, *, log: Callable[[str], None] = lambda line: None, launcher_chunk: int | None = B,
                **fields: Any) -> AsyncIterator[tuple[Runner, asyncio.Task[None]]]:
     """A `Runner` against `url` (started, not necessarily ready), stopped and awaited at the end;
-    its log lines to `log`."""
+    its log lines to `log`. `launcher_chunk`: the chunk size the operator says (None: not said)."""
     settings = {
         "probe_streams": D,
         "chunk_size": B,
@@ -125,7 +125,7 @@ async def live(url: str, *, log: Callable[[str], None] = lambda line: None,
         "protocol": {"decode_context_tokens": 64, "decode_output_tokens": 160},
     }
     settings.update(fields)
-    runner = Runner(build_config(**settings), ExternalLauncher(url, B), log=log)
+    runner = Runner(build_config(**settings), ExternalLauncher(url, launcher_chunk), log=log)
     stop = asyncio.Event()
     task = asyncio.create_task(runner.run(stop))
     try:

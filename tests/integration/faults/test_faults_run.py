@@ -278,6 +278,23 @@ async def test_an_engine_restarted_as_itself_is_asked_again_and_the_windows_go_o
     assert any("the engine restarted (its process start time moved" in line for line in lines), lines
 
 
+async def test_an_engine_back_after_an_outage_is_asked_again_without_counting_a_restart() -> None:
+    """A restart may leave no sign in /metrics (a young process's counters overtaken by the new
+    one's, no process start time: SGLang's multiprocess metrics): an engine that answers again after
+    its /metrics could not be reached is asked who it is all the same, and windows wait for it."""
+    lines: list[str] = []
+    async with ScriptedEngine(cadence_s=CADENCE) as engine, live(engine.url, log=lines.append) as (runner, task):
+        await until(lambda: runner.windows_seen >= 1, 60, "a first window")
+        await engine.outage(down_s=1.5)
+        await until(lambda: any("could not be reached" in line for line in lines), 30, "the outage seen")
+        await until(lambda: any("answers as before" in line for line in lines), 30, "the engine asked again")
+        windows = runner.windows_seen
+        await until(lambda: runner.windows_seen > windows, 60, "windows after the outage")
+        assert not task.done() and value(runner, "pdexporter_engine_restarts_total") == 0
+    said = next(line for line in lines if "could not be reached" in line)
+    assert "asking it who it is again; no window until it answers" in said, said
+
+
 async def test_an_engine_restarted_as_another_model_ends_the_run_in_one_line() -> None:
     """Windows of the new model must not be recorded under the old one's: the run ends (exit 3)."""
     with pytest.raises(EngineChanged) as caught:
