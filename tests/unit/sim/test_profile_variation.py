@@ -77,3 +77,21 @@ def test_a_profile_without_one_says_its_intervals_are_the_repetitions_only(tmp_p
     assert "campaign_variation" not in decision and "campaign" not in decision["replicates"]
     assert "campaign-to-campaign" not in err
     assert held_out_text(decision).startswith("intervals: this campaign's repetitions only")
+
+
+def test_the_committed_coverage_of_the_embedded_engines_intervals_is_what_it_measures(tmp_path: Path) -> None:
+    """`results/h200-held-out/sim_coverage.md` (the embedded engine's predictions of 13 campaigns' points
+    with the variation its profile carries: MAPE and the share inside the 90 % band) is what
+    `scripts/sim_coverage.py` writes from the committed held_out.csv and the shipped profile; a
+    change to either, the window maths or the engine leaves it stale and fails here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sim_coverage", ROOT / "scripts" / "sim_coverage.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--held-out", str(ROOT / "results/h200-held-out/held_out.csv"), "--out", str(tmp_path)]) == 0
+    fresh = (tmp_path / "sim_coverage.md").read_text()
+    assert fresh == (ROOT / "results/h200-held-out/sim_coverage.md").read_text()
+    every = next(line for line in fresh.splitlines() if line.startswith("| all |")).split(" | ")
+    assert int(every[1]) > 1000 and every[-2].endswith("%")  # nested coverage, e.g. "90%"
