@@ -289,7 +289,9 @@ def _hide_known(text: str, secrets: Iterable[str]) -> str:
 
 # A word cut short where a service shows the start of a key and masks the rest
 # (`sk-proj-AbC1************wxyz`, `hf_AbCdEf...`, `abc123…`).
-_CUT_SHORT = re.compile(r"[A-Za-z0-9_+/-]{6,}(?=\*{2,}|\.{3}|\u2026)")
+# Whole runs only, never backtracking into one (a possessive quantifier, from its first character): a
+# long base64 run without a mask after it (a report's embedded image) is read once, not once per start.
+_CUT_SHORT = re.compile(r"(?<![A-Za-z0-9_+/-])[A-Za-z0-9_+/-]{6,}+(?=\*{2,}|\.{3}|\u2026)")
 _CUT_MARKS = ("**", "...", "\u2026")
 _SHORTEST_CUT = 6  # the shortest start of a known secret hidden where it is cut short
 
