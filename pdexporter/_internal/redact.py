@@ -42,7 +42,9 @@ _SECRET_WORDS = frozenset({"key", "keys", "apikey", "token", "secret", "password
 _SECRET_PARTS = ("cred", "secret", "passw")
 _NOT_SECRET = frozenset({"tokens", "tokenizer", "tokenizers", "tokenization", "keyword", "keywords"})
 _ASSIGN = re.compile(r"^(?P<name>[A-Za-z_][A-Za-z0-9_]*)=(?P<value>.*)$", re.S)
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#@\s]+)@")
+# A scheme is read from the first character of its run, once (possessive): a long dotted or hyphenated
+# run ("a.b.c..." of 90 KB in a text with an "@") was rescanned from every word boundary in it (12 s).
+_USERINFO = re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*+://)([^/?#@\s]+)@")
 
 
 def secret_name(name: str) -> bool:

@@ -198,3 +198,16 @@ def test_a_long_run_of_letters_is_read_once_not_once_per_start(no_known_secrets:
     hidden = redact(text)
     assert time.perf_counter() - started < 10.0
     assert hidden.endswith(" loading... ***...") and "AbC1d2" not in hidden
+
+
+@pytest.mark.parametrize("run", ["a.b", "x-", "a+b"])
+def test_a_long_dotted_run_beside_an_at_sign_is_read_once(run: str, no_known_secrets: None) -> None:
+    """The URL-userinfo pattern rescanned a long dotted or hyphenated run from every word boundary in
+    it: 90 KB with an "@" anywhere in the text took 12 s. A complexity guard, as above."""
+    import time
+
+    text = f"user@host {run * 300_000} see https://bob:pw@h/x"
+    started = time.perf_counter()
+    hidden = redact(text)
+    assert time.perf_counter() - started < 10.0
+    assert hidden.endswith("see https://bob:***@h/x")
