@@ -80,7 +80,7 @@ def body_reason(body: bytes | str, limit: int = REASON_LIMIT) -> str:
         page.feed(text)
         page.close()
     except Exception:  # noqa: BLE001 - malformed markup: fall back to dropping tags crudely
-        return shorten(re.sub(r"<[^>]*>", " ", text), limit)
+        return shorten(re.sub(r"<[^<>]*>", " ", text), limit)  # not [^>]: a run of "<" was quadratic
     title = " ".join(" ".join(page.title).split())
     rest = " ".join(" ".join(page.text).split())
     if title and rest.startswith(title):

@@ -134,7 +134,11 @@ def _hide_stray_tokens(message: str) -> str:
                  for w in match.group(2).split(" ")]
         return f"{match.group(1)}({' '.join(words)})"
 
-    return re.sub(r"(unexpected extra arguments? ?(?:\(s\))? )\((.*)\)", hide, message)
+    start = message.find("unexpected extra argument")  # one place to match from (a search from every
+    if start < 0:                                       # repetition of it was quadratic)
+        return message
+    return message[:start] + re.sub(r"^(unexpected extra arguments? ?(?:\(s\))? )\((.*)\)", hide, message[start:],
+                                    count=1)
 
 
 def _token_like(word: str) -> bool:

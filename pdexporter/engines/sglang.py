@@ -111,9 +111,11 @@ METRIC_ALIASES: dict[str, tuple[MetricKind, tuple[str, ...]]] = {
 # collector's start time, absent where its metrics run in Prometheus' multiprocess mode.
 OPTIONAL_METRICS = frozenset({"prefix_cache_hits_total", "num_preemptions_total", "process_start_time_seconds"})
 
+# The gap before #running-req never crosses into another "Prefill batch": a line repeating the head
+# without it (a logged prompt, `--log-requests`) was rescanned to its end from each one (68 s at 1 MB).
 PREFILL_RE = re.compile(
     r"Prefill batch(?: \[(?P<iteration>\d+)\])?, #new-seq: (?P<seqs>\d+), #new-token: (?P<tokens>\d+), "
-    r"#cached-token: (?P<cached>\d+),.*?#running-req: (?P<running>\d+)"
+    r"#cached-token: (?P<cached>\d+),(?:(?!Prefill batch).)*?#running-req: (?P<running>\d+)"
 )
 DECODE_RE = re.compile(r"Decode batch(?: \[(?P<iteration>\d+)\])?, #running-req: (?P<running>\d+)")
 
