@@ -252,6 +252,9 @@ class Runner:
             if self.passive is not None:
                 self._passive_tick()
             self.book.refresh()
+            if self.scraper is not None and self.book.last_error is not None \
+                    and error_kind(self.book.last_error) == "connect":
+                self.scraper.note_unreachable()
             if stop.is_set():
                 break  # _shutdown finishes the window in flight (bounded by drain_timeout_s)
             if self._window_task is not None and self._window_task.done():

@@ -38,6 +38,11 @@ class EngineScraper:
         self._last: MetricsSnapshot | None = None
         self._unreachable = False
 
+    def note_unreachable(self) -> None:
+        """The probes lost the engine (refused, or a connection lost): the next scrape that answers
+        is an engine back after an outage (`on_back`), even where no scrape fell inside it."""
+        self._unreachable = True
+
     def tick(self, now: float) -> None:
         """Start a periodic scrape when one is due and none runs."""
         if now >= self._next and (self._task is None or self._task.done()):
