@@ -98,6 +98,7 @@ class Runner:
         self.windows: collections.deque[WindowResult] = collections.deque(maxlen=KEEP_WINDOWS)
         self.windows_seen = 0
         self._slow_seen: list[tuple[int, int, int]] = []  # (P, D, slow steps) of contradicted windows
+        self._lost_seen: BaseException | None = None  # the last probe failure told to the scraper
         self.scraper: EngineScraper | None = None
         self._window_task: asyncio.Task[None] | None = None
         self._next_injection = 0.0
@@ -252,8 +253,10 @@ class Runner:
             if self.passive is not None:
                 self._passive_tick()
             self.book.refresh()
-            if self.scraper is not None and self.book.last_error is not None \
-                    and error_kind(self.book.last_error) == "connect":
+            lost = self.book.last_error  # each probe failure once: a failure still held after the engine
+            if self.scraper is not None and lost is not None and lost is not self._lost_seen \
+                    and error_kind(lost) == "connect":  # answered would ask it again and again
+                self._lost_seen = lost
                 self.scraper.note_unreachable()
             if stop.is_set():
                 break  # _shutdown finishes the window in flight (bounded by drain_timeout_s)
