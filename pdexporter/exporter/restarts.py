@@ -57,17 +57,18 @@ class EngineRestarts:
         """The scraper saw a restart (`why`): ask the engine again, unless already asking."""
         self.count()
         self.seen_count += 1
-        if self.asking:
-            return
-        self.log(f"the engine restarted ({why}): asking it who it is again; no window until it answers")
-        self._task = asyncio.create_task(self._ask(), name="pdexporter-reidentify")
+        self._ask_again(f"restarted ({why})")
 
     def back(self, why: str) -> None:
         """The engine answers again after an outage (`why`), with no sign it restarted: ask it who it
         is all the same (a restart may leave none), without counting a restart."""
+        self._ask_again(why)
+
+    def _ask_again(self, what: str) -> None:
+        """Ask the engine who it is (no window until it answers), unless already asking."""
         if self.asking:
             return
-        self.log(f"the engine {why}: asking it who it is again; no window until it answers")
+        self.log(f"the engine {what}: asking it who it is again; no window until it answers")
         self._task = asyncio.create_task(self._ask(), name="pdexporter-reidentify")
 
     async def aclose(self) -> None:
