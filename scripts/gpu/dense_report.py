@@ -89,18 +89,24 @@ OUT = MODELS[DEFAULT].results
 
 
 def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None,
-            model: str = DEFAULT) -> None:
+            model: str = DEFAULT, gpu: str = "H200", sweep: Path | None = None,
+            max_model_len: int | None = None) -> None:
     """predictions.json of the shipped profile, or (`rule`) of the model projected from its config.json and
     the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense
-    Llama run never saw) with that rule (`pdexporter.sim.projection`)."""
-    run = MODELS[model]
+    Llama run never saw) with that rule (`pdexporter.sim.projection`), on `gpu`'s datasheet. `sweep`: another
+    sweep's grid and model than the dense run's (a run on another GPU, such as an H100's injected table)."""
+    run = DenseRun(sweep) if sweep else MODELS[model]
     spec = run.spec
     if rule is None:
+        if gpu != "H200" or sweep:
+            raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
         profile = load_profile(run.profile)
     else:
         cfg, source = load_config(run.model)
-        profile = profile_from_config(cfg, "H200", name=run.profile, model_name=run.model, source=source,
-                                      carry_from=references.split(","), rule=rule, max_model_len=run.max_model_len)
+        # every GPU run here serves dummy weights: a MoE keeps the calibrated profile's routing of them
+        profile = profile_from_config(cfg, gpu, name=f"{gpu.lower()}-{run.model}", model_name=run.model,
+                                      source=source, carry_from=references.split(","), rule=rule,
+                                      max_model_len=max_model_len or run.max_model_len, dummy_weights=True)
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
@@ -110,9 +116,9 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
                        **{q: getattr(figures, METRIC_FIELDS[q]) for q in QUANTITIES}})
     target = target or run.results / "predictions.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"profile": profile.name + (f" ({rule} rule, from {references})" if rule else ""),
+    doc = {"profile": profile.name + (f" ({rule} rule, from {references})" if rule else ""), "gpu": gpu,
            "calibration": profile.calibration, "note": profile.calibration_note,
-           "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.relative_to(ROOT)), "mode": "fast",
+           "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.resolve().relative_to(ROOT)), "mode": "fast",
            "points": points}
     target.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {target} ({len(points)} configurations, MODELLED by {doc['profile']}, {profile.calibration})")
@@ -144,9 +150,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--rule", choices=("learned", "carry"), help="predict: a fresh projection with this rule")
     ap.add_argument("--from", dest="references", default="h200-qwen3-coder-30b-a3b",
                     help="predict --rule: the reference profiles, comma-separated")
+    ap.add_argument("--gpu", default="H200", help="predict --rule: the GPU's datasheet (H100: the same compute, "
+                    "less bandwidth and memory)")
+    ap.add_argument("--sweep", type=Path, help="predict --rule: another sweep's grid and model (a run on another GPU)")
+    ap.add_argument("--max-model-len", type=int, help="predict --rule: where the sweep's launcher sets none")
     args = ap.parse_args(argv)
     if args.what == "predict":
-        predict(args.rule, args.references, args.predictions, args.model)
+        predict(args.rule, args.references, args.predictions, args.model, args.gpu, args.sweep, args.max_model_len)
     else:
         compare(args.results, args.predictions, args.out, args.model)
 
