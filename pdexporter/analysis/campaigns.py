@@ -489,7 +489,12 @@ def profile_variation(samples: Sequence[ConfigSamples]) -> tuple[dict[str, Any],
         return None
     if measured is None:
         return None
-    return {**measured.arms(), "source": f"profile {name}, measured on the real engine ({measured.source})"}, {}
+    if measured.borrowed_from:
+        source = (f"profile {name}, borrowed from {measured.borrowed_from} (measured on its real engine's campaigns, "
+                  f"{measured.source}; this model or GPU was not)")
+    else:
+        source = f"profile {name}, measured on the real engine ({measured.source})"
+    return {**measured.arms(), "source": source}, {}
 
 
 def variation_line(variation: Mapping[str, Any]) -> str:

@@ -43,7 +43,7 @@ from pdexporter.engines.disagg import (
 )
 from pdexporter.engines.sim import IMITATED, SIM_ENGINE, imitation_for, sim_engine
 from pdexporter.engines.disagg import VllmPdDecodeAdapter
-from pdexporter.engines.vllm import OpenAICompatibleAdapter, VllmAdapter
+from pdexporter.engines.vllm import DEFAULT_MOE_CONFIG_LOG, OpenAICompatibleAdapter, VllmAdapter, tuned_moe_config
 
 # The name an engine nobody identified is recorded under (vLLM's rules, as a stated assumption).
 UNIDENTIFIED = OpenAICompatibleAdapter.name
@@ -63,6 +63,7 @@ __all__ = [
     "DECODE_BENCH",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_ENGINE",
+    "DEFAULT_MOE_CONFIG_LOG",
     "IMITATED",
     "METRIC_KINDS",
     "NIXL",
@@ -93,4 +94,5 @@ __all__ = [
     "register",
     "registered",
     "sim_engine",
+    "tuned_moe_config",
 ]

@@ -188,6 +188,27 @@ def connector_of(argv: Sequence[str] | str) -> str | None:
     return str(connector) if connector else None
 
 
+# The datasheet GPUs (`pdexporter.sim.hardware`) as vLLM names them in its tuned-config files
+# (torch.cuda.get_device_name() with its spaces as underscores), an 80 GB SXM part where both exist.
+MOE_DEVICE_NAMES = {"H200": "NVIDIA_H200", "H100": "NVIDIA_H100_80GB_HBM3", "H20": "NVIDIA_H20",
+                    "A100": "NVIDIA_A100-SXM4-80GB", "L40S": "NVIDIA_L40S"}
+DEFAULT_MOE_CONFIG_LOG = "Using default MoE config. Performance might be sub-optimal!"
+
+
+def tuned_moe_config(experts: int, width: int, gpu: str) -> bool | None:
+    """Whether vLLM 0.22 ships a tuned bf16 fused-MoE kernel configuration for `experts` routed experts of
+    `width` (one expert's intermediate size per tensor-parallel rank) on `gpu` (a datasheet name); None for
+    a GPU it names no file for. Without one, vLLM runs its Triton MoE kernel with a default configuration
+    (`DEFAULT_MOE_CONFIG_LOG` in its log)."""
+    from pdexporter.engines._vllm_moe_configs import TUNED_BF16
+
+    device = MOE_DEVICE_NAMES.get(gpu.upper())
+    if device is None:
+        return None
+    shipped = {tuple(int(x) for x in pair.split(",")) for pair in TUNED_BF16.get(device, "").split()}
+    return (experts, width) in shipped
+
+
 @register("vllm")
 class VllmAdapter:
     name = "vllm"

@@ -139,8 +139,10 @@ class CalibrationRun:
         written = None
         if r.out is not None and (not worse or r.accept_worse):
             fitted = profile_to_write(result.profile, check, force=r.accept_worse)
-            # the base's campaign variation was measured for the base alone (`sim.profile.CampaignVariation`)
-            named = fitted.model_copy(update={"name": r.out.stem, "campaign_variation": None})
+            # the base's campaign variation, borrowed (`sim.profile.CampaignVariation`): this fit was not
+            # measured across campaigns
+            lent = fitted.campaign_variation.lent_by(fitted.name) if fitted.campaign_variation else None
+            named = fitted.model_copy(update={"name": r.out.stem, "campaign_variation": lent})
             atomic_write_text(r.out, named.to_yaml())
             written = str(r.out)
             yield f"fitted profile written: {r.out} (calibration: {named.calibration})"

@@ -473,10 +473,14 @@ class CampaignVariation(_Strict):
     """What moves between GPU campaigns of the real engine this profile models (issue 30): a copy of
     the variation `pdexporter validate` measured (`source`, its held_out.json), which `export-table`
     carries into the intervals of a table the embedded engine made with this profile, as
-    `--campaign-variation` does for a measured one. It belongs to the profile it was measured for:
-    a calibration or a projection made from it does not inherit it."""
+    `--campaign-variation` does for a measured one. A projection or a calibration made from a profile
+    that has one **borrows** it (`borrowed_from`): its own model or GPU was never measured across
+    campaigns, and the measured one is the floor of what moves (on an H100 run and on a dense model
+    it covered 93–100 % of the projections' errors: `scripts/projection_coverage.py`)."""
 
     source: str = Field(description="the held_out.json it was copied from")
+    borrowed_from: str | None = Field(
+        None, description="the profile it was measured for, where this one borrows it (another model or GPU)")
     colocated: ArmVariation | None = None
     offloaded: ArmVariation | None = None
 
@@ -484,6 +488,10 @@ class CampaignVariation(_Strict):
         """The arms as held_out.json's `variation` has them (`analysis.campaigns.fold_variation`)."""
         return {arm: v.model_dump(mode="json") for arm in ("colocated", "offloaded")
                 if (v := getattr(self, arm)) is not None}
+
+    def lent_by(self, profile: str) -> CampaignVariation:
+        """This variation as a profile made from `profile` carries it: borrowed (from whoever measured it)."""
+        return self.model_copy(update={"borrowed_from": self.borrowed_from or profile})
 
 
 class Profile(_Strict):
@@ -505,7 +513,8 @@ class Profile(_Strict):
     host: HostParams = Field(default_factory=HostParams)
     kv_transfer: KvTransferParams = Field(default_factory=KvTransferParams)
     campaign_variation: CampaignVariation | None = Field(
-        None, description="what moves between GPU campaigns of the engine it models, measured (`CampaignVariation`)")
+        None, description="what moves between GPU campaigns of the engine it models, measured or borrowed "
+        "(`CampaignVariation`)")
 
     def on_slow_host(self, factor: float | None = None) -> Profile:
         """This profile in a slow-host episode: every CPU figure of the engine core x `factor`

@@ -61,6 +61,10 @@ def test_calibrate_recovers_a_known_engine_and_predicts_held_out_points(tmp_path
     assert "MAPE on the 5 held-out configurations" in proc.stdout
     fitted = load_profile(out)
     assert fitted.calibration == "calibrated" and fitted.calibration_source == str(results)
+    # the base's campaign variation, borrowed: the fit was not measured across campaigns
+    lent = fitted.campaign_variation
+    assert lent is not None and lent.borrowed_from == "h200-qwen3-coder-30b-a3b"
+    assert lent.arms() == base.campaign_variation.arms()  # type: ignore[union-attr]
     assert fitted.step_time.attention_efficiency == pytest.approx(0.5, rel=0.02)
     assert fitted.step_time.launch_eager_ms == pytest.approx(35.0, rel=0.05)
     assert fitted.engine_loop.retire_us_per_token == pytest.approx(1.5, rel=0.1)

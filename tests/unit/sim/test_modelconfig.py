@@ -157,3 +157,29 @@ def test_unknown_gpu_unreadable_file_and_a_model_too_big_are_refused(tmp_path: P
         load_config(tmp_path / "missing.json")
     for sheet in GPUS.values():  # every figure is marked with where it comes from
         assert sheet.describe().startswith("datasheet: ") and sheet.bf16_tflops > 0 and sheet.hbm_tb_s > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's fused-MoE kernel: tuned on some GPUs for some shapes, a default configuration elsewhere
+
+
+def test_tuned_moe_config_reads_the_shapes_vllm_ships_per_device() -> None:
+    from pdexporter.engines.vllm import tuned_moe_config
+
+    assert tuned_moe_config(128, 768, "H200") is True  # Qwen3-30B-A3B's shape: tuned on the H200 ...
+    assert tuned_moe_config(128, 768, "h100") is False  # ... not on the H100 (the engine's log said so)
+    assert tuned_moe_config(128, 768, "H20") is True
+    assert tuned_moe_config(8, 14336, "H100") is False and tuned_moe_config(8, 14336, "H200") is True  # Mixtral
+    assert tuned_moe_config(128, 768, "B300") is None  # a GPU vLLM's files do not name
+
+
+def test_a_moe_projection_to_a_gpu_without_vllms_tuned_kernel_says_so() -> None:
+    cfg = _config("qwen3-coder-30b-a3b")
+    h100 = profile_from_config(cfg, "H100", carry_from="h200-qwen3-coder-30b-a3b", dummy_weights=True)
+    line = h100.provenance["moe_kernel"]
+    assert line.startswith("UNTUNED") and "E=128,N=768 on H100" in line and "where H200 has one" in line
+    assert "WARNING: UNTUNED" in h100.calibration_note
+    h200 = profile_from_config(cfg, "H200", carry_from="h200-qwen3-coder-30b-a3b", dummy_weights=True)
+    assert "ships a tuned" in h200.provenance["moe_kernel"] and "WARNING" not in h200.calibration_note
+    dense = profile_from_config(_config("llama-3.1-8b-instruct"), "H100", carry_from="h200-llama-3.1-8b-instruct")
+    assert "moe_kernel" not in dense.provenance

@@ -32,14 +32,31 @@ def test_the_shipped_copy_is_what_validate_measured() -> None:
     assert len(measured.colocated.campaigns) >= 14 if measured.colocated else False
 
 
-def test_it_belongs_to_the_profile_it_was_measured_for() -> None:
-    """A projection made from that profile (another model) does not inherit it, nor does any other
-    shipped profile claim one."""
+def test_a_profile_made_from_it_borrows_it_and_says_from_whom() -> None:
+    """A projection (another model, another GPU) and the shipped profiles made from the measured one carry
+    its variation as borrowed: their own engine was never measured across campaigns."""
+    measured = load_profile(MEASURED_ON).campaign_variation
+    assert measured is not None and measured.borrowed_from is None
     config, source = load_config("qwen3-14b")
-    projected = profile_from_config(config, "H200", model_name="qwen3-14b", source=source, carry_from=MEASURED_ON)
+    projected = profile_from_config(config, "H100", model_name="qwen3-14b", source=source,
+                                    carry_from=["h200-llama-3.1-8b-instruct", MEASURED_ON])
+    lent = projected.campaign_variation
+    assert lent is not None and lent.borrowed_from == MEASURED_ON and lent.arms() == measured.arms()
+    assert f"borrowed_from: {MEASURED_ON}" in projected.to_yaml()
+    shipped = {p.stem: load_profile(p).campaign_variation for p in (ROOT / "pdexporter/sim/profiles").glob("*.yaml")}
+    borrowing = {name for name, v in shipped.items() if v is not None and v.borrowed_from == MEASURED_ON}
+    assert borrowing == {"h200-llama-3.1-8b-instruct", "h200-qwen2.5-32b-instruct", "h200-qwen3-14b",
+                         "h20-qwen3-coder-30b-a3b"}
+    assert all(shipped[n].arms() == measured.arms() for n in borrowing)  # type: ignore[union-attr]
+    # SGLang's engine is not the one it was measured on: none
+    assert shipped["h200-sglang0.5.15-qwen3-coder-30b-a3b"] is None
+
+
+def test_no_reference_with_one_lends_none() -> None:
+    config, source = load_config("qwen3-14b")
+    bare = load_profile("h200-llama-3.1-8b-instruct").model_copy(update={"campaign_variation": None})
+    projected = profile_from_config(config, "H200", model_name="qwen3-14b", source=source, carry_from=[bare])
     assert projected.campaign_variation is None and "campaign_variation" not in projected.to_yaml()
-    others = [p for p in (ROOT / "pdexporter/sim/profiles").glob("*.yaml") if p.stem != MEASURED_ON]
-    assert others and all(load_profile(p).campaign_variation is None for p in others)
 
 
 def test_a_bad_copy_is_one_line_naming_the_field() -> None:
@@ -73,7 +90,9 @@ def test_the_embedded_engines_table_carries_its_profiles_variation(tmp_path: Pat
 
 def test_a_profile_without_one_says_its_intervals_are_the_repetitions_only(tmp_path: Path,
                                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    decision, err = _predicted(tmp_path, capsys, "--profile", "h200-qwen3-14b")
+    bare = load_profile("h200-qwen3-14b").model_copy(update={"name": "bare", "campaign_variation": None})
+    (tmp_path / "bare.yaml").write_text(bare.to_yaml())
+    decision, err = _predicted(tmp_path, capsys, "--profile", str(tmp_path / "bare.yaml"))
     assert "campaign_variation" not in decision and "campaign" not in decision["replicates"]
     assert "campaign-to-campaign" not in err
     assert held_out_text(decision).startswith("intervals: this campaign's repetitions only")
@@ -95,3 +114,12 @@ def test_the_committed_coverage_of_the_embedded_engines_intervals_is_what_it_mea
     assert fresh == (ROOT / "results/h200-held-out/sim_coverage.md").read_text()
     every = next(line for line in fresh.splitlines() if line.startswith("| all |")).split(" | ")
     assert int(every[1]) > 1000 and every[-2].endswith("%")  # nested coverage, e.g. "90%"
+
+
+def test_a_borrowing_profiles_table_says_whose_variation_it_carries(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    decision, err = _predicted(tmp_path, capsys, "--profile", "h200-qwen3-14b")
+    carried = decision["campaign_variation"]
+    assert carried["source"].startswith(f"profile h200-qwen3-14b, borrowed from {MEASURED_ON} (measured on its")
+    assert carried["colocated"] == load_profile(MEASURED_ON).campaign_variation.arms()["colocated"]  # type: ignore[union-attr]
+    assert "borrowed from" in err
