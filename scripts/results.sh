@@ -138,6 +138,42 @@ for pair in "$PASSIVE18:$PASSIVE18" "$PASSIVE18-1rps:$PASSIVE18" "$PASSIVE15:$PA
   cp "$LEVEL/comparison.md" "$run/comparison-level-matched.md"
   rm -rf "$LEVEL"
 done
+# The H100 of GPU session 25 (not an H200: none of `validate`'s campaigns). The passive-spread run: five 60 s
+# passive segments at 2 req/s, each followed by one repetition of every injected cell on the same engine; the
+# event model scored over the segments' own minutes (--spread), its intervals carrying the H200 campaigns'
+# variation (the only one measured); and the MoE profile carried to the H100's datasheet against its injected table.
+SPREAD100=$R/h100-vllm0.22-qwen3-coder-30b-a3b-passive-spread
+echo "== passive $SPREAD100"
+pd export-table "$SPREAD100/passive" --mode passive --injected "$SPREAD100/injected" --out "$SPREAD100/passive-table" \
+  --campaign-variation "$HELD_OUT/held_out.json" --no-parquet >/dev/null
+python3 scripts/gpu/passive_compare.py "$SPREAD100/passive" --injected "$SPREAD100/injected" --spread "$SPREAD100/spread.tsv" \
+  --out "$SPREAD100" >/dev/null
+for level in slow matched; do
+  LEVEL=$(mktemp -d)
+  python3 scripts/gpu/passive_compare.py "$SPREAD100/passive" --injected "$SPREAD100/injected" --spread "$SPREAD100/spread.tsv" \
+    --launch-level "$level" --out "$LEVEL" >/dev/null
+  cp "$LEVEL/comparison.md" "$SPREAD100/comparison-launch-$level.md"
+  rm -rf "$LEVEL"
+done
+mv "$SPREAD100/comparison-launch-matched.md" "$SPREAD100/comparison-level-matched.md"
+python3 scripts/gpu/passive_spread.py "$SPREAD100" --segments 5 > "$SPREAD100/spread.md"
+python3 scripts/gpu/dense_report.py compare --results "$SPREAD100/injected" --predictions "$SPREAD100/predictions-carry.json" \
+  --out "$SPREAD100" --none-fitted >/dev/null
+python3 scripts/projection_coverage.py "$SPREAD100/comparison-carry.csv" --regimes "$SEED/decision.json" \
+  --out "$SPREAD100/projection_coverage.md" >/dev/null
+# ... and the dense Llama-8B run on that H100 (108 of 126 configurations): its own table, and the two projections
+# committed before its records were read (the H200 calibration carried to the H100's datasheet; the learned rule)
+DENSE100=$R/h100-vllm0.22-llama-3.1-8b-instruct
+echo "== dense $DENSE100"
+pd export-table "$DENSE100" --out "$DENSE100" >/dev/null
+pd report "$DENSE100" --out "$DENSE100/report.html" >/dev/null
+for rule in carry learned; do
+  python3 scripts/gpu/dense_report.py compare --results "$DENSE100" --predictions "$DENSE100/predictions-$rule.json" \
+    --none-fitted >/dev/null
+done
+# ... each projection's 90 % band with the H200 campaigns' variation carried (what a projected profile now borrows)
+python3 scripts/projection_coverage.py "$DENSE100/comparison-carry.csv" "$DENSE100/comparison-learned.csv" \
+  --regimes $R/h200-vllm0.22-llama-3.1-8b-instruct/decision.json --out "$DENSE100/projection_coverage.md" >/dev/null
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"

@@ -118,19 +118,22 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
     target.parent.mkdir(parents=True, exist_ok=True)
     doc = {"profile": profile.name + (f" ({rule} rule, from {references})" if rule else ""), "gpu": gpu,
            "calibration": profile.calibration, "note": profile.calibration_note,
-           "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.resolve().relative_to(ROOT)), "mode": "fast",
+           "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.resolve().relative_to(ROOT)),
+           "mode": "fast",
            "points": points}
     target.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {target} ({len(points)} configurations, MODELLED by {doc['profile']}, {profile.calibration})")
 
 
 def compare(results: Path | None = None, predictions: Path | None = None, out: Path | None = None,
-            model: str = DEFAULT) -> str:
+            model: str = DEFAULT, none_fitted: bool = False) -> str:
     """`compare_projection` on the dense run, its held-out part being what the fitted grid leaves out (the
-    whole grid where nothing was fitted)."""
+    whole grid where nothing was fitted, or where `none_fitted`: a run on another GPU, which no
+    calibration read)."""
     run = MODELS[model]
     try:
-        text = compare_projection(results or run.results, run.fitted_grid(), predictions, out)
+        text = compare_projection(results or run.results, set() if none_fitted else run.fitted_grid(),
+                                  predictions, out)
     except RecordError as exc:
         raise SystemExit(str(exc)) from None
     print(text)
@@ -154,11 +157,13 @@ def main(argv: list[str]) -> None:
                     "less bandwidth and memory)")
     ap.add_argument("--sweep", type=Path, help="predict --rule: another sweep's grid and model (a run on another GPU)")
     ap.add_argument("--max-model-len", type=int, help="predict --rule: where the sweep's launcher sets none")
+    ap.add_argument("--none-fitted", action="store_true",
+                    help="compare: no calibration read this run (another GPU's): the whole grid is held out")
     args = ap.parse_args(argv)
     if args.what == "predict":
         predict(args.rule, args.references, args.predictions, args.model, args.gpu, args.sweep, args.max_model_len)
     else:
-        compare(args.results, args.predictions, args.out, args.model)
+        compare(args.results, args.predictions, args.out, args.model, args.none_fitted)
 
 
 if __name__ == "__main__":
