@@ -28,11 +28,12 @@ _KEYWORDS = frozenset(
     {"and", "or", "unless", "bool", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
      "inf", "nan", "atan2"}
 )
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _NAME_MATCHER = re.compile(r'__name__\s*=\s*"([a-zA-Z_:][a-zA-Z0-9_:]*)"')
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
 _IDENT = re.compile(r"(?<![\w:.$])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])")
-_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.*?)\s*(?:,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*)?\)\s*$", re.S)
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_OPENS = re.compile(r"\s*\(")
+_MAX_GROUPING_PASSES = 8  # a grouping's list holds label names: nesting deeper is no dashboard's PromQL
 _VARIABLE = re.compile(r"\$\{([a-zA-Z0-9_]+)(?::[a-z]+)?\}|\$([a-zA-Z0-9_]+)|\[\[([a-zA-Z0-9_]+)\]\]")
 
 
@@ -76,11 +77,52 @@ def variable_queries(dashboard: Mapping[str, Any]) -> list[VariableQuery]:
         if var.get("type") != "query":
             continue
         query = var["query"]["query"] if isinstance(var.get("query"), dict) else var.get("query", "")
-        match = _LABEL_VALUES.match(query)
-        if not match:
+        parsed = _label_values(query)
+        if parsed is None:
             raise ValueError(f"variable {var['name']}: only label_values(...) queries are supported, got {query!r}")
-        found.append(VariableQuery(var["name"], match.group(1), match.group(2)))
+        found.append(VariableQuery(var["name"], *parsed))
     return found
+
+
+def _label_values(query: str) -> tuple[str, str | None] | None:
+    """`label_values(SELECTOR[, LABEL])` as (selector, label), in one pass (None: not that form)."""
+    text = query.strip()
+    if not (text.startswith("label_values") and text.endswith(")")):
+        return None
+    inner = text[len("label_values"):].lstrip()
+    if not inner.startswith("("):
+        return None
+    inner = inner[1:-1].strip()
+    head, comma, tail = inner.rpartition(",")
+    if comma and _LABEL_NAME.fullmatch(tail.strip()):
+        return head.strip(), tail.strip()
+    return inner, None
+
+
+def _blank_strings(expr: str) -> str:
+    """Each quoted string ("...", '...' with backslash escapes; `...` raw) as `""`, in one pass: a quote
+    with no end is kept as it is and the text after it read on (a later quote of the same kind has no
+    end either: its scan would run in step with the first one's, so none is tried again)."""
+    out: list[str] = []
+    i, n = 0, len(expr)
+    endless: set[str] = set()
+    while i < n:
+        ch = expr[i]
+        if ch not in "\"'`" or ch in endless:
+            out.append(ch)
+            i += 1
+            continue
+        j = i + 1
+        while j < n and expr[j] != ch:
+            j += 2 if expr[j] == "\\" and ch != "`" else 1
+        if j < n:
+            out.append('""')
+            i = j + 1
+        else:
+            endless.add(ch)
+            out.append(ch)
+            i += 1
+    return "".join(out)
 
 
 def substitute(expr: str, values: Mapping[str, str]) -> str:
@@ -99,16 +141,16 @@ def substitute(expr: str, values: Mapping[str, str]) -> str:
 def series_names(expr: str) -> set[str]:
     """The metric names an expression selects (function names, keywords and label names excluded)."""
     names = set(_NAME_MATCHER.findall(expr))
-    text = _STRING.sub('""', expr)
+    text = _blank_strings(expr)
     text = re.sub(r"\{[^{}]*\}", " ", text)  # label matchers
     text = re.sub(r"\[[^\[\]]*\]", " ", text)  # ranges, subqueries
-    previous = None
-    while previous != text:  # groupings may nest inside each other's parentheses only after the lists go
-        previous, text = text, _GROUPING.sub(" ", text)
+    for _ in range(_MAX_GROUPING_PASSES):  # groupings may nest in each other's parentheses once the lists go
+        text, removed = _GROUPING.subn(" ", text)
+        if not removed:
+            break
     for match in _IDENT.finditer(text):
         name = match.group(1)
-        rest = text[match.end():].lstrip()
-        if rest.startswith("("):
+        if _OPENS.match(text, match.end()):
             continue  # a function or an aggregation
         if name.lower() in _KEYWORDS:
             continue

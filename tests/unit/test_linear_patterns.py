@@ -16,6 +16,7 @@ from pdexporter._internal.text import body_reason
 from pdexporter.cli import _hide_stray_tokens
 from pdexporter.engines.sglang import PREFILL_RE, parse_step_log
 from pdexporter.errors import ConfigError
+from pdexporter.grafana.promql import series_names, variable_queries
 
 GUARD_S = 10.0
 HEAD = "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 1, "
@@ -61,3 +62,25 @@ def test_a_usage_error_repeating_extra_arguments_is_read_once() -> None:
     key = "sk" + "a1" * 10
     shown = _hide_stray_tokens(f"Got unexpected extra argument ({key})")
     assert key not in shown and shown.startswith("Got unexpected extra argument (<22 characters not shown")
+
+
+def test_a_dashboards_promql_with_endless_quotes_and_nesting_is_read_once() -> None:
+    """A dashboard's expression (`grafana.promql`): escaped quotes with no end were 15 s at 20 KB, a
+    label_values variable with no closing bracket and a function name far from its bracket were quadratic too."""
+    assert timed(lambda: series_names('x{a="' + '\\"' * 300_000 + "}")) == {"x"}
+    assert timed(lambda: series_names("sum by (a) (" * 100_000 + "up" + ")" * 100_000)) == {"up"}
+    assert timed(lambda: series_names("by(" * 100_000 + "a)" + ")" * 100_000)) == set()  # groupings in groupings
+    assert timed(lambda: series_names("f (" * 100_000 + "up")) == {"up"}
+    with pytest.raises(ValueError, match="only label_values"):
+        timed(lambda: variable_queries({"templating": {"list": [
+            {"type": "query", "name": "v", "query": "label_values(" + "a , " * 200_000}]}}))
+    # and what they read stays what it was
+    assert series_names('sum by (le) (rate(pdx_tpot_bucket{mode="x\\"y"}[5m])) / on(job) group_left up') == {
+        "pdx_tpot_bucket", "up"}
+    assert series_names('{__name__="pdx_a"} + count(`raw"quote`) + b') == {"pdx_a", "b"}
+    (one,) = variable_queries({"templating": {"list": [
+        {"type": "query", "name": "inst", "query": {"query": ' label_values( pdx_up{a="1",b="2"} , instance ) '}}]}})
+    assert (one.selector, one.label) == ('pdx_up{a="1",b="2"}', "instance")
+    plain = {"type": "query", "name": "m", "query": 'label_values(up{a="x,y"})'}
+    (two,) = variable_queries({"templating": {"list": [plain]}})
+    assert (two.selector, two.label) == ('up{a="x,y"}', None)
