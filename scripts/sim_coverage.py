@@ -20,7 +20,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from pdexporter.analysis.campaigns import MIN_REGIME_POINTS
+from pdexporter.analysis.campaigns import HeldOutPoint, variation_from
 from pdexporter.analysis.table import build_table, samples_from_record
 from pdexporter.predict.grid import predict_records
 from pdexporter.sim.profile import load_profile
@@ -34,16 +34,13 @@ def rms(values: list[float]) -> float:
 
 
 def nested_s(rows: list[dict[str, str]], exclude: str) -> dict[str, float]:
-    """The colocated log sd by regime from every campaign but `exclude` (validate's rule: a regime
-    with fewer than MIN_REGIME_POINTS points takes the pooled s)."""
-    logs = [(r["regime"], math.log(float(r["measured_ms"]) / float(r["predicted_ms"])))
-            for r in rows if r["campaign"] != exclude]
-    pooled = rms([v for _, v in logs])
-    out = {}
-    for regime in {g for g, _ in logs}:
-        mine = [v for g, v in logs if g == regime]
-        out[regime] = rms(mine) if len(mine) >= MIN_REGIME_POINTS else pooled
-    return out
+    """The colocated log sd by regime from every campaign but `exclude`, by validate's own rule
+    (`campaigns.variation_from`: a regime with fewer than MIN_REGIME_POINTS points takes the pooled s)."""
+    points = [HeldOutPoint(r["campaign"], r["role"], r["arm"], int(r["chunk_size"]), int(r["decode_batch_size"]),
+                           int(r["new_prefill_tokens"]), r["regime"], float(r["measured_ms"]), float(r["predicted_ms"]),
+                           ()) for r in rows]
+    arm = variation_from(points, exclude=exclude).get("colocated") or {}
+    return {regime: float(s) for regime, s in (arm.get("by_regime") or {}).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
