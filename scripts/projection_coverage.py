@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -23,24 +22,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pdexporter.analysis.campaigns import inside_log_band, load_variation  # noqa: E402
 from pdexporter.analysis.decision_eval import campaign_log_sd, chunk_context, cost_regime  # noqa: E402
+from pdexporter.errors import RecordError  # noqa: E402
 
-Z90 = 1.6449
 QUANTITY = "aggregate_interference"
 
 
-def _read_json(path: Path, what: str) -> dict:  # type: ignore[type-arg]
-    try:
-        return json.loads(path.read_text())  # type: ignore[no-any-return]
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"{path}: not readable as {what} ({exc.__class__.__name__})") from None
-
-
 def coverage(comparison: Path, regimes: Path, variation: Path) -> str:
-    doc = _read_json(regimes, "a decision.json")
-    var = _read_json(variation, "a held_out.json").get("variation")
-    if not var:
-        raise SystemExit(f"{variation}: variation: missing (pdexporter validate writes it)")
+    try:
+        doc = json.loads(regimes.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{regimes}: not readable as a decision.json ({exc.__class__.__name__})") from None
+    try:
+        var, _ = load_variation(variation)
+    except RecordError as exc:
+        raise SystemExit(str(exc)) from None
     if not comparison.is_file():
         raise SystemExit(f"{comparison}: no such comparison (scripts/gpu/dense_report.py compare writes it)")
     by: dict[str, list[tuple[float, bool]]] = {}
@@ -52,8 +49,8 @@ def coverage(comparison: Path, regimes: Path, variation: Path) -> str:
             b, d, p = int(row["B"]), int(row["D"]), int(row["P"])
             regime = cost_regime(doc, chunk_context(doc, d, p, b))
             s = campaign_log_sd(var, "colocated", regime)
-            ratio = abs(math.log(float(measured) / float(projected)))
-            by.setdefault(regime, []).append((abs(float(projected) / float(measured) - 1) * 100, ratio <= Z90 * s))
+            by.setdefault(regime, []).append((abs(float(projected) / float(measured) - 1) * 100,
+                                              inside_log_band(float(measured), float(projected), s)))
     every = [x for xs in by.values() for x in xs]
     if not every:
         raise SystemExit(f"{comparison}: no configuration with a measured and a projected {QUANTITY}")

@@ -20,13 +20,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from pdexporter.analysis.campaigns import HeldOutPoint, variation_from
+from pdexporter.analysis.campaigns import HeldOutPoint, inside_log_band, variation_from
 from pdexporter.analysis.table import build_table, samples_from_record
 from pdexporter.predict.grid import predict_records
 from pdexporter.sim.profile import load_profile
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
-Z90 = 1.6449
 
 
 def rms(values: list[float]) -> float:
@@ -71,13 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         if key not in predicted:
             continue
         measured, pred, regime = float(r["measured_ms"]), predicted[key], r["regime"]
-        ratio = abs(math.log(measured / pred))
         s_all = carried.colocated.by_regime.get(regime, carried.colocated.log_sd)
         s_nested = nested[r["campaign"]].get(regime, rms(list(nested[r["campaign"]].values())))
         err = abs(pred / measured - 1) * 100
-        by_campaign[r["campaign"]].append((err, ratio <= Z90 * s_all, ratio <= Z90 * s_nested, regime))
+        inside_all, inside_nested = inside_log_band(measured, pred, s_all), inside_log_band(measured, pred, s_nested)
+        by_campaign[r["campaign"]].append((err, inside_all, inside_nested, regime))
         lines.append([r["campaign"], *key, regime, measured, round(pred, 3), round(err, 2),
-                      ratio <= Z90 * s_all, ratio <= Z90 * s_nested, abs(float(r["error_pct"]))])
+                      inside_all, inside_nested, abs(float(r["error_pct"]))])
     header = ["campaign", "points", "sim MAPE %", "median %", "launch MAPE %", "compute MAPE %", "graph MAPE %",
               "inside (profile's s)", "inside (nested s)", "cost model MAPE %"]
     md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -323,6 +323,15 @@ def campaign_draws(n: int, seed: int = 20261203) -> list[dict[str, float]]:
     return [{arm: round(quantiles[int(orders[arm][i])], 6) for arm in CAMPAIGN_ARMS} for i in range(n)]
 
 
+Z90 = 1.6449  # the normal quantile of the 90 % band's edges (COVERAGE_LEVEL)
+
+
+def inside_log_band(measured: float, predicted: float, log_sd: float) -> bool:
+    """Whether `measured` lies inside `predicted` x exp(+-Z90 s), the 90 % band the campaign variation s
+    gives a prediction that has no replicates of its own (the embedded engine's, a projection's)."""
+    return abs(math.log(measured / predicted)) <= Z90 * log_sd
+
+
 def carry_variation(replicates: Any, log_sd: Any, arm: str = "colocated") -> np.ndarray:
     """Bootstrap replicates with the campaign variation carried, as decision.json's intervals carry
     it: replicate r (axis 0 of `replicates`) times exp(s z_r), z_r the arm's fixed draw

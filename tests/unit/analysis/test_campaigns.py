@@ -22,6 +22,7 @@ from pdexporter.analysis.campaigns import (
     coverage_summary,
     find_campaigns,
     fold_variation,
+    inside_log_band,
     load_campaign,
     variation_from,
 )
@@ -271,3 +272,12 @@ def test_each_campaign_is_also_scored_by_regime() -> None:
     # the launch points lie beyond a's width (log 2 against s = log 1.1): outside, the compute ones inside
     assert b["by_regime"]["launch"]["coverage"] == 0.0 and b["by_regime"]["compute"]["coverage"] == 1.0
     assert b["points"] == 14
+
+
+def test_a_prediction_without_replicates_is_scored_in_its_log_band() -> None:
+    """x exp(+-1.6449 s) around the prediction, symmetric in the log (the embedded engine's and a
+    projection's coverage, scripts/sim_coverage.py and scripts/projection_coverage.py)."""
+    s = 0.39  # the launch-bound regime's s: a band of x/÷ 1.8995
+    assert inside_log_band(189.9, 100.0, s) and inside_log_band(100.0, 189.9, s)
+    assert not inside_log_band(190.0, 100.0, s) and not inside_log_band(100.0, 190.0, s)
+    assert inside_log_band(100.0, 100.0, 0.0) and not inside_log_band(100.1, 100.0, 0.0)
