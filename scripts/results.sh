@@ -148,14 +148,13 @@ pd export-table "$SPREAD100/passive" --mode passive --injected "$SPREAD100/injec
   --campaign-variation "$HELD_OUT/held_out.json" --no-parquet >/dev/null
 python3 scripts/gpu/passive_compare.py "$SPREAD100/passive" --injected "$SPREAD100/injected" --spread "$SPREAD100/spread.tsv" \
   --out "$SPREAD100" >/dev/null
-for level in slow matched; do
+for pair in slow:comparison-launch-slow.md matched:comparison-level-matched.md; do
   LEVEL=$(mktemp -d)
   python3 scripts/gpu/passive_compare.py "$SPREAD100/passive" --injected "$SPREAD100/injected" --spread "$SPREAD100/spread.tsv" \
-    --launch-level "$level" --out "$LEVEL" >/dev/null
-  cp "$LEVEL/comparison.md" "$SPREAD100/comparison-launch-$level.md"
+    --launch-level "${pair%%:*}" --out "$LEVEL" >/dev/null
+  cp "$LEVEL/comparison.md" "$SPREAD100/${pair##*:}"
   rm -rf "$LEVEL"
 done
-mv "$SPREAD100/comparison-launch-matched.md" "$SPREAD100/comparison-level-matched.md"
 python3 scripts/gpu/passive_spread.py "$SPREAD100" --segments 5 > "$SPREAD100/spread.md"
 python3 scripts/gpu/dense_report.py compare --results "$SPREAD100/injected" --predictions "$SPREAD100/predictions-carry.json" \
   --out "$SPREAD100" --none-fitted >/dev/null
