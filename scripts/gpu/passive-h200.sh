@@ -48,6 +48,9 @@
 # analysis: two 590 s calls. Dry run (3 segments of 20 s, a two-cell SWEEP): scripts/gpu/README.md.
 #   SEGMENTS=5 STOP_ENGINE=1 bash scripts/gpu/passive-h200.sh BUDGET_S 60 2.0     (validation.sh passive-spread)
 # SWEEP=FILE replaces sweeps/passive-h200.yaml (a smaller grid for a dry run); INJECTED is refused.
+# BURN_BLOCKS="2 4" (spread mode): during those blocks BURN_N (default nproc - 4) busy loops at nice 19
+# keep the host's other CPUs busy (the quiet-host test: does an idle host take the fast launch level less
+# often than one serving traffic?); each such block adds `burn k start end N` to spread.tsv.
 #
 # Needs on the machine: the vLLM bundle in /root/stage (../shared/gpu/README.md) and the
 # OpenTelemetry wheels vLLM's tracing imports, carried as .gpu-stage-otel/otel-site.tar.gz (built by
@@ -97,7 +100,9 @@ pack() {
   cp "$W/passive-table/plots/passive_convergence.png" "$OUT/" 2>/dev/null
   true
 }
-trap pack EXIT
+BURNERS=()
+burn_stop() { [ "${#BURNERS[@]}" -gt 0 ] && kill "${BURNERS[@]}" 2>/dev/null; BURNERS=(); true; }
+trap 'burn_stop; pack' EXIT
 
 [ -f "$W/analysis.done" ] && { log "$W: this run is done (analysis written)"; exit 0; }
 
@@ -165,11 +170,19 @@ block() {
     if [ "$budget" -le 60 ]; then  # (a fresh sweep takes its warm-up for 30 s before it knows better)
       log "no time left for the injected sweep${s:+ block $k} in this call: the next call runs it"; exit 0
     fi
-    log "injected sweep${s:+ block $k/$K (repetition $k of every cell)} on the same engine (deadline ${budget}s)"
+    local burn=0 b
+    if [ -n "$SEGMENTS" ] && [[ " ${BURN_BLOCKS:-} " == *" $k "* ]]; then
+      burn=${BURN_N:-$(( $(nproc) - 4 ))}
+      for b in $(seq "$burn"); do nice -n 19 sh -c 'while :; do :; done' & BURNERS+=($!); done
+    fi
+    log "injected sweep${s:+ block $k/$K (repetition $k of every cell)} on the same engine (deadline ${budget}s)$(
+      [ "$burn" -gt 0 ] && echo ", $burn busy loops at nice 19 beside it")"
     t=$(date +%s)
     python3 -m pdexporter sweep "$SWEEP" --target "$URL" --chunk-size $B --out "$W/injected" "${reps[@]}" \
       --deadline "${budget}s" >> "$W/sweep.log" 2>&1
     rc=$?
+    burn_stop
+    [ "$burn" -gt 0 ] && printf 'burn\t%s\t%s\t%s\t%s\n' "$k" "$t" "$(date +%s)" "$burn" >> "$W/spread.tsv"
     [ "$rc" = 0 ] && touch "$W/injected$s.done"
     [ -n "$SEGMENTS" ] && printf 'block\t%s\t%s\t%s\t%s\n' "$k" "$t" "$(date +%s)" "$rc" >> "$W/spread.tsv"
     log "injected: $(ls "$W"/injected/$B/*.json 2>/dev/null | wc -l) cells${s:+ (block $k: rc $rc, $(( $(date +%s) - t )) s)}"
