@@ -142,25 +142,30 @@ done
 # passive segments at 2 req/s, each followed by one repetition of every injected cell on the same engine; the
 # event model scored over the segments' own minutes (--spread), its intervals carrying the H200 campaigns'
 # variation (the only one measured); and the MoE profile carried to the H100's datasheet against its injected table.
+# GPU session 26 repeated it at 1 req/s (documents-heavy, seeds 51-55), blocks 2 and 4 beside busy loops
+# (BURN_BLOCKS; spread.md's launch levels by part), and measured quiet against busy host block by block.
 SPREAD100=$R/h100-vllm0.22-qwen3-coder-30b-a3b-passive-spread
-echo "== passive $SPREAD100"
-pd export-table "$SPREAD100/passive" --mode passive --injected "$SPREAD100/injected" --out "$SPREAD100/passive-table" \
-  --campaign-variation "$HELD_OUT/held_out.json" --no-parquet >/dev/null
-python3 scripts/gpu/passive_compare.py "$SPREAD100/passive" --injected "$SPREAD100/injected" --spread "$SPREAD100/spread.tsv" \
-  --out "$SPREAD100" >/dev/null
-for pair in slow:comparison-launch-slow.md matched:comparison-level-matched.md; do
-  LEVEL=$(mktemp -d)
-  python3 scripts/gpu/passive_compare.py "$SPREAD100/passive" --injected "$SPREAD100/injected" --spread "$SPREAD100/spread.tsv" \
-    --launch-level "${pair%%:*}" --out "$LEVEL" >/dev/null
-  cp "$LEVEL/comparison.md" "$SPREAD100/${pair##*:}"
-  rm -rf "$LEVEL"
+for run in "$SPREAD100" "$SPREAD100-1rps"; do
+  echo "== passive $run"
+  pd export-table "$run/passive" --mode passive --injected "$run/injected" --out "$run/passive-table" \
+    --campaign-variation "$HELD_OUT/held_out.json" --no-parquet >/dev/null
+  python3 scripts/gpu/passive_compare.py "$run/passive" --injected "$run/injected" --spread "$run/spread.tsv" \
+    --out "$run" >/dev/null
+  for pair in slow:comparison-launch-slow.md matched:comparison-level-matched.md; do
+    LEVEL=$(mktemp -d)
+    python3 scripts/gpu/passive_compare.py "$run/passive" --injected "$run/injected" --spread "$run/spread.tsv" \
+      --launch-level "${pair%%:*}" --out "$LEVEL" >/dev/null
+    cp "$LEVEL/comparison.md" "$run/${pair##*:}"
+    rm -rf "$LEVEL"
+  done
+  python3 scripts/gpu/passive_spread.py "$run" --segments 5 > "$run/spread.md"
 done
-python3 scripts/gpu/passive_spread.py "$SPREAD100" --segments 5 > "$SPREAD100/spread.md"
+python3 scripts/gpu/burner_ab.py $R/h100-vllm0.22-host-burner --out $R/h100-vllm0.22-host-burner/summary.md >/dev/null
 python3 scripts/gpu/dense_report.py compare --results "$SPREAD100/injected" --predictions "$SPREAD100/predictions-carry.json" \
   --out "$SPREAD100" --none-fitted >/dev/null
 python3 scripts/projection_coverage.py "$SPREAD100/comparison-carry.csv" --regimes "$SEED/decision.json" \
   --out "$SPREAD100/projection_coverage.md" >/dev/null
-# ... and the dense Llama-8B run on that H100 (108 of 126 configurations): its own table, and the two projections
+# ... and the dense Llama-8B run on that H100 (126 configurations; B = 4096 D 6-12 in session 26): its own table, and the two projections
 # committed before its records were read (the H200 calibration carried to the H100's datasheet; the learned rule)
 DENSE100=$R/h100-vllm0.22-llama-3.1-8b-instruct
 echo "== dense $DENSE100"

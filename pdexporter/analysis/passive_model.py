@@ -260,11 +260,13 @@ def traffic_seconds(t: float, spans: Sequence[tuple[float, float]]) -> float:
 
 
 def events_from_records(records: Iterable[Any], requests: Mapping[str, int] | None = None,
-                        spans: Sequence[tuple[float, float]] | None = None) -> list[FitEvent]:
+                        spans: Sequence[tuple[float, float]] | None = None,
+                        origin: float | None = None) -> list[FitEvent]:
     """The published events of passive records (`run --passive --out`: one repetition per event,
     its `passive` block holding the exact D and P); traffic time from the repetitions' `started_at`,
-    seconds since the first event, counted inside `spans` only where they are given (`traffic_seconds`).
-    A joint event's prompts from its record, else from `requests` (`joint_prompts`)."""
+    seconds since the first event, counted inside `spans` only where they are given (`traffic_seconds`);
+    since `origin` where given (0 and no spans: each event's start, epoch s). A joint event's prompts
+    from its record, else from `requests` (`joint_prompts`)."""
     rows: list[tuple[float | None, FitEvent]] = []
     for record in records:
         if getattr(record.config, "mode", None) != "passive":
@@ -301,7 +303,7 @@ def events_from_records(records: Iterable[Any], requests: Mapping[str, int] | No
         return traffic_seconds(t, spans) if spans else t
 
     times = [clock(t) for t, _ in rows if t is not None]
-    t0 = min(times) if times else 0.0
+    t0 = origin if origin is not None else min(times) if times else 0.0
     out = [FitEvent(**{**e.__dict__, "at_s": (clock(t) - t0) if t is not None else 0.0}) for t, e in rows]
     return sorted(out, key=lambda e: e.at_s)
 
@@ -836,7 +838,8 @@ MATCHED = "matched"  # the scoring mode beside LAUNCH_LEVELS' fits (module docs,
 def injected_reps(records: Iterable[Any]) -> dict[Key, list[FitEvent]]:
     """The injected (not passive) records' repetitions as events of their cell (its exact D and P, the
     repetition's baseline, located chunk steps and interference per stream): what
-    `LaunchLevels.level_of` reads each repetition's launch level from."""
+    `LaunchLevels.level_of` reads each repetition's launch level from. A repetition's `at_s` is its
+    start (epoch s; 0 where the record has none): which block of a spread run it belongs to."""
     out: dict[Key, list[FitEvent]] = {}
     for record in records:
         c = record.config
@@ -849,7 +852,8 @@ def injected_reps(records: Iterable[Any]) -> dict[Key, list[FitEvent]]:
                 continue
             out.setdefault(key, []).append(FitEvent(
                 key[0], key[1], key[2], float(total), rep.baseline.tpot_p50_ms,
-                tuple(rep.interference.chunk_step_times_ms or ()), source="injected"))
+                tuple(rep.interference.chunk_step_times_ms or ()), at_s=iso_epoch_s(rep.started_at) or 0.0,
+                source="injected"))
     return out
 
 

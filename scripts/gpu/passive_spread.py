@@ -8,9 +8,10 @@ is for: every injected cell holds K repetitions, one per block, and every segmen
     python3 scripts/gpu/passive_spread.py WORK_DIR [--segments K]     # prints markdown, writes spread.json
 
 WORK_DIR holds spread.tsv (passive-h200.sh: `segment|block  k  start_epoch  end_epoch  rc`, one line per
-segment and per sweep invocation of a block: a block resumed in a later call has several), passive/ and
-injected/. Exit 1 when --segments is given and a check fails (a dry run's proof); 2, one line, where a
-segment or block line of spread.tsv does not read (`passive_compare.spread_timeline`); else 0.
+segment and per sweep invocation of a block: a block resumed in a later call has several; `burn  k  start
+end  N` where block k ran beside N busy loops), passive/ and injected/. Exit 1 when --segments is given
+and a check fails (a dry run's proof); 2, one line, where a segment or block line of spread.tsv does not
+read (`passive_compare.spread_timeline`); else 0.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -26,6 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pdexporter._internal.durations import iso_epoch_s  # noqa: E402
+from pdexporter.analysis import passive_model  # noqa: E402
 from pdexporter.analysis.passive_compare import spread_timeline  # noqa: E402
 from pdexporter.errors import PdexporterError  # noqa: E402
 from pdexporter.measure.store import ResultsStore  # noqa: E402
@@ -74,6 +77,81 @@ def injected_reps(root: Path) -> dict[tuple[int, int, int], list[tuple[int | Non
     return out
 
 
+def burners(lines: list[str]) -> dict[int, int]:
+    """Block k -> the busy loops it ran beside (spread.tsv's `burn k start end N` lines)."""
+    out: dict[int, int] = {}
+    for line in lines:
+        cols = line.split()
+        if len(cols) >= 5 and cols[0] == "burn" and cols[1].isdigit() and cols[4].isdigit():
+            out[int(cols[1])] = int(cols[4])
+    return out
+
+
+def fisher_greater(a: int, b: int, c: int, d: int) -> float:
+    """One-sided Fisher's exact test on [[a, b], [c, d]]: P(the top-left count >= a) with the margins fixed
+    (row 1's share of the first column at least as high as observed, by chance)."""
+    row1, col1, n = a + b, a + c, a + b + c + d
+    total = math.comb(n, row1)
+    return sum(math.comb(col1, x) * math.comb(n - col1, row1 - x)
+               for x in range(a, min(row1, col1) + 1)) / total if total else 1.0
+
+
+def level_lines(work: Path, parts: list[Part], burn: dict[int, int]) -> tuple[list[str], dict[str, Any]]:
+    """The launch levels by part (module docs): markdown lines and their JSON."""
+    root = work / "passive"
+    records = [r for r in ResultsStore(root).iter_records() if r.config.mode == "passive"] if root.is_dir() else []
+    events = passive_model.events_from_records(records, origin=0.0)  # at_s: each event's start, epoch s
+    if not events:
+        return [], {}
+    grid = passive_model.Grid(tuple(sorted({e.chunk_size for e in events})))
+    levels = passive_model.launch_levels(events, grid)
+    if not levels.split:
+        return [f"Launch levels: {levels.events} launch-bound one-chunk events, not clearly two levels "
+                "(nothing to split by part)."], {"two_levels": False}
+    inj = work / "injected"
+    by_cell = passive_model.injected_reps(ResultsStore(inj).iter_records()) if inj.is_dir() else {}
+    reps = [r for (b, d, p), rs in by_cell.items() if levels.launch_bound(d, p, b) for r in rs]
+    read = [(r.at_s, lv) for r in reps if (lv := levels.level_of(r)) is not None]
+    seen = [(events[i].at_s, "fast" if i in levels.fast else "slow") for i in sorted(levels.fast | levels.slow)]
+    rows, doc, by = [], [], {"burn": [0, 0], "quiet": [0, 0], "segment": [0, 0]}
+    for p in parts:
+        pool = seen if p.kind == "segment" else read
+        lv = [x for t, x in pool if p.start <= t <= p.end]
+        fast = lv.count("fast")
+        n_burn = burn.get(p.k, 0) if p.kind == "block" else 0
+        group = "segment" if p.kind == "segment" else "burn" if n_burn else "quiet"
+        by[group][0] += fast
+        by[group][1] += len(lv)
+        share = f"{100 * fast / len(lv):.0f} %" if lv else "–"
+        rows.append(f"| {p.kind} {p.k} | {n_burn or ''} | {fast}/{len(lv)} | {share} |")
+        doc.append({"kind": p.kind, "k": p.k, "burners": n_burn, "fast": fast, "read": len(lv)})
+
+    def pct(g: str) -> str:
+        f, n = by[g]
+        return f"{f}/{n} ({100 * f / n:.0f} %)" if n else "none"
+
+    lines = [
+        f"Launch levels by part: the events' two modes (step extra over the baseline {levels.fast_ms:.1f} and "
+        f"{levels.slow_ms:.1f} ms, Ashman's D {levels.separation:.1f}); segments: the launch-bound one-chunk "
+        "events, blocks: the launch-bound injected repetitions whose chunk step reads.",
+        "",
+        "| part | busy loops | fast / read | fast share |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        f"Segments {pct('segment')} fast; quiet blocks {pct('quiet')}; blocks beside busy loops {pct('burn')}.",
+    ]
+    out: dict[str, Any] = {"two_levels": True, "fast_ms": levels.fast_ms, "slow_ms": levels.slow_ms,
+                           "parts": doc, "totals": {g: {"fast": f, "read": n} for g, (f, n) in by.items()}}
+    (bf, bn), (qf, qn) = by["burn"], by["quiet"]
+    if bn and qn:
+        up, down = fisher_greater(bf, bn - bf, qf, qn - qf), fisher_greater(qf, qn - qf, bf, bn - bf)
+        lines.append(f"Fisher's exact test, one-sided: the burner blocks faster p = {up:.3g}; the quiet blocks "
+                     f"faster p = {down:.3g}.")
+        out["fisher_burn_faster_p"], out["fisher_quiet_faster_p"] = up, down
+    return lines, out
+
+
 def _utc(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%H:%M:%S")
 
@@ -81,10 +159,12 @@ def _utc(t: float) -> str:
 def summarise(work: Path, segments: int | None = None) -> tuple[str, dict[str, Any], list[str]]:
     """The markdown, the JSON document and the failed checks (empty: all passed, or none asked)."""
     tsv = work / "spread.tsv"
-    parts = read_timeline_lines(tsv.read_text(encoding="utf-8").splitlines(), str(tsv)) if tsv.exists() else []
+    text = tsv.read_text(encoding="utf-8").splitlines() if tsv.exists() else []
+    parts = read_timeline_lines(text, str(tsv))
     events = passive_starts(work / "passive")
     cells = injected_reps(work / "injected")
     t0 = min([p.start for p in parts] + events[:1]) if parts or events else 0.0
+    burn = burners(text)
     rows, doc_parts = [], []
     for p in parts:
         if p.kind == "segment":
@@ -93,12 +173,14 @@ def summarise(work: Path, segments: int | None = None) -> tuple[str, dict[str, A
         else:
             n = sum(b == p.k - 1 for reps in cells.values() for b, _ in reps)
             what = f"{n} injected repetitions (block {p.k - 1})" + (
+                f", beside {burn[p.k]} busy loops" if p.k in burn else "") + (
                 f", {len(p.invocations)} invocations (rc {' '.join(map(str, p.invocations))})"
                 if len(p.invocations) > 1 else "")
         rows.append(f"| {p.kind} {p.k} | {_utc(p.start)} | {_utc(p.end)} | {(p.start - t0) / 60:.2f} – "
                     f"{(p.end - t0) / 60:.2f} | {p.wall_s:.0f} | {what} |")
         doc_parts.append({"kind": p.kind, "k": p.k, "start": p.start, "end": p.end, "wall_s": round(p.wall_s, 1),
-                          "count": n, "invocations": p.invocations})
+                          "count": n, "invocations": p.invocations, "burners": burn.get(p.k, 0) if p.kind == "block"
+                          else 0})
     per_cell = Counter(len(reps) for reps in cells.values())
     outside = sum(not any(p.start <= t <= p.end for p in parts) for t in events)
     failed: list[str] = []
@@ -129,8 +211,12 @@ def summarise(work: Path, segments: int | None = None) -> tuple[str, dict[str, A
     ]
     if segments is not None:
         lines.append(f"Check ({segments} segments): " + ("passed" if not failed else "; ".join(failed)) + ".")
+    level_text, level_doc = level_lines(work, parts, burn)
+    if level_text:
+        lines += ["", *level_text]
     doc = {"parts": doc_parts, "events": len(events), "events_outside": outside, "cells": len(cells),
-           "reps_per_cell": {str(n): c for n, c in sorted(per_cell.items())}, "failed": failed}
+           "reps_per_cell": {str(n): c for n, c in sorted(per_cell.items())}, "failed": failed,
+           "launch_levels": level_doc}
     return "\n".join(lines), doc, failed
 
 

@@ -205,6 +205,8 @@ def test_events_from_records_take_the_exact_d_and_p_and_traffic_time() -> None:
     assert traffic_seconds(t0 + 60.0, spans) == 40.0 and traffic_seconds(t0 + 40.0, spans) == 30.0
     spread = events_from_records([record], spans=spans)
     assert [(e.decode, e.at_s) for e in spread] == [(5, 0.0), (7, 40.0)]
+    # origin 0: each event's own start, epoch s (passive_spread.py places them in its segments)
+    assert [e.at_s for e in events_from_records([record], origin=0.0)] == [t0, t0 + 60.0]
 
 
 def test_spread_segments_read_the_passive_segments_and_name_a_bad_line(tmp_path) -> None:
@@ -390,18 +392,20 @@ def test_level_matched_keeps_the_mixed_estimate_where_no_level_can_be_read() -> 
 def test_injected_reps_take_each_repetition_of_the_injected_records() -> None:
     from types import SimpleNamespace as NS
 
-    def rep(steps: list[float] | None, total: float | None) -> NS:
+    def rep(steps: list[float] | None, total: float | None, at: str | None = None) -> NS:
         return NS(baseline=NS(tpot_p50_ms=10.0), interference=NS(chunk_step_times_ms=steps),
-                  derived=NS(total_interference_ms=total))
+                  derived=NS(total_interference_ms=total), started_at=at)
 
     injected = NS(config=NS(mode="fast", chunk_size=B, decode_batch_size=12, new_prefill_tokens=512),
-                  reps=[rep([78.1], 62.0), rep(None, 60.0), rep([70.0], None)])
+                  reps=[rep([78.1], 62.0, "2026-01-01T00:01:00+00:00"), rep(None, 60.0), rep([70.0], None)])
     passive = NS(config=NS(mode="passive", chunk_size=B, decode_batch_size=12, new_prefill_tokens=512),
                  reps=[rep([70.0], 50.0)])
     out = injected_reps([injected, passive])
     assert list(out) == [(B, 12, 512)]
     assert [(e.decode, e.prompt, e.total_ms, e.baseline_ms, e.chunk_steps_ms) for e in out[(B, 12, 512)]] == [
         (12, 512, 62.0, 10.0, (78.1,)), (12, 512, 60.0, 10.0, ())]
+    # each repetition's start (epoch s), which block of a spread run it is; 0 where the record has none
+    assert [e.at_s for e in out[(B, 12, 512)]] == [1767225660.0, 0.0]
 
 
 def _joint_events(n: int, seed: int = 0) -> list[FitEvent]:

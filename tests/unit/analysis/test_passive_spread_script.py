@@ -82,3 +82,36 @@ def test_a_timeline_line_that_does_not_read_is_one_line_naming_it() -> None:
         spread.read_timeline_lines([TIMELINE[0], "block\t1\tnoon\t5\t0"])
     with pytest.raises(RecordError, match=r"spread.tsv:1: segment ends \(1\) before it starts \(5\)"):
         spread.read_timeline_lines(["segment\t1\t5\t1\t0"])
+
+
+RUN_1RPS = REPO / "results" / "h100-vllm0.22-qwen3-coder-30b-a3b-passive-spread-1rps"
+
+
+def test_burn_lines_mark_their_blocks_and_the_launch_levels_split_by_part() -> None:
+    """Session 26's run: blocks 2 and 4 beside 12 busy loops (BURN_BLOCKS). Its levels by part, re-derived,
+    are the committed spread.json's (scripts/results.sh writes it), and the busy blocks are the marked ones."""
+    spread = gpu_script("passive_spread")
+    text, doc, failed = spread.summarise(RUN_1RPS, segments=5)
+    assert failed == []
+    assert {(p["kind"], p["k"]): p["burners"] for p in doc["parts"] if p["burners"]} == {("block", 2): 12,
+                                                                                       ("block", 4): 12}
+    assert "beside 12 busy loops" in text and "| block 2 | 12 |" in text
+    levels = doc["launch_levels"]
+    committed = json.loads((RUN_1RPS / "spread.json").read_text())["launch_levels"]
+    assert levels["totals"] == committed["totals"]
+    totals = levels["totals"]
+    assert sum(t["read"] for t in totals.values()) == sum(p["read"] for p in levels["parts"]) > 0
+    assert totals["burn"]["read"] > 0 and totals["quiet"]["read"] > 0  # both conditions were read
+    assert 0 < levels["fisher_quiet_faster_p"] <= 1 and 0 < levels["fisher_burn_faster_p"] <= 1
+
+
+def test_burn_lines_and_fisher_exact_test() -> None:
+    from scipy.stats import fisher_exact
+
+    spread = gpu_script("passive_spread")
+    lines = ["segment\t1\t0\t5\t0", "burn\t2\t5\t9\t12", "burn\tx\t5\t9\t12", "block\t2\t5\t9\t0"]
+    assert spread.burners(lines) == {2: 12}
+    for table in ([[42, 6], [72, 0]], [[72, 0], [42, 6]], [[3, 9], [1, 11]], [[0, 5], [0, 7]]):
+        (a, b), (c, d) = table
+        want = fisher_exact(table, alternative="greater")[1]
+        assert abs(spread.fisher_greater(a, b, c, d) - want) < 1e-9, table
