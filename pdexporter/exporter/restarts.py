@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
 
 from pdexporter.client.client import EngineClient
 from pdexporter.errors import ConfigError, EngineChanged, EngineError
@@ -37,13 +36,15 @@ class EngineRestarts:
     """The runner's view of engine restarts: `seen` from the scraper, `asking` while the engine is
     asked who it is (no window starts meanwhile), `changed` once it answered as another engine."""
 
-    def __init__(self, handle: EngineHandle, info: EngineInfo, *, model: str | None, api_key: str | None,
-                 chunk_note: str, log: Callable[[str], None], count: Callable[[], None],
-                 adopt: Callable[[EngineInfo], str | None] | None = None) -> None:
+    def __init__(self, handle: EngineHandle, info: Callable[[], EngineInfo], *, model: str | None,
+                 api_key: str | None, chunk_note: Callable[[], str], log: Callable[[str], None],
+                 count: Callable[[], None], adopt: Callable[[EngineInfo], str | None] | None = None) -> None:
+        # `info` and `chunk_note` read the runner's own (one owner: a chunk size it adopts is seen here at once)
         self.handle, self.info, self.model, self.api_key = handle, info, model, api_key
         self.chunk_note = chunk_note  # e.g. "8192 (given)": what windows are recorded under
         self.log, self.count = log, count
-        # the windows go on under a new published chunk size (None: it ends the run); says why it cannot
+        # the windows go on under a new published chunk size, the runner's info and settings updated
+        # (None: it ends the run); says why it cannot
         self.adopt = adopt
         self.changed: EngineChanged | None = None
         self.seen_count = 0  # restarts seen so far: a window across which it moved is dropped (`Runner._window`)
@@ -95,24 +96,23 @@ class EngineRestarts:
         self._settle(now)
 
     def _settle(self, now: EngineInfo) -> None:
-        change = self.info.changed_to(now)
-        if change is not None and self.adopt is not None and self.info.changed_to(now, chunk_size=False) is None:
+        info = self.info()
+        change = info.changed_to(now)
+        if change is not None and self.adopt is not None and info.changed_to(now, chunk_size=False) is None:
             refused = self.adopt(now)
             if refused is None:
                 self.log(f"the engine restarted with another chunk size ({change}, as it publishes it): windows go "
                          f"on under {now.chunk_size}")
-                self.info = replace(self.info, chunk_size=now.chunk_size)
-                self.chunk_note = f"{now.chunk_size} (published)"
                 return
             change = f"{change}; {refused}"
         if change is not None:
             self.changed = EngineChanged(
-                f"{self.info.url}: the engine restarted as another engine ({change}); its windows would be "
+                f"{info.url}: the engine restarted as another engine ({change}); its windows would be "
                 "recorded under the old one's name and settings, so the run ends: start pdexporter again "
                 "(with --out, another directory)")
             return
         unchecked = ("" if now.chunk_size_published else
-                     f"; it publishes no chunk size, so windows go on under chunk size {self.chunk_note}, each "
+                     f"; it publishes no chunk size, so windows go on under chunk size {self.chunk_note()}, each "
                      "checking it against the probes' cadence (a changed --max-num-batched-tokens shows there only)")
         self.log(f"the engine answers as before ({now.kind} {now.version or ''} serving {now.model}){unchecked}"
                  .replace("  ", " "))

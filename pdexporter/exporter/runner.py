@@ -217,8 +217,9 @@ class Runner:
         if cfg.passive:
             self.passive = self.traces.passive = LivePassive(cfg, self.info, self.metrics, self.book,
                                                              self.records.store, decision=self.decision)
-        self.restarts = EngineRestarts(self.handle, self.info, model=cfg.model, api_key=self.api_key,
-                                       chunk_note=f"{cfg.chunk_size} ({cfg.chunk_size_source})", log=self.log,
+        self.restarts = EngineRestarts(self.handle, self._engine_info, model=cfg.model, api_key=self.api_key,
+                                       chunk_note=lambda: f"{self.config.chunk_size} ({self.config.chunk_size_source})",
+                                       log=self.log,
                                        count=self.metrics.engine_restarts.inc,
                                        adopt=self._adopt_chunk_size if cfg.chunk_size_source == "published" else None)
         self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), adapter(self.info.kind),
@@ -273,6 +274,11 @@ class Runner:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(TICK_S):
                     await stop.wait()
+
+    def _engine_info(self) -> EngineInfo:
+        """The engine the windows are recorded under (the restart watch compares a restarted engine with it)."""
+        assert self.info is not None
+        return self.info
 
     def _adopt_chunk_size(self, now: EngineInfo) -> str | None:
         """The engine restarted with another chunk size it publishes, and the run took its size from
