@@ -31,8 +31,13 @@ here, printed by tests/benchmarks/bench_stamps.py), plus, only across a step of 
 (settimeofday, an NTP step; slewing moves both clocks alike), the step itself until the next
 sample. A step forward makes converted stamps later than the read that returned them, which is
 impossible, so it forces a new sample at once (and a stamp still later than its read is dropped,
-the wake-up stamp taken instead); a step back makes them early, unseen until the next sample, at
-most 1 s later.
+the wake-up stamp taken instead); a step back makes them early until the next sample (at most 1 s
+later) or until a converted stamp comes out before the stamp of the read before it on the same
+socket, impossible as one socket's bytes arrive in order, which forces a sample at once. Without that
+bound a step back larger than the gap between two reads put an event's stamp before its
+predecessor's: a negative interval. A CI sweep on a loaded 2-core machine once crashed on one of
+-0.26 ms; whether a clock step caused it is not known (`client.stream` lists the other ways), and
+the stream holds any stamp still out of order (`TokenStream.record`).
 """
 
 from __future__ import annotations
@@ -177,8 +182,9 @@ class RealtimeToPerf:
         self.offset_ns, self.uncertainty_ns, self.sampled_ns = offset, (gap + 1) // 2, at
         self.samples += 1
 
-    def to_perf_ns(self, real_ns: int, not_after_ns: int) -> int | None:
-        """`real_ns` on the perf clock; `not_after_ns` is a perf time known to be later (after the read)."""
+    def to_perf_ns(self, real_ns: int, not_after_ns: int, not_before_ns: int | None = None) -> int | None:
+        """`real_ns` on the perf clock; `not_after_ns` is a perf time known to be later (after the read),
+        `not_before_ns` one that should be earlier (the stamp of the same socket's read before)."""
         if not_after_ns - self.sampled_ns > self._resample_ns:
             self.sample()
         t_ns = real_ns - self.offset_ns
@@ -187,6 +193,12 @@ class RealtimeToPerf:
             t_ns = real_ns - self.offset_ns
             if t_ns > not_after_ns:
                 return None
+        elif not_before_ns is not None and t_ns < not_before_ns:
+            # Bytes of one socket arrive in order: the wall clock stepped back since the last sample
+            # (or the stamp is out of order for another reason, which a new sample does not change:
+            # the stream holds that one, `TokenStream.record`).
+            self.sample()
+            t_ns = real_ns - self.offset_ns
         return t_ns
 
 
@@ -334,6 +346,7 @@ class _Exchange:
         self.got_bytes = False
         self.ended = False  # the sink saw the end of the stream
         self._last_ns = time.perf_counter_ns()
+        self._last_stamp_ns: int | None = None  # the stamp of the last read that brought bytes
         self._reading = False
         self._closed = False
         self._pending: list[tuple[bytes | None, int, bool, str | None]] = []
@@ -407,9 +420,10 @@ class _Exchange:
             real_ns = rx_stamp_realtime_ns(ancdata)
             if real_ns is not None:
                 # Not `t_wake` as the bound: a segment can land between the wake-up and this read.
-                converted = self.clock_map.to_perf_ns(real_ns, time.perf_counter_ns())
+                converted = self.clock_map.to_perf_ns(real_ns, time.perf_counter_ns(), self._last_stamp_ns)
                 if converted is not None:
                     t_ns, kernel = converted, True
+        self._last_stamp_ns = t_ns
         self._queue(data, t_ns, kernel, None)
 
     def _queue(self, data: bytes | None, t_ns: int, kernel: bool, error: str | None) -> None:

@@ -14,6 +14,19 @@ Drivers (HTTP against a real engine, or in-process against the embedded one) fil
 A stream whose events mix clocks (a read without a kernel stamp) names the least precise one, so
 every stamp of the stream is at least as good as its `stamp_clock` says. None: not recorded
 (in-process drivers on a virtual clock, records written before the field existed).
+
+Event times never go back (`TokenStream.record`). A TCP stream's bytes arrive in order, so an
+event read after another cannot have arrived before it; a stamp that says so is wrong by at least
+the step back, and every consumer (the window maths, the exporter's live intervals, stall checks)
+would read a negative interval from it. Ways it can happen: a kernel stamp converted with a
+realtime->perf offset from before a backward step of the wall clock (`client.kstamp`: caught at the
+first such stamp since, which forces a new sample, but the kernel's own order is not checked); a
+read without a kernel stamp, stamped from the arrival clock *before* its `recvmsg`, followed by a
+kernel stamp the kernel took before that moment for a segment it queued to the socket only after
+the read (IP delivery stamps it, TCP queues it a moment later: a vCPU descheduled in between on a
+loaded VM stretches that moment). Such an event is held at the stamp before it (a 0 ms interval)
+and listed in `stamps_held` with how far back its stamp was, so the raw record still tells the stamp
+it came with, and a window can report, or refuse, what was corrected (`measure.protocol.stamp_problem`).
 """
 
 from __future__ import annotations
@@ -112,6 +125,9 @@ class TokenStream:
     # The failure of the last attempt of a stream start being retried (`EngineClient.stream_into`),
     # until an event comes: the stream is not failed yet, but its engine is not answering.
     attempt_error: BaseException | None = None
+    # (event index, how far its stamp was before the event before it, ns): events held at the stamp
+    # before them because theirs went back (module docs); empty on a stream whose stamps kept order
+    stamps_held: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def tokens_left(self) -> int | None:
@@ -129,6 +145,9 @@ class TokenStream:
     def record(self, t_ns: int, n_tokens: int) -> None:
         if n_tokens <= 0:
             return
+        if self.event_times_ns and t_ns < self.event_times_ns[-1]:  # a stamp before its predecessor's
+            self.stamps_held.append((len(self.event_times_ns), self.event_times_ns[-1] - t_ns))
+            t_ns = self.event_times_ns[-1]
         self.event_times_ns.append(t_ns)
         self.event_tokens.append(n_tokens)
         self.n_tokens += n_tokens

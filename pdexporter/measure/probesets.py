@@ -141,7 +141,8 @@ def trim_trace(trace: StreamTrace, t_inject_ns: int, keep_tokens: int) -> Stream
             kept += trace.event_tokens[i]
         start = i
     return dataclasses.replace(
-        trace, event_times_ns=trace.event_times_ns[start:], event_tokens=trace.event_tokens[start:]
+        trace, event_times_ns=trace.event_times_ns[start:], event_tokens=trace.event_tokens[start:],
+        stamps_held=[(i - start, back) for i, back in trace.stamps_held if i >= start],
     )
 
 

@@ -86,6 +86,7 @@ __all__ = [
     "run_window",
     "settle_engine",
     "stalled",
+    "stamp_problem",
     "start_probes",
     "steady",
     "recovery_end_ns",
@@ -206,6 +207,8 @@ class StreamTrace:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     stamp_clock: str | None = None  # TokenStream.stamp_clock: kernel-rx | wakeup | read; None: not recorded
+    # TokenStream.stamps_held: (event index, ns its stamp went back), events held at the stamp before
+    stamps_held: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, stream: TokenStream) -> StreamTrace:
@@ -221,10 +224,23 @@ class StreamTrace:
             stream.prompt_tokens,
             stream.finish_reason,
             stream.stamp_clock,
+            [(i, back) for i, back in list(stream.stamps_held) if i < n],
         )
 
     def token_times(self) -> np.ndarray:
         return token_times(self.event_times_ns, self.event_tokens)
+
+    def stamps_back_ns(self) -> list[int]:
+        """How far back each out-of-order stamp of this trace went (ns): those the stream held when
+        it recorded them (`TokenStream.record`) and any its times still hold (a raw file written
+        before streams held them; `window.token_times` holds them for the maths)."""
+        back = [b for _, b in self.stamps_held]
+        latest: int | None = None
+        for t in self.event_times_ns:
+            if latest is not None and t < latest:
+                back.append(latest - t)
+            latest = t if latest is None else max(latest, t)
+        return back
 
     def to_raw(self, t0_ns: int) -> dict[str, Any]:
         """Compact form: times relative to t0, then as deltas (ns); gzip does the rest."""
@@ -240,6 +256,8 @@ class StreamTrace:
         }
         if self.stamp_clock is not None:
             raw["stamp_clock"] = self.stamp_clock
+        if self.stamps_held:  # only where a stamp went back: the raw shape of before otherwise
+            raw["stamps_held"] = [[i, back] for i, back in self.stamps_held]
         return raw
 
     @classmethod
@@ -261,6 +279,7 @@ class StreamTrace:
             raw.get("prompt_tokens"),
             raw.get("finish_reason"),
             raw.get("stamp_clock"),
+            [(int(i), int(back)) for i, back in raw.get("stamps_held") or []],
         )
 
 
@@ -304,6 +323,14 @@ def _check_raw_stream(raw: Any, where: str) -> None:
         value = raw.get(key)
         if value is not None and not _is_int(value):
             raise RecordError(f"{where}.{key}: must be an integer or null (got {value!r:.60})")
+    held = raw.get("stamps_held")
+    if held is not None:
+        if not isinstance(held, list):
+            raise RecordError(f"{where}.stamps_held: must be a list of [event index, ns] pairs (got {held!r:.60})")
+        for i, pair in enumerate(held):
+            if not (isinstance(pair, list) and len(pair) == 2 and all(_is_int(x) and x >= 0 for x in pair)):
+                raise RecordError(f"{where}.stamps_held[{i}]: must be an [event index, ns] pair of integers >= 0 "
+                                  f"(got {pair!r:.60})")
 
 
 @dataclass
@@ -479,7 +506,28 @@ def analyse_traces(
     if anchor != t_first_ns:  # the window was anchored later; the prefill's own clock is unchanged
         window = dataclasses.replace(window, t_first_ns=int(t_first_ns),
                                      prefill_duration_ms=(t_first_ns - t_inject_ns) / 1e6)
+    held = sum(len(t.stamps_back_ns()) for t in probes)  # `token_times` held them: the maths saw none
+    if held:
+        window = dataclasses.replace(window, stamp_corrections=window.stamp_corrections + held)
     return window
+
+
+def stamp_problem(probes: Sequence[StreamTrace], baseline: BaselineStats | None, params: WindowParams) -> str | None:
+    """Why a window's probe stamps are not to be trusted, in one line naming the stream, or None: a
+    stamp that went back (before the stamp of the event read before it; `client.stream` says how)
+    by more than `params.max_stamp_back_frac` of the baseline step. Smaller ones are held at the
+    stamp before them and counted (`WindowStats.stamp_corrections`); without a baseline there is no
+    step to judge them by, and they are held and counted only."""
+    if baseline is None:
+        return None
+    limit_ns = params.max_stamp_back_frac * baseline.p50_ms * 1e6
+    for trace in probes:
+        back = trace.stamps_back_ns()
+        if back and max(back) > limit_ns:
+            return (f"probe stream {trace.request_id}: an arrival stamp {max(back) / 1e6:.3f} ms before the stamp "
+                    f"of the event read before it ({len(back)} out of order, {trace.stamp_clock or 'unnamed'} "
+                    f"stamps), more than {params.max_stamp_back_frac:g} x the {baseline.p50_ms:.3f} ms decode step")
+    return None
 
 
 def prompt_tokens_check(reported: int | None, sent: int) -> str:
@@ -893,6 +941,9 @@ async def _window(
         raise BusyAtInjection(logged_busy)
 
     traces = probes.traces(streams, t_inject, window_end)
+    problem = stamp_problem(traces, base, settings.window)
+    if problem:
+        raise MeasurementError(problem)
     schedule = expected_schedule(kind, p, chunk_size or driver.info.chunk_size, d)
     window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule, engine=kind)
     return InterferenceRun(

@@ -2,7 +2,10 @@
 
 Definitions (the seed leaves them loose; these are the ones every number in a record uses):
 
-Token times. A stream is a list of (arrival time, tokens in that event). An event carrying n > 1
+Token times. A stream is a list of (arrival time, tokens in that event), in the order the events
+were read; a time before the one before it is held at it (a 0 ms interval: the bytes of one stream
+arrive in order, so the stamp was wrong, `client.stream` says how), and the window counts those
+(`stamp_corrections`). An event carrying n > 1
 tokens after a gap g contributes n tokens evenly spaced over g, i.e. n intervals of g / n: the
 engine produced them in n steps we did not see separately. The first event's tokens (the time to
 first token) start the stream and make no interval. Locating chunk steps works on events instead
@@ -142,7 +145,7 @@ import numpy as np
 
 __all__ = [
     "BaselineStats", "ChunkPlan", "Derived", "Intervals", "StreamPhases", "WindowParams", "WindowStats",
-    "analyse_window", "baseline_from_lengths", "baseline_stats", "chunk_weights", "derive", "intervals",
+    "analyse_window", "baseline_from_lengths", "baseline_stats", "chunk_weights", "derive", "held_back", "intervals",
     "loss_reference_ms",
     "read_cadence_ms",
     "schedule_confirmed", "slow_step_count", "stream_phases", "token_event_index", "token_times",
@@ -165,6 +168,11 @@ class WindowParams:
     max_chunk_like_stalls: int | None = 2  # None: not checked (a production prefill: `beside_traffic`)
     chunk_like_frac: float = 0.5
     decode_like_tokens: int = 16  # a chunk this small computes like a decode step: it need not look slow
+    # A probe stamp that went back further than this fraction of Phase 1's p50 fails the window
+    # (`protocol.stamp_problem`). Held at the stamp before it, an event moves two intervals by as much
+    # as its stamp went back: a tenth of a step is well inside the slow-step margin (`slow_rel`); more
+    # could make a slow step or hide one.
+    max_stamp_back_frac: float = 0.1
     loss_reference_min: int = 8  # pre-injection intervals per stream for the totals' local reference
     burst_interval_frac: float = 0.5  # a pre-injection interval below this fraction of Phase 1's p50 is a read burst's
 
@@ -249,6 +257,7 @@ class WindowStats:
     zero_intervals: int
     min_interval_ms: float | None
     chunk_step_times_ms: tuple[float, ...]  # the median stream's chunk steps, in chunk order
+    stamp_corrections: int = 0  # probe events whose stamp went back, held at the one before (module docs)
 
 
 @dataclass(frozen=True)
@@ -272,6 +281,7 @@ def token_times(event_times_ns: Sequence[int], event_tokens: Sequence[int]) -> n
     n = n[keep]
     if t.size == 0:
         return np.empty(0, dtype=np.float64)
+    t = np.maximum.accumulate(t)  # a stamp before the one before it is held there (module docs)
     previous = np.concatenate((t[:1], t[:-1]))
     gap = (t - previous) / n  # each event's n tokens spread over the gap before it
     event = np.repeat(np.arange(t.size), n)
@@ -287,12 +297,20 @@ def token_event_index(event_tokens: Sequence[int]) -> np.ndarray:
     return np.repeat(np.arange(counts.size), counts)
 
 
+def held_back(times_ns: np.ndarray) -> np.ndarray:
+    """How far each time lies before the latest one ahead of it (0 where the times keep order)."""
+    times = np.asarray(times_ns, dtype=np.float64)
+    return np.maximum.accumulate(times) - times if times.size else times
+
+
 def intervals(times_ns: np.ndarray, warmup_tokens: int = 0) -> Intervals:
-    """Intervals whose both ends lie at token index >= warmup_tokens."""
+    """Intervals whose both ends lie at token index >= warmup_tokens; never negative: a time before
+    the one before it is held there (`token_times` already did so for its output)."""
     times = np.asarray(times_ns, dtype=np.float64)
     if times.size < 2:
         empty = np.empty(0)
         return Intervals(empty, empty, np.empty(0, dtype=np.int64))
+    times = np.maximum.accumulate(times)
     idx = np.arange(1, times.size)
     keep = idx - 1 >= warmup_tokens
     return Intervals(times[1:][keep], np.diff(times)[keep], idx[keep])
@@ -523,6 +541,7 @@ def analyse_window(
         min_interval_ms=float(window.min()) if window.size else None,
         chunk_step_times_ms=(tuple(float(x) for x in during_all[median_stream])
                              if during_all and (chunks or sizes is not None) else ()),
+        stamp_corrections=sum(int((held_back(times) > 0).sum()) for times in streams),
     )
 
 

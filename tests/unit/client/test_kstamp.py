@@ -166,6 +166,64 @@ def test_a_stamp_after_its_read_forces_a_sample_and_is_dropped_if_still_impossib
     assert conv.samples == 3
 
 
+def test_a_stamp_before_the_one_before_it_forces_a_sample() -> None:
+    """A wall-clock step back within the resample period made converted stamps early: once larger
+    than the gap between two reads, an event read later came out 0.26 ms before the one before it
+    (a negative interval). The previous stamp is a bound: a stamp before it is sampled again."""
+    clocks = FakeClocks(offset_ns=5_000, gaps=[100] * 100)
+    conv = RealtimeToPerf(resample_s=1.0, pairs=2, realtime=clocks.realtime, perf=clocks.perf)
+    clocks.perf_ns += 100_000_000
+    first = conv.to_perf_ns(clocks.perf_ns + 5_000 - 20_000, clocks.perf_ns)  # 20 µs before its read
+    assert first is not None and conv.samples == 1
+    clocks.offset_ns = 5_000 - 400_000  # the wall clock steps back 0.4 ms
+    clocks.perf_ns += 120_000  # the next segment lands 0.12 ms after the first, read at once
+    real = clocks.perf_ns + clocks.offset_ns
+    assert conv.to_perf_ns(real, clocks.perf_ns) < first  # without the bound: 0.28 ms before it
+    assert conv.samples == 1
+    t = conv.to_perf_ns(real, clocks.perf_ns, not_before_ns=first)
+    assert conv.samples == 2 and t == pytest.approx(clocks.perf_ns, abs=200) and t > first
+
+
+class _ScriptedSocket:
+    """What `_Exchange` reads: one (body bytes, realtime stamp) per `recvmsg`."""
+
+    def __init__(self, reads: list[tuple[bytes, int]]) -> None:
+        self.reads = list(reads)
+
+    def fileno(self) -> int:
+        return -1
+
+    def recvmsg(self, size: int, ancsize: int) -> tuple[bytes, list[tuple[int, int, bytes]], int, None]:
+        data, real_ns = self.reads.pop(0)
+        sec, nsec = divmod(real_ns, 1_000_000_000)
+        return data, [(socket.SOL_SOCKET, SO_TIMESTAMPNS_OLD, struct.pack("@ll", sec, nsec))], 0, None
+
+
+def test_an_exchange_bounds_each_kernel_stamp_by_the_one_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import types
+
+    clocks = FakeClocks(offset_ns=1_700_000_000_000_000_000, gaps=[100] * 100)
+    conv = RealtimeToPerf(resample_s=1.0, pairs=2, realtime=clocks.realtime, perf=clocks.perf)
+    # the exchange's own reads of the perf clock (after each recvmsg): 2 ms on, within the period
+    monkeypatch.setattr(kstamp, "time", types.SimpleNamespace(perf_counter_ns=lambda: clocks.perf_ns + 2_000_000))
+    first_real = clocks.perf_ns + 1_000_000 + clocks.offset_ns
+    clocks.offset_ns -= 400_000  # a step back 0.4 ms after the first segment landed
+    second_real = clocks.perf_ns + 1_120_000 + clocks.offset_ns
+    sock = _ScriptedSocket([(b"data: 1\n\n", first_real), (b"data: 2\n\n", second_real)])
+    loop = asyncio.new_event_loop()
+    try:
+        exchange = kstamp._Exchange(loop, sock, "http://x/", lambda body, t, k: False,  # type: ignore[arg-type]
+                                    conv, clocks.perf, 1.0)
+        exchange._on_readable()
+        exchange._on_readable()
+        stamps = [t for _, t, kernel, _ in exchange._pending if kernel]
+    finally:
+        loop.close()
+    assert len(stamps) == 2 and stamps[1] >= stamps[0] and conv.samples == 2
+    assert stamps[1] - stamps[0] == pytest.approx(120_000, abs=500)
+
+
 def test_the_real_clocks_convert_within_microseconds() -> None:
     conv = RealtimeToPerf()
     before = time.perf_counter_ns()
