@@ -508,7 +508,7 @@ def analyse_traces(
                                      prefill_duration_ms=(t_first_ns - t_inject_ns) / 1e6)
     held = sum(len(t.stamps_back_ns()) for t in probes)  # `token_times` held them: the maths saw none
     if held:
-        window = dataclasses.replace(window, stamp_corrections=window.stamp_corrections + held)
+        window = dataclasses.replace(window, stamp_corrections=(window.stamp_corrections or 0) + held)
     return window
 
 

@@ -154,7 +154,8 @@ QUANTITIES: tuple[Quantity, ...] = (
        "window.zero_intervals", span="zero_intervals"),
     _q("min_interval_ms", "interference", "ms", "the shortest interval in the window", "window.min_interval_ms"),
     _q("stamp_corrections", "interference", "count",
-       "probe events whose arrival stamp came before the previous event's, held at it (a 0 ms interval)",
+       "probe events whose arrival stamp came before the previous event's, held at it (a 0 ms interval); "
+       "null: none",
        "window.stamp_corrections"),
     _q("prefill_prompt_tokens", "interference", "count", "the engine's usage.prompt_tokens of the prefill",
        "context.prefill_prompt_tokens"),

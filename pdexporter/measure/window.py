@@ -257,7 +257,9 @@ class WindowStats:
     zero_intervals: int
     min_interval_ms: float | None
     chunk_step_times_ms: tuple[float, ...]  # the median stream's chunk steps, in chunk order
-    stamp_corrections: int = 0  # probe events whose stamp went back, held at the one before (module docs)
+    # probe events whose stamp went back, held at the one before (module docs); None where none was: a record
+    # of before the field (read as None) and one re-derived with nothing held are the same record
+    stamp_corrections: int | None = None
 
 
 @dataclass(frozen=True)
@@ -541,7 +543,7 @@ def analyse_window(
         min_interval_ms=float(window.min()) if window.size else None,
         chunk_step_times_ms=(tuple(float(x) for x in during_all[median_stream])
                              if during_all and (chunks or sizes is not None) else ()),
-        stamp_corrections=sum(int((held_back(times) > 0).sum()) for times in streams),
+        stamp_corrections=sum(int((held_back(times) > 0).sum()) for times in streams) or None,
     )
 
 
