@@ -4,7 +4,8 @@
 # two-arm directories with their thresholds, SGLang against vLLM (`compare`), passive mode against
 # injection, and the pair validation. Run it after any change to the window maths or the analysis,
 # and commit what changed (tests compare the committed tables with a fresh re-analysis).
-#   bash scripts/results.sh            # everything (about 4 minutes on 2 cores)
+#   bash scripts/results.sh            # everything (21 minutes on this 2-core machine, session 26: the
+#                                      # passive event models and their bootstraps take most of it)
 #   bash scripts/results.sh --no-reanalyse   # derived files only (analysis changes)
 set -euo pipefail
 cd "$(dirname "$0")/.."

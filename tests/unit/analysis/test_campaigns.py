@@ -98,8 +98,9 @@ def test_committed_validation_campaigns_are_read_by_no_committed_fit() -> None:
         assert not set(doc.get("campaigns") or []) & validation_ids, path
         assert not any(is_validation(s) for s in sources), path
         checked += 1
-    # the passive runs' event models of two validation campaigns, beside their records
-    assert sorted(own) == ["h100-vllm0.22-qwen3-coder-30b-a3b-passive-spread/passive-table",
+    # the passive runs' event models of the validation campaigns (three runs), beside their records
+    assert sorted(own) == ["h100-vllm0.22-qwen3-coder-30b-a3b-passive-spread-1rps/passive-table",
+                           "h100-vllm0.22-qwen3-coder-30b-a3b-passive-spread/passive-table",
                            "h200-vllm0.22-qwen3-coder-30b-a3b-validation-passive/passive-table"]
     assert checked >= 5
     script = (ROOT / "scripts" / "results.sh").read_text()
