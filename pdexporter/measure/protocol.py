@@ -54,6 +54,7 @@ from pdexporter.measure.window import (
     WindowStats,
     analyse_window,
     baseline_stats,
+    held_back,
     token_event_index,
     token_times,
     window_end_ns,
@@ -234,13 +235,8 @@ class StreamTrace:
         """How far back each out-of-order stamp of this trace went (ns): those the stream held when
         it recorded them (`TokenStream.record`) and any its times still hold (a raw file written
         before streams held them; `window.token_times` holds them for the maths)."""
-        back = [b for _, b in self.stamps_held]
-        latest: int | None = None
-        for t in self.event_times_ns:
-            if latest is not None and t < latest:
-                back.append(latest - t)
-            latest = t if latest is None else max(latest, t)
-        return back
+        behind = held_back(np.asarray(self.event_times_ns, dtype=np.int64))
+        return [b for _, b in self.stamps_held] + [int(x) for x in behind[behind > 0]]
 
     def to_raw(self, t0_ns: int) -> dict[str, Any]:
         """Compact form: times relative to t0, then as deltas (ns); gzip does the rest."""

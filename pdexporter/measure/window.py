@@ -299,10 +299,11 @@ def token_event_index(event_tokens: Sequence[int]) -> np.ndarray:
     return np.repeat(np.arange(counts.size), counts)
 
 
-def held_back(times_ns: np.ndarray) -> np.ndarray:
-    """How far each time lies before the latest one ahead of it (0 where the times keep order)."""
-    times = np.asarray(times_ns, dtype=np.float64)
-    return np.maximum.accumulate(times) - times if times.size else times
+def held_back(times_ns: Sequence[int] | np.ndarray) -> np.ndarray:
+    """How far each time lies before the latest one ahead of it (0 where the times keep order), in the
+    times' own type (integer nanoseconds stay exact)."""
+    times = np.asarray(times_ns)
+    return np.maximum.accumulate(times) - times if times.size else times.astype(np.float64)
 
 
 def intervals(times_ns: np.ndarray, warmup_tokens: int = 0) -> Intervals:
