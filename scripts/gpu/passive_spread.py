@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -57,20 +56,21 @@ def read_timeline_lines(lines: list[str], source: str = "spread.tsv") -> list[Pa
     return sorted(parts.values(), key=lambda p: (p.start, p.kind))
 
 
-def passive_starts(root: Path) -> list[float]:
+def records_in(root: Path) -> list[Any]:
+    """The records of a results directory (none where it is missing): read once, used by every part."""
+    return list(ResultsStore(root).iter_records()) if root.is_dir() else []
+
+
+def passive_starts(records: list[Any]) -> list[float]:
     """The published passive events' start times (one repetition each)."""
-    if not root.is_dir():
-        return []
-    return sorted(t for r in ResultsStore(root).iter_records() for rep in r.reps
+    return sorted(t for r in records for rep in r.reps
                   if (t := iso_epoch_s(rep.started_at)) is not None)
 
 
-def injected_reps(root: Path) -> dict[tuple[int, int, int], list[tuple[int | None, float | None]]]:
+def injected_reps(records: list[Any]) -> dict[tuple[int, int, int], list[tuple[int | None, float | None]]]:
     """Per injected cell (B, D, P): its repetitions' (block, start time)."""
     out: dict[tuple[int, int, int], list[tuple[int | None, float | None]]] = {}
-    if not root.is_dir():
-        return out
-    for record in ResultsStore(root).iter_records():
+    for record in records:
         c = record.config
         out[(c.chunk_size, c.decode_batch_size, c.new_prefill_tokens)] = [
             ((rep.model_extra or {}).get("block"), iso_epoch_s(rep.started_at)) for rep in record.reps]
@@ -90,16 +90,16 @@ def burners(lines: list[str]) -> dict[int, int]:
 def fisher_greater(a: int, b: int, c: int, d: int) -> float:
     """One-sided Fisher's exact test on [[a, b], [c, d]]: P(the top-left count >= a) with the margins fixed
     (row 1's share of the first column at least as high as observed, by chance)."""
-    row1, col1, n = a + b, a + c, a + b + c + d
-    total = math.comb(n, row1)
-    return sum(math.comb(col1, x) * math.comb(n - col1, row1 - x)
-               for x in range(a, min(row1, col1) + 1)) / total if total else 1.0
+    from scipy.stats import fisher_exact  # here, not at import: the script's other parts need no scipy
+
+    return float(fisher_exact([[a, b], [c, d]], alternative="greater")[1])
 
 
-def level_lines(work: Path, parts: list[Part], burn: dict[int, int]) -> tuple[list[str], dict[str, Any]]:
-    """The launch levels by part (module docs): markdown lines and their JSON."""
-    root = work / "passive"
-    records = [r for r in ResultsStore(root).iter_records() if r.config.mode == "passive"] if root.is_dir() else []
+def level_lines(passive: list[Any], injected: list[Any], parts: list[Part], burn: dict[int, int],
+                ) -> tuple[list[str], dict[str, Any]]:
+    """The launch levels by part (module docs), from the passive and the injected records: markdown lines
+    and their JSON."""
+    records = [r for r in passive if r.config.mode == "passive"]
     events = passive_model.events_from_records(records, origin=0.0)  # at_s: each event's start, epoch s
     if not events:
         return [], {}
@@ -108,8 +108,7 @@ def level_lines(work: Path, parts: list[Part], burn: dict[int, int]) -> tuple[li
     if not levels.split:
         return [f"Launch levels: {levels.events} launch-bound one-chunk events, not clearly two levels "
                 "(nothing to split by part)."], {"two_levels": False}
-    inj = work / "injected"
-    by_cell = passive_model.injected_reps(ResultsStore(inj).iter_records()) if inj.is_dir() else {}
+    by_cell = passive_model.injected_reps(injected)
     reps = [r for (b, d, p), rs in by_cell.items() if levels.launch_bound(d, p, b) for r in rs]
     read = [(r.at_s, lv) for r in reps if (lv := levels.level_of(r)) is not None]
     seen = [(events[i].at_s, "fast" if i in levels.fast else "slow") for i in sorted(levels.fast | levels.slow)]
@@ -161,8 +160,9 @@ def summarise(work: Path, segments: int | None = None) -> tuple[str, dict[str, A
     tsv = work / "spread.tsv"
     text = tsv.read_text(encoding="utf-8").splitlines() if tsv.exists() else []
     parts = read_timeline_lines(text, str(tsv))
-    events = passive_starts(work / "passive")
-    cells = injected_reps(work / "injected")
+    passive, injected = records_in(work / "passive"), records_in(work / "injected")
+    events = passive_starts(passive)
+    cells = injected_reps(injected)
     t0 = min([p.start for p in parts] + events[:1]) if parts or events else 0.0
     burn = burners(text)
     rows, doc_parts = [], []
@@ -211,7 +211,7 @@ def summarise(work: Path, segments: int | None = None) -> tuple[str, dict[str, A
     ]
     if segments is not None:
         lines.append(f"Check ({segments} segments): " + ("passed" if not failed else "; ".join(failed)) + ".")
-    level_text, level_doc = level_lines(work, parts, burn)
+    level_text, level_doc = level_lines(passive, injected, parts, burn)
     if level_text:
         lines += ["", *level_text]
     doc = {"parts": doc_parts, "events": len(events), "events_outside": outside, "cells": len(cells),
