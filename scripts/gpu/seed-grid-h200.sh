@@ -17,6 +17,7 @@
 # sweep.log, gpu-apps.log (the GPU's processes every 5 s), host-monitor.tgz (every call's host and GPU
 # samples, scripts/gpu/host_monitor.py), engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
 # The last lines sum the invocations' wall times (the issue's "every invocation's wall time summed").
+# On another GPU, GPU=H100 MAX_MODEL_LEN=65536 (scripts/gpu/grid-for-gpu.sh).
 set -u
 cd "$(dirname "$0")/../.."
 deadline=${1:-540}
@@ -42,7 +43,10 @@ apps=$!
 mon=$R/host-$(date +%s).jsonl
 nice -n 5 python3 scripts/gpu/host_monitor.py "$mon" &
 monpid=$!
-timeout $((deadline + 45)) python3 -m pdexporter sweep sweeps/h200.yaml --out "$R/h200" --deadline "${deadline}s" \
+# shellcheck source=/dev/null
+source scripts/gpu/grid-for-gpu.sh
+grid=$(grid_for_gpu sweeps/h200.yaml "$R" 2>> "$R/sweep.log")
+timeout $((deadline + 45)) python3 -m pdexporter sweep "$grid" --out "$R/h200" --deadline "${deadline}s" \
   >> "$R/sweep.log" 2>&1
 echo "sweep rc=$?" >> "$R/sweep.log"
 kill $apps 2>/dev/null

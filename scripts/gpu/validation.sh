@@ -24,6 +24,7 @@
 #                                                   SEGMENTS, SEG_S, RATE, SEED, MIX, SWEEP, PASSIVE_WORK override
 #                                                   (scripts/gpu/passive-h200.sh, spread mode); $OUT/spread/
 #
+# On another GPU, GPU=H100 MAX_MODEL_LEN=65536 before the step (scripts/gpu/grid-for-gpu.sh).
 # A step may follow a stage in one call: `validation.sh stage 3 && validation.sh colocated 420`.
 # Results: $OUT/<step>.tgz (records + raw, engine logs trimmed) and $OUT/<step>.log.
 set -u
@@ -54,9 +55,12 @@ sweep() {  # sweep NAME FILE DEADLINE
   local name=$1 file=$2 deadline=$3
   unpack
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$R/$name-gpu.csv"
+  # shellcheck source=/dev/null
+  source scripts/gpu/grid-for-gpu.sh
+  file=$(grid_for_gpu "$file" "$R" 2> "$R/$name.log")
   local t0; t0=$(date +%s)
   timeout $((deadline + 40)) python3 -m pdexporter sweep "$file" --out "$R/$name" --deadline "${deadline}s" \
-    > "$R/$name.log" 2>&1
+    >> "$R/$name.log" 2>&1
   echo "$name rc=$? wall=$(( $(date +%s) - t0 ))s" >> "$R/$name.log"
   cp "$R/$name.log" "$R/$name-gpu.csv" "$OUT/"
   tail -n 30 "$R/$name.log"
