@@ -179,6 +179,13 @@ done
 # ... each projection's 90 % band with the H200 campaigns' variation carried (what a projected profile now borrows)
 python3 scripts/projection_coverage.py "$DENSE100/comparison-carry.csv" "$DENSE100/comparison-learned.csv" \
   --regimes $R/h200-vllm0.22-llama-3.1-8b-instruct/decision.json --out "$DENSE100/projection_coverage.md" >/dev/null
+# ... and the seed grid on one H100 (GPU session 27, issue 32 on the GPU it got): the MoE's H200 profile carried to the
+# H100's datasheet against its 196 configurations (nothing fitted on it), and the bands with the H200 variation carried
+GRID100=$R/h100-vllm0.22-qwen3-coder-30b-a3b-1gpu
+python3 scripts/gpu/dense_report.py compare --results "$GRID100" --predictions "$GRID100/predictions-carry.json" \
+  --out "$GRID100" --none-fitted >/dev/null
+python3 scripts/projection_coverage.py "$GRID100/comparison-carry.csv" --regimes "$SEED/decision.json" \
+  --out "$GRID100/projection_coverage.md" >/dev/null
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Source on the GPU machine to start vLLM with the torch.compile / Triton / Inductor caches an
 # earlier session wrote (issue 32; packed by scripts/gpu/engine-starts-h200.sh into
-# engine-cache.tar.xz.NN). The pack of GPU session 11 (4.5 MB: all four chunk sizes of the seed grid,
-# Qwen3-Coder-30B-A3B on vLLM 0.22 / torch 2.11, the grid's flags) is committed in
+# engine-cache.tar.xz.NN). The pack of GPU session 11 (all four chunk sizes of the seed grid,
+# Qwen3-Coder-30B-A3B on vLLM 0.22 / torch 2.11, the grid's flags; since GPU session 27 also the four
+# compiled by its H100 seed grid with --max-model-len 65536, a config hash of their own: 7.7 MB) is committed in
 # scripts/gpu/engine-cache/, so every later session starts warm without carrying anything (a
 # machine of its own keeps vLLM's caches across restarts; ours are new each session). A newer pack
 # carried as `.gpu-stage-cache` (ignored by git) takes its place:

@@ -5,7 +5,7 @@ Reads the records of a sweep (`{chunk}/D*_P*.json` with their `raw/` windows) an
 its window (the injection to the prefill's first token, on the driver's clock), the penalty and its
 ratio to the median of its configuration's repetitions (the level), and, over the monitor's samples
 that bracket the window, the engine core's main thread: its share of the window on a CPU and
-waiting on the run queue, the CPU it ran on; the host's steal; the GPU's SM clock (mean, min),
+waiting on the run queue, the CPU it ran on; the host's steal (all CPUs, and the engine core's CPU's); the GPU's SM clock (mean, min),
 power and whether a clock-event reason (power cap, thermal) was active; the guest's CPU speed (the
 monitor's fixed loop, `spin_us`, mean over the bracketing samples).
 
@@ -108,6 +108,8 @@ def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], thread
         r0, r1 = best
         out |= {"engine_on_cpu": (r1[2] - r0[2]) / span, "engine_runq_wait": (r1[3] - r0[3]) / span,
                 "engine_cpu": r1[1]}
+        if len(b["cpu"]) > r1[1] + 1 and len(a["cpu"]) > r1[1] + 1:  # per-CPU lines after the total one
+            out["engine_cpu_steal"] = b["cpu"][r1[1] + 1][7] - a["cpu"][r1[1] + 1][7]
     if g:
         out |= {"sm_mhz_mean": statistics.fmean(r[1] for r in g), "sm_mhz_min": min(r[1] for r in g),
                 "power_w": statistics.fmean(r[2] for r in g), "clock_event": int(any(r[3] & ~1 for r in g))}
@@ -152,7 +154,7 @@ def summarise(table: list[dict]) -> None:
         away = [r for r in part if abs(r["ratio"] - 1) > 0.1]
         near = [r for r in part if abs(r["ratio"] - 1) <= 0.1]
         print(f"{label}: {len(part)} repetitions with monitor samples, {len(away)} away from their median (>10 %)")
-        for key in ("engine_on_cpu", "engine_runq_wait", "steal_ticks", "spin_us", "sm_mhz_mean", "sm_mhz_min",
+        for key in ("engine_on_cpu", "engine_runq_wait", "steal_ticks", "engine_cpu_steal", "spin_us", "sm_mhz_mean", "sm_mhz_min",
                     "power_w", "clock_event", "bracket_ms"):
             vals = [[r[key] for r in grp if key in r] for grp in (near, away)]
             if all(vals):

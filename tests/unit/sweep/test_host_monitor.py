@@ -58,7 +58,8 @@ def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> N
     comm = levels.ENGINE_COMM
 
     def sample(t: int, a: list, b: list) -> dict:
-        return {"t": t, "w": t, "cpu": [[0] * 7 + [t // ms]], "spin": [1_000_000 + t // 100, 0],
+        cpus = [[0] * 7 + [t // ms // 20 if i == 3 else 0] for i in range(8)]  # CPU 3 has a fifth of the steal
+        return {"t": t, "w": t, "cpu": [[0] * 7 + [t // ms], *cpus], "spin": [1_000_000 + t // 100, 0],
                 "thr": {"10/10": [comm, *a], "20/20": [comm, *b], "10/11": ["worker", 0, 0, 0, 0, 0]}}
 
     # engine 10 on CPU 3 runs 80 of 100 ms and waits 10 on the run queue; engine 20 (held) barely moves
@@ -72,6 +73,7 @@ def test_a_window_takes_the_busiest_engine_core_and_the_samples_around_it() -> N
     assert out["engine_cpu"] == 3
     assert out["engine_on_cpu"] == pytest.approx(0.8) and out["engine_runq_wait"] == pytest.approx(0.1)
     assert out["bracket_ms"] == pytest.approx(100.0) and out["steal_ticks"] == 100
+    assert out["engine_cpu_steal"] == 5  # the per-CPU line of the engine core's CPU, not the total
     assert out["spin_us"] == pytest.approx(1500.0)  # both bracketing samples' loop times, 1.0 and 2.0 ms
     assert out["sm_mhz_min"] == 1700.0 and out["clock_event"] == 1  # 0x4, a power cap; 0x1 (idle) is not one
 
