@@ -161,7 +161,7 @@ for run in "$SPREAD100" "$SPREAD100-1rps"; do
   done
   python3 scripts/gpu/passive_spread.py "$run" --segments 5 > "$run/spread.md"
 done
-python3 scripts/gpu/burner_ab.py $R/h100-vllm0.22-host-burner --out $R/h100-vllm0.22-host-burner/summary.md >/dev/null
+python3 scripts/gpu/block_ab.py $R/h100-vllm0.22-host-burner --out $R/h100-vllm0.22-host-burner/summary.md >/dev/null
 python3 scripts/gpu/dense_report.py compare --results "$SPREAD100/injected" --predictions "$SPREAD100/predictions-carry.json" \
   --out "$SPREAD100" --none-fitted >/dev/null
 python3 scripts/projection_coverage.py "$SPREAD100/comparison-carry.csv" --regimes "$SEED/decision.json" \

@@ -133,15 +133,18 @@ def test_a_killed_two_gpu_sweep_takes_both_engines_with_it_and_resumes(tmp_path:
     path.write_text(yaml.safe_dump(sweep_file(base, [2048, 4096], reps=3)))
     out = tmp_path / "results"
     engines_stopped.append(out)
-    proc = subprocess.Popen([sys.executable, "-m", "pdexporter", "sweep", str(path), "--out", str(out)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "sweep.stderr"  # a file, not a pipe: nobody reads it while the sweep runs, and it says why it ended
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pdexporter", "sweep", str(path), "--out", str(out)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=err)
     # kill it once both engines are measuring (a record on each GPU), before the end
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         if all(list(out.glob(f"{b}/D*_P*.json")) for b in (2048, 4096)):
             break
         time.sleep(0.02)
-    assert proc.poll() is None, "the sweep ended before it could be killed"
+    assert proc.poll() is None, \
+        f"the sweep ended (exit {proc.returncode}) before it could be killed: {log.read_text(errors='replace')[-2000:]}"
     running = live_engines(out)
     assert sorted(s.chunk_size for s in running) == [2048, 4096]
     proc.send_signal(signal.SIGKILL)
