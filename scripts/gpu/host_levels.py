@@ -5,9 +5,9 @@ Reads the records of a sweep (`{chunk}/D*_P*.json` with their `raw/` windows) an
 its window (the injection to the prefill's first token, on the driver's clock), the penalty and its
 ratio to the median of its configuration's repetitions (the level), and, over the monitor's samples
 that bracket the window, the engine core's main thread: its share of the window on a CPU and
-waiting on the run queue, the CPU it ran on; the host's steal (all CPUs, and the engine core's CPU's); the GPU's SM clock (mean, min),
-power and whether a clock-event reason (power cap, thermal) was active; the guest's CPU speed (the
-monitor's fixed loop, `spin_us`, mean over the bracketing samples).
+waiting on the run queue, the CPU it ran on; the host's steal (all CPUs, and the engine core's CPU's); the
+GPU's SM clock (mean, min), power and whether a clock-event reason (power cap, thermal) was active; the
+guest's CPU speed (the monitor's fixed loop, `spin_us`, mean over the bracketing samples).
 
     python3 scripts/gpu/host_levels.py RESULTS_DIR MONITOR_DIR [--csv OUT.csv]
 
@@ -154,8 +154,8 @@ def summarise(table: list[dict]) -> None:
         away = [r for r in part if abs(r["ratio"] - 1) > 0.1]
         near = [r for r in part if abs(r["ratio"] - 1) <= 0.1]
         print(f"{label}: {len(part)} repetitions with monitor samples, {len(away)} away from their median (>10 %)")
-        for key in ("engine_on_cpu", "engine_runq_wait", "steal_ticks", "engine_cpu_steal", "spin_us", "sm_mhz_mean", "sm_mhz_min",
-                    "power_w", "clock_event", "bracket_ms"):
+        for key in ("engine_on_cpu", "engine_runq_wait", "steal_ticks", "engine_cpu_steal", "spin_us", "sm_mhz_mean",
+                    "sm_mhz_min", "power_w", "clock_event", "bracket_ms"):
             vals = [[r[key] for r in grp if key in r] for grp in (near, away)]
             if all(vals):
                 print(f"  {key:18s} near {statistics.fmean(vals[0]):10.3f}   away {statistics.fmean(vals[1]):10.3f}")

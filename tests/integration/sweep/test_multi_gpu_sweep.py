@@ -133,7 +133,7 @@ def test_a_killed_two_gpu_sweep_takes_both_engines_with_it_and_resumes(tmp_path:
     path.write_text(yaml.safe_dump(sweep_file(base, [2048, 4096], reps=3)))
     out = tmp_path / "results"
     engines_stopped.append(out)
-    log = tmp_path / "sweep.stderr"  # a file, not a pipe: nobody reads it while the sweep runs, and it says why it ended
+    log = tmp_path / "sweep.stderr"  # a file, not a pipe (nobody reads it while the sweep runs): why it ended
     with log.open("wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "pdexporter", "sweep", str(path), "--out", str(out)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=err)
