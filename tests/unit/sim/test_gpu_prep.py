@@ -4,6 +4,8 @@ projection it will be compared with (scripts/gpu/dense-h200.sh, results/...-llam
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,24 @@ def test_the_third_models_comparison_holds_out_the_whole_grid(tmp_path: Path):
     text = _dense_report().compare(tmp_path, predictions, tmp_path / "out", model="qwen2.5-32b-instruct")
     assert "against 2 of the 30 configurations" in text and "all held out (nothing fitted on this run)" in text
     assert "short grid" not in text and "| prefill_duration | 0.0 % |" in text
+
+
+@pytest.mark.parametrize("sweep", ["h200.yaml", "h200-reference.yaml", "h200-validation.yaml"])
+def test_another_gpus_copy_of_a_sweep_changes_the_gpu_and_the_context_length_only(tmp_path: Path, sweep: str):
+    """scripts/gpu/grid-for-gpu.sh (GPU session 27's H100 grid): `gpu` and `--max-model-len`, nothing else;
+    without GPU or MAX_MODEL_LEN the file itself."""
+
+    def run(**env: str) -> str:
+        script = f"source scripts/gpu/grid-for-gpu.sh && grid_for_gpu sweeps/{sweep} {tmp_path}"
+        return subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True, check=True,
+                              env={k: v for k, v in os.environ.items() if k not in ("GPU", "MAX_MODEL_LEN")} | env,
+                              timeout=30).stdout.strip()
+
+    assert run() == f"sweeps/{sweep}"
+    copy = Path(run(GPU="H100", MAX_MODEL_LEN="65536"))
+    original, changed = load_sweep(REPO / "sweeps" / sweep), load_sweep(copy)
+    assert (original.gpu, changed.gpu) == ("H200", "H100")
+    assert "--max-model-len 200000" in original.launcher.command
+    assert changed.launcher.command == original.launcher.command.replace("--max-model-len 200000",
+                                                                         "--max-model-len 65536")
+    assert changed.grid == original.grid and changed.protocol == original.protocol and changed.reps == original.reps
