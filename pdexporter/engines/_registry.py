@@ -17,6 +17,7 @@ docs/engines.md says how to add an engine.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, runtime_checkable
@@ -42,6 +43,7 @@ __all__ = [
     "identity_paths",
     "infer_chunk_size",
     "info_labels",
+    "last_cause",
     "metric_name",
     "register",
     "registered",
@@ -295,6 +297,22 @@ class EngineAdapter(Protocol):
     def prefix_caching(self, identity: Mapping[str, object], metrics_text: str | None) -> bool | None:
         """Whether the engine caches prompt prefixes (None: cannot tell)."""
         ...
+
+    def start_failure(self, log_lines: Sequence[str]) -> str:
+        """Why a start that exited failed, in one line of its log: the root cause, not a later line
+        of another of its processes saying that one failed (`last_cause`)."""
+        ...
+
+
+_EXCEPTION_LINE = re.compile(r"\b(?:[A-Z]\w*(?:Error|Exception|Exit)|Exception|AssertionError)\b: \S")
+
+
+def last_cause(lines: Sequence[str], wrappers: Sequence[str] = ()) -> str:
+    """What a failed engine start's log says went wrong, in one line: its last exception line that is
+    not one of `wrappers` (an engine's own "see the root cause above"), else its last line."""
+    lines = [line.strip() for line in lines if line.strip()]
+    causes = [line for line in lines if _EXCEPTION_LINE.search(line) and not any(w in line for w in wrappers)]
+    return (causes or lines or ["(empty log)"])[-1]
 
 
 _A = TypeVar("_A")

@@ -54,7 +54,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from pdexporter.engines._registry import COLOCATED, ChunkRule, IterationStep, KvSetup, MetricKind, register
+from pdexporter.engines._registry import (
+    COLOCATED,
+    ChunkRule,
+    IterationStep,
+    KvSetup,
+    MetricKind,
+    last_cause,
+    register,
+)
 
 __all__ = [
     "CANDIDATE_CHUNK_SIZES",
@@ -184,6 +192,11 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+# the launcher's error once a scheduler process failed (sglang/srt/entrypoints/engine.py): the root cause is
+# the scheduler's exception above it
+START_FAILURE_WRAPPERS = ("Initialization failed. Please see the error messages above",)
+
+
 @register("sglang")
 class SglangAdapter:
     """SGLang's default mode: chunks of B tokens, the running decodes paused for them."""
@@ -278,6 +291,9 @@ class SglangAdapter:
     def prefix_caching(self, identity: Mapping[str, object], metrics_text: str | None) -> bool | None:
         flag = identity.get("disable_radix_cache")
         return None if not isinstance(flag, bool) else not flag
+
+    def start_failure(self, log_lines: Sequence[str]) -> str:
+        return last_cause(log_lines, START_FAILURE_WRAPPERS)
 
 
 @register("sglang-mixed")

@@ -27,6 +27,7 @@ from pdexporter.engines._registry import (
     KvSetup,
     MetricKind,
     info_labels,
+    last_cause,
     register,
 )
 
@@ -209,6 +210,11 @@ def tuned_moe_config(experts: int, width: int, gpu: str) -> bool | None:
     return (experts, width) in shipped
 
 
+# the API server's error once its engine core process died (vllm/v1/engine/utils.py, 0.22): the root cause
+# is the engine core's exception above it
+START_FAILURE_WRAPPERS = ("Engine core initialization failed",)
+
+
 @register("vllm")
 class VllmAdapter:
     name = "vllm"
@@ -296,6 +302,9 @@ class VllmAdapter:
         if labels is None or "enable_prefix_caching" not in labels:
             return None
         return labels["enable_prefix_caching"].lower() == "true"
+
+    def start_failure(self, log_lines: Sequence[str]) -> str:
+        return last_cause(log_lines, START_FAILURE_WRAPPERS)
 
 
 @register("openai-compatible")

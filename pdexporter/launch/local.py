@@ -495,7 +495,7 @@ class LocalLauncher:
             while True:
                 if not self._alive():
                     mask_secrets_in_log(log)
-                    tail = _log_tail(log)
+                    tail = _start_failure(log, self.engine)
                     self._forget(chunk_size)
                     raise EngineError(f"engine exited during start-up (log {log}): {tail}")
                 if await client.health():
@@ -639,11 +639,15 @@ async def _answers_health(url: str) -> bool:
         return await client.health()
 
 
-def _log_tail(log: Path) -> str:
+def _start_failure(log: Path, engine: str) -> str:
+    """The line of a failed start's log (its last 64 kB) that says why, as the engine's adapter finds it:
+    vLLM's engine core exception, not the API server's "see root cause above" after it."""
     try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        with log.open("rb") as f:
+            f.seek(max(f.seek(0, 2) - 65536, 0))
+            text = f.read().decode(errors="replace")
     except OSError:
         return "(no log)"
-    return lines[-1][:300] if lines else "(empty log)"
+    return adapter(engine).start_failure(text.splitlines())[:400]
 
 

@@ -146,3 +146,22 @@ async def test_no_time_to_wait_for_a_start_still_starts_the_engine_for_the_next_
     assert later.adopted
     await later.stop()
     assert not pid_alive(state.pid)
+
+
+async def test_a_start_that_fails_in_vllms_engine_core_names_the_root_cause(tmp_path: Path) -> None:
+    """vLLM's API server ends the log with "Engine core initialization failed. See root cause above.": the
+    one-line error carries the engine core's exception instead (the vLLM adapter's `start_failure`)."""
+    store = ResultsStore(tmp_path / "results")
+    script = tmp_path / "fake_vllm.py"  # a stand-in process that writes vLLM 0.22's two failure lines and exits
+    script.write_text(
+        "import sys\n"
+        "print(\"(EngineCore pid=7) ValueError: To serve at least one request with the model's max seq len \"\n"
+        "      \"(200000), (18.31 GiB KV cache is needed, which is larger than the available KV cache memory\")\n"
+        "print('(APIServer pid=6) RuntimeError: Engine core initialization failed. See root cause above. '\n"
+        "      'Failed core proc(s): {}')\n"
+        "sys.exit(1)\n")
+    bad = LocalLauncher(command=f"{{python}} {script} {{chunk}}", store=store, url=f"http://127.0.0.1:{free_port()}",
+                        health_timeout_s=20)
+    with pytest.raises(EngineError) as info:
+        await bad.start(2048)
+    assert "max seq len (200000)" in str(info.value) and "root cause above" not in str(info.value)

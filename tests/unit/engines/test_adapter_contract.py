@@ -105,3 +105,43 @@ def test_identify_picks_the_most_specific_engine() -> None:
     assert identify({**server_info, "enable_mixed_chunk": True}, "/server_info").name == "sglang-mixed"  # type: ignore[union-attr]
     assert identify({**server_info, "modelled": True}, "/server_info").name == "pdexporter-sim-sglang"  # type: ignore[union-attr]
     assert identify({"something": "else"}, "/server_info") is None
+
+
+# A failed start's log as each engine writes it, built from the engines' own messages (vLLM 0.22's
+# vllm/v1/core/kv_cache_utils.py and vllm/v1/engine/utils.py; SGLang's srt/entrypoints/engine.py): the
+# process that failed logs its exception first, another process then says it failed "see above".
+_VLLM_FAILED_START = [
+    "(EngineCore pid=793) INFO 12-06 10:13:20 [gpu_worker.py:466] Available KV cache memory: 10.77 GiB",
+    "(EngineCore pid=793) ERROR 12-06 10:13:20 [core.py:1100] EngineCore failed to start.",
+    "(EngineCore pid=793) Traceback (most recent call last):",
+    '(EngineCore pid=793)   File "/tmp/site/vllm/v1/core/kv_cache_utils.py", line 718, in check_enough_kv_cache_memory',
+    "(EngineCore pid=793) ValueError: To serve at least one request with the model's max seq len (200000), "
+    "(18.31 GiB KV cache is needed, which is larger than the available KV cache memory (10.77 GiB). Based on the "
+    "available memory, the estimated maximum model length is 117616.",
+    "(APIServer pid=641) Traceback (most recent call last):",
+    "(APIServer pid=641) RuntimeError: Engine core initialization failed. See root cause above. "
+    "Failed core proc(s): {'EngineCore_DP0': 1}",
+    "",
+]
+_SGLANG_FAILED_START = [
+    "[2026-12-04 10:00:00] Scheduler hit an exception: Traceback (most recent call last):",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+    "[2026-12-04 10:00:01] Received sigquit from a child process. It usually means the child failed.",
+    "RuntimeError: Initialization failed. Please see the error messages above.",
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_failed_start_is_reported_by_its_root_cause_not_the_line_after_it(name: str) -> None:
+    engine = adapter(name)
+    sglang = "sglang" in name
+    lines = _SGLANG_FAILED_START if sglang else _VLLM_FAILED_START
+    cause = engine.start_failure(lines)
+    if sglang:
+        assert cause == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    else:
+        assert cause.startswith("(EngineCore pid=793) ValueError: To serve at least one request")
+        assert "estimated maximum model length is 117616" in cause
+    # a log without an exception: its last line; an empty one says so
+    assert engine.start_failure(["starting", "CUDA out of memory", "  "]) == "CUDA out of memory"
+    assert engine.start_failure([]) == "(empty log)"
