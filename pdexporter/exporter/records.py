@@ -29,10 +29,12 @@ class LiveRecords:
 
     def check_out_dir(self) -> None:
         """Fail before anything starts if another process writes into --out (`hold_directory`) or
-        it holds a record measured another way; remove the temporary files of writers that died
-        (`ResultsStore.clean_stale`). Passive mode's records are its own (`exporter.passive_live`)."""
+        it holds a record measured another way, or keeps other window settings (`window.json`); remove the
+        temporary files of writers that died (`ResultsStore.clean_stale`). Passive mode's records are its own
+        (`exporter.passive_live`)."""
         if self.store is not None:
             hold_directory(self.store.root)
+            self.store.save_window(self.config.protocol.window_fields())  # what `reanalyse` re-derives them with
         if self.store is not None and not self.config.passive:
             key = self.spec.key
             self.store.clean_stale()

@@ -67,6 +67,7 @@ class MeasureJob:
 
         spec, settings, target = self.spec, self.settings, self.target
         self.store.clean_stale()  # temporary files of a killed earlier run
+        self.store.save_window(settings.window_fields())  # what `reanalyse` re-derives these records with
         launcher = make_launcher(target, chunk_size=spec.chunk_size if self.given or not target else None,
                                  profile=self.profile, gpu=self.gpu,
                                  log_dir=self.store.engine_dir(spec.chunk_size) if not target else None,

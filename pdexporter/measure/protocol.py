@@ -160,6 +160,10 @@ class ProtocolSettings(BaseModel):
     def token_range(self) -> TokenRange:
         return TokenRange(self.token_low, self.token_high)
 
+    def window_fields(self) -> dict[str, float]:
+        """The window settings as a directory keeps them (`ResultsStore.save_window`)."""
+        return {name: getattr(self, name) for name in self.WINDOW_FIELDS}
+
     def record_fields(self) -> dict[str, int]:
         """The settings a record's config carries (and a resumed run must share)."""
         return {"decode_context_tokens": self.decode_context_tokens, "decode_output_tokens": self.decode_output_tokens,

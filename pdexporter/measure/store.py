@@ -5,6 +5,7 @@
       {chunk}/raw/D{d}_P{p}_r{k}.json.gz   raw timestamps of repetition k
       {chunk}/raw/D{d}_baseline.json.gz    raw timestamps of Phase 1 for (chunk, D)
       {chunk}/engine/                      engine logs and iteration lines (launchers)
+      window.json                          the window settings of `measure` / `run` (a sweep's are in sweep.json)
 
 A record is rewritten only after its repetition's raw file is safely on disk, so a record never
 points at a missing file, and a rerun resumes from the repetitions already recorded.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,11 @@ from pdexporter.errors import RecordError
 from pdexporter.measure.records import RECORD_SCHEMA, RunRecord
 
 __all__ = [
-    "RECORD_RE", "ResultsStore", "check_schema", "load_record_file",
+    "RECORD_RE", "WINDOW_FILE", "ResultsStore", "check_schema", "load_record_file",
 ]
 
 RECORD_RE = re.compile(r"^D(?P<d>\d+)_P(?P<p>\d+)\.json$")
+WINDOW_FILE = "window.json"
 
 
 class ResultsStore:
@@ -69,6 +71,37 @@ class ResultsStore:
     def relative(self, chunk_size: int, path: Path) -> str:
         """A path as records store it: relative to the chunk directory."""
         return path.relative_to(self.chunk_dir(chunk_size)).as_posix()
+
+    def save_window(self, fields: Mapping[str, float]) -> Path:
+        """Keep the window settings this directory's records are derived with (`window.json`: what
+        `reanalyse` re-derives them with, so a later default cannot change them silently). Written once;
+        a run with other settings is refused in one line naming the file, the field and both values."""
+        path = self.root / WINDOW_FILE
+        held = self.load_window()
+        if held is None:
+            atomic_write_json(path, {"pdexporter_version": __version__, "window": dict(fields)})
+            return path
+        for name, value in fields.items():
+            if name in held and held[name] != value:
+                raise RecordError(f"{path}: window.{name} is {held[name]!r} there, this run's is {value!r}: its "
+                                  "records were derived with the file's settings (write to another --out)")
+        return path
+
+    def load_window(self) -> dict[str, float] | None:
+        """The window settings `window.json` holds (None: no such file); a file that does not read is one
+        line naming it."""
+        path = self.root / WINDOW_FILE
+        if not path.is_file():
+            return None
+        try:
+            data = loads_finite(read_utf8(path, RecordError))
+            window = data["window"]
+            if not isinstance(window, dict) or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) for v in window.values()):
+                raise TypeError("window: expected an object of numbers")
+        except (NotFinite, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise RecordError(f"{path}: not a window settings file ({type(exc).__name__}: {exc})") from None
+        return window
 
     def save_record(self, record: RunRecord) -> Path:
         c = record.config

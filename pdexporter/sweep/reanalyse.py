@@ -14,8 +14,9 @@ merged events (`joint/`, `merged/` beside the published ones) likewise.
 
 The window settings are the sweep's: a directory a sweep wrote keeps its spec in `sweep.json`, and its
 `protocol` block (the warm-up tokens a window skips, its recovery intervals, the slow-step rule) is what
-the records are re-derived with; a directory without one (a `measure` or `run --passive` output) is
-re-derived with the seed's defaults, which those commands ran with unless told otherwise.
+the records are re-derived with. A `measure` or `run` output keeps the settings it ran with in
+`window.json`; one written before that file existed is re-derived with the seed's defaults, which those
+commands always ran with.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from pdexporter.measure.records import (
     derived_block,
     interference_block,
 )
-from pdexporter.measure.store import ResultsStore
+from pdexporter.measure.store import WINDOW_FILE, ResultsStore
 from pdexporter.measure.window import BaselineStats, baseline_stats, derive
 
 __all__ = [
@@ -340,9 +341,22 @@ def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> Direct
     return DirectoryJob(paths, dry_run, sweep_settings(root))
 
 
+def _settings_of(window: dict[str, float], path: Path) -> ProtocolSettings:
+    from pydantic import ValidationError
+
+    from pdexporter._internal.validation import format_validation_error
+
+    known = {k: v for k, v in window.items() if k in ProtocolSettings.WINDOW_FIELDS}
+    try:
+        return ProtocolSettings(**known)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: window.{format_validation_error(exc, ProtocolSettings)}") from None
+
+
 def sweep_settings(root: Path) -> ProtocolSettings:
-    """The window settings of the sweep that wrote `root` (its `sweep.json`'s `spec.protocol`); the
-    seed's defaults where no sweep wrote it. A `sweep.json` that does not read is one line naming it."""
+    """The window settings of the sweep that wrote `root` (its `sweep.json`'s `spec.protocol`), or of the
+    `measure` / `run` that wrote it (`window.json`); the seed's defaults where neither says (a directory
+    written before window.json existed). A file that does not read is one line naming it."""
     import json
 
     from pydantic import ValidationError
@@ -352,7 +366,8 @@ def sweep_settings(root: Path) -> ProtocolSettings:
 
     path = root / SWEEP_STATE
     if not path.is_file():
-        return ProtocolSettings()
+        window = ResultsStore(root).load_window()  # `measure` and `run` keep theirs in window.json
+        return ProtocolSettings() if window is None else _settings_of(window, root / WINDOW_FILE)
     try:
         spec = json.loads(path.read_text())["spec"]
         return ProtocolSettings(**spec.get("protocol", {}))

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pdexporter._internal.atomic import read_json_gz
+from pdexporter.measure.protocol import ProtocolSettings
 from tests.helpers import free_port
 from tests.helpers import run_cli as run_here
 from tests.scripted_engine import ScriptedEngine
@@ -108,6 +109,8 @@ async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_pat
     assert record["summary"]["reps_done"] == 2
     assert {r["raw"] for r in record["reps"]} == {"raw/D2_P64_r0.json.gz", "raw/D2_P64_r1.json.gz"}
     assert (tmp_path / "2048" / "raw" / "D2_baseline.json.gz").exists()
+    # the window settings it ran with, kept for `reanalyse` (the defaults may change, these records' may not)
+    assert json.loads((tmp_path / "window.json").read_text())["window"] == ProtocolSettings().window_fields()
     # Phase 1's TPOT is the engine's cadence as it really ran: the double's sleeps run late on a
     # loaded machine (2 ms ones at 3.96 ms p50 beside a CPU burner), so it is compared with the double's
     # own write times of the first D = 2 probe streams, after the 16 warm-up tokens

@@ -25,6 +25,7 @@ from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner, WindowResult
 from pdexporter.exporter.server import THRESHOLDS_PATH
 from pdexporter.launch import SimLauncher
+from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.store import ResultsStore, load_record_file
 from tests.helpers import stop_process
 
@@ -110,6 +111,9 @@ async def test_passive_run_publishes_production_prefills(tmp_path: Path) -> None
     # every production prefill the traces told, logged for a later rule (ids and token counts only),
     # and the runs of several prefills kept apart: merged/ and joint/ hold no published window
     logged = [json.loads(line) for line in (tmp_path / "results" / "requests.jsonl").read_text().splitlines()]
+    # ... and the window settings the events were derived with, for `reanalyse` (window.json)
+    assert json.loads((tmp_path / "results" / "window.json").read_text())["window"]["after_intervals"] == \
+        ProtocolSettings().after_intervals
     assert logged and set(logged[0]) == {"request_id", "prompt_tokens", "first_token_ns", "prefill_ms"}
     ids = {r["request_id"] for r in logged}
     traced = [rep for rep in reps if rep.model_extra["passive"]["source"] == "otlp"]

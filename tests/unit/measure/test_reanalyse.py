@@ -201,3 +201,29 @@ def test_reanalyse_directory_takes_the_window_settings_of_the_sweep_that_wrote_i
     with pytest.raises(ConfigError) as bad:
         reanalyse_directory(tmp_path)
     assert str(bad.value).startswith(f"{state}: spec.protocol.warmup_tokens: ") and "\n" not in str(bad.value)
+
+
+def test_reanalyse_directory_takes_the_window_settings_a_measure_kept(tmp_path: Path) -> None:
+    """A `measure` / `run` output has no sweep.json: its `window.json` is what it is re-derived with, so a
+    later change of the defaults leaves it as measured (here windows of 4 warm-up tokens, not 16)."""
+    from pdexporter.errors import ConfigError
+    from pdexporter.sweep.reanalyse import reanalyse_directory
+
+    settings = ProtocolSettings(warmup_tokens=4)
+    store = ResultsStore(tmp_path)
+
+    async def main():
+        async with SimDriver.create(chunk_size=2048) as driver:
+            await warm_prefix(driver, settings)
+            return await measure_point(driver, PointSpec(2048, 4, 8192), settings, store, reps=2)
+
+    run_virtual(main())
+    assert reanalyse_directory(tmp_path, dry_run=True).run(lambda: None)[0].endswith("2 would change")
+    path = store.save_window(settings.window_fields())
+    job = reanalyse_directory(tmp_path, dry_run=True)
+    assert job.settings.warmup_tokens == 4 and job.settings.window_fields() == settings.window_fields()
+    assert job.run(lambda: None)[0].endswith("0 would change")
+    path.write_text(json.dumps({"window": {"warmup_tokens": -3}}))
+    with pytest.raises(ConfigError) as bad:
+        reanalyse_directory(tmp_path)
+    assert str(bad.value).startswith(f"{path}: window.warmup_tokens: ") and "\n" not in str(bad.value)

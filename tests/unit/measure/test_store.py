@@ -120,3 +120,21 @@ def test_a_record_from_a_later_schema_is_refused_in_one_line(tmp_path: Path) -> 
     data.pop("future_block")
     path.write_text(json.dumps(data))
     assert load_record_file(path).schema_version == 1
+
+
+def test_a_directory_keeps_the_window_settings_it_was_measured_with(tmp_path: Path) -> None:
+    """`window.json` (measure and run): written once, the same settings again are fine, other ones are
+    refused in one line naming the file, the field and both values; a broken file is one line too."""
+    store = ResultsStore(tmp_path)
+    assert store.load_window() is None
+    path = store.save_window({"warmup_tokens": 16, "after_intervals": 32, "slow_rel": 0.2, "slow_mad_k": 5.0})
+    assert store.save_window({"after_intervals": 32}) == path
+    assert store.load_window() == {"warmup_tokens": 16, "after_intervals": 32, "slow_rel": 0.2, "slow_mad_k": 5.0}
+    with pytest.raises(RecordError) as info:
+        store.save_window({"after_intervals": 8})
+    assert str(info.value).startswith(f"{path}: window.after_intervals is 32 there, this run's is 8")
+    for broken in ('{"window": [1, 2]}', '{"window": {"after_intervals": true}}', "{", '{"window": {"x": NaN}}'):
+        path.write_text(broken)
+        with pytest.raises(RecordError, match=f"^{path}: ") as info:
+            store.load_window()
+        assert "\n" not in str(info.value)
