@@ -161,6 +161,14 @@ for run in "$SPREAD100" "$SPREAD100-1rps"; do
   done
   python3 scripts/gpu/passive_spread.py "$run" --segments 5 > "$run/spread.md"
 done
+# ... the 1 req/s run against its quiet blocks only (1, 3 and 5; 2 and 4 ran beside busy loops): the like-for-like
+# reference for events that ran on a quiet host (GPU session 27)
+QUIET=$(mktemp -d)
+python3 scripts/gpu/injected_blocks.py "$SPREAD100-1rps/injected" "$QUIET/injected" --blocks 1 3 5 >/dev/null
+python3 scripts/gpu/passive_compare.py "$SPREAD100-1rps/passive" --injected "$QUIET/injected" \
+  --spread "$SPREAD100-1rps/spread.tsv" --out "$QUIET" >/dev/null
+cp "$QUIET/comparison.md" "$SPREAD100-1rps/comparison-quiet-blocks.md"
+rm -rf "$QUIET"
 python3 scripts/gpu/block_ab.py $R/h100-vllm0.22-host-burner --out $R/h100-vllm0.22-host-burner/summary.md >/dev/null
 python3 scripts/gpu/dense_report.py compare --results "$SPREAD100/injected" --predictions "$SPREAD100/predictions-carry.json" \
   --out "$SPREAD100" --none-fitted >/dev/null
