@@ -7,12 +7,14 @@
 # levels (~45 and ~75 ms of chunk-step excess on both GPUs; criterion 4's exceptions). Does a piecewise CUDA graph
 # for those steps remove the levels, and how much of the one-chunk penalty is launch cost?
 #
-#   ARGS_B='--compilation-config {"max_cudagraph_capture_size":2112}' bash scripts/gpu/engine-ab.sh [DEADLINE_S=540]
+#   ARGS_B='--compilation-config {"cudagraph_capture_sizes":[1,2,4,...,512,528,1040,2064]}' \
+#     bash scripts/gpu/engine-ab.sh [DEADLINE_S=540]
+# (the whole list: results/h200-vllm0.22-qwen3-coder-30b-a3b-passive-spread/PLAN.md, "Session 28")
 #
 # From the environment: ARGS_A, ARGS_B (extra `vllm serve` flags of each condition; A defaults to none),
 # BLOCKS (default 4: a b a b), CELLS ("D:P ...", default "4:512 4:1024 4:2048 12:512 12:1024 12:2048"), REPS
-# (per cell and block, default 8), B (default 8192), MAX_MODEL_LEN (default 200000; 65536 on an H100). Every
-# other flag is the seed grid's (sweeps/h200.yaml). Each block is one `pdexporter measure --target` per cell
+# (per cell and block, default 8), B (default 8192), PORT (default 8000), MAX_MODEL_LEN (default 200000; 65536
+# on an H100). Every other flag is the seed grid's (sweeps/h200.yaml). Each block is one `pdexporter measure --target` per cell
 # (faithful mode: its own Phase 1 baseline) into $R/ab/<engine>/b<k>-<a|b>; the engine is stopped after each block.
 # A later call with the same command resumes at the first block with a missing cell (a block's engine is started
 # again; `measure --resume` keeps what a cut block recorded). Leaves in $OUT: ab.tgz (the blocks, each engine's
@@ -24,6 +26,7 @@ T0=$(date +%s)
 OUT=${OUT:?set OUT to the folder whose files come back}
 R=${R:-/root/r}
 B=${B:-8192}
+PORT=${PORT:-8000}
 W=$R/ab/qwen3-coder-30b-a3b-b$B
 mkdir -p "$W" "$OUT"
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$R/ab/ab.log"; }
@@ -67,15 +70,15 @@ start_engine() {  # start_engine k cond flags...
   local t0; t0=$(date +%s)
   if [ "${ENGINE:-vllm}" = sim ]; then
     setsid python3 -m pdexporter sim serve --profile h200-qwen3-coder-30b-a3b --chunk-size "$B" --host 127.0.0.1 \
-      --port 8000 >> "$elog" 2>&1 < /dev/null &
+      --port "$PORT" >> "$elog" 2>&1 < /dev/null &
   else  # the seed grid's flags (sweeps/h200.yaml), then the condition's
     setsid python3 -m vllm.entrypoints.cli.main serve /tmp/model/qwen3-coder-30b-a3b \
       --served-model-name qwen3-coder-30b-a3b --load-format dummy --max-model-len "${MAX_MODEL_LEN:-200000}" \
       --max-num-batched-tokens "$B" --enable-prefix-caching --enable-chunked-prefill --gpu-memory-utilization 0.9 \
-      --host 127.0.0.1 --port 8000 --enable-logging-iteration-details "$@" >> "$elog" 2>&1 < /dev/null &
+      --host 127.0.0.1 --port "$PORT" --enable-logging-iteration-details "$@" >> "$elog" 2>&1 < /dev/null &
   fi
   echo $! > "$W/engine.pid"
-  until curl -sf http://127.0.0.1:8000/health > /dev/null; do
+  until curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; do
     sleep 1
     if ! kill -0 "$(cat "$W/engine.pid")" 2>/dev/null; then
       log "the engine exited"; tail -n 20 "$elog"; return 1
@@ -116,7 +119,7 @@ PY
   for cell in "${todo[@]}"; do
     d=${cell%%:*}; p=${cell##*:}
     if [ "$(left)" -lt 25 ]; then status=deadline; break; fi
-    timeout $(( $(left) - 5 )) python3 -m pdexporter measure --target http://127.0.0.1:8000 --model qwen3-coder-30b-a3b \
+    timeout $(( $(left) - 5 )) python3 -m pdexporter measure --target "http://127.0.0.1:$PORT" --model qwen3-coder-30b-a3b \
       --gpu "${GPU:-H200}" -B "$B" -D "$d" -P "$p" --reps "$reps" --resume --out "$dir" >> "$R/ab/measure.log" 2>&1 \
       || { log "block $k D=$d P=$p: measure exit $?"; }
     log "block $k ($cond) D=$d P=$p: $(grep -a 'TPOT penalty  ' "$R/ab/measure.log" | tail -1 | tr -s ' │' ' ')"
