@@ -58,6 +58,10 @@ def conditions(engine_dir: Path, seq: list[tuple[int, str, list[float]]]) -> tup
     return names[0], names[1]
 
 
+def _cv(values: list[float]) -> str:
+    return f"{statistics.stdev(values) / statistics.fmean(values):.0%}" if len(values) > 1 else "-"
+
+
 def summary(root: Path) -> str:
     lines: list[str] = []
     legend: dict[str, str] = {}
@@ -67,8 +71,8 @@ def summary(root: Path) -> str:
             short = {ref: ref[0].lower(), other: other[0].upper()}
             legend |= {short[ref]: ref, short[other]: other}
             if not lines:
-                lines = [f"| engine | cell | block: penalty ms (median of its repetitions) | {ref}: reps, median | "
-                         f"{other}: reps, median | {other} / {ref} | p ({other} slower) | p ({ref} slower) |",
+                lines = [f"| engine | cell | block: penalty ms (median of its repetitions) | {ref}: reps, median, CV | "
+                         f"{other}: reps, median, CV | {other} / {ref} | p ({other} slower) | p ({ref} slower) |",
                          "|---|---|---|---|---|---|---|---|"]
             first = [x for _, cond, pen in seq if cond == ref for x in pen]
             second = [x for _, cond, pen in seq if cond == other for x in pen]
@@ -78,10 +82,12 @@ def summary(root: Path) -> str:
             m1, m2 = statistics.median(first), statistics.median(second)
             slower = mannwhitneyu(second, first, alternative="greater").pvalue
             faster = mannwhitneyu(first, second, alternative="greater").pvalue
-            lines.append(f"| {engine_dir.name} | B={b} D={d} P={p} | {per_block} | {len(first)}, {m1:.1f} | "
-                         f"{len(second)}, {m2:.1f} | {m2 / m1:.2f} | {slower:.2g} | {faster:.2g} |")
+            lines.append(f"| {engine_dir.name} | B={b} D={d} P={p} | {per_block} | "
+                         f"{len(first)}, {m1:.1f}, {_cv(first)} | {len(second)}, {m2:.1f}, {_cv(second)} | "
+                         f"{m2 / m1:.2f} | {slower:.2g} | {faster:.2g} |")
     lines += ["", ", ".join(f"{k}: a block of `{v}`" for k, v in legend.items())
-              + ". p: one-sided Mann-Whitney U on the pooled repetitions."]
+              + ". CV: the pooled repetitions' (two launch levels show as a large one). p: one-sided Mann-Whitney U on "
+              "the pooled repetitions."]
     return "\n".join(lines)
 
 

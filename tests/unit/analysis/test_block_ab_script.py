@@ -54,6 +54,9 @@ def test_any_two_conditions_are_read_with_the_first_block_as_the_reference(tmp_p
         shutil.copytree(source / src, tmp_path / "engine" / dst)
     text = gpu_script("block_ab").summary(tmp_path)
     header, _, row = text.splitlines()[:3]
-    assert "| a: reps, median | b: reps, median | b / a | p (b slower) | p (a slower) |" in header
+    assert "| a: reps, median, CV | b: reps, median, CV | b / a | p (b slower) | p (a slower) |" in header
     assert row.startswith("| engine | B=8192 D=4 P=512 | 1a 40.6 2B 58.9 3a 40.1 4B 46.9 | 12, ")
-    assert text.endswith("a: a block of `a`, B: a block of `b`. p: one-sided Mann-Whitney U on the pooled repetitions.")
+    assert text.endswith("a: a block of `a`, B: a block of `b`. CV: the pooled repetitions' (two launch levels show as "
+                         "a large one). p: one-sided Mann-Whitney U on the pooled repetitions.")
+    first, second = (cell.strip() for cell in row.split("|")[4:6])
+    assert first.startswith("12, ") and first.endswith("%") and second.startswith("12, ") and second.endswith("%")
