@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import socket
 import subprocess
 from collections.abc import Callable
@@ -24,10 +25,41 @@ def gpu_script(name: str):  # type: ignore[no-untyped-def]
     return module
 
 
+def _listen_ports() -> range:
+    """Where a test's server may listen: below the kernel's ephemeral range (Linux: 32768-60999), from which every
+    client connection of the tests running beside it takes its own port. A port the kernel hands out as free
+    (bind to 0) lies inside that range, so between the check and the server's bind another worker's connection
+    could take it (a sweep's second engine once found 127.0.0.1:49376 in use: test_multi_gpu_sweep)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(20000, max(min(low, 32768), 21000))
+
+
+def free_ports(n: int = 1) -> int:
+    """A port p with p .. p + n - 1 free (each bound and released: best effort), chosen at random outside the
+    kernel's ephemeral range (`_listen_ports`)."""
+    ports, pick = _listen_ports(), random.SystemRandom()  # not `random`: forked workers share its state
+    for _ in range(200):
+        base = pick.randrange(ports.start, ports.stop - n)
+        held: list[socket.socket] = []
+        try:
+            for i in range(n):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", base + i))
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+        return base
+    raise RuntimeError(f"no {n} free ports side by side in {ports}")
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port for a test's server (`free_ports`)."""
+    return free_ports(1)
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -4,7 +4,6 @@ named `health` (so GET /health answers 200): launcher mechanics do not need a mo
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -14,14 +13,11 @@ from pdexporter.errors import EngineError, EngineTimeout
 from pdexporter.launch.base import pid_alive
 from pdexporter.launch.local import LOG_FILE, STATE_FILE, EngineState, LocalLauncher, render_command
 from pdexporter.measure.store import ResultsStore
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ between chunk sizes, and a second invocation adopting the engine the first left 
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,11 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import Deadline, SweepController
 from pdexporter.sweep.providers import make_provider
 from pdexporter.sweep.spec import parse_sweep
-from tests.helpers import ExpireAfterFirstConfig
+from tests.helpers import ExpireAfterFirstConfig, free_port
 
 pytestmark = pytest.mark.integration
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spec_for(port: int):  # type: ignore[no-untyped-def]

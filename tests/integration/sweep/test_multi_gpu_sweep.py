@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,28 +27,13 @@ from pdexporter.measure.store import ResultsStore
 from pdexporter.sweep.controller import SweepController
 from pdexporter.sweep.providers import make_providers
 from pdexporter.sweep.spec import parse_sweep
+from tests.helpers import free_ports
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def free_base_port(n: int) -> int:
-    """A port p with p .. p + n - 1 free (best effort: bound and released)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n > 65535:
-            continue
-        try:
-            for i in range(1, n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + i))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no block of free ports")
 
 
 def sweep_file(base_port: int, chunks: list[int], reps: int = 2) -> dict:
@@ -94,7 +78,7 @@ def engines_stopped():  # type: ignore[no-untyped-def]
 
 
 async def test_two_gpus_run_chunk_sizes_side_by_side(tmp_path: Path, engines_stopped: list[Path]) -> None:
-    base = free_base_port(2)
+    base = free_ports(2)
     spec = parse_sweep(sweep_file(base, [2048, 4096, 8192]))
     store = ResultsStore(tmp_path / "results")
     engines_stopped.append(store.root)
@@ -128,7 +112,7 @@ def pdexporter(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[
 
 def test_a_killed_two_gpu_sweep_takes_both_engines_with_it_and_resumes(tmp_path: Path,
                                                                       engines_stopped: list[Path]) -> None:
-    base = free_base_port(2)
+    base = free_ports(2)
     path = tmp_path / "two-gpus.yaml"
     path.write_text(yaml.safe_dump(sweep_file(base, [2048, 4096], reps=3)))
     out = tmp_path / "results"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -25,26 +24,11 @@ from pdexporter.launch.base import pid_alive
 from pdexporter.launch.local import GATE_FILE, LOG_FILE, STATE_FILE, EngineState, LocalLauncher
 from pdexporter.launch.overlap import OverlappingLauncher
 from pdexporter.measure.store import ResultsStore
-from tests.helpers import ExpireAfterFirstConfig
+from tests.helpers import ExpireAfterFirstConfig, free_ports
 
 pytestmark = pytest.mark.integration
 
 
-def port_pair() -> int:
-    """A port p with p + 1 free too."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port >= 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two free ports side by side")
 
 
 @pytest.fixture
@@ -174,7 +158,7 @@ def _held_line(store: ResultsStore, chunk: int) -> bool:
 async def test_the_next_engine_starts_beside_the_current_one_and_waits_before_the_gpu(
     tmp_path: Path, fake_torch: Path
 ) -> None:
-    store, port = ResultsStore(tmp_path / "results"), port_pair()
+    store, port = ResultsStore(tmp_path / "results"), free_ports(2)
     messages: list[str] = []
     lanes = _lanes(tmp_path, store, port, fake_torch, messages)
     marks = tmp_path / "cuda"
@@ -198,7 +182,7 @@ async def test_the_next_engine_starts_beside_the_current_one_and_waits_before_th
 
 
 async def test_held_and_serving_engines_are_adopted_by_the_next_invocation(tmp_path: Path, fake_torch: Path) -> None:
-    store, port = ResultsStore(tmp_path / "results"), port_pair()
+    store, port = ResultsStore(tmp_path / "results"), free_ports(2)
     messages: list[str] = []
     lanes = _lanes(tmp_path, store, port, fake_torch, messages)
     await lanes.prepare(4096)
@@ -225,7 +209,7 @@ async def test_held_and_serving_engines_are_adopted_by_the_next_invocation(tmp_p
 async def test_a_serving_engine_is_stopped_before_a_held_one_goes_through(tmp_path: Path, fake_torch: Path) -> None:
     """A held engine's gate opens only once no other engine of the results directory is past its
     own: one left serving by an earlier invocation (another lane's port) is stopped first."""
-    store, port = ResultsStore(tmp_path / "results"), port_pair()
+    store, port = ResultsStore(tmp_path / "results"), free_ports(2)
     messages: list[str] = []
     lanes = _lanes(tmp_path, store, port, fake_torch, messages)
     await lanes.start(2048)
@@ -248,7 +232,7 @@ async def test_a_sweep_with_overlapped_starts_on_the_embedded_engine(tmp_path: P
     from pdexporter.sweep.providers import make_provider
     from pdexporter.sweep.spec import parse_sweep
 
-    port = port_pair()
+    port = free_ports(2)
     spec = parse_sweep({
         "grid": {"chunk_sizes": [2048, 4096, 8192], "decode_batch_sizes": [1], "new_prefill_tokens": [1024, 3072]},
         "reps": 1, "mode": "fast", "warmup": {"shapes": False},
