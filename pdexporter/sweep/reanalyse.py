@@ -341,16 +341,18 @@ def reanalyse_directory(results: str | Path, *, dry_run: bool = False) -> Direct
     return DirectoryJob(paths, dry_run, sweep_settings(root))
 
 
-def _settings_of(window: dict[str, float], path: Path) -> ProtocolSettings:
+def _protocol_settings(fields: Any, where: str) -> ProtocolSettings:
+    """`ProtocolSettings(**fields)`, a validation failure one line that starts with `where` (the file and its
+    block) and names the field."""
     from pydantic import ValidationError
 
     from pdexporter._internal.validation import format_validation_error
 
-    known = {k: v for k, v in window.items() if k in ProtocolSettings.WINDOW_FIELDS}
     try:
-        return ProtocolSettings(**known)
+        return ProtocolSettings(**fields)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: window.{format_validation_error(exc, ProtocolSettings)}") from None
+        sep = "." if exc.errors()[0]["loc"] else ": "  # a field's error, or one of the whole block
+        raise ConfigError(f"{where}{sep}{format_validation_error(exc, ProtocolSettings)}") from None
 
 
 def sweep_settings(root: Path) -> ProtocolSettings:
@@ -359,21 +361,17 @@ def sweep_settings(root: Path) -> ProtocolSettings:
     written before window.json existed). A file that does not read is one line naming it."""
     import json
 
-    from pydantic import ValidationError
-
-    from pdexporter._internal.validation import format_validation_error
     from pdexporter.sweep.spec import SWEEP_STATE
 
     path = root / SWEEP_STATE
     if not path.is_file():
         window = ResultsStore(root).load_window()  # `measure` and `run` keep theirs in window.json
-        return ProtocolSettings() if window is None else _settings_of(window, root / WINDOW_FILE)
+        if window is None:
+            return ProtocolSettings()
+        known = {k: v for k, v in window.items() if k in ProtocolSettings.WINDOW_FIELDS}
+        return _protocol_settings(known, f"{root / WINDOW_FILE}: window")
     try:
-        spec = json.loads(path.read_text())["spec"]
-        return ProtocolSettings(**spec.get("protocol", {}))
-    except ValidationError as exc:  # (a ValueError: first)
-        sep = "." if exc.errors()[0]["loc"] else ": "  # a field's error, or one of the whole block
-        raise ConfigError(f"{path}: spec.protocol{sep}{format_validation_error(exc, ProtocolSettings)}") from None
+        return _protocol_settings(json.loads(path.read_text())["spec"].get("protocol", {}), f"{path}: spec.protocol")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path}: not a sweep's state file ({type(exc).__name__}: {exc})") from None
 
