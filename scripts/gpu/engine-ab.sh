@@ -94,24 +94,16 @@ status=done
 for k in $(seq 1 "${BLOCKS:-4}"); do
   if [ $((k % 2)) -eq 1 ]; then cond=a; flags=${ARGS_A:-}; else cond=b; flags=${ARGS_B:-}; fi
   dir=$W/b$k-$cond
-  todo=()
-  for cell in $cells; do
-    d=${cell%%:*}; p=${cell##*:}
-    n=$(python3 - "$dir" "$d" "$p" "$reps" <<'PY'
+  # the cells this block still lacks repetitions of (`measure --resume` runs only what is missing)
+  read -r -a todo <<< "$(python3 - "$dir" "$B" "$reps" $cells <<'PY'
 import sys
 from pathlib import Path
 from pdexporter.measure.store import ResultsStore
-folder, d, p, reps = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-done = 0
-if folder.is_dir():
-    for r in ResultsStore(folder).iter_records():
-        if r.config.decode_batch_size == d and r.config.new_prefill_tokens == p:
-            done = len(r.reps)
-print(max(reps - done, 0))
+store, b, reps = ResultsStore(Path(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+done = {cell: store.load_record(b, *map(int, cell.split(":"))) for cell in sys.argv[4:]}
+print(" ".join(cell for cell, record in done.items() if record is None or len(record.reps) < reps))
 PY
-)
-    [ "$n" -gt 0 ] && todo+=("$cell")
-  done
+)"
   [ ${#todo[@]} -eq 0 ] && continue
   if [ "$(left)" -lt 150 ]; then status=deadline; log "block $k: $(left) s left, stopping"; break; fi
   # shellcheck disable=SC2086
