@@ -19,33 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port_block(n: int) -> int:
-    """A base port with n free ports after it (best effort)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + n >= 65535:
-            continue
-        ok = True
-        for i in range(1, n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-        if ok:
-            return base
-    raise RuntimeError("no free port block")
 
 
 def main() -> None:
@@ -56,7 +35,8 @@ def main() -> None:
     parser.add_argument("--chunks", default="2048", help="comma-separated chunk sizes")
     parser.add_argument("--decodes", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--prefills", type=int, nargs="+", default=[512, 2048, 8192])
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE), str(HERE.parent)]
+    from helpers import free_ports
     from quickmode import parse_args
 
     args = parse_args(parser, reps=2, decodes=[1], prefills=[512, 2048])
@@ -73,7 +53,7 @@ def main() -> None:
     from pdexporter.sweep.spec import parse_sweep
 
     chunks = [int(c) for c in args.chunks.split(",")]
-    port = free_port_block(args.engines)
+    port = free_ports(args.engines)  # outside the ephemeral range, as the tests pick theirs
     launcher: dict[str, object] = {
         "kind": "local", "health_timeout_s": 60, "stop_timeout_s": 10, "cwd": str(code),
         "command": "{python} -m pdexporter sim serve --max-num-batched-tokens {chunk} --port {port}",
