@@ -24,8 +24,9 @@ features, so no time it gives can be negative, and each grows where the physics 
   step costs pi_k = max(alpha0 + alpha1 D, compute0 + gamma c_k + beta q_k) run eagerly (the
   host's kernel launches or the GPU's work, whichever takes longer), or kappa c_k as a graph, plus
   graph0 in the step that admits the request (q_k: the chunk's query x context pairs, attention
-  over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 min(P, P_sat)
-  (`sigma_saturation_tokens`: from there on the stall no longer grows; absent: never); times D for
+  over the prefix), plus the engine's stalls around the prefill sigma0 + sigma1 clip(P - P_on, 0,
+  P_sat - P_on) (`sigma_saturation_tokens`: from there on the stall no longer grows, absent: never;
+  `sigma_onset_tokens`: from there on it grows, absent: from the start); times D for
   the batch. Where each decode in a chunk's step pays per chunk token (the model has
   `delta_ms_per_decode_token`: SGLang's mixed chunks) the work gains delta D c_k; where the decodes
   pause for the chunks (SGLang's default) the fit leaves the launch floor and the stalls at 0, so
@@ -311,6 +312,7 @@ def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any
         tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
     saturation = k.get("sigma_saturation_tokens")  # the stall stops growing with P there (absent: never)
     stall_p = min(ctx["p_tokens"], saturation) if saturation else ctx["p_tokens"]
+    stall_p = max(0.0, stall_p - (k.get("sigma_onset_tokens") or 0.0))  # it grows from P_on (absent: 0)
     per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * stall_p
     if ctx["eager_chunks"] or kappa is None:  # after a long step the next was ready: the decodes catch up
         per_stream -= k.get("catchup_steps", 0.0) * decode_step(k, d)

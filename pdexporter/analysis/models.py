@@ -346,7 +346,7 @@ DELTA_TEXT = ("ms per chunk token per running decode in the step",
               "what each running decode adds to an eager chunk step per chunk token (its row of the chunk's "
               "attention batch pays the chunk's length: SGLang's mixed chunks with triton attention)",
               "more decodes beside a chunk would shorten its step")
-DELTA_FORMULA = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * min(P, P_sat)); "
+DELTA_FORMULA = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * clip(P - P_on, 0, P_sat - P_on)); "
                  "pi_k = max(alpha0 + alpha1 * D, compute0 + (gamma + delta * D) * c_k + beta * q_k) for an "
                  "eagerly launched step (delta: what each decode in the step pays per chunk token), kappa * c_k "
                  "for a CUDA-graph step (+ graph0 in the one that admits the request); chunks by the engine's rule "
@@ -391,13 +391,15 @@ class ContextAwareModel:
     catchup_steps: float = 0.0
     # The prompt length from which the stalls stop growing (sigma1 min(P, P_sat); None: linear in P)
     sigma_saturation_tokens: float | None = None
+    # The prompt length from which they start to grow: sigma1 clip(P - P_on, 0, P_sat - P_on) (0: from the start)
+    sigma_onset_tokens: float = 0.0
     # Each running decode's cost per chunk token in an eager chunk step (the GPU-bound side:
     # + delta D c_k), fitted where the engine's rule says its decodes pay it (None: not a term)
     delta_ms_per_decode_token: float | None = None
     delta_stderr: float | None = None
     rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
-    formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * min(P, P_sat)); "
+    formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * clip(P - P_on, 0, P_sat - P_on)); "
                     "pi_k = max(alpha0 + alpha1 * D, compute0 + gamma * c_k + beta * q_k) for an eagerly launched "
                     "step, kappa * c_k for a CUDA-graph step (+ graph0 in the one that admits the request); "
                     "chunks by the engine's rule (chunk_rule)")
@@ -484,6 +486,8 @@ class ContextAwareModel:
                  catchup_steps=self.catchup_steps)
         if self.sigma_saturation_tokens is not None:
             k["sigma_saturation_tokens"] = self.sigma_saturation_tokens
+        if self.sigma_onset_tokens:
+            k["sigma_onset_tokens"] = self.sigma_onset_tokens
         return {"name": self.name, "formula": self.formula, "coefficients": k,
                 "graph_regime": "fitted" if self.kappa_graph_ms_per_token is not None else UNMEASURED}
 
@@ -893,58 +897,70 @@ STALL_WEIGHT_FLOOR_MS = 5.0  # the stall fit's relative weights: a total below t
 # Where the stalls may stop growing with the prompt (sigma1 min(P, P_sat)); None: linear in P. The
 # stall fit takes the one whose fit leaves the smallest mean relative residual.
 STALL_SATURATION_TOKENS: tuple[float | None, ...] = (2048.0, 4096.0, 8192.0, 16384.0, None)
+# Where the stalls may start growing (sigma1 clip(P - P_on, 0, P_sat - P_on)), chosen with P_sat: flat up
+# to ~2-3K tokens, then steep (the engine's step log: -2..-6 ms up to ~2,500 tokens, +8..+15 at 3-4K).
+STALL_ONSET_TOKENS: tuple[float, ...] = (0.0, 1024.0, 2048.0, 3072.0)
 
-StallFit = tuple[tuple[float, float, float], tuple[float | None, float | None], np.ndarray | None, float | None]
+# ((sigma0, sigma1, catchup), the sigmas' standard errors, the weights used, P_sat, P_on)
+StallFit = tuple[tuple[float, float, float], tuple[float | None, float | None], np.ndarray | None, float | None,
+                 float]
 
 
 def _stall_fit(
     model: ContextAwareModel, data: FitData, weights: np.ndarray | None = None, *, choose: bool = True
 ) -> StallFit:
     """What the chunk steps leave unexplained of each point's per-stream total interference:
-    sigma0 + sigma1 min(P, P_sat) - catchup x T(D) (all three >= 0; the catch-up only after an
-    eager step): ((sigma0, sigma1, catchup), the sigmas' standard errors, the weights used, P_sat).
+    sigma0 + sigma1 clip(P - P_on, 0, P_sat - P_on) - catchup x T(D) (all three >= 0; the catch-up
+    only after an eager step): ((sigma0, sigma1, catchup), the sigmas' standard errors, the weights
+    used, P_sat, P_on).
 
-    Fitted on relative residuals (each point's row divided by its total, at least
-    STALL_WEIGHT_FLOOR_MS): the stall is tens of ms beside totals from 10 ms to 1.3 s, and in
-    absolute terms the longest prompts set it. Weighted so, the colocated model's error on H200
-    campaigns it never saw fell from 20.3 % to 14.0 % MAPE (leave one campaign out over four
-    campaigns; P = 512-2048 from +18..+20 % to -8..+2 % mean error, 32768 from +1.6 to +7.4 %:
-    docs/analysis.md, "Held-out campaigns").
+    Fitted on relative residuals (each point's row divided by the total its chunk steps predict, at
+    least STALL_WEIGHT_FLOOR_MS; not by its measured total, which would give the points that happened
+    to read low the most weight: a passive event is one noisy reading, and so weighted the stall fit
+    sat 5-35 ms below the events' own median residual at P < 1.5K): the stall is tens of ms beside
+    totals from 10 ms to 1.3 s, and in absolute terms the longest prompts set it. Weighted so, the
+    colocated model's error on H200 campaigns it never saw fell from 20.3 % to 14.0 % MAPE (leave
+    one campaign out over four campaigns; P = 512-2048 from +18..+20 % to -8..+2 % mean error, 32768
+    from +1.6 to +7.4 %: docs/analysis.md, "Held-out campaigns").
 
     P_sat: the engine's step log puts what the H200's colocated windows lost outside their chunk
     steps at -2..-6 ms for one eager chunk of up to ~2,500 tokens (the catch-up), +8..+15 ms at
     3,072-4,096 and +30..+60 ms from 6,000 tokens on, no more at 32,768 than at 8,192: the stall
     saturates, and a term linear in P put ~180 ms at 32K. With `choose` the saturation is taken
     from `STALL_SATURATION_TOKENS` by the fit itself (smallest mean relative residual; where the
-    data cannot tell, as with no prompt beyond a candidate, the larger, else linear); else the
-    model's own (a bootstrap replicate keeps the full fit's)."""
+    data cannot tell, as with no prompt beyond a candidate, the larger, else linear), and with it the
+    onset from `STALL_ONSET_TOKENS` (on a tie the earlier); else the model's own (a bootstrap
+    replicate keeps the full fit's)."""
     bare = replace(model, catchup_steps=0.0)
     residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size) \
         + _own_pairs_saving(bare, data)
     ok = np.isfinite(residual)
     if ok.sum() < 3 or np.ptp(data.prefill[ok]) == 0:
-        return (0.0, 0.0, 0.0), (None, None), None, None
+        return (0.0, 0.0, 0.0), (None, None), None, None, 0.0
     eager_any = np.array([_any_eager(model, int(d), int(p), int(b)) for d, p, b in
                           zip(data.decode[ok], data.prefill[ok], data.chunk_size[ok])], dtype=np.float64)
     step = model.decode0_ms + model.decode1_ms_per_decode * data.decode[ok]
     catchup = bool(np.any(eager_any * step > 0))
-    relative = 1.0 / np.maximum(np.abs(data.total_ms[ok]), STALL_WEIGHT_FLOOR_MS)
-    candidates = STALL_SATURATION_TOKENS if choose else (model.sigma_saturation_tokens,)
+    relative = 1.0 / np.maximum(np.abs((data.total_ms - residual)[ok]), STALL_WEIGHT_FLOOR_MS)
+    candidates = ([(s, on) for s in STALL_SATURATION_TOKENS for on in STALL_ONSET_TOKENS if s is None or on < s]
+                  if choose else [(model.sigma_saturation_tokens, model.sigma_onset_tokens)])
     best: tuple[float, Any] | None = None
-    for saturation in candidates:
-        prompt = data.prefill[ok] if saturation is None else np.minimum(data.prefill[ok], saturation)
+    for saturation, onset in candidates:
+        capped = data.prefill[ok] if saturation is None else np.minimum(data.prefill[ok], saturation)
+        prompt = np.maximum(capped - onset, 0.0)
         columns = [np.ones(int(ok.sum())), prompt] + ([-eager_any * step] if catchup else [])
         x = np.column_stack(columns)
         solved = _stall_solve(x, residual[ok], relative, None if weights is None else weights[ok])
         miss = float(np.mean(np.abs((residual[ok] - x @ solved[0]) * relative)))
-        if best is None or miss <= best[0] * (1 + 1e-9):  # a tie (no prompt beyond P_sat): the larger, or linear
-            best = (miss, (saturation, x, solved))
+        # a tie (no prompt beyond P_sat): the larger, or linear; of two onsets, the earlier
+        if best is None or miss < best[0] * (1 - 1e-9) or (miss <= best[0] * (1 + 1e-9) and onset == best[1][1]):
+            best = (miss, (saturation, onset, x, solved))
     assert best is not None
-    saturation, x, (coef, used, errors) = best[1]
+    saturation, onset, x, (coef, used, errors) = best[1]
     full_weights = np.ones(ok.size)
     full_weights[ok] = used
     return ((float(coef[0]), float(coef[1]), float(coef[2]) if catchup else 0.0), errors, full_weights,
-            saturation)
+            saturation, float(onset))
 
 
 def _stall_solve(x: np.ndarray, residual: np.ndarray, relative: np.ndarray, weights: np.ndarray | None,
@@ -1002,11 +1018,13 @@ def _any_eager(model: ContextAwareModel, d: int, p: int, b: int) -> bool:
 def _with_stalls(model: ContextAwareModel, data: FitData) -> ContextAwareModel:
     """Second stage: the engine's stalls around the prefill outside its chunk steps (admission,
     seen on vLLM 0.22 as one to three slow steps beside the chunks), added to the last step's
-    retirement the first stage found, as sigma0 + sigma1 * min(P, P_sat) per decode stream (both >= 0;
-    P_sat: `sigma_saturation_tokens`, where the data say the stall stops growing, else none)."""
-    (s0, s1, catchup), errors, _, saturation = _stall_fit(model, data)
+    retirement the first stage found, as sigma0 + sigma1 * clip(P - P_on, 0, P_sat - P_on) per decode
+    stream (both >= 0; P_sat: `sigma_saturation_tokens`, where the data say the stall stops growing, else
+    none; P_on: `sigma_onset_tokens`, where it starts)."""
+    (s0, s1, catchup), errors, _, saturation, onset = _stall_fit(model, data)
     return replace(model, sigma0_ms=model.sigma0_ms + s0, sigma1_ms_per_token=model.sigma1_ms_per_token + s1,
-                   sigma_stderr=errors, catchup_steps=catchup, sigma_saturation_tokens=saturation)
+                   sigma_stderr=errors, catchup_steps=catchup, sigma_saturation_tokens=saturation,
+                   sigma_onset_tokens=onset)
 
 
 def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int = 200,
@@ -1020,7 +1038,7 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
     _, weights, _, _, launch = _solve(design)
     matrix = _matrix(design.raw, launch)
     x_all = _aggregate(design, matrix)
-    _, _, stall_weights, _ = _stall_fit(model, data, choose=False)
+    _, _, stall_weights, _, _ = _stall_fit(model, data, choose=False)
     rng = np.random.default_rng(seed)
     plain = replace(data, design=None)
     rows_by_point = [np.nonzero(design.point == i)[0] for i in range(len(data))]
@@ -1045,9 +1063,9 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
             catchup_steps=0.0,
         )
         if model.n_step_rows:
-            (s0, s1, catchup), _, _, _ = _stall_fit(stage1, plain.subset(drawn),
-                                                    None if stall_weights is None else stall_weights[drawn],
-                                                    choose=False)
+            (s0, s1, catchup), _, _, _, _ = _stall_fit(stage1, plain.subset(drawn),
+                                                       None if stall_weights is None else stall_weights[drawn],
+                                                       choose=False)
             stage1 = replace(
                 stage1,
                 sigma0_ms=stage1.sigma0_ms + s0,
