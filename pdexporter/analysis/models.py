@@ -202,6 +202,9 @@ class FitData:
     # engine ran them (a passive joint event's; None, or one prompt: the point is one prompt of P).
     # Attention pairs are each prompt's own (`stream_pairs`); chunks, launches and tokens the stream's.
     prompts: tuple[tuple[int, ...], ...] | None = None
+    # the largest step the engine ran as a CUDA graph, where its records say (`_fit_graph_max_tokens`);
+    # None: the engine's rule's own (vLLM 0.22: 512)
+    graph_max_tokens: int | None = None
 
     def __len__(self) -> int:
         return int(self.decode.size)
@@ -217,7 +220,7 @@ class FitData:
             self.total_ms[index], tuple(self.steps[i] for i in index),
             self.design.rows_of(index) if self.design is not None else None, self.engine,
             None if self.baseline_ms is None else self.baseline_ms[index],
-            None if self.prompts is None else tuple(self.prompts[i] for i in index),
+            None if self.prompts is None else tuple(self.prompts[i] for i in index), self.graph_max_tokens,
         )
 
     def prompts_of(self, i: int) -> tuple[int, ...] | None:
@@ -232,7 +235,8 @@ class FitData:
 
     @property
     def rule(self) -> ChunkRule:
-        return adapter(self.engine).chunk_rule
+        rule = adapter(self.engine).chunk_rule
+        return rule if self.graph_max_tokens is None else replace(rule, graph_max_tokens=self.graph_max_tokens)
 
 
 def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitData:
@@ -251,7 +255,24 @@ def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitD
         steps=tuple(steps_by_key.get((int(b), int(d), int(p)), ()) for b, d, p in keys),
         engine=_fit_engine(engines),
         baseline_ms=(rows["tpot_baseline_ms"].to_numpy(np.float64) if "tpot_baseline_ms" in rows else None),
+        graph_max_tokens=_fit_graph_max_tokens([s for s in samples if s.key in set(keys)]),
     )
+
+
+def _fit_graph_max_tokens(samples: Sequence[ConfigSamples]) -> int | None:
+    """The largest CUDA-graph step of the engines the fitted records came from, where their command lines
+    say (None: no record says; the engine's rule stands). A smaller value where the chunk size capped it
+    (vLLM captures no graph above B, and no chunk step exceeds B) is the same engine; records of engines
+    started with other capture sizes cannot share one model."""
+    said = [(s.graph_max_tokens, s.chunk_size) for s in samples if s.graph_max_tokens is not None]
+    if not said:
+        return None
+    largest = max(v for v, _ in said)
+    other = sorted({v for v, b in said if v < largest and v < b})
+    if other:
+        raise ValueError(f"records of engines with different CUDA-graph sizes (largest graph {largest} and "
+                         f"{', '.join(map(str, other))} tokens): fit them apart")
+    return largest
 
 
 def _fit_engine(engines: Sequence[str]) -> str:

@@ -30,7 +30,7 @@ import pandas as pd
 
 from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
 from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
-from pdexporter.engines import DEFAULT_ENGINE
+from pdexporter.engines import DEFAULT_ENGINE, adapter, registered
 from pdexporter.measure.quantities import seed_columns, tabulated
 from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, counted_reps, cv
 
@@ -100,6 +100,9 @@ class ConfigSamples:
     # `reps`' own chunk steps, one per repetition in `reps` (None: that one has none); `steps` keeps
     # every repetition's, the re-run attempts a sweep did not aggregate included (`analysis.cv_causes`)
     rep_steps: tuple[ChunkSteps | None, ...] = ()
+    # the largest step the engine replayed as a CUDA graph, where its command line says (records'
+    # config.engine_command, read by the engine's adapter: `graph_max_tokens`); None: its rule's default
+    graph_max_tokens: int | None = None
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -162,8 +165,16 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
         model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector, profile=c.profile,
-        passive=c.mode == "passive", rep_steps=rep_steps,
+        passive=c.mode == "passive", rep_steps=rep_steps, graph_max_tokens=_graph_max_tokens(record),
     )
+
+
+def _graph_max_tokens(record: RunRecord) -> int | None:
+    """The largest CUDA-graph step of the engine that measured the record, where its command line says."""
+    c = record.config
+    if not c.engine_command or c.engine not in registered():
+        return None
+    return adapter(c.engine).graph_max_tokens(c.engine_command, c.chunk_size)
 
 
 def _chunk_steps(baseline: BaselineBlock, interference: InterferenceBlock) -> ChunkSteps | None:

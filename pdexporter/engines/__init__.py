@@ -43,7 +43,13 @@ from pdexporter.engines.disagg import (
 )
 from pdexporter.engines.sim import IMITATED, SIM_ENGINE, imitation_for, sim_engine
 from pdexporter.engines.disagg import VllmPdDecodeAdapter
-from pdexporter.engines.vllm import DEFAULT_MOE_CONFIG_LOG, OpenAICompatibleAdapter, VllmAdapter, tuned_moe_config
+from pdexporter.engines.vllm import (
+    DEFAULT_MOE_CONFIG_LOG,
+    OpenAICompatibleAdapter,
+    VllmAdapter,
+    cudagraph_sizes,
+    tuned_moe_config,
+)
 
 # The name an engine nobody identified is recorded under (vLLM's rules, as a stated assumption).
 UNIDENTIFIED = OpenAICompatibleAdapter.name
@@ -84,6 +90,7 @@ __all__ = [
     "check_pair",
     "chunk_size_advice",
     "connector_of",
+    "cudagraph_sizes",
     "identify",
     "identity_paths",
     "infer_chunk_size",

@@ -269,6 +269,12 @@ class EngineAdapter(Protocol):
         """Whether an engine started with these arguments captures CUDA graphs (None: unknown)."""
         ...
 
+    def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
+        """The largest step (tokens) an engine started with these arguments and this chunk size replays as a
+        CUDA graph, where its flags say (None: they do not; `chunk_rule.graph_max_tokens` stands). The fit's
+        chunk rule takes it from the records' `engine_command` (`analysis.models.fit_data`)."""
+        ...
+
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
         """Command-line flags that start the engine with this chunk size, its step log (one line
         per step) and its /metrics on."""

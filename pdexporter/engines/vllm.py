@@ -35,7 +35,8 @@ __all__ = [
     "CANDIDATE_CHUNK_SIZES", "CHUNK_FLAG", "DECODE_BENCH", "DEFAULT_CHUNK_SIZE", "ITERATION_RE", "KV_TRANSFER_FLAG",
     "METRIC_ALIASES", "NIXL", "OPTIONAL_METRICS", "P2P_NCCL", "PAIR_CONNECTORS",
     "OpenAICompatibleAdapter", "REQUEST_SPAN_ATTRIBUTES", "REQUEST_SPAN_NAME", "STEP_LOG_FLAG", "TRACING_IMPORTS",
-    "VllmAdapter", "connector_of", "format_step", "parse_step_log", "transfer_config_of",
+    "VllmAdapter", "compilation_config_of", "connector_of", "cudagraph_sizes", "format_step", "graph_max_tokens_of",
+    "parse_step_log", "transfer_config_of",
 ]
 
 # vLLM's KV connectors (`--kv-transfer-config`): what makes a vLLM one side of the offload decision
@@ -189,6 +190,107 @@ def connector_of(argv: Sequence[str] | str) -> str | None:
     return str(connector) if connector else None
 
 
+# CUDA graphs (`cudagraph_sizes`, `graph_max_tokens`): a step of more tokens than the largest captured size
+# is launched kernel by kernel. The flags that set the sizes, in every form `vllm serve` takes them.
+COMPILATION_FLAGS = ("--compilation-config", "-cc")
+MAX_NUM_SEQS_FLAG = "--max-num-seqs"
+EAGER_FLAG = "--enforce-eager"
+
+
+def cudagraph_sizes(max_num_batched_tokens: int, max_num_seqs: int, capture_sizes: Sequence[int] | None = None,
+                    max_capture_size: int | None = None) -> tuple[int, ...]:
+    """vLLM 0.22's CUDA-graph capture sizes (`VllmConfig._set_cudagraph_sizes`, vllm/config/vllm.py).
+
+    The largest size is `max_capture_size`, by default min(2 max_num_seqs, 512), never above the token
+    budget B = max_num_batched_tokens. Given sizes are de-duplicated, sorted and those above B dropped;
+    else the default list [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), plus B itself when B
+    is at most the largest size. When both the sizes and the maximum are given, the largest size kept
+    must be the maximum (vLLM raises otherwise: a list up to 2560 with max 2560 is refused at B = 2048).
+    A batch of N tokens runs as the graph of the smallest size >= N (`steptime.padded_size`).
+    """
+    budget = max_num_batched_tokens
+    largest = max_capture_size if max_capture_size is not None else min(2 * max_num_seqs, 512)
+    largest = min(budget, largest)
+    if capture_sizes is not None:
+        sizes = sorted({int(s) for s in capture_sizes if s <= budget})
+    else:
+        sizes = [s for s in (1, 2, 4) if s <= largest]
+        if largest >= 8:
+            sizes += list(range(8, min(largest + 1, 256), 8))
+        if largest >= 256:
+            sizes += list(range(256, largest + 1, 16))
+        if budget <= largest and budget not in sizes:
+            sizes = sorted({*sizes, budget})
+    if capture_sizes is not None and max_capture_size is not None and (sizes[-1] if sizes else 0) != max_capture_size:
+        raise ValueError(f"max_cudagraph_capture_size={max_capture_size} is not the largest of cudagraph_capture_sizes "
+                         f"at or below max_num_batched_tokens={budget} ({sizes[-1] if sizes else 'none'}); vLLM 0.22 "
+                         "refuses to start: give cudagraph_capture_sizes alone")
+    return tuple(sizes)
+
+
+def _flag_values(words: Sequence[str], flag: str) -> list[str]:
+    """Every value `flag` is given on a command line (`flag VALUE` or `flag=VALUE`), in order."""
+    found = []
+    for i, word in enumerate(words):
+        if word == flag and i + 1 < len(words):
+            found.append(words[i + 1])
+        elif word.startswith(flag + "="):
+            found.append(word.split("=", 1)[1])
+    return found
+
+
+def compilation_config_of(argv: Sequence[str] | str) -> dict[str, Any] | None:
+    """The `--compilation-config` (`-cc`) a command line gives, with its dotted keys
+    (`--compilation-config.max_cudagraph_capture_size 2048`), merged in the order given (the later wins); {}
+    where it gives none; None where a whole config is not a JSON object (what vLLM makes of it is not known)."""
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    config: dict[str, Any] = {}
+    for i, word in enumerate(words):
+        name, sep, value = word.partition("=")
+        flag = next((f for f in COMPILATION_FLAGS if name == f or name.startswith(f + ".")), None)
+        if flag is None:
+            continue
+        if not sep:
+            if i + 1 >= len(words):
+                continue
+            value = words[i + 1]
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        if name == flag:
+            if not isinstance(parsed, dict):
+                return None
+            config.update(parsed)
+        else:
+            config[name[len(flag) + 1:]] = parsed
+    return config
+
+
+def graph_max_tokens_of(argv: Sequence[str] | str, chunk_size: int) -> int | None:
+    """The largest step (tokens) a `vllm serve` with these arguments and this max_num_batched_tokens runs as a
+    CUDA graph: 0 with `--enforce-eager` or `cudagraph_mode` NONE; else the largest of `cudagraph_sizes` from its
+    capture sizes, max_cudagraph_capture_size and `--max-num-seqs` (default 512 tokens, as for max_num_seqs >= 256
+    and B >= 512). None where the command line cannot say (a compilation config that is not JSON, sizes vLLM
+    would refuse)."""
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    config = compilation_config_of(words)
+    if config is None:
+        return None
+    if EAGER_FLAG in words or str(config.get("cudagraph_mode", "")).upper() == "NONE":
+        return 0
+    seqs = _flag_values(words, MAX_NUM_SEQS_FLAG)
+    try:
+        max_num_seqs = int(seqs[-1]) if seqs else 256
+        sizes = config.get("cudagraph_capture_sizes")
+        largest = config.get("max_cudagraph_capture_size")
+        captured = cudagraph_sizes(chunk_size, max_num_seqs, None if sizes is None else [int(s) for s in sizes],
+                                   None if largest is None else int(largest))
+    except (TypeError, ValueError):
+        return None
+    return captured[-1] if captured else 0
+
+
 # The datasheet GPUs (`pdexporter.sim.hardware`) as vLLM names them in its tuned-config files
 # (torch.cuda.get_device_name() with its spaces as underscores), an 80 GB SXM part where both exist.
 MOE_DEVICE_NAMES = {"H200": "NVIDIA_H200", "H100": "NVIDIA_H100_80GB_HBM3", "H20": "NVIDIA_H20",
@@ -270,7 +372,13 @@ class VllmAdapter:
 
     def cuda_graphs(self, argv: Sequence[str]) -> bool | None:
         """vLLM captures CUDA graphs unless told not to (the seed's --enforce-eager ablation)."""
-        return "--enforce-eager" not in argv
+        return EAGER_FLAG not in argv
+
+    def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
+        """The largest step it replays as a CUDA graph (`graph_max_tokens_of`): 512 by default; more with
+        `--compilation-config '{"cudagraph_capture_sizes": [..., 2064]}'`, which takes a one-chunk prompt of up to
+        ~2K tokens off the eager launch floor (results/h100-vllm0.22-qwen3-coder-30b-a3b-engine-ab)."""
+        return graph_max_tokens_of(argv, chunk_size)
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
         return (CHUNK_FLAG, str(chunk_size), "--enable-chunked-prefill", STEP_LOG_FLAG)

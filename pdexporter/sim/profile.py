@@ -25,7 +25,6 @@ A wrong field is one line naming the file and the field (`ConfigError`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
@@ -36,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pdexporter._internal.finite import YamlProblem, load_yaml_strict
 from pdexporter._internal.text import read_utf8
 from pdexporter._internal.validation import format_validation_error
-from pdexporter.engines import DEFAULT_CHUNK_SIZE
+from pdexporter.engines import DEFAULT_CHUNK_SIZE, cudagraph_sizes  # vLLM's rule, in its adapter (re-exported)
 from pdexporter.errors import ConfigError
 
 __all__ = [
@@ -278,38 +277,6 @@ class EngineSpec(_Strict):
         return cudagraph_sizes(max_num_batched_tokens or self.max_num_batched_tokens,
                                max_num_seqs or self.max_num_seqs,
                                self.cudagraph_capture_sizes, self.max_cudagraph_capture_size)
-
-
-def cudagraph_sizes(max_num_batched_tokens: int, max_num_seqs: int, capture_sizes: Sequence[int] | None = None,
-                    max_capture_size: int | None = None) -> tuple[int, ...]:
-    """vLLM 0.22's CUDA-graph capture sizes (`VllmConfig._set_cudagraph_sizes`, vllm/config/vllm.py).
-
-    The largest size is `max_capture_size`, by default min(2 max_num_seqs, 512), never above the token
-    budget B = max_num_batched_tokens. Given sizes are de-duplicated, sorted and those above B dropped;
-    else the default list [1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16), plus B itself when B
-    is at most the largest size. When both the sizes and the maximum are given, the largest size kept
-    must be the maximum (vLLM raises otherwise: a list up to 2560 with max 2560 is refused at B = 2048).
-    A batch of N tokens runs as the graph of the smallest size >= N (`steptime.padded_size`).
-    """
-    budget = max_num_batched_tokens
-    largest = max_capture_size if max_capture_size is not None else min(2 * max_num_seqs, 512)
-    largest = min(budget, largest)
-    if capture_sizes is not None:
-        sizes = sorted({int(s) for s in capture_sizes if s <= budget})
-    else:
-        sizes = [s for s in (1, 2, 4) if s <= largest]
-        if largest >= 8:
-            sizes += list(range(8, min(largest + 1, 256), 8))
-        if largest >= 256:
-            sizes += list(range(256, largest + 1, 16))
-        if budget <= largest and budget not in sizes:
-            sizes = sorted({*sizes, budget})
-    if capture_sizes is not None and max_capture_size is not None and (sizes[-1] if sizes else 0) != max_capture_size:
-        raise ValueError(f"max_cudagraph_capture_size={max_capture_size} is not the largest of cudagraph_capture_sizes "
-                         f"at or below max_num_batched_tokens={budget} ({sizes[-1] if sizes else 'none'}); vLLM 0.22 "
-                         "refuses to start: give cudagraph_capture_sizes alone")
-    return tuple(sizes)
-
 
 
 class StepTimeParams(_Strict):

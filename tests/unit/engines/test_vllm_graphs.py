@@ -1,0 +1,85 @@
+"""vLLM's CUDA-graph sizes read from its command line (`engines.vllm.graph_max_tokens_of`), and the fit's chunk
+rule following the records that say them (`analysis.models.fit_data`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pdexporter.analysis import models as md
+from pdexporter.analysis.synthetic import SyntheticTruth, synthetic_records
+from pdexporter.analysis.table import build_table, samples_from_record
+from pdexporter.engines import adapter
+from pdexporter.engines.vllm import compilation_config_of, graph_max_tokens_of  # the rule itself, tested where it lives
+
+# the engine A/B's `b` flags (results/h100-vllm0.22-qwen3-coder-30b-a3b-engine-ab)
+SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16), 528, 1040, 2064]
+B_FLAGS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": SIZES})]
+SERVE = ["vllm", "serve", "/models/qwen3", "--max-num-batched-tokens", "8192"]
+
+
+@pytest.mark.parametrize(("extra", "chunk", "expected"), [
+    ([], 8192, 512),  # vLLM 0.22's default: min(2 max_num_seqs, 512)
+    ([], 256, 256),  # never above the token budget
+    (["--enforce-eager"], 8192, 0),
+    (B_FLAGS, 8192, 2064),
+    (B_FLAGS, 2048, 1040),  # sizes above B dropped
+    (["-cc", '{"max_cudagraph_capture_size": 2048}'], 8192, 2048),
+    (['--compilation-config={"max_cudagraph_capture_size": 1024}'], 8192, 1024),
+    (["--compilation-config.max_cudagraph_capture_size", "4096"], 8192, 4096),
+    (["--compilation-config.max_cudagraph_capture_size=4096"], 8192, 4096),
+    (["--compilation-config", '{"cudagraph_mode": "NONE"}'], 8192, 0),
+    (["--max-num-seqs", "64"], 8192, 128),
+    (["--max-num-seqs=16", "-cc", '{"max_cudagraph_capture_size": 1024}'], 8192, 1024),
+    (["--compilation-config", "{not json"], 8192, None),  # cannot tell: the rule's default stands
+    (["-cc", '{"cudagraph_capture_sizes": [512, 1040], "max_cudagraph_capture_size": 2048}'], 8192, None),
+])
+def test_the_largest_graph_step_follows_the_flags(extra, chunk, expected):
+    assert graph_max_tokens_of([*SERVE, *extra], chunk) == expected
+    assert adapter("vllm").graph_max_tokens([*SERVE, *extra], chunk) == expected
+
+
+def test_later_compilation_settings_win_and_a_string_command_is_split():
+    argv = " ".join([*SERVE, "-cc", "'{\"max_cudagraph_capture_size\": 1024}'",
+                     "--compilation-config.max_cudagraph_capture_size", "2048"])
+    assert compilation_config_of(argv) == {"max_cudagraph_capture_size": 2048}
+    assert graph_max_tokens_of(argv, 8192) == 2048
+
+
+def test_engines_whose_flags_do_not_say_leave_their_rule():
+    assert adapter("sglang").graph_max_tokens(["python", "-m", "sglang.launch_server"], 8192) is None
+    assert adapter("pdexporter-sim").graph_max_tokens(["pdexporter", "sim", "serve"], 8192) is None
+
+
+NOISELESS = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0)
+GRID = [(8192, d, p) for d in (0, 1, 4, 12) for p in (256, 1024, 2048, 4096)]
+
+
+def _samples(flags: list[str] | None):
+    """The synthetic grid's samples, their records saying the engine was started with `flags` (None: no
+    command line, as `measure --target`)."""
+    out = []
+    for record in synthetic_records(NOISELESS, GRID, reps=2):
+        record.config.engine = "vllm"
+        record.config.engine_command = None if flags is None else [*SERVE, *flags]
+        out.append(samples_from_record(record))
+    return out
+
+
+def test_the_fit_takes_the_graph_size_its_records_were_measured_with():
+    plain = md.fit_data(build_table(_samples(None)), _samples(None))
+    assert plain.graph_max_tokens is None and plain.rule.graph_max_tokens == 512
+    samples = _samples(B_FLAGS)
+    data = md.fit_data(build_table(samples), samples)
+    assert data.graph_max_tokens == 2064 and data.rule.graph_max_tokens == 2064
+    assert data.subset([0, 1]).rule.graph_max_tokens == 2064
+    model = md.fit_context_model(data)
+    assert model.document()["chunk_rule"]["graph_max_tokens"] == 2064  # decision.json says what was measured
+    assert model.rule.graph_step(1024 - 4, 4) and not plain.rule.graph_step(1024 - 4, 4)
+
+
+def test_records_of_two_graph_sizes_are_refused_in_one_fit():
+    mixed = _samples(B_FLAGS)[:8] + _samples([])[8:]
+    with pytest.raises(ValueError, match="different CUDA-graph sizes .*2064 and 512"):
+        md.fit_data(build_table(mixed), mixed)
