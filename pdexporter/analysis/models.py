@@ -246,6 +246,7 @@ def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitD
                  & table["total_interference_ms"].notna()]
     keys = list(zip(rows["chunk_size"], rows["decode_batch_size"], rows["new_prefill_tokens"]))
     engines = sorted(str(e) for e in table["engine"].dropna().unique()) if "engine" in table else []
+    fitted = set(keys)
     return FitData(
         chunk_size=rows["chunk_size"].to_numpy(np.float64),
         decode=rows["decode_batch_size"].to_numpy(np.float64),
@@ -255,7 +256,7 @@ def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitD
         steps=tuple(steps_by_key.get((int(b), int(d), int(p)), ()) for b, d, p in keys),
         engine=_fit_engine(engines),
         baseline_ms=(rows["tpot_baseline_ms"].to_numpy(np.float64) if "tpot_baseline_ms" in rows else None),
-        graph_max_tokens=_fit_graph_max_tokens([s for s in samples if s.key in set(keys)]),
+        graph_max_tokens=_fit_graph_max_tokens([s for s in samples if s.key in fitted]),
     )
 
 
