@@ -963,7 +963,12 @@ def _stall_fit(
                           zip(data.decode[ok], data.prefill[ok], data.chunk_size[ok])], dtype=np.float64)
     step = model.decode0_ms + model.decode1_ms_per_decode * data.decode[ok]
     catchup = bool(np.any(eager_any * step > 0))
-    relative = 1.0 / np.maximum(np.abs((data.total_ms - residual)[ok]), STALL_WEIGHT_FLOOR_MS)
+    # the weights' base: the chunk steps alone, whichever stage's stall terms `model` carries (the full fit passes
+    # the first stage, a bootstrap the final model: the same weights either way)
+    steps_only = replace(bare, sigma0_ms=0.0, sigma1_ms_per_token=0.0)
+    predicted = steps_only.per_stream_ms(data.decode, data.prefill, data.chunk_size) \
+        - _own_pairs_saving(steps_only, data)
+    relative = 1.0 / np.maximum(np.abs(predicted[ok]), STALL_WEIGHT_FLOOR_MS)
     candidates = ([(s, on) for s in STALL_SATURATION_TOKENS for on in STALL_ONSET_TOKENS if s is None or on < s]
                   if choose else [(model.sigma_saturation_tokens, model.sigma_onset_tokens)])
     best: tuple[float, Any] | None = None

@@ -20,9 +20,10 @@ from tests.integration.faults.faultkit import error_line
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
-SEED = json.loads((ROOT / "results" / "h200-vllm0.22-qwen2.5-32b-instruct" / "decision.json").read_text())
+SEED = json.loads((ROOT / "results" / "h200-vllm0.22-qwen3-coder-30b-a3b-decodebench" / "decision.json").read_text())
 ARMS = json.loads((ROOT / "results" / "h200x2-arms" / "decision.json").read_text())
-B = next(iter(SEED["model"]["penalty_per_chunk_ms"]))  # "3072"
+B = next(iter(SEED["model"]["penalty_per_chunk_ms"]))  # a seed_per_chunk document: its first chunk size
+DS = SEED["model"]["penalty_per_chunk_ms"][B]["decode_batch_size"]
 
 Edit = Callable[[dict[str, Any]], None]
 
@@ -40,7 +41,8 @@ def _shorten(d: dict[str, Any]) -> None:
 
 
 def _unsorted(d: dict[str, Any]) -> None:
-    _table(d)[B]["decode_batch_size"] = [1, 4, 4, 12]
+    ds = _table(d)[B]["decode_batch_size"]
+    ds[2] = ds[1]  # the third D repeats the second
 
 
 def _loss(d: dict[str, Any]) -> dict[str, Any]:
@@ -62,9 +64,10 @@ CASES: list[tuple[str, dict[str, Any], Edit, str]] = [
     ("chunk-size-key", SEED, _rename,
      "model.penalty_per_chunk_ms.abc: the key must be a chunk size, a positive integer (got 'abc')"),
     ("lengths-differ", SEED, _shorten,
-     f"model.penalty_per_chunk_ms.{B}.penalty_ms: 2 item(s), one per decode_batch_size (4 given)"),
+     f"model.penalty_per_chunk_ms.{B}.penalty_ms: 2 item(s), one per decode_batch_size ({len(DS)} given)"),
     ("d-not-ascending", SEED, _unsorted,
-     f"model.penalty_per_chunk_ms.{B}.decode_batch_size[2]: must be larger than the one before it (got 4 after 4)"),
+     f"model.penalty_per_chunk_ms.{B}.decode_batch_size[2]: must be larger than the one before it "
+     f"(got {DS[1]} after {DS[1]})"),
     ("no-table", SEED, lambda d: d["model"].pop("penalty_per_chunk_ms"),
      "model.penalty_per_chunk_ms: required for the seed_per_chunk model (one entry per chunk size)"),
     ("coefficient-x", ARMS, lambda d: _loss(d)["coefficients"].update(d="x"),
