@@ -84,7 +84,8 @@ def test_the_embedded_engines_table_carries_its_profiles_variation(tmp_path: Pat
     assert carried["source"].startswith(f"profile {MEASURED_ON}, measured on the real engine")
     assert carried["colocated"] == load_profile(MEASURED_ON).campaign_variation.arms()["colocated"]  # type: ignore[union-attr]
     assert len(decision["replicates"]["campaign"]) == len(decision["replicates"]["model"])
-    assert "intervals carry the campaign-to-campaign variation (log sd compute 0.17" in err
+    compute = carried["colocated"]["by_regime"]["compute"]
+    assert f"intervals carry the campaign-to-campaign variation (log sd compute {compute:.2f}" in err
     assert f"of profile {MEASURED_ON}" in held_out_text(decision)
 
 
