@@ -252,11 +252,11 @@ class SglangAdapter:
                 return value != "disabled"
         return True
 
-
     def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
         """None: the rule's 0 stands. The sweeps run `--disable-prefill-cuda-graph`, so every chunk step is
         launched eagerly; SGLang's own prefill graphs (up to B tokens, captured at start-up) are not modelled."""
         return None
+
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
         return (CHUNK_FLAG, str(chunk_size), "--decode-log-interval", "1", "--enable-metrics")
 
