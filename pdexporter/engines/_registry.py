@@ -39,6 +39,7 @@ __all__ = [
     "budget_problem",
     "budget_schedule",
     "chunk_size_advice",
+    "flag_values",
     "identify",
     "identity_paths",
     "infer_chunk_size",
@@ -311,6 +312,17 @@ class EngineAdapter(Protocol):
 
 
 _EXCEPTION_LINE = re.compile(r"\b(?:[A-Z]\w*(?:Error|Exception|Exit)|Exception|AssertionError)\b: \S")
+
+
+def flag_values(argv: Sequence[str], flag: str) -> list[str]:
+    """Every value `flag` is given on an engine's command line (`flag VALUE` or `flag=VALUE`), in order."""
+    found = []
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif word.startswith(flag + "="):
+            found.append(word.split("=", 1)[1])
+    return found
 
 
 def last_cause(lines: Sequence[str], wrappers: Sequence[str] = ()) -> str:

@@ -60,6 +60,7 @@ from pdexporter.engines._registry import (
     IterationStep,
     KvSetup,
     MetricKind,
+    flag_values,
     last_cause,
     register,
 )
@@ -242,15 +243,8 @@ class SglangAdapter:
         words = list(argv)
         if "--disable-cuda-graph" in words or "--disable-decode-cuda-graph" in words:
             return False
-        for i, word in enumerate(words):
-            value = (
-                word.split("=", 1)[1]
-                if word.startswith("--cuda-graph-backend-decode=")
-                else (words[i + 1] if word == "--cuda-graph-backend-decode" and i + 1 < len(words) else None)
-            )
-            if value is not None:
-                return value != "disabled"
-        return True
+        backend = flag_values(words, "--cuda-graph-backend-decode")
+        return not backend or backend[0] != "disabled"
 
     def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
         """None: the rule's 0 stands. The sweeps run `--disable-prefill-cuda-graph`, so every chunk step is

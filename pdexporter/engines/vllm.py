@@ -26,6 +26,7 @@ from pdexporter.engines._registry import (
     IterationStep,
     KvSetup,
     MetricKind,
+    flag_values,
     info_labels,
     last_cause,
     register,
@@ -169,19 +170,14 @@ def format_step(step: IterationStep) -> str:
 def transfer_config_of(argv: Sequence[str] | str) -> dict[str, Any] | None:
     """The `--kv-transfer-config` an engine command line carries (None: none, or not JSON)."""
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
-    for i, word in enumerate(words):
-        value: str | None = None
-        if word == KV_TRANSFER_FLAG and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith(KV_TRANSFER_FLAG + "="):
-            value = word.split("=", 1)[1]
-        if value is not None:
-            try:
-                parsed = json.loads(value)
-            except ValueError:
-                return None
-            return parsed if isinstance(parsed, dict) else None
-    return None
+    values = flag_values(words, KV_TRANSFER_FLAG)
+    if not values:
+        return None
+    try:
+        parsed = json.loads(values[0])
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def connector_of(argv: Sequence[str] | str) -> str | None:
@@ -228,17 +224,6 @@ def cudagraph_sizes(max_num_batched_tokens: int, max_num_seqs: int, capture_size
     return tuple(sizes)
 
 
-def _flag_values(words: Sequence[str], flag: str) -> list[str]:
-    """Every value `flag` is given on a command line (`flag VALUE` or `flag=VALUE`), in order."""
-    found = []
-    for i, word in enumerate(words):
-        if word == flag and i + 1 < len(words):
-            found.append(words[i + 1])
-        elif word.startswith(flag + "="):
-            found.append(word.split("=", 1)[1])
-    return found
-
-
 def compilation_config_of(argv: Sequence[str] | str) -> dict[str, Any] | None:
     """The `--compilation-config` (`-cc`) a command line gives, with its dotted keys
     (`--compilation-config.max_cudagraph_capture_size 2048`), merged in the order given (the later wins); {}
@@ -279,7 +264,7 @@ def graph_max_tokens_of(argv: Sequence[str] | str, chunk_size: int) -> int | Non
         return None
     if EAGER_FLAG in words or str(config.get("cudagraph_mode", "")).upper() == "NONE":
         return 0
-    seqs = _flag_values(words, MAX_NUM_SEQS_FLAG)
+    seqs = flag_values(words, MAX_NUM_SEQS_FLAG)
     try:
         max_num_seqs = int(seqs[-1]) if seqs else 256
         sizes = config.get("cudagraph_capture_sizes")
