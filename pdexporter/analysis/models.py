@@ -954,8 +954,8 @@ def _stall_fit(
     onset from `STALL_ONSET_TOKENS` (on a tie the earlier); else the model's own (a bootstrap
     replicate keeps the full fit's)."""
     bare = replace(model, catchup_steps=0.0)
-    residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size) \
-        + _own_pairs_saving(bare, data)
+    saving = _own_pairs_saving(bare, data)  # the chunk steps' alone: no stall term enters it
+    residual = data.total_ms - bare.per_stream_ms(data.decode, data.prefill, data.chunk_size) + saving
     ok = np.isfinite(residual)
     if ok.sum() < 3 or np.ptp(data.prefill[ok]) == 0:
         return (0.0, 0.0, 0.0), (None, None), None, None, 0.0
@@ -966,8 +966,7 @@ def _stall_fit(
     # the weights' base: the chunk steps alone, whichever stage's stall terms `model` carries (the full fit passes
     # the first stage, a bootstrap the final model: the same weights either way)
     steps_only = replace(bare, sigma0_ms=0.0, sigma1_ms_per_token=0.0)
-    predicted = steps_only.per_stream_ms(data.decode, data.prefill, data.chunk_size) \
-        - _own_pairs_saving(steps_only, data)
+    predicted = steps_only.per_stream_ms(data.decode, data.prefill, data.chunk_size) - saving
     relative = 1.0 / np.maximum(np.abs(predicted[ok]), STALL_WEIGHT_FLOOR_MS)
     candidates = ([(s, on) for s in STALL_SATURATION_TOKENS for on in STALL_ONSET_TOKENS if s is None or on < s]
                   if choose else [(model.sigma_saturation_tokens, model.sigma_onset_tokens)])
