@@ -17,7 +17,8 @@
 # sweep.log, gpu-apps.log (the GPU's processes every 5 s), host-monitor.tgz (every call's host and GPU
 # samples, scripts/gpu/host_monitor.py), engine-cache.tar.xz.NN (the caches as they are now: B = 16384's too once it started).
 # The last lines sum the invocations' wall times (the issue's "every invocation's wall time summed").
-# On another GPU, GPU=H100 MAX_MODEL_LEN=65536 (scripts/gpu/grid-for-gpu.sh).
+# On another GPU, GPU=H100 MAX_MODEL_LEN=65536 (scripts/gpu/grid-for-gpu.sh). SWEEP (default sweeps/h200.yaml)
+# runs another grid the same way: sweeps/h200-seed-graphs.yaml is the seed grid with more CUDA-graph sizes.
 set -u
 cd "$(dirname "$0")/../.."
 deadline=${1:-540}
@@ -45,7 +46,8 @@ nice -n 5 python3 scripts/gpu/host_monitor.py "$mon" &
 monpid=$!
 # shellcheck source=/dev/null
 source scripts/gpu/grid-for-gpu.sh
-grid=$(grid_for_gpu sweeps/h200.yaml "$R" 2>> "$R/sweep.log")
+echo "grid ${SWEEP:-sweeps/h200.yaml}" >> "$R/sweep.log"
+grid=$(grid_for_gpu "${SWEEP:-sweeps/h200.yaml}" "$R" 2>> "$R/sweep.log")
 timeout $((deadline + 45)) python3 -m pdexporter sweep "$grid" --out "$R/h200" --deadline "${deadline}s" \
   >> "$R/sweep.log" 2>&1
 echo "sweep rc=$?" >> "$R/sweep.log"

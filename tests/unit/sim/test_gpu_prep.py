@@ -167,7 +167,7 @@ def test_the_third_models_comparison_holds_out_the_whole_grid(tmp_path: Path):
     assert "short grid" not in text and "| prefill_duration | 0.0 % |" in text
 
 
-@pytest.mark.parametrize("sweep", ["h200.yaml", "h200-reference.yaml", "h200-validation.yaml"])
+@pytest.mark.parametrize("sweep", ["h200.yaml", "h200-reference.yaml", "h200-validation.yaml", "h200-seed-graphs.yaml"])
 def test_another_gpus_copy_of_a_sweep_changes_the_gpu_and_the_context_length_only(tmp_path: Path, sweep: str):
     """scripts/gpu/grid-for-gpu.sh (GPU session 27's H100 grid): `gpu` and `--max-model-len`, nothing else;
     without GPU or MAX_MODEL_LEN the file itself."""

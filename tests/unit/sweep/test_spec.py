@@ -77,6 +77,29 @@ def test_gpu_experiment_files_share_the_h200_engine_command(name: str) -> None:
         assert argv == base_argv
 
 
+def test_the_seed_grid_with_graphs_differs_from_the_seed_grid_by_its_capture_sizes_alone() -> None:
+    """sweeps/h200-seed-graphs.yaml (issue 32's criterion 4 at its source): h200.yaml's grid, protocol and engine
+    command, plus capture sizes that put every one-chunk step of P <= 2048 beside <= 12 decodes, and B = 2048's
+    full chunk steps, on a CUDA graph; the adapter reads 2048 at B = 2048 (vLLM drops larger sizes) and 2064 above."""
+    from pdexporter.engines.vllm import graph_max_tokens_of
+
+    base, graphs = load_sweep(ROOT / "sweeps" / "h200.yaml"), load_sweep(ROOT / "sweeps" / "h200-seed-graphs.yaml")
+    assert isinstance(base.launcher, LocalLauncherSpec) and isinstance(graphs.launcher, LocalLauncherSpec)
+    assert (graphs.grid, graphs.protocol, graphs.reps, graphs.mode, graphs.cv) == (
+        base.grid, base.protocol, base.reps, base.mode, base.cv)
+    for chunk in graphs.grid.chunk_sizes:
+        lane = {**base.launcher.vars, **base.launcher.lane_values(0)}
+        base_argv = render_command(base.launcher.command, chunk, lane).argv
+        argv = render_command(graphs.launcher.command, chunk, {**graphs.launcher.vars, **lane}).argv
+        assert argv[: len(base_argv)] == base_argv and argv[len(base_argv)] == "--compilation-config"
+        assert graph_max_tokens_of(base_argv, chunk) == 512
+        largest = graph_max_tokens_of(argv, chunk)
+        assert largest == (2048 if chunk == 2048 else 2064)
+        one_chunk = [p + d for p in graphs.grid.new_prefill_tokens for d in graphs.grid.decode_batch_sizes
+                     if 512 <= p <= 2048 and p + d <= chunk]
+        assert one_chunk and all(tokens <= largest for tokens in one_chunk)
+
+
 def test_quick_runs_on_the_embedded_engine() -> None:
     spec = load_sweep(ROOT / "sweeps" / "quick.yaml")
     assert isinstance(spec.launcher, SimLauncherSpec) and spec.launcher.clock == "virtual"
