@@ -117,6 +117,12 @@ EngineOpt = Annotated[
                                   "...; default: it says, through /version or /server_info). Without: the engine "
                                   "the embedded one imitates (vllm, sglang, sglang-mixed; default vllm)."),
 ]
+EngineCommandOpt = Annotated[
+    str | None,
+    typer.Option("--engine-command", help="With --target: the command line the engine was started with ('vllm "
+                                          "serve ...'), recorded (secrets redacted) for what it sets: its chunk size "
+                                          "when -B is not given, its CUDA graphs, which the fit reads."),
+]
 ApiKeyFileOpt = Annotated[
     Path | None,
     typer.Option("--api-key-file", help="File holding the bearer token (else $PDEXPORTER_API_KEY or $OPENAI_API_KEY)."),

@@ -13,6 +13,7 @@ import typer
 from pdexporter.cli._common import (
     DEFAULT_PROFILE,
     ApiKeyFileOpt,
+    EngineCommandOpt,
     EngineOpt,
     GpuOpt,
     ModelOpt,
@@ -42,6 +43,7 @@ def measure(
     out: Annotated[Path, typer.Option("--out", help="Results directory.")] = Path("results"),
     target: TargetOpt = None,
     engine: EngineOpt = None,
+    engine_command: EngineCommandOpt = None,
     model: ModelOpt = None,
     gpu: GpuOpt = None,
     api_key_file: ApiKeyFileOpt = None,

@@ -12,6 +12,7 @@ import typer
 from pdexporter._internal.writable import check_writable
 from pdexporter.cli._common import (
     ApiKeyFileOpt,
+    EngineCommandOpt,
     EngineOpt,
     ModelOpt,
     ProfileOpt,
@@ -53,6 +54,7 @@ def run(
         *D_FLAGS, help="Probe decode streams kept running (D, requests; >= 1).")] = RUN.decode_batch_size,
     target: TargetOpt = RUN.target,
     engine: EngineOpt = RUN.engine,
+    engine_command: EngineCommandOpt = RUN.engine_command,
     chunk_size: Annotated[int | None, typer.Option(
         *B_FLAGS, help="The engine's chunk size (tokens per step: vLLM's max_num_batched_tokens, SGLang's "
         "chunked_prefill_size). With --target, if not given: what the engine publishes (SGLang), else its default, "

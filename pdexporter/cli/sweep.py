@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from pdexporter._internal.writable import check_writable
-from pdexporter.cli._common import ApiKeyFileOpt, ReadTimeoutOpt, api_key, duration_option, seconds
+from pdexporter.cli._common import ApiKeyFileOpt, EngineCommandOpt, ReadTimeoutOpt, api_key, duration_option, seconds
 from pdexporter.cli._sweeping import ChunkIndexOpt, DeadlineOpt, ModeOpt, RepsOpt, SweepFileArg, sweep_and_report
 from pdexporter.cli._vocab import B_FLAGS
 from pdexporter.measure.store import ResultsStore
@@ -40,6 +40,7 @@ def sweep(
     chunk_size: Annotated[int | None, typer.Option(
         *B_FLAGS, min=1, help="With --target: the engine's max_num_batched_tokens (tokens per step); the grid runs "
         "at this chunk size only (default: the grid's, when it has one).")] = None,
+    engine_command: EngineCommandOpt = None,
     api_key_file: ApiKeyFileOpt = None,
     chunk_index: ChunkIndexOpt = None,
     read_timeout: ReadTimeoutOpt = None,
@@ -50,7 +51,8 @@ def sweep(
     started = time.monotonic()
     deadline_s = None if deadline is None else seconds(deadline, "--deadline", positive=True)
     spec = sweep_spec(sweep_file, mode=mode, reps=reps, cooldown=cooldown, listen=listen, clock=clock, target=target,
-                      chunk_size=chunk_size, chunk_index=chunk_index, read_timeout=read_timeout)
+                      chunk_size=chunk_size, chunk_index=chunk_index, read_timeout=read_timeout,
+                      engine_command=engine_command)
     store = ResultsStore(check_writable(out or Path(spec.output), "--out" if out else f"{sweep_file}: output"))
     sweep_and_report(spec, store, deadline=None if deadline_s is None else started + deadline_s,
                      keep_engine=keep_engine, token=api_key(api_key_file))

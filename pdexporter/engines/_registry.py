@@ -325,6 +325,26 @@ def flag_values(argv: Sequence[str], flag: str) -> list[str]:
     return found
 
 
+def command_chunk_size(argv: Sequence[str], engine: str | None = None) -> tuple[str, int] | None:
+    """The chunk size an engine's command line starts it with: (flag, tokens) of `engine`'s chunk flag, or with
+    no engine named of the first registered adapter whose flag it gives (vLLM's --max-num-batched-tokens,
+    SGLang's --chunked-prefill-size); None where it gives none. A value that is not a positive whole number is
+    one line naming the flag."""
+    adapters = [adapter(engine)] if engine is not None else list(_ADAPTERS.values())
+    for flag in dict.fromkeys(a.chunk_flag for a in adapters):
+        values = flag_values(argv, flag)
+        if not values:
+            continue
+        try:
+            tokens = int(values[-1])
+        except ValueError:
+            tokens = 0
+        if tokens < 1:
+            raise ConfigError(f"engine command: {flag} {values[-1]!r} is not a chunk size (a whole number of tokens)")
+        return flag, tokens
+    return None
+
+
 def last_cause(lines: Sequence[str], wrappers: Sequence[str] = ()) -> str:
     """What a failed engine start's log says went wrong, in one line: its last exception line that is
     not one of `wrappers` (an engine's own "see the root cause above"), else its last line."""

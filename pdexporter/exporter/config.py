@@ -45,6 +45,8 @@ class ExporterConfig(BaseModel):
     # The engine adapter's name as far as known before the engine starts (--engine; the embedded
     # engine's); None: the engine at --target says who it is (`client.identity`)
     engine: str | None = None
+    # how the engine at --target was started, as the operator said (--engine-command), secrets redacted
+    engine_command: tuple[str, ...] | None = None
     inject_every_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     prefill_tokens: int = Field(default=DEFAULT_PREFILL_TOKENS, ge=1, le=MAX_TOKENS)
     listen_host: str = "0.0.0.0"

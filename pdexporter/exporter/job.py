@@ -18,7 +18,7 @@ from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.urls import check_http_url
 from pdexporter.client.client import read_timeout_seconds
-from pdexporter.engines import UNIDENTIFIED, adapter
+from pdexporter.engines import UNIDENTIFIED, adapter, command_chunk_size
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
@@ -32,7 +32,7 @@ from pdexporter.exporter.config import (
 from pdexporter.exporter.receiver import DEFAULT_TRACES_PORT
 from pdexporter.exporter.server import parse_listen
 from pdexporter.exporter.startup import parse_engine_wait
-from pdexporter.launch.choose import claimed_engine, imitated_option, make_launcher
+from pdexporter.launch.choose import claimed_engine, command_of, imitated_option, make_launcher
 from pdexporter.measure.protocol import protocol_settings
 from pdexporter.measure.sim_driver import DEFAULT_PROFILE
 
@@ -81,6 +81,7 @@ class RunOptions:
     decode_batch_size: int = 4
     target: str | None = None
     engine: str | None = None
+    engine_command: str | None = None
     chunk_size: int | None = None
     inject_every: str | None = None
     new_prefill_tokens: int = DEFAULT_PREFILL_TOKENS
@@ -119,6 +120,10 @@ def run_config(o: RunOptions) -> ExporterConfig:
     if o.target is not None:
         check_http_url(o.target, "--target")
     claimed = claimed_engine(o.target, o.engine)
+    words = command_of(o.target, o.engine_command, chunk_size, claimed)
+    if chunk_size is None and words is not None:
+        said = command_chunk_size(words, claimed)  # the chunk size its command line starts it with
+        chunk_size = None if said is None else said[1]
     chunk_size_source = "given"
     if chunk_size is None:
         # vLLM does not publish max_num_batched_tokens; against an engine someone else runs we
@@ -188,6 +193,7 @@ def run_config(o: RunOptions) -> ExporterConfig:
         tls_cert_file=o.tls_cert_file,
         tls_key_file=o.tls_key_file,
         engine=claimed,
+        engine_command=words,
         decision_file=o.decision,
         threshold_every_s=parse_duration(o.threshold_every, "--threshold-every"),
     )
@@ -206,6 +212,7 @@ async def serve(config: ExporterConfig, *, log: Callable[[str], None], api_key: 
         profile=config.profile,
         engine=imitated_option(config.target, config.engine),
         chunk_size=None if config.target and config.chunk_size_source != "given" else config.chunk_size,
+        engine_command=config.engine_command,
     )
     runner = Runner(config, launcher, api_key=api_key, metrics_token=metrics_token, traces_token=traces_token,
                     log=log, decision=decision)

@@ -19,6 +19,7 @@ from pydantic import (
 
 from pdexporter._internal.bounds import MAX_SECONDS, MAX_TOKENS
 from pdexporter.engines import adapter, check_pair, registered, sim_engine
+from pdexporter.errors import ConfigError
 
 __all__ = [
     "DEFAULT_SIM_PROFILE",
@@ -222,11 +223,46 @@ class ExternalLauncherSpec(_Strict):
     url: str
     chunk_size: int | None = Field(None, ge=1, le=MAX_TOKENS)
     engine: EngineName | None = None
+    # how the engine was started ('vllm serve ...'), recorded in every record (secrets redacted): its CUDA
+    # graphs, which the fit reads, and its chunk size where `chunk_size` is not given
+    command: str | None = None
 
     @field_validator("url")
     @classmethod
     def _http(cls, value: str) -> str:
         return _check_url(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chunk_of_command(cls, data: Any) -> Any:
+        """No `chunk_size`: the one `command` starts the engine with, if it says (its problems: `_command`)."""
+        if not isinstance(data, dict) or data.get("chunk_size") is not None or not isinstance(data.get("command"), str):
+            return data
+        from pdexporter.engines import command_chunk_size
+
+        engine = data.get("engine")
+        try:
+            said = command_chunk_size(shlex.split(data["command"]), engine if isinstance(engine, str) else None)
+        except (ValueError, ConfigError):
+            return data
+        return data if said is None else {**data, "chunk_size": said[1]}
+
+    @model_validator(mode="after")
+    def _command(self) -> ExternalLauncherSpec:
+        from pdexporter.launch.external import engine_command_words
+
+        try:
+            engine_command_words(self.command, "launcher.command", self.chunk_size, self.engine)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def command_words(self) -> tuple[str, ...] | None:
+        """`command` as words, secrets redacted (`launch.external.engine_command_words`)."""
+        from pdexporter.launch.external import engine_command_words
+
+        return engine_command_words(self.command, "launcher.command")
 
 
 class SimLauncherSpec(_Strict):

@@ -24,7 +24,7 @@ from pdexporter.client.identity import ask_identity, settle_engine
 from pdexporter.client.iterlog import IterationLogTail
 from pdexporter.client.metrics import MetricsSnapshot
 from pdexporter.client.stream import Progress, ProgressSignal, TokenStream
-from pdexporter.engines import IterationStep, adapter
+from pdexporter.engines import IterationStep, adapter, command_chunk_size
 from pdexporter.errors import ConfigError, EngineError
 from pdexporter.launch import EngineHandle
 
@@ -274,6 +274,15 @@ async def describe_engine(client: EngineClient, handle: EngineHandle, *, model: 
     if handle.chunk_size is not None and published is not None and published != handle.chunk_size:
         raise ConfigError(f"{redact_url(handle.url)}: chunk size {handle.chunk_size} was given, but the engine "
                           f"says it runs with {published} ({identity.path})")
+    cuda_graphs = handle.cuda_graphs
+    if handle.command is not None:
+        # how it was started: by a launcher, or by someone else who said so (`--engine-command`)
+        said = command_chunk_size(handle.command, kind)
+        if said is not None and published is not None and said[1] != published:
+            raise ConfigError(f"--engine-command: it starts the engine with {said[0]} {said[1]}, but the engine "
+                              f"says it runs with {published} ({identity.path})")
+        if cuda_graphs is None:
+            cuda_graphs = rules.cuda_graphs(handle.command)
     return EngineInfo(
         kind=kind,
         model=served_model,
@@ -281,7 +290,7 @@ async def describe_engine(client: EngineClient, handle: EngineHandle, *, model: 
         version=handle.version or identity.version,
         gpu=gpu or engine_gpu,
         chunk_size=handle.chunk_size or published,
-        cuda_graphs=handle.cuda_graphs,
+        cuda_graphs=cuda_graphs,
         profile=profile,
         modelled=modelled,
         command=handle.command,

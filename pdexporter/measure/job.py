@@ -12,9 +12,9 @@ from pathlib import Path
 from pdexporter._internal.sheet import Plain, Sheet, Shown, columns
 from pdexporter._internal.text import plural
 from pdexporter._internal.writable import check_writable
-from pdexporter.engines import adapter
+from pdexporter.engines import adapter, command_chunk_size
 from pdexporter.errors import PdexporterError
-from pdexporter.launch.choose import claimed_engine, make_launcher
+from pdexporter.launch.choose import claimed_engine, command_of, make_launcher
 from pdexporter.measure.point import DEFAULT_RETRIES, PointSpec, check_reps, check_retries, measure_point
 from pdexporter.measure.protocol import ProtocolSettings, protocol_settings, warm_prefix, warm_shapes
 from pdexporter.measure.records import RunRecord
@@ -49,6 +49,7 @@ class MeasureJob:
     retries: int
     engine: str | None
     given: bool
+    engine_command: tuple[str, ...] | None = None  # how the --target engine was started (--engine-command)
 
     def interrupted(self) -> str:
         """What Ctrl-C left behind: the repetitions recorded so far (the same command resumes)."""
@@ -71,7 +72,7 @@ class MeasureJob:
         launcher = make_launcher(target, chunk_size=spec.chunk_size if self.given or not target else None,
                                  profile=self.profile, gpu=self.gpu,
                                  log_dir=self.store.engine_dir(spec.chunk_size) if not target else None,
-                                 engine=self.engine)
+                                 engine=self.engine, engine_command=self.engine_command)
         try:
             handle = await launcher.start(spec.chunk_size)
             async with http_driver(handle, model=self.model, api_key=self.token, gpu=self.gpu,
@@ -109,11 +110,16 @@ def measure_job(*, chunk_size: int | None, decode_batch_size: int, new_prefill_t
                 target: str | None, engine: str | None, model: str | None, gpu: str | None,
                 api_key_file: Path | None, profile: str, read_timeout: str | None, decode_context_tokens: int,
                 decode_output_tokens: int, warmup: bool = True, resume: bool = True,
-                retries: int = DEFAULT_RETRIES) -> MeasureJob:
-    """The point and its settings checked before anything starts (one line naming the option)."""
+                retries: int = DEFAULT_RETRIES, engine_command: str | None = None) -> MeasureJob:
+    """The point and its settings checked before anything starts (one line naming the option). The chunk
+    size, where not given, is what --engine-command starts the engine with, if it says."""
     from pdexporter.client.client import read_timeout_seconds, resolve_api_key
 
     claimed = claimed_engine(target, engine)
+    words = command_of(target, engine_command, chunk_size, claimed)
+    if chunk_size is None and words is not None:
+        said = command_chunk_size(words, claimed)
+        chunk_size = None if said is None else said[1]
     given = chunk_size is not None
     b = chunk_size if chunk_size is not None else (
         adapter(claimed).default_chunk_size if claimed is not None else DEFAULT_CHUNK_SIZE)
@@ -126,7 +132,8 @@ def measure_job(*, chunk_size: int | None, decode_batch_size: int, new_prefill_t
     settings = protocol_settings(decode_context_tokens=decode_context_tokens, decode_output_tokens=decode_output_tokens)
     read_timeout_s = None if read_timeout is None else read_timeout_seconds(read_timeout)
     return MeasureJob(spec, settings.with_read_timeout(read_timeout_s), reps, ResultsStore(out), target, model, gpu,
-                      resolve_api_key(api_key_file), profile, warmup, resume, read_timeout_s, retries, engine, given)
+                      resolve_api_key(api_key_file), profile, warmup, resume, read_timeout_s, retries, engine, given,
+                      words)
 
 
 def _fmt(value: float | int | None, unit: str = "") -> str:

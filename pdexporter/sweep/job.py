@@ -34,7 +34,7 @@ EXIT_INCOMPLETE = 4  # as a MeasurementError: some configurations could not be m
 
 def _load(path: Path, mode: str | None, reps: int | None, listen: str | None, overrides: dict[str, Any],
           chunk_index: int | None = None, flags: dict[str, str] | None = None,
-          external: tuple[str, int | None] | None = None) -> SweepSpec:
+          external: tuple[str, int | None, str] | None = None) -> SweepSpec:
     """The sweep file with the command line's settings; a bad setting is blamed on its flag."""
     flags = {**(flags or {}), "mode": "--mode", "reps": "--reps", "listen": "--listen"}
     for key, value in (("mode", mode), ("reps", reps), ("listen", listen)):
@@ -48,10 +48,13 @@ def _load(path: Path, mode: str | None, reps: int | None, listen: str | None, ov
 def sweep_spec(path: Path, *, mode: str | None = None, reps: int | None = None, cooldown: str | None = None,
                listen: str | None = None, clock: str | None = None, target: str | None = None,
                chunk_size: int | None = None, chunk_index: int | None = None,
-               read_timeout: str | None = None) -> SweepSpec:
+               read_timeout: str | None = None, engine_command: str | None = None) -> SweepSpec:
     """`pdexporter sweep`'s sweep: the file, with the command line's settings over it (`--target`:
-    an external engine in place of the file's launcher, measured at its one chunk size)."""
+    an external engine in place of the file's launcher, measured at its one chunk size; `--engine-command`:
+    how it was started, which gives that chunk size where --chunk-size does not)."""
     from pdexporter.client.client import read_timeout_seconds
+    from pdexporter.engines import command_chunk_size
+    from pdexporter.launch.choose import command_of
 
     overrides: dict[str, Any] = {}
     flags = {"launcher.clock": "--clock", "cooldown.seconds": "--cooldown", "read_timeout_s": "--read-timeout"}
@@ -64,12 +67,20 @@ def sweep_spec(path: Path, *, mode: str | None = None, reps: int | None = None, 
     if target is None and chunk_size is not None:
         raise ConfigError(f"--chunk-size {chunk_size}: only with --target (the file's launcher sets the chunk "
                           "sizes it starts its engines with)")
+    words = command_of(target, engine_command, chunk_size, None)
+    said_by = "--chunk-size"
+    if words is not None:
+        said = command_chunk_size(words)
+        if chunk_size is None and said is not None:
+            chunk_size, said_by = said[1], f"--engine-command's {said[0]}"
+        overrides["launcher.command"] = engine_command
+        flags["launcher.command"] = "--engine-command"
     if target is not None:
         # The file's launcher is replaced: an external engine cannot be restarted per chunk size, so
         # the grid runs at the one chunk size it has (spec.external_engine).
         flags.update({"launcher.url": "--target", "launcher.chunk_size": "--chunk-size", "launcher": "--target"})
     return _load(path, mode, reps, listen, overrides, chunk_index, flags,
-                 external=None if target is None else (target, chunk_size))
+                 external=None if target is None else (target, chunk_size, said_by))
 
 
 def prediction_spec(path: Path, *, profile: str | None = None, mode: str | None = None, reps: int | None = None,

@@ -335,7 +335,7 @@ def make_providers(
     launcher: Launcher
     if isinstance(launcher_spec, ExternalLauncherSpec):
         launcher = ExternalLauncher(url=launcher_spec.url, chunk_size=launcher_spec.chunk_size, gpu=spec.gpu,
-                                    engine=launcher_spec.engine)
+                                    engine=launcher_spec.engine, command=launcher_spec.command_words)
         what = f"external engine at {launcher_spec.url}"
     elif isinstance(launcher_spec, KubernetesLauncherSpec):
         launcher = KubernetesLauncher(launcher_spec, gpu=spec.gpu, on_message=on_message)

@@ -376,13 +376,13 @@ def prediction_root(profile: str, name: str, base: str | Path = "results") -> Pa
 
 def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
                chunk_index: int | None = None, flags: Mapping[str, str] | None = None,
-               external: tuple[str, int | None] | None = None) -> SweepSpec:
+               external: tuple[str, int | None] | tuple[str, int | None, str] | None = None) -> SweepSpec:
     """Read a sweep file; `overrides` are dotted keys (`mode`, `launcher.clock`) from the CLI.
 
     `chunk_index`: keep only the I-th chunk size of the file's grid, in file order (`--chunk-index`,
     a Kubernetes Indexed Job's completion index), before anything is checked against it.
-    `external`: (URL, chunk size or None) of an engine already running (`--target`, `--chunk-size`):
-    the file's launcher is replaced, and its grid narrowed to that chunk size (`external_engine`).
+    `external`: (URL, chunk size or None[, what said it]) of an engine already running (`--target`,
+    `--chunk-size`): the file's launcher is replaced, and its grid narrowed to that chunk size (`external_engine`).
     `flags`: dotted field -> the flag that set it, so a bad override is blamed on the flag
     (`--mode 'turbo': ...`), not on the file."""
     path = Path(path)
@@ -401,7 +401,7 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None, *,
     if chunk_index is not None:
         data = {**data, "grid": narrow_grid(data.get("grid"), chunk_index, str(path))}
     if external is not None:
-        data = {**data, **external_engine(data.get("grid"), *external, str(path))}
+        data = {**data, **external_engine(data.get("grid"), external[0], external[1], str(path), *external[2:])}
     if "launcher" not in data and any(key.startswith("launcher.") for key in overrides or {}):
         data = {**data, "launcher": {"kind": DEFAULT_LAUNCHER.kind}}  # `--clock` on a file without one
     for key, value in (overrides or {}).items():
@@ -436,9 +436,11 @@ def narrow_grid(grid: Any, index: int, source: str) -> dict[str, Any]:
     return _grid_at(grid, sizes[index])
 
 
-def external_engine(grid: Any, url: str, chunk_size: int | None, source: str) -> dict[str, Any]:
+def external_engine(grid: Any, url: str, chunk_size: int | None, source: str,
+                    said_by: str = "--chunk-size") -> dict[str, Any]:
     """Settings for an engine already running at `url` (`--target`) with `chunk_size`
-    (`--chunk-size`, None if not given): an external launcher, and the grid at that one chunk size.
+    (`said_by`: --chunk-size, or the --engine-command that starts it with one; None if neither says): an
+    external launcher, and the grid at that one chunk size.
     Without `--chunk-size`, a grid of one chunk size says it; a grid of several cannot, since that
     engine runs with one of them and pdexporter cannot tell which (vLLM does not publish it)."""
     sizes = _grid_sizes(grid)
@@ -451,7 +453,7 @@ def external_engine(grid: Any, url: str, chunk_size: int | None, source: str) ->
                 "--chunk-size B, the max_num_batched_tokens it was started with (the grid runs at B only), or "
                 "--chunk-index I")
     elif sizes and chunk_size not in sizes:
-        raise ConfigError(f"--chunk-size {chunk_size}: not in {source}'s grid.chunk_sizes ({shown})")
+        raise ConfigError(f"{said_by} {chunk_size}: not in {source}'s grid.chunk_sizes ({shown})")
     elif isinstance(grid, dict) and len(sizes) > 1:
         out["grid"] = _grid_at(grid, chunk_size)
     return out

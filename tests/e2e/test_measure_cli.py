@@ -123,6 +123,36 @@ async def test_measure_writes_the_seed_layout_against_an_external_engine(tmp_pat
     assert 0 < injected[0] < injected[1] <= time.monotonic_ns()
 
 
+async def test_the_engine_command_given_is_recorded_and_read_as_the_engine_it_started(tmp_path: Path) -> None:
+    """`--engine-command` with --target: the records carry the command line as a launcher's do, secrets
+    redacted; it gives the chunk size where -B does not; the fit reads its CUDA graphs from it (the largest
+    capture size at or below B, here 1040 of [.., 512, 1040, 2064] at B = 2048); a contradiction is one line."""
+    from pdexporter.analysis.table import samples_from_record
+    from pdexporter.measure.records import RunRecord
+
+    sizes = [*range(8, 513, 8), 1040, 2064]
+    command = ("vllm serve /models/m --max-num-batched-tokens 2048 --api-key sk-s3cret "
+               f"--compilation-config '{{\"cudagraph_capture_sizes\": {sizes}}}'")
+    async with ScriptedEngine(cadence_s=CADENCE_S) as engine:
+        code, out, err = await run_cli("measure", "--target", engine.url, "--engine", "vllm", "--engine-command",
+                                       command, "--out", str(tmp_path), "-D", "1", "-P", "64", "--reps", "1",
+                                       "--decode-context-tokens", "64", "--decode-output-tokens", "80")
+        assert code == 0, err
+        text = (tmp_path / "2048" / "D1_P64.json").read_text()
+        assert "sk-s3cret" not in text + out + err
+        record = RunRecord.model_validate_json(text)
+        assert record.config.chunk_size_source == "given" and record.config.cuda_graphs is True
+        assert record.config.engine_command[:6] == ["vllm", "serve", "/models/m", "--max-num-batched-tokens", "2048",
+                                                    "--api-key"]
+        assert record.config.engine_command[6] == "***"
+        assert samples_from_record(record).graph_max_tokens == 1040
+        code, _, err = await run_cli("measure", "--target", engine.url, "--engine-command", command, "-B", "4096",
+                                     "--out", str(tmp_path / "x"), "-D", "1", "-P", "64")
+    assert code == 2 and "--engine-command: it starts the engine with --max-num-batched-tokens 2048, but the chunk " \
+        "size given is 4096" in _one_error_line(err)
+    assert not (tmp_path / "x" / "4096").exists()
+
+
 async def test_a_url_password_is_nowhere_in_records_or_output(tmp_path: Path) -> None:
     """Issue 24: URL userinfo was recorded (`config.engine_url`) and printed in error lines."""
     async with ScriptedEngine(cadence_s=CADENCE_S) as engine:

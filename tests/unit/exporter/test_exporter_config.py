@@ -52,6 +52,17 @@ def test_external_target_injection_is_opt_in_and_its_chunk_size_assumed_when_not
     assert config.inject_every_s is None and not config.injecting
 
 
+def test_the_engine_command_gives_the_chunk_size_and_travels_redacted() -> None:
+    """`run --target URL --engine-command '...'`: its chunk flag is the chunk size, given (not assumed); the words
+    reach the launcher, and so the records, with the secret hidden; without --target it is one line."""
+    command = "vllm serve m --max-num-batched-tokens 4096 --api-key sk-1"
+    config = parse_run_options(**_options(target="http://vllm:8000", engine_command=command))  # type: ignore[arg-type]
+    assert (config.chunk_size, config.chunk_size_source) == (4096, "given")
+    assert config.engine_command == ("vllm", "serve", "m", "--max-num-batched-tokens", "4096", "--api-key", "***")
+    with pytest.raises(ConfigError, match="^--engine-command: only with --target"):
+        parse_run_options(**_options(engine_command=command))  # type: ignore[arg-type]
+
+
 def test_advice_names_the_chunk_sizes_the_slow_steps_fit() -> None:
     from pdexporter.engines import adapter, chunk_size_advice, infer_chunk_size
 

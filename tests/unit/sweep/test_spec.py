@@ -100,6 +100,31 @@ def test_the_seed_grid_with_graphs_differs_from_the_seed_grid_by_its_capture_siz
         assert one_chunk and all(tokens <= largest for tokens in one_chunk)
 
 
+def test_an_external_engines_command_gives_its_chunk_size_and_is_recorded_redacted() -> None:
+    """`launcher.command` of an external engine: its chunk flag stands for `chunk_size` (vLLM's or SGLang's, by
+    `engine` where named), the words recorded have no secret; a contradiction, an unsplittable or empty command,
+    a chunk flag that is not a number: one line naming launcher.command."""
+    external = {"kind": "external", "url": "http://127.0.0.1:8000"}
+    spec = parse_sweep({"grid": GRID, "launcher": {**external, "command": "vllm serve m --api-key=k3y "
+                                                   "--max-num-batched-tokens 8192"}}, "sweeps/x.yaml")
+    assert isinstance(spec.launcher, ExternalLauncherSpec) and spec.launcher.chunk_size == 8192
+    assert spec.launcher.command_words == ("vllm", "serve", "m", "--api-key=***", "--max-num-batched-tokens", "8192")
+    sglang = {**external, "engine": "sglang", "command": "python -m sglang.launch_server --chunked-prefill-size 8192"}
+    assert parse_sweep({"grid": GRID, "launcher": sglang}, "sweeps/x.yaml").launcher.chunk_size == 8192
+    # a vLLM flag on an engine said to be SGLang is not its chunk size: the grid's one chunk size stands
+    vllm_flag = {**sglang, "command": "sglang serve --max-num-batched-tokens 4096"}
+    assert parse_sweep({"grid": GRID, "launcher": vllm_flag}, "sweeps/x.yaml").launcher.chunk_size == 8192
+    for command, fragment in [
+        ("vllm serve m --max-num-batched-tokens 4096",
+         "launcher.command: it starts the engine with --max-num-batched-tokens 4096, but the chunk size given is 8192"),
+        ("vllm serve 'm", "launcher.command: cannot split it into words"),
+        ("  ", "launcher.command: empty"),
+        ("vllm serve m --max-num-batched-tokens=lots", "launcher.command: --max-num-batched-tokens 'lots' is not a "
+                                                       "chunk size"),
+    ]:
+        assert fragment in error_of({"grid": GRID, "launcher": {**external, "chunk_size": 8192, "command": command}})
+
+
 def test_quick_runs_on_the_embedded_engine() -> None:
     spec = load_sweep(ROOT / "sweeps" / "quick.yaml")
     assert isinstance(spec.launcher, SimLauncherSpec) and spec.launcher.clock == "virtual"
@@ -227,6 +252,24 @@ def test_an_engine_already_running_runs_the_grid_at_its_chunk_size(tmp_path: Pat
     assert external_engine({"chunk_sizes": [2048]}, "http://e:8000", None, "f") == {
         "launcher": {"kind": "external", "url": "http://e:8000", "chunk_size": None}}
     assert load_sweep(path, chunk_index=0, external=("http://e:8000", None)).launcher.chunk_size == 2048
+
+
+def test_sweep_target_takes_its_chunk_size_from_the_engine_command(tmp_path: Path) -> None:
+    """`sweep FILE --target URL --engine-command '...'`: the command's chunk flag picks the grid's chunk size, the
+    launcher records the command (redacted); a size the grid lacks is blamed on the command, not on -B."""
+    from pdexporter.sweep.job import sweep_spec
+
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({"grid": {"chunk_sizes": [2048, 8192], "decode_batch_sizes": [4],
+                                             "new_prefill_tokens": [512]}}))
+    spec = sweep_spec(path, target="http://e:8000", engine_command="vllm serve m --max-num-batched-tokens 2048 "
+                                                                  "--api-key k")
+    assert spec.grid.chunk_sizes == [2048] and isinstance(spec.launcher, ExternalLauncherSpec)
+    assert spec.launcher.command_words == ("vllm", "serve", "m", "--max-num-batched-tokens", "2048", "--api-key", "***")
+    with pytest.raises(ConfigError, match=r"^--engine-command's --max-num-batched-tokens 4096: not in .*two.yaml"):
+        sweep_spec(path, target="http://e:8000", engine_command="vllm serve m --max-num-batched-tokens 4096")
+    with pytest.raises(ConfigError, match=r"^--engine-command: only with --target"):
+        sweep_spec(path, engine_command="vllm serve m")
 
 
 def test_fast_probes_have_room_for_the_largest_window() -> None:
