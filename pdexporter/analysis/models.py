@@ -78,7 +78,13 @@ import numpy as np
 import pandas as pd
 
 from pdexporter._internal.text import plural
-from pdexporter.analysis.decision_eval import ChunkContext, chunk_context, colocated_cost
+from pdexporter.analysis.decision_eval import (
+    GRAPH_HINGE_TOKENS,
+    ChunkContext,
+    chunk_context,
+    colocated_cost,
+    graph_chunk_ms,
+)
 from pdexporter.analysis.table import ConfigSamples
 from pdexporter.engines import BUDGET_RULE, DEFAULT_ENGINE, ChunkRule, adapter
 
@@ -368,6 +374,13 @@ DELTA_TEXT = ("ms per chunk token per running decode in the step",
               "what each running decode adds to an eager chunk step per chunk token (its row of the chunk's "
               "attention batch pays the chunk's length: SGLang's mixed chunks with triton attention)",
               "more decodes beside a chunk would shorten its step")
+LARGE_GRAPH_NAME = "kappa_graph_large_ms_per_token"
+LARGE_GRAPH_TEXT = (f"ms per prefill token past {GRAPH_HINGE_TOKENS} of a CUDA-graph step",
+                    f"cost of one prefill token past the first {GRAPH_HINGE_TOKENS} of a chunk step replayed as a "
+                    "CUDA graph (an engine started with larger capture sizes: the experts all busy, cheaper a token)",
+                    "a graph step would get cheaper with more tokens")
+LARGE_GRAPH_FORMULA = (f"; a CUDA-graph step of more than {GRAPH_HINGE_TOKENS} tokens: kappa * {GRAPH_HINGE_TOKENS} + "
+                       f"kappa_large * (c_k - {GRAPH_HINGE_TOKENS})")
 DELTA_FORMULA = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * clip(P - P_on, 0, P_sat - P_on)); "
                  "pi_k = max(alpha0 + alpha1 * D, compute0 + (gamma + delta * D) * c_k + beta * q_k) for an "
                  "eagerly launched step (delta: what each decode in the step pays per chunk token), kappa * c_k "
@@ -418,6 +431,10 @@ class ContextAwareModel:
     # Each running decode's cost per chunk token in an eager chunk step (the GPU-bound side:
     # + delta D c_k), fitted where the engine's rule says its decodes pay it (None: not a term)
     delta_ms_per_decode_token: float | None = None
+    # A CUDA-graph step's cost per prefill token past GRAPH_HINGE_TOKENS (`decision_eval.graph_chunk_ms`), fitted
+    # where the records have graph steps that long (an engine started with larger capture sizes; None: none)
+    kappa_graph_large_ms_per_token: float | None = None
+    kappa_large_stderr: float | None = None
     delta_stderr: float | None = None
     rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
@@ -455,7 +472,10 @@ class ContextAwareModel:
         graph = np.array([self.rule.graph_step(int(x), d) for x in c], dtype=bool)
         first = np.zeros(c.size)
         first[:1] = self.graph0_ms
-        return np.where(graph, first + self.kappa_graph_ms_per_token * c, eager)
+        k = {"kappa_graph_ms_per_token": self.kappa_graph_ms_per_token,
+             LARGE_GRAPH_NAME: self.kappa_graph_large_ms_per_token}
+        attention = self.beta_ms_per_token_pair * attention_pairs(c, prefix)  # eager in a piecewise graph too
+        return np.where(graph, first + np.array([graph_chunk_ms(k, float(x)) for x in c]) + attention, eager)
 
     def document(self) -> dict[str, Any]:
         """What `decision_eval.colocated_cost` reads: this model and its chunk rule."""
@@ -500,6 +520,9 @@ class ContextAwareModel:
                                            CONTEXT_IF_NEGATIVE)]
         if self.delta_ms_per_decode_token is not None:  # a term only where the engine's decodes pay it
             out.append(Coefficient(DELTA_NAME, self.delta_ms_per_decode_token, self.delta_stderr, *DELTA_TEXT))
+        if self.kappa_graph_large_ms_per_token is not None:  # only where graph steps ran past the hinge
+            out.append(Coefficient(LARGE_GRAPH_NAME, self.kappa_graph_large_ms_per_token, self.kappa_large_stderr,
+                                   *LARGE_GRAPH_TEXT))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -662,8 +685,10 @@ RAW_COLUMNS = ("eager", "d_weight", "tokens", "pairs", "graph", "last", "prompt_
                "decode_tokens")
 _R_EAGER, _R_W, _R_C, _R_Q, _R_GRAPH, _R_LAST, _R_P, _R_LAUNCH, _R_FIRST, _R_DC = range(len(RAW_COLUMNS))
 DESIGN_COLUMNS = ("launch_at_d_lo", "launch_at_d_hi", "compute_fixed", "compute_tokens", "compute_pairs",
-                  "graph_tokens", "last_step", "last_step_prompt_tokens", "graph_admission", "compute_decode_tokens")
+                  "graph_tokens", "last_step", "last_step_prompt_tokens", "graph_admission", "compute_decode_tokens",
+                  "graph_tokens_past_hinge")
 _DELTA = DESIGN_COLUMNS.index("compute_decode_tokens")
+_LARGE = DESIGN_COLUMNS.index("graph_tokens_past_hinge")
 
 
 def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[float, float],
@@ -695,9 +720,11 @@ def _matrix(raw: np.ndarray, launch: np.ndarray) -> np.ndarray:
     lb = eager * launch
     cb = eager * (~launch)
     w = raw[:, _R_W]
-    return np.column_stack([lb * (1.0 - w), lb * w, cb, cb * raw[:, _R_C], cb * raw[:, _R_Q],
-                            raw[:, _R_GRAPH] * raw[:, _R_C], raw[:, _R_LAST], raw[:, _R_LAST] * raw[:, _R_P],
-                            raw[:, _R_GRAPH] * raw[:, _R_FIRST], cb * raw[:, _R_DC]])
+    graph, c = raw[:, _R_GRAPH], raw[:, _R_C]
+    return np.column_stack([lb * (1.0 - w), lb * w, cb, cb * c, (cb + graph) * raw[:, _R_Q],
+                            graph * np.minimum(c, GRAPH_HINGE_TOKENS), raw[:, _R_LAST], raw[:, _R_LAST] * raw[:, _R_P],
+                            graph * raw[:, _R_FIRST], cb * raw[:, _R_DC],
+                            graph * np.maximum(c - GRAPH_HINGE_TOKENS, 0.0)])
 
 
 def _aggregate(design: Design, matrix: np.ndarray) -> np.ndarray:
@@ -896,6 +923,9 @@ def fit_context_model(data: FitData) -> ContextAwareModel:
     if data.rule.decodes_pay_chunk_tokens:
         stage1 = replace(stage1, delta_ms_per_decode_token=float(coef[_DELTA]), delta_stderr=se[_DELTA],
                          formula=DELTA_FORMULA)
+    if _LARGE in active and stage1.kappa_graph_ms_per_token is not None:
+        stage1 = replace(stage1, kappa_graph_large_ms_per_token=float(coef[_LARGE]), kappa_large_stderr=se[_LARGE],
+                         formula=stage1.formula + LARGE_GRAPH_FORMULA)
     if design.stall:
         stage1 = replace(stage1, formula=STALL_FORMULA)
     decode0, decode1 = _decode_step(data)
@@ -1086,6 +1116,8 @@ def bootstrap_context(data: FitData, model: ContextAwareModel, replicates: int =
             sigma1_ms_per_token=float(coef[7]),
             graph0_ms=float(coef[8]),
             delta_ms_per_decode_token=(float(coef[_DELTA]) if model.delta_ms_per_decode_token is not None else None),
+            kappa_graph_large_ms_per_token=(float(coef[_LARGE]) if model.kappa_graph_large_ms_per_token is not None
+                                            else None),
             catchup_steps=0.0,
         )
         if model.n_step_rows:
