@@ -280,23 +280,27 @@ def _eager_sum(launch: float, compute0: float, gamma: float, beta: float, budget
     return launch_bound * launch + rest * base + slope * (rest * (launch_bound + count - 1) / 2.0)
 
 
-# A CUDA-graph chunk step's cost per prefill token falls past this many tokens: kappa up to it, kappa_large beyond
-# (GPU session 29's seed grid with graphs captured up to 2,064 tokens, results/h100-vllm0.22-qwen3-coder-30b-a3b-
-# 1gpu-graphs: one-chunk graph steps of 512 / 1024 / 2048 tokens ~14 / ~19 / ~29 ms over a decode step on an H100,
-# 0.027 ms a token to 512 and ~0.010 after: the MoE's experts are all busy by then, as on the eager compute line).
-# 512 is vLLM 0.22's default largest graph: a fit on default flags has no graph step past it, and no kappa_large.
+# A CUDA-graph chunk step of more than this many tokens costs less a token and pays its attention (GPU session 29's
+# seed grid with graphs captured up to 2,064 tokens, results/h100-vllm0.22-qwen3-coder-30b-a3b-1gpu-graphs: one-chunk
+# graph steps of 512 / 1024 / 2048 tokens ~14 / ~19 / ~29 ms over a decode step on an H100, 0.025 ms a token to 512
+# and ~0.009 after, the experts all busy; B = 2048's middle chunks, 2,048-token graph steps over a 4K-30K prefix,
+# 59-65 ms: a piecewise graph runs attention eagerly, as the eager step's kernel). 512 is vLLM 0.22's default largest
+# graph: a fit on default flags has no graph step past it, and neither term; below it a step's attention stays in
+# kappa and the last step's term, as fitted before (charging it there put the small-prompt campaign's held-out
+# graph points 38 -> 49 % off).
 GRAPH_HINGE_TOKENS = 512
 
 
-def graph_chunk_ms(k: Mapping[str, Any], tokens: float) -> float:
-    """A CUDA-graph chunk step of `tokens` prefill tokens over a decode step, ms: kappa * min(c, hinge) +
-    kappa_large * max(c - hinge, 0) (`GRAPH_HINGE_TOKENS`; kappa_large absent: kappa, one line, as every document
-    written before it was a term)."""
+def graph_chunk_ms(k: Mapping[str, Any], tokens: float, pairs: float) -> float:
+    """A CUDA-graph chunk step of `tokens` prefill tokens and `pairs` attention pairs over a decode step, ms: kappa c
+    up to the hinge (`GRAPH_HINGE_TOKENS`); past it kappa * hinge + kappa_large * (c - hinge) + beta q
+    (kappa_large absent: kappa, as in every document written before it was a term)."""
     kappa = k["kappa_graph_ms_per_token"]
-    large = k.get("kappa_graph_large_ms_per_token")
-    if large is None:
+    if tokens <= GRAPH_HINGE_TOKENS:
         return kappa * tokens
-    return kappa * min(tokens, GRAPH_HINGE_TOKENS) + large * max(tokens - GRAPH_HINGE_TOKENS, 0.0)
+    large = k.get("kappa_graph_large_ms_per_token")
+    return (kappa * GRAPH_HINGE_TOKENS + (kappa if large is None else large) * (tokens - GRAPH_HINGE_TOKENS)
+            + k["beta_ms_per_token_pair"] * pairs)
 
 
 def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any] | None = None
@@ -304,8 +308,8 @@ def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any
     """(aggregate interference over the D decodes, token-weighted mean extra of a chunk step), ms.
     A chunk step launched eagerly costs each decode max(alpha0 + alpha1 D, compute0 + gamma c +
     beta q): the host's launches or the GPU's work, whichever takes longer; one replayed as a CUDA
-    graph `graph_chunk_ms` (kappa c, kappa_large past the hinge) + beta q (its attention runs eagerly in a
-    piecewise graph, the same kernel), plus graph0 in the step that admits the request (taken as an eager one
+    graph `graph_chunk_ms` (kappa c; past the hinge kappa_large and its attention, beta q, which a piecewise
+    graph runs eagerly), plus graph0 in the step that admits the request (taken as an eager one
     where the document has no measured kappa; graph0 is 0 in documents written before it was a term), and
     delta D per chunk token where the decodes in the step pay it (absent: 0)."""
     model = doc["model"]
@@ -323,11 +327,12 @@ def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any
     graph0 = k.get("graph0_ms") or 0.0
     budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]
     if ctx["full_graph"] and kappa is not None:  # graph0: the step that admits the request
-        full_sum = (graph0 if full else 0.0) + graph_chunk_ms(k, budget) * full + beta * ctx["q_full"]
+        full_sum = (graph0 if full else 0.0) + graph_chunk_ms(k, budget, 0.0) * full
+        full_sum += beta * ctx["q_full"] if budget > GRAPH_HINGE_TOKENS else 0.0
     else:
         full_sum = _eager_sum(launch, compute0, gamma, beta, budget, full)
     if ctx["tail_graph"] and kappa is not None:
-        tail_pi = graph_chunk_ms(k, tail) + beta * ctx["q_tail"] + (graph0 if full == 0 else 0.0)
+        tail_pi = graph_chunk_ms(k, tail, ctx["q_tail"]) + (graph0 if full == 0 else 0.0)
     else:
         tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
     saturation = k.get("sigma_saturation_tokens")  # the stall stops growing with P there (absent: never)

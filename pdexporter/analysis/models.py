@@ -472,10 +472,11 @@ class ContextAwareModel:
         graph = np.array([self.rule.graph_step(int(x), d) for x in c], dtype=bool)
         first = np.zeros(c.size)
         first[:1] = self.graph0_ms
-        k = {"kappa_graph_ms_per_token": self.kappa_graph_ms_per_token,
+        k = {"kappa_graph_ms_per_token": self.kappa_graph_ms_per_token, "beta_ms_per_token_pair": self.values[3],
              LARGE_GRAPH_NAME: self.kappa_graph_large_ms_per_token}
-        attention = self.beta_ms_per_token_pair * attention_pairs(c, prefix)  # eager in a piecewise graph too
-        return np.where(graph, first + np.array([graph_chunk_ms(k, float(x)) for x in c]) + attention, eager)
+        pairs = attention_pairs(c, prefix)
+        return np.where(graph, first + np.array([graph_chunk_ms(k, float(x), float(q)) for x, q in zip(c, pairs)]),
+                        eager)
 
     def document(self) -> dict[str, Any]:
         """What `decision_eval.colocated_cost` reads: this model and its chunk rule."""
@@ -721,7 +722,8 @@ def _matrix(raw: np.ndarray, launch: np.ndarray) -> np.ndarray:
     cb = eager * (~launch)
     w = raw[:, _R_W]
     graph, c = raw[:, _R_GRAPH], raw[:, _R_C]
-    return np.column_stack([lb * (1.0 - w), lb * w, cb, cb * c, (cb + graph) * raw[:, _R_Q],
+    past = graph * (c > GRAPH_HINGE_TOKENS)  # a graph step past the hinge pays its attention (graph_chunk_ms)
+    return np.column_stack([lb * (1.0 - w), lb * w, cb, cb * c, (cb + past) * raw[:, _R_Q],
                             graph * np.minimum(c, GRAPH_HINGE_TOKENS), raw[:, _R_LAST], raw[:, _R_LAST] * raw[:, _R_P],
                             graph * raw[:, _R_FIRST], cb * raw[:, _R_DC],
                             graph * np.maximum(c - GRAPH_HINGE_TOKENS, 0.0)])

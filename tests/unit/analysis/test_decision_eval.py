@@ -170,9 +170,9 @@ def test_chunks_follow_the_engines_rule() -> None:
 def test_the_closed_form_cost_is_the_sum_over_the_chunks(d: int, p: int, b: int, kappa: float | None,
                                                          graph: int, graph0: float, large: float | None) -> None:
     """colocated_cost's closed form (launch-bound chunks first, then GPU-bound) equals the sum of
-    max(launch, compute) chunk by chunk; a graph step costs kappa per token to the hinge (512), kappa_large
-    past it (absent: kappa), and its attention pairs as an eager step's, and pays graph0 when it admits the
-    request."""
+    max(launch, compute) chunk by chunk; a graph step costs kappa per token to the hinge (512), and past it
+    kappa_large a token (absent: kappa) and its attention pairs as an eager step's; it pays graph0 when it admits
+    the request."""
     model = context_model(kappa_graph_ms_per_token=kappa, graph0_ms=graph0)
     if large is not None:
         model["coefficients"]["kappa_graph_large_ms_per_token"] = large
@@ -184,8 +184,12 @@ def test_the_closed_form_cost_is_the_sum_over_the_chunks(d: int, p: int, b: int,
         c = min(budget, p - prefix)
         pairs = c * prefix + c * (c + 1) / 2
         if graph and c + d <= graph and kappa is not None:
-            tokens = kappa * c if large is None else kappa * min(c, 512) + large * max(c - 512, 0)
-            pi = tokens + k["beta_ms_per_token_pair"] * pairs + (graph0 if prefix == 0 else 0.0)
+            if c <= 512:
+                tokens = kappa * c
+            else:
+                tokens = kappa * 512 + (kappa if large is None else large) * (c - 512) \
+                    + k["beta_ms_per_token_pair"] * pairs
+            pi = tokens + (graph0 if prefix == 0 else 0.0)
         else:
             pi = max(k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d,
                      k["compute0_ms"] + k["gamma_ms_per_token"] * c + k["beta_ms_per_token_pair"] * pairs)
@@ -203,7 +207,7 @@ def test_small_prompts_that_fit_a_graph_cost_the_decodes_little() -> None:
     doc = make_doc(model=context_model())
     graph = evaluate_arms(doc, 12, 64, 8192)["colocated_cost_ms"]  # 76 tokens: a CUDA-graph step
     eager = evaluate_arms(doc, 12, 1024, 8192)["colocated_cost_ms"]  # launched eagerly: the launch floor
-    assert graph == pytest.approx(12 * (0.03 * 64 + 1.5e-6 * 64 * 65 / 2 + 2.0 + 0.001 * 64))
+    assert graph == pytest.approx(12 * (0.03 * 64 + 2.0 + 0.001 * 64))
     assert eager > 5 * graph
 
 
