@@ -380,7 +380,7 @@ LARGE_GRAPH_TEXT = (f"ms per prefill token past {GRAPH_HINGE_TOKENS} of a CUDA-g
                     "CUDA graph (an engine started with larger capture sizes: the experts all busy, cheaper a token)",
                     "a graph step would get cheaper with more tokens")
 LARGE_GRAPH_FORMULA = (f"; a CUDA-graph step of more than {GRAPH_HINGE_TOKENS} tokens: kappa * {GRAPH_HINGE_TOKENS} + "
-                       f"kappa_large * (c_k - {GRAPH_HINGE_TOKENS})")
+                       f"kappa_large * (c_k - {GRAPH_HINGE_TOKENS}) + beta * q_k")
 DELTA_FORMULA = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * clip(P - P_on, 0, P_sat - P_on)); "
                  "pi_k = max(alpha0 + alpha1 * D, compute0 + (gamma + delta * D) * c_k + beta * q_k) for an "
                  "eagerly launched step (delta: what each decode in the step pays per chunk token), kappa * c_k "
