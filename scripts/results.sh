@@ -194,6 +194,9 @@ python3 scripts/gpu/dense_report.py compare --results "$GRID100" --predictions "
   --out "$GRID100" --none-fitted >/dev/null
 python3 scripts/projection_coverage.py "$GRID100/comparison-carry.csv" --regimes "$SEED/decision.json" \
   --out "$GRID100/projection_coverage.md" >/dev/null
+# ... and its grid on CUDA graphs (GPU session 29): session 28's A/B cells predicted by another H100 campaign's fit with
+# the same flags, default against graphs (nothing fitted on the A/B)
+python3 scripts/graphs_held_out.py > $R/h100-vllm0.22-qwen3-coder-30b-a3b-1gpu-graphs/held_out_ab.md
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"

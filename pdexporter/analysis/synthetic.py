@@ -68,6 +68,9 @@ class SyntheticTruth:
     kappa_graph_ms_per_token: float = 0.03
     graph0_ms: float = 0.0  # a graph step that admits the request (its first chunk) costs this more
     graph_max_tokens: int = 512  # vLLM 0.22's default largest CUDA graph
+    # a graph step past 512 tokens (an engine with larger capture sizes): this a token past 512, and its attention
+    # pairs at beta (None: kappa a token, no attention, as every graph step below 512)
+    kappa_graph_large_ms_per_token: float | None = None
     step_noise: float = 0.01
     rep_noise: float = 0.03
     client_jitter_ms: float = 0.02
@@ -76,9 +79,13 @@ class SyntheticTruth:
         return self.decode_fixed_ms + self.decode_per_decode_ms * d
 
     def chunk_penalty_ms(self, d: int, chunk: float, prefix: float) -> float:
-        if chunk + d <= self.graph_max_tokens:
-            return self.kappa_graph_ms_per_token * chunk + (self.graph0_ms if prefix == 0 else 0.0)
         pairs = chunk * prefix + chunk * (chunk + 1) / 2
+        if chunk + d <= self.graph_max_tokens:
+            admit = self.graph0_ms if prefix == 0 else 0.0
+            if chunk <= 512 or self.kappa_graph_large_ms_per_token is None:
+                return self.kappa_graph_ms_per_token * chunk + admit
+            return (self.kappa_graph_ms_per_token * 512 + self.kappa_graph_large_ms_per_token * (chunk - 512)
+                    + self.beta_ms_per_token_pair * pairs + admit)
         return max(self.alpha0_ms + self.alpha1_ms_per_decode * d,
                    self.compute0_ms + self.gamma_ms_per_token * chunk + self.beta_ms_per_token_pair * pairs)
 

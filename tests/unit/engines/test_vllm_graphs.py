@@ -17,6 +17,8 @@ from pdexporter.engines.vllm import compilation_config_of, graph_max_tokens_of  
 SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16), 528, 1040, 2064]
 B_FLAGS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": SIZES})]
 SERVE = ["vllm", "serve", "/models/qwen3", "--max-num-batched-tokens", "8192"]
+# sweeps/h200-seed-graphs.yaml's: 2048 too, so B = 2048's full chunk steps are graphs as well
+GRID_FLAGS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": [*SIZES[:-1], 2048, 2064]})]
 
 
 @pytest.mark.parametrize(("extra", "chunk", "expected"), [
@@ -83,3 +85,27 @@ def test_records_of_two_graph_sizes_are_refused_in_one_fit():
     mixed = _samples(B_FLAGS)[:8] + _samples([])[8:]
     with pytest.raises(ValueError, match="different CUDA-graph sizes .*2064 and 512"):
         md.fit_data(build_table(mixed), mixed)
+
+
+def test_graph_steps_past_512_tokens_are_fitted_with_their_own_rate_and_their_attention():
+    """An engine with graphs to 2064 tokens (GPU session 29's grid): past 512 tokens a graph step costs kappa_large a
+    token and its attention pairs (B = 2048's middle chunks over a long prefix); the fit recovers both from records
+    whose command line says the capture sizes, and a fit on default flags has neither term."""
+    truth = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0, graph_max_tokens=2064,
+                           kappa_graph_ms_per_token=0.026, kappa_graph_large_ms_per_token=0.009, graph0_ms=0.0)
+    grid = [(b, d, p) for b in (2048, 8192) for d in (1, 4, 12) for p in (256, 1024, 2048, 4096, 16384)]
+    samples = []
+    for record in synthetic_records(truth, grid, reps=2):
+        record.config.engine = "vllm"
+        record.config.engine_command = ["vllm", "serve", "/models/qwen3", "--max-num-batched-tokens",
+                                        str(record.config.chunk_size), *GRID_FLAGS]
+        samples.append(samples_from_record(record))
+    model = md.fit_context_model(md.fit_data(build_table(samples), samples))
+    assert model.kappa_graph_ms_per_token == pytest.approx(0.026, rel=0.05)
+    assert model.kappa_graph_large_ms_per_token == pytest.approx(0.009, rel=0.1)
+    assert model.beta_ms_per_token_pair == pytest.approx(truth.beta_ms_per_token_pair, rel=0.05)
+    middle = model.chunk_penalties_ms(4, [2044.0, 2044.0, 2044.0])[1]  # a 2,044-token graph step after 2,044
+    assert middle == pytest.approx(truth.chunk_penalty_ms(4, 2044.0, 2044.0), rel=0.05)
+    assert "kappa_graph_large_ms_per_token" in model.document()["model"]["coefficients"]
+    assert "kappa_graph_large_ms_per_token" not in md.fit_context_model(
+        md.fit_data(build_table(_samples([])), _samples([]))).document()["model"]["coefficients"]
