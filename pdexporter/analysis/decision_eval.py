@@ -327,8 +327,7 @@ def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any
     graph0 = k.get("graph0_ms") or 0.0
     budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]
     if ctx["full_graph"] and kappa is not None:  # graph0: the step that admits the request
-        full_sum = (graph0 if full else 0.0) + graph_chunk_ms(k, budget, 0.0) * full
-        full_sum += beta * ctx["q_full"] if budget > GRAPH_HINGE_TOKENS else 0.0
+        full_sum = (graph0 + graph_chunk_ms(k, budget, ctx["q_full"] / full) * full) if full else 0.0
     else:
         full_sum = _eager_sum(launch, compute0, gamma, beta, budget, full)
     if ctx["tail_graph"] and kappa is not None:

@@ -431,11 +431,11 @@ class ContextAwareModel:
     # Each running decode's cost per chunk token in an eager chunk step (the GPU-bound side:
     # + delta D c_k), fitted where the engine's rule says its decodes pay it (None: not a term)
     delta_ms_per_decode_token: float | None = None
+    delta_stderr: float | None = None
     # A CUDA-graph step's cost per prefill token past GRAPH_HINGE_TOKENS (`decision_eval.graph_chunk_ms`), fitted
     # where the records have graph steps that long (an engine started with larger capture sizes; None: none)
     kappa_graph_large_ms_per_token: float | None = None
     kappa_large_stderr: float | None = None
-    delta_stderr: float | None = None
     rule: ChunkRule = BUDGET_RULE
     name: str = CONTEXT_MODEL
     formula: str = ("C = D * (sum over chunks of pi_k + sigma0 + sigma1 * clip(P - P_on, 0, P_sat - P_on)); "
@@ -472,7 +472,8 @@ class ContextAwareModel:
         graph = np.array([self.rule.graph_step(int(x), d) for x in c], dtype=bool)
         first = np.zeros(c.size)
         first[:1] = self.graph0_ms
-        k = {"kappa_graph_ms_per_token": self.kappa_graph_ms_per_token, "beta_ms_per_token_pair": self.values[3],
+        k = {"kappa_graph_ms_per_token": self.kappa_graph_ms_per_token,
+             "beta_ms_per_token_pair": self.beta_ms_per_token_pair,
              LARGE_GRAPH_NAME: self.kappa_graph_large_ms_per_token}
         pairs = attention_pairs(c, prefix)
         return np.where(graph, first + np.array([graph_chunk_ms(k, float(x), float(q)) for x, q in zip(c, pairs)]),

@@ -325,11 +325,12 @@ def flag_values(argv: Sequence[str], flag: str) -> list[str]:
     return found
 
 
-def command_chunk_size(argv: Sequence[str], engine: str | None = None) -> tuple[str, int] | None:
+def command_chunk_size(argv: Sequence[str], engine: str | None = None,
+                       option: str = "engine command") -> tuple[str, int] | None:
     """The chunk size an engine's command line starts it with: (flag, tokens) of `engine`'s chunk flag, or with
     no engine named of the first registered adapter whose flag it gives (vLLM's --max-num-batched-tokens,
     SGLang's --chunked-prefill-size); None where it gives none. A value that is not a positive whole number is
-    one line naming the flag."""
+    one line naming `option` and the flag."""
     adapters = [adapter(engine)] if engine is not None else list(_ADAPTERS.values())
     for flag in dict.fromkeys(a.chunk_flag for a in adapters):
         values = flag_values(argv, flag)
@@ -340,7 +341,7 @@ def command_chunk_size(argv: Sequence[str], engine: str | None = None) -> tuple[
         except ValueError:
             tokens = 0
         if tokens < 1:
-            raise ConfigError(f"engine command: {flag} {values[-1]!r} is not a chunk size (a whole number of tokens)")
+            raise ConfigError(f"{option}: {flag} {values[-1]!r} is not a chunk size (a whole number of tokens)")
         return flag, tokens
     return None
 

@@ -18,7 +18,7 @@ from pdexporter._internal.redact import redact_url
 from pdexporter._internal.secretfile import read_secret_file, secret_text
 from pdexporter._internal.urls import check_http_url
 from pdexporter.client.client import read_timeout_seconds
-from pdexporter.engines import UNIDENTIFIED, adapter, command_chunk_size
+from pdexporter.engines import UNIDENTIFIED, adapter
 from pdexporter.errors import ConfigError
 from pdexporter.exporter.config import (
     DEFAULT_CHUNK_SIZE,
@@ -120,10 +120,9 @@ def run_config(o: RunOptions) -> ExporterConfig:
     if o.target is not None:
         check_http_url(o.target, "--target")
     claimed = claimed_engine(o.target, o.engine)
-    words = command_of(o.target, o.engine_command, chunk_size, claimed)
-    if chunk_size is None and words is not None:
-        said = command_chunk_size(words, claimed)  # the chunk size its command line starts it with
-        chunk_size = None if said is None else said[1]
+    words, said = command_of(o.target, o.engine_command, chunk_size, claimed)
+    if chunk_size is None and said is not None:
+        chunk_size = said[1]  # the chunk size its command line starts it with
     chunk_size_source = "given"
     if chunk_size is None:
         # vLLM does not publish max_num_batched_tokens; against an engine someone else runs we

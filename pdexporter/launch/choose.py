@@ -29,14 +29,17 @@ def claimed_engine(target: str | None, engine: str | None) -> str | None:
 
 
 def command_of(target: str | None, engine_command: str | None, chunk_size: int | None,
-               engine: str | None) -> tuple[str, ...] | None:
-    """--engine-command's words (`launch.external.engine_command_words`), checked before anything starts: only
-    with --target, and naming no other chunk size than --chunk-size."""
+               engine: str | None) -> tuple[tuple[str, ...] | None, tuple[str, int] | None]:
+    """--engine-command's words (`launch.external.engine_command_words`), checked before anything starts (only
+    with --target, naming no other chunk size than --chunk-size), and the (flag, chunk size) it starts the engine
+    with (None: not given, or it does not say): what stands for --chunk-size where that is not given."""
+    from pdexporter.engines import command_chunk_size
     from pdexporter.launch.external import engine_command_words
 
     if engine_command is not None and not target:
         raise ConfigError("--engine-command: only with --target (the embedded engine is started by pdexporter)")
-    return engine_command_words(engine_command, chunk_size=chunk_size, engine=engine)
+    words = engine_command_words(engine_command, chunk_size=chunk_size, engine=engine)
+    return words, None if words is None else command_chunk_size(words, engine)
 
 
 def imitated_option(target: str | None, claimed: str | None) -> str | None:

@@ -32,10 +32,7 @@ def engine_command_words(text: str | Sequence[str] | None, option: str = "--engi
         raise ConfigError(f"{option}: empty; give the command the engine was started with, e.g. 'vllm serve ...'")
     from pdexporter.engines import command_chunk_size
 
-    try:
-        said = command_chunk_size(words, engine)
-    except ConfigError as exc:
-        raise ConfigError(f"{option}: {exc}".replace("engine command: ", "")) from None
+    said = command_chunk_size(words, engine, option)
     if said is not None and chunk_size is not None and said[1] != chunk_size:
         raise ConfigError(f"{option}: it starts the engine with {said[0]} {said[1]}, but the chunk size given is "
                           f"{chunk_size}; give the one it runs with")

@@ -12,7 +12,7 @@ from pathlib import Path
 from pdexporter._internal.sheet import Plain, Sheet, Shown, columns
 from pdexporter._internal.text import plural
 from pdexporter._internal.writable import check_writable
-from pdexporter.engines import adapter, command_chunk_size
+from pdexporter.engines import adapter
 from pdexporter.errors import PdexporterError
 from pdexporter.launch.choose import claimed_engine, command_of, make_launcher
 from pdexporter.measure.point import DEFAULT_RETRIES, PointSpec, check_reps, check_retries, measure_point
@@ -116,10 +116,9 @@ def measure_job(*, chunk_size: int | None, decode_batch_size: int, new_prefill_t
     from pdexporter.client.client import read_timeout_seconds, resolve_api_key
 
     claimed = claimed_engine(target, engine)
-    words = command_of(target, engine_command, chunk_size, claimed)
-    if chunk_size is None and words is not None:
-        said = command_chunk_size(words, claimed)
-        chunk_size = None if said is None else said[1]
+    words, said = command_of(target, engine_command, chunk_size, claimed)
+    if chunk_size is None and said is not None:
+        chunk_size = said[1]
     given = chunk_size is not None
     b = chunk_size if chunk_size is not None else (
         adapter(claimed).default_chunk_size if claimed is not None else DEFAULT_CHUNK_SIZE)

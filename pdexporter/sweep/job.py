@@ -53,7 +53,6 @@ def sweep_spec(path: Path, *, mode: str | None = None, reps: int | None = None, 
     an external engine in place of the file's launcher, measured at its one chunk size; `--engine-command`:
     how it was started, which gives that chunk size where --chunk-size does not)."""
     from pdexporter.client.client import read_timeout_seconds
-    from pdexporter.engines import command_chunk_size
     from pdexporter.launch.choose import command_of
 
     overrides: dict[str, Any] = {}
@@ -67,10 +66,9 @@ def sweep_spec(path: Path, *, mode: str | None = None, reps: int | None = None, 
     if target is None and chunk_size is not None:
         raise ConfigError(f"--chunk-size {chunk_size}: only with --target (the file's launcher sets the chunk "
                           "sizes it starts its engines with)")
-    words = command_of(target, engine_command, chunk_size, None)
+    words, said = command_of(target, engine_command, chunk_size, None)
     said_by = "--chunk-size"
     if words is not None:
-        said = command_chunk_size(words)
         if chunk_size is None and said is not None:
             chunk_size, said_by = said[1], f"--engine-command's {said[0]}"
         overrides["launcher.command"] = engine_command
