@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdexporter.analysis.decision_eval import GRAPH_HINGE_TOKENS
 from pdexporter.analysis.models import chunk_schedule
 from pdexporter.measure.records import (
     RecordConfig,
@@ -68,8 +69,8 @@ class SyntheticTruth:
     kappa_graph_ms_per_token: float = 0.03
     graph0_ms: float = 0.0  # a graph step that admits the request (its first chunk) costs this more
     graph_max_tokens: int = 512  # vLLM 0.22's default largest CUDA graph
-    # a graph step past 512 tokens (an engine with larger capture sizes): this a token past 512, and its attention
-    # pairs at beta (None: kappa a token, no attention, as every graph step below 512)
+    # a graph step past the hinge (GRAPH_HINGE_TOKENS, 512; an engine with larger capture sizes): this a token past
+    # it, and its attention pairs at beta (None: kappa a token, no attention, as every graph step below it)
     kappa_graph_large_ms_per_token: float | None = None
     step_noise: float = 0.01
     rep_noise: float = 0.03
@@ -82,10 +83,10 @@ class SyntheticTruth:
         pairs = chunk * prefix + chunk * (chunk + 1) / 2
         if chunk + d <= self.graph_max_tokens:
             admit = self.graph0_ms if prefix == 0 else 0.0
-            if chunk <= 512 or self.kappa_graph_large_ms_per_token is None:
+            if chunk <= GRAPH_HINGE_TOKENS or self.kappa_graph_large_ms_per_token is None:
                 return self.kappa_graph_ms_per_token * chunk + admit
-            return (self.kappa_graph_ms_per_token * 512 + self.kappa_graph_large_ms_per_token * (chunk - 512)
-                    + self.beta_ms_per_token_pair * pairs + admit)
+            return (self.kappa_graph_ms_per_token * GRAPH_HINGE_TOKENS + self.beta_ms_per_token_pair * pairs + admit
+                    + self.kappa_graph_large_ms_per_token * (chunk - GRAPH_HINGE_TOKENS))
         return max(self.alpha0_ms + self.alpha1_ms_per_decode * d,
                    self.compute0_ms + self.gamma_ms_per_token * chunk + self.beta_ms_per_token_pair * pairs)
 

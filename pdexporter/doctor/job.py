@@ -4,11 +4,10 @@ tracing imports checked (`DoctorJob.checks`), and the verdicts told (`checks_she
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdexporter._internal.redact import redact_argv, redact_url
+from pdexporter._internal.redact import redact_url
 from pdexporter._internal.sheet import Column, Plain, Sheet, Shown
 from pdexporter._internal.urls import check_http_url
 from pdexporter.doctor.checks import Check, EndpointFacts, EngineFacts, TraceArrival, evaluate
@@ -17,6 +16,7 @@ from pdexporter.errors import ConfigError
 from pdexporter.exporter.server import parse_listen
 from pdexporter.launch import TraceDirected
 from pdexporter.launch.choose import make_launcher
+from pdexporter.launch.external import engine_command_words
 
 __all__ = [
     "EMBEDDED_CHUNK_SIZE", "STYLE", "DoctorJob", "checks_sheet", "doctor_job",
@@ -61,7 +61,7 @@ class DoctorJob:
         if python is None and self.engine_command is not None:
             python, source = python_of(self.engine_command), "--engine-command"
             if python is None:
-                shown = " ".join(redact_argv(shlex.split(self.engine_command)))
+                shown = " ".join(engine_command_words(self.engine_command) or ())
                 raise ConfigError(f"--engine-command {shown!r}: cannot tell which Python it runs in "
                                   "(its first word is neither a Python nor a script with a #! line); give "
                                   "--engine-python")
@@ -83,11 +83,7 @@ def doctor_job(*, target: str | None, engine: str | None, chunk_size: int | None
         if url is not None:
             check_http_url(url, flag)
     token = resolve_api_key(api_key_file)
-    if engine_command is not None:
-        try:
-            shlex.split(engine_command)
-        except ValueError as exc:  # the command is not echoed: it may hold a key
-            raise ConfigError(f"--engine-command: cannot split into words ({exc})") from None
+    engine_command_words(engine_command)  # one line if it cannot be split (not echoed: it may hold a key)
     try:
         receiver = parse_listen(traces_receiver) if traces else None
     except ConfigError:

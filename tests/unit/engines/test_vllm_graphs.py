@@ -58,13 +58,14 @@ NOISELESS = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0)
 GRID = [(8192, d, p) for d in (0, 1, 4, 12) for p in (256, 1024, 2048, 4096)]
 
 
-def _samples(flags: list[str] | None):
-    """The synthetic grid's samples, their records saying the engine was started with `flags` (None: no
-    command line, as `measure --target`)."""
+def _samples(flags: list[str] | None, truth: SyntheticTruth = NOISELESS, grid=GRID):
+    """The synthetic grid's samples, their records saying the engine was started with `flags` at their own chunk
+    size (None: no command line, as `measure --target`)."""
     out = []
-    for record in synthetic_records(NOISELESS, GRID, reps=2):
+    for record in synthetic_records(truth, grid, reps=2):
         record.config.engine = "vllm"
-        record.config.engine_command = None if flags is None else [*SERVE, *flags]
+        record.config.engine_command = None if flags is None else [
+            *SERVE[:-1], str(record.config.chunk_size), *flags]
         out.append(samples_from_record(record))
     return out
 
@@ -94,12 +95,7 @@ def test_graph_steps_past_512_tokens_are_fitted_with_their_own_rate_and_their_at
     truth = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0, graph_max_tokens=2064,
                            kappa_graph_ms_per_token=0.026, kappa_graph_large_ms_per_token=0.009, graph0_ms=0.0)
     grid = [(b, d, p) for b in (2048, 8192) for d in (1, 4, 12) for p in (256, 1024, 2048, 4096, 16384)]
-    samples = []
-    for record in synthetic_records(truth, grid, reps=2):
-        record.config.engine = "vllm"
-        record.config.engine_command = ["vllm", "serve", "/models/qwen3", "--max-num-batched-tokens",
-                                        str(record.config.chunk_size), *GRID_FLAGS]
-        samples.append(samples_from_record(record))
+    samples = _samples(GRID_FLAGS, truth, grid)
     model = md.fit_context_model(md.fit_data(build_table(samples), samples))
     assert model.kappa_graph_ms_per_token == pytest.approx(0.026, rel=0.05)
     assert model.kappa_graph_large_ms_per_token == pytest.approx(0.009, rel=0.1)
