@@ -169,7 +169,7 @@ REQUEST_TRACES = f"{PREFIX}_request_traces_total"
 TRACE_EXPORTS = f"{PREFIX}_trace_exports_total"
 TRACE_REJECTIONS = f"{PREFIX}_trace_rejections_total"
 PASSIVE_OUTCOMES = ("published", "joint", "merged", "unattributed", "ambiguous", "own-probe", "no-baseline",
-                    "out-of-bins", "no-budget")
+                    "no-window", "out-of-bins", "no-budget")
 PASSIVE_SOURCES = ("otlp", "metrics", "cadence", "none")
 # REQUEST_TRACES{kind}; "out-of-range": a span ending in the future or too far in the past to be
 # attributed (passive_live.TraceIntake), "duplicate": a request id already received

@@ -37,7 +37,8 @@ the per-cell window series and saved under the records' `joint/`), `merged` (sev
 ended in one run and it cannot be read as one stream: counted only), `unattributed` (no
 production prefill ended there: an engine stall, a request retiring), `ambiguous` (only
 /metrics is there, and no pair of scrapes isolates the run), `own-probe` (the exporter's own
-probe restart), `no-baseline`, `out-of-bins`, `no-budget` (D >= B).
+probe restart), `no-baseline`, `no-window` (no probe decoded a token inside the prefill's window: nothing
+to measure; seen once beside a CPU burner), `out-of-bins`, `no-budget` (D >= B).
 The cadence source is used only where neither traces nor /metrics reach the exporter: it cannot
 tell an engine stall from a small prefill.
 """
@@ -606,7 +607,9 @@ class PassiveTracker:
         event.finalised_ns = now_ns
         interference.extra["passive"] = {**event.info(), "chunk_size": s.chunk_size}
         event.rep = rep_record(0, interference, PointSpec(s.chunk_size, d, p), raw=None)
-        if not attribution.single and not attribution.joint:
+        if event.rep.derived.tpot_penalty_ms is None:  # no probe decoded a token in the window: nothing measured
+            event.outcome = "no-window"
+        elif not attribution.single and not attribution.joint:
             event.outcome = "merged"
         elif event.d_bin is None or event.p_bin is None:
             event.outcome = "out-of-bins"

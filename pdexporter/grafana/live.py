@@ -231,7 +231,7 @@ def _passive_row(d: Dashboard) -> None:
             "Runs of slow steps the probes saw per second, by what became of them: published (one production "
             "prefill, a passive window), merged (several prefills in one run), unattributed (no production "
             "prefill ended there: an engine stall), ambiguous (only /metrics, and no pair of scrapes isolated "
-            "it), own-probe (the exporter's own probe restart), no-baseline, out-of-bins, no-budget.",
+            "it), own-probe (the exporter's own probe restart), no-baseline, no-window, out-of-bins, no-budget.",
             targets((f"sum by (outcome) (rate({m.PASSIVE_EVENTS}{{{SEL}}}[{RATE}]))", "{{outcome}}")),
             unit="ops",
             minimum=0,
