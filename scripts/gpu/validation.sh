@@ -4,6 +4,8 @@
 #
 #   bash scripts/gpu/validation.sh stage N          copy .gpu-stage/N/* to /root/stage   (carry .gpu-stage/N)
 #   bash scripts/gpu/validation.sh colocated [S]    vLLM B = 8192: sweeps/h200-validation.yaml, deadline S s
+#                                                   (SWEEP=another file, NAME=its results' name, e.g. the graph
+#                                                   flags' sweeps/h200-validation-graphs.yaml, NAME=validation-graphs)
 #   bash scripts/gpu/validation.sh reference [S]    the reference points (sweeps/h200-reference.yaml), warm from the engine-cache pack
 #   bash scripts/gpu/validation.sh decodebench [S]  + DecodeBenchConnector: sweeps/h200-decodebench-validation.yaml
 #   bash scripts/gpu/validation.sh db-then-passive  decodebench (deadline 330 s), then passive for the rest of a 590 s call
@@ -71,7 +73,7 @@ case "$step" in
   stage)
     mkdir -p /root/stage && cp ".gpu-stage/$2/"* /root/stage/ && ls -la /root/stage ;;
   colocated)
-    sweep validation sweeps/h200-validation.yaml "${2:-420}" ;;
+    sweep "${NAME:-validation}" "${SWEEP:-sweeps/h200-validation.yaml}" "${2:-420}" ;;
   reference)
     # shellcheck source=/dev/null
     source scripts/gpu/engine-cache.sh || exit 1

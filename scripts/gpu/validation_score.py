@@ -81,6 +81,8 @@ def main() -> None:
         group = "reference" if key[1] in REFERENCE_D else "validation"
         row = {"chunk_size": key[0], "decode_batch_size": key[1], "new_prefill_tokens": key[2], "group": group}
         for arm, table in arms.items():
+            if f"{arm}_aggregate_interference_ms" not in p:
+                continue  # a one-arm model predicted the colocated arm alone
             predicted = float(p[f"{arm}_aggregate_interference_ms"])
             lo, hi = (float(x) for x in p[f"{arm}_interval_90"])
             m = table.get(key)
@@ -99,6 +101,8 @@ def main() -> None:
             row[f"{arm}_inside_90"] = r.get("inside")
         out["points"].append(row)
     for arm, rows in per_arm.items():
+        if not rows:
+            continue
         out["arms"][arm] = {
             "all": summary(rows),
             "validation": summary([r for r in rows if r["group"] == "validation"]),
