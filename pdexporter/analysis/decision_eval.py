@@ -63,7 +63,7 @@ transfer time (the seed's constant 50 ms unless a transfer model was measured or
 """
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Required, TypedDict
 
 __all__ = [
@@ -131,6 +131,8 @@ class ChunkContext(TypedDict):
     eager_tokens: int
     eager_q: float
     graph_tokens: int
+    full_graph_tokens: int
+    tail_graph_tokens: int
     f: dict[str, float]
 
 
@@ -192,6 +194,18 @@ class Verdict(TypedDict, total=False):
     degraded_regime: dict[str, Any]  # `decide`'s: the verdict were the transfer degraded
 
 
+def padded_graph_tokens(sizes: Sequence[int], tokens: int, beside: int) -> int:
+    """The prefill tokens a CUDA-graph step of `tokens` chunk tokens beside `beside` decodes computes: vLLM pads the
+    step to the smallest captured size that holds it (`CompilationConfig.bs_to_padded_graph_size`) and replays that
+    graph, so the step costs what its padded size costs (`chunk_rule.graph_sizes`, ascending; empty: unknown, no
+    padding). A 1,310-token step beside 3 decodes runs the 2,064-token graph where 1,040 and 2,064 are the sizes
+    (GPU session 30's validation points on graphs: P = 640 and 1,300 read 12-20 % above the unpadded model)."""
+    for size in sizes:
+        if size >= tokens + beside:
+            return size - beside
+    return tokens
+
+
 def chunk_context(doc: Document, d: int, p: int, b: int) -> ChunkContext:
     """The prompt's chunks beside D decodes at chunk size B, as the features the models read."""
     rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
@@ -207,6 +221,7 @@ def chunk_context(doc: Document, d: int, p: int, b: int) -> ChunkContext:
     beside = d if rule["decodes_in_chunk_step"] else 0
     full_graph = graph_max > 0 and budget + beside <= graph_max
     tail_graph = graph_max > 0 and tail + beside <= graph_max
+    sizes = rule.get("graph_sizes") or ()
     q_all = p * (p + 1) / 2.0
     q_tail = tail * (p - tail) + tail * (tail + 1) / 2.0
     q_full = q_all - q_tail
@@ -220,6 +235,8 @@ def chunk_context(doc: Document, d: int, p: int, b: int) -> ChunkContext:
         "full_graph": full_graph, "tail_graph": tail_graph, "q_full": q_full, "q_tail": q_tail,
         "eager_chunks": eager_chunks, "eager_tokens": eager_tokens, "eager_q": eager_q,
         "graph_tokens": p - eager_tokens,
+        "full_graph_tokens": padded_graph_tokens(sizes, budget, beside) if full_graph else budget,
+        "tail_graph_tokens": padded_graph_tokens(sizes, tail, beside) if tail_graph else tail,
         # the linear models' features (token counts in thousands, pairs in millions)
         "f": {
             "1": 1.0, "d": float(d), "p": kp, "p2": kp * kp, "d_p": d * kp, "chunks": float(n),
@@ -327,11 +344,11 @@ def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any
     graph0 = k.get("graph0_ms") or 0.0
     budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]
     if ctx["full_graph"] and kappa is not None:  # graph0: the step that admits the request
-        full_sum = (graph0 + graph_chunk_ms(k, budget, ctx["q_full"] / full) * full) if full else 0.0
+        full_sum = (graph0 + graph_chunk_ms(k, ctx["full_graph_tokens"], ctx["q_full"] / full) * full) if full else 0.0
     else:
         full_sum = _eager_sum(launch, compute0, gamma, beta, budget, full)
     if ctx["tail_graph"] and kappa is not None:
-        tail_pi = graph_chunk_ms(k, tail, ctx["q_tail"]) + (graph0 if full == 0 else 0.0)
+        tail_pi = graph_chunk_ms(k, ctx["tail_graph_tokens"], ctx["q_tail"]) + (graph0 if full == 0 else 0.0)
     else:
         tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
     saturation = k.get("sigma_saturation_tokens")  # the stall stops growing with P there (absent: never)

@@ -61,6 +61,7 @@ class ChunkRule(_Part):
     decodes_take_budget: bool = True
     decodes_in_chunk_step: bool = True
     graph_max_tokens: int = Field(0, ge=0)
+    graph_sizes: list[int] = Field(default_factory=list)  # the captured sizes a graph step is padded to
 
 
 class ColocatedModel(_Part):

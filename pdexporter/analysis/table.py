@@ -103,6 +103,8 @@ class ConfigSamples:
     # the largest step the engine replayed as a CUDA graph, where its command line says (records'
     # config.engine_command, read by the engine's adapter: `graph_max_tokens`); None: its rule's default
     graph_max_tokens: int | None = None
+    # every step size it captured a graph for, where its command line says (`graph_sizes`); None: unknown
+    graph_sizes: tuple[int, ...] | None = None
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -166,6 +168,7 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
         model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector, profile=c.profile,
         passive=c.mode == "passive", rep_steps=rep_steps, graph_max_tokens=_graph_max_tokens(record),
+        graph_sizes=_graph_sizes(record),
     )
 
 
@@ -175,6 +178,14 @@ def _graph_max_tokens(record: RunRecord) -> int | None:
     if not c.engine_command or c.engine not in registered():
         return None
     return adapter(c.engine).graph_max_tokens(c.engine_command, c.chunk_size)
+
+
+def _graph_sizes(record: RunRecord) -> tuple[int, ...] | None:
+    """The step sizes the engine that measured the record captured graphs for, where its command line says."""
+    c = record.config
+    if not c.engine_command or c.engine not in registered():
+        return None
+    return adapter(c.engine).graph_sizes(c.engine_command, c.chunk_size)
 
 
 def _chunk_steps(baseline: BaselineBlock, interference: InterferenceBlock) -> ChunkSteps | None:

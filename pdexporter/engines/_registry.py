@@ -133,6 +133,10 @@ class ChunkRule:
       share its step) the engine runs as a CUDA graph by default; a longer step is launched kernel
       by kernel, which on a MoE model costs tens of ms whatever the chunk (0: no graphs, or unknown).
       vLLM 0.22 captures up to 512 tokens unless told otherwise (`--max-cudagraph-capture-size`).
+    - `graph_sizes`: the step sizes (tokens) the engine captured graphs for, where its command line says (vLLM
+      pads a step to the next of them and replays that graph: a 1,310-token step beside 3 decodes runs the
+      2,064-token graph where 1,040 and 2,064 are the sizes); () where unknown (no padding is modelled).
+      The padding itself is `decision_eval.padded_graph_tokens`, which routers read too.
     - `decodes_pay_chunk_tokens`: every running decode in a chunk's step costs that step time in
       proportion to the chunk's tokens (the cost model's delta x D x c): the decodes run as rows of
       the chunk's attention batch and each pays the chunk's length, not its own one token (SGLang
@@ -148,6 +152,7 @@ class ChunkRule:
     decodes_in_chunk_step: bool = True
     graph_max_tokens: int = 0
     decodes_pay_chunk_tokens: bool = False
+    graph_sizes: tuple[int, ...] = ()
 
     def budget(self, chunk_size: int, running_decodes: int) -> int:
         """Prefill tokens per step beside `running_decodes` decodes."""
@@ -189,12 +194,14 @@ class ChunkRule:
         after it, and its token is the one that ends their stall)."""
         return 0 if self.decodes_in_chunk_step else 1
 
-    def to_dict(self) -> dict[str, bool | int]:
-        out: dict[str, bool | int] = {"decodes_take_budget": self.decodes_take_budget,
-                                      "decodes_in_chunk_step": self.decodes_in_chunk_step,
-                                      "graph_max_tokens": self.graph_max_tokens}
+    def to_dict(self) -> dict[str, bool | int | list[int]]:
+        out: dict[str, bool | int | list[int]] = {"decodes_take_budget": self.decodes_take_budget,
+                                                  "decodes_in_chunk_step": self.decodes_in_chunk_step,
+                                                  "graph_max_tokens": self.graph_max_tokens}
         if self.decodes_pay_chunk_tokens:  # absent: False (documents written before it existed)
             out["decodes_pay_chunk_tokens"] = True
+        if self.graph_sizes:  # absent: unknown, no padding (documents written before it existed)
+            out["graph_sizes"] = list(self.graph_sizes)
         return out
 
 
@@ -274,6 +281,11 @@ class EngineAdapter(Protocol):
         """The largest step (tokens) an engine started with these arguments and this chunk size replays as a
         CUDA graph, where its flags say (None: they do not; `chunk_rule.graph_max_tokens` stands). The fit's
         chunk rule takes it from the records' `engine_command` (`analysis.models.fit_data`)."""
+        ...
+
+    def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
+        """Every step size (tokens) such an engine captures a CUDA graph for, ascending (() none; None: its flags
+        do not say). A smaller step is padded to the next of them (`ChunkRule.graph_sizes`)."""
         ...
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:

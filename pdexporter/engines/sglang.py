@@ -251,6 +251,9 @@ class SglangAdapter:
         launched eagerly; SGLang's own prefill graphs (up to B tokens, captured at start-up) are not modelled."""
         return None
 
+    def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
+        return None  # as graph_max_tokens
+
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
         return (CHUNK_FLAG, str(chunk_size), "--decode-log-interval", "1", "--enable-metrics")
 

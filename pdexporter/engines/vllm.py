@@ -258,12 +258,19 @@ def graph_max_tokens_of(argv: Sequence[str] | str, chunk_size: int) -> int | Non
     capture sizes, max_cudagraph_capture_size and `--max-num-seqs` (default 512 tokens, as for max_num_seqs >= 256
     and B >= 512). None where the command line cannot say (a compilation config that is not JSON, sizes vLLM
     would refuse)."""
+    captured = graph_sizes_of(argv, chunk_size)
+    return None if captured is None else (captured[-1] if captured else 0)
+
+
+def graph_sizes_of(argv: Sequence[str] | str, chunk_size: int) -> tuple[int, ...] | None:
+    """Every step size such a `vllm serve` captures a CUDA graph for (`cudagraph_sizes`; () with `--enforce-eager`
+    or `cudagraph_mode` NONE; None where the command line cannot say, as `graph_max_tokens_of`)."""
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
     config = compilation_config_of(words)
     if config is None:
         return None
     if EAGER_FLAG in words or str(config.get("cudagraph_mode", "")).upper() == "NONE":
-        return 0
+        return ()
     seqs = flag_values(words, MAX_NUM_SEQS_FLAG)
     try:
         max_num_seqs = int(seqs[-1]) if seqs else 256
@@ -273,7 +280,7 @@ def graph_max_tokens_of(argv: Sequence[str] | str, chunk_size: int) -> int | Non
                                    None if largest is None else int(largest))
     except (TypeError, ValueError):
         return None
-    return captured[-1] if captured else 0
+    return tuple(captured)
 
 
 # The datasheet GPUs (`pdexporter.sim.hardware`) as vLLM names them in its tuned-config files
@@ -364,6 +371,10 @@ class VllmAdapter:
         `--compilation-config '{"cudagraph_capture_sizes": [..., 2064]}'`, which takes a one-chunk prompt of up to
         ~2K tokens off the eager launch floor (results/h100-vllm0.22-qwen3-coder-30b-a3b-engine-ab)."""
         return graph_max_tokens_of(argv, chunk_size)
+
+    def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
+        """The sizes it pads a step to (`graph_sizes_of`)."""
+        return graph_sizes_of(argv, chunk_size)
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
         return (CHUNK_FLAG, str(chunk_size), "--enable-chunked-prefill", STEP_LOG_FLAG)

@@ -8,10 +8,15 @@ import json
 import pytest
 
 from pdexporter.analysis import models as md
+from pdexporter.analysis.decision_eval import chunk_context, padded_graph_tokens
 from pdexporter.analysis.synthetic import SyntheticTruth, synthetic_records
 from pdexporter.analysis.table import build_table, samples_from_record
 from pdexporter.engines import adapter
-from pdexporter.engines.vllm import compilation_config_of, graph_max_tokens_of  # the rule itself, tested where it lives
+from pdexporter.engines.vllm import (  # the rule itself, tested where it lives
+    compilation_config_of,
+    graph_max_tokens_of,
+    graph_sizes_of,
+)
 
 # the engine A/B's `b` flags (results/h100-vllm0.22-qwen3-coder-30b-a3b-engine-ab)
 SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16), 528, 1040, 2064]
@@ -105,3 +110,44 @@ def test_graph_steps_past_512_tokens_are_fitted_with_their_own_rate_and_their_at
     assert "kappa_graph_large_ms_per_token" in model.document()["model"]["coefficients"]
     assert "kappa_graph_large_ms_per_token" not in md.fit_context_model(
         md.fit_data(build_table(_samples([])), _samples([]))).document()["model"]["coefficients"]
+
+
+def test_the_captured_sizes_follow_the_flags_and_a_step_runs_the_graph_it_is_padded_to():
+    """vLLM pads a step to the smallest captured size that holds it and replays that graph (GPU session 30: on graphs
+    to 2064 tokens, one-chunk prompts of 640 and 1,300 tokens read 12-20 % above a model that priced their own
+    tokens, `results/h100-vllm0.22-qwen3-coder-30b-a3b-validation-graphs-s30/RUN.md`)."""
+    assert graph_sizes_of([*SERVE, *B_FLAGS], 8192) == tuple(SIZES)
+    assert graph_sizes_of([*SERVE, *B_FLAGS], 2048)[-1] == 1040  # sizes above B dropped
+    assert graph_sizes_of([*SERVE, "--enforce-eager"], 8192) == ()
+    assert graph_sizes_of([*SERVE], 8192)[-3:] == (480, 496, 512)  # vLLM 0.22's default list
+    assert adapter("vllm").graph_sizes([*SERVE, *B_FLAGS], 8192) == tuple(SIZES)
+    assert adapter("sglang").graph_sizes(["python", "-m", "sglang.launch_server"], 8192) is None
+    assert padded_graph_tokens(SIZES, 1300, 3) == 2061  # the 2,064-token graph beside 3 decodes
+    assert padded_graph_tokens(SIZES, 640, 5) == 1035
+    assert padded_graph_tokens(SIZES, 300, 4) == 300  # 304 is a size
+    assert padded_graph_tokens((), 1300, 3) == 1300  # sizes unknown: no padding
+    rule = {"decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 2064,
+            "graph_sizes": SIZES}
+    ctx = chunk_context({"chunk_rule": rule}, 3, 1300, 8192)
+    assert ctx["tail_graph"] and ctx["tail_graph_tokens"] == 2061
+    assert chunk_context({"chunk_rule": {**rule, "graph_sizes": []}}, 3, 1300, 8192)["tail_graph_tokens"] == 1300
+
+
+def test_the_fit_prices_a_graph_step_at_its_padded_size():
+    """Records whose command line gives the capture sizes: the fit's rule carries them (decision.json's
+    chunk_rule.graph_sizes), a graph step is priced at its padded size, and the fit recovers kappa and kappa_large
+    from prompts far from any size (640 and 1,300 tokens) as from prompts at them."""
+    truth = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0, graph_max_tokens=2064,
+                           graph_sizes=tuple(SIZES), kappa_graph_ms_per_token=0.026,
+                           kappa_graph_large_ms_per_token=0.009, graph0_ms=0.0)
+    grid = [(8192, d, p) for d in (1, 4, 12) for p in (256, 640, 1300, 2048, 4096, 16384)]
+    samples = _samples(B_FLAGS, truth, grid)
+    data = md.fit_data(build_table(samples), samples)
+    assert data.rule.graph_sizes == tuple(SIZES)
+    model = md.fit_context_model(data)
+    assert model.document()["chunk_rule"]["graph_sizes"] == SIZES
+    assert model.kappa_graph_ms_per_token == pytest.approx(0.026, rel=0.05)
+    assert model.kappa_graph_large_ms_per_token == pytest.approx(0.009, rel=0.1)
+    one_chunk = model.chunk_penalties_ms(4, [1300.0])[0]
+    assert one_chunk == pytest.approx(truth.chunk_penalty_ms(4, 1300.0, 0.0), rel=0.03)
+    assert one_chunk > 0.026 * 512 + 0.009 * (1300 - 512) + 1.0  # the padded graph, not the prompt's tokens
