@@ -197,6 +197,9 @@ python3 scripts/projection_coverage.py "$GRID100/comparison-carry.csv" --regimes
 # ... and its grid on CUDA graphs (GPU session 29): session 28's A/B cells predicted by another H100 campaign's fit with
 # the same flags, default against graphs (nothing fitted on the A/B)
 python3 scripts/graphs_held_out.py > $R/h100-vllm0.22-qwen3-coder-30b-a3b-1gpu-graphs/held_out_ab.md
+# ... and GPU session 30's validation points on graphs at four chunk sizes (another H100 campaign, read by no fit):
+# predicted by that grid's fit, as committed before the run and through the code as it is now
+python3 scripts/graphs_validation.py > /dev/null
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"
