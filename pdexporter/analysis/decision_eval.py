@@ -206,6 +206,17 @@ def padded_graph_tokens(sizes: Sequence[int], tokens: int, beside: int) -> int:
     return tokens
 
 
+def graph_step_tokens(sizes: Sequence[int], tokens: int, beside: int) -> int:
+    """The prefill tokens a CUDA-graph step is priced at: its padded size (`padded_graph_tokens`) where that graph is
+    past the hinge (`GRAPH_HINGE_TOKENS`), the step compute-bound and every padded token computed at kappa_large;
+    below it the chunk's own tokens. Up to 512 tokens a step reads the weights whatever its size, and vLLM's default
+    sizes pad it by at most 15 tokens, which cost nothing there; priced at kappa, a few-token tail after full
+    chunks padded to 16 would be priced 2-3x its own tokens (tried: the small-prompt campaign's held-out graph
+    points 37.8 -> 46.3 % off, the tails' kappa read from the fit campaigns' tails)."""
+    padded = padded_graph_tokens(sizes, tokens, beside)
+    return padded if padded + beside > GRAPH_HINGE_TOKENS else tokens
+
+
 def chunk_context(doc: Document, d: int, p: int, b: int) -> ChunkContext:
     """The prompt's chunks beside D decodes at chunk size B, as the features the models read."""
     rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
@@ -235,8 +246,8 @@ def chunk_context(doc: Document, d: int, p: int, b: int) -> ChunkContext:
         "full_graph": full_graph, "tail_graph": tail_graph, "q_full": q_full, "q_tail": q_tail,
         "eager_chunks": eager_chunks, "eager_tokens": eager_tokens, "eager_q": eager_q,
         "graph_tokens": p - eager_tokens,
-        "full_graph_tokens": padded_graph_tokens(sizes, budget, beside) if full_graph else budget,
-        "tail_graph_tokens": padded_graph_tokens(sizes, tail, beside) if tail_graph else tail,
+        "full_graph_tokens": graph_step_tokens(sizes, budget, beside) if full_graph else budget,
+        "tail_graph_tokens": graph_step_tokens(sizes, tail, beside) if tail_graph else tail,
         # the linear models' features (token counts in thousands, pairs in millions)
         "f": {
             "1": 1.0, "d": float(d), "p": kp, "p2": kp * kp, "d_p": d * kp, "chunks": float(n),

@@ -310,6 +310,9 @@ def summary(analysis: Analysis, extra: Sequence[str] = ()) -> list[Shown]:
     return shown
 
 
+MAX_COEFFICIENTS_SHOWN = 12  # the context-aware model's 9 to 11 terms; a seed_per_chunk table of many cells: 8
+
+
 def _fit_lines(analysis: Analysis) -> list[str]:
     f = analysis.fits
     assert f is not None
@@ -320,11 +323,16 @@ def _fit_lines(analysis: Analysis) -> list[str]:
     else:
         shown = [f"cost model: [bold]{f.chosen}[/] held-out R^2 {_fmt(r2)} ({f.primary_scheme}), "
                  f"in-sample {_fmt(best.in_sample_r2)}; {f.reason}"]
-    for c in best.model.coefficients()[:8]:
+    coefficients = best.model.coefficients()
+    # the physical model's every term (graph0, kappa_large, delta where fitted); a per-cell table's first few
+    listed = coefficients if len(coefficients) <= MAX_COEFFICIENTS_SHOWN else coefficients[:8]
+    for c in listed:
         err = f" ± {c.stderr:.3g}" if c.stderr is not None else ""
         note = f" ({c.note})" if c.note else ""
         value = "unmeasured (no step of the data ran in this regime)" if c.value != c.value else f"{c.value:.4g}"
         shown.append(Plain(f"  {c.name} = {value}{err} {c.unit}{note}"))
+    if len(listed) < len(coefficients):
+        shown.append(Plain(f"  ... {len(coefficients) - len(listed)} more in fits.json"))
     generalisation = [f"{scheme} MAPE {h.mape:.1%} ({h.predicted} points)" for scheme, h in best.held_out.items()
                       if h.mape is not None]
     if generalisation:

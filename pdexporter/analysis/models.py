@@ -84,7 +84,7 @@ from pdexporter.analysis.decision_eval import (
     chunk_context,
     colocated_cost,
     graph_chunk_ms,
-    padded_graph_tokens,
+    graph_step_tokens,
 )
 from pdexporter.analysis.table import ConfigSamples
 from pdexporter.engines import BUDGET_RULE, DEFAULT_ENGINE, ChunkRule, adapter
@@ -492,7 +492,7 @@ class ContextAwareModel:
              LARGE_GRAPH_NAME: self.kappa_graph_large_ms_per_token}
         pairs = attention_pairs(c, prefix)
         beside = d if self.rule.decodes_in_chunk_step else 0
-        padded = [padded_graph_tokens(self.rule.graph_sizes, int(x), beside) for x in c]
+        padded = [graph_step_tokens(self.rule.graph_sizes, int(x), beside) for x in c]
         return np.where(graph, first + np.array([graph_chunk_ms(k, float(x), float(q)) for x, q in zip(padded, pairs)]),
                         eager)
 
@@ -720,8 +720,9 @@ def _chunk_rows(rule: ChunkRule, d: int, chunks: np.ndarray, d_range: tuple[floa
     (`FitData.prompts`): each chunk's attention pairs are its prompts' own (`stream_pairs`)."""
     graph = np.array([rule.graph_step(int(c), d) for c in chunks], dtype=np.float64)
     beside = d if rule.decodes_in_chunk_step else 0
-    # a graph step computes the graph it is padded to (the tokens column); its attention stays the real tokens'
-    tokens = np.array([padded_graph_tokens(rule.graph_sizes, int(c), beside) if g else c
+    # a graph step past the hinge computes the graph it is padded to (the tokens column, `graph_step_tokens`); its
+    # attention stays the real tokens'
+    tokens = np.array([graph_step_tokens(rule.graph_sizes, int(c), beside) if g else c
                        for c, g in zip(chunks, graph, strict=True)], dtype=np.float64)
     lo, hi = d_range
     w = 0.0 if hi <= lo else (d - lo) / (hi - lo)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdexporter.analysis.decision_eval import GRAPH_HINGE_TOKENS, padded_graph_tokens
+from pdexporter.analysis.decision_eval import GRAPH_HINGE_TOKENS, graph_step_tokens
 from pdexporter.analysis.models import chunk_schedule
 from pdexporter.measure.records import (
     RecordConfig,
@@ -72,7 +72,7 @@ class SyntheticTruth:
     # a graph step past the hinge (GRAPH_HINGE_TOKENS, 512; an engine with larger capture sizes): this a token past
     # it, and its attention pairs at beta (None: kappa a token, no attention, as every graph step below it)
     kappa_graph_large_ms_per_token: float | None = None
-    # the captured sizes a graph step is padded to (`decision_eval.padded_graph_tokens`; (): no padding)
+    # the captured sizes a graph step is padded to (priced as `decision_eval.graph_step_tokens`; (): no padding)
     graph_sizes: tuple[int, ...] = ()
     step_noise: float = 0.01
     rep_noise: float = 0.03
@@ -85,7 +85,7 @@ class SyntheticTruth:
         pairs = chunk * prefix + chunk * (chunk + 1) / 2
         if chunk + d <= self.graph_max_tokens:
             admit = self.graph0_ms if prefix == 0 else 0.0
-            chunk = padded_graph_tokens(self.graph_sizes, int(chunk), d)  # its attention pairs stay the real ones'
+            chunk = graph_step_tokens(self.graph_sizes, int(chunk), d)  # its attention pairs stay the real ones'
             if chunk <= GRAPH_HINGE_TOKENS or self.kappa_graph_large_ms_per_token is None:
                 return self.kappa_graph_ms_per_token * chunk + admit
             return (self.kappa_graph_ms_per_token * GRAPH_HINGE_TOKENS + self.beta_ms_per_token_pair * pairs + admit

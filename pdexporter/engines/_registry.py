@@ -136,7 +136,8 @@ class ChunkRule:
     - `graph_sizes`: the step sizes (tokens) the engine captured graphs for, where its command line says (vLLM
       pads a step to the next of them and replays that graph: a 1,310-token step beside 3 decodes runs the
       2,064-token graph where 1,040 and 2,064 are the sizes); () where unknown (no padding is modelled).
-      The padding itself is `decision_eval.padded_graph_tokens`, which routers read too.
+      The padding itself is `decision_eval.padded_graph_tokens` (priced past 512 tokens: `graph_step_tokens`),
+      which routers read too.
     - `decodes_pay_chunk_tokens`: every running decode in a chunk's step costs that step time in
       proportion to the chunk's tokens (the cost model's delta x D x c): the decodes run as rows of
       the chunk's attention batch and each pays the chunk's length, not its own one token (SGLang

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pdexporter.analysis import models as md
-from pdexporter.analysis.decision_eval import chunk_context, padded_graph_tokens
+from pdexporter.analysis.decision_eval import chunk_context, graph_step_tokens, padded_graph_tokens
 from pdexporter.analysis.synthetic import SyntheticTruth, synthetic_records
 from pdexporter.analysis.table import build_table, samples_from_record
 from pdexporter.engines import adapter
@@ -126,6 +126,9 @@ def test_the_captured_sizes_follow_the_flags_and_a_step_runs_the_graph_it_is_pad
     assert padded_graph_tokens(SIZES, 640, 5) == 1035
     assert padded_graph_tokens(SIZES, 300, 4) == 300  # 304 is a size
     assert padded_graph_tokens((), 1300, 3) == 1300  # sizes unknown: no padding
+    # priced at the padded size past the 512-token hinge only: below it the step reads the weights whatever its size
+    assert graph_step_tokens(SIZES, 1300, 3) == 2061 and graph_step_tokens(SIZES, 512, 4) == 524
+    assert padded_graph_tokens(SIZES, 5, 4) == 12 and graph_step_tokens(SIZES, 5, 4) == 5  # a tail after full chunks
     rule = {"decodes_take_budget": True, "decodes_in_chunk_step": True, "graph_max_tokens": 2064,
             "graph_sizes": SIZES}
     ctx = chunk_context({"chunk_rule": rule}, 3, 1300, 8192)
@@ -151,3 +154,15 @@ def test_the_fit_prices_a_graph_step_at_its_padded_size():
     one_chunk = model.chunk_penalties_ms(4, [1300.0])[0]
     assert one_chunk == pytest.approx(truth.chunk_penalty_ms(4, 1300.0, 0.0), rel=0.03)
     assert one_chunk > 0.026 * 512 + 0.009 * (1300 - 512) + 1.0  # the padded graph, not the prompt's tokens
+
+
+def test_export_table_lists_every_term_of_the_physical_model():
+    """Its console listed the first eight coefficients, so a fit's kappa_graph_large (and graph0) never showed."""
+    from pdexporter.analysis.export import _fit_lines
+    from pdexporter.analysis.job import analyse
+
+    truth = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0, graph_max_tokens=2064,
+                           graph_sizes=tuple(SIZES), kappa_graph_large_ms_per_token=0.009)
+    samples = _samples(B_FLAGS, truth, [(8192, d, p) for d in (1, 4, 12) for p in (256, 1300, 2048, 4096, 16384)])
+    text = "\n".join(str(line) for line in _fit_lines(analyse(samples)))
+    assert "graph0_ms = " in text and "kappa_graph_large_ms_per_token = " in text and "more in fits.json" not in text
