@@ -176,6 +176,50 @@ vllm.enabled, else exporter.target ("" = the embedded engine, whose numbers are 
 {{- end }}
 {{- end }}
 
+{{/* vLLM's arguments as this chart starts it (vllm.yaml), one list: its container's args, and the exporter's
+--engine-command, from which the fit reads the engine's CUDA-graph sizes (docs/engines.md). */}}
+{{- define "pdexporter.vllmArgs" -}}
+- {{ .Values.vllm.model | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ .Values.vllm.port | quote }}
+{{- with .Values.vllm.servedModelName }}
+- --served-model-name
+- {{ . | quote }}
+{{- end }}
+- {{ printf "--max-num-batched-tokens=%d" (int .Values.vllm.chunkSize) | quote }}
+- --enable-chunked-prefill
+{{- if .Values.vllm.enablePrefixCaching }}
+- --enable-prefix-caching
+{{- else }}
+- --no-enable-prefix-caching
+{{- end }}
+- {{ printf "--gpu-memory-utilization=%v" .Values.vllm.gpuMemoryUtilization | quote }}
+{{- if .Values.vllm.maxModelLen }}
+- {{ printf "--max-model-len=%d" (int .Values.vllm.maxModelLen) | quote }}
+{{- end }}
+{{- if .Values.vllm.iterationDetails }}
+- --enable-logging-iteration-details
+{{- end }}
+{{- if .Values.vllm.enforceEager }}
+- --enforce-eager
+{{- end }}
+{{- range .Values.vllm.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* `vllm serve` and those arguments as one command line, each word single-quoted (the exporter splits it
+as a shell would: a --compilation-config JSON in vllm.extraArgs stays one word). */}}
+{{- define "pdexporter.vllmCommand" -}}
+{{- $words := list "vllm" "serve" -}}
+{{- range fromYamlArray (include "pdexporter.vllmArgs" .) -}}
+{{- $words = append $words (squote (toString .)) -}}
+{{- end -}}
+{{- join " " $words -}}
+{{- end }}
+
 {{/*
 The exporter container. Used by the exporter Deployment, by the vLLM Deployment in sidecar mode,
 and by a parent chart that runs its own vLLM:
@@ -227,6 +271,10 @@ In the sidecar forms the target is the vLLM container on localhost (override wit
     {{- end }}
     - --new-prefill-tokens
     - {{ include "pdexporter.newPrefillTokens" . | quote }}
+    {{- if .Values.vllm.enabled }}
+    - --engine-command
+    - {{ include "pdexporter.vllmCommand" . | quote }}
+    {{- end }}
     {{- range .Values.exporter.extraArgs }}
     - {{ . | quote }}
     {{- end }}

@@ -7,6 +7,7 @@ and static checks in tests/unit/helm run regardless.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -423,6 +424,27 @@ def test_selfcontained_exporter_probes_the_charts_vllm(engine: HelmEngine) -> No
     assert "--max-num-batched-tokens=16384" in args and "--max-model-len=200000" in args
     assert pod_spec(vllm)["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1},
                                                             "requests": {"cpu": "8", "memory": "64Gi"}}
+
+
+def test_the_exporter_is_told_the_command_line_of_the_charts_vllm(engine: HelmEngine, tmp_path: Path) -> None:
+    """Where the chart renders vLLM itself, the exporter gets that vLLM's command line (`--engine-command`): its
+    records then carry it, redacted, and the fit reads the engine's CUDA-graph sizes from it (a JSON
+    --compilation-config in vllm.extraArgs stays one word). Without vllm.enabled the engine is someone else's."""
+    import shlex
+
+    from pdexporter.engines.vllm import graph_max_tokens_of
+
+    sizes = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 512, 528, 1040, 2064]}
+    selfcontained = load_yaml(CHART / "ci" / "selfcontained-values.yaml")
+    selfcontained["vllm"]["extraArgs"] = ["--compilation-config", json.dumps(sizes)]
+    docs = render(engine, _values(tmp_path, selfcontained))
+    vllm = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-vllm"))
+    words = shlex.split(_arg(_exporter(docs)["args"], "--engine-command"))
+    assert words == ["vllm", "serve", *pod_spec(vllm)["containers"][0]["args"]]
+    assert graph_max_tokens_of(words, 16384) == 2064
+    sidecar = pod_spec(by_kind(render(engine, CHART / "ci" / "sidecar-values.yaml"), "Deployment")[0])["containers"]
+    assert shlex.split(_arg(sidecar[1]["args"], "--engine-command"))[2:] == sidecar[0]["args"]
+    assert "--engine-command" not in _exporter(render(engine, CHART / "values.yaml"))["args"]
 
 
 def test_dashboards_configmaps_carry_the_committed_json(engine: HelmEngine) -> None:
