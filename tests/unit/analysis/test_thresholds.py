@@ -79,9 +79,10 @@ def test_thresholds_outside_the_measured_prompts_are_marked() -> None:
     floor = one.at(8192, 12)
     assert floor is not None and floor.at_floor and floor.outside == "below" and floor.threshold == 64
     # the replicates widened as the verdict's are at P < 512 (3 doublings below the fitted range: x4),
-    # so the interval is no longer the bare bootstrap's 64..64
-    assert floor.cell(one.measured_p) == "<= 64 (64..128) [every P scanned offloads; below the measured P " \
-                                         "512..32768: extrapolated]"
+    # so the interval is no longer the bare bootstrap's 64..64 (and, the replicates centred on the fit since
+    # session 30, some of them keep a prompt of 128 local: undecided)
+    assert floor.cell(one.measured_p) == "undecided: <= 64 (64..192) [every P scanned offloads; below the measured " \
+                                         "P 512..32768: extrapolated]"
     two = compute_thresholds(_doc(TWO_ARM), chunk_sizes=[8192], decode_batch_sizes=[1], replicates=0)
     assert two.measured_p == (2048, 32768)  # the pair measured P >= 2048: below it the offloaded terms extrapolate
     entry = two.at(8192, 1)
