@@ -492,8 +492,8 @@ class ContextAwareModel:
              LARGE_GRAPH_NAME: self.kappa_graph_large_ms_per_token}
         pairs = attention_pairs(c, prefix)
         beside = d if self.rule.decodes_in_chunk_step else 0
-        padded = [graph_step_tokens(self.rule.graph_sizes, int(x), beside) for x in c]
-        return np.where(graph, first + np.array([graph_chunk_ms(k, float(x), float(q)) for x, q in zip(padded, pairs)]),
+        priced = [graph_step_tokens(self.rule.graph_sizes, int(x), beside) for x in c]  # padded past the hinge
+        return np.where(graph, first + np.array([graph_chunk_ms(k, float(x), float(q)) for x, q in zip(priced, pairs)]),
                         eager)
 
     def document(self) -> dict[str, Any]:

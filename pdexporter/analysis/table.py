@@ -163,29 +163,23 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
         blocks = [(record.baseline, record.interference)]
         rep_steps = (_chunk_steps(record.baseline, record.interference),)
     steps = tuple(s for s in (_chunk_steps(b, i) for b, i in blocks) if s is not None)
+    graph_max, graph_sizes = _graphs(record)
     return ConfigSamples(
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
         model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector, profile=c.profile,
-        passive=c.mode == "passive", rep_steps=rep_steps, graph_max_tokens=_graph_max_tokens(record),
-        graph_sizes=_graph_sizes(record),
+        passive=c.mode == "passive", rep_steps=rep_steps, graph_max_tokens=graph_max, graph_sizes=graph_sizes,
     )
 
 
-def _graph_max_tokens(record: RunRecord) -> int | None:
-    """The largest CUDA-graph step of the engine that measured the record, where its command line says."""
+def _graphs(record: RunRecord) -> tuple[int | None, tuple[int, ...] | None]:
+    """The largest CUDA-graph step of the engine that measured the record, and every size it captured (a step is
+    padded to the next), where its command line says; (None, None) where there is none to read."""
     c = record.config
     if not c.engine_command or c.engine not in registered():
-        return None
-    return adapter(c.engine).graph_max_tokens(c.engine_command, c.chunk_size)
-
-
-def _graph_sizes(record: RunRecord) -> tuple[int, ...] | None:
-    """The step sizes the engine that measured the record captured graphs for, where its command line says."""
-    c = record.config
-    if not c.engine_command or c.engine not in registered():
-        return None
-    return adapter(c.engine).graph_sizes(c.engine_command, c.chunk_size)
+        return None, None
+    engine = adapter(c.engine)
+    return engine.graph_max_tokens(c.engine_command, c.chunk_size), engine.graph_sizes(c.engine_command, c.chunk_size)
 
 
 def _chunk_steps(baseline: BaselineBlock, interference: InterferenceBlock) -> ChunkSteps | None:
