@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from pdexporter.engines.vllm import compilation_config_of
 from pdexporter.errors import RecordError
 from pdexporter.predict.calibrate import METRIC_FIELDS, PointFigures
 from pdexporter.predict.grid import predict_records
@@ -73,6 +74,16 @@ class DenseRun:
             raise SystemExit(f"{self.sweep}: the launcher command sets no --max-model-len")
         return int(found.group(1))
 
+    @property
+    def capture_sizes(self) -> tuple[int, ...] | None:
+        """The launcher's `--compilation-config` capture sizes, where it gives them (None: vLLM's default list)."""
+        command = getattr(self.spec.launcher, "command", None) or ""
+        for name, value in (getattr(self.spec.launcher, "vars", None) or {}).items():
+            command = command.replace("{" + name + "}", str(value))
+        config = compilation_config_of(command.replace("{chunk}", "8192"))
+        sizes = (config or {}).get("cudagraph_capture_sizes")
+        return None if sizes is None else tuple(int(s) for s in sizes)
+
     def fitted_grid(self) -> set[tuple[int, int, int]]:
         return set(load_sweep(self.fitted).points()) if self.fitted else set()
 
@@ -82,6 +93,9 @@ MODELS = {
                                       ROOT / "sweeps" / "calibrate-short.yaml"),
     "qwen2.5-32b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-qwen2.5-32b.yaml"),
     "qwen3-14b": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-14b.yaml"),
+    # the fifth, never measured (session 31's H100 plan), on default flags and on the graphs grid's capture sizes
+    "qwen3-8b": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-8b.yaml"),
+    "qwen3-8b-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-8b-graphs.yaml"),
 }
 DEFAULT = "llama-3.1-8b-instruct"
 SWEEP = MODELS[DEFAULT].sweep
@@ -107,6 +121,10 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
         profile = profile_from_config(cfg, gpu, name=f"{gpu.lower()}-{run.model}", model_name=run.model,
                                       source=source, carry_from=references.split(","), rule=rule,
                                       max_model_len=max_model_len or run.max_model_len, dummy_weights=True)
+    sizes = run.capture_sizes
+    if sizes is not None:  # the sweep's engine captures other sizes than vLLM's default list: the profile's too
+        profile = profile.model_copy(update={"engine": profile.engine.model_copy(
+            update={"cudagraph_capture_sizes": sizes, "max_cudagraph_capture_size": None})})
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
