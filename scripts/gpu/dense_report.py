@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from pdexporter.engines.vllm import compilation_config_of
 from pdexporter.errors import RecordError
+from pdexporter.launch.local import render_command
 from pdexporter.predict.calibrate import METRIC_FIELDS, PointFigures
 from pdexporter.predict.grid import predict_records
 from pdexporter.predict.projection_check import QUANTITIES, compare_projection
@@ -77,10 +78,11 @@ class DenseRun:
     @property
     def capture_sizes(self) -> tuple[int, ...] | None:
         """The launcher's `--compilation-config` capture sizes, where it gives them (None: vLLM's default list)."""
-        command = getattr(self.spec.launcher, "command", None) or ""
-        for name, value in (getattr(self.spec.launcher, "vars", None) or {}).items():
-            command = command.replace("{" + name + "}", str(value))
-        config = compilation_config_of(command.replace("{chunk}", "8192"))
+        launcher = self.spec.launcher
+        if not getattr(launcher, "command", None):
+            return None
+        argv = render_command(launcher.command, 8192, getattr(launcher, "vars", None)).argv  # as the launcher fills it
+        config = compilation_config_of(argv)
         sizes = (config or {}).get("cudagraph_capture_sizes")
         return None if sizes is None else tuple(int(s) for s in sizes)
 
