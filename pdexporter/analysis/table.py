@@ -178,8 +178,8 @@ def _graphs(record: RunRecord) -> tuple[int | None, tuple[int, ...] | None]:
     c = record.config
     if not c.engine_command or c.engine not in registered():
         return None, None
-    engine = adapter(c.engine)
-    return engine.graph_max_tokens(c.engine_command, c.chunk_size), engine.graph_sizes(c.engine_command, c.chunk_size)
+    sizes = adapter(c.engine).graph_sizes(c.engine_command, c.chunk_size)
+    return (None if sizes is None else (sizes[-1] if sizes else 0)), sizes
 
 
 def _chunk_steps(baseline: BaselineBlock, interference: InterferenceBlock) -> ChunkSteps | None:

@@ -278,15 +278,12 @@ class EngineAdapter(Protocol):
         """Whether an engine started with these arguments captures CUDA graphs (None: unknown)."""
         ...
 
-    def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
-        """The largest step (tokens) an engine started with these arguments and this chunk size replays as a
-        CUDA graph, where its flags say (None: they do not; `chunk_rule.graph_max_tokens` stands). The fit's
-        chunk rule takes it from the records' `engine_command` (`analysis.models.fit_data`)."""
-        ...
-
     def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
-        """Every step size (tokens) such an engine captures a CUDA graph for, ascending (() none; None: its flags
-        do not say). A smaller step is padded to the next of them (`ChunkRule.graph_sizes`)."""
+        """Every step size (tokens) an engine started with these arguments and this chunk size captures a CUDA graph
+        for, ascending (() none; None: its flags do not say, and the rule's `graph_max_tokens` stands). A smaller
+        step is padded to the next of them, and the largest is the longest step it replays as a graph: the fit's
+        chunk rule takes both from the records' `engine_command` (`ChunkRule.graph_sizes`, `graph_max_tokens`;
+        `analysis.models.fit_data`)."""
         ...
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:

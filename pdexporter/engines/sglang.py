@@ -246,13 +246,10 @@ class SglangAdapter:
         backend = flag_values(words, "--cuda-graph-backend-decode")
         return not backend or backend[0] != "disabled"
 
-    def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
+    def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
         """None: the rule's 0 stands. The sweeps run `--disable-prefill-cuda-graph`, so every chunk step is
         launched eagerly; SGLang's own prefill graphs (up to B tokens, captured at start-up) are not modelled."""
         return None
-
-    def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
-        return None  # as graph_max_tokens
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:
         return (CHUNK_FLAG, str(chunk_size), "--decode-log-interval", "1", "--enable-metrics")

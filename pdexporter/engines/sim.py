@@ -59,11 +59,8 @@ class SimAdapter(VllmAdapter):
     def for_command(self, argv: Sequence[str], role: str | None = None) -> str:
         return self.name
 
-    def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
-        return None  # its profile's capture sizes decide, not `sim serve`'s flags: the rule's 512 stands
-
     def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
-        return None  # as graph_max_tokens: the profile's, not the flags'
+        return None  # its profile's capture sizes decide, not `sim serve`'s flags: the rule's 512 stands
 
     def recognise(self, identity: Mapping[str, object]) -> bool:
         return identity.get("modelled") is True

@@ -366,14 +366,10 @@ class VllmAdapter:
         """vLLM captures CUDA graphs unless told not to (the seed's --enforce-eager ablation)."""
         return EAGER_FLAG not in argv
 
-    def graph_max_tokens(self, argv: Sequence[str], chunk_size: int) -> int | None:
-        """The largest step it replays as a CUDA graph (`graph_max_tokens_of`): 512 by default; more with
+    def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
+        """The sizes it pads a step to (`graph_sizes_of`), the largest 512 by default; more with
         `--compilation-config '{"cudagraph_capture_sizes": [..., 2064]}'`, which takes a one-chunk prompt of up to
         ~2K tokens off the eager launch floor (results/h100-vllm0.22-qwen3-coder-30b-a3b-engine-ab)."""
-        return graph_max_tokens_of(argv, chunk_size)
-
-    def graph_sizes(self, argv: Sequence[str], chunk_size: int) -> tuple[int, ...] | None:
-        """The sizes it pads a step to (`graph_sizes_of`)."""
         return graph_sizes_of(argv, chunk_size)
 
     def chunk_size_flags(self, chunk_size: int) -> tuple[str, ...]:

@@ -44,7 +44,8 @@ GRID_FLAGS = ["--compilation-config", json.dumps({"cudagraph_capture_sizes": [*S
 ])
 def test_the_largest_graph_step_follows_the_flags(extra, chunk, expected):
     assert graph_max_tokens_of([*SERVE, *extra], chunk) == expected
-    assert adapter("vllm").graph_max_tokens([*SERVE, *extra], chunk) == expected
+    sizes = adapter("vllm").graph_sizes([*SERVE, *extra], chunk)
+    assert (None if sizes is None else (sizes[-1] if sizes else 0)) == expected
 
 
 def test_later_compilation_settings_win_and_a_string_command_is_split():
@@ -55,8 +56,8 @@ def test_later_compilation_settings_win_and_a_string_command_is_split():
 
 
 def test_engines_whose_flags_do_not_say_leave_their_rule():
-    assert adapter("sglang").graph_max_tokens(["python", "-m", "sglang.launch_server"], 8192) is None
-    assert adapter("pdexporter-sim").graph_max_tokens(["pdexporter", "sim", "serve"], 8192) is None
+    assert adapter("sglang").graph_sizes(["python", "-m", "sglang.launch_server"], 8192) is None
+    assert adapter("pdexporter-sim").graph_sizes(["pdexporter", "sim", "serve"], 8192) is None
 
 
 NOISELESS = SyntheticTruth(step_noise=0.0, rep_noise=0.0, client_jitter_ms=0.0)
