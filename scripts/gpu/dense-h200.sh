@@ -65,7 +65,7 @@ assert t.decode([5]).strip() == 't5' and t('t7 t9')['input_ids'][-2:] == [7, 9],
 print('tokenizer ok, vocab', len(t))" || exit 1
   nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.csv"
   # on another GPU (GPU=H100, MAX_MODEL_LEN), a copy of the sweep that says so (records' `gpu`; before session 30
-  # the H100 dense run's records said H200: its gpu.csv is the truth)
+  # the H100 dense run's records said H200 until session 31 rewrote them from its gpu.csv)
   # shellcheck source=/dev/null
   source scripts/gpu/grid-for-gpu.sh && SWEEP=$(grid_for_gpu "$SWEEP" "$R")
   timeout $((deadline + 45)) python3 -m pdexporter sweep "$SWEEP" --out "$R/dense" --deadline "${deadline}s" \
