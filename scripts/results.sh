@@ -200,6 +200,27 @@ python3 scripts/graphs_held_out.py > $R/h100-vllm0.22-qwen3-coder-30b-a3b-1gpu-g
 # ... and GPU session 30's validation points on graphs at four chunk sizes (another H100 campaign, read by no fit):
 # predicted by that grid's fit, as committed before the run and through the code as it is now
 python3 scripts/graphs_validation.py > /dev/null
+# ... and Qwen3-8B on an H100 (GPU session 31, a model no profile or fit had read): its tables on default flags and
+# on graphs (B = 8192 the projected grid, 2048/4096 held out), the projection committed before the run scored on
+# both grids, a profile calibrated on B = 8192 predicting 2048/4096, and the B = 8192 grid measured again at the end
+Q8=$R/h100-vllm0.22-qwen3-8b
+Q8REFS=h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b
+for m in qwen3-8b qwen3-8b-graphs; do
+  D=$R/h100-vllm0.22-$m
+  echo "== dense $D"
+  pd export-table "$D" --out "$D" >/dev/null
+  pd report "$D" --out "$D/report.html" >/dev/null
+  python3 scripts/gpu/dense_report.py --model $m compare --none-fitted >/dev/null
+  python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout.json" \
+    >/dev/null
+  python3 scripts/gpu/dense_report.py --model $m profile --rule learned --gpu H100 --from $Q8REFS \
+    --out "$D/projected-h100-$m.yaml" >/dev/null
+  # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (graphs: refused, its report kept)
+  pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid sweeps/h200-dense-$m.yaml \
+    --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || true
+done
+pd export-table "$Q8-end" --out "$Q8-end" >/dev/null
+python3 scripts/repeat_drift.py "$Q8" "$Q8-end" --out "$Q8-end/drift.md"
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"

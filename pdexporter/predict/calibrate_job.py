@@ -21,6 +21,7 @@ from pdexporter.errors import ConfigError, RecordError
 from pdexporter.predict.calibrate import (
     BOUNDS,
     DEFAULT_FREE,
+    GPU_PARAMS,
     HEADLINE,
     METRIC_LABELS,
     METRICS,
@@ -319,7 +320,8 @@ def calibration_sheets(base: Profile, result: Calibration, names: list[str], mod
         old = getattr(base, section).model_dump()
         new = getattr(result.profile, section).model_dump()
         for name in new:
-            mark = " *" if name in names else ""
+            # a GPU parameter stage 1 dropped (piecewise_gpu_ms where no training step ran a piecewise graph) stays
+            mark = " *" if name in names and (name not in GPU_PARAMS or name in result.fit.free) else ""
             params.add_row(f"{section}.{name}{mark}", f"{old[name]}",
                            f"{new[name]:.4g}" if isinstance(new[name], float) else f"{new[name]}")
     yield params

@@ -307,6 +307,11 @@ class StepTimeParams(_Strict):
         None, gt=0, le=1, description="a prompt chunk's attention to its cached prefix (the c s pairs of a chunk of c "
                                       "tokens at position s), fraction of peak (None: attention_efficiency; SGLang's "
                                       "triton extend kernel runs it apart from the causal part, and slower)")
+    piecewise_gpu_ms: float = Field(
+        0.0, ge=0, description="GPU time a piecewise-graph step adds to its rooflines (ms): the attention runs "
+                               "between the graphs, launched from Python, and the GPU waits on those launches "
+                               "(Qwen3-8B on an H100: ~1 ms beside a few decodes, where a FULL-graph decode step "
+                               "pays none); 0 unless a calibration saw piecewise steps")
     mixed_decode_us_per_chunk_token: float = Field(
         0.0, ge=0, description="GPU time each decode of a step that also carries prompt tokens adds per prompt token "
                                "beyond mixed_decode_free_tokens (us); 0 for vLLM's FlashAttention, whose varlen kernel "

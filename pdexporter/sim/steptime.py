@@ -5,7 +5,7 @@ and its context s (tokens already in its KV cache). From that and a profile, two
 
 GPU time (the forward pass and the sampler on the device):
 
-    gpu = fixed + roof(W_compute, W_memory) + roof(A_compute, A_memory)
+    gpu = fixed + roof(W_compute, W_memory) + roof(A_compute, A_memory) [+ piecewise, a piecewise-graph step]
 
 Weights (tokens through the weights, T = sum of c):
 - W_compute = 2 T L (P_dense + k P_expert) / (peak * eff) + 2 n_sampled P_lm_head / (peak * eff_mm),
@@ -29,6 +29,11 @@ that also carries prompt tokens adds M x max(0, prompt tokens - mixed_decode_fre
 with --enable-mixed-chunk and triton attention pays it (~0.019 ms per decode per chunk token on
 the H200: a decode beside an 8K chunk ~150 ms, the same for every chunk of a 32K prompt); vLLM's
 varlen FlashAttention schedules each row by its own length and does not.
+Piecewise-graph steps (a profile's `piecewise_gpu_ms`, 0 unless a calibration saw such steps): the
+attention between the graphs is launched from Python, and the GPU idles on those launches, so such a
+step takes that much longer than its rooflines (Qwen3-8B on an H100, session 31: a 64-256-token prompt
+beside 1-12 decodes lengthened its step by ~1 ms more than its tokens' work; a FULL-graph decode step
+pays nothing).
 `roof(x, y) = (x^p + y^p)^(1/p)` is a smooth roofline (p = roofline_sharpness; p -> inf is max).
 KV fill (the decode instance of a P/D pair with DecodeBenchConnector, docs/disaggregation.md):
 - F = kv_fill_tokens x KV bytes per token / (HBM * kv_fill_bandwidth_efficiency): the connector
@@ -230,6 +235,7 @@ class StepTimeModel:
         self._piecewise = p.launch_piecewise_ms * 1e-3
         self._eager = p.launch_eager_ms * 1e-3
         self._launch = (0.0, self._piecewise, self._eager)
+        self._piecewise_gpu = p.piecewise_gpu_ms * 1e-3
         self.max_num_seqs = max_num_seqs or e.max_num_seqs
         try:
             self.capture_sizes: tuple[int, ...] = e.capture_sizes(max_num_batched_tokens, self.max_num_seqs)
@@ -325,10 +331,11 @@ class StepTimeModel:
         """Seconds the step keeps the GPU busy."""
         if comp.num_tokens <= 0:
             return 0.0
-        tokens = self.graph(comp)[1]
+        mode, tokens = self.graph(comp)
         w_compute, w_memory, a_compute, a_memory, _ = self._terms(comp, tokens)
         return (self._fixed + _roof(w_compute, w_memory, self._p) + _roof(a_compute, a_memory, self._p)
-                + comp.kv_fill_tokens * self._fill_s_per_token + self.mixed_s(comp, tokens))
+                + comp.kv_fill_tokens * self._fill_s_per_token + self.mixed_s(comp, tokens)
+                + (self._piecewise_gpu if mode == PIECEWISE else 0.0))
 
     def kv_fill_s(self, comp: StepComposition) -> float:
         """The connector's KV fill inside the step (DecodeBenchConnector), seconds of GPU time."""
@@ -382,6 +389,8 @@ class StepTimeModel:
         a_compute = (a.pairs - prefix) * self._attn_s_per_pair + prefix * self._prefix_s_per_pair
         a_memory = a.kv_tokens * self._kv_s_per_token
         gpu = self._fixed + _roof_array(w_compute, w_memory, self._p) + _roof_array(a_compute, a_memory, self._p)
+        if self._piecewise_gpu:
+            gpu = gpu + np.where(a.mode == _MODE_CODE[PIECEWISE], self._piecewise_gpu, 0.0)
         if self._mixed_s:
             decodes = np.minimum(a.decode_tokens, a.tokens)
             prompt = a.tokens - decodes

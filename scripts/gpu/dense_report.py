@@ -41,7 +41,7 @@ from pdexporter.predict.calibrate import METRIC_FIELDS, PointFigures
 from pdexporter.predict.grid import predict_records
 from pdexporter.predict.projection_check import QUANTITIES, compare_projection
 from pdexporter.sim.modelconfig import load_config, profile_from_config
-from pdexporter.sim.profile import load_profile
+from pdexporter.sim.profile import Profile, load_profile
 from pdexporter.sweep.spec import SweepSpec, load_sweep
 
 
@@ -104,17 +104,12 @@ SWEEP = MODELS[DEFAULT].sweep
 OUT = MODELS[DEFAULT].results
 
 
-def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None,
-            model: str = DEFAULT, gpu: str = "H200", sweep: Path | None = None,
-            max_model_len: int | None = None) -> None:
-    """predictions.json of the shipped profile, or (`rule`) of the model projected from its config.json and
-    the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense
-    Llama run never saw) with that rule (`pdexporter.sim.projection`), on `gpu`'s datasheet. `sweep`: another
-    sweep's grid and model than the dense run's (a run on another GPU, such as an H100's injected table)."""
-    run = DenseRun(sweep) if sweep else MODELS[model]
-    spec = run.spec
+def projected_profile(run: DenseRun, rule: str | None, references: str, gpu: str,
+                      max_model_len: int | None = None) -> Profile:
+    """The profile a prediction runs: the shipped one (no `rule`), or the model projected from its config.json and
+    the `references` with that rule on `gpu`'s datasheet; with the sweep's CUDA-graph capture sizes."""
     if rule is None:
-        if gpu != "H200" or sweep:
+        if gpu != "H200":
             raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
         profile = load_profile(run.profile)
     else:
@@ -127,6 +122,29 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
     if sizes is not None:  # the sweep's engine captures other sizes than vLLM's default list: the profile's too
         profile = profile.model_copy(update={"engine": profile.engine.model_copy(
             update={"cudagraph_capture_sizes": sizes, "max_cudagraph_capture_size": None})})
+    return profile
+
+
+def write_profile(rule: str, references: str, gpu: str, target: Path, model: str = DEFAULT) -> None:
+    """The projected profile of `predict --rule` as a file, the base `sim calibrate` starts from."""
+    profile = projected_profile(MODELS[model], rule, references, gpu)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(profile.to_yaml())
+    print(f"wrote {target} ({profile.name}, {profile.calibration})")
+
+
+def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None,
+            model: str = DEFAULT, gpu: str = "H200", sweep: Path | None = None,
+            max_model_len: int | None = None) -> None:
+    """predictions.json of the shipped profile, or (`rule`) of the model projected from its config.json and
+    the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense
+    Llama run never saw) with that rule (`pdexporter.sim.projection`), on `gpu`'s datasheet. `sweep`: another
+    sweep's grid and model than the dense run's (a run on another GPU, such as an H100's injected table)."""
+    run = DenseRun(sweep) if sweep else MODELS[model]
+    spec = run.spec
+    if rule is None and sweep:
+        raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
+    profile = projected_profile(run, rule, references, gpu, max_model_len)
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
@@ -164,7 +182,8 @@ def main(argv: list[str]) -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", nargs="?", choices=("predict", "compare"), default="predict")
+    ap.add_argument("what", nargs="?", choices=("predict", "compare", "profile"), default="predict",
+                    help="profile: write the projected profile (--rule, --from, --gpu) to --out")
     ap.add_argument("--model", choices=sorted(MODELS), default=DEFAULT,
                     help="the dense run: its sweep, config.json, profile name and results directory")
     ap.add_argument("--results", type=Path, help="the GPU run's records (compare; default: the sweep's output)")
@@ -180,7 +199,11 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--none-fitted", action="store_true",
                     help="compare: no calibration read this run (another GPU's): the whole grid is held out")
     args = ap.parse_args(argv)
-    if args.what == "predict":
+    if args.what == "profile":
+        if not args.rule or not args.out:
+            raise SystemExit("profile: needs --rule and --out (the profile's file)")
+        write_profile(args.rule, args.references, args.gpu, args.out, args.model)
+    elif args.what == "predict":
         predict(args.rule, args.references, args.predictions, args.model, args.gpu, args.sweep, args.max_model_len)
     else:
         compare(args.results, args.predictions, args.out, args.model, args.none_fitted)

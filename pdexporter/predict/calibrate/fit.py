@@ -23,6 +23,7 @@ from pdexporter.predict.calibrate.loop import LoopFitResult, fit_loop_params, ho
 from pdexporter.predict.calibrate.observations import (
     FitResult,
     ObservationSet,
+    StepData,
     StepObservation,
     fit_step_params,
     observations_from_records,
@@ -284,6 +285,8 @@ def calibrate(
         raise ValueError("the training records hold no usable step times (no decode baseline, no middle chunk steps)")
     free = free_for(base, _check_free(free, frozenset(BOUNDS)))
     step_free = tuple(n for n in free if n in GPU_PARAMS)
+    if not StepData(base, train.observations).piecewise:  # no training step ran a piecewise graph
+        step_free = tuple(n for n in step_free if n != "piecewise_gpu_ms")
     loop_free = tuple(n for n in free if n not in GPU_PARAMS)
     hosts = simulate is not None and "slow_factor" in loop_free
     figures = figures_of(records)

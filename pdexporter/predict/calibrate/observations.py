@@ -13,7 +13,7 @@ from pdexporter.engines import DEFAULT_ENGINE, adapter
 from pdexporter.measure.records import RunRecord
 from pdexporter.predict.calibrate.params import STEP_FREE, STEP_PARAMS, Key, _check_free, _start
 from pdexporter.sim.profile import Profile, StepTimeParams
-from pdexporter.sim.steptime import StepArrays, StepComposition, StepTimeModel
+from pdexporter.sim.steptime import PIECEWISE, StepArrays, StepComposition, StepTimeModel
 
 __all__ = [
     "FitResult",
@@ -29,6 +29,12 @@ __all__ = [
     "step_summary",
     "vllm_facts_observations",
 ]
+
+
+# A one-step prompt's step beside decodes. Stage 1 fits it only where the model runs it as a piecewise graph
+# (`StepData`): an eager one's interval is its own launch, which the host's level sets (stage 2 fits it by
+# simulation), while a piecewise one is the GPU's (the only step that shows `piecewise_gpu_ms` on default flags).
+FIRST = "first"
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,10 @@ def observations_from_record(record: RunRecord, into: ObservationSet | None = No
         for k in range(1, len(chunks) - 1):
             out.observations.append(StepObservation(comps[k], slow[k] / 1e3, "mixed", key,
                                                     f"B={b} D={d} P={p} chunk {k}", next_composition=comps[k + 1]))
+        if len(chunks) == 1 and beside:  # a one-step prompt: kept by StepData where it runs a piecewise graph
+            after = StepComposition.of([(1, inject_ctx + 1)] * beside + [(1, p)], beside + 1)
+            out.observations.append(StepObservation(comps[0], slow[0] / 1e3, FIRST, key,
+                                                    f"B={b} D={d} P={p} one step", next_composition=after))
     return out
 
 
@@ -131,7 +141,18 @@ class StepData:
 
     def __init__(self, profile: Profile, observations: Sequence[StepObservation]) -> None:
         self.profile = profile
-        self.observations = list(observations)
+        models: dict[int | None, StepTimeModel] = {}
+
+        def model_for(b: int | None) -> StepTimeModel:
+            if b not in models:
+                models[b] = StepTimeModel(profile, max_num_batched_tokens=b)
+            return models[b]
+
+        def mode(o: StepObservation) -> str:
+            return model_for(o.key[0] if o.key is not None else None).graph_mode(o.composition)
+
+        self.observations = [o for o in observations if o.kind != FIRST or mode(o) == PIECEWISE]
+        self.piecewise = any(mode(o) == PIECEWISE for o in self.observations)
         self.targets = np.array([o.seconds for o in self.observations], dtype=float)
         self.kinds = np.array([o.kind for o in self.observations])
         by_chunk: dict[int | None, list[int]] = defaultdict(list)
@@ -139,7 +160,7 @@ class StepData:
             by_chunk[o.key[0] if o.key is not None else None].append(i)
         self._groups: list[tuple[int | None, np.ndarray, StepArrays, StepArrays]] = []
         for b, idx in sorted(by_chunk.items(), key=lambda kv: kv[0] or 0):
-            model = StepTimeModel(profile, max_num_batched_tokens=b)
+            model = model_for(b)
             obs = [self.observations[i] for i in idx]
             steps = model.arrays([o.composition for o in obs])
             launched = model.arrays([o.next_composition if o.next_composition is not None else o.composition
@@ -194,10 +215,12 @@ def fit_step_params(
         raise ValueError("no step observations to fit")
     free = _check_free(free, STEP_PARAMS)
     base = profile if start is None else profile.model_copy(update={"step_time": start})
+    data = StepData(base, observations)
+    if not data.piecewise:  # no step ran a piecewise graph: nothing shows its GPU wait
+        free = tuple(name for name in free if name != "piecewise_gpu_ms")
     x0, lo, hi = _start(base, free)
     values = base.step_time.model_dump()
-    data = StepData(base, observations)
-    weights = np.sqrt(np.array([o.weight for o in observations]))
+    weights = np.sqrt(np.array([o.weight for o in data.observations]))
 
     def params_of(x: np.ndarray) -> StepTimeParams:
         return StepTimeParams(**{**values, **{name: float(v) for name, v in zip(free, x)}})
@@ -212,7 +235,7 @@ def fit_step_params(
                              loss="soft_l1" if robust else "linear", f_scale=0.1)
     params = params_of(solution.x)
     mape, rms_log, max_ape, kinds = step_summary(base, params, data)
-    return FitResult(params, free, len(observations), mape, rms_log, max_ape, kinds, bool(solution.success),
+    return FitResult(params, free, len(data.observations), mape, rms_log, max_ape, kinds, bool(solution.success),
                      str(solution.message))
 
 

@@ -30,18 +30,22 @@ Key = tuple[int, int, int]  # (chunk_size, decode_batch_size, new_prefill_tokens
 
 # matmul_efficiency is not free by default: the profile takes it from a measured large GEMM
 # (gpu.measured_matmul_tflops), and big chunks see dense and expert GEMMs only together.
-STEP_FREE = ("fixed_ms", "moe_efficiency", "attention_efficiency", "bandwidth_efficiency", "moe_expert_pool")
+# piecewise_gpu_ms is fitted only where the training steps include piecewise-graph steps (fit_step_params).
+STEP_FREE = ("fixed_ms", "moe_efficiency", "attention_efficiency", "bandwidth_efficiency", "moe_expert_pool",
+             "piecewise_gpu_ms")
 LOOP_FREE = ("launch_eager_ms", "launch_piecewise_ms", "cpu_us_per_token", "request_overhead_ms",
              "admit_us_per_block", "retire_us_per_token", "idle_start_ms", "slow_factor")
 DEFAULT_FREE = STEP_FREE + LOOP_FREE
 LOOP_PARAMS = frozenset(EngineLoopParams.model_fields)
 HOST_PARAMS = frozenset({"slow_factor"})  # the host section's (`HostParams`): fitted with the loop
+PIECEWISE_GPU_START = 0.5  # ms: half what Qwen3-8B's piecewise steps waited on an H100 (session 31)
 SLOW_FACTOR_START = 1.6  # the H200 machine's slow episodes: ~80 ms launch-bound steps against ~50
 # a last "chunk step" this short is a few-token tail that ran as a plain decode step: the cadence may not
 # see it (the engine then puts 0 ms there), so it is not fitted
 TAIL_AS_DECODE_MS = 5.0
 BOUNDS: dict[str, tuple[float, float]] = {
     "fixed_ms": (0.0, 50.0),
+    "piecewise_gpu_ms": (0.0, 20.0),
     "matmul_efficiency": (0.05, 1.0),
     "moe_efficiency": (0.05, 1.0),
     "attention_efficiency": (0.05, 1.0),
@@ -59,7 +63,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 # Stage 1 fits the GPU's parameters on step times; stage 2 everything the CPU and the loop do.
 GPU_PARAMS = frozenset({"fixed_ms", "matmul_efficiency", "moe_efficiency", "attention_efficiency",
-                        "bandwidth_efficiency", "moe_expert_pool", "roofline_sharpness"})
+                        "bandwidth_efficiency", "moe_expert_pool", "roofline_sharpness", "piecewise_gpu_ms"})
 STEP_PARAMS = GPU_PARAMS  # what fit_step_params may fit
 
 
@@ -101,6 +105,8 @@ def _value(profile: Profile, name: str) -> float:
         v = profile.model.num_experts if name == "moe_expert_pool" else (low + high) / 2
     if name == "slow_factor" and v <= 1.0:
         v = SLOW_FACTOR_START  # no episode seen yet: start from the H200 machine's
+    if name == "piecewise_gpu_ms" and v <= 0.0:
+        v = PIECEWISE_GPU_START  # never fitted: the prior would hold a zero start at zero
     return float(v)
 
 

@@ -508,3 +508,59 @@ def test_a_fit_that_lets_slow_factor_fall_to_one_is_judged_at_the_bases_and_star
     assert judged == [1.5]  # not the fitted 1.0, at which nothing moves
     assert len(starts) == 2 and starts[1] == pytest.approx(starts[0] / 1.5)  # from the CPU costs / slow_factor
     assert "kept the second" in note and chosen.profile.host.slow_factor == 1.5
+
+
+def _one_step_record(p: int, d: int, step_ms: float, chunk: int = 8192):
+    config = RecordConfig(decode_batch_size=d, new_prefill_tokens=p, chunk_size=chunk, model="m", gpu="H100")
+    rep = RepRecord(
+        rep=0,
+        baseline=BaselineBlock(tpot_p50_ms=7.0, tpot_p90_ms=7.5, tpot_p99_ms=8.0, step_time_ms=7.0),
+        interference=InterferenceBlock(
+            tpot_during_prefill_p50_ms=step_ms, tpot_during_prefill_p90_ms=step_ms, tpot_after_prefill_p50_ms=7,
+            num_chunks_actual=1, prefill_duration_ms=30, prefill_ttft_ms=30,
+            chunk_step_times_ms=[step_ms], chunk_tokens_engine_log=None),
+        derived=DerivedBlock(tpot_penalty_p50_ms=step_ms - 7, tpot_penalty_ratio=step_ms / 7,
+                             total_interference_ms=step_ms - 7, decode_tokens_delayed=d),
+    )
+    return aggregate(config, [rep])
+
+
+def test_a_one_step_prompt_is_a_stage_1_step_only_where_it_runs_a_piecewise_graph(base):
+    """A prompt of one step beside decodes: a 128-token one runs a piecewise graph, whose interval is the GPU's
+    (kept, kind `first`); a 1024-token one runs eager, its interval the host's launch (dropped by StepData)."""
+    small = observations_from_record(_one_step_record(128, 4, 8.2)).observations
+    big = observations_from_record(_one_step_record(1024, 4, 20.0)).observations
+    assert [o.kind for o in small] == [o.kind for o in big] == ["decode", "first"]
+    assert small[1].composition.num_tokens == 132 and small[1].next_composition.num_tokens == 5
+    data = StepData(base, small + big)
+    assert [o.kind for o in data.observations] == ["decode", "first", "decode"]
+    assert data.piecewise and not StepData(base, big).piecewise
+
+
+def test_piecewise_gpu_ms_is_fitted_where_piecewise_steps_show_it_and_left_alone_elsewhere(base):
+    truth = base.step_time.model_copy(update={"piecewise_gpu_ms": 1.2})
+    model = StepTimeModel(base, truth, max_num_batched_tokens=8192)
+    obs = []
+    for d in (1, 4, 12):
+        for p in (64, 128, 256):
+            o = observations_from_record(_one_step_record(p, d, 1.0)).observations[1]
+            obs.append(StepObservation(o.composition, o.model_s(model), o.kind, o.key,
+                                       next_composition=o.next_composition))
+    free = ("fixed_ms", "piecewise_gpu_ms")
+    fit = fit_step_params(base, synthetic(base, truth) + obs, free, prior_weight=0.0, robust=False)
+    assert "piecewise_gpu_ms" in fit.free and fit.params.piecewise_gpu_ms == pytest.approx(1.2, rel=0.05)
+    alone = fit_step_params(base, synthetic(base, truth), free)  # no piecewise step: not freed, stays at 0
+    assert alone.free == ("fixed_ms",) and alone.params.piecewise_gpu_ms == 0.0
+
+
+def test_qwen3_8b_piecewise_steps_wait_about_a_millisecond_on_the_h100():
+    """Stage 1 on the committed Qwen3-8B B = 8192 records (GPU session 31): its 64- and 256-token prompts beside
+    1-12 decodes are piecewise steps, and the GPU wait they show is what the calibrated profile carries."""
+    results = REPO / "results" / "h100-vllm0.22-qwen3-8b"
+    records = [r for r in ResultsStore(results).iter_records() if r.config.chunk_size == 8192]
+    obs = [o for r in records for o in observations_from_record(r).observations]
+    projected = load_profile(results / "projected-h100-qwen3-8b.yaml")
+    fit = fit_step_params(projected, obs, ("fixed_ms", "matmul_efficiency", "piecewise_gpu_ms"))
+    assert 0.6 < fit.params.piecewise_gpu_ms < 1.4
+    calibrated = load_profile(results / "calibrated-h100-qwen3-8b.yaml")
+    assert calibrated.step_time.piecewise_gpu_ms == pytest.approx(fit.params.piecewise_gpu_ms, rel=0.35)

@@ -138,3 +138,19 @@ def test_breakdown_adds_up(h200: StepTimeModel):
     assert b.gpu_s >= b.fixed_s + max(b.weights_compute_s, b.weights_memory_s)
     assert b.launch_s <= b.cpu_s and b.graph_mode == "eager"
     assert h200(StepComposition.of([])) == 0.0
+
+
+def test_a_piecewise_step_waits_on_its_attention_launches_and_no_other_step_does():
+    """`piecewise_gpu_ms` (session 31, Qwen3-8B on an H100: ~1 ms) lengthens the GPU time of a step that runs
+    piecewise graphs only: a FULL-graph decode batch and an eager chunk are timed as before."""
+    base = load_profile("h200-qwen3-coder-30b-a3b")
+    waits = base.model_copy(update={"step_time": base.step_time.model_copy(update={"piecewise_gpu_ms": 1.5})})
+    plain, waiting = StepTimeModel(base, max_num_batched_tokens=8192), StepTimeModel(waits, max_num_batched_tokens=8192)
+    decode = StepComposition.decode_batch(4, 4096)
+    small = StepComposition.of([(128, 0)] + [(1, 4096)] * 4, 4)  # 132 tokens: a piecewise graph
+    chunk = StepComposition.of([(2048, 0)] + [(1, 4096)] * 4, 4)  # past 512: eager
+    assert [plain.graph_mode(c) for c in (decode, small, chunk)] == ["full", "piecewise", "eager"]
+    assert waiting.gpu_s(small) - plain.gpu_s(small) == pytest.approx(1.5e-3)
+    assert waiting.gpu_s(decode) == plain.gpu_s(decode) and waiting.gpu_s(chunk) == plain.gpu_s(chunk)
+    arrays = waiting.arrays([decode, small, chunk])  # the calibration's vectorised form agrees
+    assert list(waiting.gpu_s_array(arrays)) == pytest.approx([waiting.gpu_s(c) for c in (decode, small, chunk)])
