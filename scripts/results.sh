@@ -217,7 +217,7 @@ for m in qwen3-8b qwen3-8b-graphs; do
     --out "$D/projected-h100-$m.yaml" >/dev/null
   # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (graphs: refused, its report kept)
   pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid sweeps/h200-dense-$m.yaml \
-    --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || true
+    --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
 done
 pd export-table "$Q8-end" --out "$Q8-end" >/dev/null
 python3 scripts/repeat_drift.py "$Q8" "$Q8-end" --out "$Q8-end/drift.md"

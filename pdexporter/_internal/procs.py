@@ -60,6 +60,8 @@ def pid_alive(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
         return status != "Z"
+    except FileNotFoundError:  # reaped between the two looks (a zombie's parent waited for it just then)
+        return False
     except (OSError, IndexError):
         return True
 
