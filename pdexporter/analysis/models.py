@@ -87,7 +87,7 @@ from pdexporter.analysis.decision_eval import (
     graph_step_tokens,
 )
 from pdexporter.analysis.table import ConfigSamples
-from pdexporter.engines import BUDGET_RULE, DEFAULT_ENGINE, ChunkRule, adapter
+from pdexporter.engines import BUDGET_RULE, DEFAULT_ENGINE, ChunkRule, adapter, largest_graph
 
 __all__ = [
     "CONTEXT_IF_NEGATIVE",
@@ -209,10 +209,9 @@ class FitData:
     # engine ran them (a passive joint event's; None, or one prompt: the point is one prompt of P).
     # Attention pairs are each prompt's own (`stream_pairs`); chunks, launches and tokens the stream's.
     prompts: tuple[tuple[int, ...], ...] | None = None
-    # the largest step the engine ran as a CUDA graph, where its records say (`_fit_graph_max_tokens`);
-    # None: the engine's rule's own (vLLM 0.22: 512)
-    graph_max_tokens: int | None = None
-    # the step sizes it padded graph steps to, where its records say (`_fit_graph_sizes`); None: no padding
+    # the step sizes the engine captured CUDA graphs for, where its records say (`_fit_graph_sizes`): graph steps are
+    # padded to them, the largest is the longest graph step; None: the engine's rule's own (vLLM 0.22: to 512, no
+    # padding modelled)
     graph_sizes: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
@@ -229,8 +228,7 @@ class FitData:
             self.total_ms[index], tuple(self.steps[i] for i in index),
             self.design.rows_of(index) if self.design is not None else None, self.engine,
             None if self.baseline_ms is None else self.baseline_ms[index],
-            None if self.prompts is None else tuple(self.prompts[i] for i in index), self.graph_max_tokens,
-            self.graph_sizes,
+            None if self.prompts is None else tuple(self.prompts[i] for i in index), self.graph_sizes,
         )
 
     def prompts_of(self, i: int) -> tuple[int, ...] | None:
@@ -244,11 +242,16 @@ class FitData:
         return num_chunks(self.prefill, self.chunk_size, self.decode, self.engine)
 
     @property
+    def graph_max_tokens(self) -> int | None:
+        """The largest step the engine ran as a CUDA graph, where its records say (0: none; None: its rule's own)."""
+        return None if self.graph_sizes is None else largest_graph(self.graph_sizes)
+
+    @property
     def rule(self) -> ChunkRule:
         rule = adapter(self.engine).chunk_rule
-        if self.graph_sizes:
-            rule = replace(rule, graph_sizes=self.graph_sizes)
-        return rule if self.graph_max_tokens is None else replace(rule, graph_max_tokens=self.graph_max_tokens)
+        if self.graph_sizes is None:
+            return rule
+        return replace(rule, graph_sizes=self.graph_sizes, graph_max_tokens=largest_graph(self.graph_sizes))
 
 
 def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitData:
@@ -268,33 +271,25 @@ def fit_data(table: pd.DataFrame, samples: Sequence[ConfigSamples] = ()) -> FitD
         steps=tuple(steps_by_key.get((int(b), int(d), int(p)), ()) for b, d, p in keys),
         engine=_fit_engine(engines),
         baseline_ms=(rows["tpot_baseline_ms"].to_numpy(np.float64) if "tpot_baseline_ms" in rows else None),
-        graph_max_tokens=_fit_graph_max_tokens([s for s in samples if s.key in fitted]),
         graph_sizes=_fit_graph_sizes([s for s in samples if s.key in fitted]),
     )
 
 
-def _fit_graph_max_tokens(samples: Sequence[ConfigSamples]) -> int | None:
-    """The largest CUDA-graph step of the engines the fitted records came from, where their command lines
-    say (None: no record says; the engine's rule stands). A smaller value where the chunk size capped it
-    (vLLM captures no graph above B, and no chunk step exceeds B) is the same engine; records of engines
-    started with other capture sizes cannot share one model."""
-    said = [(s.graph_max_tokens, s.chunk_size) for s in samples if s.graph_max_tokens is not None]
+def _fit_graph_sizes(samples: Sequence[ConfigSamples]) -> tuple[int, ...] | None:
+    """The CUDA-graph sizes of the engines the fitted records came from, where their command lines say (None: no
+    record says; the engine's rule stands): the list with the largest graph (vLLM drops the sizes above B, and no
+    chunk step exceeds B, so one list pads every chunk size's steps). A smaller largest graph where the chunk size
+    capped it is the same engine; records of engines started with other capture sizes cannot share one model."""
+    said = [s for s in samples if s.graph_sizes is not None]
     if not said:
         return None
-    largest = max(v for v, _ in said)
-    other = sorted({v for v, b in said if v < largest and v < b})
+    widest = max(said, key=lambda s: (s.graph_max_tokens or 0, len(s.graph_sizes or ())))
+    largest = widest.graph_max_tokens or 0
+    other = sorted({v for s in said if (v := s.graph_max_tokens or 0) < largest and v < s.chunk_size})
     if other:
         raise ValueError(f"records of engines with different CUDA-graph sizes (largest graph {largest} and "
                          f"{', '.join(map(str, other))} tokens): fit them apart")
-    return largest
-
-
-def _fit_graph_sizes(samples: Sequence[ConfigSamples]) -> tuple[int, ...] | None:
-    """The capture sizes of the fitted records' engine, where their command lines say: the longest list (vLLM drops
-    the sizes above B, and no step of a smaller B is larger, so one list pads every chunk size's steps; the engines
-    are one, `_fit_graph_max_tokens` checks). None where no record says."""
-    said = [s.graph_sizes for s in samples if s.graph_sizes]
-    return max(said, key=len) if said else None
+    return widest.graph_sizes
 
 
 def _fit_engine(engines: Sequence[str]) -> str:

@@ -30,7 +30,7 @@ import pandas as pd
 
 from pdexporter._internal.atomic import atomic_write_bytes, atomic_write_text
 from pdexporter.analysis.bootstrap import bootstrap_ci, point_seed
-from pdexporter.engines import DEFAULT_ENGINE, adapter, registered
+from pdexporter.engines import DEFAULT_ENGINE, adapter, largest_graph, registered
 from pdexporter.measure.quantities import seed_columns, tabulated
 from pdexporter.measure.records import BaselineBlock, DerivedBlock, InterferenceBlock, RunRecord, counted_reps, cv
 
@@ -100,11 +100,14 @@ class ConfigSamples:
     # `reps`' own chunk steps, one per repetition in `reps` (None: that one has none); `steps` keeps
     # every repetition's, the re-run attempts a sweep did not aggregate included (`analysis.cv_causes`)
     rep_steps: tuple[ChunkSteps | None, ...] = ()
-    # the largest step the engine replayed as a CUDA graph, where its command line says (records'
-    # config.engine_command, read by the engine's adapter: `graph_max_tokens`); None: its rule's default
-    graph_max_tokens: int | None = None
-    # every step size it captured a graph for, where its command line says (`graph_sizes`); None: unknown
+    # every step size the engine captured a CUDA graph for, where its command line says (records'
+    # config.engine_command, read by the engine's adapter: `graph_sizes`); None: unknown, its rule's default
     graph_sizes: tuple[int, ...] | None = None
+
+    @property
+    def graph_max_tokens(self) -> int | None:
+        """The largest step it replayed as a CUDA graph (0: none; None: its command line does not say)."""
+        return None if self.graph_sizes is None else largest_graph(self.graph_sizes)
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -163,23 +166,21 @@ def samples_from_record(record: RunRecord, source: str = "") -> ConfigSamples:
         blocks = [(record.baseline, record.interference)]
         rep_steps = (_chunk_steps(record.baseline, record.interference),)
     steps = tuple(s for s in (_chunk_steps(b, i) for b, i in blocks) if s is not None)
-    graph_max, graph_sizes = _graphs(record)
     return ConfigSamples(
         chunk_size=c.chunk_size, decode_batch_size=d, new_prefill_tokens=c.new_prefill_tokens,
         reps=reps, steps=steps, top_level=top, modelled=c.modelled, engine=c.engine, gpu=c.gpu,
         model=c.model, note=c.note, source=source, arm=c.arm, kv_connector=c.kv_connector, profile=c.profile,
-        passive=c.mode == "passive", rep_steps=rep_steps, graph_max_tokens=graph_max, graph_sizes=graph_sizes,
+        passive=c.mode == "passive", rep_steps=rep_steps, graph_sizes=_graph_sizes(record),
     )
 
 
-def _graphs(record: RunRecord) -> tuple[int | None, tuple[int, ...] | None]:
-    """The largest CUDA-graph step of the engine that measured the record, and every size it captured (a step is
-    padded to the next), where its command line says; (None, None) where there is none to read."""
+def _graph_sizes(record: RunRecord) -> tuple[int, ...] | None:
+    """Every size the engine that measured the record captured a CUDA graph for (a step is padded to the next), where
+    its command line says; None where there is none to read."""
     c = record.config
     if not c.engine_command or c.engine not in registered():
-        return None, None
-    sizes = adapter(c.engine).graph_sizes(c.engine_command, c.chunk_size)
-    return (None if sizes is None else (sizes[-1] if sizes else 0)), sizes
+        return None
+    return adapter(c.engine).graph_sizes(c.engine_command, c.chunk_size)
 
 
 def _chunk_steps(baseline: BaselineBlock, interference: InterferenceBlock) -> ChunkSteps | None:

@@ -44,6 +44,7 @@ __all__ = [
     "identity_paths",
     "infer_chunk_size",
     "info_labels",
+    "largest_graph",
     "last_cause",
     "metric_name",
     "register",
@@ -117,6 +118,12 @@ class KvSetup:
 
 COLOCATED = KvSetup()
 
+
+
+def largest_graph(sizes: Sequence[int]) -> int:
+    """The longest step (tokens) an engine replays as a CUDA graph, from the sizes it captured (ascending; none: 0,
+    every step launched eagerly): `ChunkRule.graph_max_tokens` where the engine's flags say its `graph_sizes`."""
+    return sizes[-1] if sizes else 0
 
 @dataclass(frozen=True)
 class ChunkRule:

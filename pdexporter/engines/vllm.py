@@ -28,6 +28,7 @@ from pdexporter.engines._registry import (
     MetricKind,
     flag_values,
     info_labels,
+    largest_graph,
     last_cause,
     register,
 )
@@ -259,7 +260,7 @@ def graph_max_tokens_of(argv: Sequence[str] | str, chunk_size: int) -> int | Non
     and B >= 512). None where the command line cannot say (a compilation config that is not JSON, sizes vLLM
     would refuse)."""
     captured = graph_sizes_of(argv, chunk_size)
-    return None if captured is None else (captured[-1] if captured else 0)
+    return None if captured is None else largest_graph(captured)
 
 
 def graph_sizes_of(argv: Sequence[str] | str, chunk_size: int) -> tuple[int, ...] | None:
