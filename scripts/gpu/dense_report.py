@@ -98,6 +98,9 @@ MODELS = {
     # the fifth, never measured (session 31's H100 plan), on default flags and on the graphs grid's capture sizes
     "qwen3-8b": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-8b.yaml"),
     "qwen3-8b-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-8b-graphs.yaml"),
+    # the sixth (session 32's H100 plan, results/h100-vllm0.22-qwen2.5-7b-instruct/PLAN.md), both flag sets
+    "qwen2.5-7b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-qwen2.5-7b.yaml"),
+    "qwen2.5-7b-instruct-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-qwen2.5-7b-graphs.yaml"),
 }
 DEFAULT = "llama-3.1-8b-instruct"
 SWEEP = MODELS[DEFAULT].sweep
@@ -105,9 +108,13 @@ OUT = MODELS[DEFAULT].results
 
 
 def projected_profile(run: DenseRun, rule: str | None, references: str, gpu: str,
-                      max_model_len: int | None = None) -> Profile:
+                      max_model_len: int | None = None, piecewise_gpu_ms: float | None = None,
+                      launch_eager_scale: float | None = None) -> Profile:
     """The profile a prediction runs: the shipped one (no `rule`), or the model projected from its config.json and
-    the `references` with that rule on `gpu`'s datasheet; with the sweep's CUDA-graph capture sizes."""
+    the `references` with that rule on `gpu`'s datasheet; with the sweep's CUDA-graph capture sizes, and
+    `piecewise_gpu_ms` where given (a piecewise-graph step's GPU wait, which no reference profile carries: a
+    variant stated before a run, e.g. Qwen3-8B's calibrated wait scaled by layers) and the eager launch scaled by
+    `launch_eager_scale` where given (another host's launch level, e.g. an earlier campaign's on that GPU)."""
     if rule is None:
         if gpu != "H200":
             raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
@@ -122,6 +129,13 @@ def projected_profile(run: DenseRun, rule: str | None, references: str, gpu: str
     if sizes is not None:  # the sweep's engine captures other sizes than vLLM's default list: the profile's too
         profile = profile.model_copy(update={"engine": profile.engine.model_copy(
             update={"cudagraph_capture_sizes": sizes, "max_cudagraph_capture_size": None})})
+    update: dict[str, float] = {}
+    if piecewise_gpu_ms is not None:
+        update["piecewise_gpu_ms"] = piecewise_gpu_ms
+    if launch_eager_scale is not None:
+        update["launch_eager_ms"] = profile.step_time.launch_eager_ms * launch_eager_scale
+    if update:
+        profile = profile.model_copy(update={"step_time": profile.step_time.model_copy(update=update)})
     return profile
 
 
@@ -135,7 +149,8 @@ def write_profile(rule: str, references: str, gpu: str, target: Path, model: str
 
 def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None,
             model: str = DEFAULT, gpu: str = "H200", sweep: Path | None = None,
-            max_model_len: int | None = None) -> None:
+            max_model_len: int | None = None, piecewise_gpu_ms: float | None = None,
+            launch_eager_scale: float | None = None) -> None:
     """predictions.json of the shipped profile, or (`rule`) of the model projected from its config.json and
     the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense
     Llama run never saw) with that rule (`pdexporter.sim.projection`), on `gpu`'s datasheet. `sweep`: another
@@ -144,7 +159,7 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
     spec = run.spec
     if rule is None and sweep:
         raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
-    profile = projected_profile(run, rule, references, gpu, max_model_len)
+    profile = projected_profile(run, rule, references, gpu, max_model_len, piecewise_gpu_ms, launch_eager_scale)
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
@@ -154,7 +169,9 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
                        **{q: getattr(figures, METRIC_FIELDS[q]) for q in QUANTITIES}})
     target = target or run.results / "predictions.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"profile": profile.name + (f" ({rule} rule, from {references})" if rule else ""), "gpu": gpu,
+    wait = "" if piecewise_gpu_ms is None else f", piecewise GPU wait {piecewise_gpu_ms:g} ms"
+    wait += "" if launch_eager_scale is None else f", eager launch x {launch_eager_scale:g}"
+    doc = {"profile": profile.name + (f" ({rule} rule, from {references}{wait})" if rule else ""), "gpu": gpu,
            "calibration": profile.calibration, "note": profile.calibration_note,
            "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.resolve().relative_to(ROOT)),
            "mode": "fast",
@@ -196,6 +213,10 @@ def main(argv: list[str]) -> None:
                     "less bandwidth and memory)")
     ap.add_argument("--sweep", type=Path, help="predict --rule: another sweep's grid and model (a run on another GPU)")
     ap.add_argument("--max-model-len", type=int, help="predict --rule: where the sweep's launcher sets none")
+    ap.add_argument("--piecewise-gpu-ms", type=float,
+                    help="predict --rule: a piecewise-graph step's GPU wait (none of the references has one)")
+    ap.add_argument("--launch-eager-scale", type=float,
+                    help="predict --rule: the eager launch times this (another host's level)")
     ap.add_argument("--none-fitted", action="store_true",
                     help="compare: no calibration read this run (another GPU's): the whole grid is held out")
     args = ap.parse_args(argv)
@@ -204,7 +225,8 @@ def main(argv: list[str]) -> None:
             raise SystemExit("profile: needs --rule and --out (the profile's file)")
         write_profile(args.rule, args.references, args.gpu, args.out, args.model)
     elif args.what == "predict":
-        predict(args.rule, args.references, args.predictions, args.model, args.gpu, args.sweep, args.max_model_len)
+        predict(args.rule, args.references, args.predictions, args.model, args.gpu, args.sweep, args.max_model_len,
+                args.piecewise_gpu_ms, args.launch_eager_scale)
     else:
         compare(args.results, args.predictions, args.out, args.model, args.none_fitted)
 

@@ -3,6 +3,7 @@ projection it will be compared with (scripts/gpu/dense-h200.sh, results/...-llam
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -58,6 +59,8 @@ HELD_OUT_MODELS = [  # (model, sweep, chunk size, max-model-len, the references 
      "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct", 152064),
     ("qwen3-14b", "h200-dense-qwen3-14b.yaml", 6144, 40960,
      "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct", 151936),
+    ("qwen2.5-7b-instruct", "h200-dense-qwen2.5-7b.yaml", 8192, 32768,
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 152064),
 ]
 
 
@@ -136,6 +139,28 @@ def test_the_comparison_takes_a_partial_grid_and_names_a_record_cut_short(tmp_pa
     rows = (tmp_path / "out" / "comparison.csv").read_text().splitlines()
     assert len(rows) == 5 and rows[0].startswith("B,D,P,reps,in_short_grid,baseline_tpot measured")
     assert "| prefill_duration | 0.0 % |" in text
+
+
+def test_the_comparison_scores_apart_the_penalties_the_run_resolves(tmp_path: Path):
+    """A penalty under criterion 4's near-zero share of the decode step (64 tokens beside 4 decodes) is left out of
+    the "resolved" group with all its quantities; a prefill beside no decodes is always in it."""
+    from pdexporter.analysis.cv_causes import NEAR_ZERO
+    from pdexporter.predict.grid import predict_records
+
+    keys = [(8192, 4, 64), (8192, 4, 4096), (8192, 0, 512)]
+    run = _dense_report().MODELS["qwen3-8b"]
+    profile = load_profile(run.results / "projected-h100-qwen3-8b.yaml")
+    predict_records(profile, keys, run.spec.protocol, out=tmp_path, mode="fast")
+    _dense_report().compare(tmp_path, run.results / "predictions.json", tmp_path / "out", model="qwen3-8b")
+    rows = {(r["D"], r["P"]): r for r in csv.DictReader((tmp_path / "out" / "comparison.csv").open())}
+    small, big = rows[("4", "64")], rows[("4", "4096")]
+    assert float(small["penalty measured"]) < NEAR_ZERO * float(small["baseline_tpot measured"])
+    assert float(big["penalty measured"]) >= NEAR_ZERO * float(big["baseline_tpot measured"])
+    text = (tmp_path / "out" / "comparison.md").read_text()
+    section = text.split("**penalties the run resolves")[1]
+    table = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in section.splitlines()
+             if line.startswith("| ") and not line.startswith("| quantity")}
+    assert table["penalty"] == "1" and table["prefill_duration"] == "2" and table["baseline_tpot"] == "1"
 
 
 def test_the_third_models_comparison_holds_out_the_whole_grid(tmp_path: Path):
