@@ -265,10 +265,7 @@ class StreamTrace:
         """The stream `to_raw` wrote; a field that is not what `to_raw` writes is one RecordError
         naming `where` (the raw file and the stream in it: `FILE: probes[0]`) and the field."""
         _check_raw_stream(raw, where)
-        times, acc = [], 0
-        for dt_ns in raw["dt_ns"]:
-            acc += dt_ns
-            times.append(acc + t0_ns)
+        times = list(itertools.accumulate(raw["dt_ns"], initial=t0_ns))[1:]
         sent = raw.get("sent_ns")
         return cls(
             raw["id"],
@@ -300,6 +297,19 @@ def raw_int(raw: dict[str, Any], key: str, where: str, default: int | None = Non
     return int(value)
 
 
+def _check_int_list(values: Any, where: str) -> None:
+    """A list of integers, else one RecordError naming `where` and the first item that is not one."""
+    from pdexporter.errors import RecordError
+
+    if not isinstance(values, list):
+        raise RecordError(f"{where}: must be a list of integers (got {values!r:.60})")
+    if all(type(value) is int for value in values):  # JSON's integers (not bool, whose type is bool): one pass
+        return
+    for i, value in enumerate(values):
+        if not _is_int(value):
+            raise RecordError(f"{where}[{i}]: must be an integer (got {value!r:.60})")
+
+
 def _check_raw_stream(raw: Any, where: str) -> None:
     """One line naming the field of a raw stream (`StreamTrace.to_raw`'s form) that is not what
     `to_raw` writes: its times and token counts integers, one count per time."""
@@ -311,12 +321,7 @@ def _check_raw_stream(raw: Any, where: str) -> None:
         if key not in raw:
             raise RecordError(f"{where}.{key}: required field is missing")
     for key in ("dt_ns", "n"):
-        values = raw[key]
-        if not isinstance(values, list):
-            raise RecordError(f"{where}.{key}: must be a list of integers (got {values!r:.60})")
-        for i, value in enumerate(values):
-            if not _is_int(value):
-                raise RecordError(f"{where}.{key}[{i}]: must be an integer (got {value!r:.60})")
+        _check_int_list(raw[key], f"{where}.{key}")
     if len(raw["n"]) != len(raw["dt_ns"]):
         raise RecordError(f"{where}.n: {len(raw['n'])} item(s), one per dt_ns ({len(raw['dt_ns'])} given)")
     for key in ("sent_ns", "prompt_tokens"):
