@@ -25,6 +25,7 @@ from pdexporter.predict.calibrate import (
     HEADLINE,
     METRIC_LABELS,
     METRICS,
+    RESOLVED,
     Calibration,
     Generalisation,
     HoldoutReport,
@@ -190,7 +191,7 @@ class CalibrationRun:
             if held is not None:
                 mapes = held.table()
                 payload[f"held_out_{label}"] = {
-                    "mape": mapes, "by_kind": held.by_kind(),
+                    "mape": mapes, "by_kind": held.by_kind(), "resolved": held.resolved(),
                     "points": {m: [{"key": list(e.key), "measured": e.measured, "predicted": e.predicted}
                                    for e in held.of(m)] for m in mapes},
                 }
@@ -379,6 +380,8 @@ def _held_out_sheets(label: str, held: HoldoutReport, result: Calibration, mode:
                           first="left"))
     for kind, row in held.by_kind().items():
         kinds.add_row(kind, str(row["n"]), *[pct(row[m]) for m in HEADLINE])
+    row = held.resolved()
+    kinds.add_row(f"(all) {RESOLVED}", str(row["n"]), *[pct(row[m]) for m in HEADLINE])
     yield kinds
 
 

@@ -10,22 +10,17 @@ import json
 import statistics
 from pathlib import Path
 
-from pdexporter.analysis.cv_causes import NEAR_ZERO
 from pdexporter.errors import RecordError
 from pdexporter.measure.store import ResultsStore
-from pdexporter.predict.calibrate import METRIC_FIELDS, PointFigures
+from pdexporter.predict.calibrate import METRIC_FIELDS, RESOLVED, PointFigures, penalty_resolved
 
 QUANTITIES = ("baseline_tpot", "penalty", "penalty_p50", "prefill_duration", "aggregate_interference")
 
 
 def resolved(measured: PointFigures, decodes: int) -> bool:
-    """A configuration whose penalty the run resolves: no decodes (a prefill alone), or a measured penalty of at
-    least criterion 4's near-zero share of the decode step (`analysis.cv_causes.NEAR_ZERO`: below it the
-    repetitions' spread is the step's own jitter, and a relative error says nothing of the model)."""
-    if decodes == 0:
-        return True
+    """A configuration whose penalty the run resolves (`calibrate.penalty_resolved`: criterion 4's near-zero rule)."""
     penalty, base = (getattr(measured, METRIC_FIELDS[q]) for q in ("penalty", "baseline_tpot"))
-    return penalty is not None and base is not None and penalty >= NEAR_ZERO * base
+    return penalty_resolved(decodes, penalty, base)
 
 
 def _stats(errors: list[float]) -> str:
@@ -105,8 +100,7 @@ def compare_projection(results: Path, short: set[tuple[int, int, int]], predicti
     groups = ["all", *(f"B={b}" for b in planned if measured_n.get(b)), *(["held"] if short else []), "resolved"]
     labels = {"all": "all measured" if short else "all measured, all held out (nothing fitted on this run)",
               "held": "held out of the short grid (what `sim calibrate` predicts)",
-              "resolved": f"penalties the run resolves (at least {NEAR_ZERO:.0%} of the decode step, criterion 4's "
-                          "near-zero rule; and the prefills alone)"}
+              "resolved": f"{RESOLVED} (criterion 4's near-zero rule)"}
     for group in groups:
         n = max((len(errors.get((q, group), [])) for q in QUANTITIES), default=0)
         if not n:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pdexporter.analysis.cv_causes import NEAR_ZERO
 from pdexporter.engines import DEFAULT_ENGINE
 from pdexporter.measure.records import RunRecord
 from pdexporter.predict.calibrate.observations import chunk_sizes
@@ -24,6 +25,7 @@ __all__ = [
     "METRICS",
     "METRIC_FIELDS",
     "METRIC_LABELS",
+    "RESOLVED",
     "HoldoutReport",
     "PointError",
     "PointFigures",
@@ -31,6 +33,7 @@ __all__ = [
     "figures_of",
     "kind_of",
     "last_chunk_step_ms",
+    "penalty_resolved",
     "split_holdout",
     "worse_than_base",
 ]
@@ -143,6 +146,18 @@ def kind_of(key: Key, engine: str = DEFAULT_ENGINE) -> str:
     return KINDS[3] if n == 2 else KINDS[4]
 
 
+def penalty_resolved(decodes: int, penalty_ms: float | None, baseline_ms: float | None) -> bool:
+    """A configuration whose penalty a run resolves: no decodes (a prefill alone), or a measured penalty of at least
+    criterion 4's near-zero share of the decode step (`analysis.cv_causes.NEAR_ZERO`: below it the repetitions'
+    spread is the step's own jitter, and a relative error of a model says nothing of it)."""
+    if decodes == 0:
+        return True
+    return penalty_ms is not None and baseline_ms is not None and penalty_ms >= NEAR_ZERO * baseline_ms
+
+
+RESOLVED = f"penalty resolved (>= {NEAR_ZERO:.0%} of the decode step; D = 0)"
+
+
 def _is_kind(kind: str, key: Key) -> bool:
     return kind_of(key) == kind
 
@@ -190,6 +205,15 @@ class HoldoutReport:
                 of_kind = functools.partial(_is_kind, kind)
                 out[kind] = {"n": n, **{m: self.metric_mape(m, of_kind) for m in HEADLINE}}
         return out
+
+    def resolved(self) -> dict[str, float | int | None]:
+        """MAPE % of the headline metrics over the configurations whose penalty was resolved (`penalty_resolved`,
+        by the measured penalty and baseline), with their count: the figures a near-zero penalty does not swamp."""
+        penalty = {e.key: e.measured for e in self.penalty}
+        baseline = {e.key: e.measured for e in self.baseline_tpot}
+        keys = {e.key for metric in METRICS for e in self.of(metric)}
+        ok = {k for k in keys if penalty_resolved(k[1], penalty.get(k), baseline.get(k))}
+        return {"n": len(ok), **{m: self.metric_mape(m, ok.__contains__) for m in HEADLINE}}
 
 
 def compare_records(measured: Mapping[Key, PointFigures | RunRecord],

@@ -39,6 +39,7 @@ from pdexporter.predict.calibrate import (
     label_worse,
     mixed_composition,
     observations_from_record,
+    penalty_resolved,
     profile_to_write,
     record_residuals,
     residual_keys,
@@ -165,6 +166,24 @@ def test_holdout_table_is_per_chunk_size_and_overall():
     assert table["prefill_duration"] == {"2048": pytest.approx(10.0), "8192": pytest.approx(4.0),
                                          "all": pytest.approx(7.0)}
     assert table["during_tpot"]["all"] is None
+
+
+def test_holdout_resolved_leaves_out_penalties_within_the_decode_steps_jitter():
+    """A penalty under a fifth of its decode step (criterion 4's near-zero rule) is left out of `resolved` with
+    all its metrics, a prefill alone is always in, a resolved penalty counts: 50 % off on the near-zero one would
+    otherwise dominate the MAPE."""
+    near, big, alone = (8192, 4, 64), (8192, 4, 4096), (8192, 0, 512)
+    report = HoldoutReport(
+        baseline_tpot=[PointError(near, 7.0, 7.0), PointError(big, 7.0, 7.7)],
+        penalty=[PointError(near, 1.0, 1.5), PointError(big, 60.0, 66.0)],
+        prefill_duration=[PointError(k, 100.0, 104.0) for k in (near, big, alone)],
+        aggregate_interference=[PointError(near, 4.0, 6.0), PointError(big, 240.0, 252.0)])
+    assert penalty_resolved(4, 1.41, 7.0) and not penalty_resolved(4, 1.39, 7.0) and penalty_resolved(0, None, None)
+    row = report.resolved()
+    assert row["n"] == 2
+    assert row["penalty"] == pytest.approx(10.0) and row["baseline_tpot"] == pytest.approx(10.0)
+    assert row["aggregate_interference"] == pytest.approx(5.0) and row["prefill_duration"] == pytest.approx(4.0)
+    assert report.metric_mape("penalty") == pytest.approx(30.0)  # the whole set, near-zero one included
 
 
 # -- vectorised stage 1, figures, comparisons -----------------------------------------------------

@@ -145,6 +145,7 @@ def test_the_comparison_scores_apart_the_penalties_the_run_resolves(tmp_path: Pa
     """A penalty under criterion 4's near-zero share of the decode step (64 tokens beside 4 decodes) is left out of
     the "resolved" group with all its quantities; a prefill beside no decodes is always in it."""
     from pdexporter.analysis.cv_causes import NEAR_ZERO
+    from pdexporter.predict.calibrate import RESOLVED
     from pdexporter.predict.grid import predict_records
 
     keys = [(8192, 4, 64), (8192, 4, 4096), (8192, 0, 512)]
@@ -157,7 +158,7 @@ def test_the_comparison_scores_apart_the_penalties_the_run_resolves(tmp_path: Pa
     assert float(small["penalty measured"]) < NEAR_ZERO * float(small["baseline_tpot measured"])
     assert float(big["penalty measured"]) >= NEAR_ZERO * float(big["baseline_tpot measured"])
     text = (tmp_path / "out" / "comparison.md").read_text()
-    section = text.split("**penalties the run resolves")[1]
+    section = text.split(f"**{RESOLVED}")[1]
     table = {line.split("|")[1].strip(): line.split("|")[-2].strip() for line in section.splitlines()
              if line.startswith("| ") and not line.startswith("| quantity")}
     assert table["penalty"] == "1" and table["prefill_duration"] == "2" and table["baseline_tpot"] == "1"
