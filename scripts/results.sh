@@ -219,6 +219,13 @@ for m in qwen3-8b qwen3-8b-graphs; do
   pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid sweeps/h200-dense-$m.yaml \
     --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
 done
+# ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
+# (session 32: the Llama's had been scored on its records before later re-derivations)
+python3 scripts/gpu/dense_report.py compare >/dev/null
+python3 scripts/gpu/dense_report.py compare --predictions $R/h200-vllm0.22-llama-3.1-8b-instruct/predictions-learned.json \
+  >/dev/null
+python3 scripts/gpu/dense_report.py --model qwen2.5-32b-instruct compare >/dev/null
+python3 scripts/gpu/dense_report.py --model qwen3-14b compare >/dev/null
 pd export-table "$Q8-end" --out "$Q8-end" >/dev/null
 python3 scripts/repeat_drift.py "$Q8" "$Q8-end" --out "$Q8-end/drift.md"
 echo "== validate-pd"
