@@ -155,7 +155,7 @@ def penalty_resolved(decodes: int, penalty_ms: float | None, baseline_ms: float 
     return penalty_ms is not None and baseline_ms is not None and penalty_ms >= NEAR_ZERO * baseline_ms
 
 
-RESOLVED = f"penalty resolved (>= {NEAR_ZERO:.0%} of the decode step; D = 0)"
+RESOLVED = f"penalty resolved (>= {NEAR_ZERO:.0%} of the decode step, or D = 0)"
 
 
 def _is_kind(kind: str, key: Key) -> bool:
