@@ -71,14 +71,15 @@ def compare_projection(results: Path, short: set[tuple[int, int, int]], predicti
         measured = PointFigures.of(record)
         row: dict[str, object] = {"B": key[0], "D": key[1], "P": key[2], "reps": len(record.reps),
                                   "in_short_grid": key in short}
+        into = ["all", f"B={key[0]}", "held" if key not in short else "short"]  # the groups this configuration scores
+        into += ["resolved"] if resolved(measured, key[1]) else []
         for q in QUANTITIES:
             m, p = getattr(measured, METRIC_FIELDS[q]), point.get(q)
             row[f"{q} measured"], row[f"{q} projected"], row[f"{q} err"] = m, p, None
             if m and p is not None:
                 err = (p - m) / m
                 row[f"{q} err"] = round(err, 4)
-                groups = ["all", f"B={key[0]}", "held" if key not in short else "short"]
-                for group in groups + (["resolved"] if resolved(measured, key[1]) else []):
+                for group in into:
                     errors.setdefault((q, group), []).append(err)
         rows.append(row)
     if not rows:
