@@ -219,6 +219,27 @@ for m in qwen3-8b qwen3-8b-graphs; do
   pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid sweeps/h200-dense-$m.yaml \
     --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
 done
+# ... and Qwen2.5-7B-Instruct on an H100 (GPU session 33, a sixth model no profile or fit had read): its tables on
+# both flag sets, the three projections committed before the run (A the learned rule, B + a piecewise wait, C + the
+# last H100 host's eager launch) scored on both grids, a profile calibrated on B = 8192, and the repeat at the end
+Q7=$R/h100-vllm0.22-qwen2.5-7b-instruct
+for m in qwen2.5-7b-instruct qwen2.5-7b-instruct-graphs; do
+  D=$R/h100-vllm0.22-$m
+  echo "== dense $D"
+  pd export-table "$D" --out "$D" >/dev/null
+  pd report "$D" --out "$D/report.html" >/dev/null
+  for p in "" -wait -h100host; do
+    python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions$p.json" >/dev/null
+    python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout$p.json" \
+      >/dev/null
+  done
+  # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (default flags: refused)
+  pd sim calibrate "$D" --profile "$D/projected-h100-qwen2.5-7b-instruct.yaml" \
+    --train-grid "sweeps/h200-dense-${m/-instruct/}.yaml" --out "$D/calibrated-h100-$m.yaml" \
+    --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
+done
+pd export-table "$Q7-end" --out "$Q7-end" >/dev/null
+python3 scripts/repeat_drift.py "$Q7" "$Q7-end" --out "$Q7-end/drift.md"
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null
