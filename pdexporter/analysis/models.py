@@ -1185,6 +1185,19 @@ def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
+def _median(a: np.ndarray) -> float:
+    """np.median's value, without its overhead (huber_nnls takes two a round, thousands of rounds a
+    passive fit): the middle element, or the mean of the two middle ones; NaN where any is NaN."""
+    n = a.size
+    if n == 0 or not np.isfinite(a).all():
+        return float(np.median(a))
+    half = n // 2
+    if n % 2:
+        return float(np.partition(a, half)[half])
+    part = np.partition(a, (half - 1, half))
+    return float((part[half - 1] + part[half]) / 2)
+
+
 def huber_nnls(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.ndarray, np.ndarray]:
     """Huber regression with non-negative coefficients, by iteratively reweighted NNLS from the
     NNLS solution; the scale is re-estimated each round as 1.4826 x the median absolute residual.
@@ -1196,12 +1209,13 @@ def huber_nnls(x: np.ndarray, y: np.ndarray, iterations: int = 50) -> tuple[np.n
     floor = 1e-9 * max(float(np.mean(np.abs(y))), 1e-12)
     for _ in range(iterations):
         residuals = y - x @ coef
-        sigma = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
+        sigma = 1.4826 * _median(np.abs(residuals - _median(residuals)))
         k = HUBER_K * max(sigma, floor)
         new_weights = np.where(np.abs(residuals) <= k, 1.0, k / np.maximum(np.abs(residuals), 1e-300))
         root = np.sqrt(new_weights)
         new_coef = nnls(x * root[:, None], y * root)
-        converged = np.allclose(new_coef, coef, rtol=1e-10, atol=1e-12)
+        # np.allclose(new_coef, coef, rtol=1e-10, atol=1e-12) for finite coefficients, without its overhead
+        converged = bool(np.all(np.abs(new_coef - coef) <= 1e-12 + 1e-10 * np.abs(coef)))
         coef, weights = new_coef, new_weights
         if converged:
             break

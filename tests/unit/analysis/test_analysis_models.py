@@ -302,3 +302,14 @@ def test_one_reading_events_do_not_pull_the_stall_low():
     for d, p in ((1, 512), (4, 512), (12, 1024), (4, 2048), (1, 8192)):
         truth = true_aggregate_ms(NOISELESS, 32768, d, p) + d * 20.0
         assert float(model.predict(d, p, 32768)) == pytest.approx(truth, rel=0.05)
+
+
+def test_the_robust_fits_median_is_numpys_to_the_bit() -> None:
+    """huber_nnls takes its scale from `models._median` (np.median without its per-call overhead, two a round):
+    the same value to the bit for odd and even lengths, ties, infinities and NaN, so no fit moves."""
+    rng = np.random.default_rng(7)
+    cases = [rng.standard_normal(n) * scale for n in (1, 2, 3, 4, 9, 10, 101, 500) for scale in (1e-6, 1.0, 3e4)]
+    cases += [np.array([2.0, 2.0, 1.0, 3.0]), np.array([np.inf, 1.0, 2.0]), np.array([1.0, -np.inf, 5.0, 0.5])]
+    for a in cases:
+        assert md._median(a) == float(np.median(a)), a
+    assert np.isnan(md._median(np.array([1.0, np.nan, 2.0])))
