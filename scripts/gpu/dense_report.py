@@ -79,9 +79,10 @@ class DenseRun:
     def capture_sizes(self) -> tuple[int, ...] | None:
         """The launcher's `--compilation-config` capture sizes, where it gives them (None: vLLM's default list)."""
         launcher = self.spec.launcher
-        if not getattr(launcher, "command", None):
+        command = getattr(launcher, "command", None)  # a local launcher's; the others start no command line
+        if not isinstance(command, str) or not command:
             return None
-        argv = render_command(launcher.command, 8192, getattr(launcher, "vars", None)).argv  # as the launcher fills it
+        argv = render_command(command, 8192, getattr(launcher, "vars", None)).argv  # as the launcher fills it
         config = compilation_config_of(argv)
         sizes = (config or {}).get("cudagraph_capture_sizes")
         return None if sizes is None else tuple(int(s) for s in sizes)
