@@ -237,6 +237,10 @@ for m in qwen2.5-7b-instruct qwen2.5-7b-instruct-graphs; do
   pd sim calibrate "$D" --profile "$D/projected-h100-qwen2.5-7b-instruct.yaml" \
     --train-grid "sweeps/h200-dense-${m/-instruct/}.yaml" --out "$D/calibrated-h100-$m.yaml" \
     --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
+  # post hoc: trained on two chunk sizes (B = 2048 and 8192), predicting B = 4096 (default flags: refused, exit 5)
+  pd sim calibrate "$D" --profile "$D/projected-h100-qwen2.5-7b-instruct.yaml" --train-grid "$Q7/train-2048-8192.yaml" \
+    --out "$D/calibrated-2048-8192-h100-$m.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
+    > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
 done
 pd export-table "$Q7-end" --out "$Q7-end" >/dev/null
 python3 scripts/repeat_drift.py "$Q7" "$Q7-end" --out "$Q7-end/drift.md"
