@@ -102,6 +102,9 @@ MODELS = {
     # the sixth (session 32's H100 plan, results/h100-vllm0.22-qwen2.5-7b-instruct/PLAN.md), both flag sets
     "qwen2.5-7b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-qwen2.5-7b.yaml"),
     "qwen2.5-7b-instruct-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-qwen2.5-7b-graphs.yaml"),
+    # the seventh (session 33's H100 plan, results/h100-vllm0.22-llama-3.2-3b-instruct/PLAN.md), both flag sets
+    "llama-3.2-3b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.2-3b.yaml"),
+    "llama-3.2-3b-instruct-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.2-3b-graphs.yaml"),
 }
 DEFAULT = "llama-3.1-8b-instruct"
 SWEEP = MODELS[DEFAULT].sweep

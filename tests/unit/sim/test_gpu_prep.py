@@ -54,19 +54,26 @@ def test_the_dense_sweep_holds_the_short_grid_and_what_it_must_predict():
     assert "SWEEP=${SWEEP:-sweeps/h200-dense-llama-3.1-8b.yaml}" in script
 
 
-HELD_OUT_MODELS = [  # (model, sweep, chunk size, max-model-len, the references its projection learnt from, vocab)
+QWEN_IDS, LLAMA_IDS = (151643, 151645), (128000, 128001)  # (BOS, first EOS) of each family's config.json
+HELD_OUT_MODELS = [  # (model, sweep, chunk size, max-model-len, the references its projection learnt from, vocab,
+    # BOS and EOS ids)
     ("qwen2.5-32b-instruct", "h200-dense-qwen2.5-32b.yaml", 3072, 32768,
-     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct", 152064),
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct", 152064, QWEN_IDS),
     ("qwen3-14b", "h200-dense-qwen3-14b.yaml", 6144, 40960,
-     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct", 151936),
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct", 151936, QWEN_IDS),
     ("qwen2.5-7b-instruct", "h200-dense-qwen2.5-7b.yaml", 8192, 32768,
-     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 152064),
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 152064,
+     QWEN_IDS),
+    ("llama-3.2-3b-instruct", "h200-dense-llama-3.2-3b.yaml", 8192, 32768,
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 128256,
+     LLAMA_IDS),
 ]
 
 
-@pytest.mark.parametrize(("model", "sweep", "chunk", "max_len", "references", "vocab_size"), HELD_OUT_MODELS)
+@pytest.mark.parametrize(("model", "sweep", "chunk", "max_len", "references", "vocab_size", "ids"), HELD_OUT_MODELS)
 def test_a_held_out_model_is_held_out_whole_and_its_projection_committed_before_the_run(
-    tmp_path: Path, model: str, sweep: str, chunk: int, max_len: int, references: str, vocab_size: int
+    tmp_path: Path, model: str, sweep: str, chunk: int, max_len: int, references: str, vocab_size: int,
+    ids: tuple[int, int],
 ):
     """Qwen2.5-32B, then Qwen3-14B (issue 36): a model no calibrated profile was fitted on, at a chunk size no
     measured run of its kind used; its learned projection from the references covers every configuration of
@@ -91,9 +98,9 @@ def test_a_held_out_model_is_held_out_whole_and_its_projection_committed_before_
     out = tmp_path / "m"
     assert _make_model().main([str(out), "--config", model]) == 0
     vocab = json.loads((out / "tokenizer.json").read_text())["model"]["vocab"]
-    ids = json.loads((out / "generation_config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
     assert len(vocab) == vocab_size and vocab["t5"] == 5
-    assert vocab[f"t{ids['bos_token_id']}"] == 151643 and vocab[f"t{ids['eos_token_id']}"] == 151645
+    assert (vocab[f"t{generation['bos_token_id']}"], vocab[f"t{generation['eos_token_id']}"]) == ids
     tokenizer_only = sorted(f.name for f in (out / "tokenizer").iterdir())
     assert tokenizer_only == ["tokenizer.json", "tokenizer_config.json"]
     for name in tokenizer_only:

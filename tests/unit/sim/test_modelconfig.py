@@ -183,3 +183,18 @@ def test_a_moe_projection_to_a_gpu_without_vllms_tuned_kernel_says_so() -> None:
     assert "ships a tuned" in h200.provenance["moe_kernel"] and "WARNING" not in h200.calibration_note
     dense = profile_from_config(_config("llama-3.1-8b-instruct"), "H100", carry_from="h200-llama-3.1-8b-instruct")
     assert "moe_kernel" not in dense.provenance
+
+
+def test_every_shipped_config_is_named_where_users_read_the_list() -> None:
+    """`sim profile-from-config --help` and docs/sim.md list the shipped configs by name (the help by hand: building it
+    from the folder would import numpy and pydantic into every `sim` command's start); a config added without
+    them (as Llama-3.2-3B nearly was) fails here."""
+    import inspect
+
+    from pdexporter.cli import sim as sim_cli
+
+    help_text = inspect.getsource(sim_cli.profile_from_config_cmd)
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "sim.md").read_text()
+    for name in shipped_configs():
+        assert f"{name}," in help_text or f"{name}." in help_text, name
+        assert f"`{name}`" in docs, name
