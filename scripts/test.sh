@@ -7,8 +7,8 @@
 # '.[test]'`), so what pyproject.toml does not declare is missing there and fails the run;
 # .ci/run runs this in a virtual environment it has just made (README "Tests and benchmarks").
 # The suite runs in two passes: every test not marked `realtime` on PDX_TEST_WORKERS pytest-xdist
-# workers (default 4: most tests wait on subprocesses, sockets and timers, so 4 keep 2 cores
-# busy), then the `realtime` tests alone, so that no other test loads the machine while they
+# workers (default 6: most tests wait on subprocesses, sockets and timers; on 2 cores beside a CPU
+# burner 4 workers left the pass at 8m27, 6 at 7m42, session 33), then the `realtime` tests alone, so that no other test loads the machine while they
 # compare the real-time engine's cadence with its model. The pytest arguments go to both passes.
 # PDX_TEST_SKIP_INSTALL=1 skips the apt and pip steps (and makes no ./.venv: without a virtual
 # environment, python3 as it is); PDX_TEST_LINT_ONLY=1 stops after ruff and mypy.
@@ -85,7 +85,7 @@ fi
 # same files at once on a fresh clone (~40 s of CPU). Its failures are the parallel pass's own, reported there.
 "$python" -m pytest --collect-only -q -p no:benchmark -m "not realtime" "$@" >/dev/null 2>&1 || true
 parallel=0
-"$python" -m pytest -n "${PDX_TEST_WORKERS:-4}" --dist loadgroup -p no:benchmark -m "not realtime" "$@" || parallel=$?
+"$python" -m pytest -n "${PDX_TEST_WORKERS:-6}" --dist loadgroup -p no:benchmark -m "not realtime" "$@" || parallel=$?
 alone=0
 "$python" -m pytest -m realtime "$@" || alone=$?
 # 5: a pass that selected no test (arguments naming only tests of the other pass)
