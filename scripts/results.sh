@@ -219,31 +219,40 @@ for m in qwen3-8b qwen3-8b-graphs; do
   pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid sweeps/h200-dense-$m.yaml \
     --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
 done
-# ... and Qwen2.5-7B-Instruct on an H100 (GPU session 33, a sixth model no profile or fit had read): its tables on
-# both flag sets, the three projections committed before the run (A the learned rule, B + a piecewise wait, C + the
-# last H100 host's eager launch) scored on both grids, a profile calibrated on B = 8192, and the repeat at the end
-Q7=$R/h100-vllm0.22-qwen2.5-7b-instruct
-for m in qwen2.5-7b-instruct qwen2.5-7b-instruct-graphs; do
-  D=$R/h100-vllm0.22-$m
-  echo "== dense $D"
-  pd export-table "$D" --out "$D" >/dev/null
-  pd report "$D" --out "$D/report.html" >/dev/null
-  for p in "" -wait -h100host; do
-    python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions$p.json" >/dev/null
-    python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout$p.json" \
-      >/dev/null
+# ... and Qwen2.5-7B-Instruct on an H100 (GPU session 33, a sixth model no profile or fit had read), then Llama-3.2-3B-
+# Instruct (the seventh, planned in session 33; skipped until measured): their tables on both flag sets, the three
+# projections committed before each run (A the learned rule, then a piecewise wait, then an H100 host's eager launch)
+# scored on both grids, a profile calibrated on B = 8192, and the repeat at the end
+for base in qwen2.5-7b-instruct llama-3.2-3b-instruct; do
+  Q=$R/h100-vllm0.22-$base
+  if [ ! -d "$Q/8192" ]; then echo "== $Q: not measured yet (its PLAN.md)"; continue; fi
+  for m in $base $base-graphs; do
+    D=$R/h100-vllm0.22-$m
+    echo "== dense $D"
+    pd export-table "$D" --out "$D" >/dev/null
+    pd report "$D" --out "$D/report.html" >/dev/null
+    for p in "" -wait -h100host; do
+      python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions$p.json" \
+        >/dev/null
+      python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout$p.json" \
+        >/dev/null
+    done
+    # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (Qwen2.5-7B default: refused)
+    pd sim calibrate "$D" --profile "$D/projected-h100-$base.yaml" --train-grid "sweeps/h200-dense-${m/-instruct/}.yaml" \
+      --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 \
+      || [ $? -eq 5 ]
+    if [ -f "$Q/train-2048-8192.yaml" ]; then
+      # post hoc: trained on two chunk sizes (B = 2048 and 8192), predicting B = 4096 (Qwen2.5-7B default: refused)
+      pd sim calibrate "$D" --profile "$D/projected-h100-$base.yaml" --train-grid "$Q/train-2048-8192.yaml" \
+        --out "$D/calibrated-2048-8192-h100-$m.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
+        > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
+    fi
   done
-  # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (default flags: refused)
-  pd sim calibrate "$D" --profile "$D/projected-h100-qwen2.5-7b-instruct.yaml" \
-    --train-grid "sweeps/h200-dense-${m/-instruct/}.yaml" --out "$D/calibrated-h100-$m.yaml" \
-    --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
-  # post hoc: trained on two chunk sizes (B = 2048 and 8192), predicting B = 4096 (default flags: refused, exit 5)
-  pd sim calibrate "$D" --profile "$D/projected-h100-qwen2.5-7b-instruct.yaml" --train-grid "$Q7/train-2048-8192.yaml" \
-    --out "$D/calibrated-2048-8192-h100-$m.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
-    > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
+  if [ -d "$Q-end/8192" ]; then
+    pd export-table "$Q-end" --out "$Q-end" >/dev/null
+    python3 scripts/repeat_drift.py "$Q" "$Q-end" --out "$Q-end/drift.md"
+  fi
 done
-pd export-table "$Q7-end" --out "$Q7-end" >/dev/null
-python3 scripts/repeat_drift.py "$Q7" "$Q7-end" --out "$Q7-end/drift.md"
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null
