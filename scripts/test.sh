@@ -8,8 +8,9 @@
 # .ci/run runs this in a virtual environment it has just made (README "Tests and benchmarks").
 # The suite runs in two passes: every test not marked `realtime` on PDX_TEST_WORKERS pytest-xdist
 # workers (default 6: most tests wait on subprocesses, sockets and timers; on 2 cores beside a CPU
-# burner 4 workers left the pass at 8m27, 6 at 7m42, session 33), then the `realtime` tests alone, so that no other test loads the machine while they
-# compare the real-time engine's cadence with its model. The pytest arguments go to both passes.
+# burner 4 workers left the pass at 8m27, 6 at 7m42-7m56, session 33), then the `realtime` tests
+# alone, so that no other test loads the machine while they compare the real-time engine's cadence
+# with its model. The pytest arguments go to both passes.
 # PDX_TEST_SKIP_INSTALL=1 skips the apt and pip steps (and makes no ./.venv: without a virtual
 # environment, python3 as it is); PDX_TEST_LINT_ONLY=1 stops after ruff and mypy.
 set -euo pipefail
