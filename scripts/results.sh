@@ -220,9 +220,9 @@ for m in qwen3-8b qwen3-8b-graphs; do
     --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
 done
 # ... and Qwen2.5-7B-Instruct on an H100 (GPU session 33, a sixth model no profile or fit had read), then Llama-3.2-3B-
-# Instruct (the seventh, planned in session 33; skipped until measured): their tables on both flag sets, the three
-# projections committed before each run (A the learned rule, then a piecewise wait, then an H100 host's eager launch)
-# scored on both grids, a profile calibrated on B = 8192, and the repeat at the end
+# Instruct (the seventh, GPU session 34; its held-out grids on a second H100 machine, no repeat): their tables on both
+# flag sets, the three projections committed before each run (A the learned rule, then a piecewise wait, then an H100
+# host's eager launch) scored on both grids, a profile calibrated on B = 8192, and the repeat at the end where run
 for base in qwen2.5-7b-instruct llama-3.2-3b-instruct; do
   Q=$R/h100-vllm0.22-$base
   if [ ! -d "$Q/8192" ]; then echo "== $Q: not measured yet (its PLAN.md)"; continue; fi
@@ -237,7 +237,8 @@ for base in qwen2.5-7b-instruct llama-3.2-3b-instruct; do
       python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout$p.json" \
         >/dev/null
     done
-    # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (Qwen2.5-7B default: refused)
+    # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (refused: Qwen2.5-7B default,
+    # Llama-3.2-3B both)
     pd sim calibrate "$D" --profile "$D/projected-h100-$base.yaml" --train-grid "sweeps/h200-dense-${m/-instruct/}.yaml" \
       --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 \
       || [ $? -eq 5 ]
