@@ -204,6 +204,7 @@ python3 scripts/graphs_validation.py > /dev/null
 # on graphs (B = 8192 the projected grid, 2048/4096 held out), the projection committed before the run scored on
 # both grids, a profile calibrated on B = 8192 predicting 2048/4096, and the B = 8192 grid measured again at the end
 Q8=$R/h100-vllm0.22-qwen3-8b
+DENSE_REGIMES=$R/h200-vllm0.22-llama-3.1-8b-instruct/decision.json  # a dense model's regimes, for the bands' widths
 Q8REFS=h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b
 for m in qwen3-8b qwen3-8b-graphs; do
   D=$R/h100-vllm0.22-$m
@@ -213,6 +214,8 @@ for m in qwen3-8b qwen3-8b-graphs; do
   python3 scripts/gpu/dense_report.py --model $m compare --none-fitted >/dev/null
   python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout.json" \
     >/dev/null
+  python3 scripts/projection_coverage.py "$D"/comparison{,-heldout}.csv --regimes "$DENSE_REGIMES" \
+    --out "$D/projection_coverage.md" >/dev/null
   python3 scripts/gpu/dense_report.py --model $m profile --rule learned --gpu H100 --from $Q8REFS \
     --out "$D/projected-h100-$m.yaml" >/dev/null
   # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (graphs: refused, its report kept)
@@ -237,6 +240,9 @@ for base in qwen2.5-7b-instruct llama-3.2-3b-instruct; do
       python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout$p.json" \
         >/dev/null
     done
+    # the share of measured aggregates inside the projections' 90 % bands, the H200 campaigns' variation carried
+    python3 scripts/projection_coverage.py "$D"/comparison{,-heldout}{,-wait,-h100host}.csv --regimes "$DENSE_REGIMES" \
+      --out "$D/projection_coverage.md" >/dev/null
     # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (refused: Qwen2.5-7B default,
     # Llama-3.2-3B both)
     pd sim calibrate "$D" --profile "$D/projected-h100-$base.yaml" --train-grid "sweeps/h200-dense-${m/-instruct/}.yaml" \
