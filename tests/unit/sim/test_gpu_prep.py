@@ -107,6 +107,21 @@ def test_a_held_out_model_is_held_out_whole_and_its_projection_committed_before_
         assert (out / "tokenizer" / name).read_bytes() == (out / name).read_bytes()
 
 
+def test_the_small_prompt_diagnostic_differs_from_its_twin_only_by_async_scheduling():
+    """Session 34's next-H100 plan: the two small-prompt sweeps of Llama-3.2-3B read one question (is the 3-5 ms
+    a small prompt costs a CPU cost async scheduling no longer hides?) only if the engine's flags differ by
+    `--no-async-scheduling` alone, and their grid is the planned grid's small prompts at its chunk size."""
+    on, off = (load_sweep(REPO / "sweeps" / f"h200-dense-llama-3.2-3b-smallp{s}.yaml") for s in ("", "-sync"))
+    planned = load_sweep(REPO / "sweeps" / "h200-dense-llama-3.2-3b.yaml")
+    flags_on, flags_off, flags_planned = (" ".join(s.launcher.command.split())  # type: ignore[union-attr]
+                                          for s in (on, off, planned))
+    assert flags_on == flags_planned and "async" not in flags_on
+    assert flags_off == flags_on + " --no-async-scheduling"
+    assert list(on.points()) == list(off.points()) and on.grid.chunk_sizes == planned.grid.chunk_sizes
+    assert {p for _, _, p in on.points()} == {64, 128, 256, 512, 1024} and 0 not in {d for _, d, _ in on.points()}
+    assert (on.reps, on.mode) == (off.reps, off.mode) == (planned.reps, planned.mode)
+
+
 def test_the_projection_is_committed_before_the_run():
     """Both projections (the rule before issue 36, and the learned one from the MoE profile alone) are
     committed with every configuration of the grid; the shipped profile is the projection until the
