@@ -48,6 +48,7 @@ from pdexporter.sim.profile import (
     load_profile,
 )
 from pdexporter.sim.projection import REFERENCES, calibrated, project_step_time
+from pdexporter.sim.projection_checks import checked_line
 
 __all__ = [
     "ACTIVATION_GIB",
@@ -392,6 +393,8 @@ def profile_from_config(
     kernel = moe_kernel_line(model, sheet.name, ref)
     if kernel:
         provenance["moe_kernel"] = kernel
+    provenance["checked"] = checked_line(sheet.name) + ("" if learned is not None else
+                                                         "; this profile used the carry rule, which they did not score")
     note = (
         f"PROJECTED, never measured: {model.name} ({model.architecture}) on one {sheet.name}, from its "
         f"config.json (shapes) and the {sheet.name} datasheet (peaks, bandwidth, memory), with the fractions of "
@@ -399,7 +402,7 @@ def profile_from_config(
         f"the same fraction of this GPU's peaks for this model's shapes, and the host's Python costs scale with "
         f"the kernels a step launches (layers). `pdexporter sim calibrate` on a sweep of this model on this GPU "
         f"replaces the projection with a calibration."
-    ) + (f" WARNING: {kernel}" if kernel.startswith("UNTUNED") else "")
+    ) + (f" WARNING: {kernel}" if kernel.startswith("UNTUNED") else "") + f" Checked: {provenance['checked']}."
     return Profile(
         name=name or f"{sheet.name.lower()}-{model.name}",
         description=f"One NVIDIA {sheet.name} serving {model.name} ({model.architecture}) with vLLM "

@@ -79,7 +79,8 @@ def test_a_projection_says_what_is_projected_and_what_carried_over():
     prof = profile_from_config(cfg, "H100", model_name="llama-3.1-8b-instruct", source=source, carry_from=H200)
     assert prof.calibration == "projected" and prof.calibration_note.startswith("PROJECTED, never measured")
     assert prof.name == "h100-llama-3.1-8b-instruct" and prof.model.name == "llama-3.1-8b-instruct"
-    assert set(prof.provenance) == {"model", "gpu", "engine", "step_time", "engine_loop", "host", "kv_transfer"}
+    assert set(prof.provenance) == {"model", "gpu", "engine", "step_time", "engine_loop", "host", "kv_transfer",
+                                    "checked"}
     assert prof.provenance["model"].startswith("config.json (pdexporter/sim/configs/llama-3.1-8b-instruct.json)")
     assert prof.provenance["gpu"].startswith("datasheet: NVIDIA H100") and "PROJECTED" in prof.provenance["engine"]
     assert prof.gpu.hbm_bandwidth_tb_s == 3.35 and prof.gpu.source.startswith("datasheet")

@@ -1,0 +1,89 @@
+"""What a projection from config.json has been worth on models it never saw: the committed checks. Pure data.
+
+Each check is one GPU run of a model that no reference profile, fit or calibration had read, against the
+learned rule's projection committed before that run (`scripts/gpu/dense_report.py predict`, then `compare
+--none-fitted`), on one grid and flag set. Its figures are the MAPE over every configuration of the grid,
+as `results/<results>/<comparison>` holds them (`tests/unit/sim/test_projection_checks.py` recomputes each one
+from that file, so these numbers cannot drift from the committed comparisons). `profile_from_config` writes
+the range for the target's GPU into the profile's provenance and note, so a projected profile says what such a
+projection missed by, where it was checked, and that it is unknown where nothing was.
+
+Read with the checks' own RUN.md: the H100 misses are two steps the references do not carry (the H100 hosts'
+eager launch, a ≤ 256-token prompt's step), docs/sim.md "On another GPU".
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+__all__ = ["CHECKS", "QUANTITIES", "ProjectionCheck", "checks_for", "checked_line"]
+
+QUANTITIES = ("baseline_tpot", "penalty", "prefill_duration", "aggregate_interference")
+_SHORT = {"baseline_tpot": "baseline TPOT", "penalty": "penalty", "prefill_duration": "prefill",
+          "aggregate_interference": "aggregate interference"}
+
+
+@dataclass(frozen=True)
+class ProjectionCheck:
+    gpu: str
+    model: str
+    session: str  # the GPU session that ran it (its RUN.md)
+    results: str  # the results directory under results/
+    comparison: str  # its comparison file (the grid)
+    flags: str  # "default" or "graphs" (capture sizes to 2,064 tokens)
+    configurations: int
+    mape: tuple[float, float, float, float]  # QUANTITIES, in %
+
+    def figure(self, quantity: str) -> float:
+        return self.mape[QUANTITIES.index(quantity)]
+
+
+def _h100(model: str, session: str, directory: str, figures: dict[tuple[str, str], tuple[float, ...]]
+          ) -> tuple[ProjectionCheck, ...]:
+    out = []
+    for (flags, grid), mape in figures.items():
+        results = directory + ("-graphs" if flags == "graphs" else "")
+        name = "comparison.csv" if grid == "planned" else "comparison-heldout.csv"
+        out.append(ProjectionCheck("H100", model, session, results, name, flags, 28 if grid == "planned" else 48,
+                                   (mape[0], mape[1], mape[2], mape[3])))
+    return tuple(out)
+
+
+CHECKS: tuple[ProjectionCheck, ...] = (
+    ProjectionCheck("H200", "qwen2.5-32b-instruct", "GPU session 13", "h200-vllm0.22-qwen2.5-32b-instruct",
+                    "comparison.csv", "default", 30, (1.7, 16.6, 2.9, 2.7)),
+    ProjectionCheck("H200", "qwen3-14b", "GPU session 18", "h200-vllm0.22-qwen3-14b", "comparison.csv", "default", 30,
+                    (2.3, 19.8, 7.0, 7.6)),
+    *_h100("qwen3-8b", "GPU session 31", "h100-vllm0.22-qwen3-8b", {
+        ("default", "planned"): (6.0, 45.8, 6.8, 30.5), ("default", "held-out"): (4.9, 36.5, 4.6, 17.5),
+        ("graphs", "planned"): (6.0, 27.5, 3.8, 19.2), ("graphs", "held-out"): (4.9, 16.9, 3.5, 14.2)}),
+    *_h100("qwen2.5-7b-instruct", "GPU session 33", "h100-vllm0.22-qwen2.5-7b-instruct", {
+        ("default", "planned"): (2.0, 43.0, 4.0, 24.1), ("default", "held-out"): (1.5, 47.9, 4.8, 18.3),
+        ("graphs", "planned"): (2.1, 23.1, 2.9, 20.5), ("graphs", "held-out"): (1.7, 19.9, 4.9, 16.8)}),
+    *_h100("llama-3.2-3b-instruct", "GPU session 34", "h100-vllm0.22-llama-3.2-3b-instruct", {
+        ("default", "planned"): (11.4, 65.8, 14.1, 48.2), ("default", "held-out"): (9.6, 37.7, 9.7, 28.0),
+        ("graphs", "planned"): (11.1, 43.8, 6.0, 27.6), ("graphs", "held-out"): (9.3, 36.6, 6.6, 24.1)}),
+)
+
+
+def checks_for(gpu: str) -> tuple[ProjectionCheck, ...]:
+    return tuple(c for c in CHECKS if c.gpu.lower() == gpu.lower())
+
+
+def checked_line(gpu: str) -> str:
+    """One line: the learned rule's MAPE on the models it never saw on `gpu`, per quantity the range over the
+    checked grids and the median; or that nothing was checked there."""
+    checks = checks_for(gpu)
+    if not checks:
+        return (f"no projection of an unseen model was checked on an {gpu}: its error there is unknown (checked on "
+                + ", ".join(sorted({c.gpu for c in CHECKS})) + ")")
+    models = sorted({c.model for c in checks})
+    parts = []
+    for q in QUANTITIES:
+        values = [c.figure(q) for c in checks]
+        parts.append(f"{_SHORT[q]} {min(values):g}-{max(values):g} % (median {statistics.median(values):.1f})")
+    return (f"projections committed before each run (the learned rule as it stood then), on {len(models)} model(s) "
+            f"it never saw on an {gpu} "
+            f"({', '.join(models)}; {len(checks)} grid(s), {', '.join(sorted({c.session for c in checks}))}"
+            f"): MAPE {'; '.join(parts)}")
