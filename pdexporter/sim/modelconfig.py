@@ -393,7 +393,7 @@ def profile_from_config(
     kernel = moe_kernel_line(model, sheet.name, ref)
     if kernel:
         provenance["moe_kernel"] = kernel
-    provenance["checked"] = checked_line(sheet.name) + ("" if learned is not None else
+    provenance["checked"] = checked_line(sheet.name, besides=model.name) + ("" if learned is not None else
                                                          "; this profile used the carry rule, which they did not score")
     note = (
         f"PROJECTED, never measured: {model.name} ({model.architecture}) on one {sheet.name}, from its "

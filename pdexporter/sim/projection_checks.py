@@ -67,14 +67,16 @@ CHECKS: tuple[ProjectionCheck, ...] = (
 )
 
 
-def checks_for(gpu: str) -> tuple[ProjectionCheck, ...]:
-    return tuple(c for c in CHECKS if c.gpu.lower() == gpu.lower())
+def checks_for(gpu: str, *, besides: str | None = None) -> tuple[ProjectionCheck, ...]:
+    """The checks on `gpu`, those of the model `besides` left out (a profile of a checked model quotes the others:
+    its own check is not evidence about it before its run)."""
+    return tuple(c for c in CHECKS if c.gpu.lower() == gpu.lower() and c.model != besides)
 
 
-def checked_line(gpu: str) -> str:
-    """One line: the learned rule's MAPE on the models it never saw on `gpu`, per quantity the range over the
-    checked grids and the median; or that nothing was checked there."""
-    checks = checks_for(gpu)
+def checked_line(gpu: str, *, besides: str | None = None) -> str:
+    """One line: the learned rule's MAPE on the models it never saw on `gpu` (`besides` left out), per quantity
+    the range over the checked grids and the median; or that nothing was checked there."""
+    checks = checks_for(gpu, besides=besides)
     if not checks:
         return (f"no projection of an unseen model was checked on an {gpu}: its error there is unknown (checked on "
                 + ", ".join(sorted({c.gpu for c in CHECKS})) + ")")

@@ -36,11 +36,17 @@ def test_a_projected_profile_says_what_such_projections_missed_by_on_its_gpu() -
     cfg, source = load_config("llama-3.2-3b-instruct")
     h100 = profile_from_config(cfg, "H100", model_name="llama-3.2-3b-instruct", source=source)
     line = h100.provenance["checked"]
-    worst = max(c.figure("aggregate_interference") for c in checks_for("H100"))
-    assert f"-{worst:g} %" in line and "on an H100" in line and "qwen3-8b" in line
+    worst = max(c.figure("aggregate_interference") for c in checks_for("H100", besides="llama-3.2-3b-instruct"))
+    assert f"-{worst:g} %" in line and "on an H100" in line and "qwen3-8b" in line and "llama-3.2-3b" not in line
     assert line in h100.calibration_note
     carried = profile_from_config(cfg, "H100", model_name="llama-3.2-3b-instruct", source=source, rule="carry")
     assert carried.provenance["checked"].endswith("which they did not score")
     a100 = profile_from_config(cfg, "A100", model_name="llama-3.2-3b-instruct", source=source)
     assert a100.provenance["checked"].startswith("no projection of an unseen model was checked on an A100")
     assert checked_line("a100") == a100.provenance["checked"].replace("A100", "a100")
+
+
+def test_a_checked_models_own_profile_quotes_the_other_models() -> None:
+    cfg, source = load_config("qwen3-8b")
+    line = profile_from_config(cfg, "H100", model_name="qwen3-8b", source=source).provenance["checked"]
+    assert "qwen3-8b" not in line and "on 2 model(s)" in line and "8 grid(s)" in line
