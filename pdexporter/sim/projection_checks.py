@@ -8,8 +8,9 @@ from that file, so these numbers cannot drift from the committed comparisons). `
 the range for the target's GPU into the profile's provenance and note, so a projected profile says what such a
 projection missed by, where it was checked, and that it is unknown where nothing was.
 
-Read with the checks' own RUN.md: the H100 misses are two steps the references do not carry (the H100 hosts'
-eager launch, a ≤ 256-token prompt's step), docs/sim.md "On another GPU".
+Read with the checks' own RUN.md. Most of the H100 misses are two steps the references do not carry: the H100
+hosts' eager launch, and a ≤ 256-token prompt's step (~1 ms on the 7–8B models, 3–5 ms on the 3B). On the 3B, the
+decode step is also over-projected (docs/sim.md, "On another GPU").
 """
 
 from __future__ import annotations
