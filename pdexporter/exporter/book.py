@@ -45,6 +45,7 @@ class ProbeBook:
         self.phase_of: Callable[[float], str] | None = None
         self._last_token_s = time.monotonic()
         self.last_error: BaseException | None = None  # of the last probe that failed, until a token comes
+        self._error_ns = -math.inf  # when `last_error` was noticed: only a token received after it clears it
         self._ended_well_s: dict[int, float] = {}  # slot -> when its stream ended well, until its successor
 
     def healthy(self) -> bool:
@@ -83,7 +84,7 @@ class ProbeBook:
             attempt = state.stream.attempt_error
             if attempt is not None and attempt is not state.attempt_seen:
                 state.attempt_seen = attempt
-                self.last_error = attempt  # cleared by the next token, from any probe
+                self._fail(attempt)  # cleared by the next token, from any probe
         going = sum(1 for s in self.live.values() if not s.stream.done)
         now_ns, now_s = time.perf_counter_ns(), time.monotonic()
         stalled = sum(1 for s in self.live.values() if _silent_ns(s, now_ns) >= STALL_S * 1e9)
@@ -110,19 +111,26 @@ class ProbeBook:
             self._absorb(state, self.hold_from)
             if item.stream.error is not None and not self.stopping:
                 self.metrics.errors.labels(kind=error_kind(item.stream.error)).inc()
-                self.last_error = item.stream.error
+                self._fail(item.stream.error)
             elif item.stream.done and item.stream.error is None:
                 self._ended_well_s[item.slot] = time.monotonic()
             self.end_stream(state, cancelled=not item.stream.done)
             del self.live[item.slot]
             self.finished.append(state)
 
+    def _fail(self, error: BaseException) -> None:
+        self.last_error, self._error_ns = error, time.perf_counter_ns()
+
     def _absorb(self, state: ProbeState, hold: float) -> None:
         new_tokens = state.absorb()
         if new_tokens:
             self.metrics.probe_tokens.inc(new_tokens)
             self._last_token_s = time.monotonic()
-            self.last_error = None
+            # A token another stream received before the failure was noticed (read from its socket's buffer
+            # after the engine died, or absorbed in the same refresh) says nothing of the engine now: clearing
+            # on it flapped `up_reason` to probes-restarting under a loaded CPU (issue 24's test, session 34).
+            if state.times and state.times[-1] > self._error_ns:
+                self.last_error = None
         # Intervals that end before any open window are decode-only: `baseline`.
         k = max(state.next_interval, self.params.warmup_tokens + 1)  # both ends past warm-up
         times = state.times

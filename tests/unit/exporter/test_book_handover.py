@@ -123,3 +123,27 @@ def test_a_probe_that_failed_is_no_hand_over(clock: Clock) -> None:
     loop.events.put(Lifecycle(FINISHED, 0, streams[0]))
     book.refresh()
     assert _reading(metrics) == (0, "engine-unreachable")
+
+
+def test_a_token_received_before_the_failure_does_not_clear_it(clock: Clock) -> None:
+    """The engine dies: one stream breaks while the other still holds tokens its socket had received before.
+    Absorbed after the failure, they said "a token came" and cleared it, so `up_reason` read
+    probes-restarting between the two breaks (the faults test, on a loaded CPU in session 34). Only a token
+    received after the failure was noticed says the engine is back."""
+    metrics, book, loop, streams = _two_probes_running(clock)
+    clock.s += 0.5
+    buffered = clock.perf_counter_ns()  # received by stream 1 just as the engine went
+    clock.s += 0.01
+    streams[0].fail(clock.perf_counter_ns(), EngineRefused("connection reset"))
+    loop.events.put(Lifecycle(FINISHED, 0, streams[0]))
+    streams[1].record(buffered, 1)  # absorbed in the same refresh as the failure
+    book.refresh()
+    assert _reading(metrics) == (0, "engine-unreachable")
+    clock.s += 0.2
+    streams[1].record(buffered + 1000, 1)  # the socket's last buffered bytes, read later
+    book.refresh()
+    assert _reading(metrics) == (0, "engine-unreachable")
+    clock.s += 0.2
+    streams[1].record(clock.perf_counter_ns(), 1)  # a token received now: the engine answers again
+    book.refresh()
+    assert _reading(metrics) == (0, "probes-restarting")
