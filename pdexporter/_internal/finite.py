@@ -57,36 +57,72 @@ def _path(where: str, key: object) -> str:
 
 _INT_LIMIT = 10**MAX_INT_DIGITS
 _NUMBER_TYPES = frozenset({int, float})
+_INTS = {int}
 
 
 def _all_numbers_fine(items: list[Any] | tuple[Any, ...]) -> bool:
     """Every item a finite float or an int of fewer than `MAX_INT_DIGITS` digits, checked in C
     (a raw file's lists of timestamps): False also when unsure, and the items are walked one by one."""
-    if not items or not set(map(type, items)) <= _NUMBER_TYPES:
+    if not items:
         return False
-    try:
-        return math.isfinite(math.fsum(items)) and max(items) < _INT_LIMIT and min(items) > -_INT_LIMIT
-    except (OverflowError, ValueError):  # a sum past 1e308, an int too large for a float; inf - inf
+    kinds = set(map(type, items))
+    if kinds == _INTS:  # timestamps: only their size to check
+        return max(items) < _INT_LIMIT and min(items) > -_INT_LIMIT
+    if not kinds <= _NUMBER_TYPES:
         return False
+    try:  # a NaN or an infinity makes the sum one (and a sum past 1e308 is walked item by item)
+        return math.isfinite(sum(items)) and max(items) < _INT_LIMIT and min(items) > -_INT_LIMIT
+    except (OverflowError, ValueError):  # an int too large for a float
+        return False
+
+
+def _at(node: Any) -> str:
+    """The path of a node of `first_not_finite`'s walk: its (parent, key) chain, formatted only
+    for the value it reports (a raw file has ~150 keys a repetition: formatting each cost more
+    than the check)."""
+    keys = []
+    while isinstance(node, tuple):
+        node, key = node
+        keys.append(key)
+    at = node
+    for key in reversed(keys):
+        at = _path(at, key)
+    return at
+
+
+def _bad_number(item: Any, node: Any) -> NotFinite | None:
+    """`item` as `first_not_finite` judges a leaf (a subclass of int or float included)."""
+    if isinstance(item, _Bad):
+        return NotFinite(_at(node), item.text, item.too_large)
+    if isinstance(item, float) and not math.isfinite(item):
+        return NotFinite(_at(node), repr(item))
+    if isinstance(item, int) and not isinstance(item, bool) and abs(item) >= _INT_LIMIT:
+        return NotFinite(_at(node), f"an integer of {len(str(abs(item)))} digits", too_large=True)
+    return None
 
 
 def first_not_finite(value: Any, where: str = "") -> NotFinite | None:
     """The first number in `value` (dicts, lists, numbers) that is NaN, infinite or too large."""
-    stack: list[tuple[str, Any]] = [(where, value)]
+    stack: list[tuple[Any, Any]] = [(where, value)]
     while stack:
-        at, item = stack.pop()
-        if isinstance(item, _Bad):
-            return NotFinite(at, item.text, item.too_large)
-        if isinstance(item, float) and not math.isfinite(item):
-            return NotFinite(at, repr(item))
-        if isinstance(item, int) and not isinstance(item, bool) and abs(item) >= _INT_LIMIT:
-            return NotFinite(at, f"an integer of {len(str(abs(item)))} digits", too_large=True)
-        if isinstance(item, dict):
-            if _all_numbers_fine(list(item.values())):
-                continue  # a flat dict of fine numbers (a /metrics snapshot): no path formatted for each
-            stack.extend((_path(at, k), v) for k, v in reversed(list(item.items())))
-        elif isinstance(item, (list, tuple)) and not _all_numbers_fine(item):
-            stack.extend((_path(at, i), v) for i, v in reversed(list(enumerate(item))))
+        node, item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            if not _all_numbers_fine(list(item.values())):  # a flat dict of fine numbers: a /metrics snapshot
+                stack.extend(((node, k), v) for k, v in reversed(list(item.items())))
+        elif kind is list or kind is tuple:
+            if not _all_numbers_fine(item):
+                stack.extend(((node, i), v) for i, v in reversed(list(enumerate(item))))
+        elif kind is str or item is None:
+            continue
+        else:
+            bad = _bad_number(item, node)
+            if bad is not None:
+                return bad
+            if isinstance(item, dict):  # a subclass: walked as above, by the one rule
+                stack.append((node, dict(item)))
+            elif isinstance(item, (list, tuple)):
+                stack.append((node, list(item)))
     return None
 
 

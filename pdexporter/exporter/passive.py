@@ -345,14 +345,14 @@ class PassiveTracker:
         since = max(self._settled_ns, now_ns - DETECT_SPAN_S * 1e9)
         events, before = [], []
         warmup = s.window.warmup_tokens
-        for st in streams:
-            n = min(len(st.event_times_ns), len(st.event_tokens))
-            times = st.event_times_ns[:n]
-            if n < 2 or times[-1] <= since:
+        for st in streams:  # (no copy of a whole stream: a poll reads only its last events)
+            times, tokens = st.event_times_ns, st.event_tokens
+            n = min(len(times), len(tokens))
+            if n < 2 or times[n - 1] <= since:
                 continue
-            i0 = max(0, bisect.bisect_right(times, since) - 1)  # the event the first new interval starts at
-            events.append((times[i0:], st.event_tokens[i0:n]))
-            before.append(i0 if i0 > warmup else sum(st.event_tokens[:i0]))  # i0 events: >= i0 tokens
+            i0 = max(0, bisect.bisect_right(times, since, 0, n) - 1)  # the event the first new interval starts at
+            events.append((times[i0:n], tokens[i0:n]))
+            before.append(i0 if i0 > warmup else sum(tokens[:i0]))  # i0 events: >= i0 tokens
         if not events:
             self._open_from = None
             return
@@ -651,15 +651,21 @@ def _pool_baseline(pending: _Pending, params: WindowParams) -> BaselineStats | N
     quiet period and in no other run's window."""
     run = pending.run
     pooled = []
+    # the other runs' windows (a, b], by start: an interval ending at t is in one when some window
+    # starting before t reaches t (the furthest reach of those starting earlier, so overlaps count)
+    windows = np.asarray(sorted(pending.windows or ()), dtype=np.float64).reshape(-1, 2)
+    starts, reach = windows[:, 0], np.maximum.accumulate(windows[:, 1])
     for times, tokens, offset in pending.quiet or []:
         t = token_times(times, tokens)
         if t.size < 2:
             continue
         index = offset + np.arange(1, t.size)
-        keep = (index - 1 >= params.warmup_tokens) & (t[1:] <= run.start_ns)
+        end = t[1:]
+        keep = (index - 1 >= params.warmup_tokens) & (end <= run.start_ns)
         keep &= np.arange(1, t.size) >= tokens[0]  # the slice's first event only anchors the next one
-        for a, b in pending.windows:
-            keep &= ~((t[1:] > a) & (t[1:] <= b))
+        if len(windows):
+            before = np.searchsorted(starts, end, side="left")  # windows with a < t
+            keep &= ~((before > 0) & (reach[np.maximum(before - 1, 0)] >= end))
         pooled.append(np.diff(t)[keep])
     return baseline_from_lengths(np.concatenate(pooled)) if pooled else None
 

@@ -249,7 +249,7 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self._cached: dict[int, int] = {}
         self._req_blocks: dict[str, list[int]] = {}
         self._num_cached_blocks: dict[str, int] = {}

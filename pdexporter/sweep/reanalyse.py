@@ -54,6 +54,7 @@ from pdexporter.measure.window import BaselineStats, baseline_stats, derive
 __all__ = [
     "Aggregate", "DirectoryJob", "Reanalysed", "SourceComparison", "compare_sources", "keep_shape", "phase1_stats",
     "reanalyse_directory", "reanalyse_passive_record", "reanalyse_record", "reanalyse_rep",
+    "records_are_the_log_analysis",
 ]
 
 Aggregate = Callable[[RecordConfig, list[RepRecord], RunRecord], RunRecord]
@@ -253,9 +254,15 @@ class _RawsReadOnce:
 
 
 def compare_sources(
-    store: ResultsStore, records: list[RunRecord], settings: ProtocolSettings
+    store: ResultsStore, records: list[RunRecord], settings: ProtocolSettings, *, logged: str = "reanalyse"
 ) -> list[SourceComparison]:
-    """Re-analyse every record with and without its engine log (nothing is written)."""
+    """Re-analyse every record without its engine log, and with it (nothing is written).
+
+    `logged="recorded"` takes the with-log side from the records as given instead of deriving it
+    again: right for records a sweep or `reanalyse` wrote with the window maths as it stands (half
+    the work; `records_are_the_log_analysis` checks a sample of them is)."""
+    if logged not in ("reanalyse", "recorded"):
+        raise ValueError(f"logged={logged!r}: must be 'reanalyse' or 'recorded'")
     out = []
     raws = _RawsReadOnce(store)  # both analyses of a record read its raw files once, Phase 1's once per D
     once = cast(ResultsStore, raws)
@@ -265,7 +272,8 @@ def compare_sources(
         if c.decode_batch_size == 0:
             continue  # no decodes, no penalty
         raws.forget_all_but(store.baseline_raw_path(c.chunk_size, c.decode_batch_size))
-        with_log = reanalyse_record(once, record, settings, baselines=baselines).record
+        with_log = (record if logged == "recorded"
+                    else reanalyse_record(once, record, settings, baselines=baselines).record)
         without = reanalyse_record(once, record, settings, use_engine_log=False, baselines=baselines).record
         same = sum(
             a.interference.chunk_step_times_ms == b.interference.chunk_step_times_ms
@@ -281,6 +289,27 @@ def compare_sources(
             reps_same_steps=same,
         ))
     return out
+
+
+def records_are_the_log_analysis(store: ResultsStore, records: list[RunRecord],
+                                 settings: ProtocolSettings) -> list[str]:
+    """The records (with D >= 1) whose numbers the window maths as it stands, with the engine's log,
+    would not give again: their keys and what moved (empty: they are its analysis)."""
+    moved = []
+    baselines: dict[tuple[int, int], BaselineStats | None] = {}
+    for record in records:
+        if record.config.decode_batch_size == 0:
+            continue
+        now = reanalyse_record(store, record, settings, baselines=baselines).record
+        what = [name for name, a, b in (
+            ("derived", record.derived, now.derived),
+            ("summary", record.summary, now.summary),
+            ("chunk steps", [r.interference.chunk_step_times_ms for r in record.reps],
+             [r.interference.chunk_step_times_ms for r in now.reps]),
+        ) if a != b]
+        if what:
+            moved.append(f"{record.key}: {', '.join(what)}")
+    return moved
 
 
 @dataclass

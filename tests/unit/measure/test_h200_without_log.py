@@ -1,9 +1,14 @@
-"""Every committed H200 repetition analysed twice: with vLLM's step log, and as an engine someone
-else runs gives it (no log: chunk steps from vLLM's schedule, confirmed by the probes' cadence).
+"""Every committed H200 repetition analysed as an engine someone else runs gives it (no log: chunk
+steps from vLLM's schedule, confirmed by the probes' cadence), against its analysis with vLLM's
+step log.
 
 Beside a production vLLM nobody reads the step log, so the number a user gets must not depend
 on it. This runs over all raw files of `results/h200-*` (the seed's sweep: 168 configurations
-with D >= 1, 1,505 repetitions) and prints the distribution of the differences.
+with D >= 1, 1,505 repetitions) and prints the distribution of the differences. The with-log side
+is the committed records themselves: `scripts/results.sh` re-derives them (`reanalyse`, with the
+log) after every change to the window maths, and a sample of every directory is re-derived here to
+hold that (`records_are_the_log_analysis`); deriving all of them again doubled this module's ~55 s
+of CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import pytest
 
 from pdexporter.measure.protocol import ProtocolSettings
 from pdexporter.measure.store import ResultsStore, load_record_file
-from pdexporter.sweep.reanalyse import SourceComparison, compare_sources
+from pdexporter.sweep.reanalyse import SourceComparison, compare_sources, records_are_the_log_analysis
 
 # Every committed H200 results directory with records: the seed's sweep, and the later ones (a chunk
 # size and decode batches in no grid, the offloaded arm, the two-GPU sweeps) that the estimator was
@@ -30,7 +35,7 @@ pytestmark = pytest.mark.slow  # every committed H200 repetition analysed twice
 def comparisons(request: pytest.FixtureRequest) -> list[SourceComparison]:
     store = ResultsStore(request.param)
     records = [load_record_file(p) for p in store.iter_record_paths()]
-    rows = compare_sources(store, records, ProtocolSettings())
+    rows = compare_sources(store, records, ProtocolSettings(), logged="recorded")
     diffs = np.array([r.relative_difference for r in rows if r.relative_difference is not None]) * 100
     cv_points = np.array([(r.cv_cadence - r.cv_log) * 100 for r in rows
                           if r.cv_cadence is not None and r.cv_log is not None])
@@ -41,6 +46,18 @@ def comparisons(request: pytest.FixtureRequest) -> list[SourceComparison]:
     print(f"  configurations within 5 % (2 ms under 40 ms): {sum(r.penalty_agrees() for r in rows)}/{len(rows)}; "
           f"repetitions with the log's chunk steps: {sum(r.reps_same_steps for r in rows)}/{sum(r.reps for r in rows)}")
     return rows
+
+
+@pytest.mark.parametrize("results", RESULTS, ids=[p.name for p in RESULTS])
+def test_the_committed_records_are_the_log_analysis_as_the_window_maths_stands(results: Path) -> None:
+    """What the comparisons take as the with-log side: a sample of each directory (its first, middle
+    and last records of D >= 1) re-derived with the log gives the committed numbers again."""
+    store = ResultsStore(results)
+    paths = [p for p in store.iter_record_paths() if "/D0_" not in p.as_posix()]
+    sample = [load_record_file(p) for p in sorted({paths[0], paths[len(paths) // 2], paths[-1]})]
+    assert sample and all(r.config.decode_batch_size > 0 for r in sample)
+    assert records_are_the_log_analysis(store, sample, ProtocolSettings()) == [], \
+        f"{results}: re-derive it (`pdexporter reanalyse`, scripts/results.sh) after changing the window maths"
 
 
 def test_there_are_h200_results_to_check() -> None:

@@ -157,6 +157,28 @@ def test_compare_sources_reads_each_raw_file_once_and_gives_what_two_plain_reads
          b.summary.cv_tpot_penalty if b.summary else None) for a, b in twice]
 
 
+def test_recorded_log_side_is_the_records_and_a_record_the_maths_would_not_give_is_named() -> None:
+    """`compare_sources(logged="recorded")` reads the with-log side off the records (what the H200
+    comparison uses: they were derived with the log), and `records_are_the_log_analysis` names a
+    record whose numbers the window maths would not give again (here one edited by hand)."""
+    from pdexporter.measure.store import load_record_file
+    from pdexporter.sweep.reanalyse import compare_sources, records_are_the_log_analysis
+
+    results = Path(__file__).resolve().parents[3] / "results" / "h200-sglang0.5.15-qwen3-coder-30b-a3b"
+    store = ResultsStore(results)
+    records = [r for r in map(load_record_file, store.iter_record_paths()) if r.config.decode_batch_size > 0]
+    assert records_are_the_log_analysis(store, records[:2], SETTINGS) == []
+    derived = records[0].derived.model_copy(update={"tpot_penalty_ms": (records[0].derived.tpot_penalty_ms or 0) + 7})
+    edited = records[0].model_copy(update={"derived": derived})
+    assert records_are_the_log_analysis(store, [edited, records[1]], SETTINGS) == [f"{edited.key}: derived"]
+    rows = compare_sources(store, [edited, records[1]], SETTINGS, logged="recorded")
+    assert rows[0].penalty_log_ms == derived.tpot_penalty_ms  # as recorded, not derived again
+    assert rows == compare_sources(store, [edited, records[1]], SETTINGS, logged="recorded")
+    assert rows[1] == compare_sources(store, [records[1]], SETTINGS)[0]
+    with pytest.raises(ValueError, match="logged='log'"):
+        compare_sources(store, records[:1], SETTINGS, logged="log")
+
+
 def test_reanalyse_keeps_a_finished_sweeps_flag(tmp_path: Path) -> None:
     """The dense H200 run (`max_reruns: 0`) flagged B=8192 D=1 P=512 (CV 50.6 % after its one
     attempt); reanalysis knows the attempts, not the sweep's re-run budget, and once read the
