@@ -86,15 +86,18 @@ fi
 # same files at once on a fresh clone (~40 s of CPU). Its failures are the parallel pass's own, reported there.
 # It collects the `realtime` tests' ids too: with no file or test named on the command line (only options),
 # the second pass is given them, so it imports their 7 modules instead of collecting all ~190 again (~8 s).
+# (tests/conftest.py writes them to PDX_LIST_TESTS).
 realtime_ids=()
 only_options=1
 for arg in "$@"; do case "$arg" in -*) ;; *) only_options=0 ;; esac; done
-listing="$("$python" -m pytest --collect-only -q -p no:benchmark -m realtime "$@" 2>/dev/null || true)"
+listing="$(mktemp)"
+PDX_LIST_TESTS="$listing" "$python" -m pytest --collect-only -q -p no:benchmark -m realtime "$@" >/dev/null 2>&1 || true
 if [ "$only_options" = 1 ]; then
   while IFS= read -r line; do
     case "$line" in tests/*::*) realtime_ids+=("$line") ;; esac
-  done <<< "$listing"
+  done < "$listing"
 fi
+rm -f "$listing"
 parallel=0
 "$python" -m pytest -n "${PDX_TEST_WORKERS:-6}" --dist loadgroup -p no:benchmark -m "not realtime" "$@" || parallel=$?
 alone=0

@@ -95,6 +95,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """With PDX_LIST_TESTS=FILE, the selected tests' ids go to FILE (one a line): scripts/test.sh's
+    warm-up collection (`-m realtime`) hands them to the realtime pass, which then imports only
+    their modules instead of collecting the whole suite again."""
+    listing = os.environ.get("PDX_LIST_TESTS")
+    if listing:
+        Path(listing).write_text("".join(f"{item.nodeid}\n" for item in session.items))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
     folder = os.environ.get(_GROUPS_ENV)
     if config.getoption("dist", "no") != "loadgroup" or not folder:
