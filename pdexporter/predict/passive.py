@@ -57,12 +57,13 @@ class PassiveSession:
 
 class _Loop:
     """What one passive session's loop keeps between its ticks: the probe streams (live, and the
-    finished ones its baseline still reads), the spans not yet exported, the tracker and the session."""
+    finished ones its baseline still reads), the spans not yet exported, and per tracker its session
+    (several trackers, one a source set, can watch one engine run: `passive_sessions`)."""
 
-    def __init__(self, driver: SimDriver, tracker: PassiveTracker, session: PassiveSession,
+    def __init__(self, driver: SimDriver, trackers: list[PassiveTracker], sessions: list[PassiveSession],
                  settings: ProtocolSettings, baseline_span_s: float,
                  on_event: Callable[[PassiveEvent], None] | None) -> None:
-        self.driver, self.tracker, self.session, self.settings = driver, tracker, session, settings
+        self.driver, self.trackers, self.sessions, self.settings = driver, trackers, sessions, settings
         self.baseline_span_s, self.on_event = baseline_span_s, on_event
         self.live: list[TokenStream] = []
         self.finished: collections.deque[TokenStream] = collections.deque()
@@ -70,7 +71,8 @@ class _Loop:
 
     def on_finished(self, trace: RequestTrace) -> None:
         self.spans.append(trace)
-        self.session.requests[trace.request_id] = trace
+        for session in self.sessions:
+            session.requests[trace.request_id] = trace
 
     def start(self, probes: int) -> None:
         """The probe streams, their first lengths staggered as the live exporter's in passive mode."""
@@ -85,33 +87,42 @@ class _Loop:
         for i, stream in enumerate(self.live):
             if stream.finished:
                 self.finished.append(stream)
-                self.session.probe_tokens += stream.n_tokens
+                for session in self.sessions:
+                    session.probe_tokens += stream.n_tokens
                 self.live[i] = start_probes(self.driver, 1, self.settings)[0]
         horizon = self.driver.now_ns() - (self.baseline_span_s + 15.0) * 1e9
         while self.finished and (self.finished[0].t_finished_ns or 0) < horizon:
             self.finished.popleft()
 
     def export_spans(self) -> None:
-        """The finished requests' spans through the OTLP encoding and back, as an engine sends them."""
+        """The finished requests' spans through the OTLP encoding and back, as an engine sends them
+        (decoded for each tracker: what one receiver decoded is its own)."""
         if self.spans:
             batch, self.spans[:] = list(self.spans), []
             kind = self.driver.info.kind
-            received = decode_traces(encode_traces(batch, engine=kind), engine=kind)
-            self.session.traces += len(self.tracker.add_traces(received))
+            body = encode_traces(batch, engine=kind)
+            for tracker, session in zip(self.trackers, self.sessions):
+                session.traces += len(tracker.add_traces(decode_traces(body, engine=kind)))
 
-    async def scrape(self) -> None:
+    async def scrape(self, due: list[bool]) -> None:
+        """One snapshot of /metrics for the trackers it is due to (the periodic scrape, or one a
+        tracker asked for: each gets only what its own exporter would have scraped)."""
         snap = await self.driver.scrape_metrics()
         if snap is not None:
             now = self.driver.now_ns()
-            self.tracker.add_scrape(snap, now, now)
-            self.session.scrapes += 1
+            for tracker, session, wanted in zip(self.trackers, self.sessions, due):
+                if wanted:
+                    tracker.add_scrape(snap, now, now)
+                    session.scrapes += 1
 
     def poll(self) -> None:
-        for event in self.tracker.poll([*self.finished, *self.live], self.driver.now_ns()):
-            self.session.events.append(event)
-            self.session.outcomes[event.outcome] += 1
-            if self.on_event is not None:
-                self.on_event(event)
+        streams = [*self.finished, *self.live]
+        for tracker, session in zip(self.trackers, self.sessions):
+            for event in tracker.poll(streams, self.driver.now_ns()):
+                session.events.append(event)
+                session.outcomes[event.outcome] += 1
+                if self.on_event is not None:
+                    self.on_event(event)
 
 
 async def passive_session(
@@ -129,25 +140,51 @@ async def passive_session(
     on_event: Callable[[PassiveEvent], None] | None = None,
 ) -> PassiveSession:
     """Run `load` beside `probes` probe streams and the passive tracker; every event is returned."""
+    (session,) = await passive_sessions(
+        profile, chunk_size, load, [sources], probes=probes, settings=settings, scrape_interval_s=scrape_interval_s,
+        span_delay_s=span_delay_s, attribution_wait_s=attribution_wait_s, baseline_span_s=baseline_span_s,
+        on_event=on_event)
+    return session
+
+
+async def passive_sessions(
+    profile: str | Path | Profile,
+    chunk_size: int,
+    load: LoadSpec,
+    source_sets: Sequence[Sequence[str]],
+    *,
+    probes: int = 4,
+    settings: ProtocolSettings | None = None,
+    scrape_interval_s: float = 1.0,
+    span_delay_s: float = 5.0,
+    attribution_wait_s: float = 30.0,
+    baseline_span_s: float = 10.0,
+    on_event: Callable[[PassiveEvent], None] | None = None,
+) -> list[PassiveSession]:
+    """`passive_session` for several source sets at once: one engine run (one load, the same probe
+    streams, spans and /metrics), one tracker per set, as exporters of different `--sources` beside
+    the same engine would see it; a session per set, in order. Each tracker gets the periodic
+    scrapes and those it asked for itself."""
     settings = settings or ProtocolSettings()
     started = time.perf_counter()
     driver = SimDriver.create(profile, chunk_size)
-    session = PassiveSession(chunk_size=driver.info.chunk_size or chunk_size, modelled=driver.info.modelled,
-                             info=driver.info)
     engine = driver.engine
     offset_ns = round((engine.clock.wall() - engine.clock.now()) * 1e9)
-    tracker = PassiveTracker(
-        PassiveSettings(
-            chunk_size=session.chunk_size, engine=driver.info.kind, window=settings.window,
-            probe_prompt_tokens=settings.decode_context_tokens, probe_max_tokens=settings.decode_output_tokens,
-            baseline_span_s=baseline_span_s, attribution_wait_s=attribution_wait_s, sources=tuple(sources),
-        ),
-        trace_offset_ns=offset_ns,
-        cadence=step_model_cadence(driver.info.profile or str(profile), settings.decode_context_tokens + 128,
-                                   driver.info.kind),
-    )
-    session.trace_offset_ns = offset_ns
-    state = _Loop(driver, tracker, session, settings, baseline_span_s, on_event)
+    cadence = step_model_cadence(driver.info.profile or str(profile), settings.decode_context_tokens + 128,
+                                 driver.info.kind)
+    sessions, trackers = [], []
+    for sources in source_sets:
+        sessions.append(PassiveSession(chunk_size=driver.info.chunk_size or chunk_size, modelled=driver.info.modelled,
+                                       info=driver.info, trace_offset_ns=offset_ns))
+        trackers.append(PassiveTracker(
+            PassiveSettings(
+                chunk_size=sessions[-1].chunk_size, engine=driver.info.kind, window=settings.window,
+                probe_prompt_tokens=settings.decode_context_tokens, probe_max_tokens=settings.decode_output_tokens,
+                baseline_span_s=baseline_span_s, attribution_wait_s=attribution_wait_s, sources=tuple(sources),
+            ),
+            trace_offset_ns=offset_ns, cadence=cadence,
+        ))
+    state = _Loop(driver, trackers, sessions, settings, baseline_span_s, on_event)
     engine.on_request_finished = state.on_finished
     loop = asyncio.get_running_loop()
     try:
@@ -159,25 +196,32 @@ async def passive_session(
         end = t_start + load.duration_s
         while True:
             now = loop.time()
-            if load_task.done() and (now >= end + attribution_wait_s + 5.0 or (now >= end and tracker.pending == 0)):
+            if load_task.done() and (now >= end + attribution_wait_s + 5.0
+                                     or (now >= end and all(t.pending == 0 for t in trackers))):
                 break
             state.tick_streams()
             if now >= next_spans:
                 next_spans = now + span_delay_s
                 state.export_spans()
-            if now >= next_scrape or tracker.wants_scrape(driver.now_ns()):
-                if now >= next_scrape:
+            periodic = now >= next_scrape
+            due = [periodic or t.wants_scrape(driver.now_ns()) for t in trackers]
+            if any(due):
+                if periodic:
                     next_scrape = now + scrape_interval_s
-                await state.scrape()
+                await state.scrape(due)
             state.poll()
             await asyncio.sleep(TICK_S)
-        session.load = load_task.result()
-        session.engine_s = min(load.duration_s, loop.time() - t_start)
-        session.probe_tokens += sum(s.n_tokens for s in state.live)
+        result = load_task.result()
+        live_tokens = sum(s.n_tokens for s in state.live)
+        for session in sessions:
+            session.load = result
+            session.engine_s = min(load.duration_s, loop.time() - t_start)
+            session.probe_tokens += live_tokens
     finally:
         await driver.aclose()
-    session.wall_s = time.perf_counter() - started
-    return session
+    for session in sessions:
+        session.wall_s = time.perf_counter() - started
+    return sessions
 
 
-__all__ = ["PassiveSession", "passive_session"]
+__all__ = ["PassiveSession", "passive_session", "passive_sessions"]

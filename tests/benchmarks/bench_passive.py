@@ -4,9 +4,9 @@
         [--sources otlp metrics cadence] [--exact 60] [--overhead-seconds 60] [--seed 0]
     python tests/benchmarks/bench_passive.py --quick   # 30 s of traffic (otlp), 3 exact events, 5 s overhead runs (CI)
 
-1. Passive sessions (`predict.passive.passive_session`, the exporter's own tracker) on the embedded
+1. Passive sessions (`predict.passive.passive_sessions`, the exporter's own tracker) on the embedded
    engine in virtual time, beside a synthetic production load (`pdexporter.load`: Poisson arrivals
-   at --rate, the ShareGPT-like mix), once per source setting:
+   at --rate, the ShareGPT-like mix), one engine run with a tracker per source setting:
    `otlp`: request traces + /metrics + cadence (what `run --passive` uses when vLLM sends traces);
    `metrics`: /metrics + cadence (no traces); `cadence`: the probes alone.
 2. The injected table for the same engine and cells (`predict.grid.predict_records`, fast mode, 3
@@ -45,7 +45,7 @@ from pdexporter._internal.vloop import run_virtual  # noqa: E402
 from pdexporter.analysis.passive import compare_cells  # noqa: E402
 from pdexporter.load.mix import LoadSpec  # noqa: E402
 from pdexporter.predict.grid import predict_records  # noqa: E402
-from pdexporter.predict.passive import passive_session  # noqa: E402
+from pdexporter.predict.passive import passive_sessions  # noqa: E402
 from pdexporter.sim.profile import load_profile  # noqa: E402
 
 PROFILE = "h200-qwen3-coder-30b-a3b"
@@ -81,16 +81,17 @@ def _fmt(x: float | None, digits: int = 1) -> str:
 
 
 def run_sessions(args: argparse.Namespace) -> dict:
-    sessions = {}
-    for name in args.sources:
-        load = LoadSpec(rate=args.rate, duration_s=args.minutes * 60, seed=args.seed)
-        started = time.perf_counter()
-        session = run_virtual(passive_session(PROFILE, args.chunk, load, probes=args.probes,
-                                              sources=SOURCE_SETS[name]))
-        sessions[name] = session
+    """One engine run, a tracker per source set beside it (`passive_sessions`)."""
+    load = LoadSpec(rate=args.rate, duration_s=args.minutes * 60, seed=args.seed)
+    started = time.perf_counter()
+    runs = run_virtual(passive_sessions(PROFILE, args.chunk, load, [SOURCE_SETS[n] for n in args.sources],
+                                        probes=args.probes))
+    print(f"{args.minutes:g} min of traffic at {args.rate:g} req/s, {len(runs)} trackers beside one engine run, "
+          f"in {time.perf_counter() - started:.0f} s wall")
+    sessions = dict(zip(args.sources, runs))
+    for name, session in sessions.items():
         sources = collections.Counter(e.source for e in session.published)
-        print(f"[{name}] {args.minutes:g} min of traffic at {args.rate:g} req/s ({session.load.sent} requests) in "
-              f"{time.perf_counter() - started:.0f} s wall; runs: {dict(session.outcomes)}; published by source: "
+        print(f"[{name}] {session.load.sent} requests; runs: {dict(session.outcomes)}; published by source: "
               f"{dict(sources)}")
     return sessions
 

@@ -2,9 +2,10 @@
 beside a synthetic production load, checked against what the engine knows (every request's own
 trace) and against the injected windows of the same engine (`predict.grid`).
 
-Three sessions over the same load: with the engine's request traces (and /metrics), with /metrics
-alone, with the cadence alone. Virtual time: timing is the engine's model, not this machine's.
-The comparison with its figures over 30 minutes of traffic is tests/benchmarks/bench_passive.py.
+Three trackers beside one engine run (one load, the same probes, spans and scrapes): with the
+engine's request traces (and /metrics), with /metrics alone, with the cadence alone. Virtual time:
+timing is the engine's model, not this machine's. The comparison with its figures over 30 minutes
+of traffic is tests/benchmarks/bench_passive.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from pdexporter._internal.vloop import run_virtual
 from pdexporter.load.mix import LoadSpec
 from pdexporter.predict.grid import predict_records
-from pdexporter.predict.passive import PassiveSession, passive_session
+from pdexporter.predict.passive import PassiveSession, passive_sessions
 from pdexporter.sim.profile import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # the module's sessions: tens of seconds of CPU
@@ -26,14 +27,15 @@ B, PROBES = 8192, 4
 LOAD = LoadSpec(rate=1.0, duration_s=150, seed=5)
 
 
-def _session(*sources: str) -> PassiveSession:
-    return run_virtual(passive_session(PROFILE, B, LOAD, probes=PROBES, sources=sources))
+SOURCE_SETS = {"otlp": ("otlp", "metrics", "cadence"), "metrics": ("metrics", "cadence"), "cadence": ("cadence",)}
 
 
 @pytest.fixture(scope="module")
 def sessions() -> dict[str, PassiveSession]:
-    return {"otlp": _session("otlp", "metrics", "cadence"), "metrics": _session("metrics", "cadence"),
-            "cadence": _session("cadence")}
+    """The three source sets' trackers beside one engine run (`passive_sessions`: one load, one
+    set of probes, spans and scrapes, as three exporters of different `--sources` would see it)."""
+    runs = run_virtual(passive_sessions(PROFILE, B, LOAD, list(SOURCE_SETS.values()), probes=PROBES))
+    return dict(zip(SOURCE_SETS, runs))
 
 
 def _truth(session: PassiveSession, event) -> list:  # type: ignore[no-untyped-def]
@@ -115,3 +117,16 @@ def test_the_cadence_alone_sizes_multi_chunk_prefills(sessions) -> None:
     assert len(big) >= 3
     close = sum(got == pytest.approx(want, rel=0.25) for got, want in big)
     assert close >= 0.8 * len(big), big
+
+
+def test_trackers_beside_one_engine_run_do_not_see_each_other() -> None:
+    """Two trackers of the same sources beside one engine run end with the same events: each decodes
+    its own spans and gets its own scrapes, so what one does with them never reaches the other; a
+    third of other sources sees the same traffic (the same requests and probe tokens)."""
+    load = LoadSpec(rate=1.0, duration_s=40, seed=11)
+    a, b, c = run_virtual(passive_sessions(PROFILE, B, load, [("otlp", "metrics", "cadence")] * 2 + [("cadence",)],
+                                           probes=PROBES))
+    assert a.published and [e.info() for e in a.events] == [e.info() for e in b.events]
+    assert a.outcomes == b.outcomes and a.traces == b.traces > 0 and a.scrapes == b.scrapes > 0
+    assert c.requests == a.requests and c.probe_tokens == a.probe_tokens and c.load is a.load
+    assert c.published and {e.source for e in c.published} == {"cadence"}
