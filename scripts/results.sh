@@ -260,6 +260,23 @@ for base in qwen2.5-7b-instruct llama-3.2-3b-instruct; do
     python3 scripts/repeat_drift.py "$Q" "$Q-end" --out "$Q-end/drift.md"
   fi
 done
+# ... and GPU session 35's two small-prompt sweeps of the seventh model on a third H100 host (B = 8192, D 1/4/12 x
+# P 64-1024; the second with --no-async-scheduling, a diagnostic): scored against the projections committed before
+# session 34, set against session 34's first machine, and synchronous against asynchronous scheduling
+S=$R/h100-vllm0.22-llama-3.2-3b-instruct
+for v in smallp smallp-sync; do
+  echo "== dense $S-$v"
+  pd export-table "$S-$v" --out "$S-$v" >/dev/null
+  pd report "$S-$v" --out "$S-$v/report.html" >/dev/null
+  for p in "" -wait -h100host; do
+    python3 scripts/gpu/dense_report.py --model llama-3.2-3b-instruct compare --none-fitted --results "$S-$v" \
+      --predictions "$S/predictions$p.json" --out "$S-$v" >/dev/null
+  done
+  python3 scripts/projection_coverage.py "$S-$v"/comparison{,-wait,-h100host}.csv --regimes "$DENSE_REGIMES" \
+    --out "$S-$v/projection_coverage.md" >/dev/null
+done
+python3 scripts/repeat_drift.py "$S" "$S-smallp" --out "$S-smallp/drift-from-s34.md"
+python3 scripts/repeat_drift.py "$S-smallp" "$S-smallp-sync" --out "$S-smallp-sync/sync-vs-async.md"
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null
