@@ -94,7 +94,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     path.with_suffix(".tmp").replace(path)  # whole, before the worker reports its collection
 
 
-@pytest.hookimpl(optionalhook=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """With PDX_LIST_TESTS=FILE, the selected tests' ids go to FILE (one a line): scripts/test.sh's
     warm-up collection (`-m realtime`) hands them to the realtime pass, which then imports only
@@ -104,6 +103,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         Path(listing).write_text("".join(f"{item.nodeid}\n" for item in session.items))
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
     folder = os.environ.get(_GROUPS_ENV)
     if config.getoption("dist", "no") != "loadgroup" or not folder:
