@@ -58,7 +58,7 @@ class PassiveSession:
 class _Loop:
     """What one passive session's loop keeps between its ticks: the probe streams (live, and the
     finished ones its baseline still reads), the spans not yet exported, and per tracker its session
-    (several trackers, one a source set, can watch one engine run: `passive_sessions`)."""
+    (several trackers, one per source set, can watch one engine run: `passive_sessions`)."""
 
     def __init__(self, driver: SimDriver, trackers: list[PassiveTracker], sessions: list[PassiveSession],
                  settings: ProtocolSettings, baseline_span_s: float,
