@@ -9,8 +9,9 @@ the range for the target's GPU into the profile's provenance and note, so a proj
 projection missed by, where it was checked, and that it is unknown where nothing was.
 
 Read with the checks' own RUN.md. Most of the H100 misses are two steps the references do not carry: the H100
-hosts' eager launch, and a ≤ 256-token prompt's step (~1 ms on the 7–8B models, 3–5 ms on the 3B). On the 3B, the
-decode step is also over-projected (docs/sim.md, "On another GPU").
+hosts' eager launch, and a ≤ 256-token prompt's step (~1 ms on the 7–8B models, 2–5 ms on the 3B), both of which
+move with the host: on the 3B, a third H100 host ran both at half the first one's, and the projection over-predicts
+there. On the 3B, the decode step is also over-projected (docs/sim.md, "On another GPU").
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ class ProjectionCheck:
     flags: str  # "default" or "graphs" (capture sizes to 2,064 tokens)
     configurations: int
     mape: tuple[float, float, float, float]  # QUANTITIES, in %
+    predictions: str = ""  # the projection it scores, under results/ (empty: beside the comparison, its name's)
+
+    @property
+    def predictions_file(self) -> str:
+        return self.predictions or f"{self.results}/" + self.comparison.replace("comparison", "predictions").replace(
+            ".csv", ".json")
 
     def figure(self, quantity: str) -> float:
         return self.mape[QUANTITIES.index(quantity)]
@@ -65,6 +72,10 @@ CHECKS: tuple[ProjectionCheck, ...] = (
     *_h100("llama-3.2-3b-instruct", "GPU session 34", "h100-vllm0.22-llama-3.2-3b-instruct", {
         ("default", "planned"): (11.4, 65.8, 14.1, 48.2), ("default", "held-out"): (9.6, 37.7, 9.7, 28.0),
         ("graphs", "planned"): (11.1, 43.8, 6.0, 27.6), ("graphs", "held-out"): (9.3, 36.6, 6.6, 24.1)}),
+    # the same model on a third H100 host, 12 of the planned grid's cells (P <= 1024): the fast launch level
+    ProjectionCheck("H100", "llama-3.2-3b-instruct", "GPU session 35", "h100-vllm0.22-llama-3.2-3b-instruct-smallp",
+                    "comparison.csv", "default", 12, (8.7, 134.2, 50.8, 111.9),
+                    "h100-vllm0.22-llama-3.2-3b-instruct/predictions.json"),
 )
 
 

@@ -25,8 +25,7 @@ def test_each_checks_figures_are_its_committed_comparison(check) -> None:
     for q in QUANTITIES:
         errors = [abs(float(r[f"{q} err"])) for r in rows if r[f"{q} err"]]
         assert check.figure(q) == pytest.approx(100 * statistics.fmean(errors), abs=0.05), q
-    predictions = check.comparison.replace("comparison", "predictions").replace(".csv", ".json")
-    doc = json.loads((RESULTS / check.results / predictions).read_text())
+    doc = json.loads((RESULTS / check.predictions_file).read_text())
     assert doc["calibration"] == "projected" and "(learned rule, from " in doc["profile"]
     references = doc["profile"].split("(learned rule, from ")[1].rstrip(")").split(",")
     assert references and not any(check.model.split("-instruct")[0] in r for r in references)
@@ -49,4 +48,4 @@ def test_a_projected_profile_says_what_such_projections_missed_by_on_its_gpu() -
 def test_a_checked_models_own_profile_quotes_the_other_models() -> None:
     cfg, source = load_config("qwen3-8b")
     line = profile_from_config(cfg, "H100", model_name="qwen3-8b", source=source).provenance["checked"]
-    assert "qwen3-8b" not in line and "on 2 model(s)" in line and "8 grid(s)" in line
+    assert "qwen3-8b" not in line and "on 2 model(s)" in line and "9 grid(s)" in line
