@@ -427,14 +427,14 @@ class PassiveTracker:
             if r.start_ns < run.start_ns
         ]
         pending.quiet = []
-        for st in streams:
-            n = min(len(st.event_times_ns), len(st.event_tokens))
-            times = st.event_times_ns[:n]
-            if n < 2 or times[-1] <= start or times[0] > run.start_ns:
+        for st in streams:  # (as `_detect`: no copy of a whole stream, only the slice kept)
+            times, tokens = st.event_times_ns, st.event_tokens
+            n = min(len(times), len(tokens))
+            if n < 2 or times[n - 1] <= start or times[0] > run.start_ns:
                 continue
-            i0 = max(0, bisect.bisect_right(times, start) - 1)
-            i1 = bisect.bisect_right(times, run.start_ns)
-            pending.quiet.append((times[i0:i1], st.event_tokens[i0:i1], sum(st.event_tokens[:i0])))
+            i0 = max(0, bisect.bisect_right(times, start, 0, n) - 1)
+            i1 = bisect.bisect_right(times, run.start_ns, 0, n)
+            pending.quiet.append((times[i0:i1], tokens[i0:i1], sum(tokens[:i0])))
 
     # --- attribution -------------------------------------------------------------------------
 
