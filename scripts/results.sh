@@ -277,6 +277,38 @@ for v in smallp smallp-sync; do
 done
 python3 scripts/repeat_drift.py "$S" "$S-smallp" --out "$S-smallp/drift-from-s34.md"
 python3 scripts/repeat_drift.py "$S-smallp" "$S-smallp-sync" --out "$S-smallp-sync/sync-vs-async.md"
+# ... and GPU session 36's one H100 machine (the seventh model's one-machine set, PLAN.md): both flag sets' grids with
+# their held-out chunk sizes, the projections committed before session 34 scored on them, a calibration on B = 8192
+# scored on the same machine's B = 2048/4096, each grid measured again (default B = 8192 three engines, the held-out
+# chunk sizes two, graphs B = 8192 two), and the small-prompt sweeps against session 35's host
+for v in s36 s36-end s36-end2 graphs-s36 graphs-s36-end smallp-s36 smallp-sync-s36; do
+  echo "== dense $S-$v"
+  pd export-table "$S-$v" --out "$S-$v" >/dev/null
+  pd report "$S-$v" --out "$S-$v/report.html" >/dev/null
+done
+for g in "" -graphs; do
+  D=$S$g-s36
+  for p in "" -wait -h100host; do
+    for h in "" -heldout; do
+      python3 scripts/gpu/dense_report.py --model llama-3.2-3b-instruct$g compare --none-fitted --results "$D" \
+        --predictions "$S$g/predictions$h$p.json" --out "$D" >/dev/null
+    done
+  done
+  python3 scripts/projection_coverage.py "$D"/comparison{,-heldout}{,-wait,-h100host}.csv --regimes "$DENSE_REGIMES" \
+    --out "$D/projection_coverage.md" >/dev/null
+done
+# exit 5 where the fit predicts the held-out chunk sizes worse than the projection (refused: s36, graphs-s36)
+for v in s36:"" s36-end:"" graphs-s36:-graphs; do
+  D=$S-${v%%:*} g=${v#*:}
+  pd sim calibrate "$D" --profile "$S$g/projected-h100-llama-3.2-3b-instruct.yaml" \
+    --train-grid "sweeps/h200-dense-llama-3.2-3b$g.yaml" --out "$D/calibrated-h100-llama-3.2-3b-instruct$g.yaml" \
+    --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
+done
+python3 scripts/repeat_drift.py "$S-s36" "$S-s36-end" --out "$S-s36-end/drift.md"
+python3 scripts/repeat_drift.py "$S-s36-end" "$S-s36-end2" --out "$S-s36-end2/drift.md"
+python3 scripts/repeat_drift.py "$S-graphs-s36" "$S-graphs-s36-end" --out "$S-graphs-s36-end/drift.md"
+python3 scripts/repeat_drift.py "$S-smallp" "$S-smallp-s36" --out "$S-smallp-s36/drift-from-s35.md"
+python3 scripts/repeat_drift.py "$S-smallp-s36" "$S-smallp-sync-s36" --out "$S-smallp-sync-s36/sync-vs-async.md"
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null

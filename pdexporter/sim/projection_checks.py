@@ -11,7 +11,8 @@ projection missed by, where it was checked, and that it is unknown where nothing
 Read with the checks' own RUN.md. Most of the H100 misses are two steps the references do not carry: the H100
 hosts' eager launch, and a ≤ 256-token prompt's step (~1 ms on the 7–8B models, 2–5 ms on the 3B), both of which
 move with the host: on the 3B, a third H100 host ran both at half the first one's, and the projection over-predicts
-there. On the 3B, the decode step is also over-projected (docs/sim.md, "On another GPU").
+there; a fourth ran them at the first one's level in its first engines and near the third's in later ones, minutes
+apart on one machine (GPU session 36). On the 3B, the decode step is also over-projected (docs/sim.md, "On another GPU").
 """
 
 from __future__ import annotations
@@ -76,6 +77,14 @@ CHECKS: tuple[ProjectionCheck, ...] = (
     ProjectionCheck("H100", "llama-3.2-3b-instruct", "GPU session 35", "h100-vllm0.22-llama-3.2-3b-instruct-smallp",
                     "comparison.csv", "default", 12, (8.7, 134.2, 50.8, 111.9),
                     "h100-vllm0.22-llama-3.2-3b-instruct/predictions.json"),
+    # and a fourth H100 host, the whole of both flag sets' grids on one machine (its first engines: the slow level)
+    *(ProjectionCheck("H100", "llama-3.2-3b-instruct", "GPU session 36",
+                      f"h100-vllm0.22-llama-3.2-3b-instruct{g}-s36", f"comparison{h}.csv", flags, n, mape,
+                      f"h100-vllm0.22-llama-3.2-3b-instruct{g}/predictions{h}.json")
+      for g, flags, h, n, mape in (("", "default", "", 28, (11.5, 50.0, 14.2, 36.3)),
+                                   ("", "default", "-heldout", 48, (9.5, 61.4, 13.3, 42.0)),
+                                   ("-graphs", "graphs", "", 28, (11.3, 31.4, 7.5, 26.0)),
+                                   ("-graphs", "graphs", "-heldout", 48, (10.0, 26.4, 6.5, 20.7)))),
 )
 
 
