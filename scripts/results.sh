@@ -303,6 +303,10 @@ for v in s36:"" s36-end:"" graphs-s36:-graphs; do
   pd sim calibrate "$D" --profile "$S$g/projected-h100-llama-3.2-3b-instruct.yaml" \
     --train-grid "sweeps/h200-dense-llama-3.2-3b$g.yaml" --out "$D/calibrated-h100-llama-3.2-3b-instruct$g.yaml" \
     --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
+  # post hoc: trained on B = 2048 and 8192, predicting B = 4096 (graphs: refused)
+  pd sim calibrate "$D" --profile "$S$g/projected-h100-llama-3.2-3b-instruct.yaml" --train-grid "$D/train-2048-8192.yaml" \
+    --out "$D/calibrated-2048-8192-h100-llama-3.2-3b-instruct$g.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
+    > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
 done
 python3 scripts/repeat_drift.py "$S-s36" "$S-s36-end" --out "$S-s36-end/drift.md"
 python3 scripts/repeat_drift.py "$S-s36-end" "$S-s36-end2" --out "$S-s36-end2/drift.md"
