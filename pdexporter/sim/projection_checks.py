@@ -12,7 +12,8 @@ Read with the checks' own RUN.md. Most of the H100 misses are two steps the refe
 hosts' eager launch, and a ≤ 256-token prompt's step (~1 ms on the 7–8B models, 2–5 ms on the 3B), both of which
 move with the host: on the 3B, a third H100 host ran both at half the first one's, and the projection over-predicts
 there; a fourth ran them at the first one's level in its first engines and near the third's in later ones, minutes
-apart on one machine (GPU session 36). On the 3B, the decode step is also over-projected (docs/sim.md, "On another GPU").
+apart on one machine (GPU session 36). On the 3B, the decode step is also over-projected (docs/sim.md, "On another
+GPU").
 """
 
 from __future__ import annotations
