@@ -221,6 +221,10 @@ for m in qwen3-8b qwen3-8b-graphs; do
   # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (graphs: refused, its report kept)
   pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid sweeps/h200-dense-$m.yaml \
     --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
+  # post hoc (session 36): trained on B = 2048 and 8192, predicting B = 4096 (both refused)
+  pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid "$D/train-2048-8192.yaml" \
+    --out "$D/calibrated-2048-8192-h100-$m.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
+    > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
 done
 # ... and Qwen2.5-7B-Instruct on an H100 (GPU session 33, a sixth model no profile or fit had read), then Llama-3.2-3B-
 # Instruct (the seventh, GPU session 34; its held-out grids on a second H100 machine, no repeat): their tables on both
