@@ -328,4 +328,6 @@ pd export-table "$Q8-end" --out "$Q8-end" >/dev/null
 python3 scripts/repeat_drift.py "$Q8" "$Q8-end" --out "$Q8-end/drift.md"
 echo "== validate-pd"
 pd validate-pd "$SEED" --decode-bench "$DB" --pair "$PAIR" --out "$PAIR" >/dev/null
+# ... and the index of the directories (results/INDEX.md), made from what each holds
+python3 scripts/results_index.py --out "$R/INDEX.md"
 git status --short "$R" | wc -l | xargs echo "files changed under $R:"
