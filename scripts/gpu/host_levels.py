@@ -7,7 +7,10 @@ ratio to the median of its configuration's repetitions (the level), and, over th
 that bracket the window, the engine core's main thread: its share of the window on a CPU and
 waiting on the run queue, the CPU it ran on; the host's steal (all CPUs, and the engine core's CPU's); the
 GPU's SM clock (mean, min), power and whether a clock-event reason (power cap, thermal) was active; the
-guest's CPU speed (the monitor's fixed loop, `spin_us`, mean over the bracketing samples).
+guest's CPU speed (the monitor's fixed loop, `spin_us`, mean over the bracketing samples); and, where
+`scripts/gpu/launch_probe.py` ran beside it (`launch-*.jsonl`), the host's CUDA launch speed from a process of
+its own (`launch_us`, nanoseconds a launch in microseconds, over the probe's samples within one interval of the
+window; the nearest within 5 s else).
 
     python3 scripts/gpu/host_levels.py RESULTS_DIR MONITOR_DIR [--csv OUT.csv]
 
@@ -30,6 +33,40 @@ ENGINE_COMM = "VLLM::EngineCor"
 
 
 Machine = tuple[list[int], list[dict], list[tuple[int, float, float, int]]]  # times, samples, GPU rows
+Launches = dict[int, tuple[list[int], list[float]]]  # per machine: the probe's times and microseconds a launch
+
+
+def load_launches(folder: Path, keys: list[int]) -> Launches:
+    """The launch probe's samples (`launch-*.jsonl`) per machine, keyed as `load_monitor` keys them (wall minus
+    monotonic time in whole seconds; a machine the monitor did not see gets a key of its own)."""
+    out: Launches = {}
+    for f in sorted(folder.glob("launch-*.jsonl")):
+        part = sorted((json.loads(line) for line in f.open() if line.strip()), key=lambda s: s["t"])
+        if not part:
+            continue
+        off = statistics.median(s["w"] - s["t"] for s in part) / 1e9
+        key = next((k for k in [*keys, *out] if abs(k - off) < 2), round(off))
+        times, values = out.setdefault(key, ([], []))
+        times += [s["t"] for s in part]
+        values += [s["launch"][0] / 1e3 for s in part]
+    for key, (times, values) in out.items():
+        order = sorted(range(len(times)), key=times.__getitem__)
+        out[key] = ([times[i] for i in order], [values[i] for i in order])
+    return out
+
+
+def launch_at(series: tuple[list[int], list[float]], t0: int, t1: int) -> float | None:
+    """The probe's microseconds a launch around the window [t0, t1]: the mean of its samples within one sampling
+    interval of it, else the nearest sample within 5 s, else None."""
+    times, values = series
+    if not times:
+        return None
+    step = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else 5_000_000_000
+    lo, hi = bisect.bisect_left(times, t0 - step), bisect.bisect_right(times, t1 + step)
+    if hi > lo:
+        return statistics.fmean(values[lo:hi])
+    i = min(range(len(times)), key=lambda j: abs(times[j] - t0))
+    return values[i] if abs(times[i] - t0) <= 5_000_000_000 else None
 
 
 def load_monitor(folder: Path) -> dict[int, Machine]:
@@ -60,7 +97,7 @@ def load_monitor(folder: Path) -> dict[int, Machine]:
     return {k: ([s["t"] for s in samples], samples, gpu) for k, (_, samples, gpu) in machines.items()}
 
 
-def machine_of(machines: dict[int, Machine], t_ns: int, wall_s: float) -> int | None:
+def machine_of(machines: dict[int, Machine] | dict[int, None], t_ns: int, wall_s: float) -> int | None:
     """The key of the machine whose monotonic clock reads `t_ns` at about wall time `wall_s` (a
     record's `started_at`, whole seconds, taken just before the window)."""
     return next((offset for offset in machines if abs(offset + t_ns / 1e9 - wall_s) < 10), None)
@@ -119,6 +156,8 @@ def window_stats(t0: int, t1: int, times: list[int], samples: list[dict], thread
 def rows(results: Path, monitor: Path) -> list[dict]:
     machines = load_monitor(monitor)
     threads = {k: engine_threads(m[1]) for k, m in machines.items()}
+    launches = load_launches(monitor, list(machines))
+    clocks = {**dict.fromkeys(launches), **dict.fromkeys(machines)}  # every machine's key: monitor, probe or both
     out = []
     for rec_path in sorted(results.glob("[0-9]*/D*_P*.json")):
         rec = json.loads(rec_path.read_text())
@@ -138,11 +177,14 @@ def rows(results: Path, monitor: Path) -> list[dict]:
                    "rep": r["rep"], "chunks": r["interference"].get("num_chunks_actual"),
                    "penalty_ms": r["derived"]["tpot_penalty_ms"], "ratio": r["derived"]["tpot_penalty_ms"] / med,
                    "window_ms": (t1 - t0) / 1e6}
-            key = machine_of(machines, t0, datetime.fromisoformat(r["started_at"]).timestamp()) \
+            key = machine_of(clocks, t0, datetime.fromisoformat(r["started_at"]).timestamp()) \
                 if r.get("started_at") else None
-            times, samples, gpu = machines[key] if key is not None else ([], [], [])
+            times, samples, gpu = machines.get(key, ([], [], [])) if key is not None else ([], [], [])
             if times and times[0] <= t0 <= times[-1]:
                 row |= window_stats(t0, t1, times, samples, threads[key], gpu)
+            launch = launch_at(launches[key], t0, t1) if key in launches else None
+            if launch is not None:
+                row["launch_us"] = launch
             out.append(row)
     return out
 
@@ -159,9 +201,16 @@ def summarise(table: list[dict]) -> None:
             vals = [[r[key] for r in grp if key in r] for grp in (near, away)]
             if all(vals):
                 print(f"  {key:18s} near {statistics.fmean(vals[0]):10.3f}   away {statistics.fmean(vals[1]):10.3f}")
-        paired = [(r["ratio"], r["spin_us"]) for r in part if "spin_us" in r]
-        if len(paired) > 2 and len({s for _, s in paired}) > 1:
-            print(f"  level ~ spin_us: Pearson r {statistics.correlation(*zip(*paired)):.2f} over {len(paired)}")
+        for key in ("spin_us", "launch_us"):
+            probed = [r for r in table if keep(r) and key in r]  # the probe may have run without the monitor
+            paired = [(r["ratio"], r[key]) for r in probed]
+            if len(paired) > 2 and len({v for _, v in paired}) > 1 and len({v for v, _ in paired}) > 1:
+                away_v = [r[key] for r in probed if abs(r["ratio"] - 1) > 0.1]
+                near_v = [r[key] for r in probed if abs(r["ratio"] - 1) <= 0.1]
+                split = (f"; near {statistics.fmean(near_v):.3f}, away {statistics.fmean(away_v):.3f}"
+                         if near_v and away_v else "")
+                print(f"  level ~ {key}: Pearson r {statistics.correlation(*zip(*paired)):.2f} over "
+                      f"{len(paired)}{split}")
 
 
 def main() -> int:

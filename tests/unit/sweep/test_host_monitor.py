@@ -4,6 +4,7 @@ pure window arithmetic for the second."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -93,3 +94,57 @@ def test_each_machine_keeps_its_own_monotonic_axis(tmp_path: Path) -> None:
     b = levels.machine_of(machines, 101 * s, boots["b"] / s + 101)
     assert a is not None and b is not None and a != b
     assert levels.machine_of(machines, 101 * s, boots["b"] / s + 5000) is None
+
+
+def test_the_launch_probe_writes_a_sample_an_interval_on_both_clocks(tmp_path: Path) -> None:
+    """scripts/gpu/launch_probe.py with --fake (a Python call timed in place of a CUDA launch: the file's form,
+    not the launch path) writes one line an interval on the records' clock, and ends cleanly on SIGTERM."""
+    out = tmp_path / "launch-1.jsonl"
+    t0 = time.monotonic_ns()
+    probe = subprocess.Popen([sys.executable, str(REPO / "scripts" / "gpu" / "launch_probe.py"), str(out),
+                              "--fake", "--interval", "0.05", "--launches", "50"])
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
+            time.sleep(0.05)
+    finally:
+        probe.send_signal(signal.SIGTERM)
+        assert probe.wait(timeout=20) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) >= 3 and all(t0 <= s["t"] <= time.monotonic_ns() for s in lines)
+    assert all(s["launch"][0] > 0 and s["launch"][1] == 50 for s in lines)
+    assert all(abs((s["w"] - s["t"]) - (lines[0]["w"] - lines[0]["t"])) < 50_000_000 for s in lines)
+    bad = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "launch_probe.py"), str(out), "--fake",
+                          "--interval", "0"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--interval 0.0" in bad.stderr
+
+
+def test_a_repetition_is_paired_with_the_launch_speed_around_its_window(tmp_path: Path) -> None:
+    """`host_levels.rows` pairs each repetition with the probe's samples within one interval of its window
+    (`launch_us`), on the machine whose clock the window was read on, with no host monitor beside it."""
+    import gzip
+
+    levels = gpu_script("host_levels")
+    s, ms = 1_000_000_000, 1_000_000
+    boot = 1_796_000_000 * s  # the wall time at the machine's boot
+    # the probe every 2 s from t = 100 s: 5 us a launch, then 10 us from t = 120 s (the slow level)
+    probe = [{"t": t * s, "w": boot + t * s, "launch": [5000.0 if t < 120 else 10000.0, 200]} for t in range(100, 140, 2)]
+    results, monitor = tmp_path / "r", tmp_path / "m"
+    (results / "8192" / "raw").mkdir(parents=True)
+    monitor.mkdir()
+    (monitor / "launch-1.jsonl").write_text("\n".join(json.dumps(x) for x in probe) + "\n")
+    reps = []
+    for i, (t_inject, penalty) in enumerate(((105, 20.0), (111, 21.0), (125, 40.0), (131, 41.0))):
+        raw = {"t_inject_clock_ns": t_inject * s, "t_first_ns": 30 * ms}
+        with gzip.open(results / "8192" / "raw" / f"D4_P1024_r{i}.json.gz", "wt") as f:
+            json.dump(raw, f)
+        started = datetime.datetime.fromtimestamp((boot + t_inject * s) / s, tz=datetime.timezone.utc)
+        reps.append({"rep": i, "raw": f"raw/D4_P1024_r{i}.json.gz", "started_at": started.isoformat(),
+                     "derived": {"tpot_penalty_ms": penalty}, "interference": {"num_chunks_actual": 1}})
+    record = {"config": {"chunk_size": 8192, "decode_batch_size": 4, "new_prefill_tokens": 1024}, "reps": reps}
+    (results / "8192" / "D4_P1024.json").write_text(json.dumps(record))
+    table = levels.rows(results, monitor)
+    assert [r["launch_us"] for r in table] == [5.0, 5.0, 10.0, 10.0]
+    assert [round(r["ratio"], 3) for r in table] == [0.656, 0.689, 1.311, 1.344]  # against the median, 30.5 ms
+    far = levels.launch_at(([100 * s], [5.0]), 200 * s, 200 * s + 30 * ms)
+    assert far is None  # no sample within 5 s: no figure rather than a stale one
