@@ -128,7 +128,8 @@ def test_a_repetition_is_paired_with_the_launch_speed_around_its_window(tmp_path
     s, ms = 1_000_000_000, 1_000_000
     boot = 1_796_000_000 * s  # the wall time at the machine's boot
     # the probe every 2 s from t = 100 s: 5 us a launch, then 10 us from t = 120 s (the slow level)
-    probe = [{"t": t * s, "w": boot + t * s, "launch": [5000.0 if t < 120 else 10000.0, 200]} for t in range(100, 140, 2)]
+    probe = [{"t": t * s, "w": boot + t * s, "launch": [5000.0 if t < 120 else 10000.0, 200]}
+             for t in range(100, 140, 2)]
     results, monitor = tmp_path / "r", tmp_path / "m"
     (results / "8192" / "raw").mkdir(parents=True)
     monitor.mkdir()
@@ -138,7 +139,7 @@ def test_a_repetition_is_paired_with_the_launch_speed_around_its_window(tmp_path
         raw = {"t_inject_clock_ns": t_inject * s, "t_first_ns": 30 * ms}
         with gzip.open(results / "8192" / "raw" / f"D4_P1024_r{i}.json.gz", "wt") as f:
             json.dump(raw, f)
-        started = datetime.datetime.fromtimestamp((boot + t_inject * s) / s, tz=datetime.timezone.utc)
+        started = datetime.datetime.fromtimestamp((boot + t_inject * s) / s, tz=datetime.UTC)
         reps.append({"rep": i, "raw": f"raw/D4_P1024_r{i}.json.gz", "started_at": started.isoformat(),
                      "derived": {"tpot_penalty_ms": penalty}, "interference": {"num_chunks_actual": 1}})
     record = {"config": {"chunk_size": 8192, "decode_batch_size": 4, "new_prefill_tokens": 1024}, "reps": reps}
