@@ -203,14 +203,22 @@ def summarise(table: list[dict]) -> None:
                 print(f"  {key:18s} near {statistics.fmean(vals[0]):10.3f}   away {statistics.fmean(vals[1]):10.3f}")
         for key in ("spin_us", "launch_us"):
             probed = [r for r in table if keep(r) and key in r]  # the probe may have run without the monitor
-            paired = [(r["ratio"], r[key]) for r in probed]
-            if len(paired) > 2 and len({v for _, v in paired}) > 1 and len({v for v, _ in paired}) > 1:
-                away_v = [r[key] for r in probed if abs(r["ratio"] - 1) > 0.1]
-                near_v = [r[key] for r in probed if abs(r["ratio"] - 1) <= 0.1]
-                split = (f"; near {statistics.fmean(near_v):.3f}, away {statistics.fmean(away_v):.3f}"
-                         if near_v and away_v else "")
-                print(f"  level ~ {key}: Pearson r {statistics.correlation(*zip(*paired)):.2f} over "
-                      f"{len(paired)}{split}")
+            _correlate(f"  level ~ {key}", probed, key)
+    # the launch probe per prompt length: the eager one-chunk prompts against a compute-bound control
+    for p in sorted({r["P"] for r in table if "launch_us" in r}):
+        _correlate(f"P = {p}: level ~ launch_us", [r for r in table if r["P"] == p and "launch_us" in r], "launch_us")
+
+
+def _correlate(label: str, rows_: list[dict], key: str) -> None:
+    """Pearson r of the level (a repetition's penalty over its configuration's median) with `key`, and `key`'s
+    mean over the fast (level < 0.9), near (0.9-1.1) and slow (> 1.1) repetitions."""
+    paired = [(r["ratio"], r[key]) for r in rows_]
+    if len(paired) < 3 or len({v for _, v in paired}) < 2 or len({v for v, _ in paired}) < 2:
+        return
+    groups = {"fast": [v for q, v in paired if q < 0.9], "near": [v for q, v in paired if 0.9 <= q <= 1.1],
+              "slow": [v for q, v in paired if q > 1.1]}
+    means = ", ".join(f"{name} {statistics.fmean(v):.3f} ({len(v)})" for name, v in groups.items() if v)
+    print(f"{label}: Pearson r {statistics.correlation(*zip(*paired)):.2f} over {len(paired)}; {means}")
 
 
 def main() -> int:

@@ -149,3 +149,17 @@ def test_a_repetition_is_paired_with_the_launch_speed_around_its_window(tmp_path
     assert [round(r["ratio"], 3) for r in table] == [0.656, 0.689, 1.311, 1.344]  # against the median, 30.5 ms
     far = levels.launch_at(([100 * s], [5.0]), 200 * s, 200 * s + 30 * ms)
     assert far is None  # no sample within 5 s: no figure rather than a stale one
+
+
+def test_the_summary_reads_the_level_against_the_launch_speed_per_prompt(capsys: pytest.CaptureFixture[str]) -> None:
+    levels = gpu_script("host_levels")
+    table = [{"P": 512, "chunks": 1, "ratio": q, "launch_us": u} for q, u in ((0.7, 5.0), (0.72, 5.1), (1.0, 7.0),
+                                                                             (1.3, 10.0), (1.32, 9.8))]
+    table += [{"P": 4096, "chunks": 1, "ratio": q, "launch_us": u} for q, u in ((0.95, 10.0), (1.0, 5.0), (1.05, 7.5))]
+    levels.summarise(table)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("P = 512:"))
+    assert "Pearson r 1.00 over 5" in line and "fast 5.050 (2)" in line and "slow 9.900 (2)" in line
+    assert "near 7.000 (1)" in line
+    control = next(x for x in out.splitlines() if x.startswith("P = 4096:"))
+    assert "over 3" in control and "slow" not in control  # a control without levels: its repetitions all near
