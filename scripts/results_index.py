@@ -3,7 +3,9 @@ drift from them (`tests/unit/test_results_index.py` holds the committed `results
 
     python scripts/results_index.py [--results results] [--out results/INDEX.md]
 
-Per directory: its GPU campaign (`campaign.yaml`: id, date, role; a directory without one holds derived
+The directories are those git tracks under `results/` (a command run without `--out` writes its local outputs there,
+ignored by git: they are not the repository's); outside a git checkout, every directory. Per directory: its GPU
+campaign (`campaign.yaml`: id, date, role; a directory without one holds derived
 analysis or records no held-out scoring reads), how many records it holds (`D*_P*.json` below a chunk-size
 folder, the passive events' `joint/` and `merged/` folders left out), and the title of its RUN.md (else of its
 PLAN.md: planned, not run). Pure file reading; the markdown is sorted by directory name.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,6 +46,18 @@ def _campaign(directory: Path) -> tuple[str, str, str]:
     return str(doc.get("id", "?")), str(doc.get("date", "?")), str(doc.get("role", "?"))
 
 
+def _directories(results: Path) -> list[Path]:
+    """The directories of `results` that git tracks files in, else (no git, or not a checkout) every one."""
+    every = sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        listed = subprocess.run(["git", "-C", str(results), "ls-files", "-z", "."], capture_output=True, check=True,
+                                timeout=60).stdout.decode("utf-8", "replace")
+    except (OSError, subprocess.SubprocessError):
+        return every
+    tracked = {name.split("/", 1)[0] for name in listed.split("\0") if "/" in name}
+    return [p for p in every if p.name in tracked]
+
+
 def index(results: Path) -> str:
     rows = ["# The results directories", "",
             "Made by `python scripts/results_index.py` from each directory's `campaign.yaml`, records and RUN.md "
@@ -50,7 +65,7 @@ def index(results: Path) -> str:
             "`fit` may be read by the fits, `validation` by none (docs/analysis.md, \"Held-out campaigns\"); "
             "'–': no campaign file (derived analysis, or records no held-out scoring reads).", "",
             "| directory | campaign | date | role | records | what it is |", "|---|---|---|---|---|---|"]
-    dirs = sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith("."))
+    dirs = _directories(results)
     for d in dirs:
         cid, date, role = _campaign(d)
         run, plan = d / "RUN.md", d / "PLAN.md"
