@@ -47,7 +47,8 @@ def _campaign(directory: Path) -> tuple[str, str, str]:
 
 
 def _directories(results: Path) -> list[Path]:
-    """The directories of `results` that git tracks files in, else (no git, or not a checkout) every one."""
+    """The directories of `results` that git tracks files in, else (no git, not a checkout, nothing tracked) every
+    one."""
     every = sorted(p for p in results.iterdir() if p.is_dir() and not p.name.startswith("."))
     try:
         listed = subprocess.run(["git", "-C", str(results), "ls-files", "-z", "."], capture_output=True, check=True,
@@ -55,7 +56,7 @@ def _directories(results: Path) -> list[Path]:
     except (OSError, subprocess.SubprocessError):
         return every
     tracked = {name.split("/", 1)[0] for name in listed.split("\0") if "/" in name}
-    return [p for p in every if p.name in tracked]
+    return [p for p in every if p.name in tracked] if tracked else every  # nothing tracked there: a folder of one's own
 
 
 def index(results: Path) -> str:
