@@ -67,12 +67,14 @@ def index(results: Path) -> str:
             "'–': no campaign file (derived analysis, or records no held-out scoring reads).", "",
             "| directory | campaign | date | role | records | what it is |", "|---|---|---|---|---|---|"]
     dirs = _directories(results)
+    campaigns = set()
     for d in dirs:
         cid, date, role = _campaign(d)
+        if cid != "–":
+            campaigns.add((cid, role))
         run, plan = d / "RUN.md", d / "PLAN.md"
         what = _title(run) if run.is_file() else (f"PLANNED: {_title(plan)}" if plan.is_file() else "")
         rows.append(f"| [{d.name}]({d.name}/) | {cid} | {date} | {role} | {_records(d)} | {what} |")
-    campaigns = {(_campaign(d)[0], _campaign(d)[2]) for d in dirs} - {("–", "–")}
     rows += ["", f"{len(dirs)} directories; {len(campaigns)} campaigns "
              f"({sum(r == 'fit' for _, r in campaigns)} fit, {sum(r == 'validation' for _, r in campaigns)} "
              "validation).", ""]

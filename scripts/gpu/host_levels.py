@@ -39,20 +39,19 @@ Launches = dict[int, tuple[list[int], list[float]]]  # per machine: the probe's 
 def load_launches(folder: Path, keys: list[int]) -> Launches:
     """The launch probe's samples (`launch-*.jsonl`) per machine, keyed as `load_monitor` keys them (wall minus
     monotonic time in whole seconds; a machine the monitor did not see gets a key of its own)."""
-    out: Launches = {}
+    pairs: dict[int, list[tuple[int, float]]] = {}
     for f in sorted(folder.glob("launch-*.jsonl")):
-        part = sorted((json.loads(line) for line in f.open() if line.strip()), key=lambda s: s["t"])
-        if not part:
-            continue
-        off = statistics.median(s["w"] - s["t"] for s in part) / 1e9
-        key = next((k for k in [*keys, *out] if abs(k - off) < 2), round(off))
-        times, values = out.setdefault(key, ([], []))
-        times += [s["t"] for s in part]
-        values += [s["launch"][0] / 1e3 for s in part]
-    for key, (times, values) in out.items():
-        order = sorted(range(len(times)), key=times.__getitem__)
-        out[key] = ([times[i] for i in order], [values[i] for i in order])
-    return out
+        part = [json.loads(line) for line in f.open() if line.strip()]
+        if part:
+            key = _machine_key(statistics.median(s["w"] - s["t"] for s in part) / 1e9, [*keys, *pairs])
+            pairs.setdefault(key, []).extend((s["t"], s["launch"][0] / 1e3) for s in part)
+    return {key: ([t for t, _ in sorted(p)], [v for _, v in sorted(p)]) for key, p in pairs.items()}
+
+
+def _machine_key(off_s: float, keys: list[int]) -> int:
+    """The machine a file's samples were taken on, from their wall minus monotonic time (`off_s`, one boot's): the
+    key already seen within 2 s of it, else its own (whole seconds)."""
+    return next((k for k in keys if abs(k - off_s) < 2), round(off_s))
 
 
 def launch_at(series: tuple[list[int], list[float]], t0: int, t1: int) -> float | None:
@@ -80,7 +79,7 @@ def load_monitor(folder: Path) -> dict[int, Machine]:
         if not part:
             continue
         off = statistics.median(s["w"] - s["t"] for s in part)  # wall minus monotonic, this file's
-        key = next((k for k in machines if abs(k - off / 1e9) < 2), round(off / 1e9))
+        key = _machine_key(off / 1e9, list(machines))
         _, samples, gpu = machines.setdefault(key, ([], [], []))
         samples += part
         g = f.with_suffix(".gpu.csv")
