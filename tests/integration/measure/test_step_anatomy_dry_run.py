@@ -1,0 +1,35 @@
+"""scripts/gpu/step-anatomy.sh's dry run (SIM=1): the script the next H100 session spends its minutes on runs end to
+end on the embedded engine (dense-h200.sh's sweep in virtual time, the host monitor as a real process). The embedded
+engine has no HTTP server and no profiler, so the profile windows find no engine and no trace is written: held here
+is the plumbing and that the run says so, not the traces (tests/unit/sweep/test_step_anatomy.py reads those)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_sweep_runs_and_the_missing_traces_are_said(tmp_path: Path) -> None:
+    sweep = tmp_path / "anatomy.yaml"  # the committed sweep, 2 repetitions instead of 100
+    text = (REPO / "sweeps" / "h200-dense-llama-3.2-3b-anatomy.yaml").read_text()
+    assert "\nreps: 100\n" in text and "--profiler-config '{prof}'" in text
+    sweep.write_text(text.replace("\nreps: 100\n", "\nreps: 2\n"))
+    env = {**os.environ, "SIM": "1", "OUT": str(tmp_path / "out"), "R": str(tmp_path / "r"), "SWEEP": str(sweep),
+           "HEALTH_TIMEOUT": "1"}
+    proc = subprocess.run(["bash", "scripts/gpu/step-anatomy.sh", "120"], cwd=REPO, env=env, capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "complete: 6 of 6 configurations" in proc.stdout and "step-anatomy: dense-h200.sh rc=0" in proc.stdout
+    out = tmp_path / "out"
+    with tarfile.open(out / "monitor.tgz") as packed:
+        assert any(n.startswith("monitor/host-") and n.endswith(".jsonl") for n in packed.getnames())
+    assert (out / "traces.txt").read_text().startswith("no trace in ")
+    assert "/health did not answer in 1 s" in proc.stderr
