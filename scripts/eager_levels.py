@@ -1,6 +1,6 @@
 """Issues 30, 32 and 36 (docs/status.md, "The one thing to know first"): where the one-chunk step's level lives.
 
-    python scripts/eager_levels.py RESULTS_DIR [--control P] [--out levels.md]
+    python scripts/eager_levels.py RESULTS_DIR [--control P] [--windows windows.jsonl] [--out levels.md]
 
 Reads one engine's interleaved sweep (`{chunk}/D*_P*.json`, their `raw/` windows; one block = one repetition of
 every configuration, seconds apart), `levels.csv` (`scripts/gpu/host_levels.py`'s pairing of each repetition with
@@ -17,7 +17,9 @@ the launch probe) and `host-monitor.tgz` (the probe's and nvidia-smi's samples) 
    same block, its spread over blocks, its lag-1 autocorrelation from block to block, and against the GPU's power
    and power-cap share over the block's span (nvidia-smi every 0.1 s).
 
-Pure arithmetic on committed records; the GPU-side pairing is host_levels.py's (imported, not repeated).
+`--windows` (scripts/gpu/profile_window.py's file) leaves out the repetitions injected while vLLM's profiler was open
+(or within a second of it): the unprofiled repetitions of a profiled engine. Pure arithmetic on committed records;
+the GPU-side pairing is host_levels.py's (imported, not repeated).
 """
 
 from __future__ import annotations
@@ -66,11 +68,23 @@ def repetitions(results: Path) -> pd.DataFrame:
                         "step_ms": steps[0] if len(steps) == 1 else np.nan, "penalty_ms": penalty})
     if not out:
         raise SystemExit(f"{results}: no repetitions of a D > 0 configuration under {{chunk}}/D*_P*.json")
-    df = pd.DataFrame(out).sort_values("t", ignore_index=True)
+    return with_ratios(pd.DataFrame(out).sort_values("t", ignore_index=True))
+
+
+def with_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """`step_ratio` and `ratio`: the chunk step and the penalty over their configuration's medians in `df`."""
     by = df.groupby(["D", "P"])
-    df["step_ratio"] = df.step_ms / by.step_ms.transform("median")
-    df["ratio"] = df.penalty_ms / by.penalty_ms.transform("median")
-    return df
+    return df.assign(step_ratio=df.step_ms / by.step_ms.transform("median"),
+                     ratio=df.penalty_ms / by.penalty_ms.transform("median"))
+
+
+def outside_windows(df: pd.DataFrame, windows: Path) -> pd.DataFrame:
+    """The repetitions injected more than a second away from every profiler window (start's POST to stop's answer)."""
+    spans = [json.loads(line) for line in windows.read_text().splitlines() if line.strip()]
+    keep = pd.Series(True, index=df.index)
+    for w in spans:
+        keep &= ~df.t.between(w["start"][0] / 1e9 - 1, w["stop"][1] / 1e9 + 1)
+    return df[keep]
 
 
 def per_config(df: pd.DataFrame) -> list[str]:
@@ -186,14 +200,19 @@ def monitor(tgz: Path) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
     return np.asarray(pt, dtype=float) / 1e9, np.asarray(pv, dtype=float), frame
 
 
-def report(results: Path, control: int | None) -> str:
+def report(results: Path, control: int | None, windows: Path | None = None) -> str:
     df = repetitions(results)
+    left_out = ""
+    if windows is not None:
+        kept = outside_windows(df, windows)
+        left_out = f" {len(df) - len(kept)} repetitions inside the profiler's windows ({windows.name}) are left out."
+        df = with_ratios(kept)
     control = control or int(df.P.max())
     probe_t, probe_v, gpu = monitor(results / "host-monitor.tgz")
     lines = [f"# Where the one-chunk step's level lives: {results.name}", "",
              "`python scripts/eager_levels.py` (its docstring says what each part is). "
              "Chunk steps are the engine's own log's; a block is one repetition of every configuration, "
-             "interleaved.", "",
+             "interleaved." + left_out, "",
              "## Per configuration", "", *per_config(df), ""]
     csv = results / "levels.csv"
     if csv.exists():
@@ -214,9 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path)
     ap.add_argument("--control", type=int, help="the compute-bound control's P (default: the largest P)")
+    ap.add_argument("--windows", type=Path, help="profile_window.py's windows.jsonl: leave their repetitions out")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    text = report(a.results, a.control)
+    if a.windows is not None and not a.windows.exists():
+        ap.error(f"--windows {a.windows}: no such file")
+    text = report(a.results, a.control, a.windows)
     if a.out:
         tmp = a.out.with_suffix(a.out.suffix + ".tmp")
         tmp.write_text(text + "\n")

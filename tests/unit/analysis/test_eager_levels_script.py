@@ -5,6 +5,7 @@ folder without records as one line naming it."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,18 @@ def test_a_folder_without_records_is_one_line(tmp_path: Path) -> None:
                             capture_output=True, text=True, check=False, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip() == f"{tmp_path}: no repetitions of a D > 0 configuration under {{chunk}}/D*_P*.json"
+
+
+def test_the_profilers_windows_leave_their_repetitions_out(levels, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    df = levels.repetitions(RUN)
+    t0 = df.t.min()
+    windows = tmp_path / "windows.jsonl"  # two windows of 10 s, 60 s and 120 s into the sweep (the records' clock)
+    windows.write_text("\n".join(json.dumps({"window": i, "start": [int((t0 + a) * 1e9)] * 2,
+                                             "stop": [int((t0 + a + 10) * 1e9)] * 2, "ok": True, "error": ""})
+                                 for i, a in enumerate((60, 120))) + "\n")
+    kept = levels.outside_windows(df, windows)
+    inside = df[(df.t.between(t0 + 59, t0 + 71)) | (df.t.between(t0 + 119, t0 + 131))]
+    assert len(kept) == len(df) - len(inside) and 50 < len(inside) < 150  # ~0.27 s a window
+    assert not kept.t.between(t0 + 60, t0 + 70).any()
+    text = levels.report(RUN, None, windows)
+    assert f"{len(inside)} repetitions inside the profiler's windows (windows.jsonl) are left out." in text
