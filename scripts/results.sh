@@ -317,6 +317,23 @@ python3 scripts/repeat_drift.py "$S-s36-end" "$S-s36-end2" --out "$S-s36-end2/dr
 python3 scripts/repeat_drift.py "$S-graphs-s36" "$S-graphs-s36-end" --out "$S-graphs-s36-end/drift.md"
 python3 scripts/repeat_drift.py "$S-smallp" "$S-smallp-s36" --out "$S-smallp-s36/drift-from-s35.md"
 python3 scripts/repeat_drift.py "$S-smallp-s36" "$S-smallp-sync-s36" --out "$S-smallp-sync-s36/sync-vs-async.md"
+# ... and GPU session 37's three engines of one H100 (the levels sweep on two default-flag engines, then on graphs):
+# where the one-chunk step's level lives (levels.md), the projections committed before session 34 on their medians,
+# and the two default-flag engines against each other
+for v in levels:"" levels-second:"" levels-graphs:-graphs; do
+  D=$S-${v%%:*} g=${v#*:}
+  echo "== dense $D"
+  pd export-table "$D" --out "$D" >/dev/null
+  pd report "$D" --out "$D/report.html" >/dev/null
+  for p in "" -h100host; do
+    python3 scripts/gpu/dense_report.py --model llama-3.2-3b-instruct$g compare --none-fitted --results "$D" \
+      --predictions "$S$g/predictions$p.json" --out "$D" >/dev/null
+  done
+  python3 scripts/projection_coverage.py "$D"/comparison{,-h100host}.csv --regimes "$DENSE_REGIMES" \
+    --out "$D/projection_coverage.md" >/dev/null
+  python3 scripts/eager_levels.py "$D" --out "$D/levels.md" >/dev/null
+done
+python3 scripts/repeat_drift.py "$S-levels" "$S-levels-second" --out "$S-levels-second/drift.md"
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null
