@@ -6,7 +6,8 @@ Waits until `URL/health` answers (the engine up), then for each `--at` (seconds 
 waits `--for` seconds and POSTs `/stop_profile` (which returns once the trace is written: the engine stalls while it
 writes, and the sweep's windows around it are marked by this file). The engine must run with `--profiler-config`
 (scripts/gpu/step-anatomy.sh's sweep does). One JSON line a window, on the clock the records use (CLOCK_MONOTONIC):
-{"window": i, "start": [ns before the POST, ns after], "stop": [ns before, ns after], "ok": bool, "error": str}.
+{"window": i, "start": [ns before the POST, ns after], "stop": [ns before, ns after], "ok": bool, "error": str,
+"clock_offset_ns": the wall clock less the monotonic one (what joins the trace's wall-clock steps to the records)}.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(a.span)
             stop = post(a.url + "/stop_profile", a.stop_timeout)
             err = start[2] or stop[2]
-            f.write(json.dumps({"window": i, "start": start[:2], "stop": stop[:2], "ok": not err, "error": err}) + "\n")
+            offset = time.time_ns() - time.monotonic_ns()
+            f.write(json.dumps({"window": i, "start": start[:2], "stop": stop[:2], "ok": not err, "error": err,
+                                "clock_offset_ns": offset}) + "\n")
             f.flush()
             print(f"profile_window {i}: {'ok' if not err else err} "
                   f"(stop took {(stop[1] - stop[0]) / 1e9:.1f} s)", flush=True)

@@ -5,19 +5,24 @@ profiler trace, to say whether the eager step's slow state is the CPU's side of 
 
 A trace is what vLLM's `--profiler-config '{"profiler": "torch", ...}'` writes between POST /start_profile and
 /stop_profile (torch.profiler's Chrome trace: `user_annotation` spans on the CPU, `cuda_runtime`/`cuda_driver` calls,
-`kernel`/`gpu_memcpy`/`gpu_memset` events on the GPU, a launch and its kernels sharing `args.correlation`). Each
-`gpu_model_runner: forward` span is one step's model forward. Per step it takes, on the span's thread:
+`kernel`/`gpu_memcpy`/`gpu_memset` events on the GPU, a launch and its kernels sharing `args.correlation`). While it
+profiles, vLLM's worker wraps each step in `execute_context_R(T)_generation_G(N)` (R prefill requests of T tokens in
+all beside G decodes): one step, named by what it ran. With `VLLM_CUSTOM_SCOPES_FOR_PROFILING=1` the model runner
+marks its forward inside it (`gpu_model_runner: forward`). A trace without the step spans (the synthetic ones of the
+tests) is read by its forward spans. Per step it takes, on the span's thread:
 
-- `cpu_ms`: the forward's CPU time (Python, ATen dispatch and the launch calls; the eager step's launch path);
+- `cpu_ms`: the step's CPU time (Python, ATen dispatch and the launch calls; the eager step's launch path), and
+  `forward_ms` the forward's part of it where marked;
 - `launches`, `launch_us`: the kernel launch calls in it and their mean duration (the driver's part of the path);
 - `dispatch_ms`: `cpu_ms` less the launch calls (Python and ATen between them);
 - `gpu_ms`: the GPU's busy time on the kernels those calls launched (their union), `span_ms` first kernel start to
   last kernel end, `lag_ms` the first launch to its kernel's start (how far the GPU was behind when the step began);
-- `wall_ms`: the forward's start to the later of its end and its last kernel's end.
+- `wall_ms`: the step's start to the later of its end and its last kernel's end.
 
-A step with a `cudaGraphLaunch` is a graph step (the decode steps on vLLM's defaults); an eager step with many launches
-is a prefill. Eager steps are grouped by `gpu_ms` into as many groups as `--prompts` names (split at the widest gaps
-of log gpu_ms, named in ascending order). Standard library only: it runs on the GPU machine beside the engine.
+A step with a `cudaGraphLaunch` is a graph step (the decode steps on vLLM's defaults); an eager step of one prefill
+request is grouped by its tokens (P, from the step's name). Without names, eager steps with many launches are grouped
+by `gpu_ms` into as many groups as `--prompts` names (split at the widest gaps of log gpu_ms, named in ascending
+order), which a GPU-side slow state could blur. Standard library only: it runs on the GPU machine beside the engine.
 
 Per group it prints the fast and the slow steps (wall under 0.9 or over 1.1 of the group's median) side by side on
 each quantity, and r(wall, quantity): the reading fixed in
@@ -32,15 +37,17 @@ import csv
 import gzip
 import json
 import math
+import re
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 FORWARD = "gpu_model_runner: forward"
+STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
-FIELDS = ("wall_ms", "cpu_ms", "dispatch_ms", "launches", "launch_us", "gpu_ms", "span_ms", "lag_ms")
+FIELDS = ("wall_ms", "cpu_ms", "forward_ms", "dispatch_ms", "launches", "launch_us", "gpu_ms", "span_ms", "lag_ms")
 FAST, SLOW = 0.9, 1.1
 
 
@@ -63,11 +70,12 @@ def _union_ms(spans: list[tuple[float, float]]) -> float:
 
 
 def steps(events: list[dict]) -> list[dict]:
-    """One row per forward span: the quantities the module docstring names, `t` (its start, µs on the trace's
-    clock) and `graph` (a cudaGraphLaunch in it)."""
+    """One row per step span (the forward spans where the trace has none): the quantities the module docstring
+    names, `t` (its start, µs on the trace's clock), `graph` (a cudaGraphLaunch in it) and, from a step's name,
+    `prefills` (R), `P` (T) and `D` (G)."""
     by_corr: dict[int, list[tuple[float, float]]] = defaultdict(list)
     calls: dict[tuple, list[dict]] = defaultdict(list)  # per (pid, tid), sorted by start
-    forwards = []
+    named, forwards = [], []
     for e in events:
         cat = e.get("cat")
         if cat in GPU_CATS and "correlation" in e.get("args", {}):
@@ -76,23 +84,31 @@ def steps(events: list[dict]) -> list[dict]:
             calls[(e.get("pid"), e.get("tid"))].append(e)
         elif cat == "user_annotation" and e.get("name") == FORWARD:
             forwards.append(e)
+        elif cat == "user_annotation" and STEP.fullmatch(e.get("name", "")):
+            named.append(e)
     starts = {}
     for key, lst in calls.items():
         lst.sort(key=lambda x: x["ts"])
         starts[key] = [float(x["ts"]) for x in lst]
+    forwards.sort(key=lambda x: x["ts"])
+    fw_starts = [float(f["ts"]) for f in forwards]
     out = []
-    for fw in sorted(forwards, key=lambda x: x["ts"]):
-        s, d = float(fw["ts"]), float(fw["dur"])
-        key = (fw.get("pid"), fw.get("tid"))
+    for span in sorted(named or forwards, key=lambda x: x["ts"]):
+        s, d = float(span["ts"]), float(span["dur"])
+        key = (span.get("pid"), span.get("tid"))
         lst, st = calls.get(key, []), starts.get(key, [])
         inside = lst[bisect.bisect_left(st, s):bisect.bisect_right(st, s + d)]
         launch_calls = [c for c in inside if "Launch" in c["name"] and "Graph" not in c["name"]]
-        graph = any("GraphLaunch" in c["name"] for c in inside)
         kernels = [k for c in inside for k in by_corr.get(c.get("args", {}).get("correlation"), [])]
         launch_total = sum(float(c["dur"]) for c in launch_calls)
-        row = {"t": s, "graph": graph, "cpu_ms": d / 1e3, "launches": len(launch_calls),
-               "launch_us": launch_total / len(launch_calls) if launch_calls else 0.0,
+        fw = [forwards[i] for i in range(bisect.bisect_left(fw_starts, s), bisect.bisect_right(fw_starts, s + d))]
+        row = {"t": s, "graph": any("GraphLaunch" in c["name"] for c in inside), "cpu_ms": d / 1e3,
+               "forward_ms": sum(float(f["dur"]) for f in fw) / 1e3 if fw else math.nan,
+               "launches": len(launch_calls), "launch_us": launch_total / len(launch_calls) if launch_calls else 0.0,
                "dispatch_ms": (d - launch_total) / 1e3, "gpu_ms": _union_ms(kernels)}
+        m = STEP.fullmatch(span["name"])
+        if m:
+            row |= {"prefills": int(m[1]), "P": int(m[2]), "D": int(m[3])}
         if kernels:
             first, last = min(k[0] for k in kernels), max(k[1] for k in kernels)
             row |= {"span_ms": (last - first) / 1e3, "lag_ms": (first - float(inside[0]["ts"])) / 1e3,
@@ -104,8 +120,15 @@ def steps(events: list[dict]) -> list[dict]:
 
 
 def group_eager(rows: list[dict], prompts: list[int], min_launches: int = 50) -> dict[int, list[dict]]:
-    """The eager steps (no graph launch, at least `min_launches` launches), split into len(prompts) groups at the
-    widest gaps of log gpu_ms and named by `prompts` in ascending order."""
+    """The eager steps (no graph launch) by prompt: the one-prefill steps by their names' P where the steps are named,
+    else those of at least `min_launches` launches split into len(prompts) groups at the widest gaps of log gpu_ms,
+    named by `prompts` in ascending order."""
+    named = [r for r in rows if r.get("prefills") == 1 and not r["graph"]]
+    if named:
+        by: dict[int, list[dict]] = defaultdict(list)
+        for r in named:
+            by[r["P"]].append(r)
+        return {p: sorted(by[p], key=lambda r: r["gpu_ms"]) for p in sorted(by)}
     eager = sorted((r for r in rows if not r["graph"] and r["launches"] >= min_launches and r["gpu_ms"] > 0),
                    key=lambda r: r["gpu_ms"])
     k = len(prompts)
@@ -168,9 +191,10 @@ def states(groups: dict[int, list[dict]], graph_steps: list[dict], bin_s: float 
 def report(rows: list[dict], prompts: list[int]) -> str:
     groups = group_eager(rows, prompts)
     graph_steps = [r for r in rows if r["graph"]]
+    how = "named by their tokens" if any("P" in r for r in rows) else "grouped by GPU time"
     lines = ["# Inside the steps (scripts/gpu/step_anatomy.py)", "",
-             f"{len(rows)} forward spans: {len(graph_steps)} graph steps, "
-             f"{sum(len(g) for g in groups.values())} eager steps grouped by GPU time as P = "
+             f"{len(rows)} steps: {len(graph_steps)} graph steps, "
+             f"{sum(len(g) for g in groups.values())} eager steps {how} as P = "
              f"{', '.join(map(str, sorted(groups)))}.", ""]
     for p, group in groups.items():
         gpu = [r["gpu_ms"] for r in group]
@@ -200,13 +224,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{path}: not a torch profiler trace ({exc})", file=sys.stderr)
             return 2
         if not found:
-            print(f"{path}: no '{FORWARD}' span (was the engine started with --profiler-config?)", file=sys.stderr)
+            print(f"{path}: no step or '{FORWARD}' span (was the engine started with --profiler-config?)",
+                  file=sys.stderr)
             return 2
         rows += [r | {"trace": path.name} for r in found]
     text = report(rows, prompts)
     if a.csv:
         with a.csv.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["trace", "t", "graph", *FIELDS])
+            w = csv.DictWriter(f, fieldnames=["trace", "t", "graph", "prefills", "D", "P", *FIELDS])
             w.writeheader()
             w.writerows(rows)
     if a.md:
