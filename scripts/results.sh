@@ -206,25 +206,44 @@ python3 scripts/graphs_validation.py > /dev/null
 Q8=$R/h100-vllm0.22-qwen3-8b
 DENSE_REGIMES=$R/h200-vllm0.22-llama-3.1-8b-instruct/decision.json  # a dense model's regimes, for the bands' widths
 Q8REFS=h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b
+# A dense run's analysis, one function a step (the loops below differ only in which runs, projections and grids)
+tables() {  # DIR: its table, fits, criteria and decision, and its report
+  echo "== dense $1"
+  pd export-table "$1" --out "$1" >/dev/null
+  pd report "$1" --out "$1/report.html" >/dev/null
+}
+scored() {  # DIR MODEL PREDICTIONS...: projections committed before the run, scored on its records (comparison*.md)
+  local d=$1 m=$2 p
+  shift 2
+  for p in "$@"; do
+    python3 scripts/gpu/dense_report.py --model "$m" compare --none-fitted --results "$d" --predictions "$p" --out "$d" \
+      >/dev/null
+  done
+}
+covered() {  # DIR SUFFIX...: the share of its measured aggregates inside the projections' 90 % bands, the H200
+  local d=$1 s files=()  # campaigns' variation carried, over its comparison$SUFFIX.csv
+  shift
+  for s in "$@"; do files+=("$d/comparison$s.csv"); done
+  python3 scripts/projection_coverage.py "${files[@]}" --regimes "$DENSE_REGIMES" --out "$d/projection_coverage.md" \
+    >/dev/null
+}
+calibrated() {  # DIR PROFILE TRAIN-GRID NAME [STEM]: a profile calibrated on DIR's records, written as DIR/NAME with
+  local stem=${5:-calibration}  # its report DIR/STEM.json (exit 5: the fit refused, its report kept)
+  pd sim calibrate "$1" --profile "$2" --train-grid "$3" --out "$1/$4" --report "$1/$stem.json" --jobs 2 \
+    > "$1/$stem.txt" 2>&1 || [ $? -eq 5 ]
+}
 for m in qwen3-8b qwen3-8b-graphs; do
   D=$R/h100-vllm0.22-$m
-  echo "== dense $D"
-  pd export-table "$D" --out "$D" >/dev/null
-  pd report "$D" --out "$D/report.html" >/dev/null
-  python3 scripts/gpu/dense_report.py --model $m compare --none-fitted >/dev/null
-  python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout.json" \
-    >/dev/null
-  python3 scripts/projection_coverage.py "$D"/comparison{,-heldout}.csv --regimes "$DENSE_REGIMES" \
-    --out "$D/projection_coverage.md" >/dev/null
+  tables "$D"
+  scored "$D" $m "$D/predictions.json" "$D/predictions-heldout.json"
+  covered "$D" "" -heldout
   python3 scripts/gpu/dense_report.py --model $m profile --rule learned --gpu H100 --from $Q8REFS \
     --out "$D/projected-h100-$m.yaml" >/dev/null
-  # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (graphs: refused, its report kept)
-  pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid sweeps/h200-dense-$m.yaml \
-    --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
+  # refused where the fit predicts the held-out chunk sizes worse than the projection (graphs)
+  calibrated "$D" "$D/projected-h100-$m.yaml" sweeps/h200-dense-$m.yaml "calibrated-h100-$m.yaml"
   # post hoc (session 36): trained on B = 2048 and 8192, predicting B = 4096 (both refused)
-  pd sim calibrate "$D" --profile "$D/projected-h100-$m.yaml" --train-grid "$D/train-2048-8192.yaml" \
-    --out "$D/calibrated-2048-8192-h100-$m.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
-    > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
+  calibrated "$D" "$D/projected-h100-$m.yaml" "$D/train-2048-8192.yaml" "calibrated-2048-8192-h100-$m.yaml" \
+    calibration-2048-8192
 done
 # ... and Qwen2.5-7B-Instruct on an H100 (GPU session 33, a sixth model no profile or fit had read), then Llama-3.2-3B-
 # Instruct (the seventh, GPU session 34; its held-out grids on a second H100 machine, no repeat): their tables on both
@@ -235,28 +254,16 @@ for base in qwen2.5-7b-instruct llama-3.2-3b-instruct; do
   if [ ! -d "$Q/8192" ]; then echo "== $Q: not measured yet (its PLAN.md)"; continue; fi
   for m in $base $base-graphs; do
     D=$R/h100-vllm0.22-$m
-    echo "== dense $D"
-    pd export-table "$D" --out "$D" >/dev/null
-    pd report "$D" --out "$D/report.html" >/dev/null
-    for p in "" -wait -h100host; do
-      python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions$p.json" \
-        >/dev/null
-      python3 scripts/gpu/dense_report.py --model $m compare --none-fitted --predictions "$D/predictions-heldout$p.json" \
-        >/dev/null
-    done
-    # the share of measured aggregates inside the projections' 90 % bands, the H200 campaigns' variation carried
-    python3 scripts/projection_coverage.py "$D"/comparison{,-heldout}{,-wait,-h100host}.csv --regimes "$DENSE_REGIMES" \
-      --out "$D/projection_coverage.md" >/dev/null
-    # exit 5 where the fit predicts the held-out chunk sizes worse than the projection (refused: Qwen2.5-7B default,
+    tables "$D"
+    scored "$D" $m "$D"/predictions{,-heldout}{,-wait,-h100host}.json
+    covered "$D" "" -wait -h100host -heldout -heldout-wait -heldout-h100host
+    # refused where the fit predicts the held-out chunk sizes worse than the projection (Qwen2.5-7B default,
     # Llama-3.2-3B both)
-    pd sim calibrate "$D" --profile "$D/projected-h100-$base.yaml" --train-grid "sweeps/h200-dense-${m/-instruct/}.yaml" \
-      --out "$D/calibrated-h100-$m.yaml" --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 \
-      || [ $? -eq 5 ]
+    calibrated "$D" "$D/projected-h100-$base.yaml" "sweeps/h200-dense-${m/-instruct/}.yaml" "calibrated-h100-$m.yaml"
     if [ -f "$Q/train-2048-8192.yaml" ]; then
       # post hoc: trained on two chunk sizes (B = 2048 and 8192), predicting B = 4096 (Qwen2.5-7B default: refused)
-      pd sim calibrate "$D" --profile "$D/projected-h100-$base.yaml" --train-grid "$Q/train-2048-8192.yaml" \
-        --out "$D/calibrated-2048-8192-h100-$m.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
-        > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
+      calibrated "$D" "$D/projected-h100-$base.yaml" "$Q/train-2048-8192.yaml" "calibrated-2048-8192-h100-$m.yaml" \
+        calibration-2048-8192
     fi
   done
   if [ -d "$Q-end/8192" ]; then
@@ -268,16 +275,11 @@ done
 # P 64-1024; the second with --no-async-scheduling, a diagnostic): scored against the projections committed before
 # session 34, set against session 34's first machine, and synchronous against asynchronous scheduling
 S=$R/h100-vllm0.22-llama-3.2-3b-instruct
+L3=llama-3.2-3b-instruct
 for v in smallp smallp-sync; do
-  echo "== dense $S-$v"
-  pd export-table "$S-$v" --out "$S-$v" >/dev/null
-  pd report "$S-$v" --out "$S-$v/report.html" >/dev/null
-  for p in "" -wait -h100host; do
-    python3 scripts/gpu/dense_report.py --model llama-3.2-3b-instruct compare --none-fitted --results "$S-$v" \
-      --predictions "$S/predictions$p.json" --out "$S-$v" >/dev/null
-  done
-  python3 scripts/projection_coverage.py "$S-$v"/comparison{,-wait,-h100host}.csv --regimes "$DENSE_REGIMES" \
-    --out "$S-$v/projection_coverage.md" >/dev/null
+  tables "$S-$v"
+  scored "$S-$v" $L3 "$S"/predictions{,-wait,-h100host}.json
+  covered "$S-$v" "" -wait -h100host
 done
 python3 scripts/repeat_drift.py "$S" "$S-smallp" --out "$S-smallp/drift-from-s34.md"
 python3 scripts/repeat_drift.py "$S-smallp" "$S-smallp-sync" --out "$S-smallp-sync/sync-vs-async.md"
@@ -286,31 +288,19 @@ python3 scripts/repeat_drift.py "$S-smallp" "$S-smallp-sync" --out "$S-smallp-sy
 # scored on the same machine's B = 2048/4096, each grid measured again (default B = 8192 three engines, the held-out
 # chunk sizes two, graphs B = 8192 two), and the small-prompt sweeps against session 35's host
 for v in s36 s36-end s36-end2 graphs-s36 graphs-s36-end smallp-s36 smallp-sync-s36; do
-  echo "== dense $S-$v"
-  pd export-table "$S-$v" --out "$S-$v" >/dev/null
-  pd report "$S-$v" --out "$S-$v/report.html" >/dev/null
+  tables "$S-$v"
 done
 for g in "" -graphs; do
-  D=$S$g-s36
-  for p in "" -wait -h100host; do
-    for h in "" -heldout; do
-      python3 scripts/gpu/dense_report.py --model llama-3.2-3b-instruct$g compare --none-fitted --results "$D" \
-        --predictions "$S$g/predictions$h$p.json" --out "$D" >/dev/null
-    done
-  done
-  python3 scripts/projection_coverage.py "$D"/comparison{,-heldout}{,-wait,-h100host}.csv --regimes "$DENSE_REGIMES" \
-    --out "$D/projection_coverage.md" >/dev/null
+  scored "$S$g-s36" $L3$g "$S$g"/predictions{,-heldout}{,-wait,-h100host}.json
+  covered "$S$g-s36" "" -wait -h100host -heldout -heldout-wait -heldout-h100host
 done
-# exit 5 where the fit predicts the held-out chunk sizes worse than the projection (refused: s36, graphs-s36)
+# refused where the fit predicts the held-out chunk sizes worse than the projection (s36, graphs-s36)
 for v in s36:"" s36-end:"" graphs-s36:-graphs; do
   D=$S-${v%%:*} g=${v#*:}
-  pd sim calibrate "$D" --profile "$S$g/projected-h100-llama-3.2-3b-instruct.yaml" \
-    --train-grid "sweeps/h200-dense-llama-3.2-3b$g.yaml" --out "$D/calibrated-h100-llama-3.2-3b-instruct$g.yaml" \
-    --report "$D/calibration.json" --jobs 2 > "$D/calibration.txt" 2>&1 || [ $? -eq 5 ]
+  calibrated "$D" "$S$g/projected-h100-$L3.yaml" "sweeps/h200-dense-llama-3.2-3b$g.yaml" "calibrated-h100-$L3$g.yaml"
   # post hoc: trained on B = 2048 and 8192, predicting B = 4096 (graphs: refused)
-  pd sim calibrate "$D" --profile "$S$g/projected-h100-llama-3.2-3b-instruct.yaml" --train-grid "$D/train-2048-8192.yaml" \
-    --out "$D/calibrated-2048-8192-h100-llama-3.2-3b-instruct$g.yaml" --report "$D/calibration-2048-8192.json" --jobs 2 \
-    > "$D/calibration-2048-8192.txt" 2>&1 || [ $? -eq 5 ]
+  calibrated "$D" "$S$g/projected-h100-$L3.yaml" "$D/train-2048-8192.yaml" "calibrated-2048-8192-h100-$L3$g.yaml" \
+    calibration-2048-8192
 done
 python3 scripts/repeat_drift.py "$S-s36" "$S-s36-end" --out "$S-s36-end/drift.md"
 python3 scripts/repeat_drift.py "$S-s36-end" "$S-s36-end2" --out "$S-s36-end2/drift.md"
@@ -322,15 +312,9 @@ python3 scripts/repeat_drift.py "$S-smallp-s36" "$S-smallp-sync-s36" --out "$S-s
 # and the two default-flag engines against each other
 for v in levels:"" levels-second:"" levels-graphs:-graphs; do
   D=$S-${v%%:*} g=${v#*:}
-  echo "== dense $D"
-  pd export-table "$D" --out "$D" >/dev/null
-  pd report "$D" --out "$D/report.html" >/dev/null
-  for p in "" -h100host; do
-    python3 scripts/gpu/dense_report.py --model llama-3.2-3b-instruct$g compare --none-fitted --results "$D" \
-      --predictions "$S$g/predictions$p.json" --out "$D" >/dev/null
-  done
-  python3 scripts/projection_coverage.py "$D"/comparison{,-h100host}.csv --regimes "$DENSE_REGIMES" \
-    --out "$D/projection_coverage.md" >/dev/null
+  tables "$D"
+  scored "$D" $L3$g "$S$g"/predictions{,-h100host}.json
+  covered "$D" "" -h100host
   python3 scripts/eager_levels.py "$D" --out "$D/levels.md" >/dev/null
 done
 python3 scripts/repeat_drift.py "$S-levels" "$S-levels-second" --out "$S-levels-second/drift.md"
