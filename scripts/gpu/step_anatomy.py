@@ -40,6 +40,7 @@ import math
 import re
 import statistics
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -217,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         ap.error(f"--prompts {a.prompts!r}: comma-separated integers expected")
     rows: list[dict] = []
-    for path in a.traces:
+    t0 = time.monotonic()
+    for i, path in enumerate(a.traces, 1):
         try:
             found = steps(load(path))
         except (OSError, ValueError, KeyError) as exc:
@@ -228,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         rows += [r | {"trace": path.name} for r in found]
+        took = time.monotonic() - t0  # a trace of seconds of a busy engine is ~10^6 events: tens of seconds
+        eta = took / i * (len(a.traces) - i)
+        print(f"step_anatomy: {i}/{len(a.traces)} traces read ({path.name}: {len(found)} steps), {took:.0f} s, "
+              f"ETA {eta:.0f} s", file=sys.stderr, flush=True)
     text = report(rows, prompts)
     if a.csv:
         with a.csv.open("w", newline="") as f:

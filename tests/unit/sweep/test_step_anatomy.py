@@ -116,6 +116,7 @@ def test_vllms_step_spans_name_each_step_by_what_it_ran(tmp_path: Path) -> None:
                            "--md", str(md), "--csv", str(tmp_path / "a.csv")], cwd=REPO, capture_output=True,
                           text=True, check=False, timeout=60)
     assert proc.returncode == 0, proc.stderr
+    assert "step_anatomy: 1/1 traces read (n.pt.trace.json.gz: 96 steps)" in proc.stderr and "ETA 0 s" in proc.stderr
     text = md.read_text()
     assert "96 steps: 60 graph steps, 36 eager steps named by their tokens as P = 512, 1024, 4096." in text
     assert "| forward_ms | 5.000 | 10.000 | 2.00 | +1.00 |" in text
