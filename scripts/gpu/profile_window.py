@@ -19,18 +19,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def wait_for(url: str, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 (a local engine's /health)
-                if r.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(1)
-    return False
+from launch_probe import wait_for  # noqa: E402 (the engine's /health, as the launch probe waits for it)
 
 
 def post(url: str, timeout_s: float) -> tuple[int, int, str]:
