@@ -25,8 +25,10 @@ moved). The causes, in the order they are tried:
 - `engine step levels`: the chunk steps' excess over the decode step spread as much as the
   penalty (>= 0.7 x its CV). Where the repetitions fall into two groups (the slower's median >=
   1.3 x the faster's), it says which and how many: on the H200 a launch-bound single eager chunk
-  runs at ~45-50 or ~75-90 ms, one level for stretches of a run (docs/analysis.md, "Held-out
-  campaigns"). More repetitions average two levels; they do not remove them.
+  runs at ~45-50 or ~75-90 ms (docs/analysis.md, "Held-out campaigns"). The level is the engine's
+  own state, held for seconds, whose share of a minute moves (GPU session 37: 150 interleaved
+  repetitions on one H100 kept a CV of 31-39 %, results/h100-vllm0.22-llama-3.2-3b-instruct-levels/
+  RUN.md). More repetitions average two levels; they do not remove them.
 - `engine step split`: the chunk steps' sum held but the longest step moved (the same work split
   differently between steps, e.g. a 4095-token chunk and a 1-token tail once as ~46 + ~26 ms and
   once as ~74 + ~2 ms), which moves the token-weighted mean the penalty is.
