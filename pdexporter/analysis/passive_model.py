@@ -63,7 +63,9 @@ apart, which one mode cut in two does not reach); each event belongs to its like
 other mode: the cost of a prefill while the host runs its launches at that level. With no clear
 split (one mode, or fewer than `MIN_LEVEL_EVENTS` such events) every event is used and the model says
 so (`PassiveModel.levels`). Which level an injected reference will read is not something the events
-can know; the level-resolved fits bound it.
+can know; the level-resolved fits bound it. The level is the engine's own state, held for seconds, whose
+share of a minute moves (GPU session 37); `recent_levels` counts the last minutes' events at each level,
+what a live run publishes as the slow share (`pdexporter_passive_model_launch_slow_share`).
 
 Level-matched scoring (`level_matched`; `passive_compare.py --launch-level matched`): the like-for-like
 comparison with an injected table, never its headline figure. An injected repetition's chunk step says
@@ -148,6 +150,7 @@ __all__ = [
     "joint_prompts",
     "launch_levels",
     "level_matched",
+    "recent_levels",
     "passive_decision",
     "reach",
     "traffic_seconds",
@@ -160,6 +163,7 @@ MIN_EVENTS = 5  # a D or P bin with fewer events does not extend the reach
 CONVERGENCE_MINUTES = (1.0, 2.0, 5.0, 10.0, 30.0)
 LAUNCH_LEVELS = ("mixed", "slow", "fast")  # which launch level a fit's launch-bound one-chunk events ran at
 MIN_LEVEL_EVENTS = 8  # launch-bound one-chunk events below which no level split is tried
+LEVEL_WINDOW_S = 300.0  # the traffic `recent_levels` counts: the state's share moves minute to minute
 # The seed's grid without D = 0 (which costs nothing): the default prediction grid.
 DEFAULT_D = (1, 2, 4, 6, 8, 12)
 DEFAULT_P = (512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -469,6 +473,18 @@ def launch_levels(events: Sequence[FitEvent], grid: Grid, model: ContextAwareMod
         frozenset(i for i, u in zip(index, upper) if not u), frozenset(i for i, u in zip(index, upper) if u),
         modes, model,
     )
+
+
+def recent_levels(events: Sequence[FitEvent], levels: LaunchLevels, window_s: float = LEVEL_WINDOW_S
+                  ) -> tuple[int, int] | None:
+    """(fast, slow): the launch-bound one-chunk events of the last `window_s` seconds of traffic (before the
+    latest event's `at_s`) at each level, by `levels`, the split of these same events (`launch_levels`);
+    None where that split found no two clear levels."""
+    if not levels.split or not events:
+        return None
+    cut = max(e.at_s for e in events) - window_s
+    recent = {i for i, e in enumerate(events) if e.at_s >= cut}
+    return len(levels.fast & recent), len(levels.slow & recent)
 
 
 def at_launch_level(events: Sequence[FitEvent], grid: Grid, level: str, levels: LaunchLevels | None = None

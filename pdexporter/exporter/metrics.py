@@ -159,6 +159,11 @@ PASSIVE_MODEL_CELLS = f"{PREFIX}_passive_model_cells_reached"
 PASSIVE_MODEL_PREDICTION = f"{PREFIX}_passive_model_aggregate_interference_seconds"
 PASSIVE_MODEL_REACHED = f"{PREFIX}_passive_model_cell_reached"
 PASSIVE_MODEL_BOUNDS = ("estimate", "low", "high")  # PASSIVE_MODEL_PREDICTION{bound}
+# ... and which launch level the launch-bound one-chunk prefills of the last minutes ran at (the
+# engine's state of seconds: analysis.passive_model, "Launch levels")
+PASSIVE_MODEL_LAUNCH_EVENTS = f"{PREFIX}_passive_model_launch_events"
+PASSIVE_MODEL_LAUNCH_SLOW_SHARE = f"{PREFIX}_passive_model_launch_slow_share"
+LAUNCH_LEVELS = ("fast", "slow")  # PASSIVE_MODEL_LAUNCH_EVENTS{level}
 # The router threshold, live (`run --passive --decision`, exporter.passive_live): per (B, D) the
 # prompt length from which offloading wins, its interval's ends, the events at that D, the refresh time.
 OFFLOAD_THRESHOLD = f"{PREFIX}_offload_threshold_tokens"
@@ -263,6 +268,14 @@ class ExporterMetrics:
         self.passive_model_reached = Gauge(
             PASSIVE_MODEL_REACHED, "Passive mode: 1 for a grid cell the traffic reaches, 0 for an extrapolation.",
             GRID_LABELS + ("engine",), registry=r)
+        self.passive_model_launch_events = Gauge(
+            PASSIVE_MODEL_LAUNCH_EVENTS, "Passive mode: launch-bound one-chunk prefills of the last 5 minutes of "
+            "traffic at each launch level (absent while the events show no two clear levels).", ["level"],
+            registry=r)
+        self.passive_model_launch_slow_share = Gauge(
+            PASSIVE_MODEL_LAUNCH_SLOW_SHARE, "Passive mode: the share of those prefills at the slow level (NaN while "
+            "there are none or no two clear levels): how much of the last minutes the engine's eager one-chunk "
+            "steps ran slow.", registry=r)
         self.offload_threshold = Gauge(
             OFFLOAD_THRESHOLD, "Passive mode with --decision: the prompt length (tokens) from which offloading wins "
             "at this chunk size and D, and its 90 % interval's ends (+Inf: never up to p_max).",

@@ -56,8 +56,9 @@ MODEL_EVENTS = 2000  # the most recent events the live model keeps (about an hou
 MODEL_BOOTSTRAP = 40  # refits behind the live intervals (export-table uses more)
 MODEL_SHARE = 20  # a refit starts at most every 20x the last one's time: <= 5 % of a core
 THRESHOLD_EVERY_S = 120.0  # the live thresholds' refresh (`run --threshold-every`)
-# what a refit hands back: the answer, the thresholds (or why none), the seconds it took
-FitResult = tuple["PassiveAnswer | None", "LiveThresholds | str | None", float]
+# what a refit hands back: the answer, the thresholds (or why none), the last minutes' launch-bound one-chunk
+# events at the fast and the slow level (None: no two clear levels), the seconds it took
+FitResult = tuple["PassiveAnswer | None", "LiveThresholds | str | None", "tuple[int, int] | None", float]
 
 
 def fit_event(event: PassiveEvent, at_s: float) -> FitEvent | None:
@@ -109,12 +110,13 @@ class LiveModel:
         """Publish a finished fit (and thresholds); start the next one when it is due."""
         if self._future is not None and self._future.done():
             future, self._future = self._future, None
-            result, live, took = future.result()
+            result, live, levels, took = future.result()
             every = MODEL_EVERY_S if result is not None or self.last is not None else MODEL_FIRST_EVERY_S
             self.next_s = now_s + max(every, MODEL_SHARE * took)
             if result is not None:
                 self.last = result
                 self.publish(result)
+                publish_levels(self.metrics, levels)
             if isinstance(live, str):
                 self.thresholds_error = live
             elif live is not None:
@@ -150,6 +152,19 @@ class LiveModel:
             m.passive_model_reached.labels(**labels).set(1 if c.reached else 0)
 
 
+def publish_levels(m: ExporterMetrics, levels: tuple[int, int] | None) -> None:
+    """`pdexporter_passive_model_launch_events{level}` and `..._launch_slow_share` (module docs of
+    `analysis.passive_model`, "Launch levels"): cleared and NaN while the events show no two clear levels."""
+    m.passive_model_launch_events.clear()
+    if levels is None:
+        m.passive_model_launch_slow_share.set(math.nan)
+        return
+    fast, slow = levels
+    m.passive_model_launch_events.labels(level="fast").set(fast)
+    m.passive_model_launch_events.labels(level="slow").set(slow)
+    m.passive_model_launch_slow_share.set(slow / (fast + slow) if fast + slow else math.nan)
+
+
 def publish_thresholds(m: ExporterMetrics, live: LiveThresholds) -> None:
     """`pdexporter_offload_threshold_tokens{bound}` (+Inf: offloading never wins up to p_max; NaN: no
     interval), the events at each D and the refresh's Unix time."""
@@ -182,10 +197,11 @@ def thresholds_response(model: LiveModel | None, now_s: float) -> tuple[int, str
 
 
 def _fit(events: list[FitEvent], grid: Any, decision: dict[str, Any] | None, modelled: bool) -> FitResult:
-    from pdexporter.analysis.passive_model import answer
+    from pdexporter.analysis.passive_model import answer, launch_levels, recent_levels
 
     started = time.perf_counter()
     result = answer(events, grid, minutes=(), bootstrap=MODEL_BOOTSTRAP)
+    levels = recent_levels(events, launch_levels(events, grid, result.model.model)) if result is not None else None
     live: LiveThresholds | str | None = None
     if result is not None and decision is not None:
         from pdexporter.analysis.live_thresholds import live_thresholds
@@ -194,7 +210,7 @@ def _fit(events: list[FitEvent], grid: Any, decision: dict[str, Any] | None, mod
             live = live_thresholds(decision, result.model, events, grid, modelled=modelled)
         except (ArithmeticError, KeyError, TypeError, ValueError) as exc:  # said by /thresholds.yaml, not fatal
             live = f"the thresholds could not be computed ({type(exc).__name__}: {exc})"
-    return result, live, time.perf_counter() - started
+    return result, live, levels, time.perf_counter() - started
 
 
 class LivePassive:

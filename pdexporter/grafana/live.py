@@ -296,6 +296,22 @@ def _passive_row(d: Dashboard) -> None:
         ),
         w=12,
     )
+    d.add(
+        timeseries(
+            "Eager one-chunk steps running slow",
+            "The share of the last 5 minutes' launch-bound one-chunk production prefills (one eager chunk bound "
+            "by its kernel launches, P ~ 512-3000 on vLLM's defaults) whose chunk step ran at the slow level of "
+            "the two their steps fall in. It is the engine's own state, held for seconds, and its share of a "
+            "minute moves (26-77 % on one H100, GPU session 37): a one-chunk prompt costs its decodes the slow "
+            "level's penalty this share of the time. Empty while the events show no two clear levels.",
+            targets(
+                (f"{m.PASSIVE_MODEL_LAUNCH_SLOW_SHARE}{{{SEL}}}", "slow share {{instance}}"),
+            ),
+            unit="percentunit",
+            minimum=0,
+        ),
+        w=24,
+    )
 
 
 def _thresholds_row(d: Dashboard) -> None:

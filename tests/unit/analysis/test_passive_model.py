@@ -26,6 +26,7 @@ from pdexporter.analysis.passive_model import (
     level_matched,
     passive_decision,
     reach,
+    recent_levels,
     traffic_seconds,
 )
 
@@ -495,3 +496,16 @@ def test_joint_events_take_their_prompts_from_the_record_else_the_runs_requests(
     assert [e.own_prompts for e in events] == [True, True, False, True]
     assert [e.prompts for e in events_from_records([record])] == [(5000, 7000), (9000,), (9100,), (4000, 5001)]
     assert joint_prompts({"prompt_tokens": 9000, "request_ids": ["c", "d"]}, {"c": 4000, "d": 4999}) == ()
+
+
+def test_the_last_minutes_events_are_counted_at_each_level() -> None:
+    """`recent_levels`: the launch-bound one-chunk events of the last `window_s` of traffic at each level (one event
+    every 1.5 s: the last 300 s hold events 39-239), None where no two clear levels show."""
+    events = _two_level_events(240)
+    levels = launch_levels(events, GRID)
+    recent = set(range(39, 240))  # at_s >= 358.5 - 300
+    assert recent_levels(events, levels) == (len(levels.fast & recent), len(levels.slow & recent))
+    fast, slow = recent_levels(events, levels, window_s=30.0) or (0, 0)  # events 219-239: 14 one-chunk ones
+    assert (fast, slow) == (7, 7)
+    one = _events(200, seed=5, noise=0.05)
+    assert recent_levels(one, launch_levels(one, GRID)) is None

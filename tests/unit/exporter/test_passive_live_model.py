@@ -141,3 +141,28 @@ async def test_thresholds_that_cannot_be_computed_are_said_not_fatal() -> None:
     assert model.last is not None and model.thresholds is None  # the event model itself was published
     status, text, _ = thresholds_response(model, now + 2)
     assert status == 503 and "the thresholds could not be computed (KeyError" in text and text.count("\n") == 1
+
+
+async def test_the_last_minutes_launch_levels_are_published() -> None:
+    """Events whose launch-bound one-chunk prompts ran at two levels give the last 5 minutes' count at each and the
+    slow share; events of one level give no level series and a NaN share (what the gauges' help says)."""
+    from tests.unit.analysis.test_passive_model import _two_level_events
+
+    metrics = ExporterMetrics()
+    model = LiveModel(metrics, 8192, "pdexporter-sim")
+    for e in _two_level_events(240):
+        model.events.append(e)
+        model.added += 1
+    await _fit_now(model, time.monotonic())
+    got = _samples(metrics)
+    counts = {s.labels["level"]: s.value for s in got[m.PASSIVE_MODEL_LAUNCH_EVENTS]}
+    assert set(counts) == set(m.LAUNCH_LEVELS) and 60 <= counts["fast"] <= 75 and 60 <= counts["slow"] <= 75
+    share = got[m.PASSIVE_MODEL_LAUNCH_SLOW_SHARE][0].value
+    assert share == counts["slow"] / (counts["fast"] + counts["slow"]) and 0.4 < share < 0.6
+    one = LiveModel(metrics, 8192, "pdexporter-sim")
+    for e in _events(120, noise=0.1):
+        one.events.append(e)
+        one.added += 1
+    await _fit_now(one, time.monotonic())
+    got = _samples(metrics)
+    assert m.PASSIVE_MODEL_LAUNCH_EVENTS not in got and math.isnan(got[m.PASSIVE_MODEL_LAUNCH_SLOW_SHARE][0].value)
