@@ -150,9 +150,9 @@ __all__ = [
     "joint_prompts",
     "launch_levels",
     "level_matched",
-    "recent_levels",
     "passive_decision",
     "reach",
+    "recent_levels",
     "traffic_seconds",
 ]
 

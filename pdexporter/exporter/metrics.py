@@ -163,7 +163,9 @@ PASSIVE_MODEL_BOUNDS = ("estimate", "low", "high")  # PASSIVE_MODEL_PREDICTION{b
 # engine's state of seconds: analysis.passive_model, "Launch levels")
 PASSIVE_MODEL_LAUNCH_EVENTS = f"{PREFIX}_passive_model_launch_events"
 PASSIVE_MODEL_LAUNCH_SLOW_SHARE = f"{PREFIX}_passive_model_launch_slow_share"
-LAUNCH_LEVELS = ("fast", "slow")  # PASSIVE_MODEL_LAUNCH_EVENTS{level}
+LAUNCH_LEVEL_LABELS = ("fast", "slow")  # PASSIVE_MODEL_LAUNCH_EVENTS{level}
+# (the 5 minutes of the two gauges' help is analysis.passive_model.LEVEL_WINDOW_S, not imported here: an
+# exporter that never runs passive mode does not import numpy and pandas)
 # The router threshold, live (`run --passive --decision`, exporter.passive_live): per (B, D) the
 # prompt length from which offloading wins, its interval's ends, the events at that D, the refresh time.
 OFFLOAD_THRESHOLD = f"{PREFIX}_offload_threshold_tokens"

@@ -29,6 +29,7 @@ from pdexporter.client.traces import RequestTrace
 from pdexporter.exporter.book import ProbeBook
 from pdexporter.exporter.config import ExporterConfig
 from pdexporter.exporter.metrics import (
+    LAUNCH_LEVEL_LABELS,
     THRESHOLD_BOUNDS,
     ExporterMetrics,
     count_trace_export,
@@ -159,9 +160,9 @@ def publish_levels(m: ExporterMetrics, levels: tuple[int, int] | None) -> None:
     if levels is None:
         m.passive_model_launch_slow_share.set(math.nan)
         return
+    for level, count in zip(LAUNCH_LEVEL_LABELS, levels, strict=True):
+        m.passive_model_launch_events.labels(level=level).set(count)
     fast, slow = levels
-    m.passive_model_launch_events.labels(level="fast").set(fast)
-    m.passive_model_launch_events.labels(level="slow").set(slow)
     m.passive_model_launch_slow_share.set(slow / (fast + slow) if fast + slow else math.nan)
 
 

@@ -386,7 +386,7 @@ class InterferenceRun:
 
     @property
     def engine_chunks(self) -> tuple[int, ...] | None:
-        return chunks_from_steps(self.engine_steps)
+        return chunks_from_steps(self.engine_steps, self.new_prefill_tokens)
 
     @property
     def located_chunks(self) -> tuple[int, ...] | None:
@@ -418,12 +418,21 @@ class InterferenceRun:
         }
 
 
-def chunks_from_steps(steps: Sequence[IterationStep] | None) -> tuple[int, ...] | None:
+def chunks_from_steps(steps: Sequence[IterationStep] | None,
+                      prompt_tokens: int | None = None) -> tuple[int, ...] | None:
     """The prefill's chunk sizes in the engine's own log for a window; None when the log shows
-    none (an engine without iteration logging: every prefill takes at least one chunk)."""
+    none (an engine without iteration logging: every prefill takes at least one chunk). With
+    `prompt_tokens` (the injected prompt's, uncached: it is salted), the chunks up to the one that
+    completes it: a prefill step logged after it is another request's (a probe's re-prompt once the
+    prefill had finished, read with the window's steps when the log was read late, on a loaded host:
+    [2046, 954, 16] for a 3000-token prompt). Where they never add up to it (a cached prefix), all."""
     if steps is None:
         return None
-    return summarise_chunks(steps).chunk_tokens or None
+    chunks = summarise_chunks(steps).chunk_tokens
+    if prompt_tokens:
+        done = next((i for i, total in enumerate(itertools.accumulate(chunks)) if total >= prompt_tokens), None)
+        chunks = chunks if done is None else chunks[:done + 1]
+    return chunks or None
 
 
 def expected_schedule(engine: str, p: int, chunk_size: int | None, d: int) -> tuple[int, ...] | None:
@@ -442,12 +451,12 @@ def chunks_expected(engine: str, schedule: Sequence[int] | None) -> int | None:
 
 
 def chunk_plan(engine: str, engine_steps: Sequence[IterationStep] | None,
-               schedule: Sequence[int] | None) -> ChunkPlan | None:
-    """The engine's own log when it shows the chunks (exact), else its schedule (to be confirmed
-    by the cadence), else nothing; either as the running decodes see the chunk steps (the
-    engine's `ChunkRule.decode_view`)."""
+               schedule: Sequence[int] | None, prompt_tokens: int | None = None) -> ChunkPlan | None:
+    """The engine's own log when it shows the chunks (exact; `chunks_from_steps`, up to the one that
+    completes `prompt_tokens`), else its schedule (to be confirmed by the cadence), else nothing;
+    either as the running decodes see the chunk steps (the engine's `ChunkRule.decode_view`)."""
     view = adapter(engine).chunk_rule.decode_view
-    logged = chunks_from_steps(engine_steps)
+    logged = chunks_from_steps(engine_steps, prompt_tokens)
     if logged:
         return ChunkPlan(view(logged), exact=True)
     return ChunkPlan(view(schedule), exact=False) if schedule else None
@@ -499,13 +508,15 @@ def analyse_traces(
     schedule: Sequence[int] | None = None,
     *,
     engine: str,
+    prompt_tokens: int | None = None,
 ) -> WindowStats:
-    """The window maths on recorded traces, told the chunks by the engine log or its schedule, as
-    the engine's adapter says its decodes see them (`chunk_plan`, `window_anchor_ns`)."""
+    """The window maths on recorded traces, told the chunks by the engine log (those of the
+    `prompt_tokens`-token prompt) or its schedule, as the engine's adapter says its decodes see
+    them (`chunk_plan`, `window_anchor_ns`)."""
     anchor = window_anchor_ns(engine, t_first_ns, baseline, probes)
     window = analyse_window(
         [t.token_times() for t in probes], t_inject_ns, anchor, baseline, params,
-        plan=chunk_plan(engine, engine_steps, schedule),
+        plan=chunk_plan(engine, engine_steps, schedule, prompt_tokens),
         token_events=[token_event_index(t.event_tokens) for t in probes],
     )
     if anchor != t_first_ns:  # the window was anchored later; the prefill's own clock is unchanged
@@ -950,7 +961,8 @@ async def _window(
     if problem:
         raise MeasurementError(problem)
     schedule = expected_schedule(kind, p, chunk_size or driver.info.chunk_size, d)
-    window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule, engine=kind)
+    window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule, engine=kind,
+                            prompt_tokens=p)
     return InterferenceRun(
         decode_batch_size=d,
         new_prefill_tokens=p,
@@ -969,6 +981,6 @@ async def _window(
         extra={**baseline_extra, **probes.raw_extra()} if d else dict(baseline_extra),
         offload=driver.route_of(prefill) if isinstance(driver, Routing) else None,
         engine=kind,
-        plan=chunk_plan(kind, steps, schedule),
+        plan=chunk_plan(kind, steps, schedule, p),
         anchor_ns=window_anchor_ns(kind, t_first, base, traces),
     )

@@ -35,6 +35,7 @@ from pdexporter.measure.protocol import (
     StreamTrace,
     analyse_traces,
     chunks_expected,
+    chunks_from_steps,
     expected_schedule,
     logged_injection_problem,
     prompt_tokens_check,
@@ -112,8 +113,9 @@ def reanalyse_rep(store: ResultsStore, record: RunRecord, rep: RepRecord, baseli
     logged = adapter(c.engine).parse_step_log(raw["engine_steps"]) if raw.get("engine_steps") else None
     steps = logged if use_engine_log else None
     schedule = expected_schedule(c.engine, c.new_prefill_tokens, c.chunk_size, c.decode_batch_size)
-    window = analyse_traces(probes, t_inject, t_first, baseline, settings.window, steps, schedule, engine=c.engine)
-    chunks = tuple(s.context_tokens for s in steps if s.context_tokens > 0) if steps else None
+    window = analyse_traces(probes, t_inject, t_first, baseline, settings.window, steps, schedule, engine=c.engine,
+                            prompt_tokens=c.new_prefill_tokens)
+    chunks = chunks_from_steps(steps, c.new_prefill_tokens)
     route = RouteTiming.from_raw(raw["offload"], raw.get("t_inject_clock_ns", 0)) if raw.get("offload") else None
     return rep.model_copy(update={
         "interference": interference_block(

@@ -156,7 +156,7 @@ async def test_the_last_minutes_launch_levels_are_published() -> None:
     await _fit_now(model, time.monotonic())
     got = _samples(metrics)
     counts = {s.labels["level"]: s.value for s in got[m.PASSIVE_MODEL_LAUNCH_EVENTS]}
-    assert set(counts) == set(m.LAUNCH_LEVELS) and 60 <= counts["fast"] <= 75 and 60 <= counts["slow"] <= 75
+    assert set(counts) == set(m.LAUNCH_LEVEL_LABELS) and 60 <= counts["fast"] <= 75 and 60 <= counts["slow"] <= 75
     share = got[m.PASSIVE_MODEL_LAUNCH_SLOW_SHARE][0].value
     assert share == counts["slow"] / (counts["fast"] + counts["slow"]) and 0.4 < share < 0.6
     one = LiveModel(metrics, 8192, "pdexporter-sim")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pdexporter.analysis.table import samples_from_record
 from pdexporter.engines import IterationStep, adapter
-from pdexporter.measure.protocol import logged_injection_problem
+from pdexporter.measure.protocol import chunk_plan, chunks_from_steps, logged_injection_problem
 from pdexporter.measure.records import aggregate
 from pdexporter.measure.store import ResultsStore
 
@@ -53,3 +53,19 @@ def test_a_repetition_beside_other_requests_is_kept_but_not_aggregated() -> None
     assert again.summary is not None and again.summary.cv_tpot_penalty < 0.15
     sample = samples_from_record(record)
     assert len(sample.reps) == 2
+
+
+def test_a_prefill_step_after_the_prompt_is_complete_is_not_its_chunk() -> None:
+    """`chunks_from_steps` with the prompt's tokens: a probe's 16-token re-prompt logged after a 3000-token prompt's
+    two chunks (read with the window's steps when the log was read late, a loaded host: an e2e run's record once
+    said [2046, 954, 16]) is not one of its chunks, and the window maths is told two (`chunk_plan`); where the
+    chunks never add up to the prompt (a cached prefix), every one is kept."""
+    decode = IterationStep(1, 0, 0, 2, 2, 10.0)
+    steps = [decode, IterationStep(2, 1, 2046, 2, 2, 60.0), IterationStep(3, 1, 954, 2, 2, 30.0), decode,
+             IterationStep(5, 1, 16, 2, 2, 11.0)]
+    assert chunks_from_steps(steps) == (2046, 954, 16)  # the log as it is
+    assert chunks_from_steps(steps, 3000) == (2046, 954)
+    plan = chunk_plan("vllm", steps, None, 3000)
+    assert plan is not None and plan.exact and plan.sizes == (2046, 954)
+    assert chunks_from_steps(steps[:3], 4096) == (2046, 954)  # short of the prompt: a cached prefix, all kept
+    assert chunks_from_steps([decode], 3000) is None
