@@ -58,7 +58,7 @@ def repetitions(results: Path) -> pd.DataFrame:
             continue
         for r in rec["reps"]:
             penalty = r.get("derived", {}).get("tpot_penalty_ms")
-            if penalty is None:
+            if penalty is None or not r.get("raw"):  # not measured, or no raw timestamps to place it in time
                 continue
             with gzip.open(path.parent / r["raw"]) as f:
                 raw = json.load(f)
@@ -188,8 +188,8 @@ def monitor(tgz: Path) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
     if not tgz.exists():
         return np.array([]), np.array([]), empty
     with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(tgz) as tar:
-            tar.extractall(tmp, filter="data")
+        with tarfile.open(tgz) as tar:  # the data filter where this Python has it (3.11.4 and later)
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         folder = next((p.parent for p in Path(tmp).rglob("host-*.jsonl")), Path(tmp))
         machines = host_levels.load_monitor(folder)
         launches = host_levels.load_launches(folder, list(machines))
