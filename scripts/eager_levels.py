@@ -63,9 +63,11 @@ def repetitions(results: Path) -> pd.DataFrame:
             with gzip.open(path.parent / r["raw"]) as f:
                 raw = json.load(f)
             steps = r["interference"].get("chunk_step_times_ms") or []
+            pre = r["interference"].get("tpot_pre_injection_p50_ms")
             out.append({"D": c["decode_batch_size"], "P": c["new_prefill_tokens"], "block": r.get("block", r["rep"]),
                         "t": raw["t_inject_clock_ns"] / 1e9, "chunks": r["interference"].get("num_chunks_actual"),
-                        "step_ms": steps[0] if len(steps) == 1 else np.nan, "penalty_ms": penalty})
+                        "step_ms": steps[0] if len(steps) == 1 else np.nan, "penalty_ms": penalty,
+                        "pre_ms": np.nan if pre is None else pre})
     if not out:
         raise SystemExit(f"{results}: no repetitions of a D > 0 configuration under {{chunk}}/D*_P*.json")
     return with_ratios(pd.DataFrame(out).sort_values("t", ignore_index=True))
@@ -75,7 +77,8 @@ def with_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """`step_ratio` and `ratio`: the chunk step and the penalty over their configuration's medians in `df`."""
     by = df.groupby(["D", "P"])
     return df.assign(step_ratio=df.step_ms / by.step_ms.transform("median"),
-                     ratio=df.penalty_ms / by.penalty_ms.transform("median"))
+                     ratio=df.penalty_ms / by.penalty_ms.transform("median"),
+                     pre_ratio=df.pre_ms / by.pre_ms.transform("median"))
 
 
 def outside_windows(df: pd.DataFrame, windows: Path) -> pd.DataFrame:
@@ -87,15 +90,44 @@ def outside_windows(df: pd.DataFrame, windows: Path) -> pd.DataFrame:
     return df[keep]
 
 
-def per_config(df: pd.DataFrame) -> list[str]:
-    lines = ["| D | P | n | chunk step p10 / p50 / p90 (ms) | penalty p50 (ms) | penalty CV | fast / slow steps |",
-             "|---|---|---|---|---|---|---|"]
+def _cv(values: pd.Series | np.ndarray) -> float:
+    v = np.asarray(values, dtype=float)
+    return float(v.std(ddof=1) / v.mean()) if v.size > 1 and v.mean() else float("nan")
+
+
+def per_config(df: pd.DataFrame, group: int = 5) -> list[str]:
+    """Per configuration the step's and the penalty's spread, and over consecutive `group`s of repetitions (a
+    seed-like cell of five, time order) the CV of their medians against that of their means."""
+    lines = ["| D | P | n | chunk step p10 / p50 / p90 (ms) | penalty p50 (ms) | penalty CV | fast / slow steps "
+             f"| CV of {group}-repetition medians / means |", "|---|---|---|---|---|---|---|---|"]
     for (d, p), g in df.groupby(["D", "P"]):
         q = np.nanpercentile(g.step_ms, [10, 50, 90])
-        cv = g.penalty_ms.std() / g.penalty_ms.mean()
         fast, slow = (g.step_ratio < FAST).mean(), (g.step_ratio > SLOW).mean()
+        x = g.sort_values("t").penalty_ms.to_numpy()
+        cells = [x[i:i + group] for i in range(0, len(x) - group + 1, group)]
+        meds, means = _cv([np.median(c) for c in cells]), _cv([c.mean() for c in cells])
         lines.append(f"| {d} | {p} | {len(g)} | {q[0]:.1f} / {q[1]:.1f} / {q[2]:.1f} | {g.penalty_ms.median():.2f} "
-                     f"| {cv:.1%} | {fast:.0%} / {slow:.0%} |")
+                     f"| {_cv(g.penalty_ms):.1%} | {fast:.0%} / {slow:.0%} | {meds:.1%} / {means:.1%} |")
+    return lines
+
+
+def minutes(df: pd.DataFrame, control: int, slow_over_p10: float = 1.4) -> list[str]:
+    """Minute by minute since the first injection: the share of the one-chunk steps below the control over
+    `slow_over_p10` x their p10 (the fast mode's floor), and the control's median step."""
+    small = df[(df.P < control) & df.step_ms.notna()]
+    if small.empty:
+        return ["No one-chunk step below the control."]
+    floor = float(np.percentile(small.step_ms, 10))
+    minute = ((df.t - df.t.min()) // 60).astype(int)
+    lines = [f"Slow: a one-chunk step over {slow_over_p10} x their p10 ({floor:.1f} ms).", "",
+             f"| minute | one-chunk steps | slow share | P = {control} step p50 (ms) |", "|---|---|---|---|"]
+    for m in sorted(minute.unique()):
+        part = df[minute == m]
+        s = part[(part.P < control) & part.step_ms.notna()]
+        big = part[part.P == control].step_ms.dropna()
+        share = f"{(s.step_ms > slow_over_p10 * floor).mean():.0%}" if len(s) else "-"
+        control_p50 = f"{big.median():.1f}" if len(big) else "-"
+        lines.append(f"| {m} | {len(s)} | {share} | {control_p50} |")
     return lines
 
 
@@ -152,7 +184,8 @@ def block_state(df: pd.DataFrame, control: int) -> pd.DataFrame:
         small, big = g[g.P < control], g[g.P == control]
         if len(small) and len(big):
             rows.append({"block": b, "t0": g.t.min(), "t1": g.t.max() + 0.1,
-                         "small": small.step_ratio.mean(), "big": big.step_ratio.mean()})
+                         "small": small.step_ratio.mean(), "big": big.step_ratio.mean(),
+                         "pre": g.pre_ratio.mean() if "pre_ratio" in g else np.nan})
     return pd.DataFrame(rows)
 
 
@@ -167,6 +200,11 @@ def block_lines(blocks: pd.DataFrame, gpu: pd.DataFrame, control: int) -> list[s
              f"P = {control}'s {qb[0]:.2f} / {qb[1]:.2f} / {qb[2]:.2f}",
              f"- lag-1 autocorrelation from block to block: P < {control} {blocks.small.autocorr(1):+.2f}, "
              f"P = {control} {blocks.big.autocorr(1):+.2f}"]
+    if "pre" in blocks and blocks.pre.notna().sum() > 4:
+        q = np.nanpercentile(blocks.pre, [10, 90])
+        lines.append(f"- the decode step before the injections (the probes' TPOT p50 over its configuration's median), "
+                     f"block mean p10 / p90 {q[0]:.3f} / {q[1]:.3f}: r with P < {control} "
+                     f"{blocks.small.corr(blocks.pre):+.2f}")
     if len(gpu):
         feats = defaultdict(list)
         for b in blocks.itertuples():
@@ -224,7 +262,8 @@ def report(results: Path, control: int | None, windows: Path | None = None) -> s
                                              "capture sizes): a control of the reading, not the eager step's."
                                              if graphs else ""),
                   ""]
-    lines += ["## The probe's nearest sample", "", *nearest_probe(df, probe_t, probe_v, control), "",
+    lines += ["## Minute by minute", "", *minutes(df, control), "",
+              "## The probe's nearest sample", "", *nearest_probe(df, probe_t, probe_v, control), "",
               "## The block state", "", *block_lines(block_state(df, control), gpu, control), ""]
     return "\n".join(lines)
 

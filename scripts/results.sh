@@ -318,6 +318,11 @@ for v in levels:"" levels-second:"" levels-graphs:-graphs; do
   python3 scripts/eager_levels.py "$D" --out "$D/levels.md" >/dev/null
 done
 python3 scripts/repeat_drift.py "$S-levels" "$S-levels-second" --out "$S-levels-second/drift.md"
+# the one-chunk eager cells of every repeat: how far the median and the mean of the repetitions moved
+python3 scripts/mean_vs_median.py "$S-levels" "$S-levels-second" "$S-s36" "$S-s36-end" "$S-s36-end" "$S-s36-end2" \
+  "$S-graphs-s36" "$S-graphs-s36-end" "$Q8" "$Q8-end" "$R/h100-vllm0.22-qwen2.5-7b-instruct" \
+  "$R/h100-vllm0.22-qwen2.5-7b-instruct-end" "$S-smallp" "$S-smallp-s36" --out "$S-levels-second/mean-vs-median.md" \
+  >/dev/null
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null
