@@ -39,8 +39,11 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+sys.path.insert(0, str(ROOT))
 
 import host_levels  # noqa: E402
+
+from pdexporter._internal.atomic import atomic_write_text  # noqa: E402
 
 FAST, SLOW = 0.9, 1.1  # a repetition's ratio to its configuration's median: the plan's fast and slow
 POWER_CAP = 0x4  # nvidia-smi clocks_event_reasons: SW power cap
@@ -279,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--windows {a.windows}: no such file")
     text = report(a.results, a.control, a.windows)
     if a.out:
-        tmp = a.out.with_suffix(a.out.suffix + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(a.out)
+        atomic_write_text(a.out, text + "\n")
     print(text)
     return 0
 

@@ -17,6 +17,10 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pdexporter._internal.atomic import atomic_write_text  # noqa: E402
+
 NEAR_ZERO = 0.2  # cv_causes.NEAR_ZERO's rule, restated for a script that reads records alone
 ONE_CHUNK = (512, 2048)
 
@@ -75,9 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {start.name} | {end.name} | {n} | {reps} | {med:.1%} | {mean:.1%} |")
     text = "\n".join(lines)
     if a.out:
-        tmp = a.out.with_suffix(a.out.suffix + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(a.out)
+        atomic_write_text(a.out, text + "\n")
     print(text)
     return 0
 
