@@ -67,8 +67,9 @@ def serve(
         "--otlp-traces-endpoint", help="Send one vLLM-shaped `llm_request` span per finished request here "
         "(OTLP/HTTP protobuf), as vLLM's flag does.")] = None,
     host_speed: Annotated[str, typer.Option(
-        "--host-speed", help="nominal | slow: the engine core's CPU costs as the profile's nominal host, or x "
-        "host.slow_factor (a slow-host episode, docs/sim.md)")] = "nominal",
+        "--host-speed", help="nominal | slow | switching: the engine core's CPU costs as the profile's nominal "
+        "host, x host.slow_factor (a slow-host episode), or switching between the two in episodes of seconds, "
+        "slow host.slow_fraction of the time (the engine state GPU session 37 measured; docs/sim.md)")] = "nominal",
 ) -> None:
     """Serve vLLM's (or SGLang's) OpenAI-compatible API from the embedded engine, in real time. Numbers are modelled."""
     options = dict(locals())

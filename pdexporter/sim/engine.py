@@ -400,6 +400,24 @@ class StepTiming(Protocol):
     def cpu_s(self, comp: StepComposition) -> float: ...
 
 
+class SwitchingSteps:
+    """Two step-time models and the episodes that say which one a step runs at (`sim serve --host-speed
+    switching`, `sim.episodes`): the nominal host's and the slow one's (`Profile.on_slow_host`)."""
+
+    def __init__(self, nominal: StepTiming, slow: StepTiming, episodes: Any, clock: Clock) -> None:
+        self.nominal, self.slow, self.episodes, self.clock = nominal, slow, episodes, clock
+        self.t0 = clock.now()
+
+    def _now(self) -> StepTiming:
+        return self.slow if self.episodes.slow_at(self.clock.now() - self.t0) else self.nominal
+
+    def gpu_s(self, comp: StepComposition) -> float:
+        return self._now().gpu_s(comp)
+
+    def cpu_s(self, comp: StepComposition) -> float:
+        return self._now().cpu_s(comp)
+
+
 class _GpuOnly:
     """A plain `comp -> seconds` function as a step-time model with no CPU cost (tests, what-ifs)."""
 
