@@ -30,13 +30,14 @@ class HostEpisodes:
         self.share, self.dwell_s = share, dwell_s
         self._rng = random.Random(seed)
         self._first_slow = self._rng.random() < share
-        self._ends = [0.0]  # the ends of the episodes drawn so far; episode i is slow when i is odd xor first_slow
+        self._ends = [0.0]  # the ends of the episodes drawn so far: episode i (i >= 1) ends at _ends[i]
 
     def _mean(self, slow: bool) -> float:
         return self.dwell_s if slow else self.dwell_s * (1.0 - self.share) / self.share
 
     def _slow(self, i: int) -> bool:
-        return (i % 2 == 1) != self._first_slow
+        """Episode i's state: the first (i = 1) slow with probability `share`, then alternating."""
+        return (i % 2 == 1) == self._first_slow
 
     def slow_at(self, t: float) -> bool:
         while self._ends[-1] <= t:

@@ -70,3 +70,8 @@ def test_switching_needs_a_profile_with_episodes() -> None:
         serve_embedded(log=print, default_profile="h200-llama-3.1-8b-instruct", host_speed="switching")
     with pytest.raises(ConfigError, match="expected nominal, slow, switching"):
         serve_embedded(log=print, default_profile="h200-qwen3-coder-30b-a3b", host_speed="fast")
+
+
+def test_the_first_episode_is_slow_as_often_as_the_share_says() -> None:
+    first = [HostEpisodes(0.25, seed=s).slow_at(0.0) for s in range(2000)]
+    assert statistics.fmean(first) == pytest.approx(0.25, abs=0.03)
