@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
 import host_levels  # noqa: E402
+from host_levels import FAST, SLOW  # noqa: E402 (a repetition's ratio to its configuration's median)
 
 from pdexporter._internal.atomic import atomic_write_text  # noqa: E402
 
-FAST, SLOW = 0.9, 1.1  # a repetition's ratio to its configuration's median: the plan's fast and slow
 POWER_CAP = 0x4  # nvidia-smi clocks_event_reasons: SW power cap
 
 

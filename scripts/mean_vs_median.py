@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pdexporter._internal.atomic import atomic_write_text  # noqa: E402
+from pdexporter.analysis.cv_causes import NEAR_ZERO  # noqa: E402 (criterion 4's near-zero rule)
 
-NEAR_ZERO = 0.2  # cv_causes.NEAR_ZERO's rule, restated for a script that reads records alone
 ONE_CHUNK = (512, 2048)
 
 

@@ -87,6 +87,7 @@ from typing import Any, Protocol, runtime_checkable
 from pdexporter._internal.vloop import is_virtual
 from pdexporter.client.traces import RequestTrace
 from pdexporter.engines import IterationStep
+from pdexporter.sim.episodes import HostEpisodes
 from pdexporter.sim.imitation import DEFAULT_IMITATION, imitation, sglang_log_prefix, vllm_log_prefix
 from pdexporter.sim.imitation import IMITATIONS as _IMITATIONS
 from pdexporter.sim.profile import Profile
@@ -404,7 +405,7 @@ class SwitchingSteps:
     """Two step-time models and the episodes that say which one a step runs at (`sim serve --host-speed
     switching`, `sim.episodes`): the nominal host's and the slow one's (`Profile.on_slow_host`)."""
 
-    def __init__(self, nominal: StepTiming, slow: StepTiming, episodes: Any, clock: Clock) -> None:
+    def __init__(self, nominal: StepTiming, slow: StepTiming, episodes: HostEpisodes, clock: Clock) -> None:
         self.nominal, self.slow, self.episodes, self.clock = nominal, slow, episodes, clock
         self.t0 = clock.now()
 

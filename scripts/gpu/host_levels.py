@@ -30,6 +30,7 @@ from datetime import datetime
 from pathlib import Path
 
 ENGINE_COMM = "VLLM::EngineCor"
+FAST, SLOW = 0.9, 1.1  # the levels plans' fast and slow: a repetition's (or a step's) ratio to its median
 
 
 Machine = tuple[list[int], list[dict], list[tuple[int, float, float, int]]]  # times, samples, GPU rows
@@ -214,8 +215,8 @@ def _correlate(label: str, rows_: list[dict], key: str) -> None:
     paired = [(r["ratio"], r[key]) for r in rows_]
     if len(paired) < 3 or len({v for _, v in paired}) < 2 or len({v for v, _ in paired}) < 2:
         return
-    groups = {"fast": [v for q, v in paired if q < 0.9], "near": [v for q, v in paired if 0.9 <= q <= 1.1],
-              "slow": [v for q, v in paired if q > 1.1]}
+    groups = {"fast": [v for q, v in paired if q < FAST], "near": [v for q, v in paired if FAST <= q <= SLOW],
+              "slow": [v for q, v in paired if q > SLOW]}
     means = ", ".join(f"{name} {statistics.fmean(v):.3f} ({len(v)})" for name, v in groups.items() if v)
     print(f"{label}: Pearson r {statistics.correlation(*zip(*paired)):.2f} over {len(paired)}; {means}")
 

@@ -44,12 +44,15 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from host_levels import FAST, SLOW  # noqa: E402 (a step's wall over its group's median: the plans' fast and slow)
+
 FORWARD = "gpu_model_runner: forward"
 STEP = re.compile(r"execute_context_(\d+)\((\d+)\)_generation_(\d+)\((\d+)\)")
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
 FIELDS = ("wall_ms", "cpu_ms", "forward_ms", "dispatch_ms", "launches", "launch_us", "gpu_ms", "span_ms", "lag_ms")
-FAST, SLOW = 0.9, 1.1
 
 
 def load(path: Path) -> list[dict]:
