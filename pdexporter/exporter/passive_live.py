@@ -138,6 +138,18 @@ class LiveModel:
         age = max(0.0, now_s - self.thresholds_at_s)
         return self.thresholds.snippet(age), age
 
+    def retire(self) -> None:
+        """Every series this model publishes (cells, intervals, levels, thresholds) back to what an
+        exporter that never fitted shows: they were another chunk size's."""
+        m = self.metrics
+        self.last, self.thresholds = None, None
+        for family in (m.passive_model_prediction, m.passive_model_reached, m.passive_model_launch_events,
+                       m.offload_threshold, m.offload_threshold_events):
+            family.clear()
+        for gauge in (m.passive_model_events, m.passive_model_cells, m.passive_model_halfwidth,
+                      m.passive_model_launch_slow_share, m.offload_threshold_timestamp):
+            gauge.set(0)
+
     def publish(self, result: PassiveAnswer) -> None:
         m = self.metrics
         m.passive_model_events.set(result.model.events)
@@ -237,6 +249,12 @@ class LivePassive:
         self.model = LiveModel(metrics, config.chunk_size, info.kind, decision=decision,
                                threshold_every_s=config.threshold_every_s, modelled=info.modelled)
         book.phase_of = self.tracker.phase_of
+
+    def retire(self) -> None:
+        """The engine runs another chunk size now (`Runner._adopt_chunk_size`): this size's model series
+        go, as a run started now would have none (a fresh `LivePassive` takes over; the events already
+        recorded stay in their chunk size's directory). A refit still running is left to finish unread."""
+        self.model.retire()
 
     def add_traces(self, traces: list[RequestTrace]) -> None:
         own = self.tracker.own_traces_seen

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdexporter.client.client import EngineClient
+from pdexporter.client.metrics import MetricsSnapshot
 from pdexporter.engines import adapter, chunk_size_advice
 from pdexporter.errors import ConfigError, EngineUnreachable, PdexporterError
 from pdexporter.exporter.book import ProbeBook
@@ -225,7 +226,7 @@ class Runner:
         self.scraper = EngineScraper(EngineClient(self.handle.url, api_key=self.api_key), adapter(self.info.kind),
                                      self.metrics,
                                      cfg.scrape_interval_s, lambda: not self.book.stopping,
-                                     on_snapshot=self.passive.tracker.add_scrape if self.passive else None,
+                                     on_snapshot=self._passive_scrape if self.passive else None,
                                      on_restart=self._restart_seen, on_back=self._engine_back)
         self.driver = LoopDriver(self.probes, self.scraper.scrape_now, self.book.refresh, self._on_send)
         set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
@@ -283,11 +284,11 @@ class Runner:
     def _adopt_chunk_size(self, now: EngineInfo) -> str | None:
         """The engine restarted with another chunk size it publishes, and the run took its size from
         it: the windows go on under the new one (records in its `--out` directory, its schedule, the
-        `engine_info` series), as a run started now would. Passive mode's event model holds the old
-        size's events, so it ends instead; so does an `--out` the new size's records cannot go to."""
+        `engine_info` series), as a run started now would. In passive mode the tracker and the event
+        model start afresh at the new size (`LivePassive.retire`: the old size's model series go; its
+        events stay recorded under its own directory). An `--out` the new size's records cannot go to
+        ends the run instead."""
         assert self.info is not None and now.chunk_size is not None
-        if self.config.passive:
-            return "passive mode's events and fit are the old chunk size's: start pdexporter again"
         cfg = self.config.model_copy(update={"chunk_size": now.chunk_size})
         spec = PointSpec(cfg.chunk_size, cfg.probe_streams, cfg.prefill_tokens).validate()
         records = LiveRecords(cfg, spec)
@@ -301,7 +302,16 @@ class Runner:
         self.metrics.engine_info.clear()  # one engine, one series: the old size's goes
         set_engine_info(self.metrics, self.info.kind, self.info.model, cfg.chunk_size, self.info.modelled,
                         cfg.chunk_size_source)
+        if self.passive is not None:
+            self.passive.retire()
+            self.passive = self.traces.passive = LivePassive(cfg, self.info, self.metrics, self.book,
+                                                             self.records.store, decision=self.decision)
         return None
+
+    def _passive_scrape(self, snapshot: MetricsSnapshot, t0_ns: int, t1_ns: int) -> None:
+        """A scrape's snapshot for passive mode's brackets (whichever tracker runs now: `_adopt_chunk_size`)."""
+        if self.passive is not None:
+            self.passive.tracker.add_scrape(snapshot, t0_ns, t1_ns)
 
     def _restart_seen(self, why: str) -> None:
         """The scraper saw the engine restart: ask it again; the chunk-size evidence starts afresh."""

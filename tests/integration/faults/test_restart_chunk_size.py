@@ -1,7 +1,7 @@
 """SGLang restarted with another `--chunked-prefill-size` under a running exporter that took its
 chunk size from the engine (none given): the windows go on under the new size, recorded where a run
-started now would record them; where the size was given, or in passive mode, the run ends in one
-line instead (exit 3). The engine is pdexporter's embedded engine imitating SGLang over real HTTP
+started now would record them; in passive mode the tracker and the event model start afresh at the
+new size. Where the size was given, the run ends in one line instead (exit 3). The engine is pdexporter's embedded engine imitating SGLang over real HTTP
 (`sim serve --engine sglang`: it publishes its chunk size in /server_info as SGLang does), stopped
 and started again on the same port."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pdexporter.errors import EngineChanged
+from pdexporter.exporter.metrics import PASSIVE_MODEL_EVENTS, PASSIVE_MODEL_PREDICTION
 from tests.helpers import free_port
 from tests.integration.faults.faultkit import live, until, value
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
@@ -76,3 +77,39 @@ async def test_a_given_chunk_size_contradicted_at_a_restart_ends_the_run(tmp_pat
                 await asyncio.to_thread(engine.stop)
     message = str(caught.value)
     assert "\n" not in message and "4096" in message and "2048" in message, message
+
+
+async def test_in_passive_mode_a_new_published_chunk_size_starts_the_event_model_afresh(tmp_path: Path) -> None:
+    """The old size's event model cannot price the new size's prefills: a fresh tracker and model take
+    over (a run started now), the old size's model series go, the scrapes reach the new tracker."""
+    port, lines = free_port(), []
+    first = await sglang(tmp_path / "a", port, 4096)
+    second: ServedEngine | None = None
+    cell = {"chunk_size": "4096", "decode_batch_size": "4", "new_prefill_tokens": "1024", "engine": "sglang"}
+    try:
+        async with live(first.url, log=lines.append, launcher_chunk=None, chunk_size=8192,
+                        chunk_size_source="assumed", passive=True, inject_every_s=None,
+                        out=tmp_path / "out") as (runner, task):
+            await until(lambda: runner.passive is not None, 60, "passive mode to start")
+            old = runner.passive
+            assert old is not None and old.tracker.settings.chunk_size == 4096 and old.model.grid.chunk_sizes == (4096,)
+            # what a refit of the old size had published
+            runner.metrics.passive_model_prediction.labels(**cell, bound="estimate").set(0.5)
+            runner.metrics.passive_model_events.set(12)
+            await asyncio.to_thread(first.stop)
+            second = await sglang(tmp_path / "b", port, 2048)
+            await until(lambda: any("another chunk size" in line for line in lines), 60, "the new size adopted")
+            new = runner.passive
+            assert new is not None and new is not old and runner.traces.passive is new
+            assert new.tracker.settings.chunk_size == 2048 and new.model.grid.chunk_sizes == (2048,)
+            await until(lambda: len(new.tracker._scrapes) > 0, 30, "a scrape reaching the new tracker")
+            assert not task.done() and runner.config.chunk_size == 2048
+            families = {f.name: f for f in runner.metrics.registry.collect()}
+            prediction = families[PASSIVE_MODEL_PREDICTION]
+            assert not [s for s in prediction.samples if s.labels.get("chunk_size") == "4096"]
+            assert value(runner, PASSIVE_MODEL_EVENTS) == 0
+            assert value(runner, "pdexporter_engine_info", chunk_size="2048", chunk_size_source="published") == 1
+    finally:
+        for engine in (first, second):
+            if engine is not None:
+                await asyncio.to_thread(engine.stop)
