@@ -1,9 +1,9 @@
 """SGLang restarted with another `--chunked-prefill-size` under a running exporter that took its
 chunk size from the engine (none given): the windows go on under the new size, recorded where a run
 started now would record them; in passive mode the tracker and the event model start afresh at the
-new size. Where the size was given, the run ends in one line instead (exit 3). The engine is pdexporter's embedded engine imitating SGLang over real HTTP
-(`sim serve --engine sglang`: it publishes its chunk size in /server_info as SGLang does), stopped
-and started again on the same port."""
+new size. Where the size was given, the run ends in one line instead (exit 3). The engine is
+pdexporter's embedded engine imitating SGLang over real HTTP (`sim serve --engine sglang`: it
+publishes its chunk size in /server_info as SGLang does), stopped and started again on the same port."""
 
 from __future__ import annotations
 
