@@ -7,8 +7,9 @@ on 2 cores beside a CPU burner is a budget of CPU-seconds, not of wall time per 
 Each test's CPU is this process's (`RUSAGE_SELF`) and that of the subprocesses it reaped (`RUSAGE_CHILDREN`:
 engines, CLI runs, Prometheus), measured around the whole test, setup and teardown included (a module
 fixture's cost lands on the module's first test, its teardown's on the last). A subprocess left running or not
-waited for is not counted. Each worker (pytest-xdist) writes its own file into `PDX_CPU_USAGE_DIR`; without it
-the plugin records nothing. Session 38's whole parallel pass: 756 CPU-s (docs/status.md, "Noticed, not done").
+waited for is not counted. Each worker (pytest-xdist) writes its own file into `PDX_CPU_USAGE_DIR` (an empty
+folder: the summary reads every usage file there); without it the plugin records nothing. Session 38's whole
+parallel pass: 756 CPU-s (docs/status.md, "Noticed, not done").
 """
 
 from __future__ import annotations
