@@ -482,10 +482,13 @@ class EngineCore:
         history_limit: int = 200_000,
         kv_role: str | None = None,
         connector: object | None = None,
+        host_episodes: HostEpisodes | None = None,
     ) -> None:
         """`kv_role`: None, or "decode-bench" | "decode" | "prefill" (module docs); `connector`
         replaces the role's default connector (e.g. a prefill side naming its host and port).
-        `log` gets one line per step, written by `step_lines` (the imitated engine's format)."""
+        `log` gets one line per step, written by `step_lines` (the imitated engine's format).
+        `host_episodes` (without `step_model`): each step at the nominal host's step times or the slow
+        host's (`Profile.on_slow_host`), as the episodes say at that moment (`SwitchingSteps`)."""
         from pdexporter.sim.kvconnector import connector_for
 
         self.profile = profile
@@ -497,8 +500,12 @@ class EngineCore:
                                                                              self.connector)
         self.step_lines = step_lines or StepLines.of(self.config.imitates)
         if step_model is None:  # the captured CUDA-graph sizes depend on this engine's token budget
-            step_model = StepTimeModel(profile, max_num_batched_tokens=self.config.max_num_batched_tokens,
-                                       max_num_seqs=self.config.max_num_seqs)
+            def model(p: Profile) -> StepTimeModel:
+                return StepTimeModel(p, max_num_batched_tokens=self.config.max_num_batched_tokens,
+                                     max_num_seqs=self.config.max_num_seqs)
+
+            step_model = model(profile) if host_episodes is None else \
+                SwitchingSteps(model(profile), model(profile.on_slow_host()), host_episodes, clock)
         self.step_model: StepTiming = step_model if isinstance(step_model, StepTiming) else _GpuOnly(step_model)
         self.costs = LoopCosts.of(profile) if loop_costs is None else loop_costs
         self.metrics = metrics

@@ -61,6 +61,7 @@ from pdexporter.engines import SIM_KINDS, sim_engine
 from pdexporter.errors import ConfigError
 from pdexporter.sim import ENGINE_KIND, engine_version
 from pdexporter.sim.engine import EngineCore, StepLines
+from pdexporter.sim.episodes import HostEpisodes
 from pdexporter.sim.imitation import DEFAULT_IMITATION, imitation
 from pdexporter.sim.profile import Profile
 from pdexporter.sim.scheduler import RequestOutput
@@ -615,18 +616,10 @@ async def run_server(
                                          port=int(side_port) if side_port.isdigit() else 5600)
     # Clients of a served engine read its steps from the log; in memory it keeps a few thousand
     # (the default 200,000 were ~50 MB reached after ~40 min at D = 12: issue 13's 2.7 MB/min).
-    clock = LoopClock(loop)
-    step_model = None
-    if options.host_episodes:  # the nominal host's steps and the slow one's, by the episodes in time
-        from pdexporter.sim.engine import SwitchingSteps
-        from pdexporter.sim.episodes import HostEpisodes
-        from pdexporter.sim.steptime import StepTimeModel
-
-        nominal, slow = (StepTimeModel(p, max_num_batched_tokens=config.max_num_batched_tokens,
-                                       max_num_seqs=config.max_num_seqs) for p in (profile, profile.on_slow_host()))
-        step_model = SwitchingSteps(nominal, slow, HostEpisodes(profile.host.slow_fraction), clock)
-    engine = EngineCore(profile, clock, config=config, metrics=metrics, log=log, kv_role=options.kv_role,
-                        connector=connector, history_limit=SERVED_HISTORY_STEPS, step_model=step_model,
+    # `--host-speed switching`: the nominal host's steps and the slow one's, by the episodes in time
+    episodes = HostEpisodes(profile.host.slow_fraction) if options.host_episodes else None
+    engine = EngineCore(profile, LoopClock(loop), config=config, metrics=metrics, log=log, kv_role=options.kv_role,
+                        connector=connector, history_limit=SERVED_HISTORY_STEPS, host_episodes=episodes,
                         step_lines=StepLines.of(options.imitates, options.decode_log_interval))
     spans = None
     if options.otlp_traces_endpoint:

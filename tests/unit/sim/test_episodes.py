@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from pdexporter.errors import ConfigError
-from pdexporter.sim.engine import ManualClock, SwitchingSteps
+from pdexporter.sim.engine import EngineConfig, EngineCore, ManualClock, SwitchingSteps
 from pdexporter.sim.episodes import DWELL_S, HostEpisodes
 from pdexporter.sim.profile import load_profile
 from pdexporter.sim.serving import serve_embedded
@@ -62,6 +62,16 @@ def test_the_steps_switch_with_the_episodes_on_the_engines_clock() -> None:
         assert model.cpu_s(comp) == want.cpu_s(comp) and model.gpu_s(comp) == nominal.gpu_s(comp)
         seen.add(want is slow)
     assert seen == {True, False}
+    # an engine given the episodes (what `sim serve --host-speed switching` builds) steps the same way
+    clock = ManualClock(100.0)
+    engine = EngineCore(profile, clock, config=EngineConfig.from_profile(profile, max_num_batched_tokens=8192),
+                        host_episodes=HostEpisodes(profile.host.slow_fraction, seed=3))
+    assert isinstance(engine.step_model, SwitchingSteps)
+    for i in range(400):
+        clock.advance_to(100.0 + i * 0.25)
+        want = slow if ep.slow_at(i * 0.25) else nominal
+        assert engine.step_model.cpu_s(comp) == want.cpu_s(comp)
+    assert not isinstance(EngineCore(profile, clock).step_model, SwitchingSteps)
 
 
 def test_switching_needs_a_profile_with_episodes() -> None:
