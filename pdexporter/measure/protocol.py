@@ -513,10 +513,17 @@ def analyse_traces(
     """The window maths on recorded traces, told the chunks by the engine log (those of the
     `prompt_tokens`-token prompt) or its schedule, as the engine's adapter says its decodes see
     them (`chunk_plan`, `window_anchor_ns`)."""
-    anchor = window_anchor_ns(engine, t_first_ns, baseline, probes)
+    return _analyse_told(probes, t_inject_ns, t_first_ns, baseline, params,
+                         chunk_plan(engine, engine_steps, schedule, prompt_tokens),
+                         window_anchor_ns(engine, t_first_ns, baseline, probes))
+
+
+def _analyse_told(probes: Sequence[StreamTrace], t_inject_ns: int, t_first_ns: int, baseline: BaselineStats | None,
+                  params: WindowParams, plan: ChunkPlan | None, anchor: int) -> WindowStats:
+    """`analyse_traces` once its chunk plan and anchor are known (a live window keeps both in its run)."""
     window = analyse_window(
         [t.token_times() for t in probes], t_inject_ns, anchor, baseline, params,
-        plan=chunk_plan(engine, engine_steps, schedule, prompt_tokens),
+        plan=plan,
         token_events=[token_event_index(t.event_tokens) for t in probes],
     )
     if anchor != t_first_ns:  # the window was anchored later; the prefill's own clock is unchanged
@@ -961,8 +968,8 @@ async def _window(
     if problem:
         raise MeasurementError(problem)
     schedule = expected_schedule(kind, p, chunk_size or driver.info.chunk_size, d)
-    window = analyse_traces(traces, t_inject, t_first, base, settings.window, steps, schedule, engine=kind,
-                            prompt_tokens=p)
+    plan, anchor = chunk_plan(kind, steps, schedule, p), window_anchor_ns(kind, t_first, base, traces)
+    window = _analyse_told(traces, t_inject, t_first, base, settings.window, plan, anchor)
     return InterferenceRun(
         decode_batch_size=d,
         new_prefill_tokens=p,
@@ -981,6 +988,6 @@ async def _window(
         extra={**baseline_extra, **probes.raw_extra()} if d else dict(baseline_extra),
         offload=driver.route_of(prefill) if isinstance(driver, Routing) else None,
         engine=kind,
-        plan=chunk_plan(kind, steps, schedule, p),
-        anchor_ns=window_anchor_ns(kind, t_first, base, traces),
+        plan=plan,
+        anchor_ns=anchor,
     )
