@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issues 30, 32 and 36 (GPU session 39): step-anatomy.sh found the eager step's slow state on the CPU's side of the
+# step (the Python and ATen time between the launches ×1.9, the launch call itself ×1.6, the GPU's kernels ×1.0).
+# Who runs in the engine core process meanwhile? py-spy's non-blocking dumps of the engine core (every thread's
+# Python stack, which thread holds the GIL) every ~50 ms, timestamped, beside the anatomy sweep on a fresh engine with
+# no profiler window opened; read afterwards against the sweep's repetitions (scripts/gpu/gil_dumps.py).
+# py-spy is not in the bundle: carry its binary (the py-spy wheel's data/scripts/py-spy) in .gpu-stage-pyspy/.
+#
+#   GPU=H100 bash scripts/gpu/gil-dumps.sh [DEADLINE_S]     # default 420; OUT as every step here
+#
+# Leaves in $OUT: step-anatomy.sh's files (no traces) and dumps.txt.gz ("@@ <epoch>" before every dump).
+set -u
+cd "$(dirname "$0")/../.."
+deadline=${1:-420}
+OUT=${OUT:?set OUT to the folder whose files come back}
+PYSPY=${PYSPY:-.gpu-stage-pyspy/py-spy}
+R=${R:-/root/r-gil}
+mkdir -p "$R" "$OUT"
+chmod +x "$PYSPY" || { echo "no py-spy at $PYSPY"; exit 1; }
+(
+  core=
+  for _ in $(seq 900); do
+    core=$(pgrep -f "^VLLM::EngineCore" | head -1)
+    [ -z "$core" ] && core=$(pgrep -f "[E]ngineCore" | head -1)
+    [ -n "$core" ] && break
+    sleep 1
+  done
+  echo "core pid ${core:-none} at $(date +%s.%N)"
+  while [ -n "$core" ] && kill -0 "$core" 2>/dev/null; do
+    echo "@@ $(date +%s.%N)"
+    "$PYSPY" dump --nonblocking --pid "$core" 2>&1
+    sleep 0.03
+  done
+) > "$R/dumps.txt" 2>&1 &
+dumper=$!
+AT="" R=$R OUT=$OUT bash scripts/gpu/step-anatomy.sh "$deadline"
+rc=$?
+sleep 2
+kill "$dumper" 2>/dev/null
+gzip -c "$R/dumps.txt" > "$OUT/dumps.txt.gz"
+echo "dumps: $(grep -c '^@@' "$R/dumps.txt") taken; $(grep -c 'active+gil' "$R/dumps.txt") thread lines holding the GIL"
+head -3 "$R/dumps.txt"; grep -m3 -A12 '^@@' "$R/dumps.txt" | tail -26
+exit "$rc"
