@@ -323,6 +323,17 @@ python3 scripts/mean_vs_median.py "$S-levels" "$S-levels-second" "$S-s36" "$S-s3
   "$S-graphs-s36" "$S-graphs-s36-end" "$Q8" "$Q8-end" "$R/h100-vllm0.22-qwen2.5-7b-instruct" \
   "$R/h100-vllm0.22-qwen2.5-7b-instruct-end" "$S-smallp" "$S-smallp-s36" --out "$S-levels-second/mean-vs-median.md" \
   >/dev/null
+# ... and GPU session 39's H100 (the anatomy: two engines with vLLM's torch profiler opened three times each, then a
+# third engine with py-spy's dumps of its engine core): the levels outside the profiler's windows, and who ran in the
+# engine core process while the eager steps were slow (anatomy.md per profiled engine is step_anatomy.py's, made on
+# the GPU machine from traces too big to bring back)
+A=$S-anatomy
+for e in first second; do
+  python3 scripts/eager_levels.py "$A/$e" --control 4096 --windows "$A/$e/windows.jsonl" --out "$A/$e/levels.md" >/dev/null
+  python3 scripts/gpu/gil_dumps.py "$A/$e" --out "$A/$e/thread.md" >/dev/null
+done
+python3 scripts/eager_levels.py "$A/gil" --control 4096 --out "$A/gil/levels.md" >/dev/null
+python3 scripts/gpu/gil_dumps.py "$A/gil" --out "$A/gil/gil.md" >/dev/null
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null
