@@ -4,11 +4,16 @@
 # Who runs in the engine core process meanwhile? py-spy's non-blocking dumps of the engine core (every thread's
 # Python stack, which thread holds the GIL) every ~50 ms, timestamped, beside the anatomy sweep on a fresh engine with
 # no profiler window opened; read afterwards against the sweep's repetitions (scripts/gpu/gil_dumps.py).
-# py-spy is not in the bundle: carry its binary (the py-spy wheel's data/scripts/py-spy) in .gpu-stage-pyspy/.
+# py-spy is not in the bundle: carry its binary (the py-spy wheel's data/scripts/py-spy) gzipped in .gpu-stage-pyspy/
+# (py-spy.gz: unpacked it would take the call over the 64 MiB it may carry); without it no dumps are taken.
+# Beside them (session 39's next question: a lower clock or fewer instructions a cycle?) scripts/gpu/thread_counters.py
+# samples the main thread's own counters every 0.1 s (task-clock always; cycles, instructions and reference cycles
+# where the guest has a virtual PMU: its header line says which).
 #
 #   GPU=H100 bash scripts/gpu/gil-dumps.sh [DEADLINE_S]     # default 420; OUT as every step here
 #
-# Leaves in $OUT: step-anatomy.sh's files (no traces) and dumps.txt.gz ("@@ <epoch>" before every dump).
+# Leaves in $OUT: step-anatomy.sh's files (no traces), dumps.txt.gz ("@@ <epoch>" before every dump) and
+# counters.jsonl.gz.
 set -u
 cd "$(dirname "$0")/../.."
 deadline=${1:-420}
@@ -16,8 +21,12 @@ OUT=${OUT:?set OUT to the folder whose files come back}
 PYSPY=${PYSPY:-.gpu-stage-pyspy/py-spy}
 R=${R:-/root/r-gil}
 mkdir -p "$R" "$OUT"
-chmod +x "$PYSPY" || { echo "no py-spy at $PYSPY"; exit 1; }
-(
+[ -f "$PYSPY.gz" ] && gunzip -f "$PYSPY.gz"
+python3 scripts/gpu/thread_counters.py --check
+python3 scripts/gpu/thread_counters.py "$R/counters.jsonl" --interval 0.1 &
+counters=$!
+chmod +x "$PYSPY" 2>/dev/null || { echo "no py-spy at $PYSPY: no dumps"; PYSPY=; }
+[ -n "$PYSPY" ] && (
   core=
   for _ in $(seq 900); do
     core=$(pgrep -f "^VLLM::EngineCore" | head -1)
@@ -36,7 +45,10 @@ dumper=$!
 AT="" R=$R OUT=$OUT bash scripts/gpu/step-anatomy.sh "$deadline"
 rc=$?
 sleep 2
-kill "$dumper" 2>/dev/null
+kill "$dumper" "$counters" 2>/dev/null
+wait "$counters" 2>/dev/null
+[ -f "$R/counters.jsonl" ] && gzip -c "$R/counters.jsonl" > "$OUT/counters.jsonl.gz" && head -1 "$R/counters.jsonl"
+[ -f "$R/dumps.txt" ] || exit "$rc"
 gzip -c "$R/dumps.txt" > "$OUT/dumps.txt.gz"
 echo "dumps: $(grep -c '^@@' "$R/dumps.txt") taken; $(grep -c 'active+gil' "$R/dumps.txt") thread lines holding the GIL"
 head -3 "$R/dumps.txt"; grep -m3 -A12 '^@@' "$R/dumps.txt" | tail -26

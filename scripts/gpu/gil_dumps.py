@@ -19,7 +19,12 @@ records use and the wall clock the dumps use: their difference puts the dumps on
 5. **the main thread as the guest sees it** (the host monitor's /proc samples of the engine core's main thread, every
    0.1 s): its run-queue wait share and its vCPU at each one-chunk repetition against the level, its stays on one
    vCPU (the level within each), and the monitor's own fixed loop (`spin`). Only this part where there are no dumps
-   (a profiled engine of `step-anatomy.sh`).
+   (a profiled engine of `step-anatomy.sh`);
+6. **the main thread's counters** where `counters.jsonl.gz` is (`scripts/gpu/thread_counters.py`): per 2 s, against
+   the one-chunk steps' mean level, the clock (cycles over reference cycles), the hardware's share of the guest's
+   running time (reference cycles a task-clock second: a vCPU the host deschedules while the guest counts it running
+   shows here) and the instructions a cycle, slow bins against fast, and the reading fixed before the run
+   (`COUNTER_RULES`).
 
 Pure arithmetic on committed files.
 """
@@ -35,6 +40,7 @@ import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -256,10 +262,69 @@ def thread_lines(monitor_tgz: Path, reps: pd.DataFrame, control: int, min_stay: 
     return lines
 
 
+# The reading of the counters, fixed before the run that has them (slow bins' median over fast bins'): the first rule
+# that holds names the cause.
+COUNTER_RULES = (
+    ("on_cpu", 0.8, "the host: the vCPU not running the thread while the guest counts it running"),
+    ("clock", 0.8, "a lower clock"),
+    ("ipc", 0.8, "fewer instructions a cycle: the physical core shared (a sibling hyperthread, its caches)"),
+)
+
+
+def counters(path: Path) -> tuple[dict[str, Any], pd.DataFrame]:
+    """thread_counters.py's file: its header and one row per interval between samples, on the records' clock (`t`,
+    s, the interval's end): `busy` (task-clock over wall), and where the hardware counters are, `clock` (cycles a
+    reference cycle), `on_cpu` (reference cycles a task-clock ns) and `ipc`."""
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines() if path.suffix == ".gz" \
+        else path.read_text().splitlines()
+    if not lines:
+        raise SystemExit(f"{path}: empty")
+    header = json.loads(lines[0])
+    rows = pd.DataFrame([json.loads(x) for x in lines[1:] if x.strip()])
+    if rows.empty:
+        return header, rows
+    d = rows.diff().iloc[1:]
+    out = pd.DataFrame({"t": rows.t.iloc[1:] / 1e9, "busy": d.task_ns / d.t})
+    if {"cycles", "ref_cycles", "instructions"} <= set(rows):
+        out = out.assign(clock=d.cycles / d.ref_cycles, on_cpu=d.ref_cycles / d.task_ns,
+                         ipc=d.instructions / d.cycles)
+    return header, out[out.busy > 0.05]  # intervals the thread ran in
+
+
+def counter_lines(path: Path, reps: pd.DataFrame, control: int, width: float = 2.0) -> list[str]:
+    header, rows = counters(path)
+    missing = {k: v for k, v in (header.get("available") or {}).items() if v is not True}
+    if "clock" not in rows:
+        return [f"The guest gave no hardware counter ({', '.join(f'{k}: {v}' for k, v in missing.items())}): "
+                "the clock and the instructions a cycle cannot be read here; task-clock alone says nothing new."]
+    one = reps[(reps.P < control) & reps.step_ratio.notna()]
+    t0 = min(rows.t.min(), one.t.min())
+    feats = rows.assign(bin=((rows.t - t0) // width).astype(int)).groupby("bin")[["clock", "on_cpu", "ipc", "busy"]]
+    level = one.assign(bin=((one.t - t0) // width).astype(int)).groupby("bin").step_ratio.mean()
+    both = feats.median().join(level, how="inner")
+    slow, fast = both[both.step_ratio > SLOW], both[both.step_ratio < FAST]
+    if len(slow) < 3 or len(fast) < 3:
+        return [f"Fewer than three slow or fast {width:g}-s bins ({len(slow)} slow, {len(fast)} fast)."]
+    lines = [f"{len(both)} bins of {width:g} s; {len(slow)} slow, {len(fast)} fast.", "",
+             "| quantity | slow bins (median) | fast bins (median) | slow / fast | r with the level |",
+             "|---|---|---|---|---|"]
+    ratio = {}
+    for key in ("clock", "on_cpu", "ipc", "busy"):
+        ratio[key] = float(slow[key].median() / fast[key].median())
+        lines.append(f"| {key} | {slow[key].median():.3g} | {fast[key].median():.3g} | {ratio[key]:.2f} | "
+                     f"{both.step_ratio.corr(both[key]):+.2f} |")
+    cause = next((name for key, limit, name in COUNTER_RULES if ratio[key] <= limit), "inconclusive: none of the "
+                 "three moved by 20 % between the states")
+    return [*lines, "", f"**Reading (fixed before the run): {cause}.**"]
+
+
 def report(results: Path) -> str:
     reps = repetitions(results)
     control = int(reps.P.max())
     guest = ["## The main thread as the guest sees it", "", *thread_lines(results / "monitor.tgz", reps, control), ""]
+    if (results / "counters.jsonl.gz").exists():
+        guest += ["## The main thread's counters", "", *counter_lines(results / "counters.jsonl.gz", reps, control),
+                  ""]
     dumps_path = results / "dumps.txt.gz"
     if not dumps_path.exists():
         return "\n".join([f"# The engine core's main thread while its eager steps are slow: {results.name}", "",

@@ -80,3 +80,56 @@ def test_a_folder_without_records_is_one_line_naming_it(tmp_path) -> None:
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "gil_dumps.py"), str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and str(tmp_path) in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def _counters(tmp_path, *, slow_factor: dict[str, float], hardware: bool = True):  # type: ignore[no-untyped-def]
+    """A thread_counters.py file over 80 s (a sample every 0.1 s, the thread always running) whose slow 10-s
+    stretches (10-20, 30-40, ...) scale one quantity by `slow_factor`, and one-chunk repetitions every 0.5 s at
+    level 1.5 there and 0.7 elsewhere."""
+    import gzip
+    import json
+
+    header = {"pid": 1, "available": {"task_ns": True, "cycles": True if hardware else "No such file or directory",
+                                      "instructions": True, "ref_cycles": True}}
+    lines, tot = [json.dumps(header)], {"task_ns": 0.0, "cycles": 0.0, "instructions": 0.0, "ref_cycles": 0.0}
+    reps = []
+    for i in range(801):
+        t = i * 0.1
+        slow = int(t // 10) % 2 == 1
+        f = {k: slow_factor.get(k, 1.0) if slow else 1.0 for k in ("clock", "on_cpu", "ipc")}
+        ref = 0.1e9 * 2.0 * f["on_cpu"]  # reference cycles in 0.1 s of task-clock, 2 GHz nominal
+        tot["task_ns"] += 0.1e9
+        tot["ref_cycles"] += ref
+        tot["cycles"] += ref * f["clock"]
+        tot["instructions"] += ref * f["clock"] * 2.0 * f["ipc"]
+        row = {"t": int(t * 1e9), "w": int(t * 1e9) + 5, "task_ns": int(tot["task_ns"])}
+        if hardware:
+            row.update({k: int(v) for k, v in tot.items() if k != "task_ns"})
+        lines.append(json.dumps(row))
+    for i in range(160):
+        t = i * 0.5 + 0.05
+        reps.append({"D": 4, "P": 512, "t": t, "step_ratio": 1.5 if int(t // 10) % 2 == 1 else 0.7})
+    reps.append({"D": 4, "P": 4096, "t": 1.0, "step_ratio": 1.0})
+    path = tmp_path / "counters.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    return path, pd.DataFrame(reps)
+
+
+@pytest.mark.parametrize(("factor", "cause"), [
+    ({"on_cpu": 0.6}, "the host: the vCPU not running the thread"),
+    ({"clock": 0.6}, "a lower clock"),
+    ({"ipc": 0.55}, "fewer instructions a cycle"),
+    ({"ipc": 0.95}, "inconclusive"),
+])
+def test_the_counters_reading_names_what_moved_between_the_states(gil, tmp_path, factor, cause) -> None:  # type: ignore[no-untyped-def]
+    path, reps = _counters(tmp_path, slow_factor=factor)
+    text = "\n".join(gil.counter_lines(path, reps, control=4096))
+    assert f"**Reading (fixed before the run): {cause}" in text
+    key = next(iter(factor))
+    assert f"| {key} |" in text and f"| {factor[key]:.2f} |" in text  # slow over fast, as built
+
+
+def test_without_a_virtual_pmu_the_counters_say_they_cannot_answer(gil, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path, reps = _counters(tmp_path, slow_factor={"clock": 0.5}, hardware=False)
+    (line,) = gil.counter_lines(path, reps, control=4096)
+    assert "no hardware counter (cycles: No such file or directory)" in line
