@@ -11,6 +11,8 @@
 # where the guest has a virtual PMU: its header line says which).
 #
 #   GPU=H100 bash scripts/gpu/gil-dumps.sh [DEADLINE_S]     # default 420; OUT as every step here
+#   SIM=1 OUT=/tmp/out bash scripts/gpu/gil-dumps.sh        # the plumbing on the embedded engine: the counters
+#                                                           # follow the sweep's own process, which runs it
 #
 # Leaves in $OUT: step-anatomy.sh's files (no traces), dumps.txt.gz ("@@ <epoch>" before every dump) and
 # counters.jsonl.gz.
@@ -23,7 +25,9 @@ R=${R:-/root/r-gil}
 mkdir -p "$R" "$OUT"
 [ -f "$PYSPY.gz" ] && gunzip -f "$PYSPY.gz"
 python3 scripts/gpu/thread_counters.py --check
-python3 scripts/gpu/thread_counters.py "$R/counters.jsonl" --interval 0.1 &
+pattern="^VLLM::EngineCore"
+[ -n "${SIM:-}" ] && pattern="-m pdexporter sim sweep"
+python3 scripts/gpu/thread_counters.py "$R/counters.jsonl" --pattern="$pattern" --interval 0.1 --wait "$deadline" &
 counters=$!
 chmod +x "$PYSPY" 2>/dev/null || { echo "no py-spy at $PYSPY: no dumps"; PYSPY=; }
 [ -n "$PYSPY" ] && (

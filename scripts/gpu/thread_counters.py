@@ -70,11 +70,13 @@ def read_all(fds: dict[str, int]) -> dict[str, int]:
     return {name: struct.unpack("Q", os.read(fd, 8))[0] for name, fd in fds.items()}
 
 
-def find_pid(pattern: str, timeout_s: float) -> int | None:
+def find_pid(pattern: str, timeout_s: float, stop: list[bool]) -> int | None:
+    """The first process (not this one) whose command line matches `pattern`, looked for every 0.5 s until
+    `timeout_s` or `stop[0]` (SIGTERM)."""
     rx = re.compile(pattern)
     deadline = time.monotonic() + timeout_s
     me = os.getpid()
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not stop[0]:
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or int(entry.name) == me:
                 continue
@@ -132,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("OUT.jsonl is required (or --check)")
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
-    pid = find_pid(a.pattern, a.wait)
+    pid = find_pid(a.pattern, a.wait, stop)
     if pid is None:
-        print(f"thread_counters: no process matched {a.pattern!r} within {a.wait:g} s", file=sys.stderr)
+        why = "before it was stopped" if stop[0] else f"within {a.wait:g} s"
+        print(f"thread_counters: no process matched {a.pattern!r} {why}", file=sys.stderr)
         return 1
     n = sample(a.out, pid, a.interval, stop)
     print(f"thread_counters: {n} samples of pid {pid} in {a.out}", file=sys.stderr)

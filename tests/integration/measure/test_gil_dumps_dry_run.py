@@ -1,0 +1,39 @@
+"""scripts/gpu/gil-dumps.sh's dry run (SIM=1): the script the next H100 session runs (results/h100-vllm0.22-llama-3.2-
+3b-instruct-counters/PLAN.md) runs end to end on the embedded engine: the anatomy sweep in virtual time, the host
+monitor, and thread_counters.py as a real process sampling the sweep's own main thread (the embedded engine runs in
+it). py-spy is not on this machine: the run says so and takes no dumps. gil_dumps.py's reading of what comes back is
+tests/unit/analysis/test_gil_dumps_script.py's."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_sweep_runs_with_the_counters_beside_it(tmp_path: Path) -> None:
+    sweep = tmp_path / "anatomy.yaml"  # the committed sweep, 2 repetitions instead of 100
+    text = (REPO / "sweeps" / "h200-dense-llama-3.2-3b-anatomy.yaml").read_text()
+    assert "\nreps: 100\n" in text
+    sweep.write_text(text.replace("\nreps: 100\n", "\nreps: 2\n"))
+    env = {**os.environ, "SIM": "1", "OUT": str(tmp_path / "out"), "R": str(tmp_path / "r"), "SWEEP": str(sweep),
+           "PYSPY": str(tmp_path / "no-py-spy")}
+    proc = subprocess.run(["bash", "scripts/gpu/gil-dumps.sh", "120"], cwd=REPO, env=env, capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "complete: 6 of 6 configurations" in proc.stdout and "no dumps" in proc.stdout
+    assert "thread counters: task_ns yes" in proc.stdout  # --check's line
+    out = tmp_path / "out"
+    assert not (out / "dumps.txt.gz").exists()
+    header, *rows = [json.loads(x) for x in gzip.decompress((out / "counters.jsonl.gz").read_bytes()).splitlines()]
+    assert header["available"]["task_ns"] is True and rows  # the sweep's own main thread, sampled while it ran
+    assert all(b["task_ns"] >= a["task_ns"] for a, b in zip(rows, rows[1:], strict=False))
+    assert len(list(out.iterdir())) <= 8  # what comes back from the GPU machine
