@@ -18,8 +18,8 @@ records use and the wall clock the dumps use: their difference puts the dumps on
    main thread runs without the GIL, another thread holds it, or another thread is active;
 5. **the main thread as the guest sees it** (the host monitor's /proc samples of the engine core's main thread, every
    0.1 s): its run-queue wait share and its vCPU at each one-chunk repetition against the level, its stays on one
-   vCPU (the level within each), and the monitor's own fixed loop (`spin`). Only this part where there are no dumps
-   (a profiled engine of `step-anatomy.sh`);
+   vCPU (the level within each), and the monitor's own fixed loop (`spin`). Where there are no dumps (a profiled
+   engine of `step-anatomy.sh`: its `thread.md`) this part alone;
 6. **the main thread's counters** where `counters.jsonl.gz` is (`scripts/gpu/thread_counters.py`): per 2 s, against
    the one-chunk steps' mean level, the clock (cycles over reference cycles), the hardware's share of the guest's
    running time (reference cycles a task-clock second: a vCPU the host deschedules while the guest counts it running
