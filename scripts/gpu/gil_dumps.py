@@ -38,6 +38,7 @@ import re
 import sys
 import tarfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,16 +112,18 @@ def parse_dumps(text: str) -> list[Dump]:
     return dumps
 
 
-def clock_offset(monitor_tgz: Path) -> float:
-    """Wall minus monotonic seconds, the median over the host monitor's samples (`t` monotonic ns, `w` wall ns)."""
-    diffs = []
+def monitor_rows(monitor_tgz: Path) -> Iterator[dict[str, Any]]:
+    """Every sample line of the host monitor's files in `monitor_tgz` (scripts/gpu/host_monitor.py's form)."""
     with tarfile.open(monitor_tgz) as tar:
         for member in tar.getmembers():
             if member.name.endswith(".jsonl") and (f := tar.extractfile(member)) is not None:
                 for line in f.read().decode().splitlines():
-                    row = json.loads(line)
-                    if "t" in row and "w" in row:
-                        diffs.append((row["w"] - row["t"]) / 1e9)
+                    yield json.loads(line)
+
+
+def clock_offset(monitor_tgz: Path) -> float:
+    """Wall minus monotonic seconds, the median over the host monitor's samples (`t` monotonic ns, `w` wall ns)."""
+    diffs = [(row["w"] - row["t"]) / 1e9 for row in monitor_rows(monitor_tgz) if "t" in row and "w" in row]
     if not diffs:
         raise SystemExit(f"{monitor_tgz}: no host-monitor sample with both clocks (t, w)")
     return float(np.median(diffs))
@@ -223,16 +226,12 @@ def main_thread(monitor_tgz: Path) -> pd.DataFrame:
     """The engine core's main thread (pid = tid, comm `VLLM::EngineCor`) per host-monitor sample: the records' clock
     (s), its vCPU, its share of the interval since the last sample spent running and waiting on the run queue."""
     rows = []
-    with tarfile.open(monitor_tgz) as tar:
-        for member in tar.getmembers():
-            if member.name.endswith(".jsonl") and (f := tar.extractfile(member)) is not None:
-                for line in f.read().decode().splitlines():
-                    row = json.loads(line)
-                    spin = row.get("spin") or [np.nan, -1]
-                    for key, v in row.get("thr", {}).items():
-                        pid, tid = key.split("/")
-                        if pid == tid and "EngineCor" in v[0]:
-                            rows.append((row["t"] / 1e9, int(v[1]), v[2], v[3], spin[0] / 1e6))
+    for row in monitor_rows(monitor_tgz):
+        spin = row.get("spin") or [np.nan, -1]
+        for key, v in row.get("thr", {}).items():
+            pid, tid = key.split("/")
+            if pid == tid and "EngineCor" in v[0]:
+                rows.append((row["t"] / 1e9, int(v[1]), v[2], v[3], spin[0] / 1e6))
     th = pd.DataFrame(rows, columns=["t", "cpu", "run_ns", "wait_ns", "spin_ms"]).sort_values("t", ignore_index=True)
     dt = th.t.diff()
     return th.assign(wait_share=th.wait_ns.diff() / 1e9 / dt, run_share=th.run_ns.diff() / 1e9 / dt)
