@@ -25,6 +25,23 @@ def gpu_script(name: str):  # type: ignore[no-untyped-def]
     return module
 
 
+def gpu_dry_run(tmp_path: Path, script: str, sweep: str, reps: int, **env: str) -> subprocess.CompletedProcess[str]:
+    """scripts/gpu/SCRIPT's dry run (SIM=1: the embedded engine, virtual time) with a 120-s deadline, on a copy of
+    sweeps/SWEEP cut from its committed `reps: REPS` to 2 repetitions; OUT and R under `tmp_path`, `env` on top.
+    Asserts the run succeeded (its output's tails on failure) and returns it."""
+    text = (REPO / "sweeps" / sweep).read_text()
+    assert f"\nreps: {reps}\n" in text, f"sweeps/{sweep} no longer has {reps} repetitions"
+    short = tmp_path / sweep
+    short.write_text(text.replace(f"\nreps: {reps}\n", "\nreps: 2\n"))
+    full = {**os.environ, "SIM": "1", "OUT": str(tmp_path / "out"), "R": str(tmp_path / "r"), "SWEEP": str(short),
+            **env}
+    proc = subprocess.run(["bash", f"scripts/gpu/{script}", "120"], cwd=REPO, env=full, capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "complete: 6 of 6 configurations" in proc.stdout
+    return proc
+
+
 def _listen_ports() -> range:
     """Where a test's server may listen: below the kernel's ephemeral range (Linux: 32768-60999), from which every
     client connection of the tests running beside it takes its own port. A port the kernel hands out as free

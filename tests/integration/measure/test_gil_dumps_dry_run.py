@@ -8,28 +8,19 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import gpu_dry_run
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_sweep_runs_with_the_counters_beside_it(tmp_path: Path) -> None:
-    sweep = tmp_path / "anatomy.yaml"  # the committed sweep, 2 repetitions instead of 100
-    text = (REPO / "sweeps" / "h200-dense-llama-3.2-3b-anatomy.yaml").read_text()
-    assert "\nreps: 100\n" in text
-    sweep.write_text(text.replace("\nreps: 100\n", "\nreps: 2\n"))
-    env = {**os.environ, "SIM": "1", "OUT": str(tmp_path / "out"), "R": str(tmp_path / "r"), "SWEEP": str(sweep),
-           "PYSPY": str(tmp_path / "no-py-spy")}
-    proc = subprocess.run(["bash", "scripts/gpu/gil-dumps.sh", "120"], cwd=REPO, env=env, capture_output=True,
-                          text=True, check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "complete: 6 of 6 configurations" in proc.stdout and "no dumps" in proc.stdout
+    proc = gpu_dry_run(tmp_path, "gil-dumps.sh", "h200-dense-llama-3.2-3b-anatomy.yaml", 100,
+                       PYSPY=str(tmp_path / "no-py-spy"))
+    assert "no dumps" in proc.stdout
     assert "thread counters: task_ns yes" in proc.stdout  # --check's line
     out = tmp_path / "out"
     assert not (out / "dumps.txt.gz").exists()

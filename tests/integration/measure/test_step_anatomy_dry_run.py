@@ -5,29 +5,20 @@ is the plumbing and that the run says so, not the traces (tests/unit/sweep/test_
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, gpu_dry_run
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_sweep_runs_and_the_missing_traces_are_said(tmp_path: Path) -> None:
-    sweep = tmp_path / "anatomy.yaml"  # the committed sweep, 2 repetitions instead of 100
-    text = (REPO / "sweeps" / "h200-dense-llama-3.2-3b-anatomy.yaml").read_text()
-    assert "\nreps: 100\n" in text and "--profiler-config '{prof}'" in text
-    sweep.write_text(text.replace("\nreps: 100\n", "\nreps: 2\n"))
-    env = {**os.environ, "SIM": "1", "OUT": str(tmp_path / "out"), "R": str(tmp_path / "r"), "SWEEP": str(sweep),
-           "HEALTH_TIMEOUT": "1"}
-    proc = subprocess.run(["bash", "scripts/gpu/step-anatomy.sh", "120"], cwd=REPO, env=env, capture_output=True,
-                          text=True, check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "complete: 6 of 6 configurations" in proc.stdout and "step-anatomy: dense-h200.sh rc=0" in proc.stdout
+    assert "--profiler-config '{prof}'" in (REPO / "sweeps" / "h200-dense-llama-3.2-3b-anatomy.yaml").read_text()
+    proc = gpu_dry_run(tmp_path, "step-anatomy.sh", "h200-dense-llama-3.2-3b-anatomy.yaml", 100, HEALTH_TIMEOUT="1")
+    assert "step-anatomy: dense-h200.sh rc=0" in proc.stdout
     out = tmp_path / "out"
     with tarfile.open(out / "monitor.tgz") as packed:
         assert any(n.startswith("monitor/host-") and n.endswith(".jsonl") for n in packed.getnames())
