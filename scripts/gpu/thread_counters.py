@@ -10,9 +10,9 @@ says so and only task-clock is sampled).
 
 It waits for a process whose command line matches --pattern (its main thread: pid = tid), then writes one JSON line
 a sample: {"t": monotonic ns, "w": wall ns, "task_ns": …, "cycles": …, "instructions": …, "ref_cycles": …} (the
-counters' running totals; absent where unavailable), after a header {"pid", "available": {name: true | errno text}}.
-The counters count user space only (exclude_kernel, exclude_hv). Stdlib only: it runs on the GPU machine's own
-Python. SIGTERM ends it with the file closed; so does the thread's end.
+counters' running totals, scaled as perf scales a multiplexed counter; absent where unavailable), after a header
+{"pid", "available": {name: true | errno text}}. The counters count user space only (exclude_kernel, exclude_hv).
+Stdlib only: it runs on the GPU machine's own Python. SIGTERM ends it with the file closed; so does the thread's end.
 """
 
 from __future__ import annotations
@@ -38,13 +38,16 @@ COUNTERS = {  # name: (type, config)
 }
 _ATTR_SIZE = 128
 _EXCLUDE_KERNEL, _EXCLUDE_HV = 1 << 5, 1 << 6
+# each read returns (value, time enabled, time running): a counter the PMU multiplexed with others is scaled up by
+# enabled / running, as perf does (a guest's virtual PMU may have fewer counters than the four asked for)
+_READ_FORMAT = 1 | 2  # PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING
 
 
 def open_counter(kind: int, config: int, tid: int) -> int:
     """A counting perf event for thread `tid` on any CPU; the fd, or raises OSError with the kernel's errno."""
     attr = bytearray(_ATTR_SIZE)
     struct.pack_into("IIQ", attr, 0, kind, _ATTR_SIZE, config)
-    struct.pack_into("Q", attr, 40, _EXCLUDE_KERNEL | _EXCLUDE_HV)  # the flags word after read_format
+    struct.pack_into("QQ", attr, 32, _READ_FORMAT, _EXCLUDE_KERNEL | _EXCLUDE_HV)  # read_format, then the flags word
     libc = ctypes.CDLL(None, use_errno=True)
     buf = (ctypes.c_char * _ATTR_SIZE).from_buffer(attr)
     fd = libc.syscall(SYS_PERF_EVENT_OPEN, buf, tid, -1, -1, 0)
@@ -67,7 +70,12 @@ def open_all(tid: int) -> tuple[dict[str, int], dict[str, bool | str]]:
 
 
 def read_all(fds: dict[str, int]) -> dict[str, int]:
-    return {name: struct.unpack("Q", os.read(fd, 8))[0] for name, fd in fds.items()}
+    """Every counter's running total, scaled by enabled / running where the PMU multiplexed it."""
+    out = {}
+    for name, fd in fds.items():
+        value, enabled, running = struct.unpack("QQQ", os.read(fd, 24))
+        out[name] = value if running in (0, enabled) else round(value * enabled / running)
+    return out
 
 
 def find_pid(pattern: str, timeout_s: float, stop: list[bool]) -> int | None:
