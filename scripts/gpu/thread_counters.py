@@ -11,7 +11,8 @@ says so and only task-clock is sampled).
 It waits for a process whose command line matches --pattern (its main thread: pid = tid), then writes one JSON line
 a sample: {"t": monotonic ns, "w": wall ns, "task_ns": …, "cycles": …, "instructions": …, "ref_cycles": …} (the
 counters' running totals, scaled as perf scales a multiplexed counter; absent where unavailable), after a header
-{"pid", "available": {name: true | errno text}}. The counters count user space only (exclude_kernel, exclude_hv).
+{"pid", "available": {name: true | errno text}}. The counters count the thread in user space and the kernel alike
+(exclude_hv only), so that its cycles and its task-clock cover the same time.
 Stdlib only: it runs on the GPU machine's own Python. SIGTERM ends it with the file closed; so does the thread's end.
 """
 
@@ -37,7 +38,7 @@ COUNTERS = {  # name: (type, config)
     "ref_cycles": (PERF_TYPE_HARDWARE, 9),  # PERF_COUNT_HW_REF_CPU_CYCLES
 }
 _ATTR_SIZE = 128
-_EXCLUDE_KERNEL, _EXCLUDE_HV = 1 << 5, 1 << 6
+_EXCLUDE_HV = 1 << 6
 # each read returns (value, time enabled, time running): a counter the PMU multiplexed with others is scaled up by
 # enabled / running, as perf does (a guest's virtual PMU may have fewer counters than the four asked for)
 _READ_FORMAT = 1 | 2  # PERF_FORMAT_TOTAL_TIME_ENABLED | PERF_FORMAT_TOTAL_TIME_RUNNING
@@ -47,7 +48,7 @@ def open_counter(kind: int, config: int, tid: int) -> int:
     """A counting perf event for thread `tid` on any CPU; the fd, or raises OSError with the kernel's errno."""
     attr = bytearray(_ATTR_SIZE)
     struct.pack_into("IIQ", attr, 0, kind, _ATTR_SIZE, config)
-    struct.pack_into("QQ", attr, 32, _READ_FORMAT, _EXCLUDE_KERNEL | _EXCLUDE_HV)  # read_format, then the flags word
+    struct.pack_into("QQ", attr, 32, _READ_FORMAT, _EXCLUDE_HV)  # read_format, then the flags word
     libc = ctypes.CDLL(None, use_errno=True)
     buf = (ctypes.c_char * _ATTR_SIZE).from_buffer(attr)
     fd = libc.syscall(SYS_PERF_EVENT_OPEN, buf, tid, -1, -1, 0)
