@@ -51,8 +51,8 @@ POWER_CAP = 0x4  # nvidia-smi clocks_event_reasons: SW power cap
 
 def repetitions(results: Path) -> pd.DataFrame:
     """One row per repetition of a D > 0 configuration: D, P, block, its injection (s, the driver's monotonic
-    clock), the chunk step (the engine's log; NaN where it has none), the penalty, and both over their
-    configuration's medians (`step_ratio`, `ratio`)."""
+    clock), the prefill's first token after it (`first_s`, s), the chunk step (the engine's log; NaN where it has
+    none), the penalty, and both over their configuration's medians (`step_ratio`, `ratio`)."""
     out = []
     for path in sorted(results.glob("[0-9]*/D*_P*.json")):
         rec = json.loads(path.read_text())
@@ -70,7 +70,8 @@ def repetitions(results: Path) -> pd.DataFrame:
             out.append({"D": c["decode_batch_size"], "P": c["new_prefill_tokens"], "block": r.get("block", r["rep"]),
                         "t": raw["t_inject_clock_ns"] / 1e9, "chunks": r["interference"].get("num_chunks_actual"),
                         "step_ms": steps[0] if len(steps) == 1 else np.nan, "penalty_ms": penalty,
-                        "pre_ms": np.nan if pre is None else pre})
+                        "pre_ms": np.nan if pre is None else pre,
+                        "first_s": (raw["t_first_ns"] - raw["t_inject_ns"]) / 1e9})
     if not out:
         raise SystemExit(f"{results}: no repetitions of a D > 0 configuration under {{chunk}}/D*_P*.json")
     return with_ratios(pd.DataFrame(out).sort_values("t", ignore_index=True))

@@ -138,13 +138,20 @@ def dump_frame(dumps: list[Dump], offset: float) -> pd.DataFrame:
             continue
         others = d.others()
         rows.append({"t": d.epoch - offset, "main_state": main.state,
-                     "main_frame": main.frames[0].split(" (")[0] if main.frames else "",
                      "main_where": main.frames[0] if main.frames else "",
                      "main_running_no_gil": main.state == "active",
                      "other_gil": any(t.gil for t in others),
-                     "other_active": any(t.active for t in others),
-                     "other_active_names": ",".join(sorted(t.name for t in others if t.active))})
+                     "other_active": any(t.active for t in others)})
     return pd.DataFrame(rows)
+
+
+def one_chunk(reps: pd.DataFrame, control: int) -> pd.DataFrame:
+    """The repetitions of the one-chunk prompts (P below the compute-bound control) the engine's log timed."""
+    return reps[(reps.P < control) & reps.step_ratio.notna()]
+
+
+def _bin(t: pd.Series, t0: float, width: float) -> pd.Series:
+    return ((t - t0) // width).astype(int)
 
 
 def _share(s: pd.Series) -> str:
@@ -167,7 +174,7 @@ def thread_states(dumps: list[Dump]) -> list[str]:
 def in_steps(frame: pd.DataFrame, reps: pd.DataFrame, control: int) -> pd.DataFrame:
     """The dumps taken inside a one-chunk prefill's step window (its injection to its first token), with the step's
     level (`step_ratio`)."""
-    one = reps[(reps.P < control) & reps.step_ratio.notna()]
+    one = one_chunk(reps, control)
     t = frame.t.to_numpy()
     rows = []
     for r in one.itertuples():
@@ -197,12 +204,12 @@ def level_table(inside: pd.DataFrame) -> list[str]:
 
 
 def state_lines(frame: pd.DataFrame, reps: pd.DataFrame, control: int, width: float = 2.0) -> list[str]:
-    one = reps[(reps.P < control) & reps.step_ratio.notna()]
+    one = one_chunk(reps, control)
     if one.empty or frame.empty:
         return ["No one-chunk step or no readable dump."]
     t0 = min(frame.t.min(), one.t.min())
-    fb = frame.assign(bin=((frame.t - t0) // width).astype(int)).groupby("bin")
-    sb = one.assign(bin=((one.t - t0) // width).astype(int)).groupby("bin").step_ratio.mean()
+    fb = frame.assign(bin=_bin(frame.t, t0, width)).groupby("bin")
+    sb = one.assign(bin=_bin(one.t, t0, width)).groupby("bin").step_ratio.mean()
     feats = pd.DataFrame({"no_gil": fb.main_running_no_gil.mean(), "other_gil": fb.other_gil.mean(),
                           "other_active": fb.other_active.mean(), "n": fb.size()})
     both = feats.join(sb, how="inner")
@@ -239,7 +246,7 @@ def main_thread(monitor_tgz: Path) -> pd.DataFrame:
 
 def thread_lines(monitor_tgz: Path, reps: pd.DataFrame, control: int, min_stay: int = 6) -> list[str]:
     th = main_thread(monitor_tgz)
-    one = reps[(reps.P < control) & reps.step_ratio.notna()]
+    one = one_chunk(reps, control)
     if len(th) < 2 or one.empty:
         return [f"{monitor_tgz.name}: no sample of the engine core's main thread, or no one-chunk step."]
     i = np.clip(np.searchsorted(th.t.to_numpy(), one.t.to_numpy()), 1, len(th) - 1)
@@ -296,10 +303,10 @@ def counter_lines(path: Path, reps: pd.DataFrame, control: int, width: float = 2
     if "clock" not in rows:
         return [f"The guest gave no hardware counter ({', '.join(f'{k}: {v}' for k, v in missing.items())}): "
                 "the clock and the instructions a cycle cannot be read here; task-clock alone says nothing new."]
-    one = reps[(reps.P < control) & reps.step_ratio.notna()]
+    one = one_chunk(reps, control)
     t0 = min(rows.t.min(), one.t.min())
-    feats = rows.assign(bin=((rows.t - t0) // width).astype(int)).groupby("bin")[["clock", "on_cpu", "ipc", "busy"]]
-    level = one.assign(bin=((one.t - t0) // width).astype(int)).groupby("bin").step_ratio.mean()
+    feats = rows.assign(bin=_bin(rows.t, t0, width)).groupby("bin")[["clock", "on_cpu", "ipc", "busy"]]
+    level = one.assign(bin=_bin(one.t, t0, width)).groupby("bin").step_ratio.mean()
     both = feats.median().join(level, how="inner")
     slow, fast = both[both.step_ratio > SLOW], both[both.step_ratio < FAST]
     if len(slow) < 3 or len(fast) < 3:
@@ -335,7 +342,6 @@ def report(results: Path) -> str:
         raise SystemExit(f"{dumps_path}: no readable dump among {len(dumps)}")
     offset = clock_offset(results / "monitor.tgz")
     frame = dump_frame(ok, offset)
-    reps = reps.assign(first_s=_first_token_s(results, reps))
     gaps = np.diff([d.epoch for d in dumps])
     inside = in_steps(frame, reps, control)
     return "\n".join([
@@ -346,23 +352,12 @@ def report(results: Path) -> str:
         f"{1000 * float(np.median(gaps)):.0f} ms (median); {len(frame)} with the main thread",
         f"- on the records' clock (wall − monotonic {offset:.3f} s, from the host monitor); "
         f"{len(reps)} repetitions, the one-chunk ones (P < {control}) with the engine's step in its log: "
-        f"{int(((reps.P < control) & reps.step_ratio.notna()).sum())}", "",
+        f"{len(one_chunk(reps, control))}", "",
         "## Every thread's states", "", *thread_states(ok), "",
         "## Inside the one-chunk eager steps", "",
         "Dumps between a one-chunk prefill's injection and its first token, by the step's level.", "",
         *level_table(inside), "",
         "## The state over seconds", "", *state_lines(frame, reps, control), "", *guest])
-
-
-def _first_token_s(results: Path, reps: pd.DataFrame) -> pd.Series:
-    """Each repetition's prefill first token after its injection (s), from its raw window; 0.1 s where absent."""
-    firsts: dict[tuple[int, int, int], float] = {}
-    for path in sorted(results.glob("[0-9]*/raw/D*_P*_r*.json.gz")):
-        raw = json.loads(gzip.decompress(path.read_bytes()))
-        firsts[(raw["decode_batch_size"], raw["new_prefill_tokens"], raw["t_inject_clock_ns"])] = \
-            (raw["t_first_ns"] - raw["t_inject_ns"]) / 1e9
-    return pd.Series([firsts.get((int(r.D), int(r.P), int(round(r.t * 1e9))), 0.1) for r in reps.itertuples()],
-                     index=reps.index)
 
 
 def main(argv: list[str] | None = None) -> int:
