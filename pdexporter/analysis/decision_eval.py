@@ -112,6 +112,43 @@ Document = Mapping[str, Any]
 Finding = tuple[str, str, float]
 
 
+# The models below run on floats, and on arrays holding one value per bootstrap replicate where
+# `offload_thresholds` is handed a `stack` (numpy.asarray): every replicate at one P in one pass, the same
+# arithmetic element by element. This module imports no array library: an array brings its own namespace
+# (the Python array API's `__array_namespace__`, numpy >= 2), and plain floats take Python's own functions.
+# No augmented assignment (`x += y`) to a value read from the coefficients: an array would change in place.
+def _xp(*values: Any) -> Any:
+    """The array namespace of the first of `values` that is an array, else None."""
+    for v in values:
+        namespace = getattr(v, "__array_namespace__", None)
+        if namespace is not None:
+            return namespace()
+    return None
+
+
+def _max(a: Any, b: Any) -> Any:
+    xp = _xp(a, b)
+    return max(a, b) if xp is None else xp.maximum(a, b)
+
+
+def _min(a: Any, b: Any) -> Any:
+    xp = _xp(a, b)
+    return min(a, b) if xp is None else xp.minimum(a, b)
+
+
+def _or0(x: Any) -> Any:
+    """`x or 0.0` for a coefficient a document may leave out (None) or set to 0, on an array too."""
+    return 0.0 if x is None or (_xp(x) is None and not x) else x
+
+
+def _every(flags: Any) -> Any:
+    """`all(flags)` of bools, or element by element of arrays of them."""
+    out = True
+    for flag in flags:
+        out = out & flag
+    return out
+
+
 class ChunkContext(TypedDict):
     """A prompt's chunks beside D decodes at chunk size B (`chunk_context`), and the linear models'
     features at that point (`f`: token counts in thousands, query x context pairs in millions)."""
@@ -299,7 +336,12 @@ def _eager_sum(launch: float, compute0: float, gamma: float, beta: float, budget
         return 0.0
     base = compute0 + gamma * budget + beta * budget * (budget + 1) / 2.0  # chunk 0's GPU-bound extra
     slope = beta * budget * budget  # what each later chunk's prefix adds
-    if slope > 0:
+    xp = _xp(launch, base, slope)
+    if xp is not None:  # per replicate: the branches below, element by element
+        rising = slope > 0
+        bound = xp.minimum(count, xp.maximum(0, xp.ceil((launch - base) / xp.where(rising, slope, 1.0))))
+        launch_bound = xp.where(rising, bound, xp.where(launch > base, count, 0))
+    elif slope > 0:
         launch_bound = min(count, max(0, math.ceil((launch - base) / slope)))
     else:
         launch_bound = count if launch > base else 0
@@ -348,11 +390,11 @@ def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any
     if model["name"] != "context_aware":
         raise ValueError(f"unknown model {model['name']!r} in decision document")
     k = coefficients if coefficients is not None else model["coefficients"]
-    launch = max(0.0, k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d)
+    launch = _max(0.0, k["alpha0_ms"] + k["alpha1_ms_per_decode"] * d)
     compute0, gamma, beta = k.get("compute0_ms", 0.0), k["gamma_ms_per_token"], k["beta_ms_per_token_pair"]
-    gamma += (k.get("delta_ms_per_decode_token") or 0.0) * d  # each decode in the step, per chunk token
+    gamma = gamma + _or0(k.get("delta_ms_per_decode_token")) * d  # each decode in the step, per chunk token
     kappa = k.get("kappa_graph_ms_per_token")
-    graph0 = k.get("graph0_ms") or 0.0
+    graph0 = _or0(k.get("graph0_ms"))
     budget, full, tail = ctx["budget"], ctx["full"], ctx["tail"]
     if ctx["full_graph"] and kappa is not None:  # graph0: the step that admits the request
         full_sum = (graph0 + graph_chunk_ms(k, ctx["full_graph_tokens"], ctx["q_full"] / full) * full) if full else 0.0
@@ -361,15 +403,19 @@ def colocated_cost(doc: Document, ctx: ChunkContext, coefficients: dict[str, Any
     if ctx["tail_graph"] and kappa is not None:
         tail_pi = graph_chunk_ms(k, ctx["tail_graph_tokens"], ctx["q_tail"]) + (graph0 if full == 0 else 0.0)
     else:
-        tail_pi = max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
-    saturation = k.get("sigma_saturation_tokens")  # the stall stops growing with P there (absent: never)
-    stall_p = min(ctx["p_tokens"], saturation) if saturation else ctx["p_tokens"]
-    stall_p = max(0.0, stall_p - (k.get("sigma_onset_tokens") or 0.0))  # it grows from P_on (absent: 0)
+        tail_pi = _max(launch, compute0 + gamma * tail + beta * ctx["q_tail"])
+    saturation = _or0(k.get("sigma_saturation_tokens"))  # the stall stops growing with P there (absent: never)
+    xp = _xp(saturation)
+    if xp is not None:
+        stall_p = xp.where(saturation != 0, xp.minimum(ctx["p_tokens"], saturation), ctx["p_tokens"])
+    else:
+        stall_p = min(ctx["p_tokens"], saturation) if saturation else ctx["p_tokens"]
+    stall_p = _max(0.0, stall_p - _or0(k.get("sigma_onset_tokens")))  # it grows from P_on (absent: 0)
     per_stream = full_sum + tail_pi + k.get("sigma0_ms", 0.0) + k.get("sigma1_ms_per_token", 0.0) * stall_p
     if ctx["eager_chunks"] or kappa is None:  # after a long step the next was ready: the decodes catch up
-        per_stream -= k.get("catchup_steps", 0.0) * decode_step(k, d)
+        per_stream = per_stream - k.get("catchup_steps", 0.0) * decode_step(k, d)
     mean_extra = (full_sum * budget + tail_pi * tail) / ctx["p_tokens"]
-    return d * max(0.0, per_stream), max(0.0, mean_extra)
+    return d * _max(0.0, per_stream), _max(0.0, mean_extra)
 
 
 def decode_step(k: dict[str, Any], d: float) -> float:
@@ -443,25 +489,36 @@ def evaluate_arms(doc: Document, d: int, p: int, b: int, *, replicate: int | Non
     `contexts`: the (D, P, B) and (0, P, B) chunk contexts, when the caller has them already."""
     reps = doc.get("replicates") or {}
     model_k = None if replicate is None else reps["model"][replicate]
+    arm_k = None if replicate is None or not doc.get("two_arm") else reps["two_arm"][replicate]
     ctx = contexts[0] if contexts else chunk_context(doc, d, p, b)
+    ctx0 = contexts[1] if contexts else None
+    return _arm_numbers(doc, d, p, b, (ctx, ctx0), (model_k, arm_k),
+                        _campaign_factors(doc, ctx, replicate if campaign else None), transfer_ms, regime)
+
+
+def _arm_numbers(doc: Document, d: int, p: int, b: int, contexts: tuple[ChunkContext, ChunkContext | None],
+                 coefficients: tuple[dict[str, Any] | None, dict[str, Any] | None], factor: Mapping[str, Any],
+                 transfer_ms: float | None, regime: str) -> ArmNumbers:
+    """`evaluate_arms` from the coefficients it resolved: the colocated model's and the two-arm terms' (None: the
+    central ones), each arm's campaign factor; floats, or arrays of replicates (`_ReplicateArrays`)."""
+    model_k, k = coefficients
+    ctx = contexts[0]
     col_cost, mean_extra = colocated_cost(doc, ctx, model_k)
-    factor = _campaign_factors(doc, ctx, replicate if campaign else None)
-    col_cost *= factor["colocated"]
+    col_cost = col_cost * factor["colocated"]
     out: ArmNumbers = {"colocated_cost_ms": col_cost, "chunks": ctx["n"], "chunk_tokens": ctx["budget"],
            "graph_chunks": ctx["n"] - ctx["eager_chunks"]}
     arms = doc.get("two_arm")
     if not arms:
         return out
     terms = arms["terms"]
-    k = None if replicate is None else reps["two_arm"][replicate]
 
-    def term(name: str, context: ChunkContext) -> float:
+    def term(name: str, context: ChunkContext) -> Any:
         t = terms.get(name)
         if not t:
             return 0.0
-        return max(0.0, _dot(t, context, None if k is None else k.get(name)))
+        return _max(0.0, _dot(t, context, None if k is None else k.get(name)))
 
-    ctx0 = contexts[1] if contexts else chunk_context(doc, 0, p, b)
+    ctx0 = contexts[1] or chunk_context(doc, 0, p, b)
     transfer = _transfer_model(doc, regime)
     if transfer_ms is not None:
         t_ms = float(transfer_ms)
@@ -469,12 +526,13 @@ def evaluate_arms(doc: Document, d: int, p: int, b: int, *, replicate: int | Non
         tk = transfer if k is None or not k.get("transfer") else dict(transfer, **k["transfer"])
         if regime == "degraded" and transfer.get("degraded"):
             tk = dict(tk, **transfer["degraded"])
-        t_ms = max(0.0, transfer_time(tk, p))
+        t_ms = _max(0.0, transfer_time(tk, p))
     else:
         t_ms = float(doc.get("transfer_ms_default", 50.0))
     off_loss = d * term("offloaded_loss", ctx) * factor["offloaded"]
     if regime == "degraded" and transfer.get("degraded"):
-        off_loss += d * transfer["degraded"].get("stall_share", 0.0) * t_ms  # the loop waits on the slow transfer
+        # the loop waits on the slow transfer
+        off_loss = off_loss + d * transfer["degraded"].get("stall_share", 0.0) * t_ms
     col_ttft = term("colocated_ttft", ctx)
     prefill = term("colocated_ttft", ctx0) + term("prefill_offset", ctx0)
     decode_side = term("decode_side", ctx)
@@ -581,14 +639,22 @@ def _slo_flags(numbers: ArmNumbers, tpot_slo_ms: float | None, ttft_slo_ms: floa
 
 def _choose(numbers: ArmNumbers, held: Mapping[str, tuple[bool, bool]]) -> tuple[bool, str]:
     """The two-arm rule: an arm that alone holds every SLO in `held` wins, else offload iff the
-    saving exceeds the TTFT cost; (offload, why)."""
-    held_col = all(v[0] for v in held.values())
-    held_off = all(v[1] for v in held.values())
+    saving exceeds the TTFT cost; (offload, why). On arrays of replicates (`_ReplicateArrays`) the
+    same rule element by element, and no why."""
+    held_col = _every(v[0] for v in held.values())
+    held_off = _every(v[1] for v in held.values())
+    margin = numbers["saved_ms"] > numbers["ttft_cost_ms"]
+    xp = _xp(held_col, held_off, margin)
+    if xp is not None:
+        if not held:
+            return margin, ""
+        held_col, held_off = xp.asarray(held_col, dtype=xp.bool), xp.asarray(held_off, dtype=xp.bool)
+        return xp.where(held_off & ~held_col, True, xp.where(held_col & ~held_off, False, margin)), ""
     if held and held_off and not held_col:
         return True, "only offloading holds the SLOs"
     if held and held_col and not held_off:
         return False, "only keeping it local holds the SLOs"
-    return numbers["saved_ms"] > numbers["ttft_cost_ms"], "decode time saved vs TTFT paid"
+    return margin, "decode time saved vs TTFT paid"
 
 
 def _interval(values: list[float], central: float, factor: float, duration: bool = True) -> list[float] | None:
@@ -776,14 +842,49 @@ def held_out_text(doc: Document) -> str:
         f"; intervals carry the campaign-to-campaign variation{source}"
 
 
-def _arms_for_thresholds(doc: Document, d: int, p: int, b: int, replicate: int | None, kw: Mapping[str, Any],
-                         contexts: tuple[ChunkContext, ChunkContext]) -> ArmNumbers:
-    """The numbers a threshold's verdict reads at P: the seed's rule charges the nominal transfer
-    whatever the regime, the two-arm verdict the regime's (or the given transfer)."""
+def _threshold_transfer(doc: Document, kw: Mapping[str, Any]) -> tuple[str, float | None]:
+    """(regime, transfer_ms) a threshold's verdict reads its numbers at: the seed's rule charges the
+    nominal transfer whatever the regime, the two-arm verdict the regime's (or the given transfer)."""
     if _seed_mode(doc, kw):
-        return evaluate_arms(doc, d, p, b, replicate=replicate, contexts=contexts)
-    return evaluate_arms(doc, d, p, b, replicate=replicate, regime=kw.get("regime", "nominal"),
-                         transfer_ms=kw.get("transfer_ms"), contexts=contexts)
+        return "nominal", None
+    return kw.get("regime", "nominal"), kw.get("transfer_ms")
+
+
+class _Ragged(ValueError):
+    """Replicates whose coefficients do not line up (a key in some, a value None in some): judged one by one."""
+
+
+def _stacked(rows: Sequence[Any], stack: Callable[[list[float]], Any]) -> Any:
+    """Replicates' coefficients (dicts alike in shape) as one dict whose values are `stack`ed arrays, one element
+    per replicate; a value every replicate shares stays the plain value (the fit's fixed hinges, None)."""
+    first = rows[0]
+    if isinstance(first, Mapping):
+        if any(not isinstance(r, Mapping) or r.keys() != first.keys() for r in rows):
+            raise _Ragged("replicates differ in their coefficients")
+        return {key: _stacked([r[key] for r in rows], stack) for key in first}
+    if all(r == first for r in rows):
+        return first
+    if any(isinstance(r, bool) or not isinstance(r, (int, float)) for r in rows):
+        raise _Ragged("a coefficient is not a number in every replicate")
+    return stack([float(r) for r in rows])
+
+
+class _ReplicateArrays:
+    """Bootstrap replicates `indices` of a document as arrays (`_stacked`), for `_arm_numbers` to judge all of them
+    at one P in one pass; each arm's campaign factor per cost regime computed as `_campaign_factors` does, once."""
+
+    def __init__(self, doc: Document, indices: Sequence[int], stack: Callable[[list[float]], Any]) -> None:
+        reps = doc.get("replicates") or {}
+        self.doc, self.indices, self.stack = doc, list(indices), stack
+        self.model = _stacked([reps["model"][i] for i in indices], stack)
+        self.arms = _stacked([reps["two_arm"][i] for i in indices], stack) if doc.get("two_arm") else None
+        self._factors: dict[str, Any] = {}
+
+    def factor(self, ctx: ChunkContext) -> Any:
+        regime = cost_regime(self.doc, ctx)
+        if regime not in self._factors:
+            self._factors[regime] = _stacked([_campaign_factors(self.doc, ctx, i) for i in self.indices], self.stack)
+        return self._factors[regime]
 
 
 def _seed_mode(doc: Document, kw: Mapping[str, Any]) -> bool:
@@ -813,25 +914,36 @@ def _p_grid(step: int, p_max: int) -> list[int]:
     return [*sorted({g for g in grid if step <= g < p_max}), p_max]
 
 
-def _verdicts_at(doc: Document, d: int, b: int, kw: Mapping[str, Any]) -> Callable[[int, int | None], bool]:
+def _verdicts_at(doc: Document, d: int, b: int, kw: Mapping[str, Any]
+                ) -> Callable[[int, int | None | _ReplicateArrays], Any]:
     """wins(P, replicate): whether offloading wins at P for the central numbers (replicate None) or
     for a replicate's widened as `evaluate_decision`'s agreement widens them at P (`_widened`), the
     chunk contexts, central numbers and widening computed once per P."""
     cache: dict[int, tuple[ChunkContext, ChunkContext]] = {}
     centrals: dict[int, tuple[ArmNumbers, dict[str, float]]] = {}
+    regime, transfer_ms = _threshold_transfer(doc, kw)
 
     def contexts(p: int) -> tuple[ChunkContext, ChunkContext]:
         if p not in cache:
             cache[p] = (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
         return cache[p]
 
-    def wins(p: int, replicate: int | None) -> bool:
-        numbers = _arms_for_thresholds(doc, d, p, b, replicate, kw, contexts(p))
+    def central(p: int) -> tuple[ArmNumbers, dict[str, float]]:
+        if p not in centrals:
+            centrals[p] = (evaluate_arms(doc, d, p, b, regime=regime, transfer_ms=transfer_ms, contexts=contexts(p)),
+                           widening_by_interval(extrapolation(doc, d, p, b)[0]))
+        return centrals[p]
+
+    def wins(p: int, replicate: int | None | _ReplicateArrays) -> Any:
+        if isinstance(replicate, _ReplicateArrays):  # all of them at once: an array of verdicts
+            ctx = contexts(p)
+            numbers = _arm_numbers(doc, d, p, b, ctx, (replicate.model, replicate.arms), replicate.factor(ctx[0]),
+                                   transfer_ms, regime)
+            return _wins(doc, p, _widened(numbers, *central(p)), kw)
+        numbers = evaluate_arms(doc, d, p, b, replicate=replicate, regime=regime, transfer_ms=transfer_ms,
+                                contexts=contexts(p))
         if replicate is not None:
-            if p not in centrals:
-                centrals[p] = (_arms_for_thresholds(doc, d, p, b, None, kw, contexts(p)),
-                               widening_by_interval(extrapolation(doc, d, p, b)[0]))
-            numbers = _widened(numbers, *centrals[p])
+            numbers = _widened(numbers, *central(p))
         return _wins(doc, p, numbers, kw)
 
     return wins
@@ -840,13 +952,17 @@ def _verdicts_at(doc: Document, d: int, b: int, kw: Mapping[str, Any]) -> Callab
 def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | None, ...] | list[int | None] = (None,),
                        *, tpot_slo_ms: float | None = None, ttft_slo_ms: float | None = None,
                        mode: str | None = None, p_max: int = 131072, step: int = 64, regime: str = "nominal",
-                       transfer_ms: float | None = None) -> list[int | None]:
+                       transfer_ms: float | None = None,
+                       stack: Callable[[list[float]], Any] | None = None) -> list[int | None]:
     """`offload_threshold` for several replicates at once (None: the central coefficients),
     sharing the chunk arithmetic: one threshold (or None) per replicate, in order. A replicate's
     verdict at each P reads its numbers widened as `evaluate_decision`'s agreement does at that P
     (`_widened`: by how far the terms lie beyond their fitted range), so its threshold, and the
     interval over the replicates' thresholds, widens where the terms are extrapolated; the central
-    threshold reads the central numbers."""
+    threshold reads the central numbers. `stack` (numpy.asarray; an array library with the Python array
+    API): the replicates' verdicts on the scan's grid in one pass per P, the same arithmetic element by
+    element, so the same thresholds (`_ReplicateArrays`); without it, or where the replicates do not
+    line up, one by one."""
     budget_rule = dict(_VLLM_RULE, **(doc.get("chunk_rule") or {}))
     if d < 0 or (budget_rule["decodes_take_budget"] and b - d <= 0):
         return [None for _ in replicates]
@@ -854,12 +970,16 @@ def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | No
           "transfer_ms": transfer_ms}
     grid = _p_grid(step, p_max)
     wins = _verdicts_at(doc, d, b, kw)
+    batch = _replicate_arrays(doc, [r for r in replicates if r is not None], stack)
+    at = {r: j for j, r in enumerate(batch.indices)} if batch else {}
     last_no = {}
     open_ = list(range(len(replicates)))
     for p in reversed(grid):
+        many = wins(p, batch) if batch and any(replicates[i] is not None for i in open_) else None
         still = []
         for i in open_:
-            if wins(p, replicates[i]):
+            rep = replicates[i]
+            if bool(wins(p, rep) if many is None or rep is None else _element(many, at[rep])):
                 still.append(i)
             else:
                 last_no[i] = p
@@ -885,6 +1005,21 @@ def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | No
                 lo = mid
         out.append(hi * step)
     return out
+
+
+def _replicate_arrays(doc: Document, indices: list[int], stack: Callable[[list[float]], Any] | None
+                      ) -> _ReplicateArrays | None:
+    if stack is None or len(indices) < 2:
+        return None
+    try:
+        return _ReplicateArrays(doc, indices, stack)
+    except _Ragged:
+        return None
+
+
+def _element(values: Any, j: int) -> Any:
+    """Element j of a replicates' array of verdicts, or the one verdict every replicate shares (no term varied)."""
+    return values if _xp(values) is None else values[j]
 
 
 def offload_threshold(doc: Document, d: int, b: int, *, tpot_slo_ms: float | None = None,

@@ -1,8 +1,8 @@
 """The router thresholds: per (B, D), the prompt length from which offloading wins. One computation
 for `pdexporter thresholds`, the report, decision.json's `thresholds_min_prefill_tokens` and the
 live exporter (`run --passive --decision`): `compute_thresholds(doc, ...)` takes a decision
-document and returns typed records. Pure, standard library only (the exporter imports it without
-numpy or pandas).
+document and returns typed records. Pure, standard library only at import (the exporter imports it without
+numpy or pandas); numpy, where there, speeds the replicates' scan (`_array_stack`).
 
 The verdict at each P is `decision_eval`'s (`offload_thresholds`: the two-arm verdict, or the
 seed's rule, for the central coefficients and each bootstrap replicate), so a change to how the
@@ -26,7 +26,7 @@ where it surely wins).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,6 +290,7 @@ def compute_thresholds(doc: Mapping[str, Any], *, tpot_slo_ms: float | None = No
     measured_p = measured_p_range(dict_doc, mode)
     ctx = {"p_max": p_max, "step": step, "mode": mode, "regime": regime, "transfer_ms": transfer_ms,
            "measured_p": measured_p, "two_arm": bool(arms) and mode == "two-arm", "measured_b": measured_b}
+    stack = _array_stack()
     records = []
     for b in sizes:
         for d in decodes:
@@ -297,10 +298,21 @@ def compute_thresholds(doc: Mapping[str, Any], *, tpot_slo_ms: float | None = No
                 continue
             values = offload_thresholds(dict_doc, d, b, (None, *use), tpot_slo_ms=tpot_slo_ms,
                                         ttft_slo_ms=ttft_slo_ms, mode=mode, p_max=p_max, step=step, regime=regime,
-                                        transfer_ms=transfer_ms)
+                                        transfer_ms=transfer_ms, stack=stack)
             records.append(_record(dict_doc, b, d, values, ctx))
     return ThresholdSet(mode, regime, budget_of(dict_doc, mode, regime, transfer_ms), tpot_slo_ms, ttft_slo_ms,
                         p_max, step, len(use), measured_p, tuple(records), bool(dict_doc.get("modelled")), measured_b)
+
+
+def _array_stack() -> Callable[[list[float]], Any] | None:
+    """numpy.asarray where numpy speaks the Python array API (>= 2.0): `offload_thresholds` then judges the
+    replicates at each P in one pass (the same thresholds, ~6x faster: `tests/benchmarks/bench_thresholds.py`).
+    Imported here, when thresholds are computed, not when the module is."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is a dependency; decision_eval alone runs without it
+        return None
+    return numpy.asarray if hasattr(numpy.ndarray, "__array_namespace__") else None
 
 
 def llmd_snippet(result: ThresholdSet, b: int, d: int, *, notes: Sequence[str] = ()) -> str:

@@ -5,15 +5,17 @@ measured point in the transfer regime that point ran in. On the committed H200 d
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from pdexporter.analysis import report
-from pdexporter.analysis.decision_eval import evaluate_decision
+from pdexporter.analysis import decision_eval, report
+from pdexporter.analysis.decision_eval import evaluate_decision, offload_thresholds
 from pdexporter.analysis.thresholds import compute_thresholds
 from tests.helpers import run_cli
 
@@ -116,3 +118,54 @@ def test_a_measured_point_is_set_beside_the_verdict_of_its_transfer_regime() -> 
     assert "keep local" in head and rest.startswith(" offloading costs the 8 running decodes") and "degraded" in verdict
     ran_nominal = SimpleNamespace(decode_batch_size=8, new_prefill_tokens=8192, chunk_size=8192, kv_transfer_ms=7.3)
     assert report._row_verdict(doc, ran_nominal).startswith("offload: saves the 8 running decodes")
+
+
+ARRAY_DOCS = [TWO_ARM, ROOT / "results" / "h200-arms-decodebench" / "decision.json",
+              ROOT / "results" / "h200-sglang0.5.15-mixed-qwen3-coder-30b-a3b" / "decision.json", ONE_ARM]
+
+
+@pytest.mark.parametrize("path", ARRAY_DOCS, ids=lambda p: p.parent.name)
+def test_the_replicates_judged_as_arrays_give_the_thresholds_judged_one_by_one(path: Path) -> None:
+    """`offload_thresholds(stack=numpy.asarray)` (what `compute_thresholds` uses) judges every replicate at a P in one
+    pass: the same arithmetic element by element, so the same thresholds, the SLOs, the seed's rule and the degraded
+    transfer included. The SGLang mixed document has its gamma vary by replicate with delta beside it: an in-place
+    `gamma += ...` there once changed the stacked coefficients under the next P's verdicts."""
+    np = pytest.importorskip("numpy")
+    doc = _doc(path)
+    reps: list[int | None] = [None, *range(40)]
+    assert decision_eval._replicate_arrays(doc, list(range(40)), np.asarray) is not None  # the array path runs
+    rng = doc["valid_range"]
+    d_lo, d_hi = rng["decode_batch_size"]
+    variants: list[dict[str, Any]] = [{}, {"mode": "seed"}, {"tpot_slo_ms": 40.0, "ttft_slo_ms": 300.0}]
+    if doc.get("two_arm"):
+        variants.append({"regime": "degraded"})
+    else:
+        variants = variants[:2]
+    for b in sorted({int(x) for x in rng["chunk_sizes"]})[:2]:
+        for d in sorted({max(1, d_lo), d_hi}):
+            for kw in variants:
+                one_by_one = offload_thresholds(doc, d, b, reps, **kw)
+                assert offload_thresholds(doc, d, b, reps, stack=np.asarray, **kw) == one_by_one, (b, d, kw)
+
+
+def test_replicates_that_do_not_line_up_are_judged_one_by_one() -> None:
+    np = pytest.importorskip("numpy")
+    doc = copy.deepcopy(_doc(TWO_ARM))
+    del doc["replicates"]["model"][3]["catchup_steps"]  # one replicate without a coefficient the others have
+    assert decision_eval._replicate_arrays(doc, list(range(10)), np.asarray) is None
+    reps: list[int | None] = [None, *range(10)]
+    assert offload_thresholds(doc, 4, 8192, reps, stack=np.asarray) == offload_thresholds(doc, 4, 8192, reps)
+
+
+def test_the_two_arm_rule_on_arrays_is_the_rule_element_by_element() -> None:
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(7)
+    n = 64
+    numbers: Any = {"saved_ms": rng.normal(0, 10, n), "ttft_cost_ms": rng.normal(0, 10, n)}
+    flags = {"TPOT": (rng.random(n) < 0.5, rng.random(n) < 0.5), "TTFT": (rng.random(n) < 0.5, rng.random(n) < 0.5)}
+    for held in ({}, {"TPOT": flags["TPOT"]}, flags):
+        many, _ = decision_eval._choose(numbers, held)
+        for i in range(n):
+            one: Any = {k: float(v[i]) for k, v in numbers.items()}
+            held_i = {k: (bool(c[i]), bool(o[i])) for k, (c, o) in held.items()}
+            assert bool(many[i]) == decision_eval._choose(one, held_i)[0]
