@@ -31,13 +31,9 @@ python3 scripts/gpu/thread_counters.py "$R/counters.jsonl" --pattern="$pattern" 
 counters=$!
 chmod +x "$PYSPY" 2>/dev/null || { echo "no py-spy at $PYSPY: no dumps"; PYSPY=; }
 [ -n "$PYSPY" ] && (
-  core=
-  for _ in $(seq 900); do
-    core=$(pgrep -f "^VLLM::EngineCore" | head -1)
-    [ -z "$core" ] && core=$(pgrep -f "[E]ngineCore" | head -1)
-    [ -n "$core" ] && break
-    sleep 1
-  done
+  # thread_counters.py's finder, as the counters' own: never a process running that script, whose arguments name
+  # the pattern (session 40: an unanchored pgrep here found the sampler, and py-spy dumped it instead of the engine)
+  core=$(python3 scripts/gpu/thread_counters.py --find --pattern="$pattern" --wait 900)
   echo "core pid ${core:-none} at $(date +%s.%N)"
   while [ -n "$core" ] && kill -0 "$core" 2>/dev/null; do
     echo "@@ $(date +%s.%N)"

@@ -7,6 +7,7 @@ says so and only task-clock is sampled).
 
     python3 scripts/gpu/thread_counters.py OUT.jsonl [--pattern '^VLLM::EngineCore'] [--interval 0.1] &
     python3 scripts/gpu/thread_counters.py --check       # which counters this machine gives a process; exit 0
+    python3 scripts/gpu/thread_counters.py --find [--pattern …] [--wait S]   # print the process's pid (exit 1: none)
 
 It waits for a process whose command line matches --pattern (its main thread: pid = tid), then writes one JSON line
 a sample: {"t": monotonic ns, "w": wall ns, "task_ns": …, "cycles": …, "instructions": …, "ref_cycles": …} (the
@@ -80,8 +81,9 @@ def read_all(fds: dict[str, int]) -> dict[str, int]:
 
 
 def find_pid(pattern: str, timeout_s: float, stop: list[bool]) -> int | None:
-    """The first process (not this one) whose command line matches `pattern`, looked for every 0.5 s until
-    `timeout_s` or `stop[0]` (SIGTERM)."""
+    """The first process whose command line matches `pattern`, looked for every 0.5 s until `timeout_s` or
+    `stop[0]` (SIGTERM); never one running this script, whose own arguments name the pattern (GPU session 40:
+    gil-dumps.sh's unanchored pgrep found the sampler's `--pattern=^VLLM::EngineCore` and py-spy dumped it)."""
     rx = re.compile(pattern)
     deadline = time.monotonic() + timeout_s
     me = os.getpid()
@@ -93,7 +95,7 @@ def find_pid(pattern: str, timeout_s: float, stop: list[bool]) -> int | None:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
             except OSError:
                 continue
-            if rx.search(cmd):
+            if rx.search(cmd) and Path(__file__).name not in cmd:
                 return int(entry.name)
         time.sleep(0.5)
     return None
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=0.1)
     ap.add_argument("--wait", type=float, default=900.0, help="how long to wait for the process (s)")
     ap.add_argument("--check", action="store_true", help="which counters this machine gives a process of its own")
+    ap.add_argument("--find", action="store_true", help="print the pid of the process --pattern matches, and exit")
     a = ap.parse_args(argv)
     if a.check:
         fds, available = open_all(os.getpid())
@@ -139,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print("thread counters: " + ", ".join(f"{k} {'yes' if v is True else 'no (' + str(v) + ')'}"
                                               for k, v in available.items()))
         return 0
-    if a.out is None:
-        ap.error("OUT.jsonl is required (or --check)")
+    if a.out is None and not a.find:
+        ap.error("OUT.jsonl is required (or --check, --find)")
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     pid = find_pid(a.pattern, a.wait, stop)
@@ -148,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         why = "before it was stopped" if stop[0] else f"within {a.wait:g} s"
         print(f"thread_counters: no process matched {a.pattern!r} {why}", file=sys.stderr)
         return 1
+    if a.find:
+        print(pid)
+        return 0
     n = sample(a.out, pid, a.interval, stop)
     print(f"thread_counters: {n} samples of pid {pid} in {a.out}", file=sys.stderr)
     return 0

@@ -46,3 +46,24 @@ def test_no_matching_process_is_one_line() -> None:
                           "0.5"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stderr.strip() == \
         "thread_counters: no process matched '^no-such-process-xyz$' within 0.5 s"
+
+
+def test_find_names_the_process_not_a_sampler_whose_arguments_name_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """GPU session 40: gil-dumps.sh looked for the engine core with an unanchored pgrep, which found the sampler
+    started before it (`--pattern=...EngineCore` in its arguments), and py-spy dumped the sampler for five minutes.
+    The finder both now use skips any process running this script: the sampler here starts first (a lower pid)."""
+    marker = f"pdx-find-{time.time_ns()}"
+    sampler = subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path / "c.jsonl"), f"--pattern={marker}",
+                                "--wait", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(20)", marker])
+    try:
+        found = subprocess.run([sys.executable, str(SCRIPT), "--find", f"--pattern={marker}", "--wait", "10"],
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        target.kill()
+        sampler.terminate()
+        target.wait(timeout=30)
+        sampler.wait(timeout=30)
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(target.pid) != str(sampler.pid)
