@@ -334,6 +334,10 @@ for e in first second; do
 done
 python3 scripts/eager_levels.py "$A/gil" --control 4096 --out "$A/gil/levels.md" >/dev/null
 python3 scripts/gpu/gil_dumps.py "$A/gil" --out "$A/gil/gil.md" >/dev/null
+# ... and GPU session 40's H100 (the counters plan: a guest without a PMU, so task-clock only; one engine's levels)
+C=$S-counters/c1
+python3 scripts/eager_levels.py "$C" --control 4096 --out "$C/levels.md" >/dev/null
+python3 scripts/gpu/gil_dumps.py "$C" --out "$C/counters.md" >/dev/null
 # ... and the H200 dense runs' projections, committed before their runs, scored against their records as they are now
 # (session 32: the Llama's had been scored on its records before later re-derivations)
 python3 scripts/gpu/dense_report.py compare >/dev/null
