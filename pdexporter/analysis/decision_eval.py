@@ -131,11 +131,6 @@ def _max(a: Any, b: Any) -> Any:
     return max(a, b) if xp is None else xp.maximum(a, b)
 
 
-def _min(a: Any, b: Any) -> Any:
-    xp = _xp(a, b)
-    return min(a, b) if xp is None else xp.minimum(a, b)
-
-
 def _or0(x: Any) -> Any:
     """`x or 0.0` for a coefficient a document may leave out (None) or set to 0, on an array too."""
     return 0.0 if x is None or (_xp(x) is None and not x) else x
