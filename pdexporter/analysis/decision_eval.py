@@ -117,9 +117,14 @@ Finding = tuple[str, str, float]
 # arithmetic element by element. This module imports no array library: an array brings its own namespace
 # (the Python array API's `__array_namespace__`, numpy >= 2), and plain floats take Python's own functions.
 # No augmented assignment (`x += y`) to a value read from the coefficients: an array would change in place.
+_PLAIN = (float, int)  # the scalar path's types: no namespace to look for (decide's 200 replicates one by one)
+
+
 def _xp(*values: Any) -> Any:
     """The array namespace of the first of `values` that is an array, else None."""
     for v in values:
+        if type(v) in _PLAIN:
+            continue
         namespace = getattr(v, "__array_namespace__", None)
         if namespace is not None:
             return namespace()
@@ -127,13 +132,17 @@ def _xp(*values: Any) -> Any:
 
 
 def _max(a: Any, b: Any) -> Any:
+    if type(a) in _PLAIN and type(b) in _PLAIN:
+        return max(a, b)
     xp = _xp(a, b)
     return max(a, b) if xp is None else xp.maximum(a, b)
 
 
 def _or0(x: Any) -> Any:
     """`x or 0.0` for a coefficient a document may leave out (None) or set to 0, on an array too."""
-    return 0.0 if x is None or (_xp(x) is None and not x) else x
+    if x is None:
+        return 0.0
+    return (x or 0.0) if type(x) in _PLAIN or _xp(x) is None else x
 
 
 def _every(flags: Any) -> Any:
