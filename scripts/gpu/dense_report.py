@@ -105,6 +105,9 @@ MODELS = {
     # the seventh (session 33's H100 plan, results/h100-vllm0.22-llama-3.2-3b-instruct/PLAN.md), both flag sets
     "llama-3.2-3b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.2-3b.yaml"),
     "llama-3.2-3b-instruct-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.2-3b-graphs.yaml"),
+    # the eighth (session 41's H100 plan, results/h100-vllm0.22-qwen3-4b/PLAN.md), both flag sets
+    "qwen3-4b": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-4b.yaml"),
+    "qwen3-4b-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-4b-graphs.yaml"),
 }
 DEFAULT = "llama-3.1-8b-instruct"
 SWEEP = MODELS[DEFAULT].sweep
