@@ -49,6 +49,7 @@ from pdexporter.analysis.decision_eval import (
     chunk_context,
     cost_regime,
     evaluate_arms,
+    replicate_costs,
 )
 from pdexporter.analysis.table import ConfigSamples, build_table, pooled
 from pdexporter.errors import ConfigError, RecordError
@@ -260,20 +261,18 @@ def _predict(doc: dict[str, Any], c: Campaign, arm: str, measured: Mapping[tuple
              train: tuple[str, ...]) -> list[HeldOutPoint]:
     key: Literal["colocated_cost_ms", "offloaded_cost_ms"] = (
         "colocated_cost_ms" if arm == "colocated" else "offloaded_cost_ms")
-    n_reps = len((doc.get("replicates") or {}).get("model") or ())
-    out = []
+    kept = []
     for (b, d, p), value in sorted(measured.items()):
         try:
-            ctx = chunk_context(doc, d, p, b)
+            contexts = (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
         except ValueError:
             continue
-        central = evaluate_arms(doc, d, p, b, contexts=(ctx, chunk_context(doc, 0, p, b)))[key]
-        if not central or central <= 0:
-            continue
-        reps = [evaluate_arms(doc, d, p, b, replicate=i, campaign=False)[key] for i in range(n_reps)]
-        out.append(HeldOutPoint(c.id, c.role, arm, b, d, p, cost_regime(doc, ctx), value, central, train,
-                                [float(r) for r in reps]))
-    return out
+        central = evaluate_arms(doc, d, p, b, contexts=contexts)[key]
+        if central and central > 0:
+            kept.append((b, d, p, value, central, contexts))
+    reps = replicate_costs(doc, key, [(d, p, b, ctx) for b, d, p, _, _, ctx in kept], stack=np.asarray)
+    return [HeldOutPoint(c.id, c.role, arm, b, d, p, cost_regime(doc, ctx[0]), value, central, train, r)
+            for (b, d, p, value, central, ctx), r in zip(kept, reps, strict=True)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ __all__ = [
     "linear",
     "offload_threshold",
     "offload_thresholds",
+    "replicate_costs",
     "transfer_time",
     "widening_by_interval",
 ]
@@ -113,8 +114,8 @@ Finding = tuple[str, str, float]
 
 
 # The models below run on floats, and on arrays holding one value per bootstrap replicate where
-# `offload_thresholds` is handed a `stack` (numpy.asarray): every replicate at one P in one pass, the same
-# arithmetic element by element. This module imports no array library: an array brings its own namespace
+# `offload_thresholds` or `replicate_costs` is handed a `stack` (numpy.asarray): every replicate at one P in one
+# pass, the same arithmetic element by element. This module imports no array library: an array brings its own namespace
 # (the Python array API's `__array_namespace__`, numpy >= 2), and plain floats take Python's own functions.
 # No augmented assignment (`x += y`) to a value read from the coefficients: an array would change in place.
 _PLAIN = (float, int)  # the scalar path's types: no namespace to look for (decide's 200 replicates one by one)
@@ -1008,6 +1009,30 @@ def offload_thresholds(doc: Document, d: int, b: int, replicates: tuple[int | No
             else:
                 lo = mid
         out.append(hi * step)
+    return out
+
+
+def replicate_costs(doc: Document, key: str,
+                    points: Sequence[tuple[int, int, int, tuple[ChunkContext, ChunkContext] | None]], *,
+                    stack: Callable[[list[float]], Any] | None = None) -> list[list[float]]:
+    """`key` of `evaluate_arms` (e.g. "colocated_cost_ms") for every bootstrap replicate, in order, at each of
+    `points` ((D, P, B, their (D, P, B) and (0, P, B) chunk contexts or None)), the bootstrap alone (`campaign=False`:
+    `pdexporter validate` widens them by the variation it measures itself). `stack` (numpy.asarray): all replicates
+    at a point in one pass (`_ReplicateArrays`, stacked once for all the points), the same arithmetic element by
+    element; without it, or where the replicates do not line up, one by one."""
+    n = len((doc.get("replicates") or {}).get("model") or ())
+    batch = _replicate_arrays(doc, list(range(n)), stack)
+    out = []
+    for d, p, b, contexts in points:
+        ctx = contexts or (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
+        if batch is None:
+            out.append([float(evaluate_arms(doc, d, p, b, replicate=i, campaign=False,  # type: ignore[literal-required]
+                                            contexts=ctx)[key]) for i in range(n)])
+            continue
+        numbers = _arm_numbers(doc, d, p, b, ctx, (batch.model, batch.arms), _campaign_factors(doc, ctx[0], None),
+                               None, "nominal")
+        values = numbers[key]  # type: ignore[literal-required]
+        out.append([float(values)] * n if _xp(values) is None else [float(v) for v in values.tolist()])
     return out
 
 

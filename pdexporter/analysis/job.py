@@ -164,13 +164,15 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
             offloaded_source: str = "", transfer: Any = None,
             passive_events: Mapping[tuple[int, int, int], int] | None = None,
             min_events: int | None = None,
-            campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> Analysis:
+            campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None,
+            thresholds: bool = True) -> Analysis:
     """`offloaded`: the offloaded arm's samples; the table then carries both arms (`arms.join_arms`),
     and decision.json the two-arm verdict's models; `transfer` a given `arms.TransferModel` (the
     measured one, fitted on the offloaded arm, wins). `min_events` (passive tables): add the event
     counts, the too-few mark and the bootstrap intervals (`analysis.passive`); `passive_events`
     counts events whose values were lost. `campaign_variation`: (variation, headline) of
-    `pdexporter validate` (`campaigns.load_variation`), carried into decision.json's intervals."""
+    `pdexporter validate` (`campaigns.load_variation`), carried into decision.json's intervals.
+    `thresholds=False`: no router thresholds for a two-arm table (`validate`'s fits read only decision.json)."""
     if not samples:
         raise RecordError(f"{source or 'input'}: nothing to analyse")
     if offloaded is not None:
@@ -222,7 +224,7 @@ def analyse(samples: Sequence[ConfigSamples], transfer_ms: float = DEFAULT_TRANS
             else:
                 decision["two_arm"] = section
                 decision["rule"] = "two-arm (see two_arm.rule); the seed's: offload when cost_ms > transfer_ms"
-                thresholds_doc = compute_thresholds(decision)
+                thresholds_doc = compute_thresholds(decision) if thresholds else None
         table = join_arms(table, off_table)
         arms = Arms(list(offloaded), off_table, model, thresholds_doc, offloaded_source)
     return Analysis(list(samples), table, fits, decision, criteria, top_level_mismatches(samples), transfer_ms,
@@ -312,7 +314,8 @@ def injected_values(results_dir: str | Path) -> dict[tuple[int, int, int], float
 def analyse_passive(analysis: Analysis, events: Sequence[Any], *, decode_batch_sizes: Sequence[int] | None = None,
                     prefill_tokens: Sequence[int] | None = None,
                     injected: Mapping[tuple[int, int, int], float] | None = None,
-                    campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> Analysis:
+                    campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None,
+            thresholds: bool = True) -> Analysis:
     """Passive records: the model fitted on their events (`analysis.passive_model`), its table and
     convergence, and decision.json from it (`mode: passive`). Without a usable event the analysis
     is returned as it was, with a note. `campaign_variation` as for `analyse`: carried into the
@@ -366,6 +369,6 @@ def validate_campaigns(colocated: Sequence[str | Path], offloaded: Sequence[str 
                       "offloaded": [s for d in c.offloaded for s in load_results(d)]} for c in found}
 
     def fit(col: Sequence[ConfigSamples], off: Sequence[ConfigSamples]) -> dict[str, Any] | None:
-        return analyse(col, offloaded=list(off) or None, source="held-out fit").decision
+        return analyse(col, offloaded=list(off) or None, source="held-out fit", thresholds=False).decision
 
     return cps.held_out_document(found, cps.held_out_points(found, samples, fit, tick))

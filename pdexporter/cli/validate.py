@@ -30,11 +30,13 @@ def validate(
     from pdexporter._internal.writable import check_writable
     from pdexporter.analysis import campaigns
     from pdexporter.analysis.job import validate_campaigns
+    from pdexporter.cli._common import progress_bar
 
     check_writable(out, "--out")
-    with console.status("validate: one fit per campaign left out ...") as status:
-        result = validate_campaigns(colocated, offloaded or [],
-                                    tick=lambda cid: status.update(f"validate: {cid} predicted ..."))
+    count = len(campaigns.find_campaigns([(d, "colocated") for d in colocated]
+                                         + [(d, "offloaded") for d in offloaded or []]))
+    with progress_bar(count, "validate: campaigns predicted") as tick:  # one fit per campaign left out
+        result = validate_campaigns(colocated, offloaded or [], tick=tick)
     written = campaigns.write_outputs(result, out)
     console.print(campaigns.render_markdown(result), highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in written)}")

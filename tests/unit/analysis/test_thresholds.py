@@ -169,3 +169,22 @@ def test_the_two_arm_rule_on_arrays_is_the_rule_element_by_element() -> None:
             one: Any = {k: float(v[i]) for k, v in numbers.items()}
             held_i = {k: (bool(c[i]), bool(o[i])) for k, (c, o) in held.items()}
             assert bool(many[i]) == decision_eval._choose(one, held_i)[0]
+
+
+@pytest.mark.parametrize("path", ARRAY_DOCS, ids=lambda p: p.parent.name)
+def test_replicate_costs_as_arrays_are_each_replicates_own(path: Path) -> None:
+    """`replicate_costs(stack=numpy.asarray)` (what `pdexporter validate` widens each held-out point by) gives every
+    replicate's arm cost as `evaluate_arms(replicate=i, campaign=False)` does, bit for bit, one-chunk, several-chunk
+    and graph prompts alike; without a stack the same list, one by one."""
+    np = pytest.importorskip("numpy")
+    doc = _doc(path)
+    n = len(doc["replicates"]["model"])
+    assert decision_eval._replicate_arrays(doc, list(range(n)), np.asarray) is not None  # the array path runs
+    keys = ["colocated_cost_ms", *(["offloaded_cost_ms"] if doc.get("two_arm") else [])]
+    b = sorted(int(x) for x in doc["valid_range"]["chunk_sizes"])[-1]
+    points = [(d, p, b, None) for d in (1, 4, 12) for p in (64, 512, 3000, b + 100, 3 * b)]
+    for key in keys:
+        one_by_one = [[decision_eval.evaluate_arms(doc, d, p, b, replicate=i, campaign=False)[key]  # type: ignore[literal-required]
+                       for i in range(n)] for d, p, b, _ in points]
+        assert decision_eval.replicate_costs(doc, key, points, stack=np.asarray) == one_by_one, key
+        assert decision_eval.replicate_costs(doc, key, points) == one_by_one
