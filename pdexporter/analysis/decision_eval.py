@@ -1026,12 +1026,13 @@ def replicate_costs(doc: Document, key: str,
     for d, p, b, contexts in points:
         ctx = contexts or (chunk_context(doc, d, p, b), chunk_context(doc, 0, p, b))
         if batch is None:
-            out.append([float(evaluate_arms(doc, d, p, b, replicate=i, campaign=False,  # type: ignore[literal-required]
-                                            contexts=ctx)[key]) for i in range(n)])
+            rows: list[Mapping[str, Any]] = [evaluate_arms(doc, d, p, b, replicate=i, campaign=False, contexts=ctx)
+                                             for i in range(n)]
+            out.append([float(r[key]) for r in rows])
             continue
-        numbers = _arm_numbers(doc, d, p, b, ctx, (batch.model, batch.arms), _campaign_factors(doc, ctx[0], None),
-                               None, "nominal")
-        values = numbers[key]  # type: ignore[literal-required]
+        numbers: Mapping[str, Any] = _arm_numbers(doc, d, p, b, ctx, (batch.model, batch.arms),
+                                                  _campaign_factors(doc, ctx[0], None), None, "nominal")
+        values = numbers[key]
         out.append([float(values)] * n if _xp(values) is None else [float(v) for v in values.tolist()])
     return out
 
