@@ -314,8 +314,7 @@ def injected_values(results_dir: str | Path) -> dict[tuple[int, int, int], float
 def analyse_passive(analysis: Analysis, events: Sequence[Any], *, decode_batch_sizes: Sequence[int] | None = None,
                     prefill_tokens: Sequence[int] | None = None,
                     injected: Mapping[tuple[int, int, int], float] | None = None,
-                    campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None,
-            thresholds: bool = True) -> Analysis:
+                    campaign_variation: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None) -> Analysis:
     """Passive records: the model fitted on their events (`analysis.passive_model`), its table and
     convergence, and decision.json from it (`mode: passive`). Without a usable event the analysis
     is returned as it was, with a note. `campaign_variation` as for `analyse`: carried into the
