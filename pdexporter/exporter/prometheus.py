@@ -8,10 +8,15 @@ went up, the gauges of the same label set (same scrape) hold that window's value
 
 We ask the HTTP API's `query_range`, at one step s (default 1 s), for
 
-    increments:  (C - C offset s) > 0  or  (C unless C offset s) > 0  or  (C < C offset s)
+    increments:  (C - L) > 0  or  (C unless L) > 0  or  (C < L),  L = last_over_time(C[5m] offset s)
 
-(C = pdexporter_windows_total: a rise within the step; a series born within it; a counter reset),
-and for each gauge G: `G and (increments)`: its values only at those steps. So the answer grows
+(C = pdexporter_windows_total, L its last sample before the step: a rise within the step; a series
+born within it; a counter reset), and for each gauge G: `G and (increments)`: its values only at
+those steps. L is the last *sample*, not `C offset s`: a scrape that fails (a timeout on a loaded
+exporter) marks every series stale, and `C offset s` then reads nothing at the next step, so each
+series came back "born" with its whole count again, a window that never happened with the last
+window's values (a real Prometheus did so in the suite beside a CPU burner); `last_over_time`
+skips the staleness marker. So the answer grows
 with the number of windows, not with the length of the range. A range longer than 11 000 steps
 (Prometheus' limit) is split into several requests.
 
@@ -289,10 +294,13 @@ def windows_from_series(
     return Reconstruction(windows, missed, skipped)
 
 
+LOOKBACK = "5m"  # Prometheus' default lookback: how far back the last sample before a step is looked for
+
+
 def increments_query(step: float) -> str:
     c, s = m.WINDOWS, f"{int(round(step * 1000))}ms"
-    return (f"(({c} - {c} offset {s}) > 0) or (({c} unless {c} offset {s}) > 0) "
-            f"or ({c} < {c} offset {s})")
+    before = f"last_over_time({c}[{LOOKBACK}] offset {s})"  # the last sample before the step, stale or not
+    return f"(({c} - {before}) > 0) or (({c} unless {before}) > 0) or ({c} < {before})"
 
 
 def at_increments_query(gauge: str, step: float) -> str:

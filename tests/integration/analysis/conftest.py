@@ -6,8 +6,10 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
 from pdexporter.exporter.metrics import ExporterMetrics, grid_labels, publish_window
 from pdexporter.exporter.server import metrics_app, start_metrics_server
@@ -22,12 +24,20 @@ class ExporterDouble:
 
     def __init__(self) -> None:
         self.metrics = ExporterMetrics()
+        self.failing = threading.Event()  # set: /metrics answers 503, a scrape that fails (a fault a test injects)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="exporter-double", daemon=True)
         self._thread.start()
-        started = asyncio.run_coroutine_threadsafe(
-            start_metrics_server(metrics_app(self.metrics.registry), "127.0.0.1", 0), self._loop)
+        app = metrics_app(self.metrics.registry)
+        app.middlewares.append(self._gate)
+        started = asyncio.run_coroutine_threadsafe(start_metrics_server(app, "127.0.0.1", 0), self._loop)
         self._runner, self.port = started.result(timeout=10)
+
+    @web.middleware
+    async def _gate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.failing.is_set() and request.path == "/metrics":
+            return web.Response(status=503, text="scrapes fail on purpose (the test's fault)\n")
+        return await handler(request)
 
     @property
     def target(self) -> str:

@@ -73,6 +73,41 @@ def test_export_table_from_prometheus_gives_the_records_penalties(exporter_doubl
     assert len(lines) == 1 and "no new pdexporter_windows_total" in lines[0], empty.stderr
 
 
+def test_a_failed_scrape_adds_no_window(exporter_double, prometheus_for, tmp_path, make_sim_records, capsys):
+    """A scrape that fails (the exporter's /metrics answers 503 for a few seconds: a timeout on a loaded exporter
+    does the same) makes Prometheus mark every series stale; when scrapes succeed again each series is back with its
+    old count. That is no window: two windows published around the outage are two repetitions, not three (before
+    `increments_query` read the last sample before a step, the return counted as a series born with one window,
+    the first window's values again: the suite saw it beside a CPU burner)."""
+    (record,) = make_sim_records(POINTS[:1], reps=2, out=tmp_path / "records")
+    set_engine_info(exporter_double.metrics, record.config.engine, record.config.model, record.config.chunk_size, True)
+    prom = prometheus_for([exporter_double.target])
+    start = time.time() - 1.0
+
+    def up(value: float) -> None:
+        prom.wait_for('up{job="pdexporter"}', lambda r: bool(r) and float(r[0]["value"][1]) == value)
+
+    for k in range(2):
+        exporter_double.publish(record, record.reps[k])
+        prom.wait_for("pdexporter_windows_total", lambda r, k=k: bool(r) and float(r[0]["value"][1]) == k + 1)
+        time.sleep(1.2)
+        if k == 0:  # the outage, between the two windows
+            exporter_double.failing.set()
+            up(0.0)
+            time.sleep(1.2)
+            exporter_double.failing.clear()
+            up(1.0)
+            time.sleep(2.2)  # a step or two with the series back: where the old query saw it born again
+
+    out = tmp_path / "out"
+    done = _run(capsys, "export-table", "--prometheus", prom.url, "--from", f"{start:.3f}", "--to", "now",
+                "--out", str(out), "--no-plots")
+    assert done.returncode == 0, done.stderr
+    assert "2 active windows rebuilt from Prometheus" in " ".join(done.stderr.split()), done.stderr
+    got = pd.read_csv(out / "interference_table.csv")
+    assert got["reps"].tolist() == [2]
+
+
 def test_unreachable_prometheus_and_bad_times_are_one_line(tmp_path, capsys):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

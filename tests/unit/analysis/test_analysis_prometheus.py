@@ -97,7 +97,7 @@ def test_series_without_grid_labels_are_skipped():
 def test_queries_name_the_exporters_series():
     q = pm.at_increments_query(m.WINDOW_PENALTY, 1.0)
     assert q.startswith(f"{m.WINDOW_PENALTY} and (")
-    assert f"{m.WINDOWS} offset 1000ms" in q
+    assert f"last_over_time({m.WINDOWS}[5m] offset 1000ms)" in q
 
 
 def test_api_rejects_a_non_http_url():
