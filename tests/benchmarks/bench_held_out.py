@@ -16,13 +16,12 @@ import argparse
 import csv
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from quickmode import parse_args  # noqa: E402
+from quickmode import best_of, parse_args  # noqa: E402
 
 from pdexporter.analysis.decision_eval import chunk_context, replicate_costs  # noqa: E402
 from pdexporter.analysis.thresholds import _array_stack  # noqa: E402
@@ -56,13 +55,8 @@ def main() -> int:
         if name == "as arrays" and how is None:
             print("numpy without the Python array API (< 2.0): one by one only")
             continue
-        best_wall, best_cpu = float("inf"), float("inf")
-        for _ in range(args.repeat):
-            w0, c0 = time.perf_counter(), time.process_time()
-            values = [replicate_costs(doc, key, these, stack=how) for key, these in work.items()]
-            best_wall = min(best_wall, time.perf_counter() - w0)
-            best_cpu = min(best_cpu, time.process_time() - c0)
-        results[name] = values
+        best_wall, best_cpu, results[name] = best_of(
+            args.repeat, lambda how=how: [replicate_costs(doc, key, these, stack=how) for key, these in work.items()])
         print(f"  {name:>10}: {best_wall:.2f} s wall, {best_cpu:.2f} s CPU (best of {args.repeat}), "
               f"{best_wall / count * 1e3:.2f} ms a point")
     same = len({json.dumps(v) for v in results.values()}) == 1

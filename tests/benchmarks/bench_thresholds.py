@@ -16,13 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from quickmode import parse_args  # noqa: E402
+from quickmode import best_of, parse_args  # noqa: E402
 
 from pdexporter.analysis.decision_eval import offload_thresholds  # noqa: E402
 from pdexporter.analysis.thresholds import _array_stack, compute_thresholds  # noqa: E402
@@ -51,13 +50,8 @@ def main() -> int:
     for name, how in (("one by one", None), ("as arrays", stack)):
         if name == "as arrays" and how is None:
             continue
-        best_wall, best_cpu = float("inf"), float("inf")
-        for _ in range(args.repeat):
-            w0, c0 = time.perf_counter(), time.process_time()
-            values = [offload_thresholds(doc, d, b, reps, stack=how) for b, d in cells]
-            best_wall = min(best_wall, time.perf_counter() - w0)
-            best_cpu = min(best_cpu, time.process_time() - c0)
-        results[name] = values
+        best_wall, best_cpu, results[name] = best_of(
+            args.repeat, lambda how=how: [offload_thresholds(doc, d, b, reps, stack=how) for b, d in cells])
         print(f"  {name:>10}: {best_wall:.2f} s wall, {best_cpu:.2f} s CPU (best of {args.repeat}), "
               f"{best_wall / len(cells) * 1e3:.1f} ms a (B, D)")
     same = len({json.dumps(v) for v in results.values()}) == 1

@@ -4,14 +4,17 @@ Every `bench_*.py` here takes `--quick` (tests/integration/test_benchmarks_quick
 and checks that it ends well and prints figures): a benchmark that no test runs breaks unseen when
 the code it drives is renamed. The figures of a quick run are not the benchmark's: too few to mean
 anything, and its targets are not judged (`args.quick` tells a script not to). Options given on the
-command line still win over the quick settings.
+command line still win over the quick settings. `best_of` is the benchmarks' timing loop.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None, **quick: Any) -> argparse.Namespace:
@@ -25,3 +28,15 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         parser.set_defaults(**quick)
         args = parser.parse_args(argv)
     return args
+
+
+def best_of(repeat: int, work: Callable[[], T]) -> tuple[float, float, T]:
+    """`work()` run `repeat` times (at least once): (the best wall seconds, the best CPU seconds, its last result)."""
+    best_wall = best_cpu = float("inf")
+    result: Any = None
+    for _ in range(max(1, repeat)):
+        w0, c0 = time.perf_counter(), time.process_time()
+        result = work()
+        best_wall = min(best_wall, time.perf_counter() - w0)
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    return best_wall, best_cpu, result
