@@ -52,6 +52,7 @@ from pdexporter.analysis.decision_eval import (
     replicate_costs,
 )
 from pdexporter.analysis.table import ConfigSamples, build_table, pooled
+from pdexporter.analysis.thresholds import array_stack
 from pdexporter.errors import ConfigError, RecordError
 
 __all__ = [
@@ -270,7 +271,7 @@ def _predict(doc: dict[str, Any], c: Campaign, arm: str, measured: Mapping[tuple
         central = evaluate_arms(doc, d, p, b, contexts=contexts)[key]
         if central and central > 0:
             kept.append((b, d, p, value, central, contexts))
-    reps = replicate_costs(doc, key, [(d, p, b, ctx) for b, d, p, _, _, ctx in kept], stack=np.asarray)
+    reps = replicate_costs(doc, key, [(d, p, b, ctx) for b, d, p, _, _, ctx in kept], stack=array_stack())
     return [HeldOutPoint(c.id, c.role, arm, b, d, p, cost_regime(doc, ctx[0]), value, central, train, r)
             for (b, d, p, value, central, ctx), r in zip(kept, reps, strict=True)]
 

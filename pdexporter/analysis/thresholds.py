@@ -2,7 +2,7 @@
 for `pdexporter thresholds`, the report, decision.json's `thresholds_min_prefill_tokens` and the
 live exporter (`run --passive --decision`): `compute_thresholds(doc, ...)` takes a decision
 document and returns typed records. Pure, standard library only at import (the exporter imports it without
-numpy or pandas); numpy, where there, speeds the replicates' scan (`_array_stack`).
+numpy or pandas); numpy, where there, speeds the replicates' scan (`array_stack`).
 
 The verdict at each P is `decision_eval`'s (`offload_thresholds`: the two-arm verdict, or the
 seed's rule, for the central coefficients and each bootstrap replicate), so a change to how the
@@ -35,7 +35,7 @@ from pdexporter.engines import DEFAULT_CHUNK_SIZE
 
 __all__ = [
     "LLMD_DOCS", "LLMD_SNIPPET", "THRESHOLDS_JSON", "THRESHOLDS_SCHEMA", "UNDECIDED_RATIO", "Budget", "Threshold",
-    "ThresholdSet", "budget_of", "compute_thresholds", "llmd_snippet", "measured_p_range",
+    "ThresholdSet", "array_stack", "budget_of", "compute_thresholds", "llmd_snippet", "measured_p_range",
 ]
 
 THRESHOLDS_JSON = "offload_thresholds.json"
@@ -290,7 +290,7 @@ def compute_thresholds(doc: Mapping[str, Any], *, tpot_slo_ms: float | None = No
     measured_p = measured_p_range(dict_doc, mode)
     ctx = {"p_max": p_max, "step": step, "mode": mode, "regime": regime, "transfer_ms": transfer_ms,
            "measured_p": measured_p, "two_arm": bool(arms) and mode == "two-arm", "measured_b": measured_b}
-    stack = _array_stack()
+    stack = array_stack()
     records = []
     for b in sizes:
         for d in decodes:
@@ -304,10 +304,11 @@ def compute_thresholds(doc: Mapping[str, Any], *, tpot_slo_ms: float | None = No
                         p_max, step, len(use), measured_p, tuple(records), bool(dict_doc.get("modelled")), measured_b)
 
 
-def _array_stack() -> Callable[[list[float]], Any] | None:
-    """numpy.asarray where numpy speaks the Python array API (>= 2.0): `offload_thresholds` then judges the
-    replicates at each P in one pass (the same thresholds, ~6x faster: `tests/benchmarks/bench_thresholds.py`).
-    Imported here, when thresholds are computed, not when the module is."""
+def array_stack() -> Callable[[list[float]], Any] | None:
+    """The `stack` `decision_eval`'s array paths take (`offload_thresholds` here, `replicate_costs` in `pdexporter
+    validate`): numpy.asarray where numpy speaks the Python array API (>= 2.0), else None, one by one (a numpy 1.x
+    array brings no namespace, and the scalar branches would meet it). Imported when asked for, not with the module:
+    `decision_eval` itself stays standard library only."""
     try:
         import numpy
     except ImportError:  # pragma: no cover - numpy is a dependency; decision_eval alone runs without it

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from quickmode import best_of, parse_args  # noqa: E402
 
 from pdexporter.analysis.decision_eval import chunk_context, replicate_costs  # noqa: E402
-from pdexporter.analysis.thresholds import _array_stack  # noqa: E402
+from pdexporter.analysis.thresholds import array_stack  # noqa: E402
 
 TARGET_S = 1.5
 KEYS = {"colocated": "colocated_cost_ms", "offloaded": "offloaded_cost_ms"}
@@ -49,7 +49,7 @@ def main() -> int:
     n_reps = len(doc["replicates"]["model"])
     print(f"{args.doc.relative_to(ROOT) if args.doc.is_relative_to(ROOT) else args.doc}: {count} held-out "
           f"points x {n_reps} replicates")
-    stack = _array_stack()
+    stack = array_stack()
     results = {}
     for name, how in (("one by one", None), ("as arrays", stack)):
         if name == "as arrays" and how is None:

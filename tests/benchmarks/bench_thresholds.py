@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from quickmode import best_of, parse_args  # noqa: E402
 
 from pdexporter.analysis.decision_eval import offload_thresholds  # noqa: E402
-from pdexporter.analysis.thresholds import _array_stack, compute_thresholds  # noqa: E402
+from pdexporter.analysis.thresholds import array_stack, compute_thresholds  # noqa: E402
 
 TARGET_S = 1.5
 
@@ -37,7 +37,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parse_args(parser, replicates=10, chunk_sizes=[8192], repeat=1)
     doc = json.loads(args.doc.read_text())
-    stack = _array_stack()
+    stack = array_stack()
     if stack is None:
         print("numpy without the Python array API (< 2.0): the replicates are judged one by one only")
     shape = compute_thresholds(doc, replicates=0, chunk_sizes=args.chunk_sizes)
