@@ -248,15 +248,20 @@ done
 # ... and Qwen2.5-7B-Instruct on an H100 (GPU session 33, a sixth model no profile or fit had read), then Llama-3.2-3B-
 # Instruct (the seventh, GPU session 34; its held-out grids on a second H100 machine, no repeat): their tables on both
 # flag sets, the three projections committed before each run (A the learned rule, then a piecewise wait, then an H100
-# host's eager launch) scored on both grids, a profile calibrated on B = 8192, and the repeat at the end where run
-for base in qwen2.5-7b-instruct llama-3.2-3b-instruct; do
+# host's eager launch) scored on both grids, a profile calibrated on B = 8192, and the repeat at the end where run;
+# then Qwen3-4B (the eighth, GPU session 42; two projections committed before it, no piecewise wait)
+for base in qwen2.5-7b-instruct llama-3.2-3b-instruct qwen3-4b; do
   Q=$R/h100-vllm0.22-$base
   if [ ! -d "$Q/8192" ]; then echo "== $Q: not measured yet (its PLAN.md)"; continue; fi
   for m in $base $base-graphs; do
     D=$R/h100-vllm0.22-$m
     tables "$D"
-    scored "$D" $m "$D"/predictions{,-heldout}{,-wait,-h100host}.json
-    covered "$D" "" -wait -h100host -heldout -heldout-wait -heldout-h100host
+    sfx=() pred=()  # the projections committed for this model, in this order
+    for s in "" -wait -h100host -heldout -heldout-wait -heldout-h100host; do
+      if [ -f "$D/predictions$s.json" ]; then sfx+=("$s") pred+=("$D/predictions$s.json"); fi
+    done
+    scored "$D" $m "${pred[@]}"
+    covered "$D" "${sfx[@]}"
     # refused where the fit predicts the held-out chunk sizes worse than the projection (Qwen2.5-7B default,
     # Llama-3.2-3B both)
     calibrated "$D" "$D/projected-h100-$base.yaml" "sweeps/h200-dense-${m/-instruct/}.yaml" "calibrated-h100-$m.yaml"

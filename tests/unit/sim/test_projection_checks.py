@@ -48,4 +48,4 @@ def test_a_projected_profile_says_what_such_projections_missed_by_on_its_gpu() -
 def test_a_checked_models_own_profile_quotes_the_other_models() -> None:
     cfg, source = load_config("qwen3-8b")
     line = profile_from_config(cfg, "H100", model_name="qwen3-8b", source=source).provenance["checked"]
-    assert "qwen3-8b" not in line and "on 2 model(s)" in line and "13 grid(s)" in line
+    assert "qwen3-8b" not in line and "on 3 model(s)" in line and "17 grid(s)" in line
