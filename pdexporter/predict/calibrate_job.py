@@ -185,6 +185,9 @@ class CalibrationRun:
             "decode_steps": decode_rows, "timings_s": timings, "simulated_groups": self.simulated,
             "simulation_cpu_s": self.simulation_cpu_s,
             "worse_than_base": [{"metric": m, "fitted": f, "base": b} for m, f, b in worse],
+            "piecewise_floor": None if result.floor is None else {
+                "ms": result.floor.ms, "groups": [dict(zip(("B", "D", "P_from", "P_to", "steps"), g))
+                                                  for g in result.floor.groups]},
         }
         for label, held in (("base", result.held_base), ("fitted", result.held_fitted),
                             ("fitted_host_matched", result.held_fitted_host)):
@@ -340,6 +343,8 @@ def calibration_sheets(base: Profile, result: Calibration, names: list[str], mod
     yield (f"training: {len(result.train_keys)} configurations, {train.reps_used} reps with every "
            f"chunk seen, {train.reps_mismatched} reps whose chunk steps did not match their chunks "
            "(decode step only)")
+    if result.floor is not None:
+        yield result.floor.describe()
     loop = result.loop
     if loop is not None:
         yield (f"stage 2 (engine loop, by simulation in {mode} mode): {loop.n_configs} configurations, "

@@ -23,10 +23,12 @@ from pdexporter.predict.calibrate.loop import LoopFitResult, fit_loop_params, ho
 from pdexporter.predict.calibrate.observations import (
     FitResult,
     ObservationSet,
+    PiecewiseFloor,
     StepData,
     StepObservation,
     fit_step_params,
     observations_from_records,
+    piecewise_floor,
     step_summary,
 )
 from pdexporter.predict.calibrate.params import (
@@ -106,6 +108,7 @@ class Calibration:
     sensitive_keys: set[Key] = field(default_factory=set)  # training configurations the host's speed moves
     held_slow: set[Key] = field(default_factory=set)  # held-out configurations measured on a slow host
     held_fitted_host: HoldoutReport | None = None  # held-out, each predicted on the host it was measured on
+    floor: PiecewiseFloor | None = None  # the launch floor the training's one-step piecewise prompts showed
 
     def worse(self, tolerance: float = 0.0) -> list[tuple[str, float, float]]:
         """Guarded metrics (`GUARDED`) the fit predicts worse than the base on the held-out configurations
@@ -225,6 +228,24 @@ def _predict_held(base: Profile, fitted: Profile, measured: Mapping[Key, PointFi
     return compare_records(measured, pred_base), compare_records(measured, pred_fitted), held_host, held_slow
 
 
+def _frees_and_start(base: Profile, free: Sequence[str], observations: Sequence[StepObservation], simulated: bool
+                     ) -> tuple[tuple[str, ...], tuple[str, ...], Profile, PiecewiseFloor | None]:
+    """Stage 1's and stage 2's free parameters, the profile the fit starts from and the launch floor the training's
+    one-step piecewise prompts show. `piecewise_gpu_ms` is freed only where a training step ran a piecewise graph
+    and no floor shows; with a floor, stage 2 fits `launch_piecewise_ms` from there (hidden under the GPU time a
+    launch moves no simulated step, so it would stay where the base put it)."""
+    free = free_for(base, _check_free(free, frozenset(BOUNDS)))
+    step_free = tuple(n for n in free if n in GPU_PARAMS)
+    loop_free = tuple(n for n in free if n not in GPU_PARAMS)
+    floor = piecewise_floor(base, observations)
+    if floor is not None or not StepData(base, observations).piecewise:
+        step_free = tuple(n for n in step_free if n != "piecewise_gpu_ms")
+    start = base
+    if floor is not None and simulated and "launch_piecewise_ms" in loop_free:
+        start = with_values(base, {"launch_piecewise_ms": max(base.step_time.launch_piecewise_ms, floor.ms)})
+    return step_free, loop_free, start, floor
+
+
 def calibrate(
     base: Profile,
     records: Sequence[RunRecord],
@@ -283,11 +304,7 @@ def calibrate(
     _imitate_records(simulate, records)
     if not train.observations:
         raise ValueError("the training records hold no usable step times (no decode baseline, no middle chunk steps)")
-    free = free_for(base, _check_free(free, frozenset(BOUNDS)))
-    step_free = tuple(n for n in free if n in GPU_PARAMS)
-    if not StepData(base, train.observations).piecewise:  # no training step ran a piecewise graph
-        step_free = tuple(n for n in step_free if n != "piecewise_gpu_ms")
-    loop_free = tuple(n for n in free if n not in GPU_PARAMS)
+    step_free, loop_free, start, floor = _frees_and_start(base, free, train.observations, simulate is not None)
     hosts = simulate is not None and "slow_factor" in loop_free
     figures = figures_of(records)
     measured = {k: v for k, v in figures.items() if k in train_set}
@@ -304,7 +321,7 @@ def calibrate(
 
     setup = _Setup(train.observations, measured, simulate, step_free, loop_free, n_rounds, max_evaluations, prog,
                    timings, train_groups, on_evaluation, hosts)
-    chosen, simulations, start_note = _fit_from_starts(base, setup)
+    chosen, simulations, start_note = _fit_from_starts(start, setup)
     current, fit, loop, loop_start = chosen.profile, chosen.fit, chosen.loop, chosen.loop_start
     slow: set[Key] = set()
     sensitive: set[Key] = set()
@@ -335,6 +352,8 @@ def calibrate(
         + (f"; engine loop by simulation, rms log error {loop.rms_log:.3f}" if loop is not None else "")
         + f"); {len(held_set)} configuration(s) held out. Free parameters: {', '.join((*step_free, *loop_free))}."
     )
+    if floor is not None:
+        note += f" The training's {floor.describe()}."
     if hosts:
         note += (f" Host: {len(slow)} of the {len(sensitive)} training configurations the host's speed moves were "
                  f"measured in a slow-host episode (CPU x {current.host.slow_factor:.2f}).{start_note}")
@@ -345,7 +364,7 @@ def calibrate(
     timings["total"] = time.perf_counter() - t0
     return Calibration(base, profile, fit, loop, before, train_set, held_set, train, held, held_after, held_before,
                        n_rounds, held_base, held_fitted, simulations, timings, loop_start, slow, sensitive, held_slow,
-                       held_host)
+                       held_host, floor)
 
 
 def _fmt(x: float | None) -> str:

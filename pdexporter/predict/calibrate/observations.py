@@ -18,6 +18,7 @@ from pdexporter.sim.steptime import PIECEWISE, StepArrays, StepComposition, Step
 __all__ = [
     "FitResult",
     "ObservationSet",
+    "PiecewiseFloor",
     "StepData",
     "StepObservation",
     "chunk_sizes",
@@ -25,6 +26,7 @@ __all__ = [
     "mixed_composition",
     "observations_from_record",
     "observations_from_records",
+    "piecewise_floor",
     "step_errors",
     "step_summary",
     "vllm_facts_observations",
@@ -174,6 +176,64 @@ class StepData:
             model = StepTimeModel(self.profile, params, max_num_batched_tokens=b)
             out[idx] = np.maximum(model.gpu_s_array(steps), model.cpu_s_array(launched))
         return out
+
+
+# A launch floor (Qwen3-4B on an H100, results/h100-vllm0.22-qwen3-4b/RUN.md): one-step prompts that run a piecewise
+# graph beside the same decodes take the same time over a span of prompt lengths whose GPU work grows several-fold.
+FLOOR_SPAN = 8.0  # the prompts' longest over shortest, at least
+FLOOR_FLAT = 1.25  # their medians' largest over smallest, at most
+FLOOR_WORK = 2.0  # the modelled GPU work's growth over the span, at least
+
+
+@dataclass(frozen=True)
+class PiecewiseFloor:
+    """One-step piecewise prompts whose interval does not grow with their tokens: a launch floor."""
+
+    ms: float  # the median interval of the flat prompts (over every group that shows one)
+    groups: tuple[tuple[int, int, int, int, int], ...]  # (B, D, shortest P, longest P, observations) per group
+
+    def describe(self) -> str:
+        where = "; ".join(f"B={b} D={d} P {lo}-{hi} ({n} steps)" for b, d, lo, hi, n in self.groups)
+        return (f"one-step piecewise prompts flat at {self.ms:.1f} ms while their GPU work grows ({where}): a launch "
+                f"floor, fitted as launch_piecewise_ms from there, not as an added GPU wait (piecewise_gpu_ms)")
+
+
+def piecewise_floor(profile: Profile, observations: Sequence[StepObservation]) -> PiecewiseFloor | None:
+    """The launch floor the one-step piecewise prompts show, or None.
+
+    Per (B, D): the piecewise one-step prompts (`FIRST`) by prompt length, from the shortest up while the
+    median intervals stay within `FLOOR_FLAT` of each other; a floor where that run spans `FLOOR_SPAN` in
+    tokens and the profile's GPU time (without a piecewise wait) grows `FLOOR_WORK`-fold over it. An added
+    GPU wait cannot fit such steps (it grows with the work); a launch the step cannot end before can."""
+    model_params = profile.step_time.model_copy(update={"piecewise_gpu_ms": 0.0})
+    by_group: dict[tuple[int, int], dict[int, list[StepObservation]]] = defaultdict(lambda: defaultdict(list))
+    models: dict[int, StepTimeModel] = {}
+    for o in observations:
+        if o.kind != FIRST or o.key is None:
+            continue
+        b, d, p = o.key
+        model = models.setdefault(b, StepTimeModel(profile, model_params, max_num_batched_tokens=b))
+        if model.graph_mode(o.composition) == PIECEWISE:
+            by_group[(b, d)][p].append(o)
+    found: list[tuple[tuple[int, int, int, int, int], list[float]]] = []
+    for (b, d), by_p in sorted(by_group.items()):
+        lengths = sorted(by_p)
+        medians = [float(np.median([o.seconds for o in by_p[p]])) for p in lengths]
+        run = 1
+        while run < len(lengths) and max(medians[:run + 1]) <= FLOOR_FLAT * min(medians[:run + 1]):
+            run += 1
+        lo, hi = lengths[0], lengths[run - 1]
+        if run < 3 or hi < FLOOR_SPAN * lo:
+            continue
+        model = models[b]
+        if model.gpu_s(by_p[hi][0].composition) < FLOOR_WORK * model.gpu_s(by_p[lo][0].composition):
+            continue
+        seconds = [o.seconds for p in lengths[:run] for o in by_p[p]]
+        found.append(((b, d, lo, hi, len(seconds)), seconds))
+    if not found:
+        return None
+    return PiecewiseFloor(float(np.median([s for _, group in found for s in group])) * 1e3,
+                          tuple(g for g, _ in found))
 
 
 def step_errors(profile: Profile, params: StepTimeParams, observations: Sequence[StepObservation] | StepData

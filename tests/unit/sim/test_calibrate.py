@@ -583,3 +583,51 @@ def test_qwen3_8b_piecewise_steps_wait_about_a_millisecond_on_the_h100():
     assert 0.6 < fit.params.piecewise_gpu_ms < 1.4
     calibrated = load_profile(results / "calibrated-h100-qwen3-8b.yaml")
     assert calibrated.step_time.piecewise_gpu_ms == pytest.approx(fit.params.piecewise_gpu_ms, rel=0.35)
+
+
+def _floor_records(directory: str, ds: tuple[int, ...] = (1, 4)):
+    records = [r for r in ResultsStore(REPO / "results" / directory).iter_records()
+               if r.key[0] == 8192 and r.key[1] in ds and r.key[2] <= 2048]
+    return records, load_profile(next((REPO / "results" / directory).glob("projected-h100-*.yaml")))
+
+
+def test_a_launch_floor_is_read_where_one_step_piecewise_prompts_do_not_grow_with_their_work():
+    """Qwen3-4B on an H100 with graphs to 2,064 tokens (results/h100-vllm0.22-qwen3-4b/RUN.md): at D = 1 the one step
+    of P = 64 ... 1024 took 9.4-10.5 ms while its modelled GPU work grew threefold; at D = 4 the steps grow (9.7 ->
+    13.2 ms); Qwen3-8B's (same depth, wider) grow with P; on default flags only P <= 256 runs piecewise (too short
+    a span to tell a floor from a wait)."""
+    from pdexporter.predict.calibrate import observations_from_records, piecewise_floor
+
+    records, profile = _floor_records("h100-vllm0.22-qwen3-4b-graphs")
+    floor = piecewise_floor(profile, observations_from_records(records).observations)
+    assert floor is not None and floor.groups == ((8192, 1, 64, 1024, 12),)
+    assert 9.4 <= floor.ms <= 10.5
+    assert "flat at 10.0 ms" in floor.describe() and "launch_piecewise_ms" in floor.describe()
+    for directory in ("h100-vllm0.22-qwen3-4b", "h100-vllm0.22-qwen3-8b-graphs"):
+        records, profile = _floor_records(directory, (1, 4, 12))
+        assert piecewise_floor(profile, observations_from_records(records).observations) is None, directory
+    # the same steps, each 1 ms longer per 256 tokens: a wait that grows with the work is not a floor
+    observations = observations_from_records(_floor_records("h100-vllm0.22-qwen3-4b-graphs")[0]).observations
+    growing = [StepObservation(o.composition, o.seconds + o.key[2] / 256 * 1e-3, o.kind, o.key,
+                               next_composition=o.next_composition) for o in observations]
+    assert piecewise_floor(profile, growing) is None
+
+
+def test_calibrate_fits_a_launch_floor_as_a_launch_from_where_it_shows():
+    """Before: stage 1 took the floor as an added GPU wait (piecewise_gpu_ms 4.5 ms on every piecewise step) and
+    stage 2 left the launch at its projected 3.18 ms, hidden under the GPU time where no simulated step moves
+    with it; both Qwen3-4B calibrations were refused. Now the wait is not freed, the launch starts at the floor and
+    the held-out D = 4 prompts' penalty comes closer than the projection's."""
+    from pdexporter.predict.calibrate import calibrate
+    from pdexporter.predict.calibrate_job import _settings_of
+
+    records, base = _floor_records("h100-vllm0.22-qwen3-4b-graphs")
+    train = [r.key for r in records if r.key[1] == 1]
+    with RecordSimulator([r.key for r in records], _settings_of(records[0]), jobs=1) as sim:
+        cal = calibrate(base, records, train_keys=train, simulate=sim,
+                        free=("launch_piecewise_ms", "piecewise_gpu_ms"), rounds=1, max_evaluations=6)
+    assert cal.floor is not None and cal.profile.step_time.piecewise_gpu_ms == 0.0
+    assert base.step_time.launch_piecewise_ms < 4.0 < 8.0 < cal.profile.step_time.launch_piecewise_ms
+    assert "launch floor" in cal.profile.calibration_note
+    assert cal.held_base is not None and cal.held_fitted is not None
+    assert cal.held_fitted.metric_mape("penalty") < 0.6 * cal.held_base.metric_mape("penalty")
