@@ -631,3 +631,8 @@ def test_calibrate_fits_a_launch_floor_as_a_launch_from_where_it_shows():
     assert "launch floor" in cal.profile.calibration_note
     assert cal.held_base is not None and cal.held_fitted is not None
     assert cal.held_fitted.metric_mape("penalty") < 0.6 * cal.held_base.metric_mape("penalty")
+    # the text report says it beside the training data
+    from pdexporter.predict.calibrate_job import calibration_sheets
+
+    shown = [x for x in calibration_sheets(base, cal, ["launch_piecewise_ms"], "fast") if isinstance(x, str)]
+    assert cal.floor.describe() in shown
