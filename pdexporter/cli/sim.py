@@ -91,8 +91,9 @@ def profiles() -> None:
 def profile_from_config_cmd(
     config: Annotated[str, typer.Argument(
         help="A Hugging Face config.json (or the folder holding it), or a shipped one by name: "
-        "llama-3.1-8b-instruct, llama-3.2-3b-instruct, qwen2.5-7b-instruct, qwen3-4b, qwen3-8b, qwen3-14b, "
-        "qwen2.5-32b-instruct, qwen3-coder-30b-a3b, mixtral-8x7b-instruct, deepseek-v2-lite-chat.")],
+        "llama-3.1-8b-instruct, llama-3.2-1b-instruct, llama-3.2-3b-instruct, qwen2.5-7b-instruct, qwen3-4b, "
+        "qwen3-8b, qwen3-14b, qwen2.5-32b-instruct, qwen3-coder-30b-a3b, mixtral-8x7b-instruct, "
+        "deepseek-v2-lite-chat.")],
     gpu: Annotated[str, typer.Option("--gpu", help="H200, H100, H20, A100 or L40S (datasheet figures).")] = "H200",
     out: Annotated[Path | None, typer.Option(
         "--out", help="Write the profile here (default: <user profile dir>/<name>.yaml, found by --profile NAME).")

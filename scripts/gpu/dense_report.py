@@ -108,6 +108,9 @@ MODELS = {
     # the eighth (session 41's H100 plan, results/h100-vllm0.22-qwen3-4b/PLAN.md), both flag sets
     "qwen3-4b": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-4b.yaml"),
     "qwen3-4b-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-qwen3-4b-graphs.yaml"),
+    # the ninth (session 42's H100 plan, results/h100-vllm0.22-llama-3.2-1b-instruct/PLAN.md), both flag sets
+    "llama-3.2-1b-instruct": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.2-1b.yaml"),
+    "llama-3.2-1b-instruct-graphs": DenseRun(ROOT / "sweeps" / "h200-dense-llama-3.2-1b-graphs.yaml"),
 }
 DEFAULT = "llama-3.1-8b-instruct"
 SWEEP = MODELS[DEFAULT].sweep
@@ -116,12 +119,15 @@ OUT = MODELS[DEFAULT].results
 
 def projected_profile(run: DenseRun, rule: str | None, references: str, gpu: str,
                       max_model_len: int | None = None, piecewise_gpu_ms: float | None = None,
-                      launch_eager_scale: float | None = None) -> Profile:
+                      launch_eager_scale: float | None = None,
+                      launch_piecewise_per_layer_ms: float | None = None) -> Profile:
     """The profile a prediction runs: the shipped one (no `rule`), or the model projected from its config.json and
     the `references` with that rule on `gpu`'s datasheet; with the sweep's CUDA-graph capture sizes, and
     `piecewise_gpu_ms` where given (a piecewise-graph step's GPU wait, which no reference profile carries: a
     variant stated before a run, e.g. Qwen3-8B's calibrated wait scaled by layers) and the eager launch scaled by
-    `launch_eager_scale` where given (another host's launch level, e.g. an earlier campaign's on that GPU)."""
+    `launch_eager_scale` where given (another host's launch level, e.g. an earlier campaign's on that GPU), and the
+    piecewise launch at `launch_piecewise_per_layer_ms` a layer where given (a host's piecewise launch floor, which
+    the H200 references hide under their steps: results/h100-vllm0.22-qwen3-4b/RUN.md)."""
     if rule is None:
         if gpu != "H200":
             raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
@@ -141,6 +147,8 @@ def projected_profile(run: DenseRun, rule: str | None, references: str, gpu: str
         update["piecewise_gpu_ms"] = piecewise_gpu_ms
     if launch_eager_scale is not None:
         update["launch_eager_ms"] = profile.step_time.launch_eager_ms * launch_eager_scale
+    if launch_piecewise_per_layer_ms is not None:
+        update["launch_piecewise_ms"] = launch_piecewise_per_layer_ms * profile.model.num_layers
     if update:
         profile = profile.model_copy(update={"step_time": profile.step_time.model_copy(update=update)})
     return profile
@@ -157,7 +165,7 @@ def write_profile(rule: str, references: str, gpu: str, target: Path, model: str
 def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None,
             model: str = DEFAULT, gpu: str = "H200", sweep: Path | None = None,
             max_model_len: int | None = None, piecewise_gpu_ms: float | None = None,
-            launch_eager_scale: float | None = None) -> None:
+            launch_eager_scale: float | None = None, launch_piecewise_per_layer_ms: float | None = None) -> None:
     """predictions.json of the shipped profile, or (`rule`) of the model projected from its config.json and
     the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense
     Llama run never saw) with that rule (`pdexporter.sim.projection`), on `gpu`'s datasheet. `sweep`: another
@@ -166,7 +174,8 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
     spec = run.spec
     if rule is None and sweep:
         raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
-    profile = projected_profile(run, rule, references, gpu, max_model_len, piecewise_gpu_ms, launch_eager_scale)
+    profile = projected_profile(run, rule, references, gpu, max_model_len, piecewise_gpu_ms, launch_eager_scale,
+                                launch_piecewise_per_layer_ms)
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
@@ -178,6 +187,8 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
     target.parent.mkdir(parents=True, exist_ok=True)
     wait = "" if piecewise_gpu_ms is None else f", piecewise GPU wait {piecewise_gpu_ms:g} ms"
     wait += "" if launch_eager_scale is None else f", eager launch x {launch_eager_scale:g}"
+    wait += ("" if launch_piecewise_per_layer_ms is None
+             else f", piecewise launch {launch_piecewise_per_layer_ms:g} ms a layer")
     doc = {"profile": profile.name + (f" ({rule} rule, from {references}{wait})" if rule else ""), "gpu": gpu,
            "calibration": profile.calibration, "note": profile.calibration_note,
            "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.resolve().relative_to(ROOT)),
@@ -224,6 +235,8 @@ def main(argv: list[str]) -> None:
                     help="predict --rule: a piecewise-graph step's GPU wait (none of the references has one)")
     ap.add_argument("--launch-eager-scale", type=float,
                     help="predict --rule: the eager launch times this (another host's level)")
+    ap.add_argument("--launch-piecewise-per-layer-ms", type=float,
+                    help="predict --rule: the piecewise launch, ms a layer (a host's launch floor)")
     ap.add_argument("--none-fitted", action="store_true",
                     help="compare: no calibration read this run (another GPU's): the whole grid is held out")
     args = ap.parse_args(argv)
@@ -233,7 +246,7 @@ def main(argv: list[str]) -> None:
         write_profile(args.rule, args.references, args.gpu, args.out, args.model)
     elif args.what == "predict":
         predict(args.rule, args.references, args.predictions, args.model, args.gpu, args.sweep, args.max_model_len,
-                args.piecewise_gpu_ms, args.launch_eager_scale)
+                args.piecewise_gpu_ms, args.launch_eager_scale, args.launch_piecewise_per_layer_ms)
     else:
         compare(args.results, args.predictions, args.out, args.model, args.none_fitted)
 

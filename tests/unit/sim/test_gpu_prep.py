@@ -70,6 +70,9 @@ HELD_OUT_MODELS = [  # (model, sweep, chunk size, max-model-len, the references 
     ("qwen3-4b", "h200-dense-qwen3-4b.yaml", 8192, 32768,
      "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 151936,
      QWEN_IDS),
+    ("llama-3.2-1b-instruct", "h200-dense-llama-3.2-1b.yaml", 8192, 32768,
+     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 128256,
+     LLAMA_IDS),
 ]
 
 
