@@ -212,8 +212,9 @@ def piecewise_floor(profile: Profile, observations: Sequence[StepObservation]) -
         if o.kind != FIRST or o.key is None:
             continue
         b, d, p = o.key
-        model = models.setdefault(b, StepTimeModel(profile, model_params, max_num_batched_tokens=b))
-        if model.graph_mode(o.composition) == PIECEWISE:
+        if b not in models:  # one model per chunk size (its captured sizes), not one per observation
+            models[b] = StepTimeModel(profile, model_params, max_num_batched_tokens=b)
+        if models[b].graph_mode(o.composition) == PIECEWISE:
             by_group[(b, d)][p].append(o)
     found: list[tuple[tuple[int, int, int, int, int], list[float]]] = []
     for (b, d), by_p in sorted(by_group.items()):
