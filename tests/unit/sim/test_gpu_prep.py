@@ -55,24 +55,18 @@ def test_the_dense_sweep_holds_the_short_grid_and_what_it_must_predict():
 
 
 QWEN_IDS, LLAMA_IDS = (151643, 151645), (128000, 128001)  # (BOS, first EOS) of each family's config.json
+# the references every projection since the sixth model learnt from
+FOUR_REFS = "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b"
 HELD_OUT_MODELS = [  # (model, sweep, chunk size, max-model-len, the references its projection learnt from, vocab,
     # BOS and EOS ids)
     ("qwen2.5-32b-instruct", "h200-dense-qwen2.5-32b.yaml", 3072, 32768,
      "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct", 152064, QWEN_IDS),
     ("qwen3-14b", "h200-dense-qwen3-14b.yaml", 6144, 40960,
      "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct", 151936, QWEN_IDS),
-    ("qwen2.5-7b-instruct", "h200-dense-qwen2.5-7b.yaml", 8192, 32768,
-     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 152064,
-     QWEN_IDS),
-    ("llama-3.2-3b-instruct", "h200-dense-llama-3.2-3b.yaml", 8192, 32768,
-     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 128256,
-     LLAMA_IDS),
-    ("qwen3-4b", "h200-dense-qwen3-4b.yaml", 8192, 32768,
-     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 151936,
-     QWEN_IDS),
-    ("llama-3.2-1b-instruct", "h200-dense-llama-3.2-1b.yaml", 8192, 32768,
-     "h200-qwen3-coder-30b-a3b,h200-llama-3.1-8b-instruct,h200-qwen2.5-32b-instruct,h200-qwen3-14b", 128256,
-     LLAMA_IDS),
+    ("qwen2.5-7b-instruct", "h200-dense-qwen2.5-7b.yaml", 8192, 32768, FOUR_REFS, 152064, QWEN_IDS),
+    ("llama-3.2-3b-instruct", "h200-dense-llama-3.2-3b.yaml", 8192, 32768, FOUR_REFS, 128256, LLAMA_IDS),
+    ("qwen3-4b", "h200-dense-qwen3-4b.yaml", 8192, 32768, FOUR_REFS, 151936, QWEN_IDS),
+    ("llama-3.2-1b-instruct", "h200-dense-llama-3.2-1b.yaml", 8192, 32768, FOUR_REFS, 128256, LLAMA_IDS),
 ]
 
 
