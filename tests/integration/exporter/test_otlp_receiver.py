@@ -245,6 +245,11 @@ async def test_a_slow_upload_is_cut_and_does_not_keep_real_exports_out() -> None
             await asyncio.sleep(0.3)  # both slots taken by the trickles
             assert await _post(session, port, encode_traces(TRACES[1:2], engine="vllm")) == 200
             assert [t.request_id for t in got] == ["cmpl-1"]
+            # The trickles end only once the server has cut both: a trickle that reached the server
+            # late on a loaded machine, and was let finish, is a whole (short) body and answered 400.
+            async with asyncio.timeout(10):
+                while results.count("slow-body") < 2:
+                    await asyncio.sleep(0.05)
             gate.set()
             assert set(await asyncio.gather(*held)) <= {408, -1}
         assert results.count("slow-body") == 2 and results.count(None) == 1
