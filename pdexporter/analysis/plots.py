@@ -376,7 +376,8 @@ def arms_plot(joined: pd.DataFrame, doc: dict | None = None) -> Plot | None:
             ax.plot(grid, [m["ttft_cost_ms"] for m in model], "--", color=colour, lw=0.8, alpha=0.6)
     ax.set_xscale("log")
     _plain_log_axis(ax.xaxis, decimal=False)
-    lowest = min((float(np.nanmin(line.get_ydata())) for line in ax.get_lines()), default=1.0)
+    lowest = min((float(np.nanmin(np.asarray(line.get_ydata(), dtype=np.float64))) for line in ax.get_lines()),
+                 default=1.0)
     if lowest > 0:
         ax.set_yscale("log")
     else:  # offloading can shorten the request's TTFT, or cost the decodes more: negative values

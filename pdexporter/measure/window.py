@@ -541,7 +541,7 @@ def analyse_window(
         total_interference_ms=float(np.mean(totals)) if totals else None,
         decode_tokens_delayed=int(sum(slow_counts)),
         zero_intervals=zero,
-        min_interval_ms=float(window.min()) if window.size else None,
+        min_interval_ms=float(np.min(window)) if window.size else None,
         chunk_step_times_ms=(tuple(float(x) for x in during_all[median_stream])
                              if during_all and (chunks or sizes is not None) else ()),
         stamp_corrections=sum(int((held_back(times) > 0).sum()) for times in streams) or None,
