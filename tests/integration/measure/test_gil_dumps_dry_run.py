@@ -50,7 +50,11 @@ def test_the_real_py_spy_dumps_the_sweeps_process_not_the_sampler(tmp_path: Path
     dumped = re.findall(r"^Process (\d+): (.*)$", text, re.M)  # py-spy's head line of each readable dump
     assert dumped, text[:2000]
     assert {pid for pid, _ in dumped} == {core.group(1)}
-    assert all("pdexporter sim sweep" in cmd and "thread_counters" not in cmd for _, cmd in dumped), dumped[:3]
+    # A dump taken as the sweep exits reads an empty command line ("Process N: ", the kernel has let go of it; seen
+    # with py-spy 0.4 on a process ending under its dumps, and once in CI): no command to check, the pid above is its.
+    named = [cmd for _, cmd in dumped if cmd.strip()]
+    wrong = [cmd for cmd in named if "pdexporter sim sweep" not in cmd or "thread_counters" in cmd]
+    assert named and not wrong, wrong[:3] or dumped[:3]
     assert "MainThread" in text  # a thread's stack, not only the head line
     # the results directory as the GPU run's is committed (RUN.md): the sweep's records at the top, the rest beside
     results = tmp_path / "results"
