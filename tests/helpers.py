@@ -129,6 +129,17 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.1) -> bool:  # typ
     return bool(predicate())
 
 
+async def until(predicate: Callable[[], bool], timeout_s: float, what: str, step_s: float = 0.05) -> None:
+    """Await until `predicate` holds, polling every `step_s`; fails the test naming `what` after `timeout_s`."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(step_s)
+
+
 def cli_env() -> dict[str, str]:
     """The environment for `python -m pdexporter` children: this checkout first on the path."""
     root = str(Path(__file__).resolve().parents[1])

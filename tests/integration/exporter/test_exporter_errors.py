@@ -4,7 +4,6 @@ misbehave; the embedded engine never fails on purpose)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from aiohttp import web
@@ -12,6 +11,7 @@ from aiohttp import web
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
 from pdexporter.launch import ExternalLauncher
+from tests.helpers import until
 from tests.scripted_engine import ScriptedEngine
 
 pytestmark = pytest.mark.integration
@@ -23,13 +23,6 @@ def _value(runner: Runner, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0  # a labelled child not created yet
-
-
-async def _until(predicate, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
 
 
 class PickyEngine(ScriptedEngine):
@@ -57,26 +50,28 @@ async def test_engine_errors_are_counted_and_the_exporter_recovers() -> None:
         task = asyncio.create_task(runner.run(stop))
         try:
             await asyncio.wait_for(runner.ready.wait(), 20)
-            await _until(lambda: runner.windows_seen >= 1, 20)
+            await until(lambda: runner.windows_seen >= 1, 20, "a first window", step_s=0.02)
             assert _value(runner, "pdexporter_up") == 1
             assert _value(runner, "pdexporter_engine_scrape_success") == 1
 
             engine.reject_prompt_len = 64  # the prefills fail, the probes do not
-            await _until(lambda: _value(runner, "pdexporter_injections_total", outcome="error") >= 2, 20)
+            await until(lambda: _value(runner, "pdexporter_injections_total", outcome="error") >= 2, 20,
+                        "two failed injections", step_s=0.02)
             assert _value(runner, "pdexporter_errors_total", kind="http") >= 2
             assert _value(runner, "pdexporter_up") == 1
             engine.reject_prompt_len = None
 
             engine.behaviour = "reject"  # every new request now gets HTTP 400: probes die as they restart
             http_errors = _value(runner, "pdexporter_errors_total", kind="http")
-            await _until(lambda: _value(runner, "pdexporter_up") == 0, 20)
-            await _until(lambda: _value(runner, "pdexporter_errors_total", kind="http") > http_errors + 1, 20)
+            await until(lambda: _value(runner, "pdexporter_up") == 0, 20, "up 0", step_s=0.02)
+            await until(lambda: _value(runner, "pdexporter_errors_total", kind="http") > http_errors + 1, 20,
+                        "http errors", step_s=0.02)
             assert _value(runner, "pdexporter_errors_total", kind="connect") == 0
 
             windows = runner.windows_seen
             engine.behaviour = "ok"
-            await _until(lambda: _value(runner, "pdexporter_up") == 1, 20)
-            await _until(lambda: runner.windows_seen > windows, 20)
+            await until(lambda: _value(runner, "pdexporter_up") == 1, 20, "up 1", step_s=0.02)
+            await until(lambda: runner.windows_seen > windows, 20, "windows after recovery", step_s=0.02)
             assert not task.done()
         finally:
             stop.set()

@@ -17,6 +17,7 @@ from pdexporter.client.traces import PROTOBUF, RequestTrace, encode_traces
 from pdexporter.exporter.receiver import ReceiverLimits, traces_app
 from pdexporter.exporter.server import start_server
 from pdexporter.sim.otlp import RequestSpans
+from tests.helpers import until
 
 pytestmark = pytest.mark.integration
 
@@ -247,9 +248,7 @@ async def test_a_slow_upload_is_cut_and_does_not_keep_real_exports_out() -> None
             assert [t.request_id for t in got] == ["cmpl-1"]
             # The trickles end only once the server has cut both: a trickle that reached the server
             # late on a loaded machine, and was let finish, is a whole (short) body and answered 400.
-            async with asyncio.timeout(10):
-                while results.count("slow-body") < 2:
-                    await asyncio.sleep(0.05)
+            await until(lambda: results.count("slow-body") >= 2, 10, "the server to cut both trickles")
             gate.set()
             assert set(await asyncio.gather(*held)) <= {408, -1}
         assert results.count("slow-body") == 2 and results.count(None) == 1

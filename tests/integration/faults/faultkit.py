@@ -101,13 +101,6 @@ def reason(runner: Runner) -> str:
     return "?"
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 @contextlib.asynccontextmanager
 async def live(url: str, *, log: Callable[[str], None] = lambda line: None, launcher_chunk: int | None = B,
                **fields: Any) -> AsyncIterator[tuple[Runner, asyncio.Task[None]]]:

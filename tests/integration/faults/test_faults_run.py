@@ -31,8 +31,8 @@ from pdexporter.exporter.metrics import (
     TRACE_RESULTS,
     UP_REASONS,
 )
-from tests.helpers import free_port
-from tests.integration.faults.faultkit import live, reason, until, value
+from tests.helpers import free_port, until
+from tests.integration.faults.faultkit import live, reason, value
 from tests.scripted_engine import Fault, ScriptedEngine
 
 pytestmark = pytest.mark.integration

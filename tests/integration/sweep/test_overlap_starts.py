@@ -9,12 +9,10 @@ that double, and `pdexporter sim serve`, which holds at the gate where vLLM woul
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from pdexporter.launch.base import pid_alive
 from pdexporter.launch.local import GATE_FILE, LOG_FILE, STATE_FILE, EngineState, LocalLauncher
 from pdexporter.launch.overlap import OverlappingLauncher
 from pdexporter.measure.store import ResultsStore
-from tests.helpers import ExpireAfterFirstConfig, free_ports
+from tests.helpers import ExpireAfterFirstConfig, free_ports, until
 
 pytestmark = pytest.mark.integration
 
@@ -142,14 +140,6 @@ def _lanes(tmp_path: Path, store: ResultsStore, port: int, fake_torch: Path,
     ))
 
 
-async def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 def _held_line(store: ResultsStore, chunk: int) -> bool:
     log = store.engine_dir(chunk) / LOG_FILE
     return log.exists() and "holds CUDA initialisation" in log.read_text()
@@ -164,7 +154,7 @@ async def test_the_next_engine_starts_beside_the_current_one_and_waits_before_th
     marks = tmp_path / "cuda"
     await lanes.prepare(4096)  # the sweep's order: the next one first, then the current one
     first = await lanes.start(2048)
-    await _wait_for(lambda: _held_line(store, 4096), "the held engine's gate line")
+    await until(lambda: _held_line(store, 4096), 20, "the held engine's gate line")
     held = EngineState.read(store.engine_dir(4096) / STATE_FILE)
     assert held is not None and held.held and pid_alive(held.pid) and held.url != first.url
     assert marks.read_text().split() == [str(EngineState.read(store.engine_dir(2048) / STATE_FILE).pid)]  # type: ignore[union-attr]
@@ -187,7 +177,7 @@ async def test_held_and_serving_engines_are_adopted_by_the_next_invocation(tmp_p
     lanes = _lanes(tmp_path, store, port, fake_torch, messages)
     await lanes.prepare(4096)
     await lanes.start(2048)
-    await _wait_for(lambda: _held_line(store, 4096), "the held engine's gate line")
+    await until(lambda: _held_line(store, 4096), 20, "the held engine's gate line")
     pids = {c: EngineState.read(store.engine_dir(c) / STATE_FILE).pid for c in (2048, 4096)}  # type: ignore[union-attr]
     lanes.release()  # a deadline: both left for the next invocation
 
@@ -217,7 +207,7 @@ async def test_a_serving_engine_is_stopped_before_a_held_one_goes_through(tmp_pa
     lanes.release()
     again = _lanes(tmp_path, store, port, fake_torch, messages)
     await again.prepare(4096)  # held beside the released 2048 engine, which keeps serving
-    await _wait_for(lambda: _held_line(store, 4096), "the held engine's gate line")
+    await until(lambda: _held_line(store, 4096), 20, "the held engine's gate line")
     assert serving is not None and pid_alive(serving.pid)
     await again.start(4096)  # 2048 is not wanted any more: stopped before 4096 touches "CUDA"
     assert not pid_alive(serving.pid)
