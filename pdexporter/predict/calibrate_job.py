@@ -186,8 +186,7 @@ class CalibrationRun:
             "simulation_cpu_s": self.simulation_cpu_s,
             "worse_than_base": [{"metric": m, "fitted": f, "base": b} for m, f, b in worse],
             "piecewise_floor": None if result.floor is None else {
-                "ms": result.floor.ms, "groups": [dict(zip(("B", "D", "P_from", "P_to", "steps"), g))
-                                                  for g in result.floor.groups]},
+                "ms": result.floor.ms, "groups": [g._asdict() for g in result.floor.groups]},
         }
         for label, held in (("base", result.held_base), ("fitted", result.held_fitted),
                             ("fitted_host_matched", result.held_fitted_host)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from pdexporter.sim.steptime import PIECEWISE, StepArrays, StepComposition, Step
 
 __all__ = [
     "FitResult",
+    "FloorGroup",
     "ObservationSet",
     "PiecewiseFloor",
     "StepData",
@@ -185,12 +187,22 @@ FLOOR_FLAT = 1.25  # their medians' largest over smallest, at most
 FLOOR_WORK = 2.0  # the modelled GPU work's growth over the span, at least
 
 
+class FloorGroup(NamedTuple):
+    """One (B, D) whose one-step piecewise prompts are flat: their span of prompt lengths and how many steps."""
+
+    B: int
+    D: int
+    P_from: int
+    P_to: int
+    steps: int
+
+
 @dataclass(frozen=True)
 class PiecewiseFloor:
     """One-step piecewise prompts whose interval does not grow with their tokens: a launch floor."""
 
     ms: float  # the median interval of the flat prompts (over every group that shows one)
-    groups: tuple[tuple[int, int, int, int, int], ...]  # (B, D, shortest P, longest P, observations) per group
+    groups: tuple[FloorGroup, ...]
 
     def describe(self) -> str:
         where = "; ".join(f"B={b} D={d} P {lo}-{hi} ({n} steps)" for b, d, lo, hi, n in self.groups)
@@ -216,7 +228,7 @@ def piecewise_floor(profile: Profile, observations: Sequence[StepObservation]) -
             models[b] = StepTimeModel(profile, model_params, max_num_batched_tokens=b)
         if models[b].graph_mode(o.composition) == PIECEWISE:
             by_group[(b, d)][p].append(o)
-    found: list[tuple[tuple[int, int, int, int, int], list[float]]] = []
+    found: list[tuple[FloorGroup, list[float]]] = []
     for (b, d), by_p in sorted(by_group.items()):
         lengths = sorted(by_p)
         medians = [float(np.median([o.seconds for o in by_p[p]])) for p in lengths]
@@ -230,7 +242,7 @@ def piecewise_floor(profile: Profile, observations: Sequence[StepObservation]) -
         if model.gpu_s(by_p[hi][0].composition) < FLOOR_WORK * model.gpu_s(by_p[lo][0].composition):
             continue
         seconds = [o.seconds for p in lengths[:run] for o in by_p[p]]
-        found.append(((b, d, lo, hi, len(seconds)), seconds))
+        found.append((FloorGroup(b, d, lo, hi, len(seconds)), seconds))
     if not found:
         return None
     return PiecewiseFloor(float(np.median([s for _, group in found for s in group])) * 1e3,
