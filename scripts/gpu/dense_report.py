@@ -30,6 +30,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -117,17 +118,46 @@ SWEEP = MODELS[DEFAULT].sweep
 OUT = MODELS[DEFAULT].results
 
 
+class Variant(NamedTuple):
+    """What a projection stated before a run sets of the projected profile, each where given (None: as projected):
+    `piecewise_gpu_ms`, a piecewise-graph step's GPU wait, which no reference profile carries (e.g. Qwen3-8B's
+    calibrated wait scaled by layers); `launch_eager_scale`, the eager launch times this (another host's launch level,
+    e.g. an earlier campaign's on that GPU); `launch_piecewise_per_layer_ms`, the piecewise launch, ms a layer (a
+    host's piecewise launch floor, which the H200 references hide under their steps:
+    results/h100-vllm0.22-qwen3-4b/RUN.md)."""
+
+    piecewise_gpu_ms: float | None = None
+    launch_eager_scale: float | None = None
+    launch_piecewise_per_layer_ms: float | None = None
+
+    def applied(self, profile: Profile) -> Profile:
+        update: dict[str, float] = {}
+        if self.piecewise_gpu_ms is not None:
+            update["piecewise_gpu_ms"] = self.piecewise_gpu_ms
+        if self.launch_eager_scale is not None:
+            update["launch_eager_ms"] = profile.step_time.launch_eager_ms * self.launch_eager_scale
+        if self.launch_piecewise_per_layer_ms is not None:
+            update["launch_piecewise_ms"] = self.launch_piecewise_per_layer_ms * profile.model.num_layers
+        if not update:
+            return profile
+        return profile.model_copy(update={"step_time": profile.step_time.model_copy(update=update)})
+
+    def words(self) -> str:
+        """What it sets, as the predictions' profile line says it (empty: nothing)."""
+        return (("" if self.piecewise_gpu_ms is None else f", piecewise GPU wait {self.piecewise_gpu_ms:g} ms")
+                + ("" if self.launch_eager_scale is None else f", eager launch x {self.launch_eager_scale:g}")
+                + ("" if self.launch_piecewise_per_layer_ms is None
+                   else f", piecewise launch {self.launch_piecewise_per_layer_ms:g} ms a layer"))
+
+
+AS_PROJECTED = Variant()
+
+
 def projected_profile(run: DenseRun, rule: str | None, references: str, gpu: str,
-                      max_model_len: int | None = None, piecewise_gpu_ms: float | None = None,
-                      launch_eager_scale: float | None = None,
-                      launch_piecewise_per_layer_ms: float | None = None) -> Profile:
+                      max_model_len: int | None = None, variant: Variant = AS_PROJECTED) -> Profile:
     """The profile a prediction runs: the shipped one (no `rule`), or the model projected from its config.json and
-    the `references` with that rule on `gpu`'s datasheet; with the sweep's CUDA-graph capture sizes, and
-    `piecewise_gpu_ms` where given (a piecewise-graph step's GPU wait, which no reference profile carries: a
-    variant stated before a run, e.g. Qwen3-8B's calibrated wait scaled by layers) and the eager launch scaled by
-    `launch_eager_scale` where given (another host's launch level, e.g. an earlier campaign's on that GPU), and the
-    piecewise launch at `launch_piecewise_per_layer_ms` a layer where given (a host's piecewise launch floor, which
-    the H200 references hide under their steps: results/h100-vllm0.22-qwen3-4b/RUN.md)."""
+    the `references` with that rule on `gpu`'s datasheet; with the sweep's CUDA-graph capture sizes, and what
+    `variant` sets."""
     if rule is None:
         if gpu != "H200":
             raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
@@ -142,16 +172,7 @@ def projected_profile(run: DenseRun, rule: str | None, references: str, gpu: str
     if sizes is not None:  # the sweep's engine captures other sizes than vLLM's default list: the profile's too
         profile = profile.model_copy(update={"engine": profile.engine.model_copy(
             update={"cudagraph_capture_sizes": sizes, "max_cudagraph_capture_size": None})})
-    update: dict[str, float] = {}
-    if piecewise_gpu_ms is not None:
-        update["piecewise_gpu_ms"] = piecewise_gpu_ms
-    if launch_eager_scale is not None:
-        update["launch_eager_ms"] = profile.step_time.launch_eager_ms * launch_eager_scale
-    if launch_piecewise_per_layer_ms is not None:
-        update["launch_piecewise_ms"] = launch_piecewise_per_layer_ms * profile.model.num_layers
-    if update:
-        profile = profile.model_copy(update={"step_time": profile.step_time.model_copy(update=update)})
-    return profile
+    return variant.applied(profile)
 
 
 def write_profile(rule: str, references: str, gpu: str, target: Path, model: str = DEFAULT) -> None:
@@ -164,8 +185,7 @@ def write_profile(rule: str, references: str, gpu: str, target: Path, model: str
 
 def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b", target: Path | None = None,
             model: str = DEFAULT, gpu: str = "H200", sweep: Path | None = None,
-            max_model_len: int | None = None, piecewise_gpu_ms: float | None = None,
-            launch_eager_scale: float | None = None, launch_piecewise_per_layer_ms: float | None = None) -> None:
+            max_model_len: int | None = None, variant: Variant = AS_PROJECTED) -> None:
     """predictions.json of the shipped profile, or (`rule`) of the model projected from its config.json and
     the `references` (comma-separated calibrated profiles: the MoE one alone for a projection the dense
     Llama run never saw) with that rule (`pdexporter.sim.projection`), on `gpu`'s datasheet. `sweep`: another
@@ -174,8 +194,7 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
     spec = run.spec
     if rule is None and sweep:
         raise SystemExit("predict: another GPU or sweep needs --rule (the shipped profiles are the H200's)")
-    profile = projected_profile(run, rule, references, gpu, max_model_len, piecewise_gpu_ms, launch_eager_scale,
-                                launch_piecewise_per_layer_ms)
+    profile = projected_profile(run, rule, references, gpu, max_model_len, variant)
     keys = list(spec.points())
     records = predict_records(profile, keys, spec.protocol, mode="fast")
     points = []
@@ -185,11 +204,8 @@ def predict(rule: str | None = None, references: str = "h200-qwen3-coder-30b-a3b
                        **{q: getattr(figures, METRIC_FIELDS[q]) for q in QUANTITIES}})
     target = target or run.results / "predictions.json"
     target.parent.mkdir(parents=True, exist_ok=True)
-    wait = "" if piecewise_gpu_ms is None else f", piecewise GPU wait {piecewise_gpu_ms:g} ms"
-    wait += "" if launch_eager_scale is None else f", eager launch x {launch_eager_scale:g}"
-    wait += ("" if launch_piecewise_per_layer_ms is None
-             else f", piecewise launch {launch_piecewise_per_layer_ms:g} ms a layer")
-    doc = {"profile": profile.name + (f" ({rule} rule, from {references}{wait})" if rule else ""), "gpu": gpu,
+    named = profile.name + (f" ({rule} rule, from {references}{variant.words()})" if rule else "")
+    doc = {"profile": named, "gpu": gpu,
            "calibration": profile.calibration, "note": profile.calibration_note,
            "provenance": profile.provenance.get("step_time"), "sweep": str(run.sweep.resolve().relative_to(ROOT)),
            "mode": "fast",
@@ -246,7 +262,7 @@ def main(argv: list[str]) -> None:
         write_profile(args.rule, args.references, args.gpu, args.out, args.model)
     elif args.what == "predict":
         predict(args.rule, args.references, args.predictions, args.model, args.gpu, args.sweep, args.max_model_len,
-                args.piecewise_gpu_ms, args.launch_eager_scale, args.launch_piecewise_per_layer_ms)
+                Variant(args.piecewise_gpu_ms, args.launch_eager_scale, args.launch_piecewise_per_layer_ms))
     else:
         compare(args.results, args.predictions, args.out, args.model, args.none_fitted)
 
