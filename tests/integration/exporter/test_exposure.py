@@ -18,8 +18,7 @@ from pdexporter.client.traces import PROTOBUF, RequestTrace, encode_traces
 from pdexporter.exporter.config import build_config
 from pdexporter.exporter.runner import Runner
 from pdexporter.launch import ExternalLauncher
-from tests.helpers import free_port
-from tests.integration.faults.faultkit import until
+from tests.helpers import free_port, until
 from tests.scripted_engine import ScriptedEngine
 
 pytestmark = pytest.mark.integration

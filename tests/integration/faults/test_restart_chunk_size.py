@@ -15,8 +15,8 @@ import pytest
 
 from pdexporter.errors import EngineChanged
 from pdexporter.exporter.metrics import PASSIVE_MODEL_EVENTS, PASSIVE_MODEL_PREDICTION
-from tests.helpers import free_port
-from tests.integration.faults.faultkit import live, until, value
+from tests.helpers import free_port, until
+from tests.integration.faults.faultkit import live, value
 from tests.integration.sim.conftest import ServedEngine, start_sim_serve
 
 pytestmark = pytest.mark.integration
